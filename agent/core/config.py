@@ -1,0 +1,205 @@
+"""Agent configuration: TOML files decoded into frozen msgspec Structs with defaults.
+
+A mistake in a file becomes one `ConfigError` that names the file and the dotted key:
+
+    configs/worker.toml: mailbox.capacity: expected int >= 1
+
+Durations carry their unit in the name (`interval_s`, `retry_after_ms`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from agent.core.errors import ConfigError
+
+T = TypeVar("T")
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+MailboxPolicy = Literal["reject", "drop_oldest", "drop_newest"]
+FullPolicy = Literal["reject", "drop_oldest"]
+Synchronous = Literal["NORMAL", "FULL"]
+
+
+class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class AgentSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    device_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    role: Literal["worker", "leader"] = "worker"
+    fleet: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")] = "default"
+    data_dir: str = "/var/lib/edge-agent"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    use_uvloop: bool = True
+    tags: list[str] = msgspec.field(default_factory=list)
+    firmware_version: str = "0.0.0"
+
+
+class MqttSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    url: str = "mqtt://127.0.0.1:1883"
+    username: str = ""
+    password_file: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    keepalive_s: Positive = 30
+    reconnect_min_s: PositiveFloat = 1.0
+    reconnect_max_s: PositiveFloat = 60.0
+    max_payload_bytes: Positive = 256 * 1024
+    reply_timeout_s: PositiveFloat = 10.0
+
+
+class MailboxSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    capacity: Positive = 256
+    policy: MailboxPolicy = "reject"
+
+
+class OutboxClassSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Size cap of one message class in the outbox."""
+
+    max_messages: Positive = 100_000
+    max_bytes: Positive = 64 * 1024 * 1024
+    full_policy: FullPolicy = "drop_oldest"
+    ttl_s: NonNegativeFloat = 0.0
+    fifo: bool = False
+
+
+class OutboxSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    path: str = "outbox.db"
+    synchronous: Synchronous = "NORMAL"
+    max_attempts: Positive = 20
+    backoff_base_s: PositiveFloat = 1.0
+    backoff_cap_s: PositiveFloat = 300.0
+    transient_floor_s: NonNegativeFloat = 0.5
+    classes: dict[str, OutboxClassSection] = msgspec.field(default_factory=dict)
+
+
+class RelaySection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    partitions: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
+    aimd_initial: Positive = 10
+    aimd_min: Positive = 1
+    aimd_max: Positive = 50
+    reconnect_jitter_s: NonNegativeFloat = 5.0
+
+
+class HeartbeatSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    interval_s: PositiveFloat = 5.0
+
+
+class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    heartbeat_deadline_s: PositiveFloat = 30.0
+    process_interval_s: NonNegativeFloat = 0.0
+    job_window_max: Positive = 64
+
+
+class JobsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    demand_window: Positive = 4
+
+
+class MetricsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    listen: str = ""  # "127.0.0.1:9100"; empty means off
+
+
+class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    agent: AgentSection
+    mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
+    mailbox: MailboxSection = msgspec.field(default_factory=MailboxSection)
+    outbox: OutboxSection = msgspec.field(default_factory=OutboxSection)
+    relay: RelaySection = msgspec.field(default_factory=RelaySection)
+    heartbeat: HeartbeatSection = msgspec.field(default_factory=HeartbeatSection)
+    leader: LeaderSection = msgspec.field(default_factory=LeaderSection)
+    jobs: JobsSection = msgspec.field(default_factory=JobsSection)
+    metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+
+
+def _describe(exc: msgspec.ValidationError) -> tuple[str | None, str]:
+    """Turn msgspec's message into (dotted key, reason)."""
+    match = _AT.match(str(exc))
+    assert match is not None
+    message = match["msg"]
+    path = (match["path"] or "").lstrip(".")
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\['([^']*)'\]", r".\1", path).lstrip(".")
+    for pattern, reason in ((_UNKNOWN, "unknown key"), (_MISSING, "required key is missing")):
+        found = pattern.match(message)
+        if found:
+            key = f"{path}.{found['field']}" if path else found["field"]
+            return key, reason
+    reason = message[0].lower() + message[1:] if message else "invalid value"
+    reason = reason.replace("`", "")
+    return (path or None), reason
+
+
+def decode_toml(path: str | Path, type_: type[T]) -> T:
+    """Read a TOML file into `type_`; every failure is a `ConfigError` naming file and key."""
+    name = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(name, None, "file not found") from None
+    except OSError as exc:
+        raise ConfigError(name, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(name, None, "not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(name, None, f"not valid TOML: {exc}") from None
+    return convert(data, type_, source=name)
+
+
+def convert(data: Any, type_: type[T], *, source: str) -> T:
+    """Validate already-parsed data into `type_`, reporting errors against `source`."""
+    try:
+        return msgspec.convert(data, type_)
+    except msgspec.ValidationError as exc:
+        key, reason = _describe(exc)
+        raise ConfigError(source, key, reason) from None
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    """Load and check an agent config file."""
+    config = decode_toml(path, AgentConfig)
+    relay = config.relay
+    if not relay.aimd_min <= relay.aimd_initial <= relay.aimd_max:
+        raise ConfigError(str(path), "relay.aimd_initial", "must lie between aimd_min and aimd_max")
+    if config.outbox.backoff_base_s > config.outbox.backoff_cap_s:
+        raise ConfigError(str(path), "outbox.backoff_base_s", "must not exceed backoff_cap_s")
+    if config.mqtt.reconnect_min_s > config.mqtt.reconnect_max_s:
+        raise ConfigError(str(path), "mqtt.reconnect_min_s", "must not exceed reconnect_max_s")
+    scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
+    if scheme not in ("mqtt", "mqtts", "memory"):
+        raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")
+    return config
+
+
+__all__ = [
+    "AgentConfig",
+    "AgentSection",
+    "HeartbeatSection",
+    "JobsSection",
+    "LeaderSection",
+    "MailboxSection",
+    "MetricsSection",
+    "MqttSection",
+    "OutboxClassSection",
+    "OutboxSection",
+    "RelaySection",
+    "convert",
+    "decode_toml",
+    "load_config",
+]
