@@ -134,8 +134,8 @@ class OutboxReader(Protocol):
     async def dead_letter(self, row_id: int, *, error: str) -> None:
         """A permanent failure: to the dead letters at once, with the reason."""
 
-    def next_due_ms(self) -> int | None:
-        """Earliest send_at among pending rows not in flight (from memory; no query)."""
+    async def next_due_ms(self) -> int | None:
+        """Earliest send_at among pending rows not in flight (a read, never a write)."""
 
     async def wait_for_change(self) -> None:
         """Return when an enqueue, nack, release or replay may have made new work ready."""
