@@ -1,0 +1,76 @@
+"""`edge-agent` command line.
+
+Each subcommand lives in its own module under `agent.commands` with two functions,
+`add_arguments(parser)` and `main(args) -> int`. Only the module of the command being run is
+imported, so `edge-agent status` on a device does not pay for the simulator's imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from agent import __version__
+from agent.core.errors import EdgeAgentError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("agent.commands.run", "run a worker or leader agent from a config file"),
+    "simulate": ("agent.commands.simulate", "simulate a fleet of devices on this machine"),
+    "rollout": ("agent.commands.rollout", "start and control firmware rollouts in waves"),
+    "outbox": ("agent.commands.outbox", "inspect an agent's store-and-forward outbox"),
+    "dlq": ("agent.commands.dlq", "list, show, replay or purge dead letters"),
+    "status": ("agent.commands.status", "show the fleet as the leader sees it"),
+    "firmware": ("agent.commands.firmware", "build, sign, verify and inspect firmware artifacts"),
+    "config": ("agent.commands.config", "check agent config files"),
+    "version": ("agent.commands.version", "print the version"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 2 with the usage line, never a traceback."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(selected: str | None) -> tuple[argparse.ArgumentParser, object | None]:
+    parser = _Parser(
+        prog="edge-agent",
+        description="Actor-based edge agent: durable outbox, coalesced heartbeats, wave rollouts.",
+    )
+    parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    module = None
+    for name, (module_name, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == selected:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command_parser)
+    return parser, module
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    selected = next((a for a in args_list if not a.startswith("-")), None)
+    if selected not in COMMANDS:
+        selected = None
+    parser, module = build_parser(selected)
+    args = parser.parse_args(args_list)
+    if module is None:
+        parser.print_help()
+        return 0 if not args_list else 2
+    try:
+        return int(module.main(args) or 0)  # type: ignore[attr-defined]
+    except EdgeAgentError as exc:
+        print(f"edge-agent {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

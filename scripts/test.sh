@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the whole test suite: makes .venv, installs the project with its test extra, installs
+# Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
+# port), then runs pytest. Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+
+ensure_venv test
+
+if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+    echo "installing Debian's mosquitto for the integration tests" >&2
+    apt_install mosquitto || echo "warning: could not install mosquitto; MQTT tests will fail" >&2
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+    apt_install openssl || true
+fi
+
+cd "$ROOT"
+exec "$VENV/bin/python" -m pytest "$@"
