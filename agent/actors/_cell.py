@@ -1,0 +1,231 @@
+"""One actor's runtime: its mailbox, its long-lived task and its supervisor (internal).
+
+The task takes one message at a time from the mailbox and awaits `receive`; no task is created
+per message. A failure (an exception from `on_start` or `receive`) is logged with the message,
+counted as `failed`, re-raised to an asker, and followed by a restart: `on_stop`, a backoff
+sleep on the clock, a fresh instance when spawned from a factory, `on_start`. The failing
+message is not retried. When more than `max_restarts` failures fall within `window_s`, the actor
+stops, its queued messages are handed back in an `ActorFailure` and the system is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import reprlib
+from collections import deque
+from typing import TYPE_CHECKING
+
+from agent.actors.actor import Actor, ActorFactory, ActorFailure, Context, RestartPolicy
+from agent.actors.mailbox import DiscardReason, Mailbox, MailboxPolicy
+from agent.actors.ref import ActorRef, Ask
+from agent.core.clock import Clock
+from agent.core.errors import ActorStopped, MailboxFull
+
+if TYPE_CHECKING:
+    from agent.actors.system import ActorSystem
+
+logger = logging.getLogger("agent.actors")
+
+# Messages processed back to back before the actor yields to the event loop, so a busy actor
+# whose receive() never suspends cannot starve the other tasks.
+_BURST = 64
+
+_repr = reprlib.Repr()
+_repr.maxstring = 120
+_repr.maxother = 120
+
+
+class ActorCell:
+    def __init__(
+        self,
+        *,
+        name: str,
+        actor: Actor | ActorFactory,
+        system: ActorSystem,
+        clock: Clock,
+        capacity: int,
+        policy: MailboxPolicy,
+        restart: RestartPolicy | None,
+    ) -> None:
+        if isinstance(actor, Actor):
+            self._factory: ActorFactory | None = None
+            self._actor: Actor | None = actor
+        elif callable(actor):
+            self._factory = actor
+            self._actor = None
+        else:
+            raise TypeError(f"spawn {name!r}: expected an Actor or a zero-argument factory")
+        self.name = name
+        self.clock = clock
+        self.system = system
+        self.mailbox = Mailbox(
+            capacity, policy, name=name, clock=clock, on_discard=self._on_discard
+        )
+        self.ref = ActorRef(self)
+        self.ctx = Context(self.ref, system, clock)
+        self._restart = restart
+        self._failure_times: deque[float] = deque()
+        self.restarts = 0
+        self.accepting = True
+        self._stopping = False
+        self._in_flight: object | None = None
+        self._interrupted: list[object] = []
+        self.task: asyncio.Task[None] | None = None
+
+    # -- the sending side --------------------------------------------------------------------
+    def tell(self, message: object, coalesce_key: str | None, seq: int) -> None:
+        if not self.accepting:
+            raise ActorStopped(f"actor {self.name!r} is stopped")
+        self.mailbox.put_nowait(message, coalesce_key=coalesce_key, seq=seq)
+
+    def _on_discard(self, item: object, reason: DiscardReason) -> None:
+        if isinstance(item, Ask) and not item.future.done():
+            item.future.set_exception(MailboxFull(self.name, self.mailbox.retry_after_ms()))
+
+    # -- lifecycle driven by the system ------------------------------------------------------
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"{self.system.name}/{self.name}"
+        )
+
+    def begin_stop(self) -> None:
+        """Refuse new messages; the task drains the queue, runs on_stop and ends."""
+        self.accepting = False
+        self._stopping = True
+        self.mailbox.close()
+
+    def hand_back(self) -> list[object]:
+        """Everything not processed: an interrupted message first, then the queue.
+
+        Pending asks are answered with ActorStopped instead of being listed.
+        """
+        items = self._interrupted + self.mailbox.drain()
+        self._interrupted = []
+        out: list[object] = []
+        for item in items:
+            if isinstance(item, Ask):
+                if not item.future.done():
+                    item.future.set_exception(ActorStopped(f"actor {self.name!r} stopped"))
+            else:
+                out.append(item)
+        return out
+
+    # -- the actor's task --------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            if await self._begin():
+                await self._loop()
+                await self._end()
+        except asyncio.CancelledError:
+            if self._in_flight is not None:
+                self._interrupted.append(self._in_flight)
+                self._in_flight = None
+            raise
+
+    async def _loop(self) -> None:
+        mailbox = self.mailbox
+        burst = 0
+        while True:
+            if mailbox.empty():
+                burst = 0
+            elif burst >= _BURST:
+                burst = 0
+                await asyncio.sleep(0)  # a cooperative yield, not a timer
+            try:
+                item = await mailbox.get()
+            except ActorStopped:
+                return
+            burst += 1
+            self._in_flight = item
+            if isinstance(item, Ask):
+                message, future = item.message, item.future
+            else:
+                message, future = item, None
+            assert self._actor is not None
+            try:
+                result = await self._actor.receive(message, self.ctx)
+            except Exception as exc:
+                self._in_flight = None
+                mailbox.task_done(failed=True)
+                logger.warning(
+                    "actor %r failed on message %s: %r",
+                    self.name, _repr.repr(message), exc, exc_info=exc,
+                )
+                if future is not None and not future.done():
+                    future.set_exception(exc)
+                if self._stopping:
+                    continue  # draining for shutdown: no restart, keep handing out the queue
+                await self._end()
+                if not await self._backoff(exc) or not await self._begin():
+                    return
+                continue
+            self._in_flight = None
+            mailbox.task_done()
+            if future is not None and not future.done():
+                future.set_result(result)
+
+    async def _begin(self) -> bool:
+        """Create (factory) and start the actor, retrying under the policy. False: gave up."""
+        while True:
+            try:
+                if self._actor is None:
+                    assert self._factory is not None
+                    actor = self._factory()
+                    if not isinstance(actor, Actor):
+                        raise TypeError(f"factory of {self.name!r} returned {actor!r}")
+                    self._actor = actor
+                await self._actor.on_start(self.ctx)
+                return True
+            except Exception as exc:
+                logger.warning("actor %r failed to start: %r", self.name, exc, exc_info=exc)
+                if not await self._backoff(exc):
+                    return False
+
+    async def _end(self) -> None:
+        if self._actor is None:
+            return
+        try:
+            await self._actor.on_stop(self.ctx)
+        except Exception as exc:
+            logger.warning("actor %r: on_stop raised %r", self.name, exc, exc_info=exc)
+        if self._factory is not None:
+            self._actor = None
+
+    async def _backoff(self, exc: BaseException) -> bool:
+        """Count a failure; wait the backoff before a restart, or give up (False)."""
+        now = self.clock.monotonic()
+        policy = self._restart
+        times = self._failure_times
+        times.append(now)
+        if policy is not None:
+            while times and times[0] <= now - policy.window_s:
+                times.popleft()
+        if policy is None or len(times) > policy.max_restarts:
+            self._give_up(exc)
+            return False
+        delay = policy.backoff_s(len(times))
+        self.restarts += 1
+        logger.info("actor %r restarts in %.3fs (failure %d)", self.name, delay, len(times))
+        if delay > 0:
+            await self.clock.sleep(delay)
+        return True
+
+    def _give_up(self, exc: BaseException) -> None:
+        self.accepting = False
+        self.mailbox.close()
+        failure = ActorFailure(
+            name=self.name,
+            error=exc,
+            restarts=self.restarts,
+            at_ms=self.clock.now_ms(),
+            undelivered=self.hand_back(),
+        )
+        logger.error(
+            "actor %r stopped after %d restarts; last error %r; %d messages handed back",
+            self.name, self.restarts, exc, len(failure.undelivered),
+        )
+        self.system._report_failure(failure)
+
+
+__all__ = ["ActorCell"]
