@@ -1,0 +1,97 @@
+"""Layer 7 beside the CLI: what makes the agent a well-made Linux service.
+
+sd_notify readiness and watchdog (`sdnotify`), signals and ordered shutdown (`signals`),
+`/healthz` and `/metrics` (`healthhttp`, `prom`, `checks`, `collectors`), structured,
+journald-friendly logs (`logs`), private files and credentials (`files`), and `ServiceRuntime`
+(`runtime`) bundling them for `edge-agent run`.
+"""
+
+from agent.service.checks import (
+    Check,
+    CheckResult,
+    disk_space_check,
+    gate_check,
+    predicate_check,
+    sqlite_writable_check,
+    task_check,
+)
+from agent.service.collectors import (
+    mailbox_collector,
+    outbox_collector,
+    process_collector,
+    relay_collector,
+    snapshot_collector,
+)
+from agent.service.files import (
+    FileWriteError,
+    InsecureFile,
+    check_private_file,
+    ensure_private_dir,
+    read_secret,
+    restrict_database_files,
+    restrict_mode,
+    set_service_umask,
+    write_private_file,
+)
+from agent.service.healthhttp import HealthServer, parse_listen
+from agent.service.logs import RateLimitedLog, fields, setup_logging
+from agent.service.prom import Counter, Gauge, MetricFamily, render
+from agent.service.runtime import ServiceRuntime
+from agent.service.sdnotify import (
+    Notifier,
+    Watchdog,
+    notify_ready,
+    notify_status,
+    notify_stopping,
+    watchdog_timeout_s,
+)
+from agent.service.signals import (
+    ServiceSignals,
+    ShutdownSequence,
+    StepFailure,
+    install_signal_handlers,
+)
+
+__all__ = [
+    "Check",
+    "CheckResult",
+    "Counter",
+    "FileWriteError",
+    "Gauge",
+    "HealthServer",
+    "InsecureFile",
+    "MetricFamily",
+    "Notifier",
+    "RateLimitedLog",
+    "ServiceRuntime",
+    "ServiceSignals",
+    "ShutdownSequence",
+    "StepFailure",
+    "Watchdog",
+    "check_private_file",
+    "disk_space_check",
+    "ensure_private_dir",
+    "fields",
+    "gate_check",
+    "install_signal_handlers",
+    "mailbox_collector",
+    "notify_ready",
+    "notify_status",
+    "notify_stopping",
+    "outbox_collector",
+    "parse_listen",
+    "predicate_check",
+    "process_collector",
+    "read_secret",
+    "relay_collector",
+    "render",
+    "restrict_database_files",
+    "restrict_mode",
+    "set_service_umask",
+    "setup_logging",
+    "snapshot_collector",
+    "sqlite_writable_check",
+    "task_check",
+    "watchdog_timeout_s",
+    "write_private_file",
+]

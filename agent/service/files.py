@@ -1,0 +1,159 @@
+"""Files with restrictive modes: private directories, atomic private writes, secret checks.
+
+The agent runs with `UMask=0027` under systemd and calls `set_service_umask()` itself, so every
+file it creates (database, WAL, keys) is at most 0640; credentials and keys are written 0600
+through `write_private_file`, which never leaves a half-written file behind: it writes a temp
+file in the same directory, fsyncs it, renames it over the target and fsyncs the directory.
+
+A credentials file that others can read is refused (like ssh refuses a readable private key):
+a password readable by every local user is no password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from agent.core.errors import ConfigError, EdgeAgentError
+
+SERVICE_UMASK = 0o027
+
+
+class InsecureFile(ConfigError):
+    """A credentials file is readable or writable by group/others, or owned by someone else."""
+
+
+class FileWriteError(EdgeAgentError):
+    """A private file or directory could not be created or written."""
+
+
+def set_service_umask() -> int:
+    """Files we create are never world-accessible and never group-writable. Returns the old mask."""
+    return os.umask(SERVICE_UMASK)
+
+
+def ensure_private_dir(path: str | Path, mode: int = 0o750) -> Path:
+    """Create `path` (and parents) with `mode`; tighten an existing directory that is looser."""
+    target = Path(path)
+    try:
+        target.mkdir(mode=mode, parents=True, exist_ok=True)
+        current = stat.S_IMODE(target.stat().st_mode)
+        if current & ~mode:
+            os.chmod(target, current & mode)
+    except OSError as exc:
+        raise FileWriteError(f"{target}: cannot create private directory: {exc.strerror}") from exc
+    return target
+
+
+def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -> Path:
+    """Atomically replace `path` with `data`, mode `mode` (0600 by default)."""
+    target = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    directory = target.parent
+    tmp = directory / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            os.fchmod(fd, mode)  # the umask may have taken bits away; set exactly what we asked
+            view = memoryview(payload)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        _fsync_dir(directory)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise FileWriteError(f"{target}: cannot write: {exc.strerror or exc}") from exc
+    return target
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def restrict_mode(path: str | Path, mode: int = 0o600) -> None:
+    """Take bits away from an existing file (a database the driver created, its -wal, -shm)."""
+    target = Path(path)
+    try:
+        current = stat.S_IMODE(target.stat().st_mode)
+        if current & ~mode:
+            os.chmod(target, current & mode)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise FileWriteError(f"{target}: cannot restrict mode: {exc.strerror}") from exc
+
+
+def restrict_database_files(db_path: str | Path, mode: int = 0o600) -> None:
+    """The SQLite database and its WAL and shared-memory files."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        restrict_mode(f"{db_path}{suffix}", mode)
+
+
+def check_private_file(path: str | Path, *, what: str = "credentials file") -> None:
+    """Refuse a file that group/others can read or write, or that another user owns.
+
+    Raises `InsecureFile` saying exactly what is wrong and how to fix it.
+    """
+    target = Path(path)
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        raise ConfigError(str(target), None, f"{what} not found") from None
+    except OSError as exc:
+        raise ConfigError(str(target), None, f"cannot read {what}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InsecureFile(str(target), None, f"{what} is not a regular file")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise InsecureFile(
+            str(target),
+            None,
+            f"{what} has mode {mode:04o}: group/others can access it; "
+            f"refusing to use it (fix: chmod 600 {target})",
+        )
+    euid = os.geteuid()
+    if st.st_uid not in (euid, 0):
+        raise InsecureFile(
+            str(target),
+            None,
+            f"{what} is owned by uid {st.st_uid}, not by this user (uid {euid}) or root; "
+            f"refusing to use it (fix: chown to the service user)",
+        )
+
+
+def read_secret(path: str | Path, *, what: str = "password file") -> str:
+    """The first line of a private file (a password), checked with `check_private_file`."""
+    check_private_file(path, what=what)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), None, f"cannot read {what}: {exc}") from None
+    secret = text.splitlines()[0] if text else ""
+    if not secret:
+        raise ConfigError(str(path), None, f"{what} is empty")
+    return secret
+
+
+__all__ = [
+    "SERVICE_UMASK",
+    "FileWriteError",
+    "InsecureFile",
+    "check_private_file",
+    "ensure_private_dir",
+    "read_secret",
+    "restrict_database_files",
+    "restrict_mode",
+    "set_service_umask",
+    "write_private_file",
+]

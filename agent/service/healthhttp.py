@@ -1,0 +1,274 @@
+"""A tiny HTTP/1.1 server for `GET /healthz` and `GET /metrics` (asyncio streams, no framework).
+
+* `/healthz` runs every injected check concurrently, each bounded by `check_timeout_s`, and
+  answers JSON: `{"status": "ok"|"fail", "checks": {name: {"ok": bool, "detail": str}}}` with
+  200 when all pass, 503 otherwise.
+* `/metrics` renders the injected collectors in Prometheus text format. A collector that raises
+  is skipped and counted in `ea_metrics_collector_errors_total{collector=...}`.
+* Anything else: 404 for an unknown path, 405 for a method other than GET/HEAD, 400 for a
+  malformed request, 431 for a request head over `max_request_bytes`, 408 when the head does
+  not arrive within `request_timeout_s`. One request per connection (`Connection: close`), at
+  most `max_connections` at a time.
+
+It listens on a loopback address (`metrics.listen`, e.g. "127.0.0.1:9100"); empty means off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import ConfigError
+from agent.service.checks import Check, CheckResult
+from agent.service.prom import CONTENT_TYPE, Collector, MetricFamily, collect, family, render
+
+log = logging.getLogger(__name__)
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def parse_listen(value: str, *, allow_remote: bool = False) -> tuple[str, int] | None:
+    """"127.0.0.1:9100" / "[::1]:9100" / "localhost:9100" -> (host, port); "" -> None (off)."""
+    text = value.strip()
+    if not text:
+        return None
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError("config", "metrics.listen", f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not allow_remote and host != "localhost":
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ConfigError(
+                "config", "metrics.listen",
+                f"{host!r} is not a loopback address (use 127.0.0.1, ::1 or localhost)",
+            )
+    return host, int(port_text)
+
+
+class HealthServer:
+    """`HealthServer(listen, checks, collectors, clock=...)`; `async with` or start()/stop()."""
+
+    def __init__(
+        self,
+        listen: str,
+        checks: Mapping[str, Check],
+        collectors: Sequence[Collector] | Mapping[str, Collector] = (),
+        *,
+        clock: Clock | None = None,
+        allow_remote: bool = False,
+        max_request_bytes: int = 8192,
+        request_timeout_s: float = 5.0,
+        check_timeout_s: float = 2.0,
+        max_connections: int = 16,
+    ) -> None:
+        self._address = parse_listen(listen, allow_remote=allow_remote)
+        self._checks = dict(checks)
+        if isinstance(collectors, Mapping):
+            self._collectors = dict(collectors)
+        else:
+            self._collectors = {f"collector{i}": c for i, c in enumerate(collectors)}
+        self._clock = clock or SystemClock()
+        self._max_request = max_request_bytes
+        self._request_timeout_s = request_timeout_s
+        self._check_timeout_s = check_timeout_s
+        self._max_connections = max_connections
+        self._active = 0
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self.collector_errors: dict[str, int] = {}
+        self.requests = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._address is not None
+
+    def add_check(self, name: str, check: Check) -> None:
+        """Add or replace a check; served from the next request on."""
+        self._checks[name] = check
+
+    def add_collector(self, name: str, collector: Collector) -> None:
+        self._collectors[name] = collector
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The bound (host, port) once started (the real port when 0 was asked for)."""
+        if self._server is None or not self._server.sockets:
+            return None
+        name = self._server.sockets[0].getsockname()
+        return str(name[0]), int(name[1])
+
+    async def start(self) -> None:
+        if self._address is None or self._server is not None:
+            return
+        host, port = self._address
+        try:
+            self._server = await asyncio.start_server(
+                self._on_connect, host, port, limit=self._max_request, reuse_address=True
+            )
+        except OSError as exc:
+            raise ConfigError(
+                "config", "metrics.listen", f"cannot listen on {host}:{port}: {exc.strerror}"
+            ) from exc
+        bound = self.address
+        log.info("health and metrics endpoint listening",
+                 extra={"kv": {"address": f"{bound[0]}:{bound[1]}" if bound else "?"}})
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+        await server.wait_closed()
+
+    async def __aenter__(self) -> HealthServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- the endpoints -------------------------------------------------------------------------
+    async def _run_check(self, check: Check) -> CheckResult:
+        try:
+            ok, detail = await self._clock.wait_for(check(), self._check_timeout_s)
+        except TimeoutError:
+            return False, f"timed out after {self._check_timeout_s}s"
+        except Exception as exc:  # noqa: BLE001 - a broken check is an unhealthy check
+            return False, f"error: {type(exc).__name__}: {exc}"
+        return bool(ok), str(detail)
+
+    async def health(self) -> tuple[bool, dict[str, Any]]:
+        """Run the checks: (healthy, JSON-able body)."""
+        names = list(self._checks)
+        results = await asyncio.gather(*(self._run_check(self._checks[n]) for n in names))
+        healthy = all(ok for ok, _ in results)
+        body = {
+            "status": "ok" if healthy else "fail",
+            "checks": {n: {"ok": ok, "detail": d} for n, (ok, d) in zip(names, results, strict=True)},
+        }
+        return healthy, body
+
+    async def metrics_text(self) -> str:
+        families: list[MetricFamily] = []
+        for name, collector in self._collectors.items():
+            try:
+                families.extend(await collect(collector))
+            except Exception:  # noqa: BLE001 - one broken collector must not hide the others
+                self.collector_errors[name] = self.collector_errors.get(name, 0) + 1
+                log.exception("metrics collector failed", extra={"kv": {"collector": name}})
+        families.append(
+            family(
+                "ea_metrics_collector_errors_total", "counter",
+                "Scrapes on which a metrics collector raised.",
+                (({"collector": n}, v) for n, v in sorted(self.collector_errors.items())),
+            )
+        )
+        return render(families)
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self._active += 1
+        try:
+            if self._active > self._max_connections:
+                await self._respond(writer, 503, b"too many connections\n", "text/plain")
+                return
+            await self._clock.wait_for(self._serve(reader, writer), self._request_timeout_s * 2)
+        except (TimeoutError, ConnectionError):
+            pass
+        except Exception:  # noqa: BLE001 - a bad request must never take the agent down
+            log.exception("health endpoint request failed")
+        finally:
+            self._active -= 1
+            self._handlers.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await self._clock.wait_for(reader.readuntil(b"\r\n\r\n"), self._request_timeout_s)
+        except TimeoutError:
+            await self._respond(writer, 408, b"request timeout\n", "text/plain")
+            return
+        except asyncio.LimitOverrunError:
+            await self._respond(writer, 431, b"request head too large\n", "text/plain")
+            return
+        except asyncio.IncompleteReadError:
+            return  # the client went away before finishing its request
+        self.requests += 1
+        request_line = head.split(b"\r\n", 1)[0]
+        parts = request_line.split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            await self._respond(writer, 400, b"bad request\n", "text/plain")
+            return
+        method = parts[0].decode("ascii", "replace")
+        path = parts[1].split(b"?", 1)[0].decode("ascii", "replace")
+        head_only = method == "HEAD"
+        if path not in ("/healthz", "/metrics"):
+            await self._respond(writer, 404, b"not found\n", "text/plain", head_only=head_only)
+            return
+        if method not in ("GET", "HEAD"):
+            await self._respond(writer, 405, b"method not allowed\n", "text/plain",
+                                extra=(("Allow", "GET, HEAD"),))
+            return
+        if path == "/healthz":
+            healthy, body = await self.health()
+            payload = (json.dumps(body, sort_keys=True) + "\n").encode()
+            await self._respond(writer, 200 if healthy else 503, payload, "application/json",
+                                head_only=head_only)
+        else:
+            text = await self.metrics_text()
+            await self._respond(writer, 200, text.encode(), CONTENT_TYPE, head_only=head_only)
+
+    async def _respond(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        body: bytes,
+        content_type: str,
+        *,
+        head_only: bool = False,
+        extra: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        headers = [
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            "Cache-Control: no-store",
+            "Connection: close",
+            *(f"{k}: {v}" for k, v in extra),
+        ]
+        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("ascii"))
+        if not head_only:
+            writer.write(body)
+        await writer.drain()
+
+
+__all__ = ["HealthServer", "parse_listen"]

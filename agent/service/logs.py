@@ -1,0 +1,216 @@
+"""Structured logs to stdout: `key=value` or JSON lines, friendly to journald.
+
+    level=info logger=agent.transport msg="connected" broker=mqtt://10.0.0.2:8883
+
+Fields travel in `extra={"kv": {...}}` (or `extra=fields(...)`). Under systemd, stdout is a
+journal stream (`$JOURNAL_STREAM` names its device and inode): then lines carry a `<N>` syslog
+priority prefix so `journalctl -p warning` works, and no timestamp, since journald stamps every
+line itself. Elsewhere lines start with an ISO-8601 UTC timestamp.
+
+Nothing should log per heartbeat at INFO: periodic events go through `RateLimitedLog`, which
+lets one line per key through per interval and reports how many it held back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, Literal, TextIO
+
+from agent.core.clock import Clock
+from agent.core.errors import ConfigError
+
+LogFormat = Literal["kv", "json"]
+
+# syslog priorities (sd-daemon.h): what journald reads from a `<N>` prefix
+_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+HANDLER_NAME = "edge-agent"
+
+
+def syslog_priority(levelno: int) -> int:
+    for threshold in (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO):
+        if levelno >= threshold:
+            return _PRIORITY[threshold]
+    return 7
+
+
+def fields(**kv: Any) -> dict[str, Any]:
+    """`logger.info("msg", extra=fields(device=d, seq=n))`."""
+    return {"kv": kv}
+
+
+def _needs_quotes(text: str) -> bool:
+    return not text or any(c in text for c in ' ="\\') or not text.isprintable()
+
+
+def format_value(value: Any) -> str:
+    text = value if isinstance(value, str) else str(value)
+    if not _needs_quotes(text):
+        return text
+    escaped = (
+        text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    )
+    escaped = escaped.replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    secs = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{secs}.{int(record.msecs):03d}Z"
+
+
+class _Base(logging.Formatter):
+    def __init__(self, *, timestamps: bool = True, syslog_prefix: bool = False) -> None:
+        super().__init__()
+        self.timestamps = timestamps
+        self.syslog_prefix = syslog_prefix
+
+    def _pairs(self, record: logging.LogRecord) -> list[tuple[str, Any]]:
+        pairs: list[tuple[str, Any]] = []
+        if self.timestamps:
+            pairs.append(("ts", _timestamp(record)))
+        pairs.append(("level", record.levelname.lower()))
+        pairs.append(("logger", record.name))
+        pairs.append(("msg", record.getMessage()))
+        extra = getattr(record, "kv", None)
+        if isinstance(extra, Mapping):
+            pairs.extend((str(k), v) for k, v in extra.items())
+        if record.exc_info:
+            pairs.append(("exc", self.formatException(record.exc_info)))
+        elif record.exc_text:
+            pairs.append(("exc", record.exc_text))
+        return pairs
+
+    def _prefix(self, record: logging.LogRecord) -> str:
+        return f"<{syslog_priority(record.levelno)}>" if self.syslog_prefix else ""
+
+
+class KeyValueFormatter(_Base):
+    """One line per record; values with spaces, quotes or newlines are quoted and escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        body = " ".join(f"{k}={format_value(v)}" for k, v in self._pairs(record))
+        return self._prefix(record) + body
+
+
+class JsonFormatter(_Base):
+    """One JSON object per line (non-JSON values are rendered with `str`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        body = json.dumps(dict(self._pairs(record)), default=str, ensure_ascii=False)
+        return self._prefix(record) + body
+
+
+def journal_stream_matches(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
+    """True when `stream` is the journal stream systemd connected us to (`$JOURNAL_STREAM` is
+    `device:inode` of it). A redirected stdout inside a unit does not count."""
+    environ = os.environ if env is None else env
+    value = environ.get("JOURNAL_STREAM", "")
+    dev, sep, ino = value.partition(":")
+    if not sep or not dev.isdigit() or not ino.isdigit():
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return st.st_dev == int(dev) and st.st_ino == int(ino)
+
+
+def setup_logging(
+    level: str = "INFO",
+    *,
+    fmt: LogFormat = "kv",
+    stream: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
+    journald: bool | None = None,
+    quiet_libraries: bool = True,
+) -> logging.Handler:
+    """Configure the root logger once (calling again replaces our handler, not others').
+
+    `journald=None` detects it from `$JOURNAL_STREAM`.
+    """
+    out = sys.stdout if stream is None else stream
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ConfigError("logging", "level", f"unknown log level {level!r}")
+    under_journal = journal_stream_matches(out, env) if journald is None else journald
+    formatter_cls = JsonFormatter if fmt == "json" else KeyValueFormatter
+    handler = logging.StreamHandler(out)
+    handler.set_name(HANDLER_NAME)
+    handler.setFormatter(formatter_cls(timestamps=not under_journal, syslog_prefix=under_journal))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if old.get_name() == HANDLER_NAME:
+            root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    if quiet_libraries:
+        # paho/aiomqtt narrate every packet at DEBUG; asyncio debug is for development
+        for name in ("paho", "aiomqtt", "asyncio"):
+            logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
+    return handler
+
+
+class RateLimitedLog:
+    """At most one line per key per `interval_s` of the clock; the next line that gets through
+    carries `suppressed=N`. For periodic events (heartbeats sent, retries, reconnect attempts).
+    """
+
+    def __init__(self, logger: logging.Logger, clock: Clock, interval_s: float = 60.0) -> None:
+        if interval_s <= 0:
+            raise ConfigError("logging", "interval_s", "must be > 0")
+        self._logger = logger
+        self._clock = clock
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def log(self, level: int, key: str, msg: str, **kv: Any) -> bool:
+        """Log `msg` unless `key` logged within the interval. True if it was emitted."""
+        if not self._logger.isEnabledFor(level):
+            return False
+        now = self._clock.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        self._last[key] = now
+        held = self._suppressed.pop(key, 0)
+        if held:
+            kv["suppressed"] = held
+        self._logger.log(level, msg, extra={"kv": kv})
+        return True
+
+    def info(self, key: str, msg: str, **kv: Any) -> bool:
+        return self.log(logging.INFO, key, msg, **kv)
+
+    def warning(self, key: str, msg: str, **kv: Any) -> bool:
+        return self.log(logging.WARNING, key, msg, **kv)
+
+    def suppressed(self, key: str) -> int:
+        return self._suppressed.get(key, 0)
+
+
+__all__ = [
+    "HANDLER_NAME",
+    "JsonFormatter",
+    "KeyValueFormatter",
+    "LogFormat",
+    "RateLimitedLog",
+    "fields",
+    "format_value",
+    "journal_stream_matches",
+    "setup_logging",
+    "syslog_priority",
+]

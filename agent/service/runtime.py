@@ -1,0 +1,116 @@
+"""Everything that makes `edge-agent run` a well-behaved systemd service, in one context manager.
+
+    runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
+    async with runtime:                       # signals, watchdog, /healthz + /metrics
+        store = await OutboxStore.open(...)
+        runtime.add_check("database", sqlite_writable_check(path, clock=clock))
+        runtime.add_collector("outbox", outbox_collector(store.stats))
+        runtime.shutdown.add("stop actors", system.stop)     # stop taking work
+        runtime.shutdown.add("stop relay", relay.stop)
+        runtime.shutdown.add("close outbox", store.close)    # flush pending writes
+        runtime.shutdown.add("stop transport", transport.stop)
+        runtime.ready("running")                             # READY=1, once all is up
+        await runtime.wait_stop()                            # SIGTERM / SIGINT
+    # leaving: STOPPING=1, the shutdown steps in order, then the watchdog and the endpoint stop
+
+Checks and collectors may be added before or after entering; the endpoint reads them per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from agent.core.clock import Clock
+from agent.service.checks import Check
+from agent.service.healthhttp import HealthServer
+from agent.service.prom import Collector
+from agent.service.sdnotify import Notifier, Watchdog
+from agent.service.signals import ServiceSignals, ShutdownSequence, StepFailure
+
+log = logging.getLogger(__name__)
+
+
+class ServiceRuntime:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        metrics_listen: str = "",
+        checks: Mapping[str, Check] | None = None,
+        collectors: Mapping[str, Collector] | None = None,
+        env: Mapping[str, str] | None = None,
+        on_reload: Callable[[], Awaitable[object]] | None = None,
+        watchdog_alive: Callable[[], bool] | None = None,
+        step_timeout_s: float = 10.0,
+        install_signals: bool = True,
+    ) -> None:
+        self.clock = clock
+        self.notifier = Notifier(env=env)
+        self.signals = ServiceSignals()
+        self.shutdown = ShutdownSequence(clock=clock, notifier=self.notifier,
+                                         step_timeout_s=step_timeout_s)
+        self.watchdog = Watchdog(clock, self.notifier, env=env, alive=watchdog_alive)
+        self.health = HealthServer(metrics_listen, checks or {}, collectors or {}, clock=clock)
+        self._on_reload = on_reload
+        self._install_signals = install_signals
+        self._tasks: list[asyncio.Task[None]] = []
+        self.failures: list[StepFailure] = []
+
+    def add_check(self, name: str, check: Check) -> None:
+        self.health.add_check(name, check)
+
+    def add_collector(self, name: str, collector: Collector) -> None:
+        self.health.add_collector(name, collector)
+
+    def ready(self, status: str | None = None) -> bool:
+        """READY=1: call once the database is open and the actors have started."""
+        log.info("ready", extra={"kv": {"status": status or ""}})
+        return self.notifier.ready(status)
+
+    def status(self, text: str) -> bool:
+        return self.notifier.status(text)
+
+    async def wait_stop(self) -> int | None:
+        return await self.signals.wait_stop()
+
+    async def __aenter__(self) -> ServiceRuntime:
+        if self._install_signals:
+            self.signals.install()
+        await self.health.start()
+        self._tasks.append(asyncio.create_task(self.watchdog.run(), name="sd-watchdog"))
+        self._tasks.append(asyncio.create_task(self._reload_loop(), name="sd-reload"))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            self.failures = await self.shutdown.run()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._tasks.clear()
+            await self.health.stop()
+            self.signals.uninstall()
+            self.notifier.close()
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await self.signals.reload.wait()
+            self.signals.take_reload()
+            self.notifier.reloading("reloading")
+            try:
+                if self._on_reload is not None:
+                    await self._on_reload()
+                else:
+                    log.info("reload requested; nothing to reload")
+            except Exception:  # noqa: BLE001 - a failed reload keeps the running configuration
+                log.exception("reload failed; keeping the running configuration")
+            self.notifier.ready("running")
+
+
+__all__ = ["ServiceRuntime"]
