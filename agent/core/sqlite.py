@@ -1,0 +1,140 @@
+"""Small SQLite helpers shared by the stores: open, `atomic()`, per-component migrations.
+
+* `connect()` opens in autocommit mode (we write `BEGIN IMMEDIATE` ourselves), sets
+  `busy_timeout`, switches to WAL outside any transaction and checks the mode SQLite returned,
+  and sets `synchronous` (NORMAL: a commit does not fsync; FULL: it does).
+* `atomic(conn)` is one transaction (or a SAVEPOINT when already inside one), rolled back on any
+  `BaseException`, so a cancelled task never leaves a half-written change.
+* `migrate(conn, component, steps)` applies ordered migration functions, each in the same
+  transaction as its bookkeeping row. Several components (registry, job queue, outbox) can
+  share one database file, so versions are kept per component rather than in `user_version`.
+
+`sqlite3.Error` is translated to `StoreError` by `store_errors()`; callers let no sqlite3 type
+or exception out of their module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+from agent.core.errors import StoreError
+
+Synchronous = Literal["NORMAL", "FULL", "OFF"]
+
+_savepoints = itertools.count()
+
+
+@contextlib.contextmanager
+def store_errors(what: str) -> Iterator[None]:
+    """Translate `sqlite3.Error` raised inside the block into `StoreError` naming `what`."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"{what}: {exc}") from exc
+
+
+def connect(
+    path: str | Path,
+    *,
+    synchronous: Synchronous = "NORMAL",
+    busy_timeout_ms: int = 5_000,
+    wal: bool = True,
+) -> sqlite3.Connection:
+    """Open (creating) a database for a store. Raises `StoreError`."""
+    name = str(path)
+    with store_errors(f"cannot open {name}"):
+        conn = sqlite3.connect(name, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            if wal and name != ":memory:":
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StoreError(f"cannot open {name}: journal mode is {mode}, not wal")
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+@contextlib.contextmanager
+def atomic(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction (BEGIN IMMEDIATE), or a savepoint when nested. Raises `StoreError`
+    for SQLite failures; any other exception rolls back and propagates unchanged."""
+    if conn.in_transaction:
+        name = f"sp{next(_savepoints)}"
+        with store_errors("savepoint"):
+            conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield conn
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"ROLLBACK TO {name}")
+                conn.execute(f"RELEASE {name}")
+            raise
+        with store_errors("release savepoint"):
+            conn.execute(f"RELEASE {name}")
+        return
+    with store_errors("begin"):
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException as exc:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            raise StoreError(str(exc)) from exc
+        raise
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise StoreError(f"commit: {exc}") from exc
+
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def migrate(conn: sqlite3.Connection, component: str, steps: Sequence[Migration]) -> int:
+    """Bring `component`'s tables to version `len(steps)`; returns the version.
+
+    Refuses (StoreError) a database written by a newer version of the component.
+    """
+    with atomic(conn):
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_versions ("
+            " component TEXT PRIMARY KEY, version INTEGER NOT NULL) WITHOUT ROWID"
+        )
+        row = conn.execute(
+            "SELECT version FROM schema_versions WHERE component = ?", (component,)
+        ).fetchone()
+        current = int(row[0]) if row else 0
+        if current > len(steps):
+            raise StoreError(
+                f"{component} schema version {current} is newer than this program ({len(steps)})"
+            )
+        for version in range(current, len(steps)):
+            steps[version](conn)
+        if current != len(steps):
+            conn.execute(
+                "INSERT INTO schema_versions(component, version) VALUES (?, ?)"
+                " ON CONFLICT(component) DO UPDATE SET version = excluded.version",
+                (component, len(steps)),
+            )
+    return len(steps)
+
+
+def close_quietly(conn: sqlite3.Connection) -> None:
+    """Close a connection, ignoring errors (used on shutdown and in error paths)."""
+    with contextlib.suppress(sqlite3.Error):
+        conn.close()
+
+
+__all__ = ["Migration", "Synchronous", "atomic", "close_quietly", "connect", "migrate", "store_errors"]

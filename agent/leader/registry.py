@@ -1,0 +1,419 @@
+"""The leader's device registry in SQLite: heartbeats, presence, telemetry, deduplication.
+
+Guarantees:
+
+* Latest heartbeat wins: a heartbeat is applied only if its `seq` is higher than the stored one
+  (`ON CONFLICT ... DO UPDATE ... WHERE excluded.hb_seq > devices.hb_seq`), so one that arrives
+  late or twice changes nothing. That guard *is* the deduplication of heartbeats: at 5,000+
+  heartbeats/s a processed-id row per heartbeat would be pure write amplification on an SD card.
+* Every other state change (a telemetry record, a presence change that carries an id) commits
+  its message id into `processed_messages` in the same transaction as the change, so a message
+  redelivered after a crash changes nothing twice. `apply_*` returns, per message, whether it
+  was new. Old ids are pruned by age (`prune_processed`).
+* Online/offline comes from presence (birth message / last will) and from a heartbeat deadline:
+  a device not heard from for `heartbeat_deadline_s` of the `Clock` is marked offline by
+  `expire_overdue()` (or the `watch_deadlines()` loop).
+
+Threading choice: the registry is synchronous and meant to be called on the event loop. Every
+call is one short transaction over a batch (the leader drains its coalescing mailbox and calls
+`apply_heartbeats(batch)` once), the database runs in WAL with `synchronous=NORMAL`, so a commit
+does not fsync; only WAL checkpoints do, and `checkpoint()` lets the caller run one off the loop.
+sqlite3 errors never leave this module: they become `StoreError`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from agent.core.clock import Clock
+from agent.core.codec import decode, encode
+from agent.core.errors import CodecError, StoreError
+from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migrate, store_errors
+from agent.protocol import Heartbeat, SystemSample, Telemetry
+
+COMPONENT = "registry"
+
+_json_encode = msgspec.json.Encoder().encode
+_tags_decoder = msgspec.json.Decoder(list[str])
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE devices (
+            device_id TEXT PRIMARY KEY,
+            hb_seq INTEGER NOT NULL DEFAULT -1,
+            hb_at_ms INTEGER,
+            last_seen_ms INTEGER,
+            uptime_s REAL,
+            firmware_version TEXT NOT NULL DEFAULT '',
+            tags TEXT NOT NULL DEFAULT '[]',
+            sample BLOB,
+            online INTEGER NOT NULL DEFAULT 0,
+            offline_reason TEXT,
+            first_seen_ms INTEGER NOT NULL,
+            changed_ms INTEGER NOT NULL,
+            telemetry_count INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID"""
+    )
+    conn.execute("CREATE INDEX devices_online_seen ON devices(last_seen_ms) WHERE online = 1")
+    conn.execute(
+        """CREATE TABLE telemetry_last (
+            device_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts_ms INTEGER NOT NULL,
+            record BLOB NOT NULL,
+            PRIMARY KEY (device_id, name)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute(
+        "CREATE TABLE processed_messages (msg_id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL)"
+        " WITHOUT ROWID"
+    )
+    conn.execute("CREATE INDEX processed_messages_at ON processed_messages(at_ms)")
+    conn.execute(
+        "CREATE TABLE registry_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID"
+    )
+
+
+_MIGRATIONS = (_v1,)
+
+_UPSERT_HEARTBEAT = """
+INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
+                     sample, online, offline_reason, first_seen_ms, changed_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?)
+ON CONFLICT (device_id) DO UPDATE SET
+    hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
+    uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
+    tags = excluded.tags, sample = excluded.sample, online = 1, offline_reason = NULL,
+    changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END
+WHERE excluded.hb_seq > devices.hb_seq
+"""
+
+_ENSURE_DEVICE = (
+    "INSERT INTO devices (device_id, first_seen_ms, changed_ms) VALUES (?, ?, ?)"
+    " ON CONFLICT (device_id) DO NOTHING"
+)
+
+_COLUMNS = (
+    "device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags, sample, online,"
+    " offline_reason, first_seen_ms, changed_ms, telemetry_count"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """One device as the leader knows it. Times are the leader clock's `now_ms()`."""
+
+    device_id: str
+    hb_seq: int | None  # None: no heartbeat yet
+    hb_at_ms: int | None  # when the newest heartbeat was applied
+    last_seen_ms: int | None  # newest heartbeat or presence `online`
+    uptime_s: float | None
+    firmware_version: str
+    tags: tuple[str, ...]
+    sample: SystemSample | None
+    online: bool
+    offline_reason: str | None  # "presence" | "deadline" | None
+    first_seen_ms: int
+    changed_ms: int  # last online/offline transition
+    telemetry_count: int  # telemetry records applied (each exactly once)
+
+
+def _record(row: tuple) -> DeviceRecord:
+    sample = None
+    if row[7] is not None:
+        try:
+            sample = decode(row[7], SystemSample)
+        except CodecError:
+            sample = None
+    try:
+        tags = tuple(_tags_decoder.decode(row[6]))
+    except msgspec.DecodeError:
+        tags = ()
+    return DeviceRecord(
+        device_id=row[0],
+        hb_seq=None if row[1] < 0 else row[1],
+        hb_at_ms=row[2],
+        last_seen_ms=row[3],
+        uptime_s=row[4],
+        firmware_version=row[5],
+        tags=tags,
+        sample=sample,
+        online=bool(row[8]),
+        offline_reason=row[9],
+        first_seen_ms=row[10],
+        changed_ms=row[11],
+        telemetry_count=row[12],
+    )
+
+
+OfflineCallback = Callable[[list[str]], Awaitable[None] | None]
+
+
+class DeviceRegistry:
+    """The device registry. Open with `DeviceRegistry.open(path, clock=...)`."""
+
+    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
+                 path: str) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._deadline_ms = int(round(heartbeat_deadline_s * 1000))
+        self.path = path
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        clock: Clock,
+        heartbeat_deadline_s: float = 30.0,
+        synchronous: Synchronous = "NORMAL",
+    ) -> DeviceRegistry:
+        if heartbeat_deadline_s <= 0:
+            raise ValueError("heartbeat_deadline_s must be > 0")
+        conn = connect(path, synchronous=synchronous)
+        try:
+            migrate(conn, COMPONENT, _MIGRATIONS)
+            with atomic(conn):
+                conn.execute(
+                    "INSERT INTO registry_meta(key, value) VALUES ('heartbeat_deadline_ms', ?)"
+                    " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (int(round(heartbeat_deadline_s * 1000)),),
+                )
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path))
+
+    @property
+    def heartbeat_deadline_s(self) -> float:
+        return self._deadline_ms / 1000.0
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            close_quietly(self._conn)
+
+    def __enter__(self) -> DeviceRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("device registry is closed")
+
+    # -- writes --------------------------------------------------------------------------------
+    def apply_heartbeat(self, heartbeat: Heartbeat) -> bool:
+        """Apply one heartbeat; True if it was newer than the stored one."""
+        return self.apply_heartbeats([heartbeat])[0]
+
+    def apply_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[bool]:
+        """Apply a batch in one transaction, in order; per heartbeat, whether it was applied."""
+        self._check_open()
+        now = self._clock.now_ms()
+        applied: list[bool] = []
+        execute = self._conn.execute
+        with atomic(self._conn):
+            for hb in heartbeats:
+                sample = encode(hb.sample) if hb.sample is not None else None
+                tags = _json_encode(list(hb.tags))
+                cur = execute(
+                    _UPSERT_HEARTBEAT,
+                    (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
+                     sample, now, now),
+                )
+                applied.append(cur.rowcount > 0)
+        return applied
+
+    def apply_telemetry(self, msg_id: str, record: Telemetry) -> bool:
+        """Apply one telemetry record; False if `msg_id` was already processed."""
+        return self.apply_telemetry_batch([(msg_id, record)])[0]
+
+    def apply_telemetry_batch(self, batch: Sequence[tuple[str, Telemetry]]) -> list[bool]:
+        """Apply (message id, record) pairs in one transaction; per pair, whether it was new.
+
+        A new record bumps the device's `telemetry_count` and replaces the last value of its
+        `name` if its `seq` is higher than the stored one's.
+        """
+        self._check_open()
+        now = self._clock.now_ms()
+        new: list[bool] = []
+        with atomic(self._conn):
+            for msg_id, record in batch:
+                new.append(self._apply_one_telemetry(msg_id, record, now))
+        return new
+
+    def _apply_one_telemetry(self, msg_id: str, record: Telemetry, now: int) -> bool:
+        if not self._claim(msg_id, now):
+            return False
+        execute = self._conn.execute
+        execute(_ENSURE_DEVICE, (record.device_id, now, now))
+        execute(
+            "UPDATE devices SET telemetry_count = telemetry_count + 1 WHERE device_id = ?",
+            (record.device_id,),
+        )
+        execute(
+            "INSERT INTO telemetry_last (device_id, name, seq, ts_ms, record) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (device_id, name) DO UPDATE SET seq = excluded.seq,"
+            " ts_ms = excluded.ts_ms, record = excluded.record WHERE excluded.seq > telemetry_last.seq",
+            (record.device_id, record.name, record.seq, record.ts_ms, encode(record)),
+        )
+        return True
+
+    def apply_presence(self, device_id: str, online: bool, *, msg_id: str | None = None) -> bool:
+        """Record a presence change. With `msg_id`, a redelivered message is ignored (False).
+
+        `online` counts as being heard from (the heartbeat deadline restarts); `offline` (the
+        last will) marks the device offline at once.
+        """
+        self._check_open()
+        now = self._clock.now_ms()
+        with atomic(self._conn):
+            if msg_id is not None and not self._claim(msg_id, now):
+                return False
+            self._conn.execute(_ENSURE_DEVICE, (device_id, now, now))
+            if online:
+                self._conn.execute(
+                    "UPDATE devices SET last_seen_ms = ?, offline_reason = NULL,"
+                    " changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, online = 1"
+                    " WHERE device_id = ?",
+                    (now, now, device_id),
+                )
+            else:
+                self._conn.execute(
+                    "UPDATE devices SET offline_reason = 'presence',"
+                    " changed_ms = CASE WHEN online = 1 THEN ? ELSE changed_ms END, online = 0"
+                    " WHERE device_id = ?",
+                    (now, device_id),
+                )
+        return True
+
+    def _claim(self, msg_id: str, now: int) -> bool:
+        cur = self._conn.execute(
+            "INSERT INTO processed_messages (msg_id, at_ms) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            (msg_id, now),
+        )
+        return cur.rowcount > 0
+
+    def expire_overdue(self) -> list[str]:
+        """Mark offline every online device not heard from within the deadline; their ids."""
+        self._check_open()
+        now = self._clock.now_ms()
+        with atomic(self._conn):
+            rows = self._conn.execute(
+                "UPDATE devices SET online = 0, offline_reason = 'deadline', changed_ms = ?"
+                " WHERE online = 1 AND last_seen_ms <= ? RETURNING device_id",
+                (now, now - self._deadline_ms),
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def next_deadline_ms(self) -> int | None:
+        """When the next online device runs out of its heartbeat deadline, or None."""
+        self._check_open()
+        with store_errors("next deadline"):
+            row = self._conn.execute(
+                "SELECT MIN(last_seen_ms) FROM devices WHERE online = 1"
+            ).fetchone()
+        return None if row[0] is None else int(row[0]) + self._deadline_ms
+
+    async def watch_deadlines(self, on_offline: OfflineCallback | None = None) -> None:
+        """Run until cancelled: mark devices offline when their deadline passes, on the Clock.
+
+        `on_offline(ids)` is called (and awaited if it returns an awaitable) for each batch of
+        devices that just went offline, e.g. to release the jobs a lost worker held.
+        """
+        while True:
+            nxt = self.next_deadline_ms()
+            wait_ms = self._deadline_ms if nxt is None else nxt - self._clock.now_ms()
+            await self._clock.sleep(max(0.0, min(wait_ms, self._deadline_ms)) / 1000.0)
+            expired = self.expire_overdue()
+            if expired and on_offline is not None:
+                outcome = on_offline(expired)
+                if outcome is not None:
+                    await outcome
+
+    def prune_processed(self, older_than_s: float) -> int:
+        """Forget processed message ids older than `older_than_s`; how many were removed.
+
+        Keep it longer than the longest a message can wait in a sender's outbox.
+        """
+        self._check_open()
+        cutoff = self._clock.now_ms() - int(older_than_s * 1000)
+        with atomic(self._conn):
+            cur = self._conn.execute("DELETE FROM processed_messages WHERE at_ms < ?", (cutoff,))
+        return cur.rowcount
+
+    def checkpoint(self) -> None:
+        """Run a passive WAL checkpoint (fsyncs: call it from a thread under `clock.busy()`)."""
+        self._check_open()
+        with store_errors("checkpoint"):
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    # -- reads ---------------------------------------------------------------------------------
+    def device(self, device_id: str) -> DeviceRecord | None:
+        self._check_open()
+        with store_errors("read device"):
+            row = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM devices WHERE device_id = ?", (device_id,)
+            ).fetchone()
+        return None if row is None else _record(row)
+
+    def devices(self, *, online: bool | None = None) -> list[DeviceRecord]:
+        self._check_open()
+        where = "" if online is None else f" WHERE online = {1 if online else 0}"
+        with store_errors("read devices"):
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM devices{where} ORDER BY device_id"
+            ).fetchall()
+        return [_record(r) for r in rows]
+
+    def counts(self) -> tuple[int, int]:
+        """(online, offline) device counts."""
+        self._check_open()
+        with store_errors("count devices"):
+            row = self._conn.execute(
+                "SELECT COALESCE(SUM(online), 0), COUNT(*) - COALESCE(SUM(online), 0) FROM devices"
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def last_telemetry(self, device_id: str) -> dict[str, Telemetry]:
+        """The newest record (by seq) of each telemetry name of a device."""
+        self._check_open()
+        with store_errors("read telemetry"):
+            rows = self._conn.execute(
+                "SELECT name, record FROM telemetry_last WHERE device_id = ? ORDER BY name",
+                (device_id,),
+            ).fetchall()
+        out: dict[str, Telemetry] = {}
+        for name, blob in rows:
+            try:
+                out[name] = decode(blob, Telemetry)
+            except CodecError:
+                continue
+        return out
+
+    def is_processed(self, msg_id: str) -> bool:
+        self._check_open()
+        with store_errors("read processed ids"):
+            row = self._conn.execute(
+                "SELECT 1 FROM processed_messages WHERE msg_id = ?", (msg_id,)
+            ).fetchone()
+        return row is not None
+
+    def processed_count(self) -> int:
+        """How many message ids are remembered (for metrics)."""
+        self._check_open()
+        with store_errors("count processed ids"):
+            return int(self._conn.execute("SELECT COUNT(*) FROM processed_messages").fetchone()[0])
+
+
+__all__ = ["COMPONENT", "DeviceRecord", "DeviceRegistry", "OfflineCallback"]

@@ -1,0 +1,192 @@
+"""`edge-agent status`: a fleet summary read from the leader's database.
+
+The database is opened read-only, so the command is safe while the leader runs (WAL readers do
+not block the writer). `summarize()` builds a `FleetStatus` (the same Struct a leader returns
+over MQTT for a `StatusRequest`), `format_status()` renders it for people, and
+`status_command()` is what the CLI calls: 0 on success, 2 with one line on stderr when the file
+is missing, is not SQLite, or is not a leader database.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import msgspec
+
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import StoreError
+from agent.core.sqlite import close_quietly
+from agent.protocol import FleetStatus, JobCounts, StaleDevice
+
+DEFAULT_STALE_AFTER_S = 30.0
+
+
+def _open_readonly(path: Path) -> sqlite3.Connection:
+    if not path.exists():
+        raise StoreError(f"{path}: no such file")
+    if not path.is_file():
+        raise StoreError(f"{path}: not a file")
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 2000")
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot open: {exc}") from exc
+    return conn
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def summarize(
+    db_path: str | Path,
+    *,
+    clock: Clock | None = None,
+    stale_after_s: float | None = None,
+    stale_limit: int = 50,
+) -> FleetStatus:
+    """Summarise the fleet in the leader database at `db_path`. Raises `StoreError`.
+
+    A device is stale when it has not been heard from (heartbeat or presence `online`) for
+    `stale_after_s`; by default the registry's heartbeat deadline.
+    """
+    path = Path(db_path)
+    now = (clock or SystemClock()).now_ms()
+    conn = _open_readonly(path)
+    try:
+        try:
+            tables = _tables(conn)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: not an SQLite database ({exc})") from exc
+        if "devices" not in tables or "registry_meta" not in tables:
+            raise StoreError(f"{path}: not an edge-agent leader database (no device registry)")
+        return _summarize(conn, tables, now, stale_after_s, stale_limit)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot read: {exc}") from exc
+    finally:
+        close_quietly(conn)
+
+
+def _summarize(conn: sqlite3.Connection, tables: set[str], now: int, stale_after_s: float | None,
+               stale_limit: int) -> FleetStatus:
+    if stale_after_s is None:
+        row = conn.execute(
+            "SELECT value FROM registry_meta WHERE key = 'heartbeat_deadline_ms'"
+        ).fetchone()
+        stale_after_s = row[0] / 1000.0 if row else DEFAULT_STALE_AFTER_S
+    stale_ms = int(stale_after_s * 1000)
+    total, online = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(online), 0) FROM devices"
+    ).fetchone()
+    versions = {
+        (str(v) or "unknown"): int(n)
+        for v, n in conn.execute(
+            "SELECT firmware_version, COUNT(*) FROM devices GROUP BY firmware_version"
+            " ORDER BY COUNT(*) DESC, firmware_version"
+        )
+    }
+    stale_where = "last_seen_ms IS NULL OR last_seen_ms <= ?"
+    (stale_count,) = conn.execute(
+        f"SELECT COUNT(*) FROM devices WHERE {stale_where}", (now - stale_ms,)
+    ).fetchone()
+    stale = [
+        StaleDevice(
+            device_id=str(device_id),
+            last_seen_ms=last_seen,
+            age_s=None if last_seen is None else round((now - last_seen) / 1000.0, 3),
+            online=bool(is_online),
+        )
+        for device_id, last_seen, is_online in conn.execute(
+            f"SELECT device_id, last_seen_ms, online FROM devices WHERE {stale_where}"
+            " ORDER BY last_seen_ms IS NOT NULL, last_seen_ms, device_id LIMIT ?",
+            (now - stale_ms, stale_limit),
+        )
+    ]
+    jobs = None
+    if "jobs" in tables and "jobqueue_meta" in tables:
+        counts = dict(conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        (failed,) = conn.execute(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'confirmed' AND ok = 0"
+        ).fetchone()
+        row = conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
+        jobs = JobCounts(
+            pending=int(counts.get("pending", 0)),
+            confirmed=int(counts.get("confirmed", 0)),
+            failed=int(failed),
+            epoch=int(row[0]) if row else 0,
+        )
+    return FleetStatus(
+        generated_ms=now,
+        total=int(total),
+        online=int(online),
+        offline=int(total) - int(online),
+        versions=versions,
+        stale_after_s=stale_after_s,
+        stale_count=int(stale_count),
+        stale=stale,
+        jobs=jobs,
+    )
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000.0))
+
+
+def format_status(summary: FleetStatus) -> str:
+    """Render a summary as a few lines of text for a terminal."""
+    lines = [
+        f"fleet: {summary.total} devices, {summary.online} online, {summary.offline} offline"
+        f" (as of {_when(summary.generated_ms)})"
+    ]
+    if summary.versions:
+        lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
+    lines.append(f"stale (not heard from for {_age(summary.stale_after_s)}): {summary.stale_count}")
+    width = max((len(d.device_id) for d in summary.stale), default=0)
+    for dev in summary.stale:
+        seen = "never" if dev.last_seen_ms is None else (
+            f"{_when(dev.last_seen_ms)} ({_age(dev.age_s or 0.0)} ago)")
+        state = "online" if dev.online else "offline"
+        lines.append(f"  {dev.device_id:<{width}}  last seen {seen}  {state}")
+    if summary.stale_count > len(summary.stale):
+        lines.append(f"  ... and {summary.stale_count - len(summary.stale)} more")
+    if summary.jobs is not None:
+        j = summary.jobs
+        lines.append(
+            f"jobs: {j.pending} pending, {j.confirmed} confirmed ({j.failed} failed),"
+            f" queue epoch {j.epoch}"
+        )
+    return "\n".join(lines)
+
+
+def status_command(db_path: str, as_json: bool, *, clock: Clock | None = None) -> int:
+    """Print the fleet summary of the leader database at `db_path`; the process exit code."""
+    try:
+        summary = summarize(db_path, clock=clock)
+    except StoreError as exc:
+        print(f"edge-agent status: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(msgspec.json.encode(summary).decode())
+    else:
+        print(format_status(summary))
+    return 0
+
+
+__all__ = ["DEFAULT_STALE_AFTER_S", "format_status", "status_command", "summarize"]

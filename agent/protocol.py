@@ -1,0 +1,238 @@
+"""The messages workers and leaders exchange, and the registry that names them on the wire.
+
+Each message is a small frozen msgspec Struct carried as the payload of an `Envelope` whose
+`kind` is one of the `KIND_*` constants below; `REGISTRY` maps the kind back to the Struct, so
+a receiver decodes with `REGISTRY.decode_payload(envelope)` and gets a `CodecError` for
+anything it does not know or that does not validate.
+
+Direction and purpose:
+
+    worker -> leader   Heartbeat   (OVERWRITE by device: only the newest seq matters)
+                       Telemetry   (APPEND, deduplicated by envelope id on the leader)
+                       JobDemand   (register / re-register a demand window for jobs)
+                       JobResult   (confirms one job, stamped with the epoch of its offer)
+    leader -> worker   JobOffer    (one job, stamped with the leader queue's epoch)
+    anyone -> leader   JobSubmit   (a new job; idempotent by job id)
+    transport->leader  Presence    (online / offline, from the retained presence topic or LWT)
+    cli    -> leader   StatusRequest, answered with a FleetStatus
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from agent.core.codec import Envelope, MessageRegistry, decode, encode
+
+DeviceId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+JobId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Seq = Annotated[int, msgspec.Meta(ge=0)]
+Epoch = Annotated[int, msgspec.Meta(ge=1)]
+Window = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+KIND_HEARTBEAT = "heartbeat"
+KIND_TELEMETRY = "telemetry"
+KIND_PRESENCE = "presence"
+KIND_JOB_SUBMIT = "job.submit"
+KIND_JOB_OFFER = "job.offer"
+KIND_JOB_DEMAND = "job.demand"
+KIND_JOB_RESULT = "job.result"
+KIND_STATUS_REQUEST = "status.request"
+KIND_FLEET_STATUS = "status.fleet"
+
+
+class _Message(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """Base: keyword-only, immutable. Unknown fields are ignored so a newer peer can add some."""
+
+
+class SystemSample(_Message, kw_only=True, frozen=True):
+    """One psutil reading of the device. A field is None where the platform cannot say."""
+
+    cpu_percent: float | None = None
+    mem_total_bytes: int | None = None
+    mem_available_bytes: int | None = None
+    mem_percent: float | None = None
+    disk_total_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    disk_percent: float | None = None
+    load_1m: float | None = None
+    load_5m: float | None = None
+    load_15m: float | None = None
+    temperature_c: float | None = None
+    uptime_s: float | None = None  # of the host, since boot
+
+
+class Heartbeat(_Message, kw_only=True, frozen=True):
+    """Sent every `heartbeat.interval_s`. The leader keeps the one with the highest `seq`, so
+    `seq` must keep growing across agent restarts too: a persisted counter, or the sender's
+    `clock.now_ms()` at sending time."""
+
+    device_id: DeviceId
+    seq: Seq
+    uptime_s: NonNegFloat  # of the agent process
+    firmware_version: str = ""
+    tags: tuple[str, ...] = ()
+    sample: SystemSample | None = None
+
+
+class Telemetry(_Message, kw_only=True, frozen=True):
+    """One telemetry record: a single `value` or a map of `values` (or both)."""
+
+    device_id: DeviceId
+    seq: Seq
+    name: Name
+    ts_ms: Annotated[int, msgspec.Meta(ge=0)]
+    value: float | None = None
+    values: dict[str, float] | None = None
+
+
+class Presence(_Message, kw_only=True, frozen=True):
+    """Online/offline of a device as the broker reports it (birth message or last will)."""
+
+    device_id: DeviceId
+    status: Literal["online", "offline"]
+    ts_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class JobSubmit(_Message, kw_only=True, frozen=True):
+    """A job for the fleet's workers. Submitting the same `job_id` again changes nothing."""
+
+    job_id: JobId
+    kind: Name
+    payload: bytes = b""
+
+
+class JobOffer(_Message, kw_only=True, frozen=True):
+    """The leader hands one job to one worker under the queue's current `epoch`."""
+
+    job_id: JobId
+    epoch: Epoch
+    kind: Name
+    payload: bytes = b""
+
+
+class JobDemand(_Message, kw_only=True, frozen=True):
+    """A worker (re-)registers: it will hold at most `window` unconfirmed jobs at once.
+
+    `incarnation` names one run of the worker; a new incarnation replaces the old binding and
+    the jobs the old one held go back to the pending pool.
+    """
+
+    worker: DeviceId
+    incarnation: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    window: Window = 4
+
+
+class JobResult(_Message, kw_only=True, frozen=True):
+    """A worker confirms one job after processing it, echoing the offer's `epoch`."""
+
+    job_id: JobId
+    epoch: Epoch
+    worker: DeviceId
+    ok: bool
+    result: bytes = b""
+    error: str = ""
+
+
+class StatusRequest(_Message, kw_only=True, frozen=True):
+    """Ask a leader for its `FleetStatus` (over MQTT, answered in the reply body)."""
+
+    stale_after_s: NonNegFloat | None = None
+
+
+class StaleDevice(_Message, kw_only=True, frozen=True):
+    device_id: str
+    last_seen_ms: int | None
+    age_s: float | None
+    online: bool
+
+
+class JobCounts(_Message, kw_only=True, frozen=True):
+    pending: int = 0
+    confirmed: int = 0
+    failed: int = 0  # confirmed with ok=False
+    epoch: int = 0
+
+
+class FleetStatus(_Message, kw_only=True, frozen=True):
+    """The fleet as one leader's database records it."""
+
+    generated_ms: int
+    total: int
+    online: int
+    offline: int
+    versions: dict[str, int] = msgspec.field(default_factory=dict)
+    stale_after_s: float = 0.0
+    stale_count: int = 0
+    stale: list[StaleDevice] = msgspec.field(default_factory=list)
+    jobs: JobCounts | None = None
+
+
+REGISTRY = MessageRegistry()
+for _kind, _type in (
+    (KIND_HEARTBEAT, Heartbeat),
+    (KIND_TELEMETRY, Telemetry),
+    (KIND_PRESENCE, Presence),
+    (KIND_JOB_SUBMIT, JobSubmit),
+    (KIND_JOB_OFFER, JobOffer),
+    (KIND_JOB_DEMAND, JobDemand),
+    (KIND_JOB_RESULT, JobResult),
+    (KIND_STATUS_REQUEST, StatusRequest),
+    (KIND_FLEET_STATUS, FleetStatus),
+):
+    REGISTRY.register(_kind, _type)
+
+_KIND_OF: dict[type[msgspec.Struct], str] = {t: k for k, t in REGISTRY.kinds().items()}
+
+
+def kind_of(message: msgspec.Struct) -> str:
+    """The wire kind of a registered message; `KeyError` for an unregistered type (a bug)."""
+    return _KIND_OF[type(message)]
+
+
+def encode_message(message: msgspec.Struct) -> bytes:
+    """The payload bytes of `message` (put them in an `Envelope` of kind `kind_of(message)`)."""
+    return encode(message)
+
+
+def decode_message(envelope: Envelope) -> msgspec.Struct:
+    """Decode an envelope's payload by its kind; raises only `CodecError`."""
+    return REGISTRY.decode_payload(envelope)
+
+
+def decode_as(data: bytes | bytearray | memoryview, type_: type[msgspec.Struct]) -> msgspec.Struct:
+    """Decode bare payload bytes as `type_`; raises only `CodecError`."""
+    return decode(data, type_)
+
+
+__all__ = [
+    "KIND_FLEET_STATUS",
+    "KIND_HEARTBEAT",
+    "KIND_JOB_DEMAND",
+    "KIND_JOB_OFFER",
+    "KIND_JOB_RESULT",
+    "KIND_JOB_SUBMIT",
+    "KIND_PRESENCE",
+    "KIND_STATUS_REQUEST",
+    "KIND_TELEMETRY",
+    "REGISTRY",
+    "FleetStatus",
+    "Heartbeat",
+    "JobCounts",
+    "JobDemand",
+    "JobOffer",
+    "JobResult",
+    "JobSubmit",
+    "Presence",
+    "StaleDevice",
+    "StatusRequest",
+    "SystemSample",
+    "Telemetry",
+    "decode_as",
+    "decode_message",
+    "encode_message",
+    "kind_of",
+]
