@@ -114,8 +114,7 @@ class ActorCell:
     # -- the actor's task --------------------------------------------------------------------
     async def _run(self) -> None:
         try:
-            if await self._begin():
-                await self._loop()
+            if await self._begin() and await self._loop():
                 await self._end()
         except asyncio.CancelledError:
             if self._in_flight is not None:
@@ -123,7 +122,8 @@ class ActorCell:
                 self._in_flight = None
             raise
 
-    async def _loop(self) -> None:
+    async def _loop(self) -> bool:
+        """Process messages until the mailbox is closed and empty (True) or we gave up (False)."""
         mailbox = self.mailbox
         burst = 0
         while True:
@@ -135,7 +135,7 @@ class ActorCell:
             try:
                 item = await mailbox.get()
             except ActorStopped:
-                return
+                return True
             burst += 1
             self._in_flight = item
             if isinstance(item, Ask):
@@ -158,7 +158,7 @@ class ActorCell:
                     continue  # draining for shutdown: no restart, keep handing out the queue
                 await self._end()
                 if not await self._backoff(exc) or not await self._begin():
-                    return
+                    return False
                 continue
             self._in_flight = None
             mailbox.task_done()

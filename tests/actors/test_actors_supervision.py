@@ -1,0 +1,206 @@
+"""Supervision: restart with exponential backoff on the clock, give-up, failure reports."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agent.actors import Actor, ActorFailure, ActorSystem, Context, RestartPolicy
+from agent.core.clock import VirtualClock
+from agent.core.errors import ActorStopped
+
+
+class Flaky(Actor):
+    """Raises on messages that start with 'bad'; records its lifecycle."""
+
+    instances = 0
+
+    def __init__(self) -> None:
+        Flaky.instances += 1
+        self.events: list[str] = []
+        self.received: list[object] = []
+
+    async def on_start(self, ctx: Context) -> None:
+        self.events.append("start")
+
+    async def receive(self, message: object, ctx: Context) -> object | None:
+        self.received.append(message)
+        if isinstance(message, str) and message.startswith("bad"):
+            raise RuntimeError(f"cannot handle {message}")
+        return message
+
+    async def on_stop(self, ctx: Context) -> None:
+        self.events.append("stop")
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+async def test_restart_waits_an_exponential_backoff_on_the_clock(clock: VirtualClock) -> None:
+    actor = Flaky()
+    policy = RestartPolicy(max_restarts=5, window_s=60.0, backoff_base_s=1.0, backoff_cap_s=3.0)
+    async with ActorSystem(clock=clock) as system:
+        ref = system.spawn(actor, name="flaky", restart=policy)
+        ref.tell("bad-1")
+        ref.tell("ok-1")
+        await clock.settle()
+        assert actor.events == ["start", "stop"]  # stopped, waiting its 1 s backoff
+        assert actor.received == ["bad-1"]
+        await clock.advance(0.99)
+        assert actor.received == ["bad-1"]
+        await clock.advance(0.02)
+        assert actor.events == ["start", "stop", "start"]
+        assert actor.received == ["bad-1", "ok-1"]  # the failing message is not retried
+
+        ref.tell("bad-2")  # second failure in the window: 2 s
+        ref.tell("ok-2")
+        await clock.advance(1.99)
+        assert actor.received[-1] == "bad-2"
+        await clock.advance(0.02)
+        assert actor.received[-1] == "ok-2"
+
+        ref.tell("bad-3")  # third: 4 s, capped at 3 s
+        ref.tell("ok-3")
+        await clock.advance(2.99)
+        assert actor.received[-1] == "bad-3"
+        await clock.advance(0.02)
+        assert actor.received[-1] == "ok-3"
+        assert ref.restarts == 3
+        assert ref.statistics().failed == 3
+        assert system.failures == []
+
+
+async def test_failing_message_is_logged_with_the_exception(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with ActorSystem(clock=clock) as system:
+        ref = system.spawn(Flaky(), name="flaky", restart=RestartPolicy(backoff_base_s=0.0))
+        with caplog.at_level(logging.WARNING, logger="agent.actors"):
+            ref.tell("bad-payload")
+            await clock.settle()
+    failures = [r for r in caplog.records if "failed on message" in r.getMessage()]
+    assert len(failures) == 1
+    assert "'bad-payload'" in failures[0].getMessage() and "flaky" in failures[0].getMessage()
+    assert failures[0].exc_info is not None and failures[0].exc_info[0] is RuntimeError
+
+
+async def test_gives_up_after_more_than_max_restarts_in_the_window(clock: VirtualClock) -> None:
+    reported: list[ActorFailure] = []
+    actor = Flaky()
+    policy = RestartPolicy(max_restarts=2, window_s=60.0, backoff_base_s=0.5, backoff_cap_s=1.0)
+    async with ActorSystem(clock=clock, on_failure=reported.append) as system:
+        ref = system.spawn(actor, name="doomed", restart=policy)
+        for m in ("bad-1", "bad-2", "bad-3", "ok-a", "ok-b"):
+            ref.tell(m)
+        await clock.advance(10.0)
+        assert actor.received == ["bad-1", "bad-2", "bad-3"]
+        assert len(system.failures) == 1 and reported == system.failures
+        failure = system.failures[0]
+        assert failure.name == "doomed" and failure.restarts == 2
+        assert isinstance(failure.error, RuntimeError)
+        assert failure.undelivered == ["ok-a", "ok-b"]  # handed back, not lost
+        assert not ref.alive
+        with pytest.raises(ActorStopped):
+            ref.tell("more")
+        s = ref.statistics()
+        assert (s.failed, s.processed, s.drained) == (3, 3, 2)
+        assert actor.events == ["start", "stop", "start", "stop", "start", "stop"]
+
+
+async def test_failures_outside_the_window_do_not_accumulate(clock: VirtualClock) -> None:
+    policy = RestartPolicy(max_restarts=1, window_s=10.0, backoff_base_s=0.1, backoff_cap_s=0.1)
+    async with ActorSystem(clock=clock) as system:
+        ref = system.spawn(Flaky(), name="f", restart=policy)
+        for _ in range(4):
+            ref.tell("bad")
+            await clock.advance(11.0)
+        assert system.failures == []
+        assert ref.alive and ref.restarts == 4
+        ref.tell("bad")
+        ref.tell("bad")  # two within 10 s: more than one restart
+        await clock.advance(1.0)
+        assert len(system.failures) == 1
+
+
+async def test_no_restart_policy_stops_at_the_first_failure(clock: VirtualClock) -> None:
+    async with ActorSystem(clock=clock) as system:
+        ref = system.spawn(Flaky(), name="once", restart=None)
+        ref.tell("bad")
+        ref.tell("next")
+        await clock.settle()
+        assert [f.undelivered for f in system.failures] == [["next"]]
+        assert ref.restarts == 0 and not ref.alive
+
+
+async def test_factory_gives_a_fresh_instance_on_restart(clock: VirtualClock) -> None:
+    made: list[Flaky] = []
+
+    def factory() -> Flaky:
+        made.append(Flaky())
+        return made[-1]
+
+    async with ActorSystem(clock=clock) as system:
+        ref = system.spawn(factory, name="fresh", restart=RestartPolicy(backoff_base_s=0.0))
+        assert await ref.ask("a", timeout_s=1.0) == "a"
+        ref.tell("bad")
+        assert await ref.ask("b", timeout_s=1.0) == "b"
+    assert len(made) == 2
+    assert made[0].received == ["a", "bad"] and made[0].events == ["start", "stop"]
+    assert made[1].received == ["b"] and made[1].events == ["start", "stop"]
+
+
+async def test_on_start_failure_is_retried_with_backoff(clock: VirtualClock) -> None:
+    attempts: list[float] = []
+
+    class Fragile(Actor):
+        async def on_start(self, ctx: Context) -> None:
+            attempts.append(ctx.clock.monotonic())
+            if len(attempts) < 3:
+                raise OSError("device not ready")
+
+        async def receive(self, message: object, ctx: Context) -> object:
+            return message
+
+    policy = RestartPolicy(max_restarts=5, backoff_base_s=1.0, backoff_cap_s=10.0)
+    async with ActorSystem(clock=clock) as system:
+        ref = system.spawn(Fragile(), name="fragile", restart=policy)
+        await clock.advance(5.0)
+        assert attempts == [0.0, 1.0, 3.0]
+        assert await ref.ask("up", timeout_s=1.0) == "up"
+
+
+async def test_on_failure_callback_errors_are_contained(clock: VirtualClock) -> None:
+    def explode(failure: ActorFailure) -> None:
+        raise ValueError("callback broke")
+
+    async with ActorSystem(clock=clock, on_failure=explode) as system:
+        ref = system.spawn(Flaky(), name="x", restart=None)
+        ref.tell("bad")
+        await clock.settle()
+        assert len(system.failures) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_restarts": -1},
+        {"window_s": 0.0},
+        {"backoff_base_s": -0.1},
+        {"backoff_base_s": 2.0, "backoff_cap_s": 1.0},
+        {"window_s": float("inf")},
+    ],
+)
+def test_restart_policy_validates(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="RestartPolicy"):
+        RestartPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    policy = RestartPolicy(backoff_base_s=0.1, backoff_cap_s=1.0)
+    assert [policy.backoff_s(n) for n in range(1, 7)] == pytest.approx(
+        [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    )
+    assert policy.backoff_s(10_000) == 1.0
