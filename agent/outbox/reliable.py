@@ -1,0 +1,59 @@
+"""`tell_reliable`: deliver directly when the receiver can take it, else keep it in the outbox.
+
+The direct `tell` costs nothing durable; when it fails for any reason we know about (a full
+mailbox, a stopped actor, the transport offline: every `EdgeAgentError`) the message goes to the
+outbox, which the relay drains later. Only when both fail does the caller see an error: the
+store's, with the `tell` failure chained as its cause.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Literal, Protocol
+
+from agent.core.errors import EdgeAgentError
+from agent.outbox.types import EnqueueResult, OutboxMessage
+
+log = logging.getLogger(__name__)
+
+TellPath = Literal["direct", "outbox"]
+
+
+class TellTarget(Protocol):
+    """Anything with an ActorRef-like `tell` (local refs return None; a remote one may return
+    an awaitable, which is awaited)."""
+
+    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> object:
+        ...
+
+
+class OutboxWriter(Protocol):
+    async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult: ...
+
+
+async def tell_reliable(
+    ref: TellTarget, message: object, *, outbox: OutboxWriter, msg: OutboxMessage
+) -> TellPath:
+    """Try `ref.tell(message)`; on an `EdgeAgentError` store `msg` in `outbox` instead.
+
+    `msg` is the durable form of the same message (its receiver, class, encoded payload, key).
+    An OVERWRITE message passes its key as the mailbox's coalescing key, so the direct path
+    coalesces the same way the outbox does. Returns which path took the message.
+    """
+    coalesce_key = msg.key if msg.conflict == "overwrite" else None
+    try:
+        result = ref.tell(message, coalesce_key=coalesce_key, seq=msg.seq)
+        if inspect.isawaitable(result):
+            await result
+    except EdgeAgentError as tell_error:
+        log.debug("tell to %s failed (%s); storing %s in the outbox", msg.receiver, tell_error, msg.msg_id)
+        try:
+            await outbox.enqueue(msg)
+        except EdgeAgentError as store_error:
+            raise store_error from tell_error
+        return "outbox"
+    return "direct"
+
+
+__all__ = ["TellPath", "TellTarget", "tell_reliable"]
