@@ -1,0 +1,178 @@
+"""Topic names of edge-agent and MQTT topic-filter matching.
+
+    ea/v1/{fleet}/{device}/up              device -> leader
+    ea/v1/{fleet}/{device}/down            leader -> device
+    ea/v1/{fleet}/{device}/presence        retained "online" / "offline" (the last will)
+    ea/v1/{fleet}/{device}/reply/{name}    replies (MQTT v5 response topic)
+    $share/leaders/ea/v1/{fleet}/+/up      the leaders' shared subscription
+
+Matching follows MQTT: `+` matches one level, `#` the rest (including the parent level), a
+`$share/{group}/` prefix is stripped before matching, and topics starting with `$` are never
+matched by a filter whose first level is a wildcard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agent.core.errors import TransportError
+
+PREFIX = "ea/v1"
+SHARE_PREFIX = "$share/"
+DEFAULT_LEADER_GROUP = "leaders"
+
+Channel = Literal["up", "down", "presence", "reply"]
+CHANNELS: tuple[str, ...] = ("up", "down", "presence", "reply")
+
+ONLINE = b"online"
+OFFLINE = b"offline"
+
+
+class TopicError(TransportError, ValueError):
+    """A topic or topic filter is malformed."""
+
+
+def _segment(kind: str, value: str) -> str:
+    if not value or any(ch in value for ch in "/+#\x00") or value.startswith("$"):
+        raise TopicError(f"invalid {kind} {value!r} for a topic level")
+    return value
+
+
+def up(fleet: str, device: str) -> str:
+    return f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/up"
+
+
+def down(fleet: str, device: str) -> str:
+    return f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/down"
+
+
+def presence(fleet: str, device: str) -> str:
+    return f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/presence"
+
+
+def reply(fleet: str, device: str, name: str = "relay") -> str:
+    """The reply topic of one sender (`name`) on `device`."""
+    return (
+        f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/reply/"
+        f"{_segment('reply name', name)}"
+    )
+
+
+def fleet_filter(fleet: str, channel: Channel) -> str:
+    """Every device's `channel` in the fleet, e.g. `ea/v1/f/+/presence`."""
+    return f"{PREFIX}/{_segment('fleet', fleet)}/+/{channel}"
+
+
+def leaders_up(fleet: str, group: str = DEFAULT_LEADER_GROUP) -> str:
+    """The shared subscription several leaders split the fleet's `up` traffic with."""
+    return f"{SHARE_PREFIX}{_segment('group', group)}/{fleet_filter(fleet, 'up')}"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedTopic:
+    fleet: str
+    device: str
+    channel: str
+    rest: str = ""  # levels after the channel, e.g. the reply name
+
+
+def parse(topic: str) -> ParsedTopic | None:
+    """Split an edge-agent topic into its parts; None when it is not one of ours."""
+    levels = topic.split("/")
+    if len(levels) < 5 or levels[0] != "ea" or levels[1] != "v1":
+        return None
+    fleet, device, channel = levels[2], levels[3], levels[4]
+    if not fleet or not device or channel not in CHANNELS:
+        return None
+    if any(ch in fleet + device for ch in "+#"):
+        return None
+    return ParsedTopic(fleet, device, channel, "/".join(levels[5:]))
+
+
+def device_of(topic: str) -> str | None:
+    """The device id a topic belongs to, or None when the topic names no device."""
+    parsed = parse(topic)
+    return parsed.device if parsed is not None else None
+
+
+def split_shared(topic_filter: str) -> tuple[str | None, str]:
+    """`$share/g/a/b` -> ("g", "a/b"); a plain filter -> (None, filter)."""
+    if not topic_filter.startswith(SHARE_PREFIX):
+        return None, topic_filter
+    rest = topic_filter[len(SHARE_PREFIX) :]
+    group, sep, inner = rest.partition("/")
+    if not sep or not group or not inner or "+" in group or "#" in group:
+        raise TopicError(f"invalid shared subscription {topic_filter!r}")
+    return group, inner
+
+
+def validate_topic(topic: str) -> str:
+    """A topic to publish to: non-empty, no wildcards, no NUL."""
+    if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+        raise TopicError(f"invalid topic name {topic!r}")
+    if len(topic.encode("utf-8")) > 65535:
+        raise TopicError("topic name longer than 65535 bytes")
+    return topic
+
+
+def validate_filter(topic_filter: str) -> str:
+    """A subscription filter: `#` only as the whole last level, `+` only as a whole level."""
+    _, inner = split_shared(topic_filter)
+    if not inner or "\x00" in inner:
+        raise TopicError(f"invalid topic filter {topic_filter!r}")
+    levels = inner.split("/")
+    for index, level in enumerate(levels):
+        if "#" in level and (level != "#" or index != len(levels) - 1):
+            raise TopicError(f"'#' must be the last whole level in {topic_filter!r}")
+        if "+" in level and level != "+":
+            raise TopicError(f"'+' must be a whole level in {topic_filter!r}")
+    return topic_filter
+
+
+def is_wildcard(topic_filter: str) -> bool:
+    return "+" in topic_filter or "#" in topic_filter
+
+
+def matches(topic_filter: str, topic: str) -> bool:
+    """Does `topic` match `topic_filter` (which may carry a `$share/group/` prefix)?"""
+    if topic_filter.startswith(SHARE_PREFIX):
+        _, topic_filter = split_shared(topic_filter)
+    if topic_filter == topic:
+        return True
+    f_levels = topic_filter.split("/")
+    t_levels = topic.split("/")
+    if topic.startswith("$") and f_levels[0] in ("+", "#"):
+        return False
+    for index, f_level in enumerate(f_levels):
+        if f_level == "#":
+            return True
+        if index >= len(t_levels):
+            return False
+        if f_level != "+" and f_level != t_levels[index]:
+            return False
+    return len(f_levels) == len(t_levels)
+
+
+__all__ = [
+    "CHANNELS",
+    "DEFAULT_LEADER_GROUP",
+    "OFFLINE",
+    "ONLINE",
+    "PREFIX",
+    "ParsedTopic",
+    "TopicError",
+    "device_of",
+    "down",
+    "fleet_filter",
+    "is_wildcard",
+    "leaders_up",
+    "matches",
+    "parse",
+    "presence",
+    "reply",
+    "split_shared",
+    "up",
+    "validate_filter",
+    "validate_topic",
+]
