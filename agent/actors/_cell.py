@@ -67,18 +67,12 @@ class ActorCell:
         self._restart = restart
         self._failure_times: deque[float] = deque()
         self.restarts = 0
-        self.accepting = True
         self._stopping = False
         self._in_flight: object | None = None
         self._interrupted: list[object] = []
         self.task: asyncio.Task[None] | None = None
 
-    # -- the sending side --------------------------------------------------------------------
-    def tell(self, message: object, coalesce_key: str | None, seq: int) -> None:
-        if not self.accepting:
-            raise ActorStopped(f"actor {self.name!r} is stopped")
-        self.mailbox.put_nowait(message, coalesce_key=coalesce_key, seq=seq)
-
+    # -- the sending side (ActorRef puts into the mailbox directly; closed means stopped) --
     def _on_discard(self, item: object, reason: DiscardReason) -> None:
         if isinstance(item, Ask) and not item.future.done():
             item.future.set_exception(MailboxFull(self.name, self.mailbox.retry_after_ms()))
@@ -91,7 +85,6 @@ class ActorCell:
 
     def begin_stop(self) -> None:
         """Refuse new messages; the task drains the queue, runs on_stop and ends."""
-        self.accepting = False
         self._stopping = True
         self.mailbox.close()
 
@@ -104,7 +97,7 @@ class ActorCell:
         self._interrupted = []
         out: list[object] = []
         for item in items:
-            if isinstance(item, Ask):
+            if type(item) is Ask:
                 if not item.future.done():
                     item.future.set_exception(ActorStopped(f"actor {self.name!r} stopped"))
             else:
@@ -129,16 +122,19 @@ class ActorCell:
         while True:
             if mailbox.empty():
                 burst = 0
+                try:
+                    item = await mailbox.get()
+                except ActorStopped:
+                    return True
             elif burst >= _BURST:
                 burst = 0
                 await asyncio.sleep(0)  # a cooperative yield, not a timer
-            try:
-                item = await mailbox.get()
-            except ActorStopped:
-                return True
+                continue
+            else:
+                item = mailbox.get_nowait()
             burst += 1
             self._in_flight = item
-            if isinstance(item, Ask):
+            if type(item) is Ask:
                 message, future = item.message, item.future
             else:
                 message, future = item, None
@@ -212,7 +208,6 @@ class ActorCell:
         return True
 
     def _give_up(self, exc: BaseException) -> None:
-        self.accepting = False
         self.mailbox.close()
         failure = ActorFailure(
             name=self.name,

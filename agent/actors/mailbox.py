@@ -106,8 +106,10 @@ class Mailbox:
         self.capacity = capacity
         self.policy: MailboxPolicy = policy
         self._clock = clock
+        self._monotonic = clock.monotonic
         self._on_discard = on_discard
-        self._queue: deque[_Slot] = deque()
+        # Plain messages are queued as they are; keyed ones in a _Slot that the key maps to.
+        self._queue: deque[object] = deque()
         self._keys: dict[str, _Slot] = {}
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
@@ -170,10 +172,11 @@ class Mailbox:
     def put_nowait(self, item: object, *, coalesce_key: str | None = None, seq: int = 0) -> None:
         """Offer `item`; apply the policy if full. Raises MailboxFull (reject) or ActorStopped."""
         if self._closed:
-            raise ActorStopped(f"mailbox of {self.name!r} is closed")
+            raise ActorStopped(f"actor {self.name!r} is stopped (mailbox closed)")
         if coalesce_key is not None and self._coalesce(item, coalesce_key, seq):
             return
-        if len(self._queue) >= self.capacity:
+        queue = self._queue
+        if len(queue) >= self.capacity:
             if self.policy == "reject":
                 self._rejected += 1
                 raise MailboxFull(self.name, self.retry_after_ms())
@@ -182,11 +185,23 @@ class Mailbox:
                 self._dropped += 1
                 self._discard(item, "dropped")
                 return
-            evicted = self._queue.popleft()
-            self._forget(evicted)
+            evicted = queue.popleft()
+            if type(evicted) is _Slot:
+                self._forget(evicted)
+                evicted = evicted.item
             self._dropped += 1
-            self._discard(evicted.item, "dropped")
-        self._append(item, coalesce_key, seq)
+            self._discard(evicted, "dropped")
+        if coalesce_key is None:
+            queue.append(item)
+        else:
+            slot = _Slot(item, coalesce_key, seq)
+            queue.append(slot)
+            self._keys[coalesce_key] = slot
+        self._enqueued += 1
+        if len(queue) > self._high_water:
+            self._high_water = len(queue)
+        if self._getters:
+            self._wake(self._getters)
 
     async def put(self, item: object, *, coalesce_key: str | None = None, seq: int = 0) -> None:
         """Wait for room, then enqueue. The overflow policy governs `put_nowait` only.
@@ -217,16 +232,6 @@ class Mailbox:
             self._discard(item, "coalesced")
         return True
 
-    def _append(self, item: object, key: str | None, seq: int) -> None:
-        slot = _Slot(item, key, seq)
-        self._queue.append(slot)
-        if key is not None:
-            self._keys[key] = slot
-        self._enqueued += 1
-        if len(self._queue) > self._high_water:
-            self._high_water = len(self._queue)
-        self._wake(self._getters)
-
     def _forget(self, slot: _Slot) -> None:
         if slot.key is not None and self._keys.get(slot.key) is slot:
             del self._keys[slot.key]
@@ -242,12 +247,15 @@ class Mailbox:
             if self._closed:
                 raise ActorStopped(f"mailbox of {self.name!r} is closed and empty")
             raise asyncio.QueueEmpty
-        slot = self._queue.popleft()
-        self._forget(slot)
+        item = self._queue.popleft()
+        if type(item) is _Slot:
+            self._forget(item)
+            item = item.item
         self._processed += 1
-        self._started_at = self._clock.monotonic()
-        self._wake(self._putters)
-        return slot.item
+        self._started_at = self._monotonic()
+        if self._putters:
+            self._wake(self._putters)
+        return item
 
     async def get(self) -> object:
         """Wait for a message. Once closed, queued messages are still handed out, then
@@ -262,7 +270,7 @@ class Mailbox:
         """Mark the message last handed out as finished; feeds the service-time EWMA."""
         if self._started_at is None:
             raise ValueError(f"mailbox {self.name!r}: task_done() without a message in service")
-        elapsed = max(0.0, self._clock.monotonic() - self._started_at)
+        elapsed = max(0.0, self._monotonic() - self._started_at)
         self._started_at = None
         self._service_s += _EWMA_ALPHA * (elapsed - self._service_s)
         if failed:
@@ -270,7 +278,7 @@ class Mailbox:
 
     def drain(self) -> list[object]:
         """Remove and return every queued message, oldest first (counted as `drained`)."""
-        items = [slot.item for slot in self._queue]
+        items = [x.item if type(x) is _Slot else x for x in self._queue]
         self._queue.clear()
         self._keys.clear()
         self._drained += len(items)

@@ -38,7 +38,7 @@ class ActorRef:
     @property
     def alive(self) -> bool:
         """True while the actor accepts messages."""
-        return self._cell.accepting
+        return not self._cell.mailbox.closed
 
     @property
     def restarts(self) -> int:
@@ -51,7 +51,7 @@ class ActorRef:
         Raises MailboxFull (policy `reject`, with a retry_after_ms hint) or ActorStopped.
         With `coalesce_key`, a queued message with the same key is replaced if `seq` is higher.
         """
-        self._cell.tell(message, coalesce_key, seq)
+        self._cell.mailbox.put_nowait(message, coalesce_key=coalesce_key, seq=seq)
 
     async def ask(self, message: object, *, timeout_s: float) -> Any:
         """Send `message` and wait for what `receive` returns.
@@ -63,7 +63,7 @@ class ActorRef:
         if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"ask timeout_s must be a finite number > 0, got {timeout_s!r}")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._cell.tell(Ask(message, future), None, 0)
+        self._cell.mailbox.put_nowait(Ask(message, future))
         name = self.name
 
         def expire() -> None:
