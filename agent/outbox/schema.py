@@ -1,0 +1,269 @@
+"""The outbox database file: open, check, move a damaged file aside, migrate.
+
+* One file in WAL mode (switched outside any transaction, and the mode SQLite returns is
+  checked), `synchronous` NORMAL or FULL, a `busy_timeout`.
+* Versioned by `PRAGMA user_version`; `MIGRATIONS` is an ordered list of named functions, each
+  applied in the same transaction as the version bump. `PRAGMA application_id` marks the file
+  as an outbox so tools can tell it from any other SQLite file.
+* Damage: at open a `PRAGMA quick_check` runs. A file that is not SQLite or is corrupt is moved
+  aside to `<name>.corrupt-<UTC timestamp>` (with its -wal/-shm), never deleted, and a fresh
+  database is started. Other failures (permissions, a newer schema) raise `StoreError` and touch
+  nothing.
+
+Rows (table `outbox`): done and expired rows are deleted (the counters remember them), so only
+`pending` and `dead` rows are stored. In-flight is not a stored status: the store object keeps it
+in memory (see `agent.outbox.types`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from agent.core.errors import StoreError
+
+log = logging.getLogger("agent.outbox")
+
+Synchronous = Literal["NORMAL", "FULL"]
+
+# "EAOB": edge-agent outbox.
+APPLICATION_ID = 0x45414F42
+
+COUNTER_NAMES = (
+    "enqueued",
+    "delivered",
+    "dead_lettered",
+    "expired",
+    "dropped",
+    "overwritten",
+    "replayed",
+    "duplicates",
+    "rejected_full",
+    "purged",
+    "corrupt_recoveries",
+)
+
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+
+def _create_outbox(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE outbox (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            msg_id      TEXT    NOT NULL,
+            owner       TEXT    NOT NULL,
+            receiver    TEXT    NOT NULL,
+            kind        TEXT    NOT NULL,
+            payload     BLOB    NOT NULL,
+            key         TEXT,
+            conflict    TEXT    NOT NULL CHECK (conflict IN ('append', 'overwrite')),
+            seq         INTEGER NOT NULL,
+            created_at  INTEGER NOT NULL,
+            send_at     INTEGER NOT NULL,
+            attempts    INTEGER NOT NULL DEFAULT 0,
+            status      TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'dead')),
+            last_error  TEXT,
+            expires_at  INTEGER,
+            size        INTEGER NOT NULL,
+            rhash       INTEGER NOT NULL,
+            fifo        INTEGER NOT NULL DEFAULT 0
+        )
+        """
+    )
+    # The ready scan: only pending rows are indexed, so delivered/dead rows never slow it.
+    conn.execute("CREATE INDEX outbox_ready ON outbox (send_at, id) WHERE status = 'pending'")
+    # Duplicate / overwrite lookups by (owner, receiver, key), pending keyed rows only.
+    conn.execute(
+        "CREATE INDEX outbox_key ON outbox (owner, receiver, key)"
+        " WHERE status = 'pending' AND key IS NOT NULL"
+    )
+    # Head of line for FIFO classes: the oldest pending row per receiver.
+    conn.execute(
+        "CREATE INDEX outbox_fifo ON outbox (receiver, id) WHERE status = 'pending' AND fifo = 1"
+    )
+    # The expiry sweep: pending rows with a TTL only.
+    conn.execute(
+        "CREATE INDEX outbox_expiry ON outbox (expires_at)"
+        " WHERE status = 'pending' AND expires_at IS NOT NULL"
+    )
+    conn.execute(
+        "CREATE TABLE outbox_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)"
+        " WITHOUT ROWID"
+    )
+    conn.executemany(
+        "INSERT INTO outbox_counters (name, value) VALUES (?, 0)", [(n,) for n in COUNTER_NAMES]
+    )
+    # Depth per message class, kept in the same transactions as the rows (caps, stats).
+    conn.execute(
+        "CREATE TABLE outbox_classes ("
+        " kind TEXT PRIMARY KEY, pending INTEGER NOT NULL, pending_bytes INTEGER NOT NULL,"
+        " dead INTEGER NOT NULL) WITHOUT ROWID"
+    )
+
+
+Migration = tuple[str, Callable[[sqlite3.Connection], None]]
+
+MIGRATIONS: list[Migration] = [
+    ("create_outbox", _create_outbox),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def is_corruption(exc: sqlite3.Error) -> bool:
+    """True for 'file is not a database' and 'database disk image is malformed'."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text
+
+
+def describe(exc: sqlite3.Error) -> str:
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc)
+
+
+def _quick_check(path: Path, busy_timeout_ms: int) -> str | None:
+    """None if the file is a sound SQLite database, else why it is not. Raises sqlite3.Error
+    for failures that are not damage (locked, unreadable)."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        try:
+            rows = conn.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            if is_corruption(exc):
+                return describe(exc)
+            raise
+        if rows != [("ok",)]:
+            return "quick_check: " + "; ".join(str(r[0]) for r in rows[:3])
+        return None
+    finally:
+        conn.close()
+
+
+def move_aside(path: Path, now_ms: int) -> Path:
+    """Rename a damaged database (and its -wal, -shm, -journal) out of the way; returns the
+    new path. The evidence is kept, never deleted."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_ms / 1000))
+    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while dest.exists():
+        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    os.replace(path, dest)
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = Path(str(path) + suffix)
+        if side.exists():
+            os.replace(side, Path(str(dest) + suffix))
+    return dest
+
+
+def configure(
+    conn: sqlite3.Connection, *, synchronous: Synchronous, busy_timeout_ms: int
+) -> None:
+    """Per-connection settings. WAL is switched outside a transaction and checked."""
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise StoreError(f"journal mode is {mode}, not wal")
+    if synchronous not in ("NORMAL", "FULL"):
+        raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA cache_size = -8192")  # 8 MiB: fits a 1 GB device
+    conn.execute("PRAGMA journal_size_limit = 16777216")  # truncate the WAL after checkpoints
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the missing migrations, each in its own transaction with its version bump."""
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            if app_id not in (0, APPLICATION_ID):
+                raise StoreError(f"not an outbox database (application_id {app_id:#x})")
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"outbox schema version {version} is newer than this program "
+                    f"({SCHEMA_VERSION})"
+                )
+            if version == SCHEMA_VERSION:
+                conn.execute("COMMIT")
+                return version
+            name, step = MIGRATIONS[version]
+            log.info("outbox: migrating schema to version %d (%s)", version + 1, name)
+            step(conn)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            if app_id == 0:
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+
+
+def open_database(
+    path: str | Path,
+    *,
+    synchronous: Synchronous = "NORMAL",
+    busy_timeout_ms: int = 5_000,
+    now_ms: int | None = None,
+) -> tuple[sqlite3.Connection, str | None]:
+    """Open (creating if needed) the outbox at `path`; returns the connection (autocommit mode,
+    usable from one other thread) and the path a damaged file was moved to, if any.
+
+    Raises `StoreError`; no sqlite3 exception leaves this function.
+    """
+    p = Path(path)
+    recovered: str | None = None
+    try:
+        if p.exists() and p.stat().st_size > 0:
+            problem = _quick_check(p, busy_timeout_ms)
+            if problem is not None:
+                when = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+                dest = move_aside(p, when)
+                recovered = str(dest)
+                log.error("outbox: %s is damaged (%s); moved aside to %s", p, problem, dest)
+        conn = sqlite3.connect(str(p), isolation_level=None, check_same_thread=False)
+        try:
+            configure(conn, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+            migrate(conn)
+            if recovered is not None:
+                conn.execute(
+                    "UPDATE outbox_counters SET value = value + 1"
+                    " WHERE name = 'corrupt_recoveries'"
+                )
+        except BaseException:
+            conn.close()
+            raise
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open outbox {p}: {describe(exc)}") from exc
+    except OSError as exc:
+        raise StoreError(f"cannot open outbox {p}: {exc}") from exc
+    return conn, recovered
+
+
+__all__ = [
+    "APPLICATION_ID",
+    "COUNTER_NAMES",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Synchronous",
+    "configure",
+    "describe",
+    "is_corruption",
+    "migrate",
+    "move_aside",
+    "open_database",
+]

@@ -1,0 +1,287 @@
+"""`OutboxStore`: the durable outbox, as seen from the event loop.
+
+Every operation is handed to the single writer thread (`agent.outbox.writer`) and awaited, so
+the loop never waits on SQLite or an fsync. Writes from concurrent callers share one
+transaction (group commit); `enqueue` returns once its message is committed.
+
+The relay's view (`take_ready`, `ack`, `nack`, `release`, `dead_letter`, `next_due_ms`,
+`wait_for_change`) follows `agent.outbox.types.OutboxReader`: a poll is a read on the database,
+in-flight rows are tracked in memory, and an idle store performs no write transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.core.clock import Clock
+from agent.core.errors import StoreClosed
+from agent.outbox.engine import DEFAULT_CLASS, ClassPolicy, Engine
+from agent.outbox.schema import Synchronous, open_database
+from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
+from agent.outbox.writer import OpFn, Writer
+
+
+class OutboxStore:
+    """Durable store-and-forward queue in one SQLite file. Create with `await OutboxStore.open()`.
+
+    Raises `StoreError` (disk full, I/O), `OutboxFull` (a class at its cap under policy
+    `reject`), `StoreClosed` (after `close()`), `ValueError` for malformed arguments.
+    """
+
+    def __init__(self, *, path: Path, clock: Clock, writer: Writer, recovered_from: str | None):
+        self.path = path
+        self._clock = clock
+        self._writer = writer
+        self.recovered_from = recovered_from
+        self._version = 0
+        self._seen: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._waiters: list[asyncio.Future[None]] = []
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | Path,
+        *,
+        clock: Clock,
+        synchronous: Synchronous = "NORMAL",
+        max_attempts: int = 20,
+        classes: Mapping[str, ClassPolicy] | None = None,
+        default_class: ClassPolicy = DEFAULT_CLASS,
+        busy_timeout_ms: int = 5_000,
+        max_db_bytes: int | None = None,
+    ) -> OutboxStore:
+        """Open (or create) the outbox at `path`. A damaged file is moved aside and a fresh one
+        started (`recovered_from` names where it went). `max_db_bytes` caps the file size:
+        beyond it writes fail with `StoreError` until space is freed or the cap raised."""
+        p = Path(path)
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        recovered: list[str | None] = [None]
+        now_ms = clock.now_ms()
+
+        def factory() -> Engine:
+            conn, recovered[0] = open_database(
+                p, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, now_ms=now_ms
+            )
+            try:
+                engine = Engine(
+                    conn, max_attempts=max_attempts, classes=classes, default_class=default_class
+                )
+                if max_db_bytes is not None:
+                    engine.set_max_pages(_pages(conn, max_db_bytes))
+            except BaseException:
+                conn.close()
+                raise
+            return engine
+
+        loop = asyncio.get_running_loop()
+        holder: list[OutboxStore] = []
+
+        def deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
+                    wakes: bool) -> None:
+            for fut, value, error in results:
+                if fut.done():
+                    continue
+                if error is None:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(error)
+            if wakes and holder:
+                holder[0]._changed()
+
+        writer = Writer(factory, loop, deliver, name=f"outbox-writer:{p.name}")
+        with clock.busy():
+            await writer.start()
+        store = cls(path=p, clock=clock, writer=writer, recovered_from=recovered[0])
+        holder.append(store)
+        return store
+
+    # -- plumbing --------------------------------------------------------------------------
+    async def _call(self, fn: OpFn, *, write: bool, wakes: bool = False) -> Any:
+        if self._closed:
+            raise StoreClosed("the outbox store is closed")
+        fut = self._writer.submit(fn, write=write, wakes=wakes)
+        with self._clock.busy():
+            return await fut
+
+    def _changed(self) -> None:
+        self._version += 1
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def _observe(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._seen[task] = self._version
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def write_transactions(self) -> int:
+        """Write transactions committed by this store since it was opened."""
+        engine = self._writer.engine
+        return engine.write_transactions if engine is not None else 0
+
+    @property
+    def in_flight(self) -> int:
+        engine = self._writer.engine
+        return len(engine.inflight) if engine is not None else 0
+
+    # -- producers -------------------------------------------------------------------------
+    async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult:
+        """Store one message; returns once it is committed. See `EnqueueResult`."""
+        now = self._clock.now_ms()
+        msgs = (msg,)
+        results = await self._call(
+            lambda e: e.enqueue(msgs, now, delay_ms), write=True, wakes=True
+        )
+        return results[0]  # type: ignore[no-any-return]
+
+    async def enqueue_many(
+        self, msgs: Sequence[OutboxMessage], *, delay_ms: int = 0
+    ) -> list[EnqueueResult]:
+        """Store several messages in one go, all or nothing (OutboxFull stores none)."""
+        if not msgs:
+            return []
+        now = self._clock.now_ms()
+        batch = list(msgs)
+        return await self._call(  # type: ignore[no-any-return]
+            lambda e: e.enqueue(batch, now, delay_ms), write=True, wakes=True
+        )
+
+    # -- the relay's view (OutboxReader) ---------------------------------------------------
+    async def take_ready(
+        self,
+        *,
+        limit: int,
+        partition: int = 0,
+        partitions: int = 1,
+        kinds: Sequence[str] | None = None,
+    ) -> list[OutboxRow]:
+        now = self._clock.now_ms()
+        ks = None if kinds is None else list(kinds)
+        self._observe()
+        return await self._call(  # type: ignore[no-any-return]
+            lambda e: e.take_ready(now, limit, partition, partitions, ks), write=False
+        )
+
+    async def ack(self, row_ids: Sequence[int]) -> None:
+        ids = list(row_ids)
+        if ids:
+            await self._call(lambda e: e.ack(ids), write=True, wakes=True)
+
+    async def nack(self, row_id: int, *, delay_ms: int, error: str) -> bool:
+        now = self._clock.now_ms()
+        return await self._call(  # type: ignore[no-any-return]
+            lambda e: e.nack(row_id, now, delay_ms, error), write=True, wakes=True
+        )
+
+    async def release(self, row_ids: Sequence[int]) -> None:
+        ids = list(row_ids)
+        if ids:
+            await self._call(lambda e: e.release(ids), write=False, wakes=True)
+
+    async def dead_letter(self, row_id: int, *, error: str) -> None:
+        await self._call(lambda e: e.dead_letter(row_id, error), write=True, wakes=True)
+
+    async def next_due_ms(self) -> int | None:
+        self._observe()
+        return await self._call(lambda e: e.next_due_ms(), write=False)  # type: ignore[no-any-return]
+
+    async def wait_for_change(self) -> None:
+        """Return when an enqueue, ack, nack, release or replay may have made work ready since
+        the calling task last looked (take_ready, next_due_ms or this call)."""
+        if self._closed:
+            raise StoreClosed("the outbox store is closed")
+        task = asyncio.current_task()
+        seen = self._seen.get(task) if task is not None else None
+        if seen is None or seen == self._version:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+            if self._closed:
+                raise StoreClosed("the outbox store is closed")
+        if task is not None:
+            self._seen[task] = self._version
+
+    async def expire_due(self) -> int:
+        """Delete (and count) every pending row past its expires_at. take_ready also expires
+        the rows it meets, so calling this is only needed to free space early."""
+        now = self._clock.now_ms()
+        return await self._call(lambda e: e.expire(now), write=True)  # type: ignore[no-any-return]
+
+    # -- inspection and dead letters -------------------------------------------------------
+    async def stats(self) -> OutboxStats:
+        now = self._clock.now_ms()
+        return await self._call(lambda e: e.stats(now), write=False)  # type: ignore[no-any-return]
+
+    async def list_dead(self, limit: int = 100, offset: int = 0) -> list[OutboxRow]:
+        return await self._call(  # type: ignore[no-any-return]
+            lambda e: e.list_dead(limit, offset), write=False
+        )
+
+    async def get(self, row_id: int) -> OutboxRow | None:
+        return await self._call(lambda e: e.get(row_id), write=False)  # type: ignore[no-any-return]
+
+    async def replay(self, row_ids: Sequence[int] | None = None) -> int:
+        """Dead rows back to pending (attempts 0, due now); all of them when `row_ids` is None."""
+        now = self._clock.now_ms()
+        ids = None if row_ids is None else list(row_ids)
+        return await self._call(  # type: ignore[no-any-return]
+            lambda e: e.replay(ids, now), write=True, wakes=True
+        )
+
+    async def purge(self, row_ids: Sequence[int] | None = None) -> int:
+        """Delete dead rows (all of them when `row_ids` is None); returns how many."""
+        ids = None if row_ids is None else list(row_ids)
+        return await self._call(lambda e: e.purge(ids), write=True)  # type: ignore[no-any-return]
+
+    async def set_max_db_bytes(self, max_db_bytes: int) -> None:
+        """Change the file size cap (see `open`)."""
+        await self._call(
+            lambda e: e.set_max_pages(_pages(e.conn, max_db_bytes)), write=False
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Finish every queued write, close the database. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        fut = self._writer.close()
+        with self._clock.busy():
+            await fut
+        self._writer.join(5.0)  # the thread ends right after posting the close result
+        for w in self._waiters:
+            if not w.done():
+                w.set_result(None)
+        self._waiters.clear()
+
+    async def __aenter__(self) -> OutboxStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _pages(conn: Any, max_db_bytes: int) -> int:
+    if max_db_bytes < 1:
+        raise ValueError(f"max_db_bytes must be >= 1, got {max_db_bytes}")
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    return max(1, max_db_bytes // page_size)
+
+
+__all__ = ["ClassPolicy", "OutboxStore"]

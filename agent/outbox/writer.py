@@ -1,0 +1,219 @@
+"""The single writer thread: one queue of operations, group commit, results back on the loop.
+
+Callers on the event loop submit operations (a function of the `Engine`) and await a future.
+The thread takes everything queued, runs all write operations in ONE transaction (group
+commit: a hundred concurrent enqueues share one COMMIT), commits, and only then runs the read
+operations, so a read never sees uncommitted work. Results go back to the loop in one
+`call_soon_threadsafe` per round, so an `enqueue` returns only after its commit.
+
+If a grouped transaction fails in SQLite (disk full, I/O error), it is rolled back and each of
+its operations is retried alone, so one failing enqueue does not fail the acks next to it.
+SQLite errors become `StoreError`; no sqlite3 exception reaches the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from agent.core.errors import EdgeAgentError, StoreClosed, StoreError
+from agent.outbox.engine import Engine
+from agent.outbox.schema import describe
+
+log = logging.getLogger("agent.outbox")
+
+OpFn = Callable[[Engine], Any]
+Deliver = Callable[[list[tuple["asyncio.Future[Any]", Any, BaseException | None]], bool], None]
+
+
+class _Op:
+    __slots__ = ("fn", "write", "wakes", "fut")
+
+    def __init__(self, fn: OpFn, write: bool, wakes: bool, fut: asyncio.Future[Any]) -> None:
+        self.fn = fn
+        self.write = write
+        self.wakes = wakes
+        self.fut = fut
+
+
+class _Close:
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: asyncio.Future[Any]) -> None:
+        self.fut = fut
+
+
+def _translate(exc: sqlite3.Error) -> StoreError:
+    text = describe(exc)
+    if getattr(exc, "sqlite_errorcode", 0) & 0xFF == 13 or "full" in str(exc).lower():
+        err = StoreError(f"outbox database is full: {text}")
+    else:
+        err = StoreError(f"outbox database error: {text}")
+    err.__cause__ = exc
+    return err
+
+
+class Writer:
+    """Owns the thread and the `Engine` (created on that thread by `factory`)."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Engine],
+        loop: asyncio.AbstractEventLoop,
+        deliver: Deliver,
+        *,
+        name: str = "outbox-writer",
+    ) -> None:
+        self._factory = factory
+        self._loop = loop
+        self._deliver = deliver
+        self._ops: deque[_Op | _Close] = deque()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._opened: asyncio.Future[Engine] = loop.create_future()
+        self.engine: Engine | None = None
+        self.rounds = 0
+        self.closed = False
+
+    # -- loop side -------------------------------------------------------------------------
+    def start(self) -> asyncio.Future[Engine]:
+        self._thread.start()
+        return self._opened
+
+    def submit(self, fn: OpFn, *, write: bool, wakes: bool = False) -> asyncio.Future[Any]:
+        if self.closed:
+            raise StoreClosed("the outbox store is closed")
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._ops.append(_Op(fn, write, wakes, fut))
+        self._wake.set()
+        return fut
+
+    def close(self) -> asyncio.Future[Any]:
+        """Finish everything queued, close the connection, end the thread."""
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        if self.closed:
+            fut.set_result(None)
+            return fut
+        self.closed = True
+        self._ops.append(_Close(fut))
+        self._wake.set()
+        return fut
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    # -- thread side -----------------------------------------------------------------------
+    def _post(self, fn: Callable[..., object], *args: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def _run(self) -> None:
+        try:
+            engine = self._factory()
+        except BaseException as exc:  # noqa: BLE001 - handed to the opener
+            self.closed = True
+            self._post(_fail, self._opened, exc)
+            return
+        self.engine = engine
+        self._post(_succeed, self._opened, engine)
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self._ops:
+                batch: list[_Op] = []
+                closer: _Close | None = None
+                ops = self._ops
+                while ops:
+                    op = ops.popleft()
+                    if isinstance(op, _Close):
+                        closer = op
+                        break
+                    batch.append(op)
+                if batch:
+                    self._round(engine, batch)
+                if closer is not None:
+                    self._shutdown(engine, closer)
+                    return
+
+    def _round(self, engine: Engine, batch: list[_Op]) -> None:
+        self.rounds += 1
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        wakes = False
+        writes = [op for op in batch if op.write]
+        if writes:
+            for op, value, error in self._write_group(engine, writes):
+                results.append((op.fut, value, error))
+                wakes = wakes or (op.wakes and error is None)
+        for op in batch:
+            if op.write:
+                continue
+            try:
+                value, error = op.fn(engine), None
+            except sqlite3.Error as exc:
+                value, error = None, _translate(exc)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                value, error = None, exc
+            results.append((op.fut, value, error))
+            wakes = wakes or (op.wakes and error is None)
+        self._post(self._deliver, results, wakes)
+
+    def _write_group(
+        self, engine: Engine, writes: list[_Op]
+    ) -> list[tuple[_Op, Any, BaseException | None]]:
+        out: list[tuple[_Op, Any, BaseException | None]] = []
+        try:
+            engine.begin()
+            for op in writes:
+                try:
+                    out.append((op, op.fn(engine), None))
+                except (EdgeAgentError, ValueError) as exc:
+                    # Refused before it changed anything (or rolled back to its savepoint).
+                    out.append((op, None, exc))
+            engine.commit()
+            return out
+        except sqlite3.Error as exc:
+            engine.rollback()
+            if len(writes) == 1:
+                return [(writes[0], None, _translate(exc))]
+            log.warning("outbox: grouped write of %d operations failed (%s); retrying one by "
+                        "one", len(writes), describe(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug in one op must not hang the others
+            engine.rollback()
+            if len(writes) == 1:
+                return [(writes[0], None, exc)]
+        return [self._write_group(engine, [op])[0] for op in writes]
+
+    def _shutdown(self, engine: Engine, closer: _Close) -> None:
+        for op in list(self._ops):
+            if isinstance(op, _Op):
+                self._post(_fail, op.fut, StoreClosed("the outbox store is closed"))
+        self._ops.clear()
+        try:
+            engine.conn.execute("PRAGMA optimize")
+        except sqlite3.Error:
+            pass
+        try:
+            engine.conn.close()
+        except sqlite3.Error as exc:
+            log.warning("outbox: closing the database failed: %s", describe(exc))
+        self._post(_succeed, closer.fut, None)
+
+
+def _succeed(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+__all__ = ["Writer"]
