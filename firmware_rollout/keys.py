@@ -1,0 +1,189 @@
+"""Ed25519 signing keys for firmware, as PEM files.
+
+`edge-agent firmware keygen` writes `private.pem` (PKCS#8, mode 0600) and `public.pem`
+(SubjectPublicKeyInfo). Devices pin the public key. A key's id is the first 8 bytes of the
+sha256 of its raw 32-byte public key; artifacts carry it next to the signature so a refusal can
+say "signed by another key" instead of only "bad signature".
+
+The `cryptography` types stay inside this module: callers hold a `SigningKey` or a `VerifyKey`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from firmware_rollout.errors import KeyFileError
+
+KEY_ID_SIZE = 8
+SIGNATURE_SIZE = 64
+PRIVATE_KEY_FILE = "private.pem"
+PUBLIC_KEY_FILE = "public.pem"
+_MAX_KEY_FILE = 64 * 1024
+
+
+def _key_id(raw_public: bytes) -> bytes:
+    return hashlib.sha256(raw_public).digest()[:KEY_ID_SIZE]
+
+
+class VerifyKey:
+    """A pinned ed25519 public key."""
+
+    __slots__ = ("_key", "raw", "key_id")
+
+    def __init__(self, key: Ed25519PublicKey) -> None:
+        self._key = key
+        self.raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.key_id = _key_id(self.raw)
+
+    @classmethod
+    def from_pem(cls, data: bytes, *, source: str = "public key") -> VerifyKey:
+        try:
+            key = serialization.load_pem_public_key(data)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise KeyFileError(f"{source}: not a PEM public key ({exc})") from exc
+        if not isinstance(key, Ed25519PublicKey):
+            raise KeyFileError(f"{source}: not an ed25519 public key")
+        return cls(key)
+
+    @classmethod
+    def from_raw(cls, raw: bytes) -> VerifyKey:
+        try:
+            return cls(Ed25519PublicKey.from_public_bytes(raw))
+        except ValueError as exc:
+            raise KeyFileError(f"not a raw ed25519 public key ({exc})") from exc
+
+    def verify(self, signature: bytes, data: bytes) -> bool:
+        """True when `signature` is this key's signature of `data`."""
+        try:
+            self._key.verify(signature, data)
+        except InvalidSignature:
+            return False
+        return True
+
+    def to_pem(self) -> bytes:
+        return self._key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    @property
+    def key_id_hex(self) -> str:
+        return self.key_id.hex()
+
+
+class SigningKey:
+    """An ed25519 private key that signs manifests."""
+
+    __slots__ = ("_key", "public")
+
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+        self.public = VerifyKey(key.public_key())
+
+    @classmethod
+    def generate(cls) -> SigningKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_pem(cls, data: bytes, *, source: str = "private key") -> SigningKey:
+        try:
+            key = serialization.load_pem_private_key(data, password=None)
+        except TypeError as exc:  # the key is encrypted
+            raise KeyFileError(f"{source}: encrypted private keys are not supported ({exc})") from exc
+        except (ValueError, UnsupportedAlgorithm) as exc:
+            raise KeyFileError(f"{source}: not a PEM private key ({exc})") from exc
+        if not isinstance(key, Ed25519PrivateKey):
+            raise KeyFileError(f"{source}: not an ed25519 private key")
+        return cls(key)
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+    def to_pem(self) -> bytes:
+        return self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    @property
+    def key_id(self) -> bytes:
+        return self.public.key_id
+
+
+def _read_key_file(path: str | Path) -> bytes:
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(_MAX_KEY_FILE + 1)
+    except OSError as exc:
+        raise KeyFileError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
+    if len(data) > _MAX_KEY_FILE:
+        raise KeyFileError(f"{path}: too large for a key file")
+    return data
+
+
+def load_signing_key(path: str | Path) -> SigningKey:
+    """Read a PEM ed25519 private key, or raise `KeyFileError` naming the file."""
+    return SigningKey.from_pem(_read_key_file(path), source=str(path))
+
+
+def load_verify_key(path: str | Path) -> VerifyKey:
+    """Read a PEM ed25519 public key, or raise `KeyFileError` naming the file."""
+    return VerifyKey.from_pem(_read_key_file(path), source=str(path))
+
+
+@dataclass(frozen=True)
+class KeyPairPaths:
+    private: Path
+    public: Path
+    key_id: str
+
+
+def _write_new(path: Path, data: bytes, mode: int, *, force: bool) -> None:
+    """Write `data` to a temporary file with `mode`, fsync it and rename it over `path`."""
+    if path.exists() and not force:
+        raise KeyFileError(f"{path} already exists (use --force to replace it)")
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask may have removed bits; never leave more than asked
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def generate_keypair(out_dir: str | Path, *, force: bool = False) -> KeyPairPaths:
+    """Create `out_dir/private.pem` (0600) and `out_dir/public.pem`; refuse to overwrite unless `force`."""
+    out = Path(out_dir)
+    key = SigningKey.generate()
+    private, public = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not force:
+            for path in (private, public):
+                if path.exists():
+                    raise KeyFileError(f"{path} already exists (use --force to replace it)")
+        _write_new(private, key.to_pem(), 0o600, force=force)
+        _write_new(public, key.public.to_pem(), 0o644, force=force)
+    except OSError as exc:
+        raise KeyFileError(f"cannot write keys to {out}: {exc.strerror or exc}") from exc
+    return KeyPairPaths(private=private, public=public, key_id=key.public.key_id_hex)
+
+
+__all__ = [
+    "KEY_ID_SIZE",
+    "PRIVATE_KEY_FILE",
+    "PUBLIC_KEY_FILE",
+    "SIGNATURE_SIZE",
+    "KeyPairPaths",
+    "SigningKey",
+    "VerifyKey",
+    "generate_keypair",
+    "load_signing_key",
+    "load_verify_key",
+]
