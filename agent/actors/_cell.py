@@ -70,6 +70,7 @@ class ActorCell:
         self._stopping = False
         self._in_flight: object | None = None
         self._interrupted: list[object] = []
+        self._wakeup: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
 
     # -- the sending side (ActorRef puts into the mailbox directly; closed means stopped) --
@@ -87,6 +88,8 @@ class ActorCell:
         """Refuse new messages; the task drains the queue, runs on_stop and ends."""
         self._stopping = True
         self.mailbox.close()
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)  # no backoff wait during shutdown
 
     def hand_back(self) -> list[object]:
         """Everything not processed: an interrupted message first, then the queue.
@@ -114,6 +117,9 @@ class ActorCell:
                 self._interrupted.append(self._in_flight)
                 self._in_flight = None
             raise
+        finally:
+            # However the task ends, senders must see ActorStopped, not a mailbox nobody reads.
+            self.mailbox.close()
 
     async def _loop(self) -> bool:
         """Process messages until the mailbox is closed and empty (True) or we gave up (False)."""
@@ -141,7 +147,10 @@ class ActorCell:
             assert self._actor is not None
             try:
                 result = await self._actor.receive(message, self.ctx)
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as raised:
+                if isinstance(raised, asyncio.CancelledError) and _being_cancelled():
+                    raise  # our task is being cancelled (stop timeout): not a failure
+                exc = _as_failure(raised, self.name)
                 self._in_flight = None
                 mailbox.task_done(failed=True)
                 logger.warning(
@@ -160,6 +169,17 @@ class ActorCell:
             mailbox.task_done()
             if future is not None and not future.done():
                 future.set_result(result)
+
+    async def _pause(self, delay_s: float) -> None:
+        """Sleep `delay_s` on the clock; cut short when the system begins to stop."""
+        wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wakeup = wakeup
+        timer = self.clock.call_later(delay_s, lambda: wakeup.done() or wakeup.set_result(None))
+        try:
+            await wakeup
+        finally:
+            timer.cancel()
+            self._wakeup = None
 
     async def _begin(self) -> bool:
         """Create (factory) and start the actor, retrying under the policy. False: gave up."""
@@ -203,8 +223,8 @@ class ActorCell:
         delay = policy.backoff_s(len(times))
         self.restarts += 1
         logger.info("actor %r restarts in %.3fs (failure %d)", self.name, delay, len(times))
-        if delay > 0:
-            await self.clock.sleep(delay)
+        if delay > 0 and not self._stopping:
+            await self._pause(delay)
         return True
 
     def _give_up(self, exc: BaseException) -> None:
@@ -221,6 +241,20 @@ class ActorCell:
             self.name, self.restarts, exc, len(failure.undelivered),
         )
         self.system._report_failure(failure)
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def _as_failure(raised: BaseException, name: str) -> Exception:
+    """A stray CancelledError from inside receive() becomes an ordinary failure."""
+    if isinstance(raised, Exception):
+        return raised
+    failure = RuntimeError(f"receive() of {name!r} raised {raised!r}")
+    failure.__cause__ = raised
+    return failure
 
 
 __all__ = ["ActorCell"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -204,3 +205,46 @@ def test_backoff_doubles_up_to_the_cap() -> None:
         [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
     )
     assert policy.backoff_s(10_000) == 1.0
+
+
+async def test_stop_cuts_a_restart_backoff_short_and_drains(clock: VirtualClock) -> None:
+    actor = Flaky()
+    policy = RestartPolicy(backoff_base_s=30.0, backoff_cap_s=30.0)
+    system = ActorSystem(clock=clock)
+    ref = system.spawn(actor, name="f", restart=policy)
+    await system.start()
+    ref.tell("bad")
+    ref.tell("ok-1")
+    ref.tell("ok-2")
+    await clock.advance(1.0)
+    assert actor.received == ["bad"]  # waiting out its backoff
+    undelivered = await system.stop(timeout_s=5.0)  # no clock advance needed
+    assert undelivered == {"f": []}
+    assert actor.received == ["bad", "ok-1", "ok-2"]
+    assert actor.events == ["start", "stop", "start", "stop"]
+
+
+async def test_a_stray_cancelled_error_from_receive_is_a_failure(clock: VirtualClock) -> None:
+    class Stray(Actor):
+        async def receive(self, message: object, ctx: Context) -> object:
+            if message == "cancel-inside":
+                raise asyncio.CancelledError()
+            return message
+
+    async with ActorSystem(clock=clock) as system:
+        ref = system.spawn(Stray(), name="s", restart=RestartPolicy(backoff_base_s=0.0))
+        with pytest.raises(RuntimeError, match="CancelledError"):
+            await ref.ask("cancel-inside", timeout_s=1.0)
+        assert await ref.ask("still here", timeout_s=1.0) == "still here"
+        assert ref.statistics().failed == 1 and ref.restarts == 1
+
+
+async def test_an_actor_task_cancelled_from_outside_refuses_messages(clock: VirtualClock) -> None:
+    async with ActorSystem(clock=clock, name="sys") as system:
+        ref = system.spawn(Flaky(), name="victim")
+        await clock.settle()
+        (task,) = [t for t in asyncio.all_tasks() if t.get_name() == "sys/victim"]
+        task.cancel()
+        await clock.settle()
+        with pytest.raises(ActorStopped):
+            ref.tell("anyone there?")
