@@ -32,6 +32,7 @@ Accounting (exact at every moment)::
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from typing import Literal, get_args
 
 from agent.core.clock import Clock
 from agent.core.errors import ActorStopped, MailboxFull
+
+logger = logging.getLogger("agent.actors")
 
 MailboxPolicy = Literal["reject", "drop_oldest", "drop_newest"]
 DiscardReason = Literal["dropped", "coalesced"]
@@ -238,7 +241,10 @@ class Mailbox:
 
     def _discard(self, item: object, reason: DiscardReason) -> None:
         if self._on_discard is not None:
-            self._on_discard(item, reason)
+            try:
+                self._on_discard(item, reason)
+            except Exception as exc:  # a broken hook must not corrupt the queue's accounting
+                logger.error("mailbox %r: on_discard hook raised %r", self.name, exc)
 
     # -- getting -----------------------------------------------------------------------------
     def get_nowait(self) -> object:

@@ -347,3 +347,14 @@ def test_get_nowait_on_empty_raises_queue_empty() -> None:
     box, _ = make()
     with pytest.raises(asyncio.QueueEmpty):
         box.get_nowait()
+
+
+def test_a_raising_discard_hook_does_not_break_accounting() -> None:
+    def broken(item: object, reason: str) -> None:
+        raise RuntimeError("hook bug")
+
+    box = Mailbox(1, "drop_oldest", name="box", clock=VirtualClock(), on_discard=broken)
+    box.put_nowait("m1")
+    box.put_nowait("m2")
+    assert take_all(box) == ["m2"]
+    check_accounting(box.statistics(), offered=2)
