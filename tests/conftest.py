@@ -1,0 +1,59 @@
+"""Shared test fixtures. Fixtures are appended here by the modules that need them."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mosquitto import Mosquitto, MosquittoMissing  # noqa: E402
+
+
+def _broker(workdir: Path, **kwargs: object) -> Mosquitto:
+    try:
+        return Mosquitto(workdir, **kwargs)  # type: ignore[arg-type]
+    except MosquittoMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A running mosquitto on a free loopback port (persistence off), stopped by pid after."""
+    broker = _broker(tmp_path / "mosquitto")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def mosquitto_persistent(tmp_path: Path) -> Iterator[Mosquitto]:
+    """Like `mosquitto`, with persistence on: sessions and queued messages survive restart()."""
+    broker = _broker(tmp_path / "mosquitto-persistent", persistence=True)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def mosquitto_factory(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
+    """Make (and start) extra brokers with custom options; all stopped after the test."""
+    made: list[Mosquitto] = []
+
+    def make(**kwargs: object) -> Mosquitto:
+        broker = _broker(tmp_path / f"mosquitto-{len(made)}", **kwargs)
+        made.append(broker)
+        return broker.start()
+
+    try:
+        yield make
+    finally:
+        for broker in made:
+            broker.stop()
