@@ -145,7 +145,7 @@ class MemoryOutbox:
         self.write_txns += 1
         self.in_flight.discard(row_id)
         rec = self.recs[row_id]
-        rec.row = replace(rec.row, last_error=error)
+        rec.row = replace(rec.row, last_error=error, attempts=rec.row.attempts + 1)
         rec.status = "dead"
         self.dead_lettered += 1
         self._changed()

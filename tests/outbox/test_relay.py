@@ -155,7 +155,7 @@ async def test_permanent_goes_to_the_dead_letters_at_once() -> None:
         await clock.advance(1)
         m = relay.metrics()
     rec = store.recs[1]
-    assert rec.status == "dead" and rec.row.attempts == 0
+    assert rec.status == "dead" and rec.row.attempts == 1  # that one try, no retry
     assert rec.row.last_error == "malformed payload"
     assert m.dead_lettered == 1 and m.permanent_failures == 1 and m.retried == 0
 
