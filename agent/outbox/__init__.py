@@ -24,3 +24,28 @@ __all__ = [
     "fnv1a_32",
     "partition_of",
 ]
+
+# The relay side: retry policy, AIMD limiter, relay, tell_reliable, metrics snapshots.
+from agent.outbox.limiter import AimdLimiter, AimdSettings  # noqa: E402
+from agent.outbox.metrics import (  # noqa: E402
+    LaneMetrics,
+    OutboxMetrics,
+    RelayMetrics,
+    collect_metrics,
+)
+from agent.outbox.relay import Deliver, Relay  # noqa: E402
+from agent.outbox.reliable import tell_reliable  # noqa: E402
+from agent.outbox.retry import RetryPolicy  # noqa: E402
+
+__all__ += [
+    "AimdLimiter",
+    "AimdSettings",
+    "Deliver",
+    "LaneMetrics",
+    "OutboxMetrics",
+    "RelayMetrics",
+    "Relay",
+    "RetryPolicy",
+    "collect_metrics",
+    "tell_reliable",
+]
