@@ -163,6 +163,12 @@ class JobLedger:
             cur = self._conn.execute("DELETE FROM job_ledger WHERE done_ms < ?", (cutoff,))
         return cur.rowcount
 
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Read the worker's own tables (the ones job effects write) outside a completion."""
+        self._check()
+        with store_errors("query"):
+            return self._conn.execute(sql, tuple(params)).fetchall()
+
     def count(self) -> int:
         self._check()
         with store_errors("count job ledger"):

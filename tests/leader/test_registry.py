@@ -1,0 +1,239 @@
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.core.clock import VirtualClock
+from agent.core.errors import StoreError
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import Heartbeat, SystemSample, Telemetry
+
+ROOT = Path(__file__).parents[2]
+
+
+def hb(device: str, seq: int, version: str = "1.0.0", **kw: object) -> Heartbeat:
+    return Heartbeat(device_id=device, seq=seq, uptime_s=float(seq), firmware_version=version,
+                     **kw)  # type: ignore[arg-type]
+
+
+def tm(device: str, seq: int, name: str = "temp", value: float = 1.0) -> Telemetry:
+    return Telemetry(device_id=device, seq=seq, name=name, ts_ms=1_000 + seq, value=value)
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def registry(tmp_path: Path, clock: VirtualClock):
+    reg = DeviceRegistry.open(tmp_path / "leader.db", clock=clock, heartbeat_deadline_s=30)
+    yield reg
+    reg.close()
+
+
+def test_newer_heartbeat_wins_and_older_never_overwrites(registry: DeviceRegistry) -> None:
+    sample = SystemSample(cpu_percent=5.0, temperature_c=50.0)
+    assert registry.apply_heartbeat(hb("pi-1", 5, "2.0.0", tags=("a",), sample=sample))
+    assert not registry.apply_heartbeat(hb("pi-1", 4, "1.0.0"))
+    assert not registry.apply_heartbeat(hb("pi-1", 5, "1.0.0"))  # redelivered / same seq
+    dev = registry.device("pi-1")
+    assert dev is not None
+    assert (dev.hb_seq, dev.firmware_version, dev.tags, dev.sample) == (5, "2.0.0", ("a",), sample)
+    assert dev.online and dev.uptime_s == 5.0
+    assert registry.apply_heartbeat(hb("pi-1", 6, "2.1.0"))
+    assert registry.device("pi-1").firmware_version == "2.1.0"  # type: ignore[union-attr]
+
+
+@settings(deadline=None, max_examples=40)
+@given(order=st.permutations(list(range(12))), split=st.integers(min_value=0, max_value=12))
+def test_out_of_order_arrival_keeps_the_highest_seq(tmp_path_factory: pytest.TempPathFactory,
+                                                    order: list[int], split: int) -> None:
+    path = tmp_path_factory.mktemp("reg") / "leader.db"
+    with DeviceRegistry.open(path, clock=VirtualClock()) as reg:
+        beats = [hb("pi-1", s, f"v{s}") for s in order]
+        applied = reg.apply_heartbeats(beats[:split]) + reg.apply_heartbeats(beats[split:])
+        best = -1
+        for s, was_applied in zip(order, applied, strict=True):
+            assert was_applied == (s > best)
+            best = max(best, s)
+        dev = reg.device("pi-1")
+        assert dev is not None and (dev.hb_seq, dev.firmware_version) == (11, "v11")
+
+
+def test_telemetry_dedup_by_message_id_survives_reopen(tmp_path: Path, clock: VirtualClock) -> None:
+    path = tmp_path / "leader.db"
+    with DeviceRegistry.open(path, clock=clock) as reg:
+        assert reg.apply_telemetry_batch([("m1", tm("pi-1", 1)), ("m2", tm("pi-1", 2, value=2.0)),
+                                          ("m1", tm("pi-1", 1))]) == [True, True, False]
+    with DeviceRegistry.open(path, clock=clock) as reg:
+        assert reg.apply_telemetry("m2", tm("pi-1", 2, value=2.0)) is False
+        assert reg.apply_telemetry("m1", tm("pi-1", 1)) is False
+        assert reg.device("pi-1").telemetry_count == 2  # type: ignore[union-attr]
+        assert reg.last_telemetry("pi-1")["temp"].value == 2.0
+
+
+def test_older_telemetry_does_not_replace_the_last_value(registry: DeviceRegistry) -> None:
+    registry.apply_telemetry("b", tm("pi-1", 9, value=9.0))
+    registry.apply_telemetry("a", tm("pi-1", 3, value=3.0))
+    assert registry.last_telemetry("pi-1")["temp"].seq == 9
+    assert registry.device("pi-1").telemetry_count == 2  # type: ignore[union-attr]
+
+
+def test_failure_mid_batch_commits_nothing(tmp_path: Path, clock: VirtualClock,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "leader.db"
+    reg = DeviceRegistry.open(path, clock=clock)
+    real = DeviceRegistry._apply_one_telemetry
+    calls = 0
+
+    def failing(self: DeviceRegistry, msg_id: str, record: Telemetry, now: int) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise KeyboardInterrupt  # a BaseException in the middle of the transaction
+        return real(self, msg_id, record, now)
+
+    monkeypatch.setattr(DeviceRegistry, "_apply_one_telemetry", failing)
+    with pytest.raises(KeyboardInterrupt):
+        reg.apply_telemetry_batch([("m1", tm("pi-1", 1)), ("m2", tm("pi-1", 2))])
+    monkeypatch.setattr(DeviceRegistry, "_apply_one_telemetry", real)
+    reg.close()
+    with DeviceRegistry.open(path, clock=clock) as reg:
+        assert not reg.is_processed("m1")
+        assert reg.apply_telemetry_batch([("m1", tm("pi-1", 1)), ("m2", tm("pi-1", 2))]) == [
+            True, True]
+        assert reg.device("pi-1").telemetry_count == 2  # type: ignore[union-attr]
+
+
+def test_process_killed_inside_a_transaction_commits_nothing(tmp_path: Path) -> None:
+    """A real crash: the process dies (os._exit) after writing half a batch, without commit."""
+    path = tmp_path / "leader.db"
+    script = textwrap.dedent(f"""
+        import os
+        from agent.core.clock import VirtualClock
+        from agent.leader.registry import DeviceRegistry
+        from agent.protocol import Telemetry
+        reg = DeviceRegistry.open({str(path)!r}, clock=VirtualClock())
+        reg.apply_telemetry("m0", Telemetry(device_id="pi-1", seq=0, name="t", ts_ms=0))
+        real = DeviceRegistry._apply_one_telemetry
+        n = 0
+        def dying(self, msg_id, record, now):
+            global n
+            n += 1
+            if n == 3:
+                os._exit(0)
+            return real(self, msg_id, record, now)
+        DeviceRegistry._apply_one_telemetry = dying
+        reg.apply_telemetry_batch([(f"m{{i}}", Telemetry(device_id="pi-1", seq=i, name="t",
+                                    ts_ms=i)) for i in range(1, 5)])
+        raise SystemExit("not reached")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    with DeviceRegistry.open(path, clock=VirtualClock()) as reg:
+        assert reg.is_processed("m0")
+        assert not reg.is_processed("m1") and not reg.is_processed("m2")
+        assert reg.device("pi-1").telemetry_count == 1  # type: ignore[union-attr]
+        assert reg.apply_telemetry_batch(
+            [(f"m{i}", Telemetry(device_id="pi-1", seq=i, name="t", ts_ms=i)) for i in range(5)]
+        ) == [False, True, True, True, True]
+        assert reg.device("pi-1").telemetry_count == 5  # type: ignore[union-attr]
+
+
+def test_presence_online_and_offline(registry: DeviceRegistry, clock: VirtualClock) -> None:
+    registry.apply_heartbeat(hb("pi-1", 1))
+    assert registry.apply_presence("pi-1", False, msg_id="p1")
+    assert not registry.apply_presence("pi-1", True, msg_id="p1")  # redelivered: ignored
+    dev = registry.device("pi-1")
+    assert dev is not None and not dev.online and dev.offline_reason == "presence"
+    assert registry.apply_presence("pi-1", True)
+    dev = registry.device("pi-1")
+    assert dev is not None and dev.online and dev.offline_reason is None
+    assert registry.apply_presence("pi-9", True)  # presence before any heartbeat
+    assert registry.device("pi-9").hb_seq is None  # type: ignore[union-attr]
+    assert registry.counts() == (2, 0)
+
+
+async def test_heartbeat_deadline_marks_offline_on_virtual_clock(registry: DeviceRegistry,
+                                                                 clock: VirtualClock) -> None:
+    lost: list[list[str]] = []
+
+    async def on_offline(ids: list[str]) -> None:
+        lost.append(ids)
+
+    registry.apply_heartbeats([hb("pi-1", 1), hb("pi-2", 1)])
+    watcher = asyncio.create_task(registry.watch_deadlines(on_offline))
+    try:
+        await clock.advance(20)
+        registry.apply_heartbeat(hb("pi-2", 2))  # pi-2 stays alive
+        await clock.advance(9.9)
+        assert registry.device("pi-1").online  # type: ignore[union-attr]
+        await clock.advance(0.2)
+        assert lost == [["pi-1"]]
+        dev = registry.device("pi-1")
+        assert dev is not None and not dev.online and dev.offline_reason == "deadline"
+        assert registry.device("pi-2").online  # type: ignore[union-attr]
+        await clock.advance(20)
+        assert lost == [["pi-1"], ["pi-2"]]
+        registry.apply_heartbeat(hb("pi-1", 2))  # back again
+        assert registry.device("pi-1").online  # type: ignore[union-attr]
+        assert registry.counts() == (1, 1)
+    finally:
+        watcher.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watcher
+
+
+async def test_expire_overdue_without_watcher(registry: DeviceRegistry,
+                                             clock: VirtualClock) -> None:
+    registry.apply_heartbeat(hb("pi-1", 1))
+    assert registry.next_deadline_ms() == clock.now_ms() + 30_000
+    assert registry.expire_overdue() == []
+    await clock.advance(30.0)
+    assert registry.expire_overdue() == ["pi-1"]
+    assert registry.next_deadline_ms() is None
+
+
+async def test_prune_processed_by_age(registry: DeviceRegistry, clock: VirtualClock) -> None:
+    registry.apply_telemetry("old", tm("pi-1", 1))
+    await clock.advance(3600.0)
+    registry.apply_telemetry("new", tm("pi-1", 2))
+    assert registry.prune_processed(older_than_s=600) == 1
+    assert not registry.is_processed("old") and registry.is_processed("new")
+    assert registry.processed_count() == 1
+
+
+def test_sqlite_failures_are_store_errors(tmp_path: Path, clock: VirtualClock) -> None:
+    with pytest.raises(StoreError):
+        DeviceRegistry.open(tmp_path, clock=clock)  # a directory
+    bad = tmp_path / "junk.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError):
+        DeviceRegistry.open(bad, clock=clock)
+    reg = DeviceRegistry.open(tmp_path / "ok.db", clock=clock)
+    reg.close()
+    with pytest.raises(StoreError):
+        reg.apply_heartbeat(hb("pi-1", 1))
+
+
+def test_batch_apply_of_100k_heartbeats(registry: DeviceRegistry) -> None:
+    devices = 10_000
+    total = 0
+    for round_ in range(10):
+        batch = [hb(f"pi-{d:05d}", round_ * 2 + (d % 2), f"v{round_}") for d in range(devices)]
+        applied = registry.apply_heartbeats(batch)
+        assert all(applied)
+        total += len(batch)
+    # a late batch of older heartbeats for every device changes nothing
+    assert not any(registry.apply_heartbeats([hb(f"pi-{d:05d}", 1) for d in range(devices)]))
+    assert total == 100_000
+    assert registry.counts() == (devices, 0)
+    assert registry.device("pi-00001").hb_seq == 19  # type: ignore[union-attr]
+    assert registry.device("pi-00002").firmware_version == "v9"  # type: ignore[union-attr]

@@ -1,0 +1,112 @@
+import json
+import sqlite3
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agent.core.clock import VirtualClock
+from agent.core.errors import StoreError
+from agent.leader.jobs import JobQueue
+from agent.leader.registry import DeviceRegistry
+from agent.leader.status import format_status, status_command, summarize
+from agent.protocol import FleetStatus, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
+
+
+def hb(device: str, seq: int, version: str) -> Heartbeat:
+    return Heartbeat(device_id=device, seq=seq, uptime_s=1.0, firmware_version=version)
+
+
+@pytest.fixture
+async def fleet_db(tmp_path: Path) -> tuple[Path, VirtualClock]:
+    """Five devices: three on 1.1.0, one on 1.0.0, one that never sent a heartbeat."""
+    clock = VirtualClock()
+    path = tmp_path / "leader.db"
+    with DeviceRegistry.open(path, clock=clock, heartbeat_deadline_s=60) as reg:
+        reg.apply_heartbeats([hb("pi-old", 1, "1.0.0"), hb("pi-a", 1, "1.1.0")])
+        await clock.advance(120)
+        reg.apply_heartbeats([hb("pi-b", 1, "1.1.0"), hb("pi-c", 1, "1.1.0")])
+        reg.apply_presence("pi-c", False)
+        reg.apply_telemetry("m1", Telemetry(device_id="pi-none", seq=1, name="t", ts_ms=1))
+        assert reg.expire_overdue() == ["pi-a", "pi-old"]
+    with JobQueue.open(path, clock=clock) as queue:
+        queue.submit_many([JobSubmit(job_id=f"j{i}", kind="k") for i in range(3)])
+        queue.demand(JobDemand(worker="pi-b", incarnation="r", window=2))
+        for d in queue.dispatch():
+            queue.result(JobResult(job_id=d.offer.job_id, epoch=d.offer.epoch, worker="pi-b",
+                                   ok=d.offer.job_id == "j0"))
+    return path, clock
+
+
+def test_summary_counts_versions_stale_and_jobs(fleet_db: tuple[Path, VirtualClock]) -> None:
+    path, clock = fleet_db
+    summary = summarize(path, clock=clock)
+    assert (summary.total, summary.online, summary.offline) == (5, 1, 4)
+    assert summary.versions == {"1.1.0": 3, "1.0.0": 1, "unknown": 1}
+    assert summary.stale_after_s == 60.0  # the registry's heartbeat deadline
+    assert [d.device_id for d in summary.stale] == ["pi-none", "pi-a", "pi-old"]
+    assert summary.stale[1].age_s == 120.0 and not summary.stale[1].online
+    assert summary.jobs is not None
+    assert (summary.jobs.pending, summary.jobs.confirmed, summary.jobs.failed) == (1, 2, 1)
+    assert summary.jobs.epoch == 1
+
+
+def test_stale_limit_and_threshold(fleet_db: tuple[Path, VirtualClock]) -> None:
+    path, clock = fleet_db
+    summary = summarize(path, clock=clock, stale_after_s=1000, stale_limit=1)
+    assert summary.stale_count == 1 and [d.device_id for d in summary.stale] == ["pi-none"]
+    summary = summarize(path, clock=clock, stale_limit=1)
+    assert summary.stale_count == 3 and len(summary.stale) == 1
+    assert "... and 2 more" in format_status(summary)
+
+
+def test_format_status_text(fleet_db: tuple[Path, VirtualClock]) -> None:
+    path, clock = fleet_db
+    text = format_status(summarize(path, clock=clock))
+    assert text.splitlines()[0].startswith("fleet: 5 devices, 1 online, 4 offline")
+    assert "versions: 1.1.0 x3, unknown x1, 1.0.0 x1" in text
+    assert "stale (not heard from for 1m00s): 3" in text
+    assert "pi-none  last seen never  offline" in text
+    assert "(2m00s ago)" in text
+    assert "jobs: 1 pending, 2 confirmed (1 failed), queue epoch 1" in text
+
+
+def test_status_command_prints_text_and_json(fleet_db: tuple[Path, VirtualClock],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path, clock = fleet_db
+    assert status_command(str(path), False, clock=clock) == 0
+    assert capsys.readouterr().out.startswith("fleet: 5 devices")
+    assert status_command(str(path), True, clock=clock) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total"] == 5 and data["jobs"]["confirmed"] == 2
+    assert msgspec.convert(data, FleetStatus) == summarize(path, clock=clock)
+
+
+def test_empty_registry(tmp_path: Path) -> None:
+    path = tmp_path / "leader.db"
+    DeviceRegistry.open(path, clock=VirtualClock()).close()
+    summary = summarize(path, clock=VirtualClock())
+    assert (summary.total, summary.online, summary.stale, summary.jobs) == (0, 0, [], None)
+    assert "fleet: 0 devices" in format_status(summary)
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"definitely not sqlite\n" * 200)
+    empty_sqlite = tmp_path / "other.db"
+    sqlite3.connect(empty_sqlite).execute("CREATE TABLE t (x)").connection.close()
+    return {"missing": tmp_path / "missing.db", "junk": junk, "directory": tmp_path,
+            "foreign": empty_sqlite}
+
+
+@pytest.mark.parametrize("case", ["missing", "junk", "directory", "foreign"])
+def test_bad_file_is_one_line_on_stderr_exit_2(tmp_path: Path, case: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = _bad_files(tmp_path)[case]
+    assert status_command(str(path), False) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and str(path) in err
+    with pytest.raises(StoreError):
+        summarize(path)
+    assert not (tmp_path / "missing.db").exists()  # read-only: never creates a database
