@@ -124,9 +124,7 @@ class Mosquitto:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"mosquitto exited with {self._proc.returncode}: {self.log_tail()}"
-                )
+                raise RuntimeError(f"mosquitto exited with {self._proc.returncode}: {self.log_tail()}")
             with contextlib.suppress(OSError):
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self

@@ -238,9 +238,7 @@ class MemoryBroker:
             self._drop_session(session)
         if abrupt and will is not None:
             self._stats.wills_published += 1
-            self._route(
-                InboundMessage(will.topic, will.payload, will.retain, None, None, will.qos)
-            )
+            self._route(InboundMessage(will.topic, will.payload, will.retain, None, None, will.qos))
 
     def _drop_session(self, session: _Session) -> None:
         for sub_filter in list(session.subs):
@@ -273,9 +271,7 @@ class MemoryBroker:
         if group_name is not None:
             return  # MQTT v5: no retained messages on a shared subscription
         if topics.is_wildcard(inner):
-            found = [
-                (t, m) for t, m in self._retained.items() if topics.matches(inner, t)
-            ]
+            found = [(t, m) for t, m in self._retained.items() if topics.matches(inner, t)]
         else:
             hit = self._retained.get(inner)
             found = [(inner, hit)] if hit is not None else []
@@ -323,7 +319,11 @@ class MemoryBroker:
             else:
                 self._retained.pop(topic, None)
             message = InboundMessage(
-                topic, message.payload, False, message.response_topic, message.correlation,
+                topic,
+                message.payload,
+                False,
+                message.response_topic,
+                message.correlation,
                 message.qos,
             )
         targets = list(self._exact.get(topic, ()))
@@ -341,13 +341,15 @@ class MemoryBroker:
                 session, qos = entry.session, entry.qos
             self._deliver(session, entry.sub_filter, message, min(qos, message.qos))
 
-    def _deliver(
-        self, session: _Session, sub_filter: str, message: InboundMessage, qos: int
-    ) -> None:
+    def _deliver(self, session: _Session, sub_filter: str, message: InboundMessage, qos: int) -> None:
         if message.qos != qos:
             message = InboundMessage(
-                message.topic, message.payload, message.retain, message.response_topic,
-                message.correlation, qos,
+                message.topic,
+                message.payload,
+                message.retain,
+                message.response_topic,
+                message.correlation,
+                qos,
             )
         if session.client is not None:
             delay = self._delays.get(session.client_id)

@@ -53,10 +53,7 @@ def presence(fleet: str, device: str) -> str:
 
 def reply(fleet: str, device: str, name: str = "relay") -> str:
     """The reply topic of one sender (`name`) on `device`."""
-    return (
-        f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/reply/"
-        f"{_segment('reply name', name)}"
-    )
+    return f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/reply/{_segment('reply name', name)}"
 
 
 def fleet_filter(fleet: str, channel: Channel) -> str:

@@ -52,9 +52,7 @@ async def test_memory_transport_satisfies_the_protocol(broker: MemoryBroker) -> 
     assert not transport.connected.is_open
 
 
-async def test_wildcards_route_to_matching_subscriptions(
-    broker: MemoryBroker, clock: VirtualClock
-) -> None:
+async def test_wildcards_route_to_matching_subscriptions(broker: MemoryBroker, clock: VirtualClock) -> None:
     sub = await client(broker, "sub")
     pub = await client(broker, "pub")
     plus, hash_, exact = Inbox(), Inbox(), Inbox()
@@ -113,13 +111,10 @@ async def test_will_fires_on_abrupt_disconnect_only(broker: MemoryBroker, clock:
     assert broker.retained(will.topic) == b"offline"
 
 
-async def test_partition_fires_will_and_heal_reconnects_with_birth(
-    broker: MemoryBroker, clock: VirtualClock
-) -> None:
+async def test_partition_fires_will_and_heal_reconnects_with_birth(broker: MemoryBroker, clock: VirtualClock) -> None:
     will = Will(topics.presence("f", "d1"), topics.OFFLINE)
     birth = Will(topics.presence("f", "d1"), topics.ONLINE)
-    device = await client(broker, "d1", will=will, birth=birth, reconnect_jitter_s=3.0,
-                          rng=random.Random(7))
+    device = await client(broker, "d1", will=will, birth=birth, reconnect_jitter_s=3.0, rng=random.Random(7))
     assert broker.retained(will.topic) == b"online"
     broker.partition("d1")
     assert not device.connected.is_open
@@ -158,9 +153,7 @@ async def test_qos1_queued_for_offline_persistent_session_and_redelivered(
     assert broker.queued("d1") == 0
 
 
-async def test_clean_session_gets_nothing_sent_while_offline(
-    broker: MemoryBroker, clock: VirtualClock
-) -> None:
+async def test_clean_session_gets_nothing_sent_while_offline(broker: MemoryBroker, clock: VirtualClock) -> None:
     inbox = Inbox()
     device = MemoryTransport(broker, "d1", clean_start=True)
     await device.subscribe("cmd/d1", inbox)
@@ -175,9 +168,7 @@ async def test_clean_session_gets_nothing_sent_while_offline(
     assert inbox.payloads == [b"after"]
 
 
-async def test_restarted_process_resumes_its_persistent_session(
-    broker: MemoryBroker, clock: VirtualClock
-) -> None:
+async def test_restarted_process_resumes_its_persistent_session(broker: MemoryBroker, clock: VirtualClock) -> None:
     first = Inbox()
     device = MemoryTransport(broker, "d1")
     await device.subscribe("cmd/d1", first)
@@ -234,9 +225,7 @@ async def test_shared_subscription_queues_for_offline_members_when_none_connecte
     assert inbox.payloads == [b"held"]
 
 
-async def test_broker_outage_disconnects_everyone_until_heal(
-    broker: MemoryBroker, clock: VirtualClock
-) -> None:
+async def test_broker_outage_disconnects_everyone_until_heal(broker: MemoryBroker, clock: VirtualClock) -> None:
     a = await client(broker, "a")
     b = await client(broker, "b")
     broker.partition()
@@ -271,9 +260,7 @@ async def test_delays_apply_through_the_clock(broker: MemoryBroker, clock: Virtu
     assert echo.payloads == [b"x"]
 
 
-async def test_response_topic_and_correlation_pass_through(
-    broker: MemoryBroker, clock: VirtualClock
-) -> None:
+async def test_response_topic_and_correlation_pass_through(broker: MemoryBroker, clock: VirtualClock) -> None:
     inbox = Inbox()
     sub = await client(broker, "sub")
     await sub.subscribe("req", inbox)

@@ -18,9 +18,7 @@ def test_builders_and_parse_round_trip() -> None:
     assert topics.device_of("ea/v1/f1/dev-9/up") == "dev-9"
 
 
-@pytest.mark.parametrize(
-    "topic", ["", "ea/v1/f", "ea/v2/f/d/up", "x/v1/f/d/up", "ea/v1/f/d/sideways", "ea/v1//d/up"]
-)
+@pytest.mark.parametrize("topic", ["", "ea/v1/f", "ea/v2/f/d/up", "x/v1/f/d/up", "ea/v1/f/d/sideways", "ea/v1//d/up"])
 def test_parse_rejects_foreign_topics(topic: str) -> None:
     assert topics.parse(topic) is None
     assert topics.device_of(topic) is None

@@ -1,0 +1,372 @@
+"""Remote actor messaging over any `Transport`: an envelope out, a `Reply` for its id back.
+
+`EnvelopeSender.deliver` publishes an `Envelope` with an MQTT v5 response topic and correlation
+data (the envelope id) and waits for the receiver's `Reply`, mapping it to the relay's typed
+outcomes: `accepted` returns, `busy` raises `Capacity(retry_after_ms)`, `rejected` raises
+`Permanent(reason)`; no answer in time, not connected, or a disconnect while waiting raise
+`Transient`. One subscription serves every delivery in flight: replies are matched to waiting
+futures by correlation id, with no task per message.
+
+`EnvelopeInbox` is the receiving side: it decodes each envelope (undecodable or oversized
+payloads, and on a device's `up` topic a sender other than that device, are answered `rejected`
+and reported to `on_rejected` for dead-lettering), hands it to the handler and publishes the
+handler's `Reply` to the response topic. A failing handler never crashes the inbox: the sender
+is told `busy` with a short retry_after and the failure is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agent.core.clock import Clock
+from agent.core.codec import Envelope, Reply, decode_envelope, decode_reply, encode
+from agent.core.errors import (
+    Capacity,
+    CodecError,
+    Permanent,
+    Transient,
+    TransportError,
+)
+from agent.outbox.types import OutboxRow
+from agent.transport import topics
+from agent.transport.base import InboundMessage, PayloadTooLarge, Transport
+
+log = logging.getLogger(__name__)
+
+InboxHandler = Callable[[Envelope, InboundMessage], Awaitable[Reply]]
+RejectSink = Callable[[str, bytes, str], object]  # (reason, raw payload, topic); may be async
+
+_LOST = object()
+
+
+def envelope_from_row(row: OutboxRow) -> Envelope:
+    """The wire envelope for an outbox row (its id, owner as sender, remaining ttl)."""
+    ttl_ms = None
+    if row.expires_at_ms is not None:
+        ttl_ms = max(0, row.expires_at_ms - row.created_at_ms)
+    return Envelope(
+        id=row.msg_id,
+        kind=row.kind,
+        sender=row.owner,
+        receiver=row.receiver,
+        key=row.key,
+        conflict=row.conflict,
+        seq=row.seq,
+        ts_ms=row.created_at_ms,
+        ttl_ms=ttl_ms,
+        payload=row.payload,
+    )
+
+
+@dataclass(slots=True)
+class SenderStats:
+    sent: int = 0
+    accepted: int = 0
+    busy: int = 0
+    rejected: int = 0
+    timeouts: int = 0
+    lost: int = 0  # in flight when the connection went away, or not connected at all
+    late_replies: int = 0  # a reply for nothing in flight (after a timeout, or a duplicate)
+
+
+class EnvelopeSender:
+    """Publishes envelopes and awaits their replies on one reply topic."""
+
+    def __init__(self, transport: Transport, *, clock: Clock, reply_topic: str, timeout_s: float = 10.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+        topics.validate_topic(reply_topic)
+        self._transport = transport
+        self._clock = clock
+        self._reply_topic = reply_topic
+        self._timeout_s = timeout_s
+        self._pending: dict[bytes, asyncio.Future[object]] = {}
+        self._started = False
+        self.stats = SenderStats()
+
+    @property
+    def reply_topic(self) -> str:
+        return self._reply_topic
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def start(self) -> None:
+        """Subscribe to the reply topic. Call before (or after) the transport starts."""
+        if self._started:
+            return
+        self._started = True
+        self._transport.connected.add_listener(self._on_gate)
+        await self._transport.subscribe(self._reply_topic, self._on_reply)
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self._transport.connected.remove_listener(self._on_gate)
+        self._fail_pending()
+        try:
+            await self._transport.unsubscribe(self._reply_topic)
+        except TransportError as exc:
+            log.debug("reply topic %r not unsubscribed: %s", self._reply_topic, exc)
+
+    async def __aenter__(self) -> EnvelopeSender:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def for_rows(self, topic_for: Callable[[str], str]) -> Callable[[OutboxRow], Awaitable[None]]:
+        """A relay `Deliver`: each row goes as an envelope to `topic_for(row.receiver)`."""
+
+        async def deliver(row: OutboxRow) -> None:
+            await self.deliver(envelope_from_row(row), topic_for(row.receiver))
+
+        return deliver
+
+    async def deliver(self, envelope: Envelope, topic: str) -> None:
+        """Send one envelope and wait for its reply; raises Capacity, Permanent or Transient."""
+        if not self._started:
+            raise Transient("sender is not started")
+        data = encode(envelope)
+        limit = self._transport.max_payload_bytes
+        if len(data) > limit:
+            self.stats.rejected += 1
+            raise Permanent(f"envelope {envelope.id} is {len(data)} bytes, over the {limit} limit")
+        correlation = envelope.id.encode("utf-8")
+        if correlation in self._pending:
+            raise Transient(f"envelope {envelope.id} is already in flight")
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._pending[correlation] = future
+        try:
+            try:
+                await self._transport.publish(
+                    topic, data, qos=1, response_topic=self._reply_topic, correlation=correlation
+                )
+            except PayloadTooLarge as exc:
+                self.stats.rejected += 1
+                raise Permanent(str(exc)) from None
+            except TransportError as exc:
+                self.stats.lost += 1
+                raise Transient(f"envelope {envelope.id} not sent: {exc}") from None
+            self.stats.sent += 1
+            try:
+                outcome = await self._clock.wait_for(future, self._timeout_s)
+            except TimeoutError:
+                self.stats.timeouts += 1
+                raise Transient(f"no reply for envelope {envelope.id} within {self._timeout_s}s") from None
+        finally:
+            if self._pending.get(correlation) is future:
+                del self._pending[correlation]
+        if outcome is _LOST:
+            self.stats.lost += 1
+            raise Transient(f"connection lost waiting for the reply to {envelope.id}")
+        assert isinstance(outcome, Reply)
+        if outcome.status == "accepted":
+            self.stats.accepted += 1
+            return
+        if outcome.status == "busy":
+            self.stats.busy += 1
+            raise Capacity(outcome.reason or f"{envelope.receiver} is busy", outcome.retry_after_ms)
+        self.stats.rejected += 1
+        raise Permanent(outcome.reason or f"{envelope.receiver} rejected {envelope.id}")
+
+    async def _on_reply(self, message: InboundMessage) -> None:
+        correlation = message.correlation
+        future = self._pending.get(correlation) if correlation is not None else None
+        if future is None or future.done():
+            self.stats.late_replies += 1
+            return
+        try:
+            reply = decode_reply(message.payload)
+        except CodecError as exc:
+            log.warning("undecodable reply on %s: %s", message.topic, exc)
+            future.set_result(_LOST)
+            return
+        future.set_result(reply)
+
+    def _on_gate(self, is_open: bool) -> None:
+        if not is_open:
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_result(_LOST)
+
+
+@dataclass(slots=True)
+class InboxStats:
+    received: int = 0
+    accepted: int = 0
+    busy: int = 0
+    rejected: int = 0
+    handler_errors: int = 0
+    reply_failures: int = 0
+
+
+class EnvelopeInbox:
+    """Receives envelopes on `topic_filter`, answers each with the handler's `Reply`.
+
+    With `concurrency` 1 the handler runs on the transport's dispatch task, in arrival order.
+    A higher value runs that many long-lived workers (not a task per message), so replies that
+    wait for the broker's acknowledgement overlap.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        topic_filter: str,
+        handler: InboxHandler,
+        max_payload_bytes: int | None = None,
+        on_rejected: RejectSink | None = None,
+        sender_check: bool = True,
+        busy_retry_after_ms: int = 200,
+        concurrency: int = 1,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        topics.validate_filter(topic_filter)
+        self._transport = transport
+        self._filter = topic_filter
+        self._handler = handler
+        self._max_payload = max_payload_bytes or transport.max_payload_bytes
+        self._on_rejected = on_rejected
+        self._sender_check = sender_check
+        self._busy_retry_after_ms = busy_retry_after_ms
+        self._concurrency = concurrency
+        self._queue: asyncio.Queue[InboundMessage] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._started = False
+        self.stats = InboxStats()
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self._concurrency > 1:
+            self._queue = asyncio.Queue(maxsize=self._concurrency * 4)
+            loop = asyncio.get_running_loop()
+            self._workers = [
+                loop.create_task(self._worker(), name=f"inbox:{self._filter}:{i}") for i in range(self._concurrency)
+            ]
+            await self._transport.subscribe(self._filter, self._enqueue)
+        else:
+            await self._transport.subscribe(self._filter, self.handle)
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        try:
+            await self._transport.unsubscribe(self._filter)
+        except TransportError as exc:
+            log.debug("inbox %r not unsubscribed: %s", self._filter, exc)
+        workers, self._workers = self._workers, []
+        for task in workers:
+            task.cancel()
+        for task in workers:
+            try:
+                await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+        self._queue = None
+
+    async def __aenter__(self) -> EnvelopeInbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _enqueue(self, message: InboundMessage) -> None:
+        queue = self._queue
+        if queue is not None:
+            await queue.put(message)  # backpressure onto the transport's dispatch
+
+    async def _worker(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        while True:
+            message = await queue.get()
+            await self.handle(message)
+
+    async def handle(self, message: InboundMessage) -> None:
+        """Check, decode, hand over and answer one inbound message. Never raises."""
+        self.stats.received += 1
+        payload = message.payload
+        if len(payload) > self._max_payload:
+            reason = f"payload of {len(payload)} bytes exceeds max_payload_bytes={self._max_payload}"
+            await self._reject(message, "", reason)
+            return
+        try:
+            envelope = decode_envelope(payload)
+        except CodecError as exc:
+            await self._reject(message, "", str(exc))
+            return
+        if self._sender_check:
+            parsed = topics.parse(message.topic)
+            if parsed is not None and parsed.channel == "up" and envelope.sender != parsed.device:
+                reason = f"sender {envelope.sender!r} does not match device {parsed.device!r} of the topic"
+                log.warning("rejected %s on %s: %s", envelope.id, message.topic, reason)
+                await self._reject(message, envelope.id, reason)
+                return
+        try:
+            reply = await self._handler(envelope, message)
+        except Exception:
+            self.stats.handler_errors += 1
+            log.exception("handler failed on %s from %s", envelope.id, envelope.sender)
+            reply = Reply(
+                id=envelope.id,
+                status="busy",
+                retry_after_ms=self._busy_retry_after_ms,
+                reason="receiver error",
+            )
+        if reply.status == "accepted":
+            self.stats.accepted += 1
+        elif reply.status == "busy":
+            self.stats.busy += 1
+        else:
+            self.stats.rejected += 1
+        await self._answer(message, reply)
+
+    async def _reject(self, message: InboundMessage, envelope_id: str, reason: str) -> None:
+        self.stats.rejected += 1
+        if self._on_rejected is not None:
+            try:
+                result = self._on_rejected(reason, message.payload, message.topic)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("dead-letter sink failed for a message on %s", message.topic)
+        await self._answer(message, Reply(id=envelope_id, status="rejected", reason=reason))
+
+    async def _answer(self, message: InboundMessage, reply: Reply) -> None:
+        if message.response_topic is None:
+            return
+        try:
+            await self._transport.publish(message.response_topic, encode(reply), qos=1, correlation=message.correlation)
+        except TransportError as exc:
+            # The sender times out and retries; the receiver deduplicates by envelope id.
+            self.stats.reply_failures += 1
+            log.info("reply %s to %s not sent: %s", reply.status, message.response_topic, exc)
+
+
+__all__ = [
+    "EnvelopeInbox",
+    "EnvelopeSender",
+    "InboxHandler",
+    "InboxStats",
+    "RejectSink",
+    "SenderStats",
+    "envelope_from_row",
+]

@@ -1,0 +1,462 @@
+"""`MqttTransport`: the `Transport` protocol on aiomqtt 2.x, MQTT v5, QoS 1.
+
+One supervisor task owns the connection: connect (TLS, credentials, persistent session with a
+session expiry interval, last will `offline` retained), re-subscribe every recorded filter,
+publish the retained `online` birth message, open the `connected` gate, and wait for the
+connection to end; then close the gate, fail publishes still waiting for their PUBACK with
+`ConnectionLost`, and reconnect after an exponential backoff with full jitter.
+
+Received messages are handed straight from aiomqtt's message callback to a deque drained by one
+long-lived dispatch task (aiomqtt's own iterator would create a task per message); aiomqtt's
+iterator is only used to learn that the connection ended.
+
+No aiomqtt or paho type or exception leaves this module: failures surface as `NotConnected`,
+`ConnectionLost`, `TransportError` or `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from agent.core.clock import Clock, SystemClock
+from agent.core.config import MqttSection
+from agent.core.errors import ConfigError, ConnectionLost, NotConnected, TransportError
+from agent.core.gate import Gate
+from agent.transport import topics
+from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
+_FAILURE = 0x80  # MQTT v5 reason codes at or above this are failures
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsSettings:
+    """Files for an `mqtts://` connection. Without `ca_file` the system's CAs are trusted."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def context(self, *, source: str = "mqtt") -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(source, "tls_ca", f"cannot load CA file: {exc}") from None
+        if self.cert_file:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file or None)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(source, "tls_cert", f"cannot load client cert/key: {exc}") from None
+        elif self.key_file:
+            raise ConfigError(source, "tls_key", "a client key needs tls_cert as well")
+        return context
+
+
+def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) -> float:
+    """Full jitter: uniform in [0, min(max_s, min_s * 2**attempt)]; attempt 0 is the first retry."""
+    cap = min(max_s, min_s * (2 ** min(attempt, 32)))
+    return rng.uniform(0.0, cap)
+
+
+def read_password(path: str, *, source: str = "mqtt") -> str:
+    """The password is read from a file (never from argv); one trailing newline is dropped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, "password_file", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(source, "password_file", "not UTF-8 text") from None
+    return text.rstrip("\r\n")
+
+
+class _Handoff(asyncio.Queue):  # type: ignore[type-arg]
+    """Stands in for aiomqtt's incoming-message queue: each message goes straight to `sink`.
+
+    Nothing is ever stored, so aiomqtt's message iterator waits on it only for the disconnect.
+    """
+
+    def __init__(self, sink: Any, maxsize: int = 0) -> None:
+        super().__init__(maxsize=0)
+        self._sink = sink
+
+    def put_nowait(self, item: Any) -> None:
+        self._sink(item)
+
+
+class MqttTransport:
+    """A reconnecting MQTT v5 client implementing the `Transport` protocol."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int = 1883,
+        client_id: str,
+        clock: Clock | None = None,
+        tls: TlsSettings | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        keepalive_s: int = 30,
+        clean_start: bool = False,
+        session_expiry_s: int = DEFAULT_SESSION_EXPIRY_S,
+        will: Will | None = None,
+        birth: Will | None = None,
+        reconnect_min_s: float = 1.0,
+        reconnect_max_s: float = 60.0,
+        max_payload_bytes: int = 256 * 1024,
+        operation_timeout_s: float = 10.0,
+        max_inflight: int = 100,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not client_id:
+            raise ValueError("client_id must not be empty")
+        if not 0 < reconnect_min_s <= reconnect_max_s:
+            raise ValueError("need 0 < reconnect_min_s <= reconnect_max_s")
+        self._host = host
+        self._port = port
+        self._client_id = client_id
+        self._clock = clock if clock is not None else SystemClock()
+        self._tls_context = tls.context() if tls is not None else None
+        self._username = username
+        self._password = password
+        self._keepalive_s = keepalive_s
+        self._clean_start = clean_start
+        self._session_expiry_s = session_expiry_s
+        self.will = will
+        self.birth = birth
+        self._reconnect_min_s = reconnect_min_s
+        self._reconnect_max_s = reconnect_max_s
+        self._max_payload = max_payload_bytes
+        self._timeout_s = operation_timeout_s
+        self._max_inflight = max_inflight
+        self._rng = rng if rng is not None else random.Random()
+        self._gate = Gate()
+        self._subs: dict[str, tuple[Handler, int]] = {}
+        self._client: aiomqtt.Client | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._inbound: deque[InboundMessage] = deque()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._inflight: dict[asyncio.Task[Any], bool] = {}  # task -> aborted by a disconnect
+        self._stopping = False
+        self.connects = 0
+        self.last_error: str | None = None
+
+    # -- construction helpers --------------------------------------------------------------
+    @classmethod
+    def from_url(cls, url: str, *, client_id: str, **kwargs: Any) -> MqttTransport:
+        """`mqtt://host[:port]` or `mqtts://host[:port]`; a username may be in the URL, never a
+        password."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError("mqtt", "url", f"invalid URL {url!r}: {exc}") from None
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise ConfigError("mqtt", "url", f"expected mqtt://host[:port] or mqtts://..., got {url!r}")
+        if parts.password is not None:
+            raise ConfigError("mqtt", "url", "no password in the URL: use mqtt.password_file")
+        if parts.scheme == "mqtts" and kwargs.get("tls") is None:
+            kwargs["tls"] = TlsSettings()
+        if parts.username and kwargs.get("username") is None:
+            kwargs["username"] = parts.username
+        default_port = 8883 if parts.scheme == "mqtts" else 1883
+        return cls(host=parts.hostname, port=port or default_port, client_id=client_id, **kwargs)
+
+    @classmethod
+    def from_config(
+        cls,
+        section: MqttSection,
+        *,
+        client_id: str,
+        will: Will | None = None,
+        birth: Will | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        url: str | None = None,
+    ) -> MqttTransport:
+        """Build from the `[mqtt]` config section; `url` overrides `section.url` (--broker)."""
+        target = url or section.url
+        tls = None
+        if target.startswith("mqtts://") or section.tls_ca or section.tls_cert:
+            tls = TlsSettings(ca_file=section.tls_ca, cert_file=section.tls_cert, key_file=section.tls_key)
+        password = read_password(section.password_file) if section.password_file else None
+        return cls.from_url(
+            target,
+            client_id=client_id,
+            clock=clock,
+            tls=tls,
+            username=section.username or None,
+            password=password,
+            keepalive_s=section.keepalive_s,
+            will=will,
+            birth=birth,
+            reconnect_min_s=section.reconnect_min_s,
+            reconnect_max_s=section.reconnect_max_s,
+            max_payload_bytes=section.max_payload_bytes,
+            rng=rng,
+        )
+
+    # -- Transport protocol ----------------------------------------------------------------
+    @property
+    def client_id(self) -> str:
+        return self._client_id
+
+    @property
+    def connected(self) -> Gate:
+        return self._gate
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._max_payload
+
+    async def start(self) -> None:
+        if self._supervisor is not None:
+            return
+        self._stopping = False
+        loop = asyncio.get_running_loop()
+        self._dispatcher = loop.create_task(self._dispatch_loop(), name=f"mqtt-dispatch:{self._client_id}")
+        self._supervisor = loop.create_task(self._run(), name=f"mqtt-connection:{self._client_id}")
+
+    async def stop(self) -> None:
+        """Clean disconnect: publish the will's message ourselves, then DISCONNECT (no will)."""
+        if self._supervisor is None:
+            return
+        self._stopping = True
+        client = self._client
+        if client is not None and self._gate.is_open and self.will is not None:
+            try:
+                await client.publish(
+                    self.will.topic,
+                    self.will.payload,
+                    qos=self.will.qos,
+                    retain=self.will.retain,
+                    timeout=min(self._timeout_s, 2.0),
+                )
+            except aiomqtt.MqttError as exc:
+                log.debug("%s: goodbye not published: %s", self._client_id, exc)
+        supervisor, self._supervisor = self._supervisor, None
+        dispatcher, self._dispatcher = self._dispatcher, None
+        for task in (supervisor, dispatcher):
+            if task is not None:
+                task.cancel()
+                await _join(task)
+        self._gate.close()
+        self._inbound.clear()
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        response_topic: str | None = None,
+        correlation: bytes | None = None,
+    ) -> None:
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        topics.validate_topic(topic)
+        client = self._client
+        if client is None or not self._gate.is_open:
+            raise NotConnected(f"{self._client_id!r} is not connected")
+        properties = None
+        if response_topic is not None or correlation is not None:
+            properties = Properties(PacketTypes.PUBLISH)
+            if response_topic is not None:
+                properties.ResponseTopic = response_topic
+            if correlation is not None:
+                properties.CorrelationData = correlation
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        self._inflight[task] = False
+        try:
+            await client.publish(
+                topic,
+                payload,
+                qos=qos,
+                retain=retain,
+                properties=properties,
+                timeout=self._timeout_s,
+            )
+        except asyncio.CancelledError:
+            if self._inflight.get(task) and task.uncancel() <= cancelling:
+                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing") from None
+            raise
+        except aiomqtt.MqttError as exc:
+            if not self._gate.is_open:
+                raise ConnectionLost(f"{self._client_id!r}: publish failed: {exc}") from None
+            raise TransportError(f"{self._client_id!r}: publish failed: {exc}") from None
+        finally:
+            self._inflight.pop(task, None)
+
+    async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
+        """Record the subscription; send it now if connected (else on the next connect)."""
+        topics.validate_filter(topic_filter)
+        self._subs[topic_filter] = (handler, qos)
+        client = self._client
+        if client is not None and self._gate.is_open:
+            try:
+                await self._send_subscribe(client, topic_filter, qos)
+            except aiomqtt.MqttError as exc:
+                # The connection is going away; the next connect sends the subscription again.
+                log.info("%s: subscribe %r deferred: %s", self._client_id, topic_filter, exc)
+
+    async def unsubscribe(self, topic_filter: str) -> None:
+        if self._subs.pop(topic_filter, None) is None:
+            return
+        client = self._client
+        if client is not None and self._gate.is_open:
+            try:
+                await client.unsubscribe(topic_filter, timeout=self._timeout_s)
+            except aiomqtt.MqttError as exc:
+                log.info("%s: unsubscribe %r not confirmed: %s", self._client_id, topic_filter, exc)
+
+    # -- connection supervisor -------------------------------------------------------------
+    def _make_client(self) -> aiomqtt.Client:
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = self._session_expiry_s
+        will = None
+        if self.will is not None:
+            will = aiomqtt.Will(self.will.topic, self.will.payload, qos=self.will.qos, retain=self.will.retain)
+        client = aiomqtt.Client(
+            self._host,
+            self._port,
+            identifier=self._client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            username=self._username,
+            password=self._password,
+            will=will,
+            clean_start=self._clean_start,
+            properties=properties,
+            keepalive=self._keepalive_s,
+            timeout=self._timeout_s,
+            tls_context=self._tls_context,
+            max_inflight_messages=self._max_inflight,
+            queue_type=lambda maxsize=0: _Handoff(self._on_message),  # type: ignore[arg-type]
+        )
+        client.pending_calls_threshold = 1 << 30  # many concurrent publishes are our normal
+        return client
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._stopping:
+            try:
+                client = self._make_client()
+                async with client:
+                    self._client = client
+                    for topic_filter, (_, qos) in list(self._subs.items()):
+                        await self._send_subscribe(client, topic_filter, qos)
+                    if self.birth is not None:
+                        await client.publish(
+                            self.birth.topic,
+                            self.birth.payload,
+                            qos=self.birth.qos,
+                            retain=self.birth.retain,
+                            timeout=self._timeout_s,
+                        )
+                    attempt = 0
+                    self.connects += 1
+                    self.last_error = None
+                    self._gate.open()
+                    log.info("%s: connected to %s:%d", self._client_id, self._host, self._port)
+                    async for _ in client.messages:  # returns only by raising on disconnect
+                        pass
+            except aiomqtt.MqttError as exc:
+                self.last_error = str(exc)
+                log.info("%s: connection ended: %s", self._client_id, exc)
+            except TransportError as exc:
+                self.last_error = str(exc)
+                log.warning("%s: %s", self._client_id, exc)
+            except Exception as exc:  # keep the agent connected whatever a library throws
+                self.last_error = repr(exc)
+                log.exception("%s: unexpected connection failure", self._client_id)
+            finally:
+                self._client = None
+                self._gate.close()
+                self._abort_inflight()
+            if self._stopping:
+                break
+            delay = backoff_delay(attempt, self._reconnect_min_s, self._reconnect_max_s, self._rng)
+            attempt += 1
+            await self._clock.sleep(delay)
+
+    async def _send_subscribe(self, client: aiomqtt.Client, topic_filter: str, qos: int) -> None:
+        result = await client.subscribe(topic_filter, qos=qos, timeout=self._timeout_s)
+        for code in result:
+            value = getattr(code, "value", code)
+            if isinstance(value, int) and value >= _FAILURE:
+                raise TransportError(f"broker refused subscription {topic_filter!r}: {code}")
+
+    def _abort_inflight(self) -> None:
+        for task in list(self._inflight):
+            self._inflight[task] = True
+            task.cancel()
+
+    # -- dispatch --------------------------------------------------------------------------
+    def _on_message(self, message: aiomqtt.Message) -> None:
+        properties = message.properties
+        payload = message.payload
+        if not isinstance(payload, bytes):
+            payload = bytes(payload) if isinstance(payload, bytearray) else str(payload).encode()
+        self._inbound.append(
+            InboundMessage(
+                message.topic.value,
+                payload,
+                bool(message.retain),
+                getattr(properties, "ResponseTopic", None),
+                getattr(properties, "CorrelationData", None),
+                message.qos,
+            )
+        )
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
+    async def _dispatch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        inbound = self._inbound
+        while True:
+            if not inbound:
+                self._wakeup = loop.create_future()
+                await self._wakeup
+                self._wakeup = None
+                continue
+            message = inbound.popleft()
+            for topic_filter, (handler, _) in list(self._subs.items()):
+                if not topics.matches(topic_filter, message.topic):
+                    continue
+                try:
+                    await handler(message)
+                except Exception:
+                    log.exception("%s: handler for %r failed", self._client_id, topic_filter)
+
+
+async def _join(task: asyncio.Task[Any]) -> None:
+    """Wait for a task we cancelled; re-raise only a cancellation aimed at the caller."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+    except Exception:
+        log.exception("task %s failed while stopping", task.get_name())
+
+
+__all__ = ["MqttTransport", "TlsSettings", "backoff_delay", "read_password"]
