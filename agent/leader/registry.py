@@ -23,6 +23,7 @@ sqlite3 errors never leave this module: they become `StoreError`.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migra
 from agent.protocol import Heartbeat, SystemSample, Telemetry
 
 COMPONENT = "registry"
+
+log = logging.getLogger(__name__)
 
 _json_encode = msgspec.json.Encoder().encode
 _tags_decoder = msgspec.json.Decoder(list[str])
@@ -329,13 +332,32 @@ class DeviceRegistry:
         """Run until cancelled: mark devices offline when their deadline passes, on the Clock.
 
         `on_offline(ids)` is called (and awaited if it returns an awaitable) for each batch of
-        devices that just went offline, e.g. to release the jobs a lost worker held.
+        devices that just went offline, e.g. to release the jobs a lost worker held. A
+        `StoreError` is logged and retried; the loop returns once the registry is closed.
         """
+        retry_ms = min(self._deadline_ms, 1_000)
+        failed = False
         while True:
-            nxt = self.next_deadline_ms()
-            wait_ms = self._deadline_ms if nxt is None else nxt - self._clock.now_ms()
+            try:
+                nxt = self.next_deadline_ms()
+                wait_ms = self._deadline_ms if nxt is None else nxt - self._clock.now_ms()
+            except StoreError as exc:
+                if self._closed:
+                    return
+                log.warning("heartbeat deadlines: %s (retrying)", exc)
+                failed = True
+            if failed:  # back off after a failure instead of spinning on it
+                wait_ms = retry_ms
+                failed = False
             await self._clock.sleep(max(0.0, min(wait_ms, self._deadline_ms)) / 1000.0)
-            expired = self.expire_overdue()
+            try:
+                expired = self.expire_overdue()
+            except StoreError as exc:
+                if self._closed:
+                    return
+                log.warning("heartbeat deadlines: %s (retrying)", exc)
+                failed = True
+                continue
             if expired and on_offline is not None:
                 outcome = on_offline(expired)
                 if outcome is not None:

@@ -237,3 +237,28 @@ def test_batch_apply_of_100k_heartbeats(registry: DeviceRegistry) -> None:
     assert registry.counts() == (devices, 0)
     assert registry.device("pi-00001").hb_seq == 19  # type: ignore[union-attr]
     assert registry.device("pi-00002").firmware_version == "v9"  # type: ignore[union-attr]
+
+
+async def test_deadline_watch_survives_a_store_error_and_ends_on_close(
+        registry: DeviceRegistry, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = DeviceRegistry.expire_overdue
+    failures = 0
+
+    def flaky(self: DeviceRegistry) -> list[str]:
+        nonlocal failures
+        if failures == 0:
+            failures += 1
+            raise StoreError("disk I/O error")
+        return real(self)
+
+    monkeypatch.setattr(DeviceRegistry, "expire_overdue", flaky)
+    lost: list[str] = []
+    registry.apply_heartbeat(hb("pi-1", 1))
+    watcher = asyncio.create_task(registry.watch_deadlines(lambda ids: lost.extend(ids)))
+    await clock.advance(30.5)
+    assert failures == 1 and lost == []
+    await clock.advance(1.0)
+    assert lost == ["pi-1"]
+    registry.close()
+    await clock.advance(60)
+    assert watcher.done() and watcher.exception() is None
