@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.core.clock import Clock
+from agent.core.clock import Clock, SystemClock
 from agent.core.errors import StoreClosed
 from agent.outbox.engine import DEFAULT_CLASS, ClassPolicy, Engine
 from agent.outbox.schema import Synchronous, open_database
@@ -43,6 +43,11 @@ class OutboxStore:
         )
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
+        self._loop = asyncio.get_running_loop()
+        self._enq: list[tuple[OutboxMessage, int, int]] = []
+        self._enq_futs: list[asyncio.Future[EnqueueResult]] = []
+        # SystemClock.busy() is a no-op: skip building a context manager per call.
+        self._plain_clock = type(clock) is SystemClock
 
     @classmethod
     async def open(
@@ -86,12 +91,20 @@ class OutboxStore:
         loop = asyncio.get_running_loop()
         holder: list[OutboxStore] = []
 
-        def deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-                    wakes: bool) -> None:
+        def deliver(results: list[tuple[Any, Any, BaseException | None]], wakes: bool) -> None:
             for fut, value, error in results:
-                if fut.done():
+                if type(fut) is list:
+                    if error is not None:
+                        value = [(None, error)] * len(fut)
+                    for f, (v, e) in zip(fut, value, strict=True):
+                        if not f.done():
+                            if e is None:
+                                f.set_result(v)
+                            else:
+                                f.set_exception(e)
+                elif fut.done():
                     continue
-                if error is None:
+                elif error is None:
                     fut.set_result(value)
                 else:
                     fut.set_exception(error)
@@ -110,6 +123,8 @@ class OutboxStore:
         if self._closed:
             raise StoreClosed("the outbox store is closed")
         fut = self._writer.submit(fn, write=write, wakes=wakes)
+        if self._plain_clock:
+            return await fut
         with self._clock.busy():
             return await fut
 
@@ -142,13 +157,34 @@ class OutboxStore:
 
     # -- producers -------------------------------------------------------------------------
     async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult:
-        """Store one message; returns once it is committed. See `EnqueueResult`."""
-        now = self._clock.now_ms()
-        msgs = (msg,)
-        results = await self._call(
-            lambda e: e.enqueue(msgs, now, delay_ms), write=True, wakes=True
-        )
-        return results[0]  # type: ignore[no-any-return]
+        """Store one message; returns once it is committed. See `EnqueueResult`.
+
+        Enqueues made in the same event-loop turn travel to the writer as one operation (and
+        are committed together with everything else queued there)."""
+        if self._closed:
+            raise StoreClosed("the outbox store is closed")
+        fut: asyncio.Future[EnqueueResult] = self._loop.create_future()
+        pending = self._enq
+        pending.append((msg, self._clock.now_ms(), delay_ms))
+        self._enq_futs.append(fut)
+        if len(pending) == 1:
+            self._loop.call_soon(self._send_enqueues)
+        if self._plain_clock:
+            return await fut
+        with self._clock.busy():
+            return await fut
+
+    def _send_enqueues(self) -> None:
+        items, futs = self._enq, self._enq_futs
+        self._enq, self._enq_futs = [], []
+        try:
+            self._writer.submit_fanout(
+                lambda e: e.enqueue_each(items), futs, write=True, wakes=True
+            )
+        except StoreClosed as exc:
+            for f in futs:
+                if not f.done():
+                    f.set_exception(exc)
 
     async def enqueue_many(
         self, msgs: Sequence[OutboxMessage], *, delay_ms: int = 0

@@ -28,13 +28,17 @@ from agent.outbox.schema import describe
 log = logging.getLogger("agent.outbox")
 
 OpFn = Callable[[Engine], Any]
-Deliver = Callable[[list[tuple["asyncio.Future[Any]", Any, BaseException | None]], bool], None]
+Results = list[tuple[Any, Any, BaseException | None]]
+Deliver = Callable[[Results, bool], None]
 
 
 class _Op:
+    """One operation. `fut` is a future, or a list of futures when `fn` serves several callers
+    at once and returns one (value, error) pair per future."""
+
     __slots__ = ("fn", "write", "wakes", "fut")
 
-    def __init__(self, fn: OpFn, write: bool, wakes: bool, fut: asyncio.Future[Any]) -> None:
+    def __init__(self, fn: OpFn, write: bool, wakes: bool, fut: Any) -> None:
         self.fn = fn
         self.write = write
         self.wakes = wakes
@@ -74,6 +78,7 @@ class Writer:
         self._deliver = deliver
         self._ops: deque[_Op | _Close] = deque()
         self._wake = threading.Event()
+        self._signalled = False  # a wake-up is already on its way: skip Event.set (a lock)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._opened: asyncio.Future[Engine] = loop.create_future()
         self.engine: Engine | None = None
@@ -90,8 +95,21 @@ class Writer:
             raise StoreClosed("the outbox store is closed")
         fut: asyncio.Future[Any] = self._loop.create_future()
         self._ops.append(_Op(fn, write, wakes, fut))
-        self._wake.set()
+        if not self._signalled:
+            self._signalled = True
+            self._wake.set()
         return fut
+
+    def submit_fanout(
+        self, fn: OpFn, futs: list[asyncio.Future[Any]], *, write: bool, wakes: bool = False
+    ) -> None:
+        """Like `submit`, for an `fn` returning a list of (value, error), one per future."""
+        if self.closed:
+            raise StoreClosed("the outbox store is closed")
+        self._ops.append(_Op(fn, write, wakes, futs))
+        if not self._signalled:
+            self._signalled = True
+            self._wake.set()
 
     def close(self) -> asyncio.Future[Any]:
         """Finish everything queued, close the connection, end the thread."""
@@ -101,6 +119,7 @@ class Writer:
             return fut
         self.closed = True
         self._ops.append(_Close(fut))
+        self._signalled = True
         self._wake.set()
         return fut
 
@@ -126,6 +145,8 @@ class Writer:
         while True:
             self._wake.wait()
             self._wake.clear()
+            # From here on a submit must signal again; ops queued before are seen below.
+            self._signalled = False
             while self._ops:
                 batch: list[_Op] = []
                 closer: _Close | None = None
@@ -144,7 +165,7 @@ class Writer:
 
     def _round(self, engine: Engine, batch: list[_Op]) -> None:
         self.rounds += 1
-        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        results: Results = []
         wakes = False
         writes = [op for op in batch if op.write]
         if writes:
@@ -193,7 +214,9 @@ class Writer:
     def _shutdown(self, engine: Engine, closer: _Close) -> None:
         for op in list(self._ops):
             if isinstance(op, _Op):
-                self._post(_fail, op.fut, StoreClosed("the outbox store is closed"))
+                futs = op.fut if isinstance(op.fut, list) else [op.fut]
+                for fut in futs:
+                    self._post(_fail, fut, StoreClosed("the outbox store is closed"))
         self._ops.clear()
         try:
             engine.conn.execute("PRAGMA optimize")
