@@ -56,6 +56,8 @@ class ActorCell:
             self._actor = None
         else:
             raise TypeError(f"spawn {name!r}: expected an Actor or a zero-argument factory")
+        if restart is not None and not isinstance(restart, RestartPolicy):
+            raise TypeError(f"spawn {name!r}: restart must be a RestartPolicy or None")
         self.name = name
         self.clock = clock
         self.system = system
@@ -174,7 +176,12 @@ class ActorCell:
         """Sleep `delay_s` on the clock; cut short when the system begins to stop."""
         wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._wakeup = wakeup
-        timer = self.clock.call_later(delay_s, lambda: wakeup.done() or wakeup.set_result(None))
+
+        def wake() -> None:
+            if not wakeup.done():
+                wakeup.set_result(None)
+
+        timer = self.clock.call_later(delay_s, wake)
         try:
             await wakeup
         finally:
