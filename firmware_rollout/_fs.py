@@ -1,0 +1,53 @@
+"""Durable file helpers: write a temporary file, fsync it, rename it, fsync the directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from agent.core.clock import Clock
+
+T = TypeVar("T")
+_COPY_BLOCK = 1024 * 1024
+
+
+def fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # some platforms cannot open a directory; the rename itself is still atomic
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def durable_copy(src: Path, dst: Path) -> None:
+    """Copy `src` to `dst` through a temporary file; `dst` is complete or absent, never partial."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    with src.open("rb") as source, tmp.open("wb") as target:
+        shutil.copyfileobj(source, target, _COPY_BLOCK)
+        target.flush()
+        os.fsync(target.fileno())
+    os.replace(tmp, dst)
+    fsync_dir(dst.parent)
+
+
+async def in_thread(clock: Clock, fn: Callable[..., T], *args: object) -> T:
+    """Run blocking file or SQLite work in a thread, keeping the event loop free of fsyncs."""
+    with clock.busy():
+        return await asyncio.to_thread(fn, *args)

@@ -1,0 +1,244 @@
+"""The updater's durable state: one SQLite file in the state directory.
+
+    update    one row: the current (or last) update, its state, slots, progress and boot count
+    slots     the version each slot holds
+    reports   every report made, in order (`seq`), with a flag once handed to the agent's outbox
+
+Each state change and the report it makes are one transaction (`synchronous=FULL`: a transition
+is on disk when the call returns). Calls run in a thread, never blocking the event loop on fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agent.core.clock import Clock
+from agent.core.errors import StoreError
+from firmware_rollout._fs import in_thread
+from firmware_rollout.messages import REPORT_STATE, UpdateReport, UpdaterState
+
+SCHEMA_VERSION = 1
+KEEP_SENT_REPORTS = 500
+
+_SCHEMA = """
+CREATE TABLE update_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    state TEXT NOT NULL,
+    rollout_id TEXT NOT NULL DEFAULT '',
+    signed_manifest BLOB,
+    version TEXT NOT NULL DEFAULT '',
+    from_slot TEXT NOT NULL DEFAULT '',
+    to_slot TEXT NOT NULL DEFAULT '',
+    from_version TEXT NOT NULL DEFAULT '',
+    chunks_done INTEGER NOT NULL DEFAULT 0,
+    boot_count INTEGER NOT NULL DEFAULT 0,
+    health_deadline_ms INTEGER NOT NULL DEFAULT 0,
+    detail TEXT NOT NULL DEFAULT '',
+    updated_ms INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO update_state (id, state) VALUES (1, 'idle');
+CREATE TABLE slots (slot TEXT PRIMARY KEY, version TEXT NOT NULL);
+CREATE TABLE reports (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    body BLOB NOT NULL,
+    sent INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX reports_unsent ON reports (seq) WHERE sent = 0;
+"""
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """The row of `update_state`."""
+
+    state: UpdaterState = "idle"
+    rollout_id: str = ""
+    signed_manifest: bytes | None = None
+    version: str = ""
+    from_slot: str = ""
+    to_slot: str = ""
+    from_version: str = ""
+    chunks_done: int = 0
+    boot_count: int = 0
+    health_deadline_ms: int = 0
+    detail: str = ""
+    updated_ms: int = 0
+
+    def but(self, **changes: Any) -> UpdateRecord:
+        return replace(self, **changes)
+
+
+_FIELDS = tuple(asdict(UpdateRecord()).keys())
+_report_decoder = msgspec.msgpack.Decoder(UpdateReport)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class UpdaterStore:
+    """Owns the connection; every method is a short transaction run in a thread."""
+
+    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str | Path, *, clock: Clock) -> UpdaterStore:
+        conn = await in_thread(clock, cls._connect, Path(path))
+        return cls(conn, clock)
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            conn.execute("PRAGMA busy_timeout = 5000")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{path}: cannot switch to WAL (journal_mode is {mode})")
+            conn.execute("PRAGMA synchronous = FULL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                with _atomic(conn):  # schema and its version in one transaction
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise StoreError(f"{path}: unknown updater schema version {version}")
+            return conn
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: cannot open the updater database: {exc}") from exc
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        if self._closed:
+            raise StoreError("updater store is closed")
+        async with self._lock:
+            try:
+                return await in_thread(self._clock, fn, *args)
+            except sqlite3.Error as exc:
+                raise StoreError(f"updater database: {exc}") from exc
+
+    async def close(self) -> None:
+        if not self._closed:
+            async with self._lock:
+                self._closed = True
+                await in_thread(self._clock, self._conn.close)
+
+    # -- reads -----------------------------------------------------------------------------
+    def _load(self) -> tuple[UpdateRecord, dict[str, str]]:
+        row = self._conn.execute(f"SELECT {', '.join(_FIELDS)} FROM update_state WHERE id = 1").fetchone()
+        record = UpdateRecord(**dict(zip(_FIELDS, row, strict=True)))
+        slots = dict(self._conn.execute("SELECT slot, version FROM slots").fetchall())
+        return record, slots
+
+    async def load(self) -> tuple[UpdateRecord, dict[str, str]]:
+        """The update record and the version each slot holds."""
+        return await self._run(self._load)  # type: ignore[no-any-return]
+
+    def _reports(self, unsent_only: bool, limit: int) -> list[tuple[int, UpdateReport]]:
+        where = "WHERE sent = 0 " if unsent_only else ""
+        rows = self._conn.execute(
+            f"SELECT seq, body FROM reports {where}ORDER BY seq DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [(seq, _report_decoder.decode(body)) for seq, body in reversed(rows)]
+
+    async def reports(self, *, unsent_only: bool = False, limit: int = 100) -> list[UpdateReport]:
+        """The latest `limit` reports, oldest first."""
+        rows = await self._run(self._reports, unsent_only, limit)
+        return [report for _, report in rows]
+
+    async def unsent(self, limit: int = 100) -> list[tuple[int, UpdateReport]]:
+        rows = await self._run(self._unsent, limit)
+        return rows  # type: ignore[no-any-return]
+
+    def _unsent(self, limit: int) -> list[tuple[int, UpdateReport]]:
+        rows = self._conn.execute("SELECT seq, body FROM reports WHERE sent = 0 ORDER BY seq LIMIT ?", (limit,))
+        return [(seq, _report_decoder.decode(body)) for seq, body in rows.fetchall()]
+
+    # -- writes ----------------------------------------------------------------------------
+    def _save(
+        self, record: UpdateRecord, report: Mapping[str, Any] | None, slots: Mapping[str, str]
+    ) -> UpdateReport | None:
+        made = None
+        with _atomic(self._conn):
+            assignments = ", ".join(f"{name} = ?" for name in _FIELDS)
+            self._conn.execute(
+                f"UPDATE update_state SET {assignments} WHERE id = 1", [getattr(record, f) for f in _FIELDS]
+            )
+            for slot, version in slots.items():
+                self._conn.execute(
+                    "INSERT INTO slots (slot, version) VALUES (?, ?) ON CONFLICT (slot) DO UPDATE SET version = ?",
+                    (slot, version, version),
+                )
+            if report is not None:
+                seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM reports").fetchone()[0]
+                made = UpdateReport(seq=seq, **report)
+                self._conn.execute("INSERT INTO reports (seq, body) VALUES (?, ?)", (seq, _encoder.encode(made)))
+        return made
+
+    async def save(
+        self,
+        record: UpdateRecord,
+        *,
+        report: Mapping[str, Any] | None = None,
+        slots: Mapping[str, str] | None = None,
+    ) -> UpdateReport | None:
+        """Write `record` (and slot versions, and a report built from `report` plus its seq) in one
+        transaction; return the report made."""
+        return await self._run(self._save, record, report, dict(slots or {}))  # type: ignore[no-any-return]
+
+    async def add_report(self, report: Mapping[str, Any]) -> UpdateReport:
+        """Record a report that changes no state (an offer refused while busy)."""
+        record, _ = await self.load()
+        made = await self.save(record, report=report)
+        assert made is not None
+        return made
+
+    def _mark_sent(self, seqs: list[int]) -> None:
+        with _atomic(self._conn):
+            self._conn.executemany("UPDATE reports SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
+            self._conn.execute(
+                "DELETE FROM reports WHERE sent = 1 AND seq <= (SELECT MAX(seq) FROM reports) - ?",
+                (KEEP_SENT_REPORTS,),
+            )
+
+    async def mark_sent(self, seqs: list[int]) -> None:
+        if seqs:
+            await self._run(self._mark_sent, seqs)
+
+
+@contextlib.contextmanager
+def _atomic(conn: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (including a simulated crash)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def report_fields(record: UpdateRecord, *, device: str, ts_ms: int, active_version: str) -> dict[str, Any]:
+    """The report a record's state makes (without `seq`, which the store assigns)."""
+    return {
+        "device": device,
+        "rollout_id": record.rollout_id,
+        "version": record.version,
+        "state": REPORT_STATE[record.state],
+        "phase": record.state,
+        "detail": record.detail,
+        "ts_ms": ts_ms,
+        "active_version": active_version,
+    }
+
+
+__all__ = ["SCHEMA_VERSION", "UpdateRecord", "UpdaterStore", "report_fields"]
