@@ -4,7 +4,10 @@ Stopping is graceful: `stop()` makes every actor refuse new messages (`tell` rai
 ActorStopped), lets each one work through what is already queued, and waits up to `timeout_s`
 of the system clock. Actors still busy then are cancelled. `stop()` returns, per actor name, the
 messages that were not processed, oldest first (a message interrupted by the cancellation comes
-first); pending asks among them are answered with ActorStopped instead of being listed.
+first); pending asks among them are answered with ActorStopped instead of being listed. An actor
+the supervisor gave up on handed its queue back earlier, in its `ActorFailure.undelivered`.
+While the system stops, a failing message is counted and logged but causes no restart, and a
+pending restart backoff is cut short, so the queue can drain.
 """
 
 from __future__ import annotations
