@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 CANDIDATES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/usr/bin/mosquitto")
@@ -43,6 +44,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """Server side of a TLS listener: the CA that signs client certs, the server cert and key."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+    require_client_cert: bool = True
+
+
 class Mosquitto:
     """One mosquitto process we own; stopped only by its own pid."""
 
@@ -54,6 +65,8 @@ class Mosquitto:
         persistence: bool = False,
         max_queued_messages: int = 1_000_000,
         message_size_limit: int = 0,  # bytes per MQTT packet; 0 = mosquitto's default
+        password_file: str | Path | None = None,  # made with mosquitto_passwd; turns anonymous off
+        tls: TlsFiles | None = None,
         extra_config: str = "",
     ) -> None:
         self.binary = find_mosquitto()
@@ -63,6 +76,8 @@ class Mosquitto:
         self.persistence = persistence
         self.max_queued_messages = max_queued_messages
         self.message_size_limit = message_size_limit
+        self.password_file = password_file
+        self.tls = tls
         self.extra_config = extra_config
         self.config_path = self.workdir / "mosquitto.conf"
         self.log_path = self.workdir / "mosquitto.log"
@@ -70,7 +85,8 @@ class Mosquitto:
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        scheme = "mqtts" if self.tls is not None else "mqtt"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -83,7 +99,7 @@ class Mosquitto:
     def config_text(self) -> str:
         lines = [
             f"listener {self.port} 127.0.0.1",
-            "allow_anonymous true",
+            f"allow_anonymous {'false' if self.password_file else 'true'}",
             "set_tcp_nodelay true",
             f"max_queued_messages {self.max_queued_messages}",
             "max_queued_bytes 0",
@@ -93,6 +109,15 @@ class Mosquitto:
             "log_type warning",
             "log_type notice",
         ]
+        if self.password_file:
+            lines.append(f"password_file {self.password_file}")
+        if self.tls is not None:
+            lines += [
+                f"cafile {self.tls.ca_file}",
+                f"certfile {self.tls.cert_file}",
+                f"keyfile {self.tls.key_file}",
+                f"require_certificate {'true' if self.tls.require_client_cert else 'false'}",
+            ]
         if self.message_size_limit:
             lines.append(f"max_packet_size {self.message_size_limit}")
         if os.geteuid() == 0:

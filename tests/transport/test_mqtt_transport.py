@@ -1,0 +1,459 @@
+"""MqttTransport against a real mosquitto (started by the fixtures), plus its pure helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agent.core.config import MqttSection
+from agent.core.errors import ConfigError, NotConnected
+from agent.transport import topics
+from agent.transport.base import InboundMessage, PayloadTooLarge, Transport, Will
+from agent.transport.mqtt import MqttTransport, TlsSettings, backoff_delay, read_password
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from mosquitto import Mosquitto, TlsFiles  # noqa: E402
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.messages: list[InboundMessage] = []
+        self._changed = asyncio.Event()
+
+    async def __call__(self, message: InboundMessage) -> None:
+        self.messages.append(message)
+        self._changed.set()
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [m.payload for m in self.messages]
+
+    async def wait_for(self, predicate: Callable[[list[InboundMessage]], bool], timeout_s: float = 10) -> None:
+        async def loop() -> None:
+            while not predicate(self.messages):
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(loop(), timeout_s)
+
+
+def transport(url: str, client_id: str, **kwargs: object) -> MqttTransport:
+    return MqttTransport.from_url(
+        url,
+        client_id=client_id,
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.3,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def connected(t: MqttTransport) -> MqttTransport:
+    await t.start()
+    await asyncio.wait_for(t.connected.wait_open(), 10)
+    return t
+
+
+# -- pure helpers -----------------------------------------------------------------------------
+
+
+def test_backoff_is_full_jitter_within_an_exponential_cap() -> None:
+    rng = random.Random(1)
+    for attempt in range(12):
+        cap = min(8.0, 0.5 * 2**attempt)
+        samples = [backoff_delay(attempt, 0.5, 8.0, rng) for _ in range(200)]
+        assert all(0.0 <= s <= cap for s in samples)
+        assert max(samples) > cap * 0.8  # the whole range is used, not just the floor
+    assert backoff_delay(10_000, 1.0, 60.0, rng) <= 60.0
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("http://host", "expected mqtt"),
+        ("mqtt://", "expected mqtt"),
+        ("mqtt://user:secret@host", "no password"),
+        ("mqtt://host:notaport", "invalid URL"),
+    ],
+)
+def test_from_url_refuses_bad_urls(url: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        MqttTransport.from_url(url, client_id="c")
+
+
+def test_from_url_defaults_ports_and_tls() -> None:
+    plain = MqttTransport.from_url("mqtt://broker.local", client_id="c")
+    assert (plain._host, plain._port, plain._tls_context) == ("broker.local", 1883, None)
+    secure = MqttTransport.from_url("mqtts://user@broker.local", client_id="c")
+    assert secure._port == 8883 and secure._tls_context is not None
+    assert secure._username == "user"
+
+
+def test_password_comes_from_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    assert read_password(str(secret)) == "s3cret"
+    section = MqttSection(url="mqtt://127.0.0.1:1", username="dev", password_file=str(secret))
+    built = MqttTransport.from_config(section, client_id="c")
+    assert (built._username, built._password) == ("dev", "s3cret")
+    with pytest.raises(ConfigError, match="password_file"):
+        MqttTransport.from_config(MqttSection(password_file=str(tmp_path / "missing")), client_id="c")
+
+
+def test_bad_tls_files_are_config_errors(tmp_path: Path) -> None:
+    section = MqttSection(url="mqtts://127.0.0.1:1", tls_ca=str(tmp_path / "nope.pem"))
+    with pytest.raises(ConfigError, match="tls_ca"):
+        MqttTransport.from_config(section, client_id="c")
+
+
+async def test_not_connected_and_payload_limit() -> None:
+    t = MqttTransport.from_url("mqtt://127.0.0.1:1", client_id="c", max_payload_bytes=10)
+    assert isinstance(t, Transport)
+    with pytest.raises(NotConnected):
+        await t.publish("a/b", b"x")
+    with pytest.raises(PayloadTooLarge):
+        await t.publish("a/b", b"x" * 11)
+
+
+# -- against mosquitto --------------------------------------------------------------------------
+
+
+@pytest.mark.mqtt
+async def test_publish_subscribe_round_trip(mosquitto: Mosquitto) -> None:
+    inbox = Collector()
+    sub = transport(mosquitto.url, "sub")
+    await sub.subscribe("ea/v1/f/+/up", inbox)
+    await connected(sub)
+    pub = await connected(transport(mosquitto.url, "pub"))
+    try:
+        await pub.publish("ea/v1/f/d1/up", b"hello", response_topic="ea/v1/f/d1/reply/relay", correlation=b"\x00id")
+        await pub.publish("ea/v1/f/d1/down", b"not for sub")
+        await pub.publish("ea/v1/f/d2/up", b"second")
+        await inbox.wait_for(lambda ms: len(ms) >= 2)
+        first = inbox.messages[0]
+        assert (first.topic, first.payload, first.retain) == ("ea/v1/f/d1/up", b"hello", False)
+        assert (first.response_topic, first.correlation) == ("ea/v1/f/d1/reply/relay", b"\x00id")
+        assert inbox.payloads == [b"hello", b"second"]
+    finally:
+        await pub.stop()
+        await sub.stop()
+
+
+VICTIM = """
+import asyncio, sys
+from agent.transport.base import Will
+from agent.transport.mqtt import MqttTransport
+
+async def main():
+    t = MqttTransport.from_url(sys.argv[1], client_id="victim", keepalive_s=5,
+                               will=Will(sys.argv[2], b"offline"), birth=Will(sys.argv[2], b"online"))
+    await t.start()
+    await asyncio.wait_for(t.connected.wait_open(), 10)
+    print("up", flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.mqtt
+async def test_birth_and_will_presence_are_retained(mosquitto: Mosquitto) -> None:
+    presence = topics.presence("f", "victim")
+    watch = Collector()
+    watcher = transport(mosquitto.url, "watcher")
+    await watcher.subscribe(topics.fleet_filter("f", "presence"), watch)
+    await connected(watcher)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VICTIM, mosquitto.url, presence], stdout=subprocess.PIPE, env=env, cwd=REPO
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        assert line.strip() == b"up"
+        await watch.wait_for(lambda ms: b"online" in [m.payload for m in ms])
+        proc.kill()  # SIGKILL by pid: no DISCONNECT, the broker publishes the will
+        proc.wait(10)
+        await watch.wait_for(lambda ms: ms[-1].payload == b"offline")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    late = Collector()
+    latecomer = transport(mosquitto.url, "late")
+    await latecomer.subscribe(presence, late)
+    await connected(latecomer)
+    await late.wait_for(lambda ms: len(ms) >= 1)
+    assert (late.messages[0].payload, late.messages[0].retain) == (b"offline", True)
+    await latecomer.stop()
+    await watcher.stop()
+
+
+@pytest.mark.mqtt
+async def test_clean_stop_announces_offline_and_birth_says_online(mosquitto: Mosquitto) -> None:
+    presence = topics.presence("f", "d1")
+    watch = Collector()
+    watcher = transport(mosquitto.url, "watcher")
+    await watcher.subscribe(presence, watch)
+    await connected(watcher)
+    device = await connected(
+        transport(mosquitto.url, "d1", will=Will(presence, b"offline"), birth=Will(presence, b"online"))
+    )
+    await watch.wait_for(lambda ms: b"online" in [m.payload for m in ms])
+    await device.stop()
+    await watch.wait_for(lambda ms: ms[-1].payload == b"offline")
+    assert not device.connected.is_open
+    await watcher.stop()
+
+
+@pytest.mark.mqtt
+async def test_broker_restart_closes_and_reopens_the_gate_and_resubscribes(mosquitto: Mosquitto) -> None:
+    inbox = Collector()
+    changes: list[bool] = []
+    sub = transport(mosquitto.url, "sub")
+    sub.connected.add_listener(changes.append)
+    await sub.subscribe("t/#", inbox)
+    await connected(sub)
+    pub = await connected(transport(mosquitto.url, "pub"))
+    try:
+        await pub.publish("t/1", b"before")
+        await inbox.wait_for(lambda ms: len(ms) == 1)
+        mosquitto.stop()  # persistence off: the broker forgets every session and subscription
+        await asyncio.wait_for(sub.connected.wait_closed(), 10)
+        with pytest.raises(NotConnected):
+            await pub.publish("t/1", b"while down")
+        await asyncio.to_thread(mosquitto.start)
+        await asyncio.wait_for(sub.connected.wait_open(), 15)
+        await asyncio.wait_for(pub.connected.wait_open(), 15)
+        await pub.publish("t/2", b"after")
+        await inbox.wait_for(lambda ms: len(ms) == 2)
+        assert inbox.payloads == [b"before", b"after"]
+        assert changes == [True, False, True]
+        assert sub.connects == 2
+    finally:
+        await pub.stop()
+        await sub.stop()
+
+
+@pytest.mark.mqtt
+async def test_persistent_session_receives_qos1_sent_while_offline(mosquitto: Mosquitto) -> None:
+    first = Collector()
+    device = transport(mosquitto.url, "dev-p")
+    await device.subscribe("cmd/dev-p", first)
+    await connected(device)
+    await device.stop()
+    pub = await connected(transport(mosquitto.url, "leader"))
+    for i in range(3):
+        await pub.publish("cmd/dev-p", b"%d" % i)
+    again = Collector()
+    device2 = transport(mosquitto.url, "dev-p")  # the agent restarted: same client id
+    await device2.subscribe("cmd/dev-p", again)
+    await connected(device2)
+    await again.wait_for(lambda ms: len(ms) >= 3)
+    assert again.payloads == [b"0", b"1", b"2"]
+    assert first.payloads == []
+    await device2.stop()
+    await pub.stop()
+
+
+@pytest.mark.mqtt
+async def test_persistent_session_survives_a_broker_restart(mosquitto_persistent: Mosquitto) -> None:
+    broker = mosquitto_persistent
+    inbox = Collector()
+    device = transport(broker.url, "dev-q")
+    await device.subscribe("cmd/dev-q", inbox)
+    await connected(device)
+    await device.stop()
+    pub = await connected(transport(broker.url, "leader"))
+    await pub.publish("cmd/dev-q", b"queued")
+    await pub.stop()
+    await asyncio.to_thread(broker.restart)
+    device2 = transport(broker.url, "dev-q")
+    await device2.subscribe("cmd/dev-q", inbox)
+    await connected(device2)
+    await inbox.wait_for(lambda ms: len(ms) >= 1)
+    assert inbox.payloads == [b"queued"]
+    await device2.stop()
+
+
+@pytest.mark.mqtt
+async def test_shared_subscription_splits_messages_between_two_clients(mosquitto: Mosquitto) -> None:
+    a_in, b_in = Collector(), Collector()
+    flt = topics.leaders_up("f")
+    leader_a = transport(mosquitto.url, "leader-a")
+    leader_b = transport(mosquitto.url, "leader-b")
+    await leader_a.subscribe(flt, a_in)
+    await leader_b.subscribe(flt, b_in)
+    await connected(leader_a)
+    await connected(leader_b)
+    dev = await connected(transport(mosquitto.url, "dev"))
+    sent = [b"%02d" % i for i in range(40)]
+    for i, payload in enumerate(sent):
+        await dev.publish(topics.up("f", f"d{i % 7}"), payload)
+    await a_in.wait_for(lambda _: len(a_in.messages) + len(b_in.messages) >= 40)
+    assert sorted(a_in.payloads + b_in.payloads) == sent
+    assert a_in.messages and b_in.messages
+    for t in (dev, leader_a, leader_b):
+        await t.stop()
+
+
+@pytest.mark.mqtt
+async def test_username_and_password_from_file(mosquitto_factory: Callable[..., Mosquitto], tmp_path: Path) -> None:
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "dev", "right"], check=True, capture_output=True)
+    passwd.chmod(0o600)
+    broker = mosquitto_factory(password_file=passwd)
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("right\n")
+    bad.write_text("wrong\n")
+    ok = MqttTransport.from_config(
+        MqttSection(url=broker.url, username="dev", password_file=str(good), reconnect_min_s=0.05, reconnect_max_s=0.2),
+        client_id="dev-ok",
+    )
+    refused = MqttTransport.from_config(
+        MqttSection(url=broker.url, username="dev", password_file=str(bad), reconnect_min_s=0.05, reconnect_max_s=0.2),
+        client_id="dev-bad",
+    )
+    await connected(ok)
+    await refused.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while refused.last_error is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assert refused.last_error is not None
+        assert not refused.connected.is_open
+    finally:
+        await refused.stop()
+        await ok.stop()
+
+
+def _make_pki(directory: Path) -> tuple[TlsFiles, Path, Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def key() -> ec.EllipticCurvePrivateKey:
+        return ec.generate_private_key(ec.SECP256R1())
+
+    def write_key(k: ec.EllipticCurvePrivateKey, path: Path) -> Path:
+        path.write_bytes(
+            k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
+        return path
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    ca_key = key()
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("edge-agent test CA"))
+        .issuer_name(name("edge-agent test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(cn: str, server: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        k = key()
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(ca.subject)
+            .public_key(k.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        )
+        if server:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        return builder.sign(ca_key, hashes.SHA256()), k
+
+    def write_cert(cert: x509.Certificate, path: Path) -> Path:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    ca_path = write_cert(ca, directory / "ca.pem")
+    server, server_key = leaf("127.0.0.1", True)
+    client, client_key = leaf("dev-tls", False)
+    files = TlsFiles(
+        ca_file=str(ca_path),
+        cert_file=str(write_cert(server, directory / "server.pem")),
+        key_file=str(write_key(server_key, directory / "server.key")),
+    )
+    return (
+        files,
+        ca_path,
+        write_cert(client, directory / "client.pem"),
+        write_key(client_key, directory / "client.key"),
+    )
+
+
+@pytest.mark.mqtt
+async def test_tls_with_ca_and_client_certificate(mosquitto_factory: Callable[..., Mosquitto], tmp_path: Path) -> None:
+    server_files, ca, cert, key = _make_pki(tmp_path)
+    broker = mosquitto_factory(tls=server_files)
+    assert broker.url.startswith("mqtts://")
+    section = MqttSection(
+        url=broker.url, tls_ca=str(ca), tls_cert=str(cert), tls_key=str(key), reconnect_min_s=0.05, reconnect_max_s=0.2
+    )
+    inbox = Collector()
+    client = MqttTransport.from_config(section, client_id="dev-tls")
+    await client.subscribe("secure/#", inbox)
+    await connected(client)
+    await client.publish("secure/x", b"over tls")
+    await inbox.wait_for(lambda ms: len(ms) == 1)
+    await client.stop()
+    no_cert = MqttTransport.from_url(
+        broker.url,
+        client_id="anon",
+        tls=TlsSettings(ca_file=str(ca)),
+        operation_timeout_s=1.0,
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.2,
+    )
+    await no_cert.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while no_cert.last_error is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assert no_cert.last_error is not None and not no_cert.connected.is_open
+    finally:
+        await no_cert.stop()
