@@ -1,0 +1,89 @@
+"""Assembly: an `AgentConfig` + a `Transport` + a `Clock` -> a running worker or leader.
+
+    transport = make_transport(config, clock=clock, broker_url="mqtt://127.0.0.1:1883")
+    agent = await build_agent(config, transport=transport, clock=clock, data_dir="/var/lib/edge-agent")
+    await agent.start()
+    ...
+    await agent.stop()   # stop taking work, flush the outbox, close the databases
+
+The transport carries the agent's presence: a retained `online` birth message when it connects
+and a retained `offline` last will the broker publishes if the agent dies without a goodbye.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Protocol
+
+from agent.core.clock import Clock
+from agent.core.config import AgentConfig
+from agent.core.errors import ConfigError
+from agent.leader.agent import LeaderAgent
+from agent.transport import topics
+from agent.transport.base import Transport, Will
+from agent.transport.memory import MemoryBroker, MemoryTransport
+from agent.worker.agent import WorkerAgent
+
+
+class Agent(Protocol):
+    device_id: str
+    transport: Transport
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def presence_wills(config: AgentConfig) -> tuple[Will, Will]:
+    """(last will, birth) of this agent: retained `offline` / `online` on its presence topic."""
+    topic = topics.presence(config.agent.fleet, config.agent.device_id)
+    return Will(topic, topics.OFFLINE, qos=1, retain=True), Will(topic, topics.ONLINE, qos=1, retain=True)
+
+
+def client_id_of(config: AgentConfig) -> str:
+    return f"ea-{config.agent.fleet}-{config.agent.role}-{config.agent.device_id}"
+
+
+def make_transport(
+    config: AgentConfig,
+    *,
+    clock: Clock,
+    broker_url: str | None = None,
+    memory_broker: MemoryBroker | None = None,
+    rng: random.Random | None = None,
+) -> Transport:
+    """The transport the config (or `broker_url`) names: `mqtt://`, `mqtts://` or, with a
+    `memory_broker`, `memory://`."""
+    url = broker_url or config.mqtt.url
+    will, birth = presence_wills(config)
+    if url.startswith("memory://") or memory_broker is not None:
+        if memory_broker is None:
+            raise ConfigError("--broker", "mqtt.url", "memory:// works only inside one process (simulate)")
+        return MemoryTransport(memory_broker, client_id_of(config), will=will, birth=birth,
+                               max_payload_bytes=config.mqtt.max_payload_bytes, rng=rng)
+    if not url.startswith(("mqtt://", "mqtts://")):
+        raise ConfigError("--broker", "mqtt.url", f"must start with mqtt:// or mqtts://, got {url!r}")
+    from agent.transport.mqtt import MqttTransport
+
+    return MqttTransport.from_config(config.mqtt, client_id=client_id_of(config), will=will, birth=birth,
+                                     clock=clock, rng=rng, url=url)
+
+
+async def build_agent(
+    config: AgentConfig,
+    *,
+    transport: Transport,
+    clock: Clock,
+    data_dir: str | Path | None = None,
+    rng: random.Random | None = None,
+    **kwargs: object,
+) -> WorkerAgent | LeaderAgent:
+    """Open the databases of the config's role under `data_dir` and build the agent (not started)."""
+    if config.agent.role == "leader":
+        return await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng,
+                                      **kwargs)
+    return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng, **kwargs)
+
+
+__all__ = ["Agent", "build_agent", "client_id_of", "make_transport", "presence_wills"]

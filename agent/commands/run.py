@@ -1,0 +1,108 @@
+"""`edge-agent run --config FILE [--broker mqtt://host:port] [--data-dir DIR]`: run one agent.
+
+Loads the config (a `ConfigError` is one line on stderr and exit status 2), runs the event loop
+on uvloop when the config allows, opens the agent's databases, starts its actors, then tells
+systemd READY=1; pings the watchdog from the loop; serves /healthz and /metrics when
+`metrics.listen` is set; on SIGTERM/SIGINT stops taking work, flushes the outbox, closes the
+databases and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from agent.core.clock import SystemClock
+from agent.core.config import AgentConfig, load_config
+from agent.core.errors import ConfigError
+
+log = logging.getLogger("agent.run")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="agent config (TOML)")
+    parser.add_argument("--broker", metavar="URL", help="override mqtt.url, e.g. mqtt://127.0.0.1:1883")
+    parser.add_argument("--data-dir", metavar="DIR", help="override agent.data_dir")
+    parser.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        if args.broker and not args.broker.startswith(("mqtt://", "mqtts://")):
+            raise ConfigError("--broker", None, f"must be mqtt://host:port or mqtts://host:port, got {args.broker!r}")
+    except ConfigError as exc:
+        print(f"edge-agent run: {exc}", file=sys.stderr)
+        return 2
+    from agent.actors import run as run_loop
+    from agent.service import setup_logging
+
+    setup_logging(config.agent.log_level, fmt=args.log_format)
+    return run_loop(serve(config, broker=args.broker, data_dir=args.data_dir), use_uvloop=config.agent.use_uvloop)
+
+
+async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str | None = None) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns the exit status."""
+    from agent.app import build_agent, make_transport
+    from agent.leader.agent import LeaderAgent
+    from agent.service import (
+        ServiceRuntime,
+        disk_space_check,
+        gate_check,
+        mailbox_collector,
+        outbox_collector,
+        predicate_check,
+        relay_collector,
+        restrict_database_files,
+        set_service_umask,
+        snapshot_collector,
+        sqlite_writable_check,
+    )
+
+    set_service_umask()
+    clock = SystemClock()
+    base = Path(data_dir or config.agent.data_dir)
+    base.mkdir(parents=True, exist_ok=True, mode=0o750)
+    transport = make_transport(config, clock=clock, broker_url=broker)
+    runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
+    async with runtime:
+        agent = await build_agent(config, transport=transport, clock=clock, data_dir=base)
+        outbox_path = agent.outbox.path
+        for db in (outbox_path, *(Path(p) for p in _databases(agent))):
+            restrict_database_files(db)
+        # Shutdown steps run in order: stop taking work, relay, transport, flush + close stores.
+        runtime.shutdown.add(f"stop {config.agent.role}", agent.stop)
+        runtime.add_check("transport", gate_check(transport.connected))
+        runtime.add_check("database", sqlite_writable_check(outbox_path, clock=clock))
+        runtime.add_check("disk", disk_space_check(base))
+        relay = agent.relay
+        if relay is not None:
+            runtime.add_check("relay", predicate_check(lambda: relay.running, up="running", down="stopped"))
+            runtime.add_collector("relay", relay_collector(relay.metrics))
+        runtime.add_collector("mailbox", mailbox_collector(agent.system.statistics))
+        runtime.add_collector("outbox", outbox_collector(agent.outbox.stats))
+        if isinstance(agent, LeaderAgent):
+            runtime.add_collector("jobs", snapshot_collector("ea_jobs", agent.jobs_queue.stats))
+            runtime.add_collector(
+                "leader", snapshot_collector("ea_leader", lambda: {
+                    "busy_answers": agent.busy_answers, "refused_forged": agent.refused_forged,
+                    "rejects": agent.rejects.count}, label="counter"))
+        await agent.start()
+        runtime.ready(f"{config.agent.role} {config.agent.device_id} running")
+        log.info("agent started", extra={"kv": {"role": config.agent.role, "device": config.agent.device_id,
+                                                 "data_dir": str(base)}})
+        await runtime.wait_stop()
+        log.info("stopping")
+    return 0
+
+
+def _databases(agent: object) -> list[str]:
+    paths = []
+    for attr in ("registry", "ledger"):
+        store = getattr(agent, attr, None)
+        path = getattr(store, "path", None)
+        if path:
+            paths.append(str(path))
+    return paths

@@ -1,0 +1,248 @@
+"""The leader agent's actors.
+
+    HeartbeatIntake  a bounded mailbox with one slot per device (coalesce key = device id, seq =
+                     heartbeat seq): while the actor rests for `process_interval_s`, a newer
+                     heartbeat of a device replaces the queued one in place. Each round it drains
+                     what is queued and applies it to the registry in one transaction.
+    LeaderActor      telemetry, job demand/results/submissions and presence: applied in batches
+                     (one transaction), each message answered only once its change is committed,
+                     so an `accepted` reply means the leader's state holds it. After each batch it
+                     dispatches pending jobs to workers with free demand, through the leader's
+                     outbox (`dispatch` callback).
+
+Both are real actors of the leader's ActorSystem; their mailboxes are bounded and the transport
+answers `busy(retry_after_ms)` when they are full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from agent.actors import Actor, Context
+from agent.core.errors import StoreError
+from agent.leader.jobs import Dispatch, JobQueue
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, Presence, Telemetry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_MAX = 512
+
+
+@dataclass(slots=True)
+class IntakeStats:
+    received: int = 0  # heartbeats handed to the actor (after mailbox coalescing)
+    applied: int = 0  # newer than the stored one: changed the registry
+    stale: int = 0  # not newer than the stored one (late or duplicate)
+    batches: int = 0
+    largest_batch: int = 0
+
+
+class HeartbeatIntake(Actor):
+    """Applies coalesced heartbeats to the registry in batches, at its own pace."""
+
+    def __init__(self, registry: DeviceRegistry, *, process_interval_s: float = 0.0,
+                 batch_max: int = DEFAULT_BATCH_MAX) -> None:
+        self._registry = registry
+        self._interval_s = process_interval_s
+        self._batch_max = batch_max
+        self._batch: dict[str, Heartbeat] = {}
+        self.stats = IntakeStats()
+
+    async def receive(self, message: object, ctx: Context) -> object | None:
+        if not isinstance(message, Heartbeat):
+            return None
+        self.stats.received += 1
+        held = self._batch.get(message.device_id)
+        if held is None or message.seq > held.seq:
+            self._batch[message.device_id] = message
+        if len(self._batch) >= self._batch_max or ctx.self.statistics().depth == 0:
+            self.flush()
+            if self._interval_s > 0:
+                await ctx.clock.sleep(self._interval_s)
+        return None
+
+    def flush(self) -> None:
+        if not self._batch:
+            return
+        batch = list(self._batch.values())
+        self._batch.clear()
+        applied = self._registry.apply_heartbeats(batch)
+        n = sum(applied)
+        self.stats.applied += n
+        self.stats.stale += len(batch) - n
+        self.stats.batches += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+
+    async def on_stop(self, ctx: Context) -> None:
+        try:
+            self.flush()
+        except StoreError as exc:
+            log.warning("heartbeats not applied at stop: %s", exc)
+
+
+@dataclass(slots=True)
+class Durable:
+    """A message whose reply waits for its commit: `done` gets True (new), False (duplicate or
+    refused but answered) or an exception."""
+
+    msg_id: str
+    sender: str
+    message: msgspec.Struct
+    done: asyncio.Future[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersLost:
+    """Devices that went offline (last will, heartbeat deadline): end their job bindings."""
+
+    devices: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitJobs:
+    jobs: tuple[JobSubmit, ...]
+
+
+@dataclass(slots=True)
+class LeaderStats:
+    telemetry_new: int = 0
+    telemetry_duplicate: int = 0
+    results: dict[str, int] = field(default_factory=dict)
+    demands: dict[str, int] = field(default_factory=dict)
+    presence: int = 0
+    workers_lost: int = 0
+    jobs_requeued: int = 0
+    offers_sent: int = 0
+    batches: int = 0
+
+
+Dispatcher = Callable[[Sequence[Dispatch]], Awaitable[None]]
+
+
+class LeaderActor(Actor):
+    """Applies durable messages in batches and dispatches jobs after each batch."""
+
+    def __init__(self, registry: DeviceRegistry, jobs: JobQueue, *, dispatch: Dispatcher,
+                 batch_max: int = DEFAULT_BATCH_MAX) -> None:
+        self._registry = registry
+        self._jobs = jobs
+        self._dispatch = dispatch
+        self._batch_max = batch_max
+        self._pending: list[Durable] = []
+        self.stats = LeaderStats()
+
+    async def on_start(self, ctx: Context) -> None:
+        await self._send_offers()  # jobs reloaded after a restart wait for registrations
+
+    async def receive(self, message: object, ctx: Context) -> object | None:
+        if isinstance(message, Durable):
+            self._pending.append(message)
+            if len(self._pending) < self._batch_max and ctx.self.statistics().depth > 0:
+                return None
+            batch, self._pending = self._pending, []
+            self._apply(batch)
+        elif isinstance(message, WorkersLost):
+            self.lose_workers(message.devices, message.reason)
+        elif isinstance(message, SubmitJobs):
+            results = self._jobs.submit_many(list(message.jobs))
+            await self._send_offers()
+            return results
+        else:
+            return None
+        await self._send_offers()
+        return None
+
+    def lose_workers(self, devices: Sequence[str], reason: str) -> None:
+        for device in devices:
+            released = self._jobs.lose_worker(device)
+            if device in self._jobs.workers() or released:
+                log.info("worker %s lost (%s): %d jobs back to the pool", device, reason, len(released))
+            self.stats.workers_lost += 1
+            self.stats.jobs_requeued += len(released)
+
+    def _apply(self, batch: list[Durable]) -> None:
+        self.stats.batches += 1
+        telemetry = [(d.msg_id, d.message) for d in batch if isinstance(d.message, Telemetry)]
+        outcome: dict[int, bool | BaseException] = {}
+        if telemetry:
+            try:
+                new = self._registry.apply_telemetry_batch(telemetry)  # type: ignore[arg-type]
+            except StoreError as exc:
+                new = [exc] * len(telemetry)  # type: ignore[list-item]
+            it = iter(new)
+            for d in batch:
+                if isinstance(d.message, Telemetry):
+                    value = next(it)
+                    outcome[id(d)] = value
+                    if value is True:
+                        self.stats.telemetry_new += 1
+                    elif value is False:
+                        self.stats.telemetry_duplicate += 1
+        for d in batch:
+            if id(d) in outcome:
+                continue
+            try:
+                outcome[id(d)] = self._apply_one(d)
+            except StoreError as exc:
+                outcome[id(d)] = exc
+        for d in batch:
+            value = outcome[id(d)]
+            if d.done.done():
+                continue
+            if isinstance(value, BaseException):
+                d.done.set_exception(value)
+            else:
+                d.done.set_result(value)
+
+    def _apply_one(self, d: Durable) -> bool:
+        msg = d.message
+        if isinstance(msg, JobResult):
+            ack = self._jobs.result(msg)
+            self.stats.results[ack.outcome] = self.stats.results.get(ack.outcome, 0) + 1
+            if ack.outcome == "violation":
+                log.warning("job result from %s refused: %s", msg.worker, ack.reason)
+            return ack.outcome == "confirmed"
+        if isinstance(msg, JobDemand):
+            outcome = self._jobs.demand(msg)
+            self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
+            return outcome != "violation"
+        if isinstance(msg, JobSubmit):
+            return self._jobs.submit(msg).outcome == "stored"
+        if isinstance(msg, Presence):
+            self.stats.presence += 1
+            changed = self._registry.apply_presence(msg.device_id, msg.status == "online")
+            if msg.status == "offline":
+                self.lose_workers([msg.device_id], "presence")
+            return changed
+        raise StoreError(f"the leader does not apply {type(msg).__name__} messages")
+
+    async def _send_offers(self) -> None:
+        offers = self._jobs.dispatch()
+        if offers:
+            self.stats.offers_sent += len(offers)
+            await self._dispatch(offers)
+
+    async def on_stop(self, ctx: Context) -> None:
+        batch, self._pending = self._pending, []
+        if batch:
+            self._apply(batch)
+
+
+__all__ = [
+    "DEFAULT_BATCH_MAX",
+    "Dispatcher",
+    "Durable",
+    "HeartbeatIntake",
+    "IntakeStats",
+    "LeaderActor",
+    "LeaderStats",
+    "SubmitJobs",
+    "WorkersLost",
+]

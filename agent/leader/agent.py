@@ -1,0 +1,312 @@
+"""The leader agent: what runs on the gateway.
+
+    LeaderAgent
+    ├── EnvelopeInbox on $share/leaders/ea/v1/{fleet}/+/up (sender checked against the topic)
+    │   ├── heartbeat ──► HeartbeatIntake   (bounded, one slot per device, own pace)
+    │   └── telemetry, job demand/result/submit ──► LeaderActor (bounded, answered after commit)
+    │   full mailbox: `busy(retry_after_ms)`; undecodable, forged, oversized: `rejected` + RejectLog
+    ├── presence subscription ea/v1/{fleet}/+/presence (retained; last wills) ──► LeaderActor
+    ├── heartbeat deadline watcher ──► devices offline, their jobs back to the pool
+    ├── leader.db: DeviceRegistry, JobQueue (epoch-fenced), RejectLog
+    └── OutboxStore ──► Relay ──► EnvelopeSender ──► ea/v1/{fleet}/{worker}/down (job offers)
+
+`LeaderAgent.open(config, transport=..., clock=...)` opens the databases under the data dir;
+`start()` / `stop()` as for the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.actors import ActorRef, ActorSystem, MailboxStatistics
+from agent.core.clock import Clock
+from agent.core.codec import Envelope, Reply
+from agent.core.config import AgentConfig
+from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError
+from agent.core.ids import IdGenerator
+from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
+from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
+from agent.leader.registry import DeviceRegistry
+from agent.leader.rejects import RejectLog
+from agent.outbox.relay import Relay
+from agent.outbox.store import OutboxStore
+from agent.outbox.types import OutboxMessage
+from agent.protocol import (
+    REGISTRY,
+    Heartbeat,
+    JobDemand,
+    JobResult,
+    JobSubmit,
+    Presence,
+    Telemetry,
+    encode_message,
+    kind_of,
+)
+from agent.transport import topics
+from agent.transport.base import InboundMessage, Transport
+from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
+from agent.worker.agent import aimd_settings, outbox_classes, resolve, retry_policy
+
+log = logging.getLogger(__name__)
+
+LEADER_DB = "leader.db"
+BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a message
+
+
+class LeaderAgent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        transport: Transport,
+        clock: Clock,
+        outbox: OutboxStore,
+        registry: DeviceRegistry,
+        jobs: JobQueue,
+        rejects: RejectLog,
+        owns_stores: bool = True,
+        rng: random.Random | None = None,
+        shared: bool = True,
+        intake_batch_max: int = 512,
+        inbox_concurrency: int = 32,
+    ) -> None:
+        self.config = config
+        self.device_id = config.agent.device_id
+        self.fleet = config.agent.fleet
+        self.transport = transport
+        self.clock = clock
+        self.outbox = outbox
+        self.registry = registry
+        self.jobs_queue = jobs
+        self.rejects = rejects
+        self._owns_stores = owns_stores
+        self._rng = rng if rng is not None else random.Random()
+        self.ids = IdGenerator(clock, self._rng)
+        self.system = ActorSystem(clock=clock, name=self.device_id)
+        self.sender = EnvelopeSender(
+            transport, clock=clock, reply_topic=topics.reply(self.fleet, self.device_id, "relay"),
+            timeout_s=config.mqtt.reply_timeout_s,
+        )
+        fleet = self.fleet
+        self.relay = Relay(
+            outbox, self.sender.for_rows(lambda worker: topics.down(fleet, worker)),
+            clock=clock, ready=transport.connected,
+            partitions=config.relay.partitions, retry=retry_policy(config), limits=aimd_settings(config),
+            rng=self._rng, reconnect_jitter_s=config.relay.reconnect_jitter_s, name=f"relay:{self.device_id}",
+        )
+        up_filter = topics.leaders_up(self.fleet) if shared else topics.fleet_filter(self.fleet, "up")
+        self.inbox = EnvelopeInbox(
+            transport, topic_filter=up_filter, handler=self._on_up, on_rejected=self._on_rejected,
+            sender_check=True, concurrency=inbox_concurrency,
+        )
+        self._batch_max = intake_batch_max
+        self.intake: ActorRef | None = None
+        self.leader: ActorRef | None = None
+        self._intake_actor: HeartbeatIntake | None = None
+        self._leader_actor: LeaderActor | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._started = False
+        self.refused_forged = 0
+        self.busy_answers = 0
+
+    @classmethod
+    async def open(
+        cls, config: AgentConfig, *, transport: Transport, clock: Clock, data_dir: str | Path | None = None,
+        **kwargs: object,
+    ) -> LeaderAgent:
+        base = Path(data_dir if data_dir is not None else config.agent.data_dir)
+        base.mkdir(parents=True, exist_ok=True)
+        db = base / LEADER_DB
+        registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s)
+        jobs = rejects = None
+        try:
+            jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max)
+            rejects = RejectLog.open(db, clock=clock)
+            outbox = await OutboxStore.open(
+                resolve(base, config.outbox.path), clock=clock, synchronous=config.outbox.synchronous,
+                max_attempts=config.outbox.max_attempts, classes=outbox_classes(config),
+            )
+        except BaseException:
+            registry.close()
+            if jobs is not None:
+                jobs.close()
+            if rejects is not None:
+                rejects.close()
+            raise
+        return cls(config, transport=transport, clock=clock, outbox=outbox, registry=registry, jobs=jobs,
+                   rejects=rejects, **kwargs)  # type: ignore[arg-type]
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        cfg = self.config
+        await self.system.start()
+        self._intake_actor = HeartbeatIntake(
+            self.registry, process_interval_s=cfg.leader.process_interval_s, batch_max=self._batch_max)
+        self.intake = self.system.spawn(
+            self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject")
+        self._leader_actor = LeaderActor(self.registry, self.jobs_queue, dispatch=self._send_offers,
+                                         batch_max=self._batch_max)
+        self.leader = self.system.spawn(
+            self._leader_actor, name="leader", capacity=cfg.mailbox.capacity, policy="reject")
+        await self.sender.start()
+        await self.inbox.start()
+        await self.transport.subscribe(topics.fleet_filter(self.fleet, "presence"), self._on_presence)
+        await self.transport.start()
+        await self.relay.start()
+        self._watcher = asyncio.create_task(
+            self.registry.watch_deadlines(self._on_deadline), name=f"deadlines:{self.device_id}")
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        await self.inbox.stop()
+        await self.system.stop()
+        await self.relay.stop()
+        await self.sender.stop()
+        await self.transport.stop()
+        if self._owns_stores:
+            await self.outbox.close()
+            self.registry.close()
+            self.jobs_queue.close()
+            self.rejects.close()
+
+    # -- API -----------------------------------------------------------------------------------
+    async def submit_jobs(self, jobs: Sequence[JobSubmit], *, timeout_s: float = 30.0) -> list[SubmitResult]:
+        """Store jobs (idempotent by job id) and dispatch them to workers with free demand."""
+        if self.leader is None:
+            raise StoreError("the leader agent is not started")
+        return await self.leader.ask(SubmitJobs(tuple(jobs)), timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+    def mailbox_statistics(self) -> list[MailboxStatistics]:
+        return self.system.statistics()
+
+    @property
+    def intake_stats(self) -> HeartbeatIntake | None:
+        return self._intake_actor
+
+    @property
+    def leader_stats(self) -> LeaderActor | None:
+        return self._leader_actor
+
+    # -- inbound -------------------------------------------------------------------------------
+    async def _on_up(self, env: Envelope, _message: InboundMessage) -> Reply:
+        try:
+            message = REGISTRY.decode_payload(env)
+        except CodecError as exc:
+            return self._refuse(env, f"undecodable payload: {exc}")
+        owner = getattr(message, "device_id", None) or getattr(message, "worker", None)
+        if owner is not None and owner != env.sender:
+            self.refused_forged += 1
+            return self._refuse(env, f"payload names device {owner!r} but the sender is {env.sender!r}")
+        if isinstance(message, Heartbeat):
+            assert self.intake is not None
+            try:
+                self.intake.tell(message, coalesce_key=message.device_id, seq=message.seq)
+            except MailboxFull as exc:
+                self.busy_answers += 1
+                return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
+            except EdgeAgentError as exc:
+                return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
+            return Reply(id=env.id, status="accepted")
+        if isinstance(message, Telemetry | JobResult | JobDemand | JobSubmit):
+            return await self._durable(env, message)
+        return self._refuse(env, f"the leader does not take {env.kind!r} messages")
+
+    async def _durable(self, env: Envelope, message: object) -> Reply:
+        assert self.leader is not None
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        try:
+            self.leader.tell(Durable(env.id, env.sender, message, done))  # type: ignore[arg-type]
+        except MailboxFull as exc:
+            self.busy_answers += 1
+            return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
+        except EdgeAgentError as exc:
+            return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
+        try:
+            await self.clock.wait_for(asyncio.shield(done), self.config.mqtt.reply_timeout_s)
+        except TimeoutError:
+            return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason="not committed in time")
+        except StoreError as exc:
+            log.warning("message %s from %s not applied: %s", env.id, env.sender, exc)
+            return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
+        return Reply(id=env.id, status="accepted")
+
+    def _refuse(self, env: Envelope, reason: str) -> Reply:
+        log.warning("refused %s %s from %s: %s", env.kind, env.id, env.sender, reason)
+        self._record_reject(topic=topics.up(self.fleet, env.sender) if _topic_safe(env.sender) else "?",
+                            reason=reason, payload=env.payload, sender=env.sender, msg_id=env.id, kind=env.kind)
+        return Reply(id=env.id, status="rejected", reason=reason)
+
+    def _on_rejected(self, reason: str, payload: bytes, topic: str) -> None:
+        """The inbox refused a message before it became an envelope (oversized, undecodable,
+        sender not matching the topic)."""
+        log.warning("refused message on %s: %s", topic, reason)
+        self._record_reject(topic=topic, reason=reason, payload=payload, sender=topics.device_of(topic))
+
+    def _record_reject(self, **fields: object) -> None:
+        try:
+            self.rejects.record(**fields)  # type: ignore[arg-type]
+        except StoreError as exc:
+            log.error("could not record a refused message: %s", exc)
+
+    async def _on_presence(self, message: InboundMessage) -> None:
+        device = topics.device_of(message.topic)
+        if device is None or device == self.device_id:
+            return
+        payload = bytes(message.payload)
+        if payload not in (topics.ONLINE, topics.OFFLINE):
+            self._record_reject(topic=message.topic, reason="presence must be online or offline",
+                                payload=payload, sender=device)
+            return
+        presence = Presence(device_id=device, status="online" if payload == topics.ONLINE else "offline",
+                            ts_ms=self.clock.now_ms())
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        for _ in range(20):
+            try:
+                assert self.leader is not None
+                self.leader.tell(Durable(f"presence:{device}", device, presence, done))
+                break
+            except MailboxFull as exc:
+                await self.clock.sleep(exc.retry_after_ms / 1000.0)
+            except EdgeAgentError:
+                return
+        else:
+            log.warning("presence of %s not applied: the leader's mailbox stayed full", device)
+
+    def _on_deadline(self, devices: list[str]) -> None:
+        if self.leader is None:
+            return
+        try:
+            self.leader.tell(WorkersLost(tuple(devices), "heartbeat deadline"))
+        except EdgeAgentError as exc:
+            log.warning("could not release the jobs of %d lost workers: %s", len(devices), exc)
+
+    async def _send_offers(self, offers: Sequence[Dispatch]) -> None:
+        msgs = [
+            OutboxMessage(
+                msg_id=self.ids.next(), owner=self.device_id, receiver=d.worker, kind=kind_of(d.offer),
+                payload=encode_message(d.offer), key=f"job.offer:{d.offer.job_id}:{d.offer.epoch}",
+            )
+            for d in offers
+        ]
+        await self.outbox.enqueue_many(msgs)
+
+
+def _topic_safe(device: str) -> bool:
+    return bool(device) and not any(ch in device for ch in "/+#\x00") and not device.startswith("$")
+
+
+__all__ = ["LEADER_DB", "LeaderAgent"]

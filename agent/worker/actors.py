@@ -1,0 +1,324 @@
+"""The worker agent's actors: heartbeats, telemetry, and the job worker.
+
+    HeartbeatActor   every `interval_s` of the Clock: one Heartbeat into the outbox with the key
+                     "heartbeat" and OVERWRITE, so an offline device holds one pending heartbeat.
+    TelemetryActor   one record at a time through `tell_reliable`: straight to the leader when it
+                     is reachable and has room, into the outbox otherwise.
+    JobWorker        takes JobOffers up to its demand window (bounded mailbox; more is `busy`),
+                     runs each once (ledger), confirms only after processing, re-registers its
+                     demand with the leader periodically and on every reconnect.
+
+Everything durable goes through the outbox as an `OutboxMessage` whose payload is the message's
+msgpack encoding; the relay turns a row into an `Envelope` with the row's id, kind, key and seq.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+
+from agent.actors import Actor, Context
+from agent.core.clock import Clock, TimerHandle
+from agent.core.codec import Envelope
+from agent.core.errors import EdgeAgentError, StoreError
+from agent.core.ids import IdGenerator
+from agent.outbox.reliable import tell_reliable
+from agent.outbox.types import EnqueueResult, OutboxMessage
+from agent.protocol import (
+    KIND_HEARTBEAT,
+    KIND_JOB_RESULT,
+    KIND_TELEMETRY,
+    Heartbeat,
+    JobOffer,
+    JobResult,
+    SystemSample,
+    Telemetry,
+    encode_message,
+    kind_of,
+)
+from agent.worker.jobs import DemandWindow, JobLedger
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_KEY = "heartbeat"
+LEADER = "leader"  # the receiver name of everything a worker sends up: whichever leader takes it
+SEQ_PER_INCARNATION = 1_000_000_000  # a heartbeat seq is incarnation * this + count
+
+
+class Outbox(Protocol):
+    async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult: ...
+
+
+class DirectLink(Protocol):
+    """Non-durable, acknowledged sending to the leader (see `agent.worker.agent.LeaderLink`)."""
+
+    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[None]: ...
+
+    async def send(self, message: msgspec.Struct) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reregister:
+    """Tell the JobWorker to send its demand window to the leader again."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTelemetry:
+    """Local request: send one telemetry record (`value` and/or `values`)."""
+
+    name: str
+    value: float | None = None
+    values: dict[str, float] | None = None
+
+
+def outbox_message(
+    ids: IdGenerator, owner: str, message: msgspec.Struct, *, key: str | None = None,
+    overwrite: bool = False, seq: int = 0, receiver: str = LEADER,
+) -> OutboxMessage:
+    """The durable form of `message` (its wire kind is its message class in the outbox)."""
+    return OutboxMessage(
+        msg_id=ids.next(), owner=owner, receiver=receiver, kind=kind_of(message),
+        payload=encode_message(message), key=key, conflict="overwrite" if overwrite else "append",
+        seq=seq,
+    )
+
+
+def envelope_of(msg: OutboxMessage, clock: Clock) -> Envelope:
+    return Envelope(
+        id=msg.msg_id, kind=msg.kind, sender=msg.owner, receiver=msg.receiver, key=msg.key,
+        conflict=msg.conflict, seq=msg.seq, ts_ms=clock.now_ms(), payload=msg.payload,
+    )
+
+
+class HeartbeatActor(Actor):
+    """Enqueues one heartbeat per interval. Ticks are scheduled on the Clock without drift."""
+
+    def __init__(
+        self, *, device_id: str, outbox: Outbox, ids: IdGenerator, interval_s: float, incarnation: int,
+        firmware_version: Callable[[], str], tags: tuple[str, ...] = (),
+        sampler: Callable[[], SystemSample] | None = None,
+    ) -> None:
+        self.device_id = device_id
+        self._outbox = outbox
+        self._ids = ids
+        self._interval_s = interval_s
+        self._seq_base = incarnation * SEQ_PER_INCARNATION
+        self._firmware_version = firmware_version
+        self._tags = tags
+        self._sampler = sampler
+        self._count = 0
+        self._timer: TimerHandle | None = None
+        self._started_at = 0.0
+        self._epoch = 0.0
+        self.sent = 0
+        self.coalesced = 0  # enqueues that replaced (or lost to) a pending heartbeat
+        self.failed = 0
+
+    async def on_start(self, ctx: Context) -> None:
+        self._started_at = self._epoch = ctx.clock.monotonic()
+        self._schedule(ctx, 0, 0.0)
+
+    async def on_stop(self, ctx: Context) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self, ctx: Context, n: int, delay_s: float) -> None:
+        ref = ctx.self
+
+        def fire() -> None:
+            try:
+                ref.tell(_Tick(n), coalesce_key="tick", seq=n)
+            except EdgeAgentError:  # stopped, or a tick already queued: the next one comes
+                pass
+
+        self._timer = ctx.clock.call_later(delay_s, fire)
+
+    def heartbeat(self, clock: Clock) -> Heartbeat:
+        self._count += 1
+        return Heartbeat(
+            device_id=self.device_id, seq=self._seq_base + self._count,
+            uptime_s=max(0.0, clock.monotonic() - self._started_at),
+            firmware_version=self._firmware_version(), tags=self._tags,
+            sample=self._sampler() if self._sampler is not None else None,
+        )
+
+    async def receive(self, message: object, ctx: Context) -> object | None:
+        if not isinstance(message, _Tick):
+            return None
+        n = message.n + 1
+        self._schedule(ctx, n, max(0.0, self._epoch + n * self._interval_s - ctx.clock.monotonic()))
+        hb = self.heartbeat(ctx.clock)
+        msg = outbox_message(self._ids, self.device_id, hb, key=HEARTBEAT_KEY, overwrite=True, seq=hb.seq)
+        try:
+            result = await self._outbox.enqueue(msg)
+        except StoreError as exc:  # disk full, I/O: the next beat tries again
+            self.failed += 1
+            log.warning("heartbeat %d not stored: %s", hb.seq, exc)
+            return None
+        self.sent += 1
+        if result.outcome in ("overwritten", "stale"):
+            self.coalesced += 1
+        return None
+
+
+class TelemetryActor(Actor):
+    """Sends telemetry with `tell_reliable`; after a failed direct try it goes straight to the
+    outbox for `direct_backoff_s` (no round trip per record while the leader is away)."""
+
+    def __init__(
+        self, *, device_id: str, outbox: Outbox, link: DirectLink, ids: IdGenerator,
+        seq_base: int = 0, direct_backoff_s: float = 5.0,
+    ) -> None:
+        self.device_id = device_id
+        self._outbox = outbox
+        self._link = link
+        self._ids = ids
+        self._seq = seq_base
+        self._backoff_s = direct_backoff_s
+        self._direct_after = 0.0
+        self.direct = 0
+        self.stored = 0
+        self.failed = 0
+
+    async def receive(self, message: object, ctx: Context) -> object | None:
+        if isinstance(message, RecordTelemetry):
+            self._seq += 1
+            record = Telemetry(
+                device_id=self.device_id, seq=self._seq, name=message.name, ts_ms=ctx.clock.now_ms(),
+                value=message.value, values=message.values,
+            )
+        elif isinstance(message, Telemetry):
+            record = message
+        else:
+            return None
+        msg = outbox_message(self._ids, self.device_id, record, seq=record.seq)
+        try:
+            if ctx.clock.monotonic() < self._direct_after:
+                await self._outbox.enqueue(msg)
+                path = "outbox"
+            else:
+                path = await tell_reliable(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox, msg=msg)
+                if path == "outbox":
+                    self._direct_after = ctx.clock.monotonic() + self._backoff_s
+        except EdgeAgentError as exc:
+            self.failed += 1
+            log.warning("telemetry %s lost: direct and outbox both failed: %s", msg.msg_id, exc)
+            raise
+        if path == "direct":
+            self.direct += 1
+        else:
+            self.stored += 1
+        return path
+
+
+JobHandler = Callable[[JobOffer], Awaitable[bytes]]
+
+
+class JobWorker(Actor):
+    """Runs offered jobs one at a time, each at most once (the ledger), confirming afterwards."""
+
+    def __init__(
+        self, *, device_id: str, window: DemandWindow, ledger: JobLedger, outbox: Outbox,
+        link: DirectLink, ids: IdGenerator, handler: JobHandler, reregister_s: float = 15.0,
+    ) -> None:
+        self.device_id = device_id
+        self._window = window
+        self._ledger = ledger
+        self._outbox = outbox
+        self._link = link
+        self._ids = ids
+        self._handler = handler
+        self._reregister_s = reregister_s
+        self._timer: TimerHandle | None = None
+        self.done = 0
+        self.duplicates = 0
+        self.failures = 0
+        self.busy = 0
+
+    async def on_start(self, ctx: Context) -> None:
+        await self._register(ctx)
+
+    async def on_stop(self, ctx: Context) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _register(self, ctx: Context) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        ref = ctx.self
+
+        def fire() -> None:
+            try:
+                ref.tell(Reregister(), coalesce_key="reregister", seq=0)
+            except EdgeAgentError:
+                pass
+
+        self._timer = ctx.clock.call_later(self._reregister_s, fire)
+        try:
+            await self._link.send(self._window.demand())
+        except EdgeAgentError as exc:  # offline or leader busy: the next registration will do
+            log.debug("job demand not sent: %s", exc)
+
+    async def receive(self, message: object, ctx: Context) -> object | None:
+        if isinstance(message, Reregister):
+            await self._register(ctx)
+            return None
+        if not isinstance(message, JobOffer):
+            return None
+        result = self._ledger.result_message(message.job_id, epoch=message.epoch, worker=self.device_id)
+        if result is not None:
+            self.duplicates += 1
+            await self._confirm(result)
+            return None
+        if self._window.admit(message) != "run":
+            return None  # already running (a redelivery while queued): its result follows
+        try:
+            output = await self._handler(message)
+            ok, error = True, ""
+        except EdgeAgentError as exc:
+            output, ok, error = b"", False, str(exc)
+        except Exception as exc:  # noqa: BLE001 - a job's own failure is its result, not ours
+            output, ok, error = b"", False, f"{type(exc).__name__}: {exc}"
+            log.warning("job %s failed: %s", message.job_id, error)
+        epoch = self._window.finish(message.job_id)
+        self._ledger.complete(message.job_id, ok=ok, result=output, error=error)
+        self.done += 1
+        if not ok:
+            self.failures += 1
+        await self._confirm(JobResult(
+            job_id=message.job_id, epoch=epoch, worker=self.device_id, ok=ok, result=output, error=error))
+        return None
+
+    async def _confirm(self, result: JobResult) -> None:
+        key = f"{KIND_JOB_RESULT}:{result.job_id}:{result.epoch}"
+        await self._outbox.enqueue(outbox_message(self._ids, self.device_id, result, key=key))
+
+
+__all__ = [
+    "HEARTBEAT_KEY",
+    "KIND_HEARTBEAT",
+    "KIND_TELEMETRY",
+    "LEADER",
+    "SEQ_PER_INCARNATION",
+    "DirectLink",
+    "HeartbeatActor",
+    "JobHandler",
+    "JobWorker",
+    "Outbox",
+    "RecordTelemetry",
+    "Reregister",
+    "TelemetryActor",
+    "envelope_of",
+    "outbox_message",
+]

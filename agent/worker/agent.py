@@ -1,0 +1,323 @@
+"""The worker agent: what runs on every device.
+
+    WorkerAgent
+    ├── ActorSystem: HeartbeatActor, TelemetryActor, JobWorker (bounded mailboxes)
+    ├── OutboxStore (SQLite) ──► Relay ──► EnvelopeSender ──► transport: ea/v1/{fleet}/{me}/up
+    ├── LeaderLink: direct, acknowledged, non-durable sends (telemetry fast path, job demand)
+    └── EnvelopeInbox on ea/v1/{fleet}/{me}/down: commands from the leader to their actors;
+        a full mailbox answers `busy`, an unknown kind `rejected`
+
+Build one with `WorkerAgent.open(config, transport=..., clock=...)` (opens its databases under
+the data dir) or hand it already-open stores (the simulator shares files between devices).
+`start()` brings it up; `stop()` stops taking work, stops the relay (untried rows go back to
+the outbox), disconnects, flushes the outbox and closes the databases.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sqlite3
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+
+from agent.actors import ActorRef, ActorSystem
+from agent.core.clock import Clock
+from agent.core.codec import Envelope, Reply
+from agent.core.config import AgentConfig
+from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, NotConnected
+from agent.core.ids import IdGenerator
+from agent.core.sqlite import atomic, close_quietly, connect, migrate
+from agent.outbox.engine import ClassPolicy
+from agent.outbox.limiter import AimdSettings
+from agent.outbox.relay import Relay
+from agent.outbox.retry import RetryPolicy
+from agent.outbox.store import OutboxStore
+from agent.protocol import KIND_JOB_OFFER, REGISTRY, JobOffer, kind_of
+from agent.telemetry import SystemSampler
+from agent.transport import topics
+from agent.transport.base import InboundMessage, Transport
+from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
+from agent.worker.actors import (
+    LEADER,
+    HeartbeatActor,
+    JobHandler,
+    JobWorker,
+    RecordTelemetry,
+    Reregister,
+    TelemetryActor,
+)
+from agent.worker.jobs import DemandWindow, JobLedger
+
+log = logging.getLogger(__name__)
+
+WORKER_DB = "worker.db"
+
+
+def outbox_classes(config: AgentConfig) -> dict[str, ClassPolicy]:
+    return {
+        name: ClassPolicy(
+            max_messages=c.max_messages, max_bytes=c.max_bytes, full_policy=c.full_policy,
+            ttl_ms=int(c.ttl_s * 1000), fifo=c.fifo,
+        )
+        for name, c in config.outbox.classes.items()
+    }
+
+
+def retry_policy(config: AgentConfig) -> RetryPolicy:
+    o = config.outbox
+    return RetryPolicy(base_s=o.backoff_base_s, cap_s=o.backoff_cap_s, transient_floor_s=o.transient_floor_s)
+
+
+def aimd_settings(config: AgentConfig) -> AimdSettings:
+    r = config.relay
+    return AimdSettings(initial=r.aimd_initial, min=r.aimd_min, max=r.aimd_max)
+
+
+def resolve(data_dir: Path, name: str) -> Path:
+    path = Path(name)
+    return path if path.is_absolute() else data_dir / path
+
+
+def _meta_v1(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE worker_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID")
+
+
+def next_incarnation(path: Path) -> int:
+    """Count this start in the worker database: heartbeat seqs of a new run start above the
+    old ones (`incarnation * 1e9 + n`) without trusting a wall clock a Pi may not have yet."""
+    conn = connect(path)
+    try:
+        migrate(conn, "worker", (_meta_v1,))
+        with atomic(conn):
+            row = conn.execute("SELECT value FROM worker_meta WHERE key = 'incarnation'").fetchone()
+            value = (int(row[0]) if row else 0) + 1
+            conn.execute(
+                "INSERT INTO worker_meta(key, value) VALUES ('incarnation', ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (value,),
+            )
+        return value
+    finally:
+        close_quietly(conn)
+
+
+async def echo_job(offer: JobOffer) -> bytes:
+    """The default job handler: the job's result is its payload."""
+    return offer.payload
+
+
+class LeaderLink:
+    """Direct sends to the leader: one envelope, its reply awaited; nothing stored.
+
+    `tell` (for `tell_reliable`) raises `NotConnected` at once while offline, so the caller
+    falls back to the outbox without a round trip.
+    """
+
+    def __init__(self, sender: EnvelopeSender, topic: str, *, device_id: str, connected_gate: object,
+                 ids: IdGenerator, clock: Clock) -> None:
+        self._sender = sender
+        self._topic = topic
+        self._device_id = device_id
+        self._gate = connected_gate
+        self._ids = ids
+        self._clock = clock
+
+    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[None]:
+        if not getattr(self._gate, "is_open", False):
+            raise NotConnected("no connection to the broker")
+        if not isinstance(message, Envelope):
+            raise CodecError(f"LeaderLink.tell takes an Envelope, not {type(message).__name__}")
+        return self._sender.deliver(message, self._topic)
+
+    async def send(self, message: msgspec.Struct) -> None:
+        envelope = Envelope(
+            id=self._ids.next(), kind=kind_of(message), sender=self._device_id, receiver=LEADER,
+            ts_ms=self._clock.now_ms(), payload=msgspec.msgpack.encode(message),
+        )
+        await self.tell(envelope)
+
+
+class WorkerAgent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        transport: Transport,
+        clock: Clock,
+        outbox: OutboxStore,
+        ledger: JobLedger,
+        incarnation: int,
+        owns_stores: bool = True,
+        rng: random.Random | None = None,
+        sampler: Callable[[], object] | None = None,
+        job_handler: JobHandler | None = None,
+        relay: bool = True,
+        reregister_s: float = 15.0,
+    ) -> None:
+        self.config = config
+        self.device_id = config.agent.device_id
+        self.fleet = config.agent.fleet
+        self.transport = transport
+        self.clock = clock
+        self.outbox = outbox
+        self.ledger = ledger
+        self.incarnation = incarnation
+        self._owns_stores = owns_stores
+        self._rng = rng if rng is not None else random.Random()
+        self.ids = IdGenerator(clock, self._rng)
+        self.system = ActorSystem(clock=clock, name=self.device_id)
+        self.up_topic = topics.up(self.fleet, self.device_id)
+        self.sender = EnvelopeSender(
+            transport, clock=clock, reply_topic=topics.reply(self.fleet, self.device_id, "relay"),
+            timeout_s=config.mqtt.reply_timeout_s,
+        )
+        self.deliver_row = self.sender.for_rows(lambda _receiver: self.up_topic)
+        self.link = LeaderLink(self.sender, self.up_topic, device_id=self.device_id,
+                               connected_gate=transport.connected, ids=self.ids, clock=clock)
+        self.relay: Relay | None = None
+        if relay:
+            self.relay = Relay(
+                outbox, self.deliver_row, clock=clock, ready=transport.connected,
+                partitions=config.relay.partitions, retry=retry_policy(config), limits=aimd_settings(config),
+                rng=self._rng, reconnect_jitter_s=config.relay.reconnect_jitter_s, name=f"relay:{self.device_id}",
+            )
+        # The leader is the sender on our down topic, so the topic names us, not it: no sender check.
+        self.inbox = EnvelopeInbox(
+            transport, topic_filter=topics.down(self.fleet, self.device_id), handler=self._on_command,
+            on_rejected=self._on_rejected, sender_check=False,
+        )
+        self._sampler = sampler
+        self._job_handler = job_handler or echo_job
+        self._reregister_s = reregister_s
+        self._commands: dict[str, ActorRef] = {}
+        self.heartbeat: ActorRef | None = None
+        self.telemetry: ActorRef | None = None
+        self.jobs: ActorRef | None = None
+        self.rejected = 0
+        self._started = False
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    async def open(
+        cls, config: AgentConfig, *, transport: Transport, clock: Clock, data_dir: str | Path | None = None,
+        **kwargs: object,
+    ) -> WorkerAgent:
+        """Open the worker's databases under `data_dir` (default: the config's) and build it."""
+        base = Path(data_dir if data_dir is not None else config.agent.data_dir)
+        base.mkdir(parents=True, exist_ok=True)
+        incarnation = next_incarnation(base / WORKER_DB)
+        outbox = await OutboxStore.open(
+            resolve(base, config.outbox.path), clock=clock, synchronous=config.outbox.synchronous,
+            max_attempts=config.outbox.max_attempts, classes=outbox_classes(config),
+        )
+        try:
+            ledger = JobLedger.open(base / WORKER_DB, clock=clock)
+        except BaseException:
+            await outbox.close()
+            raise
+        if "sampler" not in kwargs:
+            kwargs["sampler"] = SystemSampler(base, clock=clock).sample
+        return cls(config, transport=transport, clock=clock, outbox=outbox, ledger=ledger,
+                   incarnation=incarnation, **kwargs)  # type: ignore[arg-type]
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        cfg = self.config
+        await self.system.start()
+        window = DemandWindow(cfg.jobs.demand_window, worker=self.device_id, incarnation=str(self.incarnation))
+        self.jobs = self.system.spawn(
+            JobWorker(device_id=self.device_id, window=window, ledger=self.ledger, outbox=self.outbox,
+                      link=self.link, ids=self.ids, handler=self._job_handler, reregister_s=self._reregister_s),
+            name="jobs", capacity=cfg.jobs.demand_window + 2, policy="reject",
+        )
+        self._commands[KIND_JOB_OFFER] = self.jobs
+        self.telemetry = self.system.spawn(
+            TelemetryActor(device_id=self.device_id, outbox=self.outbox, link=self.link, ids=self.ids,
+                           seq_base=self.incarnation * 1_000_000_000),
+            name="telemetry", capacity=cfg.mailbox.capacity, policy=cfg.mailbox.policy,
+        )
+        self.heartbeat = self.system.spawn(
+            HeartbeatActor(device_id=self.device_id, outbox=self.outbox, ids=self.ids,
+                           interval_s=cfg.heartbeat.interval_s, incarnation=self.incarnation,
+                           firmware_version=lambda: cfg.agent.firmware_version, tags=tuple(cfg.agent.tags),
+                           sampler=self._sampler),  # type: ignore[arg-type]
+            name="heartbeat", capacity=4, policy="drop_oldest",
+        )
+        self.transport.connected.add_listener(self._on_connection)
+        await self.sender.start()
+        await self.inbox.start()
+        await self.transport.start()
+        if self.relay is not None:
+            await self.relay.start()
+
+    def _on_connection(self, is_open: bool) -> None:
+        if is_open and self.jobs is not None:
+            try:
+                self.jobs.tell(Reregister(), coalesce_key="reregister", seq=0)
+            except EdgeAgentError:
+                pass
+
+    async def stop(self) -> None:
+        """Stop taking work, hand untried rows back, disconnect, flush and close the stores."""
+        if not self._started:
+            return
+        self._started = False
+        self.transport.connected.remove_listener(self._on_connection)
+        await self.inbox.stop()
+        await self.system.stop()
+        if self.relay is not None:
+            await self.relay.stop()
+        await self.sender.stop()
+        await self.transport.stop()
+        if self._owns_stores:
+            await self.outbox.close()
+            self.ledger.close()
+
+    # -- API -----------------------------------------------------------------------------------
+    def register_command(self, kind: str, ref: ActorRef) -> None:
+        """Route envelopes of `kind` arriving on the down topic to `ref`."""
+        self._commands[kind] = ref
+
+    async def send_telemetry(self, name: str, value: float | None = None,
+                             values: dict[str, float] | None = None, *, timeout_s: float = 30.0) -> str:
+        """Send one telemetry record; returns "direct" or "outbox" (it is durable either way)."""
+        if self.telemetry is None:
+            raise NotConnected("the worker agent is not started")
+        result = await self.telemetry.ask(RecordTelemetry(name, value, values), timeout_s=timeout_s)
+        return str(result)
+
+    def statistics(self) -> dict[str, object]:
+        out: dict[str, object] = {"mailboxes": [s.__dict__ for s in self.system.statistics()]}
+        if self.relay is not None:
+            out["relay"] = self.relay.metrics()
+        return out
+
+    # -- inbound -------------------------------------------------------------------------------
+    async def _on_command(self, envelope: Envelope, _message: InboundMessage) -> Reply:
+        ref = self._commands.get(envelope.kind)
+        if ref is None:
+            return Reply(id=envelope.id, status="rejected", reason=f"unknown command kind {envelope.kind!r}")
+        try:
+            message = REGISTRY.decode_payload(envelope)
+        except CodecError as exc:
+            return Reply(id=envelope.id, status="rejected", reason=str(exc))
+        try:
+            ref.tell(message)
+        except MailboxFull as exc:
+            return Reply(id=envelope.id, status="busy", retry_after_ms=exc.retry_after_ms)
+        except EdgeAgentError as exc:
+            return Reply(id=envelope.id, status="busy", retry_after_ms=1000, reason=str(exc))
+        return Reply(id=envelope.id, status="accepted")
+
+    def _on_rejected(self, reason: str, _payload: bytes, topic: str) -> None:
+        self.rejected += 1
+        log.warning("refused a message on %s: %s", topic, reason)
+
+
+__all__ = ["LeaderLink", "WorkerAgent", "echo_job", "next_incarnation", "outbox_classes", "retry_policy"]
