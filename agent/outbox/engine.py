@@ -662,7 +662,8 @@ class Engine:
         expired: list[int] = []
         inflight = self.inflight
         fifo_busy = self.fifo_busy
-        blocked: set[str] = set()
+        picked: set[str] = set()  # FIFO receivers given a row in this call
+        heads: dict[str, int | None] = {}  # FIFO receiver -> id of its oldest pending row
         taken: list[tuple[int, str, str, int, bool]] = []
         for r in self.conn.execute(sql, args):
             rid = r[0]
@@ -675,11 +676,13 @@ class Engine:
             fifo = r[14] == 1
             if fifo:
                 receiver = r[3]
-                if receiver in fifo_busy or receiver in blocked:
+                if receiver in fifo_busy or receiver in picked:
                     continue
-                blocked.add(receiver)
-                if self._fifo_head(receiver) != rid:
+                if receiver not in heads:
+                    heads[receiver] = self._fifo_head(receiver)
+                if heads[receiver] != rid:
                     continue
+                picked.add(receiver)
             out.append(_row(r))
             taken.append((rid, r[3], r[4], r[15], fifo))
             if len(out) >= limit:
@@ -702,7 +705,7 @@ class Engine:
         """Earliest send_at of a pending row that take_ready could hand out (not in flight,
         not behind its FIFO receiver's head)."""
         inflight = self.inflight
-        blocked: set[str] = set()
+        heads: dict[str, int | None] = {}
         for rid, send_at, receiver, fifo in self.conn.execute(
             "SELECT id, send_at, receiver, fifo FROM outbox INDEXED BY outbox_ready"
             " WHERE status = 'pending' ORDER BY send_at, id"
@@ -710,10 +713,11 @@ class Engine:
             if rid in inflight:
                 continue
             if fifo:
-                if receiver in self.fifo_busy or receiver in blocked:
+                if receiver in self.fifo_busy:
                     continue
-                blocked.add(receiver)
-                if self._fifo_head(receiver) != rid:
+                if receiver not in heads:
+                    heads[receiver] = self._fifo_head(receiver)
+                if heads[receiver] != rid:
                     continue
             return int(send_at)
         return None
