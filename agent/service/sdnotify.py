@@ -154,6 +154,7 @@ class Watchdog:
         alive: Callable[[], bool] | None = None,
     ) -> None:
         self._clock = clock
+        self._owns_notifier = notifier is None
         self._notifier = notifier if notifier is not None else Notifier(env=env)
         self._timeout_s = watchdog_timeout_s(env) if self._notifier.enabled else None
         self._alive = alive
@@ -181,11 +182,15 @@ class Watchdog:
     async def run(self) -> None:
         """Ping until cancelled. Returns at once when the watchdog is off."""
         interval = self.interval_s
-        if interval is None:
-            return
-        while True:
-            self.ping()
-            await self._clock.sleep(interval)
+        try:
+            if interval is None:
+                return
+            while True:
+                self.ping()
+                await self._clock.sleep(interval)
+        finally:
+            if self._owns_notifier:
+                self._notifier.close()
 
 
 __all__ = [
