@@ -133,8 +133,20 @@ def describe(exc: sqlite3.Error) -> str:
 
 def _quick_check(path: Path, busy_timeout_ms: int) -> str | None:
     """None if the file is a sound SQLite database, else why it is not. Raises sqlite3.Error
-    for failures that are not damage (locked, unreadable)."""
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    for failures that are not damage (locked, unreadable).
+
+    The check reads through a read-only connection first: closing it neither checkpoints nor
+    deletes a -wal file, so a damaged file's WAL is kept as evidence too."""
+    try:
+        return _check_with(f"{path.resolve().as_uri()}?mode=ro", busy_timeout_ms)
+    except sqlite3.Error:
+        return _check_with(str(path), busy_timeout_ms)  # e.g. a hot journal needs writing
+
+
+def _check_with(target: str, busy_timeout_ms: int) -> str | None:
+    conn = sqlite3.connect(
+        target, isolation_level=None, check_same_thread=False, uri=target.startswith("file:")
+    )
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         try:
