@@ -27,12 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
-import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from agent.core.clock import Clock
 from agent.core.errors import (
@@ -42,14 +39,15 @@ from agent.core.errors import (
     Permanent,
 )
 from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact import check_image
 from firmware_rollout.errors import InstallError, UpdaterError
 from firmware_rollout.health import HealthCheck, HealthResult
 from firmware_rollout.keys import VerifyKey
 from firmware_rollout.manifest import Manifest, check_policy, parse_signed_manifest, verify_signed_manifest
 from firmware_rollout.messages import TERMINAL_STATES, UpdateOffer, UpdateReport
+from firmware_rollout.reboot import Rebooter
 from firmware_rollout.slots import DirectoryInstaller, Installer, other_slot
 from firmware_rollout.sources import ChunkSource
+from firmware_rollout.staging import check_staging, prepare_staging, write_chunk
 from firmware_rollout.store import UpdateRecord, UpdaterStore, report_fields
 from firmware_rollout.version import Version
 
@@ -58,40 +56,6 @@ DB_FILE = "updater.db"
 STAGING_FILE = "staging.img"
 SLOTS_DIR = "slots"
 HEALTH_GRACE_S = 1.0
-
-
-@runtime_checkable
-class Rebooter(Protocol):
-    async def reboot(self, reason: str) -> None:
-        """Restart on the slot the installer selected. May not return (a real reboot or exec)."""
-
-
-class ExecRebooter:
-    """Restarts the agent process in place (`exec` of the same command line): enough when the
-    "slots" are directories; a device with real partitions uses `CommandRebooter`."""
-
-    def __init__(self, argv: Sequence[str] | None = None) -> None:
-        self._argv = list(argv) if argv is not None else [sys.executable, *sys.argv]
-
-    async def reboot(self, reason: str) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(self._argv[0], self._argv)
-
-
-class CommandRebooter:
-    """Runs a reboot command such as `systemctl reboot`; a failure to run it is an `UpdaterError`."""
-
-    def __init__(self, argv: Sequence[str]) -> None:
-        self._argv = list(argv)
-
-    async def reboot(self, reason: str) -> None:
-        try:
-            proc = await asyncio.create_subprocess_exec(*self._argv)
-        except OSError as exc:
-            raise UpdaterError(f"cannot run {self._argv[0]!r}: {exc.strerror or exc}") from exc
-        if await proc.wait() != 0:
-            raise UpdaterError(f"{' '.join(self._argv)} exited {proc.returncode}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,11 +318,12 @@ class Updater:
             await self._set(r.but(**changes), report=False)
 
     async def _settle_boot_flags(self) -> None:
-        """After an ended update the boot flags must say what the record says (a power loss can
-        fall between the two)."""
+        """After an ended update the boot flags must say what the record says and the staging
+        file is gone (a power loss can fall between the record and either)."""
         r = self._record
         if r.state not in TERMINAL_STATES and r.state != "idle":
             return
+        await self._discard_staging()
         installer = self.installer
         if r.state == "rolled_back" and r.from_slot:
             if installer.default_slot() != r.from_slot or installer.trial_slot() is not None:
@@ -436,7 +401,7 @@ class Updater:
 
     async def _download(self, source: ChunkSource) -> None:
         manifest = self._manifest()
-        done = await in_thread(self._clock, _prepare_staging, self._staging, self._record.chunks_done, manifest)
+        done = await in_thread(self._clock, prepare_staging, self._staging, self._record.chunks_done, manifest)
         if done != self._record.chunks_done:
             await self._set(self._record.but(chunks_done=done), report=False)
         for index in range(done, manifest.chunk_count):
@@ -451,7 +416,7 @@ class Updater:
                 )
                 await self._discard_staging()
                 raise _Stop
-            await in_thread(self._clock, _write_chunk, self._staging, index * manifest.chunk_size, data)
+            await in_thread(self._clock, write_chunk, self._staging, index * manifest.chunk_size, data)
             await self._set(self._record.but(chunks_done=index + 1), report=False)
         await self._set(self._record.but(state="verifying", detail="download complete"))
 
@@ -481,7 +446,7 @@ class Updater:
     async def _verify_staging(self) -> None:
         manifest = self._manifest()
         try:
-            await in_thread(self._clock, _check_staging, self._staging, manifest)
+            await in_thread(self._clock, check_staging, self._staging, manifest)
         except (ArtifactError, OSError) as exc:
             await self._fail(f"staged image is corrupt: {exc}")
         await self._set(self._record.but(state="installing", detail=f"writing slot {self._record.to_slot}"))
@@ -580,39 +545,7 @@ class Updater:
             raise UpdaterError("updater is closed (rebooting); open a new one")
 
 
-def _prepare_staging(path: Path, chunks_done: int, manifest: Manifest) -> int:
-    """Make the staging file hold exactly the recorded chunks; return how many it holds."""
-    keep = chunks_done * manifest.chunk_size if chunks_done < manifest.chunk_count else manifest.size
-    with path.open("ab") as handle:
-        size = handle.tell()
-        if size < keep:  # fewer bytes than recorded (cannot happen with fsync first): refetch
-            chunks_done = size // manifest.chunk_size
-            keep = chunks_done * manifest.chunk_size
-        handle.truncate(keep)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return chunks_done
-
-
-def _write_chunk(path: Path, offset: int, data: bytes) -> None:
-    with path.open("r+b") as handle:
-        handle.seek(offset)
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _check_staging(path: Path, manifest: Manifest) -> None:
-    with path.open("rb") as handle:
-        check_image(handle, manifest)
-        if handle.read(1):
-            raise ArtifactError(f"staged image is longer than the {manifest.size} bytes in the manifest")
-
-
 __all__ = [
-    "CommandRebooter",
-    "ExecRebooter",
-    "Rebooter",
     "ReportSink",
     "Updater",
     "UpdaterSettings",
