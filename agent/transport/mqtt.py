@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import ssl
 from collections import deque
 from dataclasses import dataclass
@@ -348,6 +349,9 @@ class MqttTransport:
             timeout=self._timeout_s,
             tls_context=self._tls_context,
             max_inflight_messages=self._max_inflight,
+            # Request/reply is ping-pong of small packets: without this, Nagle and delayed ACKs
+            # hold each one back by tens of milliseconds.
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             queue_type=lambda maxsize=0: _Handoff(self._on_message),  # type: ignore[arg-type]
         )
         client.pending_calls_threshold = 1 << 30  # many concurrent publishes are our normal
