@@ -179,6 +179,8 @@ class Updater:
                 settings=settings or UpdaterSettings(),
                 on_report=on_report,
             )
+            recent = await store.reports(limit=1)
+            updater._last_report = recent[-1] if recent else None
             await updater._on_boot()
         except BaseException:
             await store.close()
@@ -218,7 +220,9 @@ class Updater:
     async def offer(self, offer: UpdateOffer, source: ChunkSource) -> UpdateReport:
         """Take an offer: refuse it (reported `rejected` with the reason), or run the update until
         it ends or the device reboots into the new slot. Re-offering the update in progress
-        resumes it; an offer of the version already running is reported `succeeded` at once.
+        resumes it; an offer of the version already running is reported `succeeded` at once; a
+        repeated offer of an update that was rolled back is reported `rolled_back` again (retry
+        a failed image under a new rollout id); after `failed` or `rejected` it is tried afresh.
         Returns the last report made."""
         async with self._lock:
             self._check_open()
@@ -237,6 +241,17 @@ class Updater:
                     phase="rejected",
                     detail=f"busy with rollout {r.rollout_id} ({r.state})",
                 )
+                self._last_report = await self._store.add_report(fields)
+                await self._flush()
+                return self._last_report
+            if r.state == "rolled_back" and (r.rollout_id, r.signed_manifest) == (
+                offer.rollout_id,
+                offer.signed_manifest,
+            ):  # a repeated offer never reinstalls an image that already failed here
+                fields = report_fields(
+                    r, device=self.device_id, ts_ms=self._clock.now_ms(), active_version=self.active_version
+                )
+                fields["detail"] = f"already rolled back: {r.detail}"
                 self._last_report = await self._store.add_report(fields)
                 await self._flush()
                 return self._last_report

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,25 @@ def test_key_files(tmp_path: Path, keys: Keys) -> None:
 def test_missing_artifact_is_a_typed_error(tmp_path: Path, keys: Keys) -> None:
     with pytest.raises(ArtifactError, match="cannot read"):
         verify_artifact(tmp_path / "nope.eafw", keys.verify)
+
+
+def test_streaming_verify_uses_bounded_memory(tmp_path: Path, keys: Keys) -> None:
+    import tracemalloc
+
+    from firmware_rollout.artifact import build_artifact
+
+    image = tmp_path / "big.img"
+    with image.open("wb") as handle:
+        for _ in range(32):
+            handle.write(os.urandom(1024 * 1024))
+    artifact = tmp_path / "big.eafw"
+    tracemalloc.start()
+    try:
+        build_artifact(image, artifact, name="big", version="1.0.0", key=keys.signing, created_ts=0)
+        _, build_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        verify_artifact(artifact, keys.verify)
+        _, verify_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert build_peak < 4 * 1024 * 1024 and verify_peak < 2 * 1024 * 1024, (build_peak, verify_peak)

@@ -81,6 +81,9 @@ async def test_failed_health_check_reverts_to_the_old_slot(tmp_path: Path, keys:
     assert (status.state, status.booted_slot, status.active_version) == ("rolled_back", "a", "1.0.0")
     assert await updater.resume() == status  # nothing left to do, no further reboot
     assert len(device.rebooter.reasons) == 2
+    again = await updater.offer(offer_for(source), source)  # a repeated offer does not reinstall
+    assert again.state == "rolled_back" and again.detail.startswith("already rolled back: health check failed")
+    assert len(source.fetched) == 6 and len(device.rebooter.reasons) == 2
     await updater.close()
     assert [r.state for r in device.sent][-1] == "rolled_back"
     assert "succeeded" not in [r.state for r in device.sent]
