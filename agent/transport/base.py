@@ -10,7 +10,8 @@ Semantics both implementations keep:
   offline, `ConnectionLost` when the connection breaks under it, and `PayloadTooLarge` for a
   payload above `max_payload_bytes`.
 * `subscribe` records the filter and (re)establishes it on every connect; handlers for one client
-  run one at a time, in arrival order, on one long-lived dispatch task.
+  run one at a time, in arrival order, on one long-lived dispatch task. Subscribe before `start`
+  so that messages a persistent session queued while offline find their handler.
 * `connected` is a `Gate`: open while connected, closed otherwise.
 """
 
@@ -76,7 +77,11 @@ class Transport(Protocol):
         """Begin connecting (and reconnecting). Returns without waiting for the connection."""
 
     async def stop(self) -> None:
-        """Disconnect cleanly: the broker does not publish the last will. Idempotent."""
+        """Disconnect cleanly. Idempotent.
+
+        The transport publishes its will's message itself first (a goodbye: presence `offline`),
+        then disconnects normally, so the broker's last will is left for abrupt ends only.
+        """
 
     async def publish(
         self,

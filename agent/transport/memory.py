@@ -525,6 +525,10 @@ class MemoryTransport:
         self._gate.close()
         if not reconnect:
             self._started = False
+            task, self._dispatcher = self._dispatcher, None
+            if task is not None:
+                task.cancel()
+            self._queue.clear()
             return
         if self._broker.reachable(self._client_id):
             self._schedule_reconnect()

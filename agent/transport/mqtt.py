@@ -154,6 +154,9 @@ class MqttTransport:
         self._wakeup: asyncio.Future[None] | None = None
         self._inflight: dict[asyncio.Task[Any], bool] = {}  # task -> aborted by a disconnect
         self._stopping = False
+        self._connecting = False
+        self._entered = False
+        self._connect_done = asyncio.Event()
         self.connects = 0
         self.last_error: str | None = None
 
@@ -250,6 +253,12 @@ class MqttTransport:
                 )
             except aiomqtt.MqttError as exc:
                 log.debug("%s: goodbye not published: %s", self._client_id, exc)
+        if self._connecting:
+            self._connect_done.clear()
+            try:
+                await self._clock.wait_for(self._connect_done.wait(), self._timeout_s + 5.0)
+            except TimeoutError:
+                log.warning("%s: still connecting at stop", self._client_id)
         supervisor, self._supervisor = self._supervisor, None
         dispatcher, self._dispatcher = self._dispatcher, None
         for task in (supervisor, dispatcher):
@@ -360,27 +369,27 @@ class MqttTransport:
     async def _run(self) -> None:
         attempt = 0
         while not self._stopping:
+            client: aiomqtt.Client | None = None
             try:
                 client = self._make_client()
-                async with client:
-                    self._client = client
-                    for topic_filter, (_, qos) in list(self._subs.items()):
-                        await self._send_subscribe(client, topic_filter, qos)
-                    if self.birth is not None:
-                        await client.publish(
-                            self.birth.topic,
-                            self.birth.payload,
-                            qos=self.birth.qos,
-                            retain=self.birth.retain,
-                            timeout=self._timeout_s,
-                        )
-                    attempt = 0
-                    self.connects += 1
-                    self.last_error = None
-                    self._gate.open()
-                    log.info("%s: connected to %s:%d", self._client_id, self._host, self._port)
-                    async for _ in client.messages:  # returns only by raising on disconnect
-                        pass
+                await self._enter(client)
+                self._client = client
+                await self._sync_subscriptions(client, set())
+                if self.birth is not None:
+                    await client.publish(
+                        self.birth.topic,
+                        self.birth.payload,
+                        qos=self.birth.qos,
+                        retain=self.birth.retain,
+                        timeout=self._timeout_s,
+                    )
+                attempt = 0
+                self.connects += 1
+                self.last_error = None
+                self._gate.open()
+                log.info("%s: connected to %s:%d", self._client_id, self._host, self._port)
+                async for _ in client.messages:  # returns only by raising on disconnect
+                    pass
             except aiomqtt.MqttError as exc:
                 self.last_error = str(exc)
                 log.info("%s: connection ended: %s", self._client_id, exc)
@@ -394,11 +403,42 @@ class MqttTransport:
                 self._client = None
                 self._gate.close()
                 self._abort_inflight()
+                if client is not None and self._entered:
+                    await self._leave(client)
             if self._stopping:
                 break
             delay = backoff_delay(attempt, self._reconnect_min_s, self._reconnect_max_s, self._rng)
             attempt += 1
             await self._clock.sleep(delay)
+
+    async def _enter(self, client: aiomqtt.Client) -> None:
+        """Connect. Not cancellable: aiomqtt connects in a thread that a cancel would orphan,
+        leaving a live connection behind; `stop` waits for this step instead."""
+        self._connecting = True
+        try:
+            await asyncio.shield(client.__aenter__())
+            self._entered = True
+        finally:
+            self._connecting = False
+            self._connect_done.set()
+
+    async def _leave(self, client: aiomqtt.Client) -> None:
+        """DISCONNECT cleanly if still connected (the broker then does not publish the will)."""
+        self._entered = False
+        try:
+            await asyncio.shield(client.__aexit__(None, None, None))
+        except aiomqtt.MqttError as exc:
+            log.debug("%s: disconnect: %s", self._client_id, exc)
+
+    async def _sync_subscriptions(self, client: aiomqtt.Client, sent: set[str]) -> None:
+        """Send every recorded subscription, including ones recorded while we were sending."""
+        while True:
+            todo = [(f, qos) for f, (_, qos) in self._subs.items() if f not in sent]
+            if not todo:
+                return
+            for topic_filter, qos in todo:
+                await self._send_subscribe(client, topic_filter, qos)
+                sent.add(topic_filter)
 
     async def _send_subscribe(self, client: aiomqtt.Client, topic_filter: str, qos: int) -> None:
         result = await client.subscribe(topic_filter, qos=qos, timeout=self._timeout_s)
