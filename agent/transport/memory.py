@@ -15,6 +15,7 @@ cheap: a delivery is an append to the client's queue, drained by the client's on
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 from collections import deque
@@ -46,7 +47,7 @@ class BrokerStats:
 
 
 class _Session:
-    __slots__ = ("client_id", "persistent", "client", "subs", "pending", "will", "dropped")
+    __slots__ = ("client_id", "persistent", "client", "subs", "pending", "inflight", "will", "dropped")
 
     def __init__(self, client_id: str, persistent: bool) -> None:
         self.client_id = client_id
@@ -54,6 +55,9 @@ class _Session:
         self.client: MemoryTransport | None = None
         self.subs: dict[str, _Sub | _Group] = {}  # filter as subscribed -> index entry
         self.pending: deque[tuple[str, InboundMessage]] = deque()
+        # Deliveries on their way to a delayed client, in send order. If the client goes away
+        # first they return to the head of `pending` (QoS 1 resend on reconnect).
+        self.inflight: dict[int, tuple[str, InboundMessage]] = {}
         self.will: Will | None = None
         self.dropped = 0
 
@@ -124,6 +128,7 @@ class MemoryBroker:
         self._partitioned: dict[str, None] = {}
         self._down = False
         self._waiting: dict[str, MemoryTransport] = {}  # cut-off clients waiting for heal
+        self._tokens = itertools.count()
         self._stats = BrokerStats()
 
     # -- failure injection -----------------------------------------------------------------
@@ -234,6 +239,11 @@ class MemoryBroker:
             return
         session.client = None
         will = session.will
+        if session.inflight:
+            returned = [e for e in session.inflight.values() if session.persistent and e[1].qos >= 1]
+            self._stats.dropped_offline += len(session.inflight) - len(returned)
+            session.inflight.clear()
+            session.pending.extendleft(reversed(returned))
         if not session.persistent:
             self._drop_session(session)
         if abrupt and will is not None:
@@ -244,6 +254,7 @@ class MemoryBroker:
         for sub_filter in list(session.subs):
             self._unsubscribe(session, sub_filter)
         session.pending.clear()
+        session.inflight.clear()
         if self._sessions.get(session.client_id) is session:
             del self._sessions[session.client_id]
 
@@ -354,22 +365,24 @@ class MemoryBroker:
         if session.client is not None:
             delay = self._delays.get(session.client_id)
             if delay:
-                self.clock.call_later(delay, lambda: self._arrive(session, sub_filter, message))
+                token = next(self._tokens)
+                session.inflight[token] = (sub_filter, message)
+                self.clock.call_later(delay, lambda: self._arrive(session, token))
             else:
                 self._stats.delivered += 1
                 session.client._enqueue(sub_filter, message)
             return
         self._hold(session, sub_filter, message)
 
-    def _arrive(self, session: _Session, sub_filter: str, message: InboundMessage) -> None:
-        """A delayed delivery reaches the client, or its session if it went away meanwhile."""
-        if session.client is not None and sub_filter in session.subs:
+    def _arrive(self, session: _Session, token: int) -> None:
+        """A delayed delivery reaches its client (unless the client left and it went back)."""
+        entry = session.inflight.pop(token, None)
+        if entry is None or session.client is None:
+            return
+        sub_filter, message = entry
+        if sub_filter in session.subs:
             self._stats.delivered += 1
             session.client._enqueue(sub_filter, message)
-        elif self._sessions.get(session.client_id) is session:
-            self._hold(session, sub_filter, message)
-        else:
-            self._stats.dropped_offline += 1
 
     def _hold(self, session: _Session, sub_filter: str, message: InboundMessage) -> None:
         if not session.persistent or message.qos < 1:

@@ -6,6 +6,8 @@ import asyncio
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.core.clock import VirtualClock
 from agent.core.errors import NotConnected
@@ -352,3 +354,64 @@ async def test_delivery_order_is_deterministic() -> None:
     second = await _scenario(3)
     assert first == second
     assert len(first) == 20
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    st.lists(
+        st.one_of(
+            st.just(("partition",)),
+            st.just(("heal",)),
+            st.tuples(st.just("publish"), st.integers(min_value=1, max_value=5)),
+            st.tuples(st.just("wait"), st.sampled_from([0.1, 0.5, 2.0])),
+        ),
+        max_size=30,
+    ),
+    st.sampled_from([0.0, 0.3]),
+)
+async def test_qos1_to_a_persistent_session_arrives_once_in_order_through_partitions(
+    steps: list[tuple], delay: float
+) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock, rng=random.Random(1))
+    inbox = Inbox()
+    device = MemoryTransport(broker, "dev", reconnect_jitter_s=1.0)
+    await device.subscribe("cmd/dev", inbox)
+    await device.start()
+    leader = MemoryTransport(broker, "leader")
+    await leader.start()
+    broker.set_delay("dev", delay)
+    sent: list[bytes] = []
+    for step in steps:
+        if step[0] == "partition":
+            broker.partition("dev")
+        elif step[0] == "heal":
+            broker.heal("dev")
+        elif step[0] == "publish":
+            for _ in range(step[1]):
+                payload = b"%d" % len(sent)
+                await leader.publish("cmd/dev", payload)
+                sent.append(payload)
+        else:
+            await clock.advance(step[1])
+    broker.heal("dev")
+    await clock.advance(5.0)
+    assert device.connected.is_open
+    assert inbox.payloads == sent
+    await device.stop()
+    await leader.stop()
+
+
+async def test_session_takeover_disconnects_the_old_client(broker: MemoryBroker, clock: VirtualClock) -> None:
+    old_in, new_in = Inbox(), Inbox()
+    old = MemoryTransport(broker, "dup")
+    await old.subscribe("t", old_in)
+    await old.start()
+    new = MemoryTransport(broker, "dup")
+    await new.subscribe("t", new_in)
+    await new.start()
+    assert not old.connected.is_open and new.connected.is_open
+    pub = await client(broker, "pub")
+    await pub.publish("t", b"x")
+    await clock.advance(1)
+    assert old_in.payloads == [] and new_in.payloads == [b"x"]
