@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.core.config import MqttSection
-from agent.core.errors import ConfigError, NotConnected
+from agent.core.errors import ConfigError, ConnectionLost, NotConnected
 from agent.transport import topics
 from agent.transport.base import InboundMessage, PayloadTooLarge, Transport, Will
 from agent.transport.mqtt import MqttTransport, TlsSettings, backoff_delay, read_password
@@ -457,3 +457,50 @@ async def test_tls_with_ca_and_client_certificate(mosquitto_factory: Callable[..
         assert no_cert.last_error is not None and not no_cert.connected.is_open
     finally:
         await no_cert.stop()
+
+
+@pytest.mark.mqtt
+async def test_publishes_in_flight_when_the_broker_dies_fail_with_our_errors(mosquitto: Mosquitto) -> None:
+    pub = transport(mosquitto.url, "pub", operation_timeout_s=60.0)  # a hang would outlast the test
+    await connected(pub)
+    results: list[BaseException | None] = []
+
+    async def one(i: int) -> None:
+        try:
+            await pub.publish("t/x", b"%d" % i)
+            results.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects what came out
+            results.append(exc)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(500)]
+    await asyncio.sleep(0)
+    mosquitto.kill()
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    errors = [r for r in results if r is not None]
+    assert len(results) == 500
+    assert all(isinstance(e, (ConnectionLost, NotConnected)) for e in errors), {type(e) for e in errors}
+    await pub.stop()
+
+
+@pytest.mark.mqtt
+async def test_stop_while_connecting_leaves_no_task_behind(mosquitto: Mosquitto) -> None:
+    for i in range(10):
+        t = transport(mosquitto.url, f"c{i}")
+        await t.start()
+        await asyncio.sleep(0.002 * i)
+        await t.stop()
+        assert not t.connected.is_open
+    await asyncio.sleep(0.05)
+    assert {task for task in asyncio.all_tasks() if task is not asyncio.current_task()} == set()
+
+
+@pytest.mark.mqtt
+async def test_reconnects_after_the_broker_comes_up_late(mosquitto: Mosquitto) -> None:
+    mosquitto.stop()
+    t = transport(mosquitto.url, "early")
+    await t.start()
+    await asyncio.sleep(0.3)
+    assert not t.connected.is_open and t.last_error is not None
+    await asyncio.to_thread(mosquitto.start)
+    await asyncio.wait_for(t.connected.wait_open(), 15)
+    await t.stop()
