@@ -133,8 +133,9 @@ class CountingSource:
         *,
         tamper: int | None = None,
         failures: dict[int, list[BaseException]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        self.inner = ArtifactChunkSource(artifact)
+        self.inner = ArtifactChunkSource(artifact, clock=clock)  # the clock must see its thread work
         self.injector = injector
         self.tamper = tamper
         self.failures = failures or {}

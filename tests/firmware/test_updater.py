@@ -178,7 +178,7 @@ async def test_fetch_retries_on_virtual_time_then_gives_up(tmp_path: Path, keys:
     settings = UpdaterSettings(fetch_attempts=3, fetch_backoff_base_s=2.0)
     device = Device(tmp_path / "dev", keys, clock=clock, settings=settings)
     busy = Capacity("config server busy", retry_after_ms=5000)
-    source = CountingSource(artifact, failures={1: [Transient("timeout"), busy, Transient("lost")]})
+    source = CountingSource(artifact, failures={1: [Transient("timeout"), busy, Transient("lost")]}, clock=clock)
     updater = await device.boot()
     task = asyncio.create_task(updater.offer(offer_for(source), source))
     await clock.advance(1.9)
@@ -192,13 +192,13 @@ async def test_fetch_retries_on_virtual_time_then_gives_up(tmp_path: Path, keys:
     assert report.state == "rebooting" and source.fetched.count(1) == 4
 
     device2 = Device(tmp_path / "dev2", keys, clock=clock, settings=settings)
-    failing = CountingSource(artifact, failures={0: [Transient("down")] * 5})
+    failing = CountingSource(artifact, failures={0: [Transient("down")] * 5}, clock=clock)
     updater2 = await device2.boot()
     task = asyncio.create_task(updater2.offer(offer_for(failing), failing))
     await clock.advance(60)
     report = await task
     assert report.state == "failed" and "chunk 0 failed after 3 attempts" in report.detail
-    permanent = CountingSource(artifact, failures={2: [Permanent("no such rollout")]})
+    permanent = CountingSource(artifact, failures={2: [Permanent("no such rollout")]}, clock=clock)
     report = await updater2.offer(offer_for(permanent, "r3"), permanent)
     assert report.state == "failed" and "refused by the source" in report.detail
     await updater2.close()
@@ -210,7 +210,7 @@ async def test_health_deadline_on_virtual_time(tmp_path: Path, keys: Keys) -> No
     broker, leader = Gate(), Gate()
     device = Device(tmp_path / "dev", keys, clock=clock, health=ConnectivityCheck(broker, leader),
                     settings=UpdaterSettings(health_timeout_s=30))  # fmt: skip
-    source = CountingSource(artifact)
+    source = CountingSource(artifact, clock=clock)
     updater = await device.boot()
     await updater.offer(offer_for(source), source)
     updater = await device.boot()

@@ -87,7 +87,7 @@ async def test_power_loss_at_every_single_point(tmp_path: Path, keys: Keys) -> N
     assert cut == sum(len(log) for log in clean) >= 11
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=60)
 @given(
     crash_points=st.lists(st.one_of(st.none(), st.integers(1, 14)), max_size=8),
     health_ok=st.lists(st.booleans(), min_size=1, max_size=3),
