@@ -1,0 +1,228 @@
+"""The shipped broker example (configs/mosquitto/) with TLS and its ACL, against real mosquitto.
+
+Certificates are made by the test; the agent's own MqttTransport connects over TLS with a
+username and a password read from a private file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cryptography")
+
+import paho.mqtt.client as paho  # noqa: E402
+from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
+from svc_broker import ExampleBroker, Pki, make_pki, render_example  # noqa: E402
+
+from agent.core.config import MqttSection  # noqa: E402
+from agent.service.files import read_secret  # noqa: E402
+from agent.transport.base import InboundMessage  # noqa: E402
+from agent.transport.mqtt import MqttTransport  # noqa: E402
+
+pytestmark = pytest.mark.mqtt
+
+FLEET = "default"
+LEADER = "gateway-01"  # the leader user named in configs/mosquitto/acl and configs/leader.toml
+USERS = {LEADER: "leader-secret", "pi-0001": "one-secret", "pi-0002": "two-secret"}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"), client_cn="pi-0001")
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pki: Pki):
+    with ExampleBroker(tmp_path / "broker", pki, USERS) as running:
+        yield running
+
+
+def password_file(directory: Path, user: str) -> str:
+    path = directory / f"{user}.password"
+    path.write_text(USERS[user] + "\n")
+    path.chmod(0o600)
+    assert read_secret(path) == USERS[user]  # what the agent accepts as a credentials file
+    return str(path)
+
+
+async def connect(broker: ExampleBroker, pki: Pki, tmp_path: Path, user: str) -> MqttTransport:
+    section = MqttSection(
+        url=f"mqtts://127.0.0.1:{broker.port}",
+        username=user,
+        password_file=password_file(tmp_path, user),
+        tls_ca=str(pki.ca_cert),
+        reconnect_min_s=0.1,
+        reconnect_max_s=0.5,
+    )
+    transport = MqttTransport.from_config(section, client_id=user)
+    await transport.start()
+    await asyncio.wait_for(transport.connected.wait_open(), 30)
+    return transport
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, bytes]] = []
+        self._changed = asyncio.Event()
+
+    async def handler(self, message: InboundMessage) -> None:
+        self.messages.append((message.topic, message.payload))
+        self._changed.set()
+
+    async def wait_for(self, payload: bytes) -> None:
+        while payload not in [p for _, p in self.messages]:
+            self._changed.clear()
+            await asyncio.wait_for(self._changed.wait(), 30)
+
+
+def test_example_config_renders_only_what_the_test_must_change(tmp_path: Path) -> None:
+    files = {k: tmp_path / k for k in ("password_file", "acl_file", "cafile", "certfile", "keyfile")}
+    text = render_example(1234, files)
+    assert "listener 1234 127.0.0.1" in text
+    for kept in ("set_tcp_nodelay true", "allow_anonymous false", "require_certificate false",
+                 "tls_version tlsv1.2"):
+        assert kept in text
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["plain", "shared-subscription"])
+async def test_a_device_cannot_publish_as_another_device(
+    broker: ExampleBroker, pki: Pki, tmp_path: Path, shared: bool
+) -> None:
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    try:
+        inbox = Inbox()
+        topic_filter = f"ea/v1/{FLEET}/+/up"
+        await leader.subscribe(f"$share/leaders/{topic_filter}" if shared else topic_filter,
+                               inbox.handler)
+        await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"own")
+        await device.publish(f"ea/v1/{FLEET}/pi-0002/up", b"forged")  # refused by the ACL
+        await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"marker")
+        # the broker keeps one publisher's order: once "marker" is in, "forged" would be too
+        await inbox.wait_for(b"marker")
+        assert inbox.messages == [
+            (f"ea/v1/{FLEET}/pi-0001/up", b"own"),
+            (f"ea/v1/{FLEET}/pi-0001/up", b"marker"),
+        ]
+    finally:
+        await device.stop()
+        await leader.stop()
+
+
+async def test_a_device_reads_only_its_own_commands(
+    broker: ExampleBroker, pki: Pki, tmp_path: Path
+) -> None:
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    try:
+        inbox = Inbox()
+        await device.subscribe(f"ea/v1/{FLEET}/+/down", inbox.handler)  # asks for too much
+        await leader.publish(f"ea/v1/{FLEET}/pi-0002/down", b"for pi-0002")
+        await leader.publish(f"ea/v1/{FLEET}/pi-0001/down", b"for pi-0001")
+        await inbox.wait_for(b"for pi-0001")
+        assert inbox.messages == [(f"ea/v1/{FLEET}/pi-0001/down", b"for pi-0001")]
+        # and it cannot issue commands itself
+        other = Inbox()
+        await leader.subscribe(f"ea/v1/{FLEET}/+/up", other.handler)
+        await device.publish(f"ea/v1/{FLEET}/pi-0002/down", b"fake command")
+        await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"marker")
+        await other.wait_for(b"marker")
+        assert b"fake command" not in [p for _, p in inbox.messages]
+    finally:
+        await device.stop()
+        await leader.stop()
+
+
+def paho_connect(port: int, *, username: str | None, password: str | None,
+                 context: ssl.SSLContext | None) -> str:
+    """One connect attempt with paho; returns the outcome as text ("ok" or why not)."""
+    done = threading.Event()
+    outcome: list[str] = []
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"probe-{os.getpid()}",
+                         protocol=paho.MQTTv5)
+    if username is not None:
+        client.username_pw_set(username, password)
+    if context is not None:
+        client.tls_set_context(context)
+
+    def on_connect(_c, _u, _f, reason_code, _p) -> None:
+        outcome.append("ok" if not reason_code.is_failure else str(reason_code))
+        done.set()
+
+    def on_disconnect(_c, _u, _f, reason_code, _p) -> None:
+        outcome.append(f"disconnected: {reason_code}")
+        done.set()
+
+    client.on_connect = on_connect
+    client.on_disconnect = on_disconnect
+    try:
+        client.connect("127.0.0.1", port, keepalive=10)
+    except (ssl.SSLError, OSError) as exc:
+        _close(client)
+        return f"refused: {type(exc).__name__}"
+    client.loop_start()
+    try:
+        done.wait(30)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+        _close(client)
+    return outcome[0] if outcome else "no answer"
+
+
+def _close(client: paho.Client) -> None:
+    """paho leaves the socket open after a refused connect; close it ourselves."""
+    sock = client.socket()
+    if sock is not None:
+        sock.close()
+
+
+def tls_refused(port: int, context: ssl.SSLContext) -> bool:
+    """True when the TLS session fails: in the handshake, or (TLS 1.3 client certificates)
+    with the server's alert or close right after it. A session that stays open is not refused."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                return tls.recv(1) == b""
+        except (ssl.SSLError, ConnectionError):
+            return True
+        except TimeoutError:
+            return False
+
+
+def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        context.load_cert_chain(str(cert), str(key) if key else None)
+    return context
+
+
+def test_wrong_password_plaintext_and_untrusted_server_are_refused(
+    broker: ExampleBroker, pki: Pki
+) -> None:
+    port = broker.port
+    assert paho_connect(port, username="pi-0001", password=USERS["pi-0001"],
+                        context=tls_context(pki.ca_cert)) == "ok"
+    assert paho_connect(port, username="pi-0001", password="guess",
+                        context=tls_context(pki.ca_cert)) != "ok"
+    assert paho_connect(port, username=None, password=None,
+                        context=tls_context(pki.ca_cert)) != "ok"
+    assert paho_connect(port, username="pi-0001", password=USERS["pi-0001"],
+                        context=None) != "ok"  # plain MQTT on the TLS port
+    assert tls_refused(port, tls_context(pki.rogue_ca_cert))  # the server's cert is the CA's
+
+
+def test_client_certificates_when_the_broker_requires_them(tmp_path: Path, pki: Pki) -> None:
+    with ExampleBroker(tmp_path / "broker", pki, USERS,
+                       overrides={"require_certificate": "true"}) as broker:
+        with_cert = tls_context(pki.ca_cert, pki.client_cert, pki.client_key)
+        assert paho_connect(broker.port, username="pi-0001", password=USERS["pi-0001"],
+                            context=with_cert) == "ok"
+        assert tls_refused(broker.port, tls_context(pki.ca_cert))  # no client certificate
