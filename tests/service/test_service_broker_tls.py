@@ -13,18 +13,20 @@ import ssl
 import threading
 from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from svc_broker import ExampleBroker, Pki, make_pki, render_example
 
-pytest.importorskip("cryptography")
-
-import paho.mqtt.client as paho  # noqa: E402
-from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
-from svc_broker import ExampleBroker, Pki, make_pki, render_example  # noqa: E402
-
-from agent.core.config import MqttSection  # noqa: E402
-from agent.service.files import read_secret  # noqa: E402
-from agent.transport.base import InboundMessage  # noqa: E402
-from agent.transport.mqtt import MqttTransport  # noqa: E402
+from agent.core.clock import SystemClock
+from agent.core.codec import Envelope, Reply
+from agent.core.config import MqttSection
+from agent.core.errors import Permanent
+from agent.service.files import read_secret
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
+from agent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.mqtt
 
@@ -136,6 +138,42 @@ async def test_a_device_reads_only_its_own_commands(
         await other.wait_for(b"marker")
         assert b"fake command" not in [p for _, p in inbox.messages]
     finally:
+        await device.stop()
+        await leader.stop()
+
+
+async def test_a_forged_sender_inside_an_envelope_is_refused_by_the_leader(
+    broker: ExampleBroker, pki: Pki, tmp_path: Path
+) -> None:
+    """The ACL lets pi-0001 publish on its own topic; the envelope there claims to be pi-0002.
+    The leader's inbox compares the two and answers `rejected`."""
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    handled: list[str] = []
+    refused: list[tuple[str, str]] = []
+
+    async def accept(envelope: Envelope, message: InboundMessage) -> Reply:
+        handled.append(envelope.sender)
+        return Reply(id=envelope.id, status="accepted")
+
+    inbox = EnvelopeInbox(leader, topic_filter=topics.fleet_filter(FLEET, "up"), handler=accept,
+                          on_rejected=lambda reason, raw, topic: refused.append((reason, topic)))
+    sender = EnvelopeSender(device, clock=SystemClock(), reply_topic=topics.reply(FLEET, "pi-0001"),
+                            timeout_s=30)
+    try:
+        await inbox.start()
+        await sender.start()
+        own_topic = topics.up(FLEET, "pi-0001")
+        await sender.deliver(Envelope(id="m1", kind="telemetry", sender="pi-0001",
+                                      receiver=LEADER, payload=b"t"), own_topic)
+        with pytest.raises(Permanent, match="does not match"):
+            await sender.deliver(Envelope(id="m2", kind="telemetry", sender="pi-0002",
+                                          receiver=LEADER, payload=b"t"), own_topic)
+        assert handled == ["pi-0001"]
+        assert [topic for _, topic in refused] == [own_topic]
+    finally:
+        await sender.stop()
+        await inbox.stop()
         await device.stop()
         await leader.stop()
 
