@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from agent.actors import ActorRef, ActorSystem, MailboxStatistics
@@ -113,6 +113,9 @@ class LeaderAgent:
         self._started = False
         self.refused_forged = 0
         self.busy_answers = 0
+        # Extension point: envelope kind -> async handler(envelope, decoded message) -> Reply
+        # (the rollout service routes firmware reports and chunk requests through it).
+        self.handlers: dict[str, Callable[[Envelope, object], Awaitable[Reply]]] = {}
 
     @classmethod
     async def open(
@@ -223,6 +226,9 @@ class LeaderAgent:
             return Reply(id=env.id, status="accepted")
         if isinstance(message, Telemetry | JobResult | JobDemand | JobSubmit):
             return await self._durable(env, message)
+        extension = self.handlers.get(env.kind)
+        if extension is not None:
+            return await extension(env, message)
         return self._refuse(env, f"the leader does not take {env.kind!r} messages")
 
     async def _durable(self, env: Envelope, message: object) -> Reply:
