@@ -25,6 +25,7 @@ from agent.service.collectors import (
 from agent.service.files import (
     FileWriteError,
     InsecureFile,
+    check_mqtt_credentials,
     check_private_file,
     ensure_private_dir,
     read_secret,
@@ -68,6 +69,7 @@ __all__ = [
     "ShutdownSequence",
     "StepFailure",
     "Watchdog",
+    "check_mqtt_credentials",
     "check_private_file",
     "disk_space_check",
     "ensure_private_dir",

@@ -16,6 +16,7 @@ import os
 import stat
 from pathlib import Path
 
+from agent.core.config import MqttSection
 from agent.core.errors import ConfigError, EdgeAgentError
 
 SERVICE_UMASK = 0o027
@@ -145,8 +146,20 @@ def read_secret(path: str | Path, *, what: str = "password file") -> str:
     return secret
 
 
+def check_mqtt_credentials(section: MqttSection) -> None:
+    """Refuse to start with a password file or TLS client key that others can read.
+
+    Call before building the transport from `[mqtt]`; a missing file is a `ConfigError` too.
+    """
+    if section.password_file:
+        check_private_file(section.password_file, what="mqtt.password_file")
+    if section.tls_key:
+        check_private_file(section.tls_key, what="mqtt.tls_key")
+
+
 __all__ = [
     "SERVICE_UMASK",
+    "check_mqtt_credentials",
     "FileWriteError",
     "InsecureFile",
     "check_private_file",

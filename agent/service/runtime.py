@@ -14,6 +14,8 @@
     # leaving: STOPPING=1, the shutdown steps in order, then the watchdog and the endpoint stop
 
 Checks and collectors may be added before or after entering; the endpoint reads them per request.
+The process series (RSS, CPU seconds, fds, threads) are always exported unless
+`process_metrics=False`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from agent.core.clock import Clock
 from agent.service.checks import Check
+from agent.service.collectors import process_collector
 from agent.service.healthhttp import HealthServer
 from agent.service.prom import Collector
 from agent.service.sdnotify import Notifier, Watchdog
@@ -46,6 +49,7 @@ class ServiceRuntime:
         watchdog_alive: Callable[[], bool] | None = None,
         step_timeout_s: float = 10.0,
         install_signals: bool = True,
+        process_metrics: bool = True,
     ) -> None:
         self.clock = clock
         self.notifier = Notifier(env=env)
@@ -54,6 +58,8 @@ class ServiceRuntime:
                                          step_timeout_s=step_timeout_s)
         self.watchdog = Watchdog(clock, self.notifier, env=env, alive=watchdog_alive)
         self.health = HealthServer(metrics_listen, checks or {}, collectors or {}, clock=clock)
+        if process_metrics:
+            self.health.add_collector("process", process_collector())
         self._on_reload = on_reload
         self._install_signals = install_signals
         self._tasks: list[asyncio.Task[None]] = []
@@ -79,7 +85,12 @@ class ServiceRuntime:
     async def __aenter__(self) -> ServiceRuntime:
         if self._install_signals:
             self.signals.install()
-        await self.health.start()
+        try:
+            await self.health.start()
+        except BaseException:
+            self.signals.uninstall()
+            self.notifier.close()
+            raise
         self._tasks.append(asyncio.create_task(self.watchdog.run(), name="sd-watchdog"))
         self._tasks.append(asyncio.create_task(self._reload_loop(), name="sd-reload"))
         return self

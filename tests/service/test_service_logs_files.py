@@ -202,3 +202,22 @@ def test_credentials_owned_by_another_user_are_refused(tmp_path: Path) -> None:
     os.chown(secret, 12345, 12345)
     with pytest.raises(InsecureFile, match="owned by uid 12345"):
         check_private_file(secret)
+
+
+def test_mqtt_credentials_are_checked_before_connecting(tmp_path: Path) -> None:
+    from agent.core.config import MqttSection
+    from agent.service.files import check_mqtt_credentials
+
+    password = tmp_path / "mqtt-password"
+    password.write_text("secret\n")
+    key = tmp_path / "client.key"
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    for path in (password, key):
+        path.chmod(0o600)
+    check_mqtt_credentials(MqttSection(password_file=str(password), tls_key=str(key)))
+    check_mqtt_credentials(MqttSection())  # nothing configured, nothing to check
+    key.chmod(0o644)
+    with pytest.raises(InsecureFile, match="mqtt.tls_key"):
+        check_mqtt_credentials(MqttSection(password_file=str(password), tls_key=str(key)))
+    with pytest.raises(ConfigError, match="mqtt.password_file not found"):
+        check_mqtt_credentials(MqttSection(password_file=str(tmp_path / "missing")))

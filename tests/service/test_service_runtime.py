@@ -1,0 +1,83 @@
+"""ServiceRuntime: the bundle `edge-agent run` uses (notify, watchdog, endpoint, shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+import pytest
+from promparse import parse
+from svc_notify import NotifyListener
+
+from agent.core.clock import VirtualClock
+from agent.core.errors import ConfigError
+from agent.service.runtime import ServiceRuntime
+
+
+async def http_get(address: tuple[str, int], path: str) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+    data = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+async def test_lifecycle_ready_watchdog_endpoint_and_ordered_shutdown(
+    notify_socket: NotifyListener,
+) -> None:
+    clock = VirtualClock()
+    env = {**notify_socket.env, "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}
+    steps: list[str] = []
+
+    async def step(name: str) -> None:
+        steps.append(name)
+
+    async def healthy():
+        return True, "fine"
+
+    runtime = ServiceRuntime(clock=clock, metrics_listen="127.0.0.1:0", env=env)
+    async with runtime:
+        runtime.add_check("database", healthy)
+        runtime.shutdown.add("stop intake", lambda: step("stop intake"))
+        runtime.shutdown.add("close outbox", lambda: step("close outbox"))
+        assert runtime.ready("worker pi-0001 running")
+        await clock.advance(15.0)
+        address = runtime.health.address
+        assert address is not None
+        status, body = await http_get(address, "/metrics")
+        assert status == 200
+        assert "process_resident_memory_bytes" in parse(body.decode())
+        assert (await http_get(address, "/healthz"))[0] == 200
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(runtime.wait_stop(), 30) == signal.SIGTERM
+        assert steps == []
+    assert steps == ["stop intake", "close outbox"]
+    assert runtime.failures == []
+    assert runtime.health.address is None  # the endpoint is closed
+    messages = notify_socket.drain()
+    assert messages[0] == "READY=1\nSTATUS=worker pi-0001 running"
+    assert messages.count("WATCHDOG=1") == 2  # at 0 s and 15 s of the clock
+    assert messages[-1].startswith("STOPPING=1")
+
+
+async def test_a_failed_start_leaves_no_signal_handlers_behind(
+    notify_socket: NotifyListener,
+) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        port = busy.getsockname()[1]
+        runtime = ServiceRuntime(clock=VirtualClock(), metrics_listen=f"127.0.0.1:{port}",
+                                 env=notify_socket.env)
+        with pytest.raises(ConfigError, match="metrics.listen"):
+            await runtime.__aenter__()
+    finally:
+        busy.close()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        assert not loop.remove_signal_handler(signum)
