@@ -149,7 +149,7 @@ class EnvelopeSender:
                 await self._transport.publish(
                     topic, data, qos=1, response_topic=self._reply_topic, correlation=correlation
                 )
-            except PayloadTooLarge as exc:
+            except (PayloadTooLarge, topics.TopicError) as exc:
                 self.stats.rejected += 1
                 raise Permanent(str(exc)) from None
             except TransportError as exc:

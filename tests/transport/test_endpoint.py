@@ -338,3 +338,14 @@ async def test_for_rows_delivers_to_the_receivers_topic() -> None:
     )
     await deliver(row)
     assert seen == [("01J", topics.down(FLEET, "dev-1"))]
+
+
+async def test_an_invalid_topic_is_permanent() -> None:
+    broker = MemoryBroker(clock=VirtualClock())
+    dev = MemoryTransport(broker, "dev-1")
+    await dev.start()
+    sender = EnvelopeSender(dev, clock=broker.clock, reply_topic=topics.reply(FLEET, "dev-1"))
+    await sender.start()
+    with pytest.raises(Permanent, match="invalid topic"):
+        await sender.deliver(envelope("m1"), "ea/v1/+/up")
+    await dev.stop()
