@@ -52,6 +52,7 @@ from firmware_rollout.messages import (
     UpdateReport,
     register_messages,
     report_key,
+    report_message,
 )
 from firmware_rollout.reboot import CommandRebooter, ExecRebooter, Rebooter
 from firmware_rollout.slots import DirectoryInstaller, Installer
@@ -106,6 +107,7 @@ __all__ = [
     "read_signed_manifest",
     "register_messages",
     "report_key",
+    "report_message",
     "sign_artifact",
     "verify_artifact",
     "verify_signed_manifest",

@@ -2,21 +2,28 @@
 
     leader -> device   UpdateOffer   (kind "firmware.offer"): a rollout id and the signed manifest
     device -> leader   UpdateReport  (kind "firmware.report"): one state change of the updater
+    device -> leader   ChunkRequest  (kind "firmware.chunk"): bytes of one image chunk; the
+                       leader's ConfigServer answers in the reply body with a `Chunk`, or
+                       `busy(retry_after_ms)` when its bounded mailbox is full
 
 A report names the updater's exact `phase` and, in `state`, the orchestrator's per-device
 vocabulary (`downloading`, `installing`, `rebooting`, `verifying`, `succeeded`, `failed`,
 `rejected`, `rolled_back`). `seq` grows with every report a device makes (it survives restarts),
-so the leader keeps the newest report per device and ignores a redelivered older one: send
-reports with `conflict="overwrite"`, `key=report_key(device)` and `seq=report.seq`.
+so the leader keeps the newest report per device and rollout and ignores a redelivered older
+one: `report_message` wraps a report for the outbox (`conflict="overwrite"`,
+`key=report_key(device, rollout_id)`, `seq=report.seq`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Final, Literal
 
 import msgspec
 
-from agent.core.codec import MessageRegistry
+from agent.core.codec import MessageRegistry, encode
+
+if TYPE_CHECKING:
+    from agent.outbox.types import OutboxMessage
 
 UpdaterState = Literal[
     "idle",
@@ -49,6 +56,7 @@ REPORT_STATE: Final[dict[str, ReportState]] = {
 
 KIND_UPDATE_OFFER = "firmware.offer"
 KIND_UPDATE_REPORT = "firmware.report"
+KIND_CHUNK_REQUEST = "firmware.chunk"
 
 RolloutId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
@@ -59,6 +67,8 @@ class UpdateOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 
     rollout_id: RolloutId
     signed_manifest: bytes
+    maintenance_windows: tuple[str, ...] = ()  # device-local "HH:MM-HH:MM"; empty: any time
+    chunk_size: int = 0  # bytes per ChunkRequest; 0: the manifest's chunk size
 
 
 class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
@@ -79,17 +89,64 @@ class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
         return self.phase in TERMINAL_STATES
 
 
-def report_key(device: str) -> str:
-    """The OVERWRITE key of a device's update reports."""
-    return f"firmware:{device}"
+class ChunkRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """`length` bytes at `offset` of image chunk `index` of the rollout's artifact (0: to the
+    chunk's end)."""
+
+    rollout_id: RolloutId
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    length: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Chunk(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """The answer to a `ChunkRequest` (in the reply body, not an envelope of its own)."""
+
+    rollout_id: str
+    index: int
+    offset: int
+    data: bytes
+
+
+def report_key(device: str, rollout_id: str) -> str:
+    """The OVERWRITE key of a device's reports about one rollout."""
+    return f"firmware:{device}:{rollout_id}"
+
+
+def report_message(report: UpdateReport, *, msg_id: str, receiver: str) -> OutboxMessage:
+    """The outbox message carrying `report` to the leader `receiver`: OVERWRITE by device and
+    rollout with the report's seq, never expiring (a device offline for a week still reports)."""
+    from agent.outbox.types import OutboxMessage  # here: `edge-agent firmware` need not load the outbox
+
+    return OutboxMessage(
+        msg_id=msg_id,
+        owner=report.device,
+        receiver=receiver,
+        kind=KIND_UPDATE_REPORT,
+        payload=encode(report),
+        key=report_key(report.device, report.rollout_id),
+        conflict="overwrite",
+        seq=report.seq,
+        ttl_ms=0,
+    )
 
 
 def register_messages(registry: MessageRegistry) -> None:
     registry.register(KIND_UPDATE_OFFER, UpdateOffer)
     registry.register(KIND_UPDATE_REPORT, UpdateReport)
+    registry.register(KIND_CHUNK_REQUEST, ChunkRequest)
+
+
+def register_with_agent() -> None:
+    """Make the agents' registry (`agent.protocol.REGISTRY`) decode the firmware messages: the
+    worker routes offers by kind, the leader routes reports and chunk requests."""
+    from agent.protocol import REGISTRY
+
+    register_messages(REGISTRY)
 
 
 __all__ = [
+    "KIND_CHUNK_REQUEST",
     "KIND_UPDATE_OFFER",
     "KIND_UPDATE_REPORT",
     "REPORT_STATE",
@@ -98,6 +155,10 @@ __all__ = [
     "UpdateOffer",
     "UpdateReport",
     "UpdaterState",
+    "Chunk",
+    "ChunkRequest",
     "register_messages",
+    "register_with_agent",
     "report_key",
+    "report_message",
 ]

@@ -1,0 +1,523 @@
+"""The orchestrator's durable state, in the leader's SQLite database (component "rollout").
+
+    rollouts           one row per rollout: state, spec (JSON), artifact, signed manifest
+    rollout_waves      one row per wave: state, start, soak deadline
+    rollout_devices    one row per targeted device: state, detail, attempts, deadlines
+    rollout_offers     every offer made (rollout, device, time, attempt): the audit trail
+    rollout_processed  ids of device reports already applied (deduplication)
+    rollout_controls   operator controls written by the CLI, applied by the running leader
+
+Deadlines (device timeouts, retry backoff, soak end) are stored as `now_ms()` values of the
+leader's Clock, so a restarted leader continues every timer where it stood. The store is
+synchronous and short (WAL, `synchronous=NORMAL` unless told otherwise): it is called on the
+event loop, one transaction per transition, as the registry is. sqlite3 errors become
+`StoreError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from agent.core.clock import Clock
+from agent.core.errors import StoreError
+from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migrate, store_errors
+from firmware_rollout.spec import RolloutSpec, spec_from_json
+
+COMPONENT = "rollout"
+
+DEVICE_STATES: Final[tuple[str, ...]] = (
+    "queued",
+    "notified",
+    "downloading",
+    "installing",
+    "rebooting",
+    "verifying",
+    "succeeded",
+    "failed",
+    "rejected",
+    "timed_out",
+    "canceled",
+    "rolled_back",
+)
+IN_PROGRESS: Final[frozenset[str]] = frozenset({"notified", "downloading", "installing", "rebooting", "verifying"})
+TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "rejected", "timed_out", "canceled", "rolled_back"})
+FAILURES: Final[frozenset[str]] = frozenset({"failed", "rejected", "timed_out", "rolled_back"})
+ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"running", "paused"})
+ROLLOUT_STATES: Final[tuple[str, ...]] = ("running", "paused", "succeeded", "aborted", "canceled")
+WAVE_STATES: Final[tuple[str, ...]] = (
+    "pending",
+    "running",
+    "soaking",
+    "awaiting_approval",
+    "passed",
+    "failed",
+    "canceled",
+)
+CONTROLS: Final[tuple[str, ...]] = ("start", "pause", "resume", "cancel", "next", "approve", "rollback")
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE rollouts (
+            id TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            state TEXT NOT NULL,
+            spec BLOB NOT NULL,
+            artifact TEXT NOT NULL,
+            version TEXT NOT NULL,
+            signed_manifest BLOB NOT NULL,
+            current_wave INTEGER NOT NULL DEFAULT 0,
+            wave_count INTEGER NOT NULL,
+            detail TEXT NOT NULL DEFAULT '',
+            rollback_of TEXT NOT NULL DEFAULT '',
+            fail_base_finished INTEGER NOT NULL DEFAULT 0,
+            fail_base_failed INTEGER NOT NULL DEFAULT 0,
+            created_ms INTEGER NOT NULL,
+            updated_ms INTEGER NOT NULL,
+            finished_ms INTEGER
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE rollout_waves (
+            rollout_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            size INTEGER NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',
+            started_ms INTEGER,
+            finished_ms INTEGER,
+            soak_started_ms INTEGER,
+            soak_until_ms INTEGER,
+            detail TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (rollout_id, idx)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute(
+        """CREATE TABLE rollout_devices (
+            rollout_id TEXT NOT NULL,
+            device_id TEXT NOT NULL,
+            wave INTEGER NOT NULL,
+            state TEXT NOT NULL DEFAULT 'queued',
+            detail TEXT NOT NULL DEFAULT '',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            deadline_ms INTEGER,
+            next_try_ms INTEGER,
+            offers INTEGER NOT NULL DEFAULT 0,
+            last_offer_ms INTEGER,
+            report_seq INTEGER NOT NULL DEFAULT -1,
+            from_version TEXT NOT NULL DEFAULT '',
+            updated_ms INTEGER NOT NULL,
+            PRIMARY KEY (rollout_id, device_id)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute("CREATE INDEX rollout_devices_wave ON rollout_devices(rollout_id, wave, state)")
+    conn.execute(
+        "CREATE TABLE rollout_offers (rollout_id TEXT NOT NULL, device_id TEXT NOT NULL,"
+        " at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL)"
+    )
+    conn.execute("CREATE INDEX rollout_offers_device ON rollout_offers(rollout_id, device_id)")
+    conn.execute("CREATE TABLE rollout_processed (msg_id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL) WITHOUT ROWID")
+    conn.execute(
+        """CREATE TABLE rollout_controls (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            rollout_id TEXT NOT NULL,
+            action TEXT NOT NULL,
+            arg TEXT NOT NULL DEFAULT '',
+            created_ms INTEGER NOT NULL,
+            applied_ms INTEGER,
+            result TEXT NOT NULL DEFAULT ''
+        )"""
+    )
+    conn.execute("CREATE INDEX rollout_controls_pending ON rollout_controls(id) WHERE applied_ms IS NULL")
+
+
+_MIGRATIONS = (_v1,)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRow:
+    id: str
+    seq: int
+    name: str
+    state: str
+    spec: RolloutSpec
+    artifact: str
+    version: str
+    signed_manifest: bytes
+    current_wave: int
+    wave_count: int
+    detail: str
+    rollback_of: str
+    fail_base_finished: int
+    fail_base_failed: int
+    created_ms: int
+    updated_ms: int
+    finished_ms: int | None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ROLLOUT_ACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class WaveRow:
+    rollout_id: str
+    idx: int
+    size: int
+    state: str
+    started_ms: int | None
+    finished_ms: int | None
+    soak_started_ms: int | None
+    soak_until_ms: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    rollout_id: str
+    device_id: str
+    wave: int
+    state: str
+    detail: str
+    attempts: int
+    deadline_ms: int | None
+    next_try_ms: int | None
+    offers: int
+    last_offer_ms: int | None
+    report_seq: int
+    from_version: str
+    updated_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRow:
+    id: int
+    rollout_id: str
+    action: str
+    arg: str
+    created_ms: int
+    applied_ms: int | None
+    result: str
+
+
+_R_COLS = (
+    "id, seq, name, state, spec, artifact, version, signed_manifest, current_wave, wave_count, detail,"
+    " rollback_of, fail_base_finished, fail_base_failed, created_ms, updated_ms, finished_ms"
+)
+_W_COLS = "rollout_id, idx, size, state, started_ms, finished_ms, soak_started_ms, soak_until_ms, detail"
+_D_COLS = (
+    "rollout_id, device_id, wave, state, detail, attempts, deadline_ms, next_try_ms, offers, last_offer_ms,"
+    " report_seq, from_version, updated_ms"
+)
+_C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result"
+_SETTABLE = {
+    "rollouts": frozenset(c.strip() for c in _R_COLS.split(",")) - {"id", "seq", "spec"},
+    "rollout_waves": frozenset(c.strip() for c in _W_COLS.split(",")) - {"rollout_id", "idx"},
+    "rollout_devices": frozenset(c.strip() for c in _D_COLS.split(",")) - {"rollout_id", "device_id"},
+}
+
+
+def _rollout(row: tuple[Any, ...]) -> RolloutRow:
+    values = list(row)
+    values[4] = spec_from_json(bytes(values[4]))
+    values[7] = bytes(values[7])
+    return RolloutRow(*values)
+
+
+class RolloutStore:
+    """All reads and writes of the rollout tables. Open one per process and database."""
+
+    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, path: str) -> None:
+        self._conn = conn
+        self._clock = clock
+        self.path = path
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "NORMAL") -> RolloutStore:
+        conn = connect(path, synchronous=synchronous)
+        try:
+            migrate(conn, COMPONENT, _MIGRATIONS)
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return cls(conn, clock=clock, path=str(path))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            close_quietly(self._conn)
+
+    def _q(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self._closed:
+            raise StoreError("the rollout store is closed")
+        with store_errors("rollout store"):
+            return self._conn.execute(sql, args).fetchall()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction (a savepoint when nested): every transition is one of these."""
+        if self._closed:
+            raise StoreError("the rollout store is closed")
+        with atomic(self._conn):
+            yield
+
+    # -- rollouts --------------------------------------------------------------------------
+    def create_rollout(
+        self,
+        rollout_id: str,
+        *,
+        spec: RolloutSpec,
+        artifact: str,
+        version: str,
+        signed_manifest: bytes,
+        waves: Sequence[Sequence[str]],
+        from_versions: dict[str, str],
+        rollback_of: str = "",
+    ) -> None:
+        now = self._clock.now_ms()
+        with self.atomic():
+            if self._q("SELECT 1 FROM rollouts WHERE id = ?", (rollout_id,)):
+                raise StoreError(f"rollout {rollout_id!r} exists already")
+            seq = self._q("SELECT COALESCE(MAX(seq), 0) + 1 FROM rollouts")[0][0]
+            self._q(
+                "INSERT INTO rollouts (id, seq, name, state, spec, artifact, version, signed_manifest, wave_count,"
+                " rollback_of, created_ms, updated_ms) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    rollout_id,
+                    seq,
+                    spec.rollout.name,
+                    spec.to_json(),
+                    artifact,
+                    version,
+                    signed_manifest,
+                    len(waves),
+                    rollback_of,
+                    now,
+                    now,
+                ),
+            )
+            for idx, members in enumerate(waves):
+                self._q(
+                    "INSERT INTO rollout_waves (rollout_id, idx, size) VALUES (?, ?, ?)",
+                    (rollout_id, idx, len(members)),
+                )
+                with store_errors("rollout store"):
+                    self._conn.executemany(
+                        "INSERT INTO rollout_devices (rollout_id, device_id, wave, from_version, updated_ms)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        [(rollout_id, d, idx, from_versions.get(d, ""), now) for d in members],
+                    )
+
+    def add_device(self, rollout_id: str, device_id: str, wave: int, *, from_version: str = "") -> bool:
+        """Add a late-registering device to `wave`; False when it is in the rollout already."""
+        now = self._clock.now_ms()
+        with self.atomic():
+            if self._q("SELECT 1 FROM rollout_devices WHERE rollout_id = ? AND device_id = ?", (rollout_id, device_id)):
+                return False
+            self._q(
+                "INSERT INTO rollout_devices (rollout_id, device_id, wave, from_version, updated_ms)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (rollout_id, device_id, wave, from_version, now),
+            )
+            self._q("UPDATE rollout_waves SET size = size + 1 WHERE rollout_id = ? AND idx = ?", (rollout_id, wave))
+        return True
+
+    def get(self, rollout_id: str) -> RolloutRow | None:
+        rows = self._q(f"SELECT {_R_COLS} FROM rollouts WHERE id = ?", (rollout_id,))
+        return _rollout(rows[0]) if rows else None
+
+    def find(self, prefix: str) -> RolloutRow | None:
+        """The rollout with id `prefix`, or the only one whose id starts with it."""
+        exact = self.get(prefix)
+        if exact is not None:
+            return exact
+        rows = self._q(
+            f"SELECT {_R_COLS} FROM rollouts WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
+            (prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+        )
+        return _rollout(rows[0]) if len(rows) == 1 else None
+
+    def rollouts(self, *, active_only: bool = False) -> list[RolloutRow]:
+        where = " WHERE state IN ('running', 'paused')" if active_only else ""
+        return [_rollout(r) for r in self._q(f"SELECT {_R_COLS} FROM rollouts{where} ORDER BY seq")]
+
+    def latest(self) -> RolloutRow | None:
+        rows = self._q(f"SELECT {_R_COLS} FROM rollouts ORDER BY seq DESC LIMIT 1")
+        return _rollout(rows[0]) if rows else None
+
+    def _set(self, table: str, where: str, key: Sequence[Any], fields: dict[str, Any]) -> None:
+        bad = set(fields) - _SETTABLE[table]
+        if bad:
+            raise ValueError(f"cannot set {sorted(bad)} on {table}")
+        if not fields:
+            return
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        self._q(f"UPDATE {table} SET {assignments} WHERE {where}", [*fields.values(), *key])
+
+    def set_rollout(self, rollout_id: str, **fields: Any) -> None:
+        fields.setdefault("updated_ms", self._clock.now_ms())
+        self._set("rollouts", "id = ?", (rollout_id,), fields)
+
+    # -- waves -----------------------------------------------------------------------------
+    def waves(self, rollout_id: str) -> list[WaveRow]:
+        return [
+            WaveRow(*r)
+            for r in self._q(f"SELECT {_W_COLS} FROM rollout_waves WHERE rollout_id = ? ORDER BY idx", (rollout_id,))
+        ]
+
+    def wave(self, rollout_id: str, idx: int) -> WaveRow | None:
+        rows = self._q(f"SELECT {_W_COLS} FROM rollout_waves WHERE rollout_id = ? AND idx = ?", (rollout_id, idx))
+        return WaveRow(*rows[0]) if rows else None
+
+    def set_wave(self, rollout_id: str, idx: int, **fields: Any) -> None:
+        self._set("rollout_waves", "rollout_id = ? AND idx = ?", (rollout_id, idx), fields)
+
+    # -- devices ---------------------------------------------------------------------------
+    def devices(
+        self,
+        rollout_id: str,
+        *,
+        wave: int | None = None,
+        states: Sequence[str] | None = None,
+        max_wave: int | None = None,
+    ) -> list[DeviceRow]:
+        sql = f"SELECT {_D_COLS} FROM rollout_devices WHERE rollout_id = ?"
+        args: list[Any] = [rollout_id]
+        if wave is not None:
+            sql += " AND wave = ?"
+            args.append(wave)
+        if max_wave is not None:
+            sql += " AND wave <= ?"
+            args.append(max_wave)
+        if states is not None:
+            sql += f" AND state IN ({', '.join('?' * len(states))})"
+            args.extend(states)
+        return [DeviceRow(*r) for r in self._q(sql + " ORDER BY wave, device_id", args)]
+
+    def device(self, rollout_id: str, device_id: str) -> DeviceRow | None:
+        rows = self._q(
+            f"SELECT {_D_COLS} FROM rollout_devices WHERE rollout_id = ? AND device_id = ?", (rollout_id, device_id)
+        )
+        return DeviceRow(*rows[0]) if rows else None
+
+    def set_device(self, rollout_id: str, device_id: str, **fields: Any) -> None:
+        fields.setdefault("updated_ms", self._clock.now_ms())
+        self._set("rollout_devices", "rollout_id = ? AND device_id = ?", (rollout_id, device_id), fields)
+
+    def counts(self, rollout_id: str) -> dict[int, dict[str, int]]:
+        """wave -> state -> number of devices."""
+        out: dict[int, dict[str, int]] = {}
+        for wave, state, n in self._q(
+            "SELECT wave, state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY wave, state",
+            (rollout_id,),
+        ):
+            out.setdefault(wave, {})[state] = n
+        return out
+
+    def totals(self, rollout_id: str) -> dict[str, int]:
+        return dict(
+            self._q("SELECT state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY state", (rollout_id,))
+        )  # type: ignore[arg-type]
+
+    def record_offer(self, rollout_id: str, device_id: str, attempt: int) -> None:
+        self._q(
+            "INSERT INTO rollout_offers (rollout_id, device_id, at_ms, attempt) VALUES (?, ?, ?, ?)",
+            (rollout_id, device_id, self._clock.now_ms(), attempt),
+        )
+
+    def offers(self, rollout_id: str) -> list[tuple[str, int, int]]:
+        """(device, at_ms, attempt) of every offer made, oldest first."""
+        return [
+            (d, at, a)
+            for d, at, a in self._q(
+                "SELECT device_id, at_ms, attempt FROM rollout_offers WHERE rollout_id = ? ORDER BY rowid",
+                (rollout_id,),
+            )
+        ]
+
+    def claim(self, msg_id: str) -> bool:
+        """Record a report id; False when it was applied before (inside the caller's transaction)."""
+        with store_errors("rollout store"):
+            cur = self._conn.execute(
+                "INSERT OR IGNORE INTO rollout_processed (msg_id, at_ms) VALUES (?, ?)", (msg_id, self._clock.now_ms())
+            )
+        return cur.rowcount == 1
+
+    def due_devices(self, now_ms: int) -> list[DeviceRow]:
+        """Devices whose timer ran out: in progress in any rollout, or queued in a running one."""
+        return [
+            DeviceRow(*r)
+            for r in self._q(
+                f"SELECT {', '.join('d.' + c.strip() for c in _D_COLS.split(','))} FROM rollout_devices d"
+                " JOIN rollouts r ON r.id = d.rollout_id WHERE d.deadline_ms IS NOT NULL AND d.deadline_ms <= ?"
+                " AND (d.state IN ('notified', 'downloading', 'installing', 'rebooting', 'verifying')"
+                "      OR (d.state = 'queued' AND r.state = 'running'))"
+                " ORDER BY d.deadline_ms, d.rollout_id, d.device_id",
+                (now_ms,),
+            )
+        ]
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest stored timer: device timeout, retry, soak end."""
+        rows = self._q(
+            "SELECT MIN(t) FROM ("
+            " SELECT MIN(d.deadline_ms) AS t FROM rollout_devices d JOIN rollouts r ON r.id = d.rollout_id"
+            "  WHERE d.deadline_ms IS NOT NULL AND (d.state IN ('notified', 'downloading', 'installing',"
+            "  'rebooting', 'verifying') OR (d.state = 'queued' AND r.state = 'running'))"
+            " UNION ALL SELECT MIN(d.next_try_ms) FROM rollout_devices d JOIN rollouts r ON r.id = d.rollout_id"
+            "  WHERE r.state = 'running' AND d.next_try_ms IS NOT NULL AND d.state = 'queued'"
+            " UNION ALL SELECT MIN(w.soak_until_ms) FROM rollout_waves w JOIN rollouts r ON r.id = w.rollout_id"
+            "  WHERE r.state = 'running' AND w.state = 'soaking')"
+        )
+        value = rows[0][0] if rows else None
+        return None if value is None else int(value)
+
+    # -- controls --------------------------------------------------------------------------
+    def add_control(self, rollout_id: str, action: str, arg: str = "") -> int:
+        if action not in CONTROLS:
+            raise ValueError(f"unknown control {action!r}")
+        with self.atomic():
+            self._q(
+                "INSERT INTO rollout_controls (rollout_id, action, arg, created_ms) VALUES (?, ?, ?, ?)",
+                (rollout_id, action, arg, self._clock.now_ms()),
+            )
+            return int(self._q("SELECT last_insert_rowid()")[0][0])
+
+    def pending_controls(self) -> list[ControlRow]:
+        return [
+            ControlRow(*r)
+            for r in self._q(f"SELECT {_C_COLS} FROM rollout_controls WHERE applied_ms IS NULL ORDER BY id")
+        ]
+
+    def control(self, control_id: int) -> ControlRow | None:
+        rows = self._q(f"SELECT {_C_COLS} FROM rollout_controls WHERE id = ?", (control_id,))
+        return ControlRow(*rows[0]) if rows else None
+
+    def finish_control(self, control_id: int, result: str) -> None:
+        self._q(
+            "UPDATE rollout_controls SET applied_ms = ?, result = ? WHERE id = ?",
+            (self._clock.now_ms(), result, control_id),
+        )
+
+
+__all__ = [
+    "CONTROLS",
+    "DEVICE_STATES",
+    "FAILURES",
+    "IN_PROGRESS",
+    "ROLLOUT_ACTIVE",
+    "ROLLOUT_STATES",
+    "TERMINAL",
+    "WAVE_STATES",
+    "ControlRow",
+    "DeviceRow",
+    "RolloutRow",
+    "RolloutStore",
+    "WaveRow",
+]
