@@ -135,8 +135,9 @@ class MemoryBroker:
     def partition(self, client_id: str | None = None) -> None:
         """Cut `client_id` off (or, with None, take the whole broker down) until `heal`.
 
-        The connection breaks abruptly: the broker publishes the client's will and keeps its
-        persistent session; the client sees `ConnectionLost` and reconnects after the heal.
+        The connection breaks abruptly: the broker publishes the client's will (not when the whole
+        broker goes down: a dead broker publishes nothing) and keeps its persistent session; the
+        client's gate closes and it reconnects after the heal.
         """
         if client_id is None:
             self._down = True
@@ -148,8 +149,9 @@ class MemoryBroker:
         for session in victims:
             client = session.client
             assert client is not None
-            self._disconnect(client, abrupt=True)
-            client._lost("partitioned from the broker")
+            # A broker that goes down publishes nothing; one that loses a client fires its will.
+            self._disconnect(client, fire_will=client_id is not None)
+            client._lost("broker down" if client_id is None else "partitioned from the broker")
 
     def heal(self, client_id: str | None = None) -> None:
         """Undo `partition(client_id)`; with None, bring the broker back and heal every client."""
@@ -218,7 +220,7 @@ class MemoryBroker:
         session = self._sessions.get(client_id)
         if session is not None and session.client is not None and session.client is not client:
             taken = session.client
-            self._disconnect(taken, abrupt=False)
+            self._disconnect(taken, fire_will=False)
             taken._lost("session taken over by another connection", reconnect=False)
             session = self._sessions.get(client_id)
         if session is not None and (client.clean_start or not session.persistent):
@@ -233,7 +235,7 @@ class MemoryBroker:
             self._stats.delivered += 1
             client._enqueue(sub_filter, message)
 
-    def _disconnect(self, client: MemoryTransport, *, abrupt: bool) -> None:
+    def _disconnect(self, client: MemoryTransport, *, fire_will: bool) -> None:
         session = self._sessions.get(client.client_id)
         if session is None or session.client is not client:
             return
@@ -246,7 +248,7 @@ class MemoryBroker:
             session.pending.extendleft(reversed(returned))
         if not session.persistent:
             self._drop_session(session)
-        if abrupt and will is not None:
+        if fire_will and will is not None:
             self._stats.wills_published += 1
             self._route(InboundMessage(will.topic, will.payload, will.retain, None, None, will.qos))
 
@@ -460,7 +462,7 @@ class MemoryTransport:
         if self._gate.is_open:
             if self.will is not None:
                 self._broker._publish(self, _as_message(self.will))
-            self._broker._disconnect(self, abrupt=False)
+            self._broker._disconnect(self, fire_will=False)
         self._broker._waiting.pop(self._client_id, None)
         self._gate.close()
         await self._stop_dispatcher()
@@ -471,7 +473,7 @@ class MemoryTransport:
             return
         self._started = False
         if self._gate.is_open:
-            self._broker._disconnect(self, abrupt=True)
+            self._broker._disconnect(self, fire_will=True)
         self._broker._waiting.pop(self._client_id, None)
         self._gate.close()
         await self._stop_dispatcher()

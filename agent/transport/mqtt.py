@@ -340,7 +340,9 @@ class MqttTransport:
     # -- connection supervisor -------------------------------------------------------------
     def _make_client(self) -> aiomqtt.Client:
         properties = Properties(PacketTypes.CONNECT)
-        properties.SessionExpiryInterval = self._session_expiry_s
+        # A clean start asks for a throwaway session; otherwise the broker keeps ours (and queues
+        # QoS 1 messages for it) for session_expiry_s after a disconnect.
+        properties.SessionExpiryInterval = 0 if self._clean_start else self._session_expiry_s
         will = None
         if self.will is not None:
             will = aiomqtt.Will(self.will.topic, self.will.payload, qos=self.will.qos, retain=self.will.retain)

@@ -228,10 +228,11 @@ async def test_shared_subscription_queues_for_offline_members_when_none_connecte
 
 
 async def test_broker_outage_disconnects_everyone_until_heal(broker: MemoryBroker, clock: VirtualClock) -> None:
-    a = await client(broker, "a")
+    a = await client(broker, "a", will=Will("p/a", b"offline"))
     b = await client(broker, "b")
     broker.partition()
     assert not a.connected.is_open and not b.connected.is_open
+    assert broker.stats().wills_published == 0  # a dead broker publishes nothing
     late = await client(broker, "late")
     assert not late.connected.is_open
     broker.heal()
