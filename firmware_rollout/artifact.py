@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from firmware_rollout._fs import fsync_dir
 from firmware_rollout.errors import ArtifactError, MalformedArtifact
 from firmware_rollout.keys import SigningKey, VerifyKey
 from firmware_rollout.manifest import (
@@ -179,17 +180,6 @@ def _hash_image(image: Path, chunk_size: int) -> tuple[int, bytes, tuple[bytes, 
     return size, whole.digest(), tuple(chunks)
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not every platform can open a directory; the rename is still atomic
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_artifact(out: Path, signed: SignedManifest, image: BinaryIO, size: int) -> None:
     """Write signed manifest + `size` image bytes to `out` via a temporary file and rename."""
     tmp = out.with_name(f".{out.name}.tmp")
@@ -206,7 +196,7 @@ def _write_artifact(out: Path, signed: SignedManifest, image: BinaryIO, size: in
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

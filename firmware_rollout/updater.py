@@ -236,7 +236,7 @@ class Updater:
                 )
                 fields.update(
                     rollout_id=offer.rollout_id,
-                    version="",
+                    version=_offered_version(offer),
                     state="rejected",
                     phase="rejected",
                     detail=f"busy with rollout {r.rollout_id} ({r.state})",
@@ -558,6 +558,14 @@ class Updater:
     def _check_open(self) -> None:
         if self._closed:
             raise UpdaterError("updater is closed (rebooting); open a new one")
+
+
+def _offered_version(offer: UpdateOffer) -> str:
+    """The version an offer names, for a report about an offer that was not taken up."""
+    try:
+        return parse_signed_manifest(offer.signed_manifest).manifest.version
+    except ArtifactError:
+        return ""
 
 
 __all__ = [

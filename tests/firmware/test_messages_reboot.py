@@ -43,7 +43,7 @@ async def test_command_rebooter() -> None:
 
 
 class BlockingSource(CountingSource):
-    stuck = asyncio.Event()
+    stuck: asyncio.Event
 
     async def fetch(self, index: int) -> bytes:
         if index == 2:

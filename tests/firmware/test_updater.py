@@ -167,6 +167,7 @@ async def test_offer_while_busy_is_refused_without_touching_the_update(tmp_path:
     updater = await device.boot()
     report = await updater.offer(offer_for(source, "r2"), source)
     assert report.rollout_id == "r2" and report.state == "rejected" and "busy with rollout r1" in report.detail
+    assert report.version == "1.1.0"
     assert updater.status().state == "verifying_health"
     assert (await updater.resume()).state == "committed"
     await updater.close()
