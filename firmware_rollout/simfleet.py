@@ -99,18 +99,33 @@ class SimDevice:
         fleet = self.fleet
         presence = topics.presence(FLEET, self.device_id)
         self.transport = MemoryTransport(
-            fleet.broker, f"dev-{self.device_id}", will=Will(presence, topics.OFFLINE),
-            birth=Will(presence, topics.ONLINE))
+            fleet.broker,
+            f"dev-{self.device_id}",
+            will=Will(presence, topics.OFFLINE),
+            birth=Will(presence, topics.ONLINE),
+        )
         self.ids = IdGenerator(fleet.clock, random.Random(f"{fleet.seed}:{self.device_id}"))
-        self.sender = EnvelopeSender(self.transport, clock=fleet.clock,
-                                     reply_topic=topics.reply(FLEET, self.device_id, "relay"), timeout_s=30.0)
-        self.inbox = EnvelopeInbox(self.transport, topic_filter=topics.down(FLEET, self.device_id),
-                                   handler=self._on_command, sender_check=False)
-        chunks = ChunkClient(self.transport, clock=fleet.clock, fleet=FLEET, device_id=self.device_id, ids=self.ids,
-                             timeout_s=30.0)
-        self.actor = UpdaterActor(device_id=self.device_id, open_updater=self._open_updater, chunks=chunks,
-                                  outbox=fleet.device_outbox, ids=self.ids, rebooter=self.rebooter,
-                                  utc_offset_s=lambda: 0.0)
+        self.sender = EnvelopeSender(
+            self.transport, clock=fleet.clock, reply_topic=topics.reply(FLEET, self.device_id, "relay"), timeout_s=30.0
+        )
+        self.inbox = EnvelopeInbox(
+            self.transport,
+            topic_filter=topics.down(FLEET, self.device_id),
+            handler=self._on_command,
+            sender_check=False,
+        )
+        chunks = ChunkClient(
+            self.transport, clock=fleet.clock, fleet=FLEET, device_id=self.device_id, ids=self.ids, timeout_s=30.0
+        )
+        self.actor = UpdaterActor(
+            device_id=self.device_id,
+            open_updater=self._open_updater,
+            chunks=chunks,
+            outbox=fleet.device_outbox,
+            ids=self.ids,
+            rebooter=self.rebooter,
+            utc_offset_s=lambda: 0.0,
+        )
 
     async def _open_updater(self, sink: ReportSink) -> Updater:
         fleet = self.fleet
@@ -118,9 +133,17 @@ class SimDevice:
         if self.fate.install_fails:
             installer = FailingInstaller(self.state_dir / "slots", clock=fleet.clock)
         return await Updater.open(
-            self.state_dir, device_id=self.device_id, verify_key=fleet.verify_key, clock=fleet.clock,
-            health=SimHealth(self), rebooter=self.rebooter, installer=installer,
-            initial_version=fleet.base_version, settings=fleet.updater_settings, on_report=sink)
+            self.state_dir,
+            device_id=self.device_id,
+            verify_key=fleet.verify_key,
+            clock=fleet.clock,
+            health=SimHealth(self),
+            rebooter=self.rebooter,
+            installer=installer,
+            initial_version=fleet.base_version,
+            settings=fleet.updater_settings,
+            on_report=sink,
+        )
 
     async def start(self) -> None:
         await self.sender.start()
@@ -156,11 +179,24 @@ class SimDevice:
         if not self.transport.connected.is_open:
             return
         self.hb_seq += 1
-        beat = Heartbeat(device_id=self.device_id, seq=self.hb_seq, uptime_s=float(self.hb_seq),
-                         firmware_version=self.active_version, tags=self.tags)
-        env = Envelope(id=self.ids.next(), kind="heartbeat", sender=self.device_id, receiver="leader",
-                       key="heartbeat", conflict="overwrite", seq=self.hb_seq, ts_ms=self.fleet.clock.now_ms(),
-                       payload=encode(beat))
+        beat = Heartbeat(
+            device_id=self.device_id,
+            seq=self.hb_seq,
+            uptime_s=float(self.hb_seq),
+            firmware_version=self.active_version,
+            tags=self.tags,
+        )
+        env = Envelope(
+            id=self.ids.next(),
+            kind="heartbeat",
+            sender=self.device_id,
+            receiver="leader",
+            key="heartbeat",
+            conflict="overwrite",
+            seq=self.hb_seq,
+            ts_ms=self.fleet.clock.now_ms(),
+            payload=encode(beat),
+        )
         with contextlib.suppress(EdgeAgentError):
             await self.sender.deliver(env, topics.up(FLEET, self.device_id))
 
@@ -179,9 +215,18 @@ class SimDevice:
 class SimFleet:
     """Build with `await SimFleet.open(...)`, then `await fleet.start()`."""
 
-    def __init__(self, *, clock: Clock, work_dir: Path, verify_key: VerifyKey, seed: int = 0,
-                 base_version: str = "1.0.0", heartbeat_s: float = 30.0, poll_s: float = 2.0,
-                 updater_settings: UpdaterSettings | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        work_dir: Path,
+        verify_key: VerifyKey,
+        seed: int = 0,
+        base_version: str = "1.0.0",
+        heartbeat_s: float = 30.0,
+        poll_s: float = 2.0,
+        updater_settings: UpdaterSettings | None = None,
+    ) -> None:
         self.clock = clock
         self.work_dir = work_dir
         self.verify_key = verify_key
@@ -190,7 +235,8 @@ class SimFleet:
         self.heartbeat_s = heartbeat_s
         self.poll_s = poll_s
         self.updater_settings = updater_settings or UpdaterSettings(
-            health_timeout_s=30.0, fetch_timeout_s=30.0, fetch_backoff_base_s=1.0, fetch_backoff_cap_s=30.0)
+            health_timeout_s=30.0, fetch_timeout_s=30.0, fetch_backoff_base_s=1.0, fetch_backoff_cap_s=30.0
+        )
         self.broker = MemoryBroker(clock=clock, rng=random.Random(seed))
         self.devices: dict[str, SimDevice] = {}
         self.devices_system = ActorSystem(clock=clock, name="devices")
@@ -205,16 +251,25 @@ class SimFleet:
     async def open(cls, **kwargs: object) -> SimFleet:
         fleet = cls(**kwargs)  # type: ignore[arg-type]
         (fleet.work_dir / "devices").mkdir(parents=True, exist_ok=True)
-        fleet.device_outbox = await OutboxStore.open(fleet.work_dir / "devices" / "outbox.db", clock=fleet.clock,
-                                                     max_attempts=1000)
+        fleet.device_outbox = await OutboxStore.open(
+            fleet.work_dir / "devices" / "outbox.db", clock=fleet.clock, max_attempts=1000
+        )
         fleet.device_relay = Relay(
-            fleet.device_outbox, fleet._deliver_report, clock=fleet.clock, ready=fleet._relay_gate, partitions=4,
-            retry=RetryPolicy(base_s=1.0, cap_s=30.0, transient_floor_s=0.5), rng=random.Random(fleet.seed),
-            reconnect_jitter_s=0.0, name="relay:devices")
-        config = AgentConfig(agent=AgentSection(device_id="leader", role="leader", fleet=FLEET,
-                                                data_dir=str(fleet.work_dir / "leader")),
-                             leader=LeaderSection(heartbeat_deadline_s=fleet.heartbeat_s * 3),
-                             mqtt=MqttSection(reply_timeout_s=10.0))
+            fleet.device_outbox,
+            fleet._deliver_report,
+            clock=fleet.clock,
+            ready=fleet._relay_gate,
+            partitions=4,
+            retry=RetryPolicy(base_s=1.0, cap_s=30.0, transient_floor_s=0.5),
+            rng=random.Random(fleet.seed),
+            reconnect_jitter_s=0.0,
+            name="relay:devices",
+        )
+        config = AgentConfig(
+            agent=AgentSection(device_id="leader", role="leader", fleet=FLEET, data_dir=str(fleet.work_dir / "leader")),
+            leader=LeaderSection(heartbeat_deadline_s=fleet.heartbeat_s * 3),
+            mqtt=MqttSection(reply_timeout_s=10.0),
+        )
         fleet.leader_config = config
         return fleet
 
@@ -224,10 +279,16 @@ class SimFleet:
 
     async def start_leader(self) -> None:
         presence = topics.presence(FLEET, "leader")
-        transport = MemoryTransport(self.broker, "leader", will=Will(presence, topics.OFFLINE),
-                                    birth=Will(presence, topics.ONLINE))
-        self.leader = await LeaderAgent.open(self.leader_config, transport=transport, clock=self.clock,
-                                             data_dir=self.work_dir / "leader", rng=random.Random(self.seed + 1))
+        transport = MemoryTransport(
+            self.broker, "leader", will=Will(presence, topics.OFFLINE), birth=Will(presence, topics.ONLINE)
+        )
+        self.leader = await LeaderAgent.open(
+            self.leader_config,
+            transport=transport,
+            clock=self.clock,
+            data_dir=self.work_dir / "leader",
+            rng=random.Random(self.seed + 1),
+        )
         await self.leader.start()
         self.rollout = await attach_rollout(self.leader, db_path=self.leader_db, poll_s=self.poll_s)
 
@@ -237,8 +298,13 @@ class SimFleet:
         await self.leader.stop()
 
     def add_device(self, device_id: str, *, tags: tuple[str, ...] = (), fate: DeviceFate | None = None) -> SimDevice:
-        device = SimDevice(device_id=device_id, fleet=self, state_dir=self.work_dir / "devices" / device_id,
-                           tags=tags, fate=fate or DeviceFate())
+        device = SimDevice(
+            device_id=device_id,
+            fleet=self,
+            state_dir=self.work_dir / "devices" / device_id,
+            tags=tags,
+            fate=fate or DeviceFate(),
+        )
         self.devices[device_id] = device
         return device
 

@@ -1,0 +1,215 @@
+"""The rollout on the leader: orchestrator, report intake and ConfigServers wired into `LeaderAgent`.
+
+    device ──firmware.report──► LeaderAgent inbox ──► ReportIntake actor (bounded; busy when full)
+                                                          └─► Orchestrator.on_report (one transaction,
+                                                              deduplicated by message id)
+    device ──firmware.chunk───► LeaderAgent inbox ──► ConfigServerPool of that rollout
+                                                      (servers x bounded mailboxes from the spec)
+    Orchestrator.run() ──offers──► leader OutboxStore (key per rollout, device) ──► relay ──► devices
+                         ◄── controls written by `edge-agent rollout ...` into leader.db
+
+`attach_rollout(leader, db_path=...)` after `leader.start()`; `await service.stop()` before
+`leader.stop()`. Controls written by the CLI are picked up on the orchestrator's tick (every
+`poll_s`, one indexed read); in-process callers use `service.orchestrator.control(...)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.actors import Actor, ActorRef, Context
+from agent.core.codec import Envelope, Reply, encode
+from agent.core.errors import EdgeAgentError, MailboxFull, StoreError
+from agent.outbox.types import OutboxMessage
+from firmware_rollout.config_server import ConfigServerPool
+from firmware_rollout.manifest import SignedManifest, parse_signed_manifest
+from firmware_rollout.messages import (
+    KIND_CHUNK_REQUEST,
+    KIND_UPDATE_OFFER,
+    KIND_UPDATE_REPORT,
+    ChunkRequest,
+    UpdateOffer,
+    UpdateReport,
+    register_with_agent,
+)
+from firmware_rollout.orchestrator import Orchestrator
+from firmware_rollout.plan import DeviceInfo
+from firmware_rollout.rollout_store import RolloutStore
+
+log = logging.getLogger(__name__)
+
+register_with_agent()
+
+REPORT_BUSY_MS = 500
+
+
+@dataclass(slots=True)
+class _Report:
+    msg_id: str
+    report: UpdateReport
+    done: asyncio.Future[bool]
+
+
+class ReportIntake(Actor):
+    """Applies device reports one at a time; the inbox answers after the commit."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self._orchestrator = orchestrator
+        self.applied = 0
+        self.duplicates = 0
+
+    async def receive(self, message: object, ctx: Context) -> None:
+        assert isinstance(message, _Report)
+        try:
+            changed = await self._orchestrator.on_report(message.msg_id, message.report)
+        except EdgeAgentError as exc:
+            if not message.done.done():
+                message.done.set_exception(exc)
+            return
+        if changed:
+            self.applied += 1
+        else:
+            self.duplicates += 1
+        if not message.done.done():
+            message.done.set_result(changed)
+
+
+class LeaderPort:
+    """The orchestrator's view of the leader: the registry's devices, the outbox for offers."""
+
+    def __init__(self, leader: object) -> None:
+        self._leader = leader
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        return [
+            DeviceInfo(device_id=d.device_id, firmware_version=d.firmware_version, tags=d.tags, online=d.online,
+                       last_seen_ms=d.last_seen_ms, first_seen_ms=d.first_seen_ms)
+            for d in self._leader.registry.devices()  # type: ignore[attr-defined]
+        ]
+
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> None:
+        leader = self._leader
+        msgs = [
+            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,  # type: ignore[attr-defined]
+                          kind=KIND_UPDATE_OFFER, payload=encode(offer), key=f"firmware.offer:{offer.rollout_id}")
+            for device, offer in offers
+        ]
+        await leader.outbox.enqueue_many(msgs)  # type: ignore[attr-defined]
+
+
+class RolloutService:
+    def __init__(self, leader: object, store: RolloutStore, *, poll_s: float = 2.0,
+                 report_capacity: int = 256) -> None:
+        self.leader = leader
+        self.store = store
+        self.clock = leader.clock  # type: ignore[attr-defined]
+        self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s)
+        self._report_capacity = report_capacity
+        self.pools: dict[str, ConfigServerPool] = {}
+        self._artifacts: dict[str, tuple[Path, SignedManifest] | None] = {}
+        self.intake: ReportIntake | None = None
+        self._intake_ref: ActorRef | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        leader = self.leader
+        self.intake = ReportIntake(self.orchestrator)
+        self._intake_ref = leader.system.spawn(  # type: ignore[attr-defined]
+            self.intake, name="rollout-reports", capacity=self._report_capacity, policy="reject")
+        leader.handlers[KIND_UPDATE_REPORT] = self._on_report  # type: ignore[attr-defined]
+        leader.handlers[KIND_CHUNK_REQUEST] = self._on_chunk  # type: ignore[attr-defined]
+        self._task = asyncio.get_running_loop().create_task(self.orchestrator.run(), name="rollout-orchestrator")
+
+    async def stop(self) -> None:
+        self.orchestrator.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        handlers = self.leader.handlers  # type: ignore[attr-defined]
+        handlers.pop(KIND_UPDATE_REPORT, None)
+        handlers.pop(KIND_CHUNK_REQUEST, None)
+
+    def max_concurrent_downloads(self) -> int:
+        return max((p.max_concurrent for p in self.pools.values()), default=0)
+
+    # -- inbound -------------------------------------------------------------------------------
+    async def _on_report(self, env: Envelope, message: object) -> Reply:
+        if not isinstance(message, UpdateReport):
+            return Reply(id=env.id, status="rejected", reason="not an update report")
+        if message.device != env.sender:
+            return Reply(id=env.id, status="rejected",
+                         reason=f"report names device {message.device!r} but the sender is {env.sender!r}")
+        assert self._intake_ref is not None
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        try:
+            self._intake_ref.tell(_Report(env.id, message, done))
+        except MailboxFull as exc:
+            return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
+        except EdgeAgentError as exc:
+            return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason=str(exc))
+        try:
+            await self.clock.wait_for(asyncio.shield(done), 30.0)
+        except TimeoutError:
+            return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason="not committed in time")
+        except StoreError as exc:
+            return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason=str(exc))
+        return Reply(id=env.id, status="accepted")
+
+    async def _on_chunk(self, env: Envelope, message: object) -> Reply:
+        if not isinstance(message, ChunkRequest):
+            return Reply(id=env.id, status="rejected", reason="not a chunk request")
+        pool = self._pool(message.rollout_id)
+        if pool is None:
+            return Reply(id=env.id, status="rejected", reason=f"unknown rollout {message.rollout_id!r}")
+        return await pool.handle(env, message)
+
+    def _pool(self, rollout_id: str) -> ConfigServerPool | None:
+        pool = self.pools.get(rollout_id)
+        if pool is not None:
+            return pool
+        if self._lookup(rollout_id) is None:
+            return None
+        r = self.store.get(rollout_id)
+        assert r is not None
+        d = r.spec.download
+        pool = ConfigServerPool(self.leader.system, lookup=self._lookup, clock=self.clock,  # type: ignore[attr-defined]
+                                servers=d.servers, capacity=d.mailbox_capacity, rate_bytes_per_s=d.rate_bytes_per_s,
+                                name=f"config-server:{rollout_id}")
+        self.pools[rollout_id] = pool
+        return pool
+
+    def _lookup(self, rollout_id: str) -> tuple[Path, SignedManifest] | None:
+        if rollout_id not in self._artifacts:
+            try:
+                r = self.store.get(rollout_id)
+            except EdgeAgentError:
+                return None
+            self._artifacts[rollout_id] = None if r is None else (Path(r.artifact),
+                                                                  parse_signed_manifest(r.signed_manifest))
+        return self._artifacts[rollout_id]
+
+
+async def attach_rollout(leader: object, *, db_path: str | Path | None = None, poll_s: float = 2.0) -> RolloutService:
+    """Open the rollout tables in the leader's database and start the rollout service."""
+    if db_path is None:
+        from agent.leader.agent import LEADER_DB
+
+        db_path = Path(leader.config.agent.data_dir) / LEADER_DB  # type: ignore[attr-defined]
+    store = RolloutStore.open(db_path, clock=leader.clock)  # type: ignore[attr-defined]
+    service = RolloutService(leader, store, poll_s=poll_s)
+    try:
+        await service.start()
+    except BaseException:
+        store.close()
+        raise
+    return service
+
+
+__all__ = ["LeaderPort", "ReportIntake", "RolloutService", "attach_rollout"]

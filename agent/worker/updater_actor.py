@@ -1,0 +1,200 @@
+"""The worker's UpdaterActor: firmware offers in, the A/B updater driven, reports out via the outbox.
+
+    leader ──UpdateOffer──► (down topic) ──► UpdaterActor (bounded mailbox: busy when it is full)
+                                               │ waits for a maintenance window (device-local time)
+                                               │ Updater.offer(offer, RemoteChunkSource)
+                                               │    chunks: ChunkClient ──► leader's ConfigServers
+                                               ▼
+                     UpdateReport ──► OutboxStore (OVERWRITE per device, seq) ──► relay ──► leader
+
+On start it opens the updater (that is "a boot": a trial boot is counted, a fallback settled)
+and resumes whatever was in progress. With an in-process `Rebooter` (`InProcessRebooter`, the
+simulator and tests) the actor "reboots" by opening the updater again, which runs the health
+check and commits or reverts; on a device `ExecRebooter` restarts the process instead and the
+next start resumes.
+
+Wire it into a running `WorkerAgent` with `attach_updater(worker, open_updater=...)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agent.actors import Actor, ActorRef, Context
+from agent.core.clock import Clock
+from agent.core.errors import ArtifactError
+from agent.core.ids import IdGenerator
+from agent.transport.base import Transport
+from agent.worker.actors import LEADER, Outbox
+from firmware_rollout.config_server import ChunkClient, RemoteChunkSource
+from firmware_rollout.manifest import parse_signed_manifest
+from firmware_rollout.messages import (
+    KIND_UPDATE_OFFER,
+    UpdateOffer,
+    UpdateReport,
+    register_with_agent,
+    report_message,
+)
+from firmware_rollout.spec import DAY_S, parse_window, seconds_until_window
+from firmware_rollout.updater import ReportSink, Updater
+
+log = logging.getLogger(__name__)
+
+register_with_agent()
+
+OpenUpdater = Callable[[ReportSink], Awaitable[Updater]]
+
+
+class InProcessRebooter:
+    """A `Rebooter` that only records the request: the UpdaterActor opens the updater again
+    (the simulated device "boots" its new slot)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.count = 0
+
+    async def reboot(self, reason: str) -> None:
+        self.requested = True
+        self.count += 1
+        log.debug("in-process reboot: %s", reason)
+
+
+def system_utc_offset_s() -> float:
+    """This machine's local time offset from UTC (maintenance windows are device-local)."""
+    return float(time.localtime().tm_gmtoff)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Carry on with whatever update is in progress (sent on start and after a reconnect)."""
+
+
+class UpdaterActor(Actor):
+    def __init__(
+        self,
+        *,
+        device_id: str,
+        open_updater: OpenUpdater,
+        chunks: ChunkClient,
+        outbox: Outbox,
+        ids: IdGenerator,
+        rebooter: InProcessRebooter | None = None,
+        utc_offset_s: Callable[[], float] = system_utc_offset_s,
+        window_initial: int = 2,
+        window_max: int = 4,
+    ) -> None:
+        self.device_id = device_id
+        self._open = open_updater
+        self._chunks = chunks
+        self._outbox = outbox
+        self._ids = ids
+        self._rebooter = rebooter
+        self._utc_offset_s = utc_offset_s
+        self._window = (window_initial, window_max)
+        self.updater: Updater | None = None
+        self.offers = 0
+        self.duplicate_offers = 0
+        self.reports_sent = 0
+
+    async def on_start(self, ctx: Context) -> None:
+        await self._chunks.start()
+        self.updater = await self._open(self._report)
+        await self._boot_and_resume(ctx)
+
+    async def on_stop(self, ctx: Context) -> None:
+        if self.updater is not None:
+            await self.updater.close()
+            self.updater = None
+        await self._chunks.stop()
+
+    async def receive(self, message: object, ctx: Context) -> None:
+        if isinstance(message, Resume):
+            await self._boot_and_resume(ctx)
+            return
+        if not isinstance(message, UpdateOffer):
+            log.warning("updater: ignoring %s", type(message).__name__)
+            return
+        self.offers += 1
+        updater = self.updater
+        assert updater is not None
+        status = updater.status()
+        if status.rollout_id == message.rollout_id and status.state == "committed":
+            self.duplicate_offers += 1  # a redelivered offer of an update already done: report again
+            await updater.flush_reports()
+            return
+        await self._wait_for_window(message, ctx.clock)
+        source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size)
+        try:
+            await updater.offer(message, source)
+        finally:
+            source.close()
+        await self._boot_and_resume(ctx)
+
+    async def _wait_for_window(self, offer: UpdateOffer, clock: Clock) -> None:
+        if not offer.maintenance_windows:
+            return
+        try:
+            windows = [parse_window(w) for w in offer.maintenance_windows]
+        except ValueError as exc:
+            log.warning("offer %s: ignoring bad maintenance windows: %s", offer.rollout_id, exc)
+            return
+        while True:
+            second = (clock.now_ms() / 1000 + self._utc_offset_s()) % DAY_S
+            wait = seconds_until_window(windows, second)
+            if wait <= 0:
+                return
+            log.info("update %s waits %.0fs for its maintenance window", offer.rollout_id, wait)
+            await clock.sleep(wait)
+
+    def _source(self, rollout_id: str, signed_manifest: bytes | None, chunk_size: int) -> RemoteChunkSource:
+        manifest = None
+        if signed_manifest is not None:
+            try:
+                manifest = parse_signed_manifest(signed_manifest).manifest
+            except ArtifactError:
+                manifest = None  # the updater refuses it with the reason
+        return RemoteChunkSource(self._chunks, rollout_id=rollout_id, manifest=manifest, piece_size=chunk_size,
+                                 window_initial=self._window[0], window_max=self._window[1])
+
+    async def _boot_and_resume(self, ctx: Context) -> None:
+        """Resume an update in progress; after an in-process reboot, boot again and resume."""
+        for _ in range(10):  # a trial boot, then maybe a boot back to the old slot
+            if self._rebooter is not None and self._rebooter.requested:
+                self._rebooter.requested = False
+                self.updater = await self._open(self._report)
+            updater = self.updater
+            assert updater is not None
+            status = updater.status()
+            source = self._source(status.rollout_id, None, 0) if status.state == "downloading" else None
+            try:
+                await updater.resume(source)
+            finally:
+                if source is not None:
+                    source.close()
+            if self._rebooter is None or not self._rebooter.requested:
+                return
+
+    async def _report(self, report: UpdateReport) -> None:
+        """The updater's report sink: into the outbox, newest report per device wins."""
+        await self._outbox.enqueue(report_message(report, msg_id=self._ids.next(), receiver=LEADER))
+        self.reports_sent += 1
+
+
+def attach_updater(worker: object, *, open_updater: OpenUpdater, rebooter: InProcessRebooter | None = None,
+                   capacity: int = 2, **kwargs: object) -> tuple[ActorRef, UpdaterActor]:
+    """Spawn an UpdaterActor in a started `WorkerAgent` and route firmware offers to it."""
+    transport: Transport = worker.transport  # type: ignore[attr-defined]
+    clock: Clock = worker.clock  # type: ignore[attr-defined]
+    chunks = ChunkClient(transport, clock=clock, fleet=worker.fleet, device_id=worker.device_id,  # type: ignore[attr-defined]
+                         ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)  # type: ignore[attr-defined]
+    actor = UpdaterActor(device_id=worker.device_id, open_updater=open_updater, chunks=chunks,  # type: ignore[attr-defined]
+                         outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, **kwargs)  # type: ignore[attr-defined,arg-type]
+    ref = worker.system.spawn(actor, name="updater", capacity=capacity, policy="reject")  # type: ignore[attr-defined]
+    worker.register_command(KIND_UPDATE_OFFER, ref)  # type: ignore[attr-defined]
+    return ref, actor
+
+
+__all__ = ["InProcessRebooter", "OpenUpdater", "Resume", "UpdaterActor", "attach_updater", "system_utc_offset_s"]

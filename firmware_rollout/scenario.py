@@ -1,0 +1,222 @@
+"""The `wave-rollout` scenario: N devices, one signed image, four waves behind gates.
+
+    report = await wave_rollout_scenario(devices=200, seed=3, fail_rate=0.2)
+    report = run_wave_rollout_scenario(devices=200, seed=3)          # from synchronous code
+
+Runs a leader and N simulated devices (see `simfleet`) on a `VirtualClock` over the in-memory
+broker: the devices register by heartbeat, a rollout of version 1.1.0 starts (a canary wave of
+5%, then 25% / 35% / the rest; success gate 90%, 60 s soak, failure threshold 5% after 10
+finished devices, abort), and the run ends when the rollout has ended and every device it
+offered the image to has finished. `fail_rate` of the devices (chosen by the seed) fail their
+health check on the new image and roll back.
+
+The report (plain data, JSON-ready): `rollout` (state, per-wave results, counts,
+`devices_offered_after_abort`, duration), `outcomes` (devices per final state), `downloads`
+(ConfigServer bound and the most requests it ever admitted at once, busy answers), `fleet`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from agent.core.clock import Clock, VirtualClock
+from firmware_rollout.artifact import build_artifact
+from firmware_rollout.keys import generate_keypair, load_signing_key, load_verify_key
+from firmware_rollout.orchestrator import describe
+from firmware_rollout.rollout_store import IN_PROGRESS
+from firmware_rollout.simfleet import DeviceFate, SimFleet
+from firmware_rollout.spec import RolloutSpec, spec_from_dict
+
+BASE_VERSION = "1.0.0"
+TARGET_VERSION = "1.1.0"
+ROLLOUT_ID = "wave-rollout"
+
+
+def default_spec(artifact: Path, *, seed: int, devices: int) -> dict[str, Any]:
+    return {
+        "rollout": {"name": f"firmware {TARGET_VERSION}", "artifact": str(artifact), "seed": seed},
+        "targets": {"select": "all"},
+        "waves": {"canary": max(1, devices // 20), "percents": [30.0, 35.0, 35.0]},
+        "gates": {
+            "success_threshold_pct": 90.0,
+            "soak_s": 60.0,
+            "failure_threshold_pct": 5.0,
+            "min_finished": 10,
+            "failure_action": "abort",
+        },
+        "device": {"timeout_s": 600.0, "retries": 0},
+        "download": {"servers": 2, "mailbox_capacity": 2, "rate_bytes_per_s": 64 * 1024},
+    }
+
+
+def make_artifact(
+    work_dir: Path,
+    *,
+    version: str = TARGET_VERSION,
+    size: int = 8 * 4096,
+    seed: int = 0,
+    chunk_size: int = 4096,
+    rollback: bool = False,
+) -> tuple[Path, Path]:
+    """A key pair and a signed artifact under `work_dir`: returns (artifact, public key path)."""
+    keys_dir = work_dir / "keys"
+    if not (keys_dir / "private.pem").exists():
+        generate_keypair(keys_dir)
+    image = work_dir / f"image-{version}.bin"
+    image.write_bytes(random.Random(f"image:{seed}:{version}").randbytes(size))
+    out = work_dir / f"fw-{version}.eafw"
+    build_artifact(
+        image,
+        out,
+        name="fw",
+        version=version,
+        key=load_signing_key(keys_dir / "private.pem"),
+        created_ts=1_700_000_000_000,
+        chunk_size=chunk_size,
+        rollback=rollback,
+    )
+    return out, keys_dir / "public.pem"
+
+
+def pick_failing(device_ids: list[str], fail_rate: float, seed: int) -> set[str]:
+    count = round(len(device_ids) * fail_rate)
+    return set(random.Random(f"fail:{seed}").sample(sorted(device_ids), count))
+
+
+async def wave_rollout_scenario(
+    *,
+    devices: int = 200,
+    seed: int = 3,
+    fail_rate: float = 0.0,
+    work_dir: str | Path | None = None,
+    spec_overrides: dict[str, dict[str, Any]] | None = None,
+    clock: Clock | None = None,
+    max_fleet_s: float = 6 * 3600.0,
+) -> dict[str, Any]:
+    """Run the scenario; see the module docstring. `work_dir` (default: a temporary directory,
+    removed afterwards) holds the leader's and the devices' SQLite files and slots."""
+    if devices < 2:
+        raise ValueError("the wave-rollout scenario needs at least 2 devices")
+    if not 0.0 <= fail_rate <= 1.0:
+        raise ValueError("fail_rate must lie between 0 and 1")
+    owned = work_dir is None
+    base = Path(tempfile.mkdtemp(prefix="wave-rollout-", dir=_fast_tmp())) if work_dir is None else Path(work_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        return await _run(
+            devices=devices,
+            seed=seed,
+            fail_rate=fail_rate,
+            base=base,
+            overrides=spec_overrides or {},
+            clock=clock or VirtualClock(),
+            max_fleet_s=max_fleet_s,
+        )
+    finally:
+        if owned:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def run_wave_rollout_scenario(
+    devices: int = 200, seed: int = 3, fail_rate: float = 0.0, **kwargs: Any
+) -> dict[str, Any]:
+    """`wave_rollout_scenario` for synchronous callers (runs its own event loop)."""
+    return asyncio.run(wave_rollout_scenario(devices=devices, seed=seed, fail_rate=fail_rate, **kwargs))
+
+
+async def _run(
+    *,
+    devices: int,
+    seed: int,
+    fail_rate: float,
+    base: Path,
+    overrides: dict[str, dict[str, Any]],
+    clock: Clock,
+    max_fleet_s: float,
+) -> dict[str, Any]:
+    artifact, public = make_artifact(base, seed=seed)
+    data = default_spec(artifact, seed=seed, devices=devices)
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update(values)
+    spec: RolloutSpec = spec_from_dict(data, source="wave-rollout scenario")
+    ids = [f"dev-{i:05d}" for i in range(devices)]
+    failing = pick_failing(ids, fail_rate, seed)
+    fleet = await SimFleet.open(
+        clock=clock, work_dir=base, verify_key=load_verify_key(public), seed=seed, base_version=BASE_VERSION
+    )
+    for device_id in ids:
+        fleet.add_device(device_id, fate=DeviceFate(health_fails=device_id in failing))
+    await fleet.start()
+    try:
+        await fleet.run_until(lambda: fleet.leader.registry.counts()[0] >= devices, max_s=600.0, step_s=5.0)
+        started_ms = clock.now_ms()
+        rid = await fleet.rollout.orchestrator.start_rollout(spec, rollout_id=ROLLOUT_ID)
+        store = fleet.rollout.store
+
+        def finished() -> bool:
+            r = store.get(rid)
+            return r is not None and not r.active and not store.devices(rid, states=tuple(IN_PROGRESS))
+
+        completed = await fleet.run_until(finished, max_s=max_fleet_s, step_s=5.0)
+        status = describe(store, rid)
+        pools = list(fleet.rollout.pools.values())
+        downloads = {
+            "bound": spec.download.servers * (spec.download.mailbox_capacity + 1),
+            "max_concurrent": max((p.max_concurrent for p in pools), default=0),
+            "mailbox_capacity": spec.download.mailbox_capacity,
+            "mailbox_high_water": max((p.statistics()["mailbox_high_water"] for p in pools), default=0),
+            "servers": spec.download.servers,
+            "served": sum(p.served for p in pools),
+            "busy": sum(p.busy for p in pools),
+        }
+        end_ms = status["finished_ms"] or clock.now_ms()
+        return {
+            "scenario": "wave-rollout",
+            "devices": devices,
+            "seed": seed,
+            "fail_rate": fail_rate,
+            "failing_devices": len(failing),
+            "completed": completed,
+            "rollout": {
+                "id": rid,
+                "state": status["state"],
+                "detail": status["detail"],
+                "version": status["version"],
+                "duration_s": (end_ms - started_ms) / 1000.0,
+                "waves": [
+                    {k: w[k] for k in ("index", "size", "state", "succeeded", "finished", "counts", "detail")}
+                    for w in status["waves"]
+                ],
+                "counts": status["counts"],
+                "offers": status["offers"],
+                "devices_offered_after_abort": status["devices_offered_after_abort"],
+            },
+            "outcomes": status["counts"],
+            "downloads": downloads,
+            "fleet": {
+                "versions": _versions(fleet),
+                "reports_applied": fleet.rollout.intake.applied if fleet.rollout.intake else 0,
+            },
+        }
+    finally:
+        await fleet.stop()
+
+
+def _versions(fleet: SimFleet) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for device in fleet.devices.values():
+        out[device.active_version] = out.get(device.active_version, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _fast_tmp() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
+
+
+__all__ = ["default_spec", "make_artifact", "pick_failing", "run_wave_rollout_scenario", "wave_rollout_scenario"]
