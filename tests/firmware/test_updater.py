@@ -249,3 +249,16 @@ async def test_reports_wait_in_the_store_until_the_sink_takes_them(tmp_path: Pat
     assert await updater.flush_reports() == 2
     assert device.states() == ["downloading", "rejected"] and await updater.reports(unsent_only=True) == []
     await updater.close()
+
+
+async def test_unreadable_state_is_a_typed_error(tmp_path: Path, keys: Keys) -> None:
+    from agent.core.errors import StoreError
+    from firmware_rollout.errors import InvalidVersion
+
+    device = Device(tmp_path / "dev", keys)
+    device.root.mkdir()
+    (device.root / "updater.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="updater database"):
+        await device.boot()
+    with pytest.raises(InvalidVersion):
+        await Device(tmp_path / "dev2", keys, initial_version="one").boot()
