@@ -13,44 +13,16 @@ run of enqueues, so a batch of messages costs one statement, not one per message
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from agent.core.errors import OutboxFull
 from agent.outbox.partition import fnv1a_32
+from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy, FullPolicy
+from agent.outbox.reads import ReadOps, build_result
 from agent.outbox.schema import COUNTER_NAMES
-from agent.outbox.types import ClassStats, EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
-
-FullPolicy = Literal["reject", "drop_oldest"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClassPolicy:
-    """Limits of one message class. Defaults fit an SD card: 100k messages and 64 MiB of
-    payload per class. `ttl_ms` 0 means messages never expire; `fifo` delivers one message per
-    receiver at a time, in order."""
-
-    max_messages: int = 100_000
-    max_bytes: int = 64 * 1024 * 1024
-    full_policy: FullPolicy = "drop_oldest"
-    ttl_ms: int = 0
-    fifo: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_messages < 1:
-            raise ValueError(f"max_messages must be >= 1, got {self.max_messages}")
-        if self.max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
-        if self.full_policy not in ("reject", "drop_oldest"):
-            raise ValueError(f"full_policy must be reject or drop_oldest: {self.full_policy!r}")
-        if self.ttl_ms < 0:
-            raise ValueError(f"ttl_ms must be >= 0, got {self.ttl_ms}")
-
-
-DEFAULT_CLASS = ClassPolicy()
+from agent.outbox.types import EnqueueResult, OutboxMessage
 
 _INSERT = (
     "INSERT INTO outbox (id, msg_id, owner, receiver, kind, payload, key, conflict, seq,"
@@ -70,10 +42,6 @@ _KEY_LOOKUP = (
     "SELECT id, seq, kind, size FROM outbox INDEXED BY outbox_key"
     " WHERE owner = ? AND receiver = ? AND key = ? AND status = 'pending' ORDER BY id"
 )
-_ROW_COLUMNS = (
-    "id, msg_id, owner, receiver, kind, payload, key, conflict, seq, created_at, send_at,"
-    " expires_at, attempts, last_error"
-)
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 
 
@@ -86,42 +54,9 @@ def _marks(n: int) -> str:
     return "(" + ", ".join("?" * n) + ")"
 
 
-def _fast_constructor(cls: type, columns: Sequence[str]) -> Callable[..., Any]:
-    """A function building `cls` (a slots dataclass, possibly frozen) from a tuple whose items
-    are the fields named in `columns`, bypassing the frozen `__setattr__` checks (about 3x
-    faster than `cls(**kwargs)`; this is the relay's hot path). Fields not in `columns` get
-    their defaults, so adding a defaulted field to the contract keeps working."""
-    setters: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    lines = ["def build(r):", "    o = _new(_cls)"]
-    for f in dataclasses.fields(cls):
-        setters[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
-        if f.name in columns:
-            lines.append(f"    _set_{f.name}(o, r[{columns.index(f.name)}])")
-        elif f.default is not dataclasses.MISSING:
-            setters[f"_def_{f.name}"] = f.default
-            lines.append(f"    _set_{f.name}(o, _def_{f.name})")
-        elif f.default_factory is not dataclasses.MISSING:
-            setters[f"_fac_{f.name}"] = f.default_factory
-            lines.append(f"    _set_{f.name}(o, _fac_{f.name}())")
-        else:
-            raise TypeError(f"{cls.__name__}.{f.name} has no column and no default")
-    lines.append("    return o")
-    exec("\n".join(lines), setters)  # noqa: S102 - generated from the dataclass's own fields
-    return setters["build"]  # type: ignore[no-any-return]
 
 
-# Column order of every SELECT that builds an OutboxRow (see _ROW_COLUMNS).
-_row = _fast_constructor(
-    OutboxRow,
-    (
-        "row_id", "msg_id", "owner", "receiver", "kind", "payload", "key", "conflict", "seq",
-        "created_at_ms", "send_at_ms", "expires_at_ms", "attempts", "last_error",
-    ),
-)
-_result = _fast_constructor(EnqueueResult, ("outcome", "row_id"))
-
-
-class Engine:
+class Engine(ReadOps):
     """Synchronous outbox operations on one connection. Not thread-safe: one thread drives it."""
 
     def __init__(
@@ -147,9 +82,11 @@ class Engine:
         self.next_id = 1
         self._data_version = -1
         self._snap: tuple[dict[str, int], dict[str, list[int]], int] | None = None
-        self._ins: dict[int, list[object]] = {}
-        self._upd: dict[int, tuple[object, ...]] = {}
-        self._keys: dict[tuple[str, str, str], list[list[object]]] = {}
+        self._ins: dict[int, list[Any]] = {}  # deferred inserts, by id
+        self._upd: dict[int, tuple[Any, ...]] = {}  # deferred overwrites, by id
+        # (owner, receiver, key) -> [[id, seq, kind, size], ...] of its pending rows, valid for
+        # the current transaction (every deferred change of that key goes through it)
+        self._keys: dict[tuple[str, str, str], list[list[Any]]] = {}
         self._reload()
 
     # -- state mirrors ---------------------------------------------------------------------
@@ -315,7 +252,7 @@ class Engine:
             if d is None or d[0] >= pol.max_messages or d[1] + size > pol.max_bytes:
                 self._room(kind, pol, 1, size, ())
             rid = self._insert(m, payload, kind, pol, size, now, delay_ms, expires, None)
-            return _result(("stored", rid))
+            return build_result(("stored", rid))
         ident = (m.owner, m.receiver, key)
         rows = self._keys.get(ident)
         if rows is None:
@@ -325,63 +262,69 @@ class Engine:
         if conflict == "append":
             if rows:
                 self.counters["duplicates"] += 1
-                return _result(("duplicate", rows[0][0]))  # type: ignore[arg-type]
-            self._room(kind, pol, 1, size, ())
-            rid = self._insert(m, payload, kind, pol, size, now, delay_ms, expires, key)
-            rows.append([rid, m.seq, kind, size])
-            return _result(("stored", rid))
-        # overwrite
-        if rows:
-            top = max(r[1] for r in rows)  # type: ignore[type-var]
-            if m.seq <= top:  # type: ignore[operator]
+                return build_result(("duplicate", rows[0][0]))
+        elif rows:
+            if m.seq <= max(r[1] for r in rows):
                 self.counters["enqueued"] += 1
                 self.counters["dropped"] += 1
-                return _result(("stale", rows[-1][0]))  # type: ignore[arg-type]
+                return build_result(("stale", rows[-1][0]))
             inflight = self.inflight
             free = [r for r in rows if r[0] not in inflight]
             if free:
-                keep, others = free[0], free[1:]
-                rid = keep[0]
-                same = keep[2] == kind
-                add_n = (0 if same else 1) - sum(1 for o in others if o[2] == kind)
-                add_b = (size - keep[3] if same else size) - sum(  # type: ignore[operator]
-                    o[3] for o in others if o[2] == kind  # type: ignore[misc]
-                )
-                self._room(kind, pol, add_n, add_b, [r[0] for r in free])  # type: ignore[misc]
-                for other in others:
-                    self._delete_pending(other)  # type: ignore[arg-type]
-                old = self._d(keep[2])  # type: ignore[arg-type]
-                old[0] -= 1
-                old[1] -= keep[3]  # type: ignore[operator]
-                new = self._d(kind)
-                new[0] += 1
-                new[1] += size
-                c = self.counters
-                c["enqueued"] += 1
-                c["overwritten"] += 1
-                send_at = now + delay_ms
-                ins = self._ins.get(rid)  # type: ignore[call-overload]
-                if ins is not None:
-                    ins[_I_MSG] = m.msg_id
-                    ins[_I_KIND] = kind
-                    ins[_I_PAYLOAD] = payload
-                    ins[_I_CONFLICT] = conflict
-                    ins[_I_SEQ] = m.seq
-                    ins[_I_SEND] = max(ins[_I_SEND], send_at)  # type: ignore[type-var]
-                    ins[_I_EXPIRES] = expires
-                    ins[_I_SIZE] = size
-                else:
-                    self._upd[rid] = (  # type: ignore[index]
-                        m.msg_id, kind, payload, conflict, m.seq, send_at, expires, size, rid
-                    )
-                keep[1], keep[2], keep[3] = m.seq, kind, size
-                rows[:] = [r for r in rows if r[0] in inflight] + [keep]
-                return _result(("overwritten", rid))  # type: ignore[arg-type]
-            # every pending row of this key is in flight: the newer one waits behind it
+                self._overwrite(m, payload, kind, pol, size, now + delay_ms, expires, free)
+                rows[:] = [r for r in rows if r[0] in inflight] + [free[0]]
+                return build_result(("overwritten", free[0][0]))
+            # every pending row of this key is in flight: the newer one waits behind them
         self._room(kind, pol, 1, size, ())
         rid = self._insert(m, payload, kind, pol, size, now, delay_ms, expires, key)
         rows.append([rid, m.seq, kind, size])
-        return _result(("stored", rid))
+        return build_result(("stored", rid))
+
+    def _overwrite(
+        self,
+        m: OutboxMessage,
+        payload: bytes,
+        kind: str,
+        pol: ClassPolicy,
+        size: int,
+        send_at: int,
+        expires: int | None,
+        free: list[list[Any]],
+    ) -> None:
+        """Replace the oldest of `free` (pending rows of this key, not in flight) in place;
+        any other free rows go (counted as overwritten too)."""
+        keep, others = free[0], free[1:]
+        rid, _, old_kind, old_size = keep
+        same = old_kind == kind
+        add_n = (0 if same else 1) - sum(1 for o in others if o[2] == kind)
+        add_b = (size - old_size if same else size) - sum(o[3] for o in others if o[2] == kind)
+        self._room(kind, pol, add_n, add_b, [r[0] for r in free])
+        for other in others:
+            self._delete_pending(other)
+        old = self._d(old_kind)
+        old[0] -= 1
+        old[1] -= old_size
+        new = self._d(kind)
+        new[0] += 1
+        new[1] += size
+        c = self.counters
+        c["enqueued"] += 1
+        c["overwritten"] += 1
+        ins = self._ins.get(rid)
+        if ins is not None:  # inserted earlier in this same batch: edit the pending insert
+            ins[_I_MSG] = m.msg_id
+            ins[_I_KIND] = kind
+            ins[_I_PAYLOAD] = payload
+            ins[_I_CONFLICT] = m.conflict
+            ins[_I_SEQ] = m.seq
+            ins[_I_SEND] = max(ins[_I_SEND], send_at)
+            ins[_I_EXPIRES] = expires
+            ins[_I_SIZE] = size
+        else:
+            self._upd[rid] = (
+                m.msg_id, kind, payload, m.conflict, m.seq, send_at, expires, size, rid
+            )
+        keep[1], keep[2], keep[3] = m.seq, kind, size
 
     def _insert(
         self,
@@ -410,15 +353,16 @@ class Engine:
         self.counters["enqueued"] += 1
         return rid
 
-    def _delete_pending(self, r: list[int | str]) -> None:
-        """Remove a pending row replaced by an overwrite (counted as overwritten)."""
-        rid = int(r[0])
+    def _delete_pending(self, r: Sequence[Any]) -> None:
+        """Remove a pending row replaced by an overwrite (counted as overwritten).
+        `r` is (id, seq, kind, size)."""
+        rid = r[0]
         if self._ins.pop(rid, None) is None:
             self._upd.pop(rid, None)
             self.conn.execute("DELETE FROM outbox WHERE id = ?", (rid,))
-        d = self._d(str(r[2]))
+        d = self._d(r[2])
         d[0] -= 1
-        d[1] -= int(r[3])
+        d[1] -= r[3]
         self.counters["overwritten"] += 1
 
     def _room(
@@ -527,7 +471,7 @@ class Engine:
         ).fetchone():
             # A newer message with this key waited behind the failed one: that one supersedes
             # it, so the failed one is not retried (counted as overwritten).
-            self._delete_pending([rid, 0, row[1], row[2]])
+            self._delete_pending((rid, 0, row[1], row[2]))
             return False
         if row[0] != "dead":
             return False
@@ -615,159 +559,6 @@ class Engine:
     # -- relay side: reads -----------------------------------------------------------------
     def release(self, ids: Sequence[int]) -> None:
         self._settle_flight(ids)
-
-    def _ready_sql(self, partitions: int, kinds: Sequence[str] | None) -> tuple[str, list[object]]:
-        sql = (
-            "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq, created_at,"
-            " send_at, expires_at, attempts, last_error, fifo, size"
-            " FROM outbox INDEXED BY outbox_ready WHERE status = 'pending' AND send_at <= ?"
-        )
-        extra: list[object] = []
-        if partitions > 1:
-            sql += " AND rhash % ? = ?"
-        if kinds is not None:
-            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
-            extra.extend(kinds)
-        return sql + " ORDER BY send_at, id", extra
-
-    def _fifo_head(self, receiver: str) -> int | None:
-        row = self.conn.execute(
-            "SELECT id FROM outbox INDEXED BY outbox_fifo"
-            " WHERE receiver = ? AND status = 'pending' AND fifo = 1 ORDER BY id LIMIT 1",
-            (receiver,),
-        ).fetchone()
-        return row[0] if row else None
-
-    def take_ready(
-        self,
-        now_ms: int,
-        limit: int,
-        partition: int = 0,
-        partitions: int = 1,
-        kinds: Sequence[str] | None = None,
-    ) -> list[OutboxRow]:
-        """Read due rows and mark them in flight. Expired rows met on the way are deleted and
-        counted in a small write transaction of their own (never handed out)."""
-        if limit <= 0 or (kinds is not None and not kinds):
-            return []
-        if partitions < 1 or not 0 <= partition < partitions:
-            raise ValueError(f"partition {partition} out of range for {partitions} partitions")
-        self._check_external()
-        sql, extra = self._ready_sql(partitions, kinds)
-        args: list[object] = [now_ms]
-        if partitions > 1:
-            args += [partitions, partition]
-        args += extra
-        out: list[OutboxRow] = []
-        expired: list[int] = []
-        inflight = self.inflight
-        fifo_busy = self.fifo_busy
-        picked: set[str] = set()  # FIFO receivers given a row in this call
-        heads: dict[str, int | None] = {}  # FIFO receiver -> id of its oldest pending row
-        taken: list[tuple[int, str, str, int, bool]] = []
-        for r in self.conn.execute(sql, args):
-            rid = r[0]
-            if rid in inflight:
-                continue
-            exp = r[11]
-            if exp is not None and now_ms >= exp:
-                expired.append(rid)
-                continue
-            fifo = r[14] == 1
-            if fifo:
-                receiver = r[3]
-                if receiver in fifo_busy or receiver in picked:
-                    continue
-                if receiver not in heads:
-                    heads[receiver] = self._fifo_head(receiver)
-                if heads[receiver] != rid:
-                    continue
-                picked.add(receiver)
-            out.append(_row(r))
-            taken.append((rid, r[3], r[4], r[15], fifo))
-            if len(out) >= limit:
-                break
-        for rid, receiver, kind, size, fifo in taken:
-            inflight[rid] = (receiver, kind, size, fifo)
-            if fifo:
-                fifo_busy[receiver] = fifo_busy.get(receiver, 0) + 1
-        if expired:
-            self.begin()
-            try:
-                self.expire(now_ms, expired)
-                self.commit()
-            except BaseException:
-                self.rollback()
-                raise
-        return out
-
-    def next_due_ms(self) -> int | None:
-        """Earliest send_at of a pending row that take_ready could hand out (not in flight,
-        not behind its FIFO receiver's head)."""
-        inflight = self.inflight
-        heads: dict[str, int | None] = {}
-        for rid, send_at, receiver, fifo in self.conn.execute(
-            "SELECT id, send_at, receiver, fifo FROM outbox INDEXED BY outbox_ready"
-            " WHERE status = 'pending' ORDER BY send_at, id"
-        ):
-            if rid in inflight:
-                continue
-            if fifo:
-                if receiver in self.fifo_busy:
-                    continue
-                if receiver not in heads:
-                    heads[receiver] = self._fifo_head(receiver)
-                if heads[receiver] != rid:
-                    continue
-            return int(send_at)
-        return None
-
-    def stats(self, now_ms: int) -> OutboxStats:
-        self._check_external()
-        c = self.counters
-        row = self.conn.execute(
-            "SELECT created_at FROM outbox WHERE status = 'pending' ORDER BY id LIMIT 1"
-        ).fetchone()
-        flying: dict[str, int] = {}
-        for _, kind, _, _ in self.inflight.values():
-            flying[kind] = flying.get(kind, 0) + 1
-        by_class = {
-            kind: ClassStats(
-                pending=d[0], in_flight=flying.get(kind, 0), dead=d[2], pending_bytes=d[1]
-            )
-            for kind, d in sorted(self.depth.items())
-            if d[0] or d[2] or flying.get(kind)
-        }
-        return OutboxStats(
-            enqueued=c["enqueued"],
-            delivered=c["delivered"],
-            dead_lettered=c["dead_lettered"],
-            expired=c["expired"],
-            dropped=c["dropped"],
-            overwritten=c["overwritten"],
-            pending=sum(d[0] for d in self.depth.values()),
-            in_flight=len(self.inflight),
-            dead=sum(d[2] for d in self.depth.values()),
-            replayed=c["replayed"],
-            duplicates=c["duplicates"],
-            rejected_full=c["rejected_full"],
-            oldest_pending_age_ms=None if row is None else max(0, now_ms - row[0]),
-            by_class=by_class,
-        )
-
-    def list_dead(self, limit: int, offset: int) -> list[OutboxRow]:
-        return [
-            _row(r)
-            for r in self.conn.execute(
-                f"SELECT {_ROW_COLUMNS} FROM outbox WHERE status = 'dead'"
-                " ORDER BY id LIMIT ? OFFSET ?",
-                (max(0, limit), max(0, offset)),
-            )
-        ]
-
-    def get(self, rid: int) -> OutboxRow | None:
-        r = self.conn.execute(f"SELECT {_ROW_COLUMNS} FROM outbox WHERE id = ?", (rid,)).fetchone()
-        return None if r is None else _row(r)
 
 
 __all__ = ["DEFAULT_CLASS", "ClassPolicy", "Engine", "FullPolicy"]

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import StoreClosed
-from agent.outbox.engine import DEFAULT_CLASS, ClassPolicy, Engine
+from agent.outbox.engine import Engine
+from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy
 from agent.outbox.schema import Synchronous, open_database
 from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
-from agent.outbox.writer import OpFn, Writer
+from agent.outbox.writer import Writer
+
+T = TypeVar("T")
 
 
 class OutboxStore:
@@ -119,7 +122,7 @@ class OutboxStore:
         return store
 
     # -- plumbing --------------------------------------------------------------------------
-    async def _call(self, fn: OpFn, *, write: bool, wakes: bool = False) -> Any:
+    async def _call(self, fn: Callable[[Engine], T], *, write: bool, wakes: bool = False) -> T:
         if self._closed:
             raise StoreClosed("the outbox store is closed")
         fut = self._writer.submit(fn, write=write, wakes=wakes)
@@ -194,7 +197,7 @@ class OutboxStore:
             return []
         now = self._clock.now_ms()
         batch = list(msgs)
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(
             lambda e: e.enqueue(batch, now, delay_ms), write=True, wakes=True
         )
 
@@ -210,7 +213,7 @@ class OutboxStore:
         now = self._clock.now_ms()
         ks = None if kinds is None else list(kinds)
         self._observe()
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(
             lambda e: e.take_ready(now, limit, partition, partitions, ks), write=False
         )
 
@@ -221,7 +224,7 @@ class OutboxStore:
 
     async def nack(self, row_id: int, *, delay_ms: int, error: str) -> bool:
         now = self._clock.now_ms()
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(
             lambda e: e.nack(row_id, now, delay_ms, error), write=True, wakes=True
         )
 
@@ -235,7 +238,7 @@ class OutboxStore:
 
     async def next_due_ms(self) -> int | None:
         self._observe()
-        return await self._call(lambda e: e.next_due_ms(), write=False)  # type: ignore[no-any-return]
+        return await self._call(lambda e: e.next_due_ms(), write=False)
 
     async def wait_for_change(self) -> None:
         """Return when an enqueue, ack, nack, release or replay may have made work ready since
@@ -257,33 +260,33 @@ class OutboxStore:
         """Delete (and count) every pending row past its expires_at. take_ready also expires
         the rows it meets, so calling this is only needed to free space early."""
         now = self._clock.now_ms()
-        return await self._call(lambda e: e.expire(now), write=True)  # type: ignore[no-any-return]
+        return await self._call(lambda e: e.expire(now), write=True)
 
     # -- inspection and dead letters -------------------------------------------------------
     async def stats(self) -> OutboxStats:
         now = self._clock.now_ms()
-        return await self._call(lambda e: e.stats(now), write=False)  # type: ignore[no-any-return]
+        return await self._call(lambda e: e.stats(now), write=False)
 
     async def list_dead(self, limit: int = 100, offset: int = 0) -> list[OutboxRow]:
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(
             lambda e: e.list_dead(limit, offset), write=False
         )
 
     async def get(self, row_id: int) -> OutboxRow | None:
-        return await self._call(lambda e: e.get(row_id), write=False)  # type: ignore[no-any-return]
+        return await self._call(lambda e: e.get(row_id), write=False)
 
     async def replay(self, row_ids: Sequence[int] | None = None) -> int:
         """Dead rows back to pending (attempts 0, due now); all of them when `row_ids` is None."""
         now = self._clock.now_ms()
         ids = None if row_ids is None else list(row_ids)
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(
             lambda e: e.replay(ids, now), write=True, wakes=True
         )
 
     async def purge(self, row_ids: Sequence[int] | None = None) -> int:
         """Delete dead rows (all of them when `row_ids` is None); returns how many."""
         ids = None if row_ids is None else list(row_ids)
-        return await self._call(lambda e: e.purge(ids), write=True)  # type: ignore[no-any-return]
+        return await self._call(lambda e: e.purge(ids), write=True)
 
     async def set_max_db_bytes(self, max_db_bytes: int) -> None:
         """Change the file size cap (see `open`)."""

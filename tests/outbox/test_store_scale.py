@@ -84,18 +84,14 @@ def _plan(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> str:
 async def test_hot_queries_use_their_partial_indexes(open_store: OpenStore, db_path: Path) -> None:
     store = await open_store()
     await store.close()
-    from agent.outbox import engine
+    from agent.outbox import engine, reads
 
     conn = sqlite3.connect(db_path)
     try:
-        sql, _ = engine.Engine._ready_sql(None, 4, ["a", "b"])  # type: ignore[arg-type]
+        sql, _ = engine.Engine._ready_sql(4, ["a", "b"])
         assert "outbox_ready" in _plan(conn, sql, (0, 4, 1, "a", "b"))
         assert "outbox_key" in _plan(conn, engine._KEY_LOOKUP, ("o", "r", "k"))
-        head = (
-            "SELECT id FROM outbox INDEXED BY outbox_fifo"
-            " WHERE receiver = ? AND status = 'pending' AND fifo = 1 ORDER BY id LIMIT 1"
-        )
-        assert "outbox_fifo" in _plan(conn, head, ("r",))
+        assert "outbox_fifo" in _plan(conn, reads.FIFO_HEAD, ("r",))
     finally:
         conn.close()
 
