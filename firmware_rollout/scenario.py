@@ -83,6 +83,10 @@ def make_artifact(
     return out, keys_dir / "public.pem"
 
 
+def device_ids(devices: int) -> list[str]:
+    return [f"dev-{i:05d}" for i in range(devices)]
+
+
 def pick_failing(device_ids: list[str], fail_rate: float, seed: int) -> set[str]:
     count = round(len(device_ids) * fail_rate)
     return set(random.Random(f"fail:{seed}").sample(sorted(device_ids), count))
@@ -97,9 +101,11 @@ async def wave_rollout_scenario(
     spec_overrides: dict[str, dict[str, Any]] | None = None,
     clock: Clock | None = None,
     max_fleet_s: float = 6 * 3600.0,
+    fates: dict[str, DeviceFate] | None = None,
 ) -> dict[str, Any]:
     """Run the scenario; see the module docstring. `work_dir` (default: a temporary directory,
-    removed afterwards) holds the leader's and the devices' SQLite files and slots."""
+    removed afterwards) holds the leader's and the devices' SQLite files and slots. `fates`
+    sets the fate of named devices (`dev-00000` ...) instead of `fail_rate`."""
     if devices < 2:
         raise ValueError("the wave-rollout scenario needs at least 2 devices")
     if not 0.0 <= fail_rate <= 1.0:
@@ -116,6 +122,7 @@ async def wave_rollout_scenario(
             overrides=spec_overrides or {},
             clock=clock or VirtualClock(),
             max_fleet_s=max_fleet_s,
+            fates=fates,
         )
     finally:
         if owned:
@@ -138,19 +145,23 @@ async def _run(
     overrides: dict[str, dict[str, Any]],
     clock: Clock,
     max_fleet_s: float,
+    fates: dict[str, DeviceFate] | None,
 ) -> dict[str, Any]:
     artifact, public = make_artifact(base, seed=seed)
     data = default_spec(artifact, seed=seed, devices=devices)
     for section, values in overrides.items():
         data.setdefault(section, {}).update(values)
     spec: RolloutSpec = spec_from_dict(data, source="wave-rollout scenario")
-    ids = [f"dev-{i:05d}" for i in range(devices)]
+    ids = device_ids(devices)
     failing = pick_failing(ids, fail_rate, seed)
+    if fates is not None:
+        failing = {d for d, f in fates.items() if f.health_fails or f.install_fails or f.silent}
     fleet = await SimFleet.open(
         clock=clock, work_dir=base, verify_key=load_verify_key(public), seed=seed, base_version=BASE_VERSION
     )
     for device_id in ids:
-        fleet.add_device(device_id, fate=DeviceFate(health_fails=device_id in failing))
+        fate = fates.get(device_id) if fates is not None else None
+        fleet.add_device(device_id, fate=fate or DeviceFate(health_fails=device_id in failing))
     await fleet.start()
     try:
         await fleet.run_until(lambda: fleet.leader.registry.counts()[0] >= devices, max_s=600.0, step_s=5.0)
@@ -219,4 +230,11 @@ def _fast_tmp() -> str | None:
     return str(shm) if shm.is_dir() else None
 
 
-__all__ = ["default_spec", "make_artifact", "pick_failing", "run_wave_rollout_scenario", "wave_rollout_scenario"]
+__all__ = [
+    "default_spec",
+    "device_ids",
+    "make_artifact",
+    "pick_failing",
+    "run_wave_rollout_scenario",
+    "wave_rollout_scenario",
+]

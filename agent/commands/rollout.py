@@ -1,18 +1,242 @@
-"""`edge-agent rollout`: arrives with wave rollouts and signed artifacts; says so until then."""
+"""`edge-agent rollout`: start and control firmware rollouts in waves.
+
+    edge-agent rollout start SPEC.toml --db /var/lib/edge-agent/leader.db   (or --config leader.toml)
+    edge-agent rollout status [ID] [--watch] [--json]
+    edge-agent rollout pause|resume|cancel|next|approve ID
+    edge-agent rollout rollback ID [--artifact PREVIOUS.eafw]
+    edge-agent rollout list [--json]
+
+How the CLI reaches the running leader: it writes the control into the `rollout_controls` table
+of the leader's database and the leader's orchestrator applies it on its next tick (every 2 s
+by default, one indexed read of the unapplied controls; no busy polling, no extra socket or
+broker round trip, and a control written while the leader is down is applied when it starts).
+The CLI then waits a few seconds for the leader to record the result and prints it. `status`
+and `list` read the tables directly.
+
+User mistakes (a bad spec, an unknown rollout, a control that does not apply) are one line on
+stderr and exit status 2; a control the leader refused exits 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.core.clock import SystemClock
+from agent.core.errors import ConfigError, RolloutError
+
+CONTROL_ACTIONS = ("pause", "resume", "cancel", "next", "approve")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True,
+                                parser_class=type(parser))
+
+    def with_db(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--db", help="the leader's database (leader.db)")
+        where.add_argument("--config", help="the leader's config file (its data_dir holds leader.db)")
+        return p
+
+    start = with_db(sub.add_parser("start", help="start a rollout from a spec file"))
+    start.add_argument("spec", help="rollout spec (TOML)")
+    start.add_argument("--id", help="rollout id (default: from the spec's name)")
+    start.add_argument("--no-wait", action="store_true", help="do not wait for the leader to start it")
+    status = with_db(sub.add_parser("status", help="show a rollout (default: the latest)"))
+    status.add_argument("id", nargs="?")
+    status.add_argument("--watch", action="store_true", help="refresh until the rollout ends")
+    status.add_argument("--interval", type=float, default=2.0, help="refresh interval of --watch, seconds")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    for action in CONTROL_ACTIONS:
+        p = with_db(sub.add_parser(action, help=f"{action} a rollout"))
+        p.add_argument("id")
+        p.add_argument("--no-wait", action="store_true", help="do not wait for the leader to apply it")
+    rollback = with_db(sub.add_parser("rollback", help="offer the previous version to the devices that took this one"))
+    rollback.add_argument("id")
+    rollback.add_argument("--artifact", default="", help="the previous version's artifact (default: the spec's "
+                                                         "rollback_artifact)")
+    rollback.add_argument("--no-wait", action="store_true")
+    listing = with_db(sub.add_parser("list", help="list rollouts"))
+    listing.add_argument("--json", action="store_true")
+
+
+def _db_path(args: argparse.Namespace) -> Path:
+    if getattr(args, "db", None):
+        path = Path(args.db)
+    elif getattr(args, "config", None):
+        from agent.core.config import load_config
+        from agent.leader.agent import LEADER_DB
+
+        path = Path(load_config(args.config).agent.data_dir) / LEADER_DB
+    else:
+        raise ConfigError("rollout", "--db", "give --db LEADER_DB or --config leader.toml")
+    if not path.is_file():
+        raise ConfigError(str(path), None, "no leader database here (start the leader once, or check the path)")
+    return path
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from firmware_rollout.rollout_store import RolloutStore
+
+    return RolloutStore.open(_db_path(args), clock=SystemClock())
 
 
 def main(args: argparse.Namespace) -> int:
-    print(
-        "edge-agent rollout: not available in this version (it comes with firmware rollouts in waves)",
-        file=sys.stderr,
+    store = _open(args)
+    try:
+        action = args.action
+        if action == "start":
+            return _start(store, args)
+        if action == "status":
+            return _status(store, args)
+        if action == "list":
+            return _list(store, args)
+        return _control(store, args)
+    finally:
+        store.close()
+
+
+def _start(store: Any, args: argparse.Namespace) -> int:
+    from firmware_rollout.artifact import read_signed_manifest
+    from firmware_rollout.orchestrator import rollout_id_for
+    from firmware_rollout.spec import load_spec
+
+    spec = load_spec(args.spec)
+    signed = read_signed_manifest(spec.rollout.artifact)  # ArtifactError: exit 2 with the reason
+    rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
+    if store.get(rid) is not None:
+        raise RolloutError(f"rollout {rid!r} exists already")
+    control = store.add_control(rid, "start", spec.to_json().decode())
+    print(f"rollout {rid}: version {signed.manifest.version} from {spec.rollout.artifact}")
+    return _await_control(store, control, args.no_wait)
+
+
+def _control(store: Any, args: argparse.Namespace) -> int:
+    r = store.find(args.id)
+    if r is None:
+        raise RolloutError(f"no rollout {args.id!r} (see `edge-agent rollout list`)")
+    if args.action != "rollback" and not r.active:
+        raise RolloutError(f"rollout {r.id} is {r.state}; `{args.action}` applies to a running or paused rollout")
+    if args.action == "approve":
+        wave = store.wave(r.id, r.current_wave)
+        if wave is None or wave.state != "awaiting_approval":
+            raise RolloutError(f"rollout {r.id}: wave {r.current_wave} is {wave.state if wave else '?'}, "
+                               "not awaiting approval")
+    if args.action == "next" and r.current_wave + 1 >= r.wave_count:
+        raise RolloutError(f"rollout {r.id}: wave {r.current_wave} is the last wave")
+    arg = ""
+    if args.action == "rollback":
+        arg = str(Path(args.artifact).resolve()) if args.artifact else ""
+        if arg and not Path(arg).is_file():
+            raise ConfigError(args.artifact, None, "artifact not found")
+        if not arg and not r.spec.rollout.rollback_artifact:
+            raise RolloutError(f"rollout {r.id} names no rollback_artifact; give --artifact PREVIOUS.eafw")
+    control = store.add_control(r.id, args.action, arg)
+    return _await_control(store, control, args.no_wait)
+
+
+def _await_control(store: Any, control_id: int, no_wait: bool, timeout_s: float = 10.0) -> int:
+    if not no_wait:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            row = store.control(control_id)
+            if row is not None and row.applied_ms is not None:
+                if row.result.startswith("error:"):
+                    print(f"edge-agent rollout: the leader refused it: {row.result[6:].strip()}", file=sys.stderr)
+                    return 1
+                print(row.result)
+                return 0
+            time.sleep(0.2)
+    print(f"queued as control {control_id}; the running leader applies it on its next tick")
+    return 0
+
+
+def _status(store: Any, args: argparse.Namespace) -> int:
+    from firmware_rollout.orchestrator import describe
+
+    rid = args.id
+    if rid is None:
+        latest = store.latest()
+        if latest is None:
+            raise RolloutError("no rollouts yet")
+        rid = latest.id
+    data = describe(store, rid)
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    if not args.watch:
+        console.print(render_status(data))
+        return 0
+    try:
+        with Live(render_status(data), console=console, refresh_per_second=4) as live:
+            while data["state"] in ("running", "paused"):
+                time.sleep(max(0.2, args.interval))
+                data = describe(store, rid)
+                live.update(render_status(data))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def render_status(data: dict[str, Any]) -> Any:
+    """The rich renderable of a rollout's status (per-wave progress bars and state counts)."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    colour = {"running": "cyan", "paused": "yellow", "succeeded": "green", "aborted": "red",
+              "canceled": "magenta"}.get(data["state"], "white")
+    head = Text.assemble(
+        ("rollout ", "bold"), (data["id"], "bold"), f"  {data['name']}  version {data['version']}  ",
+        (data["state"].upper(), f"bold {colour}"),
     )
-    return 2
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for column in ("wave", "size", "state", "progress", "done", "states"):
+        table.add_column(column, no_wrap=column != "states")
+    for w in data["waves"]:
+        name = f"{w['index']}" + (" canary" if w["canary"] else "")
+        counts = ", ".join(f"{k} {v}" for k, v in w["counts"].items())
+        done = w["finished"] - w["counts"].get("canceled", 0)
+        table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=24),
+                      f"{w['succeeded']}/{w['size']} ok", counts)
+    totals = "  ".join(f"{k}: {v}" for k, v in data["counts"].items())
+    lines = [head, Text(data["detail"], style="dim"), table,
+             Text(f"devices {data['devices']}   {totals}   offers {data['offers']}")]
+    if data["rollback_of"]:
+        lines.insert(1, Text(f"rollback of {data['rollback_of']}", style="yellow"))
+    return Group(*lines)
+
+
+def _list(store: Any, args: argparse.Namespace) -> int:
+    rows = store.rollouts()
+    items = []
+    for r in rows:
+        totals = store.totals(r.id)
+        items.append({"id": r.id, "name": r.name, "version": r.version, "state": r.state,
+                      "wave": f"{r.current_wave + 1}/{r.wave_count}", "devices": sum(totals.values()),
+                      "succeeded": totals.get("succeeded", 0), "created_ms": r.created_ms})
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    if not items:
+        print("no rollouts")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("id", "name", "version", "state", "wave", "devices", "succeeded"):
+        table.add_column(column)
+    for item in items:
+        table.add_row(*(str(item[c]) for c in ("id", "name", "version", "state", "wave", "devices", "succeeded")))
+    Console().print(table)
+    return 0
