@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -
     target = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     directory = target.parent
-    tmp = directory / f".{target.name}.{os.getpid()}.tmp"
+    tmp = directory / f".{target.name}.{secrets.token_hex(6)}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:

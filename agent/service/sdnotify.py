@@ -32,8 +32,9 @@ def _address(value: str) -> str | bytes | None:
 
 
 class Notifier:
-    """Sends notify messages to systemd. Never raises: a lost notification must not stop the
-    agent (systemd reacts to the missing READY/WATCHDOG itself)."""
+    """Sends notify messages to systemd. A socket failure is logged and returned as False, never
+    raised: a lost notification must not stop the agent (systemd reacts to a missing READY or
+    WATCHDOG itself). Only a malformed assignment (a programming error) raises ValueError."""
 
     def __init__(self, socket_address: str | None = None, *, env: Mapping[str, str] | None = None):
         environ = os.environ if env is None else env
