@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from agent.service.prom import Collector, MetricFamily, family
+from agent.service.prom import Collector, MetricFamily, MetricType, family
 
 if TYPE_CHECKING:
     from agent.actors.mailbox import MailboxStatistics
@@ -215,7 +215,7 @@ def snapshot_collector(
         for field, value in _numbers(snap).items():
             is_counter = field in counter_names
             name = f"{prefix}_{field}_total" if is_counter else f"{prefix}_{field}"
-            kind = "counter" if is_counter else "gauge"
+            kind: MetricType = "counter" if is_counter else "gauge"
             text = texts.get(field, field.replace("_", " "))
             if isinstance(value, bool | int | float):
                 fams.append(family(name, kind, text, float(value)))
