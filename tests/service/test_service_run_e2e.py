@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -74,5 +75,23 @@ def test_run_notifies_serves_health_and_metrics_and_stops_cleanly(
     assert any(m.startswith("STOPPING=1") for m in rest), rest
     assert 'msg="shutdown requested" by=SIGTERM' in output
     data = tmp_path / "data"
-    for db in data.glob("*.db"):
+    databases = sorted(data.glob("*.db"))
+    assert databases
+    for db in databases:
         assert db.stat().st_mode & 0o077 == 0, db
+        # SQLite removes the WAL when the last connection closes cleanly: the agent closed them
+        assert not Path(f"{db}-wal").exists(), f"{db.name} was not closed"
+    stats = asyncio.run(_outbox_stats(data / "outbox.db"))
+    assert stats.conservation_ok
+    assert stats.enqueued >= 1  # the first heartbeat went through the outbox
+
+
+async def _outbox_stats(path: Path):
+    from agent.core.clock import SystemClock
+    from agent.outbox.store import OutboxStore
+
+    store = await OutboxStore.open(path, clock=SystemClock())
+    try:
+        return await store.stats()
+    finally:
+        await store.close()
