@@ -178,7 +178,8 @@ class SimDevice:
     async def heartbeat(self) -> None:
         if not self.transport.connected.is_open:
             return
-        self.hb_seq += 1
+        # The seq must keep growing across restarts of the simulated device: the clock's ms do.
+        self.hb_seq = max(self.hb_seq + 1, self.fleet.clock.now_ms())
         beat = Heartbeat(
             device_id=self.device_id,
             seq=self.hb_seq,
