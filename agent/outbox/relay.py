@@ -71,7 +71,7 @@ _STORE_RETRY_S = 1.0  # pause after a store error before the drain loop tries ag
 class _Lane:
     """One message class inside one partition: a bulkhead with its own limiter and senders."""
 
-    __slots__ = ("kind", "limiter", "queue", "workers", "idle", "busy")
+    __slots__ = ("kind", "limiter", "queue", "workers", "idle", "busy", "waking")
 
     def __init__(self, kind: str, limits: AimdSettings) -> None:
         self.kind = kind
@@ -80,6 +80,7 @@ class _Lane:
         self.workers: list[asyncio.Task[None]] = []
         self.idle: deque[asyncio.Future[None]] = deque()  # senders waiting for a row
         self.busy = 0  # rows held by senders (waiting for a permit, delivering, settling)
+        self.waking = 0  # senders told to run that have not started yet
 
     @property
     def load(self) -> int:
@@ -241,7 +242,7 @@ class Relay:
                 lane.queue.clear()
                 lane.workers.clear()
                 lane.idle.clear()
-                lane.busy = 0
+                lane.busy = lane.waking = 0
         with contextlib.suppress(StoreError):
             if self._acks:
                 acks, self._acks = self._acks, []
@@ -320,7 +321,7 @@ class Relay:
 
     async def _drain(self, part: _Partition) -> None:
         store = self._store
-        while True:
+        while not self._stopping:
             if not self._active.is_open:
                 await self._release_queued(part)
                 await self._active.wait_open()
@@ -427,8 +428,13 @@ class Relay:
         if timeout_s is None:
             await part.wake.wait()
             return
-        with contextlib.suppress(TimeoutError):
-            await self._clock.wait_for(part.wake.wait(), timeout_s)
+        # A timer that sets the same event: no extra task, and a cancellation (stop) is never
+        # lost the way asyncio.wait_for can lose one when its inner await finishes meanwhile.
+        timer = self._clock.call_later(timeout_s, part.wake.set)
+        try:
+            await part.wake.wait()
+        finally:
+            timer.cancel()
 
     async def _release_queued(self, part: _Partition) -> None:
         ids: list[int] = []
@@ -444,11 +450,21 @@ class Relay:
         if lane is None:
             lane = self._lane(part, row.kind)
         lane.queue.append(row)
+        if not lane.waking:
+            self._wake_sender(part, lane)
+
+    def _wake_sender(self, part: _Partition, lane: _Lane) -> None:
+        """Get one more sender going: an idle one, or a new one while under the limit.
+
+        One wake-up at a time per lane: a sender whose delivery returns at once works through
+        the queue by itself, and one whose delivery waits wakes the next before it does, so
+        concurrency follows the receiver's pace up to the limit without a wake-up per row."""
         if lane.idle:
             fut = lane.idle.popleft()
-            if not fut.done():
-                fut.set_result(None)
+            lane.waking += 1
+            fut.set_result(None)
         elif len(lane.workers) < lane.limiter.limit:
+            lane.waking += 1
             lane.workers.append(
                 asyncio.create_task(
                     self._send_loop(part, lane),
@@ -459,6 +475,7 @@ class Relay:
     # -- senders ---------------------------------------------------------------------------
     async def _send_loop(self, part: _Partition, lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
+        lane.waking -= 1  # started
         while True:
             if not lane.queue:
                 fut: asyncio.Future[None] = loop.create_future()
@@ -466,54 +483,65 @@ class Relay:
                 try:
                     await fut
                 finally:
-                    if not fut.done():
+                    if fut.done():
+                        lane.waking -= 1  # woken by _wake_sender
+                    else:  # cancelled while idle
                         fut.cancel()
-                    with contextlib.suppress(ValueError):
-                        lane.idle.remove(fut)
+                        with contextlib.suppress(ValueError):
+                            lane.idle.remove(fut)
                 continue
             row = lane.queue.popleft()
             lane.busy += 1
-            held: OutboxRow | None = row
+            held: OutboxRow | None = row  # handed back untried if we are cancelled holding it
+            limiter = lane.limiter
             try:
-                await lane.limiter.acquire()
+                if not limiter.try_acquire():
+                    await limiter.acquire()
+                if not self._active.is_open:
+                    limiter.release()
+                    held = None
+                    self._released += 1
+                    await self._settle(self._store.release([row.row_id]), "release")
+                    continue
+                if lane.queue and not lane.waking:
+                    self._wake_sender(part, lane)
                 try:
-                    if not self._active.is_open:
-                        held = None
-                        self._released += 1
-                        await self._settle(self._store.release([row.row_id]), "release")
-                        continue
-                    held = None  # from here on the outcome decides the row's fate
-                    try:
-                        await self._deliver(row)
-                    except asyncio.CancelledError:
-                        held = row
-                        raise
-                    except Exception as exc:  # every failure is an outcome, typed or not
-                        await self._failed(part, lane, row, exc)
-                    else:
-                        lane.limiter.record("success")
-                        self._delivered += 1
-                        self._acks.append(row.row_id)
-                        self._ack_wake.set()
-                finally:
-                    lane.limiter.release()
+                    await self._deliver(row)
+                except asyncio.CancelledError:
+                    limiter.release()
+                    raise
+                except Exception as exc:  # every failure is an outcome, typed or not
+                    held = None
+                    limiter.release(
+                        "capacity"
+                        if isinstance(exc, Capacity)
+                        else "none"
+                        if isinstance(exc, Permanent)
+                        else "transient"
+                    )
+                    await self._failed(row, exc)
+                else:
+                    held = None
+                    limiter.release("success")
+                    self._delivered += 1
+                    self._acks.append(row.row_id)
+                    self._ack_wake.set()
             finally:
                 lane.busy -= 1
                 if held is not None:
                     self._unsent.append(held.row_id)
-                if lane.load <= lane.limiter.limit:
+                if len(lane.queue) + lane.busy <= limiter.limit:
                     part.wake.set()  # room for a batch of at least `limit` rows
 
-    async def _failed(self, part: _Partition, lane: _Lane, row: OutboxRow, exc: Exception) -> None:
+    async def _failed(self, row: OutboxRow, exc: Exception) -> None:
+        """Settle a failed delivery in the store (the limiter already took the outcome)."""
         if isinstance(exc, Permanent):
-            lane.limiter.record("none")
             self._permanent += 1
             self._dead += 1
             await self._settle(self._store.dead_letter(row.row_id, error=str(exc)), "dead_letter")
             return
         error: DeliveryError
         if isinstance(exc, Capacity):
-            lane.limiter.record("capacity")
             self._capacity += 1
             error = exc
         else:
@@ -529,7 +557,6 @@ class Relay:
                     exc,
                 )
                 error = Transient(f"{type(exc).__name__}: {exc}")
-            lane.limiter.record("transient")
             if not self._active.is_open:
                 # The link went down under this delivery: not the message's fault.
                 self._released += 1
