@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Benchmark the outbox and its relay against a raw sqlite3 baseline and persist-queue.
+
+    python scripts/bench_outbox.py [--quick] [--n N] [--pq-n N] [--idle-s S]
+
+Measures, on this machine, N messages of 200 bytes:
+
+* raw sqlite3: the same schema work by hand, 100 messages per transaction (insert N; then
+  select up to 100 ready rows, mark them done, commit, until none is left), WAL, at the same
+  `synchronous` as our run;
+* our outbox at NORMAL: enqueue from 100 concurrent callers (group commit), then drain through
+  the Relay to an in-process receiver that accepts at once; enqueue, drain and combined rates;
+* persist-queue's SQLiteAckQueue at its defaults (synchronous=FULL): put N, then get + ack N;
+  and our outbox again at FULL, for the comparison;
+* the relay idle (nothing to send) for `--idle-s` seconds: process CPU percent and write
+  transactions (the store's counter).
+
+Progress goes to stderr; the last line on stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+
+from agent.actors.runtime import run as run_loop  # noqa: E402
+from agent.actors.runtime import uvloop_factory  # noqa: E402
+from agent.core.clock import SystemClock  # noqa: E402
+from agent.core.gate import Gate  # noqa: E402
+from agent.outbox.engine import ClassPolicy  # noqa: E402
+from agent.outbox.relay import Relay  # noqa: E402
+from agent.outbox.store import OutboxStore  # noqa: E402
+from agent.outbox.types import OutboxMessage, OutboxRow  # noqa: E402
+
+PAYLOAD = bytes(random.Random(0).getrandbits(8) for _ in range(200))
+CALLERS = 100
+RECEIVERS = 100
+BATCH = 100
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- raw sqlite3 baseline ------------------------------------------------------------------
+_RAW_SCHEMA = """
+CREATE TABLE outbox (
+    id INTEGER PRIMARY KEY, msg_id TEXT NOT NULL, owner TEXT NOT NULL, receiver TEXT NOT NULL,
+    kind TEXT NOT NULL, payload BLOB NOT NULL, key TEXT, conflict TEXT NOT NULL,
+    seq INTEGER NOT NULL, created_at INTEGER NOT NULL, send_at INTEGER NOT NULL,
+    expires_at INTEGER, attempts INTEGER NOT NULL DEFAULT 0,
+    status TEXT NOT NULL DEFAULT 'pending', last_error TEXT
+);
+CREATE INDEX outbox_ready ON outbox (send_at, id) WHERE status = 'pending';
+"""
+
+
+def bench_raw(path: Path, n: int, synchronous: str) -> dict[str, float]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        assert mode == "wal", mode
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.executescript(_RAW_SCHEMA)
+        now = int(time.time() * 1000)
+        rows = [
+            (f"m{i:08d}", "bench", f"r{i % RECEIVERS}", "telemetry", PAYLOAD, None, "append", 0,
+             now, now)
+            for i in range(n)
+        ]
+        t0 = time.perf_counter()
+        for start in range(0, n, BATCH):
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO outbox (msg_id, owner, receiver, kind, payload, key, conflict, seq,"
+                " created_at, send_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows[start : start + BATCH],
+            )
+            conn.execute("COMMIT")
+        t1 = time.perf_counter()
+        drained = 0
+        while True:
+            conn.execute("BEGIN")
+            batch = conn.execute(
+                "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq,"
+                " created_at, send_at, expires_at, attempts FROM outbox"
+                " WHERE status = 'pending' AND send_at <= ? ORDER BY send_at, id LIMIT ?",
+                (now, BATCH),
+            ).fetchall()
+            if not batch:
+                conn.execute("COMMIT")
+                break
+            conn.executemany(
+                "UPDATE outbox SET status = 'done' WHERE id = ?", [(r[0],) for r in batch]
+            )
+            conn.execute("COMMIT")
+            drained += len(batch)
+        t2 = time.perf_counter()
+        assert drained == n, (drained, n)
+    finally:
+        conn.close()
+    return {
+        "insert": n / (t1 - t0),
+        "drain": n / (t2 - t1),
+        "combined": n / (t2 - t0),
+    }
+
+
+# -- our outbox ----------------------------------------------------------------------------
+def _messages(n: int, tag: str) -> list[OutboxMessage]:
+    return [
+        OutboxMessage(
+            msg_id=f"{tag}{i:08d}",
+            owner="bench",
+            receiver=f"r{i % RECEIVERS}",
+            kind="telemetry",
+            payload=PAYLOAD,
+        )
+        for i in range(n)
+    ]
+
+
+async def _open(path: Path, n: int, synchronous: str) -> OutboxStore:
+    roomy = ClassPolicy(max_messages=max(100_000, 2 * n), max_bytes=max(64 << 20, 1024 * n))
+    return await OutboxStore.open(
+        path, clock=SystemClock(), synchronous=synchronous, default_class=roomy  # type: ignore[arg-type]
+    )
+
+
+async def _enqueue(store: OutboxStore, msgs: list[OutboxMessage]) -> float:
+    async def caller(part: list[OutboxMessage]) -> None:
+        for msg in part:
+            await store.enqueue(msg)
+
+    parts = [msgs[i::CALLERS] for i in range(CALLERS)]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller(p) for p in parts))
+    return time.perf_counter() - t0
+
+
+async def _drain(store: OutboxStore, n: int) -> float:
+    done = asyncio.Event()
+    count = 0
+
+    async def deliver(row: OutboxRow) -> None:
+        nonlocal count
+        count += 1
+        if count >= n:
+            done.set()
+
+    relay = Relay(
+        store, deliver, clock=SystemClock(), ready=Gate(is_open=True), reconnect_jitter_s=0.0
+    )
+    t0 = time.perf_counter()
+    await relay.start()
+    await done.wait()
+    await relay.stop()  # writes the last group of acks
+    elapsed = time.perf_counter() - t0
+    stats = await store.stats()
+    assert stats.delivered >= n and stats.pending == 0, stats
+    assert stats.conservation_ok, stats
+    return elapsed
+
+
+async def bench_outbox(path: Path, n: int, synchronous: str, idle_s: float) -> dict[str, float]:
+    store = await _open(path, n, synchronous)
+    try:
+        msgs = _messages(n, "m")
+        t_enq = await _enqueue(store, msgs)
+        log(f"  enqueue: {n / t_enq:,.0f} msg/s")
+        t_drain = await _drain(store, n)
+        log(f"  drain:   {n / t_drain:,.0f} msg/s")
+        out = {
+            "enqueue": n / t_enq,
+            "drain": n / t_drain,
+            "combined": n / (t_enq + t_drain),
+        }
+        if idle_s > 0:
+            out.update(await _idle(store, idle_s))
+        return out
+    finally:
+        await store.close()
+
+
+async def _idle(store: OutboxStore, idle_s: float) -> dict[str, float]:
+    """The relay running with nothing to send: CPU and write transactions over `idle_s`."""
+
+    async def deliver(row: OutboxRow) -> None:
+        raise AssertionError("nothing should be sent while idle")
+
+    proc = psutil.Process()
+    async with Relay(store, deliver, clock=SystemClock(), ready=Gate(is_open=True)):
+        await asyncio.sleep(0.5)  # let it settle into its wait
+        log(f"  idle:    watching for {idle_s:.0f} s")
+        txns0 = store.write_transactions
+        cpu0 = proc.cpu_times()
+        t0 = time.perf_counter()
+        await asyncio.sleep(idle_s)
+        cpu1 = proc.cpu_times()
+        wall = time.perf_counter() - t0
+        txns = store.write_transactions - txns0
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    return {"idle_cpu_percent": 100.0 * cpu / wall, "idle_write_txns": txns, "idle_s": wall}
+
+
+# -- persist-queue -------------------------------------------------------------------------
+def bench_persist_queue(directory: Path, n: int) -> dict[str, float]:
+    from persistqueue import SQLiteAckQueue
+
+    queue = SQLiteAckQueue(str(directory))  # defaults: auto_commit, synchronous=FULL
+    t0 = time.perf_counter()
+    for _ in range(n):
+        queue.put(PAYLOAD)
+    t1 = time.perf_counter()
+    log(f"  put:     {n / (t1 - t0):,.0f} msg/s")
+    for _ in range(n):
+        item = queue.get(block=False)
+        queue.ack(item)
+    t2 = time.perf_counter()
+    log(f"  get+ack: {n / (t2 - t1):,.0f} msg/s")
+    return {"put": n / (t1 - t0), "get_ack": n / (t2 - t1), "combined": n / (t2 - t0)}
+
+
+# -- main ----------------------------------------------------------------------------------
+async def _ours(workdir: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    log(f"outbox, NORMAL, n={args.n}")
+    normal = await bench_outbox(workdir / "normal.db", args.n, "NORMAL", args.idle_s)
+    log(f"outbox, FULL, n={args.n}")
+    full = await bench_outbox(workdir / "full.db", args.n, "FULL", 0.0)
+    return {"normal": normal, "full": full}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller N (finishes in minutes)")
+    parser.add_argument("--n", type=int, default=None, help="messages per run")
+    parser.add_argument("--pq-n", type=int, default=None, help="messages for persist-queue")
+    parser.add_argument("--idle-s", type=float, default=60.0, help="idle window in seconds")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    args = parser.parse_args()
+    if args.n is None:
+        args.n = 50_000 if args.quick else 200_000
+    if args.pq_n is None:
+        args.pq_n = 20_000
+    if args.n < BATCH or args.pq_n < 1 or args.idle_s < 0:
+        parser.error("--n must be >= 100, --pq-n >= 1, --idle-s >= 0")
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-outbox-", dir=args.dir))
+    try:
+        log(f"raw sqlite3, NORMAL, n={args.n}")
+        raw = bench_raw(workdir / "raw-normal.db", args.n, "NORMAL")
+        log(f"  combined: {raw['combined']:,.0f} msg/s")
+        ours = run_loop(_ours(workdir, args))
+        log(f"persist-queue SQLiteAckQueue (defaults, FULL), n={args.pq_n}")
+        pq = bench_persist_queue(workdir / "pq", args.pq_n)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    normal, full = ours["normal"], ours["full"]
+    result: dict[str, Any] = {
+        "raw_sqlite_msgs_per_s": round(raw["combined"]),
+        "raw_sqlite_insert_msgs_per_s": round(raw["insert"]),
+        "raw_sqlite_drain_msgs_per_s": round(raw["drain"]),
+        "outbox_enqueue_msgs_per_s": round(normal["enqueue"]),
+        "outbox_drain_msgs_per_s": round(normal["drain"]),
+        "outbox_combined_msgs_per_s": round(normal["combined"]),
+        "persist_queue_msgs_per_s": round(pq["combined"]),
+        "persist_queue_put_msgs_per_s": round(pq["put"]),
+        "persist_queue_get_ack_msgs_per_s": round(pq["get_ack"]),
+        "outbox_full_msgs_per_s": round(full["combined"]),
+        "outbox_full_enqueue_msgs_per_s": round(full["enqueue"]),
+        "outbox_full_drain_msgs_per_s": round(full["drain"]),
+        "ratio_vs_raw": round(normal["combined"] / raw["combined"], 3),
+        "ratio_vs_persist_queue": round(full["combined"] / pq["combined"], 1),
+        "idle_cpu_percent": round(normal.get("idle_cpu_percent", 0.0), 3),
+        "idle_write_txns": int(normal.get("idle_write_txns", 0)),
+        "idle_s": round(normal.get("idle_s", 0.0), 1),
+        "n": args.n,
+        "persist_queue_n": args.pq_n,
+        "synchronous": "NORMAL",
+        "synchronous_vs_persist_queue": "FULL",
+        "callers": CALLERS,
+        "payload_bytes": len(PAYLOAD),
+        "event_loop": "uvloop" if uvloop_factory() is not None else "asyncio",
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "cpus": os.cpu_count(),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
