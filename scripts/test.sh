@@ -11,8 +11,9 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
     echo "installing Debian's mosquitto for the integration tests" >&2
     apt_install mosquitto || echo "warning: could not install mosquitto; MQTT tests will fail" >&2
 fi
-if ! command -v openssl >/dev/null 2>&1; then
-    apt_install openssl || true
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2
+    apt_install systemd || echo "warning: could not install systemd; unit checks will be skipped" >&2
 fi
 
 cd "$ROOT"
