@@ -32,7 +32,9 @@ closes is allowed to finish; a success or a `Capacity`/`Permanent` answer counts
 fault). On reopen, sending resumes after a jittered delay in `[0, reconnect_jitter_s]`.
 
 Idle: when nothing is ready the drain loops sleep until a store change or the earliest `send_at`
-(through the `Clock`). No polling, no write transaction.
+(through the `Clock`). No polling, no write transaction. (While a row is due but another
+partition or a full lane has not taken it yet, a drain loop looks again after a backoff of
+0.05 s doubling to 5 s, reads only: `next_due_ms` spans all partitions.)
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ log = logging.getLogger(__name__)
 Deliver = Callable[[OutboxRow], Awaitable[None]]
 
 _STORE_RETRY_S = 1.0  # pause after a store error before the drain loop tries again
+_RECHECK_MIN_S = 0.05  # first look again at a due row another partition has not taken yet
+_RECHECK_MAX_S = 5.0
 
 
 class _Lane:
@@ -93,10 +97,11 @@ class _Lane:
 
 
 class _Partition:
-    __slots__ = ("index", "lanes", "wake", "task", "discovered_at")
+    __slots__ = ("index", "lanes", "wake", "task", "discovered_at", "recheck_s")
 
     def __init__(self, index: int) -> None:
         self.index = index
+        self.recheck_s = _RECHECK_MIN_S
         self.discovered_at = float("-inf")
         self.lanes: dict[str, _Lane] = {}
         self.wake = asyncio.Event()
@@ -351,6 +356,8 @@ class Relay:
                 self._released += len(rows)
                 await self._settle(store.release([r.row_id for r in rows]), "release")
                 continue
+            if rows:
+                part.recheck_s = _RECHECK_MIN_S
             for row in rows:
                 self._push(part, row)
             if len(rows) >= limit:
@@ -413,9 +420,16 @@ class Relay:
             return
         timeout: float | None = None
         if due is not None and due > taken_at:
+            part.recheck_s = _RECHECK_MIN_S
             timeout = max(0.0, (due - self._clock.now_ms()) / 1000.0)
             if timeout == 0.0:
                 return
+        elif due is not None:
+            # Due already, yet not ours to take now: another partition's row (it will take it
+            # soon) or a full lane's. The store's next_due_ms spans all partitions, so look
+            # again later, backing off, rather than sleeping past a row of our own.
+            timeout = part.recheck_s
+            part.recheck_s = min(_RECHECK_MAX_S, part.recheck_s * 2)
         if saturated:
             discovery = self._discovery_wait(part)
             if discovery is not None and (timeout is None or discovery < timeout):

@@ -451,3 +451,35 @@ async def test_bad_arguments_are_refused() -> None:
 
 async def _noop(row: OutboxRow) -> None:
     return None
+
+
+async def test_a_backed_off_row_is_retried_on_time_while_another_partition_is_stuck() -> None:
+    clock = VirtualClock()
+    store = MemoryOutbox(clock)
+    probe = Relay(store, _noop, clock=clock, ready=Gate(), partitions=2)
+    stuck = "stuck-receiver"
+    mine = next(f"dev{i}" for i in range(100) if probe.partition_of(f"dev{i}") != probe.partition_of(stuck))
+    tries: list[int] = []
+
+    async def deliver(row: OutboxRow) -> None:
+        if row.receiver == stuck:
+            await clock.sleep(3600)
+            return
+        tries.append(clock.now_ms())
+        if len(tries) == 1:
+            raise Transient("once")
+
+    for i in range(100):  # far more than the stuck lane takes: due rows left in the store
+        await store.enqueue(message(f"s{i}", receiver=stuck))
+    await store.enqueue(message("mine", receiver=mine))
+    relay, _ = make(
+        clock, store, deliver, partitions=2,
+        retry=RetryPolicy(base_s=20, cap_s=20, transient_floor_s=10),
+    )
+    async with relay:
+        await clock.advance(0.1)
+        assert len(tries) == 1
+        due = next(r.row.send_at_ms for r in store.recs.values() if r.row.msg_id == "mine")
+        await clock.advance((due - clock.now_ms()) / 1000 + 5.1)
+        assert len(tries) == 2, "the retry waited for the stuck partition"
+        assert tries[1] - due <= 5100
