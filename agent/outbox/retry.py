@@ -51,7 +51,7 @@ class RetryPolicy:
             raise ValueError(f"attempt must be >= 0, got {attempt}")
         if attempt >= _MAX_EXPONENT:
             return self.cap_s
-        return min(self.cap_s, self.base_s * (2**attempt))
+        return min(self.cap_s, self.base_s * float(1 << attempt))
 
     def backoff_s(self, attempt: int, rng: random.Random) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2**attempt)]."""
