@@ -157,6 +157,7 @@ class Relay:
         self._tasks: list[asyncio.Task[None]] = []
         self._acks: list[int] = []
         self._ack_wake = asyncio.Event()
+        self._stop_event = asyncio.Event()
         self._unsent: list[int] = []  # rows held by a sender that was cancelled at stop
         # counters
         self._delivered = 0
@@ -220,6 +221,7 @@ class Relay:
             return
         self._stopping = True
         self._running = False
+        self._stop_event.set()
         with contextlib.suppress(ValueError):
             self._ready.remove_listener(self._on_ready_change)
         if self._resume_timer is not None:
@@ -310,12 +312,24 @@ class Relay:
                     self._acks[:0] = batch
                     if self._stopping:
                         return
-                    await self._clock.sleep(_STORE_RETRY_S)
+                    await self._pause(_STORE_RETRY_S)  # cut short by stop()
                     continue
                 # An ack can make the next row of a FIFO receiver ready.
                 self._wake_all()
             if self._stopping:
                 return
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep `seconds` of the clock, or until `stop()` begins."""
+        if self._stopping:
+            return
+        timer = self._clock.call_later(seconds, self._stop_event.set)
+        try:
+            await self._stop_event.wait()
+        finally:
+            timer.cancel()
+            if not self._stopping:
+                self._stop_event.clear()
 
     # -- drain loop ------------------------------------------------------------------------
     def _lane(self, part: _Partition, kind: str) -> _Lane:

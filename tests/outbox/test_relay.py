@@ -12,7 +12,7 @@ import pytest
 from relay_support import MemoryOutbox, message
 
 from agent.core.clock import VirtualClock
-from agent.core.errors import Capacity, Permanent, Transient
+from agent.core.errors import Capacity, Permanent, StoreError, Transient
 from agent.core.gate import Gate
 from agent.outbox.limiter import AimdSettings
 from agent.outbox.relay import Relay
@@ -483,3 +483,42 @@ async def test_a_backed_off_row_is_retried_on_time_while_another_partition_is_st
         await clock.advance((due - clock.now_ms()) / 1000 + 5.1)
         assert len(tries) == 2, "the retry waited for the stuck partition"
         assert tries[1] - due <= 5100
+
+
+async def test_store_errors_are_retried_and_never_hang_stop() -> None:
+    clock = VirtualClock()
+    store = MemoryOutbox(clock)
+    got: list[str] = []
+    failures = {"ack": 2, "take_ready": 2}
+    real_ack, real_take = store.ack, store.take_ready
+
+    async def flaky_ack(ids):  # type: ignore[no-untyped-def]
+        if failures["ack"] > 0:
+            failures["ack"] -= 1
+            raise StoreError("disk I/O error")
+        await real_ack(ids)
+
+    async def flaky_take(**kw):  # type: ignore[no-untyped-def]
+        if failures["take_ready"] > 0:
+            failures["take_ready"] -= 1
+            raise StoreError("database is locked")
+        return await real_take(**kw)
+
+    store.ack = flaky_ack  # type: ignore[method-assign]
+    store.take_ready = flaky_take  # type: ignore[method-assign]
+
+    async def deliver(row: OutboxRow) -> None:
+        got.append(row.msg_id)
+
+    await fill(store, 30)
+    relay, _ = make(clock, store, deliver, partitions=1)
+    async with relay:
+        await clock.advance(10)
+        assert sorted(got) == sorted(f"m{i:05d}" for i in range(30))
+        assert (await store.stats()).delivered == 30
+        assert relay.metrics().store_errors == 4
+        failures["ack"] = 10**6  # the disk is gone for good: stop must still return
+        await store.enqueue(message("late", receiver="r0"))
+        await clock.advance(0.1)
+        assert "late" in got
+    assert relay.metrics().store_errors > 4
