@@ -546,8 +546,9 @@ class Orchestrator:
         for w in self.store.waves(r.id):
             if w.state == "pending":
                 self.store.set_wave(r.id, w.idx, state="canceled", detail=why)
-            elif w.state in ("running", "soaking", "awaiting_approval") and state == "canceled":
-                self.store.set_wave(r.id, w.idx, state="canceled", finished_ms=now, detail=why)
+            elif w.state in ("running", "soaking", "awaiting_approval"):
+                self.store.set_wave(r.id, w.idx, state="canceled" if state == "canceled" else "failed",
+                                    finished_ms=now, detail=why)
         for d in self.store.devices(r.id, states=("queued",)):
             self.store.set_device(
                 r.id,

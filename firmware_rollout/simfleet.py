@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent.actors import ActorRef, ActorSystem
 from agent.core.clock import Clock
@@ -352,12 +353,21 @@ class SimFleet:
             self._hb_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._hb_task
-        await self.device_relay.stop()
-        await self.devices_system.stop()
+        await self._while_time_runs(self.device_relay.stop())
+        await self._while_time_runs(self.devices_system.stop())
         for device in self.devices.values():
             await device.stop()
-        await self.stop_leader()
+        await self._while_time_runs(self.stop_leader())
         await self.device_outbox.close()
+
+    async def _while_time_runs(self, coro: Coroutine[Any, Any, object]) -> None:
+        """Await `coro`, moving a virtual clock on meanwhile: a shutdown waits (on the clock) for
+        actors still busy, e.g. a device downloading after the leader timed it out."""
+        task = asyncio.ensure_future(coro)
+        advance = getattr(self.clock, "advance", None)
+        while advance is not None and not task.done():
+            await advance(0.5)
+        await task
 
 
 __all__ = ["FLEET", "DeviceFate", "FailingInstaller", "SimDevice", "SimFleet", "SimHealth"]
