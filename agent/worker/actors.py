@@ -143,6 +143,11 @@ class HeartbeatActor(Actor):
 
         self._timer = ctx.clock.call_later(delay_s, fire)
 
+    @property
+    def last_seq(self) -> int:
+        """Seq of the newest heartbeat made (the base of this incarnation before the first)."""
+        return self._seq_base + self._count
+
     def heartbeat(self, clock: Clock) -> Heartbeat:
         self._count += 1
         return Heartbeat(

@@ -193,6 +193,9 @@ class WorkerAgent:
         self._job_handler = job_handler or echo_job
         self._reregister_s = reregister_s
         self._commands: dict[str, ActorRef] = {}
+        self.heartbeat_actor: HeartbeatActor | None = None
+        self.telemetry_actor: TelemetryActor | None = None
+        self.job_worker: JobWorker | None = None
         self.heartbeat: ActorRef | None = None
         self.telemetry: ActorRef | None = None
         self.jobs: ActorRef | None = None
@@ -231,23 +234,25 @@ class WorkerAgent:
         cfg = self.config
         await self.system.start()
         window = DemandWindow(cfg.jobs.demand_window, worker=self.device_id, incarnation=str(self.incarnation))
+        self.job_worker = JobWorker(
+            device_id=self.device_id, window=window, ledger=self.ledger, outbox=self.outbox, link=self.link,
+            ids=self.ids, handler=self._job_handler, reregister_s=self._reregister_s)
         self.jobs = self.system.spawn(
-            JobWorker(device_id=self.device_id, window=window, ledger=self.ledger, outbox=self.outbox,
-                      link=self.link, ids=self.ids, handler=self._job_handler, reregister_s=self._reregister_s),
-            name="jobs", capacity=cfg.jobs.demand_window + 2, policy="reject",
+            self.job_worker, name="jobs", capacity=cfg.jobs.demand_window + 2, policy="reject",
         )
         self._commands[KIND_JOB_OFFER] = self.jobs
+        self.telemetry_actor = TelemetryActor(
+            device_id=self.device_id, outbox=self.outbox, link=self.link, ids=self.ids,
+            seq_base=self.incarnation * 1_000_000_000)
         self.telemetry = self.system.spawn(
-            TelemetryActor(device_id=self.device_id, outbox=self.outbox, link=self.link, ids=self.ids,
-                           seq_base=self.incarnation * 1_000_000_000),
-            name="telemetry", capacity=cfg.mailbox.capacity, policy=cfg.mailbox.policy,
+            self.telemetry_actor, name="telemetry", capacity=cfg.mailbox.capacity, policy=cfg.mailbox.policy,
         )
+        self.heartbeat_actor = HeartbeatActor(
+            device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
+            incarnation=self.incarnation, firmware_version=lambda: cfg.agent.firmware_version,
+            tags=tuple(cfg.agent.tags), sampler=self._sampler)  # type: ignore[arg-type]
         self.heartbeat = self.system.spawn(
-            HeartbeatActor(device_id=self.device_id, outbox=self.outbox, ids=self.ids,
-                           interval_s=cfg.heartbeat.interval_s, incarnation=self.incarnation,
-                           firmware_version=lambda: cfg.agent.firmware_version, tags=tuple(cfg.agent.tags),
-                           sampler=self._sampler),  # type: ignore[arg-type]
-            name="heartbeat", capacity=4, policy="drop_oldest",
+            self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest",
         )
         self.transport.connected.add_listener(self._on_connection)
         await self.sender.start()

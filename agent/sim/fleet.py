@@ -1,0 +1,205 @@
+"""One leader and N workers in one process: real actors, real outboxes, real relays.
+
+Only the transport (a `MemoryBroker`, or a real broker with `--broker`) and the clock (virtual
+by default) are swapped. Simulated devices keep their outboxes in a few shared SQLite files:
+each file holds the rows of many devices (the row's `owner`), and one relay per file drains it,
+handing each row to its owner's `EnvelopeSender`, so it travels over that device's own
+connection. A device whose uplink is down answers `Transient` and its row backs off; the file's
+relay holds everything while the whole broker is down. Job ledgers are shared per file too.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from agent.app import make_transport
+from agent.core.clock import Clock
+from agent.core.config import AgentConfig, convert
+from agent.core.errors import Transient
+from agent.core.gate import Gate
+from agent.leader.agent import LeaderAgent
+from agent.outbox.relay import Relay
+from agent.outbox.retry import RetryPolicy
+from agent.outbox.store import OutboxStore
+from agent.outbox.types import OutboxRow
+from agent.protocol import JobOffer
+from agent.sim.options import SimOptions
+from agent.transport.base import Transport
+from agent.transport.memory import MemoryBroker
+from agent.worker.agent import WorkerAgent, outbox_classes
+from agent.worker.jobs import JobLedger
+
+FLEET = "sim"
+LEADER_ID = "leader-1"
+# Attempts spent while a simulated device is offline are real nacks in a shared file's relay;
+# a generous cap keeps a long offline period from dead-lettering what the device will resend.
+SIM_MAX_ATTEMPTS = 10_000
+
+
+def rng_for(seed: int, name: str) -> random.Random:
+    """A generator owned by one part of the simulation, the same in every run with `seed`."""
+    return random.Random(f"{seed}:{name}")
+
+
+def device_name(index: int) -> str:
+    return f"dev-{index:05d}"
+
+
+def worker_config(opts: SimOptions, device_id: str) -> AgentConfig:
+    return convert(
+        {
+            "agent": {"role": "worker", "device_id": device_id, "fleet": FLEET, "data_dir": "."},
+            "mailbox": {"capacity": 64},
+            "heartbeat": {"interval_s": opts.heartbeat_s},
+            "jobs": {"demand_window": opts.job_window},
+            "outbox": {"max_attempts": SIM_MAX_ATTEMPTS, "backoff_cap_s": 60.0,
+                       "classes": {"heartbeat": {"max_messages": 16 * opts.devices},
+                                   "telemetry": {"max_messages": 100_000}}},
+            "relay": {"partitions": 1, "reconnect_jitter_s": 5.0},
+            "mqtt": {"reply_timeout_s": 10.0},
+        },
+        AgentConfig,
+        source="simulate",
+    )
+
+
+def leader_config(opts: SimOptions) -> AgentConfig:
+    return convert(
+        {
+            "agent": {"role": "leader", "device_id": LEADER_ID, "fleet": FLEET, "data_dir": "."},
+            "mailbox": {"capacity": opts.leader_mailbox},
+            "leader": {"process_interval_s": opts.leader_interval_s,
+                       "heartbeat_deadline_s": max(30.0, 3 * opts.heartbeat_s), "job_window_max": 64},
+            "outbox": {"max_attempts": SIM_MAX_ATTEMPTS, "backoff_cap_s": 60.0},
+            "relay": {"partitions": 4, "reconnect_jitter_s": 2.0},
+            "mqtt": {"reply_timeout_s": 10.0},
+        },
+        AgentConfig,
+        source="simulate",
+    )
+
+
+class SimFleet:
+    """Builds, starts and stops the simulated fleet; `workers` by device id."""
+
+    def __init__(self, opts: SimOptions, *, clock: Clock, workdir: Path) -> None:
+        self.opts = opts
+        self.clock = clock
+        self.workdir = workdir
+        self.broker: MemoryBroker | None = None
+        if opts.broker_url is None:
+            self.broker = MemoryBroker(clock=clock, rng=rng_for(opts.seed, "broker"),
+                                       max_queued_per_session=100_000)
+        self.uplink = Gate(is_open=True)  # closed while the whole (memory) broker is down
+        self.leader: LeaderAgent | None = None
+        self.workers: dict[str, WorkerAgent] = {}
+        self.stores: list[OutboxStore] = []
+        self.ledgers: list[JobLedger] = []
+        self.relays: list[Relay] = []
+        self.job_rng = rng_for(opts.seed, "jobs")
+        self._cut: set[str] = set()
+
+    def _transport(self, config: AgentConfig, name: str) -> Transport:
+        return make_transport(config, clock=self.clock, broker_url=self.opts.broker_url,
+                              memory_broker=self.broker, rng=rng_for(self.opts.seed, f"transport:{name}"))
+
+    async def open(self) -> None:
+        opts = self.opts
+        lcfg = leader_config(opts)
+        self.leader = await LeaderAgent.open(lcfg, transport=self._transport(lcfg, LEADER_ID), clock=self.clock,
+                                             data_dir=self.workdir / "leader", rng=rng_for(opts.seed, "leader"))
+        files = min(opts.files, opts.devices)
+        wcfg0 = worker_config(opts, device_name(0))
+        for k in range(files):
+            self.stores.append(await OutboxStore.open(
+                self.workdir / f"outbox-{k}.db", clock=self.clock, max_attempts=SIM_MAX_ATTEMPTS,
+                classes=outbox_classes(wcfg0)))
+            self.ledgers.append(JobLedger.open(self.workdir / f"ledger-{k}.db", clock=self.clock))
+        for i in range(opts.devices):
+            device = device_name(i)
+            cfg = worker_config(opts, device)
+            k = i % files
+            self.workers[device] = WorkerAgent(
+                cfg, transport=self._transport(cfg, device), clock=self.clock, outbox=self.stores[k],
+                ledger=self.ledgers[k], incarnation=1, owns_stores=False, rng=rng_for(opts.seed, device),
+                sampler=None, job_handler=self._job, relay=False)
+        for k, store in enumerate(self.stores):
+            self.relays.append(Relay(
+                store, self._route, clock=self.clock, ready=self.uplink, partitions=1,
+                retry=RetryPolicy(base_s=1.0, cap_s=60.0, transient_floor_s=0.5),
+                rng=rng_for(opts.seed, f"relay:{k}"), reconnect_jitter_s=5.0, name=f"relay:file{k}"))
+
+    async def _route(self, row: OutboxRow) -> None:
+        worker = self.workers.get(row.owner)
+        if worker is None:
+            raise Transient(f"no simulated device {row.owner!r}")
+        if not worker.transport.connected.is_open:
+            raise Transient(f"{row.owner} is offline")
+        await worker.deliver_row(row)
+
+    async def _job(self, offer: JobOffer) -> bytes:
+        await self.clock.sleep(self.opts.job_work_s * (0.5 + self.job_rng.random()))
+        return offer.payload
+
+    async def start_leader(self) -> None:
+        assert self.leader is not None
+        await self.leader.start()
+        for relay in self.relays:
+            await relay.start()
+
+    async def start_worker(self, device: str) -> None:
+        await self.workers[device].start()
+
+    async def stop(self) -> None:
+        for worker in self.workers.values():
+            await worker.stop()
+        for relay in self.relays:
+            await relay.stop()
+        if self.leader is not None:
+            await self.leader.stop()
+        for store in self.stores:
+            await store.close()
+        for ledger in self.ledgers:
+            ledger.close()
+
+    # -- failure injection (memory broker only) ----------------------------------------------
+    def cut(self, device: str) -> None:
+        if self.broker is not None:
+            self._cut.add(device)
+            self.broker.partition(self.workers[device].transport.client_id)
+
+    def heal(self, device: str) -> None:
+        if self.broker is not None:
+            self._cut.discard(device)
+            self.broker.heal(self.workers[device].transport.client_id)
+
+    def broker_down(self) -> None:
+        if self.broker is not None:
+            self.uplink.close()
+            self.broker.partition()
+
+    def broker_up(self) -> None:
+        if self.broker is not None:
+            self.broker.heal()
+            for device in sorted(self._cut):  # still in their own offline period
+                self.broker.partition(self.workers[device].transport.client_id)
+            self.uplink.open()
+
+    async def outbox_pending(self) -> int:
+        total = 0
+        for store in self.stores:
+            total += (await store.stats()).pending
+        assert self.leader is not None
+        total += (await self.leader.outbox.stats()).pending
+        return total
+
+    def relay_metrics(self) -> list[Any]:
+        out = [relay.metrics() for relay in self.relays]
+        if self.leader is not None:
+            out.append(self.leader.relay.metrics())
+        return out
+
+
+__all__ = ["FLEET", "LEADER_ID", "SimFleet", "device_name", "leader_config", "rng_for", "worker_config"]

@@ -1,0 +1,76 @@
+"""What a simulation run is asked to do, parsed and checked once."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agent.core.errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str, *, name: str = "duration") -> float:
+    """`90`, `90s`, `10m`, `1.5h`, `250ms` -> seconds."""
+    match = _DURATION.match(str(text))
+    if match is None:
+        raise ConfigError("simulate", name, f"not a duration: {text!r} (use e.g. 30s, 10m, 1h)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_outage(text: str) -> tuple[float, float]:
+    """`AT:FOR`, e.g. `3m:1m` -> (180.0, 60.0)."""
+    at, sep, length = str(text).partition(":")
+    if not sep:
+        raise ConfigError("simulate", "broker-outage", f"expected AT:FOR (e.g. 3m:1m), got {text!r}")
+    start, span = parse_duration(at, name="broker-outage"), parse_duration(length, name="broker-outage")
+    if span <= 0:
+        raise ConfigError("simulate", "broker-outage", "the outage must last more than 0 s")
+    return start, span
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimOptions:
+    devices: int = 50
+    duration_s: float = 600.0
+    seed: int = 1
+    heartbeat_s: float = 5.0
+    leader_interval_s: float = 30.0
+    telemetry_s: float = 30.0  # per device; 0 = none
+    offline_rate: float = 0.0  # fraction of devices that lose their uplink once during the run
+    offline_duration_s: float = 120.0
+    broker_outage: tuple[float, float] | None = None  # (at, for)
+    jobs: int = 0
+    job_window: int = 2
+    job_work_s: float = 1.0
+    leader_mailbox: int = 1024
+    files: int = 4  # shared outbox files
+    ephemeral: bool = False
+    broker_url: str | None = None
+    realtime: bool = False
+    drain_s: float = 900.0  # fleet time allowed after `duration` for everything to arrive
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("devices", self.devices >= 1, "must be >= 1"),
+            ("duration", self.duration_s > 0, "must be > 0"),
+            ("heartbeat", self.heartbeat_s > 0, "must be > 0"),
+            ("leader-interval", self.leader_interval_s >= 0, "must be >= 0"),
+            ("telemetry", self.telemetry_s >= 0, "must be >= 0"),
+            ("offline-rate", 0.0 <= self.offline_rate <= 1.0, "must be between 0 and 1"),
+            ("offline-duration", self.offline_duration_s > 0, "must be > 0"),
+            ("jobs", self.jobs >= 0, "must be >= 0"),
+            ("job-window", self.job_window >= 1, "must be >= 1"),
+            ("leader-mailbox", self.leader_mailbox >= 1, "must be >= 1"),
+            ("files", self.files >= 1, "must be >= 1"),
+        ]
+        for key, ok, reason in checks:
+            if not ok:
+                raise ConfigError("simulate", key, reason)
+        if self.broker_url is not None and not self.broker_url.startswith(("mqtt://", "mqtts://")):
+            raise ConfigError("simulate", "broker", "must be mqtt://host:port")
+
+
+__all__ = ["SimOptions", "parse_duration", "parse_outage"]

@@ -1,0 +1,205 @@
+"""The simulation report: what was sent, what arrived, what was coalesced, and what was lost.
+
+Definitions (all counts over the whole run):
+
+* telemetry `lost` = records generated - records in the leader's state (each applied once, by
+  message id) - records dead-lettered or still pending in an outbox. Must be 0.
+* jobs `lost` = jobs submitted - jobs confirmed in the leader's queue. Must be 0 after draining.
+* heartbeats `stale_devices` = devices whose newest heartbeat (by seq) is not the one in the
+  leader's registry at the end. Must be 0.
+* `lost` = the sum of the three.
+* `conservation_ok`: every outbox satisfies enqueued = delivered + dead_lettered + expired +
+  dropped + overwritten + pending (- replayed), every leader mailbox satisfies enqueued =
+  processed + depth + dropped + coalesced + drained, and no telemetry is unaccounted for.
+
+Everything except the `wall` section depends only on the options and the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from typing import TYPE_CHECKING, Any
+
+from agent.actors import MailboxStatistics
+
+if TYPE_CHECKING:
+    from agent.sim.runner import Simulation
+
+Report = dict[str, Any]
+
+
+def _mailbox(s: MailboxStatistics) -> dict[str, int]:
+    return {"capacity": s.capacity, "high_water": s.high_water, "enqueued": s.enqueued, "processed": s.processed,
+            "rejected": s.rejected, "coalesced": s.coalesced, "dropped": s.dropped, "depth": s.depth}
+
+
+def _mailbox_ok(s: MailboxStatistics) -> bool:
+    return s.enqueued == s.processed + s.depth + s.dropped + s.coalesced + s.drained
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024, 1)
+
+
+async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Report:
+    opts = sim.opts
+    fleet = sim.fleet
+    leader = fleet.leader
+    assert leader is not None
+    stores = [await s.stats() for s in fleet.stores]
+    leader_outbox = await leader.outbox.stats()
+    all_stats = [*stores, leader_outbox]
+
+    def total(field: str, stats: list[Any] = all_stats) -> int:
+        return sum(int(getattr(s, field)) for s in stats)
+
+    workers = list(fleet.workers.values())
+    hb_generated = sum(w.heartbeat_actor.sent for w in workers if w.heartbeat_actor)
+    hb_outbox_coalesced = sum(w.heartbeat_actor.coalesced for w in workers if w.heartbeat_actor)
+    tel_direct = sum(w.telemetry_actor.direct for w in workers if w.telemetry_actor)
+    tel_stored = sum(w.telemetry_actor.stored for w in workers if w.telemetry_actor)
+    tel_generated = tel_direct + tel_stored
+    devices = {d.device_id: d for d in leader.registry.devices()}
+    tel_applied = sum(d.telemetry_count for d in devices.values())
+    tel_dead = sum(s.by_class.get("telemetry").dead for s in stores if s.by_class.get("telemetry"))  # type: ignore[union-attr]
+    tel_pending = sum(s.by_class.get("telemetry").pending for s in stores if s.by_class.get("telemetry"))  # type: ignore[union-attr]
+    tel_lost = tel_generated - tel_applied - tel_dead - tel_pending
+
+    stale = 0
+    for w in workers:
+        hb = w.heartbeat_actor
+        if hb is None or hb.sent == 0:
+            continue
+        last_seq = hb.last_seq
+        record = devices.get(w.device_id)
+        if record is None or record.hb_seq != last_seq:
+            stale += 1
+
+    jobs = leader.jobs_queue.counts()
+    jstats = leader.jobs_queue.stats()
+    actor = leader.leader_stats
+    intake = leader.intake_stats
+    results = dict(actor.stats.results) if actor else {}
+    jobs_lost = max(0, sim.jobs_submitted - jobs.get("confirmed", 0))
+    mailboxes = {s.name: s for s in leader.mailbox_statistics()}
+    hb_box = mailboxes.get("heartbeats")
+    intake_applied = intake.stats.applied if intake else 0
+
+    relays = fleet.relay_metrics()
+    conservation = all(s.conservation_ok for s in all_stats) and all(_mailbox_ok(m) for m in mailboxes.values())
+    conservation = conservation and tel_lost == 0
+
+    broker = fleet.broker.stats() if fleet.broker is not None else None
+    lost = tel_lost + jobs_lost + stale
+    report: Report = {
+        "scenario": {
+            "devices": opts.devices, "duration_s": opts.duration_s, "seed": opts.seed,
+            "heartbeat_s": opts.heartbeat_s, "leader_interval_s": opts.leader_interval_s,
+            "telemetry_s": opts.telemetry_s, "offline_rate": opts.offline_rate,
+            "offline_duration_s": opts.offline_duration_s,
+            "broker_outage": list(opts.broker_outage) if opts.broker_outage else None,
+            "jobs": opts.jobs, "job_window": opts.job_window, "leader_mailbox": opts.leader_mailbox,
+            "files": len(fleet.stores), "transport": "mqtt" if opts.broker_url else "memory",
+            "clock": "virtual" if not (opts.realtime or opts.broker_url) else "realtime",
+        },
+        "fleet_seconds": round(sim.now(), 3),
+        "drain_seconds": round(sim.drain_fleet_s, 3),
+        "drained": sim.drained,
+        "lost": lost,
+        "conservation_ok": conservation,
+        "messages": {
+            "sent": total("enqueued") + tel_direct,
+            "sent_direct": tel_direct,
+            "enqueued_in_outboxes": total("enqueued"),
+            "delivered": total("delivered") + tel_direct,
+            "coalesced": total("overwritten") + (hb_box.coalesced if hb_box else 0),
+            "coalesced_in_outboxes": total("overwritten"),
+            "coalesced_in_leader_mailbox": hb_box.coalesced if hb_box else 0,
+            "dead_lettered": total("dead_lettered"),
+            "expired": total("expired"),
+            "dropped": total("dropped"),
+            "pending": total("pending"),
+            "duplicates_refused": total("duplicates"),
+        },
+        "heartbeats": {
+            "generated": hb_generated,
+            "coalesced_in_outboxes": hb_outbox_coalesced,
+            "applied_by_leader": intake_applied,
+            "coalescing_ratio": round(hb_generated / intake_applied, 3) if intake_applied else None,
+            "stale_devices": stale,
+        },
+        "telemetry": {
+            "generated": tel_generated, "direct": tel_direct, "via_outbox": tel_stored,
+            "applied_by_leader": tel_applied, "duplicates_ignored": actor.stats.telemetry_duplicate if actor else 0,
+            "dead_lettered": tel_dead, "pending": tel_pending, "refused_at_source": sim.telemetry_refused,
+            "lost": tel_lost,
+        },
+        "jobs": {
+            "submitted": sim.jobs_submitted, "confirmed": jobs.get("confirmed", 0),
+            "pending": jobs.get("pending", 0), "results": results, "requeued": jstats.requeued,
+            "confirmed_more_than_once": max(0, results.get("confirmed", 0) - jobs.get("confirmed", 0)),
+            "lost": jobs_lost,
+        },
+        "leader_mailbox": {name: _mailbox(s) for name, s in sorted(mailboxes.items())},
+        "leader_mailbox_high_water": hb_box.high_water if hb_box else 0,
+        "leader": {
+            "busy_answers": leader.busy_answers, "rejected": leader.rejects.count,
+            "devices_known": len(devices), "devices_online": sum(1 for d in devices.values() if d.online),
+        },
+        "relay": {
+            "delivered": sum(r.delivered for r in relays),
+            "retried": sum(r.retried for r in relays),
+            "capacity_rejections": sum(r.capacity_rejections for r in relays),
+            "transient_failures": sum(r.transient_failures for r in relays),
+            "dead_lettered": sum(r.dead_lettered for r in relays),
+        },
+        "offline_episodes": len(sim.offline_episodes),
+        "broker": None if broker is None else {
+            "published": broker.published, "delivered": broker.delivered, "queued": broker.queued,
+            "wills_published": broker.wills_published, "dropped_queue_full": broker.dropped_queue_full},
+        "wall": {
+            "seconds": round(wall_s, 3),
+            "cpu_seconds": round(cpu_s, 3),
+            "fleet_seconds_per_wall_second": round(sim.now() / wall_s, 1) if wall_s > 0 else None,
+            "peak_rss_mb": _peak_rss_mb(),
+        },
+    }
+    return report
+
+
+def summary(report: Report) -> str:
+    s, m, hb, tel, jobs = (report[k] for k in ("scenario", "messages", "heartbeats", "telemetry", "jobs"))
+    box = report["leader_mailbox"].get("heartbeats", {})
+    lines = [
+        f"simulated {s['devices']} devices for {s['duration_s']:.0f}s of fleet time ({s['clock']} clock,"
+        f" {s['transport']} broker, seed {s['seed']}) in {report['wall']['seconds']:.1f}s of wall time",
+        f"messages: sent {m['sent']}, delivered {m['delivered']}, coalesced {m['coalesced']},"
+        f" dead-lettered {m['dead_lettered']}, pending {m['pending']}",
+        f"heartbeats: {hb['generated']} made, {hb['applied_by_leader']} applied by the leader"
+        f" (coalescing ratio {hb['coalescing_ratio']}), {hb['coalesced_in_outboxes']} coalesced in outboxes",
+        f"telemetry: {tel['generated']} sent ({tel['direct']} direct, {tel['via_outbox']} via outbox),"
+        f" {tel['applied_by_leader']} in the leader's state, {tel['duplicates_ignored']} redeliveries ignored",
+        f"leader mailbox: high-water {box.get('high_water', 0)} of {box.get('capacity', 0)},"
+        f" {report['leader']['busy_answers']} busy answers, relay capacity rejections"
+        f" {report['relay']['capacity_rejections']}",
+    ]
+    if jobs["submitted"]:
+        lines.append(f"jobs: {jobs['confirmed']}/{jobs['submitted']} confirmed, {jobs['requeued']} requeued,"
+                     f" confirmed twice: {jobs['confirmed_more_than_once']}")
+    if report["offline_episodes"] or s["broker_outage"]:
+        lines.append(f"faults: {report['offline_episodes']} devices offline for {s['offline_duration_s']:.0f}s"
+                     + (f", broker down {s['broker_outage'][1]:.0f}s at {s['broker_outage'][0]:.0f}s"
+                        if s["broker_outage"] else ""))
+    lines.append(f"lost: {report['lost']}   conservation_ok: {report['conservation_ok']}"
+                 f"   drained after {report['drain_seconds']:.0f}s")
+    return "\n".join(lines)
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(report, indent=2, sort_keys=True)
+
+
+__all__ = ["Report", "collect_report", "summary", "to_json"]
