@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.clock import SystemClock
-from agent.core.errors import ConfigError, RolloutError
+from agent.core.errors import ArtifactError, ConfigError, RolloutError
 
 CONTROL_ACTIONS = ("pause", "resume", "cancel", "next", "approve")
 
@@ -106,7 +106,10 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     from firmware_rollout.spec import load_spec
 
     spec = load_spec(args.spec)
-    signed = read_signed_manifest(spec.rollout.artifact)  # ArtifactError: exit 2 with the reason
+    try:
+        signed = read_signed_manifest(spec.rollout.artifact)
+    except ArtifactError as exc:
+        raise RolloutError(f"artifact {spec.rollout.artifact}: {exc}") from None
     rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
     if store.get(rid) is not None:
         raise RolloutError(f"rollout {rid!r} exists already")
