@@ -127,8 +127,14 @@ class AimdLimiter:
         if self._in_flight <= 0:
             raise RuntimeError("AimdLimiter.release() without a matching acquire")
         self._in_flight -= 1
-        self.record(outcome)
-        self._wake()
+        if outcome == "success":  # the hot path, inlined
+            self.successes += 1
+            if self._limit < self._max:
+                self._limit += 1
+        elif outcome != "none":
+            self.record(outcome)
+        if self._waiters:
+            self._wake()
 
     # -- the AIMD rule ---------------------------------------------------------------------
     def record(self, outcome: Outcome) -> None:

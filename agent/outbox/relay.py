@@ -151,6 +151,7 @@ class Relay:
         self._parts = [_Partition(i) for i in range(partitions)]
         # Sending is allowed while `_active` is open: `ready` is open and the jitter has passed.
         self._active = Gate(is_open=False)
+        self._sending = False  # mirrors `_active` for the per-row check
         self._resume_timer: TimerHandle | None = None
         self._running = False
         self._stopping = False
@@ -189,7 +190,7 @@ class Relay:
     @property
     def sending(self) -> bool:
         """True while the relay may send (gate open and the reconnect jitter has passed)."""
-        return self._active.is_open
+        return self._sending
 
     def partition_of(self, receiver: str) -> int:
         """The partition that owns `receiver` (FNV-1a, the same rule the store applies)."""
@@ -206,7 +207,7 @@ class Relay:
                 self._lane(part, kind)
         self._ready.add_listener(self._on_ready_change)
         if self._ready.is_open:
-            self._active.open()  # already connected: no herd to spread
+            self._set_sending(True)  # already connected: no herd to spread
         self._tasks.append(asyncio.create_task(self._watch(), name=f"{self._name}-watch"))
         self._tasks.append(asyncio.create_task(self._flush_acks(), name=f"{self._name}-acks"))
         for part in self._parts:
@@ -222,12 +223,12 @@ class Relay:
         self._stopping = True
         self._running = False
         self._stop_event.set()
+        self._set_sending(False)
         with contextlib.suppress(ValueError):
             self._ready.remove_listener(self._on_ready_change)
         if self._resume_timer is not None:
             self._resume_timer.cancel()
             self._resume_timer = None
-        self._active.close()
         flusher = self._tasks[1]
         tasks = [t for t in self._tasks if t is not flusher]
         tasks += [p.task for p in self._parts if p.task is not None]
@@ -264,7 +265,7 @@ class Relay:
             self._resume_timer.cancel()
             self._resume_timer = None
         if not is_open:
-            self._active.close()
+            self._set_sending(False)
             self._wake_all()
             return
         delay = self._rng.uniform(0.0, self._jitter_s) if self._jitter_s > 0 else 0.0
@@ -274,8 +275,15 @@ class Relay:
         self._resume_timer = None
         if self._running and self._ready.is_open:
             self._resumes += 1
-            self._active.open()
+            self._set_sending(True)
             self._wake_all()
+
+    def _set_sending(self, on: bool) -> None:
+        self._sending = on
+        if on:
+            self._active.open()
+        else:
+            self._active.close()
 
     def _wake_all(self) -> None:
         for part in self._parts:
@@ -341,7 +349,7 @@ class Relay:
     async def _drain(self, part: _Partition) -> None:
         store = self._store
         while not self._stopping:
-            if not self._active.is_open:
+            if not self._sending:
                 await self._release_queued(part)
                 await self._active.wait_open()
                 continue
@@ -366,7 +374,7 @@ class Relay:
                 log.warning("%s: take_ready failed: %s", self._name, exc)
                 await self._wait(part, _STORE_RETRY_S)
                 continue
-            if rows and not self._active.is_open:
+            if rows and not self._sending:
                 self._released += len(rows)
                 await self._settle(store.release([r.row_id for r in rows]), "release")
                 continue
@@ -525,7 +533,7 @@ class Relay:
             try:
                 if not limiter.try_acquire():
                     await limiter.acquire()
-                if not self._active.is_open:
+                if not self._sending:
                     limiter.release()
                     held = None
                     self._released += 1
@@ -585,7 +593,7 @@ class Relay:
                     exc,
                 )
                 error = Transient(f"{type(exc).__name__}: {exc}")
-            if not self._active.is_open:
+            if not self._sending:
                 # The link went down under this delivery: not the message's fault.
                 self._released += 1
                 await self._settle(self._store.release([row.row_id]), "release")
@@ -636,7 +644,7 @@ class Relay:
         )
         return RelayMetrics(
             lanes=lanes,
-            sending=self._active.is_open,
+            sending=self._sending,
             delivered=self._delivered,
             retried=self._retried,
             capacity_rejections=self._capacity,
