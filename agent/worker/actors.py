@@ -14,6 +14,8 @@ msgpack encoding; the relay turns a row into an `Envelope` with the row's id, ki
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -244,40 +246,42 @@ class JobWorker(Actor):
         self._ids = ids
         self._handler = handler
         self._reregister_s = reregister_s
-        self._timer: TimerHandle | None = None
+        self._kick = asyncio.Event()
+        self._registrar: asyncio.Task[None] | None = None
         self.done = 0
         self.duplicates = 0
         self.failures = 0
         self.busy = 0
 
     async def on_start(self, ctx: Context) -> None:
-        await self._register(ctx)
+        self._kick = asyncio.Event()
+        self._registrar = asyncio.get_running_loop().create_task(
+            self._register_loop(ctx.clock), name=f"job-demand:{self.device_id}")
 
     async def on_stop(self, ctx: Context) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        task, self._registrar = self._registrar, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
-    async def _register(self, ctx: Context) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        ref = ctx.self
-
-        def fire() -> None:
+    async def _register_loop(self, clock: Clock) -> None:
+        """Send the demand window now, then every `reregister_s` or when kicked (reconnect).
+        A long-lived task of its own, so a slow leader never holds up the jobs."""
+        while True:
+            self._kick.clear()
             try:
-                ref.tell(Reregister(), coalesce_key="reregister", seq=0)
-            except EdgeAgentError:
+                await self._link.send(self._window.demand())
+            except EdgeAgentError as exc:  # offline or leader busy: the next registration will do
+                log.debug("job demand not sent: %s", exc)
+            try:
+                await clock.wait_for(self._kick.wait(), self._reregister_s)
+            except TimeoutError:
                 pass
-
-        self._timer = ctx.clock.call_later(self._reregister_s, fire)
-        try:
-            await self._link.send(self._window.demand())
-        except EdgeAgentError as exc:  # offline or leader busy: the next registration will do
-            log.debug("job demand not sent: %s", exc)
 
     async def receive(self, message: object, ctx: Context) -> object | None:
         if isinstance(message, Reregister):
-            await self._register(ctx)
+            self._kick.set()
             return None
         if not isinstance(message, JobOffer):
             return None

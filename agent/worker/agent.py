@@ -104,9 +104,20 @@ def next_incarnation(path: Path) -> int:
         close_quietly(conn)
 
 
-async def echo_job(offer: JobOffer) -> bytes:
-    """The default job handler: the job's result is its payload."""
-    return offer.payload
+def default_job_handler(clock: Clock) -> JobHandler:
+    """Jobs every worker can run: `sleep` (payload: seconds, as text) waits that long on the
+    Clock and returns the payload; any other kind is echoed back as its result."""
+
+    async def run(offer: JobOffer) -> bytes:
+        if offer.kind == "sleep":
+            try:
+                seconds = float(offer.payload.decode("ascii") or 0)
+            except (UnicodeDecodeError, ValueError):
+                raise CodecError(f"sleep job {offer.job_id}: payload is not a number of seconds") from None
+            await clock.sleep(max(0.0, min(seconds, 3600.0)))
+        return offer.payload
+
+    return run
 
 
 class LeaderLink:
@@ -190,7 +201,7 @@ class WorkerAgent:
             on_rejected=self._on_rejected, sender_check=False,
         )
         self._sampler = sampler
-        self._job_handler = job_handler or echo_job
+        self._job_handler = job_handler or default_job_handler(clock)
         self._reregister_s = reregister_s
         self._commands: dict[str, ActorRef] = {}
         self.heartbeat_actor: HeartbeatActor | None = None
@@ -325,4 +336,4 @@ class WorkerAgent:
         log.warning("refused a message on %s: %s", topic, reason)
 
 
-__all__ = ["LeaderLink", "WorkerAgent", "echo_job", "next_incarnation", "outbox_classes", "retry_policy"]
+__all__ = ["LeaderLink", "WorkerAgent", "default_job_handler", "next_incarnation", "outbox_classes", "retry_policy"]

@@ -1,0 +1,111 @@
+"""Helpers shared by the agent tests: configs, agents on a MemoryBroker or a real broker, and
+waiting on virtual or real time."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.app import make_transport
+from agent.core.clock import Clock, VirtualClock
+from agent.core.config import AgentConfig, convert
+from agent.leader.agent import LeaderAgent
+from agent.transport.memory import MemoryBroker
+from agent.worker.agent import WorkerAgent
+
+FLEET = "t"
+
+
+def config(role: str, device: str, **sections: dict[str, Any]) -> AgentConfig:
+    data: dict[str, Any] = {
+        "agent": {"role": role, "device_id": device, "fleet": FLEET},
+        "heartbeat": {"interval_s": 5.0},
+        "relay": {"reconnect_jitter_s": 0.5, "partitions": 1},
+        "mqtt": {"reply_timeout_s": 5.0, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
+        "outbox": {"backoff_base_s": 0.2, "backoff_cap_s": 5.0, "max_attempts": 1000},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return convert(data, AgentConfig, source="test")
+
+
+async def leader(clock: Clock, tmp: Path, *, broker: MemoryBroker | None = None, url: str | None = None,
+                 name: str = "gw", **sections: dict[str, Any]) -> LeaderAgent:
+    cfg = config("leader", name, **sections)
+    transport = make_transport(cfg, clock=clock, memory_broker=broker, broker_url=url, rng=random.Random(1))
+    agent = await LeaderAgent.open(cfg, transport=transport, clock=clock, data_dir=tmp / name,
+                                   rng=random.Random(name))
+    await agent.start()
+    return agent
+
+
+async def worker(clock: Clock, tmp: Path, name: str, *, broker: MemoryBroker | None = None,
+                 url: str | None = None, start: bool = True, **kwargs: Any) -> WorkerAgent:
+    sections = kwargs.pop("sections", {})
+    cfg = config("worker", name, **sections)
+    transport = make_transport(cfg, clock=clock, memory_broker=broker, broker_url=url, rng=random.Random(name))
+    agent = await WorkerAgent.open(cfg, transport=transport, clock=clock, data_dir=tmp / name,
+                                   rng=random.Random(name), sampler=None, **kwargs)
+    if start:
+        await agent.start()
+    return agent
+
+
+async def until(clock: Clock, predicate: Callable[[], Any], *, limit_s: float = 600.0, step_s: float = 0.5,
+                what: str = "condition") -> None:
+    """Move time (virtual: advance; real: sleep) until `predicate()` is true (may be async)."""
+    waited = 0.0
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if waited >= limit_s:
+            raise AssertionError(f"{what} not reached within {limit_s}s")
+        if isinstance(clock, VirtualClock):
+            await clock.advance(step_s)
+        else:
+            await asyncio.sleep(step_s)
+        waited += step_s
+
+
+async def pending(agent: WorkerAgent | LeaderAgent, kind: str | None = None) -> int:
+    stats = await agent.outbox.stats()
+    if kind is None:
+        return stats.pending
+    cls = stats.by_class.get(kind)
+    return cls.pending if cls is not None else 0
+
+
+def telemetry_counts(db: Path) -> dict[str, int]:
+    """device -> telemetry records applied, read from a leader database file."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return {d: n for d, n in conn.execute("SELECT device_id, telemetry_count FROM devices")}
+    finally:
+        conn.close()
+
+
+def job_rows(db: Path) -> list[tuple[str, str, str | None]]:
+    """(job_id, state, confirmed_by) of every job in a leader database file."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return list(conn.execute("SELECT job_id, state, confirmed_by FROM jobs ORDER BY job_id"))
+    finally:
+        conn.close()
+
+
+async def stop_all(*agents: WorkerAgent | LeaderAgent | None, clock: Clock | None = None) -> None:
+    """Stop agents; under a VirtualClock time keeps moving so sleeping actors can finish."""
+    for agent in agents:
+        if agent is None:
+            continue
+        task = asyncio.ensure_future(agent.stop())
+        while isinstance(clock, VirtualClock) and not task.done():
+            await clock.advance(0.5)
+        await task

@@ -1,0 +1,139 @@
+"""The worker agent on the in-memory broker and virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.agent_support import leader, pending, stop_all, until, worker  # noqa: E402
+
+from agent.core.clock import VirtualClock  # noqa: E402
+from agent.core.codec import Envelope  # noqa: E402
+from agent.protocol import KIND_JOB_OFFER, JobOffer, encode_message  # noqa: E402
+from agent.transport.base import InboundMessage  # noqa: E402
+from agent.transport.memory import MemoryBroker  # noqa: E402
+from agent.worker.actors import SEQ_PER_INCARNATION  # noqa: E402
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def broker(clock: VirtualClock) -> MemoryBroker:
+    return MemoryBroker(clock=clock)
+
+
+async def test_broker_outage_keeps_one_heartbeat_row_and_all_telemetry(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    devices = [await worker(clock, tmp_path, f"w{i}", broker=broker) for i in range(3)]
+    try:
+        await until(clock, lambda: gw.registry.counts()[0] == 3, what="3 devices online")
+        broker.partition()  # the broker goes away for 10 minutes of fleet time
+        sent = 0
+        for minute in range(10):
+            for w in devices:
+                assert await w.send_telemetry("temp", float(minute)) == "outbox"
+                sent += 1
+            await clock.advance(60)
+        for w in devices:
+            assert await pending(w, "heartbeat") == 1  # 120 beats made, one row kept
+            assert await pending(w, "telemetry") == 10
+            assert w.heartbeat_actor is not None and w.heartbeat_actor.coalesced >= 100
+        broker.heal()
+        await until(clock, lambda: sum(gw.registry.last_telemetry(w.device_id).__len__() for w in devices) == 3
+                    and sum(d.telemetry_count for d in gw.registry.devices()) == sent, what="telemetry arrived")
+        await until(clock, _all_empty(devices), what="outboxes empty")
+        await clock.advance(10)
+        for w in devices:
+            record = gw.registry.device(w.device_id)
+            assert record is not None and record.telemetry_count == 10  # each exactly once
+            assert w.heartbeat_actor is not None
+            assert record.hb_seq == w.heartbeat_actor.last_seq
+            stats = await w.outbox.stats()
+            assert stats.conservation_ok and stats.dead_lettered == 0
+    finally:
+        await stop_all(*devices, gw, clock=clock)
+
+
+def _all_empty(devices):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return all([await pending(w) == 0 for w in devices])
+
+    return check
+
+
+async def test_a_full_job_mailbox_answers_busy(clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def slow(offer: JobOffer) -> bytes:
+        started.append(offer.job_id)
+        await release.wait()
+        return b"done"
+
+    w = await worker(clock, tmp_path, "w1", broker=broker, job_handler=slow, sections={"jobs": {"demand_window": 1}})
+    try:
+        replies = []
+        for n in range(5):
+            offer = JobOffer(job_id=f"j{n}", epoch=1, kind="k")
+            env = Envelope(id=f"id{n}", kind=KIND_JOB_OFFER, sender="gw", receiver="w1",
+                           payload=encode_message(offer))
+            replies.append(await w._on_command(env, InboundMessage("x", b"")))
+            await asyncio.sleep(0)
+        statuses = [r.status for r in replies]
+        assert statuses.count("busy") >= 1 and statuses[0] == "accepted"
+        busy = next(r for r in replies if r.status == "busy")
+        assert busy.retry_after_ms >= 1
+        unknown = Envelope(id="u", kind="firmware.nope", sender="gw", receiver="w1")
+        assert (await w._on_command(unknown, InboundMessage("x", b""))).status == "rejected"
+    finally:
+        release.set()
+        await stop_all(w, clock=clock)
+
+
+async def test_a_job_offered_twice_runs_once(clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    runs: list[str] = []
+
+    async def count(offer: JobOffer) -> bytes:
+        runs.append(offer.job_id)
+        return b"ok"
+
+    w = await worker(clock, tmp_path, "w1", broker=broker, job_handler=count)
+    try:
+        assert w.jobs is not None
+        for epoch in (1, 1, 2):
+            w.jobs.tell(JobOffer(job_id="job-1", epoch=epoch, kind="k"))
+            await clock.advance(0.1)
+        assert runs == ["job-1"]
+        assert w.ledger.count() == 1
+        assert w.job_worker is not None and w.job_worker.duplicates == 2
+        # Every offer is confirmed (the redeliveries from the ledger), nothing run twice.
+        assert (await w.outbox.stats()).enqueued >= 3
+    finally:
+        await stop_all(w, clock=clock)
+
+
+async def test_heartbeat_seq_grows_across_restarts(clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    first = await worker(clock, tmp_path, "w1", broker=broker)
+    await clock.advance(30)
+    assert first.heartbeat_actor is not None
+    last = first.heartbeat_actor.last_seq
+    await stop_all(first, clock=clock)
+    second = await worker(clock, tmp_path, "w1", broker=broker)
+    try:
+        await clock.advance(1)
+        assert second.incarnation == first.incarnation + 1
+        assert second.heartbeat_actor is not None
+        assert second.heartbeat_actor.last_seq > last
+        assert second.heartbeat_actor.last_seq // SEQ_PER_INCARNATION == second.incarnation
+    finally:
+        await stop_all(second, clock=clock)
