@@ -115,6 +115,7 @@ class RolloutService:
         self.intake: ReportIntake | None = None
         self._intake_ref: ActorRef | None = None
         self._task: asyncio.Task[None] | None = None
+        self.owns_store = False  # `attach_rollout` opened it: `stop` closes it
 
     async def start(self) -> None:
         leader = self.leader
@@ -135,6 +136,8 @@ class RolloutService:
         handlers = self.leader.handlers  # type: ignore[attr-defined]
         handlers.pop(KIND_UPDATE_REPORT, None)
         handlers.pop(KIND_CHUNK_REQUEST, None)
+        if self.owns_store:
+            self.store.close()
 
     def max_concurrent_downloads(self) -> int:
         return max((p.max_concurrent for p in self.pools.values()), default=0)
@@ -204,6 +207,7 @@ async def attach_rollout(leader: object, *, db_path: str | Path | None = None, p
         db_path = Path(leader.config.agent.data_dir) / LEADER_DB  # type: ignore[attr-defined]
     store = RolloutStore.open(db_path, clock=leader.clock)  # type: ignore[attr-defined]
     service = RolloutService(leader, store, poll_s=poll_s)
+    service.owns_store = True
     try:
         await service.start()
     except BaseException:
