@@ -109,6 +109,17 @@ class MetricsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     listen: str = ""  # "127.0.0.1:9100"; empty means off
 
 
+class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Firmware updates on a worker; off while `public_key` is empty. The leader needs none."""
+
+    public_key: str = ""  # the fleet's pinned ed25519 public key (PEM)
+    state_dir: str = "firmware"  # updater state and A/B slot directories, relative to data_dir
+    hardware: str = ""  # this device's hardware name, checked against the manifest
+    health_timeout_s: PositiveFloat = 120.0
+    health_command: list[str] = msgspec.field(default_factory=list)  # must exit 0 after a trial boot
+    reboot_command: list[str] = msgspec.field(default_factory=list)  # empty: restart the agent in place
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     agent: AgentSection
     mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
@@ -119,6 +130,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     leader: LeaderSection = msgspec.field(default_factory=LeaderSection)
     jobs: JobsSection = msgspec.field(default_factory=JobsSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
+    firmware: FirmwareSection = msgspec.field(default_factory=FirmwareSection)
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -190,6 +202,7 @@ def load_config(path: str | Path) -> AgentConfig:
 __all__ = [
     "AgentConfig",
     "AgentSection",
+    "FirmwareSection",
     "HeartbeatSection",
     "JobsSection",
     "LeaderSection",
