@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -57,7 +56,8 @@ from agent.core.errors import (
     Transient,
 )
 from agent.core.gate import Gate
-from agent.outbox.limiter import AimdLimiter, AimdSettings
+from agent.outbox._lane import Lane
+from agent.outbox.limiter import AimdSettings
 from agent.outbox.metrics import LaneMetrics, RelayMetrics
 from agent.outbox.partition import fnv1a_32
 from agent.outbox.retry import RetryPolicy
@@ -72,30 +72,6 @@ _RECHECK_MIN_S = 0.05  # first look again at a due row another partition has not
 _RECHECK_MAX_S = 5.0
 
 
-class _Lane:
-    """One message class inside one partition: a bulkhead with its own limiter and senders."""
-
-    __slots__ = ("kind", "limiter", "queue", "workers", "idle", "busy", "waking")
-
-    def __init__(self, kind: str, limits: AimdSettings) -> None:
-        self.kind = kind
-        self.limiter = AimdLimiter.from_settings(limits)
-        self.queue: deque[OutboxRow] = deque()
-        self.workers: list[asyncio.Task[None]] = []
-        self.idle: deque[asyncio.Future[None]] = deque()  # senders waiting for a row
-        self.busy = 0  # rows held by senders (waiting for a permit, delivering, settling)
-        self.waking = 0  # senders told to run that have not started yet
-
-    @property
-    def load(self) -> int:
-        return len(self.queue) + self.busy
-
-    @property
-    def room(self) -> int:
-        """How many more rows this lane wants in memory: read-ahead of twice its limit."""
-        return max(0, 2 * self.limiter.limit - self.load)
-
-
 class _Partition:
     __slots__ = ("index", "lanes", "wake", "task", "discovered_at", "recheck_s")
 
@@ -103,7 +79,7 @@ class _Partition:
         self.index = index
         self.recheck_s = _RECHECK_MIN_S
         self.discovered_at = float("-inf")
-        self.lanes: dict[str, _Lane] = {}
+        self.lanes: dict[str, Lane] = {}
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
@@ -246,11 +222,8 @@ class Relay:
         self._unsent = []
         for part in self._parts:
             for lane in part.lanes.values():
-                leftovers.extend(row.row_id for row in lane.queue)
-                lane.queue.clear()
-                lane.workers.clear()
-                lane.idle.clear()
-                lane.busy = lane.waking = 0
+                leftovers.extend(row.row_id for row in lane.take_queued())
+                lane.reset()
         with contextlib.suppress(StoreError):
             if self._acks:
                 acks, self._acks = self._acks, []
@@ -340,10 +313,17 @@ class Relay:
                 self._stop_event.clear()
 
     # -- drain loop ------------------------------------------------------------------------
-    def _lane(self, part: _Partition, kind: str) -> _Lane:
+    def _lane(self, part: _Partition, kind: str) -> Lane:
         lane = part.lanes.get(kind)
         if lane is None:
-            lane = part.lanes[kind] = _Lane(kind, self._limits)
+            lane = part.lanes[kind] = Lane(
+                kind,
+                self._limits,
+                host=self,
+                deliver=self._deliver,
+                room=part.wake,
+                name=f"{self._name}-p{part.index}-{kind}",
+            )
         return lane
 
     async def _drain(self, part: _Partition) -> None:
@@ -380,8 +360,12 @@ class Relay:
                 continue
             if rows:
                 part.recheck_s = _RECHECK_MIN_S
+            lanes = part.lanes
             for row in rows:
-                self._push(part, row)
+                lane = lanes.get(row.kind)
+                if lane is None:
+                    lane = self._lane(part, row.kind)
+                lane.push(row)
             if len(rows) >= limit:
                 continue  # probably more ready; go again once the lanes have room
             await self._idle(part, taken_at, saturated=kinds is not None)
@@ -473,103 +457,25 @@ class Relay:
             timer.cancel()
 
     async def _release_queued(self, part: _Partition) -> None:
-        ids: list[int] = []
-        for lane in part.lanes.values():
-            ids.extend(row.row_id for row in lane.queue)
-            lane.queue.clear()
+        ids = [row.row_id for lane in part.lanes.values() for row in lane.take_queued()]
         if ids:
             self._released += len(ids)
             await self._settle(self._store.release(ids), "release")
 
-    def _push(self, part: _Partition, row: OutboxRow) -> None:
-        lane = part.lanes.get(row.kind)
-        if lane is None:
-            lane = self._lane(part, row.kind)
-        lane.queue.append(row)
-        if not lane.waking:
-            self._wake_sender(part, lane)
+    # -- what the lanes' senders call (LaneHost) --------------------------------------------
+    def delivered(self, row: OutboxRow) -> None:
+        self._delivered += 1
+        self._acks.append(row.row_id)
+        self._ack_wake.set()
 
-    def _wake_sender(self, part: _Partition, lane: _Lane) -> None:
-        """Get one more sender going: an idle one, or a new one while under the limit.
+    async def release_untried(self, row: OutboxRow) -> None:
+        self._released += 1
+        await self._settle(self._store.release([row.row_id]), "release")
 
-        One wake-up at a time per lane: a sender whose delivery returns at once works through
-        the queue by itself, and one whose delivery waits wakes the next before it does, so
-        concurrency follows the receiver's pace up to the limit without a wake-up per row."""
-        if lane.idle:
-            fut = lane.idle.popleft()
-            lane.waking += 1
-            fut.set_result(None)
-        elif len(lane.workers) < lane.limiter.limit:
-            lane.waking += 1
-            lane.workers.append(
-                asyncio.create_task(
-                    self._send_loop(part, lane),
-                    name=f"{self._name}-p{part.index}-{lane.kind}-{len(lane.workers)}",
-                )
-            )
+    def abandoned(self, row: OutboxRow) -> None:
+        self._unsent.append(row.row_id)
 
-    # -- senders ---------------------------------------------------------------------------
-    async def _send_loop(self, part: _Partition, lane: _Lane) -> None:
-        loop = asyncio.get_running_loop()
-        lane.waking -= 1  # started
-        while True:
-            if not lane.queue:
-                fut: asyncio.Future[None] = loop.create_future()
-                lane.idle.append(fut)
-                try:
-                    await fut
-                finally:
-                    if fut.done():
-                        lane.waking -= 1  # woken by _wake_sender
-                    else:  # cancelled while idle
-                        fut.cancel()
-                        with contextlib.suppress(ValueError):
-                            lane.idle.remove(fut)
-                continue
-            row = lane.queue.popleft()
-            lane.busy += 1
-            held: OutboxRow | None = row  # handed back untried if we are cancelled holding it
-            limiter = lane.limiter
-            try:
-                if not limiter.try_acquire():
-                    await limiter.acquire()
-                if not self._sending:
-                    limiter.release()
-                    held = None
-                    self._released += 1
-                    await self._settle(self._store.release([row.row_id]), "release")
-                    continue
-                if lane.queue and not lane.waking:
-                    self._wake_sender(part, lane)
-                try:
-                    await self._deliver(row)
-                except asyncio.CancelledError:
-                    limiter.release()
-                    raise
-                except Exception as exc:  # every failure is an outcome, typed or not
-                    held = None
-                    limiter.release(
-                        "capacity"
-                        if isinstance(exc, Capacity)
-                        else "none"
-                        if isinstance(exc, Permanent)
-                        else "transient"
-                    )
-                    await self._failed(row, exc)
-                else:
-                    held = None
-                    limiter.release("success")
-                    self._delivered += 1
-                    self._acks.append(row.row_id)
-                    self._ack_wake.set()
-            finally:
-                lane.busy -= 1
-                if held is not None:
-                    self._unsent.append(held.row_id)
-                if len(lane.queue) + lane.busy <= limiter.limit:
-                    part.wake.set()  # room for a batch of at least `limit` rows
-
-    async def _failed(self, row: OutboxRow, exc: Exception) -> None:
+    async def failed(self, row: OutboxRow, exc: Exception) -> None:
         """Settle a failed delivery in the store (the limiter already took the outcome)."""
         if isinstance(exc, Permanent):
             self._permanent += 1
