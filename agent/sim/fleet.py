@@ -11,6 +11,8 @@ relay holds everything while the whole broker is down. Job ledgers are shared pe
 from __future__ import annotations
 
 import random
+import zlib
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ LEADER_ID = "leader-1"
 # Attempts spent while a simulated device is offline are real nacks in a shared file's relay;
 # a generous cap keeps a long offline period from dead-lettering what the device will resend.
 SIM_MAX_ATTEMPTS = 10_000
+REMEMBERED_DELIVERIES = 100_000
 
 
 def rng_for(seed: int, name: str) -> random.Random:
@@ -98,8 +101,9 @@ class SimFleet:
         self.stores: list[OutboxStore] = []
         self.ledgers: list[JobLedger] = []
         self.relays: list[Relay] = []
-        self.job_rng = rng_for(opts.seed, "jobs")
         self._cut: set[str] = set()
+        self._delivered: OrderedDict[str, None] = OrderedDict()
+        self.redeliveries_suppressed = 0
 
     def _transport(self, config: AgentConfig, name: str) -> Transport:
         return make_transport(config, clock=self.clock, broker_url=self.opts.broker_url,
@@ -137,10 +141,21 @@ class SimFleet:
             raise Transient(f"no simulated device {row.owner!r}")
         if not worker.transport.connected.is_open:
             raise Transient(f"{row.owner} is offline")
+        if row.msg_id in self._delivered:
+            # The relay handed out a row it had already delivered (its ack still being written).
+            # Sending it again would be harmless (the leader deduplicates) but would make the
+            # run depend on thread timing; count it instead (in the report's `wall` section).
+            self.redeliveries_suppressed += 1
+            return
         await worker.deliver_row(row)
+        self._delivered[row.msg_id] = None
+        if len(self._delivered) > REMEMBERED_DELIVERIES:
+            self._delivered.popitem(last=False)
 
     async def _job(self, offer: JobOffer) -> bytes:
-        await self.clock.sleep(self.opts.job_work_s * (0.5 + self.job_rng.random()))
+        # The duration depends on the job alone, not on which device happens to run it first.
+        spread = zlib.crc32(f"{self.opts.seed}:{offer.job_id}".encode()) % 1000 / 1000.0
+        await self.clock.sleep(self.opts.job_work_s * (0.5 + spread))
         return offer.payload
 
     async def start_leader(self) -> None:

@@ -150,7 +150,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "devices_known": len(devices), "devices_online": sum(1 for d in devices.values() if d.online),
         },
         "relay": {
-            "delivered": sum(r.delivered for r in relays),
+            "delivered": sum(r.delivered for r in relays) - fleet.redeliveries_suppressed,
             "retried": sum(r.retried for r in relays),
             "capacity_rejections": sum(r.capacity_rejections for r in relays),
             "transient_failures": sum(r.transient_failures for r in relays),
@@ -165,6 +165,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "cpu_seconds": round(cpu_s, 3),
             "fleet_seconds_per_wall_second": round(sim.now() / wall_s, 1) if wall_s > 0 else None,
             "peak_rss_mb": _peak_rss_mb(),
+            "relay_redeliveries_suppressed": fleet.redeliveries_suppressed,
         },
     }
     return report
