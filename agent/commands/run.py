@@ -69,6 +69,16 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
     runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
     async with runtime:
         agent = await build_agent(config, transport=transport, clock=clock, data_dir=base)
+        # Firmware rollouts: the leader's orchestrator and ConfigServers, a worker's updater.
+        if isinstance(agent, LeaderAgent):
+            from agent.leader.rollout import attach_rollout
+
+            rollout = await attach_rollout(agent, db_path=base / "leader.db")
+            runtime.shutdown.add("stop rollouts", rollout.stop)
+        else:
+            from agent.worker.updater_actor import attach_from_config
+
+            await attach_from_config(agent, config, base)
         outbox_path = agent.outbox.path
         for db in (outbox_path, *(Path(p) for p in _databases(agent))):
             restrict_database_files(db)

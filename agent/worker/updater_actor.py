@@ -18,18 +18,24 @@ Wire it into a running `WorkerAgent` with `attach_updater(worker, open_updater=.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.actors import Actor, ActorRef, Context
 from agent.core.clock import Clock
+from agent.core.config import AgentConfig
 from agent.core.errors import ArtifactError
 from agent.core.ids import IdGenerator
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
 from firmware_rollout.config_server import ChunkClient, RemoteChunkSource
+from firmware_rollout.errors import UpdaterError
+from firmware_rollout.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
+from firmware_rollout.keys import load_verify_key
 from firmware_rollout.manifest import parse_signed_manifest
 from firmware_rollout.messages import (
     KIND_UPDATE_OFFER,
@@ -38,8 +44,9 @@ from firmware_rollout.messages import (
     register_with_agent,
     report_message,
 )
+from firmware_rollout.reboot import CommandRebooter, ExecRebooter, Rebooter
 from firmware_rollout.spec import DAY_S, parse_window, seconds_until_window
-from firmware_rollout.updater import ReportSink, Updater
+from firmware_rollout.updater import ReportSink, Updater, UpdaterSettings
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +130,16 @@ class UpdaterActor(Actor):
         status = updater.status()
         if status.rollout_id == message.rollout_id and status.state == "committed":
             self.duplicate_offers += 1  # a redelivered offer of an update already done: report again
-            await updater.flush_reports()
+            with contextlib.suppress(UpdaterError):
+                await updater.flush_reports()
             return
         await self._wait_for_window(message, ctx.clock)
         source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size)
         try:
             await updater.offer(message, source)
+        except UpdaterError as exc:  # closed: a reboot was asked for and has not happened yet
+            log.info("offer %s not taken: %s", message.rollout_id, exc)
+            return
         finally:
             source.close()
         await self._boot_and_resume(ctx)
@@ -171,6 +182,11 @@ class UpdaterActor(Actor):
             source = self._source(status.rollout_id, None, 0) if status.state == "downloading" else None
             try:
                 await updater.resume(source)
+            except UpdaterError as exc:
+                # The updater closed itself for a reboot (a reboot command that returned before the
+                # system went down): wait for the reboot; the next start resumes the update.
+                log.info("update waits for the device to reboot: %s", exc)
+                return
             finally:
                 if source is not None:
                     source.close()
@@ -197,4 +213,38 @@ def attach_updater(worker: object, *, open_updater: OpenUpdater, rebooter: InPro
     return ref, actor
 
 
-__all__ = ["InProcessRebooter", "OpenUpdater", "Resume", "UpdaterActor", "attach_updater", "system_utc_offset_s"]
+async def attach_from_config(worker: object, config: AgentConfig, data_dir: Path) -> UpdaterActor | None:
+    """The worker's updater as `[firmware]` configures it (None when no public key is pinned):
+    health = connected to the broker (the leader's retained presence rides on it) plus the
+    optional health command; reboot = the reboot command, or restarting the agent in place."""
+    fw = config.firmware
+    if not fw.public_key:
+        return None
+    key = load_verify_key(fw.public_key)
+    state_dir = Path(fw.state_dir) if Path(fw.state_dir).is_absolute() else data_dir / fw.state_dir
+    connected = worker.transport.connected  # type: ignore[attr-defined]
+    health: HealthCheck = ConnectivityCheck(connected, connected)
+    if fw.health_command:
+        health = AllChecks(health, CommandCheck(fw.health_command, timeout_s=fw.health_timeout_s))
+    rebooter: Rebooter = CommandRebooter(fw.reboot_command) if fw.reboot_command else ExecRebooter()
+    clock: Clock = worker.clock  # type: ignore[attr-defined]
+
+    async def open_updater(sink: ReportSink) -> Updater:
+        return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,
+                                  health=health, rebooter=rebooter, hardware=fw.hardware or None,
+                                  initial_version=config.agent.firmware_version,
+                                  settings=UpdaterSettings(health_timeout_s=fw.health_timeout_s), on_report=sink)
+
+    _, actor = attach_updater(worker, open_updater=open_updater)
+    return actor
+
+
+__all__ = [
+    "InProcessRebooter",
+    "OpenUpdater",
+    "Resume",
+    "UpdaterActor",
+    "attach_from_config",
+    "attach_updater",
+    "system_utc_offset_s",
+]
