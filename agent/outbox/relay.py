@@ -134,6 +134,9 @@ class Relay:
         self._tasks: list[asyncio.Task[None]] = []
         self._acks: list[int] = []
         self._ack_wake = asyncio.Event()
+        self._ack_round = asyncio.Event()  # set, then replaced, when an ack write finishes
+        self._acking = False
+        self._flusher: asyncio.Task[None] | None = None
         self._stop_event = asyncio.Event()
         self._unsent: list[int] = []  # rows held by a sender that was cancelled at stop
         # counters
@@ -185,7 +188,8 @@ class Relay:
         if self._ready.is_open:
             self._set_sending(True)  # already connected: no herd to spread
         self._tasks.append(asyncio.create_task(self._watch(), name=f"{self._name}-watch"))
-        self._tasks.append(asyncio.create_task(self._flush_acks(), name=f"{self._name}-acks"))
+        self._flusher = asyncio.create_task(self._flush_acks(), name=f"{self._name}-acks")
+        self._tasks.append(self._flusher)
         for part in self._parts:
             part.task = asyncio.create_task(
                 self._drain(part), name=f"{self._name}-p{part.index}"
@@ -283,6 +287,7 @@ class Relay:
             self._ack_wake.clear()
             while self._acks:
                 batch, self._acks = self._acks, []
+                self._acking = True
                 try:
                     await self._store.ack(batch)
                 except StoreClosed:
@@ -295,6 +300,10 @@ class Relay:
                         return
                     await self._pause(_STORE_RETRY_S)  # cut short by stop()
                     continue
+                finally:
+                    self._acking = False
+                    self._ack_round.set()
+                    self._ack_round = asyncio.Event()
                 # An ack can make the next row of a FIFO receiver ready.
                 self._wake_all()
             if self._stopping:
@@ -342,6 +351,10 @@ class Relay:
                 await self._wait(part, self._discovery_wait(part))
                 continue
             part.wake.clear()
+            if self._acking or (self._acks and self._flusher and not self._flusher.done()):
+                # Rows delivered but not acked yet are still in flight, and a take reads past
+                # every one of them: let the ack under way land first (one store round).
+                await self._ack_round.wait()
             taken_at = self._clock.now_ms()
             try:
                 rows = await store.take_ready(
