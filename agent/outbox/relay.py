@@ -4,7 +4,8 @@ Shape (no task per message):
 
     Relay
     ├── watcher            awaits store.wait_for_change() and wakes every partition
-    ├── ack flusher        acks delivered rows in groups (one store.ack per batch)
+    ├── ack flusher        acks delivered rows in groups (one store.ack per batch; a drain
+    │                      loop lets the ack under way land before its next take)
     └── partition i of N   receivers hashed by FNV-1a (the store filters by partition)
         ├── drain loop     take_ready() into per-class lanes, sleeps when nothing is ready
         └── lane per class (bulkhead): its own AimdLimiter, an in-memory queue and up to

@@ -15,6 +15,7 @@ from agent.core.clock import VirtualClock
 from agent.core.errors import Capacity, Permanent, StoreError, Transient
 from agent.core.gate import Gate
 from agent.outbox.limiter import AimdSettings
+from agent.outbox.partition import fnv1a_32
 from agent.outbox.relay import Relay
 from agent.outbox.retry import RetryPolicy
 from agent.outbox.types import OutboxRow
@@ -522,3 +523,21 @@ async def test_store_errors_are_retried_and_never_hang_stop() -> None:
         await clock.advance(0.1)
         assert "late" in got
     assert relay.metrics().store_errors > 4
+
+
+async def test_each_receiver_is_served_by_its_fnv1a_partition() -> None:
+    clock = VirtualClock()
+    store = MemoryOutbox(clock)
+
+    async def deliver(row: OutboxRow) -> None:
+        return None
+
+    await fill(store, 300, receivers=23)
+    relay, _ = make(clock, store, deliver, partitions=4)
+    expected: Counter[int] = Counter(relay.partition_of(f"r{i % 23}") for i in range(300))
+    async with relay:
+        await clock.advance(1)
+        m = relay.metrics()
+    assert {p: m.lane(p, "k").successes for p in expected} == dict(expected)  # type: ignore[union-attr]
+    assert len(expected) == 4  # the 23 receivers spread over every partition
+    assert relay.partition_of("r1") == fnv1a_32("r1") % 4
