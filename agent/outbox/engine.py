@@ -20,7 +20,7 @@ from typing import Any
 from agent.core.errors import OutboxFull
 from agent.outbox.partition import fnv1a_32
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy, FullPolicy
-from agent.outbox.reads import ReadOps, build_result
+from agent.outbox.reads import Flight, ReadOps, build_result
 from agent.outbox.schema import COUNTER_NAMES
 from agent.outbox.types import EnqueueResult, OutboxMessage
 
@@ -33,13 +33,8 @@ _INSERT = (
 _I_ID, _I_MSG, _I_OWNER, _I_RECV, _I_KIND, _I_PAYLOAD, _I_KEY, _I_CONFLICT, _I_SEQ = range(9)
 _I_CREATED, _I_SEND, _I_EXPIRES, _I_SIZE = 9, 10, 11, 12
 
-_OVERWRITE = (
-    "UPDATE outbox SET msg_id = ?, kind = ?, payload = ?, conflict = ?, seq = ?,"
-    " send_at = max(send_at, ?), expires_at = ?, size = ?, attempts = 0, last_error = NULL"
-    " WHERE id = ?"
-)
 _KEY_LOOKUP = (
-    "SELECT id, seq, kind, size FROM outbox INDEXED BY outbox_key"
+    "SELECT id, seq, kind, size, send_at, created_at FROM outbox INDEXED BY outbox_key"
     " WHERE owner = ? AND receiver = ? AND key = ? AND status = 'pending' ORDER BY id"
 )
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
@@ -73,9 +68,9 @@ class Engine(ReadOps):
         self.max_attempts = max_attempts
         self.classes = dict(classes or {})
         self.default_class = default_class
-        # row id -> (receiver, kind, size, fifo)
-        self.inflight: dict[int, tuple[str, str, int, bool]] = {}
-        self.fifo_busy: dict[str, int] = {}
+        # Rows handed to the relay: shared with the loop thread's Reader.
+        self.flight = Flight()
+        self.inflight = self.flight.rows
         self.write_transactions = 0
         self.counters: dict[str, int] = {}
         self.depth: dict[str, list[int]] = {}  # kind -> [pending, pending_bytes, dead]
@@ -83,9 +78,11 @@ class Engine(ReadOps):
         self._data_version = -1
         self._snap: tuple[dict[str, int], dict[str, list[int]], int] | None = None
         self._ins: dict[int, list[Any]] = {}  # deferred inserts, by id
-        self._upd: dict[int, tuple[Any, ...]] = {}  # deferred overwrites, by id
-        # (owner, receiver, key) -> [[id, seq, kind, size], ...] of its pending rows, valid for
-        # the current transaction (every deferred change of that key goes through it)
+        self._settle: list[int] = []  # in-flight rows to settle after this commit
+        self._del: list[tuple[int]] = []  # deferred deletes (rows replaced by an overwrite)
+        # (owner, receiver, key) -> [[id, seq, kind, size, send_at, created_at], ...] of its
+        # pending rows, valid for the current transaction (every deferred change of that key
+        # goes through it)
         self._keys: dict[tuple[str, str, str], list[list[Any]]] = {}
         self._reload()
 
@@ -161,12 +158,18 @@ class Engine(ReadOps):
         self.write_transactions += 1
         self._snap = None
         self._keys.clear()
+        self._settle_now()
         # (data_version does not move for this connection's own commits)
+
+    def _settle_now(self) -> None:
+        if self._settle:
+            self.flight.settle(self._settle)
+            self._settle.clear()
 
     def rollback(self) -> None:
         """Undo the open transaction, in the database and in memory. Never raises sqlite3."""
         self._ins.clear()
-        self._upd.clear()
+        self._del.clear()
         self._keys.clear()
         if self.conn.in_transaction:
             try:
@@ -176,15 +179,17 @@ class Engine(ReadOps):
         if self._snap is not None:
             self.counters, self.depth, self.next_id = self._snap
             self._snap = None
+        # The rows stay pending; the relay (told of the failure) gets them again.
+        self._settle_now()
 
     def _flush(self) -> None:
-        """Write the deferred inserts and overwrites of this run of enqueues."""
+        """Write the deferred inserts and deletes of this run of enqueues."""
         if self._ins:
             self.conn.executemany(_INSERT, self._ins.values())
             self._ins.clear()
-        if self._upd:
-            self.conn.executemany(_OVERWRITE, self._upd.values())
-            self._upd.clear()
+        if self._del:
+            self.conn.executemany("DELETE FROM outbox WHERE id = ?", self._del)
+            self._del.clear()
 
     # -- enqueue ---------------------------------------------------------------------------
     def enqueue(
@@ -203,7 +208,7 @@ class Engine(ReadOps):
             self._flush()
         except (OutboxFull, ValueError) as exc:
             self._ins.clear()
-            self._upd.clear()
+            self._del.clear()
             self._keys.clear()
             self.conn.execute("ROLLBACK TO enqueue_many")
             self.conn.execute("RELEASE enqueue_many")
@@ -251,7 +256,7 @@ class Engine(ReadOps):
             d = self.depth.get(kind)
             if d is None or d[0] >= pol.max_messages or d[1] + size > pol.max_bytes:
                 self._room(kind, pol, 1, size, ())
-            rid = self._insert(m, payload, kind, pol, size, now, delay_ms, expires, None)
+            rid = self._insert(m, payload, kind, pol, size, now, now + delay_ms, expires, None)
             return build_result(("stored", rid))
         ident = (m.owner, m.receiver, key)
         rows = self._keys.get(ident)
@@ -271,13 +276,14 @@ class Engine(ReadOps):
             inflight = self.inflight
             free = [r for r in rows if r[0] not in inflight]
             if free:
-                self._overwrite(m, payload, kind, pol, size, now + delay_ms, expires, free)
+                rid = self._overwrite(m, payload, kind, pol, size, now, delay_ms, expires, free)
                 rows[:] = [r for r in rows if r[0] in inflight] + [free[0]]
-                return build_result(("overwritten", free[0][0]))
+                return build_result(("overwritten", rid))
             # every pending row of this key is in flight: the newer one waits behind them
         self._room(kind, pol, 1, size, ())
-        rid = self._insert(m, payload, kind, pol, size, now, delay_ms, expires, key)
-        rows.append([rid, m.seq, kind, size])
+        send_at = now + delay_ms
+        rid = self._insert(m, payload, kind, pol, size, now, send_at, expires, key)
+        rows.append([rid, m.seq, kind, size, send_at, now])
         return build_result(("stored", rid))
 
     def _overwrite(
@@ -287,44 +293,52 @@ class Engine(ReadOps):
         kind: str,
         pol: ClassPolicy,
         size: int,
-        send_at: int,
+        now: int,
+        delay_ms: int,
         expires: int | None,
         free: list[list[Any]],
-    ) -> None:
-        """Replace the oldest of `free` (pending rows of this key, not in flight) in place;
-        any other free rows go (counted as overwritten too)."""
-        keep, others = free[0], free[1:]
-        rid, _, old_kind, old_size = keep
+    ) -> int:
+        """Replace `free` (pending rows of this key, none in flight) by the newer message.
+
+        A row written earlier in this same batch is edited in place. A committed row is
+        deleted and the newcomer inserted under a new id, keeping the old row's place in the
+        ready order (its send_at, unless the newcomer asks for a delay) and its created_at:
+        the loop thread reads committed rows without the writer's lock, so a row it may be
+        handing out at this very moment is never rewritten under it (its ack then deletes
+        nothing, and the newer message stays). Every replaced row counts as overwritten."""
+        keep = free[0]
+        old_id, _, old_kind, old_size, old_send, old_created = keep
         same = old_kind == kind
-        add_n = (0 if same else 1) - sum(1 for o in others if o[2] == kind)
-        add_b = (size - old_size if same else size) - sum(o[3] for o in others if o[2] == kind)
+        add_n = (0 if same else 1) - sum(1 for o in free[1:] if o[2] == kind)
+        add_b = (size - old_size if same else size) - sum(o[3] for o in free[1:] if o[2] == kind)
         self._room(kind, pol, add_n, add_b, [r[0] for r in free])
-        for other in others:
+        for other in free[1:]:
             self._delete_pending(other)
-        old = self._d(old_kind)
-        old[0] -= 1
-        old[1] -= old_size
-        new = self._d(kind)
-        new[0] += 1
-        new[1] += size
-        c = self.counters
-        c["enqueued"] += 1
-        c["overwritten"] += 1
-        ins = self._ins.get(rid)
-        if ins is not None:  # inserted earlier in this same batch: edit the pending insert
+        send_at = old_send if delay_ms <= 0 else max(old_send, now + delay_ms)
+        ins = self._ins.get(old_id)
+        if ins is not None:  # not committed yet: nobody else can see it, edit it
+            old = self._d(old_kind)
+            old[0] -= 1
+            old[1] -= old_size
+            new = self._d(kind)
+            new[0] += 1
+            new[1] += size
             ins[_I_MSG] = m.msg_id
             ins[_I_KIND] = kind
             ins[_I_PAYLOAD] = payload
             ins[_I_CONFLICT] = m.conflict
             ins[_I_SEQ] = m.seq
-            ins[_I_SEND] = max(ins[_I_SEND], send_at)
+            ins[_I_SEND] = send_at
             ins[_I_EXPIRES] = expires
             ins[_I_SIZE] = size
+            self.counters["enqueued"] += 1
+            self.counters["overwritten"] += 1
+            rid = old_id
         else:
-            self._upd[rid] = (
-                m.msg_id, kind, payload, m.conflict, m.seq, send_at, expires, size, rid
-            )
-        keep[1], keep[2], keep[3] = m.seq, kind, size
+            self._delete_pending(keep)
+            rid = self._insert(m, payload, kind, pol, size, old_created, send_at, expires, m.key)
+        keep[:] = [rid, m.seq, kind, size, send_at, old_created]
+        return rid
 
     def _insert(
         self,
@@ -333,8 +347,8 @@ class Engine(ReadOps):
         kind: str,
         pol: ClassPolicy,
         size: int,
-        now: int,
-        delay_ms: int,
+        created: int,
+        send_at: int,
         expires: int | None,
         key: str | None,
     ) -> int:
@@ -343,7 +357,7 @@ class Engine(ReadOps):
         receiver = m.receiver
         self._ins[rid] = [
             rid, m.msg_id, m.owner, receiver, kind, payload, key, m.conflict, m.seq,
-            now, now + delay_ms, expires, size, fnv1a_32(receiver), 1 if pol.fifo else 0,
+            created, send_at, expires, size, fnv1a_32(receiver), 1 if pol.fifo else 0,
         ]
         d = self.depth.get(kind)
         if d is None:
@@ -355,11 +369,10 @@ class Engine(ReadOps):
 
     def _delete_pending(self, r: Sequence[Any]) -> None:
         """Remove a pending row replaced by an overwrite (counted as overwritten).
-        `r` is (id, seq, kind, size)."""
+        `r` is (id, seq, kind, size, ...)."""
         rid = r[0]
         if self._ins.pop(rid, None) is None:
-            self._upd.pop(rid, None)
-            self.conn.execute("DELETE FROM outbox WHERE id = ?", (rid,))
+            self._del.append((rid,))
         d = self._d(r[2])
         d[0] -= 1
         d[1] -= r[3]
@@ -414,14 +427,13 @@ class Engine(ReadOps):
 
     # -- relay side: writes ----------------------------------------------------------------
     def _settle_flight(self, ids: Iterable[int]) -> None:
-        for rid in ids:
-            f = self.inflight.pop(rid, None)
-            if f is not None and f[3]:
-                n = self.fifo_busy[f[0]] - 1
-                if n:
-                    self.fifo_busy[f[0]] = n
-                else:
-                    del self.fifo_busy[f[0]]
+        """Rows the relay is done with leave the in-flight set once this transaction has
+        committed (or rolled back): until then the loop thread's reader still sees their old
+        state, and must not hand them out again."""
+        if self._snap is None:
+            self.flight.settle(ids)
+        else:
+            self._settle.extend(ids)
 
     def ack(self, ids: Sequence[int]) -> int:
         """Delivered: delete the rows. Returns how many were still pending."""
@@ -472,6 +484,7 @@ class Engine(ReadOps):
             # A newer message with this key waited behind the failed one: that one supersedes
             # it, so the failed one is not retried (counted as overwritten).
             self._delete_pending((rid, 0, row[1], row[2]))
+            self._flush()
             return False
         if row[0] != "dead":
             return False
@@ -558,7 +571,7 @@ class Engine(ReadOps):
 
     # -- relay side: reads -----------------------------------------------------------------
     def release(self, ids: Sequence[int]) -> None:
-        self._settle_flight(ids)
+        self.flight.settle(ids)
 
 
 __all__ = ["DEFAULT_CLASS", "ClassPolicy", "Engine", "FullPolicy"]

@@ -1,6 +1,7 @@
-"""The read side of the engine: what the relay polls (take_ready, next_due_ms) and what
-inspection reads (stats, dead letters). Polls are plain reads, outside any transaction; only
-rows found expired on the way cause a (small, separate) write.
+"""The read side: what the relay polls (`Reader.take_ready`, `next_due_ms`, on the event loop's
+thread with a connection of its own), the in-flight bookkeeping shared with the writer
+(`Flight`), and what inspection reads (`ReadOps`, on the writer thread). Polls are plain reads
+outside any transaction; expired rows met on the way are deleted by the writer.
 
 Rows are built with a generated constructor: `OutboxRow(**kwargs)` on a frozen dataclass costs
 about three times as much, and the relay builds one per message.
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.outbox.types import ClassStats, EnqueueResult, OutboxRow, OutboxStats
@@ -60,36 +62,74 @@ FIFO_HEAD = (
 )
 
 
-class ReadOps:
-    """Mixed into `Engine`; uses its connection and in-flight map."""
+def ready_sql(partitions: int, kinds: Sequence[str] | None) -> str:
+    """The ready scan (parameters: now, [partitions, partition], [*kinds])."""
+    sql = (
+        "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq, created_at,"
+        " send_at, expires_at, attempts, last_error, fifo, size"
+        " FROM outbox INDEXED BY outbox_ready WHERE status = 'pending' AND send_at <= ?"
+    )
+    if partitions > 1:
+        sql += " AND rhash % ? = ?"
+    if kinds is not None:
+        sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
+    return sql + " ORDER BY send_at, id"
 
-    if TYPE_CHECKING:
-        conn: sqlite3.Connection
-        inflight: dict[int, tuple[str, str, int, bool]]
-        fifo_busy: dict[str, int]
-        counters: dict[str, int]
-        depth: dict[str, list[int]]
 
-        def _check_external(self) -> None: ...
-        def begin(self) -> None: ...
-        def commit(self) -> None: ...
-        def rollback(self) -> None: ...
-        def expire(self, now_ms: int, ids: Sequence[int] | None = None) -> int: ...
+class Flight:
+    """Rows handed to the relay and not yet acked, nacked or released, in memory only.
 
-    @staticmethod
-    def _ready_sql(partitions: int, kinds: Sequence[str] | None) -> tuple[str, list[object]]:
-        sql = (
-            "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq, created_at,"
-            " send_at, expires_at, attempts, last_error, fifo, size"
-            " FROM outbox INDEXED BY outbox_ready WHERE status = 'pending' AND send_at <= ?"
-        )
-        extra: list[object] = []
-        if partitions > 1:
-            sql += " AND rhash % ? = ?"
-        if kinds is not None:
-            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
-            extra.extend(kinds)
-        return sql + " ORDER BY send_at, id", extra
+    Shared by the loop thread (the Reader marks rows it hands out) and the writer thread
+    (ack/nack/release settle them). The lock guards the compound updates and is never held
+    across a SQLite call."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[str, str, int, bool]] = {}  # id -> receiver, kind, size, fifo
+        self.fifo_busy: dict[str, int] = {}  # FIFO receiver -> rows of it in flight
+        self.lock = threading.Lock()
+
+    def add(self, taken: Sequence[tuple[int, str, str, int, bool]]) -> None:
+        with self.lock:
+            rows, busy = self.rows, self.fifo_busy
+            for rid, receiver, kind, size, fifo in taken:
+                rows[rid] = (receiver, kind, size, fifo)
+                if fifo:
+                    busy[receiver] = busy.get(receiver, 0) + 1
+
+    def settle(self, ids: Iterable[int]) -> None:
+        with self.lock:
+            rows, busy = self.rows, self.fifo_busy
+            for rid in ids:
+                f = rows.pop(rid, None)
+                if f is not None and f[3]:
+                    n = busy[f[0]] - 1
+                    if n:
+                        busy[f[0]] = n
+                    else:
+                        del busy[f[0]]
+
+    def snapshot(self) -> tuple[set[int], set[str]]:
+        """The rows and FIFO receivers in flight now. A reader takes this BEFORE its query:
+        the query's snapshot of the database is then at least as new, so a row settled by the
+        writer while the query runs (acked, nacked) is skipped rather than handed out again
+        with the state it had before that commit."""
+        with self.lock:
+            return set(self.rows), set(self.fifo_busy)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.rows.clear()
+            self.fifo_busy.clear()
+
+
+class Reader:
+    """The relay's polls, on a read-only connection of their own, run on the event loop's
+    thread: a WAL reader sees the last committed state, never waits for the writer and never
+    syncs, so a poll costs no thread hop and no write lock."""
+
+    def __init__(self, conn: sqlite3.Connection, flight: Flight) -> None:
+        self.conn = conn
+        self.flight = flight
 
     def _fifo_head(self, receiver: str) -> int | None:
         row = self.conn.execute(FIFO_HEAD, (receiver,)).fetchone()
@@ -102,27 +142,25 @@ class ReadOps:
         partition: int = 0,
         partitions: int = 1,
         kinds: Sequence[str] | None = None,
-    ) -> list[OutboxRow]:
-        """Read due rows and mark them in flight. Expired rows met on the way are deleted and
-        counted in a small write transaction of their own (never handed out)."""
-        if limit <= 0 or (kinds is not None and not kinds):
-            return []
+    ) -> tuple[list[OutboxRow], list[int]]:
+        """Due rows, marked in flight, and the ids of expired rows met on the way (never
+        handed out; the caller has the writer delete and count them)."""
         if partitions < 1 or not 0 <= partition < partitions:
             raise ValueError(f"partition {partition} out of range for {partitions} partitions")
-        self._check_external()
-        sql, extra = self._ready_sql(partitions, kinds)
+        if limit <= 0 or (kinds is not None and not kinds):
+            return [], []
         args: list[object] = [now_ms]
         if partitions > 1:
             args += [partitions, partition]
-        args += extra
+        if kinds is not None:
+            args.extend(kinds)
         out: list[OutboxRow] = []
         expired: list[int] = []
-        inflight = self.inflight
-        fifo_busy = self.fifo_busy
+        inflight, fifo_busy = self.flight.snapshot()
         picked: set[str] = set()  # FIFO receivers given a row in this call
         heads: dict[str, int | None] = {}  # FIFO receiver -> id of its oldest pending row
         taken: list[tuple[int, str, str, int, bool]] = []
-        for r in self.conn.execute(sql, args):
+        for r in self.conn.execute(ready_sql(partitions, kinds), args):
             rid = r[0]
             if rid in inflight:
                 continue
@@ -144,24 +182,14 @@ class ReadOps:
             taken.append((rid, r[3], r[4], r[15], fifo))
             if len(out) >= limit:
                 break
-        for rid, receiver, kind, size, fifo in taken:
-            inflight[rid] = (receiver, kind, size, fifo)
-            if fifo:
-                fifo_busy[receiver] = fifo_busy.get(receiver, 0) + 1
-        if expired:
-            self.begin()
-            try:
-                self.expire(now_ms, expired)
-                self.commit()
-            except BaseException:
-                self.rollback()
-                raise
-        return out
+        if taken:
+            self.flight.add(taken)
+        return out, expired
 
     def next_due_ms(self) -> int | None:
         """Earliest send_at of a pending row that take_ready could hand out (not in flight,
         not behind its FIFO receiver's head)."""
-        inflight = self.inflight
+        inflight, fifo_busy = self.flight.snapshot()
         heads: dict[str, int | None] = {}
         for rid, send_at, receiver, fifo in self.conn.execute(
             "SELECT id, send_at, receiver, fifo FROM outbox INDEXED BY outbox_ready"
@@ -170,7 +198,7 @@ class ReadOps:
             if rid in inflight:
                 continue
             if fifo:
-                if receiver in self.fifo_busy:
+                if receiver in fifo_busy:
                     continue
                 if receiver not in heads:
                     heads[receiver] = self._fifo_head(receiver)
@@ -178,6 +206,18 @@ class ReadOps:
                     continue
             return int(send_at)
         return None
+
+
+class ReadOps:
+    """Inspection reads, mixed into `Engine` (run on the writer thread)."""
+
+    if TYPE_CHECKING:
+        conn: sqlite3.Connection
+        inflight: dict[int, tuple[str, str, int, bool]]
+        counters: dict[str, int]
+        depth: dict[str, list[int]]
+
+        def _check_external(self) -> None: ...
 
     def stats(self, now_ms: int) -> OutboxStats:
         self._check_external()
@@ -227,4 +267,13 @@ class ReadOps:
         return None if r is None else build_row(r)
 
 
-__all__ = ["FIFO_HEAD", "ROW_COLUMNS", "ReadOps", "build_result", "build_row"]
+__all__ = [
+    "FIFO_HEAD",
+    "ROW_COLUMNS",
+    "Flight",
+    "ReadOps",
+    "Reader",
+    "build_result",
+    "build_row",
+    "ready_sql",
+]

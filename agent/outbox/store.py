@@ -12,6 +12,8 @@ in-flight rows are tracked in memory, and an idle store performs no write transa
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,11 +23,14 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import StoreClosed
 from agent.outbox.engine import Engine
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy
+from agent.outbox.reads import Reader
 from agent.outbox.schema import Synchronous, open_database
 from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
-from agent.outbox.writer import Writer
+from agent.outbox.writer import Writer, translate
 
 T = TypeVar("T")
+
+log = logging.getLogger("agent.outbox")
 
 
 class OutboxStore:
@@ -35,10 +40,19 @@ class OutboxStore:
     `reject`), `StoreClosed` (after `close()`), `ValueError` for malformed arguments.
     """
 
-    def __init__(self, *, path: Path, clock: Clock, writer: Writer, recovered_from: str | None):
+    def __init__(
+        self,
+        *,
+        path: Path,
+        clock: Clock,
+        writer: Writer,
+        reader: Reader,
+        recovered_from: str | None,
+    ) -> None:
         self.path = path
         self._clock = clock
         self._writer = writer
+        self._reader = reader
         self.recovered_from = recovered_from
         self._version = 0
         self._seen: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
@@ -74,20 +88,31 @@ class OutboxStore:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         recovered: list[str | None] = [None]
+        readers: list[Reader] = []
         now_ms = clock.now_ms()
 
         def factory() -> Engine:
             conn, recovered[0] = open_database(
                 p, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, now_ms=now_ms
             )
+            rconn: sqlite3.Connection | None = None
             try:
                 engine = Engine(
                     conn, max_attempts=max_attempts, classes=classes, default_class=default_class
                 )
                 if max_db_bytes is not None:
                     engine.set_max_pages(_pages(conn, max_db_bytes))
+                # The relay's polls read on the loop's thread through a connection of their own.
+                rconn = sqlite3.connect(
+                    str(p), isolation_level=None, check_same_thread=False
+                )
+                rconn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+                rconn.execute("PRAGMA query_only = ON")
+                readers.append(Reader(rconn, engine.flight))
             except BaseException:
                 conn.close()
+                if rconn is not None:
+                    rconn.close()
                 raise
             return engine
 
@@ -117,7 +142,9 @@ class OutboxStore:
         writer = Writer(factory, loop, deliver, name=f"outbox-writer:{p.name}")
         with clock.busy():
             await writer.start()
-        store = cls(path=p, clock=clock, writer=writer, recovered_from=recovered[0])
+        store = cls(
+            path=p, clock=clock, writer=writer, reader=readers[0], recovered_from=recovered[0]
+        )
         holder.append(store)
         return store
 
@@ -210,12 +237,35 @@ class OutboxStore:
         partitions: int = 1,
         kinds: Sequence[str] | None = None,
     ) -> list[OutboxRow]:
+        """Due rows of this partition, marked in flight (see `OutboxReader`). A read on the
+        loop's thread (WAL reader: no lock, no sync); expired rows met are handed to the writer
+        to be deleted and counted, never returned."""
+        if self._closed:
+            raise StoreClosed("the outbox store is closed")
         now = self._clock.now_ms()
-        ks = None if kinds is None else list(kinds)
         self._observe()
-        return await self._call(
-            lambda e: e.take_ready(now, limit, partition, partitions, ks), write=False
-        )
+        try:
+            rows, expired = self._reader.take_ready(now, limit, partition, partitions, kinds)
+        except sqlite3.Error as exc:
+            raise translate(exc) from exc
+        if expired:
+            self._expire_soon(now, expired)
+        await asyncio.sleep(0)  # a poll stays a suspension point for the caller's loop
+        return rows
+
+    def _expire_soon(self, now: int, ids: list[int]) -> None:
+        fut = self._writer.submit(lambda e: e.expire(now, ids), write=True)
+        busy = None if self._plain_clock else self._clock.busy()
+        if busy is not None:
+            busy.__enter__()
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if busy is not None:
+                busy.__exit__(None, None, None)
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("outbox: deleting expired rows failed: %s", f.exception())
+
+        fut.add_done_callback(done)
 
     async def ack(self, row_ids: Sequence[int]) -> None:
         ids = list(row_ids)
@@ -237,8 +287,13 @@ class OutboxStore:
         await self._call(lambda e: e.dead_letter(row_id, error), write=True, wakes=True)
 
     async def next_due_ms(self) -> int | None:
+        if self._closed:
+            raise StoreClosed("the outbox store is closed")
         self._observe()
-        return await self._call(lambda e: e.next_due_ms(), write=False)
+        try:
+            return self._reader.next_due_ms()
+        except sqlite3.Error as exc:
+            raise translate(exc) from exc
 
     async def wait_for_change(self) -> None:
         """Return when an enqueue, ack, nack, release or replay may have made work ready since
@@ -304,6 +359,10 @@ class OutboxStore:
         with self._clock.busy():
             await fut
         self._writer.join(5.0)  # the thread ends right after posting the close result
+        try:
+            self._reader.conn.close()
+        except sqlite3.Error as exc:
+            log.warning("outbox: closing the reader failed: %s", exc)
         for w in self._waiters:
             if not w.done():
                 w.set_result(None)

@@ -52,7 +52,8 @@ class _Close:
         self.fut = fut
 
 
-def _translate(exc: sqlite3.Error) -> StoreError:
+def translate(exc: sqlite3.Error) -> StoreError:
+    """The StoreError for a sqlite3 error (its text names a full disk as such)."""
     text = describe(exc)
     if getattr(exc, "sqlite_errorcode", 0) & 0xFF == 13 or "full" in str(exc).lower():
         err = StoreError(f"outbox database is full: {text}")
@@ -178,7 +179,7 @@ class Writer:
             try:
                 value, error = op.fn(engine), None
             except sqlite3.Error as exc:
-                value, error = None, _translate(exc)
+                value, error = None, translate(exc)
             except Exception as exc:  # noqa: BLE001 - handed to the caller
                 value, error = None, exc
             results.append((op.fut, value, error))
@@ -202,7 +203,7 @@ class Writer:
         except sqlite3.Error as exc:
             engine.rollback()
             if len(writes) == 1:
-                return [(writes[0], None, _translate(exc))]
+                return [(writes[0], None, translate(exc))]
             log.warning("outbox: grouped write of %d operations failed (%s); retrying one by "
                         "one", len(writes), describe(exc))
         except Exception as exc:  # noqa: BLE001 - a bug in one op must not hang the others
@@ -239,4 +240,4 @@ def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
-__all__ = ["Writer"]
+__all__ = ["Writer", "translate"]

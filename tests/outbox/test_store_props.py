@@ -108,12 +108,14 @@ class OutboxMachine(RuleBasedStateMachine):
                 return
             free = [r for r in same if r not in self.flying]
             if free:
-                assert (result.outcome, result.row_id) == ("overwritten", free[0])
-                for other in free[1:]:
-                    del self.rows[other]
-                keep = self.rows[free[0]]
-                keep.seq, keep.payload, keep.attempts = seq, payload, 0
-                keep.send_at = max(keep.send_at, now + delay)
+                assert result.outcome == "overwritten"
+                old_send = self.rows[free[0]].send_at
+                for replaced in free:
+                    del self.rows[replaced]
+                assert result.row_id is not None and result.row_id not in self.rows
+                send_at = old_send if delay == 0 else max(old_send, now + delay)
+                self.rows[result.row_id] = Row(receiver, key, conflict, seq, payload,
+                                               send_at=send_at)
                 return
         assert result.outcome == "stored", result
         assert result.row_id is not None and result.row_id not in self.rows

@@ -88,7 +88,7 @@ async def test_hot_queries_use_their_partial_indexes(open_store: OpenStore, db_p
 
     conn = sqlite3.connect(db_path)
     try:
-        sql, _ = engine.Engine._ready_sql(4, ["a", "b"])
+        sql = reads.ready_sql(4, ["a", "b"])
         assert "outbox_ready" in _plan(conn, sql, (0, 4, 1, "a", "b"))
         assert "outbox_key" in _plan(conn, engine._KEY_LOOKUP, ("o", "r", "k"))
         assert "outbox_fifo" in _plan(conn, reads.FIFO_HEAD, ("r",))
