@@ -302,12 +302,14 @@ class Engine(ReadOps):
 
         A row written earlier in this same batch is edited in place. A committed row is
         deleted and the newcomer inserted under a new id, keeping the old row's place in the
-        ready order (its send_at, unless the newcomer asks for a delay) and its created_at:
-        the loop thread reads committed rows without the writer's lock, so a row it may be
-        handing out at this very moment is never rewritten under it (its ack then deletes
-        nothing, and the newer message stays). Every replaced row counts as overwritten."""
+        ready order (its send_at, unless the newcomer asks for a delay). Why not an UPDATE:
+        the loop thread reads committed rows without the writer's lock, so it may be handing
+        out the old row at this very moment; rewriting it would let that row's ack delete the
+        newer message. Deleted instead, the old row's ack deletes nothing and the newer one
+        stays. Ids still follow created_at, so the oldest pending row is the lowest id. Every
+        replaced row counts as overwritten."""
         keep = free[0]
-        old_id, _, old_kind, old_size, old_send, old_created = keep
+        old_id, _, old_kind, old_size, old_send, _ = keep
         same = old_kind == kind
         add_n = (0 if same else 1) - sum(1 for o in free[1:] if o[2] == kind)
         add_b = (size - old_size if same else size) - sum(o[3] for o in free[1:] if o[2] == kind)
@@ -336,8 +338,8 @@ class Engine(ReadOps):
             rid = old_id
         else:
             self._delete_pending(keep)
-            rid = self._insert(m, payload, kind, pol, size, old_created, send_at, expires, m.key)
-        keep[:] = [rid, m.seq, kind, size, send_at, old_created]
+            rid = self._insert(m, payload, kind, pol, size, now, send_at, expires, m.key)
+        keep[:] = [rid, m.seq, kind, size, send_at, now]
         return rid
 
     def _insert(
