@@ -13,6 +13,7 @@ run of enqueues, so a batch of messages costs one statement, not one per message
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -37,6 +38,15 @@ _KEY_LOOKUP = (
     "SELECT id, seq, kind, size, send_at, created_at FROM outbox INDEXED BY outbox_key"
     " WHERE owner = ? AND receiver = ? AND key = ? AND status = 'pending' ORDER BY id"
 )
+# The same, for many keys at once: [[owner, receiver, key], ...] as one JSON parameter.
+_KEYS_LOOKUP = (
+    "SELECT j.key, o.id, o.seq, o.kind, o.size, o.send_at, o.created_at"
+    " FROM json_each(?) AS j JOIN outbox AS o INDEXED BY outbox_key"
+    " ON o.owner = j.value ->> 0 AND o.receiver = j.value ->> 1 AND o.key = j.value ->> 2"
+    " WHERE o.status = 'pending' ORDER BY j.key, o.id"
+)
+_PREFETCH_MIN = 32  # keys in a batch before one bulk lookup beats one lookup per message
+_PREFETCH_CHUNK = 10_000
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 
 
@@ -204,6 +214,7 @@ class Engine(ReadOps):
         assert self._snap is not None
         snap = (dict(self.counters), {k: list(v) for k, v in self.depth.items()}, self.next_id)
         try:
+            self._prefetch_keys(msgs)
             out = [self._enqueue_one(m, now_ms, delay_ms) for m in msgs]
             self._flush()
         except (OutboxFull, ValueError) as exc:
@@ -218,6 +229,28 @@ class Engine(ReadOps):
             raise
         self.conn.execute("RELEASE enqueue_many")
         return out
+
+    def _prefetch_keys(self, msgs: Sequence[OutboxMessage]) -> None:
+        """Look up the pending rows of every key of a large batch in one query (instead of
+        one per message) and fill the key cache with them."""
+        cache = self._keys
+        wanted: list[tuple[str, str, str]] = []
+        seen: set[tuple[str, str, str]] = set()
+        for m in msgs:
+            if m.key is not None:
+                ident = (m.owner, m.receiver, m.key)
+                if ident not in cache and ident not in seen:
+                    seen.add(ident)
+                    wanted.append(ident)
+        if len(wanted) < _PREFETCH_MIN:
+            return
+        self._flush()  # (nothing deferred touches these keys: they are not in the cache)
+        for ident in wanted:
+            cache[ident] = []
+        for start in range(0, len(wanted), _PREFETCH_CHUNK):
+            chunk = wanted[start : start + _PREFETCH_CHUNK]
+            for idx, *row in self.conn.execute(_KEYS_LOOKUP, (json.dumps(chunk),)):
+                cache[chunk[idx]].append(row)
 
     def enqueue_each(
         self, items: Sequence[tuple[OutboxMessage, int, int]]

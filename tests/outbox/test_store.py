@@ -425,3 +425,38 @@ async def test_concurrent_polls_and_acks_never_hand_a_row_out_twice(
     await asyncio.sleep(0.05)
     stats = await assert_conserved(store)
     assert stats.delivered + stats.pending == n
+
+
+async def test_enqueue_many_matches_one_by_one(open_store: OpenStore, tmp_path) -> None:  # noqa: ANN001
+    """A big batch (keys looked up in bulk, rows written together) decides exactly as the
+    same messages enqueued one at a time."""
+    import random
+
+    rng = random.Random(7)
+    msgs = [
+        make_msg(
+            f"r{rng.randrange(3)}",
+            owner=f"d{rng.randrange(20)}",
+            key=f"k{rng.randrange(3)}",
+            conflict=rng.choice(["append", "overwrite"]),
+            seq=rng.randrange(10),
+            payload=b"%d" % i,
+        )
+        for i in range(400)
+    ]
+    one = await open_store(tmp_path / "one.db")
+    await one.enqueue(msgs[0])  # something committed before, so both paths meet old rows
+    many = await open_store(tmp_path / "many.db")
+    await many.enqueue(msgs[0])
+    singles = [await one.enqueue(m) for m in msgs[1:]]
+    batch = await many.enqueue_many(msgs[1:])
+    assert [r.outcome for r in batch] == [r.outcome for r in singles]
+    s1, s2 = await assert_conserved(one), await assert_conserved(many)
+    assert (s1.pending, s1.overwritten, s1.dropped, s1.duplicates) == (
+        s2.pending, s2.overwritten, s2.dropped, s2.duplicates,
+    )
+    rows1 = sorted((r.owner, r.receiver, r.key, r.seq, r.payload)
+                   for r in await one.take_ready(limit=1_000))
+    rows2 = sorted((r.owner, r.receiver, r.key, r.seq, r.payload)
+                   for r in await many.take_ready(limit=1_000))
+    assert rows1 == rows2
