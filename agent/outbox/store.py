@@ -1,12 +1,14 @@
 """`OutboxStore`: the durable outbox, as seen from the event loop.
 
-Every operation is handed to the single writer thread (`agent.outbox.writer`) and awaited, so
-the loop never waits on SQLite or an fsync. Writes from concurrent callers share one
-transaction (group commit); `enqueue` returns once its message is committed.
+Writes are handed to the single writer thread (`agent.outbox.writer`) and awaited, so the loop
+never waits on a lock or an fsync. Writes from concurrent callers share one transaction (group
+commit); `enqueue` returns once its message is committed.
 
 The relay's view (`take_ready`, `ack`, `nack`, `release`, `dead_letter`, `next_due_ms`,
-`wait_for_change`) follows `agent.outbox.types.OutboxReader`: a poll is a read on the database,
-in-flight rows are tracked in memory, and an idle store performs no write transaction.
+`wait_for_change`) follows `agent.outbox.types.OutboxReader`. Its polls (`take_ready`,
+`next_due_ms`) read on the loop's own thread through a second, read-only connection: in WAL
+mode a reader sees the last commit without taking a lock, never syncs, and costs no thread hop.
+In-flight rows are tracked in memory; an idle store performs no write transaction.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ class OutboxStore:
                 rconn = sqlite3.connect(
                     str(p), isolation_level=None, check_same_thread=False
                 )
-                rconn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+                # A WAL reader only waits in rare cases (recovery); never stall the loop long.
+                rconn.execute(f"PRAGMA busy_timeout = {min(int(busy_timeout_ms), 250)}")
                 rconn.execute("PRAGMA query_only = ON")
                 readers.append(Reader(rconn, engine.flight))
             except BaseException:
@@ -355,14 +358,16 @@ class OutboxStore:
         if self._closed:
             return
         self._closed = True
-        fut = self._writer.close()
-        with self._clock.busy():
-            await fut
-        self._writer.join(5.0)  # the thread ends right after posting the close result
+        # The reader goes first, so the writer's connection is the last one and its close
+        # (which checkpoints the WAL and syncs) runs on the writer thread, not on the loop.
         try:
             self._reader.conn.close()
         except sqlite3.Error as exc:
             log.warning("outbox: closing the reader failed: %s", exc)
+        fut = self._writer.close()
+        with self._clock.busy():
+            await fut
+        self._writer.join(5.0)  # the thread ends right after posting the close result
         for w in self._waiters:
             if not w.done():
                 w.set_result(None)
