@@ -129,21 +129,32 @@ class Simulation:
             if opts.telemetry_s > 0:
                 offset = phase + boot.random() * opts.telemetry_s
                 self._telemetry_loop(device, offset, rng_for(opts.seed, f"telemetry:{device}"))
-        if opts.offline_rate > 0 and fleet.broker is not None:
-            pick = rng_for(opts.seed, "offline")
-            count = round(opts.offline_rate * opts.devices)
-            latest = max(0.0, opts.duration_s - opts.offline_duration_s)
-            for device in sorted(pick.sample(sorted(fleet.workers), count)):
-                start = float(int(pick.uniform(opts.heartbeat_s, max(opts.heartbeat_s, latest))))
-                self.offline_episodes.append((device, start, opts.offline_duration_s))
+        if fleet.broker is not None:
+            self.offline_episodes = self.offline_plan()
+            for device, start, span in self.offline_episodes:
                 self.timeline.at(start, f"cut {device}", lambda d=device: fleet.cut(d))
-                self.timeline.at(start + opts.offline_duration_s, f"heal {device}", lambda d=device: fleet.heal(d))
+                self.timeline.at(start + span, f"heal {device}", lambda d=device: fleet.heal(d))
         if opts.broker_outage is not None and fleet.broker is not None:
             at, span = opts.broker_outage
             self.timeline.at(at, "broker down", fleet.broker_down)
             self.timeline.at(at + span, "broker up", fleet.broker_up)
         if opts.jobs > 0:
             self.timeline.at(min(2 * opts.heartbeat_s, opts.duration_s / 2), "submit jobs", self._submit_jobs)
+
+    def offline_plan(self) -> list[tuple[str, float, float]]:
+        """(device, start, duration) of every uplink loss, drawn from the seed alone."""
+        opts = self.opts
+        if opts.offline_rate <= 0:
+            return []
+        pick = rng_for(opts.seed, "offline")
+        count = round(opts.offline_rate * opts.devices)
+        latest = max(0.0, opts.duration_s - opts.offline_duration_s)
+        devices = [device_name(i) for i in range(opts.devices)]
+        plan = []
+        for device in sorted(pick.sample(devices, count)):
+            start = float(int(pick.uniform(opts.heartbeat_s, max(opts.heartbeat_s, latest))))
+            plan.append((device, start, opts.offline_duration_s))
+        return plan
 
     def _telemetry_loop(self, device: str, first: float, rng: object) -> None:
         worker = self.fleet.workers[device]

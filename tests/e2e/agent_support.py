@@ -100,6 +100,14 @@ def job_rows(db: Path) -> list[tuple[str, str, str | None]]:
         conn.close()
 
 
+async def with_time(clock: Clock, aw: Any) -> Any:
+    """Await `aw`; under a VirtualClock keep time moving meanwhile (sleeping actors, timeouts)."""
+    task = asyncio.ensure_future(aw)
+    while isinstance(clock, VirtualClock) and not task.done():
+        await clock.advance(0.5)
+    return await task
+
+
 async def stop_all(*agents: WorkerAgent | LeaderAgent | None, clock: Clock | None = None) -> None:
     """Stop agents; under a VirtualClock time keeps moving so sleeping actors can finish."""
     for agent in agents:

@@ -1,0 +1,187 @@
+"""The leader agent on the in-memory broker and virtual time: refusals, work-pulling, crash and
+restart, two leaders on a shared subscription."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.agent_support import leader, pending, stop_all, until, with_time, worker  # noqa: E402
+
+from agent.core.clock import VirtualClock  # noqa: E402
+from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
+from agent.leader.agent import LEADER_DB  # noqa: E402
+from agent.protocol import Heartbeat, JobSubmit  # noqa: E402
+from agent.transport import topics  # noqa: E402
+from agent.transport.base import InboundMessage  # noqa: E402
+from agent.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def broker(clock: VirtualClock) -> MemoryBroker:
+    return MemoryBroker(clock=clock)
+
+
+def _hb(device: str, seq: int) -> bytes:
+    return msgspec.msgpack.encode(Heartbeat(device_id=device, seq=seq, uptime_s=1.0))
+
+
+async def test_forged_malformed_and_oversized_messages_are_refused_and_recorded(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    gw = await leader(clock, tmp_path, broker=broker, mqtt={"max_payload_bytes": 2048})
+    rogue = MemoryTransport(broker, "rogue", max_payload_bytes=1 << 20)
+    replies: list[InboundMessage] = []
+
+    async def collect(message: InboundMessage) -> None:
+        replies.append(message)
+
+    await rogue.subscribe("rogue/replies", collect)
+    await rogue.start()
+    try:
+        await clock.advance(0.1)
+
+        async def send(device: str, envelope: Envelope | bytes) -> None:
+            data = envelope if isinstance(envelope, bytes) else encode(envelope)
+            await rogue.publish(topics.up("t", device), data, response_topic="rogue/replies",
+                                correlation=str(len(replies)).encode())
+            await clock.advance(0.1)
+
+        # 1. sender id does not match the topic's device
+        await send("w1", Envelope(id="e1", kind="heartbeat", sender="w2", receiver="leader", payload=_hb("w2", 1)))
+        # 2. the envelope matches the topic, the payload names another device
+        await send("w1", Envelope(id="e2", kind="heartbeat", sender="w1", receiver="leader", payload=_hb("w9", 1)))
+        # 3. not msgpack at all; 4. a payload the heartbeat schema refuses
+        await send("w1", b"\xc1\x00 this is not an envelope")
+        await send("w1", Envelope(id="e4", kind="heartbeat", sender="w1", receiver="leader", payload=b"\x93\x01"))
+        # 5. too big; 6. a kind the leader does not take
+        await send("w1", Envelope(id="e5", kind="telemetry", sender="w1", receiver="leader", payload=b"x" * 4096))
+        await send("w1", Envelope(id="e6", kind="job.offer", sender="w1", receiver="leader", payload=b""))
+        statuses = [decode_reply(r.payload).status for r in replies]
+        assert statuses == ["rejected"] * 6
+        reasons = [r.reason for r in reversed(gw.rejects.list())]
+        assert len(reasons) == 6
+        assert "does not match" in reasons[0]
+        assert "names device 'w9'" in reasons[1]
+        assert "exceeds max_payload_bytes" in reasons[4]
+        assert gw.rejects.total() == 6
+        # still running: a good heartbeat is accepted and lands in the registry
+        await send("w1", Envelope(id="e7", kind="heartbeat", sender="w1", receiver="leader", payload=_hb("w1", 5)))
+        assert decode_reply(replies[-1].payload).status == "accepted"
+        await clock.advance(1)
+        record = gw.registry.device("w1")
+        assert record is not None and record.hb_seq == 5
+    finally:
+        await rogue.stop()
+        await stop_all(gw, clock=clock)
+
+
+async def test_work_pulling_survives_a_lost_worker(clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    jobs = {"demand_window": 2}
+    workers = [await worker(clock, tmp_path, f"w{i}", broker=broker, sections={"jobs": jobs}) for i in range(3)]
+    try:
+        await until(clock, lambda: len(gw.jobs_queue.workers()) == 3, what="3 workers registered")
+        await gw.submit_jobs([JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"2") for n in range(50)])
+        await until(clock, lambda: gw.jobs_queue.stats().confirmed >= 10, what="10 jobs confirmed")
+        victim = workers[1]
+        held = [o.job_id for o in gw.jobs_queue.held_by(victim.device_id)]
+        assert held, "the victim should hold unconfirmed jobs when it dies"
+        await victim.transport.abort()  # dies: the broker publishes its last will
+        await stop_all(victim, clock=clock)
+        await until(clock, lambda: gw.jobs_queue.counts()["confirmed"] == 50, limit_s=900, what="all jobs confirmed")
+        stats = gw.jobs_queue.stats()
+        assert stats.requeued >= len(held)
+        assert gw.leader_stats is not None
+        assert gw.leader_stats.stats.results.get("confirmed") == 50  # each exactly once
+        for job_id in held:
+            record = gw.jobs_queue.job(job_id)
+            assert record is not None and record.state == "confirmed"
+    finally:
+        await stop_all(*workers, gw, clock=clock)
+
+
+async def test_leader_crash_and_restart_loses_nothing(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    workers = [await worker(clock, tmp_path, f"w{i}", broker=broker, sections={"jobs": {"demand_window": 2}})
+               for i in range(3)]
+    try:
+        await until(clock, lambda: len(gw.jobs_queue.workers()) == 3, what="workers registered")
+        await gw.submit_jobs([JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"1") for n in range(30)])
+        sent = 0
+        for _ in range(5):
+            for w in workers:
+                await w.send_telemetry("t", 1.0)
+                sent += 1
+            await clock.advance(2)
+        # Crash: no goodbye, nothing flushed beyond what was committed.
+        await gw.transport.abort()
+        await with_time(clock, gw.system.stop(timeout_s=0.01))
+        await with_time(clock, gw.relay.stop())
+        await gw.outbox.close()
+        gw.registry.close()
+        gw.jobs_queue.close()
+        gw.rejects.close()
+        for _ in range(5):
+            for w in workers:
+                assert await with_time(clock, w.send_telemetry("t", 2.0)) == "outbox"
+                sent += 1
+            await clock.advance(2)
+        gw2 = await leader(clock, tmp_path, broker=broker)
+        assert gw2.jobs_queue.epoch == gw.jobs_queue.epoch + 1
+        await until(clock, lambda: gw2.jobs_queue.counts()["confirmed"] == 30, limit_s=900, what="jobs confirmed")
+        await until(clock, lambda: sum(d.telemetry_count for d in gw2.registry.devices()) == sent, what="telemetry")
+        for w in workers:
+            await until(clock, lambda w=w: _empty(w), what="drained")  # type: ignore[misc]
+        assert sum(d.telemetry_count for d in gw2.registry.devices()) == sent  # nothing applied twice
+        rows = gw2.jobs_queue.counts()
+        assert rows == {"pending": 0, "confirmed": 30}
+        await stop_all(*workers, gw2, clock=clock)
+        db = tmp_path / "gw" / LEADER_DB
+        assert db.exists()
+    finally:
+        await stop_all(*workers, clock=clock)
+
+
+async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
+    return await pending(w, "telemetry") == 0
+
+
+async def test_two_leaders_split_the_fleet_and_one_dies(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    gw1 = await leader(clock, tmp_path, broker=broker, name="gw1")
+    gw2 = await leader(clock, tmp_path, broker=broker, name="gw2")
+    workers = [await worker(clock, tmp_path, f"w{i}", broker=broker) for i in range(6)]
+    try:
+        sent = 0
+        for round_ in range(10):
+            for w in workers:
+                await w.send_telemetry("t", float(round_))
+                sent += 1
+            if round_ == 4:
+                await gw1.transport.abort()  # killed: its share goes to gw2
+            await clock.advance(3)
+        await until(clock, lambda: sum(d.telemetry_count for d in gw2.registry.devices())
+                    + sum(d.telemetry_count for d in gw1.registry.devices()) >= sent, what="all telemetry")
+        first = sum(d.telemetry_count for d in gw1.registry.devices())
+        second = sum(d.telemetry_count for d in gw2.registry.devices())
+        assert first > 0 and second > 0  # the shared subscription split the work
+        assert first + second >= sent  # nothing lost (a record may be in both after the kill)
+        assert second <= sent
+    finally:
+        await stop_all(*workers, gw2, clock=clock)
+        await gw1.transport.stop()
+        await stop_all(gw1, clock=clock)
