@@ -112,10 +112,12 @@ class OutboxStore:
                 rconn.execute(f"PRAGMA busy_timeout = {min(int(busy_timeout_ms), 250)}")
                 rconn.execute("PRAGMA query_only = ON")
                 readers.append(Reader(rconn, engine.flight))
-            except BaseException:
+            except BaseException as exc:
                 conn.close()
                 if rconn is not None:
                     rconn.close()
+                if isinstance(exc, sqlite3.Error):
+                    raise translate(exc) from exc
                 raise
             return engine
 
