@@ -39,17 +39,17 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
 from firmware_rollout.artifact import read_signed_manifest
+from firmware_rollout.gates import WaveGates, finished_failed
 from firmware_rollout.messages import UpdateOffer, UpdateReport
 from firmware_rollout.plan import DeviceInfo, matches, plan_waves, select_targets
 from firmware_rollout.rollout_store import (
-    FAILURES,
-    IN_PROGRESS,
     TERMINAL,
     DeviceRow,
     RolloutRow,
     RolloutStore,
 )
 from firmware_rollout.spec import RolloutSpec, spec_from_json
+from firmware_rollout.status import describe
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ class Orchestrator:
         self._wake = asyncio.Event()
         self._stopped = False
         self.ticks = 0
+        self.gates = WaveGates(store, clock=clock, changed=self._changed)
 
     # -- starting --------------------------------------------------------------------------
     async def start_rollout(
@@ -133,7 +134,7 @@ class Orchestrator:
             rollback_of=rollback_of,
         )
         with self.store.atomic():
-            self._start_wave(self._get(rid), 0)
+            self.gates.start_wave(self._get(rid), 0)
         log.info("rollout %s of version %s started: %d devices in %d waves", rid, version, len(targets), len(waves))
         self._changed(rid)
         return rid
@@ -170,7 +171,7 @@ class Orchestrator:
                 if r.state != "paused":
                     return f"{r.id} is running already"
                 totals = self.store.totals(r.id)
-                finished, failed = _finished_failed(totals)
+                finished, failed = finished_failed(totals)
                 self.store.set_rollout(
                     r.id,
                     state="running",
@@ -180,7 +181,7 @@ class Orchestrator:
                 )
                 result = f"resumed {r.id}"
             elif action == "cancel":
-                self._stop_rollout(r, "canceled", "canceled by operator")
+                self.gates.stop_rollout(r, "canceled", "canceled by operator")
                 result = f"canceled {r.id}"
             elif action in ("next", "approve"):
                 wave = self.store.wave(r.id, r.current_wave)
@@ -192,7 +193,7 @@ class Orchestrator:
                 detail = "approved by operator" if action == "approve" else "moved past by operator"
                 if wave.state not in ("passed", "failed"):
                     self.store.set_wave(r.id, wave.idx, state="passed", finished_ms=now, detail=detail)
-                self._start_wave(self._get(r.id), r.current_wave + 1)
+                self.gates.start_wave(self._get(r.id), r.current_wave + 1)
                 result = f"{r.id}: wave {r.current_wave + 1} started ({detail})"
             else:
                 raise RolloutError(f"unknown control {action!r}")
@@ -208,7 +209,7 @@ class Orchestrator:
             raise RolloutError(f"rollout {r.id}: no device took version {r.version}; nothing to roll back")
         if r.active:
             with self.store.atomic():
-                self._stop_rollout(r, "canceled", "canceled for a rollback")
+                self.gates.stop_rollout(r, "canceled", "canceled for a rollback")
         base = msgspec.to_builtins(r.spec)
         base["rollout"].update(artifact=str(Path(path).resolve()), name=f"rollback of {r.id}")
         base["waves"] = {"canary": 0, "counts": [len(targets)]}
@@ -349,12 +350,12 @@ class Orchestrator:
             return
         if r.spec.targets.include_new and not r.rollback_of:
             self._include_new(r, infos)
-        if self._failure_gate(r):
+        if self.gates.failure_gate(r):
             return
         await self._offer(r, infos)
         for _ in range(r.wave_count + 1):  # one wave may pass and the next start in one tick
             r = self._get(rid)
-            if r.state != "running" or not self._wave_gates(r, infos):
+            if r.state != "running" or not self.gates.wave_gates(r, infos):
                 break
 
     def _include_new(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> None:
@@ -373,26 +374,6 @@ class Orchestrator:
                             r.id, info.device_id, deadline_ms=self.clock.now_ms() + int(r.spec.device.timeout_s * 1000)
                         )
                     log.info("rollout %s: new device %s joins wave %d", r.id, info.device_id, last)
-
-    def _failure_gate(self, r: RolloutRow) -> bool:
-        gates = r.spec.gates
-        finished, failed = _finished_failed(self.store.totals(r.id))
-        finished -= r.fail_base_finished
-        failed -= r.fail_base_failed
-        if finished < gates.min_finished or failed * 100.0 <= gates.failure_threshold_pct * finished:
-            return False
-        why = (
-            f"failure threshold: {failed} of {finished} finished devices failed "
-            f"({failed * 100.0 / finished:.1f}% > {gates.failure_threshold_pct:g}%)"
-        )
-        with self.store.atomic():
-            if gates.failure_action == "pause":
-                self.store.set_rollout(r.id, state="paused", detail=why + "; paused")
-            else:
-                self._stop_rollout(r, "aborted", why)
-        log.warning("rollout %s: %s", r.id, why)
-        self._changed(r.id)
-        return True
 
     async def _offer(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> None:
         now = self.clock.now_ms()
@@ -437,129 +418,6 @@ class Orchestrator:
                 self.store.record_offer(r.id, d.device_id, attempt)
         self._changed(r.id)
 
-    def _wave_gates(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> bool:
-        """Move the current wave on if its gates allow; True when something changed."""
-        now = self.clock.now_ms()
-        wave = self.store.wave(r.id, r.current_wave)
-        assert wave is not None
-        gates = r.spec.gates
-        members = self.store.devices(r.id, wave=wave.idx)
-        succeeded = [d for d in members if d.state == "succeeded"]
-        size = len(members)
-        pct = len(succeeded) * 100.0 / size if size else 100.0
-        with self.store.atomic():
-            if wave.state == "running":
-                if any(d.state not in TERMINAL for d in members):
-                    return False
-                if size and pct < gates.success_threshold_pct:
-                    self._fail_wave(
-                        r,
-                        wave.idx,
-                        f"{len(succeeded)} of {size} succeeded ({pct:.1f}% < {gates.success_threshold_pct:g}%)",
-                    )
-                    return True
-                if gates.soak_s > 0:
-                    self.store.set_wave(
-                        r.id,
-                        wave.idx,
-                        state="soaking",
-                        soak_started_ms=now,
-                        soak_until_ms=now + int(gates.soak_s * 1000),
-                        detail=f"{len(succeeded)} of {size} succeeded; soaking {gates.soak_s:g}s",
-                    )
-                    self._changed(r.id)
-                    return True
-                self._pass_wave(r, wave.idx, f"{len(succeeded)} of {size} succeeded")
-                return True
-            if wave.state == "soaking":
-                if wave.soak_until_ms is None or now < wave.soak_until_ms:
-                    return False
-                since = wave.soak_started_ms or 0
-                silent = [
-                    d
-                    for d in succeeded
-                    if not (
-                        d.device_id in infos
-                        and infos[d.device_id].online
-                        and (infos[d.device_id].last_seen_ms or 0) >= since
-                    )
-                ]
-                for d in silent:
-                    self.store.set_device(
-                        r.id,
-                        d.device_id,
-                        state="failed",
-                        detail=f"stopped heartbeating during the {gates.soak_s:g}s soak",
-                    )
-                ok = len(succeeded) - len(silent)
-                pct = ok * 100.0 / size if size else 100.0
-                if size and pct < gates.success_threshold_pct:
-                    self._fail_wave(
-                        r,
-                        wave.idx,
-                        f"soak: {ok} of {size} kept heartbeating ({pct:.1f}% < {gates.success_threshold_pct:g}%)",
-                    )
-                    return True
-                self._pass_wave(r, wave.idx, f"{ok} of {size} succeeded and kept heartbeating")
-                return True
-        return False
-
-    def _pass_wave(self, r: RolloutRow, idx: int, detail: str) -> None:
-        now = self.clock.now_ms()
-        last = idx + 1 >= r.wave_count
-        if not last and r.spec.gates.manual_approval:
-            self.store.set_wave(
-                r.id, idx, state="awaiting_approval", finished_ms=now, detail=detail + "; waiting for approval"
-            )
-            self.store.set_rollout(r.id, detail=f"wave {idx} passed; waiting for `rollout approve {r.id}`")
-        else:
-            self.store.set_wave(r.id, idx, state="passed", finished_ms=now, detail=detail)
-            if last:
-                self.store.set_rollout(
-                    r.id, state="succeeded", finished_ms=now, detail=f"all {r.wave_count} waves passed"
-                )
-                log.info("rollout %s succeeded", r.id)
-            else:
-                self._start_wave(r, idx + 1)
-        self._changed(r.id)
-
-    def _fail_wave(self, r: RolloutRow, idx: int, why: str) -> None:
-        name = "canary wave" if idx == 0 and r.spec.waves.canary else f"wave {idx}"
-        self.store.set_wave(r.id, idx, state="failed", finished_ms=self.clock.now_ms(), detail=why)
-        self._stop_rollout(r, "aborted", f"{name} failed its success gate: {why}")
-        log.warning("rollout %s aborted: %s failed: %s", r.id, name, why)
-
-    def _start_wave(self, r: RolloutRow, idx: int) -> None:
-        now = self.clock.now_ms()
-        self.store.set_wave(r.id, idx, state="running", started_ms=now, detail="")
-        self.store.set_rollout(r.id, current_wave=idx, detail=f"wave {idx} of {r.wave_count} running")
-        deadline = now + int(r.spec.device.timeout_s * 1000)
-        for d in self.store.devices(r.id, wave=idx, states=("queued",)):
-            self.store.set_device(r.id, d.device_id, deadline_ms=deadline)
-        self._changed(r.id)
-
-    def _stop_rollout(self, r: RolloutRow, state: str, why: str) -> None:
-        """End `r` (inside the caller's transaction): devices not offered yet are canceled and
-        never offered; devices mid-update finish and report."""
-        now = self.clock.now_ms()
-        self.store.set_rollout(r.id, state=state, finished_ms=now, detail=why)
-        for w in self.store.waves(r.id):
-            if w.state == "pending":
-                self.store.set_wave(r.id, w.idx, state="canceled", detail=why)
-            elif w.state in ("running", "soaking", "awaiting_approval"):
-                self.store.set_wave(r.id, w.idx, state="canceled" if state == "canceled" else "failed",
-                                    finished_ms=now, detail=why)
-        for d in self.store.devices(r.id, states=("queued",)):
-            self.store.set_device(
-                r.id,
-                d.device_id,
-                state="canceled",
-                detail=f"rollout {state}: {why}"[:500],
-                deadline_ms=None,
-                next_try_ms=None,
-            )
-        self._changed(r.id)
-
     # -- helpers ---------------------------------------------------------------------------
     def _get(self, rid: str) -> RolloutRow:
         r = self.store.get(rid)
@@ -570,62 +428,6 @@ class Orchestrator:
     def _changed(self, rid: str) -> None:
         if self._on_change is not None:
             self._on_change(rid)
-
-
-def _finished_failed(totals: dict[str, int]) -> tuple[int, int]:
-    finished = sum(n for s, n in totals.items() if s in TERMINAL and s != "canceled")
-    failed = sum(n for s, n in totals.items() if s in FAILURES)
-    return finished, failed
-
-
-def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
-    """A rollout's state as plain data: the status screen, `--json`, the simulator's report."""
-    r = store.find(rollout_id)
-    if r is None:
-        raise RolloutError(f"no rollout {rollout_id!r}")
-    counts = store.counts(r.id)
-    waves = []
-    for w in store.waves(r.id):
-        states = counts.get(w.idx, {})
-        waves.append(
-            {
-                "index": w.idx,
-                "canary": w.idx == 0 and r.spec.waves.canary > 0,
-                "size": w.size,
-                "state": w.state,
-                "succeeded": states.get("succeeded", 0),
-                "finished": sum(n for s, n in states.items() if s in TERMINAL),
-                "in_progress": sum(n for s, n in states.items() if s in IN_PROGRESS),
-                "counts": dict(sorted(states.items())),
-                "started_ms": w.started_ms,
-                "finished_ms": w.finished_ms,
-                "detail": w.detail,
-            }
-        )
-    totals = store.totals(r.id)
-    offers = store.offers(r.id)
-    after = 0
-    if r.state == "aborted" and r.finished_ms is not None:
-        after = len({d for d, at, _ in offers if at > r.finished_ms})
-    return {
-        "id": r.id,
-        "name": r.name,
-        "state": r.state,
-        "version": r.version,
-        "artifact": r.artifact,
-        "current_wave": r.current_wave,
-        "wave_count": r.wave_count,
-        "detail": r.detail,
-        "rollback_of": r.rollback_of,
-        "created_ms": r.created_ms,
-        "updated_ms": r.updated_ms,
-        "finished_ms": r.finished_ms,
-        "devices": sum(totals.values()),
-        "counts": dict(sorted(totals.items())),
-        "offers": len(offers),
-        "devices_offered_after_abort": after,
-        "waves": waves,
-    }
 
 
 __all__ = ["Orchestrator", "RolloutPort", "describe", "rollout_id_for"]

@@ -32,10 +32,10 @@ from typing import Any
 from agent.core.clock import Clock, VirtualClock
 from firmware_rollout.artifact import build_artifact
 from firmware_rollout.keys import generate_keypair, load_signing_key, load_verify_key
-from firmware_rollout.orchestrator import describe
 from firmware_rollout.rollout_store import IN_PROGRESS
 from firmware_rollout.simfleet import DeviceFate, SimFleet
 from firmware_rollout.spec import RolloutSpec, spec_from_dict
+from firmware_rollout.status import describe
 
 BASE_VERSION = "1.0.0"
 TARGET_VERSION = "1.1.0"

@@ -159,7 +159,7 @@ def _await_control(store: Any, control_id: int, no_wait: bool, timeout_s: float 
 
 
 def _status(store: Any, args: argparse.Namespace) -> int:
-    from firmware_rollout.orchestrator import describe
+    from firmware_rollout.status import describe
 
     rid = args.id
     if rid is None:

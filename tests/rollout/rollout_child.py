@@ -22,11 +22,11 @@ from pathlib import Path
 
 from agent.core.clock import DEFAULT_VIRTUAL_EPOCH_MS, VirtualClock
 from firmware_rollout.keys import load_verify_key
-from firmware_rollout.orchestrator import describe
 from firmware_rollout.rollout_store import IN_PROGRESS
 from firmware_rollout.scenario import BASE_VERSION, ROLLOUT_ID, default_spec, device_ids, make_artifact
 from firmware_rollout.simfleet import SimFleet
 from firmware_rollout.spec import spec_from_dict
+from firmware_rollout.status import describe
 
 
 def save_clock(path: Path, now_ms: int) -> None:

@@ -8,7 +8,7 @@ import pytest
 from rollout_support import Harness
 
 from agent.core.errors import RolloutError
-from firmware_rollout.orchestrator import describe
+from firmware_rollout.status import describe
 
 
 async def finish_wave(h: Harness, idx: int, *, soak_s: float = 0.0) -> None:
