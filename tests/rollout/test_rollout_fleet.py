@@ -3,12 +3,15 @@ in-memory broker and a virtual clock."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from agent.core.clock import VirtualClock
+from agent.core.clock import DEFAULT_VIRTUAL_EPOCH_MS, VirtualClock
+from firmware_rollout.messages import UpdateReport
 from firmware_rollout.plan import plan_waves
 from firmware_rollout.rollout_store import RolloutStore
 from firmware_rollout.scenario import default_spec, device_ids, wave_rollout_scenario
@@ -125,3 +128,21 @@ async def test_health_failure_reverts_and_install_failure_fails_through_the_upda
     bootenv = (tmp_path / "devices" / sick / "slots" / "bootenv.json").read_text()
     assert '"trial": null' in bootenv and '"default": "a"' in bootenv
     assert report["fleet"]["versions"] == {"1.0.0": 2, "1.1.0": 10}
+
+
+async def test_installs_start_only_inside_the_device_local_maintenance_window(tmp_path: Path) -> None:
+    # The virtual clock starts at 22:13:20 UTC (the simulated devices' local time); the window opens at 23:00.
+    overrides: dict[str, dict[str, Any]] = {"device": {"timeout_s": 86_400.0, "maintenance_windows": ["23:00-23:30"]}}
+    report = await wave_rollout_scenario(devices=4, seed=1, work_dir=tmp_path, spec_overrides=overrides)
+    assert report["rollout"]["state"] == "succeeded"
+    opens_ms = DEFAULT_VIRTUAL_EPOCH_MS + (23 * 3600 - (22 * 3600 + 13 * 60 + 20)) * 1000
+    for device in device_ids(4):
+        conn = sqlite3.connect(tmp_path / "devices" / device / "updater.db")
+        try:
+            bodies = [b for (b,) in conn.execute("SELECT body FROM reports ORDER BY seq")]
+        finally:
+            conn.close()
+        reports = [msgspec.msgpack.decode(b, type=UpdateReport) for b in bodies]
+        assert reports and reports[0].state == "downloading"
+        assert reports[0].ts_ms >= opens_ms  # nothing started before the window opened
+        assert reports[-1].state == "succeeded"
