@@ -113,9 +113,27 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
     if store.get(rid) is not None:
         raise RolloutError(f"rollout {rid!r} exists already")
+    _check_plan(spec, signed.manifest.version, Path(store.path))
     control = store.add_control(rid, "start", spec.to_json().decode())
     print(f"rollout {rid}: version {signed.manifest.version} from {spec.rollout.artifact}")
     return _await_control(store, control, args.no_wait)
+
+
+def _check_plan(spec: Any, version: str, db: Path) -> None:
+    """Plan against the devices the leader knows now, so a spec that cannot be planned (no
+    device matches, a wave rounding to 0 devices) is refused here; the leader plans again when
+    it starts the rollout."""
+    from agent.leader.registry import DeviceRegistry
+    from firmware_rollout.plan import DeviceInfo, select_targets, wave_sizes
+
+    registry = DeviceRegistry.open(db, clock=SystemClock())
+    try:
+        devices = [DeviceInfo(d.device_id, d.firmware_version, d.tags, d.online, d.last_seen_ms, d.first_seen_ms)
+                   for d in registry.devices()]
+    finally:
+        registry.close()
+    targets = select_targets(spec, devices, target_version=version)
+    wave_sizes(spec.waves, len(targets))
 
 
 def _control(store: Any, args: argparse.Namespace) -> int:

@@ -10,6 +10,8 @@ from rollout_support import FakePort
 
 from agent.cli import main as cli
 from agent.core.clock import VirtualClock
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import Heartbeat
 from firmware_rollout.orchestrator import Orchestrator
 from firmware_rollout.rollout_store import RolloutStore
 from firmware_rollout.scenario import make_artifact
@@ -38,6 +40,16 @@ def leader(tmp_path: Path) -> tuple[Path, Path]:
     return db, spec
 
 
+def register(db: Path, devices: list[str]) -> None:
+    """Devices as the leader's registry has them (the CLI plans against it)."""
+    registry = DeviceRegistry.open(db, clock=VirtualClock())
+    try:
+        registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0")
+                                   for d in devices])
+    finally:
+        registry.close()
+
+
 async def tick(db: Path, clock: VirtualClock, port: FakePort) -> None:
     """What the running leader does on its timer tick."""
     store = RolloutStore.open(db, clock=clock)
@@ -51,6 +63,7 @@ async def test_start_status_controls_list(leader: tuple[Path, Path], capsys: pyt
     db, spec = leader
     clock = VirtualClock()
     port = FakePort(clock, ["a", "b", "c", "d"])
+    register(db, ["a", "b", "c", "d"])
     assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
     assert "queued as control" in capsys.readouterr().out
     await tick(db, clock, port)
@@ -91,11 +104,17 @@ def test_user_mistakes_exit_2_with_one_line(leader: tuple[Path, Path], tmp_path:
         (["rollout", "status", "--db", str(tmp_path / "missing.db")], "no leader database"),
         (["rollout", "pause", "nope", "--db", str(db)], "no rollout 'nope'"),
         (["rollout", "status", "--db", str(db)], "no rollouts yet"),
+        (["rollout", "start", str(spec), "--db", str(db)], "no device matches"),
     ]
     for argv, message in cases:
         assert cli(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+    register(db, ["a", "b", "c"])
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(SPEC.replace("counts = [2]", "percents = [10, 90]"))
+    assert cli(["rollout", "start", str(tiny), "--db", str(db)]) == 2
+    assert "would hold no device" in capsys.readouterr().err
     (tmp_path / "fw-1.1.0.eafw").write_bytes(b"not an artifact")
     assert cli(["rollout", "start", str(spec), "--db", str(db)]) == 2
     assert "artifact" in capsys.readouterr().err
@@ -106,6 +125,7 @@ async def test_controls_that_do_not_apply_are_refused_before_writing(leader: tup
     db, spec = leader
     clock = VirtualClock()
     port = FakePort(clock, ["a", "b", "c"])
+    register(db, ["a", "b", "c"])
     assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
     await tick(db, clock, port)
     capsys.readouterr()
