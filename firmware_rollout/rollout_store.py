@@ -136,7 +136,12 @@ def _v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX rollout_controls_pending ON rollout_controls(id) WHERE applied_ms IS NULL")
 
 
-_MIGRATIONS = (_v1,)
+def _v2(conn: sqlite3.Connection) -> None:
+    # Timers are found by deadline; terminal devices have none, so the index stays small.
+    conn.execute("CREATE INDEX rollout_devices_deadline ON rollout_devices(deadline_ms) WHERE deadline_ms IS NOT NULL")
+
+
+_MIGRATIONS = (_v1, _v2)
 
 
 @dataclass(frozen=True, slots=True)
