@@ -29,12 +29,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agent.core.clock import Clock, VirtualClock
+from agent.core.errors import ConfigError
 from firmware_rollout.artifact import build_artifact
 from firmware_rollout.keys import generate_keypair, load_signing_key, load_verify_key
 from firmware_rollout.rollout_store import IN_PROGRESS
 from firmware_rollout.simfleet import DeviceFate, SimFleet
-from firmware_rollout.spec import RolloutSpec, spec_from_dict
+from firmware_rollout.spec import RolloutSpec, load_spec, spec_from_dict
 from firmware_rollout.status import describe
 
 BASE_VERSION = "1.0.0"
@@ -107,10 +110,17 @@ async def wave_rollout_scenario(
     clock: Clock | None = None,
     max_fleet_s: float = 6 * 3600.0,
     fates: dict[str, DeviceFate] | None = None,
+    spec_path: str | Path | None = None,
+    public_key: str | Path | None = None,
+    base_version: str = BASE_VERSION,
 ) -> dict[str, Any]:
     """Run the scenario; see the module docstring. `work_dir` (default: a temporary directory,
     removed afterwards) holds the leader's and the devices' SQLite files and slots. `fates`
-    sets the fate of named devices (`dev-00000` ...) instead of `fail_rate`."""
+    sets the fate of named devices (`dev-00000` ...) instead of `fail_rate`.
+
+    With `spec_path` (`simulate --rollout SPEC.toml`) the user's spec and artifact are rolled
+    out instead (`spec_overrides` still apply); the devices pin `public_key` (default: the
+    `public.pem` beside the artifact) and start on `base_version`."""
     if devices < 2:
         raise ValueError("the wave-rollout scenario needs at least 2 devices")
     if not 0.0 <= fail_rate <= 1.0:
@@ -128,6 +138,9 @@ async def wave_rollout_scenario(
             clock=clock or VirtualClock(),
             max_fleet_s=max_fleet_s,
             fates=fates,
+            spec_path=spec_path,
+            public_key=public_key,
+            base_version=base_version,
         )
     finally:
         if owned:
@@ -157,9 +170,20 @@ async def _run(
     clock: Clock,
     max_fleet_s: float,
     fates: dict[str, DeviceFate] | None,
+    spec_path: str | Path | None,
+    public_key: str | Path | None,
+    base_version: str,
 ) -> dict[str, Any]:
-    artifact, public = make_artifact(base, seed=seed)
-    data = default_spec(artifact, seed=seed, devices=devices)
+    if spec_path is not None:
+        data = msgspec.to_builtins(load_spec(spec_path))
+        artifact = Path(data["rollout"]["artifact"])
+        public = Path(public_key) if public_key is not None else artifact.parent / "public.pem"
+        if not public.is_file():
+            raise ConfigError(str(spec_path), "rollout.artifact",
+                              f"no public key to pin: give one (looked for {public})")
+    else:
+        artifact, public = make_artifact(base, seed=seed)
+        data = default_spec(artifact, seed=seed, devices=devices)
     for section, values in overrides.items():
         data.setdefault(section, {}).update(values)
     spec: RolloutSpec = spec_from_dict(data, source="wave-rollout scenario")
@@ -168,7 +192,7 @@ async def _run(
     if fates is not None:
         failing = {d for d, f in fates.items() if f.health_fails or f.install_fails or f.silent}
     fleet = await SimFleet.open(
-        clock=clock, work_dir=base, verify_key=load_verify_key(public), seed=seed, base_version=BASE_VERSION
+        clock=clock, work_dir=base, verify_key=load_verify_key(public), seed=seed, base_version=base_version
     )
     for device_id in ids:
         fate = fates.get(device_id) if fates is not None else None

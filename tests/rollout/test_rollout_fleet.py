@@ -146,3 +146,17 @@ async def test_installs_start_only_inside_the_device_local_maintenance_window(tm
         assert reports and reports[0].state == "downloading"
         assert reports[0].ts_ms >= opens_ms  # nothing started before the window opened
         assert reports[-1].state == "succeeded"
+
+
+async def test_a_user_spec_and_artifact_can_be_simulated(tmp_path: Path) -> None:
+    from firmware_rollout.scenario import make_artifact
+
+    artifact, public = make_artifact(tmp_path / "user", version="2.0.0", chunk_size=1024, size=3000)
+    spec = tmp_path / "user" / "spec.toml"
+    spec.write_text(f'[rollout]\nname = "mine"\nartifact = "{artifact.name}"\n'
+                    '[waves]\nramp = { base = 2, factor = 2.0 }\n')
+    report = await wave_rollout_scenario(devices=9, seed=4, work_dir=tmp_path / "sim", spec_path=spec,
+                                         public_key=public)
+    assert report["rollout"]["state"] == "succeeded"
+    assert [w["size"] for w in report["rollout"]["waves"]] == [2, 4, 3]
+    assert report["fleet"]["versions"] == {"2.0.0": 9}
