@@ -59,8 +59,6 @@ def _marks(n: int) -> str:
     return "(" + ", ".join("?" * n) + ")"
 
 
-
-
 class Engine(ReadOps):
     """Synchronous outbox operations on one connection. Not thread-safe: one thread drives it."""
 
@@ -132,8 +130,9 @@ class Engine(ReadOps):
         return self._snap is not None
 
     def begin(self) -> None:
-        self._check_external()
         self.conn.execute("BEGIN IMMEDIATE")
+        # Holding the write lock now: nobody else can commit until we do.
+        self._check_external()
         self._snap = (
             dict(self.counters),
             {k: list(v) for k, v in self.depth.items()},
@@ -153,15 +152,14 @@ class Engine(ReadOps):
             )
         rows = []
         for kind, d in self.depth.items():
-            d0 = depth0.get(kind)
-            if d0 is None or d0 != d:
-                rows.append((kind, d[0], d[1], d[2]))
-        if rows:
+            p0, b0, x0 = depth0.get(kind) or (0, 0, 0)
+            if (d[0], d[1], d[2]) != (p0, b0, x0):
+                rows.append((kind, d[0] - p0, d[1] - b0, d[2] - x0))
+        if rows:  # deltas, like the counters
             conn.executemany(
                 "INSERT INTO outbox_classes (kind, pending, pending_bytes, dead)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (kind) DO UPDATE SET"
-                " pending = excluded.pending, pending_bytes = excluded.pending_bytes,"
-                " dead = excluded.dead",
+                " VALUES (?1, ?2, ?3, ?4) ON CONFLICT (kind) DO UPDATE SET"
+                " pending = pending + ?2, pending_bytes = pending_bytes + ?3, dead = dead + ?4",
                 rows,
             )
         conn.execute("COMMIT")
