@@ -30,6 +30,13 @@ from agent.core.clock import SystemClock
 from agent.core.errors import ArtifactError, ConfigError, RolloutError
 
 CONTROL_ACTIONS = ("pause", "resume", "cancel", "next", "approve")
+CONTROL_HELP = {
+    "pause": "stop offering the image; devices mid-update finish and report",
+    "resume": "go on with a paused rollout (the failure threshold counts afresh)",
+    "cancel": "end a rollout: devices not offered the image yet are never offered it",
+    "next": "end the current wave now and start the next one, whatever its gates say",
+    "approve": "start the next wave of a rollout waiting for approval",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,19 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--id", help="rollout id (default: from the spec's name)")
     start.add_argument("--no-wait", action="store_true", help="do not wait for the leader to start it")
     status = with_db(sub.add_parser("status", help="show a rollout (default: the latest)"))
-    status.add_argument("id", nargs="?")
+    status.add_argument("id", nargs="?", metavar="ID", help="the rollout's id (default: the latest)")
     status.add_argument("--watch", action="store_true", help="refresh until the rollout ends")
     status.add_argument("--interval", type=float, default=2.0, help="refresh interval of --watch, seconds")
     status.add_argument("--json", action="store_true", help="print JSON")
     for action in CONTROL_ACTIONS:
-        p = with_db(sub.add_parser(action, help=f"{action} a rollout"))
-        p.add_argument("id")
+        p = with_db(sub.add_parser(action, help=CONTROL_HELP[action], description=CONTROL_HELP[action]))
+        p.add_argument("id", metavar="ID", help="the rollout's id (see `edge-agent rollout list`)")
         p.add_argument("--no-wait", action="store_true", help="do not wait for the leader to apply it")
     rollback = with_db(sub.add_parser("rollback", help="offer the previous version to the devices that took this one"))
-    rollback.add_argument("id")
+    rollback.add_argument("id", metavar="ID", help="the rollout whose devices go back")
     rollback.add_argument("--artifact", default="", help="the previous version's artifact (default: the spec's "
                                                          "rollback_artifact)")
-    rollback.add_argument("--no-wait", action="store_true")
+    rollback.add_argument("--no-wait", action="store_true", help="do not wait for the leader to apply it")
     listing = with_db(sub.add_parser("list", help="list rollouts"))
     listing.add_argument("--json", action="store_true")
 
@@ -251,13 +258,10 @@ def _list(store: Any, args: argparse.Namespace) -> int:
     if not items:
         print("no rollouts")
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in ("id", "name", "version", "state", "wave", "devices", "succeeded"):
-        table.add_column(column)
-    for item in items:
-        table.add_row(*(str(item[c]) for c in ("id", "name", "version", "state", "wave", "devices", "succeeded")))
-    Console().print(table)
+    # Plain aligned columns, never shortened or wrapped by a narrow terminal: ids are typed back.
+    columns = ("id", "name", "version", "state", "wave", "devices", "succeeded")
+    table = [list(columns), *([str(item[c]) for c in columns] for item in items)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
