@@ -58,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--watch", action="store_true", help="refresh until the rollout ends")
     status.add_argument("--interval", type=float, default=2.0, help="refresh interval of --watch, seconds")
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--devices", action="store_true",
+                        help="also list every device: wave, state, attempts and why (e.g. a failed health check)")
     for action in CONTROL_ACTIONS:
         p = with_db(sub.add_parser(action, help=CONTROL_HELP[action], description=CONTROL_HELP[action]))
         p.add_argument("id", metavar="ID", help="the rollout's id (see `edge-agent rollout list`)")
@@ -192,7 +194,19 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         if latest is None:
             raise RolloutError("no rollouts yet")
         rid = latest.id
-    data = describe(store, rid)
+    def load() -> dict[str, Any]:
+        data = describe(store, rid)
+        if args.devices:
+            data["device_list"] = [
+                {"device": d.device_id, "wave": d.wave, "state": d.state, "attempts": d.attempts,
+                 "offers": d.offers, "from_version": d.from_version, "detail": d.detail}
+                for d in sorted(store.devices(rid), key=lambda d: (d.wave, d.device_id))
+            ]
+        return data
+
+    if store.find(rid) is None:
+        raise RolloutError(f"no rollout {rid!r} (see `edge-agent rollout list`)")
+    data = load()
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
@@ -207,7 +221,7 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         with Live(render_status(data), console=console, refresh_per_second=4) as live:
             while data["state"] in ("running", "paused"):
                 time.sleep(max(0.2, args.interval))
-                data = describe(store, rid)
+                data = load()
                 live.update(render_status(data))
     except KeyboardInterrupt:
         return 130
@@ -241,6 +255,13 @@ def render_status(data: dict[str, Any]) -> Any:
              Text(f"devices {data['devices']}   {totals}   offers {data['offers']}")]
     if data["rollback_of"]:
         lines.insert(1, Text(f"rollback of {data['rollback_of']}", style="yellow"))
+    if "device_list" in data:
+        devices = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+        for column in ("device", "wave", "state", "attempts", "detail"):
+            devices.add_column(column, no_wrap=column != "detail")
+        for d in data["device_list"]:
+            devices.add_row(d["device"], str(d["wave"]), d["state"], str(d["attempts"]), d["detail"])
+        lines.append(devices)
     return Group(*lines)
 
 
