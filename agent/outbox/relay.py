@@ -71,6 +71,7 @@ Deliver = Callable[[OutboxRow], Awaitable[None]]
 _STORE_RETRY_S = 1.0  # pause after a store error before the drain loop tries again
 _RECHECK_MIN_S = 0.05  # first look again at a due row another partition has not taken yet
 _RECHECK_MAX_S = 5.0
+_DUE_EPSILON_S = 0.001
 
 
 class _Partition:
@@ -405,8 +406,10 @@ class Relay:
         then the drain loop takes named classes only), or None when the store cannot tell."""
         if self._stats is None:
             return None
-        elapsed = self._clock.monotonic() - part.discovered_at
-        return max(0.0, self._discovery_s - elapsed)
+        left = self._discovery_s - (self._clock.monotonic() - part.discovered_at)
+        # Within a millisecond counts as due: a timer set for `left` may fire a rounding error
+        # early, and waiting again for that sliver would spin on a virtual clock.
+        return left if left > _DUE_EPSILON_S else 0.0
 
     async def _discover(self, part: _Partition) -> None:
         """Open a lane for every class the store holds pending rows of."""
