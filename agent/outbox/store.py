@@ -144,7 +144,10 @@ class OutboxStore:
             if wakes and holder:
                 holder[0]._changed()
 
-        writer = Writer(factory, loop, deliver, name=f"outbox-writer:{p.name}")
+        # A clock may ask for store work on the loop itself (the simulator's virtual clock does,
+        # so a run does not depend on thread timing): see `Writer`'s `inline`.
+        inline = bool(getattr(clock, "inline_io", False))
+        writer = Writer(factory, loop, deliver, name=f"outbox-writer:{p.name}", inline=inline)
         with clock.busy():
             await writer.start()
         store = cls(

@@ -6,6 +6,11 @@ commit: a hundred concurrent enqueues share one COMMIT), commits, and only then 
 operations, so a read never sees uncommitted work. Results go back to the loop in one
 `call_soon_threadsafe` per round, so an `enqueue` returns only after its commit.
 
+With `inline=True` (the simulator's virtual clock asks for it) there is no thread: the queued
+operations run on the loop itself, in a callback scheduled by the first submit of a loop turn,
+still as one group commit. Nothing then depends on thread timing, so a simulated run with a
+seed is reproducible, and no loop turn is spent waiting for another thread.
+
 If a grouped transaction fails in SQLite (disk full, I/O error), it is rolled back and each of
 its operations is retried alone, so one failing enqueue does not fail the acks next to it.
 SQLite errors become `StoreError`; no sqlite3 exception reaches the caller.
@@ -73,6 +78,7 @@ class Writer:
         deliver: Deliver,
         *,
         name: str = "outbox-writer",
+        inline: bool = False,
     ) -> None:
         self._factory = factory
         self._loop = loop
@@ -85,11 +91,35 @@ class Writer:
         self.engine: Engine | None = None
         self.rounds = 0
         self.closed = False
+        self.inline = inline
 
     # -- loop side -------------------------------------------------------------------------
     def start(self) -> asyncio.Future[Engine]:
-        self._thread.start()
+        if not self.inline:
+            self._thread.start()
+            return self._opened
+        try:
+            self.engine = self._factory()
+        except BaseException as exc:  # noqa: BLE001 - handed to the opener
+            self.closed = True
+            self._opened.set_exception(exc)
+        else:
+            self._opened.set_result(self.engine)
         return self._opened
+
+    def _signal(self) -> None:
+        self._signalled = True
+        if self.inline:
+            self._loop.call_soon(self._run_queued)
+        else:
+            self._wake.set()
+
+    def _run_queued(self) -> None:
+        """Inline mode: run everything queued so far (one round, like the thread's)."""
+        self._signalled = False
+        engine = self.engine
+        if engine is not None:
+            self._drain_queue(engine)
 
     def submit(self, fn: OpFn, *, write: bool, wakes: bool = False) -> asyncio.Future[Any]:
         if self.closed:
@@ -97,8 +127,7 @@ class Writer:
         fut: asyncio.Future[Any] = self._loop.create_future()
         self._ops.append(_Op(fn, write, wakes, fut))
         if not self._signalled:
-            self._signalled = True
-            self._wake.set()
+            self._signal()
         return fut
 
     def submit_fanout(
@@ -109,8 +138,7 @@ class Writer:
             raise StoreClosed("the outbox store is closed")
         self._ops.append(_Op(fn, write, wakes, futs))
         if not self._signalled:
-            self._signalled = True
-            self._wake.set()
+            self._signal()
 
     def close(self) -> asyncio.Future[Any]:
         """Finish everything queued, close the connection, end the thread."""
@@ -120,15 +148,23 @@ class Writer:
             return fut
         self.closed = True
         self._ops.append(_Close(fut))
-        self._signalled = True
-        self._wake.set()
+        if self.inline:
+            if not self._signalled:
+                self._signal()
+        else:
+            self._signalled = True
+            self._wake.set()
         return fut
 
     def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
+        if not self.inline:
+            self._thread.join(timeout_s)
 
     # -- thread side -----------------------------------------------------------------------
     def _post(self, fn: Callable[..., object], *args: object) -> None:
+        if self.inline:
+            self._loop.call_soon(fn, *args)
+            return
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
@@ -148,21 +184,27 @@ class Writer:
             self._wake.clear()
             # From here on a submit must signal again; ops queued before are seen below.
             self._signalled = False
-            while self._ops:
-                batch: list[_Op] = []
-                closer: _Close | None = None
-                ops = self._ops
-                while ops:
-                    op = ops.popleft()
-                    if isinstance(op, _Close):
-                        closer = op
-                        break
-                    batch.append(op)
-                if batch:
-                    self._round(engine, batch)
-                if closer is not None:
-                    self._shutdown(engine, closer)
-                    return
+            if self._drain_queue(engine):
+                return
+
+    def _drain_queue(self, engine: Engine) -> bool:
+        """Run the queued operations in rounds; True once the store has been closed."""
+        while self._ops:
+            batch: list[_Op] = []
+            closer: _Close | None = None
+            ops = self._ops
+            while ops:
+                op = ops.popleft()
+                if isinstance(op, _Close):
+                    closer = op
+                    break
+                batch.append(op)
+            if batch:
+                self._round(engine, batch)
+            if closer is not None:
+                self._shutdown(engine, closer)
+                return True
+        return False
 
     def _round(self, engine: Engine, batch: list[_Op]) -> None:
         self.rounds += 1
