@@ -285,8 +285,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.n is None:
         args.n = 50_000 if args.quick else 200_000
-    if args.pq_n is None:
-        args.pq_n = 20_000
+    if args.pq_n is None:  # its get slows as acked rows pile up: 20k is the backlog
+        args.pq_n = 10_000 if args.quick else 20_000
     if args.n < BATCH or args.pq_n < 1 or args.idle_s < 0 or args.repeat < 1:
         parser.error("--n must be >= 100, --pq-n >= 1, --idle-s >= 0, --repeat >= 1")
 
