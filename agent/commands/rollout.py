@@ -142,6 +142,13 @@ def _check_plan(spec: Any, version: str, db: Path) -> None:
     finally:
         registry.close()
     targets = select_targets(spec, devices, target_version=version)
+    if not targets:
+        from collections import Counter
+
+        seen = ", ".join(f"{v or '?'} x{n}" for v, n in Counter(d.firmware_version for d in devices).most_common())
+        known = f"the leader knows {len(devices)} devices ({seen})" if devices else "the leader knows no device yet"
+        raise RolloutError(f"no device matches the rollout's targets: {known}; "
+                           f"devices already running {version} are skipped")
     wave_sizes(spec.waves, len(targets))
 
 
