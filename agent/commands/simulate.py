@@ -1,11 +1,15 @@
 """`edge-agent simulate`: a fleet of devices on this machine, on virtual time by default.
 
     edge-agent simulate --devices 200 --duration 10m --seed 7 --report a.json
+    edge-agent simulate --scenario thundering-herd
+    edge-agent simulate --scenario wave-rollout --devices 200 --seed 3 --fail-rate 0.2
 
 One leader and N workers run in one process with the real actors, outboxes (a few shared SQLite
 files) and relays, on an in-memory broker (or a real one with --broker) and a virtual clock (or
-the wall clock with --realtime). Prints progress and a summary; --report writes the JSON report.
-The same --seed gives the same report except its `wall` section.
+the wall clock with --realtime). Shows progress (a live panel on a terminal, plain lines
+otherwise) and a summary; --report writes the JSON report, --plot draws its time series.
+The same --seed gives the same report except its `wall` section. A named --scenario fills the
+options not given from its preset, prints what it demonstrates and checks its claim.
 """
 
 from __future__ import annotations
@@ -14,49 +18,102 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from agent.core.errors import ConfigError
 
+# Defaults of the options a scenario may preset (None on the command line = not given).
+DEFAULTS: dict[str, Any] = {
+    "devices": 50, "duration": "10m", "heartbeat": "5s", "leader_interval": "30s", "telemetry": "30s",
+    "offline_rate": 0.0, "offline_duration": "2m", "broker_outage": None, "jobs": 0, "job_window": 2,
+    "leader_mailbox": 1024, "crash_rate": 0.0, "crash_downtime": "15s",
+}
+# A scenario preset's SimOptions field -> the command-line option it stands for.
+PRESET_ARGS = {
+    "devices": "devices", "duration_s": "duration", "heartbeat_s": "heartbeat",
+    "leader_interval_s": "leader_interval", "telemetry_s": "telemetry", "offline_rate": "offline_rate",
+    "offline_duration_s": "offline_duration", "broker_outage": "broker_outage", "jobs": "jobs",
+    "job_window": "job_window", "leader_mailbox": "leader_mailbox", "crash_rate": "crash_rate",
+    "crash_downtime_s": "crash_downtime",
+}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agent.sim.scenarios import SCENARIOS
+
     add = parser.add_argument
-    add("--devices", type=int, default=50, help="simulated worker devices (default 50)")
-    add("--duration", default="10m", help="fleet time to simulate, e.g. 10m, 1h (default 10m)")
+    add("--scenario", choices=sorted(SCENARIOS), help="a named scenario (presets + the claim it checks)")
+    add("--devices", type=int, help="simulated worker devices (default 50)")
+    add("--duration", help="fleet time to simulate, e.g. 10m, 1h (default 10m)")
     add("--seed", type=int, default=1, help="seed of every random choice (default 1)")
-    add("--heartbeat", default="5s", help="heartbeat interval of every device (default 5s)")
-    add("--leader-interval", default="30s", help="the leader processes heartbeats at this pace (default 30s)")
-    add("--telemetry", default="30s", help="telemetry interval per device; 0 for none (default 30s)")
-    add("--offline-rate", type=float, default=0.0, help="fraction of devices losing their uplink once (0-1)")
-    add("--offline-duration", default="2m", help="how long such a device stays offline (default 2m)")
+    add("--heartbeat", help="heartbeat interval of every device (default 5s)")
+    add("--leader-interval", help="the leader processes heartbeats at this pace (default 30s)")
+    add("--telemetry", help="telemetry interval per device; 0 for none (default 30s)")
+    add("--offline-rate", type=float, help="fraction of devices losing their uplink once (0-1)")
+    add("--offline-duration", help="how long such a device stays offline (default 2m)")
+    add("--crash-rate", type=float, help="fraction of devices crashing once and restarting on their SQLite state")
+    add("--crash-downtime", help="how long a crashed device stays down (default 15s)")
     add("--broker-outage", metavar="AT:FOR", help="take the broker down at AT for FOR, e.g. 3m:1m")
-    add("--jobs", type=int, default=0, help="jobs to submit to the leader's work-pulling queue")
-    add("--job-window", type=int, default=2, help="each worker's demand window (default 2)")
-    add("--leader-mailbox", type=int, default=1024, help="capacity of the leader's mailboxes (default 1024)")
+    add("--jobs", type=int, help="jobs to submit to the leader's work-pulling queue")
+    add("--job-window", type=int, help="each worker's demand window (default 2)")
+    add("--leader-mailbox", type=int, help="capacity of the leader's mailboxes (default 1024)")
+    add("--rollout", metavar="SPEC.toml", help="roll out this spec's artifact (the wave-rollout scenario)")
+    add("--fail-rate", type=float, default=0.0,
+        help="with a rollout: fraction of devices whose update fails its health check (0-1)")
     add("--files", type=int, default=4, help="shared outbox files the devices' rows live in (default 4)")
+    add("--tick", default="100ms", help="virtual clock: timers due within one tick fire together (default 100ms)")
+    add("--samples", type=int, default=60, help="points in the report's time series (default 60)")
     add("--data-dir", metavar="DIR", help="keep the SQLite files here (default: a temporary directory)")
     add("--ephemeral", action="store_true", help="temporary files, removed at the end (the default)")
     add("--broker", metavar="URL", help="a real MQTT broker (mqtt://host:port); implies --realtime")
     add("--realtime", action="store_true", help="run on the wall clock instead of virtual time")
     add("--report", metavar="FILE", help="write the JSON report here")
-    add("--quiet", action="store_true", help="no progress lines")
+    add("--plot", metavar="FILE.png", help="draw the time series (needs the sim extra: matplotlib)")
+    add("--quiet", action="store_true", help="no progress display")
+
+
+def _value(args: argparse.Namespace, key: str, preset: dict[str, Any]) -> Any:
+    given = getattr(args, key, None)
+    if given is not None:
+        return given
+    for field, arg in PRESET_ARGS.items():
+        if arg == key and field in preset:
+            return preset[field]
+    return DEFAULTS[key]
 
 
 def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, imported lazily
     from agent.sim import SimOptions, parse_duration, parse_outage
+    from agent.sim.scenarios import get
 
-    if args.broker and (args.offline_rate or args.broker_outage):
-        raise ConfigError("simulate", "broker", "--offline-rate and --broker-outage need the in-memory broker")
+    preset = get(args.scenario).presets if args.scenario else {}
+
+    def duration(key: str, name: str) -> float:
+        value = _value(args, key, preset)
+        return float(value) if isinstance(value, (int, float)) else parse_duration(value, name=name)
+
+    outage = _value(args, "broker_outage", preset)
+    if isinstance(outage, str):
+        outage = parse_outage(outage)
+    offline_rate = _value(args, "offline_rate", preset)
+    if args.broker and (offline_rate or outage or _value(args, "crash_rate", preset)):
+        raise ConfigError("simulate", "broker",
+                          "--offline-rate, --crash-rate and --broker-outage need the in-memory broker")
+    if not 0.0 <= args.fail_rate <= 1.0:
+        raise ConfigError("simulate", "fail-rate", "must be between 0 and 1")
     return SimOptions(
-        devices=args.devices, duration_s=parse_duration(args.duration), seed=args.seed,
-        heartbeat_s=parse_duration(args.heartbeat, name="heartbeat"),
-        leader_interval_s=parse_duration(args.leader_interval, name="leader-interval"),
-        telemetry_s=parse_duration(args.telemetry, name="telemetry"),
-        offline_rate=args.offline_rate,
-        offline_duration_s=parse_duration(args.offline_duration, name="offline-duration"),
-        broker_outage=parse_outage(args.broker_outage) if args.broker_outage else None,
-        jobs=args.jobs, job_window=args.job_window, leader_mailbox=args.leader_mailbox, files=args.files,
+        devices=_value(args, "devices", preset), duration_s=duration("duration", "duration"), seed=args.seed,
+        heartbeat_s=duration("heartbeat", "heartbeat"),
+        leader_interval_s=duration("leader_interval", "leader-interval"),
+        telemetry_s=duration("telemetry", "telemetry"),
+        offline_rate=offline_rate, offline_duration_s=duration("offline_duration", "offline-duration"),
+        broker_outage=outage, jobs=_value(args, "jobs", preset), job_window=_value(args, "job_window", preset),
+        leader_mailbox=_value(args, "leader_mailbox", preset), files=args.files,
         ephemeral=args.ephemeral or not args.data_dir, broker_url=args.broker, realtime=args.realtime,
-        progress=not args.quiet,
+        progress=not args.quiet, tick_s=parse_duration(args.tick, name="tick"),
+        crash_rate=_value(args, "crash_rate", preset),
+        crash_downtime_s=duration("crash_downtime", "crash-downtime"), scenario=args.scenario,
+        samples=args.samples,
     )
 
 
@@ -65,28 +122,59 @@ def main(args: argparse.Namespace) -> int:
 
     from agent.actors import run as run_loop
     from agent.sim import Simulation, summary, to_json
+    from agent.sim.progress import ProgressDisplay
+    from agent.sim.scenarios import check, get
 
     opts = options_from(args)  # ConfigError -> one line, exit 2 (agent.cli)
+    rollout = args.scenario == "wave-rollout" or args.rollout is not None
+    if rollout and (args.broker or args.realtime):
+        raise ConfigError("simulate", "rollout", "the wave-rollout scenario runs on the in-memory broker, virtual time")
+    if args.rollout is not None and not Path(args.rollout).is_file():
+        raise ConfigError("simulate", "rollout", f"no such spec file: {args.rollout}")
+    if args.plot:
+        from agent.sim.plot import _pyplot
+
+        _pyplot()  # a missing matplotlib is a one-line error before the run, not after it
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    if args.scenario:
+        print(f"scenario {args.scenario}: {get(args.scenario).demonstrates}", flush=True)
 
-    def progress(line: str) -> None:
-        print(line, flush=True)
+    async def go(workdir: Path) -> dict[str, Any]:
+        if rollout:
+            from agent.sim.rollout import run_rollout
 
-    async def go(workdir: Path):  # noqa: ANN202
-        return await Simulation(opts, workdir=workdir, progress=None if args.quiet else progress).run()
+            return await run_rollout(opts, workdir=workdir, spec_path=args.rollout, fail_rate=args.fail_rate)
+        with ProgressDisplay(duration_s=opts.duration_s) as display:
+            return await Simulation(opts, workdir=workdir, progress=None if args.quiet else display).run()
 
+    # Virtual time: asyncio's own loop, whose ready queue the clock can see (settling exactly
+    # keeps runs reproducible); on the wall clock uvloop when installed.
+    use_uvloop = opts.realtime or opts.broker_url is not None
     if args.data_dir:
         workdir = Path(args.data_dir)
         workdir.mkdir(parents=True, exist_ok=True)
-        report = run_loop(go(workdir))
+        report = run_loop(go(workdir), use_uvloop=use_uvloop)
     else:
         with tempfile.TemporaryDirectory(prefix="edge-agent-sim-") as tmp:
-            report = run_loop(go(Path(tmp)))
-    print(summary(report))
+            report = run_loop(go(Path(tmp)), use_uvloop=use_uvloop)
+    if rollout:
+        from agent.sim.rollout import rollout_summary
+
+        print(rollout_summary(report))
+    else:
+        print(summary(report))
+    problems = check(args.scenario, report) if args.scenario else []
+    if args.scenario:
+        report["claim"] = {"holds": not problems, "problems": problems}
+        print(f"claim {'holds' if not problems else 'FAILED: ' + '; '.join(problems)}")
     if args.report:
         Path(args.report).write_text(to_json(report) + "\n")
         print(f"report written to {args.report}")
-    return 0 if report["lost"] == 0 and report["conservation_ok"] else 1
+    if args.plot:
+        from agent.sim.plot import plot
+
+        print(f"plot written to {plot(report, args.plot)}")
+    return 0 if report["lost"] == 0 and report["conservation_ok"] and not problems else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -102,6 +102,9 @@ class SimFleet:
         self.ledgers: list[JobLedger] = []
         self.relays: list[Relay] = []
         self._cut: set[str] = set()
+        self._file_of: dict[str, int] = {}
+        self.retired: list[WorkerAgent] = []  # the earlier incarnations of crashed devices
+        self.down: set[str] = set()  # crashed, not restarted yet
         self._delivered: OrderedDict[str, None] = OrderedDict()
         self.redeliveries_suppressed = 0
 
@@ -123,17 +126,22 @@ class SimFleet:
             self.ledgers.append(JobLedger.open(self.workdir / f"ledger-{k}.db", clock=self.clock))
         for i in range(opts.devices):
             device = device_name(i)
-            cfg = worker_config(opts, device)
-            k = i % files
-            self.workers[device] = WorkerAgent(
-                cfg, transport=self._transport(cfg, device), clock=self.clock, outbox=self.stores[k],
-                ledger=self.ledgers[k], incarnation=1, owns_stores=False, rng=rng_for(opts.seed, device),
-                sampler=None, job_handler=self._job, relay=False)
+            self._file_of[device] = i % files
+            self.workers[device] = self._worker(device, incarnation=1)
         for k, store in enumerate(self.stores):
             self.relays.append(Relay(
                 store, self._route, clock=self.clock, ready=self.uplink, partitions=1,
                 retry=RetryPolicy(base_s=1.0, cap_s=60.0, transient_floor_s=0.5),
                 rng=rng_for(opts.seed, f"relay:{k}"), reconnect_jitter_s=5.0, name=f"relay:file{k}"))
+
+    def _worker(self, device: str, *, incarnation: int) -> WorkerAgent:
+        cfg = worker_config(self.opts, device)
+        k = self._file_of[device]
+        suffix = "" if incarnation == 1 else f":{incarnation}"
+        return WorkerAgent(
+            cfg, transport=self._transport(cfg, device + suffix), clock=self.clock, outbox=self.stores[k],
+            ledger=self.ledgers[k], incarnation=incarnation, owns_stores=False,
+            rng=rng_for(self.opts.seed, device + suffix), sampler=None, job_handler=self._job, relay=False)
 
     async def _route(self, row: OutboxRow) -> None:
         worker = self.workers.get(row.owner)
@@ -179,6 +187,32 @@ class SimFleet:
         for ledger in self.ledgers:
             ledger.close()
 
+    # -- crashes: the process dies, its SQLite state survives ---------------------------------
+    async def crash(self, device: str) -> None:
+        """Stop the device's agent (its actors' memory is gone; its outbox rows stay in the
+        shared file, where the file's relay keeps them until the device is back)."""
+        worker = self.workers[device]
+        self.down.add(device)
+        await worker.stop()
+
+    async def restart(self, device: str) -> None:
+        """Start the device again as its next incarnation, on the same outbox and ledger."""
+        old = self.workers[device]
+        self.retired.append(old)
+        worker = self._worker(device, incarnation=old.incarnation + 1)
+        self.workers[device] = worker
+        self.down.discard(device)
+        await worker.start()
+        if device in self._cut and self.broker is not None:
+            self.broker.partition(worker.transport.client_id)
+
+    def all_workers(self) -> list[WorkerAgent]:
+        """Every incarnation of every device (the counters of crashed ones count too)."""
+        return [*self.retired, *self.workers.values()]
+
+    def online(self) -> int:
+        return sum(1 for w in self.workers.values() if w.transport.connected.is_open)
+
     # -- failure injection (memory broker only) ----------------------------------------------
     def cut(self, device: str) -> None:
         if self.broker is not None:
@@ -208,6 +242,14 @@ class SimFleet:
             total += (await store.stats()).pending
         assert self.leader is not None
         total += (await self.leader.outbox.stats()).pending
+        return total
+
+    async def pending_of(self, message_class: str) -> int:
+        """Rows of one message class pending in the devices' outbox files."""
+        total = 0
+        for store in self.stores:
+            by_class = (await store.stats()).by_class.get(message_class)
+            total += by_class.pending if by_class is not None else 0
         return total
 
     def relay_metrics(self) -> list[Any]:

@@ -51,6 +51,11 @@ class SimOptions:
     realtime: bool = False
     drain_s: float = 900.0  # fleet time allowed after `duration` for everything to arrive
     progress: bool = True
+    tick_s: float = 0.1  # virtual clock: timers due within one tick fire together
+    crash_rate: float = 0.0  # fraction of devices that crash once and restart on their SQLite state
+    crash_downtime_s: float = 15.0
+    scenario: str | None = None  # the named scenario these options came from
+    samples: int = 60  # points of the report's time series
 
     def __post_init__(self) -> None:
         checks = [
@@ -65,6 +70,10 @@ class SimOptions:
             ("job-window", self.job_window >= 1, "must be >= 1"),
             ("leader-mailbox", self.leader_mailbox >= 1, "must be >= 1"),
             ("files", self.files >= 1, "must be >= 1"),
+            ("tick", 0.0 <= self.tick_s <= 5.0, "must be between 0 and 5 s"),
+            ("crash-rate", 0.0 <= self.crash_rate <= 1.0, "must be between 0 and 1"),
+            ("crash-downtime", self.crash_downtime_s > 0, "must be > 0"),
+            ("samples", 1 <= self.samples <= 10_000, "must be between 1 and 10000"),
         ]
         for key, ok, reason in checks:
             if not ok:

@@ -39,7 +39,7 @@ def _mailbox_ok(s: MailboxStatistics) -> bool:
     return s.enqueued == s.processed + s.depth + s.dropped + s.coalesced + s.drained
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024, 1)
 
@@ -56,7 +56,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
     def total(field: str, stats: list[Any] = all_stats) -> int:
         return sum(int(getattr(s, field)) for s in stats)
 
-    workers = list(fleet.workers.values())
+    workers = fleet.all_workers()
     hb_generated = sum(w.heartbeat_actor.sent for w in workers if w.heartbeat_actor)
     hb_outbox_coalesced = sum(w.heartbeat_actor.coalesced for w in workers if w.heartbeat_actor)
     tel_direct = sum(w.telemetry_actor.direct for w in workers if w.telemetry_actor)
@@ -69,7 +69,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
     tel_lost = tel_generated - tel_applied - tel_dead - tel_pending
 
     stale = 0
-    for w in workers:
+    for w in fleet.workers.values():  # the newest incarnation of each device
         hb = w.heartbeat_actor
         if hb is None or hb.sent == 0:
             continue
@@ -96,10 +96,11 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
     lost = tel_lost + jobs_lost + stale
     report: Report = {
         "scenario": {
-            "devices": opts.devices, "duration_s": opts.duration_s, "seed": opts.seed,
+            "name": opts.scenario, "devices": opts.devices, "duration_s": opts.duration_s, "seed": opts.seed,
             "heartbeat_s": opts.heartbeat_s, "leader_interval_s": opts.leader_interval_s,
             "telemetry_s": opts.telemetry_s, "offline_rate": opts.offline_rate,
-            "offline_duration_s": opts.offline_duration_s,
+            "offline_duration_s": opts.offline_duration_s, "crash_rate": opts.crash_rate,
+            "crash_downtime_s": opts.crash_downtime_s, "tick_s": opts.tick_s,
             "broker_outage": list(opts.broker_outage) if opts.broker_outage else None,
             "jobs": opts.jobs, "job_window": opts.job_window, "leader_mailbox": opts.leader_mailbox,
             "files": len(fleet.stores), "transport": "mqtt" if opts.broker_url else "memory",
@@ -147,8 +148,15 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
         "leader_mailbox_high_water": hb_box.high_water if hb_box else 0,
         "leader": {
             "busy_answers": leader.busy_answers, "rejected": leader.rejects.count,
-            "devices_known": len(devices), "devices_online": sum(1 for d in devices.values() if d.online),
+            "devices_known": len(devices),
+            # at the end of the run, before the simulator stops the workers
+            "devices_online": sim.at_end.get("leader_sees_online"),
         },
+        "at_end": {k: v for k, v in sim.at_end.items() if k != "t"},
+        "devices": _outcomes(sim, stale),
+        "aimd_limit_over_time": [[p["t"], p["aimd_limit_min"], p["aimd_limit_mean"]] for p in sim.series],
+        "timeseries": sim.series,
+        "crashes": len(sim.crash_episodes),
         "relay": {
             "delivered": sum(r.delivered for r in relays) - fleet.redeliveries_suppressed,
             "retried": sum(r.retried for r in relays),
@@ -164,11 +172,20 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "seconds": round(wall_s, 3),
             "cpu_seconds": round(cpu_s, 3),
             "fleet_seconds_per_wall_second": round(sim.now() / wall_s, 1) if wall_s > 0 else None,
-            "peak_rss_mb": _peak_rss_mb(),
+            "peak_rss_mb": peak_rss_mb(),
             "relay_redeliveries_suppressed": fleet.redeliveries_suppressed,
         },
     }
     return report
+
+
+def _outcomes(sim: Simulation, stale: int) -> dict[str, int]:
+    """Devices by what happened to them (each counted once, the worst first)."""
+    crashed = {d for d, _, _ in sim.crash_episodes}
+    offline = {d for d, _, _ in sim.offline_episodes} - crashed
+    total = len(sim.fleet.workers)
+    return {"crashed_and_restarted": len(crashed), "offline_and_back": len(offline),
+            "steady": total - len(crashed) - len(offline), "stale_at_end": stale}
 
 
 def summary(report: Report) -> str:
@@ -194,6 +211,12 @@ def summary(report: Report) -> str:
         lines.append(f"faults: {report['offline_episodes']} devices offline for {s['offline_duration_s']:.0f}s"
                      + (f", broker down {s['broker_outage'][1]:.0f}s at {s['broker_outage'][0]:.0f}s"
                         if s["broker_outage"] else ""))
+    if report["crashes"]:
+        lines.append(f"crashes: {report['crashes']} devices crashed and restarted on their SQLite state")
+    dev = report["devices"]
+    lines.append(f"devices: {dev['steady']} steady, {dev['offline_and_back']} offline and back,"
+                 f" {dev['crashed_and_restarted']} crashed and restarted; leader sees"
+                 f" {report['leader']['devices_online']}/{report['leader']['devices_known']} online at the end")
     lines.append(f"lost: {report['lost']}   conservation_ok: {report['conservation_ok']}"
                  f"   drained after {report['drain_seconds']:.0f}s")
     return "\n".join(lines)
@@ -203,4 +226,4 @@ def to_json(report: Report) -> str:
     return json.dumps(report, indent=2, sort_keys=True)
 
 
-__all__ = ["Report", "collect_report", "summary", "to_json"]
+__all__ = ["Report", "collect_report", "peak_rss_mb", "summary", "to_json"]

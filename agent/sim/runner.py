@@ -7,11 +7,14 @@ The timeline (all drawn from generators seeded by `--seed`):
 * every device sends telemetry every `telemetry_s`, heartbeats every `heartbeat_s`;
 * `offline_rate` of the devices lose their uplink once for `offline_duration_s`;
 * the whole broker goes away for `--broker-outage AT:FOR`;
+* `crash_rate` of the devices crash once (their agent stops; the rows they stored stay in
+  their shared outbox file) and restart `crash_downtime_s` later as their next incarnation;
 * `--jobs N` jobs are submitted after the first heartbeat round.
 
 After `duration_s` the faults are healed and the fleet runs on until every outbox is empty and
-every job is confirmed (at most `drain_s`), then the workers stop, the leader processes what it
-holds, and the numbers are read.
+every job is confirmed (at most `drain_s`); the fleet's state is sampled (the report's
+`at_end`), then the workers stop, the leader processes what it holds, and the numbers are read.
+`samples` times during the run the state is also sampled into the report's time series.
 """
 
 from __future__ import annotations
@@ -22,17 +25,20 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from agent.core.clock import Clock, SystemClock, VirtualClock
 from agent.core.errors import EdgeAgentError
 from agent.protocol import JobSubmit
+from agent.sim.clock import SimClock
 from agent.sim.fleet import SimFleet, device_name, rng_for
 from agent.sim.options import SimOptions
 from agent.sim.report import Report, collect_report
 from agent.worker.actors import RecordTelemetry
 
 Action = Callable[[], Awaitable[None] | None]
-Progress = Callable[[str], None]
+Sample = dict[str, Any]
+Progress = Callable[[Sample], None]
 PHASE_SLOTS = 10
 DRAIN_QUANTUM_S = 60.0
 
@@ -60,7 +66,7 @@ class Simulation:
     def __init__(self, opts: SimOptions, *, workdir: Path, progress: Progress | None = None) -> None:
         self.opts = opts
         self.workdir = workdir
-        self.clock: Clock = SystemClock() if (opts.realtime or opts.broker_url) else VirtualClock()
+        self.clock: Clock = SystemClock() if (opts.realtime or opts.broker_url) else SimClock(tick_s=opts.tick_s)
         self.fleet = SimFleet(opts, clock=self.clock, workdir=workdir)
         self.timeline = Timeline()
         self._progress = progress
@@ -69,6 +75,9 @@ class Simulation:
         self.telemetry_refused = 0
         self.jobs_submitted = 0
         self.offline_episodes: list[tuple[str, float, float]] = []
+        self.crash_episodes: list[tuple[str, float, float]] = []
+        self.series: list[Sample] = []
+        self.at_end: Sample = {}
         self.drain_fleet_s = 0.0
         self.drained = False
 
@@ -86,36 +95,53 @@ class Simulation:
         else:
             await asyncio.sleep(delta)
 
-    async def _run_until(self, end: float, *, report_every: float | None = None) -> None:
-        next_report = report_every if report_every else None
+    async def _run_until(self, end: float, *, sample_every: float | None = None) -> None:
+        next_sample = self.now() + sample_every if sample_every else None
         while self.now() < end - 1e-9:
             candidates = [end]
             nt = self.timeline.next_time()
             if nt is not None:
                 candidates.append(nt)
-            if next_report is not None:
-                candidates.append(next_report)
+            if next_sample is not None:
+                candidates.append(next_sample)
             target = min(candidates)
             await self._advance_to(target)
             await self.timeline.run_due(self.now())
-            if next_report is not None and self.now() >= next_report - 1e-9:
-                await self._say_progress()
-                next_report += report_every  # type: ignore[operator]
+            if next_sample is not None and self.now() >= next_sample - 1e-9:
+                await self._sample()
+                next_sample += sample_every  # type: ignore[operator]
 
-    async def _say_progress(self) -> None:
-        if self._progress is None:
-            return
+    async def snapshot(self) -> Sample:
+        """The fleet's state now: what the progress display and the time series show."""
         fleet = self.fleet
-        online = sum(1 for w in fleet.workers.values() if w.transport.connected.is_open)
-        pending = await fleet.outbox_pending()
         leader = fleet.leader
         assert leader is not None
-        hb = leader.intake.statistics() if leader.intake is not None else None
-        self._progress(
-            f"t={_fmt(self.now())} online={online}/{len(fleet.workers)} outbox_pending={pending}"
-            f" leader_mailbox={hb.depth if hb else 0}/{hb.capacity if hb else 0}"
-            f" jobs_confirmed={leader.jobs_queue.stats().confirmed}/{self.jobs_submitted}"
-        )
+        boxes = {s.name: s for s in leader.mailbox_statistics()}
+        hb = boxes.get("heartbeats")
+        limits = [lane.limit for r in fleet.relay_metrics()[: len(fleet.relays)] for lane in r.lanes]
+        known = leader.registry.devices()
+        return {
+            "t": round(self.now(), 3),
+            "online": fleet.online(),
+            "devices": len(fleet.workers),
+            "leader_sees_online": sum(1 for d in known if d.online),
+            "crashed": len(fleet.down),
+            "outbox_pending": await fleet.outbox_pending(),
+            "heartbeats_pending": await fleet.pending_of("heartbeat"),
+            "in_flight": sum(r.in_flight for r in fleet.relay_metrics()),
+            "leader_mailbox": hb.depth if hb else 0,
+            "leader_mailbox_capacity": hb.capacity if hb else 0,
+            "aimd_limit_min": min(limits) if limits else None,
+            "aimd_limit_mean": round(sum(limits) / len(limits), 2) if limits else None,
+            "jobs_confirmed": leader.jobs_queue.stats().confirmed,
+            "jobs_submitted": self.jobs_submitted,
+        }
+
+    async def _sample(self) -> None:
+        sample = await self.snapshot()
+        self.series.append(sample)
+        if self._progress is not None:
+            self._progress(sample)
 
     # -- the plan ----------------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -138,6 +164,10 @@ class Simulation:
             at, span = opts.broker_outage
             self.timeline.at(at, "broker down", fleet.broker_down)
             self.timeline.at(at + span, "broker up", fleet.broker_up)
+        self.crash_episodes = self.crash_plan()
+        for device, start, span in self.crash_episodes:
+            self.timeline.at(start, f"crash {device}", lambda d=device: fleet.crash(d))
+            self.timeline.at(start + span, f"restart {device}", lambda d=device: fleet.restart(d))
         if opts.jobs > 0:
             self.timeline.at(min(2 * opts.heartbeat_s, opts.duration_s / 2), "submit jobs", self._submit_jobs)
 
@@ -156,14 +186,29 @@ class Simulation:
             plan.append((device, start, opts.offline_duration_s))
         return plan
 
+    def crash_plan(self) -> list[tuple[str, float, float]]:
+        """(device, crash time, downtime) of every crash, drawn from the seed alone."""
+        opts = self.opts
+        if opts.crash_rate <= 0:
+            return []
+        pick = rng_for(opts.seed, "crash")
+        count = round(opts.crash_rate * opts.devices)
+        latest = max(opts.heartbeat_s, opts.duration_s - opts.crash_downtime_s)
+        devices = [device_name(i) for i in range(opts.devices)]
+        return [(device, float(int(pick.uniform(opts.heartbeat_s, latest))), opts.crash_downtime_s)
+                for device in sorted(pick.sample(devices, count))]
+
     def _telemetry_loop(self, device: str, first: float, rng: object) -> None:
-        worker = self.fleet.workers[device]
+        fleet = self.fleet
         interval = self.opts.telemetry_s
 
         def fire() -> None:
             if not self._generating:
                 return
-            if worker.telemetry is not None:
+            worker = fleet.workers[device]  # the current incarnation
+            if device in fleet.down:
+                self.telemetry_refused += 1  # a crashed device measures nothing
+            elif worker.telemetry is not None:
                 try:
                     worker.telemetry.tell(RecordTelemetry("temperature", round(20 + 10 * rng.random(), 3)))  # type: ignore[attr-defined]
                 except EdgeAgentError:
@@ -189,13 +234,21 @@ class Simulation:
         try:
             await self.fleet.start_leader()
             self._plan()
-            await self._run_until(opts.duration_s, report_every=opts.duration_s / 10 if opts.progress else None)
+            await self._sample()
+            await self._run_until(opts.duration_s, sample_every=opts.duration_s / opts.samples)
             # Heal and drain: everything held must arrive.
             self._generating = False
             self.fleet.broker_up()
             for device in list(self.fleet._cut):
                 self.fleet.heal(device)
+            for device in sorted(self.fleet.down):
+                await self.fleet.restart(device)
             await self._drain()
+            # What the fleet looks like at the end, before the workers are stopped (stopping
+            # them sends their `offline` presence: the leader would then count them offline).
+            self.at_end = await self.snapshot()
+            if self._progress is not None:
+                self._progress(self.at_end)
             for worker in self.fleet.workers.values():
                 await worker.stop()  # idle after the drain: no clock time needed
             await self._advance_to(self.now() + opts.leader_interval_s + 1.0)
