@@ -230,6 +230,8 @@ def _status(store: Any, args: argparse.Namespace) -> int:
                 time.sleep(max(0.2, args.interval))
                 data = load()
                 live.update(render_status(data))
+        if not console.is_terminal:  # Live leaves the last line open when it writes to a pipe or file
+            console.line()
     except KeyboardInterrupt:
         return 130
     return 0
