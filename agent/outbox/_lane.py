@@ -28,9 +28,6 @@ class LaneHost(Protocol):
     @property
     def sending(self) -> bool: ...
 
-    def delivered(self, row: OutboxRow) -> None:
-        """A success: count it and queue the row's ack."""
-
     async def failed(self, row: OutboxRow, exc: Exception) -> None:
         """Settle a failed delivery in the store (nack, dead letter or release)."""
 
@@ -44,7 +41,7 @@ class LaneHost(Protocol):
 class Lane:
     __slots__ = (
         "kind", "limiter", "queue", "workers", "busy", "_idle", "_waking", "_host", "_deliver",
-        "_room_event", "_name",
+        "_acks", "_ack_wake", "_room_event", "_name",
     )
 
     def __init__(
@@ -54,6 +51,8 @@ class Lane:
         *,
         host: LaneHost,
         deliver: Callable[[OutboxRow], Awaitable[None]],
+        acks: list[int],
+        ack_wake: asyncio.Event,
         room: asyncio.Event,
         name: str,
     ) -> None:
@@ -66,6 +65,8 @@ class Lane:
         self._waking = 0  # senders told to run that have not started yet
         self._host = host
         self._deliver = deliver
+        self._acks = acks  # the relay's list of delivered row ids (acked in groups)
+        self._ack_wake = ack_wake
         self._room_event = room  # set when the lane could take a batch of `limit` rows
         self._name = name
 
@@ -112,6 +113,7 @@ class Lane:
         loop = asyncio.get_running_loop()
         host = self._host
         deliver = self._deliver
+        acks = self._acks
         limiter = self.limiter
         queue = self.queue
         self._waking -= 1  # started
@@ -159,8 +161,10 @@ class Lane:
                     await host.failed(row, exc)
                 else:
                     held = None
-                    limiter.release("success")
-                    host.delivered(row)
+                    limiter.release("success")  # counts it: the relay sums lane successes
+                    if not acks:
+                        self._ack_wake.set()  # a non-empty list is already on its way
+                    acks.append(row.row_id)
             finally:
                 self.busy -= 1
                 if held is not None:

@@ -142,7 +142,6 @@ class Relay:
         self._stop_event = asyncio.Event()
         self._unsent: list[int] = []  # rows held by a sender that was cancelled at stop
         # counters
-        self._delivered = 0
         self._retried = 0
         self._capacity = 0
         self._transient = 0
@@ -232,7 +231,8 @@ class Relay:
                 lane.reset()
         with contextlib.suppress(StoreError):
             if self._acks:
-                acks, self._acks = self._acks, []
+                acks = self._acks[:]
+                self._acks.clear()
                 await self._store.ack(acks)
             if leftovers:
                 self._released += len(leftovers)
@@ -288,7 +288,8 @@ class Relay:
             await self._ack_wake.wait()
             self._ack_wake.clear()
             while self._acks:
-                batch, self._acks = self._acks, []
+                batch = self._acks[:]  # the list object is shared with the lanes
+                self._acks.clear()
                 self._acking = True
                 try:
                     await self._store.ack(batch)
@@ -332,6 +333,8 @@ class Relay:
                 self._limits,
                 host=self,
                 deliver=self._deliver,
+                acks=self._acks,
+                ack_wake=self._ack_wake,
                 room=part.wake,
                 name=f"{self._name}-p{part.index}-{kind}",
             )
@@ -480,11 +483,6 @@ class Relay:
             await self._settle(self._store.release(ids), "release")
 
     # -- what the lanes' senders call (LaneHost) --------------------------------------------
-    def delivered(self, row: OutboxRow) -> None:
-        self._delivered += 1
-        self._acks.append(row.row_id)
-        self._ack_wake.set()
-
     async def release_untried(self, row: OutboxRow) -> None:
         self._released += 1
         await self._settle(self._store.release([row.row_id]), "release")
@@ -568,7 +566,7 @@ class Relay:
         return RelayMetrics(
             lanes=lanes,
             sending=self._sending,
-            delivered=self._delivered,
+            delivered=sum(lane.successes for lane in lanes),
             retried=self._retried,
             capacity_rejections=self._capacity,
             transient_failures=self._transient,
