@@ -141,15 +141,20 @@ def _check_plan(spec: Any, version: str, db: Path) -> None:
                    for d in registry.devices()]
     finally:
         registry.close()
-    targets = select_targets(spec, devices, target_version=version)
-    if not targets:
-        from collections import Counter
+    from collections import Counter
 
-        seen = ", ".join(f"{v or '?'} x{n}" for v, n in Counter(d.firmware_version for d in devices).most_common())
-        known = f"the leader knows {len(devices)} devices ({seen})" if devices else "the leader knows no device yet"
+    targets = select_targets(spec, devices, target_version=version)
+    seen = ", ".join(f"{v or 'unknown'} x{n}" for v, n in Counter(d.firmware_version for d in devices).most_common())
+    known = f"the leader knows {len(devices)} devices ({seen})" if devices else "the leader knows no device yet"
+    if not targets:
         raise RolloutError(f"no device matches the rollout's targets: {known}; "
                            f"devices already running {version} are skipped")
-    wave_sizes(spec.waves, len(targets))
+    try:
+        wave_sizes(spec.waves, len(targets))
+    except RolloutError as exc:
+        # a device seen only by its presence has no version until its first heartbeat
+        raise RolloutError(f"{exc} [{len(targets)} of the {len(devices)} devices the leader knows are targeted; "
+                           f"versions: {seen}]") from None
 
 
 def _control(store: Any, args: argparse.Namespace) -> int:
