@@ -56,6 +56,7 @@ class SimOptions:
     crash_downtime_s: float = 15.0
     scenario: str | None = None  # the named scenario these options came from
     samples: int = 60  # points of the report's time series
+    max_wall_s: float | None = None  # benchmarks: stop generating after this much wall time
 
     def __post_init__(self) -> None:
         checks = [

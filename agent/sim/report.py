@@ -107,6 +107,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "clock": "virtual" if not (opts.realtime or opts.broker_url) else "realtime",
         },
         "fleet_seconds": round(sim.now(), 3),
+        "truncated_at_s": sim.truncated_at,  # set only when a benchmark's wall budget ran out
         "drain_seconds": round(sim.drain_fleet_s, 3),
         "drained": sim.drained,
         "lost": lost,
@@ -174,6 +175,8 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "fleet_seconds_per_wall_second": round(sim.now() / wall_s, 1) if wall_s > 0 else None,
             "peak_rss_mb": peak_rss_mb(),
             "relay_redeliveries_suppressed": fleet.redeliveries_suppressed,
+            "timers_fired": getattr(sim.clock, "fired", None),
+            "settles": getattr(sim.clock, "settles", None),
         },
     }
     return report

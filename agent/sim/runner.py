@@ -40,7 +40,6 @@ Action = Callable[[], Awaitable[None] | None]
 Sample = dict[str, Any]
 Progress = Callable[[Sample], None]
 PHASE_SLOTS = 10
-DRAIN_QUANTUM_S = 60.0
 
 
 class Timeline:
@@ -80,6 +79,8 @@ class Simulation:
         self.at_end: Sample = {}
         self.drain_fleet_s = 0.0
         self.drained = False
+        self._wall_deadline: float | None = None
+        self.truncated_at: float | None = None  # fleet time when `max_wall_s` ran out
 
     # -- time ------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -98,6 +99,9 @@ class Simulation:
     async def _run_until(self, end: float, *, sample_every: float | None = None) -> None:
         next_sample = self.now() + sample_every if sample_every else None
         while self.now() < end - 1e-9:
+            if self._wall_deadline is not None and time.perf_counter() > self._wall_deadline:
+                self.truncated_at = self.now()
+                return
             candidates = [end]
             nt = self.timeline.next_time()
             if nt is not None:
@@ -230,12 +234,15 @@ class Simulation:
         wall0 = time.perf_counter()
         cpu0 = time.process_time()
         self._t0 = self.clock.monotonic()
+        if opts.max_wall_s is not None:
+            self._wall_deadline = wall0 + opts.max_wall_s
         await self.fleet.open()
         try:
             await self.fleet.start_leader()
             self._plan()
             await self._sample()
             await self._run_until(opts.duration_s, sample_every=opts.duration_s / opts.samples)
+            self._wall_deadline = None
             # Heal and drain: everything held must arrive.
             self._generating = False
             self.fleet.broker_up()
@@ -269,25 +276,24 @@ class Simulation:
         await task
 
     async def _drain(self) -> None:
-        """Run on until nothing is pending, in whole `DRAIN_QUANTUM_S` periods: the exact moment
-        the last ack lands may vary by a retry's jitter; whole periods keep the report stable."""
+        """Run on until nothing is pending (at most `drain_s`).
+
+        Devices keep beating while the held rows drain, so a new heartbeat is pending for a
+        moment after every beat. The check therefore looks between the heartbeat phase slots
+        (devices boot on tenths of the interval): half a slot after one, every slot."""
         start = self.now()
         leader = self.fleet.leader
         assert leader is not None
+        slot = self.opts.heartbeat_s / PHASE_SLOTS
+        at = (int(self.now() / slot) + 1.5) * slot
         while self.now() - start < self.opts.drain_s:
-            await self._run_until(self.now() + DRAIN_QUANTUM_S)
+            await self._run_until(at)
+            at += slot
             jobs = leader.jobs_queue.stats()
-            if await self.fleet.outbox_pending() == 0 and jobs.pending == 0 and jobs.in_flight == 0:
+            if jobs.pending == 0 and jobs.in_flight == 0 and await self.fleet.outbox_pending() == 0:
                 self.drained = True
                 break
         self.drain_fleet_s = self.now() - start
-
-
-def _fmt(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h:d}:{m:02d}:{s:02d}"
 
 
 __all__ = ["Simulation", "Timeline"]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from agent.cli import main as cli_main
 from agent.core.errors import ConfigError
-from agent.sim import SimOptions, Simulation, parse_duration, parse_outage
+from agent.sim import SimOptions, Simulation, parse_duration, parse_outage, to_json
+from agent.sim.progress import ProgressDisplay, plain_line
 
 
 async def _run(tmp_path: Path, **kwargs: object) -> dict:  # type: ignore[type-arg]
@@ -22,9 +25,14 @@ def _without_wall(report: dict) -> dict:  # type: ignore[type-arg]
 
 
 async def test_same_seed_same_report(tmp_path: Path) -> None:
-    first = await _run(tmp_path / "a", devices=20, duration_s=120, seed=11, jobs=10)
-    second = await _run(tmp_path / "b", devices=20, duration_s=120, seed=11, jobs=10)
-    assert _without_wall(first) == _without_wall(second)
+    faults = {"offline_rate": 0.2, "offline_duration_s": 40.0, "crash_rate": 0.1, "crash_downtime_s": 20.0}
+    first = await _run(tmp_path / "a", devices=20, duration_s=120, seed=11, jobs=10, **faults)
+    second = await _run(tmp_path / "b", devices=20, duration_s=120, seed=11, jobs=10, **faults)
+    # byte for byte, apart from the wall-clock section
+    assert to_json(_without_wall(first)) == to_json(_without_wall(second))
+    other = await _run(tmp_path / "c", devices=20, duration_s=120, seed=12, jobs=10, **faults)
+    assert to_json(_without_wall(other)) != to_json(_without_wall(first))
+    assert first["crashes"] == 2 and first["offline_episodes"] == 4
     assert first["lost"] == 0 and first["conservation_ok"] is True
     assert first["jobs"]["confirmed"] == 10 and first["jobs"]["confirmed_more_than_once"] == 0
     # the leader rests 30 s between rounds while devices beat every 5 s: about 6 to 1
@@ -73,6 +81,39 @@ def test_cli_writes_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     report = json.loads(out.read_text())
     assert report["lost"] == 0 and report["conservation_ok"] is True and "wall" in report
     assert "lost: 0" in capsys.readouterr().out
+    assert report["leader"]["devices_online"] == report["at_end"]["online"] == 5  # read before the stop
+    assert len(report["timeseries"]) == 61 and report["aimd_limit_over_time"][-1][1] >= 1
+
+
+def test_cli_plot_draws_the_time_series(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.png"
+    assert cli_main(["simulate", "--devices", "4", "--duration", "1m", "--quiet", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as when it is not installed
+    assert cli_main(["simulate", "--devices", "2", "--duration", "1m", "--plot", "x.png"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib" in err[0] and "edge-agent[sim]" in err[0]
+
+
+def test_progress_is_plain_lines_off_a_terminal() -> None:
+    stream = io.StringIO()
+    display = ProgressDisplay(duration_s=60, stream=stream)
+    sample = {"t": 30.0, "online": 3, "devices": 4, "leader_sees_online": 3, "crashed": 1, "in_flight": 2,
+              "outbox_pending": 5, "heartbeats_pending": 1, "leader_mailbox": 0, "leader_mailbox_capacity": 8,
+              "aimd_limit_min": 10, "aimd_limit_mean": 12.5, "jobs_confirmed": 0, "jobs_submitted": 0}
+    with display:
+        display(sample)
+    assert stream.getvalue() == plain_line(sample) + "\n"
+    assert "t=0:00:30 online=3/4" in stream.getvalue()
+    live = io.StringIO()
+    with ProgressDisplay(duration_s=60, stream=live, live=True) as panel:
+        panel(sample)
+    assert "outbox depth" in live.getvalue() and "5 (1 heartbeats)" in live.getvalue()
 
 
 def test_bad_options_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:

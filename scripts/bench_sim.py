@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Benchmark the fleet simulator (`edge-agent simulate`) on this machine.
+
+    python scripts/bench_sim.py --quick          # one small run, well within 5 minutes
+    python scripts/bench_sim.py                  # the two targets of the scale issue
+    python scripts/bench_sim.py --budget 300     # wall-time budget per full run (default 300 s)
+
+Each configuration runs in a child process of its own (so its peak RSS is its own):
+
+* quick: 1,000 devices, 10 minutes of fleet time, 5 s heartbeats, 30 s telemetry;
+* full: 10,000 devices for 1 hour, and 1,000 devices for 24 hours (5 s heartbeats), plus the
+  wave-rollout scenario with 1,000 devices. A run that exceeds `--budget` seconds of wall time
+  stops generating load where it is (its `fleet_seconds` says how far it got) and drains.
+
+Reported per run: devices, fleet_seconds (simulated, drain included), wall_seconds, peak_rss_mb,
+rss_per_device_kb (peak RSS above the process's RSS before the fleet was built, per device),
+events (virtual-clock timers fired + messages sent), events_per_wall_second,
+device_seconds_per_wall_second, lost, conservation_ok. Progress goes to stderr; the LAST line
+on stdout is one JSON object (quick: the run itself; full: {"runs": [...]} with the same keys
+for the first run at the top level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+QUICK = {"name": "quick", "devices": 1000, "duration_s": 600.0}
+FULL = [
+    {"name": "10k-devices-1h", "devices": 10_000, "duration_s": 3600.0},
+    {"name": "1k-devices-24h", "devices": 1000, "duration_s": 86_400.0},
+    {"name": "wave-rollout-1k", "devices": 1000, "rollout": True},
+]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+def child(cfg: dict[str, Any], budget_s: float | None) -> dict[str, Any]:
+    """Run one configuration in this process; the measured figures."""
+    from agent.sim import SimOptions, Simulation
+    from agent.sim.report import peak_rss_mb
+    from agent.sim.rollout import run_rollout
+
+    before = _rss_mb()
+    opts = SimOptions(devices=cfg["devices"], duration_s=cfg.get("duration_s", 600.0), seed=7,
+                      progress=False, max_wall_s=budget_s, samples=24)
+    with tempfile.TemporaryDirectory(prefix="bench-sim-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
+        wall0 = time.perf_counter()
+        if cfg.get("rollout"):
+            report = asyncio.run(run_rollout(opts, workdir=Path(d)))
+            fleet_s = report["rollout"]["duration_s"]
+            events = report["downloads"]["served"] + report["downloads"]["busy"] + report["rollout"]["offers"]
+            extra = {"rollout_state": report["rollout"]["state"]}
+        else:
+            report = asyncio.run(Simulation(opts, workdir=Path(d)).run())
+            fleet_s = report["fleet_seconds"]
+            events = (report["wall"]["timers_fired"] or 0) + report["messages"]["sent"]
+            extra = {"truncated_at_s": report["truncated_at_s"], "messages_sent": report["messages"]["sent"],
+                     "heartbeats": report["heartbeats"]["generated"],
+                     "coalescing_ratio": report["heartbeats"]["coalescing_ratio"],
+                     "target_fleet_seconds": opts.duration_s}
+        wall = time.perf_counter() - wall0
+    peak = peak_rss_mb()
+    return {
+        "name": cfg["name"], "devices": cfg["devices"], "fleet_seconds": round(fleet_s, 1),
+        "wall_seconds": round(wall, 2), "peak_rss_mb": round(peak, 1),
+        "rss_per_device_kb": round(max(0.0, peak - before) * 1024 / cfg["devices"], 1),
+        "events": events, "events_per_wall_second": round(events / wall, 1),
+        "device_seconds_per_wall_second": round(cfg["devices"] * fleet_s / wall, 1),
+        "lost": report["lost"], "conservation_ok": report["conservation_ok"], **extra,
+    }
+
+
+def run_child(cfg: dict[str, Any], budget_s: float | None) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", json.dumps(cfg)]
+    if budget_s is not None:
+        cmd += ["--budget", str(budget_s)]
+    print(f"bench_sim: {cfg['name']} ...", file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"bench_sim: {cfg['name']} failed ({done.returncode}): {done.stderr[-2000:]}")
+    result = json.loads(lines[-1])
+    print(f"bench_sim: {json.dumps(result)}", file=sys.stderr, flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one small configuration (< 5 minutes)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="wall seconds per run before it stops generating (full default 300)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child), args.budget)))
+        return 0
+    if args.quick:
+        result = run_child(QUICK, args.budget or 240.0)
+        print(json.dumps(result))
+        return 0 if result["lost"] == 0 else 1
+    budget = args.budget or 300.0
+    runs = [run_child(cfg, budget) for cfg in FULL]
+    print(json.dumps({**runs[0], "runs": runs}))
+    return 0 if all(r["lost"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
