@@ -2,7 +2,9 @@
 
 `Engine` owns the connection and the in-memory state that must agree with it:
 
-* which rows are in flight (handed to the relay, not yet acked/nacked/released),
+* which rows are in flight (handed to the relay, not yet acked/nacked/released): a `Flight`
+  shared with the loop thread's `Reader`; rows leave it only after the commit that settles
+  them, so a poll never hands a row out again with its state from before that commit,
 * the counters and the per-class depths, mirrored from their tables and written back with the
   deltas of each transaction in that same transaction.
 
@@ -31,8 +33,8 @@ _INSERT = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # Deferred insert row layout (list, mutable so an overwrite in the same batch edits it).
-_I_ID, _I_MSG, _I_OWNER, _I_RECV, _I_KIND, _I_PAYLOAD, _I_KEY, _I_CONFLICT, _I_SEQ = range(9)
-_I_CREATED, _I_SEND, _I_EXPIRES, _I_SIZE = 9, 10, 11, 12
+_I_MSG, _I_KIND, _I_PAYLOAD, _I_CONFLICT, _I_SEQ = 1, 4, 5, 7, 8
+_I_SEND, _I_EXPIRES, _I_SIZE = 10, 11, 12
 
 _KEY_LOOKUP = (
     "SELECT id, seq, kind, size, send_at, created_at FROM outbox INDEXED BY outbox_key"
@@ -60,7 +62,8 @@ def _marks(n: int) -> str:
 
 
 class Engine(ReadOps):
-    """Synchronous outbox operations on one connection. Not thread-safe: one thread drives it."""
+    """Synchronous outbox operations on one connection, driven by one thread (the writer, or
+    a CLI command). Only `flight` is shared with another thread."""
 
     def __init__(
         self,
@@ -115,9 +118,6 @@ class Engine(ReadOps):
         if self.conn.execute("PRAGMA data_version").fetchone()[0] != self._data_version:
             self._reload()
 
-    def policy(self, kind: str) -> ClassPolicy:
-        return self.classes.get(kind, self.default_class)
-
     def _d(self, kind: str) -> list[int]:
         d = self.depth.get(kind)
         if d is None:
@@ -125,10 +125,6 @@ class Engine(ReadOps):
         return d
 
     # -- transactions ----------------------------------------------------------------------
-    @property
-    def in_transaction(self) -> bool:
-        return self._snap is not None
-
     def begin(self) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
         # Holding the write lock now: nobody else can commit until we do.

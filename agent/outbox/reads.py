@@ -116,11 +116,6 @@ class Flight:
         with self.lock:
             return set(self.rows), set(self.fifo_busy)
 
-    def clear(self) -> None:
-        with self.lock:
-            self.rows.clear()
-            self.fifo_busy.clear()
-
 
 class Reader:
     """The relay's polls, on a read-only connection of their own, run on the event loop's
