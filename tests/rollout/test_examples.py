@@ -1,17 +1,25 @@
-"""The shipped examples: the rollout spec under configs/rollouts/ loads, plans and rolls out on a
-simulated fleet; every agent config under configs/ passes `edge-agent config check`."""
+"""The shipped examples: the rollout spec under configs/rollouts/ loads, plans, goes through the
+`edge-agent rollout` CLI and rolls out on a simulated fleet; every agent config under configs/
+passes `edge-agent config check`."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+from rollout_support import FakePort
 
 from agent.cli import main as cli
+from agent.core.clock import VirtualClock
 from agent.core.config import AgentConfig, load_config
 from agent.core.errors import ConfigError, RolloutError
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import Heartbeat
+from firmware_rollout.orchestrator import Orchestrator
 from firmware_rollout.plan import wave_sizes
+from firmware_rollout.rollout_store import RolloutStore
 from firmware_rollout.scenario import make_artifact, wave_rollout_scenario
 from firmware_rollout.spec import RolloutSpec, load_spec
 
@@ -96,3 +104,61 @@ async def test_the_example_spec_aborts_when_a_tenth_of_the_fleet_fails(tmp_path:
     assert rollout["state"] == "aborted", rollout["detail"]
     assert rollout["devices_offered_after_abort"] == 0
     assert rollout["counts"].get("canceled", 0) > 0  # the rest of the fleet was never offered the image
+
+
+def register(db: Path, versions: dict[str, str]) -> None:
+    """Devices as the leader's registry has them after their heartbeats (the CLI plans against it)."""
+    registry = DeviceRegistry.open(db, clock=VirtualClock())
+    try:
+        registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version=v)
+                                   for d, v in versions.items()])
+    finally:
+        registry.close()
+
+
+async def test_the_example_spec_through_the_rollout_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = spec_beside_artifacts(tmp_path)
+    db = tmp_path / "leader.db"
+    RolloutStore.open(db, clock=VirtualClock()).close()
+    register(db, {"cam-a": "1.0.0", "cam-b": "1.0.0", "cam-c": "1.1.0", "cam-d": ""})
+    assert cli(["rollout", "start", str(spec), "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "canary wave (5) would take all 2 targeted devices" in err
+    assert "[2 of the 4 devices the leader knows are targeted; versions: 1.0.0 x2, 1.1.0 x1, unknown x1]" in err
+
+    fleet = {f"cam-{i:03d}": "1.0.0" for i in range(40)}
+    register(db, fleet)
+    rid = "camera-1.1.0-with-a-long-id"
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", rid, "--no-wait"]) == 0
+    clock = VirtualClock()
+    store = RolloutStore.open(db, clock=clock)
+    try:
+        await Orchestrator(store, clock=clock, port=FakePort(clock, sorted(fleet))).tick()
+    finally:
+        store.close()
+    capsys.readouterr()
+    assert cli(["rollout", "status", rid, "--devices", "--json", "--db", str(db)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [w["size"] for w in data["waves"]] == [5, 4, 10, 21]
+    rows = data["device_list"]
+    assert sorted(r["device"] for r in rows) == sorted(fleet)
+    assert {r["state"] for r in rows if r["wave"] == 0} == {"notified"}
+    assert {r["state"] for r in rows if r["wave"] > 0} == {"queued"}
+
+    assert cli(["rollout", "status", rid, "--devices", "--db", str(db)]) == 0
+    screen = capsys.readouterr().out
+    assert "device" in screen and "cam-000" in screen and "notified" in screen
+    assert cli(["rollout", "list", "--db", str(db)]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split() == ["id", "name", "version", "state", "wave", "devices", "succeeded"]
+    assert listed[1].split()[0] == rid  # never shortened, whatever the terminal's width
+    assert cli(["rollout", "status", "nope", "--db", str(db)]) == 2
+    assert "no rollout 'nope'" in capsys.readouterr().err
+
+
+def test_control_help_says_what_each_control_does(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli(["rollout", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "next a rollout" not in text and "approve a rollout" not in text
+    assert "end the current wave now and start the next one" in text
