@@ -26,7 +26,7 @@ from agent.core.errors import ConfigError
 DEFAULTS: dict[str, Any] = {
     "devices": 50, "duration": "10m", "heartbeat": "5s", "leader_interval": "30s", "telemetry": "30s",
     "offline_rate": 0.0, "offline_duration": "2m", "broker_outage": None, "jobs": 0, "job_window": 2,
-    "leader_mailbox": 1024, "crash_rate": 0.0, "crash_downtime": "15s",
+    "leader_mailbox": None, "crash_rate": 0.0, "crash_downtime": "15s",
 }
 # A scenario preset's SimOptions field -> the command-line option it stands for.
 PRESET_ARGS = {
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--broker-outage", metavar="AT:FOR", help="take the broker down at AT for FOR, e.g. 3m:1m")
     add("--jobs", type=int, help="jobs to submit to the leader's work-pulling queue")
     add("--job-window", type=int, help="each worker's demand window (default 2)")
-    add("--leader-mailbox", type=int, help="capacity of the leader's mailboxes (default 1024)")
+    add("--leader-mailbox", type=int, help="capacity of the leader's mailboxes (default: devices + 64, at least 1024)")
     add("--rollout", metavar="SPEC.toml", help="roll out this spec's artifact (the wave-rollout scenario)")
     add("--fail-rate", type=float, default=0.0,
         help="with a rollout: fraction of devices whose update fails its health check (0-1)")

@@ -72,9 +72,12 @@ def leader_config(opts: SimOptions) -> AgentConfig:
     return convert(
         {
             "agent": {"role": "leader", "device_id": LEADER_ID, "fleet": FLEET, "data_dir": "."},
-            "mailbox": {"capacity": opts.leader_mailbox},
+            "mailbox": {"capacity": opts.leader_mailbox_capacity},
             "leader": {"process_interval_s": opts.leader_interval_s,
-                       "heartbeat_deadline_s": max(30.0, 3 * opts.heartbeat_s), "job_window_max": 64},
+                       # a beat waits up to one processing interval in the mailbox before it counts
+                       "heartbeat_deadline_s": max(30.0, 3 * opts.heartbeat_s,
+                                                   2 * (opts.leader_interval_s + opts.heartbeat_s)),
+                       "job_window_max": 64},
             "outbox": {"max_attempts": SIM_MAX_ATTEMPTS, "backoff_cap_s": 60.0},
             "relay": {"partitions": 4, "reconnect_jitter_s": 2.0},
             "mqtt": {"reply_timeout_s": 10.0},
@@ -116,7 +119,8 @@ class SimFleet:
         opts = self.opts
         lcfg = leader_config(opts)
         self.leader = await LeaderAgent.open(lcfg, transport=self._transport(lcfg, LEADER_ID), clock=self.clock,
-                                             data_dir=self.workdir / "leader", rng=rng_for(opts.seed, "leader"))
+                                             data_dir=self.workdir / "leader", rng=rng_for(opts.seed, "leader"),
+                                             intake_batch_max=max(512, opts.devices))
         files = min(opts.files, opts.devices)
         wcfg0 = worker_config(opts, device_name(0))
         for k in range(files):

@@ -44,7 +44,7 @@ class SimOptions:
     jobs: int = 0
     job_window: int = 2
     job_work_s: float = 1.0
-    leader_mailbox: int = 1024
+    leader_mailbox: int | None = None  # None: room for every device's heartbeat, at least 1024
     files: int = 4  # shared outbox files
     ephemeral: bool = False
     broker_url: str | None = None
@@ -69,7 +69,7 @@ class SimOptions:
             ("offline-duration", self.offline_duration_s > 0, "must be > 0"),
             ("jobs", self.jobs >= 0, "must be >= 0"),
             ("job-window", self.job_window >= 1, "must be >= 1"),
-            ("leader-mailbox", self.leader_mailbox >= 1, "must be >= 1"),
+            ("leader-mailbox", self.leader_mailbox is None or self.leader_mailbox >= 1, "must be >= 1"),
             ("files", self.files >= 1, "must be >= 1"),
             ("tick", 0.0 <= self.tick_s <= 5.0, "must be between 0 and 5 s"),
             ("crash-rate", 0.0 <= self.crash_rate <= 1.0, "must be between 0 and 1"),
@@ -81,6 +81,11 @@ class SimOptions:
                 raise ConfigError("simulate", key, reason)
         if self.broker_url is not None and not self.broker_url.startswith(("mqtt://", "mqtts://")):
             raise ConfigError("simulate", "broker", "must be mqtt://host:port")
+
+    @property
+    def leader_mailbox_capacity(self) -> int:
+        """The leader's mailbox bound: as given, or one heartbeat per device (at least 1024)."""
+        return self.leader_mailbox if self.leader_mailbox is not None else max(1024, self.devices + 64)
 
 
 __all__ = ["SimOptions", "parse_duration", "parse_outage"]

@@ -102,7 +102,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "offline_duration_s": opts.offline_duration_s, "crash_rate": opts.crash_rate,
             "crash_downtime_s": opts.crash_downtime_s, "tick_s": opts.tick_s,
             "broker_outage": list(opts.broker_outage) if opts.broker_outage else None,
-            "jobs": opts.jobs, "job_window": opts.job_window, "leader_mailbox": opts.leader_mailbox,
+            "jobs": opts.jobs, "job_window": opts.job_window, "leader_mailbox": opts.leader_mailbox_capacity,
             "files": len(fleet.stores), "transport": "mqtt" if opts.broker_url else "memory",
             "clock": "virtual" if not (opts.realtime or opts.broker_url) else "realtime",
         },

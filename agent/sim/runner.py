@@ -258,7 +258,7 @@ class Simulation:
                 self._progress(self.at_end)
             for worker in self.fleet.workers.values():
                 await worker.stop()  # idle after the drain: no clock time needed
-            await self._advance_to(self.now() + opts.leader_interval_s + 1.0)
+            await self._leader_catch_up()
             report = await collect_report(self, wall_s=time.perf_counter() - wall0,
                                           cpu_s=time.process_time() - cpu0)
         finally:
@@ -274,6 +274,16 @@ class Simulation:
         while not task.done():
             await self.clock.advance(0.5)
         await task
+
+    async def _leader_catch_up(self, rounds: int = 10) -> None:
+        """Let the leader apply the heartbeats its mailbox still holds (one batch per interval)."""
+        leader = self.fleet.leader
+        assert leader is not None
+        for _ in range(rounds):
+            await self._advance_to(self.now() + self.opts.leader_interval_s + 1.0)
+            box = {s.name: s for s in leader.mailbox_statistics()}.get("heartbeats")
+            if box is None or box.depth == 0:
+                break
 
     async def _drain(self) -> None:
         """Run on until nothing is pending (at most `drain_s`).
