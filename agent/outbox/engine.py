@@ -44,7 +44,8 @@ _KEY_LOOKUP = (
 _KEYS_LOOKUP = (
     "SELECT j.key, o.id, o.seq, o.kind, o.size, o.send_at, o.created_at"
     " FROM json_each(?) AS j JOIN outbox AS o INDEXED BY outbox_key"
-    " ON o.owner = j.value ->> 0 AND o.receiver = j.value ->> 1 AND o.key = j.value ->> 2"
+    " ON o.owner = json_extract(j.value, '$[0]') AND o.receiver = json_extract(j.value, '$[1]')"
+    " AND o.key = json_extract(j.value, '$[2]')"
     " WHERE o.status = 'pending' ORDER BY j.key, o.id"
 )
 _PREFETCH_MIN = 32  # keys in a batch before one bulk lookup beats one lookup per message

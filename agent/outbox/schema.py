@@ -225,6 +225,9 @@ def migrate(conn: sqlite3.Connection) -> int:
             raise
 
 
+MIN_SQLITE = (3, 35, 0)  # RETURNING
+
+
 def open_database(
     path: str | Path,
     *,
@@ -238,6 +241,9 @@ def open_database(
     Raises `StoreError`; no sqlite3 exception leaves this function.
     """
     p = Path(path)
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        need = ".".join(map(str, MIN_SQLITE))
+        raise StoreError(f"the outbox needs SQLite >= {need}, this Python has {sqlite3.sqlite_version}")
     recovered: str | None = None
     try:
         if p.exists() and p.stat().st_size > 0:
@@ -270,6 +276,7 @@ __all__ = [
     "APPLICATION_ID",
     "COUNTER_NAMES",
     "MIGRATIONS",
+    "MIN_SQLITE",
     "SCHEMA_VERSION",
     "Synchronous",
     "configure",
