@@ -280,7 +280,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=None, help="messages per run")
     parser.add_argument("--pq-n", type=int, default=None, help="messages for persist-queue")
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle window in seconds")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of raw and ours (best)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of raw and ours (best)")
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     args = parser.parse_args()
     if args.n is None:
