@@ -184,7 +184,7 @@ class TelemetryActor(Actor):
 
     def __init__(
         self, *, device_id: str, outbox: Outbox, link: DirectLink, ids: IdGenerator,
-        seq_base: int = 0, direct_backoff_s: float = 5.0,
+        seq_base: int = 0, direct_backoff_s: float = 30.0,
     ) -> None:
         self.device_id = device_id
         self._outbox = outbox

@@ -166,7 +166,7 @@ class WorkerAgent:
         sampler: Callable[[], object] | None = None,
         job_handler: JobHandler | None = None,
         relay: bool = True,
-        reregister_s: float = 15.0,
+        reregister_s: float | None = None,
     ) -> None:
         self.config = config
         self.device_id = config.agent.device_id
@@ -202,7 +202,8 @@ class WorkerAgent:
         )
         self._sampler = sampler
         self._job_handler = job_handler or default_job_handler(clock)
-        self._reregister_s = reregister_s
+        # Demand is re-sent (directly, nothing stored) so a restarted leader learns it soon.
+        self._reregister_s = reregister_s if reregister_s is not None else max(5.0, config.heartbeat.interval_s)
         self._commands: dict[str, ActorRef] = {}
         self.heartbeat_actor: HeartbeatActor | None = None
         self.telemetry_actor: TelemetryActor | None = None

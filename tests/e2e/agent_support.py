@@ -4,11 +4,17 @@ waiting on virtual or real time."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from agent.app import make_transport
 from agent.core.clock import Clock, VirtualClock
@@ -18,6 +24,7 @@ from agent.transport.memory import MemoryBroker
 from agent.worker.agent import WorkerAgent
 
 FLEET = "t"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def config(role: str, device: str, **sections: dict[str, Any]) -> AgentConfig:
@@ -117,3 +124,71 @@ async def stop_all(*agents: WorkerAgent | LeaderAgent | None, clock: Clock | Non
         while isinstance(clock, VirtualClock) and not task.done():
             await clock.advance(0.5)
         await task
+
+
+# -- agents in their own processes ----------------------------------------------------------------
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_config(path: Path, role: str, device: str, **sections: dict[str, Any]) -> Path:
+    """A TOML config for `edge-agent run` with the test defaults of `config()`."""
+    cfg = config(role, device, **sections)
+    data = msgspec.to_builtins(cfg)
+    lines: list[str] = []
+    for section, values in data.items():
+        simple = {k: v for k, v in values.items() if not isinstance(v, dict)}
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in simple.items()]
+        for k, v in values.items():
+            if isinstance(v, dict):
+                for name, sub in v.items():
+                    lines.append(f"[{section}.{k}.{name}]")
+                    lines += [f"{kk} = {_toml_value(vv)}" for kk, vv in sub.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def spawn_agent(tmp: Path, role: str, device: str, url: str, **sections: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """`python -m agent.cli run` for one agent, logging to tmp/{device}.log."""
+    conf = write_config(tmp / f"{device}.toml", role, device, **sections)
+    log = open(tmp / f"{device}.log", "ab")  # noqa: SIM115 - the child owns it
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(conf), "--broker", url,
+             "--data-dir", str(tmp / device)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO),
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    finally:
+        log.close()
+
+
+def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(5)
+
+
+def db_query(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Read another process's database; an empty result while it does not exist yet."""
+    if not db.exists():
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return list(conn.execute(sql, params))
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:
+        return []

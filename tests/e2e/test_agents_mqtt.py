@@ -1,0 +1,251 @@
+"""Worker and leader agents against a real mosquitto (started by the fixtures on a free port).
+
+Agents run in this process on `MqttTransport` and the system clock, except where a test needs
+to kill one with SIGKILL: that one runs `python -m agent.cli run` in a child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import aiomqtt
+import msgspec
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.agent_support import (  # noqa: E402
+    db_query,
+    kill,
+    leader,
+    pending,
+    spawn_agent,
+    stop_all,
+    until,
+    worker,
+)
+
+from agent.core.clock import SystemClock  # noqa: E402
+from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
+from agent.leader.agent import LEADER_DB  # noqa: E402
+from agent.protocol import Heartbeat, JobSubmit  # noqa: E402
+from agent.transport import topics  # noqa: E402
+from agent.worker.actors import outbox_message  # noqa: E402
+
+pytestmark = pytest.mark.mqtt
+
+FAST = {"heartbeat": {"interval_s": 0.5}}
+LEADER = {"leader": {"heartbeat_deadline_s": 3.0}}
+
+
+def _telemetry_total(db: Path) -> int:
+    rows = db_query(db, "SELECT COALESCE(SUM(telemetry_count), 0) FROM devices")
+    return int(rows[0][0]) if rows else 0
+
+
+async def test_broker_outage_mid_stream(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clock = SystemClock()
+    gw = await leader(clock, tmp_path, url=mosquitto.url, **LEADER)
+    workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(3)]
+    try:
+        await until(clock, lambda: gw.registry.counts()[0] == 3, limit_s=20, step_s=0.1, what="online")
+        sent = 0
+        for w in workers:
+            await w.send_telemetry("t", 0.0)
+            sent += 1
+        mosquitto.stop()
+        await until(clock, lambda: not any(w.transport.connected.is_open for w in workers), limit_s=10,
+                    step_s=0.05, what="workers see the outage")
+        for n in range(10):
+            for w in workers:
+                assert await w.send_telemetry("t", float(n)) == "outbox"
+                sent += 1
+        await asyncio.sleep(3.0)  # six heartbeats each while the broker is away
+        for w in workers:
+            assert await pending(w, "heartbeat") <= 1
+            assert await pending(w, "telemetry") == 10
+            assert w.heartbeat_actor is not None and w.heartbeat_actor.sent >= 5
+        mosquitto.start()
+        await until(clock, lambda: sum(d.telemetry_count for d in gw.registry.devices()) >= sent, limit_s=40,
+                    step_s=0.1, what="telemetry after the outage")
+        await asyncio.sleep(1.0)
+        assert sum(d.telemetry_count for d in gw.registry.devices()) == sent  # nothing twice
+        for w in workers:
+            await until(clock, lambda w=w: _empty(w), limit_s=20, step_s=0.1, what="outbox drained")
+            stats = await w.outbox.stats()
+            assert stats.conservation_ok and stats.dead_lettered == 0
+    finally:
+        await stop_all(*workers, gw)
+
+
+async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
+    return await pending(w) == 0
+
+
+async def test_leader_sigkill_and_restart(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clock = SystemClock()
+    proc = spawn_agent(tmp_path, "leader", "gw", mosquitto.url, **LEADER)
+    db = tmp_path / "gw" / LEADER_DB
+    jobs = {"jobs": {"demand_window": 2}}
+    workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections={**FAST, **jobs})
+               for i in range(3)]
+    try:
+        await until(clock, lambda: len(db_query(db, "SELECT 1 FROM devices WHERE online = 1")) == 3, limit_s=30,
+                    step_s=0.1, what="leader sees 3 workers")
+        submitter = workers[0]
+        for n in range(50):
+            job = JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.1")
+            await submitter.outbox.enqueue(outbox_message(submitter.ids, submitter.device_id, job,
+                                                          key=f"job.submit:{job.job_id}"))
+        sent = 0
+        for n in range(10):
+            for w in workers:
+                await w.send_telemetry("t", float(n))
+                sent += 1
+            await asyncio.sleep(0.05)
+        await until(clock, lambda: len(db_query(db, "SELECT 1 FROM jobs WHERE state = 'confirmed'")) >= 10,
+                    limit_s=30, step_s=0.05, what="some jobs confirmed")
+        assert kill(proc) != 0  # SIGKILL mid-stream
+        for n in range(10):
+            await asyncio.gather(*[w.send_telemetry("t", float(n)) for w in workers])
+            sent += len(workers)
+        proc = spawn_agent(tmp_path, "leader", "gw", mosquitto.url, **LEADER)
+        await until(clock, lambda: len(db_query(db, "SELECT 1 FROM jobs WHERE state = 'confirmed'")) == 50,
+                    limit_s=60, step_s=0.1, what="all jobs confirmed after the restart")
+        await until(clock, lambda: _telemetry_total(db) >= sent, limit_s=60, step_s=0.1, what="all telemetry")
+        await asyncio.sleep(1.0)
+        assert _telemetry_total(db) == sent  # no record applied twice
+        rows = db_query(db, "SELECT job_id, state FROM jobs")
+        assert len(rows) == 50 and {s for _, s in rows} == {"confirmed"}
+        epoch = db_query(db, "SELECT value FROM jobqueue_meta WHERE key = 'epoch'")
+        assert epoch == [(2,)]
+    finally:
+        await stop_all(*workers)
+        kill(proc, 15)
+
+
+@pytest.mark.slow
+async def test_200_workers_reconnecting_at_once(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clock = SystemClock()
+    gw = await leader(clock, tmp_path, url=mosquitto.url, mailbox={"capacity": 32},
+                      leader={"process_interval_s": 0.2, "heartbeat_deadline_s": 60.0})
+    sections = {"heartbeat": {"interval_s": 2.0}, "relay": {"reconnect_jitter_s": 0.2}}
+    workers = list(await asyncio.gather(*[
+        worker(clock, tmp_path, f"w{i:03d}", url=mosquitto.url, sections=sections) for i in range(200)]))
+    try:
+        await until(clock, lambda: all(w.transport.connected.is_open for w in workers), limit_s=60, step_s=0.2,
+                    what="200 workers connected")
+        mosquitto.stop()
+        await until(clock, lambda: not any(w.transport.connected.is_open for w in workers), limit_s=20,
+                    step_s=0.1, what="all disconnected")
+        for w in workers:
+            for n in range(3):
+                assert await w.send_telemetry("t", float(n)) == "outbox"
+        await asyncio.sleep(2.5)
+        mosquitto.start()  # all 200 come back at the same moment
+        await until(clock, lambda: sum(d.telemetry_count for d in gw.registry.devices()) == 600, limit_s=90,
+                    step_s=0.2, what="every telemetry record arrived")
+        for box in gw.mailbox_statistics():
+            assert box.high_water <= box.capacity == 32
+        assert gw.busy_answers > 0
+        rejections = sum(w.relay.metrics().capacity_rejections for w in workers if w.relay is not None)
+        assert rejections > 0  # busy answers slowed the relays down
+    finally:
+        await asyncio.gather(*[w.stop() for w in workers])
+        await stop_all(gw)
+
+
+async def test_work_pulling_with_a_worker_killed(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clock = SystemClock()
+    gw = await leader(clock, tmp_path, url=mosquitto.url, **LEADER)
+    jobs = {"jobs": {"demand_window": 2}}
+    local = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections={**FAST, **jobs}) for i in range(2)]
+    victim = spawn_agent(tmp_path, "worker", "victim", mosquitto.url, **FAST, **jobs)
+    try:
+        await until(clock, lambda: len(gw.jobs_queue.workers()) == 3, limit_s=30, step_s=0.1, what="3 workers")
+        await gw.submit_jobs([JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.3") for n in range(50)])
+        await until(clock, lambda: len(gw.jobs_queue.held_by("victim")) == 2
+                    and gw.jobs_queue.stats().confirmed >= 6, limit_s=30, step_s=0.02, what="victim holds jobs")
+        held = [o.job_id for o in gw.jobs_queue.held_by("victim")]
+        kill(victim)  # its last will tells the leader; its jobs go back to the pool
+        await until(clock, lambda: gw.jobs_queue.counts()["confirmed"] == 50, limit_s=60, step_s=0.1,
+                    what="all 50 confirmed")
+        assert gw.leader_stats is not None
+        assert gw.leader_stats.stats.results.get("confirmed") == 50  # each exactly once
+        assert gw.jobs_queue.stats().requeued >= len(held) > 0
+    finally:
+        kill(victim)
+        await stop_all(*local, gw)
+
+
+async def test_two_leaders_on_a_shared_subscription(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clock = SystemClock()
+    other = spawn_agent(tmp_path, "leader", "gw2", mosquitto.url, **LEADER)
+    gw = await leader(clock, tmp_path, url=mosquitto.url, name="gw1", **LEADER)
+    other_db = tmp_path / "gw2" / LEADER_DB
+    workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(4)]
+    try:
+        await until(clock, lambda: other_db.exists() and len(db_query(other_db, "SELECT 1 FROM devices")) > 0,
+                    limit_s=30, step_s=0.1, what="second leader receiving")
+        sent = 0
+        for n in range(30):
+            for w in workers:
+                await w.send_telemetry("t", float(n))
+                sent += 1
+            if n == 12:
+                kill(other)  # SIGKILL one leader mid-stream
+            await asyncio.sleep(0.02)
+        mine = lambda: sum(d.telemetry_count for d in gw.registry.devices())  # noqa: E731
+        await until(clock, lambda: mine() + _telemetry_total(other_db) >= sent, limit_s=60, step_s=0.1,
+                    what="every record in one leader or the other")
+        assert _telemetry_total(other_db) > 0 and mine() > 0  # the subscription split the stream
+        assert mine() <= sent
+        for w in workers:
+            await until(clock, lambda w=w: _empty(w), limit_s=30, step_s=0.1, what="outboxes drained")
+    finally:
+        kill(other)
+        await stop_all(*workers, gw)
+
+
+async def test_forged_malformed_and_oversized_on_mosquitto(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clock = SystemClock()
+    gw = await leader(clock, tmp_path, url=mosquitto.url, mqtt={"max_payload_bytes": 2048})
+    try:
+        await until(clock, lambda: gw.transport.connected.is_open, limit_s=10, step_s=0.05, what="leader up")
+        hb = msgspec.msgpack.encode(Heartbeat(device_id="w2", seq=1, uptime_s=1.0))
+        bad = [
+            encode(Envelope(id="e1", kind="heartbeat", sender="w2", receiver="leader", payload=hb)),  # forged
+            b"\xc1 not msgpack",  # malformed
+            encode(Envelope(id="e3", kind="telemetry", sender="w1", receiver="leader", payload=b"x" * 8192)),
+        ]
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="rogue",
+                                  protocol=aiomqtt.ProtocolVersion.V5) as client:
+            await client.subscribe("rogue/reply", qos=1)
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            for n, payload in enumerate(bad):
+                props = Properties(PacketTypes.PUBLISH)
+                props.ResponseTopic = "rogue/reply"
+                props.CorrelationData = str(n).encode()
+                await client.publish(topics.up("t", "w1"), payload, qos=1, properties=props)
+            statuses = []
+            async with asyncio.timeout(10):
+                async for message in client.messages:
+                    statuses.append(decode_reply(message.payload).status)  # type: ignore[arg-type]
+                    if len(statuses) == len(bad):
+                        break
+        assert statuses == ["rejected"] * 3
+        reasons = [r.reason for r in reversed(gw.rejects.list())]
+        assert len(reasons) == 3
+        assert "does not match" in reasons[0] and "exceeds max_payload_bytes" in reasons[2]
+        w = await worker(clock, tmp_path, "w1", url=mosquitto.url, sections=FAST)
+        try:  # and the leader keeps working
+            await until(clock, lambda: gw.registry.device("w1") is not None, limit_s=10, step_s=0.05,
+                        what="good heartbeat")
+        finally:
+            await stop_all(w)
+    finally:
+        await stop_all(gw)
