@@ -27,11 +27,16 @@ from agent.outbox.reads import Flight, ReadOps, build_result
 from agent.outbox.schema import COUNTER_NAMES
 from agent.outbox.types import EnqueueResult, OutboxMessage
 
-_INSERT = (
+_INSERT_INTO = (
     "INSERT INTO outbox (id, msg_id, owner, receiver, kind, payload, key, conflict, seq,"
-    " created_at, send_at, expires_at, size, rhash, fifo)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " created_at, send_at, expires_at, size, rhash, fifo) VALUES "
 )
+_VALUES = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# Rows go in by multi-row INSERTs of these sizes (about a fifth cheaper per row than one
+# statement per row: AUTOINCREMENT bookkeeping is per statement). A few fixed sizes keep the
+# statements in sqlite3's cache; 64 rows x 15 values stays under the oldest variable limit (999).
+_INSERT_SIZES = (64, 32, 16, 8, 4, 2, 1)
+_INSERTS = {n: _INSERT_INTO + ", ".join([_VALUES] * n) for n in _INSERT_SIZES}
 # Deferred insert row layout (list, mutable so an overwrite in the same batch edits it).
 _I_MSG, _I_KIND, _I_PAYLOAD, _I_CONFLICT, _I_SEQ = 1, 4, 5, 7, 8
 _I_SEND, _I_EXPIRES, _I_SIZE = 10, 11, 12
@@ -190,8 +195,15 @@ class Engine(ReadOps):
     def _flush(self) -> None:
         """Write the deferred inserts and deletes of this run of enqueues."""
         if self._ins:
-            self.conn.executemany(_INSERT, self._ins.values())
+            rows = list(self._ins.values())
             self._ins.clear()
+            execute = self.conn.execute
+            i, total = 0, len(rows)
+            for n in _INSERT_SIZES:
+                sql = _INSERTS[n]
+                while total - i >= n:
+                    execute(sql, [v for row in rows[i : i + n] for v in row])
+                    i += n
         if self._del:
             self.conn.executemany("DELETE FROM outbox WHERE id = ?", self._del)
             self._del.clear()
