@@ -1,0 +1,192 @@
+"""What happens to rows after they were handed out (ack, nack, dead letter), and the dead
+letters' lifecycle (replay, purge), plus TTL expiry. Mixed into `Engine`; runs on the writer
+thread inside the transaction the writer opened."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agent.outbox.reads import Flight
+
+_CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
+
+
+def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
+    for i in range(0, len(ids), _CHUNK):
+        yield [int(x) for x in ids[i : i + _CHUNK]]
+
+
+def _marks(n: int) -> str:
+    return "(" + ", ".join("?" * n) + ")"
+
+
+class SettleOps:
+    """Mixed into `Engine`: the relay's writes and the dead letters."""
+
+    if TYPE_CHECKING:
+        conn: sqlite3.Connection
+        flight: Flight
+        inflight: dict[int, tuple[str, str, int, bool]]
+        counters: dict[str, int]
+        depth: dict[str, list[int]]
+        max_attempts: int
+        _snap: Any
+        _settle: list[int]
+        _keys: dict[Any, Any]
+
+        def _flush(self) -> None: ...
+        def _d(self, kind: str) -> list[int]: ...
+        def _delete_pending(self, r: Sequence[Any]) -> None: ...
+
+    # -- relay side: writes ----------------------------------------------------------------
+    def _settle_flight(self, ids: Iterable[int]) -> None:
+        """Rows the relay is done with leave the in-flight set once this transaction has
+        committed (or rolled back): until then the loop thread's reader still sees their old
+        state, and must not hand them out again."""
+        if self._snap is None:
+            self.flight.settle(ids)
+        else:
+            self._settle.extend(ids)
+
+    def ack(self, ids: Sequence[int]) -> int:
+        """Delivered: delete the rows. Returns how many were still pending."""
+        self._settle_flight(ids)
+        if not ids:
+            return 0
+        self._flush()
+        self._keys.clear()
+        n = self._delete_ids(ids, "", ())
+        self.counters["delivered"] += n
+        return n
+
+    def _delete_ids(self, ids: Sequence[int], cond: str, extra: tuple[object, ...]) -> int:
+        """Delete the pending rows among `ids` (matching `cond`); adjusts depths."""
+        n = 0
+        depth = self.depth
+        for chunk in _chunks(ids):
+            gone = self.conn.execute(
+                f"DELETE FROM outbox WHERE id IN {_marks(len(chunk))} AND status = 'pending'"
+                f"{cond} RETURNING kind, size",
+                (*chunk, *extra),
+            ).fetchall()
+            for kind, size in gone:
+                d = depth.get(kind) or self._d(kind)
+                d[0] -= 1
+                d[1] -= size
+            n += len(gone)
+        return n
+
+    def nack(self, rid: int, now_ms: int, delay_ms: int, error: str) -> bool:
+        self._settle_flight((rid,))
+        self._flush()
+        self._keys.clear()
+        row = self.conn.execute(
+            "UPDATE outbox SET attempts = attempts + 1, send_at = ?, last_error = ?,"
+            " status = CASE WHEN attempts + 1 >= ? THEN 'dead' ELSE 'pending' END"
+            " WHERE id = ? AND status = 'pending'"
+            " RETURNING status, kind, size, owner, receiver, key, conflict, seq",
+            (now_ms + max(0, delay_ms), error, self.max_attempts, rid),
+        ).fetchone()
+        if row is None:
+            return False
+        if row[6] == "overwrite" and self.conn.execute(
+            "SELECT 1 FROM outbox INDEXED BY outbox_key WHERE owner = ? AND receiver = ?"
+            " AND key = ? AND status = 'pending' AND seq > ? LIMIT 1",
+            (row[3], row[4], row[5], row[7]),
+        ).fetchone():
+            # A newer message with this key waited behind the failed one: that one supersedes
+            # it, so the failed one is not retried (counted as overwritten).
+            self._delete_pending((rid, 0, row[1], row[2]))
+            self._flush()
+            return False
+        if row[0] != "dead":
+            return False
+        self._to_dead(row[1], row[2])
+        return True
+
+    def _to_dead(self, kind: str, size: int) -> None:
+        d = self._d(kind)
+        d[0] -= 1
+        d[1] -= size
+        d[2] += 1
+        self.counters["dead_lettered"] += 1
+
+    def dead_letter(self, rid: int, error: str) -> bool:
+        self._settle_flight((rid,))
+        self._flush()
+        self._keys.clear()
+        row = self.conn.execute(
+            "UPDATE outbox SET status = 'dead', attempts = attempts + 1, last_error = ?"
+            " WHERE id = ? AND status = 'pending' RETURNING kind, size",
+            (error, rid),
+        ).fetchone()
+        if row is None:
+            return False
+        self._to_dead(row[0], row[1])
+        return True
+
+    def replay(self, ids: Sequence[int] | None, now_ms: int) -> int:
+        self._flush()
+        self._keys.clear()
+        sql = "UPDATE outbox SET status = 'pending', attempts = 0, send_at = ? WHERE status = 'dead'"
+        back: list[tuple[str, int]] = []
+        if ids is None:
+            back = self.conn.execute(sql + " RETURNING kind, size", (now_ms,)).fetchall()
+        else:
+            for chunk in _chunks(ids):
+                back += self.conn.execute(
+                    f"{sql} AND id IN {_marks(len(chunk))} RETURNING kind, size", (now_ms, *chunk)
+                ).fetchall()
+        for kind, size in back:
+            d = self._d(kind)
+            d[0] += 1
+            d[1] += size
+            d[2] -= 1
+        self.counters["replayed"] += len(back)
+        return len(back)
+
+    def purge(self, ids: Sequence[int] | None) -> int:
+        self._flush()
+        self._keys.clear()
+        sql = "DELETE FROM outbox WHERE status = 'dead'"
+        gone: list[tuple[str]] = []
+        if ids is None:
+            gone = self.conn.execute(sql + " RETURNING kind").fetchall()
+        else:
+            for chunk in _chunks(ids):
+                gone += self.conn.execute(
+                    f"{sql} AND id IN {_marks(len(chunk))} RETURNING kind", chunk
+                ).fetchall()
+        for (kind,) in gone:
+            self._d(kind)[2] -= 1
+        self.counters["purged"] += len(gone)
+        return len(gone)
+
+    def expire(self, now_ms: int, ids: Sequence[int] | None = None) -> int:
+        """Delete pending rows past their expires_at (not those in flight); counted."""
+        self._flush()
+        self._keys.clear()
+        if ids is None:
+            found = self.conn.execute(
+                "SELECT id FROM outbox INDEXED BY outbox_expiry"
+                " WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ?",
+                (now_ms,),
+            ).fetchall()
+            ids = [r[0] for r in found if r[0] not in self.inflight]
+        if not ids:
+            return 0
+        n = self._delete_ids(ids, " AND expires_at <= ?", (now_ms,))
+        self.counters["expired"] += n
+        return n
+
+    def set_max_pages(self, pages: int) -> int:
+        return int(self.conn.execute(f"PRAGMA max_page_count = {int(pages)}").fetchone()[0])
+
+    # -- relay side: reads -----------------------------------------------------------------
+    def release(self, ids: Sequence[int]) -> None:
+        self.flight.settle(ids)
+
+
+__all__ = ["SettleOps"]
