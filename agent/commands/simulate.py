@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tick", default="100ms", help="virtual clock: timers due within one tick fire together (default 100ms)")
     add("--samples", type=int, default=60, help="points in the report's time series (default 60)")
     add("--data-dir", metavar="DIR", help="keep the SQLite files here (default: a temporary directory)")
-    add("--ephemeral", action="store_true", help="temporary files, removed at the end (the default)")
+    add("--ephemeral", action="store_true",
+        help="keep the SQLite files in memory (a tmpfs such as /dev/shm when there is one), removed at the end")
     add("--broker", metavar="URL", help="a real MQTT broker (mqtt://host:port); implies --realtime")
     add("--realtime", action="store_true", help="run on the wall clock instead of virtual time")
     add("--report", metavar="FILE", help="write the JSON report here")
@@ -99,6 +100,8 @@ def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, import
     if args.broker and (offline_rate or outage or _value(args, "crash_rate", preset)):
         raise ConfigError("simulate", "broker",
                           "--offline-rate, --crash-rate and --broker-outage need the in-memory broker")
+    if args.ephemeral and args.data_dir:
+        raise ConfigError("simulate", "ephemeral", "--ephemeral keeps the files in memory: leave out --data-dir")
     if not 0.0 <= args.fail_rate <= 1.0:
         raise ConfigError("simulate", "fail-rate", "must be between 0 and 1")
     return SimOptions(
@@ -109,7 +112,7 @@ def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, import
         offline_rate=offline_rate, offline_duration_s=duration("offline_duration", "offline-duration"),
         broker_outage=outage, jobs=_value(args, "jobs", preset), job_window=_value(args, "job_window", preset),
         leader_mailbox=_value(args, "leader_mailbox", preset), files=args.files,
-        ephemeral=args.ephemeral or not args.data_dir, broker_url=args.broker, realtime=args.realtime,
+        ephemeral=args.ephemeral, broker_url=args.broker, realtime=args.realtime,
         progress=not args.quiet, tick_s=parse_duration(args.tick, name="tick"),
         crash_rate=_value(args, "crash_rate", preset),
         crash_downtime_s=duration("crash_downtime", "crash-downtime"), scenario=args.scenario,
@@ -155,7 +158,9 @@ def main(args: argparse.Namespace) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         report = run_loop(go(workdir), use_uvloop=use_uvloop)
     else:
-        with tempfile.TemporaryDirectory(prefix="edge-agent-sim-") as tmp:
+        shm = Path("/dev/shm")
+        where = str(shm) if args.ephemeral and shm.is_dir() else None
+        with tempfile.TemporaryDirectory(prefix="edge-agent-sim-", dir=where) as tmp:
             report = run_loop(go(Path(tmp)), use_uvloop=use_uvloop)
     if rollout:
         from agent.sim.rollout import rollout_summary
