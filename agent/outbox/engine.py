@@ -85,6 +85,10 @@ class Engine(ReadOps, SettleOps):
         self._snap: tuple[dict[str, int], dict[str, list[int]], int] | None = None
         self._ins: dict[int, list[Any]] = {}  # deferred inserts, by id
         self._settle: list[int] = []  # in-flight rows to settle after this commit
+        # What this transaction did that a resumed ready scan must hear of (see Flight.gen):
+        # a row made takeable again, and the lowest send_at inserted.
+        self._moved = False
+        self._low: int | None = None
         self._del: list[tuple[int]] = []  # deferred deletes (rows replaced by an overwrite)
         # (owner, receiver, key) -> [[id, seq, kind, size, send_at, created_at], ...] of its
         # pending rows, valid for the current transaction (every deferred change of that key
@@ -112,6 +116,7 @@ class Engine(ReadOps, SettleOps):
         """Another connection (the CLI) committed: reload the mirrors."""
         if self.conn.execute("PRAGMA data_version").fetchone()[0] != self._data_version:
             self._reload()
+            self.flight.settle((), moved=True)  # committed already: rows may be back
 
     def _d(self, kind: str) -> list[int]:
         d = self.depth.get(kind)
@@ -161,9 +166,11 @@ class Engine(ReadOps, SettleOps):
         # (data_version does not move for this connection's own commits)
 
     def _settle_now(self) -> None:
-        if self._settle:
-            self.flight.settle(self._settle)
+        if self._settle or self._moved or self._low is not None:
+            self.flight.settle(self._settle, moved=self._moved, low_send=self._low)
             self._settle.clear()
+            self._moved = False
+            self._low = None
 
     def rollback(self) -> None:
         """Undo the open transaction, in the database and in memory. Never raises sqlite3."""
@@ -179,6 +186,7 @@ class Engine(ReadOps, SettleOps):
             self.counters, self.depth, self.next_id = self._snap
             self._snap = None
         # The rows stay pending; the relay (told of the failure) gets them again.
+        self._moved = True
         self._settle_now()
 
     def _flush(self) -> None:
@@ -186,6 +194,9 @@ class Engine(ReadOps, SettleOps):
         if self._ins:
             rows = list(self._ins.values())
             self._ins.clear()
+            low = min(row[_I_SEND] for row in rows)
+            if self._low is None or low < self._low:
+                self._low = low
             execute = self.conn.execute
             i, total = 0, len(rows)
             for n in _INSERT_SIZES:

@@ -62,13 +62,16 @@ FIFO_HEAD = (
 )
 
 
-def ready_sql(partitions: int, kinds: Sequence[str] | None) -> str:
-    """The ready scan (parameters: now, [partitions, partition], [*kinds])."""
+def ready_sql(partitions: int, kinds: Sequence[str] | None, *, after: bool = False) -> str:
+    """The ready scan (parameters: now, [after_send_at, after_id], [partitions, partition],
+    [*kinds]); `after` resumes past a (send_at, id) position."""
     sql = (
         "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq, created_at,"
         " send_at, expires_at, attempts, last_error, fifo, size"
         " FROM outbox INDEXED BY outbox_ready WHERE status = 'pending' AND send_at <= ?"
     )
+    if after:
+        sql += " AND (send_at, id) > (?, ?)"
     if partitions > 1:
         sql += " AND rhash % ? = ?"
     if kinds is not None:
@@ -81,12 +84,20 @@ class Flight:
 
     Shared by the loop thread (the Reader marks rows it hands out) and the writer thread
     (ack/nack/release settle them). The lock guards the compound updates and is never held
-    across a SQLite call."""
+    across a SQLite call.
+
+    `gen` lets a Reader resume a scan where its previous take of a partition stopped (see
+    `Reader.take_ready`): it moves whenever a committed change may have put a takeable row
+    before such a resume point (a row nacked, released or replayed, rolled back, or inserted
+    with a send_at below `high`, the latest `now` any reader scanned up to). Acks and plain
+    appends (send_at >= now, ids only grow) leave it alone."""
 
     def __init__(self) -> None:
         self.rows: dict[int, tuple[str, str, int, bool]] = {}  # id -> receiver, kind, size, fifo
         self.fifo_busy: dict[str, int] = {}  # FIFO receiver -> rows of it in flight
         self.lock = threading.Lock()
+        self.gen = 0
+        self.high = -(1 << 62)
 
     def add(self, taken: Sequence[tuple[int, str, str, int, bool]]) -> None:
         with self.lock:
@@ -96,8 +107,13 @@ class Flight:
                 if fifo:
                     busy[receiver] = busy.get(receiver, 0) + 1
 
-    def settle(self, ids: Iterable[int]) -> None:
+    def settle(self, ids: Iterable[int], *, moved: bool = True, low_send: int | None = None) -> None:
+        """`ids` leave the in-flight set. `moved`: they (or other rows) are takeable again at
+        a position a resumed scan may already have passed; `low_send`: the lowest send_at of
+        rows just inserted. Called after the commit that made the change."""
         with self.lock:
+            if moved or (low_send is not None and low_send < self.high):
+                self.gen += 1
             rows, busy = self.rows, self.fifo_busy
             for rid in ids:
                 f = rows.pop(rid, None)
@@ -108,13 +124,16 @@ class Flight:
                     else:
                         del busy[f[0]]
 
-    def snapshot(self) -> tuple[set[int], set[str]]:
-        """The rows and FIFO receivers in flight now. A reader takes this BEFORE its query:
-        the query's snapshot of the database is then at least as new, so a row settled by the
-        writer while the query runs (acked, nacked) is skipped rather than handed out again
-        with the state it had before that commit."""
+    def snapshot(self, now_ms: int | None = None) -> tuple[set[int], set[str], int]:
+        """The rows and FIFO receivers in flight now, and `gen`. A reader takes this BEFORE its
+        query: the query's snapshot of the database is then at least as new, so a row settled
+        by the writer while the query runs (acked, nacked) is skipped rather than handed out
+        again with the state it had before that commit. `now_ms`: the reader scans rows due by
+        then (raises `high`)."""
         with self.lock:
-            return set(self.rows), set(self.fifo_busy)
+            if now_ms is not None and now_ms > self.high:
+                self.high = now_ms
+            return set(self.rows), set(self.fifo_busy), self.gen
 
 
 class Reader:
@@ -125,6 +144,8 @@ class Reader:
     def __init__(self, conn: sqlite3.Connection, flight: Flight) -> None:
         self.conn = conn
         self.flight = flight
+        # (partition, partitions) -> (Flight.gen, send_at, id): where the next take resumes
+        self._cursors: dict[tuple[int, int], tuple[int, int, int]] = {}
 
     def _fifo_head(self, receiver: str) -> int | None:
         row = self.conn.execute(FIFO_HEAD, (receiver,)).fetchone()
@@ -139,52 +160,76 @@ class Reader:
         kinds: Sequence[str] | None = None,
     ) -> tuple[list[OutboxRow], list[int]]:
         """Due rows, marked in flight, and the ids of expired rows met on the way (never
-        handed out; the caller has the writer delete and count them)."""
+        handed out; the caller has the writer delete and count them).
+
+        A take of all classes remembers, per partition, the position (send_at, id) up to which
+        every row it met was in flight or handed out; while `Flight.gen` stays put, the next
+        take of that partition starts there instead of reading past those rows again (they
+        only leave by an ack, which deletes them). A resumed take that comes back short
+        forgets the position, so the next take reads from the start."""
         if partitions < 1 or not 0 <= partition < partitions:
             raise ValueError(f"partition {partition} out of range for {partitions} partitions")
         if limit <= 0 or (kinds is not None and not kinds):
             return [], []
+        inflight, fifo_busy, gen = self.flight.snapshot(now_ms)
+        key = (partition, partitions)
+        cursor = self._cursors.pop(key, None) if kinds is None else None
         args: list[object] = [now_ms]
+        if cursor is not None and cursor[0] == gen:
+            args += [cursor[1], cursor[2]]
+        else:
+            cursor = None
         if partitions > 1:
             args += [partitions, partition]
         if kinds is not None:
             args.extend(kinds)
         out: list[OutboxRow] = []
         expired: list[int] = []
-        inflight, fifo_busy = self.flight.snapshot()
         picked: set[str] = set()  # FIFO receivers given a row in this call
         heads: dict[str, int | None] = {}  # FIFO receiver -> id of its oldest pending row
         taken: list[tuple[int, str, str, int, bool]] = []
-        for r in self.conn.execute(ready_sql(partitions, kinds), args):
+        resume = True  # every row so far was in flight or taken: the position may move on
+        pos: tuple[int, int] | None = None if cursor is None else (cursor[1], cursor[2])
+        sql = ready_sql(partitions, kinds, after=cursor is not None)
+        for r in self.conn.execute(sql, args):
             rid = r[0]
             if rid in inflight:
+                if resume:
+                    pos = (r[10], rid)
                 continue
             exp = r[11]
             if exp is not None and now_ms >= exp:
                 expired.append(rid)
+                resume = False
                 continue
             fifo = r[14] == 1
             if fifo:
                 receiver = r[3]
                 if receiver in fifo_busy or receiver in picked:
+                    resume = False
                     continue
                 if receiver not in heads:
                     heads[receiver] = self._fifo_head(receiver)
                 if heads[receiver] != rid:
+                    resume = False
                     continue
                 picked.add(receiver)
             out.append(build_row(r))
             taken.append((rid, r[3], r[4], r[15], fifo))
+            if resume:
+                pos = (r[10], rid)
             if len(out) >= limit:
                 break
         if taken:
             self.flight.add(taken)
+        if kinds is None and pos is not None and (cursor is None or len(out) >= limit):
+            self._cursors[key] = (gen, pos[0], pos[1])
         return out, expired
 
     def next_due_ms(self) -> int | None:
         """Earliest send_at of a pending row that take_ready could hand out (not in flight,
         not behind its FIFO receiver's head)."""
-        inflight, fifo_busy = self.flight.snapshot()
+        inflight, fifo_busy, _ = self.flight.snapshot()
         heads: dict[str, int | None] = {}
         for rid, send_at, receiver, fifo in self.conn.execute(
             "SELECT id, send_at, receiver, fifo FROM outbox INDEXED BY outbox_ready"

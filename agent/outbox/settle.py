@@ -34,6 +34,7 @@ class SettleOps:
         max_attempts: int
         _snap: Any
         _settle: list[int]
+        _moved: bool
         _keys: dict[Any, Any]
 
         def _flush(self) -> None: ...
@@ -41,18 +42,20 @@ class SettleOps:
         def _delete_pending(self, r: Sequence[Any]) -> None: ...
 
     # -- relay side: writes ----------------------------------------------------------------
-    def _settle_flight(self, ids: Iterable[int]) -> None:
+    def _settle_flight(self, ids: Iterable[int], *, moved: bool = True) -> None:
         """Rows the relay is done with leave the in-flight set once this transaction has
         committed (or rolled back): until then the loop thread's reader still sees their old
         state, and must not hand them out again."""
         if self._snap is None:
-            self.flight.settle(ids)
+            self.flight.settle(ids, moved=moved)
         else:
             self._settle.extend(ids)
+            if moved:
+                self._moved = True
 
     def ack(self, ids: Sequence[int]) -> int:
         """Delivered: delete the rows. Returns how many were still pending."""
-        self._settle_flight(ids)
+        self._settle_flight(ids, moved=False)
         if not ids:
             return 0
         self._flush()
@@ -130,6 +133,7 @@ class SettleOps:
     def replay(self, ids: Sequence[int] | None, now_ms: int) -> int:
         self._flush()
         self._keys.clear()
+        self._moved = True
         sql = "UPDATE outbox SET status = 'pending', attempts = 0, send_at = ? WHERE status = 'dead'"
         back: list[tuple[str, int]] = []
         if ids is None:
