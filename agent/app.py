@@ -64,10 +64,24 @@ def make_transport(
                                max_payload_bytes=config.mqtt.max_payload_bytes, rng=rng)
     if not url.startswith(("mqtt://", "mqtts://")):
         raise ConfigError("--broker", "mqtt.url", f"must start with mqtt:// or mqtts://, got {url!r}")
-    from agent.transport.mqtt import MqttTransport
+    from agent.transport.mqtt import MqttTransport, TlsSettings, read_password
 
-    return MqttTransport.from_config(config.mqtt, client_id=client_id_of(config), will=will, birth=birth,
-                                     clock=clock, rng=rng, url=url)
+    if config.agent.role != "leader":
+        return MqttTransport.from_config(config.mqtt, client_id=client_id_of(config), will=will, birth=birth,
+                                         clock=clock, rng=rng, url=url)
+    # A leader keeps no broker session: in a shared subscription a dead member's persistent
+    # session would go on taking its share of the fleet's messages until it expired. Senders
+    # retry whatever got no answer, so nothing is lost: a live leader gets it instead.
+    m = config.mqtt
+    tls = None
+    if url.startswith("mqtts://") or m.tls_ca or m.tls_cert:
+        tls = TlsSettings(ca_file=m.tls_ca, cert_file=m.tls_cert, key_file=m.tls_key)
+    return MqttTransport.from_url(
+        url, client_id=client_id_of(config), clock=clock, tls=tls, username=m.username or None,
+        password=read_password(m.password_file) if m.password_file else None, keepalive_s=m.keepalive_s,
+        will=will, birth=birth, reconnect_min_s=m.reconnect_min_s, reconnect_max_s=m.reconnect_max_s,
+        max_payload_bytes=m.max_payload_bytes, rng=rng, clean_start=True, session_expiry_s=0,
+    )
 
 
 async def build_agent(

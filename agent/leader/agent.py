@@ -50,7 +50,7 @@ from agent.protocol import (
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
-from agent.worker.agent import aimd_settings, outbox_classes, resolve, retry_policy
+from agent.worker.agent import _bounded, aimd_settings, outbox_classes, resolve, retry_policy
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,10 @@ class LeaderAgent:
                 await self._watcher
         await self.inbox.stop()
         await self.system.stop()
-        await self.relay.stop()
+        stopping = asyncio.ensure_future(self.relay.stop())  # see WorkerAgent.stop
+        await asyncio.sleep(0)
         await self.sender.stop()
+        await _bounded(stopping, self.clock, "relay")
         await self.transport.stop()
         if self._owns_stores:
             await self.outbox.close()

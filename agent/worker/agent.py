@@ -15,6 +15,7 @@ the outbox), disconnects, flushes the outbox and closes the databases.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import sqlite3
@@ -118,6 +119,18 @@ def default_job_handler(clock: Clock) -> JobHandler:
         return offer.payload
 
     return run
+
+
+RELAY_STOP_S = 15.0
+
+
+async def _bounded(stopping: asyncio.Future[None], clock: Clock, what: str) -> None:
+    """Wait for a component to stop, at most RELAY_STOP_S: shutdown must finish (the store
+    close that follows flushes every committed row; untried rows are simply pending again)."""
+    try:
+        await clock.wait_for(asyncio.shield(stopping), RELAY_STOP_S)
+    except TimeoutError:
+        log.warning("%s did not stop within %.0fs; closing anyway", what, RELAY_STOP_S)
 
 
 class LeaderLink:
@@ -288,9 +301,13 @@ class WorkerAgent:
         self.transport.connected.remove_listener(self._on_connection)
         await self.inbox.stop()
         await self.system.stop()
-        if self.relay is not None:
-            await self.relay.stop()
+        # Stop the relay and fail the deliveries still waiting for a reply (they are released
+        # or retried later, never lost), so stopping never waits out a reply timeout.
+        stopping = asyncio.ensure_future(self.relay.stop()) if self.relay is not None else None
+        await asyncio.sleep(0)
         await self.sender.stop()
+        if stopping is not None:
+            await _bounded(stopping, self.clock, "relay")
         await self.transport.stop()
         if self._owns_stores:
             await self.outbox.close()
@@ -337,4 +354,12 @@ class WorkerAgent:
         log.warning("refused a message on %s: %s", topic, reason)
 
 
-__all__ = ["LeaderLink", "WorkerAgent", "default_job_handler", "next_incarnation", "outbox_classes", "retry_policy"]
+__all__ = [
+    "RELAY_STOP_S",
+    "LeaderLink",
+    "WorkerAgent",
+    "default_job_handler",
+    "next_incarnation",
+    "outbox_classes",
+    "retry_policy",
+]
