@@ -23,7 +23,7 @@ from typing import Any
 from agent.core.errors import OutboxFull
 from agent.outbox.partition import fnv1a_32
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy, FullPolicy
-from agent.outbox.reads import Flight, ReadOps, build_result
+from agent.outbox.reads import Flight, ReadOps
 from agent.outbox.schema import COUNTER_NAMES
 from agent.outbox.settle import SettleOps
 from agent.outbox.types import EnqueueResult, OutboxMessage
@@ -297,7 +297,7 @@ class Engine(ReadOps, SettleOps):
             if d is None or d[0] >= pol.max_messages or d[1] + size > pol.max_bytes:
                 self._room(kind, pol, 1, size, ())
             rid = self._insert(m, payload, kind, pol, size, now, now + delay_ms, expires, None)
-            return build_result(("stored", rid))
+            return EnqueueResult("stored", rid)
         ident = (m.owner, m.receiver, key)
         rows = self._keys.get(ident)
         if rows is None:
@@ -307,24 +307,24 @@ class Engine(ReadOps, SettleOps):
         if conflict == "append":
             if rows:
                 self.counters["duplicates"] += 1
-                return build_result(("duplicate", rows[0][0]))
+                return EnqueueResult("duplicate", rows[0][0])
         elif rows:
             if m.seq <= max(r[1] for r in rows):
                 self.counters["enqueued"] += 1
                 self.counters["dropped"] += 1
-                return build_result(("stale", rows[-1][0]))
+                return EnqueueResult("stale", rows[-1][0])
             inflight = self.inflight
             free = [r for r in rows if r[0] not in inflight]
             if free:
                 rid = self._overwrite(m, payload, kind, pol, size, now, delay_ms, expires, free)
                 rows[:] = [r for r in rows if r[0] in inflight] + [free[0]]
-                return build_result(("overwritten", rid))
+                return EnqueueResult("overwritten", rid)
             # every pending row of this key is in flight: the newer one waits behind them
         self._room(kind, pol, 1, size, ())
         send_at = now + delay_ms
         rid = self._insert(m, payload, kind, pol, size, now, send_at, expires, key)
         rows.append([rid, m.seq, kind, size, send_at, now])
-        return build_result(("stored", rid))
+        return EnqueueResult("stored", rid)
 
     def _overwrite(
         self,

@@ -3,54 +3,25 @@ thread with a connection of its own), the in-flight bookkeeping shared with the 
 (`Flight`), and what inspection reads (`ReadOps`, on the writer thread). Polls are plain reads
 outside any transaction; expired rows met on the way are deleted by the writer.
 
-Rows are built with a generated constructor: `OutboxRow(**kwargs)` on a frozen dataclass costs
-about three times as much, and the relay builds one per message.
+Rows are built positionally (`build_row`): the relay builds one per message.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent.outbox.types import ClassStats, EnqueueResult, OutboxRow, OutboxStats
+from agent.outbox.types import ClassStats, OutboxRow, OutboxStats
 
 
-def _fast_constructor(cls: type, columns: Sequence[str]) -> Callable[..., Any]:
-    """A function building `cls` (a slots dataclass, possibly frozen) from a tuple whose items
-    are the fields named in `columns`, bypassing the frozen `__setattr__` checks (about 3x
-    faster than `cls(**kwargs)`; this is the relay's hot path). Fields not in `columns` get
-    their defaults, so adding a defaulted field to the contract keeps working."""
-    setters: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    lines = ["def build(r):", "    o = _new(_cls)"]
-    for f in dataclasses.fields(cls):
-        setters[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
-        if f.name in columns:
-            lines.append(f"    _set_{f.name}(o, r[{columns.index(f.name)}])")
-        elif f.default is not dataclasses.MISSING:
-            setters[f"_def_{f.name}"] = f.default
-            lines.append(f"    _set_{f.name}(o, _def_{f.name})")
-        elif f.default_factory is not dataclasses.MISSING:
-            setters[f"_fac_{f.name}"] = f.default_factory
-            lines.append(f"    _set_{f.name}(o, _fac_{f.name}())")
-        else:
-            raise TypeError(f"{cls.__name__}.{f.name} has no column and no default")
-    lines.append("    return o")
-    exec("\n".join(lines), setters)  # noqa: S102 - generated from the dataclass's own fields
-    return setters["build"]  # type: ignore[no-any-return]
+def build_row(r: Sequence[Any]) -> OutboxRow:
+    """An OutboxRow from a row of the ready scan or of `ROW_COLUMNS` (same leading order)."""
+    return OutboxRow(
+        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13]
+    )
 
-
-# Column order of every SELECT that builds an OutboxRow (see _ROW_COLUMNS).
-build_row = _fast_constructor(
-    OutboxRow,
-    (
-        "row_id", "msg_id", "owner", "receiver", "kind", "payload", "key", "conflict", "seq",
-        "created_at_ms", "send_at_ms", "expires_at_ms", "attempts", "last_error",
-    ),
-)
-build_result = _fast_constructor(EnqueueResult, ("outcome", "row_id"))
 
 ROW_COLUMNS = (
     "id, msg_id, owner, receiver, kind, payload, key, conflict, seq, created_at, send_at,"
@@ -313,7 +284,6 @@ __all__ = [
     "Flight",
     "ReadOps",
     "Reader",
-    "build_result",
     "build_row",
     "ready_sql",
 ]

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import msgspec
+
 Conflict = Literal["append", "overwrite"]
 Status = Literal["pending", "in_flight", "done", "dead", "expired"]
 EnqueueOutcome = Literal["stored", "duplicate", "overwritten", "stale"]
@@ -32,19 +34,22 @@ class OutboxMessage:
     ttl_ms: int | None = None  # None: the class default; 0: never expires
 
 
-@dataclass(frozen=True, slots=True)
-class EnqueueResult:
+class EnqueueResult(msgspec.Struct, frozen=True, gc=False):
     """`stored`: new row; `duplicate`: append with a key already pending for that receiver,
     `row_id` is the existing row; `overwritten`: replaced a pending row with a lower seq;
-    `stale`: an overwrite whose seq was not higher than the pending one's, dropped."""
+    `stale`: an overwrite whose seq was not higher than the pending one's, dropped.
+
+    One per enqueue: a Struct (immutable, compared by value) builds about five times faster
+    than a frozen dataclass, and holds no references that could form a cycle (gc=False)."""
 
     outcome: EnqueueOutcome
     row_id: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutboxRow:
-    """A row handed to the relay."""
+class OutboxRow(msgspec.Struct, frozen=True, gc=False):
+    """A row handed to the relay (one per delivery: a Struct, immutable and compared by value,
+    builds about five times faster than a frozen dataclass; gc=False as its fields are plain
+    values). Build it with keywords; the store builds it positionally in this field order."""
 
     row_id: int
     msg_id: str

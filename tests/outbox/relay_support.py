@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from msgspec.structs import replace
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreClosed
