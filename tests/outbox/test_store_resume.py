@@ -107,3 +107,20 @@ async def test_polls_with_releases_and_nacks_hand_each_row_out_once_at_a_time(
     assert len(delivered) == n
     stats = await assert_conserved(store)
     assert stats.delivered == n and stats.pending == 0
+
+
+async def test_ack_of_a_row_dead_lettered_in_the_same_commit_counts_only_the_others(
+    open_store: OpenStore,
+) -> None:
+    store = await open_store(max_attempts=1)
+    a, b, c = [(await store.enqueue(make_msg(f"r{i}", payload=b"x" * (i + 1)))).row_id for i in range(3)]
+    assert await _ids(store, 3) == [a, b, c]
+    # one writer round: the nack sends `a` to the dead letters, then the ack meets it
+    dead, _ = await asyncio.gather(store.nack(a, delay_ms=0, error="poison"), store.ack([a, b, b]))
+    assert dead is True
+    stats = await assert_conserved(store)
+    assert (stats.delivered, stats.dead, stats.pending, stats.in_flight) == (1, 1, 1, 1)
+    assert stats.by_class["telemetry"].pending_bytes == 3
+    await store.ack([c, 999_999])  # an id never taken: nothing to delete, nothing counted
+    stats = await assert_conserved(store)
+    assert (stats.delivered, stats.pending, stats.in_flight) == (2, 0, 0)
