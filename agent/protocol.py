@@ -189,8 +189,19 @@ _KIND_OF: dict[type[msgspec.Struct], str] = {t: k for k, t in REGISTRY.kinds().i
 
 
 def kind_of(message: msgspec.Struct) -> str:
-    """The wire kind of a registered message; `KeyError` for an unregistered type (a bug)."""
-    return _KIND_OF[type(message)]
+    """The wire kind of a registered message; `KeyError` for an unregistered type (a bug).
+
+    Kinds registered later by other layers (firmware messages) are found in `REGISTRY`.
+    """
+    kind = _KIND_OF.get(type(message))
+    if kind is None:
+        for name, type_ in REGISTRY.kinds().items():
+            if type_ is type(message):
+                _KIND_OF[type_] = kind = name
+                break
+        else:
+            raise KeyError(type(message))
+    return kind
 
 
 def encode_message(message: msgspec.Struct) -> bytes:

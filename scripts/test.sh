@@ -5,7 +5,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
-ensure_venv test
+ensure_venv test,sim
 
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
     echo "installing Debian's mosquitto for the integration tests" >&2

@@ -26,6 +26,11 @@ from agent.protocol import (
     encode_message,
     kind_of,
 )
+from firmware_rollout.messages import ChunkRequest, UpdateOffer, UpdateReport, register_with_agent
+
+# The agent registers the firmware messages when it runs a rollout or an updater; register them
+# here too, so the registered set does not depend on which test module imported them first.
+register_with_agent()
 
 SAMPLE = SystemSample(
     cpu_percent=12.5, mem_total_bytes=1 << 30, mem_available_bytes=1 << 29, mem_percent=50.0,
@@ -50,6 +55,12 @@ EXAMPLES: dict[str, msgspec.Struct] = {
                                           online=False)],
         jobs=JobCounts(pending=1, confirmed=2, failed=0, epoch=4),
     ),
+    "firmware.offer": UpdateOffer(rollout_id="r-1", signed_manifest=b"\x01\x02",
+                                  maintenance_windows=("01:00-05:00",), chunk_size=4096),
+    "firmware.report": UpdateReport(device="pi-1", rollout_id="r-1", version="1.1.0",
+                                    state="succeeded", phase="committed", detail="ok",
+                                    ts_ms=5, seq=2, active_version="1.1.0"),
+    "firmware.chunk": ChunkRequest(rollout_id="r-1", index=3, offset=12288, length=4096),
 }
 
 
