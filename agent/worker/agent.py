@@ -214,6 +214,8 @@ class WorkerAgent:
             on_rejected=self._on_rejected, sender_check=False,
         )
         self._sampler = sampler
+        # What the heartbeat reports as running; an attached updater answers with its active slot.
+        self.firmware_version: Callable[[], str] = lambda: config.agent.firmware_version
         self._job_handler = job_handler or default_job_handler(clock)
         # Demand is re-sent (directly, nothing stored) so a restarted leader learns it soon.
         self._reregister_s = reregister_s if reregister_s is not None else max(5.0, config.heartbeat.interval_s)
@@ -274,7 +276,7 @@ class WorkerAgent:
         )
         self.heartbeat_actor = HeartbeatActor(
             device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
-            incarnation=self.incarnation, firmware_version=lambda: cfg.agent.firmware_version,
+            incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
             tags=tuple(cfg.agent.tags), sampler=self._sampler)  # type: ignore[arg-type]
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest",

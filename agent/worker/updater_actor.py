@@ -210,6 +210,12 @@ def attach_updater(worker: object, *, open_updater: OpenUpdater, rebooter: InPro
                          outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, **kwargs)  # type: ignore[attr-defined,arg-type]
     ref = worker.system.spawn(actor, name="updater", capacity=capacity, policy="reject")  # type: ignore[attr-defined]
     worker.register_command(KIND_UPDATE_OFFER, ref)  # type: ignore[attr-defined]
+    configured: Callable[[], str] = worker.firmware_version  # type: ignore[attr-defined]
+
+    def running_version() -> str:
+        return actor.updater.active_version if actor.updater is not None else configured()
+
+    worker.firmware_version = running_version  # type: ignore[attr-defined]
     return ref, actor
 
 

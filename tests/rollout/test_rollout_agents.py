@@ -114,6 +114,10 @@ async def test_offline_devices_are_updated_when_they_return_and_offline_reports_
         assert r is not None and r.state == "succeeded"
         assert sorted(d for d, _, _ in store.offers(rid)) == ["w1", "w2"]
         assert actors["w1"].updater.active_version == actors["w2"].updater.active_version == "1.1.0"  # type: ignore[union-attr]
+        await clock.advance(12)  # the next heartbeats report the version each device now runs
+        for name in ("w1", "w2"):
+            record = leader.registry.device(name)
+            assert record is not None and record.firmware_version == "1.1.0"
     finally:
         for worker in workers.values():
             await worker.stop()
