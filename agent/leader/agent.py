@@ -73,7 +73,7 @@ class LeaderAgent:
         rng: random.Random | None = None,
         shared: bool = True,
         intake_batch_max: int = 512,
-        inbox_concurrency: int = 32,
+        inbox_concurrency: int = 128,
     ) -> None:
         self.config = config
         self.device_id = config.agent.device_id
