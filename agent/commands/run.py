@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.core.clock import SystemClock
 from agent.core.config import AgentConfig, load_config
-from agent.core.errors import ConfigError
+from agent.core.errors import ConfigError, EdgeAgentError
 
 log = logging.getLogger("agent.run")
 
@@ -33,7 +33,10 @@ def main(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         if args.broker and not args.broker.startswith(("mqtt://", "mqtts://")):
             raise ConfigError("--broker", None, f"must be mqtt://host:port or mqtts://host:port, got {args.broker!r}")
-    except ConfigError as exc:
+        from agent.service.files import check_mqtt_credentials
+
+        check_mqtt_credentials(config.mqtt)  # refuse a password file or TLS key others can read
+    except EdgeAgentError as exc:
         print(f"edge-agent run: {exc}", file=sys.stderr)
         return 2
     from agent.actors import run as run_loop
