@@ -70,13 +70,15 @@ class Flight:
         self.gen = 0
         self.high = -(1 << 62)
 
-    def add(self, taken: Sequence[tuple[int, str, str, int, bool]]) -> None:
+    def add(self, taken: Sequence[Sequence[Any]]) -> None:
+        """Mark rows of the ready scan (see `ready_sql` for the columns) in flight."""
         with self.lock:
             rows, busy = self.rows, self.fifo_busy
-            for rid, receiver, kind, size, fifo in taken:
-                rows[rid] = (receiver, kind, size, fifo)
+            for r in taken:
+                fifo = r[14] == 1
+                rows[r[0]] = (r[3], r[4], r[15], fifo)
                 if fifo:
-                    busy[receiver] = busy.get(receiver, 0) + 1
+                    busy[r[3]] = busy.get(r[3], 0) + 1
 
     def settle(self, ids: Iterable[int], *, moved: bool = True, low_send: int | None = None) -> None:
         """`ids` leave the in-flight set. `moved`: they (or other rows) are takeable again at
@@ -154,27 +156,25 @@ class Reader:
             args += [partitions, partition]
         if kinds is not None:
             args.extend(kinds)
-        out: list[OutboxRow] = []
         expired: list[int] = []
         picked: set[str] = set()  # FIFO receivers given a row in this call
         heads: dict[str, int | None] = {}  # FIFO receiver -> id of its oldest pending row
-        taken: list[tuple[int, str, str, int, bool]] = []
+        took: list[Any] = []  # scan rows handed out
         resume = True  # every row so far was in flight or taken: the position may move on
-        pos: tuple[int, int] | None = None if cursor is None else (cursor[1], cursor[2])
+        last: Any = None  # the last such row
         sql = ready_sql(partitions, kinds, after=cursor is not None)
         for r in self.conn.execute(sql, args):
             rid = r[0]
             if rid in inflight:
                 if resume:
-                    pos = (r[10], rid)
+                    last = r
                 continue
             exp = r[11]
             if exp is not None and now_ms >= exp:
                 expired.append(rid)
                 resume = False
                 continue
-            fifo = r[14] == 1
-            if fifo:
+            if r[14] == 1:  # FIFO class
                 receiver = r[3]
                 if receiver in fifo_busy or receiver in picked:
                     resume = False
@@ -185,17 +185,19 @@ class Reader:
                     resume = False
                     continue
                 picked.add(receiver)
-            out.append(build_row(r))
-            taken.append((rid, r[3], r[4], r[15], fifo))
+            took.append(r)
             if resume:
-                pos = (r[10], rid)
-            if len(out) >= limit:
+                last = r
+            if len(took) >= limit:
                 break
-        if taken:
-            self.flight.add(taken)
-        if kinds is None and pos is not None and (cursor is None or len(out) >= limit):
-            self._cursors[key] = (gen, pos[0], pos[1])
-        return out, expired
+        if took:
+            self.flight.add(took)
+        if kinds is None and (cursor is None or len(took) >= limit):
+            if last is not None:
+                self._cursors[key] = (gen, last[10], last[0])
+            elif cursor is not None:
+                self._cursors[key] = cursor
+        return [build_row(r) for r in took], expired
 
     def next_due_ms(self) -> int | None:
         """Earliest send_at of a pending row that take_ready could hand out (not in flight,
