@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from agent.core.errors import OutboxFull
@@ -202,7 +203,7 @@ class Engine(ReadOps, SettleOps):
             for n in _INSERT_SIZES:
                 sql = _INSERTS[n]
                 while total - i >= n:
-                    execute(sql, [v for row in rows[i : i + n] for v in row])
+                    execute(sql, list(chain.from_iterable(rows[i : i + n])))
                     i += n
         if self._del:
             self.conn.executemany("DELETE FROM outbox WHERE id = ?", self._del)

@@ -65,6 +65,7 @@ class OutboxStore:
         self._loop = asyncio.get_running_loop()
         self._enq: list[tuple[OutboxMessage, int, int]] = []
         self._enq_futs: list[asyncio.Future[EnqueueResult]] = []
+        self._enq_now = 0  # clock reading of this loop turn's first enqueue
         # SystemClock.busy() is a no-op: skip building a context manager per call.
         self._plain_clock = type(clock) is SystemClock
 
@@ -203,10 +204,14 @@ class OutboxStore:
             raise StoreClosed("the outbox store is closed")
         fut: asyncio.Future[EnqueueResult] = self._loop.create_future()
         pending = self._enq
-        pending.append((msg, self._clock.now_ms(), delay_ms))
-        self._enq_futs.append(fut)
-        if len(pending) == 1:
+        if not pending:
+            self._enq_now = self._clock.now_ms()
             self._loop.call_soon(self._send_enqueues)
+        # On the system clock the enqueues of one loop turn share its first reading (they are
+        # microseconds apart); a virtual clock is read for each (it may move within a turn).
+        now = self._enq_now if self._plain_clock else self._clock.now_ms()
+        pending.append((msg, now, delay_ms))
+        self._enq_futs.append(fut)
         if self._plain_clock:
             return await fut
         with self._clock.busy():
