@@ -65,7 +65,12 @@ class SystemClock:
         await asyncio.sleep(max(0.0, seconds))
 
     async def wait_for(self, aw: Awaitable[T], timeout_s: float | None) -> T:
-        return await asyncio.wait_for(aw, timeout_s)
+        # asyncio.timeout, not asyncio.wait_for: on 3.11 wait_for swallows a cancellation that
+        # arrives as the awaited future completes, and the cancelled task runs on.
+        if timeout_s is None:
+            return await aw
+        async with asyncio.timeout(max(0.0, timeout_s)):
+            return await aw
 
     def call_later(self, delay_s: float, callback: Callable[[], object]) -> TimerHandle:
         return asyncio.get_running_loop().call_later(max(0.0, delay_s), callback)

@@ -302,14 +302,16 @@ class WorkerAgent:
         self._started = False
         self.transport.connected.remove_listener(self._on_connection)
         await self.inbox.stop()
-        await self.system.stop()
-        # Stop the relay and fail the deliveries still waiting for a reply (they are released
-        # or retried later, never lost), so stopping never waits out a reply timeout.
+        # Stop the relay and the actors, then fail the deliveries still waiting for a reply:
+        # relay rows are released or retried later, an actor's direct send falls back to the
+        # outbox (still open), so stopping never waits out a reply timeout and loses nothing.
         stopping = asyncio.ensure_future(self.relay.stop()) if self.relay is not None else None
+        draining = asyncio.ensure_future(self.system.stop())
         await asyncio.sleep(0)
         await self.sender.stop()
         if stopping is not None:
             await _bounded(stopping, self.clock, "relay")
+        await draining
         await self.transport.stop()
         if self._owns_stores:
             await self.outbox.close()

@@ -102,3 +102,21 @@ def test_seeded_generators_repeat() -> None:
     a = IdGenerator(VirtualClock(), random.Random(5))
     b = IdGenerator(VirtualClock(), random.Random(5))
     assert [a.next() for _ in range(5)] == [b.next() for _ in range(5)]
+
+
+@pytest.mark.parametrize("clock", [SystemClock(), VirtualClock()], ids=["system", "virtual"])
+async def test_wait_for_never_swallows_a_cancellation_that_races_the_result(clock: SystemClock) -> None:
+    """A stop that cancels a task at the moment its awaited future completes must still stop it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+
+    async def waiter() -> str:
+        await clock.wait_for(future, 60)
+        return "ran on after being cancelled"
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0)  # the task now waits on the future
+    future.set_result(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
