@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agent.core.clock import Clock
 from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError
-from agent.leader.agent import LeaderAgent
 from agent.transport import topics
 from agent.transport.base import Transport, Will
 from agent.transport.memory import MemoryBroker, MemoryTransport
-from agent.worker.agent import WorkerAgent
+
+if TYPE_CHECKING:  # each role imports only its own agent: a worker never loads the leader's modules
+    from agent.leader.agent import LeaderAgent
+    from agent.worker.agent import WorkerAgent
 
 
 class Agent(Protocol):
@@ -95,8 +97,12 @@ async def build_agent(
 ) -> WorkerAgent | LeaderAgent:
     """Open the databases of the config's role under `data_dir` and build the agent (not started)."""
     if config.agent.role == "leader":
+        from agent.leader.agent import LeaderAgent
+
         return await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng,
                                       **kwargs)
+    from agent.worker.agent import WorkerAgent
+
     return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng, **kwargs)
 
 

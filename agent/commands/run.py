@@ -49,7 +49,6 @@ def main(args: argparse.Namespace) -> int:
 async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit status."""
     from agent.app import build_agent, make_transport
-    from agent.leader.agent import LeaderAgent
     from agent.service import (
         ServiceRuntime,
         disk_space_check,
@@ -72,13 +71,15 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
     runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
     async with runtime:
         agent = await build_agent(config, transport=transport, clock=clock, data_dir=base)
-        # Firmware rollouts: the leader's orchestrator and ConfigServers, a worker's updater.
-        if isinstance(agent, LeaderAgent):
+        # Firmware rollouts: the leader's orchestrator and ConfigServers, a worker's updater (only
+        # when [firmware] pins a key: an idle worker without one never loads firmware_rollout).
+        leader = config.agent.role == "leader"
+        if leader:
             from agent.leader.rollout import attach_rollout
 
             rollout = await attach_rollout(agent, db_path=base / "leader.db")
             runtime.shutdown.add("stop rollouts", rollout.stop)
-        else:
+        elif config.firmware.public_key:
             from agent.worker.updater_actor import attach_from_config
 
             await attach_from_config(agent, config, base)
@@ -96,7 +97,7 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
             runtime.add_collector("relay", relay_collector(relay.metrics))
         runtime.add_collector("mailbox", mailbox_collector(agent.system.statistics))
         runtime.add_collector("outbox", outbox_collector(agent.outbox.stats))
-        if isinstance(agent, LeaderAgent):
+        if leader:
             runtime.add_collector("jobs", snapshot_collector("ea_jobs", agent.jobs_queue.stats))
             runtime.add_collector(
                 "leader", snapshot_collector("ea_leader", lambda: {
