@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MQTT benchmark: raw aiomqtt baseline, our end-to-end path, leader intake, idle worker.
 
-    python scripts/bench_mqtt.py [--quick] [--messages N] [--devices N] [--idle-s S]
+    python scripts/bench_mqtt.py [--quick] [--messages N] [--devices N] [--idle-s S] [--idle-only]
 
 Starts its own mosquitto (``set_tcp_nodelay true``) on a free loopback port and stops it by its
 process id. Everything runs against that one broker:
@@ -427,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intake-s", type=float, default=None, help="leader intake window in seconds")
     parser.add_argument("--idle-s", type=float, default=None, help="idle worker window in seconds")
     parser.add_argument("--skip-idle", action="store_true", help="skip the idle worker measurement")
+    parser.add_argument("--idle-only", action="store_true", help="measure only the idle worker")
     args = parser.parse_args(argv)
     messages = args.messages or (10_000 if args.quick else 50_000)
     idle_s = args.idle_s if args.idle_s is not None else (60.0 if args.quick else 600.0)
@@ -439,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         with mosquitto(workdir) as port:
             log(f"mosquitto on 127.0.0.1:{port} (set_tcp_nodelay true)")
+            if args.idle_only:
+                idle = idle_worker(port, idle_s, workdir)
+                print(json.dumps(idle), flush=True)
+                return 0
             raw = max((run_loop(raw_aiomqtt(port, messages, window=w)) for w in (16, 64)),
                       key=lambda r: r["raw_aiomqtt_msgs_per_s"])
             log(f"raw aiomqtt QoS 1: {raw['raw_aiomqtt_msgs_per_s']:.0f} msg/s")
