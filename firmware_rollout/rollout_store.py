@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migrate, store_errors
+from agent.core.sqlite import Synchronous, atomic, close_quietly, open_migrated, store_errors
 from firmware_rollout.spec import RolloutSpec, spec_from_json
 
 COMPONENT = "rollout"
@@ -245,12 +245,7 @@ class RolloutStore:
 
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "NORMAL") -> RolloutStore:
-        conn = connect(path, synchronous=synchronous)
-        try:
-            migrate(conn, COMPONENT, _MIGRATIONS)
-        except BaseException:
-            close_quietly(conn)
-            raise
+        conn = open_migrated(path, COMPONENT, _MIGRATIONS, synchronous=synchronous)
         return cls(conn, clock=clock, path=str(path))
 
     def close(self) -> None:

@@ -131,10 +131,23 @@ def migrate(conn: sqlite3.Connection, component: str, steps: Sequence[Migration]
     return len(steps)
 
 
+def open_migrated(
+    path: str | Path, component: str, steps: Sequence[Migration], *, synchronous: Synchronous = "NORMAL"
+) -> sqlite3.Connection:
+    """`connect` and `migrate` in one step; the connection is closed if the migration fails."""
+    conn = connect(path, synchronous=synchronous)
+    try:
+        migrate(conn, component, steps)
+    except BaseException:
+        close_quietly(conn)
+        raise
+    return conn
+
+
 def close_quietly(conn: sqlite3.Connection) -> None:
     """Close a connection, ignoring errors (used on shutdown and in error paths)."""
     with contextlib.suppress(sqlite3.Error):
         conn.close()
 
 
-__all__ = ["Migration", "Synchronous", "atomic", "close_quietly", "connect", "migrate", "store_errors"]
+__all__ = ["Migration", "Synchronous", "atomic", "close_quietly", "connect", "migrate", "open_migrated", "store_errors"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.clock import Clock
-from agent.core.sqlite import atomic, close_quietly, connect, migrate, store_errors
+from agent.core.sqlite import atomic, close_quietly, open_migrated, store_errors
 
 COMPONENT = "rejects"
 HEAD_BYTES = 256  # how much of a refused payload is kept as evidence
@@ -56,12 +56,7 @@ class RejectLog:
 
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock, max_rows: int = 10_000) -> RejectLog:
-        conn = connect(path)
-        try:
-            migrate(conn, COMPONENT, (_v1,))
-        except BaseException:
-            close_quietly(conn)
-            raise
+        conn = open_migrated(path, COMPONENT, (_v1,))
         return cls(conn, clock=clock, max_rows=max_rows)
 
     def record(self, *, topic: str, reason: str, payload: bytes = b"", sender: str | None = None,

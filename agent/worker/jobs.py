@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migrate, store_errors
+from agent.core.sqlite import Synchronous, atomic, close_quietly, open_migrated, store_errors
 from agent.protocol import JobDemand, JobOffer, JobResult
 
 COMPONENT = "jobledger"
@@ -84,12 +84,7 @@ class JobLedger:
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock,
              synchronous: Synchronous = "NORMAL") -> JobLedger:
-        conn = connect(path, synchronous=synchronous)
-        try:
-            migrate(conn, COMPONENT, _MIGRATIONS)
-        except BaseException:
-            close_quietly(conn)
-            raise
+        conn = open_migrated(path, COMPONENT, _MIGRATIONS, synchronous=synchronous)
         return cls(conn, clock=clock, path=str(path))
 
     def close(self) -> None:
