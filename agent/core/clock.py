@@ -93,6 +93,8 @@ class _VirtualTimer:
 
 # 2023-11-14T22:13:20Z: a fixed, recognisable start so simulated timestamps are reproducible.
 DEFAULT_VIRTUAL_EPOCH_MS = 1_700_000_000_000
+# Longest real-time wait for thread work in one settle round (it always ends; never hang on it).
+_BUSY_WAIT_S = 1.0
 
 
 class VirtualClock:
@@ -109,6 +111,8 @@ class VirtualClock:
         self._timers: list[tuple[float, int, _VirtualTimer]] = []
         self._order = itertools.count()
         self._busy = 0
+        self._idle: asyncio.Future[None] | None = None  # resolved when the last busy section ends
+        self.settles = 0
 
     # -- reading ---------------------------------------------------------------------------
     def now_ms(self) -> int:
@@ -178,18 +182,27 @@ class VirtualClock:
             yield
         finally:
             self._busy -= 1
+            idle = self._idle
+            if self._busy == 0 and idle is not None and not idle.done():
+                idle.set_result(None)
 
     # -- driving ---------------------------------------------------------------------------
     async def settle(self, max_rounds: int = 100_000) -> None:
         """Let the event loop run until nothing is ready and no thread work is in flight."""
+        self.settles += 1
         loop = asyncio.get_running_loop()
         quiet = 0
         for _ in range(max_rounds):
-            ready = getattr(loop, "_ready", None)
             if self._busy:
                 quiet = 0
-                await asyncio.sleep(0.0005)  # real time: a thread is finishing work for us
+                idle = self._idle
+                if idle is None or idle.done():
+                    idle = self._idle = loop.create_future()
+                # Real time: the loop sleeps in its selector until the last busy section ends
+                # (a writer thread posts its result); bounded so a lost wake-up cannot hang it.
+                await asyncio.wait((idle,), timeout=_BUSY_WAIT_S)
                 continue
+            ready = getattr(loop, "_ready", None)
             if ready is not None and len(ready) > 0:
                 quiet = 0
                 await asyncio.sleep(0)

@@ -7,9 +7,8 @@ turns, plus a wait for the outbox writer threads) per timer. `SimClock` instead:
 * fires every timer due within one `tick_s` of the earliest in one batch (in deadline order, the
   clock reading each timer's own deadline as it fires), then settles once, so the heartbeats of
   many devices become one loop turn and one group commit per shared outbox file;
-* asks the outbox stores to do their SQLite work on the loop (`inline_io`), and, while other
-  thread work is in flight (`busy()`), waits for the moment the last piece ends instead of
-  polling in 0.5 ms real-time sleeps.
+* asks the outbox stores to do their SQLite work on the loop (`inline_io`), so nothing in a run
+  waits on a writer thread (`VirtualClock.settle` still waits for any other thread work).
 
 Timers never fire early by more than `tick_s`, never out of order, and the same timeline gives
 the same interleaving every run, so the same seed still gives the same report.
@@ -17,16 +16,11 @@ the same interleaving every run, so the same seed still gives the same report.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import heapq
-from collections.abc import Iterator
 
 from agent.core.clock import VirtualClock
 
 DEFAULT_TICK_S = 0.1
-# A busy section always ends (a writer thread posts its result), but never wait blindly forever.
-_BUSY_WAIT_S = 1.0
 
 
 class SimClock(VirtualClock):
@@ -42,45 +36,7 @@ class SimClock(VirtualClock):
         if tick_s < 0:
             raise ValueError(f"tick_s must be >= 0, got {tick_s}")
         self.tick_s = tick_s
-        self._idle: asyncio.Future[None] | None = None
         self.fired = 0  # timers fired: the simulator's count of events
-        self.settles = 0
-
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        self._busy += 1
-        try:
-            yield
-        finally:
-            self._busy -= 1
-            idle = self._idle
-            if self._busy == 0 and idle is not None and not idle.done():
-                idle.set_result(None)
-
-    async def settle(self, max_rounds: int = 100_000) -> None:
-        """Run the loop until nothing is ready and no thread work is in flight."""
-        self.settles += 1
-        loop = asyncio.get_running_loop()
-        quiet = 0
-        for _ in range(max_rounds):
-            if self._busy:
-                quiet = 0
-                idle = self._idle
-                if idle is None or idle.done():
-                    idle = self._idle = loop.create_future()
-                # Wakes as soon as the last busy section ends (the loop sleeps in its selector
-                # until a writer thread posts its result).
-                await asyncio.wait((idle,), timeout=_BUSY_WAIT_S)
-                continue
-            ready = getattr(loop, "_ready", None)
-            if ready is not None and len(ready) > 0:
-                quiet = 0
-                await asyncio.sleep(0)
-                continue
-            quiet += 1
-            if quiet >= 3:
-                return
-            await asyncio.sleep(0)
 
     async def advance(self, seconds: float) -> None:
         """Move time forward by `seconds`, firing due timers in batches of one tick."""
