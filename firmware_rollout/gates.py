@@ -19,6 +19,7 @@ from collections.abc import Callable
 from agent.core.clock import Clock
 from firmware_rollout.plan import DeviceInfo
 from firmware_rollout.rollout_store import FAILURES, TERMINAL, RolloutRow, RolloutStore
+from firmware_rollout.status import wave_label, wave_number
 
 log = logging.getLogger("firmware_rollout.orchestrator")
 
@@ -34,6 +35,11 @@ class WaveGates:
         self.store = store
         self.clock = clock
         self._changed = changed
+
+    @staticmethod
+    def label(r: RolloutRow, idx: int) -> str:
+        """How texts name wave `idx` of `r`: numbered from 1, the canary marked."""
+        return wave_label(idx, canary=idx == 0 and r.spec.waves.canary > 0)
 
     def failure_gate(self, r: RolloutRow) -> bool:
         gates = r.spec.gates
@@ -129,7 +135,9 @@ class WaveGates:
             self.store.set_wave(
                 r.id, idx, state="awaiting_approval", finished_ms=now, detail=detail + "; waiting for approval"
             )
-            self.store.set_rollout(r.id, detail=f"wave {idx} passed; waiting for `rollout approve {r.id}`")
+            self.store.set_rollout(
+                r.id, detail=f"{self.label(r, idx)} passed; waiting for `rollout approve {r.id}`"
+            )
         else:
             self.store.set_wave(r.id, idx, state="passed", finished_ms=now, detail=detail)
             if last:
@@ -142,7 +150,7 @@ class WaveGates:
         self._changed(r.id)
 
     def fail_wave(self, r: RolloutRow, idx: int, why: str) -> None:
-        name = "canary wave" if idx == 0 and r.spec.waves.canary else f"wave {idx}"
+        name = self.label(r, idx)
         self.store.set_wave(r.id, idx, state="failed", finished_ms=self.clock.now_ms(), detail=why)
         self.stop_rollout(r, "aborted", f"{name} failed its success gate: {why}")
         log.warning("rollout %s aborted: %s failed: %s", r.id, name, why)
@@ -150,7 +158,9 @@ class WaveGates:
     def start_wave(self, r: RolloutRow, idx: int) -> None:
         now = self.clock.now_ms()
         self.store.set_wave(r.id, idx, state="running", started_ms=now, detail="")
-        self.store.set_rollout(r.id, current_wave=idx, detail=f"wave {idx} of {r.wave_count} running")
+        self.store.set_rollout(
+            r.id, current_wave=idx, detail=f"wave {wave_number(idx)} of {r.wave_count} running"
+        )
         deadline = now + int(r.spec.device.timeout_s * 1000)
         for d in self.store.devices(r.id, wave=idx, states=("queued",)):
             self.store.set_device(r.id, d.device_id, deadline_ms=deadline)

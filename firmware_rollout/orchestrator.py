@@ -187,14 +187,14 @@ class Orchestrator:
                 wave = self.store.wave(r.id, r.current_wave)
                 assert wave is not None
                 if action == "approve" and wave.state != "awaiting_approval":
-                    raise RolloutError(f"rollout {r.id}: wave {wave.idx} is {wave.state}, not awaiting approval")
+                    raise RolloutError(f"rollout {r.id}: wave {wave.idx + 1} is {wave.state}, not awaiting approval")
                 if r.current_wave + 1 >= r.wave_count:
-                    raise RolloutError(f"rollout {r.id}: wave {r.current_wave} is the last wave")
+                    raise RolloutError(f"rollout {r.id}: wave {r.current_wave + 1} is the last wave")
                 detail = "approved by operator" if action == "approve" else "moved past by operator"
                 if wave.state not in ("passed", "failed"):
                     self.store.set_wave(r.id, wave.idx, state="passed", finished_ms=now, detail=detail)
                 self.gates.start_wave(self._get(r.id), r.current_wave + 1)
-                result = f"{r.id}: wave {r.current_wave + 1} started ({detail})"
+                result = f"{r.id}: wave {r.current_wave + 2} started ({detail})"
             else:
                 raise RolloutError(f"unknown control {action!r}")
         self._changed(r.id)

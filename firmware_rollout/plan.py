@@ -70,13 +70,14 @@ def wave_sizes(waves: WavesSection, total: int) -> list[int]:
             size = left if i == len(waves.percents) - 1 else round(n * pct / 100.0)
             if size <= 0:
                 raise RolloutError(
-                    f"wave {len(sizes) + i} ({pct:g}% of {n} devices) would hold no device; use fewer or larger waves"
+                    f"wave {len(sizes) + i + 1} ({pct:g}% of {n} devices) would hold no device;"
+                    " use fewer or larger waves"
                 )
             size = min(size, left)
             body.append(size)
             left -= size
             if left <= 0 and i < len(waves.percents) - 1:
-                raise RolloutError(f"waves after wave {len(sizes) + i} would hold no device")
+                raise RolloutError(f"waves after wave {len(sizes) + i + 1} would hold no device")
     else:
         assert waves.ramp is not None
         size = float(waves.ramp.base)

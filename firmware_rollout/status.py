@@ -1,4 +1,8 @@
-"""A rollout's state as plain data: the `rollout status` screen, `--json`, the simulator's report."""
+"""A rollout's state as plain data: the `rollout status` screen, `--json`, the simulator's report.
+
+Waves are stored by index from 0; every text a user reads numbers them from 1 (`wave_number`,
+`wave_label`), as `rollout list` does: the canary, when the spec has one, is wave 1.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,16 @@ from typing import Any
 
 from agent.core.errors import RolloutError
 from firmware_rollout.rollout_store import IN_PROGRESS, TERMINAL, RolloutStore
+
+
+def wave_number(idx: int) -> int:
+    """The number users see for the wave stored at `idx`."""
+    return idx + 1
+
+
+def wave_label(idx: int, *, canary: bool = False) -> str:
+    """`wave 3`, or `wave 1 (canary)` for a canary wave."""
+    return f"wave {idx + 1}" + (" (canary)" if canary else "")
 
 
 def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
@@ -20,6 +34,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         waves.append(
             {
                 "index": w.idx,
+                "number": wave_number(w.idx),
                 "canary": w.idx == 0 and r.spec.waves.canary > 0,
                 "size": w.size,
                 "state": w.state,
@@ -44,6 +59,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "version": r.version,
         "artifact": r.artifact,
         "current_wave": r.current_wave,
+        "current_wave_number": wave_number(r.current_wave),
         "wave_count": r.wave_count,
         "detail": r.detail,
         "rollback_of": r.rollback_of,
@@ -58,4 +74,4 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["describe"]
+__all__ = ["describe", "wave_label", "wave_number"]

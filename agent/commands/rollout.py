@@ -166,10 +166,10 @@ def _control(store: Any, args: argparse.Namespace) -> int:
     if args.action == "approve":
         wave = store.wave(r.id, r.current_wave)
         if wave is None or wave.state != "awaiting_approval":
-            raise RolloutError(f"rollout {r.id}: wave {r.current_wave} is {wave.state if wave else '?'}, "
+            raise RolloutError(f"rollout {r.id}: wave {r.current_wave + 1} is {wave.state if wave else '?'}, "
                                "not awaiting approval")
     if args.action == "next" and r.current_wave + 1 >= r.wave_count:
-        raise RolloutError(f"rollout {r.id}: wave {r.current_wave} is the last wave")
+        raise RolloutError(f"rollout {r.id}: wave {r.current_wave + 1} is the last wave")
     arg = ""
     if args.action == "rollback":
         arg = str(Path(args.artifact).resolve()) if args.artifact else ""
@@ -259,7 +259,7 @@ def render_status(data: dict[str, Any]) -> Any:
     for column in ("wave", "size", "state", "progress", "done", "states"):
         table.add_column(column, no_wrap=column != "states")
     for w in data["waves"]:
-        name = f"{w['index']}" + (" canary" if w["canary"] else "")
+        name = f"{w['number']}" + (" canary" if w["canary"] else "")
         counts = ", ".join(f"{k} {v}" for k, v in w["counts"].items())
         done = w["finished"] - w["counts"].get("canceled", 0)
         table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=24),
@@ -274,7 +274,7 @@ def render_status(data: dict[str, Any]) -> Any:
         for column in ("device", "wave", "state", "attempts", "detail"):
             devices.add_column(column, no_wrap=column != "detail")
         for d in data["device_list"]:
-            devices.add_row(d["device"], str(d["wave"]), d["state"], str(d["attempts"]), d["detail"])
+            devices.add_row(d["device"], str(d["wave"] + 1), d["state"], str(d["attempts"]), d["detail"])
         lines.append(devices)
     return Group(*lines)
 
