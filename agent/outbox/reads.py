@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from agent.outbox.types import ClassStats, OutboxRow, OutboxStats
 
+KeyIdent = tuple[str, str, str]  # (owner, receiver, key) of an OVERWRITE row
+
 
 def build_row(r: Sequence[Any]) -> OutboxRow:
     """An OutboxRow from a row of the ready scan or of `ROW_COLUMNS` (same leading order)."""
@@ -64,8 +66,10 @@ class Flight:
     appends (send_at >= now, ids only grow) leave it alone."""
 
     def __init__(self) -> None:
-        self.rows: dict[int, tuple[str, str, int, bool]] = {}  # id -> receiver, kind, size, fifo
+        # id -> receiver, kind, size, fifo, and (owner, receiver, key) of an OVERWRITE row
+        self.rows: dict[int, tuple[str, str, int, bool, KeyIdent | None]] = {}
         self.fifo_busy: dict[str, int] = {}  # FIFO receiver -> rows of it in flight
+        self.keys_busy: dict[KeyIdent, int] = {}  # OVERWRITE key -> rows of it in flight
         self.lock = threading.Lock()
         self.gen = 0
         self.high = -(1 << 62)
@@ -73,12 +77,15 @@ class Flight:
     def add(self, taken: Sequence[Sequence[Any]]) -> None:
         """Mark rows of the ready scan (see `ready_sql` for the columns) in flight."""
         with self.lock:
-            rows, busy = self.rows, self.fifo_busy
+            rows, busy, keys = self.rows, self.fifo_busy, self.keys_busy
             for r in taken:
                 fifo = r[14] == 1
-                rows[r[0]] = (r[3], r[4], r[15], fifo)
+                ident = (r[2], r[3], r[6]) if r[7] == "overwrite" else None
+                rows[r[0]] = (r[3], r[4], r[15], fifo, ident)
                 if fifo:
                     busy[r[3]] = busy.get(r[3], 0) + 1
+                if ident is not None:
+                    keys[ident] = keys.get(ident, 0) + 1
 
     def settle(self, ids: Iterable[int], *, moved: bool = True, low_send: int | None = None) -> None:
         """`ids` leave the in-flight set. `moved`: they (or other rows) are takeable again at
@@ -87,18 +94,35 @@ class Flight:
         with self.lock:
             if moved or (low_send is not None and low_send < self.high):
                 self.gen += 1
-            rows, busy = self.rows, self.fifo_busy
+            rows, busy, keys = self.rows, self.fifo_busy, self.keys_busy
             for rid in ids:
                 f = rows.pop(rid, None)
-                if f is not None and f[3]:
+                if f is None:
+                    continue
+                if f[3]:
                     n = busy[f[0]] - 1
                     if n:
                         busy[f[0]] = n
                     else:
                         del busy[f[0]]
+                ident = f[4]
+                if ident is not None:
+                    n = keys[ident] - 1
+                    if n:
+                        keys[ident] = n
+                    else:
+                        del keys[ident]
 
-    def snapshot(self, now_ms: int | None = None) -> tuple[set[int], set[str], int]:
-        """The rows and FIFO receivers in flight now, and `gen`. A reader takes this BEFORE its
+    def keyed(self, ids: Iterable[int]) -> bool:
+        """True if any of `ids` is an OVERWRITE row in flight (releasing it may coalesce)."""
+        with self.lock:
+            rows = self.rows
+            return any((f := rows.get(rid)) is not None and f[4] is not None for rid in ids)
+
+    def snapshot(
+        self, now_ms: int | None = None
+    ) -> tuple[set[int], set[str], set[KeyIdent], int]:
+        """The rows, FIFO receivers and OVERWRITE keys in flight now, and `gen`. A reader takes this BEFORE its
         query: the query's snapshot of the database is then at least as new, so a row settled
         by the writer while the query runs (acked, nacked) is skipped rather than handed out
         again with the state it had before that commit. `now_ms`: the reader scans rows due by
@@ -106,7 +130,7 @@ class Flight:
         with self.lock:
             if now_ms is not None and now_ms > self.high:
                 self.high = now_ms
-            return set(self.rows), set(self.fifo_busy), self.gen
+            return set(self.rows), set(self.fifo_busy), set(self.keys_busy), self.gen
 
 
 class Reader:
@@ -144,7 +168,7 @@ class Reader:
             raise ValueError(f"partition {partition} out of range for {partitions} partitions")
         if limit <= 0 or (kinds is not None and not kinds):
             return [], []
-        inflight, fifo_busy, gen = self.flight.snapshot(now_ms)
+        inflight, fifo_busy, keys_busy, gen = self.flight.snapshot(now_ms)
         key = (partition, partitions)
         cursor = self._cursors.pop(key, None) if kinds is None else None
         args: list[object] = [now_ms]
@@ -158,6 +182,7 @@ class Reader:
             args.extend(kinds)
         expired: list[int] = []
         picked: set[str] = set()  # FIFO receivers given a row in this call
+        picked_keys: set[KeyIdent] = set()  # OVERWRITE keys given a row in this call
         heads: dict[str, int | None] = {}  # FIFO receiver -> id of its oldest pending row
         took: list[Any] = []  # scan rows handed out
         resume = True  # every row so far was in flight or taken: the position may move on
@@ -185,6 +210,12 @@ class Reader:
                     resume = False
                     continue
                 picked.add(receiver)
+            if r[7] == "overwrite":  # one row of a key in flight at a time: the newer waits
+                ident = (r[2], r[3], r[6])
+                if ident in keys_busy or ident in picked_keys:
+                    resume = False
+                    continue
+                picked_keys.add(ident)
             took.append(r)
             if resume:
                 last = r
@@ -201,14 +232,16 @@ class Reader:
 
     def next_due_ms(self) -> int | None:
         """Earliest send_at of a pending row that take_ready could hand out (not in flight,
-        not behind its FIFO receiver's head)."""
-        inflight, fifo_busy, _ = self.flight.snapshot()
+        not behind its FIFO receiver's head, not waiting behind its OVERWRITE key in flight)."""
+        inflight, fifo_busy, keys_busy, _ = self.flight.snapshot()
         heads: dict[str, int | None] = {}
-        for rid, send_at, receiver, fifo in self.conn.execute(
-            "SELECT id, send_at, receiver, fifo FROM outbox INDEXED BY outbox_ready"
-            " WHERE status = 'pending' ORDER BY send_at, id"
+        for rid, send_at, receiver, fifo, owner, key, conflict in self.conn.execute(
+            "SELECT id, send_at, receiver, fifo, owner, key, conflict"
+            " FROM outbox INDEXED BY outbox_ready WHERE status = 'pending' ORDER BY send_at, id"
         ):
             if rid in inflight:
+                continue
+            if keys_busy and conflict == "overwrite" and (owner, receiver, key) in keys_busy:
                 continue
             if fifo:
                 if receiver in fifo_busy:
@@ -226,7 +259,7 @@ class ReadOps:
 
     if TYPE_CHECKING:
         conn: sqlite3.Connection
-        inflight: dict[int, tuple[str, str, int, bool]]
+        inflight: dict[int, tuple[str, str, int, bool, KeyIdent | None]]
         counters: dict[str, int]
         depth: dict[str, list[int]]
 
@@ -239,7 +272,7 @@ class ReadOps:
             "SELECT created_at FROM outbox WHERE status = 'pending' ORDER BY id LIMIT 1"
         ).fetchone()
         flying: dict[str, int] = {}
-        for _, kind, _, _ in self.inflight.values():
+        for _, kind, _, _, _ in self.inflight.values():
             flying[kind] = flying.get(kind, 0) + 1
         by_class = {
             kind: ClassStats(
@@ -284,6 +317,7 @@ __all__ = [
     "FIFO_HEAD",
     "ROW_COLUMNS",
     "Flight",
+    "KeyIdent",
     "ReadOps",
     "Reader",
     "build_row",

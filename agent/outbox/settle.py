@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from agent.outbox.reads import Flight
+from agent.outbox.reads import Flight, KeyIdent
+
+NackOutcome = Literal["transient", "capacity"]
+NACK_OUTCOMES: tuple[NackOutcome, ...] = ("transient", "capacity")
 
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 
@@ -28,7 +31,7 @@ class SettleOps:
     if TYPE_CHECKING:
         conn: sqlite3.Connection
         flight: Flight
-        inflight: dict[int, tuple[str, str, int, bool]]
+        inflight: dict[int, tuple[str, str, int, bool, KeyIdent | None]]
         counters: dict[str, int]
         depth: dict[str, list[int]]
         max_attempts: int
@@ -93,7 +96,7 @@ class SettleOps:
                 continue
             conn.execute("RELEASE ack")
             for rid in chunk:
-                _, kind, size, _ = flying[rid]
+                _, kind, size, _, _ = flying[rid]
                 d = depth.get(kind) or self._d(kind)
                 d[0] -= 1
                 d[1] -= size
@@ -117,33 +120,50 @@ class SettleOps:
             n += len(gone)
         return n
 
-    def nack(self, rid: int, now_ms: int, delay_ms: int, error: str) -> bool:
+    def nack(
+        self, rid: int, now_ms: int, delay_ms: int, error: str, outcome: NackOutcome = "transient"
+    ) -> bool:
+        """A failed try, due again after `delay_ms`. A `transient` failure spends an attempt
+        (the row dies when attempts reach max_attempts); a `capacity` answer (the receiver is
+        busy) does not: a receiver busy for hours must not dead-letter what it will take later.
+        An OVERWRITE row with a newer row of its key waiting is coalesced instead of retried."""
+        if outcome not in NACK_OUTCOMES:
+            raise ValueError(f"outcome must be one of {NACK_OUTCOMES}, got {outcome!r}")
         self._settle_flight((rid,))
         self._flush()
         self._keys.clear()
+        spend = 1 if outcome == "transient" else 0
         row = self.conn.execute(
-            "UPDATE outbox SET attempts = attempts + 1, send_at = ?, last_error = ?,"
-            " status = CASE WHEN attempts + 1 >= ? THEN 'dead' ELSE 'pending' END"
-            " WHERE id = ? AND status = 'pending'"
+            "UPDATE outbox SET attempts = attempts + ?1, send_at = ?2, last_error = ?3,"
+            " status = CASE WHEN ?1 AND attempts + 1 >= ?4 THEN 'dead' ELSE 'pending' END"
+            " WHERE id = ?5 AND status = 'pending'"
             " RETURNING status, kind, size, owner, receiver, key, conflict, seq",
-            (now_ms + max(0, delay_ms), error, self.max_attempts, rid),
+            (spend, now_ms + max(0, delay_ms), error, self.max_attempts, rid),
         ).fetchone()
         if row is None:
             return False
-        if row[6] == "overwrite" and self.conn.execute(
-            "SELECT 1 FROM outbox INDEXED BY outbox_key WHERE owner = ? AND receiver = ?"
-            " AND key = ? AND status = 'pending' AND seq > ? LIMIT 1",
-            (row[3], row[4], row[5], row[7]),
-        ).fetchone():
+        if row[6] == "overwrite" and self._newer_waits(row[3], row[4], row[5], row[7]):
             # A newer message with this key waited behind the failed one: that one supersedes
             # it, so the failed one is not retried (counted as overwritten).
-            self._delete_pending((rid, 0, row[1], row[2]))
-            self._flush()
+            self._coalesce(rid, row[1], row[2])
             return False
         if row[0] != "dead":
             return False
         self._to_dead(row[1], row[2])
         return True
+
+    def _newer_waits(self, owner: str, receiver: str, key: str, seq: int) -> bool:
+        return self.conn.execute(
+            "SELECT 1 FROM outbox INDEXED BY outbox_key WHERE owner = ? AND receiver = ?"
+            " AND key = ? AND status = 'pending' AND seq > ? LIMIT 1",
+            (owner, receiver, key, seq),
+        ).fetchone() is not None
+
+    def _coalesce(self, rid: int, kind: str, size: int) -> None:
+        """Delete a row superseded by a newer one of its key (counted overwritten). It still
+        counts as pending in the depths (even if a nack just marked it dead)."""
+        self._delete_pending((rid, 0, kind, size))
+        self._flush()
 
     def _to_dead(self, kind: str, size: int) -> None:
         d = self._d(kind)
@@ -224,9 +244,25 @@ class SettleOps:
     def set_max_pages(self, pages: int) -> int:
         return int(self.conn.execute(f"PRAGMA max_page_count = {int(pages)}").fetchone()[0])
 
-    # -- relay side: reads -----------------------------------------------------------------
     def release(self, ids: Sequence[int]) -> None:
-        self.flight.settle(ids)
+        """Rows handed back untried: no attempt spent. An OVERWRITE row with a newer row of
+        its key waiting is coalesced (counted overwritten) rather than sent again, so a key
+        never holds more than one row in flight and one pending."""
+        keyed = [rid for rid in ids if (f := self.inflight.get(rid)) is not None and f[4]]
+        self._settle_flight(ids)
+        if not keyed or self._snap is None:  # (outside a transaction: nothing to write)
+            return
+        self._flush()
+        self._keys.clear()
+        for chunk in _chunks(keyed):
+            for rid, kind, size in self.conn.execute(
+                f"SELECT o.id, o.kind, o.size FROM outbox AS o WHERE o.id IN {_marks(len(chunk))}"
+                " AND o.status = 'pending' AND EXISTS (SELECT 1 FROM outbox AS n"
+                " INDEXED BY outbox_key WHERE n.owner = o.owner AND n.receiver = o.receiver"
+                " AND n.key = o.key AND n.status = 'pending' AND n.seq > o.seq)",
+                chunk,
+            ).fetchall():
+                self._coalesce(rid, kind, size)
 
 
-__all__ = ["SettleOps"]
+__all__ = ["NACK_OUTCOMES", "NackOutcome", "SettleOps"]

@@ -27,6 +27,7 @@ from agent.outbox.engine import Engine
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy
 from agent.outbox.reads import Reader
 from agent.outbox.schema import Synchronous, open_database
+from agent.outbox.settle import NACK_OUTCOMES, NackOutcome
 from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
 from agent.outbox.writer import Writer, translate
 
@@ -285,16 +286,26 @@ class OutboxStore:
         if ids:
             await self._call(lambda e: e.ack(ids), write=True, wakes=True)
 
-    async def nack(self, row_id: int, *, delay_ms: int, error: str) -> bool:
+    async def nack(
+        self, row_id: int, *, delay_ms: int, error: str, outcome: NackOutcome = "transient"
+    ) -> bool:
+        """See `OutboxReader.nack`: `outcome="capacity"` (the receiver was busy) spends no
+        attempt; `"transient"` does."""
+        if outcome not in NACK_OUTCOMES:
+            raise ValueError(f"outcome must be one of {NACK_OUTCOMES}, got {outcome!r}")
         now = self._clock.now_ms()
         return await self._call(
-            lambda e: e.nack(row_id, now, delay_ms, error), write=True, wakes=True
+            lambda e: e.nack(row_id, now, delay_ms, error, outcome), write=True, wakes=True
         )
 
     async def release(self, row_ids: Sequence[int]) -> None:
         ids = list(row_ids)
-        if ids:
-            await self._call(lambda e: e.release(ids), write=False, wakes=True)
+        if not ids:
+            return
+        engine = self._writer.engine
+        # Only an OVERWRITE row can need a write (coalesced behind a newer one of its key).
+        keyed = engine is not None and engine.flight.keyed(ids)
+        await self._call(lambda e: e.release(ids), write=keyed, wakes=True)
 
     async def dead_letter(self, row_id: int, *, error: str) -> None:
         await self._call(lambda e: e.dead_letter(row_id, error), write=True, wakes=True)

@@ -124,17 +124,30 @@ class OutboxReader(Protocol):
     ) -> list[OutboxRow]:
         """Up to `limit` due rows (send_at <= now, not expired, not in flight) of this partition,
         oldest first per receiver; FIFO classes yield at most one row per receiver and none while
-        one is in flight. Marks them in flight in memory. Read-only on the database."""
+        one is in flight; an OVERWRITE key likewise has at most one row in flight (a newer row
+        waits, so a key holds at most one row in flight and one pending). Marks them in flight
+        in memory. Read-only on the database."""
 
     async def ack(self, row_ids: Sequence[int]) -> None:
         """Delivered: the rows leave the pending set (durably, group-committed)."""
 
-    async def nack(self, row_id: int, *, delay_ms: int, error: str) -> bool:
-        """A failed try: attempts += 1, send_at = now + delay. Returns True if that try was the
-        last allowed (attempts reached max_attempts) and the row went to the dead letters."""
+    async def nack(
+        self,
+        row_id: int,
+        *,
+        delay_ms: int,
+        error: str,
+        outcome: Literal["transient", "capacity"] = "transient",
+    ) -> bool:
+        """A failed try: send_at = now + delay. `transient` (timeout, network) spends an
+        attempt: returns True if that try was the last allowed (attempts reached
+        max_attempts) and the row went to the dead letters. `capacity` (the receiver answered
+        busy) spends none, so a long-busy receiver never dead-letters anything. An OVERWRITE
+        row with a newer row of its key waiting is coalesced (counted overwritten) instead."""
 
     async def release(self, row_ids: Sequence[int]) -> None:
-        """Hand rows back untried (relay stopping, transport went down): no attempt spent."""
+        """Hand rows back untried (relay stopping, transport went down): no attempt spent.
+        An OVERWRITE row with a newer row of its key waiting is coalesced instead."""
 
     async def dead_letter(self, row_id: int, *, error: str) -> None:
         """A permanent failure: to the dead letters at once, with the reason."""

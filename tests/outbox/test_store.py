@@ -148,10 +148,12 @@ async def test_overwrite_never_touches_a_row_in_flight(store: OutboxStore) -> No
     assert stats.pending == 1
 
 
-async def test_waiting_overwrite_row_is_ready_alongside(store: OutboxStore) -> None:
+async def test_waiting_overwrite_row_waits_for_the_one_in_flight(store: OutboxStore) -> None:
     await store.enqueue(make_msg(key="hb", conflict="overwrite", seq=1))
     [flying] = await store.take_ready(limit=10)
     await store.enqueue(make_msg(key="hb", conflict="overwrite", seq=2))
+    assert await store.take_ready(limit=10) == []  # one row of a key in flight at a time
+    await store.ack([flying.row_id])
     [waiting] = await store.take_ready(limit=10)
     assert waiting.seq == 2 and waiting.row_id != flying.row_id
 
