@@ -10,6 +10,12 @@ finished devices, abort), and the run ends when the rollout has ended and every 
 offered the image to has finished. `fail_rate` of the devices (chosen by the seed) fail their
 health check on the new image and roll back.
 
+`progress` (optional) is called with a sample of the fleet and the rollout (plain data: fleet
+time, devices online, reports in flight, outbox depth, downloads, and the rollout's state, its
+current wave, numbered from 1, and per-state device counts) every `progress_every_s` of fleet
+time and whenever the rollout's state, its current wave or that wave's state changes. Sampling
+only reads and never awaits, so the report is the same with or without it.
+
 The report (plain data, JSON-ready): `rollout` (state, per-wave results, counts,
 `devices_offered_after_abort`, duration), `outcomes` (devices per final state), `downloads`
 (ConfigServer bound and the most requests it ever admitted at once, busy answers), `fleet`.
@@ -25,6 +31,7 @@ import asyncio
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,14 +42,16 @@ from agent.core.clock import Clock, VirtualClock
 from agent.core.errors import ConfigError
 from firmware_rollout.artifact import build_artifact
 from firmware_rollout.keys import generate_keypair, load_signing_key, load_verify_key
-from firmware_rollout.rollout_store import IN_PROGRESS
+from firmware_rollout.rollout_store import IN_PROGRESS, TERMINAL
 from firmware_rollout.simfleet import DeviceFate, SimFleet
 from firmware_rollout.spec import RolloutSpec, load_spec, spec_from_dict
-from firmware_rollout.status import describe
+from firmware_rollout.status import describe, wave_number
 
 BASE_VERSION = "1.0.0"
 TARGET_VERSION = "1.1.0"
 ROLLOUT_ID = "wave-rollout"
+Sample = dict[str, Any]
+Progress = Callable[[Sample], None]
 
 
 def default_spec(artifact: Path, *, seed: int, devices: int) -> dict[str, Any]:
@@ -113,6 +122,8 @@ async def wave_rollout_scenario(
     spec_path: str | Path | None = None,
     public_key: str | Path | None = None,
     base_version: str = BASE_VERSION,
+    progress: Progress | None = None,
+    progress_every_s: float = 30.0,
 ) -> dict[str, Any]:
     """Run the scenario; see the module docstring. `work_dir` (default: a temporary directory,
     removed afterwards) holds the leader's and the devices' SQLite files and slots. `fates`
@@ -141,6 +152,8 @@ async def wave_rollout_scenario(
             spec_path=spec_path,
             public_key=public_key,
             base_version=base_version,
+            progress=progress,
+            progress_every_s=progress_every_s,
         )
     finally:
         if owned:
@@ -173,6 +186,8 @@ async def _run(
     spec_path: str | Path | None,
     public_key: str | Path | None,
     base_version: str,
+    progress: Progress | None = None,
+    progress_every_s: float = 30.0,
 ) -> dict[str, Any]:
     if spec_path is not None:
         data = msgspec.to_builtins(load_spec(spec_path))
@@ -180,7 +195,7 @@ async def _run(
         public = Path(public_key) if public_key is not None else artifact.parent / "public.pem"
         if not public.is_file():
             raise ConfigError(str(spec_path), "rollout.artifact",
-                              f"no public key to pin: give one (looked for {public})")
+                              f"no public key to pin: {public} does not exist (give `public_key`)")
     else:
         artifact, public = make_artifact(base, seed=seed)
         data = default_spec(artifact, seed=seed, devices=devices)
@@ -198,17 +213,24 @@ async def _run(
         fate = fates.get(device_id) if fates is not None else None
         fleet.add_device(device_id, fate=fate or DeviceFate(health_fails=device_id in failing))
     await fleet.start()
+    sampler = _Sampler(fleet, progress, spec=spec, every_s=progress_every_s) if progress is not None else None
     try:
-        await fleet.run_until(lambda: fleet.leader.registry.counts()[0] >= devices, max_s=600.0, step_s=5.0)
+        await fleet.run_until(lambda: fleet.leader.registry.counts()[0] >= devices, max_s=600.0, step_s=5.0,
+                              on_step=sampler)
         started_ms = clock.now_ms()
         rid = await fleet.rollout.orchestrator.start_rollout(spec, rollout_id=ROLLOUT_ID)
         store = fleet.rollout.store
+        if sampler is not None:
+            sampler.rid = rid
+            sampler()
 
         def finished() -> bool:
             r = store.get(rid)
             return r is not None and not r.active and not store.devices(rid, states=tuple(IN_PROGRESS))
 
-        completed = await fleet.run_until(finished, max_s=max_fleet_s, step_s=5.0)
+        completed = await fleet.run_until(finished, max_s=max_fleet_s, step_s=5.0, on_step=sampler)
+        if sampler is not None:
+            sampler(force=True)
         status = describe(store, rid)
         pools = list(fleet.rollout.pools.values())
         downloads = {
@@ -235,7 +257,8 @@ async def _run(
                 "version": status["version"],
                 "duration_s": (end_ms - started_ms) / 1000.0,
                 "waves": [
-                    {k: w[k] for k in ("index", "size", "state", "succeeded", "finished", "counts", "detail")}
+                    {k: w[k] for k in ("index", "number", "canary", "size", "state", "succeeded", "finished",
+                                       "counts", "detail")}
                     for w in status["waves"]
                 ],
                 "counts": status["counts"],
@@ -248,6 +271,78 @@ async def _run(
         }
     finally:
         await fleet.stop()
+
+
+class _Sampler:
+    """Calls `progress` with a sample every `every_s` of fleet time, and whenever the rollout's
+    state, its current wave or that wave's state changes (see the module docstring)."""
+
+    def __init__(self, fleet: SimFleet, progress: Progress, *, spec: RolloutSpec, every_s: float) -> None:
+        self.fleet = fleet
+        self.progress = progress
+        self.every_s = every_s
+        self.bound = spec.download.servers * (spec.download.mailbox_capacity + 1)
+        self.rid: str | None = None
+        self._t0 = fleet.clock.monotonic()
+        self._last_t: float | None = None
+        self._last_key: tuple[str, int, str] | None = None
+
+    def __call__(self, *, force: bool = False) -> None:
+        t = self.fleet.clock.monotonic() - self._t0
+        store = self.fleet.rollout.store
+        r = store.get(self.rid) if self.rid is not None else None
+        key = None
+        if r is not None:
+            wave = store.wave(r.id, r.current_wave)
+            key = (r.state, r.current_wave, wave.state if wave is not None else "")
+        due = self._last_t is None or t - self._last_t >= self.every_s - 1e-9
+        if key == self._last_key and not due and not (force and t != self._last_t):
+            return
+        self._last_t, self._last_key = t, key
+        self.progress(self.sample(t))
+
+    def sample(self, t: float) -> Sample:
+        fleet = self.fleet
+        pools = list(fleet.rollout.pools.values())
+        out: Sample = {
+            "kind": "rollout",
+            "t": t,
+            "devices": len(fleet.devices),
+            "online": fleet.connected(),
+            "leader_sees_online": fleet.leader.registry.counts()[0],
+            "in_flight": fleet.device_outbox.in_flight,
+            "outbox_pending": fleet.outbox_depth(),
+            "downloads": sum(p.in_flight for p in pools),
+            "download_bound": self.bound,
+            "rollout": None,
+        }
+        store = fleet.rollout.store
+        r = store.get(self.rid) if self.rid is not None else None
+        if r is None:
+            return out
+        per_wave = store.counts(r.id)
+        waves = [
+            {
+                "number": wave_number(w.idx),
+                "canary": w.idx == 0 and r.spec.waves.canary > 0,
+                "size": w.size,
+                "state": w.state,
+                "counts": dict(sorted(per_wave.get(w.idx, {}).items())),
+            }
+            for w in store.waves(r.id)
+        ]
+        totals = store.totals(r.id)
+        out["rollout"] = {
+            "state": r.state,
+            "detail": r.detail,
+            "wave": wave_number(r.current_wave),
+            "wave_count": r.wave_count,
+            "waves": waves,
+            "counts": dict(sorted(totals.items())),
+            "targeted": sum(totals.values()),
+            "finished": sum(n for state, n in totals.items() if state in TERMINAL),
+        }
+        return out
 
 
 def _versions(fleet: SimFleet) -> dict[str, int]:

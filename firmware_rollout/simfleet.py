@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sqlite3
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +249,7 @@ class SimFleet:
         self.rollout: RolloutService
         self._hb_task: asyncio.Task[None] | None = None
         self._relay_gate = Gate(is_open=True)
+        self._depth_conn: sqlite3.Connection | None = None
 
     @classmethod
     async def open(cls, **kwargs: object) -> SimFleet:
@@ -334,8 +336,16 @@ class SimFleet:
             raise Permanent(f"no simulated device {row.owner!r}")
         await device.sender.deliver(envelope_from_row(row), topics.up(FLEET, row.owner))
 
-    async def run_until(self, done: Callable[[], bool], *, max_s: float, step_s: float = 5.0) -> bool:
-        """Advance the (virtual) clock in steps until `done()` or `max_s` passed."""
+    async def run_until(
+        self,
+        done: Callable[[], bool],
+        *,
+        max_s: float,
+        step_s: float = 5.0,
+        on_step: Callable[[], None] | None = None,
+    ) -> bool:
+        """Advance the (virtual) clock in steps until `done()` or `max_s` passed. `on_step` is
+        called after every step; it must only read (a progress display), never await."""
         advance = getattr(self.clock, "advance", None)
         waited = 0.0
         while not done():
@@ -346,7 +356,22 @@ class SimFleet:
             else:
                 await self.clock.sleep(step_s)
             waited += step_s
+            if on_step is not None:
+                on_step()
         return True
+
+    def connected(self) -> int:
+        """Simulated devices whose transport is connected now."""
+        return sum(1 for d in self.devices.values() if d.transport.connected.is_open)
+
+    def outbox_depth(self) -> int:
+        """Rows pending in the devices' shared outbox file (update reports not yet delivered),
+        read on a read-only connection of its own: no await, so it never reorders the run."""
+        if self._depth_conn is None:
+            uri = (self.work_dir / "devices" / "outbox.db").resolve().as_uri() + "?mode=ro"
+            self._depth_conn = sqlite3.connect(uri, uri=True)
+        row = self._depth_conn.execute("SELECT COALESCE(SUM(pending), 0) FROM outbox_classes").fetchone()
+        return int(row[0])
 
     async def stop(self) -> None:
         if self._hb_task is not None:
@@ -358,6 +383,9 @@ class SimFleet:
         for device in self.devices.values():
             await device.stop()
         await self._while_time_runs(self.stop_leader())
+        if self._depth_conn is not None:
+            self._depth_conn.close()
+            self._depth_conn = None
         await self.device_outbox.close()
 
     async def _while_time_runs(self, coro: Coroutine[Any, Any, object]) -> None:

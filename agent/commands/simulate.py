@@ -38,39 +38,72 @@ PRESET_ARGS = {
 }
 
 
+EPILOG = """\
+examples:
+  edge-agent simulate --devices 200 --duration 10m --seed 7 --report a.json
+  edge-agent simulate --scenario offline-store-and-forward
+  edge-agent simulate --scenario wave-rollout --devices 200 --seed 3 --fail-rate 0.2
+  edge-agent simulate --rollout rollout.toml --public-key keys/public.pem --devices 50
+
+A rollout (--scenario wave-rollout or --rollout) runs until the rollout ends, on the in-memory
+broker and virtual time; of the options above it uses --devices, --seed, --fail-rate,
+--public-key, --data-dir, --report, --plot and --quiet. Waves are numbered from 1 (the canary
+is wave 1), as in `edge-agent rollout list` and `rollout status`.
+Exit status: 0 when nothing was lost (and the scenario's claim holds), 1 otherwise, 2 for a
+usage mistake."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from agent.sim.scenarios import SCENARIOS
 
+    parser.description = ("Simulate a fleet on this machine: one leader and N worker devices with the real\n"
+                          "actors, outboxes and relays, on an in-memory broker and virtual time. Shows live\n"
+                          "progress, then a report; the same --seed gives the same report.")
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add = parser.add_argument
-    add("--scenario", choices=sorted(SCENARIOS), help="a named scenario (presets + the claim it checks)")
-    add("--devices", type=int, help="simulated worker devices (default 50)")
-    add("--duration", help="fleet time to simulate, e.g. 10m, 1h (default 10m)")
-    add("--seed", type=int, default=1, help="seed of every random choice (default 1)")
-    add("--heartbeat", help="heartbeat interval of every device (default 5s)")
-    add("--leader-interval", help="the leader processes heartbeats at this pace (default 30s)")
-    add("--telemetry", help="telemetry interval per device; 0 for none (default 30s)")
-    add("--offline-rate", type=float, help="fraction of devices losing their uplink once (0-1)")
-    add("--offline-duration", help="how long such a device stays offline (default 2m)")
-    add("--crash-rate", type=float, help="fraction of devices crashing once and restarting on their SQLite state")
-    add("--crash-downtime", help="how long a crashed device stays down (default 15s)")
-    add("--broker-outage", metavar="AT:FOR", help="take the broker down at AT for FOR, e.g. 3m:1m")
-    add("--jobs", type=int, help="jobs to submit to the leader's work-pulling queue")
-    add("--job-window", type=int, help="each worker's demand window (default 2)")
-    add("--leader-mailbox", type=int, help="capacity of the leader's mailboxes (default: devices + 64, at least 1024)")
-    add("--rollout", metavar="SPEC.toml", help="roll out this spec's artifact (the wave-rollout scenario)")
-    add("--fail-rate", type=float, default=0.0,
-        help="with a rollout: fraction of devices whose update fails its health check (0-1)")
-    add("--files", type=int, default=4, help="shared outbox files the devices' rows live in (default 4)")
-    add("--tick", default="100ms", help="virtual clock: timers due within one tick fire together (default 100ms)")
-    add("--samples", type=int, default=60, help="points in the report's time series (default 60)")
+    add("--scenario", choices=sorted(SCENARIOS), metavar="NAME",
+        help=f"a named scenario: presets, then the claim it checks; one of {', '.join(sorted(SCENARIOS))}"
+             " (default: none)")
+    add("--devices", type=int, metavar="N", help="simulated worker devices (default 50, or the scenario's)")
+    add("--duration", metavar="TIME", help="fleet time to simulate, e.g. 10m, 1h (default 10m, or the scenario's)")
+    add("--seed", type=int, default=1, metavar="N", help="seed of every random choice (default 1)")
+    add("--heartbeat", metavar="TIME", help="heartbeat interval of every device (default 5s)")
+    add("--leader-interval", metavar="TIME", help="the leader applies heartbeats at this pace (default 30s)")
+    add("--telemetry", metavar="TIME", help="telemetry interval per device; 0 for none (default 30s)")
+    add("--offline-rate", type=float, metavar="FRACTION",
+        help="fraction of devices losing their uplink once, 0-1 (default 0)")
+    add("--offline-duration", metavar="TIME", help="how long such a device stays offline (default 2m)")
+    add("--crash-rate", type=float, metavar="FRACTION",
+        help="fraction of devices crashing once and restarting on their SQLite state, 0-1 (default 0)")
+    add("--crash-downtime", metavar="TIME", help="how long a crashed device stays down (default 15s)")
+    add("--broker-outage", metavar="AT:FOR", help="take the broker down at AT for FOR, e.g. 3m:1m (default: none)")
+    add("--jobs", type=int, metavar="N", help="jobs to submit to the leader's work-pulling queue (default 0)")
+    add("--job-window", type=int, metavar="N", help="each worker's demand window (default 2)")
+    add("--leader-mailbox", type=int, metavar="N",
+        help="capacity of the leader's mailboxes (default: devices + 64, at least 1024)")
+    add("--rollout", metavar="SPEC.toml",
+        help="roll out this spec's artifact to the simulated devices (default: the wave-rollout scenario's"
+             " own signed image)")
+    add("--public-key", metavar="PATH",
+        help="with --rollout: the fleet's public key the devices pin (default: public.pem beside the artifact)")
+    add("--fail-rate", type=float, default=0.0, metavar="FRACTION",
+        help="with a rollout: fraction of devices whose new image fails its health check, 0-1 (default 0)")
+    add("--files", type=int, default=4, metavar="N", help="shared outbox files the devices' rows live in (default 4)")
+    add("--tick", default="100ms", metavar="TIME",
+        help="virtual clock: timers due within one tick fire together (default 100ms)")
+    add("--samples", type=int, default=60, metavar="N", help="points in the report's time series (default 60)")
     add("--data-dir", metavar="DIR", help="keep the SQLite files here (default: a temporary directory)")
     add("--ephemeral", action="store_true",
-        help="keep the SQLite files in memory (a tmpfs such as /dev/shm when there is one), removed at the end")
-    add("--broker", metavar="URL", help="a real MQTT broker (mqtt://host:port); implies --realtime")
-    add("--realtime", action="store_true", help="run on the wall clock instead of virtual time")
-    add("--report", metavar="FILE", help="write the JSON report here")
-    add("--plot", metavar="FILE.png", help="draw the time series (needs the sim extra: matplotlib)")
-    add("--quiet", action="store_true", help="no progress display")
+        help="keep the SQLite files in memory (a tmpfs such as /dev/shm when there is one), removed at the end"
+             " (default: off)")
+    add("--broker", metavar="URL", help="a real MQTT broker, mqtt://host:port; implies --realtime"
+                                        " (default: the in-memory broker)")
+    add("--realtime", action="store_true", help="run on the wall clock (default: virtual time)")
+    add("--report", metavar="FILE", help="write the JSON report here (default: none)")
+    add("--plot", metavar="FILE.png", help="draw the time series; needs the sim extra, matplotlib (default: none)")
+    add("--quiet", action="store_true",
+        help="no progress display (default: a live panel on a terminal, plain lines when piped)")
 
 
 def _value(args: argparse.Namespace, key: str, preset: dict[str, Any]) -> Any:
@@ -133,7 +166,17 @@ def main(args: argparse.Namespace) -> int:
     if rollout and (args.broker or args.realtime):
         raise ConfigError("simulate", "rollout", "the wave-rollout scenario runs on the in-memory broker, virtual time")
     if args.rollout is not None and not Path(args.rollout).is_file():
-        raise ConfigError("simulate", "rollout", f"no such spec file: {args.rollout}")
+        raise ConfigError("--rollout", None, f"{args.rollout}: no such spec file")
+    public_key = None
+    if args.public_key is not None and args.rollout is None:
+        raise ConfigError("--public-key", None, "applies with --rollout SPEC.toml (the wave-rollout scenario"
+                                                " signs its own image)")
+    if args.rollout is not None:
+        from agent.sim.rollout import public_key_for
+
+        public_key, warning = public_key_for(args.rollout, args.public_key)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
     if args.plot:
         from agent.sim.plot import _pyplot
 
@@ -146,7 +189,11 @@ def main(args: argparse.Namespace) -> int:
         if rollout:
             from agent.sim.rollout import run_rollout
 
-            return await run_rollout(opts, workdir=workdir, spec_path=args.rollout, fail_rate=args.fail_rate)
+            with ProgressDisplay(duration_s=None) as display:
+                # a live panel redraws every 5 s of fleet time; plain lines come every 30 s
+                return await run_rollout(opts, workdir=workdir, spec_path=args.rollout, fail_rate=args.fail_rate,
+                                         public_key=public_key, progress=None if args.quiet else display,
+                                         progress_every_s=5.0 if display.live else 30.0)
         with ProgressDisplay(duration_s=opts.duration_s) as display:
             return await Simulation(opts, workdir=workdir, progress=None if args.quiet else display).run()
 

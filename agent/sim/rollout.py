@@ -9,6 +9,10 @@ The report is the scenario's, plus the simulator's common keys:
 * `conservation_ok`: the per-state counts add up to the devices targeted, and no device was
   offered the image after an abort.
 * `wall`: wall and CPU seconds, peak RSS (the only section that varies between runs).
+
+Waves are numbered from 1 in every text (the canary, when there is one, is wave 1), as
+`edge-agent rollout list` and `rollout status` number them; the JSON keeps each wave's stored
+`index` (from 0) beside its `number`.
 """
 
 from __future__ import annotations
@@ -19,15 +23,56 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agent.core.errors import ArtifactError, ConfigError
 from agent.sim.options import SimOptions
 from agent.sim.report import Report, peak_rss_mb
 from firmware_rollout.rollout_store import TERMINAL
-from firmware_rollout.scenario import wave_rollout_scenario
+from firmware_rollout.scenario import Progress, wave_rollout_scenario
+from firmware_rollout.status import wave_label
+
+
+def public_key_for(spec_path: str | Path, public_key: str | Path | None) -> tuple[Path, str | None]:
+    """The public key the simulated devices pin for `simulate --rollout SPEC`: `public_key`
+    (`--public-key`), else the `public.pem` beside the spec's artifact. Returns the path and a
+    warning when the artifact is not signed by that key (every device would refuse it).
+    Raises `ConfigError` naming the option and the path when the key is missing or malformed."""
+    from firmware_rollout.artifact import read_signed_manifest
+    from firmware_rollout.keys import load_verify_key
+    from firmware_rollout.spec import load_spec
+
+    spec = load_spec(spec_path)
+    artifact = Path(spec.rollout.artifact)
+    if public_key is None:
+        key_path = artifact.parent / "public.pem"
+        if not key_path.is_file():
+            raise ConfigError("--public-key", None,
+                              f"not given, and there is no public.pem beside the artifact ({key_path}):"
+                              " give the fleet's public key with --public-key PATH")
+    else:
+        key_path = Path(public_key)
+        if not key_path.is_file():
+            raise ConfigError("--public-key", None, f"{key_path}: no such file")
+    try:
+        key = load_verify_key(key_path)
+    except ArtifactError as exc:  # KeyFileError: names the file
+        raise ConfigError("--public-key", None, str(exc)) from None
+    try:
+        signed = read_signed_manifest(artifact)
+    except ArtifactError as exc:
+        raise ConfigError("--rollout", None, f"{spec_path}: artifact {artifact}: {exc}") from None
+    try:
+        signed.verify(key)
+    except ArtifactError as exc:
+        return key_path, f"{artifact} does not verify against {key_path} ({exc}): every device will refuse it"
+    return key_path, None
 
 
 async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path | None = None,
-                      fail_rate: float = 0.0) -> Report:
-    """Run the wave-rollout scenario with `opts.devices` and `opts.seed`."""
+                      fail_rate: float = 0.0, public_key: str | Path | None = None,
+                      progress: Progress | None = None, progress_every_s: float = 30.0) -> Report:
+    """Run the wave-rollout scenario with `opts.devices` and `opts.seed`. `progress` gets a
+    sample (`firmware_rollout.scenario`) every `progress_every_s` of fleet time and at every
+    change of the rollout's state, its wave or the wave's state."""
     # The updaters' thread work completes in submission order only on one thread: the same
     # seed then gives the same report.
     loop = asyncio.get_running_loop()
@@ -37,7 +82,7 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
     try:
         result: dict[str, Any] = await wave_rollout_scenario(
             devices=opts.devices, seed=opts.seed, fail_rate=fail_rate, work_dir=workdir / "rollout",
-            spec_path=spec_path)
+            spec_path=spec_path, public_key=public_key, progress=progress, progress_every_s=progress_every_s)
     finally:
         executor.shutdown(wait=True)
     wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -68,7 +113,8 @@ def rollout_summary(report: Report) -> str:
     ]
     for w in ro["waves"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(w["counts"].items())) or "untouched"
-        lines.append(f"  wave {w['index']}: {w['size']} devices, {w['state']}: {counts}")
+        lines.append(f"  {wave_label(w['index'], canary=w.get('canary', False))}: {w['size']} devices,"
+                     f" {w['state']}: {counts}")
     d = report["downloads"]
     lines.append(f"downloads: at most {d['max_concurrent']} at once (bound {d['bound']}), {d['served']} chunks"
                  f" served, {d['busy']} busy answers")
@@ -78,4 +124,4 @@ def rollout_summary(report: Report) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["rollout_summary", "run_rollout"]
+__all__ = ["public_key_for", "rollout_summary", "run_rollout"]
