@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 DEFAULT_MAX_QUEUED_PER_SESSION = 10_000
+# Topics whose subscribers are remembered (a fleet has a handful per device); past this the
+# memo starts over rather than grow without bound on a stream of one-off topics.
+_ROUTES_MAX = 200_000
 
 
 @dataclass(slots=True)
@@ -89,6 +92,12 @@ class _Group:
 
     def pick(self) -> tuple[_Session, int] | None:
         """The next connected member round-robin; else the next persistent one (to queue)."""
+        if len(self.members) == 1:  # one leader: no rotation to do
+            for session, qos in self.members.items():
+                if session.client is not None or session.persistent:
+                    self.next = 0
+                    return session, qos
+            return None
         members = list(self.members.items())
         if not members:
             return None
@@ -124,6 +133,10 @@ class MemoryBroker:
         self._sessions: dict[str, _Session] = {}
         self._exact: dict[str, dict[_Sub | _Group, None]] = {}
         self._wild: dict[_Sub | _Group, None] = {}
+        # topic -> its index entries (exact ones, then matching wildcards, in subscription
+        # order): the subscriptions change rarely, the same topics are published to all the time.
+        self._routes: dict[str, tuple[_Sub | _Group, ...]] = {}
+        self._valid: dict[str, None] = {}  # topic names already checked by `validate_topic`
         self._groups: dict[str, _Group] = {}
         self._retained: dict[str, tuple[InboundMessage, int]] = {}  # topic -> (message, qos)
         self._delays: dict[str, float] = {}
@@ -304,7 +317,9 @@ class MemoryBroker:
             self._groups.pop(sub_filter, None)
         if topics.is_wildcard(entry.inner):
             self._wild.pop(entry, None)
+            self._routes.clear()
         else:
+            self._routes.pop(entry.inner, None)
             bucket = self._exact.get(entry.inner)
             if bucket is not None:
                 bucket.pop(entry, None)
@@ -314,8 +329,31 @@ class MemoryBroker:
     def _index(self, entry: _Sub | _Group) -> None:
         if topics.is_wildcard(entry.inner):
             self._wild[entry] = None
+            self._routes.clear()
         else:
+            self._routes.pop(entry.inner, None)
             self._exact.setdefault(entry.inner, {})[entry] = None
+
+    def _targets(self, topic: str) -> tuple[_Sub | _Group, ...]:
+        """The index entries `topic` goes to: exact subscriptions first, then wildcards."""
+        targets = self._routes.get(topic)
+        if targets is None:
+            found = list(self._exact.get(topic, ()))
+            for entry in self._wild:
+                if topics.matches(entry.inner, topic):
+                    found.append(entry)
+            if len(self._routes) >= _ROUTES_MAX:
+                self._routes.clear()
+            targets = self._routes[topic] = tuple(found)
+        return targets
+
+    def check_topic(self, topic: str) -> None:
+        """`topics.validate_topic`, remembered per topic name (TopicError when invalid)."""
+        if topic not in self._valid:
+            topics.validate_topic(topic)
+            if len(self._valid) >= _ROUTES_MAX:
+                self._valid.clear()
+            self._valid[topic] = None
 
     def _publish(self, client: MemoryTransport, message: InboundMessage) -> None:
         session = self._sessions.get(client.client_id)
@@ -341,11 +379,7 @@ class MemoryBroker:
                 message.correlation,
                 message.qos,
             )
-        targets = list(self._exact.get(topic, ()))
-        for entry in self._wild:
-            if topics.matches(entry.inner, topic):
-                targets.append(entry)
-        for entry in targets:
+        for entry in self._targets(topic):
             if isinstance(entry, _Group):
                 picked = entry.pick()
                 if picked is None:
@@ -354,6 +388,12 @@ class MemoryBroker:
                 session, qos = picked
             else:
                 session, qos = entry.session, entry.qos
+            client = session.client
+            if client is not None and qos >= message.qos and not self._delays:
+                # The common case: a connected client, no downgrade, no latency to add.
+                self._stats.delivered += 1
+                client._enqueue(entry.sub_filter, message)
+                continue
             self._deliver(session, entry.sub_filter, message, min(qos, message.qos))
 
     def _deliver(self, session: _Session, sub_filter: str, message: InboundMessage, qos: int) -> None:

@@ -126,16 +126,18 @@ class MemoryTransport:
     ) -> None:
         if len(payload) > self._max_payload:
             raise PayloadTooLarge(len(payload), self._max_payload)
-        topics.validate_topic(topic)
+        broker = self._broker
+        broker.check_topic(topic)
         if not self._gate.is_open:
             raise NotConnected(f"{self._client_id!r} is not connected")
         message = InboundMessage(topic, bytes(payload), retain, response_topic, correlation, qos)
-        delay = self._broker.delay_of(self._client_id)
-        if delay:
-            await self._clock.sleep(delay)
-            if not self._gate.is_open:
-                raise ConnectionLost(f"{self._client_id!r} lost its connection while publishing")
-        self._broker._publish(self, message)
+        if broker._delays:
+            delay = broker.delay_of(self._client_id)
+            if delay:
+                await self._clock.sleep(delay)
+                if not self._gate.is_open:
+                    raise ConnectionLost(f"{self._client_id!r} lost its connection while publishing")
+        broker._publish(self, message)
 
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         topics.validate_filter(topic_filter)
