@@ -28,6 +28,7 @@ from agent.outbox.schema import (
     configure,
     describe,
     is_corruption,
+    migrate,
 )
 
 EXIT_OK = 0
@@ -68,6 +69,8 @@ def _connect(db: str, *, write: bool) -> sqlite3.Connection:
         conn.execute("SELECT 1 FROM outbox LIMIT 1").fetchall()
         if write:
             configure(conn, synchronous="FULL", busy_timeout_ms=_BUSY_TIMEOUT_MS)
+            if version < SCHEMA_VERSION:  # an older outbox: bring it up to date (kept whole)
+                migrate(conn)
     except sqlite3.Error as exc:
         conn.close()
         if is_corruption(exc) or "no such table" in str(exc):

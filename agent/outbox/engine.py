@@ -25,7 +25,7 @@ from agent.core.errors import OutboxFull
 from agent.outbox.partition import fnv1a_32
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy, FullPolicy
 from agent.outbox.reads import Flight, ReadOps
-from agent.outbox.schema import COUNTER_NAMES
+from agent.outbox.schema import CLASS_FIELDS, COUNTER_NAMES, NEXT_ID
 from agent.outbox.settle import SettleOps
 from agent.outbox.types import EnqueueResult, OutboxMessage
 
@@ -35,7 +35,7 @@ _INSERT_INTO = (
 )
 _VALUES = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # Rows go in by multi-row INSERTs of these sizes (about a fifth cheaper per row than one
-# statement per row: AUTOINCREMENT bookkeeping is per statement). A few fixed sizes keep the
+# statement per row). A few fixed sizes keep the
 # statements in sqlite3's cache; 64 rows x 15 values stays under the oldest variable limit (999).
 _INSERT_SIZES = (64, 32, 16, 8, 4, 2, 1)
 _INSERTS = {n: _INSERT_INTO + ", ".join([_VALUES] * n) for n in _INSERT_SIZES}
@@ -100,17 +100,15 @@ class Engine(ReadOps, SettleOps):
     # -- state mirrors ---------------------------------------------------------------------
     def _reload(self) -> None:
         conn = self.conn
-        self.counters = dict.fromkeys(COUNTER_NAMES, 0)
-        self.counters.update(conn.execute("SELECT name, value FROM outbox_counters").fetchall())
-        self.depth = {
-            k: [p, b, d]
-            for k, p, b, d in conn.execute(
-                "SELECT kind, pending, pending_bytes, dead FROM outbox_classes"
-            )
-        }
-        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+        tally = dict(conn.execute("SELECT name, value FROM outbox_tally").fetchall())
+        self.counters = {name: int(tally.get(name, 0)) for name in COUNTER_NAMES}
+        self.depth = {}
+        for name, value in tally.items():
+            field, colon, kind = name.partition(":")
+            if colon and field in CLASS_FIELDS:
+                self._d(kind)[CLASS_FIELDS.index(field)] = int(value)
         top = conn.execute("SELECT max(id) FROM outbox").fetchone()[0] or 0
-        self.next_id = max(row[0] if row else 0, top) + 1
+        self.next_id = max(int(tally.get(NEXT_ID, 1)), top + 1)
         self._data_version = conn.execute("PRAGMA data_version").fetchone()[0]
 
     def _check_external(self) -> None:
@@ -139,25 +137,29 @@ class Engine(ReadOps, SettleOps):
     def commit(self) -> None:
         assert self._snap is not None
         self._flush()
-        counters0, depth0, _ = self._snap
+        counters0, depth0, next0 = self._snap
         conn = self.conn
-        changed = [(v - counters0.get(k, 0), k) for k, v in self.counters.items()]
-        changed = [c for c in changed if c[0]]
-        if changed:
-            conn.executemany(
-                "UPDATE outbox_counters SET value = value + ? WHERE name = ?", changed
-            )
-        rows = []
+        # Deltas (another connection, the CLI, may have moved the totals meanwhile), all in
+        # the one tally table: every counter and depth of a commit lands on the same page.
+        deltas = [(k, v - counters0[k]) for k, v in self.counters.items() if v != counters0[k]]
         for kind, d in self.depth.items():
             p0, b0, x0 = depth0.get(kind) or (0, 0, 0)
-            if (d[0], d[1], d[2]) != (p0, b0, x0):
-                rows.append((kind, d[0] - p0, d[1] - b0, d[2] - x0))
-        if rows:  # deltas, like the counters
+            if d[0] != p0 or d[1] != b0 or d[2] != x0:
+                deltas += [
+                    (f"pending:{kind}", d[0] - p0),
+                    (f"bytes:{kind}", d[1] - b0),
+                    (f"dead:{kind}", d[2] - x0),
+                ]
+        if deltas:
             conn.executemany(
-                "INSERT INTO outbox_classes (kind, pending, pending_bytes, dead)"
-                " VALUES (?1, ?2, ?3, ?4) ON CONFLICT (kind) DO UPDATE SET"
-                " pending = pending + ?2, pending_bytes = pending_bytes + ?3, dead = dead + ?4",
-                rows,
+                "INSERT INTO outbox_tally (name, value) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+                deltas,
+            )
+        if self.next_id != next0:  # ids are never reused, even after the top rows are gone
+            conn.execute(
+                "UPDATE outbox_tally SET value = max(value, ?) WHERE name = ?",
+                (self.next_id, NEXT_ID),
             )
         conn.execute("COMMIT")
         self.write_transactions += 1

@@ -12,7 +12,13 @@
 
 Rows (table `outbox`): done and expired rows are deleted (the counters remember them), so only
 `pending` and `dead` rows are stored. In-flight is not a stored status: the store object keeps it
-in memory (see `agent.outbox.types`).
+in memory (see `agent.outbox.types`). The counters, the per-class depths and the id high-water
+mark (`next_id`: ids are never reused) live in `outbox_tally`, written in the same transaction
+as the rows; `outbox_counters` and `outbox_classes` are views over it.
+
+Write wear (an SD card wears with every page written): a commit writes every page it touched
+to the WAL, so version 2 touches as few as it can (no AUTOINCREMENT, one tally page) and new
+files use small pages (`PAGE_SIZE`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,11 @@ COUNTER_NAMES = (
     "purged",
     "corrupt_recoveries",
 )
+
+# Page size of a new outbox file. Every commit writes each page it touched (to the WAL, and
+# once more at a checkpoint), so smaller pages mean fewer bytes written per message: an idle
+# worker's heartbeat touches a handful of pages per commit whatever their size.
+PAGE_SIZE = 1024
 
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
@@ -109,10 +120,122 @@ def _create_outbox(conn: sqlite3.Connection) -> None:
     )
 
 
+# Version 2 writes fewer pages per commit (an SD card wears with every page written): row ids
+# without AUTOINCREMENT (its sqlite_sequence row was one more page per insert), and the
+# counters, per-class depths and the id high-water mark in one small table (one page instead
+# of two). Ids are still never reused: `next_id` is kept there, in the same transaction as
+# the rows, and never goes down.
+OUTBOX_COLUMNS = (
+    "id, msg_id, owner, receiver, kind, payload, key, conflict, seq, created_at, send_at,"
+    " attempts, status, last_error, expires_at, size, rhash, fifo"
+)
+NEXT_ID = "next_id"
+# Per-class depths are tally rows named "<field>:<kind>" (counter names hold no colon).
+CLASS_FIELDS = ("pending", "bytes", "dead")
+
+
+def _outbox_table(conn: sqlite3.Connection, name: str) -> None:
+    conn.execute(
+        f"""
+        CREATE TABLE {name} (
+            id          INTEGER PRIMARY KEY,
+            msg_id      TEXT    NOT NULL,
+            owner       TEXT    NOT NULL,
+            receiver    TEXT    NOT NULL,
+            kind        TEXT    NOT NULL,
+            payload     BLOB    NOT NULL,
+            key         TEXT,
+            conflict    TEXT    NOT NULL CHECK (conflict IN ('append', 'overwrite')),
+            seq         INTEGER NOT NULL,
+            created_at  INTEGER NOT NULL,
+            send_at     INTEGER NOT NULL,
+            attempts    INTEGER NOT NULL DEFAULT 0,
+            status      TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'dead')),
+            last_error  TEXT,
+            expires_at  INTEGER,
+            size        INTEGER NOT NULL,
+            rhash       INTEGER NOT NULL,
+            fifo        INTEGER NOT NULL DEFAULT 0
+        )
+        """
+    )
+
+
+def _outbox_indexes(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE INDEX outbox_ready ON outbox (send_at, id) WHERE status = 'pending'")
+    conn.execute(
+        "CREATE INDEX outbox_key ON outbox (owner, receiver, key)"
+        " WHERE status = 'pending' AND key IS NOT NULL"
+    )
+    conn.execute(
+        "CREATE INDEX outbox_fifo ON outbox (receiver, id) WHERE status = 'pending' AND fifo = 1"
+    )
+    conn.execute(
+        "CREATE INDEX outbox_expiry ON outbox (expires_at)"
+        " WHERE status = 'pending' AND expires_at IS NOT NULL"
+    )
+
+
+def _fewer_pages(conn: sqlite3.Connection) -> None:
+    """v1 -> v2: rebuild `outbox` without AUTOINCREMENT (every row, dead letter and attempt
+    kept), fold `outbox_counters` and `outbox_classes` into `outbox_tally`, and keep both
+    names as read-only views for tools that read them."""
+    seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+    top = conn.execute("SELECT max(id) FROM outbox").fetchone()[0] or 0
+    next_id = max(seq[0] if seq else 0, top) + 1
+    counters = conn.execute("SELECT name, value FROM outbox_counters").fetchall()
+    classes = conn.execute(
+        "SELECT kind, pending, pending_bytes, dead FROM outbox_classes"
+    ).fetchall()
+    _outbox_table(conn, "outbox_v2")
+    conn.execute(
+        f"INSERT INTO outbox_v2 ({OUTBOX_COLUMNS}) SELECT {OUTBOX_COLUMNS} FROM outbox ORDER BY id"
+    )
+    conn.execute("DROP TABLE outbox")  # (its indexes and its sqlite_sequence row go with it)
+    conn.execute("ALTER TABLE outbox_v2 RENAME TO outbox")
+    _outbox_indexes(conn)
+    conn.execute("DROP TABLE outbox_counters")
+    conn.execute("DROP TABLE outbox_classes")
+    _create_tally(conn)
+    rows: list[tuple[str, int]] = [(n, int(v)) for n, v in counters if n in COUNTER_NAMES]
+    rows.append((NEXT_ID, next_id))
+    for kind, pending, nbytes, dead in classes:
+        rows += [(f"pending:{kind}", pending), (f"bytes:{kind}", nbytes), (f"dead:{kind}", dead)]
+    conn.executemany(
+        "INSERT INTO outbox_tally (name, value) VALUES (?, ?)"
+        " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        rows,
+    )
+
+
+def _create_tally(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE outbox_tally (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID"
+    )
+    conn.executemany(
+        "INSERT INTO outbox_tally (name, value) VALUES (?, 0)",
+        [(n,) for n in (*COUNTER_NAMES, NEXT_ID)],
+    )
+    conn.execute(
+        "CREATE VIEW outbox_counters AS SELECT name, value FROM outbox_tally"
+        f" WHERE instr(name, ':') = 0 AND name != '{NEXT_ID}'"
+    )
+    conn.execute(
+        "CREATE VIEW outbox_classes AS"
+        " SELECT substr(p.name, 9) AS kind, p.value AS pending,"
+        " coalesce(b.value, 0) AS pending_bytes, coalesce(d.value, 0) AS dead"
+        " FROM outbox_tally AS p"
+        " LEFT JOIN outbox_tally AS b ON b.name = 'bytes:' || substr(p.name, 9)"
+        " LEFT JOIN outbox_tally AS d ON d.name = 'dead:' || substr(p.name, 9)"
+        " WHERE p.name >= 'pending:' AND p.name < 'pending;'"
+    )
+
+
 Migration = tuple[str, Callable[[sqlite3.Connection], None]]
 
 MIGRATIONS: list[Migration] = [
     ("create_outbox", _create_outbox),
+    ("fewer_pages_per_commit", _fewer_pages),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -253,14 +376,16 @@ def open_database(
                 dest = move_aside(p, when)
                 recovered = str(dest)
                 log.error("outbox: %s is damaged (%s); moved aside to %s", p, problem, dest)
+        fresh = not p.exists() or p.stat().st_size == 0
         conn = sqlite3.connect(str(p), isolation_level=None, check_same_thread=False)
         try:
+            if fresh:  # only before the first table; an existing file keeps its page size
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
             configure(conn, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
             migrate(conn)
             if recovered is not None:
                 conn.execute(
-                    "UPDATE outbox_counters SET value = value + 1"
-                    " WHERE name = 'corrupt_recoveries'"
+                    "UPDATE outbox_tally SET value = value + 1 WHERE name = 'corrupt_recoveries'"
                 )
         except BaseException:
             conn.close()
@@ -274,9 +399,13 @@ def open_database(
 
 __all__ = [
     "APPLICATION_ID",
+    "CLASS_FIELDS",
     "COUNTER_NAMES",
     "MIGRATIONS",
     "MIN_SQLITE",
+    "NEXT_ID",
+    "OUTBOX_COLUMNS",
+    "PAGE_SIZE",
     "SCHEMA_VERSION",
     "Synchronous",
     "configure",

@@ -78,6 +78,19 @@ class OutboxMachine(RuleBasedStateMachine):
             if not r.dead and r.receiver == receiver and r.key == key
         )
 
+    def okey(self, rid: int) -> tuple[str, str | None] | None:
+        r = self.rows[rid]
+        return (r.receiver, r.key) if r.conflict == "overwrite" else None
+
+    def superseded(self, rid: int) -> bool:
+        """An OVERWRITE row with a newer pending row of its key (nack/release coalesce it)."""
+        row = self.rows[rid]
+        return row.conflict == "overwrite" and any(
+            self.rows[o].seq > row.seq
+            for o in self.pending_with(row.receiver, row.key or "")
+            if o != rid
+        )
+
     # -- rules -------------------------------------------------------------------------------
     @rule(
         receiver=st.sampled_from(["a", "b", "c"]),
@@ -126,11 +139,21 @@ class OutboxMachine(RuleBasedStateMachine):
         assert self.store is not None
         got = self.run(self.store.take_ready(limit=limit))
         now = self.clock.now_ms()
-        ready = [
-            rid
-            for rid, r in self.rows.items()
-            if not r.dead and rid not in self.flying and r.send_at <= now
-        ]
+        # An OVERWRITE key has at most one row in flight: a row of a key in flight waits, and
+        # one take hands out at most one row per key (the first in ready order).
+        busy = {self.okey(rid) for rid in self.flying} - {None}
+        ready: list[int] = []
+        for rid in sorted(
+            (rid for rid, r in self.rows.items()
+             if not r.dead and rid not in self.flying and r.send_at <= now),
+            key=lambda rid: (self.rows[rid].send_at, rid),
+        ):
+            okey = self.okey(rid)
+            if okey is not None:
+                if okey in busy:
+                    continue
+                busy.add(okey)
+            ready.append(rid)
         assert len(got) == min(limit, len(ready)), (got, ready)
         for row in got:
             model = self.rows[row.row_id]
@@ -156,24 +179,26 @@ class OutboxMachine(RuleBasedStateMachine):
             self.delivered.append(self.rows.pop(rid).payload)
 
     @precondition(lambda self: self.flying)
-    @rule(data=st.data(), delay=st.sampled_from([0, 500, 2_000]))
-    def nack(self, data: st.DataObject, delay: int) -> None:
+    @rule(
+        data=st.data(),
+        delay=st.sampled_from([0, 500, 2_000]),
+        outcome=st.sampled_from(["transient", "transient", "capacity"]),
+    )
+    def nack(self, data: st.DataObject, delay: int, outcome: str) -> None:
         assert self.store is not None
-        self.nack_one(data.draw(st.sampled_from(sorted(self.flying))), delay)
+        self.nack_one(data.draw(st.sampled_from(sorted(self.flying))), delay, outcome)
 
-    def nack_one(self, rid: int, delay: int) -> None:
+    def nack_one(self, rid: int, delay: int, outcome: str = "transient") -> None:
         assert self.store is not None
-        died = self.run(self.store.nack(rid, delay_ms=delay, error="nope"))
+        died = self.run(
+            self.store.nack(rid, delay_ms=delay, error="nope", outcome=outcome)  # type: ignore[arg-type]
+        )
         self.flying.discard(rid)
         row = self.rows[rid]
-        row.attempts += 1
+        if outcome == "transient":  # a busy answer (capacity) spends no attempt
+            row.attempts += 1
         row.send_at = self.clock.now_ms() + delay
-        newer = row.conflict == "overwrite" and any(
-            self.rows[o].seq > row.seq
-            for o in self.pending_with(row.receiver, row.key or "")
-            if o != rid
-        )
-        if newer:
+        if self.superseded(rid):
             assert died is False
             del self.rows[rid]
             return
@@ -195,6 +220,9 @@ class OutboxMachine(RuleBasedStateMachine):
         ids = data.draw(st.lists(st.sampled_from(sorted(self.flying)), min_size=1, unique=True))
         self.run(self.store.release(ids))
         self.flying.difference_update(ids)
+        for rid in ids:
+            if self.superseded(rid):
+                del self.rows[rid]
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 3.0]))
     def advance(self, seconds: float) -> None:
@@ -229,6 +257,9 @@ class OutboxMachine(RuleBasedStateMachine):
         assert stats.pending == sum(1 for r in self.rows.values() if not r.dead)
         assert stats.dead == sum(1 for r in self.rows.values() if r.dead)
         assert stats.in_flight == len(self.flying)
+        keys = [self.okey(rid) for rid in self.flying]
+        keys = [k for k in keys if k is not None]
+        assert len(keys) == len(set(keys)), "two rows of one OVERWRITE key in flight"
         assert stats.delivered == len(self.delivered)
 
 
