@@ -12,9 +12,10 @@ health check on the new image and roll back.
 
 `progress` (optional) is called with a sample of the fleet and the rollout (plain data: fleet
 time, devices online, reports in flight, outbox depth, downloads, and the rollout's state, its
-current wave, numbered from 1, and per-state device counts) every `progress_every_s` of fleet
-time and whenever the rollout's state, its current wave or that wave's state changes. Sampling
-only reads and never awaits, so the report is the same with or without it.
+current wave, numbered from 1, and per-state device counts) whenever the rollout's state, its
+current wave or that wave's state changes; otherwise at most every `progress_every_s` of fleet
+time when something else changed, and every `progress_idle_s` (default ten times that) when
+nothing did. Sampling only reads and never awaits, so the report is the same with or without it.
 
 The report (plain data, JSON-ready): `rollout` (state, per-wave results, counts,
 `devices_offered_after_abort`, duration), `outcomes` (devices per final state), `downloads`
@@ -124,6 +125,7 @@ async def wave_rollout_scenario(
     base_version: str = BASE_VERSION,
     progress: Progress | None = None,
     progress_every_s: float = 30.0,
+    progress_idle_s: float | None = None,
 ) -> dict[str, Any]:
     """Run the scenario; see the module docstring. `work_dir` (default: a temporary directory,
     removed afterwards) holds the leader's and the devices' SQLite files and slots. `fates`
@@ -154,6 +156,7 @@ async def wave_rollout_scenario(
             base_version=base_version,
             progress=progress,
             progress_every_s=progress_every_s,
+            progress_idle_s=progress_idle_s,
         )
     finally:
         if owned:
@@ -188,6 +191,7 @@ async def _run(
     base_version: str,
     progress: Progress | None = None,
     progress_every_s: float = 30.0,
+    progress_idle_s: float | None = None,
 ) -> dict[str, Any]:
     if spec_path is not None:
         data = msgspec.to_builtins(load_spec(spec_path))
@@ -213,7 +217,10 @@ async def _run(
         fate = fates.get(device_id) if fates is not None else None
         fleet.add_device(device_id, fate=fate or DeviceFate(health_fails=device_id in failing))
     await fleet.start()
-    sampler = _Sampler(fleet, progress, spec=spec, every_s=progress_every_s) if progress is not None else None
+    sampler = None
+    if progress is not None:
+        idle_s = progress_idle_s if progress_idle_s is not None else 10 * progress_every_s
+        sampler = _Sampler(fleet, progress, spec=spec, every_s=progress_every_s, idle_s=idle_s)
     try:
         await fleet.run_until(lambda: fleet.leader.registry.counts()[0] >= devices, max_s=600.0, step_s=5.0,
                               on_step=sampler)
@@ -274,32 +281,37 @@ async def _run(
 
 
 class _Sampler:
-    """Calls `progress` with a sample every `every_s` of fleet time, and whenever the rollout's
-    state, its current wave or that wave's state changes (see the module docstring)."""
+    """Calls `progress` with a sample when the rollout's state, its current wave or that wave's
+    state changes; else after `every_s` of fleet time if anything changed, after `idle_s` if
+    nothing did (see the module docstring)."""
 
-    def __init__(self, fleet: SimFleet, progress: Progress, *, spec: RolloutSpec, every_s: float) -> None:
+    def __init__(self, fleet: SimFleet, progress: Progress, *, spec: RolloutSpec, every_s: float,
+                 idle_s: float) -> None:
         self.fleet = fleet
         self.progress = progress
         self.every_s = every_s
+        self.idle_s = max(idle_s, every_s)
         self.bound = spec.download.servers * (spec.download.mailbox_capacity + 1)
         self.rid: str | None = None
         self._t0 = fleet.clock.monotonic()
-        self._last_t: float | None = None
-        self._last_key: tuple[str, int, str] | None = None
+        self._last: Sample | None = None
 
     def __call__(self, *, force: bool = False) -> None:
         t = self.fleet.clock.monotonic() - self._t0
-        store = self.fleet.rollout.store
-        r = store.get(self.rid) if self.rid is not None else None
-        key = None
-        if r is not None:
-            wave = store.wave(r.id, r.current_wave)
-            key = (r.state, r.current_wave, wave.state if wave is not None else "")
-        due = self._last_t is None or t - self._last_t >= self.every_s - 1e-9
-        if key == self._last_key and not due and not (force and t != self._last_t):
-            return
-        self._last_t, self._last_key = t, key
-        self.progress(self.sample(t))
+        sample = self.sample(t)
+        last = self._last
+        if last is not None:
+            if force:
+                if sample == last:
+                    return  # shown already
+            else:
+                since = t - last["t"]
+                moved = _phase(sample) != _phase(last)
+                changed = {k: v for k, v in sample.items() if k != "t"} != {k: v for k, v in last.items() if k != "t"}
+                if not (moved or (changed and since >= self.every_s - 1e-9) or since >= self.idle_s - 1e-9):
+                    return
+        self._last = sample
+        self.progress(sample)
 
     def sample(self, t: float) -> Sample:
         fleet = self.fleet
@@ -343,6 +355,14 @@ class _Sampler:
             "finished": sum(n for state, n in totals.items() if state in TERMINAL),
         }
         return out
+
+
+def _phase(sample: Sample) -> tuple[str, int, str] | None:
+    """The rollout's state, current wave and that wave's state, as a sample shows them."""
+    ro = sample["rollout"]
+    if ro is None:
+        return None
+    return ro["state"], ro["wave"], ro["waves"][ro["wave"] - 1]["state"]
 
 
 def _versions(fleet: SimFleet) -> dict[str, int]:

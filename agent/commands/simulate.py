@@ -190,10 +190,12 @@ def main(args: argparse.Namespace) -> int:
             from agent.sim.rollout import run_rollout
 
             with ProgressDisplay(duration_s=None) as display:
-                # a live panel redraws every 5 s of fleet time; plain lines come every 30 s
+                # A live panel redraws every 5 s of fleet time. Plain lines: at every change of
+                # the rollout's state or wave, every 30 s while devices move, every 5 min otherwise.
+                every, idle = (5.0, 5.0) if display.live else (30.0, 300.0)
                 return await run_rollout(opts, workdir=workdir, spec_path=args.rollout, fail_rate=args.fail_rate,
                                          public_key=public_key, progress=None if args.quiet else display,
-                                         progress_every_s=5.0 if display.live else 30.0)
+                                         progress_every_s=every, progress_idle_s=idle)
         with ProgressDisplay(duration_s=opts.duration_s) as display:
             return await Simulation(opts, workdir=workdir, progress=None if args.quiet else display).run()
 

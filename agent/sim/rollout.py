@@ -69,10 +69,12 @@ def public_key_for(spec_path: str | Path, public_key: str | Path | None) -> tupl
 
 async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path | None = None,
                       fail_rate: float = 0.0, public_key: str | Path | None = None,
-                      progress: Progress | None = None, progress_every_s: float = 30.0) -> Report:
+                      progress: Progress | None = None, progress_every_s: float = 30.0,
+                      progress_idle_s: float | None = None) -> Report:
     """Run the wave-rollout scenario with `opts.devices` and `opts.seed`. `progress` gets a
-    sample (`firmware_rollout.scenario`) every `progress_every_s` of fleet time and at every
-    change of the rollout's state, its wave or the wave's state."""
+    sample (`firmware_rollout.scenario`) at every change of the rollout's state, its wave or
+    the wave's state; else after `progress_every_s` of fleet time when something changed, after
+    `progress_idle_s` (default ten times that) when nothing did."""
     # The updaters' thread work completes in submission order only on one thread: the same
     # seed then gives the same report.
     loop = asyncio.get_running_loop()
@@ -82,7 +84,8 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
     try:
         result: dict[str, Any] = await wave_rollout_scenario(
             devices=opts.devices, seed=opts.seed, fail_rate=fail_rate, work_dir=workdir / "rollout",
-            spec_path=spec_path, public_key=public_key, progress=progress, progress_every_s=progress_every_s)
+            spec_path=spec_path, public_key=public_key, progress=progress, progress_every_s=progress_every_s,
+            progress_idle_s=progress_idle_s)
     finally:
         executor.shutdown(wait=True)
     wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -113,8 +116,8 @@ def rollout_summary(report: Report) -> str:
     ]
     for w in ro["waves"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(w["counts"].items())) or "untouched"
-        lines.append(f"  {wave_label(w['index'], canary=w.get('canary', False))}: {w['size']} devices,"
-                     f" {w['state']}: {counts}")
+        devices = f"{w['size']} device" + ("" if w["size"] == 1 else "s")
+        lines.append(f"  {wave_label(w['index'], canary=w.get('canary', False))}: {devices}, {w['state']}: {counts}")
     d = report["downloads"]
     lines.append(f"downloads: at most {d['max_concurrent']} at once (bound {d['bound']}), {d['served']} chunks"
                  f" served, {d['busy']} busy answers")

@@ -104,7 +104,7 @@ def test_the_given_key_is_pinned(spec: tuple[Path, Path], tmp_path: Path,
                      "--quiet", "--report", str(report)]) == 0
     out = capsys.readouterr()
     assert out.err == ""
-    assert "succeeded after" in out.out and "  wave 1 (canary): 1 devices, passed: succeeded 1" in out.out
+    assert "succeeded after" in out.out and "  wave 1 (canary): 1 device, passed: succeeded 1" in out.out
 
 
 def test_a_key_that_did_not_sign_the_artifact_is_a_warning(spec: tuple[Path, Path], tmp_path: Path,

@@ -34,6 +34,11 @@ def sample(**rollout: Any) -> dict[str, Any]:
             "in_flight": 1, "outbox_pending": 2, "downloads": 6, "download_bound": 6, "rollout": ro}
 
 
+def seconds(line: str) -> int:
+    h, m, s = line.split(" ", 1)[0].removeprefix("t=").split(":")
+    return int(h) * 3600 + int(m) * 60 + int(s)
+
+
 def test_a_rollout_sample_is_one_plain_line() -> None:
     assert rollout_line(sample()) == (
         "t=0:02:05 online=59/60 leader_sees=60 in_flight=1 outbox_pending=2 downloads=6/6"
@@ -66,18 +71,23 @@ async def test_a_small_rollout_prints_its_waves_and_states(tmp_path: Path) -> No
     stream = io.StringIO()
     opts = SimOptions(devices=20, seed=3, progress=False)
     with ProgressDisplay(duration_s=None, stream=stream, live=False) as display:
-        report = await run_rollout(opts, workdir=tmp_path / "shown", progress=display, progress_every_s=30.0)
+        report = await run_rollout(opts, workdir=tmp_path / "shown", progress=display, progress_every_s=30.0,
+                                   progress_idle_s=300.0)
     lines = stream.getvalue().splitlines()
     assert lines[0].endswith("rollout=not-started (devices registering)")
     assert any(" rollout=running wave=1/4 wave_state=running wave_devices=1 [" in line for line in lines)
     for n in (2, 3, 4):
         assert any(f" rollout=running wave={n}/4 wave_state=running " in line for line in lines), n
     assert any(" wave_state=soaking " in line for line in lines)
+    # a line repeats the one before (but for its time) only after 5 minutes of fleet time
+    for before, after in zip(lines, lines[1:], strict=False):
+        if before.split(" ", 1)[1] == after.split(" ", 1)[1]:
+            assert seconds(after) - seconds(before) >= 300, (before, after)
     assert lines[-1].endswith("rollout=succeeded wave=4/4 wave_state=passed wave_devices=6 [succeeded 6] done=20/20")
     assert report["rollout"]["state"] == "succeeded"
     # the per-wave results stay in the final report, numbered as in the progress
     summary = rollout_summary(report).splitlines()
-    assert summary[1:5] == ["  wave 1 (canary): 1 devices, passed: succeeded 1",
+    assert summary[1:5] == ["  wave 1 (canary): 1 device, passed: succeeded 1",
                             "  wave 2: 6 devices, passed: succeeded 6",
                             "  wave 3: 7 devices, passed: succeeded 7",
                             "  wave 4: 6 devices, passed: succeeded 6"]
@@ -105,7 +115,7 @@ def test_simulate_wave_rollout_prints_progress_lines_when_piped(capsys: pytest.C
     out = capsys.readouterr().out.splitlines()
     progress = [line for line in out if line.startswith("t=")]
     assert any(" rollout=running wave=2/4 wave_state=running " in line for line in progress)
-    assert "  wave 1 (canary): 1 devices, passed: succeeded 1" in out
+    assert "  wave 1 (canary): 1 device, passed: succeeded 1" in out
     assert out[-1] == "claim holds"
     assert cli_main(["simulate", "--scenario", "wave-rollout", "--devices", "20", "--seed", "3", "--quiet"]) == 0
     assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("t=")]
