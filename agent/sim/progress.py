@@ -109,7 +109,8 @@ class ProgressDisplay:
         table.add_column()
         duration = self._duration_s or 1.0
         bar = ProgressBar(total=max(duration, 1.0), completed=min(p["t"], duration), width=40)
-        table.add_row("fleet time", f"{fmt_time(p['t'])} / {fmt_time(duration)}")
+        over = " (draining: every outbox empties)" if p["t"] > duration else ""
+        table.add_row("fleet time", f"{fmt_time(p['t'])} / {fmt_time(duration)}{over}")
         table.add_row("", bar)
         table.add_row("devices online", f"{p['online']}/{p['devices']} (leader sees {p['leader_sees_online']},"
                                         f" {p['crashed']} crashed)")

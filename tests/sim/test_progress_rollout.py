@@ -119,3 +119,19 @@ def test_simulate_wave_rollout_prints_progress_lines_when_piped(capsys: pytest.C
     assert out[-1] == "claim holds"
     assert cli_main(["simulate", "--scenario", "wave-rollout", "--devices", "20", "--seed", "3", "--quiet"]) == 0
     assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("t=")]
+
+
+def test_the_fleet_panel_says_when_it_drains_past_the_duration() -> None:
+    fleet = {"t": 601.0, "online": 4, "devices": 4, "leader_sees_online": 4, "crashed": 0, "in_flight": 0,
+             "outbox_pending": 0, "heartbeats_pending": 0, "leader_mailbox": 0, "leader_mailbox_capacity": 8,
+             "aimd_limit_min": 50, "aimd_limit_mean": 50.0, "jobs_confirmed": 0, "jobs_submitted": 0}
+    from rich.console import Console
+
+    panel = ProgressDisplay(duration_s=600, stream=io.StringIO(), live=True)
+    screens = []
+    for t in (601.0, 300.0):
+        out = io.StringIO()
+        Console(file=out, width=100).print(panel.render({**fleet, "t": t}))
+        screens.append(out.getvalue())
+    assert "0:10:01 / 0:10:00 (draining: every outbox empties)" in screens[0]
+    assert "0:05:00 / 0:10:00" in screens[1] and "draining" not in screens[1]
