@@ -21,10 +21,10 @@ from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError
 from agent.transport import topics
 from agent.transport.base import Transport, Will
-from agent.transport.memory import MemoryBroker, MemoryTransport
 
 if TYPE_CHECKING:  # each role imports only its own agent: a worker never loads the leader's modules
     from agent.leader.agent import LeaderAgent
+    from agent.transport.memory import MemoryBroker  # (loaded only for memory://)
     from agent.worker.agent import WorkerAgent
 
 
@@ -62,6 +62,8 @@ def make_transport(
     if url.startswith("memory://") or memory_broker is not None:
         if memory_broker is None:
             raise ConfigError("--broker", "mqtt.url", "memory:// works only inside one process (simulate)")
+        from agent.transport.memory import MemoryTransport
+
         return MemoryTransport(memory_broker, client_id_of(config), will=will, birth=birth,
                                max_payload_bytes=config.mqtt.max_payload_bytes, rng=rng)
     if not url.startswith(("mqtt://", "mqtts://")):

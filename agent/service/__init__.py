@@ -4,54 +4,133 @@ sd_notify readiness and watchdog (`sdnotify`), signals and ordered shutdown (`si
 `/healthz` and `/metrics` (`healthhttp`, `prom`, `checks`, `collectors`), structured,
 journald-friendly logs (`logs`), private files and credentials (`files`), and `ServiceRuntime`
 (`runtime`) bundling them for `edge-agent run`.
+
+Names are loaded on first use (`from agent.service import HealthServer` works as before), so a
+command pays only for the modules it touches: a worker without `/metrics` need not load the
+HTTP server or the Prometheus renderer through this package.
 """
 
-from agent.service.checks import (
-    Check,
-    CheckResult,
-    disk_space_check,
-    gate_check,
-    predicate_check,
-    sqlite_writable_check,
-    task_check,
-)
-from agent.service.collectors import (
-    mailbox_collector,
-    outbox_collector,
-    process_collector,
-    relay_collector,
-    snapshot_collector,
-)
-from agent.service.files import (
-    FileWriteError,
-    InsecureFile,
-    check_mqtt_credentials,
-    check_private_file,
-    ensure_private_dir,
-    read_secret,
-    restrict_database_files,
-    restrict_mode,
-    set_service_umask,
-    write_private_file,
-)
-from agent.service.healthhttp import HealthServer, parse_listen
-from agent.service.logs import RateLimitedLog, fields, setup_logging
-from agent.service.prom import Counter, Gauge, MetricFamily, render
-from agent.service.runtime import ServiceRuntime
-from agent.service.sdnotify import (
-    Notifier,
-    Watchdog,
-    notify_ready,
-    notify_status,
-    notify_stopping,
-    watchdog_timeout_s,
-)
-from agent.service.signals import (
-    ServiceSignals,
-    ShutdownSequence,
-    StepFailure,
-    install_signal_handlers,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.service.checks import (
+        Check,
+        CheckResult,
+        disk_space_check,
+        gate_check,
+        predicate_check,
+        sqlite_writable_check,
+        task_check,
+    )
+    from agent.service.collectors import (
+        mailbox_collector,
+        outbox_collector,
+        process_collector,
+        relay_collector,
+        snapshot_collector,
+    )
+    from agent.service.files import (
+        FileWriteError,
+        InsecureFile,
+        check_mqtt_credentials,
+        check_private_file,
+        ensure_private_dir,
+        read_secret,
+        restrict_database_files,
+        restrict_mode,
+        set_service_umask,
+        write_private_file,
+    )
+    from agent.service.healthhttp import (
+        HealthServer,
+        parse_listen,
+    )
+    from agent.service.logs import (
+        RateLimitedLog,
+        fields,
+        setup_logging,
+    )
+    from agent.service.prom import (
+        Counter,
+        Gauge,
+        MetricFamily,
+        render,
+    )
+    from agent.service.runtime import (
+        ServiceRuntime,
+    )
+    from agent.service.sdnotify import (
+        Notifier,
+        Watchdog,
+        notify_ready,
+        notify_status,
+        notify_stopping,
+        watchdog_timeout_s,
+    )
+    from agent.service.signals import (
+        ServiceSignals,
+        ShutdownSequence,
+        StepFailure,
+        install_signal_handlers,
+    )
+
+_LAZY = {
+    "Check": "checks",
+    "CheckResult": "checks",
+    "Counter": "prom",
+    "FileWriteError": "files",
+    "Gauge": "prom",
+    "HealthServer": "healthhttp",
+    "InsecureFile": "files",
+    "MetricFamily": "prom",
+    "Notifier": "sdnotify",
+    "RateLimitedLog": "logs",
+    "ServiceRuntime": "runtime",
+    "ServiceSignals": "signals",
+    "ShutdownSequence": "signals",
+    "StepFailure": "signals",
+    "Watchdog": "sdnotify",
+    "check_mqtt_credentials": "files",
+    "check_private_file": "files",
+    "disk_space_check": "checks",
+    "ensure_private_dir": "files",
+    "fields": "logs",
+    "gate_check": "checks",
+    "install_signal_handlers": "signals",
+    "mailbox_collector": "collectors",
+    "notify_ready": "sdnotify",
+    "notify_status": "sdnotify",
+    "notify_stopping": "sdnotify",
+    "outbox_collector": "collectors",
+    "parse_listen": "healthhttp",
+    "predicate_check": "checks",
+    "process_collector": "collectors",
+    "read_secret": "files",
+    "relay_collector": "collectors",
+    "render": "prom",
+    "restrict_database_files": "files",
+    "restrict_mode": "files",
+    "set_service_umask": "files",
+    "setup_logging": "logs",
+    "snapshot_collector": "collectors",
+    "sqlite_writable_check": "checks",
+    "task_check": "checks",
+    "watchdog_timeout_s": "sdnotify",
+    "write_private_file": "files",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"agent.service.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Check",

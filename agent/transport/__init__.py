@@ -1,12 +1,37 @@
 """Layer 4: the transport protocol, its MQTT and in-memory implementations, remote messaging.
 
 `MqttTransport` lives in `agent.transport.mqtt` and is imported from there, so that code that
-only needs the in-memory broker (the simulator, the fast tests) does not load aiomqtt.
+only needs the in-memory broker (the simulator, the fast tests) does not load aiomqtt. The
+in-memory broker is loaded on first use of its names (`from agent.transport import
+MemoryBroker` works as before), so an agent on a real broker never loads it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Transport, Will
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender, envelope_from_row
-from agent.transport.memory import BrokerStats, MemoryBroker, MemoryTransport
+
+if TYPE_CHECKING:
+    from agent.transport.memory import BrokerStats, MemoryBroker, MemoryTransport
+
+_LAZY = {
+    "BrokerStats": "agent.transport.memory",
+    "MemoryBroker": "agent.transport.memory",
+    "MemoryTransport": "agent.transport.memory",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BrokerStats",
