@@ -10,8 +10,12 @@ futures by correlation id, with no task per message.
 `EnvelopeInbox` is the receiving side: it decodes each envelope (undecodable or oversized
 payloads, and on a device's `up` topic a sender other than that device, are answered `rejected`
 and reported to `on_rejected` for dead-lettering), hands it to the handler and publishes the
-handler's `Reply` to the response topic. A failing handler never crashes the inbox: the sender
-is told `busy` with a short retry_after and the failure is logged.
+handler's `Reply` to the response topic, at QoS 0 by default: a reply is only useful to a sender
+still waiting on the same connection (the sender fails its pending deliveries when its link
+drops, so a reply the broker kept for its session would arrive as a late reply), and a lost one
+is what the sender's timeout already covers, the envelope being redelivered and deduplicated.
+A failing handler never crashes the inbox: the sender is told `busy` with a short retry_after
+and the failure is logged.
 """
 
 from __future__ import annotations
@@ -230,9 +234,12 @@ class EnvelopeInbox:
         sender_check: bool = True,
         busy_retry_after_ms: int = 200,
         concurrency: int = 1,
+        reply_qos: int = 0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if reply_qos not in (0, 1):
+            raise ValueError("reply_qos must be 0 or 1")
         topics.validate_filter(topic_filter)
         self._transport = transport
         self._filter = topic_filter
@@ -242,6 +249,7 @@ class EnvelopeInbox:
         self._sender_check = sender_check
         self._busy_retry_after_ms = busy_retry_after_ms
         self._concurrency = concurrency
+        self._reply_qos = reply_qos
         self._queue: asyncio.Queue[InboundMessage] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._started = False
@@ -354,7 +362,9 @@ class EnvelopeInbox:
         if message.response_topic is None:
             return
         try:
-            await self._transport.publish(message.response_topic, encode(reply), qos=1, correlation=message.correlation)
+            await self._transport.publish(
+                message.response_topic, encode(reply), qos=self._reply_qos, correlation=message.correlation
+            )
         except TransportError as exc:
             # The sender times out and retries; the receiver deduplicates by envelope id.
             self.stats.reply_failures += 1

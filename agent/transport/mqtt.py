@@ -6,9 +6,18 @@ publish the retained `online` birth message, open the `connected` gate, and wait
 connection to end; then close the gate, fail publishes still waiting for their PUBACK with
 `ConnectionLost`, and reconnect after an exponential backoff with full jitter.
 
-Received messages are handed straight from aiomqtt's message callback to a deque drained by one
-long-lived dispatch task (aiomqtt's own iterator would create a task per message); aiomqtt's
-iterator is only used to learn that the connection ended.
+Hot paths go around aiomqtt's per-message machinery (`_paho_fast.FastPath` on the paho client
+of each connection): inbound PUBLISH packets are parsed into `InboundMessage`s and appended to a
+bounded queue drained by one long-lived dispatch task; a publish goes straight to paho with
+pre-encoded properties, and a QoS 1 publish waits on a future its PUBACK resolves (a PUBACK
+with a failure reason code fails it). aiomqtt still owns connecting, subscribing, the will, the
+keepalive and disconnects; its message iterator is only used to learn that the connection ended.
+
+The inbound queue holds `inbound_capacity` messages (plus at most one read's worth): when it is
+full the transport stops reading the socket until the dispatcher has drained half of it, so the
+broker holds the rest (QoS 1 in the session; nothing is dropped here and nothing is acked that
+was not queued). Connection failures are logged once, then at most every
+`FAILURE_LOG_INTERVAL_S` with the number of attempts in between; the rest go to DEBUG.
 
 No aiomqtt or paho type or exception leaves this module: failures surface as `NotConnected`,
 `ConnectionLost`, `TransportError` or `ConfigError`.
@@ -28,6 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiomqtt
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -36,12 +46,16 @@ from agent.core.config import MqttSection
 from agent.core.errors import ConfigError, ConnectionLost, NotConnected, TransportError
 from agent.core.gate import Gate
 from agent.transport import topics
+from agent.transport._paho_fast import FastPath, PropertiesCache
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
 _FAILURE = 0x80  # MQTT v5 reason codes at or above this are failures
+FAILURE_LOG_INTERVAL_S = 60.0
+DEFAULT_INBOUND_CAPACITY = 1024
+_ROUTE_CACHE = 65536  # topic -> handlers entries kept before the cache starts over
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,10 +135,13 @@ class MqttTransport:
         max_payload_bytes: int = 256 * 1024,
         operation_timeout_s: float = 10.0,
         max_inflight: int = 100,
+        inbound_capacity: int = DEFAULT_INBOUND_CAPACITY,
         rng: random.Random | None = None,
     ) -> None:
         if not client_id:
             raise ValueError("client_id must not be empty")
+        if inbound_capacity < 1:
+            raise ValueError("inbound_capacity must be >= 1")
         if not 0 < reconnect_min_s <= reconnect_max_s:
             raise ValueError("need 0 < reconnect_min_s <= reconnect_max_s")
         self._host = host
@@ -148,11 +165,24 @@ class MqttTransport:
         self._gate = Gate()
         self._subs: dict[str, tuple[Handler, int]] = {}
         self._client: aiomqtt.Client | None = None
+        self._paho: Any = None  # the connected client's paho client (while the gate is open)
+        self._wire: Any = None  # the paho client of the newest connection (messages arrive on it)
+        self._fast: FastPath | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._dispatcher: asyncio.Task[None] | None = None
-        self._inbound: deque[InboundMessage] = deque()
+        # (message, packet id to acknowledge or 0, the connection it came on)
+        self._inbound: deque[tuple[InboundMessage, int, Any]] = deque()
+        self._inbound_capacity = inbound_capacity
         self._wakeup: asyncio.Future[None] | None = None
-        self._inflight: dict[asyncio.Task[Any], bool] = {}  # task -> aborted by a disconnect
+        self._acks: dict[int, asyncio.Future[None]] = {}  # packet id -> waiting QoS 1 publish
+        self._unsubscribes: set[int] = set()  # packet ids of UNSUBSCRIBEs nobody waits for
+        self._props = PropertiesCache()
+        self._routes: dict[str, tuple[Handler, ...]] = {}
+        self._failures = 0  # consecutive failed connection attempts
+        self._failures_held = 0  # failures logged at DEBUG since the last reported one
+        self._failure_logged_at = float("-inf")
+        self.inbound_pauses = 0
+        self.inbound_high_water = 0
         self._stopping = False
         self._connecting = False
         self._entered = False
@@ -241,18 +271,13 @@ class MqttTransport:
         if self._supervisor is None:
             return
         self._stopping = True
-        client = self._client
-        if client is not None and self._gate.is_open and self.will is not None:
-            try:
-                await client.publish(
-                    self.will.topic,
-                    self.will.payload,
-                    qos=self.will.qos,
-                    retain=self.will.retain,
-                    timeout=min(self._timeout_s, 2.0),
-                )
-            except aiomqtt.MqttError as exc:
-                log.debug("%s: goodbye not published: %s", self._client_id, exc)
+        paho = self._paho
+        if paho is not None and self._gate.is_open and self.will is not None:
+            # Written before the DISCONNECT on the same connection, so the broker has it first;
+            # its PUBACK is not awaited (reading may be paused under a backlog).
+            info = paho.publish(self.will.topic, self.will.payload, self.will.qos, self.will.retain)
+            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                log.debug("%s: goodbye not published: %s", self._client_id, info.rc)
         if self._connecting:
             self._connect_done.clear()
             try:
@@ -267,6 +292,7 @@ class MqttTransport:
                 await _join(task)
         self._gate.close()
         self._inbound.clear()
+        self._routes.clear()
 
     async def publish(
         self,
@@ -281,44 +307,38 @@ class MqttTransport:
         if len(payload) > self._max_payload:
             raise PayloadTooLarge(len(payload), self._max_payload)
         topics.validate_topic(topic)
-        client = self._client
-        if client is None or not self._gate.is_open:
+        paho = self._paho
+        if paho is None or not self._gate.is_open:
             raise NotConnected(f"{self._client_id!r} is not connected")
         properties = None
         if response_topic is not None or correlation is not None:
-            properties = Properties(PacketTypes.PUBLISH)
-            if response_topic is not None:
-                properties.ResponseTopic = response_topic
-            if correlation is not None:
-                properties.CorrelationData = correlation
-        task = asyncio.current_task()
-        assert task is not None
-        cancelling = task.cancelling()
-        self._inflight[task] = False
+            properties = self._props.build(response_topic, correlation)
         try:
-            await client.publish(
-                topic,
-                payload,
-                qos=qos,
-                retain=retain,
-                properties=properties,
-                timeout=self._timeout_s,
-            )
-        except asyncio.CancelledError:
-            if self._inflight.get(task) and task.uncancel() <= cancelling:
-                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing") from None
-            raise
-        except aiomqtt.MqttError as exc:
-            if not self._gate.is_open:
-                raise ConnectionLost(f"{self._client_id!r}: publish failed: {exc}") from None
-            raise TransportError(f"{self._client_id!r}: publish failed: {exc}") from None
+            info = paho.publish(topic, payload, qos, retain, properties)
+        except ValueError as exc:
+            raise TransportError(f"{self._client_id!r}: publish refused: {exc}") from None
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN or not self._gate.is_open:
+                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
+            raise TransportError(f"{self._client_id!r}: publish failed: {info.rc}")
+        if qos == 0:
+            return
+        mid = info.mid
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks[mid] = future
+        try:
+            await self._clock.wait_for(future, self._timeout_s)
+        except TimeoutError:
+            raise TransportError(f"{self._client_id!r}: no PUBACK within {self._timeout_s}s") from None
         finally:
-            self._inflight.pop(task, None)
+            if self._acks.get(mid) is future:
+                del self._acks[mid]
 
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Record the subscription; send it now if connected (else on the next connect)."""
         topics.validate_filter(topic_filter)
         self._subs[topic_filter] = (handler, qos)
+        self._routes.clear()
         client = self._client
         if client is not None and self._gate.is_open:
             try:
@@ -328,14 +348,19 @@ class MqttTransport:
                 log.info("%s: subscribe %r deferred: %s", self._client_id, topic_filter, exc)
 
     async def unsubscribe(self, topic_filter: str) -> None:
+        """Forget the handler at once and send UNSUBSCRIBE without waiting for its UNSUBACK
+        (which may sit behind a backlog). Messages already received for the filter are
+        acknowledged and dropped, as after an UNSUBACK."""
         if self._subs.pop(topic_filter, None) is None:
             return
-        client = self._client
-        if client is not None and self._gate.is_open:
-            try:
-                await client.unsubscribe(topic_filter, timeout=self._timeout_s)
-            except aiomqtt.MqttError as exc:
-                log.info("%s: unsubscribe %r not confirmed: %s", self._client_id, topic_filter, exc)
+        self._routes.clear()
+        paho = self._paho
+        if paho is not None and self._gate.is_open:
+            rc, mid = paho.unsubscribe(topic_filter)
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                log.info("%s: unsubscribe %r not sent: %s", self._client_id, topic_filter, rc)
+            elif mid is not None:
+                self._unsubscribes.add(mid)
 
     # -- connection supervisor -------------------------------------------------------------
     def _make_client(self) -> aiomqtt.Client:
@@ -366,6 +391,35 @@ class MqttTransport:
             queue_type=lambda maxsize=0: _Handoff(self._on_message),  # type: ignore[arg-type]
         )
         client.pending_calls_threshold = 1 << 30  # many concurrent publishes are our normal
+        paho: Any = client._client  # noqa: SLF001  (aiomqtt exposes no hook for these paths)
+        self._wire = paho
+        self._fast = FastPath(paho, loop=asyncio.get_running_loop(), deliver=self._accept,
+                              on_read_error=lambda exc: _end_connection(client, exc))
+        stock_on_publish = paho.on_publish
+
+        def on_publish(c: Any, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
+            future = self._acks.pop(mid, None)
+            if future is None:  # one of aiomqtt's own publishes (birth, goodbye)
+                stock_on_publish(c, userdata, mid, reason, properties)
+            elif not future.done():
+                code = getattr(reason, "value", reason)
+                if isinstance(code, int) and code >= _FAILURE:
+                    future.set_exception(TransportError(f"broker refused the publish (reason code {code:#x})"))
+                else:
+                    future.set_result(None)
+
+        paho.on_publish = on_publish
+        stock_on_unsubscribe = paho.on_unsubscribe
+        unsubscribes = self._unsubscribes = set()  # this connection's
+
+        def on_unsubscribe(c: Any, userdata: Any, mid: int, *rest: Any) -> None:
+            if mid in unsubscribes:
+                unsubscribes.discard(mid)
+            else:
+                stock_on_unsubscribe(c, userdata, mid, *rest)
+
+        paho.on_unsubscribe = on_unsubscribe
+        paho.manual_ack_set(True)  # QoS 1 messages are acknowledged once dispatched
         return client
 
     async def _run(self) -> None:
@@ -388,23 +442,26 @@ class MqttTransport:
                 attempt = 0
                 self.connects += 1
                 self.last_error = None
+                self._paho = client._client  # noqa: SLF001
                 self._gate.open()
-                log.info("%s: connected to %s:%d", self._client_id, self._host, self._port)
+                self._log_connected()
                 async for _ in client.messages:  # returns only by raising on disconnect
                     pass
             except aiomqtt.MqttError as exc:
                 self.last_error = str(exc)
-                log.info("%s: connection ended: %s", self._client_id, exc)
+                self._log_failure(logging.INFO, f"connection ended: {exc}")
             except TransportError as exc:
                 self.last_error = str(exc)
-                log.warning("%s: %s", self._client_id, exc)
+                self._log_failure(logging.WARNING, str(exc))
             except Exception as exc:  # keep the agent connected whatever a library throws
                 self.last_error = repr(exc)
                 log.exception("%s: unexpected connection failure", self._client_id)
             finally:
                 self._client = None
+                self._paho = None
+                self._fast = None
                 self._gate.close()
-                self._abort_inflight()
+                self._fail_acks()
                 if client is not None and self._entered:
                     await self._leave(client)
             if self._stopping:
@@ -449,18 +506,58 @@ class MqttTransport:
             if isinstance(value, int) and value >= _FAILURE:
                 raise TransportError(f"broker refused subscription {topic_filter!r}: {code}")
 
-    def _abort_inflight(self) -> None:
-        for task in list(self._inflight):
-            self._inflight[task] = True
-            task.cancel()
+    def _fail_acks(self) -> None:
+        acks, self._acks = self._acks, {}
+        for future in acks.values():
+            if not future.done():
+                future.set_exception(ConnectionLost(f"{self._client_id!r}: connection lost while publishing"))
+
+    def _log_connected(self) -> None:
+        if self._failures_held:
+            log.info("%s: connected to %s:%d after %d failed attempts", self._client_id, self._host,
+                     self._port, self._failures)
+        else:
+            log.info("%s: connected to %s:%d", self._client_id, self._host, self._port)
+        self._failures = self._failures_held = 0
+        self._failure_logged_at = float("-inf")
+
+    def _log_failure(self, level: int, text: str) -> None:
+        """The first failure in a row and then one per FAILURE_LOG_INTERVAL_S at `level`; the
+        others at DEBUG, counted into the next line that gets through."""
+        self._failures += 1
+        now = self._clock.monotonic()
+        if self._failures == 1 or now - self._failure_logged_at >= FAILURE_LOG_INTERVAL_S:
+            held, self._failures_held = self._failures_held, 0
+            suffix = f" ({held} more failed attempts not logged)" if held else ""
+            log.log(level, "%s: %s%s", self._client_id, text, suffix)
+            self._failure_logged_at = now
+        else:
+            self._failures_held += 1
+            log.debug("%s: %s", self._client_id, text)
 
     # -- dispatch --------------------------------------------------------------------------
+    def _accept(self, message: InboundMessage, mid: int) -> None:
+        """Queue one received message (called by paho's read path on the loop). `mid` is the
+        packet id to acknowledge once the message is dispatched (0 for QoS 0)."""
+        inbound = self._inbound
+        inbound.append((message, mid, self._wire))
+        depth = len(inbound)
+        if depth > self.inbound_high_water:
+            self.inbound_high_water = depth
+        if depth >= self._inbound_capacity and self._fast is not None and not self._fast.paused:
+            self.inbound_pauses += 1
+            self._fast.pause()
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
     def _on_message(self, message: aiomqtt.Message) -> None:
+        """Messages paho's own handler parsed (the unusual ones `FastPath` passes on)."""
         properties = message.properties
         payload = message.payload
         if not isinstance(payload, bytes):
             payload = bytes(payload) if isinstance(payload, bytearray) else str(payload).encode()
-        self._inbound.append(
+        self._accept(
             InboundMessage(
                 message.topic.value,
                 payload,
@@ -468,29 +565,48 @@ class MqttTransport:
                 getattr(properties, "ResponseTopic", None),
                 getattr(properties, "CorrelationData", None),
                 message.qos,
-            )
+            ),
+            message.mid if message.qos else 0,
         )
-        wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+
+    def _handlers(self, topic: str) -> tuple[Handler, ...]:
+        handlers = self._routes.get(topic)
+        if handlers is None:
+            handlers = tuple(h for f, (h, _) in self._subs.items() if topics.matches(f, topic))
+            if len(self._routes) >= _ROUTE_CACHE:
+                self._routes.clear()
+            self._routes[topic] = handlers
+        return handlers
 
     async def _dispatch_loop(self) -> None:
         loop = asyncio.get_running_loop()
         inbound = self._inbound
+        resume_at = self._inbound_capacity // 2
         while True:
             if not inbound:
                 self._wakeup = loop.create_future()
                 await self._wakeup
                 self._wakeup = None
                 continue
-            message = inbound.popleft()
-            for topic_filter, (handler, _) in list(self._subs.items()):
-                if not topics.matches(topic_filter, message.topic):
-                    continue
+            message, mid, paho = inbound.popleft()
+            fast = self._fast
+            if fast is not None and fast.paused and len(inbound) <= resume_at:
+                fast.resume()
+            for handler in self._handlers(message.topic):
                 try:
                     await handler(message)
                 except Exception:
-                    log.exception("%s: handler for %r failed", self._client_id, topic_filter)
+                    log.exception("%s: handler for %r failed", self._client_id, message.topic)
+            if mid and paho is self._wire and paho is not None:
+                # After a reconnect the broker redelivers what this connection did not ack.
+                paho.ack(mid, message.qos)
+
+
+def _end_connection(client: aiomqtt.Client, exc: BaseException) -> None:
+    """What aiomqtt's own reader does when reading fails: end the connection with `exc`."""
+    disconnected = getattr(client, "_disconnected", None)
+    if disconnected is not None and not disconnected.done():
+        disconnected.set_exception(exc)
 
 
 async def _join(task: asyncio.Task[Any]) -> None:

@@ -1,0 +1,225 @@
+"""The MQTT transport's lean paths: PUBLISH parsing, pre-encoded properties, the bounded inbound
+queue (reading pauses, nothing is dropped), acknowledgement after dispatch, and rate-limited
+connection-failure logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from agent.core.errors import TransportError
+from agent.transport._paho_fast import PropertiesCache, parse_publish, varint
+from agent.transport.base import InboundMessage
+from agent.transport.mqtt import MqttTransport
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from mosquitto import Mosquitto, free_port  # noqa: E402
+
+
+def _publish_body(topic: str, payload: bytes, *, qos: int, mid: int = 7, props: bytes = b"\x00") -> bytes:
+    data = topic.encode()
+    body = len(data).to_bytes(2, "big") + data
+    if qos:
+        body += mid.to_bytes(2, "big")
+    return body + props + payload
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+
+def test_parse_publish_reads_topic_id_and_the_reply_properties() -> None:
+    props = PropertiesCache().build("r/t", b"corr-1").pack()
+    parsed = parse_publish(0x32 | 0x01, _publish_body("a/b", b"hello", qos=1, mid=513, props=props))
+    assert parsed == (InboundMessage("a/b", b"hello", True, "r/t", b"corr-1", 1), 513)
+    parsed = parse_publish(0x30, _publish_body("a/b", b"", qos=0))
+    assert parsed == (InboundMessage("a/b", b"", False, None, None, 0), 0)
+
+
+def test_packed_properties_match_what_paho_encodes() -> None:
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = "ea/v1/f/d/reply/relay"
+    props.CorrelationData = b"01J-abc"
+    ours = PropertiesCache().build("ea/v1/f/d/reply/relay", b"01J-abc").pack()
+    assert ours == props.pack()
+    assert PropertiesCache().build(None, None).pack() == b"\x00"
+
+
+def test_parse_publish_skips_properties_it_does_not_need() -> None:
+    inner = (b"\x01\x01" + b"\x02\x00\x00\x00\x3c" + b"\x0b\x81\x01"
+             + b"\x26\x00\x01k\x00\x01v" + b"\x03\x00\x04text" + b"\x08\x00\x01r")
+    props = varint(len(inner)) + inner
+    parsed = parse_publish(0x32, _publish_body("t", b"p", qos=1, props=props))
+    assert parsed is not None
+    assert parsed[0].response_topic == "r" and parsed[0].payload == b"p"
+
+
+@pytest.mark.parametrize(
+    ("header", "body"),
+    [
+        (0x34, _publish_body("t", b"p", qos=2)),  # QoS 2: paho's own handler
+        (0x30, _publish_body("t", b"p", qos=0, props=b"\x03\x23\x00\x01")),  # topic alias
+        (0x30, _publish_body("t", b"p", qos=0, props=b"\x02\x7f\x00")),  # unknown property
+        (0x30, b"\x00\x02\xff\xfe" + b"\x00"),  # topic not UTF-8
+        (0x30, b"\x00\x09ab"),  # truncated topic
+        (0x32, b"\x00\x01t\x00"),  # truncated packet id
+        (0x30, _publish_body("t", b"", qos=0, props=b"\x05\x08\x00\x09r")),  # property overruns
+    ],
+)
+def test_parse_publish_leaves_anything_unusual_to_paho(header: int, body: bytes) -> None:
+    assert parse_publish(header, body) is None
+
+
+def test_properties_cache_stays_bounded() -> None:
+    cache = PropertiesCache(limit=4)
+    for n in range(20):
+        cache.build(f"t/{n}", None)
+    assert len(cache._topics) <= 4
+
+
+# -- against mosquitto ------------------------------------------------------------------------
+
+
+def _transport(url: str, client_id: str, **kwargs: object) -> MqttTransport:
+    return MqttTransport.from_url(url, client_id=client_id, reconnect_min_s=0.05, reconnect_max_s=0.3,
+                                  **kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_full_inbound_queue_pauses_reading_and_loses_nothing(mosquitto: Mosquitto) -> None:
+    release = asyncio.Event()
+    got: list[bytes] = []
+    done = asyncio.Event()
+    total = 300
+
+    async def slow(message: InboundMessage) -> None:
+        await release.wait()
+        got.append(message.payload)
+        if len(got) == total:
+            done.set()
+
+    sub = _transport(mosquitto.url, "fp-sub", inbound_capacity=8)
+    pub = _transport(mosquitto.url, "fp-pub")
+    await sub.subscribe("fp/t", slow)
+    for t in (sub, pub):
+        await t.start()
+        await asyncio.wait_for(t.connected.wait_open(), 10)
+    try:
+        await asyncio.gather(*[pub.publish("fp/t", str(n).encode(), qos=1) for n in range(total)])
+        for _ in range(200):
+            if sub.inbound_pauses:
+                break
+            await asyncio.sleep(0.01)
+        assert sub.inbound_pauses > 0
+        release.set()
+        await asyncio.wait_for(done.wait(), 20)
+        assert got == [str(n).encode() for n in range(total)]  # in order, none lost, none twice
+        # capacity, plus at most the packets of one read (paho reads up to its in-flight count)
+        assert sub.inbound_high_water <= 8 + 100 + 1
+    finally:
+        await pub.stop()
+        await sub.stop()
+
+
+async def test_a_message_not_yet_dispatched_at_stop_is_redelivered_to_the_session(mosquitto: Mosquitto) -> None:
+    """QoS 1 is acknowledged only once dispatched: what was still queued at stop comes back."""
+    blocked = asyncio.Event()
+    seen: list[bytes] = []
+
+    async def stuck(message: InboundMessage) -> None:
+        seen.append(message.payload)
+        blocked.set()
+        await asyncio.Event().wait()  # never returns: the next messages stay queued
+
+    first = _transport(mosquitto.url, "fp-session")
+    pub = _transport(mosquitto.url, "fp-pub2")
+    await first.subscribe("fp/s", stuck)
+    for t in (first, pub):
+        await t.start()
+        await asyncio.wait_for(t.connected.wait_open(), 10)
+    await pub.publish("fp/s", b"one", qos=1)
+    await pub.publish("fp/s", b"two", qos=1)
+    await asyncio.wait_for(blocked.wait(), 10)
+    await asyncio.sleep(0.2)  # "two" arrives and waits in the inbound queue
+    await first.stop()
+
+    again: list[bytes] = []
+    arrived = asyncio.Event()
+
+    async def collect(message: InboundMessage) -> None:
+        again.append(message.payload)
+        if b"two" in again:
+            arrived.set()
+
+    second = _transport(mosquitto.url, "fp-session")
+    await second.subscribe("fp/s", collect)
+    await second.start()
+    try:
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert seen == [b"one"]
+        assert b"two" in again
+    finally:
+        await pub.stop()
+        await second.stop()
+
+
+async def test_unsubscribe_does_not_wait_for_the_broker(mosquitto: Mosquitto) -> None:
+    got: list[bytes] = []
+
+    async def handler(message: InboundMessage) -> None:
+        got.append(message.payload)
+
+    t = _transport(mosquitto.url, "fp-unsub")
+    await t.subscribe("fp/u", handler)
+    await t.start()
+    await asyncio.wait_for(t.connected.wait_open(), 10)
+    try:
+        await t.publish("fp/u", b"a", qos=1)
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        await t.unsubscribe("fp/u")
+        await t.publish("fp/u", b"b", qos=1)
+        await t.publish("fp/x", b"sync", qos=1)  # a round trip after the unsubscribe
+        await asyncio.sleep(0.2)
+        assert got == [b"a"]
+    finally:
+        await t.stop()
+
+
+async def test_qos1_publish_fails_with_our_error_when_the_connection_goes(mosquitto: Mosquitto) -> None:
+    t = _transport(mosquitto.url, "fp-lost")
+    await t.start()
+    await asyncio.wait_for(t.connected.wait_open(), 10)
+    try:
+        mosquitto.stop()
+        with pytest.raises(TransportError):
+            for _ in range(100):
+                await t.publish("fp/l", b"x", qos=1)
+                await asyncio.sleep(0.02)
+    finally:
+        mosquitto.start()
+        await t.stop()
+
+
+async def test_connection_failures_are_logged_once_then_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    t = MqttTransport(host="127.0.0.1", port=free_port(), client_id="fp-nobody",
+                      reconnect_min_s=0.005, reconnect_max_s=0.01)
+    with caplog.at_level(logging.DEBUG, logger="agent.transport.mqtt"):
+        await t.start()
+        for _ in range(500):
+            debug = [r for r in caplog.records if r.levelno == logging.DEBUG and "fp-nobody" in r.getMessage()]
+            if len(debug) >= 5:
+                break
+            await asyncio.sleep(0.02)
+        await t.stop()
+    loud = [r for r in caplog.records if r.levelno >= logging.INFO and "fp-nobody" in r.getMessage()]
+    quiet = [r for r in caplog.records if r.levelno == logging.DEBUG and "fp-nobody" in r.getMessage()]
+    assert len(quiet) >= 5
+    assert len(loud) == 1
