@@ -61,6 +61,19 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
+class _Unwatched:
+    """Stands in for paho's `MQTTMessageInfo` (a lock and a condition each) on a QoS 0 publish
+    nobody waits for."""
+
+    __slots__ = ()
+
+    def _set_as_published(self) -> None:
+        return None
+
+
+UNWATCHED: Any = _Unwatched()
+
+
 class PackedProperties:
     """MQTT v5 PUBLISH properties already encoded; stands in for paho's `Properties`."""
 
@@ -318,6 +331,20 @@ class FastPath:
         return _SUCCESS
 
     # -- writing ---------------------------------------------------------------------------
+    def publish_qos0(self, topic: str, payload: bytes, retain: bool, properties: PackedProperties | None) -> bool:
+        """Queue a QoS 0 PUBLISH built here (no `MQTTMessage`, no `MQTTMessageInfo`); False if
+        the connection is gone. The topic was validated by the caller."""
+        paho: Any = self._paho
+        if paho._sock is None:
+            return False
+        data = topic.encode("utf-8")
+        props = properties.pack() if properties is not None else b"\x00"
+        remaining = 2 + len(data) + len(props) + len(payload)
+        packet = b"".join((bytes((_PUBLISH | (1 if retain else 0),)), varint(remaining),
+                           len(data).to_bytes(2, "big"), data, props, payload))
+        paho._packet_queue(_PUBLISH, packet, 0, 0, UNWATCHED)
+        return True
+
     def _packet_write(self) -> MQTTErrorCode:
         """paho's `_packet_write`, but consecutive PUBLISH/PUBACK packets go in one `send`."""
         paho: Any = self._paho
@@ -355,9 +382,11 @@ class FastPath:
                     break  # partly written: the rest goes first next time
                 out.popleft()
                 if packet["command"] & 0xF0 == _PUBLISH and packet["qos"] == 0:
-                    if on_publish is not None:
-                        on_publish(paho, paho._userdata, packet["mid"], 0, None)
-                    packet["info"]._set_as_published()
+                    info = packet["info"]
+                    if info is not UNWATCHED:
+                        if on_publish is not None:
+                            on_publish(paho, paho._userdata, packet["mid"], 0, None)
+                        info._set_as_published()
             if out and out[0]["pos"]:
                 break  # the socket took part of a packet: it is full for now
         with paho._msgtime_mutex:

@@ -45,6 +45,7 @@ InboxHandler = Callable[[Envelope, InboundMessage], Awaitable[Reply]]
 RejectSink = Callable[[str, bytes, str], object]  # (reason, raw payload, topic); may be async
 
 _LOST = object()
+_DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
 
 
 def envelope_from_row(row: OutboxRow) -> Envelope:
@@ -250,6 +251,7 @@ class EnvelopeInbox:
         self._busy_retry_after_ms = busy_retry_after_ms
         self._concurrency = concurrency
         self._reply_qos = reply_qos
+        self._devices: dict[str, str | None] = {}
         self._queue: asyncio.Queue[InboundMessage] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._started = False
@@ -322,9 +324,9 @@ class EnvelopeInbox:
             await self._reject(message, "", str(exc))
             return
         if self._sender_check:
-            parsed = topics.parse(message.topic)
-            if parsed is not None and parsed.channel == "up" and envelope.sender != parsed.device:
-                reason = f"sender {envelope.sender!r} does not match device {parsed.device!r} of the topic"
+            device = self._up_device(message.topic)
+            if device is not None and envelope.sender != device:
+                reason = f"sender {envelope.sender!r} does not match device {device!r} of the topic"
                 log.warning("rejected %s on %s: %s", envelope.id, message.topic, reason)
                 await self._reject(message, envelope.id, reason)
                 return
@@ -346,6 +348,19 @@ class EnvelopeInbox:
         else:
             self.stats.rejected += 1
         await self._answer(message, reply)
+
+    def _up_device(self, topic: str) -> str | None:
+        """The device of a device's `up` topic, else None (remembered per topic)."""
+        try:
+            return self._devices[topic]
+        except KeyError:
+            pass
+        parsed = topics.parse(topic)
+        device = parsed.device if parsed is not None and parsed.channel == "up" else None
+        if len(self._devices) >= _DEVICE_CACHE:
+            self._devices.clear()
+        self._devices[topic] = device
+        return device
 
     async def _reject(self, message: InboundMessage, envelope_id: str, reason: str) -> None:
         self.stats.rejected += 1

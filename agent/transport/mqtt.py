@@ -313,6 +313,11 @@ class MqttTransport:
         properties = None
         if response_topic is not None or correlation is not None:
             properties = self._props.build(response_topic, correlation)
+        fast = self._fast
+        if qos == 0 and fast is not None:
+            if not fast.publish_qos0(topic, payload, retain, properties):
+                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
+            return
         try:
             info = paho.publish(topic, payload, qos, retain, properties)
         except ValueError as exc:
