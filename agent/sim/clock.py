@@ -131,7 +131,7 @@ class SimClock(VirtualClock):
         coroutine in the calling task, which the timeout cancels (as `asyncio.timeout` does)."""
         if timeout_s is None:
             return await aw
-        if asyncio.isfuture(aw):
+        if isinstance(aw, asyncio.Future):
             expiry = _Expiry(aw)
             timer = self.call_later(timeout_s, expiry)
             try:

@@ -63,8 +63,9 @@ class MemoryTransport:
         self._gate = Gate()
         self._subs: dict[str, tuple[Handler, int]] = {}
         self._queue: deque[tuple[str, InboundMessage]] = deque()
-        self._wakeup: asyncio.Future[None] | None = None
+        # Runs only while there is something to hand over: an idle client holds no task.
         self._dispatcher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self.connects = 0
 
@@ -85,10 +86,10 @@ class MemoryTransport:
         if self._started:
             return
         self._started = True
-        self._dispatcher = asyncio.get_running_loop().create_task(
-            self._dispatch_loop(), name=f"memory-dispatch:{self._client_id}"
-        )
+        self._loop = asyncio.get_running_loop()
         self._try_connect()
+        if self._queue and self._dispatcher is None:
+            self._dispatcher = self._loop.create_task(self._dispatch())
 
     async def stop(self) -> None:
         """Clean disconnect: announce the will's message ourselves, the broker's will stays unused."""
@@ -191,27 +192,28 @@ class MemoryTransport:
     # -- dispatch --------------------------------------------------------------------------
     def _enqueue(self, sub_filter: str, message: InboundMessage) -> None:
         self._queue.append((sub_filter, message))
-        wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+        if self._dispatcher is None and self._started and self._loop is not None:
+            self._dispatcher = self._loop.create_task(self._dispatch())
 
-    async def _dispatch_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _dispatch(self) -> None:
+        """Hand the queued messages to their handlers, one at a time in arrival order; ends
+        when the queue is empty (the next delivery starts a new run)."""
+        me = self._dispatcher
         queue = self._queue
-        while True:
-            if not queue:
-                self._wakeup = loop.create_future()
-                await self._wakeup
-                self._wakeup = None
-                continue
-            sub_filter, message = queue.popleft()
-            entry = self._subs.get(sub_filter)
-            if entry is None:
-                continue
-            try:
-                await entry[0](message)
-            except Exception:
-                log.exception("%s: handler for %r failed", self._client_id, sub_filter)
+        subs = self._subs
+        try:
+            while queue:
+                sub_filter, message = queue.popleft()
+                entry = subs.get(sub_filter)
+                if entry is None:
+                    continue
+                try:
+                    await entry[0](message)
+                except Exception:
+                    log.exception("%s: handler for %r failed", self._client_id, sub_filter)
+        finally:
+            if self._dispatcher is me:
+                self._dispatcher = None
 
     async def _stop_dispatcher(self) -> None:
         task, self._dispatcher = self._dispatcher, None
