@@ -19,7 +19,11 @@ nothing did. Sampling only reads and never awaits, so the report is the same wit
 
 The report (plain data, JSON-ready): `rollout` (state, per-wave results, counts,
 `devices_offered_after_abort`, duration), `outcomes` (devices per final state), `downloads`
-(ConfigServer bound and the most requests it ever admitted at once, busy answers), `fleet`.
+(ConfigServer bound and the most requests it ever admitted at once, busy answers), `fleet`, and
+with `series_every_s` a `timeseries`: samples (`t`, devices online, reports in flight, outbox
+depth, downloads, the rollout's state, current wave and its state, devices per state) at every
+change of the rollout's state or wave and every `series_every_s` of fleet time, whatever the
+progress display does.
 
 Thread work (the updaters' SQLite and file writes) completes in submission order only when the
 loop's default executor has one thread: with that (as `run_wave_rollout_scenario` sets up) the
@@ -126,6 +130,7 @@ async def wave_rollout_scenario(
     progress: Progress | None = None,
     progress_every_s: float = 30.0,
     progress_idle_s: float | None = None,
+    series_every_s: float | None = None,
 ) -> dict[str, Any]:
     """Run the scenario; see the module docstring. `work_dir` (default: a temporary directory,
     removed afterwards) holds the leader's and the devices' SQLite files and slots. `fates`
@@ -157,6 +162,7 @@ async def wave_rollout_scenario(
             progress=progress,
             progress_every_s=progress_every_s,
             progress_idle_s=progress_idle_s,
+            series_every_s=series_every_s,
         )
     finally:
         if owned:
@@ -192,6 +198,7 @@ async def _run(
     progress: Progress | None = None,
     progress_every_s: float = 30.0,
     progress_idle_s: float | None = None,
+    series_every_s: float | None = None,
 ) -> dict[str, Any]:
     if spec_path is not None:
         data = msgspec.to_builtins(load_spec(spec_path))
@@ -221,23 +228,33 @@ async def _run(
     if progress is not None:
         idle_s = progress_idle_s if progress_idle_s is not None else 10 * progress_every_s
         sampler = _Sampler(fleet, progress, spec=spec, every_s=progress_every_s, idle_s=idle_s)
+    series: list[Sample] = []
+    recorder = None
+    if series_every_s is not None:
+        recorder = _Sampler(fleet, lambda p: series.append(_point(p)), spec=spec, every_s=series_every_s,
+                            idle_s=series_every_s)
+    samplers = [x for x in (sampler, recorder) if x is not None]
+
+    def on_step() -> None:
+        for x in samplers:
+            x()
     try:
         await fleet.run_until(lambda: fleet.leader.registry.counts()[0] >= devices, max_s=600.0, step_s=5.0,
-                              on_step=sampler)
+                              on_step=on_step)
         started_ms = clock.now_ms()
         rid = await fleet.rollout.orchestrator.start_rollout(spec, rollout_id=ROLLOUT_ID)
         store = fleet.rollout.store
-        if sampler is not None:
-            sampler.rid = rid
-            sampler()
+        for x in samplers:
+            x.rid = rid
+            x()
 
         def finished() -> bool:
             r = store.get(rid)
             return r is not None and not r.active and not store.devices(rid, states=tuple(IN_PROGRESS))
 
-        completed = await fleet.run_until(finished, max_s=max_fleet_s, step_s=5.0, on_step=sampler)
-        if sampler is not None:
-            sampler(force=True)
+        completed = await fleet.run_until(finished, max_s=max_fleet_s, step_s=5.0, on_step=on_step)
+        for x in samplers:
+            x(force=True)
         status = describe(store, rid)
         pools = list(fleet.rollout.pools.values())
         downloads = {
@@ -275,6 +292,7 @@ async def _run(
             "outcomes": status["counts"],
             "downloads": downloads,
             "fleet": {"versions": _versions(fleet)},
+            **({"timeseries": series} if recorder is not None else {}),
         }
     finally:
         await fleet.stop()
@@ -355,6 +373,17 @@ class _Sampler:
             "finished": sum(n for state, n in totals.items() if state in TERMINAL),
         }
         return out
+
+
+def _point(sample: Sample) -> Sample:
+    """A progress sample, compact for the report's time series."""
+    ro = sample["rollout"]
+    point = {k: sample[k] for k in ("t", "online", "leader_sees_online", "in_flight", "outbox_pending", "downloads")}
+    point["t"] = round(point["t"], 3)
+    if ro is None:
+        return {**point, "state": "not-started", "wave": 0, "wave_state": "", "counts": {}}
+    return {**point, "state": ro["state"], "wave": ro["wave"], "wave_state": ro["waves"][ro["wave"] - 1]["state"],
+            "counts": ro["counts"]}
 
 
 def _phase(sample: Sample) -> tuple[str, int, str] | None:

@@ -70,11 +70,12 @@ def public_key_for(spec_path: str | Path, public_key: str | Path | None) -> tupl
 async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path | None = None,
                       fail_rate: float = 0.0, public_key: str | Path | None = None,
                       progress: Progress | None = None, progress_every_s: float = 30.0,
-                      progress_idle_s: float | None = None) -> Report:
+                      progress_idle_s: float | None = None, series_every_s: float = 30.0) -> Report:
     """Run the wave-rollout scenario with `opts.devices` and `opts.seed`. `progress` gets a
     sample (`firmware_rollout.scenario`) at every change of the rollout's state, its wave or
     the wave's state; else after `progress_every_s` of fleet time when something changed, after
-    `progress_idle_s` (default ten times that) when nothing did."""
+    `progress_idle_s` (default ten times that) when nothing did. The report's `timeseries` has a
+    point every `series_every_s` of fleet time (what `--plot` draws)."""
     # The updaters' thread work completes in submission order only on one thread: the same
     # seed then gives the same report.
     loop = asyncio.get_running_loop()
@@ -85,7 +86,7 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
         result: dict[str, Any] = await wave_rollout_scenario(
             devices=opts.devices, seed=opts.seed, fail_rate=fail_rate, work_dir=workdir / "rollout",
             spec_path=spec_path, public_key=public_key, progress=progress, progress_every_s=progress_every_s,
-            progress_idle_s=progress_idle_s)
+            progress_idle_s=progress_idle_s, series_every_s=series_every_s)
     finally:
         executor.shutdown(wait=True)
     wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
