@@ -42,6 +42,10 @@ def public_key_for(spec_path: str | Path, public_key: str | Path | None) -> tupl
 
     spec = load_spec(spec_path)
     artifact = Path(spec.rollout.artifact)
+    try:
+        signed = read_signed_manifest(artifact)
+    except ArtifactError as exc:
+        raise ConfigError("--rollout", None, f"{spec_path}: artifact {artifact}: {exc}") from None
     if public_key is None:
         key_path = artifact.parent / "public.pem"
         if not key_path.is_file():
@@ -50,16 +54,15 @@ def public_key_for(spec_path: str | Path, public_key: str | Path | None) -> tupl
                               " give the fleet's public key with --public-key PATH")
     else:
         key_path = Path(public_key)
+        if key_path.is_dir():
+            raise ConfigError("--public-key", None,
+                              f"{key_path}: a directory, not a key file (e.g. {key_path / 'public.pem'})")
         if not key_path.is_file():
             raise ConfigError("--public-key", None, f"{key_path}: no such file")
     try:
         key = load_verify_key(key_path)
     except ArtifactError as exc:  # KeyFileError: names the file
         raise ConfigError("--public-key", None, str(exc)) from None
-    try:
-        signed = read_signed_manifest(artifact)
-    except ArtifactError as exc:
-        raise ConfigError("--rollout", None, f"{spec_path}: artifact {artifact}: {exc}") from None
     try:
         signed.verify(key)
     except ArtifactError as exc:

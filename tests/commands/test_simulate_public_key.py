@@ -72,6 +72,22 @@ def test_no_key_beside_the_artifact_points_to_the_option(spec: tuple[Path, Path]
                     f" ({tmp_path / 'fw' / 'public.pem'}): give the fleet's public key with --public-key PATH")
 
 
+def test_a_directory_is_not_a_key(spec: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    path, public = spec
+    keys = public.parent
+    assert cli_main(["simulate", "--rollout", str(path), "--public-key", str(keys), "--devices", "4"]) == 2
+    assert one_error_line(capsys) == (f"edge-agent simulate: --public-key: {keys}: a directory, not a key file"
+                                      f" (e.g. {keys / 'public.pem'})")
+
+
+def test_a_missing_artifact_is_named_before_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "rollout.toml"
+    path.write_text(SPEC.format(artifact=tmp_path / "missing.eafw"))
+    assert cli_main(["simulate", "--rollout", str(path), "--devices", "4"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"edge-agent simulate: --rollout: {path}: artifact {tmp_path / 'missing.eafw'}: ")
+
+
 @pytest.mark.parametrize("content", [b"not a key\n", b""])
 def test_a_malformed_key_names_the_option_and_the_path(spec: tuple[Path, Path], tmp_path: Path, content: bytes,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
