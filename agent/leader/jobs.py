@@ -12,7 +12,10 @@ Model (after the work-pulling pattern: one producer, a dynamic pool of uniform w
   guarded by `state = 'pending'`; a duplicate result is acknowledged and changes nothing.
 * A lost worker (presence offline / last will, heartbeat deadline, a new incarnation, or a
   protocol violation) ends its binding: its unconfirmed jobs go back to the HEAD of the pending
-  pool with their original ids and are offered to another worker. A violation ends only the
+  pool with their original ids and are offered to another worker. The head of the pool is
+  every released job not yet offered again, oldest submission first, ahead of the jobs never
+  offered: losing workers one by one or all at once (`lose_workers`, O(workers + their jobs
+  log jobs)) gives the same order. A violation ends only the
   offending worker's binding. A violation is: a result for a job the worker was never offered
   in this epoch (or an unknown job), or a demand window above `window_max`. A late result from
   a worker that *was* offered the job (it was presumed lost, or the job moved on) confirms it:
@@ -31,28 +34,30 @@ per commit). sqlite3 errors never leave this module (`StoreError`).
 
 from __future__ import annotations
 
+import heapq
 import sqlite3
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
 from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migrate, store_errors
+from agent.leader.job_types import (
+    DemandOutcome,
+    Dispatch,
+    JobRecord,
+    QueueFenced,
+    QueueStats,
+    ResultAck,
+    ResultOutcome,
+    SubmitOutcome,
+    SubmitResult,
+)
 from agent.protocol import JobDemand, JobOffer, JobResult, JobSubmit
 
 COMPONENT = "jobqueue"
-
-SubmitOutcome = Literal["stored", "duplicate"]
-DemandOutcome = Literal["registered", "updated", "replaced", "violation"]
-ResultOutcome = Literal["confirmed", "duplicate", "stale_epoch", "violation"]
-
-
-class QueueFenced(StoreError):
-    """A newer incarnation of the queue owns the database; this one must stop."""
-
 
 def _v1(conn: sqlite3.Connection) -> None:
     conn.execute(
@@ -82,63 +87,11 @@ def _v1(conn: sqlite3.Connection) -> None:
 _MIGRATIONS = (_v1,)
 
 
-@dataclass(frozen=True, slots=True)
-class SubmitResult:
-    outcome: SubmitOutcome
-    job_id: str
-    store_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class ResultAck:
-    """What `result()` did. `requeued`: jobs released by a violation (already at the head)."""
-
-    outcome: ResultOutcome
-    job_id: str
-    requeued: tuple[str, ...] = ()
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """Send `offer` to `worker`."""
-
-    worker: str
-    offer: JobOffer
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    job_id: str
-    store_seq: int
-    kind: str
-    payload: bytes
-    state: Literal["pending", "confirmed"]
-    submitted_ms: int
-    confirmed_ms: int | None
-    confirmed_by: str | None
-    ok: bool | None
-    result: bytes | None
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    epoch: int
-    pending: int  # waiting for a worker
-    in_flight: int  # held by a worker, unconfirmed
-    workers: int
-    free_demand: int
-    submitted: int  # this incarnation
-    confirmed: int  # this incarnation
-    requeued: int  # this incarnation
-    violations: int  # this incarnation
-
-
 @dataclass(slots=True)
 class _Job:
     kind: str
     payload: bytes
+    seq: int  # store_seq: submission order
     offered: set[str] = field(default_factory=set)  # workers offered this job in this epoch
 
 
@@ -156,6 +109,30 @@ class _Binding:
         return self.window - len(self.held)
 
 
+class _WorkerWindows(Mapping[str, int]):
+    """Read-only view of the bound workers' windows (see `JobQueue.workers`)."""
+
+    __slots__ = ("_workers",)
+
+    def __init__(self, workers: dict[str, _Binding]) -> None:
+        self._workers = workers
+
+    def __getitem__(self, worker: str) -> int:
+        return self._workers[worker].window
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self._workers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._workers))
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __repr__(self) -> str:
+        return repr({w: b.window for w, b in self._workers.items()})
+
+
 class JobQueue:
     """Open with `JobQueue.open(path, clock=...)`; one open queue per database is the writer."""
 
@@ -169,8 +146,9 @@ class JobQueue:
         self._closed = False
         self._fenced = False
         self._jobs: dict[str, _Job] = {}  # every accepted, unconfirmed job
-        self._pending: deque[str] = deque()  # head = left; may hold ids no longer queued
-        self._queued: set[str] = set()  # ids really waiting in `_pending`
+        self._head: list[tuple[int, str]] = []  # released jobs: a heap by store_seq
+        self._pending: deque[str] = deque()  # never offered, FIFO; both may hold stale ids
+        self._queued: set[str] = set()  # ids really waiting in `_head` or `_pending`
         self._holder: dict[str, _Binding] = {}
         self._workers: dict[str, _Binding] = {}
         self._ring: deque[_Binding] = deque()  # bindings with free demand, round-robin order
@@ -200,15 +178,15 @@ class JobQueue:
                     (epoch,),
                 )
                 rows = conn.execute(
-                    "SELECT job_id, kind, payload FROM jobs WHERE state = 'pending'"
+                    "SELECT job_id, kind, payload, store_seq FROM jobs WHERE state = 'pending'"
                     " ORDER BY store_seq"
                 ).fetchall()
         except BaseException:
             close_quietly(conn)
             raise
         queue = cls(conn, clock=clock, epoch=epoch, window_max=window_max, path=str(path))
-        for job_id, kind, payload in rows:
-            queue._jobs[job_id] = _Job(kind, bytes(payload))
+        for job_id, kind, payload, seq in rows:
+            queue._jobs[job_id] = _Job(kind, bytes(payload), int(seq))
             queue._pending.append(job_id)
             queue._queued.add(job_id)
         return queue
@@ -248,7 +226,7 @@ class JobQueue:
         self._check()
         now = self._clock.now_ms()
         results: list[SubmitResult] = []
-        stored: list[JobSubmit] = []
+        stored: list[tuple[JobSubmit, int]] = []
         with atomic(self._conn):
             self._fence()
             for job in jobs:
@@ -258,15 +236,16 @@ class JobQueue:
                     (job.job_id, job.kind, job.payload, now, self.epoch),
                 )
                 if cur.rowcount > 0:
-                    results.append(SubmitResult("stored", job.job_id, int(cur.lastrowid or 0)))
-                    stored.append(job)
+                    seq = int(cur.lastrowid or 0)
+                    results.append(SubmitResult("stored", job.job_id, seq))
+                    stored.append((job, seq))
                 else:
                     row = self._conn.execute(
                         "SELECT store_seq FROM jobs WHERE job_id = ?", (job.job_id,)
                     ).fetchone()
                     results.append(SubmitResult("duplicate", job.job_id, int(row[0])))
-        for job in stored:
-            self._jobs[job.job_id] = _Job(job.kind, job.payload)
+        for job, seq in stored:
+            self._jobs[job.job_id] = _Job(job.kind, job.payload, seq)
             self._pending.append(job.job_id)
             self._queued.add(job.job_id)
         self._submitted += len(stored)
@@ -332,10 +311,29 @@ class JobQueue:
         return outcome
 
     def lose_worker(self, worker: str) -> list[str]:
-        """End `worker`'s binding (lost); its unconfirmed jobs go to the head of the pool."""
+        """End `worker`'s binding (lost); its unconfirmed jobs (returned in dispatch order) go
+        back to the head of the pool."""
+        return self.lose_workers((worker,)).get(worker, [])
+
+    def lose_workers(self, workers: Iterable[str]) -> dict[str, list[str]]:
+        """End the bindings of many lost workers at once, in O(workers + k log k) for k held jobs.
+
+        Every job they held goes back to the head of the pending pool: ahead of every job never
+        offered, with the other released jobs, oldest submission first. Returns, per worker
+        that was bound, the jobs it held in dispatch order; unknown workers are skipped.
+        """
         self._check()
-        binding = self._workers.get(worker)
-        return [] if binding is None else self._end(binding)
+        out: dict[str, list[str]] = {}
+        released: list[str] = []
+        for worker in workers:
+            binding = self._workers.get(worker)
+            if binding is None:
+                continue
+            held = self._release(binding)
+            out[worker] = held
+            released.extend(held)
+        self._requeue_head(released)
+        return out
 
     def dispatch(self) -> list[Dispatch]:
         """Offer pending jobs round-robin to workers with free demand; the offers to send."""
@@ -371,17 +369,19 @@ class JobQueue:
         binding = self._holder.get(job_id)
         return None if binding is None else binding.worker
 
-    def workers(self) -> dict[str, int]:
-        """Bound workers and their windows."""
-        return {w: b.window for w, b in self._workers.items()}
+    def workers(self) -> Mapping[str, int]:
+        """Bound workers and their windows: a live, read-only view (O(1) to get, `in`, `len`);
+        iterating it walks a snapshot of the worker ids."""
+        return _WorkerWindows(self._workers)
 
     def pending_ids(self) -> list[str]:
         """Job ids waiting for a worker, head first."""
-        return [j for j in dict.fromkeys(self._pending) if j in self._queued]
+        head = [j for _, j in sorted(self._head)]
+        return [j for j in dict.fromkeys(head + list(self._pending)) if j in self._queued]
 
     def _next_pending(self) -> str:
         while True:
-            job_id = self._pending.popleft()
+            job_id = heapq.heappop(self._head)[1] if self._head else self._pending.popleft()
             if job_id in self._queued:
                 self._queued.discard(job_id)
                 return job_id
@@ -392,6 +392,12 @@ class JobQueue:
             self._ring.append(binding)
 
     def _end(self, binding: _Binding) -> list[str]:
+        released = self._release(binding)
+        self._requeue_head(released)
+        return released
+
+    def _release(self, binding: _Binding) -> list[str]:
+        """End a binding; the jobs it held, in dispatch order (not yet requeued)."""
         binding.ended = True
         if self._workers.get(binding.worker) is binding:
             del self._workers[binding.worker]
@@ -399,14 +405,18 @@ class JobQueue:
         binding.held.clear()
         for job_id in released:
             self._holder.pop(job_id, None)
-        self._requeue_head(released)
         return released
 
     def _requeue_head(self, job_ids: Iterable[str]) -> None:
-        fresh = [j for j in job_ids if j in self._jobs and j not in self._queued]
-        self._pending.extendleft(reversed(fresh))
-        self._queued.update(fresh)
-        self._requeued += len(fresh)
+        """Put jobs back at the head of the pool, where released jobs wait oldest first."""
+        jobs, queued, head = self._jobs, self._queued, self._head
+        count = 0
+        for job_id in job_ids:
+            if job_id in jobs and job_id not in queued:
+                heapq.heappush(head, (jobs[job_id].seq, job_id))
+                queued.add(job_id)
+                count += 1
+        self._requeued += count
 
     def _violation(self, worker: str, job_id: str, reason: str) -> ResultAck:
         self._violations += 1
@@ -454,15 +464,25 @@ class JobQueue:
             violations=self._violations,
         )
 
-    def prune_confirmed(self, older_than_s: float) -> int:
-        """Delete confirmed jobs older than `older_than_s`. A pruned id could be submitted (and
-        run) again, so keep confirmed jobs longer than any submitter may retry."""
+    def prune_confirmed(self, older_than_s: float, *, limit: int | None = None) -> int:
+        """Delete confirmed jobs confirmed more than `older_than_s` ago, oldest first, at most
+        `limit` of them in this one transaction; how many were deleted. Pending and in-flight
+        jobs are never touched. A pruned id could be submitted (and run) again, and a late
+        result for it counts as a violation, so keep confirmed jobs longer than any submitter
+        or worker may still resend (see `agent.housekeeping`)."""
         self._check()
         cutoff = self._clock.now_ms() - int(older_than_s * 1000)
+        with store_errors("prune jobs"):
+            if self._conn.execute(
+                "SELECT 1 FROM jobs WHERE state = 'confirmed' AND confirmed_ms < ? LIMIT 1", (cutoff,)
+            ).fetchone() is None:
+                return 0  # nothing due: no write transaction (an idle leader writes nothing)
         with atomic(self._conn):
             self._fence()
             cur = self._conn.execute(
-                "DELETE FROM jobs WHERE state = 'confirmed' AND confirmed_ms < ?", (cutoff,)
+                "DELETE FROM jobs WHERE store_seq IN (SELECT store_seq FROM jobs"
+                " WHERE state = 'confirmed' AND confirmed_ms < ? ORDER BY confirmed_ms LIMIT ?)",
+                (cutoff, -1 if limit is None else max(0, limit)),
             )
         return cur.rowcount
 

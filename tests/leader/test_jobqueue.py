@@ -216,3 +216,73 @@ async def test_prune_confirmed_by_age(path: Path) -> None:
         await clock.advance(3600)
         assert q.prune_confirmed(older_than_s=60) == 1
         assert q.job("j1") is None and q.job("j2") is not None
+
+
+async def test_prune_confirmed_in_batches_never_touches_unconfirmed_jobs(path: Path) -> None:
+    clock = VirtualClock()
+    with JobQueue.open(path, clock=clock) as q:
+        q.submit_many([job(n) for n in range(30)])
+        q.demand(demand("w1", 8))
+        offers = q.dispatch()
+        for d in offers[:5]:
+            assert q.result(result(q, d.offer.job_id, "w1")).outcome == "confirmed"
+        q.demand(demand("w2", 8))
+        second = q.dispatch()
+        for d in second[:4]:
+            assert q.result(result(q, d.offer.job_id, d.worker)).outcome == "confirmed"
+        await clock.advance(7200)
+        assert q.prune_confirmed(older_than_s=3600, limit=4) == 4
+        assert q.prune_confirmed(older_than_s=3600, limit=4) == 4
+        assert q.prune_confirmed(older_than_s=3600, limit=4) == 1
+        assert q.prune_confirmed(older_than_s=3600, limit=4) == 0
+        assert q.counts() == {"pending": 21, "confirmed": 0}
+        stats = q.stats()
+        assert stats.in_flight == 16 - 5 - 4 + 5 and stats.pending == 21 - stats.in_flight
+        for d in offers[5:] + second[4:]:  # the held jobs still confirm after the prune
+            assert q.result(result(q, d.offer.job_id, d.worker)).outcome == "confirmed"
+
+
+def test_losing_a_big_fleet_puts_every_held_job_back_at_the_head_in_order(path: Path) -> None:
+    workers = 3000
+    q = JobQueue.open(path, clock=VirtualClock(), window_max=8)
+    try:
+        q.submit_many([job(n) for n in range(workers * 2 + 500)])
+        for w in range(workers):
+            q.demand(demand(f"w{w}", 2))
+        offers = q.dispatch()
+        assert len(offers) == workers * 2
+        confirmed = {d.offer.job_id for d in offers[::7]}
+        for d in offers[::7]:
+            assert q.result(result(q, d.offer.job_id, d.worker)).outcome == "confirmed"
+        held = [d.offer.job_id for d in offers if d.offer.job_id not in confirmed]
+        waiting = q.pending_ids()
+        # half the fleet goes at once (a deadline batch), the other half one by one (last wills)
+        lost = q.lose_workers([f"w{w}" for w in range(0, workers, 2)] + ["never-bound"])
+        assert len(lost) == workers // 2 and "never-bound" not in lost
+        for w in range(1, workers, 2):
+            assert "w" + str(w) not in lost
+            q.lose_worker(f"w{w}")
+        assert q.workers() == {} and q.stats().in_flight == 0
+        number = {f"j{n}": n for n in range(workers * 2 + 500)}
+        pending = q.pending_ids()
+        assert pending[len(held):] == waiting  # the jobs that were waiting come after
+        assert set(pending[:len(held)]) == set(held)
+        assert q.counts()["pending"] == len(pending)
+        # one by one or all at once: the released jobs wait oldest submission first
+        assert pending[:len(held)] == sorted(held, key=number.__getitem__)
+        q.demand(demand("fresh", 8))
+        assert [d.offer.job_id for d in q.dispatch()] == pending[:8]
+    finally:
+        q.close()
+
+
+def test_lose_workers_in_one_call_is_submission_order_across_workers(queue: JobQueue) -> None:
+    queue.submit_many([job(n) for n in range(1, 9)])
+    for w in ("w1", "w2", "w3"):
+        queue.demand(demand(w, 2))
+    assert len(queue.dispatch()) == 6  # w1: j1 j4, w2: j2 j5, w3: j3 j6
+    assert queue.lose_workers(["w3", "w1"]) == {"w3": ["j3", "j6"], "w1": ["j1", "j4"]}
+    assert queue.pending_ids() == ["j1", "j3", "j4", "j6", "j7", "j8"]
+    assert "w2" in queue.workers() and len(queue.workers()) == 1
+    assert queue.lose_worker("w2") == ["j2", "j5"]  # merged into the released jobs by age
+    assert queue.pending_ids() == ["j1", "j2", "j3", "j4", "j5", "j6", "j7", "j8"]

@@ -33,6 +33,7 @@ class JobQueueMachine(RuleBasedStateMachine):
         self.confirmed: Counter[str] = Counter()
         self.offers: set[tuple[str, str, int]] = set()  # (worker, job_id, epoch) ever offered
         self.incarnation = 0
+        self.order: dict[str, int] = {}  # job id -> submission order
 
     @rule(n=st.integers(min_value=0, max_value=12))
     def submit(self, n: int) -> None:
@@ -40,6 +41,7 @@ class JobQueueMachine(RuleBasedStateMachine):
         outcome = self.queue.submit(JobSubmit(job_id=job_id, kind="k", payload=job_id.encode()))
         assert outcome.outcome == ("duplicate" if job_id in self.submitted else "stored")
         self.submitted.add(job_id)
+        self.order.setdefault(job_id, len(self.order))
 
     @rule(worker=st.sampled_from(WORKERS), window=st.integers(min_value=1, max_value=4),
           new_run=st.booleans())
@@ -94,7 +96,13 @@ class JobQueueMachine(RuleBasedStateMachine):
     def lose_worker(self, worker: str) -> None:
         held = [o.job_id for o in self.queue.held_by(worker)]
         assert self.queue.lose_worker(worker) == held
-        assert self.queue.pending_ids()[: len(held)] == held
+        # released jobs wait at the head, oldest submission first, before any job never offered
+        pending = self.queue.pending_ids()
+        offered = {job_id for _, job_id, epoch in self.offers if epoch == self.queue.epoch}
+        released = [j for j in pending if j in offered]
+        assert pending[: len(released)] == released
+        assert released == sorted(released, key=self.order.__getitem__)
+        assert set(held) <= set(released)
 
     @rule()
     def restart(self) -> None:
