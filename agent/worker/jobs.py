@@ -149,13 +149,24 @@ class JobLedger:
         return JobResult(job_id=job_id, epoch=epoch, worker=worker, ok=entry.ok,
                          result=entry.result, error=entry.error)
 
-    def prune(self, older_than_s: float) -> int:
-        """Forget jobs finished more than `older_than_s` ago; keep it longer than the leader
-        may re-offer them (its restart time plus the outbox retention)."""
+    def prune(self, older_than_s: float, *, limit: int | None = None) -> int:
+        """Forget jobs finished more than `older_than_s` ago, oldest first, at most `limit` in
+        this one transaction; how many were forgotten. A forgotten job offered again runs
+        again, so keep entries longer than the leader may re-offer them: its downtime plus how
+        long our result can wait in the outbox (see `agent.housekeeping`)."""
         self._check()
         cutoff = self._clock.now_ms() - int(older_than_s * 1000)
+        with store_errors("prune job ledger"):
+            if self._conn.execute(
+                "SELECT 1 FROM job_ledger WHERE done_ms < ? LIMIT 1", (cutoff,)
+            ).fetchone() is None:
+                return 0  # nothing due: no write transaction (an idle worker writes nothing)
         with atomic(self._conn):
-            cur = self._conn.execute("DELETE FROM job_ledger WHERE done_ms < ?", (cutoff,))
+            cur = self._conn.execute(
+                "DELETE FROM job_ledger WHERE job_id IN (SELECT job_id FROM job_ledger"
+                " WHERE done_ms < ? ORDER BY done_ms LIMIT ?)",
+                (cutoff, -1 if limit is None else max(0, limit)),
+            )
         return cur.rowcount
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -137,3 +137,19 @@ def test_job_done_before_a_leader_restart_has_its_effect_once(tmp_path: Path) ->
     assert effects(ledger) == 1
     queue.close()
     ledger.close()
+
+
+async def test_prune_in_batches_oldest_first(path: Path) -> None:
+    clock = VirtualClock()
+    with JobLedger.open(path, clock=clock) as ledger:
+        for n in range(7):
+            ledger.complete(f"j{n}", ok=True)
+            await clock.advance(60)
+        await clock.advance(3600)
+        ledger.complete("recent", ok=True)
+        assert ledger.prune(older_than_s=3600, limit=3) == 3
+        assert [ledger.lookup(f"j{n}") is None for n in range(4)] == [True, True, True, False]
+        assert ledger.prune(older_than_s=3600, limit=3) == 3
+        assert ledger.prune(older_than_s=3600, limit=3) == 1
+        assert ledger.prune(older_than_s=3600, limit=3) == 0
+        assert ledger.count() == 1 and not ledger.complete("recent", ok=True)
