@@ -26,6 +26,7 @@ from typing import Any, Final
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
 from agent.core.sqlite import Synchronous, atomic, close_quietly, open_migrated, store_errors
+from firmware_rollout.rollout_schema import MIGRATIONS as _MIGRATIONS
 from firmware_rollout.spec import RolloutSpec, spec_from_json
 
 COMPONENT = "rollout"
@@ -61,87 +62,6 @@ WAVE_STATES: Final[tuple[str, ...]] = (
 CONTROLS: Final[tuple[str, ...]] = ("start", "pause", "resume", "cancel", "next", "approve", "rollback")
 
 
-def _v1(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        """CREATE TABLE rollouts (
-            id TEXT PRIMARY KEY,
-            seq INTEGER NOT NULL,
-            name TEXT NOT NULL,
-            state TEXT NOT NULL,
-            spec BLOB NOT NULL,
-            artifact TEXT NOT NULL,
-            version TEXT NOT NULL,
-            signed_manifest BLOB NOT NULL,
-            current_wave INTEGER NOT NULL DEFAULT 0,
-            wave_count INTEGER NOT NULL,
-            detail TEXT NOT NULL DEFAULT '',
-            rollback_of TEXT NOT NULL DEFAULT '',
-            fail_base_finished INTEGER NOT NULL DEFAULT 0,
-            fail_base_failed INTEGER NOT NULL DEFAULT 0,
-            created_ms INTEGER NOT NULL,
-            updated_ms INTEGER NOT NULL,
-            finished_ms INTEGER
-        )"""
-    )
-    conn.execute(
-        """CREATE TABLE rollout_waves (
-            rollout_id TEXT NOT NULL,
-            idx INTEGER NOT NULL,
-            size INTEGER NOT NULL,
-            state TEXT NOT NULL DEFAULT 'pending',
-            started_ms INTEGER,
-            finished_ms INTEGER,
-            soak_started_ms INTEGER,
-            soak_until_ms INTEGER,
-            detail TEXT NOT NULL DEFAULT '',
-            PRIMARY KEY (rollout_id, idx)
-        ) WITHOUT ROWID"""
-    )
-    conn.execute(
-        """CREATE TABLE rollout_devices (
-            rollout_id TEXT NOT NULL,
-            device_id TEXT NOT NULL,
-            wave INTEGER NOT NULL,
-            state TEXT NOT NULL DEFAULT 'queued',
-            detail TEXT NOT NULL DEFAULT '',
-            attempts INTEGER NOT NULL DEFAULT 0,
-            deadline_ms INTEGER,
-            next_try_ms INTEGER,
-            offers INTEGER NOT NULL DEFAULT 0,
-            last_offer_ms INTEGER,
-            report_seq INTEGER NOT NULL DEFAULT -1,
-            from_version TEXT NOT NULL DEFAULT '',
-            updated_ms INTEGER NOT NULL,
-            PRIMARY KEY (rollout_id, device_id)
-        ) WITHOUT ROWID"""
-    )
-    conn.execute("CREATE INDEX rollout_devices_wave ON rollout_devices(rollout_id, wave, state)")
-    conn.execute(
-        "CREATE TABLE rollout_offers (rollout_id TEXT NOT NULL, device_id TEXT NOT NULL,"
-        " at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL)"
-    )
-    conn.execute("CREATE INDEX rollout_offers_device ON rollout_offers(rollout_id, device_id)")
-    conn.execute("CREATE TABLE rollout_processed (msg_id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL) WITHOUT ROWID")
-    conn.execute(
-        """CREATE TABLE rollout_controls (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            rollout_id TEXT NOT NULL,
-            action TEXT NOT NULL,
-            arg TEXT NOT NULL DEFAULT '',
-            created_ms INTEGER NOT NULL,
-            applied_ms INTEGER,
-            result TEXT NOT NULL DEFAULT ''
-        )"""
-    )
-    conn.execute("CREATE INDEX rollout_controls_pending ON rollout_controls(id) WHERE applied_ms IS NULL")
-
-
-def _v2(conn: sqlite3.Connection) -> None:
-    # Timers are found by deadline; terminal devices have none, so the index stays small.
-    conn.execute("CREATE INDEX rollout_devices_deadline ON rollout_devices(deadline_ms) WHERE deadline_ms IS NOT NULL")
-
-
-_MIGRATIONS = (_v1, _v2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,6 +368,33 @@ class RolloutStore:
                 "INSERT OR IGNORE INTO rollout_processed (msg_id, at_ms) VALUES (?, ?)", (msg_id, self._clock.now_ms())
             )
         return cur.rowcount == 1
+
+    def prune_processed(self, older_than_s: float, *, limit: int | None = None) -> int:
+        """Forget report ids older than `older_than_s`, oldest first, at most `limit` in this one
+        transaction; how many were forgotten.
+
+        An active (running or paused) rollout's reports are never forgotten: nothing claimed
+        after the oldest active rollout was created is touched, however old. Keep the window
+        longer than a device may resend a report (its outbox TTL and retry horizon); a report
+        redelivered after that is still refused by the device's `report_seq` guard.
+        """
+        cutoff = self._clock.now_ms() - int(older_than_s * 1000)
+        oldest_active = self._q("SELECT MIN(created_ms) FROM rollouts WHERE state IN ('running', 'paused')")[0][0]
+        if oldest_active is not None:
+            cutoff = min(cutoff, int(oldest_active))
+        if not self._q("SELECT 1 FROM rollout_processed WHERE at_ms < ? LIMIT 1", (cutoff,)):
+            return 0  # nothing due: no write transaction
+        with self.atomic(), store_errors("rollout store"):
+            cur = self._conn.execute(
+                "DELETE FROM rollout_processed WHERE msg_id IN (SELECT msg_id FROM rollout_processed"
+                " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
+                (cutoff, -1 if limit is None else max(0, limit)),
+            )
+        return cur.rowcount
+
+    def processed_count(self) -> int:
+        """How many report ids are remembered (for metrics and tests)."""
+        return int(self._q("SELECT COUNT(*) FROM rollout_processed")[0][0])
 
     def due_devices(self, now_ms: int) -> list[DeviceRow]:
         """Devices whose timer ran out: in progress in any rollout, or queued in a running one."""
