@@ -120,6 +120,19 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     reboot_command: list[str] = msgspec.field(default_factory=list)  # empty: restart the agent in place
 
 
+DAY_S = 86_400.0
+
+
+class HousekeepingSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Pruning of the tables that only grow; why these retentions: `agent.housekeeping`."""
+
+    interval_s: PositiveFloat = 600.0
+    batch_rows: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1_000
+    processed_retention_s: PositiveFloat = 14 * DAY_S  # leader: processed message and report ids
+    jobs_retention_s: PositiveFloat = 14 * DAY_S  # leader: confirmed jobs
+    ledger_retention_s: PositiveFloat = 14 * DAY_S  # worker: the job ledger
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     agent: AgentSection
     mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
@@ -131,6 +144,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     jobs: JobsSection = msgspec.field(default_factory=JobsSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
     firmware: FirmwareSection = msgspec.field(default_factory=FirmwareSection)
+    housekeeping: HousekeepingSection = msgspec.field(default_factory=HousekeepingSection)
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -183,6 +197,21 @@ def convert(data: Any, type_: type[T], *, source: str) -> T:
         raise ConfigError(source, key, reason) from None
 
 
+def _check_retentions(config: AgentConfig, source: str) -> None:
+    """A dedup window shorter than a message can still be resent re-applies a redelivery: each
+    retention must cover this config's retry horizon (max_attempts x backoff_cap_s) and the
+    longest outbox TTL it sets."""
+    outbox = config.outbox
+    horizon_s = outbox.max_attempts * outbox.backoff_cap_s
+    ttl_s = max((c.ttl_s for c in outbox.classes.values()), default=0.0)
+    floor_s = max(horizon_s, ttl_s)
+    h = config.housekeeping
+    for key in ("processed_retention_s", "jobs_retention_s", "ledger_retention_s"):
+        if getattr(h, key) < floor_s:
+            raise ConfigError(source, f"housekeeping.{key}",
+                              f"must be at least {floor_s:g} s (the outbox retry horizon and longest ttl_s)")
+
+
 def load_config(path: str | Path) -> AgentConfig:
     """Load and check an agent config file."""
     config = decode_toml(path, AgentConfig)
@@ -193,6 +222,7 @@ def load_config(path: str | Path) -> AgentConfig:
         raise ConfigError(str(path), "outbox.backoff_base_s", "must not exceed backoff_cap_s")
     if config.mqtt.reconnect_min_s > config.mqtt.reconnect_max_s:
         raise ConfigError(str(path), "mqtt.reconnect_min_s", "must not exceed reconnect_max_s")
+    _check_retentions(config, str(path))
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
         raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")
@@ -204,6 +234,7 @@ __all__ = [
     "AgentSection",
     "FirmwareSection",
     "HeartbeatSection",
+    "HousekeepingSection",
     "JobsSection",
     "LeaderSection",
     "MailboxSection",

@@ -62,3 +62,60 @@ def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
     assert config.mailbox.capacity == 256
     assert config.outbox.synchronous == "NORMAL"
     assert config.relay.aimd_max == 50
+
+
+def test_housekeeping_defaults_cover_the_outbox_horizons(tmp_path: Path) -> None:
+    path = tmp_path / "min.toml"
+    path.write_text('[agent]\ndevice_id = "pi-7"\n')
+    hk = load_config(path).housekeeping
+    assert hk.interval_s == 600.0 and hk.batch_rows == 1000
+    assert hk.processed_retention_s == hk.jobs_retention_s == hk.ledger_retention_s == 14 * 86_400.0
+    worker = load_config(CONFIGS[0].parent / "worker.toml")
+    longest_ttl = max(c.ttl_s for c in worker.outbox.classes.values())
+    assert worker.housekeeping.processed_retention_s >= 2 * longest_ttl
+
+
+HOUSEKEEPING_BAD = [
+    ("interval_s = 0", "housekeeping.interval_s", "> 0"),
+    ('interval_s = "10m"', "housekeeping.interval_s", "expected float"),
+    ("batch_rows = 0", "housekeeping.batch_rows", ">= 1"),
+    ("batch_rows = 1.5", "housekeeping.batch_rows", "expected int"),
+    ("processed_retention_s = -1.0", "housekeeping.processed_retention_s", "> 0"),
+    ("keep_forever = true", "housekeeping.keep_forever", "unknown key"),
+    # shorter than 20 attempts x 300 s of retries: a redelivery could be applied twice
+    ("processed_retention_s = 3600.0", "housekeeping.processed_retention_s", "at least 6000"),
+    ("jobs_retention_s = 60.0", "housekeeping.jobs_retention_s", "at least"),
+    ("ledger_retention_s = 100.0", "housekeeping.ledger_retention_s", "at least"),
+]
+
+
+@pytest.mark.parametrize(("line", "key", "reason"), HOUSEKEEPING_BAD)
+def test_bad_housekeeping_names_the_key(tmp_path: Path, line: str, key: str, reason: str) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\ndevice_id = "d"\n[housekeeping]\n{line}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert reason in info.value.reason
+
+
+def test_retention_must_cover_the_longest_outbox_ttl(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text('[agent]\ndevice_id = "d"\n[outbox.classes.telemetry]\nttl_s = 2592000.0\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "housekeeping.processed_retention_s"
+    path.write_text(path.read_text() + "[housekeeping]\nprocessed_retention_s = 2592000.0\n"
+                    "jobs_retention_s = 2592000.0\nledger_retention_s = 2592000.0\n")
+    assert load_config(path).housekeeping.ledger_retention_s == 2592000.0
+
+
+@pytest.mark.parametrize("name", ["leader.toml", "worker.toml"])
+def test_commented_housekeeping_keys_show_the_defaults(tmp_path: Path, name: str) -> None:
+    text = (CONFIGS[0].parent / name).read_text()
+    section = text.split("[housekeeping]\n", 1)[1]
+    shown = [line[2:].split("#", 1)[0] for line in section.splitlines() if line.startswith("# ") and "=" in line]
+    assert len(shown) == 5
+    path = tmp_path / name
+    path.write_text(text.replace(section, "\n".join(shown) + "\n"))
+    assert load_config(path).housekeeping == load_config(CONFIGS[0].parent / name).housekeeping
