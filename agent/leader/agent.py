@@ -7,6 +7,7 @@
     │   full mailbox: `busy(retry_after_ms)`; undecodable, forged, oversized: `rejected` + RejectLog
     ├── presence subscription ea/v1/{fleet}/+/presence (retained; last wills) ──► LeaderActor
     ├── heartbeat deadline watcher ──► devices offline, their jobs back to the pool
+    ├── Housekeeper: prunes processed ids, confirmed jobs, rollout report ids (agent.housekeeping)
     ├── leader.db: DeviceRegistry, JobQueue (epoch-fenced), RejectLog
     └── OutboxStore ──► Relay ──► EnvelopeSender ──► ea/v1/{fleet}/{worker}/down (job offers)
 
@@ -29,7 +30,9 @@ from agent.core.codec import Envelope, Reply
 from agent.core.config import AgentConfig
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
+from agent.housekeeping import Housekeeper
 from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
+from agent.leader.housekeeping import RolloutReports, leader_housekeeper
 from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
@@ -74,6 +77,7 @@ class LeaderAgent:
         shared: bool = True,
         intake_batch_max: int = 512,
         inbox_concurrency: int = 128,
+        housekeeping: bool | None = None,
     ) -> None:
         self.config = config
         self.device_id = config.agent.device_id
@@ -110,6 +114,13 @@ class LeaderAgent:
         self._intake_actor: HeartbeatIntake | None = None
         self._leader_actor: LeaderActor | None = None
         self._watcher: asyncio.Task[None] | None = None
+        # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
+        self.housekeeping: Housekeeper | None = None
+        self._reports: RolloutReports | None = None
+        if owns_stores if housekeeping is None else housekeeping:
+            self.housekeeping, self._reports = leader_housekeeper(
+                config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=registry.path,
+                name=f"housekeeping:{self.device_id}")
         self._started = False
         self.refused_forged = 0
         self.busy_answers = 0
@@ -166,11 +177,17 @@ class LeaderAgent:
         await self.relay.start()
         self._watcher = asyncio.create_task(
             self.registry.watch_deadlines(self._on_deadline), name=f"deadlines:{self.device_id}")
+        if self.housekeeping is not None:
+            await self.housekeeping.start()
 
     async def stop(self) -> None:
         if not self._started:
             return
         self._started = False
+        if self.housekeeping is not None:
+            await self.housekeeping.stop()
+        if self._reports is not None:
+            self._reports.close()
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

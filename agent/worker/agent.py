@@ -4,6 +4,7 @@
     ├── ActorSystem: HeartbeatActor, TelemetryActor, JobWorker (bounded mailboxes)
     ├── OutboxStore (SQLite) ──► Relay ──► EnvelopeSender ──► transport: ea/v1/{fleet}/{me}/up
     ├── LeaderLink: direct, acknowledged, non-durable sends (telemetry fast path, job demand)
+    ├── Housekeeper: prunes the job ledger by age (agent.housekeeping)
     └── EnvelopeInbox on ea/v1/{fleet}/{me}/down: commands from the leader to their actors;
         a full mailbox answers `busy`, an unknown kind `rejected`
 
@@ -31,6 +32,7 @@ from agent.core.config import AgentConfig
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, NotConnected
 from agent.core.ids import IdGenerator
 from agent.core.sqlite import atomic, close_quietly, connect, migrate
+from agent.housekeeping import Housekeeper, limited
 from agent.outbox.engine import ClassPolicy
 from agent.outbox.limiter import AimdSettings
 from agent.outbox.relay import Relay
@@ -180,6 +182,7 @@ class WorkerAgent:
         job_handler: JobHandler | None = None,
         relay: bool = True,
         reregister_s: float | None = None,
+        housekeeping: bool | None = None,
     ) -> None:
         self.config = config
         self.device_id = config.agent.device_id
@@ -227,6 +230,14 @@ class WorkerAgent:
         self.telemetry: ActorRef | None = None
         self.jobs: ActorRef | None = None
         self.rejected = 0
+        # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
+        self.housekeeping: Housekeeper | None = None
+        if owns_stores if housekeeping is None else housekeeping:
+            hk = config.housekeeping
+            self.housekeeping = Housekeeper(
+                clock=clock, interval_s=hk.interval_s, batch_rows=hk.batch_rows,
+                name=f"housekeeping:{self.device_id}",
+                tasks=[limited("job_ledger", lambda n: ledger.prune(hk.ledger_retention_s, limit=n))])
         self._started = False
 
     # -- construction --------------------------------------------------------------------------
@@ -287,6 +298,8 @@ class WorkerAgent:
         await self.transport.start()
         if self.relay is not None:
             await self.relay.start()
+        if self.housekeeping is not None:
+            await self.housekeeping.start()
 
     def _on_connection(self, is_open: bool) -> None:
         if is_open and self.jobs is not None:
@@ -300,6 +313,8 @@ class WorkerAgent:
         if not self._started:
             return
         self._started = False
+        if self.housekeeping is not None:
+            await self.housekeeping.stop()
         self.transport.connected.remove_listener(self._on_connection)
         await self.inbox.stop()
         # Stop the relay and the actors, then fail the deliveries still waiting for a reply:

@@ -1,0 +1,73 @@
+"""The leader's housekeeping tasks: processed ids, confirmed jobs, rollout report ids.
+
+Retentions and their reasons: `agent.housekeeping`. The rollout tables live in the same
+database as the registry; their pruning opens its own `RolloutStore` on it at the first round
+(the firmware modules load only then) and closes it when housekeeping stops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.core.clock import Clock
+from agent.core.config import HousekeepingSection
+from agent.housekeeping import Housekeeper, PruneTask, TimeSlices, limited
+from agent.leader.jobs import JobQueue
+from agent.leader.registry import DeviceRegistry
+
+if TYPE_CHECKING:
+    from firmware_rollout.rollout_store import RolloutStore
+
+
+class RolloutReports:
+    """Prunes `rollout_processed` through a `RolloutStore` opened on first use."""
+
+    def __init__(self, db_path: str | Path, *, clock: Clock, retention_s: float) -> None:
+        self._path = db_path
+        self._clock = clock
+        self._retention_s = retention_s
+        self._store: RolloutStore | None = None
+
+    def prune(self, limit: int) -> int:
+        if self._store is None:
+            from firmware_rollout.rollout_store import RolloutStore
+
+            self._store = RolloutStore.open(self._path, clock=self._clock)
+        return self._store.prune_processed(self._retention_s, limit=limit)
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
+
+def _oldest_device_ms(registry: DeviceRegistry) -> int | None:
+    # Every processed id is committed with a row for its device (created then if new), so no
+    # processed id is older than the oldest device's first_seen_ms.
+    return min((d.first_seen_ms for d in registry.devices()), default=None)
+
+
+def leader_housekeeper(
+    settings: HousekeepingSection, *, clock: Clock, registry: DeviceRegistry, jobs: JobQueue,
+    rollout_db: str | Path | None = None, name: str = "housekeeping",
+) -> tuple[Housekeeper, RolloutReports | None]:
+    """The leader's housekeeper, and the rollout pruner to close after it stops (if any)."""
+    processed = TimeSlices(
+        registry.prune_processed, clock=clock, retention_s=settings.processed_retention_s,
+        floor_ms=lambda: _oldest_device_ms(registry))
+    tasks = [
+        PruneTask("processed_messages", processed),
+        limited("confirmed_jobs",
+                lambda n: jobs.prune_confirmed(settings.jobs_retention_s, limit=n)),
+    ]
+    reports = None
+    if rollout_db is not None:
+        reports = RolloutReports(rollout_db, clock=clock, retention_s=settings.processed_retention_s)
+        tasks.append(limited("rollout_processed", reports.prune))
+    keeper = Housekeeper(clock=clock, tasks=tasks, interval_s=settings.interval_s,
+                         batch_rows=settings.batch_rows, name=name)
+    return keeper, reports
+
+
+__all__ = ["RolloutReports", "leader_housekeeper"]
