@@ -97,6 +97,10 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
             runtime.add_collector("relay", relay_collector(relay.metrics))
         runtime.add_collector("mailbox", mailbox_collector(agent.system.statistics))
         runtime.add_collector("outbox", outbox_collector(agent.outbox.stats))
+        housekeeper = agent.housekeeping
+        if housekeeper is not None:
+            runtime.add_collector("housekeeping", snapshot_collector(
+                "ea_housekeeping", housekeeper.metrics, counters=("pruned", "rounds", "errors"), label="table"))
         if leader:
             runtime.add_collector("jobs", snapshot_collector("ea_jobs", agent.jobs_queue.stats))
             runtime.add_collector(

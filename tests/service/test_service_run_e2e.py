@@ -60,6 +60,7 @@ def test_run_notifies_serves_health_and_metrics_and_stops_cleanly(
             assert status == 200
             families = parse(body.decode())
             assert "ea_outbox_pending" in families and "ea_outbox_enqueued_total" in families
+            assert "ea_housekeeping_rounds_total" in families and "ea_housekeeping_errors_total" in families
             assert {labels["mailbox"] for labels, _ in families["ea_mailbox_depth"]["samples"]}
             assert families["process_resident_memory_bytes"]["samples"][0][1] > 0
             assert fetch(base + "/nothing")[0] == 404
