@@ -123,8 +123,7 @@ class SimClock(VirtualClock):
                 del buckets[slot]
         for slot in kept:
             heapq.heappush(slots, slot)
-        batch.sort()
-        return batch
+        return batch  # in order: buckets are disjoint, ascending ranges of deadlines
 
     async def wait_for(self, aw: Awaitable[T], timeout_s: float | None) -> T:
         """`VirtualClock.wait_for` without a task per call: a future is awaited as it is, a
