@@ -323,6 +323,7 @@ class Engine(ReadOps, SettleOps):
                 rows[:] = [r for r in rows if r[0] in inflight] + [free[0]]
                 return EnqueueResult("overwritten", rid)
             # every pending row of this key is in flight: the newer one waits behind them
+            self.flight.wait_behind(ident)
         self._room(kind, pol, 1, size, ())
         send_at = now + delay_ms
         rid = self._insert(m, payload, kind, pol, size, now, send_at, expires, key)

@@ -70,6 +70,12 @@ class Flight:
         self.rows: dict[int, tuple[str, str, int, bool, KeyIdent | None]] = {}
         self.fifo_busy: dict[str, int] = {}  # FIFO receiver -> rows of it in flight
         self.keys_busy: dict[KeyIdent, int] = {}  # OVERWRITE key -> rows of it in flight
+        self.key_row: dict[KeyIdent, int] = {}  # OVERWRITE key -> its latest row taken
+        # Rows acked by the relay whose deleting commit is deferred (see OutboxStore.ack):
+        # still in flight (never handed out again) until that commit.
+        self.acked: set[int] = set()
+        # OVERWRITE keys with a newer row waiting for the one in flight: its ack is not deferred
+        self.waiting: set[KeyIdent] = set()
         self.lock = threading.Lock()
         self.gen = 0
         self.high = -(1 << 62)
@@ -86,6 +92,7 @@ class Flight:
                     busy[r[3]] = busy.get(r[3], 0) + 1
                 if ident is not None:
                     keys[ident] = keys.get(ident, 0) + 1
+                    self.key_row[ident] = r[0]
 
     def settle(self, ids: Iterable[int], *, moved: bool = True, low_send: int | None = None) -> None:
         """`ids` leave the in-flight set. `moved`: they (or other rows) are takeable again at
@@ -95,10 +102,13 @@ class Flight:
             if moved or (low_send is not None and low_send < self.high):
                 self.gen += 1
             rows, busy, keys = self.rows, self.fifo_busy, self.keys_busy
+            acked = self.acked
             for rid in ids:
                 f = rows.pop(rid, None)
                 if f is None:
                     continue
+                if acked:
+                    acked.discard(rid)
                 if f[3]:
                     n = busy[f[0]] - 1
                     if n:
@@ -112,6 +122,36 @@ class Flight:
                         keys[ident] = n
                     else:
                         del keys[ident]
+                        self.key_row.pop(ident, None)
+                        self.waiting.discard(ident)
+
+    def defer_acks(self, ids: Sequence[int]) -> bool:
+        """Mark `ids` acked, their commit deferred; False (nothing marked) unless every one
+        is an OVERWRITE row in flight, of no FIFO class, with no newer row of its key waiting
+        for it (a row not in flight could be handed out meanwhile; a waiting row or a FIFO
+        receiver's next row waits for the commit)."""
+        with self.lock:
+            rows, waiting = self.rows, self.waiting
+            for rid in ids:
+                f = rows.get(rid)
+                if f is None or f[3] or f[4] is None or (waiting and f[4] in waiting):
+                    return False
+            self.acked.update(ids)
+            return True
+
+    def wait_behind(self, ident: KeyIdent) -> None:
+        """A newer row of this OVERWRITE key waits for the one in flight."""
+        with self.lock:
+            if ident in self.keys_busy:
+                self.waiting.add(ident)
+
+    def blocked_by_acked(self, idents: Iterable[KeyIdent]) -> bool:
+        """Note that these OVERWRITE keys have a row waiting; True if one of them waits only
+        for a row whose ack is deferred."""
+        with self.lock:
+            acked, key_row, busy = self.acked, self.key_row, self.keys_busy
+            self.waiting.update(i for i in idents if i in busy)
+            return bool(acked) and any(key_row.get(i) in acked for i in idents)
 
     def keyed(self, ids: Iterable[int]) -> bool:
         """True if any of `ids` is an OVERWRITE row in flight (releasing it may coalesce)."""
@@ -141,6 +181,8 @@ class Reader:
     def __init__(self, conn: sqlite3.Connection, flight: Flight) -> None:
         self.conn = conn
         self.flight = flight
+        # Set by a take that skipped a row waiting only for a deferred ack (the store clears it)
+        self.unblock = False
         # (partition, partitions) -> (Flight.gen, send_at, id): where the next take resumes
         self._cursors: dict[tuple[int, int], tuple[int, int, int]] = {}
 
@@ -185,6 +227,7 @@ class Reader:
         picked_keys: set[KeyIdent] = set()  # OVERWRITE keys given a row in this call
         heads: dict[str, int | None] = {}  # FIFO receiver -> id of its oldest pending row
         took: list[Any] = []  # scan rows handed out
+        behind: list[KeyIdent] = []  # OVERWRITE keys whose row waited for one in flight
         resume = True  # every row so far was in flight or taken: the position may move on
         last: Any = None  # the last such row
         sql = ready_sql(partitions, kinds, after=cursor is not None)
@@ -213,6 +256,8 @@ class Reader:
             if r[7] == "overwrite":  # one row of a key in flight at a time: the newer waits
                 ident = (r[2], r[3], r[6])
                 if ident in keys_busy or ident in picked_keys:
+                    if ident in keys_busy:
+                        behind.append(ident)
                     resume = False
                     continue
                 picked_keys.add(ident)
@@ -223,6 +268,8 @@ class Reader:
                 break
         if took:
             self.flight.add(took)
+        if behind and self.flight.blocked_by_acked(behind):
+            self.unblock = True  # the store commits its deferred acks now
         if kinds is None and (cursor is None or len(took) >= limit):
             if last is not None:
                 self._cursors[key] = (gen, last[10], last[0])

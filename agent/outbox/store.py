@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.core.clock import Clock, SystemClock
+from agent.core.clock import Clock, SystemClock, TimerHandle
 from agent.core.errors import StoreClosed
 from agent.outbox.engine import Engine
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy
@@ -32,6 +32,12 @@ from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxSt
 from agent.outbox.writer import Writer, translate
 
 T = TypeVar("T")
+
+# How long the commit of an OVERWRITE row's ack may wait for the next write (see
+# `OutboxStore.ack`): longer than the default heartbeat interval (5 s), so an idle worker's
+# delivered heartbeat leaves in the same transaction as the next one arrives.
+ACK_DELAY_MS = 10_000
+_ACK_BATCH = 1_024  # deferred acks that are committed without waiting any longer
 
 log = logging.getLogger("agent.outbox")
 
@@ -51,6 +57,7 @@ class OutboxStore:
         writer: Writer,
         reader: Reader,
         recovered_from: str | None,
+        ack_delay_ms: int = 0,
     ) -> None:
         self.path = path
         self._clock = clock
@@ -67,6 +74,10 @@ class OutboxStore:
         self._enq: list[tuple[OutboxMessage, int, int]] = []
         self._enq_futs: list[asyncio.Future[EnqueueResult]] = []
         self._enq_now = 0  # clock reading of this loop turn's first enqueue
+        # Deferred acks (see `ack`): ids, the timer that commits them, the delay.
+        self._acks: list[int] = []
+        self._ack_timer: TimerHandle | None = None
+        self._ack_delay_s = ack_delay_ms / 1000.0
         # SystemClock.busy() is a no-op: skip building a context manager per call.
         self._plain_clock = type(clock) is SystemClock
 
@@ -82,11 +93,16 @@ class OutboxStore:
         default_class: ClassPolicy = DEFAULT_CLASS,
         busy_timeout_ms: int = 5_000,
         max_db_bytes: int | None = None,
+        ack_delay_ms: int = ACK_DELAY_MS,
     ) -> OutboxStore:
         """Open (or create) the outbox at `path`. A damaged file is moved aside and a fresh one
         started (`recovered_from` names where it went). `max_db_bytes` caps the file size:
-        beyond it writes fail with `StoreError` until space is freed or the cap raised."""
+        beyond it writes fail with `StoreError` until space is freed or the cap raised.
+        `ack_delay_ms`: how long the commit of an ack may wait to share a transaction with the
+        next write (see `ack`); 0 commits every ack at once."""
         p = Path(path)
+        if ack_delay_ms < 0:
+            raise ValueError(f"ack_delay_ms must be >= 0, got {ack_delay_ms}")
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         if max_attempts < 1:
@@ -153,7 +169,8 @@ class OutboxStore:
         with clock.busy():
             await writer.start()
         store = cls(
-            path=p, clock=clock, writer=writer, reader=readers[0], recovered_from=recovered[0]
+            path=p, clock=clock, writer=writer, reader=readers[0], recovered_from=recovered[0],
+            ack_delay_ms=ack_delay_ms,
         )
         holder.append(store)
         return store
@@ -162,6 +179,8 @@ class OutboxStore:
     async def _call(self, fn: Callable[[Engine], T], *, write: bool, wakes: bool = False) -> T:
         if self._closed:
             raise StoreClosed("the outbox store is closed")
+        if self._acks:  # deferred acks go first, in the same round: every read sees them
+            self._flush_acks()
         fut = self._writer.submit(fn, write=write, wakes=wakes)
         if self._plain_clock:
             return await fut
@@ -222,6 +241,8 @@ class OutboxStore:
         items, futs = self._enq, self._enq_futs
         self._enq, self._enq_futs = [], []
         try:
+            if self._acks:  # one transaction: the delivered heartbeat out, the next one in
+                self._flush_acks()
             self._writer.submit_fanout(
                 lambda e: e.enqueue_each(items), futs, write=True, wakes=True
             )
@@ -258,12 +279,16 @@ class OutboxStore:
             raise StoreClosed("the outbox store is closed")
         now = self._clock.now_ms()
         self._observe()
+        reader = self._reader
         try:
-            rows, expired = self._reader.take_ready(now, limit, partition, partitions, kinds)
+            rows, expired = reader.take_ready(now, limit, partition, partitions, kinds)
         except sqlite3.Error as exc:
             raise translate(exc) from exc
         if expired:
             self._expire_soon(now, expired)
+        if reader.unblock:  # a row waits for a deferred ack of its key: commit it now
+            reader.unblock = False
+            self._flush_acks()
         await asyncio.sleep(0)  # a poll stays a suspension point for the caller's loop
         return rows
 
@@ -282,9 +307,55 @@ class OutboxStore:
         fut.add_done_callback(done)
 
     async def ack(self, row_ids: Sequence[int]) -> None:
+        """Delivered: the rows leave the outbox.
+
+        Acks of OVERWRITE rows the relay holds (heartbeats: their key is written again soon)
+        are done at once in memory (the rows stay in flight, so they are never handed out
+        again) while the commit that deletes them waits up to `ack_delay_ms` to share its
+        transaction with the next write: an idle device then writes once per heartbeat (the
+        delivered one out, the next one in: the same pages), not twice. Any other store call,
+        `close`, a batch of `_ACK_BATCH` acks, or a newer row of the key waiting commits them
+        at once. A crash before that commit delivers those rows again (at least once; the
+        receiver keeps the latest seq of a key). Every other ack (append rows, FIFO classes,
+        rows not in flight) is committed before this returns."""
         ids = list(row_ids)
-        if ids:
+        if not ids:
+            return
+        if self._closed:
+            raise StoreClosed("the outbox store is closed")
+        engine = self._writer.engine
+        if self._ack_delay_s <= 0 or engine is None or not engine.flight.defer_acks(ids):
             await self._call(lambda e: e.ack(ids), write=True, wakes=True)
+            return
+        self._acks.extend(ids)
+        if len(self._acks) >= _ACK_BATCH:
+            self._flush_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = self._clock.call_later(self._ack_delay_s, self._flush_acks)
+        self._changed()  # a row of the same key may wait for this one (see take_ready)
+        await asyncio.sleep(0)
+
+    def _flush_acks(self) -> None:
+        """Hand the deferred acks to the writer (queued ahead of whatever comes next)."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        ids, self._acks = self._acks, []
+        if not ids or self._writer.closed:
+            return
+        fut = self._writer.submit(lambda e: e.ack(ids), write=True, wakes=True)
+        busy = None if self._plain_clock else self._clock.busy()
+        if busy is not None:
+            busy.__enter__()
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if busy is not None:
+                busy.__exit__(None, None, None)
+            if not f.cancelled() and f.exception() is not None:
+                # The rows stay pending (the rollback put them back): delivered again later.
+                log.warning("outbox: committing %d acks failed: %s", len(ids), f.exception())
+
+        fut.add_done_callback(done)
 
     async def nack(
         self, row_id: int, *, delay_ms: int, error: str, outcome: NackOutcome = "transient"
@@ -378,6 +449,7 @@ class OutboxStore:
         """Finish every queued write, close the database. Idempotent."""
         if self._closed:
             return
+        self._flush_acks()  # queued before the close: committed by it
         self._closed = True
         # The reader goes first, so the writer's connection is the last one and its close
         # (which checkpoints the WAL and syncs) runs on the writer thread, not on the loop.
@@ -408,4 +480,4 @@ def _pages(conn: Any, max_db_bytes: int) -> int:
     return max(1, max_db_bytes // page_size)
 
 
-__all__ = ["ClassPolicy", "OutboxStore"]
+__all__ = ["ACK_DELAY_MS", "ClassPolicy", "OutboxStore"]
