@@ -61,7 +61,7 @@ class HeartbeatIntake(Actor):
         held = self._batch.get(message.device_id)
         if held is None or message.seq > held.seq:
             self._batch[message.device_id] = message
-        if len(self._batch) >= self._batch_max or ctx.self.statistics().depth == 0:
+        if len(self._batch) >= self._batch_max or ctx.self.depth == 0:
             self.flush()
             if self._interval_s > 0:
                 await ctx.clock.sleep(self._interval_s)
@@ -144,7 +144,7 @@ class LeaderActor(Actor):
     async def receive(self, message: object, ctx: Context) -> object | None:
         if isinstance(message, Durable):
             self._pending.append(message)
-            if len(self._pending) < self._batch_max and ctx.self.statistics().depth > 0:
+            if len(self._pending) < self._batch_max and ctx.self.depth > 0:
                 return None
             batch, self._pending = self._pending, []
             self._apply(batch)

@@ -192,6 +192,7 @@ def parse_publish(header: int, packet: bytes | bytearray) -> tuple[InboundMessag
 
 
 Deliver = Callable[[InboundMessage, int], None]  # (message, packet id; 0 for QoS 0)
+Acked = Callable[[int, int], None]  # (packet id, reason code) of a PUBACK for `publish_qos1`
 
 
 class FastPath:
@@ -203,11 +204,13 @@ class FastPath:
         *,
         loop: asyncio.AbstractEventLoop,
         deliver: Deliver,
+        acked: Acked,
         on_read_error: Callable[[BaseException], None],
     ) -> None:
         self._paho = paho
         self._loop = loop
         self._deliver = deliver
+        self._acked = acked
         self._on_read_error = on_read_error
         self._buf = bytearray()
         self._eagain = False
@@ -326,24 +329,34 @@ class FastPath:
         mid = (packet[0] << 8) | packet[1]
         reason = packet[2] if len(packet) > 2 else 0
         with paho._out_message_mutex:
-            if mid in paho._out_messages:
+            if mid in paho._out_messages:  # published through paho (aiomqtt's birth message)
                 return paho._do_on_publish(mid, reason, None)  # type: ignore[no-any-return]
+        self._acked(mid, reason)
         return _SUCCESS
 
     # -- writing ---------------------------------------------------------------------------
-    def publish_qos0(self, topic: str, payload: bytes, retain: bool, properties: PackedProperties | None) -> bool:
-        """Queue a QoS 0 PUBLISH built here (no `MQTTMessage`, no `MQTTMessageInfo`); False if
-        the connection is gone. The topic was validated by the caller."""
+    def publish(self, topic: str, payload: bytes, qos: int, retain: bool,
+                properties: PackedProperties | None) -> int | None:
+        """Queue a QoS 0 or 1 PUBLISH built here (no `MQTTMessage`, no `MQTTMessageInfo`).
+        Returns the packet id (0 for QoS 0; a QoS 1 PUBACK comes back through `acked`), or None
+        if the connection is gone. The caller validated the topic and keeps the in-flight
+        count within the broker's receive maximum."""
         paho: Any = self._paho
         if paho._sock is None:
-            return False
+            return None
         data = topic.encode("utf-8")
         props = properties.pack() if properties is not None else b"\x00"
         remaining = 2 + len(data) + len(props) + len(payload)
-        packet = b"".join((bytes((_PUBLISH | (1 if retain else 0),)), varint(remaining),
-                           len(data).to_bytes(2, "big"), data, props, payload))
-        paho._packet_queue(_PUBLISH, packet, 0, 0, UNWATCHED)
-        return True
+        header = _PUBLISH | (qos << 1) | (1 if retain else 0)
+        if qos:
+            mid = paho._mid_generate()
+            parts = (bytes((header,)), varint(remaining + 2), len(data).to_bytes(2, "big"), data,
+                     mid.to_bytes(2, "big"), props, payload)
+        else:
+            mid = 0
+            parts = (bytes((header,)), varint(remaining), len(data).to_bytes(2, "big"), data, props, payload)
+        paho._packet_queue(_PUBLISH, b"".join(parts), mid, qos, UNWATCHED)
+        return int(mid)
 
     def _packet_write(self) -> MQTTErrorCode:
         """paho's `_packet_write`, but consecutive PUBLISH/PUBACK packets go in one `send`."""

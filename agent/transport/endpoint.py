@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agent.core.clock import Clock
+from agent.core.clock import Clock, TimerHandle
 from agent.core.codec import Envelope, Reply, decode_envelope, decode_reply, encode
 from agent.core.errors import (
     Capacity,
@@ -45,6 +46,7 @@ InboxHandler = Callable[[Envelope, InboundMessage], Awaitable[Reply]]
 RejectSink = Callable[[str, bytes, str], object]  # (reason, raw payload, topic); may be async
 
 _LOST = object()
+_EXPIRED = object()
 _DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
 
 
@@ -90,6 +92,9 @@ class EnvelopeSender:
         self._reply_topic = reply_topic
         self._timeout_s = timeout_s
         self._pending: dict[bytes, asyncio.Future[object]] = {}
+        # Reply deadlines in sending order, swept by one timer (not a timeout per delivery).
+        self._deadlines: deque[tuple[float, asyncio.Future[object]]] = deque()
+        self._sweeper: TimerHandle | None = None
         self._started = False
         self.stats = SenderStats()
 
@@ -115,6 +120,10 @@ class EnvelopeSender:
         self._started = False
         self._transport.connected.remove_listener(self._on_gate)
         self._fail_pending()
+        self._deadlines.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         try:
             await self._transport.unsubscribe(self._reply_topic)
         except TransportError as exc:
@@ -161,14 +170,18 @@ class EnvelopeSender:
                 self.stats.lost += 1
                 raise Transient(f"envelope {envelope.id} not sent: {exc}") from None
             self.stats.sent += 1
-            try:
-                outcome = await self._clock.wait_for(future, self._timeout_s)
-            except TimeoutError:
-                self.stats.timeouts += 1
-                raise Transient(f"no reply for envelope {envelope.id} within {self._timeout_s}s") from None
+            self._deadlines.append((self._clock.monotonic() + self._timeout_s, future))
+            if self._sweeper is None:
+                self._sweeper = self._clock.call_later(self._timeout_s, self._sweep)
+            outcome = await future
         finally:
+            if not future.done():
+                future.cancel()
             if self._pending.get(correlation) is future:
                 del self._pending[correlation]
+        if outcome is _EXPIRED:
+            self.stats.timeouts += 1
+            raise Transient(f"no reply for envelope {envelope.id} within {self._timeout_s}s")
         if outcome is _LOST:
             self.stats.lost += 1
             raise Transient(f"connection lost waiting for the reply to {envelope.id}")
@@ -195,6 +208,21 @@ class EnvelopeSender:
             future.set_result(_LOST)
             return
         future.set_result(reply)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done():
+            deadlines.popleft()
+
+    def _sweep(self) -> None:
+        """Expire deliveries whose reply is overdue; re-arm for the next deadline."""
+        self._sweeper = None
+        now = self._clock.monotonic()
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+            _, future = deadlines.popleft()
+            if not future.done():
+                future.set_result(_EXPIRED)
+        if deadlines:
+            self._sweeper = self._clock.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
 
     def _on_gate(self, is_open: bool) -> None:
         if not is_open:

@@ -175,6 +175,9 @@ class MqttTransport:
         self._inbound_capacity = inbound_capacity
         self._wakeup: asyncio.Future[None] | None = None
         self._acks: dict[int, asyncio.Future[None]] = {}  # packet id -> waiting QoS 1 publish
+        self._deadlines: deque[tuple[float, asyncio.Future[None]]] = deque()  # in publish order
+        self._sweeper: Any = None  # the timer of `_sweep`
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._unsubscribes: set[int] = set()  # packet ids of UNSUBSCRIBEs nobody waits for
         self._props = PropertiesCache()
         self._routes: dict[str, tuple[Handler, ...]] = {}
@@ -307,37 +310,83 @@ class MqttTransport:
         if len(payload) > self._max_payload:
             raise PayloadTooLarge(len(payload), self._max_payload)
         topics.validate_topic(topic)
-        paho = self._paho
-        if paho is None or not self._gate.is_open:
+        if qos not in (0, 1):
+            raise TransportError(f"{self._client_id!r}: QoS {qos} is not supported")
+        fast = self._fast
+        if fast is None or self._paho is None or not self._gate.is_open:
             raise NotConnected(f"{self._client_id!r} is not connected")
         properties = None
         if response_topic is not None or correlation is not None:
             properties = self._props.build(response_topic, correlation)
-        fast = self._fast
-        if qos == 0 and fast is not None:
-            if not fast.publish_qos0(topic, payload, retain, properties):
-                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
-            return
-        try:
-            info = paho.publish(topic, payload, qos, retain, properties)
-        except ValueError as exc:
-            raise TransportError(f"{self._client_id!r}: publish refused: {exc}") from None
-        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN or not self._gate.is_open:
-                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
-            raise TransportError(f"{self._client_id!r}: publish failed: {info.rc}")
         if qos == 0:
+            if fast.publish(topic, payload, 0, retain, properties) is None:
+                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
             return
-        mid = info.mid
+        while len(self._acks) >= self._max_inflight:
+            await self._inflight_slot(fast)
+        mid = fast.publish(topic, payload, 1, retain, properties)
+        if mid is None:
+            raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[mid] = future
+        self._deadlines.append((self._clock.monotonic() + self._timeout_s, future))
+        if self._sweeper is None:
+            self._sweeper = self._clock.call_later(self._timeout_s, self._sweep)
         try:
-            await self._clock.wait_for(future, self._timeout_s)
-        except TimeoutError:
-            raise TransportError(f"{self._client_id!r}: no PUBACK within {self._timeout_s}s") from None
+            await future
         finally:
+            if not future.done():
+                future.cancel()
             if self._acks.get(mid) is future:
                 del self._acks[mid]
+                self._wake_slot()
+
+    async def _inflight_slot(self, fast: FastPath) -> None:
+        """Wait until a QoS 1 publish of ours completes (the broker's receive maximum)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+        if self._fast is not fast:
+            raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
+
+    def _wake_slot(self) -> None:
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _on_acked(self, mid: int, reason: int) -> None:
+        """A PUBACK for one of our QoS 1 publishes."""
+        future = self._acks.pop(mid, None)
+        if future is None:
+            return
+        if not future.done():
+            if reason >= _FAILURE:
+                future.set_exception(TransportError(f"broker refused the publish (reason code {reason:#x})"))
+            else:
+                future.set_result(None)
+        self._wake_slot()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done():  # PUBACKs come in order: keep this short
+            deadlines.popleft()
+
+    def _sweep(self) -> None:
+        """Fail QoS 1 publishes whose PUBACK is overdue (one timer, not one per publish)."""
+        self._sweeper = None
+        now = self._clock.monotonic()
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+            _, future = deadlines.popleft()
+            if not future.done():
+                future.set_exception(TransportError(f"{self._client_id!r}: no PUBACK within {self._timeout_s}s"))
+        if deadlines:
+            self._sweeper = self._clock.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
 
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Record the subscription; send it now if connected (else on the next connect)."""
@@ -398,7 +447,7 @@ class MqttTransport:
         client.pending_calls_threshold = 1 << 30  # many concurrent publishes are our normal
         paho: Any = client._client  # noqa: SLF001  (aiomqtt exposes no hook for these paths)
         self._wire = paho
-        self._fast = FastPath(paho, loop=asyncio.get_running_loop(), deliver=self._accept,
+        self._fast = FastPath(paho, loop=asyncio.get_running_loop(), deliver=self._accept, acked=self._on_acked,
                               on_read_error=lambda exc: _end_connection(client, exc))
         stock_on_publish = paho.on_publish
 
@@ -516,6 +565,14 @@ class MqttTransport:
         for future in acks.values():
             if not future.done():
                 future.set_exception(ConnectionLost(f"{self._client_id!r}: connection lost while publishing"))
+        self._deadlines.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        waiters, self._slot_waiters = self._slot_waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)  # they see the connection changed and raise
 
     def _log_connected(self) -> None:
         if self._failures_held:

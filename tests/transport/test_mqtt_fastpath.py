@@ -223,3 +223,78 @@ async def test_connection_failures_are_logged_once_then_rate_limited(caplog: pyt
     quiet = [r for r in caplog.records if r.levelno == logging.DEBUG and "fp-nobody" in r.getMessage()]
     assert len(quiet) >= 5
     assert len(loud) == 1
+
+
+async def _silent_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Accepts the CONNECT, then reads everything and answers nothing (no PUBACK)."""
+    await reader.read(4096)
+    writer.write(b"\x20\x03\x00\x00\x00")  # CONNACK v5: success, no properties
+    await writer.drain()
+    try:
+        while await reader.read(4096):
+            pass
+    finally:
+        writer.close()
+
+
+async def test_a_publish_without_puback_fails_after_the_operation_timeout() -> None:
+    server = await asyncio.start_server(_silent_broker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    t = MqttTransport(host="127.0.0.1", port=port, client_id="fp-silent", operation_timeout_s=0.3)
+    try:
+        await t.start()
+        await asyncio.wait_for(t.connected.wait_open(), 10)
+        with pytest.raises(TransportError, match="no PUBACK"):
+            await asyncio.wait_for(t.publish("fp/silent", b"x", qos=1), 10)
+        await t.publish("fp/silent", b"y", qos=0)  # QoS 0 needs no answer
+    finally:
+        await t.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_qos1_publishes_stay_within_max_inflight(mosquitto: Mosquitto) -> None:
+    t = _transport(mosquitto.url, "fp-window", max_inflight=3)
+    await t.start()
+    await asyncio.wait_for(t.connected.wait_open(), 10)
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, len(t._acks))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait_for(asyncio.gather(*[t.publish("fp/w", b"x", qos=1) for _ in range(60)]), 20)
+        assert 0 < peak <= 3
+    finally:
+        watcher.cancel()
+        await t.stop()
+
+
+async def test_stop_under_a_backlog_does_not_wait_for_the_broker(mosquitto: Mosquitto) -> None:
+    """Reading is paused behind a stuck handler: unsubscribe and stop must still finish (they
+    used to wait for an UNSUBACK and a PUBACK queued behind thousands of messages)."""
+    entered = asyncio.Event()
+
+    async def stuck(message: InboundMessage) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    sub = _transport(mosquitto.url, "fp-backlog", inbound_capacity=4, operation_timeout_s=30.0)
+    pub = _transport(mosquitto.url, "fp-flood")
+    await sub.subscribe("fp/b", stuck)
+    for t in (sub, pub):
+        await t.start()
+        await asyncio.wait_for(t.connected.wait_open(), 10)
+    try:
+        await asyncio.gather(*[pub.publish("fp/b", b"x" * 100, qos=1) for _ in range(2000)])
+        await asyncio.wait_for(entered.wait(), 10)
+        assert sub.inbound_pauses > 0
+        await asyncio.wait_for(sub.unsubscribe("fp/b"), 5)
+        await asyncio.wait_for(sub.stop(), 5)
+    finally:
+        await pub.stop()
+        await sub.stop()
