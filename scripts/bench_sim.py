@@ -4,6 +4,7 @@
     python scripts/bench_sim.py --quick          # one small run, well within 5 minutes
     python scripts/bench_sim.py                  # the two targets of the scale issue
     python scripts/bench_sim.py --budget 300     # wall-time budget per full run (default 300 s)
+    python scripts/bench_sim.py --only 10k-devices-1h --budget 900   # one of the full runs
 
 Each configuration runs in a child process of its own (so its peak RSS is its own):
 
@@ -106,6 +107,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one small configuration (< 5 minutes)")
     parser.add_argument("--budget", type=float, default=None,
                         help="wall seconds per run before it stops generating (full default 300)")
+    parser.add_argument("--only", action="append", choices=[cfg["name"] for cfg in FULL],
+                        help="run just this full configuration (repeatable)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -116,7 +119,7 @@ def main() -> int:
         print(json.dumps(result))
         return 0 if result["lost"] == 0 else 1
     budget = args.budget or 300.0
-    runs = [run_child(cfg, budget) for cfg in FULL]
+    runs = [run_child(cfg, budget) for cfg in FULL if not args.only or cfg["name"] in args.only]
     print(json.dumps({**runs[0], "runs": runs}))
     return 0 if all(r["lost"] == 0 for r in runs) else 1
 
