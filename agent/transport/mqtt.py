@@ -29,10 +29,7 @@ import asyncio
 import logging
 import random
 import socket
-import ssl
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,56 +43,18 @@ from agent.core.config import MqttSection
 from agent.core.errors import ConfigError, ConnectionLost, NotConnected, TransportError
 from agent.core.gate import Gate
 from agent.transport import topics
+from agent.transport._mqtt_acks import FAILURE as _FAILURE
+from agent.transport._mqtt_acks import PubackTracker
+from agent.transport._mqtt_settings import TlsSettings, backoff_delay, read_password
 from agent.transport._paho_fast import FastPath, PropertiesCache
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
-_FAILURE = 0x80  # MQTT v5 reason codes at or above this are failures
 FAILURE_LOG_INTERVAL_S = 60.0
 DEFAULT_INBOUND_CAPACITY = 1024
 _ROUTE_CACHE = 65536  # topic -> handlers entries kept before the cache starts over
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TlsSettings:
-    """Files for an `mqtts://` connection. Without `ca_file` the system's CAs are trusted."""
-
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-
-    def context(self, *, source: str = "mqtt") -> ssl.SSLContext:
-        try:
-            context = ssl.create_default_context(cafile=self.ca_file or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(source, "tls_ca", f"cannot load CA file: {exc}") from None
-        if self.cert_file:
-            try:
-                context.load_cert_chain(self.cert_file, self.key_file or None)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(source, "tls_cert", f"cannot load client cert/key: {exc}") from None
-        elif self.key_file:
-            raise ConfigError(source, "tls_key", "a client key needs tls_cert as well")
-        return context
-
-
-def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) -> float:
-    """Full jitter: uniform in [0, min(max_s, min_s * 2**attempt)]; attempt 0 is the first retry."""
-    cap = min(max_s, min_s * (2 ** min(attempt, 32)))
-    return rng.uniform(0.0, cap)
-
-
-def read_password(path: str, *, source: str = "mqtt") -> str:
-    """The password is read from a file (never from argv); one trailing newline is dropped."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(source, "password_file", f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(source, "password_file", "not UTF-8 text") from None
-    return text.rstrip("\r\n")
 
 
 class _Handoff(asyncio.Queue):  # type: ignore[type-arg]
@@ -174,10 +133,8 @@ class MqttTransport:
         self._inbound: deque[tuple[InboundMessage, int, Any]] = deque()
         self._inbound_capacity = inbound_capacity
         self._wakeup: asyncio.Future[None] | None = None
-        self._acks: dict[int, asyncio.Future[None]] = {}  # packet id -> waiting QoS 1 publish
-        self._deadlines: deque[tuple[float, asyncio.Future[None]]] = deque()  # in publish order
-        self._sweeper: Any = None  # the timer of `_sweep`
-        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self._pubacks = PubackTracker(clock=self._clock, timeout_s=operation_timeout_s, max_inflight=max_inflight,
+                                      name=repr(client_id))
         self._unsubscribes: set[int] = set()  # packet ids of UNSUBSCRIBEs nobody waits for
         self._props = PropertiesCache()
         self._routes: dict[str, tuple[Handler, ...]] = {}
@@ -322,72 +279,13 @@ class MqttTransport:
             if fast.publish(topic, payload, 0, retain, properties) is None:
                 raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
             return
-        while len(self._acks) >= self._max_inflight:
-            await self._inflight_slot(fast)
+        await self._pubacks.reserve()
+        if self._fast is not fast:
+            raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
         mid = fast.publish(topic, payload, 1, retain, properties)
         if mid is None:
             raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._acks[mid] = future
-        self._deadlines.append((self._clock.monotonic() + self._timeout_s, future))
-        if self._sweeper is None:
-            self._sweeper = self._clock.call_later(self._timeout_s, self._sweep)
-        try:
-            await future
-        finally:
-            if not future.done():
-                future.cancel()
-            if self._acks.get(mid) is future:
-                del self._acks[mid]
-                self._wake_slot()
-
-    async def _inflight_slot(self, fast: FastPath) -> None:
-        """Wait until a QoS 1 publish of ours completes (the broker's receive maximum)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._slot_waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            if not waiter.done():
-                waiter.cancel()
-        if self._fast is not fast:
-            raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
-
-    def _wake_slot(self) -> None:
-        waiters = self._slot_waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    def _on_acked(self, mid: int, reason: int) -> None:
-        """A PUBACK for one of our QoS 1 publishes."""
-        future = self._acks.pop(mid, None)
-        if future is None:
-            return
-        if not future.done():
-            if reason >= _FAILURE:
-                future.set_exception(TransportError(f"broker refused the publish (reason code {reason:#x})"))
-            else:
-                future.set_result(None)
-        self._wake_slot()
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][1].done():  # PUBACKs come in order: keep this short
-            deadlines.popleft()
-
-    def _sweep(self) -> None:
-        """Fail QoS 1 publishes whose PUBACK is overdue (one timer, not one per publish)."""
-        self._sweeper = None
-        now = self._clock.monotonic()
-        deadlines = self._deadlines
-        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
-            _, future = deadlines.popleft()
-            if not future.done():
-                future.set_exception(TransportError(f"{self._client_id!r}: no PUBACK within {self._timeout_s}s"))
-        if deadlines:
-            self._sweeper = self._clock.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
-
+        await self._pubacks.wait(mid)
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Record the subscription; send it now if connected (else on the next connect)."""
         topics.validate_filter(topic_filter)
@@ -447,22 +345,8 @@ class MqttTransport:
         client.pending_calls_threshold = 1 << 30  # many concurrent publishes are our normal
         paho: Any = client._client  # noqa: SLF001  (aiomqtt exposes no hook for these paths)
         self._wire = paho
-        self._fast = FastPath(paho, loop=asyncio.get_running_loop(), deliver=self._accept, acked=self._on_acked,
+        self._fast = FastPath(paho, loop=asyncio.get_running_loop(), deliver=self._accept, acked=self._pubacks.acked,
                               on_read_error=lambda exc: _end_connection(client, exc))
-        stock_on_publish = paho.on_publish
-
-        def on_publish(c: Any, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
-            future = self._acks.pop(mid, None)
-            if future is None:  # one of aiomqtt's own publishes (birth, goodbye)
-                stock_on_publish(c, userdata, mid, reason, properties)
-            elif not future.done():
-                code = getattr(reason, "value", reason)
-                if isinstance(code, int) and code >= _FAILURE:
-                    future.set_exception(TransportError(f"broker refused the publish (reason code {code:#x})"))
-                else:
-                    future.set_result(None)
-
-        paho.on_publish = on_publish
         stock_on_unsubscribe = paho.on_unsubscribe
         unsubscribes = self._unsubscribes = set()  # this connection's
 
@@ -515,7 +399,8 @@ class MqttTransport:
                 self._paho = None
                 self._fast = None
                 self._gate.close()
-                self._fail_acks()
+                self._pubacks.fail_all(
+                    lambda: ConnectionLost(f"{self._client_id!r}: connection lost while publishing"))
                 if client is not None and self._entered:
                     await self._leave(client)
             if self._stopping:
@@ -559,20 +444,6 @@ class MqttTransport:
             value = getattr(code, "value", code)
             if isinstance(value, int) and value >= _FAILURE:
                 raise TransportError(f"broker refused subscription {topic_filter!r}: {code}")
-
-    def _fail_acks(self) -> None:
-        acks, self._acks = self._acks, {}
-        for future in acks.values():
-            if not future.done():
-                future.set_exception(ConnectionLost(f"{self._client_id!r}: connection lost while publishing"))
-        self._deadlines.clear()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
-        waiters, self._slot_waiters = self._slot_waiters, deque()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)  # they see the connection changed and raise
 
     def _log_connected(self) -> None:
         if self._failures_held:

@@ -262,7 +262,7 @@ async def test_qos1_publishes_stay_within_max_inflight(mosquitto: Mosquitto) -> 
     async def watch() -> None:
         nonlocal peak
         while True:
-            peak = max(peak, len(t._acks))
+            peak = max(peak, len(t._pubacks))
             await asyncio.sleep(0)
 
     watcher = asyncio.create_task(watch())

@@ -1,0 +1,121 @@
+"""QoS 1 publishes of one `MqttTransport` waiting for their PUBACK.
+
+At most `max_inflight` at once (the broker's receive maximum is not ours to exceed: mosquitto
+answers a publish beyond it with a failure reason code), each failed after `timeout_s` by one
+sweep timer rather than a timeout per publish, all failed at once when the connection ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from agent.core.clock import Clock, TimerHandle
+from agent.core.errors import ConnectionLost, TransportError
+
+FAILURE = 0x80  # MQTT v5 reason codes at or above this are failures
+
+
+class PubackTracker:
+    def __init__(self, *, clock: Clock, timeout_s: float, max_inflight: int, name: str) -> None:
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._max = max_inflight
+        self._name = name
+        self._acks: dict[int, asyncio.Future[None]] = {}  # packet id -> its publish's future
+        self._deadlines: deque[tuple[float, asyncio.Future[None]]] = deque()  # publish order
+        self._sweeper: TimerHandle | None = None
+        self._waiters: deque[asyncio.Future[None]] = deque()  # publishes waiting for a slot
+        self._generation = 0  # bumped by fail_all: a slot waiter learns its connection ended
+
+    def __len__(self) -> int:
+        return len(self._acks)
+
+    async def reserve(self) -> None:
+        """Wait until fewer than `max_inflight` are in flight; `ConnectionLost` if the
+        connection ends meanwhile. No await between this and `wait` keeps the count exact."""
+        generation = self._generation
+        while len(self._acks) >= self._max:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+            if self._generation != generation:
+                raise ConnectionLost(f"{self._name}: connection lost while publishing")
+
+    async def wait(self, mid: int) -> None:
+        """Wait for the PUBACK of packet `mid`: returns, or raises `TransportError` (refused,
+        overdue) or `ConnectionLost`."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks[mid] = future
+        self._deadlines.append((self._clock.monotonic() + self._timeout_s, future))
+        if self._sweeper is None:
+            self._sweeper = self._clock.call_later(self._timeout_s, self._sweep)
+        try:
+            await future
+        finally:
+            if not future.done():
+                future.cancel()
+            if self._acks.get(mid) is future:
+                del self._acks[mid]
+                self._wake_one()
+
+    def acked(self, mid: int, reason: int) -> None:
+        """A PUBACK arrived (reason code as an int)."""
+        future = self._acks.pop(mid, None)
+        if future is None:
+            return
+        if not future.done():
+            if reason >= FAILURE:
+                future.set_exception(TransportError(f"{self._name}: broker refused the publish"
+                                                    f" (reason code {reason:#x})"))
+            else:
+                future.set_result(None)
+        self._wake_one()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done():  # PUBACKs come in order: this stays short
+            deadlines.popleft()
+
+    def fail_all(self, error: Callable[[], BaseException]) -> None:
+        """The connection ended: every waiting publish fails with `error()`."""
+        self._generation += 1
+        acks, self._acks = self._acks, {}
+        for future in acks.values():
+            if not future.done():
+                future.set_exception(error())
+        self._deadlines.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _wake_one(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = self._clock.monotonic()
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+            _, future = deadlines.popleft()
+            if not future.done():
+                future.set_exception(TransportError(f"{self._name}: no PUBACK within {self._timeout_s}s"))
+        if deadlines:
+            self._sweeper = self._clock.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
+
+
+__all__ = ["FAILURE", "PubackTracker"]

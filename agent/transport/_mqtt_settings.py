@@ -1,0 +1,53 @@
+"""Settings helpers of `MqttTransport`: TLS files, reconnect backoff, the password file."""
+
+from __future__ import annotations
+
+import random
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsSettings:
+    """Files for an `mqtts://` connection. Without `ca_file` the system's CAs are trusted."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def context(self, *, source: str = "mqtt") -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(source, "tls_ca", f"cannot load CA file: {exc}") from None
+        if self.cert_file:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file or None)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(source, "tls_cert", f"cannot load client cert/key: {exc}") from None
+        elif self.key_file:
+            raise ConfigError(source, "tls_key", "a client key needs tls_cert as well")
+        return context
+
+
+def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) -> float:
+    """Full jitter: uniform in [0, min(max_s, min_s * 2**attempt)]; attempt 0 is the first retry."""
+    cap = min(max_s, min_s * (2 ** min(attempt, 32)))
+    return rng.uniform(0.0, cap)
+
+
+def read_password(path: str, *, source: str = "mqtt") -> str:
+    """The password is read from a file (never from argv); one trailing newline is dropped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, "password_file", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(source, "password_file", "not UTF-8 text") from None
+    return text.rstrip("\r\n")
+
+
+__all__ = ["TlsSettings", "backoff_delay", "read_password"]
