@@ -3,11 +3,17 @@
 At most `max_inflight` at once (the broker's receive maximum is not ours to exceed: mosquitto
 answers a publish beyond it with a failure reason code), each failed after `timeout_s` by one
 sweep timer rather than a timeout per publish, all failed at once when the connection ends.
+
+A PUBACK with a failure reason code (an ACL refusing the topic, say) completes the publish as
+aiomqtt does, since the broker has dealt with it; it is counted in `refused` and logged (the
+first of each connection at WARNING). An envelope refused this way gets no reply, which its
+sender's reply timeout already handles.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 
@@ -15,6 +21,8 @@ from agent.core.clock import Clock, TimerHandle
 from agent.core.errors import ConnectionLost, TransportError
 
 FAILURE = 0x80  # MQTT v5 reason codes at or above this are failures
+
+log = logging.getLogger("agent.transport.mqtt")
 
 
 class PubackTracker:
@@ -30,6 +38,8 @@ class PubackTracker:
         self._sweeper: TimerHandle | None = None
         self._waiters: deque[asyncio.Future[None]] = deque()  # publishes waiting for a slot
         self._generation = 0  # bumped by fail_all: a slot waiter learns its connection ended
+        self._refusal_logged = False  # this connection's first refusal went out at WARNING
+        self.refused = 0
 
     def __len__(self) -> int:
         return len(self._acks)
@@ -50,8 +60,8 @@ class PubackTracker:
                 raise ConnectionLost(f"{self._name}: connection lost while publishing")
 
     async def wait(self, mid: int) -> None:
-        """Wait for the PUBACK of packet `mid`: returns, or raises `TransportError` (refused,
-        overdue) or `ConnectionLost`."""
+        """Wait for the PUBACK of packet `mid`: returns, or raises `TransportError` (overdue)
+        or `ConnectionLost`."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[mid] = future
         self._deadlines.append((self._clock.monotonic() + self._timeout_s, future))
@@ -71,12 +81,14 @@ class PubackTracker:
         future = self._acks.pop(mid, None)
         if future is None:
             return
+        if reason >= FAILURE:
+            self.refused += 1
+            level = logging.DEBUG if self._refusal_logged else logging.WARNING
+            self._refusal_logged = True
+            log.log(level, "%s: the broker refused a publish (reason code %#x; %d so far)", self._name, reason,
+                    self.refused)
         if not future.done():
-            if reason >= FAILURE:
-                future.set_exception(TransportError(f"{self._name}: broker refused the publish"
-                                                    f" (reason code {reason:#x})"))
-            else:
-                future.set_result(None)
+            future.set_result(None)
         self._wake_one()
         deadlines = self._deadlines
         while deadlines and deadlines[0][1].done():  # PUBACKs come in order: this stays short
@@ -85,6 +97,7 @@ class PubackTracker:
     def fail_all(self, error: Callable[[], BaseException]) -> None:
         """The connection ended: every waiting publish fails with `error()`."""
         self._generation += 1
+        self._refusal_logged = False
         acks, self._acks = self._acks, {}
         for future in acks.values():
             if not future.done():

@@ -9,9 +9,10 @@ connection to end; then close the gate, fail publishes still waiting for their P
 Hot paths go around aiomqtt's per-message machinery (`_paho_fast.FastPath` on the paho client
 of each connection): inbound PUBLISH packets are parsed into `InboundMessage`s and appended to a
 bounded queue drained by one long-lived dispatch task; a publish goes straight to paho with
-pre-encoded properties, and a QoS 1 publish waits on a future its PUBACK resolves (a PUBACK
-with a failure reason code fails it). aiomqtt still owns connecting, subscribing, the will, the
-keepalive and disconnects; its message iterator is only used to learn that the connection ended.
+pre-encoded properties, and a QoS 1 publish waits on a future its PUBACK resolves
+(`_mqtt_acks.PubackTracker`; a refusal by the broker is counted in `publishes_refused`).
+aiomqtt still owns connecting, subscribing, the will, the keepalive and disconnects; its
+message iterator is only used to learn that the connection ended.
 
 The inbound queue holds `inbound_capacity` messages (plus at most one read's worth): when it is
 full the transport stops reading the socket until the dispatcher has drained half of it, so the
@@ -213,6 +214,11 @@ class MqttTransport:
     @property
     def connected(self) -> Gate:
         return self._gate
+
+    @property
+    def publishes_refused(self) -> int:
+        """QoS 1 publishes the broker answered with a failure reason code (an ACL, say)."""
+        return self._pubacks.refused
 
     @property
     def max_payload_bytes(self) -> int:

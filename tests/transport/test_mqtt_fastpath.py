@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,21 @@ async def test_stop_under_a_backlog_does_not_wait_for_the_broker(mosquitto: Mosq
     finally:
         await pub.stop()
         await sub.stop()
+
+
+async def test_a_publish_the_broker_refuses_is_counted_not_raised(
+    mosquitto_factory: Callable[..., Mosquitto], tmp_path: Path
+) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite fp/ok\n")
+    broker = mosquitto_factory(extra_config=f"acl_file {acl}")
+    t = _transport(broker.url, "fp-acl")
+    await t.start()
+    await asyncio.wait_for(t.connected.wait_open(), 10)
+    try:
+        await t.publish("fp/ok", b"fine", qos=1)
+        assert t.publishes_refused == 0
+        await t.publish("fp/denied", b"refused", qos=1)  # PUBACK 0x87 (not authorized)
+        assert t.publishes_refused == 1
+    finally:
+        await t.stop()
