@@ -1,0 +1,68 @@
+"""An idle worker on a device imports only what it uses: `edge-agent run` with the worker config
+(no [firmware] key, MQTT transport, no /metrics) loads no leader, simulator, firmware rollout,
+rich or in-memory broker module. Checked in a fresh interpreter, through the same calls `run`
+makes, up to an opened (not connected) worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import asyncio, json, sys
+from pathlib import Path
+
+from agent.commands import run as run_cmd  # what `edge-agent run` imports first
+from agent.core.clock import SystemClock
+from agent.core.config import load_config
+
+
+async def main(config_path, data_dir):
+    from agent.app import build_agent, make_transport
+    from agent.service import ServiceRuntime, restrict_database_files, set_service_umask  # noqa: F401
+
+    config = load_config(config_path)
+    clock = SystemClock()
+    transport = make_transport(config, clock=clock, broker_url="mqtt://127.0.0.1:1")
+    agent = await build_agent(config, transport=transport, clock=clock, data_dir=Path(data_dir))
+    try:
+        return sorted(sys.modules)
+    finally:
+        await agent.outbox.close()
+        ledger = getattr(agent, "ledger", None)
+        close = getattr(ledger, "close", None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2]))))
+"""
+
+# Packages a worker without [firmware] on a real broker must never load.
+FORBIDDEN = (
+    "agent.leader",
+    "agent.sim",
+    "agent.transport.memory",
+    "agent.transport._memory_broker",
+    "firmware_rollout",
+    "rich",
+)
+
+
+def test_idle_worker_loads_only_what_it_uses(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(REPO / "configs" / "worker.toml"), str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "agent.worker.agent" in modules and "agent.outbox.store" in modules  # it did load
+    for name in FORBIDDEN:
+        loaded = sorted(m for m in modules if m == name or m.startswith(name + "."))
+        assert not loaded, f"an idle worker loaded {loaded}"
