@@ -31,6 +31,7 @@ from paho.mqtt.client import Client as PahoClient
 from paho.mqtt.client import time_func
 from paho.mqtt.enums import MQTTErrorCode
 
+from agent.core.errors import TransportError
 from agent.transport.base import InboundMessage
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,13 @@ _DISCONNECT = 0xE0
 _RECV_BYTES = 65536
 _WRITE_BATCH_BYTES = 256 * 1024
 _READS_PER_TURN = 64  # loop_read calls per event-loop turn before yielding to other callbacks
+# paho internals these paths rely on (paho-mqtt 2.x); checked once so a paho that moved them
+# fails loudly at the first connect instead of misbehaving.
+_PAHO_INTERNALS = (
+    "_handle_publish", "_handle_pubackcomp", "_sock_recv", "_packet_write", "_packet_queue", "_in_packet",
+    "_out_packet", "_out_messages", "_out_message_mutex", "_do_on_publish", "_mid_generate", "_sock",
+    "_sock_send", "_sockpairW", "_msgtime_mutex", "_userdata",
+)
 
 # MQTT v5 PUBLISH properties by identifier: how many bytes follow (or a kind of field).
 _FIXED = {0x01: 1, 0x02: 4, 0x23: 2}  # payload format, message expiry, topic alias
@@ -207,6 +215,9 @@ class FastPath:
         acked: Acked,
         on_read_error: Callable[[BaseException], None],
     ) -> None:
+        missing = [name for name in _PAHO_INTERNALS if not hasattr(paho, name)]
+        if missing:
+            raise TransportError(f"unsupported paho-mqtt version: no {', '.join(missing)}")
         self._paho = paho
         self._loop = loop
         self._deliver = deliver

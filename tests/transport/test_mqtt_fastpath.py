@@ -317,3 +317,11 @@ async def test_a_publish_the_broker_refuses_is_counted_not_raised(
         assert t.publishes_refused == 1
     finally:
         await t.stop()
+
+
+def test_a_paho_without_the_internals_we_use_is_refused_loudly() -> None:
+    from agent.transport._paho_fast import FastPath
+
+    with pytest.raises(TransportError, match="unsupported paho-mqtt version"):
+        FastPath(object(), loop=None, deliver=lambda m, mid: None,  # type: ignore[arg-type]
+                 acked=lambda mid, reason: None, on_read_error=lambda exc: None)
