@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agent.core.clock import Clock, TimerHandle
+from agent.core.clock import Clock, SystemClock, TimerHandle
 from agent.core.codec import Envelope, Reply, decode_envelope, decode_reply, encode
 from agent.core.errors import (
     Capacity,
@@ -48,6 +48,31 @@ RejectSink = Callable[[str, bytes, str], object]  # (reason, raw payload, topic)
 _LOST = object()
 _EXPIRED = object()
 _DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
+LOG_INTERVAL_S = 60.0  # per-message problems: one line per kind per interval, the rest at DEBUG
+
+
+class _Throttle:
+    """One log line per key per interval of the clock; the next one says how many were held."""
+
+    def __init__(self, clock: Clock, interval_s: float = LOG_INTERVAL_S) -> None:
+        self._clock = clock
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def log(self, level: int, key: str, msg: str, *args: object) -> None:
+        now = self._clock.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            log.debug(msg, *args)
+            return
+        self._last[key] = now
+        held = self._held.pop(key, 0)
+        if held:
+            log.log(level, msg + " (%d similar not logged)", *args, held)
+        else:
+            log.log(level, msg, *args)
 
 
 def envelope_from_row(row: OutboxRow) -> Envelope:
@@ -264,6 +289,7 @@ class EnvelopeInbox:
         busy_retry_after_ms: int = 200,
         concurrency: int = 1,
         reply_qos: int = 0,
+        clock: Clock | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -280,6 +306,7 @@ class EnvelopeInbox:
         self._concurrency = concurrency
         self._reply_qos = reply_qos
         self._devices: dict[str, str | None] = {}
+        self._throttle = _Throttle(clock if clock is not None else SystemClock())
         self._queue: asyncio.Queue[InboundMessage] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._started = False
@@ -355,7 +382,8 @@ class EnvelopeInbox:
             device = self._up_device(message.topic)
             if device is not None and envelope.sender != device:
                 reason = f"sender {envelope.sender!r} does not match device {device!r} of the topic"
-                log.warning("rejected %s on %s: %s", envelope.id, message.topic, reason)
+                self._throttle.log(logging.WARNING, "forged", "rejected %s on %s: %s", envelope.id, message.topic,
+                                   reason)
                 await self._reject(message, envelope.id, reason)
                 return
         try:
@@ -411,7 +439,8 @@ class EnvelopeInbox:
         except TransportError as exc:
             # The sender times out and retries; the receiver deduplicates by envelope id.
             self.stats.reply_failures += 1
-            log.info("reply %s to %s not sent: %s", reply.status, message.response_topic, exc)
+            self._throttle.log(logging.INFO, "reply", "reply %s to %s not sent: %s", reply.status,
+                               message.response_topic, exc)
 
 
 __all__ = [

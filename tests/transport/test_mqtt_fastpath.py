@@ -325,3 +325,35 @@ def test_a_paho_without_the_internals_we_use_is_refused_loudly() -> None:
     with pytest.raises(TransportError, match="unsupported paho-mqtt version"):
         FastPath(object(), loop=None, deliver=lambda m, mid: None,  # type: ignore[arg-type]
                  acked=lambda mid, reason: None, on_read_error=lambda exc: None)
+
+
+class _RecordingTransport:
+    max_payload_bytes = 1024
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes, int]] = []
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
+                      response_topic: str | None = None, correlation: bytes | None = None) -> None:
+        self.published.append((topic, payload, qos))
+
+
+async def test_forged_senders_are_each_answered_but_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    from agent.core.clock import VirtualClock
+    from agent.core.codec import Envelope, decode_reply, encode
+    from agent.transport.endpoint import EnvelopeInbox
+
+    async def never(env: Envelope, message: InboundMessage) -> object:
+        raise AssertionError("a forged envelope must not reach the handler")
+
+    wire = _RecordingTransport()
+    inbox = EnvelopeInbox(wire, topic_filter="ea/v1/f/+/up", handler=never, clock=VirtualClock())  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger="agent.transport.endpoint"):
+        for n in range(5):
+            env = Envelope(id=f"m{n}", kind="telemetry", sender="mallory", receiver="leader")
+            await inbox.handle(InboundMessage("ea/v1/f/alice/up", encode(env), False, "r/t", b"c", 1))
+    assert [decode_reply(p).status for _, p, _ in wire.published] == ["rejected"] * 5
+    assert all(qos == 0 for _, _, qos in wire.published)  # replies go at QoS 0 by default
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "rejected" in r.getMessage()]
+    assert len(warnings) == 1
+    assert inbox.stats.rejected == 5
