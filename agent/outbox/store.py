@@ -26,7 +26,7 @@ from agent.core.errors import StoreClosed
 from agent.outbox.engine import Engine
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy
 from agent.outbox.reads import Reader
-from agent.outbox.schema import Synchronous, open_database
+from agent.outbox.schema import PAGE_SIZE, PAGE_SIZES, Synchronous, open_database
 from agent.outbox.settle import NACK_OUTCOMES, NackOutcome
 from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
 from agent.outbox.writer import Writer, translate
@@ -94,15 +94,20 @@ class OutboxStore:
         busy_timeout_ms: int = 5_000,
         max_db_bytes: int | None = None,
         ack_delay_ms: int = ACK_DELAY_MS,
+        page_size: int = PAGE_SIZE,
     ) -> OutboxStore:
         """Open (or create) the outbox at `path`. A damaged file is moved aside and a fresh one
         started (`recovered_from` names where it went). `max_db_bytes` caps the file size:
         beyond it writes fail with `StoreError` until space is freed or the cap raised.
-        `ack_delay_ms`: how long the commit of an ack may wait to share a transaction with the
-        next write (see `ack`); 0 commits every ack at once."""
+        `ack_delay_ms`: how long the commit of an OVERWRITE row's ack may wait to share a
+        transaction with the next write (see `ack`); 0 commits every ack at once.
+        `page_size` (bytes, a power of two) applies when the file is created: small pages wear
+        an SD card less, large ones drain big backlogs faster (see `schema.PAGE_SIZE`)."""
         p = Path(path)
         if ack_delay_ms < 0:
             raise ValueError(f"ack_delay_ms must be >= 0, got {ack_delay_ms}")
+        if page_size not in PAGE_SIZES:
+            raise ValueError(f"page_size must be a power of two from 512 to 65536: {page_size!r}")
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         if max_attempts < 1:
@@ -113,7 +118,8 @@ class OutboxStore:
 
         def factory() -> Engine:
             conn, recovered[0] = open_database(
-                p, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, now_ms=now_ms
+                p, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, now_ms=now_ms,
+                page_size=page_size,
             )
             rconn: sqlite3.Connection | None = None
             try:

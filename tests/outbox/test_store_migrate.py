@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from store_support import OpenStore, assert_conserved, make_msg
 
 from agent.outbox import commands
@@ -202,3 +203,25 @@ async def test_a_heartbeat_cycle_writes_few_pages(open_store: OpenStore, db_path
         await cycle(seq)
     frames = (wal.stat().st_size - before) / (PAGE_SIZE + 24)
     assert frames <= 20 * 4, frames
+
+
+async def test_page_size_is_chosen_for_new_files_only(open_store: OpenStore, tmp_path: Path) -> None:
+    big = tmp_path / "gateway.db"
+    store = await open_store(big, page_size=4096)
+    await store.enqueue(make_msg())
+    await store.close()
+    assert on_disk_page_size(big) == 4096
+    store = await open_store(big, page_size=1024)  # an existing file keeps its own
+    await assert_conserved(store)
+    assert on_disk_page_size(big) == 4096
+    with pytest.raises(ValueError):
+        await open_store(tmp_path / "odd.db", page_size=1000)
+    assert not (tmp_path / "odd.db").exists()
+
+
+def on_disk_page_size(path: Path) -> int:
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        conn.close()
