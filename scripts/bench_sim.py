@@ -52,40 +52,127 @@ def _rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
 
 
+# Where the simulator's main thread spends its time, by the file of the innermost Python frame
+# (a C call counts for the Python code that made it; asyncio code for our code that called it).
+# First match wins.
+CATEGORIES = [
+    ("simulator", ("agent/sim/", "agent/transport/memory.py", "agent/transport/_memory_broker.py",
+                   "agent/core/clock.py")),
+    ("outbox_relay_sqlite", ("agent/outbox/", "agent/core/sqlite.py")),
+    ("asyncio", ("/asyncio/", "/selectors.py", "/_weakrefset.py", "/contextlib.py")),
+    ("endpoint", ("agent/transport/endpoint.py", "agent/transport/topics.py")),
+    ("actors", ("agent/actors/",)),
+    ("leader", ("agent/leader/",)),
+    ("worker", ("agent/worker/",)),
+    ("core_ids_codec", ("agent/core/", "agent/protocol.py")),
+]
+
+
+def _category(frame: Any) -> str:
+    path = frame.f_code.co_filename.replace(os.sep, "/")
+    return next((name for name, parts in CATEGORIES if any(p in path for p in parts)), "other")
+
+
+class Sampler:
+    """A statistical profiler: every `interval_s` of process CPU time (SIGPROF), the file of
+    the innermost Python frame of the main thread is counted. The handler runs between two
+    bytecodes, so time in a C call (SQLite, the selector) counts for the code that made it."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        import collections
+
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._interval_s = interval_s
+        self._previous: Any = None
+
+    def __enter__(self) -> Sampler:
+        import signal
+
+        self._previous = signal.signal(signal.SIGPROF, self._sample)
+        signal.setitimer(signal.ITIMER_PROF, self._interval_s, self._interval_s)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        signal.setitimer(signal.ITIMER_PROF, 0.0, 0.0)
+        signal.signal(signal.SIGPROF, self._previous)
+
+    def _sample(self, _signum: int, frame: Any) -> None:
+        if frame is None:
+            return
+        category = _category(frame)
+        if category == "asyncio":
+            # asyncio called by our code (a queue, an event, a task created) counts for that
+            # code; what is left is the loop's own dispatch of callbacks and task steps.
+            caller = frame.f_back
+            while caller is not None and _category(caller) == "asyncio":
+                caller = caller.f_back
+            if caller is not None and _category(caller) != "other":
+                category = _category(caller)
+        self.counts[category] += 1
+
+    def shares(self) -> dict[str, float]:
+        total = sum(self.counts.values()) or 1
+        return {name: round(self.counts[name] / total, 3) for name, _ in [*CATEGORIES, ("other", ())]}
+
+
 def child(cfg: dict[str, Any], budget_s: float | None) -> dict[str, Any]:
     """Run one configuration in this process; the measured figures."""
+    import contextlib
+
     from agent.sim import SimOptions, Simulation
     from agent.sim.report import peak_rss_mb
     from agent.sim.rollout import run_rollout
 
+    sampler = Sampler() if cfg.get("breakdown") else None
     before = _rss_mb()
     opts = SimOptions(devices=cfg["devices"], duration_s=cfg.get("duration_s", 600.0), seed=7,
                       progress=False, max_wall_s=budget_s, samples=24)
     with tempfile.TemporaryDirectory(prefix="bench-sim-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
         wall0 = time.perf_counter()
-        if cfg.get("rollout"):
-            report = asyncio.run(run_rollout(opts, workdir=Path(d)))
-            fleet_s = report["rollout"]["duration_s"]
-            events = report["downloads"]["served"] + report["downloads"]["busy"] + report["rollout"]["offers"]
-            extra = {"rollout_state": report["rollout"]["state"]}
-        else:
-            report = asyncio.run(Simulation(opts, workdir=Path(d)).run())
-            fleet_s = report["fleet_seconds"]
-            events = (report["wall"]["timers_fired"] or 0) + report["messages"]["sent"]
-            extra = {"truncated_at_s": report["truncated_at_s"], "messages_sent": report["messages"]["sent"],
-                     "heartbeats": report["heartbeats"]["generated"],
-                     "coalescing_ratio": report["heartbeats"]["coalescing_ratio"],
-                     "target_fleet_seconds": opts.duration_s}
+        cpu0 = time.process_time()
+        with sampler if sampler is not None else contextlib.nullcontext():
+            report, fleet_s, events, extra = _run(cfg, opts, Path(d), run_rollout, Simulation)
         wall = time.perf_counter() - wall0
+        cpu = time.process_time() - cpu0
     peak = peak_rss_mb()
-    return {
+    result = {
         "name": cfg["name"], "devices": cfg["devices"], "fleet_seconds": round(fleet_s, 1),
-        "wall_seconds": round(wall, 2), "peak_rss_mb": round(peak, 1),
+        "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "peak_rss_mb": round(peak, 1),
         "rss_per_device_kb": round(max(0.0, peak - before) * 1024 / cfg["devices"], 1),
         "events": events, "events_per_wall_second": round(events / wall, 1),
         "device_seconds_per_wall_second": round(cfg["devices"] * fleet_s / wall, 1),
         "lost": report["lost"], "conservation_ok": report["conservation_ok"], **extra,
     }
+    if not cfg.get("rollout"):
+        # CPU per device per heartbeat interval: one heartbeat end to end, plus that interval's
+        # share of the device's other traffic (job-demand re-registration, telemetry).
+        rounds = cfg["devices"] * fleet_s / opts.heartbeat_s
+        result["cpu_us_per_device_heartbeat"] = round(cpu * 1e6 / rounds, 1)
+    if sampler is not None:
+        shares = sampler.shares()
+        result["breakdown"] = shares
+        if "cpu_us_per_device_heartbeat" in result:
+            # The same CPU without the simulator's own code: what the real components cost.
+            result["real_components_us_per_device_heartbeat"] = round(
+                result["cpu_us_per_device_heartbeat"] * (1 - shares["simulator"]), 1)
+    return result
+
+
+def _run(cfg: dict[str, Any], opts: Any, workdir: Path, run_rollout: Any, simulation: Any) -> tuple[Any, ...]:
+    """One run: (report, fleet seconds, events, extra figures)."""
+    if cfg.get("rollout"):
+        report = asyncio.run(run_rollout(opts, workdir=workdir))
+        events = report["downloads"]["served"] + report["downloads"]["busy"] + report["rollout"]["offers"]
+        return report, report["rollout"]["duration_s"], events, {"rollout_state": report["rollout"]["state"]}
+    report = asyncio.run(simulation(opts, workdir=workdir).run())
+    events = (report["wall"]["timers_fired"] or 0) + report["messages"]["sent"]
+    extra = {"truncated_at_s": report["truncated_at_s"], "messages_sent": report["messages"]["sent"],
+             "heartbeats": report["heartbeats"]["generated"],
+             "coalescing_ratio": report["heartbeats"]["coalescing_ratio"],
+             "target_fleet_seconds": opts.duration_s}
+    return report, report["fleet_seconds"], events, extra
 
 
 def run_child(cfg: dict[str, Any], budget_s: float | None) -> dict[str, Any]:
@@ -109,17 +196,20 @@ def main() -> int:
                         help="wall seconds per run before it stops generating (full default 300)")
     parser.add_argument("--only", action="append", choices=[cfg["name"] for cfg in FULL],
                         help="run just this full configuration (repeatable)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="sample where the time goes (simulator's own code vs the real components)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child), args.budget)))
         return 0
+    extra = {"breakdown": True} if args.breakdown else {}
     if args.quick:
-        result = run_child(QUICK, args.budget or 240.0)
+        result = run_child({**QUICK, **extra}, args.budget or 240.0)
         print(json.dumps(result))
         return 0 if result["lost"] == 0 else 1
     budget = args.budget or 300.0
-    runs = [run_child(cfg, budget) for cfg in FULL if not args.only or cfg["name"] in args.only]
+    runs = [run_child({**cfg, **extra}, budget) for cfg in FULL if not args.only or cfg["name"] in args.only]
     print(json.dumps({**runs[0], "runs": runs}))
     return 0 if all(r["lost"] == 0 for r in runs) else 1
 

@@ -379,7 +379,10 @@ class MemoryBroker:
                 message.correlation,
                 message.qos,
             )
-        for entry in self._targets(topic):
+        targets = self._routes.get(topic)
+        if targets is None:
+            targets = self._targets(topic)
+        for entry in targets:
             if isinstance(entry, _Group):
                 picked = entry.pick()
                 if picked is None:
