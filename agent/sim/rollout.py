@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from agent.core.errors import ArtifactError, ConfigError
 from agent.sim.options import SimOptions
 from agent.sim.report import Report, peak_rss_mb
 from firmware_rollout.rollout_store import TERMINAL
-from firmware_rollout.scenario import Progress, wave_rollout_scenario
+from firmware_rollout.scenario import InlineExecutor, Progress, wave_rollout_scenario
 from firmware_rollout.status import wave_label
 
 
@@ -79,10 +78,11 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
     the wave's state; else after `progress_every_s` of fleet time when something changed, after
     `progress_idle_s` (default ten times that) when nothing did. The report's `timeseries` has a
     point every `series_every_s` of fleet time (what `--plot` draws)."""
-    # The updaters' thread work completes in submission order only on one thread: the same
-    # seed then gives the same report.
+    # The updaters', ConfigServers' and firmware stores' thread work runs inline on the loop:
+    # with a thread pool (even of one thread) the loop sees each job finish at a moment the OS
+    # picks, and the same seed would not give the same report.
     loop = asyncio.get_running_loop()
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-rollout")
+    executor = InlineExecutor()
     loop.set_default_executor(executor)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
