@@ -53,6 +53,7 @@ from firmware_rollout.slots import DirectoryInstaller
 from firmware_rollout.updater import ReportSink, Updater, UpdaterSettings
 
 FLEET = "sim"
+HEARTBEAT_S = 30.0  # the simulated devices' heartbeat interval (one fleet-wide timer)
 
 
 @dataclass
@@ -226,7 +227,7 @@ class SimFleet:
         verify_key: VerifyKey,
         seed: int = 0,
         base_version: str = "1.0.0",
-        heartbeat_s: float = 30.0,
+        heartbeat_s: float = HEARTBEAT_S,
         poll_s: float = 2.0,
         updater_settings: UpdaterSettings | None = None,
     ) -> None:
@@ -398,4 +399,4 @@ class SimFleet:
         await task
 
 
-__all__ = ["FLEET", "DeviceFate", "FailingInstaller", "SimDevice", "SimFleet", "SimHealth"]
+__all__ = ["FLEET", "HEARTBEAT_S", "DeviceFate", "FailingInstaller", "SimDevice", "SimFleet", "SimHealth"]

@@ -215,6 +215,21 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
     return spec
 
 
+def soak_warning(spec: RolloutSpec, *, heartbeat_s: float, source: str, devices: str = "devices") -> str | None:
+    """One line when `gates.soak_s` is shorter than the `devices`' heartbeat interval, else None.
+
+    The soak passes a device only if the leader heard a heartbeat from it after the soak began;
+    a soak shorter than the interval can end before that heartbeat, and the device then counts
+    as failed (with every device beating on the same beat, as simulated ones do, the whole wave
+    fails). A warning, not an error: a fleet may beat faster than the interval given here."""
+    soak = spec.gates.soak_s
+    if not 0 < soak < heartbeat_s:
+        return None
+    return (f"{source}: gates.soak_s = {soak:g} is shorter than the {devices}' heartbeat interval ({heartbeat_s:g} s):"
+            " the soak can end before a device's next heartbeat, and the device then counts as failed;"
+            f" make soak_s at least {heartbeat_s:g}")
+
+
 def load_spec(path: str | Path) -> RolloutSpec:
     """Read and check a spec file; `rollout.artifact` (and `rollback_artifact`) come back as
     absolute paths resolved against the spec's directory."""
@@ -257,6 +272,7 @@ __all__ = [
     "longest_gap_s",
     "parse_window",
     "seconds_until_window",
+    "soak_warning",
     "spec_from_dict",
     "spec_from_json",
 ]

@@ -173,10 +173,15 @@ def main(args: argparse.Namespace) -> int:
                                                 " signs its own image)")
     if args.rollout is not None:
         from agent.sim.rollout import public_key_for
+        from firmware_rollout.simfleet import HEARTBEAT_S
+        from firmware_rollout.spec import load_spec, soak_warning
 
         public_key, warning = public_key_for(args.rollout, args.public_key)
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        soak = soak_warning(load_spec(args.rollout), heartbeat_s=HEARTBEAT_S, source=args.rollout,
+                            devices="simulated devices")
+        for line in (soak, warning):
+            if line:
+                print(f"warning: {line}", file=sys.stderr, flush=True)
     if args.plot:
         from agent.sim.plot import _pyplot
 
