@@ -523,7 +523,8 @@ class Relay:
         delay_ms = self._retry.delay_ms(error, row.attempts, self._rng)
         text = str(error) or type(error).__name__
         dead = await self._settle(
-            self._store.nack(row.row_id, delay_ms=delay_ms, error=text), "nack"
+            self._store.nack(row.row_id, delay_ms=delay_ms, error=text,
+                             outcome="capacity" if isinstance(error, Capacity) else "transient"), "nack"
         )
         if dead is True:
             self._dead += 1

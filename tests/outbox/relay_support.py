@@ -33,6 +33,7 @@ class MemoryOutbox:
         self.reads = 0
         self.enqueued = self.delivered = self.dead_lettered = self.expired = 0
         self.dropped = self.overwritten = self.replayed = 0
+        self.nack_outcomes: list[str] = []
         self.closed = False
         self._change = asyncio.Event()
 
@@ -117,12 +118,13 @@ class MemoryOutbox:
                 self.delivered += 1
         self._changed()
 
-    async def nack(self, row_id: int, *, delay_ms: int, error: str) -> bool:
+    async def nack(self, row_id: int, *, delay_ms: int, error: str, outcome: str = "transient") -> bool:
         self._check()
         self.write_txns += 1
         self.in_flight.discard(row_id)
         rec = self.recs[row_id]
-        attempts = rec.row.attempts + 1
+        self.nack_outcomes.append(outcome)
+        attempts = rec.row.attempts + (0 if outcome == "capacity" else 1)
         rec.row = replace(
             rec.row,
             attempts=attempts,

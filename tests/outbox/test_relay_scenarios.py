@@ -182,6 +182,32 @@ async def test_link_drops_mid_stream_no_attempts_spent(
     await assert_conserved(store)
 
 
+async def test_a_busy_receiver_never_dead_letters_a_message(tmp_path: Path, clock: VirtualClock) -> None:
+    """Busy answers are the receiver's state, not the message's fault: a message answered busy
+    many more times than max_attempts is delivered once the receiver has room."""
+    store = await OutboxStore.open(tmp_path / "busy.db", clock=clock, max_attempts=3)
+    tries: Counter[str] = Counter()
+
+    async def deliver(row: OutboxRow) -> None:
+        tries[row.msg_id] += 1
+        if tries[row.msg_id] <= 10:
+            raise Capacity("mailbox full", retry_after_ms=100)
+
+    await store.enqueue(message("t1", receiver="leader"))
+    relay = Relay(store, deliver, clock=clock, ready=Gate(is_open=True), retry=FAST_RETRY,
+                  rng=random.Random(4))
+    try:
+        async with relay:
+            await advance_until(clock, lambda: relay.metrics().delivered == 1, limit_s=600)
+            assert tries["t1"] == 11
+            assert await store.list_dead() == []
+            m = relay.metrics()
+            assert m.capacity_rejections == 10 and m.dead_lettered == 0
+            await assert_conserved(store, relay)
+    finally:
+        await store.close()
+
+
 async def test_poison_message_dead_after_exactly_max_attempts_then_replayed(
     tmp_path: Path, clock: VirtualClock
 ) -> None:
