@@ -160,12 +160,11 @@ class LeaderActor(Actor):
         return None
 
     def lose_workers(self, devices: Sequence[str], reason: str) -> None:
-        for device in devices:
-            released = self._jobs.lose_worker(device)
-            if device in self._jobs.workers() or released:
-                log.info("worker %s lost (%s): %d jobs back to the pool", device, reason, len(released))
-            self.stats.workers_lost += 1
-            self.stats.jobs_requeued += len(released)
+        released = self._jobs.lose_workers(devices)  # one pass, however many workers a fleet loses
+        for device, jobs in released.items():
+            log.info("worker %s lost (%s): %d jobs back to the pool", device, reason, len(jobs))
+            self.stats.jobs_requeued += len(jobs)
+        self.stats.workers_lost += len(devices)
 
     def _apply(self, batch: list[Durable]) -> None:
         self.stats.batches += 1

@@ -106,7 +106,7 @@ class LeaderAgent:
         up_filter = topics.leaders_up(self.fleet) if shared else topics.fleet_filter(self.fleet, "up")
         self.inbox = EnvelopeInbox(
             transport, topic_filter=up_filter, handler=self._on_up, on_rejected=self._on_rejected,
-            sender_check=True, concurrency=inbox_concurrency,
+            sender_check=True, concurrency=inbox_concurrency, clock=clock,
         )
         self._batch_max = intake_batch_max
         self.intake: ActorRef | None = None

@@ -214,7 +214,7 @@ class WorkerAgent:
         # The leader is the sender on our down topic, so the topic names us, not it: no sender check.
         self.inbox = EnvelopeInbox(
             transport, topic_filter=topics.down(self.fleet, self.device_id), handler=self._on_command,
-            on_rejected=self._on_rejected, sender_check=False,
+            on_rejected=self._on_rejected, sender_check=False, clock=clock,
         )
         self._sampler = sampler
         # What the heartbeat reports as running; an attached updater answers with its active slot.
