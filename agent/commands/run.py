@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from agent.core.clock import SystemClock
-from agent.core.config import AgentConfig, load_config
+from agent.core.config import AgentConfig, AgentSection, load_config
 from agent.core.errors import ConfigError, EdgeAgentError
 
 log = logging.getLogger("agent.run")
@@ -43,7 +43,13 @@ def main(args: argparse.Namespace) -> int:
     from agent.service import setup_logging
 
     setup_logging(config.agent.log_level, fmt=args.log_format)
-    return run_loop(serve(config, broker=args.broker, data_dir=args.data_dir), use_uvloop=config.agent.use_uvloop)
+    return run_loop(serve(config, broker=args.broker, data_dir=args.data_dir), use_uvloop=wants_uvloop(config.agent))
+
+
+def wants_uvloop(section: AgentSection) -> bool:
+    """`[agent] use_uvloop`, or by role when unset: uvloop pays for itself in the leader's intake;
+    a worker idles, and asyncio's own loop keeps it about 2 MB smaller."""
+    return section.use_uvloop if section.use_uvloop is not None else section.role == "leader"
 
 
 async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str | None = None) -> int:

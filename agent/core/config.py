@@ -39,7 +39,7 @@ class AgentSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     fleet: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")] = "default"
     data_dir: str = "/var/lib/edge-agent"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    use_uvloop: bool = True
+    use_uvloop: bool | None = None  # unset: uvloop for the leader, asyncio for a worker (~2 MB less RSS)
     tags: list[str] = msgspec.field(default_factory=list)
     firmware_version: str = "0.0.0"
 
