@@ -25,14 +25,13 @@ depth, downloads, the rollout's state, current wave and its state, devices per s
 change of the rollout's state or wave and every `series_every_s` of fleet time, whatever the
 progress display does.
 
-Reproducible runs: nothing may depend on thread timing. The outbox stores do their SQLite work
-on the loop (`SimRolloutClock.inline_io`), and the updaters', ConfigServers' and firmware
-stores' file and SQLite work (`asyncio.to_thread` through the loop's default executor) must run
-on the loop too: install an `InlineExecutor` as the default executor, as
-`run_wave_rollout_scenario` and `simulate` do. A thread pool, even of one thread, is not enough:
-the loop sees a job finish at a moment set by the OS, between whichever callbacks the earlier
-jobs' continuations happened to queue, so ConfigServer admissions and busy answers vary from
-run to run. With both, the same seed gives a byte-identical report.
+Reproducible runs: nothing may depend on thread timing. `SimRolloutClock.inline_io` asks the
+outbox stores to do their SQLite work on the loop, and the updaters', ConfigServers' and
+firmware stores' file and SQLite work (`firmware_rollout._fs.in_thread`) too. A thread pool,
+even of one thread, is not enough: the loop would see a job finish at a moment set by the OS,
+between whichever callbacks the earlier jobs' continuations happened to queue, so ConfigServer
+admissions and busy answers would vary from run to run. On such a clock the same seed gives a
+byte-identical report, whatever the loop's default executor.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,38 +63,11 @@ Progress = Callable[[Sample], None]
 
 
 class SimRolloutClock(VirtualClock):
-    """The scenario's virtual clock: asks outbox stores to do their SQLite work on the loop
-    (`inline_io`, as the fleet simulator's `SimClock` does) instead of on a writer thread."""
+    """The scenario's virtual clock: asks outbox stores to do their SQLite work, and the rollout
+    components their file work (`in_thread`), on the loop (`inline_io`, as the fleet simulator's
+    `SimClock` does) instead of on threads."""
 
     inline_io = True
-
-
-class InlineExecutor(ThreadPoolExecutor):
-    """A default executor for virtual-time runs: every job runs at once on the submitting (loop)
-    thread, so its result is queued on the loop in submission order, at a point of the run the
-    program decides, not the OS scheduler. (asyncio takes only a ThreadPoolExecutor as the
-    default executor; this one never starts a thread.)"""
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=1, thread_name_prefix="inline")
-        self._closed = False
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        if self._closed:
-            raise RuntimeError("cannot schedule new futures after shutdown")
-        future: Future[Any] = Future()
-        future.set_running_or_notify_cancel()
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:  # as a worker thread would: the awaiting coroutine gets it
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-        return future
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._closed = True
-        super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 def default_spec(artifact: Path, *, seed: int, devices: int) -> dict[str, Any]:
@@ -212,14 +183,8 @@ async def wave_rollout_scenario(
 def run_wave_rollout_scenario(
     devices: int = 200, seed: int = 3, fail_rate: float = 0.0, **kwargs: Any
 ) -> dict[str, Any]:
-    """`wave_rollout_scenario` for synchronous callers: runs its own event loop, whose thread
-    work (SQLite, files) runs inline on the loop, so the same seed gives the same report."""
-
-    async def serial() -> dict[str, Any]:
-        asyncio.get_running_loop().set_default_executor(InlineExecutor())
-        return await wave_rollout_scenario(devices=devices, seed=seed, fail_rate=fail_rate, **kwargs)
-
-    return asyncio.run(serial())
+    """`wave_rollout_scenario` for synchronous callers, on an event loop of its own."""
+    return asyncio.run(wave_rollout_scenario(devices=devices, seed=seed, fail_rate=fail_rate, **kwargs))
 
 
 async def _run(
@@ -447,7 +412,6 @@ def _fast_tmp() -> str | None:
 
 
 __all__ = [
-    "InlineExecutor",
     "SimRolloutClock",
     "default_spec",
     "device_ids",

@@ -17,7 +17,6 @@ Waves are numbered from 1 in every text (the canary, when there is one, is wave 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from agent.core.errors import ArtifactError, ConfigError
 from agent.sim.options import SimOptions
 from agent.sim.report import Report, peak_rss_mb
 from firmware_rollout.rollout_store import TERMINAL
-from firmware_rollout.scenario import InlineExecutor, Progress, wave_rollout_scenario
+from firmware_rollout.scenario import Progress, wave_rollout_scenario
 from firmware_rollout.status import wave_label
 
 
@@ -78,20 +77,13 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
     the wave's state; else after `progress_every_s` of fleet time when something changed, after
     `progress_idle_s` (default ten times that) when nothing did. The report's `timeseries` has a
     point every `series_every_s` of fleet time (what `--plot` draws)."""
-    # The updaters', ConfigServers' and firmware stores' thread work runs inline on the loop:
-    # with a thread pool (even of one thread) the loop sees each job finish at a moment the OS
-    # picks, and the same seed would not give the same report.
-    loop = asyncio.get_running_loop()
-    executor = InlineExecutor()
-    loop.set_default_executor(executor)
+    # The scenario's clock has `inline_io`: its file and SQLite work runs on the loop, so the
+    # same seed gives the same report (`firmware_rollout.scenario`).
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    try:
-        result: dict[str, Any] = await wave_rollout_scenario(
-            devices=opts.devices, seed=opts.seed, fail_rate=fail_rate, work_dir=workdir / "rollout",
-            spec_path=spec_path, public_key=public_key, progress=progress, progress_every_s=progress_every_s,
-            progress_idle_s=progress_idle_s, series_every_s=series_every_s)
-    finally:
-        executor.shutdown(wait=True)
+    result: dict[str, Any] = await wave_rollout_scenario(
+        devices=opts.devices, seed=opts.seed, fail_rate=fail_rate, work_dir=workdir / "rollout",
+        spec_path=spec_path, public_key=public_key, progress=progress, progress_every_s=progress_every_s,
+        progress_idle_s=progress_idle_s, series_every_s=series_every_s)
     wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
     ro = result["rollout"]
     counts: dict[str, int] = ro["counts"]

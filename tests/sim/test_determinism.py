@@ -11,12 +11,16 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from firmware_rollout.scenario import InlineExecutor, SimRolloutClock, make_artifact
+from agent.core.clock import SystemClock
+from firmware_rollout._fs import in_thread
+from firmware_rollout.scenario import SimRolloutClock, make_artifact, wave_rollout_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,7 +121,7 @@ def test_each_named_scenario_gives_the_same_report_for_the_same_seed(tmp_path: P
     assert as_text(first) == as_text(second)
 
 
-def test_thread_work_of_a_simulated_rollout_runs_on_the_loop_in_submission_order() -> None:
+def test_thread_work_under_an_inline_io_clock_runs_on_the_loop_in_submission_order() -> None:
     """Why the reports repeat: no job's result reaches the loop at a moment the OS picks."""
     seen: list[tuple[int, int]] = []
 
@@ -128,14 +132,54 @@ def test_thread_work_of_a_simulated_rollout_runs_on_the_loop_in_submission_order
         return n * 10
 
     async def main() -> list[object]:
-        asyncio.get_running_loop().set_default_executor(InlineExecutor())
-        return await asyncio.gather(*(asyncio.to_thread(job, n) for n in range(5)), return_exceptions=True)
+        clock = SimRolloutClock()
+        assert clock.inline_io is True  # the outbox stores' SQLite work runs on the loop too
+        return await asyncio.gather(*(in_thread(clock, job, n) for n in range(5)), return_exceptions=True)
 
     results = asyncio.run(main())
     assert results[:3] == [0, 10, 20] and isinstance(results[3], OSError) and results[4] == 40
     assert seen == [(n, threading.get_ident()) for n in range(5)]  # this (the loop's) thread, in order
-    executor = InlineExecutor()
-    executor.shutdown()
-    with pytest.raises(RuntimeError):
-        executor.submit(job, 1)
-    assert SimRolloutClock().inline_io is True  # the outbox stores' SQLite work runs on the loop too
+
+
+async def test_an_inline_job_resumes_its_caller_on_a_later_loop_turn_and_survives_cancellation() -> None:
+    order: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    async def caller() -> None:
+        await in_thread(SimRolloutClock(), order.append, "job")
+        order.append("resumed")
+
+    task = asyncio.create_task(caller())
+    loop.call_soon(order.append, "other")
+    await task
+    assert order == ["job", "other", "resumed"]  # other callbacks run between, as with a thread
+
+    seen: list[str] = []
+    task = asyncio.create_task(in_thread(SimRolloutClock(), seen.append, "ran"))
+    await asyncio.sleep(0)  # the job has run; its result is on its way
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0)  # the late result meets a cancelled future: dropped, nothing raised
+    assert seen == ["ran"]
+
+
+class RefusingExecutor(ThreadPoolExecutor):
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        raise AssertionError(f"thread work in a simulated rollout: {fn!r}")
+
+
+def test_a_simulated_rollout_starts_no_thread_work(tmp_path: Path) -> None:
+    """No executor setup needed: every file and SQLite job of the scenario runs on the loop."""
+
+    async def main() -> dict[str, Any]:
+        asyncio.get_running_loop().set_default_executor(RefusingExecutor(max_workers=1))
+        return await wave_rollout_scenario(devices=12, seed=2, fail_rate=0.0, work_dir=tmp_path)
+
+    report = asyncio.run(main())
+    assert report["rollout"]["state"] == "succeeded"
+    assert report["downloads"]["served"] > 0  # the ConfigServers did read the image (inline)
+
+
+async def test_a_real_clock_runs_the_job_on_a_thread() -> None:
+    assert await in_thread(SystemClock(), threading.get_ident) != threading.get_ident()
