@@ -110,11 +110,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _start(store: Any, args: argparse.Namespace) -> int:
+    from agent.core.config import HeartbeatSection
     from firmware_rollout.artifact import read_signed_manifest
     from firmware_rollout.orchestrator import rollout_id_for
-    from firmware_rollout.spec import load_spec
+    from firmware_rollout.spec import load_spec, soak_warning
 
     spec = load_spec(args.spec)
+    # The workers' own configs are not at hand here: warn against their default interval.
+    soak = soak_warning(spec, heartbeat_s=HeartbeatSection().interval_s, source=args.spec, devices="workers")
+    if soak:
+        print(f"warning: {soak}", file=sys.stderr, flush=True)
     try:
         signed = read_signed_manifest(spec.rollout.artifact)
     except ArtifactError as exc:

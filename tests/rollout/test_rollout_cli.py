@@ -10,11 +10,14 @@ from rollout_support import FakePort
 
 from agent.cli import main as cli
 from agent.core.clock import VirtualClock
+from agent.core.config import HeartbeatSection
 from agent.leader.registry import DeviceRegistry
 from agent.protocol import Heartbeat
 from firmware_rollout.orchestrator import Orchestrator
 from firmware_rollout.rollout_store import RolloutStore
 from firmware_rollout.scenario import make_artifact
+
+HEARTBEAT_DEFAULT_S = HeartbeatSection().interval_s  # a worker beats this often unless configured
 
 SPEC = """
 [rollout]
@@ -138,3 +141,25 @@ async def test_controls_that_do_not_apply_are_refused_before_writing(leader: tup
         assert [c.action for c in store.pending_controls()] == []
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("soak", [0.5 * HEARTBEAT_DEFAULT_S, HEARTBEAT_DEFAULT_S, 2 * HEARTBEAT_DEFAULT_S])
+def test_start_warns_of_a_soak_shorter_than_the_workers_heartbeat(
+    leader: tuple[Path, Path], soak: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One `warning:` line on stderr naming the spec, and the start goes on; none from one beat."""
+    db, spec = leader
+    spec.write_text(SPEC + f"soak_s = {soak}\n")  # the [gates] table is the spec's last
+    register(db, ["a", "b", "c", "d"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    out, err = capsys.readouterr()
+    assert "queued as control" in out
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    if soak < HEARTBEAT_DEFAULT_S:
+        assert warnings == [f"warning: {spec}: gates.soak_s = {soak:g} is shorter than the workers' heartbeat"
+                            f" interval ({HEARTBEAT_DEFAULT_S:g} s): the soak can end before a device's next"
+                            f" heartbeat, and the device then counts as failed; make soak_s at least"
+                            f" {HEARTBEAT_DEFAULT_S:g}"]
+        assert err.count("\n") == 1
+    else:
+        assert warnings == [] and "soak" not in err
