@@ -13,12 +13,16 @@ Each configuration runs in a child process of its own (so its peak RSS is its ow
   wave-rollout scenario with 1,000 devices. A run that exceeds `--budget` seconds of wall time
   stops generating load where it is (its `fleet_seconds` says how far it got) and drains.
 
-Reported per run: devices, fleet_seconds (simulated, drain included), wall_seconds, peak_rss_mb,
-rss_per_device_kb (peak RSS above the process's RSS before the fleet was built, per device),
-events (virtual-clock timers fired + messages sent), events_per_wall_second,
-device_seconds_per_wall_second, lost, conservation_ok. Progress goes to stderr; the LAST line
-on stdout is one JSON object (quick: the run itself; full: {"runs": [...]} with the same keys
-for the first run at the top level).
+Reported per run: devices, fleet_seconds (simulated, drain included), wall_seconds, cpu_seconds,
+peak_rss_mb, rss_per_device_kb (peak RSS above the process's RSS before the fleet was built, per
+device), events (virtual-clock timers fired + messages sent), events_per_wall_second,
+device_seconds_per_wall_second, cpu_us_per_device_heartbeat (CPU per device per heartbeat
+interval: the heartbeat end to end plus that interval's share of the device's other traffic),
+lost, conservation_ok. With --breakdown also `breakdown` (share of CPU samples by component) and
+real_components_us_per_device_heartbeat: the CPU per device heartbeat less the simulator's own
+share (clock, memory broker and transport, fleet, runner), i.e. what the real components cost.
+Progress goes to stderr; the LAST line on stdout is one JSON object (quick: the run itself;
+full: {"runs": [...]} with the same keys for the first run at the top level).
 """
 
 from __future__ import annotations
