@@ -143,7 +143,7 @@ def write_config(path: Path, role: str, device: str, **sections: dict[str, Any])
     data = msgspec.to_builtins(cfg)
     lines: list[str] = []
     for section, values in data.items():
-        simple = {k: v for k, v in values.items() if not isinstance(v, dict)}
+        simple = {k: v for k, v in values.items() if not isinstance(v, dict) and v is not None}  # TOML has no null
         lines.append(f"[{section}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in simple.items()]
         for k, v in values.items():
