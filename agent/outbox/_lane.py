@@ -41,7 +41,7 @@ class LaneHost(Protocol):
 class Lane:
     __slots__ = (
         "kind", "limiter", "queue", "workers", "busy", "_idle", "_waking", "_host", "_deliver",
-        "_acks", "_ack_wake", "_room_event", "_name",
+        "_acks", "_ack_wake", "_room", "_name",
     )
 
     def __init__(
@@ -53,7 +53,7 @@ class Lane:
         deliver: Callable[[OutboxRow], Awaitable[None]],
         acks: list[int],
         ack_wake: asyncio.Event,
-        room: asyncio.Event,
+        room: Callable[[], None],
         name: str,
     ) -> None:
         self.kind = kind
@@ -67,7 +67,7 @@ class Lane:
         self._deliver = deliver
         self._acks = acks  # the relay's list of delivered row ids (acked in groups)
         self._ack_wake = ack_wake
-        self._room_event = room  # set when the lane could take a batch of `limit` rows
+        self._room = room  # called when the lane could take a batch of `limit` rows
         self._name = name
 
     @property
@@ -170,7 +170,7 @@ class Lane:
                 if held is not None:
                     host.abandoned(held)
                 if len(queue) + self.busy <= limiter.limit:
-                    self._room_event.set()
+                    self._room()
 
 
 __all__ = ["Lane", "LaneHost"]

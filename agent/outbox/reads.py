@@ -63,7 +63,12 @@ class Flight:
     `Reader.take_ready`): it moves whenever a committed change may have put a takeable row
     before such a resume point (a row nacked, released or replayed, rolled back, or inserted
     with a send_at below `high`, the latest `now` any reader scanned up to). Acks and plain
-    appends (send_at >= now, ids only grow) leave it alone."""
+    appends (send_at >= now, ids only grow) leave it alone.
+
+    `freed` tells the store a settle may have made a row takeable that the relay could not
+    take before: a row back to pending (`moved`), the last in-flight row of a FIFO receiver
+    gone (its next row becomes the head), or the in-flight row of an OVERWRITE key with a
+    newer row waiting gone. An ack of any other row frees nothing, so it wakes nobody."""
 
     def __init__(self) -> None:
         # id -> receiver, kind, size, fifo, and (owner, receiver, key) of an OVERWRITE row
@@ -78,6 +83,7 @@ class Flight:
         self.waiting: set[KeyIdent] = set()
         self.lock = threading.Lock()
         self.gen = 0
+        self.freed = False
         self.high = -(1 << 62)
 
     def add(self, taken: Sequence[Sequence[Any]]) -> None:
@@ -101,6 +107,8 @@ class Flight:
         with self.lock:
             if moved or (low_send is not None and low_send < self.high):
                 self.gen += 1
+            if moved:
+                self.freed = True
             rows, busy, keys = self.rows, self.fifo_busy, self.keys_busy
             acked = self.acked
             for rid in ids:
@@ -115,6 +123,7 @@ class Flight:
                         busy[f[0]] = n
                     else:
                         del busy[f[0]]
+                        self.freed = True
                 ident = f[4]
                 if ident is not None:
                     n = keys[ident] - 1
@@ -123,7 +132,9 @@ class Flight:
                     else:
                         del keys[ident]
                         self.key_row.pop(ident, None)
-                        self.waiting.discard(ident)
+                        if ident in self.waiting:
+                            self.waiting.discard(ident)
+                            self.freed = True
 
     def defer_acks(self, ids: Sequence[int]) -> bool:
         """Mark `ids` acked, their commit deferred; False (nothing marked) unless every one
@@ -145,13 +156,25 @@ class Flight:
             if ident in self.keys_busy:
                 self.waiting.add(ident)
 
-    def blocked_by_acked(self, idents: Iterable[KeyIdent]) -> bool:
-        """Note that these OVERWRITE keys have a row waiting; True if one of them waits only
-        for a row whose ack is deferred."""
+    def pop_freed(self) -> bool:
+        """Whether a settle freed a row (see `freed`) since the last call."""
+        with self.lock:
+            freed, self.freed = self.freed, False
+            return freed
+
+    def blocked_by_acked(self, idents: Iterable[KeyIdent]) -> tuple[bool, bool]:
+        """Note that these OVERWRITE keys have a row waiting. Returns (one of them waits only
+        for a row whose ack is deferred, one of them is no longer in flight at all: its row
+        was settled while the scan ran, before it could be noted as waiting)."""
         with self.lock:
             acked, key_row, busy = self.acked, self.key_row, self.keys_busy
-            self.waiting.update(i for i in idents if i in busy)
-            return bool(acked) and any(key_row.get(i) in acked for i in idents)
+            gone = False
+            for i in idents:
+                if i in busy:
+                    self.waiting.add(i)
+                else:
+                    gone = True
+            return bool(acked) and any(key_row.get(i) in acked for i in idents), gone
 
     def keyed(self, ids: Iterable[int]) -> bool:
         """True if any of `ids` is an OVERWRITE row in flight (releasing it may coalesce)."""
@@ -183,6 +206,9 @@ class Reader:
         self.flight = flight
         # Set by a take that skipped a row waiting only for a deferred ack (the store clears it)
         self.unblock = False
+        # Set by a take that skipped a row whose blocker was settled during the scan: the
+        # settle could not know of it, so the store wakes the relay itself (and clears it)
+        self.retake = False
         # (partition, partitions) -> (Flight.gen, send_at, id): where the next take resumes
         self._cursors: dict[tuple[int, int], tuple[int, int, int]] = {}
 
@@ -268,8 +294,12 @@ class Reader:
                 break
         if took:
             self.flight.add(took)
-        if behind and self.flight.blocked_by_acked(behind):
-            self.unblock = True  # the store commits its deferred acks now
+        if behind:
+            deferred, gone = self.flight.blocked_by_acked(behind)
+            if deferred:
+                self.unblock = True  # the store commits its deferred acks now
+            if gone:
+                self.retake = True
         if kinds is None and (cursor is None or len(took) >= limit):
             if last is not None:
                 self._cursors[key] = (gen, last[10], last[0])

@@ -75,7 +75,7 @@ _DUE_EPSILON_S = 0.001
 
 
 class _Partition:
-    __slots__ = ("index", "lanes", "wake", "task", "discovered_at", "recheck_s")
+    __slots__ = ("index", "lanes", "wake", "task", "discovered_at", "recheck_s", "want_room")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -84,6 +84,14 @@ class _Partition:
         self.lanes: dict[str, Lane] = {}
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        # False while the drain loop sleeps having taken every ready row it could see: a lane
+        # making room then has nothing to take (new rows come with a store change).
+        self.want_room = True
+
+    def room(self) -> None:
+        """A lane could take a batch again: wake the drain loop if it waits for room."""
+        if self.want_room:
+            self.wake.set()
 
 
 class Relay:
@@ -307,8 +315,8 @@ class Relay:
                     self._acking = False
                     self._ack_round.set()
                     self._ack_round = asyncio.Event()
-                # An ack can make the next row of a FIFO receiver ready.
-                self._wake_all()
+                # No wake here: an ack that lets a row go (a FIFO receiver's next one, a newer
+                # row of an OVERWRITE key) is a store change; other acks free nothing to take.
             if self._stopping:
                 return
 
@@ -335,7 +343,7 @@ class Relay:
                 deliver=self._deliver,
                 acks=self._acks,
                 ack_wake=self._ack_wake,
-                room=part.wake,
+                room=part.room,
                 name=f"{self._name}-p{part.index}-{kind}",
             )
         return lane
@@ -343,6 +351,7 @@ class Relay:
     async def _drain(self, part: _Partition) -> None:
         store = self._store
         while not self._stopping:
+            part.want_room = True
             if not self._sending:
                 await self._release_queued(part)
                 await self._active.wait_open()
@@ -386,6 +395,8 @@ class Relay:
                 lane.push(row)
             if len(rows) >= limit:
                 continue  # probably more ready; go again once the lanes have room
+            # Short of `limit` with every class asked for: nothing else was ready to take.
+            part.want_room = kinds is not None
             await self._idle(part, taken_at, saturated=kinds is not None)
 
     def _wanted(self, part: _Partition) -> tuple[int, list[str] | None]:

@@ -295,6 +295,9 @@ class OutboxStore:
         if reader.unblock:  # a row waits for a deferred ack of its key: commit it now
             reader.unblock = False
             self._flush_acks()
+        if reader.retake:  # a row's blocker was settled while we scanned: look again
+            reader.retake = False
+            self._changed()
         await asyncio.sleep(0)  # a poll stays a suspension point for the caller's loop
         return rows
 
@@ -331,14 +334,16 @@ class OutboxStore:
             raise StoreClosed("the outbox store is closed")
         engine = self._writer.engine
         if self._ack_delay_s <= 0 or engine is None or not engine.flight.defer_acks(ids):
-            await self._call(lambda e: e.ack(ids), write=True, wakes=True)
+            # No wake of its own: the settle tells whether a row waited behind these.
+            await self._call(lambda e: e.ack(ids), write=True)
             return
         self._acks.extend(ids)
         if len(self._acks) >= _ACK_BATCH:
             self._flush_acks()
         elif self._ack_timer is None:
             self._ack_timer = self._clock.call_later(self._ack_delay_s, self._flush_acks)
-        self._changed()  # a row of the same key may wait for this one (see take_ready)
+        # No wake: a row of the key arriving meanwhile is found behind this one by the next
+        # take (its enqueue wakes the relay), which commits the deferred acks at once.
         await asyncio.sleep(0)
 
     def _flush_acks(self) -> None:
@@ -349,7 +354,7 @@ class OutboxStore:
         ids, self._acks = self._acks, []
         if not ids or self._writer.closed:
             return
-        fut = self._writer.submit(lambda e: e.ack(ids), write=True, wakes=True)
+        fut = self._writer.submit(lambda e: e.ack(ids), write=True)
         busy = None if self._plain_clock else self._clock.busy()
         if busy is not None:
             busy.__enter__()
@@ -397,8 +402,10 @@ class OutboxStore:
             raise translate(exc) from exc
 
     async def wait_for_change(self) -> None:
-        """Return when an enqueue, ack, nack, release or replay may have made work ready since
-        the calling task last looked (take_ready, next_due_ms or this call)."""
+        """Return when an enqueue, nack, release or replay, or an ack of a row another one waited
+        behind (a FIFO receiver's, an OVERWRITE key's), may have made work ready since the
+        calling task last looked (take_ready, next_due_ms or this call). Acks of other rows
+        wake nobody."""
         if self._closed:
             raise StoreClosed("the outbox store is closed")
         task = asyncio.current_task()

@@ -226,6 +226,8 @@ class Writer:
                 value, error = None, exc
             results.append((op.fut, value, error))
             wakes = wakes or (op.wakes and error is None)
+        if engine.flight.pop_freed():  # a settle let a row waiting behind another go
+            wakes = True
         self._post(self._deliver, results, wakes)
 
     def _write_group(
