@@ -302,7 +302,13 @@ class OutboxStore:
         return rows
 
     def _expire_soon(self, now: int, ids: list[int]) -> None:
-        fut = self._writer.submit(lambda e: e.expire(now, ids), write=True)
+        self._write_behind(lambda e: e.expire(now, ids), "deleting expired rows")
+
+    def _write_behind(self, op: Callable[[Any], Any], what: str) -> None:
+        """Queue a write nobody awaits; the virtual clock counts it as work in progress. A
+        failure is logged: its rollback leaves the rows as they were (expired rows are found
+        again by the next take, rows whose ack failed are delivered again)."""
+        fut = self._writer.submit(op, write=True)
         busy = None if self._plain_clock else self._clock.busy()
         if busy is not None:
             busy.__enter__()
@@ -311,7 +317,7 @@ class OutboxStore:
             if busy is not None:
                 busy.__exit__(None, None, None)
             if not f.cancelled() and f.exception() is not None:
-                log.warning("outbox: deleting expired rows failed: %s", f.exception())
+                log.warning("outbox: %s failed: %s", what, f.exception())
 
         fut.add_done_callback(done)
 
@@ -354,19 +360,8 @@ class OutboxStore:
         ids, self._acks = self._acks, []
         if not ids or self._writer.closed:
             return
-        fut = self._writer.submit(lambda e: e.ack(ids), write=True)
-        busy = None if self._plain_clock else self._clock.busy()
-        if busy is not None:
-            busy.__enter__()
-
-        def done(f: asyncio.Future[Any]) -> None:
-            if busy is not None:
-                busy.__exit__(None, None, None)
-            if not f.cancelled() and f.exception() is not None:
-                # The rows stay pending (the rollback put them back): delivered again later.
-                log.warning("outbox: committing %d acks failed: %s", len(ids), f.exception())
-
-        fut.add_done_callback(done)
+        # On failure the rows stay pending (the rollback put them back): delivered again later.
+        self._write_behind(lambda e: e.ack(ids), f"committing {len(ids)} acks")
 
     async def nack(
         self, row_id: int, *, delay_ms: int, error: str, outcome: NackOutcome = "transient"

@@ -156,4 +156,5 @@ class OutboxReader(Protocol):
         """Earliest send_at among pending rows not in flight (a read, never a write)."""
 
     async def wait_for_change(self) -> None:
-        """Return when an enqueue, nack, release or replay may have made new work ready."""
+        """Return when an enqueue, nack, release, replay, or an ack of a row another waited behind
+        (FIFO receiver, OVERWRITE key) may have made new work ready."""
