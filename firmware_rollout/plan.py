@@ -80,12 +80,12 @@ def wave_sizes(waves: WavesSection, total: int) -> list[int]:
                 raise RolloutError(f"waves after wave {len(sizes) + i + 1} would hold no device")
     else:
         assert waves.ramp is not None
-        size = float(waves.ramp.base)
+        ramp = float(waves.ramp.base)
         while left > 0:
-            take = min(max(1, int(size)), left)
+            take = min(max(1, int(ramp)), left)
             body.append(take)
             left -= take
-            size *= waves.ramp.factor
+            ramp *= waves.ramp.factor
     return sizes + body
 
 

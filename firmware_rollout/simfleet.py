@@ -219,6 +219,8 @@ class SimDevice:
 class SimFleet:
     """Build with `await SimFleet.open(...)`, then `await fleet.start()`."""
 
+    leader_config: AgentConfig  # set by `open`
+
     def __init__(
         self,
         *,

@@ -270,7 +270,7 @@ def render_status(data: dict[str, Any]) -> Any:
         table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=24),
                       f"{w['succeeded']}/{w['size']} ok", counts)
     totals = "  ".join(f"{k}: {v}" for k, v in data["counts"].items())
-    lines = [head, Text(data["detail"], style="dim"), table,
+    lines: list[Text | Table] = [head, Text(data["detail"], style="dim"), table,
              Text(f"devices {data['devices']}   {totals}   offers {data['offers']}")]
     if data["rollback_of"]:
         lines.insert(1, Text(f"rollback of {data['rollback_of']}", style="yellow"))

@@ -13,10 +13,14 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from agent.core.clock import SystemClock
 from agent.core.config import AgentConfig, AgentSection, load_config
 from agent.core.errors import ConfigError, EdgeAgentError
+
+if TYPE_CHECKING:
+    from agent.leader.agent import LeaderAgent
 
 log = logging.getLogger("agent.run")
 
@@ -108,11 +112,12 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
             runtime.add_collector("housekeeping", snapshot_collector(
                 "ea_housekeeping", housekeeper.metrics, counters=("pruned", "rounds", "errors"), label="table"))
         if leader:
-            runtime.add_collector("jobs", snapshot_collector("ea_jobs", agent.jobs_queue.stats))
+            gateway = cast("LeaderAgent", agent)  # a worker never imports agent.leader
+            runtime.add_collector("jobs", snapshot_collector("ea_jobs", gateway.jobs_queue.stats))
             runtime.add_collector(
                 "leader", snapshot_collector("ea_leader", lambda: {
-                    "busy_answers": agent.busy_answers, "refused_forged": agent.refused_forged,
-                    "rejects": agent.rejects.count}, label="counter"))
+                    "busy_answers": gateway.busy_answers, "refused_forged": gateway.refused_forged,
+                    "rejects": gateway.rejects.count}, label="counter"))
         await agent.start()
         runtime.ready(f"{config.agent.role} {config.agent.device_id} running")
         log.info("agent started", extra={"kv": {"role": config.agent.role, "device": config.agent.device_id,

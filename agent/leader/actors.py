@@ -192,13 +192,13 @@ class LeaderActor(Actor):
             except StoreError as exc:
                 outcome[id(d)] = exc
         for d in batch:
-            value = outcome[id(d)]
+            result = outcome[id(d)]
             if d.done.done():
                 continue
-            if isinstance(value, BaseException):
-                d.done.set_exception(value)
+            if isinstance(result, BaseException):
+                d.done.set_exception(result)
             else:
-                d.done.set_result(value)
+                d.done.set_result(result)
 
     def _apply_one(self, d: Durable) -> bool:
         msg = d.message

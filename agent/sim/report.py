@@ -64,8 +64,9 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
     tel_generated = tel_direct + tel_stored
     devices = {d.device_id: d for d in leader.registry.devices()}
     tel_applied = sum(d.telemetry_count for d in devices.values())
-    tel_dead = sum(s.by_class.get("telemetry").dead for s in stores if s.by_class.get("telemetry"))  # type: ignore[union-attr]
-    tel_pending = sum(s.by_class.get("telemetry").pending for s in stores if s.by_class.get("telemetry"))  # type: ignore[union-attr]
+    tel_classes = [c for c in (s.by_class.get("telemetry") for s in stores) if c is not None]
+    tel_dead = sum(c.dead for c in tel_classes)
+    tel_pending = sum(c.pending for c in tel_classes)
     tel_lost = tel_generated - tel_applied - tel_dead - tel_pending
 
     stale = 0

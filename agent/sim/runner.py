@@ -25,6 +25,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,23 +160,23 @@ class Simulation:
         for i in range(opts.devices):
             device = device_name(i)
             phase = boot.randrange(PHASE_SLOTS) * opts.heartbeat_s / PHASE_SLOTS
-            self.timeline.at(phase, f"boot {device}", lambda d=device: fleet.start_worker(d))
+            self.timeline.at(phase, f"boot {device}", partial(fleet.start_worker, device))
             if opts.telemetry_s > 0:
                 offset = phase + boot.random() * opts.telemetry_s
                 self._telemetry_loop(device, offset, rng_for(opts.seed, f"telemetry:{device}"))
         if fleet.broker is not None:
             self.offline_episodes = self.offline_plan()
             for device, start, span in self.offline_episodes:
-                self.timeline.at(start, f"cut {device}", lambda d=device: fleet.cut(d))
-                self.timeline.at(start + span, f"heal {device}", lambda d=device: fleet.heal(d))
+                self.timeline.at(start, f"cut {device}", partial(fleet.cut, device))
+                self.timeline.at(start + span, f"heal {device}", partial(fleet.heal, device))
         if opts.broker_outage is not None and fleet.broker is not None:
             at, span = opts.broker_outage
             self.timeline.at(at, "broker down", fleet.broker_down)
             self.timeline.at(at + span, "broker up", fleet.broker_up)
         self.crash_episodes = self.crash_plan()
         for device, start, span in self.crash_episodes:
-            self.timeline.at(start, f"crash {device}", lambda d=device: fleet.crash(d))
-            self.timeline.at(start + span, f"restart {device}", lambda d=device: fleet.restart(d))
+            self.timeline.at(start, f"crash {device}", partial(fleet.crash, device))
+            self.timeline.at(start + span, f"restart {device}", partial(fleet.restart, device))
         if opts.jobs > 0:
             self.timeline.at(min(2 * opts.heartbeat_s, opts.duration_s / 2), "submit jobs", self._submit_jobs)
 

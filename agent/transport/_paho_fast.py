@@ -359,6 +359,7 @@ class FastPath:
         props = properties.pack() if properties is not None else b"\x00"
         remaining = 2 + len(data) + len(props) + len(payload)
         header = _PUBLISH | (qos << 1) | (1 if retain else 0)
+        parts: tuple[bytes, ...]
         if qos:
             mid = paho._mid_generate()
             parts = (bytes((header,)), varint(remaining + 2), len(data).to_bytes(2, "big"), data,
