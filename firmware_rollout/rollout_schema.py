@@ -93,6 +93,11 @@ def _v3(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX rollout_processed_at ON rollout_processed(at_ms)")
 
 
-MIGRATIONS = (_v1, _v2, _v3)
+def _v4(conn: sqlite3.Connection) -> None:
+    # Housekeeping deletes a finished rollout's controls by rollout (`RolloutStore.prune_finished`).
+    conn.execute("CREATE INDEX rollout_controls_rollout ON rollout_controls(rollout_id)")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4)
 
 __all__ = ["MIGRATIONS"]

@@ -26,6 +26,7 @@ from typing import Any, Final
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
 from agent.core.sqlite import Synchronous, atomic, close_quietly, open_migrated, store_errors
+from firmware_rollout.rollout_prune import prune_finished
 from firmware_rollout.rollout_schema import MIGRATIONS as _MIGRATIONS
 from firmware_rollout.spec import RolloutSpec, spec_from_json
 
@@ -391,6 +392,17 @@ class RolloutStore:
                 (cutoff, -1 if limit is None else max(0, limit)),
             )
         return cur.rowcount
+
+    def prune_finished(self, older_than_s: float, *, limit: int | None = None) -> int:
+        """Delete the per-device rows (devices, offers, applied controls) of rollouts that
+        finished longer than `older_than_s` ago, at most `limit` in this one transaction; how
+        many were deleted. The summary rows stay: see `firmware_rollout.rollout_prune`."""
+        return prune_finished(self, self._clock.now_ms() - int(older_than_s * 1000), limit)
+
+    def _delete(self, sql: str, args: Sequence[Any]) -> int:
+        """Run one DELETE (inside the caller's transaction); how many rows it removed."""
+        with store_errors("rollout store"):
+            return self._conn.execute(sql, args).rowcount
 
     def processed_count(self) -> int:
         """How many report ids are remembered (for metrics and tests)."""

@@ -187,6 +187,46 @@ async def test_confirmed_jobs_go_pending_and_held_jobs_stay(clock: VirtualClock,
         registry.close()
 
 
+async def test_finished_rollouts_lose_their_device_rows_and_keep_their_summary(
+    clock: VirtualClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from firmware_rollout.rollout_store import RolloutStore
+    from firmware_rollout.spec import spec_from_dict
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "rollout"))
+    from rollout_support import spec_data
+
+    db = tmp_path / "leader.db"
+    artifact = tmp_path / "fw.bin"
+    artifact.write_bytes(b"x" * 64)
+    registry = DeviceRegistry.open(db, clock=clock)
+    jobs = JobQueue.open(db, clock=clock)
+    store = RolloutStore.open(db, clock=clock)
+    keeper, reports = leader_housekeeper(_settings(batch_rows=8, rollouts_retention_s=7 * DAY), clock=clock,
+                                         registry=registry, jobs=jobs, rollout_db=db)
+    try:
+        spec = spec_from_dict(spec_data(artifact))
+        for rid in ("old", "running"):
+            devices = [f"{rid}-{i}" for i in range(20)]
+            store.create_rollout(rid, spec=spec, artifact=str(artifact), version="2.0.0", signed_manifest=b"m",
+                                 waves=[devices], from_versions={})
+        store.set_rollout("old", state="succeeded", finished_ms=clock.now_ms())
+        await clock.advance(6 * DAY)
+        assert (await with_time(clock, keeper.run_once()))["finished_rollouts"] == 0  # inside the window
+        await clock.advance(2 * DAY)
+        assert (await with_time(clock, keeper.run_once()))["finished_rollouts"] == 20  # in batches of 8
+        assert store.devices("old") == [] and len(store.devices("running")) == 20
+        old = store.get("old")
+        assert old is not None and old.state == "succeeded" and "20 devices" in old.detail
+        assert keeper.metrics().pruned["finished_rollouts"] == 20
+    finally:
+        if reports is not None:
+            reports.close()
+        store.close()
+        jobs.close()
+        registry.close()
+
+
 # -- the worker's ledger ---------------------------------------------------------------------
 async def test_ledger_entries_inside_the_window_keep_a_job_from_running_twice(
     clock: VirtualClock, tmp_path: Path
@@ -238,7 +278,8 @@ async def test_agents_start_and_stop_housekeeping_and_the_leader_ignores_a_late_
 
     try:
         assert gw.housekeeping is not None and w1.housekeeping is not None
-        assert set(gw.housekeeping.tasks) == {"processed_messages", "confirmed_jobs", "rollout_processed"}
+        assert set(gw.housekeeping.tasks) == {"processed_messages", "confirmed_jobs", "rollout_processed",
+                                             "finished_rollouts"}
         assert w1.housekeeping.tasks == ("job_ledger",)
         assert await send() == "accepted"
         await clock.advance(1.75 * HOUR)  # close to the window's end, after ten pruning rounds

@@ -131,6 +131,7 @@ class HousekeepingSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     processed_retention_s: PositiveFloat = 14 * DAY_S  # leader: processed message and report ids
     jobs_retention_s: PositiveFloat = 14 * DAY_S  # leader: confirmed jobs
     ledger_retention_s: PositiveFloat = 14 * DAY_S  # worker: the job ledger
+    rollouts_retention_s: PositiveFloat = 90 * DAY_S  # leader: per-device rows of finished rollouts
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -206,7 +207,7 @@ def _check_retentions(config: AgentConfig, source: str) -> None:
     ttl_s = max((c.ttl_s for c in outbox.classes.values()), default=0.0)
     floor_s = max(horizon_s, ttl_s)
     h = config.housekeeping
-    for key in ("processed_retention_s", "jobs_retention_s", "ledger_retention_s"):
+    for key in ("processed_retention_s", "jobs_retention_s", "ledger_retention_s", "rollouts_retention_s"):
         if getattr(h, key) < floor_s:
             raise ConfigError(source, f"housekeeping.{key}",
                               f"must be at least {floor_s:g} s (the outbox retry horizon and longest ttl_s)")

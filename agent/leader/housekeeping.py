@@ -1,4 +1,5 @@
-"""The leader's housekeeping tasks: processed ids, confirmed jobs, rollout report ids.
+"""The leader's housekeeping tasks: processed ids, confirmed jobs, rollout report ids, and the
+per-device rows of long-finished rollouts (their summaries stay: `firmware_rollout.rollout_prune`).
 
 Retentions and their reasons: `agent.housekeeping`. The rollout tables live in the same
 database as the registry; their pruning opens its own `RolloutStore` on it at the first round
@@ -21,20 +22,29 @@ if TYPE_CHECKING:
 
 
 class RolloutReports:
-    """Prunes `rollout_processed` through a `RolloutStore` opened on first use."""
+    """Prunes `rollout_processed`, and finished rollouts' per-device rows, through a
+    `RolloutStore` opened on first use."""
 
-    def __init__(self, db_path: str | Path, *, clock: Clock, retention_s: float) -> None:
+    def __init__(self, db_path: str | Path, *, clock: Clock, retention_s: float,
+                 rollouts_retention_s: float) -> None:
         self._path = db_path
         self._clock = clock
         self._retention_s = retention_s
+        self._rollouts_retention_s = rollouts_retention_s
         self._store: RolloutStore | None = None
 
-    def prune(self, limit: int) -> int:
+    def _opened(self) -> RolloutStore:
         if self._store is None:
             from firmware_rollout.rollout_store import RolloutStore
 
             self._store = RolloutStore.open(self._path, clock=self._clock)
-        return self._store.prune_processed(self._retention_s, limit=limit)
+        return self._store
+
+    def prune(self, limit: int) -> int:
+        return self._opened().prune_processed(self._retention_s, limit=limit)
+
+    def prune_rollouts(self, limit: int) -> int:
+        return self._opened().prune_finished(self._rollouts_retention_s, limit=limit)
 
     def close(self) -> None:
         store, self._store = self._store, None
@@ -63,8 +73,10 @@ def leader_housekeeper(
     ]
     reports = None
     if rollout_db is not None:
-        reports = RolloutReports(rollout_db, clock=clock, retention_s=settings.processed_retention_s)
+        reports = RolloutReports(rollout_db, clock=clock, retention_s=settings.processed_retention_s,
+                                 rollouts_retention_s=settings.rollouts_retention_s)
         tasks.append(limited("rollout_processed", reports.prune))
+        tasks.append(limited("finished_rollouts", reports.prune_rollouts))
     keeper = Housekeeper(clock=clock, tasks=tasks, interval_s=settings.interval_s,
                          batch_rows=settings.batch_rows, name=name)
     return keeper, reports

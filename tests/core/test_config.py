@@ -70,6 +70,7 @@ def test_housekeeping_defaults_cover_the_outbox_horizons(tmp_path: Path) -> None
     hk = load_config(path).housekeeping
     assert hk.interval_s == 600.0 and hk.batch_rows == 1000
     assert hk.processed_retention_s == hk.jobs_retention_s == hk.ledger_retention_s == 14 * 86_400.0
+    assert hk.rollouts_retention_s == 90 * 86_400.0
     worker = load_config(CONFIGS[0].parent / "worker.toml")
     longest_ttl = max(c.ttl_s for c in worker.outbox.classes.values())
     assert worker.housekeeping.processed_retention_s >= 2 * longest_ttl
@@ -86,6 +87,9 @@ HOUSEKEEPING_BAD = [
     ("processed_retention_s = 3600.0", "housekeeping.processed_retention_s", "at least 6000"),
     ("jobs_retention_s = 60.0", "housekeeping.jobs_retention_s", "at least"),
     ("ledger_retention_s = 100.0", "housekeeping.ledger_retention_s", "at least"),
+    ("rollouts_retention_s = 0", "housekeeping.rollouts_retention_s", "> 0"),
+    ('rollouts_retention_s = "90d"', "housekeeping.rollouts_retention_s", "expected float"),
+    ("rollouts_retention_s = 600.0", "housekeeping.rollouts_retention_s", "at least"),
 ]
 
 
@@ -115,7 +119,7 @@ def test_commented_housekeeping_keys_show_the_defaults(tmp_path: Path, name: str
     text = (CONFIGS[0].parent / name).read_text()
     section = text.split("[housekeeping]\n", 1)[1]
     shown = [line[2:].split("#", 1)[0] for line in section.splitlines() if line.startswith("# ") and "=" in line]
-    assert len(shown) == 5
+    assert len(shown) == {"leader.toml": 6, "worker.toml": 5}[name]  # rollouts_retention_s: leader only
     path = tmp_path / name
     path.write_text(text.replace(section, "\n".join(shown) + "\n"))
     assert load_config(path).housekeeping == load_config(CONFIGS[0].parent / name).housekeeping
