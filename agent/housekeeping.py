@@ -6,8 +6,10 @@ A production agent runs for months; without this, these tables grow for ever:
     leader  rollout_processed   ids of applied firmware reports (RolloutStore: dedup)
     leader  jobs (confirmed)    finished jobs (JobQueue: idempotent submit, late results)
     worker  job_ledger          jobs done here (JobLedger: a re-offered job runs once)
+    leader  rollout_devices,    a finished rollout's per-device rows (RolloutStore: status,
+            _offers, _controls  rollback targets), after `rollouts_retention_s` (90 days)
 
-Why the retentions (`[housekeeping]` in the config; 14 days each by default):
+Why the retentions (`[housekeeping]` in the config; 14 days by default, finished rollouts 90):
 
 * A dedup record must outlive every possible redelivery of its message. Once the leader has
   applied a message, the same id comes again only if the reply was lost and the sender's outbox
@@ -25,6 +27,10 @@ Why the retentions (`[housekeeping]` in the config; 14 days each by default):
 * The worker's ledger: the leader re-offers a job until it has applied the worker's result
   (after its restart, or when it presumed the worker lost), and that result may wait in the
   worker's outbox as long as any message: same window, plus the leader's downtime.
+
+* Finished rollouts: their per-device rows are what `rollout status --devices` shows and what a
+  rollback of that rollout targets; 90 days keeps them for a quarter of operations. The
+  `rollouts` summary row stays, with the final per-state counts written into its detail.
 
 Pending or unconfirmed jobs are never pruned (only `state = 'confirmed'` rows), nor an active
 rollout's reports (`RolloutStore.prune_processed` keeps everything claimed since the oldest
