@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Run the whole test suite: makes .venv, installs the project with its test extra, installs
 # Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
-# port), then runs pytest. Extra arguments go to pytest.
+# port), then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
-ensure_venv test,sim
+ensure_venv test,sim,lint
 
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
     echo "installing Debian's mosquitto for the integration tests" >&2
@@ -17,4 +17,9 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
 fi
 
 cd "$ROOT"
+if [ $# -eq 0 ]; then
+    echo "ruff check, mypy" >&2
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/mypy"
+fi
 exec "$VENV/bin/python" -m pytest "$@"
