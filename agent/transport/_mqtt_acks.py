@@ -17,8 +17,9 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from agent.core.clock import Clock, TimerHandle
+from agent.core.clock import Clock
 from agent.core.errors import ConnectionLost, TransportError
+from agent.transport._deadlines import Deadlines
 
 FAILURE = 0x80  # MQTT v5 reason codes at or above this are failures
 
@@ -34,8 +35,7 @@ class PubackTracker:
         self._max = max_inflight
         self._name = name
         self._acks: dict[int, asyncio.Future[None]] = {}  # packet id -> its publish's future
-        self._deadlines: deque[tuple[float, asyncio.Future[None]]] = deque()  # publish order
-        self._sweeper: TimerHandle | None = None
+        self._deadlines: Deadlines[None] = Deadlines(clock, timeout_s, self._overdue)
         self._waiters: deque[asyncio.Future[None]] = deque()  # publishes waiting for a slot
         self._generation = 0  # bumped by fail_all: a slot waiter learns its connection ended
         self._refusal_logged = False  # this connection's first refusal went out at WARNING
@@ -64,9 +64,7 @@ class PubackTracker:
         or `ConnectionLost`."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[mid] = future
-        self._deadlines.append((self._clock.monotonic() + self._timeout_s, future))
-        if self._sweeper is None:
-            self._sweeper = self._clock.call_later(self._timeout_s, self._sweep)
+        self._deadlines.add(future)
         try:
             await future
         finally:
@@ -90,9 +88,7 @@ class PubackTracker:
         if not future.done():
             future.set_result(None)
         self._wake_one()
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][1].done():  # PUBACKs come in order: this stays short
-            deadlines.popleft()
+        self._deadlines.drop_done()
 
     def fail_all(self, error: Callable[[], BaseException]) -> None:
         """The connection ended: every waiting publish fails with `error()`."""
@@ -103,9 +99,6 @@ class PubackTracker:
             if not future.done():
                 future.set_exception(error())
         self._deadlines.clear()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
         waiters, self._waiters = self._waiters, deque()
         for waiter in waiters:
             if not waiter.done():
@@ -119,16 +112,8 @@ class PubackTracker:
                 waiter.set_result(None)
                 return
 
-    def _sweep(self) -> None:
-        self._sweeper = None
-        now = self._clock.monotonic()
-        deadlines = self._deadlines
-        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
-            _, future = deadlines.popleft()
-            if not future.done():
-                future.set_exception(TransportError(f"{self._name}: no PUBACK within {self._timeout_s}s"))
-        if deadlines:
-            self._sweeper = self._clock.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
+    def _overdue(self, future: asyncio.Future[None]) -> None:
+        future.set_exception(TransportError(f"{self._name}: no PUBACK within {self._timeout_s}s"))
 
 
 __all__ = ["FAILURE", "PubackTracker"]

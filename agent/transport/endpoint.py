@@ -23,11 +23,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agent.core.clock import Clock, SystemClock, TimerHandle
+from agent.core.clock import Clock, SystemClock
 from agent.core.codec import Envelope, Reply, decode_envelope, decode_reply, encode
 from agent.core.errors import (
     Capacity,
@@ -38,6 +37,7 @@ from agent.core.errors import (
 )
 from agent.outbox.types import OutboxRow
 from agent.transport import topics
+from agent.transport._deadlines import Deadlines
 from agent.transport.base import InboundMessage, PayloadTooLarge, Transport
 
 log = logging.getLogger(__name__)
@@ -117,9 +117,8 @@ class EnvelopeSender:
         self._reply_topic = reply_topic
         self._timeout_s = timeout_s
         self._pending: dict[bytes, asyncio.Future[object]] = {}
-        # Reply deadlines in sending order, swept by one timer (not a timeout per delivery).
-        self._deadlines: deque[tuple[float, asyncio.Future[object]]] = deque()
-        self._sweeper: TimerHandle | None = None
+        # Reply deadlines, swept by one timer (not a timeout per delivery).
+        self._deadlines: Deadlines[object] = Deadlines(clock, timeout_s, lambda f: f.set_result(_EXPIRED))
         self._started = False
         self.stats = SenderStats()
 
@@ -146,9 +145,6 @@ class EnvelopeSender:
         self._transport.connected.remove_listener(self._on_gate)
         self._fail_pending()
         self._deadlines.clear()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
         try:
             await self._transport.unsubscribe(self._reply_topic)
         except TransportError as exc:
@@ -195,9 +191,7 @@ class EnvelopeSender:
                 self.stats.lost += 1
                 raise Transient(f"envelope {envelope.id} not sent: {exc}") from None
             self.stats.sent += 1
-            self._deadlines.append((self._clock.monotonic() + self._timeout_s, future))
-            if self._sweeper is None:
-                self._sweeper = self._clock.call_later(self._timeout_s, self._sweep)
+            self._deadlines.add(future)
             outcome = await future
         finally:
             if not future.done():
@@ -233,21 +227,7 @@ class EnvelopeSender:
             future.set_result(_LOST)
             return
         future.set_result(reply)
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][1].done():
-            deadlines.popleft()
-
-    def _sweep(self) -> None:
-        """Expire deliveries whose reply is overdue; re-arm for the next deadline."""
-        self._sweeper = None
-        now = self._clock.monotonic()
-        deadlines = self._deadlines
-        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
-            _, future = deadlines.popleft()
-            if not future.done():
-                future.set_result(_EXPIRED)
-        if deadlines:
-            self._sweeper = self._clock.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
+        self._deadlines.drop_done()
 
     def _on_gate(self, is_open: bool) -> None:
         if not is_open:
