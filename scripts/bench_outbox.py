@@ -80,51 +80,59 @@ CREATE INDEX outbox_ready ON outbox (send_at, id) WHERE status = 'pending';
 """
 
 
+_SELECT_READY = (
+    "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq,"
+    " created_at, send_at, expires_at, attempts FROM outbox"
+    " WHERE status = 'pending' AND send_at <= ? ORDER BY send_at, id LIMIT ?"
+)
+
+
+def _insert_then_drain(
+    conn: sqlite3.Connection, rows: list[tuple[object, ...]], insert_sql: str, settle_sql: str, now: int
+) -> dict[str, float]:
+    """Insert `rows` in transactions of BATCH, then take the ready rows BATCH at a time and
+    settle each with `settle_sql` (given the row id), one transaction per batch."""
+    n = len(rows)
+    t0 = time.perf_counter()
+    for start in range(0, n, BATCH):
+        conn.execute("BEGIN")
+        conn.executemany(insert_sql, rows[start : start + BATCH])
+        conn.execute("COMMIT")
+    t1 = time.perf_counter()
+    drained = 0
+    while True:
+        conn.execute("BEGIN")
+        batch = conn.execute(_SELECT_READY, (now, BATCH)).fetchall()
+        if not batch:
+            conn.execute("COMMIT")
+            break
+        conn.executemany(settle_sql, [(r[0],) for r in batch])
+        conn.execute("COMMIT")
+        drained += len(batch)
+    t2 = time.perf_counter()
+    assert drained == n, (drained, n)
+    return {"insert": n / (t1 - t0), "drain": n / (t2 - t1), "combined": n / (t2 - t0)}
+
+
 def bench_raw(path: Path, n: int, synchronous: str) -> dict[str, float]:
     """The outbox's schema (see the module docstring), driven by hand."""
     conn, _ = open_database(path, synchronous=synchronous)  # type: ignore[arg-type]
     try:
         now = int(time.time() * 1000)
-        rows = [
+        rows: list[tuple[object, ...]] = [
             (f"m{i:08d}", "bench", f"r{i % RECEIVERS}", "telemetry", PAYLOAD, None, "append", 0,
              now, now, None, len(PAYLOAD), fnv1a_32(f"r{i % RECEIVERS}"), 0)
             for i in range(n)
         ]
-        t0 = time.perf_counter()
-        for start in range(0, n, BATCH):
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO outbox (msg_id, owner, receiver, kind, payload, key, conflict, seq,"
-                " created_at, send_at, expires_at, size, rhash, fifo)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows[start : start + BATCH],
-            )
-            conn.execute("COMMIT")
-        t1 = time.perf_counter()
-        drained = 0
-        while True:
-            conn.execute("BEGIN")
-            batch = conn.execute(
-                "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq,"
-                " created_at, send_at, expires_at, attempts FROM outbox"
-                " WHERE status = 'pending' AND send_at <= ? ORDER BY send_at, id LIMIT ?",
-                (now, BATCH),
-            ).fetchall()
-            if not batch:
-                conn.execute("COMMIT")
-                break
-            conn.executemany("DELETE FROM outbox WHERE id = ?", [(r[0],) for r in batch])
-            conn.execute("COMMIT")
-            drained += len(batch)
-        t2 = time.perf_counter()
-        assert drained == n, (drained, n)
+        return _insert_then_drain(
+            conn, rows,
+            "INSERT INTO outbox (msg_id, owner, receiver, kind, payload, key, conflict, seq,"
+            " created_at, send_at, expires_at, size, rhash, fifo)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "DELETE FROM outbox WHERE id = ?", now,
+        )
     finally:
         conn.close()
-    return {
-        "insert": n / (t1 - t0),
-        "drain": n / (t2 - t1),
-        "combined": n / (t2 - t0),
-    }
 
 
 def bench_raw_minimal(path: Path, n: int, synchronous: str) -> dict[str, float]:
@@ -136,47 +144,19 @@ def bench_raw_minimal(path: Path, n: int, synchronous: str) -> dict[str, float]:
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.executescript(_RAW_SCHEMA)
         now = int(time.time() * 1000)
-        rows = [
+        rows: list[tuple[object, ...]] = [
             (f"m{i:08d}", "bench", f"r{i % RECEIVERS}", "telemetry", PAYLOAD, None, "append", 0,
              now, now)
             for i in range(n)
         ]
-        t0 = time.perf_counter()
-        for start in range(0, n, BATCH):
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO outbox (msg_id, owner, receiver, kind, payload, key, conflict, seq,"
-                " created_at, send_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows[start : start + BATCH],
-            )
-            conn.execute("COMMIT")
-        t1 = time.perf_counter()
-        drained = 0
-        while True:
-            conn.execute("BEGIN")
-            batch = conn.execute(
-                "SELECT id, msg_id, owner, receiver, kind, payload, key, conflict, seq,"
-                " created_at, send_at, expires_at, attempts FROM outbox"
-                " WHERE status = 'pending' AND send_at <= ? ORDER BY send_at, id LIMIT ?",
-                (now, BATCH),
-            ).fetchall()
-            if not batch:
-                conn.execute("COMMIT")
-                break
-            conn.executemany(
-                "UPDATE outbox SET status = 'done' WHERE id = ?", [(r[0],) for r in batch]
-            )
-            conn.execute("COMMIT")
-            drained += len(batch)
-        t2 = time.perf_counter()
-        assert drained == n, (drained, n)
+        return _insert_then_drain(
+            conn, rows,
+            "INSERT INTO outbox (msg_id, owner, receiver, kind, payload, key, conflict, seq,"
+            " created_at, send_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "UPDATE outbox SET status = 'done' WHERE id = ?", now,
+        )
     finally:
         conn.close()
-    return {
-        "insert": n / (t1 - t0),
-        "drain": n / (t2 - t1),
-        "combined": n / (t2 - t0),
-    }
 
 
 # -- our outbox ----------------------------------------------------------------------------
