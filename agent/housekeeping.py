@@ -39,9 +39,7 @@ running or paused rollout was created).
 Bounded work: the stores are synchronous and used on the event loop, so each prune step is one
 short transaction of at most `batch_rows` rows on the loop (no thread, so no `clock.busy()`),
 with `pause_s` of the Clock between steps: a huge backlog (a table grown before housekeeping
-existed) is worked off without holding the loop. `DeviceRegistry.prune_processed(older_than_s)`
-has no row limit; `TimeSlices` bounds it by deleting in narrow time bands from the oldest id
-forward, adapting the band to the rows each band removed.
+existed) is worked off without holding the loop.
 
 Pruned counts go to `metrics()` and DEBUG logs per round; an INFO summary at most once an hour.
 """
@@ -60,7 +58,6 @@ from agent.core.errors import StoreError
 log = logging.getLogger(__name__)
 
 SUMMARY_EVERY_S = 3600.0
-DAY_MS = 86_400_000
 
 # One bounded step: given the most rows it may remove, (rows removed, more remain).
 Step = Callable[[int], tuple[int, bool]]
@@ -83,47 +80,6 @@ def limited(name: str, prune: Callable[[int], int]) -> PruneTask:
         return removed, removed >= limit
 
     return PruneTask(name, step)
-
-
-class TimeSlices:
-    """Bound `prune(older_than_s) -> removed` (deletes everything older, no row limit) by time.
-
-    Each step deletes what is older than `floor + band` (never less than `retention_s` old), then
-    moves the floor there; the band halves when a step removed more than the limit and doubles
-    when it removed under half of it. The first floor comes from `floor_ms()` (a lower bound of
-    the stored timestamps, or None when nothing is stored); a wrong hint costs batch size only,
-    never correctness, since every step deletes everything below its bound.
-    """
-
-    def __init__(self, prune: Callable[[float], int], *, clock: Clock, retention_s: float,
-                 floor_ms: Callable[[], int | None], first_band_ms: int = 1_000,
-                 min_band_ms: int = 1_000, max_band_ms: int = DAY_MS) -> None:
-        self._prune = prune
-        self._clock = clock
-        self._retention_s = retention_s
-        self._floor_hint = floor_ms
-        self._floor: int | None = None
-        self._band = first_band_ms
-        self._min_band = min_band_ms
-        self._max_band = max_band_ms
-
-    def __call__(self, limit: int) -> tuple[int, bool]:
-        now = self._clock.now_ms()
-        cutoff = now - int(self._retention_s * 1000)
-        if self._floor is None:
-            self._floor = self._floor_hint()
-            if self._floor is None:
-                return 0, False
-        if self._floor >= cutoff:
-            return 0, False
-        upper = min(self._floor + self._band, cutoff)
-        removed = self._prune(max(self._retention_s, (now - upper) / 1000.0))
-        self._floor = upper
-        if removed > limit:
-            self._band = max(self._min_band, self._band // 2)
-        elif removed < limit // 2:
-            self._band = min(self._max_band, self._band * 2)
-        return removed, upper < cutoff
 
 
 @dataclass(slots=True)
@@ -229,4 +185,4 @@ class Housekeeper:
         self._unreported.clear()
 
 
-__all__ = ["HousekeepingMetrics", "Housekeeper", "PruneTask", "Step", "TimeSlices", "limited"]
+__all__ = ["HousekeepingMetrics", "Housekeeper", "PruneTask", "Step", "limited"]

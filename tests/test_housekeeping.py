@@ -18,7 +18,7 @@ from agent.core.clock import VirtualClock  # noqa: E402
 from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
 from agent.core.config import HousekeepingSection  # noqa: E402
 from agent.core.errors import StoreError  # noqa: E402
-from agent.housekeeping import Housekeeper, PruneTask, TimeSlices, limited  # noqa: E402
+from agent.housekeeping import Housekeeper, PruneTask, limited  # noqa: E402
 from agent.leader.housekeeping import leader_housekeeper  # noqa: E402
 from agent.leader.jobs import JobQueue  # noqa: E402
 from agent.leader.registry import DeviceRegistry  # noqa: E402
@@ -97,25 +97,25 @@ async def test_info_summary_at_most_once_an_hour(clock: VirtualClock, caplog: py
     assert "60 t" in infos[1].getMessage()
 
 
-async def test_time_slices_bound_an_unlimited_prune(clock: VirtualClock, tmp_path: Path) -> None:
+async def test_processed_ids_are_pruned_oldest_first_in_bounded_batches(clock: VirtualClock, tmp_path: Path) -> None:
     registry = DeviceRegistry.open(tmp_path / "r.db", clock=clock)
     try:
         for hour in range(48):  # 100 ids an hour for two days, never pruned
             registry.apply_telemetry_batch([(f"m{hour}-{i}", _telemetry("d1", hour * 100 + i))
                                             for i in range(100)])
             await clock.advance(HOUR)
-        sliced = TimeSlices(registry.prune_processed, clock=clock, retention_s=DAY,
-                            floor_ms=lambda: min(d.first_seen_ms for d in registry.devices()))
+        step = limited("processed_messages", lambda n: registry.prune_processed(DAY, limit=n)).step
         steps = []
         while True:
-            removed, more = sliced(150)
+            removed, more = step(150)
             steps.append(removed)
             if not more:
                 break
         assert sum(steps) == 2400  # the first day's ids, all of them
-        assert max(steps) <= 2 * 150  # never much more than the limit in one step
+        assert max(steps) <= 150  # never more than the limit in one step
         assert registry.processed_count() == 2400
-        assert sliced(150) == (0, False)
+        assert not registry.is_processed("m0-0") and registry.is_processed("m24-0")  # the oldest went first
+        assert step(150) == (0, False)
     finally:
         registry.close()
 

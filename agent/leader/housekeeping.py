@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from agent.core.clock import Clock
 from agent.core.config import HousekeepingSection
-from agent.housekeeping import Housekeeper, PruneTask, TimeSlices, limited
+from agent.housekeeping import Housekeeper, limited
 from agent.leader.jobs import JobQueue
 from agent.leader.registry import DeviceRegistry
 
@@ -52,22 +52,14 @@ class RolloutReports:
             store.close()
 
 
-def _oldest_device_ms(registry: DeviceRegistry) -> int | None:
-    # Every processed id is committed with a row for its device (created then if new), so no
-    # processed id is older than the oldest device's first_seen_ms.
-    return min((d.first_seen_ms for d in registry.devices()), default=None)
-
-
 def leader_housekeeper(
     settings: HousekeepingSection, *, clock: Clock, registry: DeviceRegistry, jobs: JobQueue,
     rollout_db: str | Path | None = None, name: str = "housekeeping",
 ) -> tuple[Housekeeper, RolloutReports | None]:
     """The leader's housekeeper, and the rollout pruner to close after it stops (if any)."""
-    processed = TimeSlices(
-        registry.prune_processed, clock=clock, retention_s=settings.processed_retention_s,
-        floor_ms=lambda: _oldest_device_ms(registry))
     tasks = [
-        PruneTask("processed_messages", processed),
+        limited("processed_messages",
+                lambda n: registry.prune_processed(settings.processed_retention_s, limit=n)),
         limited("confirmed_jobs",
                 lambda n: jobs.prune_confirmed(settings.jobs_retention_s, limit=n)),
     ]

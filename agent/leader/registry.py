@@ -363,15 +363,25 @@ class DeviceRegistry:
                 if outcome is not None:
                     await outcome
 
-    def prune_processed(self, older_than_s: float) -> int:
-        """Forget processed message ids older than `older_than_s`; how many were removed.
+    def prune_processed(self, older_than_s: float, *, limit: int | None = None) -> int:
+        """Forget processed message ids older than `older_than_s`, oldest first, at most `limit`
+        of them in this one transaction; how many were removed.
 
-        Keep it longer than the longest a message can wait in a sender's outbox.
+        Keep them longer than the longest a message can wait in a sender's outbox.
         """
         self._check_open()
         cutoff = self._clock.now_ms() - int(older_than_s * 1000)
+        with store_errors("prune processed ids"):
+            if self._conn.execute(
+                "SELECT 1 FROM processed_messages WHERE at_ms < ? LIMIT 1", (cutoff,)
+            ).fetchone() is None:
+                return 0  # nothing due: no write transaction (an idle leader writes nothing)
         with atomic(self._conn):
-            cur = self._conn.execute("DELETE FROM processed_messages WHERE at_ms < ?", (cutoff,))
+            cur = self._conn.execute(
+                "DELETE FROM processed_messages WHERE msg_id IN (SELECT msg_id FROM processed_messages"
+                " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
+                (cutoff, -1 if limit is None else max(0, limit)),
+            )
         return cur.rowcount
 
     def checkpoint(self) -> None:
