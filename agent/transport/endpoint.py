@@ -35,6 +35,7 @@ from agent.core.errors import (
     Transient,
     TransportError,
 )
+from agent.core.ratelog import RateLimitedLog
 from agent.outbox.types import OutboxRow
 from agent.transport import topics
 from agent.transport._deadlines import Deadlines
@@ -49,30 +50,6 @@ _LOST = object()
 _EXPIRED = object()
 _DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
 LOG_INTERVAL_S = 60.0  # per-message problems: one line per kind per interval, the rest at DEBUG
-
-
-class _Throttle:
-    """One log line per key per interval of the clock; the next one says how many were held."""
-
-    def __init__(self, clock: Clock, interval_s: float = LOG_INTERVAL_S) -> None:
-        self._clock = clock
-        self._interval_s = interval_s
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def log(self, level: int, key: str, msg: str, *args: object) -> None:
-        now = self._clock.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self._interval_s:
-            self._held[key] = self._held.get(key, 0) + 1
-            log.debug(msg, *args)
-            return
-        self._last[key] = now
-        held = self._held.pop(key, 0)
-        if held:
-            log.log(level, msg + " (%d similar not logged)", *args, held)
-        else:
-            log.log(level, msg, *args)
 
 
 def envelope_from_row(row: OutboxRow) -> Envelope:
@@ -286,7 +263,7 @@ class EnvelopeInbox:
         self._concurrency = concurrency
         self._reply_qos = reply_qos
         self._devices: dict[str, str | None] = {}
-        self._throttle = _Throttle(clock if clock is not None else SystemClock())
+        self._log_limit = RateLimitedLog(log, clock if clock is not None else SystemClock(), LOG_INTERVAL_S)
         self._queue: asyncio.Queue[InboundMessage] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._started = False
@@ -362,8 +339,7 @@ class EnvelopeInbox:
             device = self._up_device(message.topic)
             if device is not None and envelope.sender != device:
                 reason = f"sender {envelope.sender!r} does not match device {device!r} of the topic"
-                self._throttle.log(logging.WARNING, "forged", "rejected %s on %s: %s", envelope.id, message.topic,
-                                   reason)
+                self._log_limited(logging.WARNING, "forged", f"rejected {envelope.id} on {message.topic}: {reason}")
                 await self._reject(message, envelope.id, reason)
                 return
         try:
@@ -419,8 +395,13 @@ class EnvelopeInbox:
         except TransportError as exc:
             # The sender times out and retries; the receiver deduplicates by envelope id.
             self.stats.reply_failures += 1
-            self._throttle.log(logging.INFO, "reply", "reply %s to %s not sent: %s", reply.status,
-                               message.response_topic, exc)
+            self._log_limited(logging.INFO, "reply",
+                              f"reply {reply.status} to {message.response_topic} not sent: {exc}")
+
+    def _log_limited(self, level: int, key: str, text: str) -> None:
+        """A per-message problem: one line per kind per LOG_INTERVAL_S at `level`, the rest at DEBUG."""
+        if not self._log_limit.log(level, key, text):
+            log.debug(text)
 
 
 __all__ = [
