@@ -1,16 +1,6 @@
-"""The in-process broker behind `MemoryTransport` (see `agent.transport.memory`).
-
-One `MemoryBroker` is one simulated world. It keeps MQTT v5's semantics where edge-agent relies on
-them: `+`/`#` wildcards, QoS 1 messages queued for an offline persistent session (bounded, drops
-counted) and delivered on reconnect, retained messages, the last will on an abrupt disconnect
-only, shared subscriptions (round-robin among the group's connected members), response topic and
-correlation data. Failures are injected: `partition(client_id)` cuts a client off (abruptly, so
-its will fires) until `heal`, `partition()` takes the whole broker down, and `set_delay` adds
-per-client latency through the `Clock`.
-
-Delivery is deterministic for the same inputs (everything is kept in insertion-ordered dicts) and
-cheap: a delivery is an append to the client's queue, drained by the client's one dispatch task.
-"""
+"""The in-process broker behind `MemoryTransport`: topic routing, persistent sessions, retained
+messages, wills, shared subscriptions and injected failures, with the semantics described in
+`agent.transport.memory`."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ its will fires) until `heal`, `partition()` takes the whole broker down, and `se
 per-client latency through the `Clock`.
 
 Delivery is deterministic for the same inputs (everything is kept in insertion-ordered dicts) and
-cheap: a delivery is an append to the client's queue, drained by the client's one dispatch task.
+cheap: a delivery is an append to the client's queue, drained by a dispatch task that runs only
+while deliveries are queued.
 """
 
 from __future__ import annotations
