@@ -171,8 +171,7 @@ class FleetStatus(_Message, kw_only=True, frozen=True):
     jobs: JobCounts | None = None
 
 
-REGISTRY = MessageRegistry()
-for _kind, _type in (
+CORE_MESSAGES: tuple[tuple[str, type[msgspec.Struct]], ...] = (
     (KIND_HEARTBEAT, Heartbeat),
     (KIND_TELEMETRY, Telemetry),
     (KIND_PRESENCE, Presence),
@@ -182,26 +181,25 @@ for _kind, _type in (
     (KIND_JOB_RESULT, JobResult),
     (KIND_STATUS_REQUEST, StatusRequest),
     (KIND_FLEET_STATUS, FleetStatus),
-):
-    REGISTRY.register(_kind, _type)
+)
 
-_KIND_OF: dict[type[msgspec.Struct], str] = {t: k for k, t in REGISTRY.kinds().items()}
+
+def agent_registry() -> MessageRegistry:
+    """A registry of the core kinds, for one agent. A layer that adds kinds (firmware) registers
+    them in the agent's own registry when it is attached, so what an agent decodes is decided
+    where it is built, never by what happens to be imported."""
+    registry = MessageRegistry()
+    for kind, type_ in CORE_MESSAGES:
+        registry.register(kind, type_)
+    return registry
+
+
+REGISTRY = agent_registry()  # the core kinds only: `decode_message`, `kind_of`
 
 
 def kind_of(message: msgspec.Struct) -> str:
-    """The wire kind of a registered message; `KeyError` for an unregistered type (a bug).
-
-    Kinds registered later by other layers (firmware messages) are found in `REGISTRY`.
-    """
-    kind = _KIND_OF.get(type(message))
-    if kind is None:
-        for name, type_ in REGISTRY.kinds().items():
-            if type_ is type(message):
-                _KIND_OF[type_] = kind = name
-                break
-        else:
-            raise KeyError(type(message))
-    return kind
+    """The wire kind of a core message; `KeyError` for any other type (a bug)."""
+    return REGISTRY.kind_of(message)
 
 
 def encode_message(message: msgspec.Struct) -> bytes:
@@ -229,6 +227,7 @@ __all__ = [
     "KIND_PRESENCE",
     "KIND_STATUS_REQUEST",
     "KIND_TELEMETRY",
+    "CORE_MESSAGES",
     "REGISTRY",
     "FleetStatus",
     "Heartbeat",
@@ -242,6 +241,7 @@ __all__ = [
     "StatusRequest",
     "SystemSample",
     "Telemetry",
+    "agent_registry",
     "decode_as",
     "decode_message",
     "encode_message",

@@ -1,69 +1,145 @@
-"""Firmware rollouts: signed artifacts and the device-side A/B updater.
+"""Firmware rollouts: a library in three rooms over a shared artifact format.
 
-Layer 6: imports `agent.core` (and may import `agent.actors`, `agent.outbox`), never the
-worker, leader, simulator or CLI. Modules:
+Layer 5: imports `agent.core`, `agent.actors`, `agent.outbox` and `agent.transport`, never the
+worker, leader, simulator or CLI (the import contracts in `pyproject.toml` say so).
 
-    version     strict semantic versions
-    keys        ed25519 key pairs as PEM files (`SigningKey`, `VerifyKey`)
-    manifest    the signed manifest: byte layout, signature, device policy, chunk verifier
-    artifact    artifact files: build, sign, verify (streaming), inspect
-    messages    `UpdateOffer` (leader -> device) and `UpdateReport` (device -> leader)
-    sources     `ChunkSource` protocol; `ArtifactChunkSource` for a local file
-    slots       `Installer` protocol (A/B boot hook); `DirectoryInstaller`
-    health      `HealthCheck` protocol; connectivity, command and combined checks
-    reboot      `Rebooter` protocol; exec and command rebooters
-    updater     `Updater`: the durable download / install / trial boot / commit-or-revert machine
+    messages, errors, windows, _fs   shared: the wire messages, the error tree, maintenance
+                                     windows, durable file helpers
+    artifact/       the format: version, keys, manifest, files (build, sign, verify), fixture
+    device/         the device's updater: its store, A/B slots (`Installer`), staging, chunk
+                    sources and the MQTT chunk client, health checks, rebooters
+    orchestration/  the leader's rollouts: spec, plan, gates, orchestrator, status, the rollout
+                    store and schema, the chunk server (ConfigServers)
+
+`device/` and `orchestration/` never import each other. This face names what callers use and
+loads each name's module on first use, so importing one room never loads the others.
 """
 
-from firmware_rollout.artifact import (
-    ArtifactInfo,
-    build_artifact,
-    inspect_artifact,
-    read_signed_manifest,
-    sign_artifact,
-    verify_artifact,
-)
-from firmware_rollout.errors import (
-    ChunkMismatch,
-    Incompatible,
-    InstallError,
-    InvalidVersion,
-    KeyFileError,
-    MalformedArtifact,
-    Unsigned,
-    UpdaterError,
-    WrongKey,
-)
-from firmware_rollout.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck, HealthResult
-from firmware_rollout.keys import SigningKey, VerifyKey, generate_keypair, load_signing_key, load_verify_key
-from firmware_rollout.manifest import (
-    ImageVerifier,
-    Manifest,
-    SignedManifest,
-    check_policy,
-    parse_signed_manifest,
-    verify_signed_manifest,
-)
-from firmware_rollout.messages import (
-    KIND_UPDATE_OFFER,
-    KIND_UPDATE_REPORT,
-    TERMINAL_STATES,
-    UpdateOffer,
-    UpdateReport,
-    register_messages,
-    report_key,
-    report_message,
-)
-from firmware_rollout.reboot import CommandRebooter, ExecRebooter, Rebooter
-from firmware_rollout.slots import DirectoryInstaller, Installer
-from firmware_rollout.sources import ArtifactChunkSource, ChunkSource
-from firmware_rollout.updater import Updater, UpdaterSettings, UpdaterStatus
-from firmware_rollout.version import Version
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from firmware_rollout.artifact.files import (
+        ArtifactInfo,
+        build_artifact,
+        inspect_artifact,
+        read_signed_manifest,
+        sign_artifact,
+        verify_artifact,
+    )
+    from firmware_rollout.artifact.fixture import make_artifact
+    from firmware_rollout.artifact.keys import (
+        SigningKey,
+        VerifyKey,
+        generate_keypair,
+        load_signing_key,
+        load_verify_key,
+    )
+    from firmware_rollout.artifact.manifest import (
+        ImageVerifier,
+        Manifest,
+        SignedManifest,
+        check_policy,
+        parse_signed_manifest,
+        verify_signed_manifest,
+    )
+    from firmware_rollout.artifact.version import Version
+    from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck, HealthResult
+    from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
+    from firmware_rollout.device.slots import DirectoryInstaller, Installer
+    from firmware_rollout.device.sources import ArtifactChunkSource, ChunkSource
+    from firmware_rollout.device.updater import Updater, UpdaterSettings, UpdaterStatus
+    from firmware_rollout.errors import (
+        ChunkMismatch,
+        Incompatible,
+        InstallError,
+        InvalidVersion,
+        KeyFileError,
+        MalformedArtifact,
+        Unsigned,
+        UpdaterError,
+        WrongKey,
+    )
+    from firmware_rollout.messages import (
+        KIND_UPDATE_OFFER,
+        KIND_UPDATE_REPORT,
+        TERMINAL_STATES,
+        UpdateOffer,
+        UpdateReport,
+        register_messages,
+        report_key,
+        report_message,
+    )
+    from firmware_rollout.orchestration.orchestrator import Orchestrator
+    from firmware_rollout.orchestration.spec import RolloutSpec, load_spec
+    from firmware_rollout.orchestration.store import RolloutStore
+
+_LAZY: dict[str, tuple[str, ...]] = {
+    "firmware_rollout.artifact.files": (
+        "ArtifactInfo", "build_artifact", "inspect_artifact", "read_signed_manifest", "sign_artifact",
+        "verify_artifact",
+    ),
+    "firmware_rollout.artifact.fixture": (
+        "make_artifact",
+    ),
+    "firmware_rollout.errors": (
+        "ChunkMismatch", "Incompatible", "InstallError", "InvalidVersion", "KeyFileError", "MalformedArtifact",
+        "Unsigned", "UpdaterError", "WrongKey",
+    ),
+    "firmware_rollout.device.health": (
+        "AllChecks", "CommandCheck", "ConnectivityCheck", "HealthCheck", "HealthResult",
+    ),
+    "firmware_rollout.artifact.keys": (
+        "SigningKey", "VerifyKey", "generate_keypair", "load_signing_key", "load_verify_key",
+    ),
+    "firmware_rollout.artifact.manifest": (
+        "ImageVerifier", "Manifest", "SignedManifest", "check_policy", "parse_signed_manifest",
+        "verify_signed_manifest",
+    ),
+    "firmware_rollout.messages": (
+        "KIND_UPDATE_OFFER", "KIND_UPDATE_REPORT", "TERMINAL_STATES", "UpdateOffer", "UpdateReport",
+        "register_messages", "report_key", "report_message",
+    ),
+    "firmware_rollout.device.reboot": (
+        "CommandRebooter", "ExecRebooter", "Rebooter",
+    ),
+    "firmware_rollout.device.slots": (
+        "DirectoryInstaller", "Installer",
+    ),
+    "firmware_rollout.device.sources": (
+        "ArtifactChunkSource", "ChunkSource",
+    ),
+    "firmware_rollout.device.updater": (
+        "Updater", "UpdaterSettings", "UpdaterStatus",
+    ),
+    "firmware_rollout.artifact.version": (
+        "Version",
+    ),
+    "firmware_rollout.orchestration.orchestrator": (
+        "Orchestrator",
+    ),
+    "firmware_rollout.orchestration.spec": (
+        "RolloutSpec", "load_spec",
+    ),
+    "firmware_rollout.orchestration.store": (
+        "RolloutStore",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
-    "KIND_UPDATE_OFFER",
-    "KIND_UPDATE_REPORT",
-    "TERMINAL_STATES",
     "AllChecks",
     "ArtifactChunkSource",
     "ArtifactInfo",
@@ -81,12 +157,18 @@ __all__ = [
     "InstallError",
     "Installer",
     "InvalidVersion",
+    "KIND_UPDATE_OFFER",
+    "KIND_UPDATE_REPORT",
     "KeyFileError",
     "MalformedArtifact",
     "Manifest",
+    "Orchestrator",
     "Rebooter",
+    "RolloutSpec",
+    "RolloutStore",
     "SignedManifest",
     "SigningKey",
+    "TERMINAL_STATES",
     "Unsigned",
     "UpdateOffer",
     "UpdateReport",
@@ -94,15 +176,17 @@ __all__ = [
     "UpdaterError",
     "UpdaterSettings",
     "UpdaterStatus",
-    "Version",
     "VerifyKey",
+    "Version",
     "WrongKey",
     "build_artifact",
     "check_policy",
     "generate_keypair",
     "inspect_artifact",
     "load_signing_key",
+    "load_spec",
     "load_verify_key",
+    "make_artifact",
     "parse_signed_manifest",
     "read_signed_manifest",
     "register_messages",

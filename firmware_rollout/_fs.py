@@ -54,7 +54,7 @@ async def in_thread(clock: Clock, fn: Callable[..., T], *args: object) -> T:
     loop's thread instead, and the caller resumes on the next loop turn, where a thread's result
     would be delivered: the interleaving is the one a fast thread gives, but it is the same on
     every run, since no job finishes at a moment the OS scheduler picks."""
-    if getattr(clock, "inline_io", False):
+    if clock.inline_io:
         return await _inline(fn, *args)
     with clock.busy():
         return await asyncio.to_thread(fn, *args)

@@ -132,17 +132,11 @@ def report_message(report: UpdateReport, *, msg_id: str, receiver: str) -> Outbo
 
 
 def register_messages(registry: MessageRegistry) -> None:
+    """Teach `registry` the firmware kinds (tests and tools; an agent registers each kind with
+    its route when the rollout service or the updater is attached)."""
     registry.register(KIND_UPDATE_OFFER, UpdateOffer)
     registry.register(KIND_UPDATE_REPORT, UpdateReport)
     registry.register(KIND_CHUNK_REQUEST, ChunkRequest)
-
-
-def register_with_agent() -> None:
-    """Make the agents' registry (`agent.protocol.REGISTRY`) decode the firmware messages: the
-    worker routes offers by kind, the leader routes reports and chunk requests."""
-    from agent.protocol import REGISTRY
-
-    register_messages(REGISTRY)
 
 
 __all__ = [
@@ -158,7 +152,6 @@ __all__ = [
     "Chunk",
     "ChunkRequest",
     "register_messages",
-    "register_with_agent",
     "report_key",
     "report_message",
 ]

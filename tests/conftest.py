@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# helpers shared by the firmware tests and the simulator's and CLI's rollout tests
+sys.path.insert(0, str(Path(__file__).resolve().parent / "firmware_rollout"))
 
 from mosquitto import Mosquitto, MosquittoMissing  # noqa: E402
 

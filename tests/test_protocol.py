@@ -8,7 +8,6 @@ from agent.core.errors import CodecError
 from agent.protocol import (
     KIND_HEARTBEAT,
     KIND_JOB_OFFER,
-    REGISTRY,
     FleetStatus,
     Heartbeat,
     JobCounts,
@@ -21,16 +20,17 @@ from agent.protocol import (
     StatusRequest,
     SystemSample,
     Telemetry,
+    agent_registry,
     decode_as,
     decode_message,
     encode_message,
-    kind_of,
 )
-from firmware_rollout.messages import ChunkRequest, UpdateOffer, UpdateReport, register_with_agent
+from firmware_rollout.messages import ChunkRequest, UpdateOffer, UpdateReport, register_messages
 
-# The agent registers the firmware messages when it runs a rollout or an updater; register them
-# here too, so the registered set does not depend on which test module imported them first.
-register_with_agent()
+# An agent registers the firmware kinds when the rollout service or the updater is attached;
+# the wire examples below cover both, so this registry holds both.
+REGISTRY = agent_registry()
+register_messages(REGISTRY)
 
 SAMPLE = SystemSample(
     cpu_percent=12.5, mem_total_bytes=1 << 30, mem_available_bytes=1 << 29, mem_percent=50.0,
@@ -71,10 +71,10 @@ def test_examples_cover_every_registered_kind() -> None:
 @pytest.mark.parametrize("kind", sorted(EXAMPLES))
 def test_round_trip_through_an_envelope(kind: str) -> None:
     message = EXAMPLES[kind]
-    assert kind_of(message) == kind
+    assert REGISTRY.kind_of(message) == kind
     envelope = Envelope(id="01HZX3J5Q0000000000000000A", kind=kind, sender="pi-1",
                         receiver="leader", payload=encode_message(message))
-    again = decode_message(decode(encode(envelope), Envelope))
+    again = REGISTRY.decode_payload(decode(encode(envelope), Envelope))
     assert again == message
     assert type(again) is type(message)
 
@@ -134,7 +134,7 @@ def test_unknown_fields_from_a_newer_peer_are_ignored() -> None:
 def test_fuzzed_bytes_raise_only_codec_error(data: bytes, kind: str) -> None:
     envelope = Envelope(id="x", kind=kind, sender="a", receiver="b", payload=data)
     try:
-        decoded = decode_message(envelope)
+        decoded = REGISTRY.decode_payload(envelope)
     except CodecError:
         return
     assert isinstance(decoded, REGISTRY.type_of(kind))

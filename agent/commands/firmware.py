@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from firmware_rollout.keys import generate_keypair
+    from firmware_rollout.artifact.keys import generate_keypair
 
     paths = generate_keypair(args.out, force=args.force)
     print(f"wrote {paths.private} (keep it secret) and {paths.public}; key id {paths.key_id}")
@@ -70,9 +70,9 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from firmware_rollout.artifact import build_artifact
-    from firmware_rollout.keys import load_signing_key
-    from firmware_rollout.manifest import DEFAULT_CHUNK_SIZE
+    from firmware_rollout.artifact.files import build_artifact
+    from firmware_rollout.artifact.keys import load_signing_key
+    from firmware_rollout.artifact.manifest import DEFAULT_CHUNK_SIZE
 
     key = None if args.unsigned else load_signing_key(args.key)
     signed = build_artifact(
@@ -94,8 +94,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _sign(args: argparse.Namespace) -> int:
-    from firmware_rollout.artifact import sign_artifact
-    from firmware_rollout.keys import load_signing_key
+    from firmware_rollout.artifact.files import sign_artifact
+    from firmware_rollout.artifact.keys import load_signing_key
 
     signed = sign_artifact(args.artifact, load_signing_key(args.key), out=args.out)
     print(f"signed {args.out or args.artifact} with key {signed.key_id.hex()}")
@@ -103,8 +103,8 @@ def _sign(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from firmware_rollout.artifact import verify_artifact
-    from firmware_rollout.keys import load_verify_key
+    from firmware_rollout.artifact.files import verify_artifact
+    from firmware_rollout.artifact.keys import load_verify_key
 
     signed = verify_artifact(
         args.artifact, load_verify_key(args.pubkey), hardware=args.hardware, installed_version=args.installed_version
@@ -119,7 +119,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from firmware_rollout.artifact import inspect_artifact
+    from firmware_rollout.artifact.files import inspect_artifact
 
     info = inspect_artifact(args.artifact)
     data = info.to_dict()

@@ -89,7 +89,7 @@ def _db_path(args: argparse.Namespace) -> Path:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from firmware_rollout.rollout_store import RolloutStore
+    from firmware_rollout.orchestration.store import RolloutStore
 
     return RolloutStore.open(_db_path(args), clock=SystemClock())
 
@@ -111,9 +111,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _start(store: Any, args: argparse.Namespace) -> int:
     from agent.core.config import HeartbeatSection
-    from firmware_rollout.artifact import read_signed_manifest
-    from firmware_rollout.orchestrator import rollout_id_for
-    from firmware_rollout.spec import load_spec, soak_warning
+    from firmware_rollout.artifact.files import read_signed_manifest
+    from firmware_rollout.orchestration.orchestrator import rollout_id_for
+    from firmware_rollout.orchestration.spec import load_spec, soak_warning
 
     spec = load_spec(args.spec)
     # The workers' own configs are not at hand here: warn against their default interval.
@@ -138,7 +138,7 @@ def _check_plan(spec: Any, version: str, db: Path) -> None:
     device matches, a wave rounding to 0 devices) is refused here; the leader plans again when
     it starts the rollout."""
     from agent.leader.registry import DeviceRegistry
-    from firmware_rollout.plan import DeviceInfo, select_targets, wave_sizes
+    from firmware_rollout.orchestration.plan import DeviceInfo, select_targets, wave_sizes
 
     registry = DeviceRegistry.open(db, clock=SystemClock())
     try:
@@ -203,7 +203,7 @@ def _await_control(store: Any, control_id: int, no_wait: bool, timeout_s: float 
 
 
 def _status(store: Any, args: argparse.Namespace) -> int:
-    from firmware_rollout.status import describe
+    from firmware_rollout.orchestration.status import describe
 
     rid = args.id
     if rid is None:

@@ -21,6 +21,7 @@ from agent.core.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
     from agent.leader.agent import LeaderAgent
+    from agent.worker.agent import WorkerAgent
 
 log = logging.getLogger("agent.run")
 
@@ -87,12 +88,12 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
         if leader:
             from agent.leader.rollout import attach_rollout
 
-            rollout = await attach_rollout(agent, db_path=base / "leader.db")
+            rollout = await attach_rollout(cast("LeaderAgent", agent), db_path=base / "leader.db")
             runtime.shutdown.add("stop rollouts", rollout.stop)
         elif config.firmware.public_key:
             from agent.worker.updater_actor import attach_from_config
 
-            await attach_from_config(agent, config, base)
+            await attach_from_config(cast("WorkerAgent", agent), config, base)
         outbox_path = agent.outbox.path
         for db in (outbox_path, *(Path(p) for p in _databases(agent))):
             restrict_database_files(db)

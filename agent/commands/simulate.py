@@ -120,7 +120,9 @@ def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, import
     from agent.sim import SimOptions, parse_duration, parse_outage
     from agent.sim.scenarios import get
 
-    preset = get(args.scenario).presets if args.scenario else {}
+    # `--rollout SPEC` runs the wave-rollout scenario's fleet with the user's spec
+    name = args.scenario or ("wave-rollout" if getattr(args, "rollout", None) else None)
+    preset = get(name).presets if name else {}
 
     def duration(key: str, name: str) -> float:
         value = _value(args, key, preset)
@@ -163,8 +165,6 @@ def main(args: argparse.Namespace) -> int:
 
     opts = options_from(args)  # ConfigError -> one line, exit 2 (agent.cli)
     rollout = args.scenario == "wave-rollout" or args.rollout is not None
-    if rollout and (args.broker or args.realtime):
-        raise ConfigError("simulate", "rollout", "the wave-rollout scenario runs on the in-memory broker, virtual time")
     if args.rollout is not None and not Path(args.rollout).is_file():
         raise ConfigError("--rollout", None, f"{args.rollout}: no such spec file")
     public_key = None
@@ -173,11 +173,10 @@ def main(args: argparse.Namespace) -> int:
                                                 " signs its own image)")
     if args.rollout is not None:
         from agent.sim.rollout import public_key_for
-        from firmware_rollout.simfleet import HEARTBEAT_S
-        from firmware_rollout.spec import load_spec, soak_warning
+        from firmware_rollout.orchestration.spec import load_spec, soak_warning
 
         public_key, warning = public_key_for(args.rollout, args.public_key)
-        soak = soak_warning(load_spec(args.rollout), heartbeat_s=HEARTBEAT_S, source=args.rollout,
+        soak = soak_warning(load_spec(args.rollout), heartbeat_s=opts.heartbeat_s, source=args.rollout,
                             devices="simulated devices")
         for line in (soak, warning):
             if line:

@@ -51,9 +51,16 @@ class Clock(Protocol):
     def busy(self) -> contextlib.AbstractContextManager[None]:
         """Mark work outside the event loop (a thread) that virtual time must wait for."""
 
+    @property
+    def inline_io(self) -> bool:
+        """True when blocking file and SQLite work should run on the loop's thread instead of a
+        worker thread (the simulator's clock: a run must not depend on thread timing)."""
+
 
 class SystemClock:
     """The real clocks of the machine."""
+
+    inline_io = False
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
@@ -104,6 +111,8 @@ class VirtualClock:
     letting the event loop settle (no ready callbacks, no thread work in flight) after each, so
     work triggered by one timer can schedule the next before time moves on.
     """
+
+    inline_io = False  # thread work runs on threads; `settle` waits for it (`busy`)
 
     def __init__(self, start_ms: int = DEFAULT_VIRTUAL_EPOCH_MS) -> None:
         self._start_ms = start_ms

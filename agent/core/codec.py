@@ -95,12 +95,18 @@ class MessageRegistry:
 
     def __init__(self) -> None:
         self._types: dict[str, type[msgspec.Struct]] = {}
+        self._kinds: dict[type[msgspec.Struct], str] = {}
 
     def register(self, kind: str, type_: type[msgspec.Struct]) -> None:
         existing = self._types.get(kind)
         if existing is not None and existing is not type_:
             raise ValueError(f"message kind {kind!r} is already registered to {existing.__name__}")
         self._types[kind] = type_
+        self._kinds[type_] = kind
+
+    def kind_of(self, message: msgspec.Struct) -> str:
+        """The kind `message`'s type is registered as; `KeyError` for another type (a bug)."""
+        return self._kinds[type(message)]
 
     def kinds(self) -> dict[str, type[msgspec.Struct]]:
         return dict(self._types)

@@ -213,6 +213,12 @@ def _check_retentions(config: AgentConfig, source: str) -> None:
                               f"must be at least {floor_s:g} s (the outbox retry horizon and longest ttl_s)")
 
 
+def resolve(data_dir: Path, name: str) -> Path:
+    """A path from the config: as given when absolute, else under the agent's data dir."""
+    path = Path(name)
+    return path if path.is_absolute() else data_dir / path
+
+
 def load_config(path: str | Path) -> AgentConfig:
     """Load and check an agent config file."""
     config = decode_toml(path, AgentConfig)
@@ -247,4 +253,5 @@ __all__ = [
     "convert",
     "decode_toml",
     "load_config",
+    "resolve",
 ]

@@ -24,10 +24,12 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import msgspec
+
 from agent.actors import ActorRef, ActorSystem, MailboxStatistics
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply
-from agent.core.config import AgentConfig
+from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
 from agent.housekeeping import Housekeeper
@@ -37,28 +39,36 @@ from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.outbox.relay import Relay
+from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxMessage
 from agent.protocol import (
-    REGISTRY,
+    KIND_HEARTBEAT,
+    KIND_JOB_DEMAND,
+    KIND_JOB_RESULT,
+    KIND_JOB_SUBMIT,
+    KIND_TELEMETRY,
     Heartbeat,
     JobDemand,
     JobResult,
     JobSubmit,
     Presence,
     Telemetry,
+    agent_registry,
     encode_message,
     kind_of,
 )
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
-from agent.worker.agent import _bounded, aimd_settings, outbox_classes, resolve, retry_policy
 
 log = logging.getLogger(__name__)
 
 LEADER_DB = "leader.db"
 BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a message
+
+#: Answers one decoded message from a device on the up topic.
+Route = Callable[[Envelope, msgspec.Struct], Awaitable[Reply]]
 
 
 class LeaderAgent:
@@ -124,9 +134,14 @@ class LeaderAgent:
         self._started = False
         self.refused_forged = 0
         self.busy_answers = 0
-        # Extension point: envelope kind -> async handler(envelope, decoded message) -> Reply
-        # (the rollout service routes firmware reports and chunk requests through it).
-        self.handlers: dict[str, Callable[[Envelope, object], Awaitable[Reply]]] = {}
+        # What the up topic carries: the kinds this agent decodes, and the route of each. The
+        # rollout service adds firmware reports and chunk requests the same way.
+        self.kinds = agent_registry()
+        self._routes: dict[str, Route] = {}
+        self.register_route(KIND_HEARTBEAT, Heartbeat, self._heartbeat)
+        for kind, type_ in ((KIND_TELEMETRY, Telemetry), (KIND_JOB_RESULT, JobResult),
+                            (KIND_JOB_DEMAND, JobDemand), (KIND_JOB_SUBMIT, JobSubmit)):
+            self.register_route(kind, type_, self._durable)
 
     @classmethod
     async def open(
@@ -194,10 +209,10 @@ class LeaderAgent:
                 await self._watcher
         await self.inbox.stop()
         await self.system.stop()
-        stopping = asyncio.ensure_future(self.relay.stop())  # see WorkerAgent.stop
+        stopping = asyncio.ensure_future(self.relay.stop_within())  # see WorkerAgent.stop
         await asyncio.sleep(0)
         await self.sender.stop()
-        await _bounded(stopping, self.clock, "relay")
+        await stopping
         await self.transport.stop()
         if self._owns_stores:
             await self.outbox.close()
@@ -210,7 +225,8 @@ class LeaderAgent:
         """Store jobs (idempotent by job id) and dispatch them to workers with free demand."""
         if self.leader is None:
             raise StoreError("the leader agent is not started")
-        return await self.leader.ask(SubmitJobs(tuple(jobs)), timeout_s=timeout_s)  # type: ignore[no-any-return]
+        results: list[SubmitResult] = await self.leader.ask(SubmitJobs(tuple(jobs)), timeout_s=timeout_s)
+        return results
 
     def mailbox_statistics(self) -> list[MailboxStatistics]:
         return self.system.statistics()
@@ -224,37 +240,46 @@ class LeaderAgent:
         return self._leader_actor
 
     # -- inbound -------------------------------------------------------------------------------
+    def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None:
+        """Decode envelopes of `kind` from devices as `type_` and answer them with `route`: the
+        one way to give the leader a new message kind."""
+        self.kinds.register(kind, type_)
+        self._routes[kind] = route
+
+    def unregister_route(self, kind: str) -> None:
+        """Stop taking `kind` (it is refused again, as a kind the leader does not take)."""
+        self._routes.pop(kind, None)
+
     async def _on_up(self, env: Envelope, _message: InboundMessage) -> Reply:
         try:
-            message = REGISTRY.decode_payload(env)
+            message = self.kinds.decode_payload(env)
         except CodecError as exc:
             return self._refuse(env, f"undecodable payload: {exc}")
         owner = getattr(message, "device_id", None) or getattr(message, "worker", None)
         if owner is not None and owner != env.sender:
             self.refused_forged += 1
             return self._refuse(env, f"payload names device {owner!r} but the sender is {env.sender!r}")
-        if isinstance(message, Heartbeat):
-            assert self.intake is not None
-            try:
-                self.intake.tell(message, coalesce_key=message.device_id, seq=message.seq)
-            except MailboxFull as exc:
-                self.busy_answers += 1
-                return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
-            except EdgeAgentError as exc:
-                return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
-            return Reply(id=env.id, status="accepted")
-        if isinstance(message, Telemetry | JobResult | JobDemand | JobSubmit):
-            return await self._durable(env, message)
-        extension = self.handlers.get(env.kind)
-        if extension is not None:
-            return await extension(env, message)
-        return self._refuse(env, f"the leader does not take {env.kind!r} messages")
+        route = self._routes.get(env.kind)
+        if route is None:
+            return self._refuse(env, f"the leader does not take {env.kind!r} messages")
+        return await route(env, message)
 
-    async def _durable(self, env: Envelope, message: object) -> Reply:
+    async def _heartbeat(self, env: Envelope, message: msgspec.Struct) -> Reply:
+        assert isinstance(message, Heartbeat) and self.intake is not None
+        try:
+            self.intake.tell(message, coalesce_key=message.device_id, seq=message.seq)
+        except MailboxFull as exc:
+            self.busy_answers += 1
+            return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
+        except EdgeAgentError as exc:
+            return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
+        return Reply(id=env.id, status="accepted")
+
+    async def _durable(self, env: Envelope, message: msgspec.Struct) -> Reply:
         assert self.leader is not None
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
-            self.leader.tell(Durable(env.id, env.sender, message, done))  # type: ignore[arg-type]
+            self.leader.tell(Durable(env.id, env.sender, message, done))
         except MailboxFull as exc:
             self.busy_answers += 1
             return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
@@ -281,9 +306,10 @@ class LeaderAgent:
         log.warning("refused message on %s: %s", topic, reason)
         self._record_reject(topic=topic, reason=reason, payload=payload, sender=topics.device_of(topic))
 
-    def _record_reject(self, **fields: object) -> None:
+    def _record_reject(self, *, topic: str, reason: str, payload: bytes, sender: str | None,
+                       msg_id: str | None = None, kind: str | None = None) -> None:
         try:
-            self.rejects.record(**fields)  # type: ignore[arg-type]
+            self.rejects.record(topic=topic, reason=reason, payload=payload, sender=sender, msg_id=msg_id, kind=kind)
         except StoreError as exc:
             log.error("could not record a refused message: %s", exc)
 

@@ -9,8 +9,9 @@
                          ◄── controls written by `edge-agent rollout ...` into leader.db
 
 `attach_rollout(leader, db_path=...)` after `leader.start()`; `await service.stop()` before
-`leader.stop()`. Controls written by the CLI are picked up on the orchestrator's tick (every
-`poll_s`, one indexed read); in-process callers use `service.orchestrator.control(...)`.
+`leader.stop()`. The service asks of the leader only what `RolloutHost` names.
+Controls written by the CLI are picked up on the orchestrator's tick (every `poll_s`, one
+indexed read); in-process callers use `service.orchestrator.control(...)`.
 """
 
 from __future__ import annotations
@@ -18,16 +19,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from agent.actors import Actor, ActorRef, Context
+import msgspec
+
+from agent.actors import Actor, ActorRef, ActorSystem, Context
+from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply, encode
+from agent.core.config import AgentConfig
 from agent.core.errors import EdgeAgentError, MailboxFull, StoreError
+from agent.core.ids import IdGenerator
+from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
-from firmware_rollout.config_server import ConfigServerPool
-from firmware_rollout.manifest import SignedManifest, parse_signed_manifest
+from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
 from firmware_rollout.messages import (
     KIND_CHUNK_REQUEST,
     KIND_UPDATE_OFFER,
@@ -35,15 +42,13 @@ from firmware_rollout.messages import (
     ChunkRequest,
     UpdateOffer,
     UpdateReport,
-    register_with_agent,
 )
-from firmware_rollout.orchestrator import Orchestrator
-from firmware_rollout.plan import DeviceInfo
-from firmware_rollout.rollout_store import RolloutStore
+from firmware_rollout.orchestration.chunk_server import ConfigServerPool
+from firmware_rollout.orchestration.orchestrator import Orchestrator
+from firmware_rollout.orchestration.plan import DeviceInfo
+from firmware_rollout.orchestration.store import RolloutStore
 
 log = logging.getLogger(__name__)
-
-register_with_agent()
 
 REPORT_BUSY_MS = 500
 
@@ -79,35 +84,69 @@ class ReportIntake(Actor):
             message.done.set_result(changed)
 
 
+class _Devices(Protocol):
+    def devices(self) -> list[DeviceRecord]: ...
+
+
+class _Offers(Protocol):
+    async def enqueue_many(self, msgs: Sequence[OutboxMessage], /) -> object: ...
+
+
+Route = Callable[[Envelope, msgspec.Struct], Awaitable[Reply]]
+
+
+class RolloutHost(Protocol):
+    """What the rollout service needs of the leader (`LeaderAgent` is one)."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+    @property
+    def device_id(self) -> str: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def ids(self) -> IdGenerator: ...
+    @property
+    def system(self) -> ActorSystem: ...
+    @property
+    def registry(self) -> _Devices: ...
+    @property
+    def outbox(self) -> _Offers: ...
+
+    def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None: ...
+
+    def unregister_route(self, kind: str) -> None: ...
+
+
 class LeaderPort:
     """The orchestrator's view of the leader: the registry's devices, the outbox for offers."""
 
-    def __init__(self, leader: object) -> None:
+    def __init__(self, leader: RolloutHost) -> None:
         self._leader = leader
 
     def devices(self) -> Sequence[DeviceInfo]:
         return [
             DeviceInfo(device_id=d.device_id, firmware_version=d.firmware_version, tags=d.tags, online=d.online,
                        last_seen_ms=d.last_seen_ms, first_seen_ms=d.first_seen_ms)
-            for d in self._leader.registry.devices()  # type: ignore[attr-defined]
+            for d in self._leader.registry.devices()
         ]
 
     async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> None:
         leader = self._leader
         msgs = [
-            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,  # type: ignore[attr-defined]
+            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
                           kind=KIND_UPDATE_OFFER, payload=encode(offer), key=f"firmware.offer:{offer.rollout_id}")
             for device, offer in offers
         ]
-        await leader.outbox.enqueue_many(msgs)  # type: ignore[attr-defined]
+        await leader.outbox.enqueue_many(msgs)
 
 
 class RolloutService:
-    def __init__(self, leader: object, store: RolloutStore, *, poll_s: float = 2.0,
+    def __init__(self, leader: RolloutHost, store: RolloutStore, *, poll_s: float = 2.0,
                  report_capacity: int = 256) -> None:
         self.leader = leader
         self.store = store
-        self.clock = leader.clock  # type: ignore[attr-defined]
+        self.clock = leader.clock
         self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s)
         self._report_capacity = report_capacity
         self.pools: dict[str, ConfigServerPool] = {}
@@ -120,10 +159,10 @@ class RolloutService:
     async def start(self) -> None:
         leader = self.leader
         self.intake = ReportIntake(self.orchestrator)
-        self._intake_ref = leader.system.spawn(  # type: ignore[attr-defined]
+        self._intake_ref = leader.system.spawn(
             self.intake, name="rollout-reports", capacity=self._report_capacity, policy="reject")
-        leader.handlers[KIND_UPDATE_REPORT] = self._on_report  # type: ignore[attr-defined]
-        leader.handlers[KIND_CHUNK_REQUEST] = self._on_chunk  # type: ignore[attr-defined]
+        leader.register_route(KIND_UPDATE_REPORT, UpdateReport, self._on_report)
+        leader.register_route(KIND_CHUNK_REQUEST, ChunkRequest, self._on_chunk)
         self._task = asyncio.get_running_loop().create_task(self.orchestrator.run(), name="rollout-orchestrator")
 
     async def stop(self) -> None:
@@ -133,9 +172,8 @@ class RolloutService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        handlers = self.leader.handlers  # type: ignore[attr-defined]
-        handlers.pop(KIND_UPDATE_REPORT, None)
-        handlers.pop(KIND_CHUNK_REQUEST, None)
+        self.leader.unregister_route(KIND_UPDATE_REPORT)
+        self.leader.unregister_route(KIND_CHUNK_REQUEST)
         if self.owns_store:
             self.store.close()
 
@@ -143,7 +181,7 @@ class RolloutService:
         return max((p.max_concurrent for p in self.pools.values()), default=0)
 
     # -- inbound -------------------------------------------------------------------------------
-    async def _on_report(self, env: Envelope, message: object) -> Reply:
+    async def _on_report(self, env: Envelope, message: msgspec.Struct) -> Reply:
         if not isinstance(message, UpdateReport):
             return Reply(id=env.id, status="rejected", reason="not an update report")
         if message.device != env.sender:
@@ -165,7 +203,7 @@ class RolloutService:
             return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason=str(exc))
         return Reply(id=env.id, status="accepted")
 
-    async def _on_chunk(self, env: Envelope, message: object) -> Reply:
+    async def _on_chunk(self, env: Envelope, message: msgspec.Struct) -> Reply:
         if not isinstance(message, ChunkRequest):
             return Reply(id=env.id, status="rejected", reason="not a chunk request")
         pool = self._pool(message.rollout_id)
@@ -182,7 +220,7 @@ class RolloutService:
         r = self.store.get(rollout_id)
         assert r is not None
         d = r.spec.download
-        pool = ConfigServerPool(self.leader.system, lookup=self._lookup, clock=self.clock,  # type: ignore[attr-defined]
+        pool = ConfigServerPool(self.leader.system, lookup=self._lookup, clock=self.clock,
                                 servers=d.servers, capacity=d.mailbox_capacity, rate_bytes_per_s=d.rate_bytes_per_s,
                                 name=f"config-server:{rollout_id}")
         self.pools[rollout_id] = pool
@@ -199,13 +237,14 @@ class RolloutService:
         return self._artifacts[rollout_id]
 
 
-async def attach_rollout(leader: object, *, db_path: str | Path | None = None, poll_s: float = 2.0) -> RolloutService:
+async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = None,
+                         poll_s: float = 2.0) -> RolloutService:
     """Open the rollout tables in the leader's database and start the rollout service."""
     if db_path is None:
         from agent.leader.agent import LEADER_DB
 
-        db_path = Path(leader.config.agent.data_dir) / LEADER_DB  # type: ignore[attr-defined]
-    store = RolloutStore.open(db_path, clock=leader.clock)  # type: ignore[attr-defined]
+        db_path = Path(leader.config.agent.data_dir) / LEADER_DB
+    store = RolloutStore.open(db_path, clock=leader.clock)
     service = RolloutService(leader, store, poll_s=poll_s)
     service.owns_store = True
     try:
@@ -216,4 +255,4 @@ async def attach_rollout(leader: object, *, db_path: str | Path | None = None, p
     return service
 
 
-__all__ = ["LeaderPort", "ReportIntake", "RolloutService", "attach_rollout"]
+__all__ = ["LeaderPort", "ReportIntake", "RolloutHost", "RolloutService", "attach_rollout"]

@@ -66,6 +66,8 @@ from agent.outbox.types import OutboxReader, OutboxRow, OutboxStats
 
 log = logging.getLogger(__name__)
 
+RELAY_STOP_S = 15.0  # the longest an agent's shutdown waits for its relay (`Relay.stop_within`)
+
 Deliver = Callable[[OutboxRow], Awaitable[None]]
 
 _STORE_RETRY_S = 1.0  # pause after a store error before the drain loop tries again
@@ -203,6 +205,15 @@ class Relay:
             part.task = asyncio.create_task(
                 self._drain(part), name=f"{self._name}-p{part.index}"
             )
+
+    async def stop_within(self, timeout_s: float = RELAY_STOP_S) -> None:
+        """`stop`, waiting at most `timeout_s`: an agent's shutdown must finish. The store close
+        that follows flushes every committed row; untried rows are simply pending again."""
+        stopping = asyncio.ensure_future(self.stop())
+        try:
+            await self._clock.wait_for(asyncio.shield(stopping), timeout_s)
+        except TimeoutError:
+            log.warning("%s did not stop within %.0fs; closing anyway", self._name, timeout_s)
 
     async def stop(self) -> None:
         """Stop sending. Deliveries in progress are cancelled and their rows released untried
@@ -591,4 +602,4 @@ class Relay:
         )
 
 
-__all__ = ["Deliver", "Relay"]
+__all__ = ["RELAY_STOP_S", "Deliver", "Relay"]

@@ -170,7 +170,7 @@ class OutboxStore:
 
         # A clock may ask for store work on the loop itself (the simulator's virtual clock does,
         # so a run does not depend on thread timing): see `Writer`'s `inline`.
-        inline = bool(getattr(clock, "inline_io", False))
+        inline = clock.inline_io
         writer = Writer(factory, loop, deliver, name=f"outbox-writer:{p.name}", inline=inline)
         with clock.busy():
             await writer.start()

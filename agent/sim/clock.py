@@ -59,7 +59,7 @@ class SimClock(VirtualClock):
     `inline_io` asks outbox stores opened with this clock to run their SQLite work on the loop
     (no writer thread), so nothing in a run depends on thread timing."""
 
-    inline_io = True
+    inline_io = True  # `Clock.inline_io`
 
     def __init__(self, *, tick_s: float = DEFAULT_TICK_S) -> None:
         super().__init__()

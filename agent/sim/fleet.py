@@ -1,8 +1,11 @@
 """One leader and N workers in one process: real actors, real outboxes, real relays.
 
 Only the transport (a `MemoryBroker`, or a real broker with `--broker`) and the clock (virtual
-by default) are swapped. Simulated devices keep their outboxes in a few shared SQLite files:
-each file holds the rows of many devices (the row's `owner`), and one relay per file drains it,
+by default) are swapped; with `firmware` the leader runs the rollout service and every device
+the real updater, with its installer, health check and reboot simulated (`agent.sim.devices`).
+
+Simulated devices keep their outboxes in a few shared SQLite files: each file holds the rows
+of many devices (the row's `owner`), and one relay per file drains it,
 handing each row to its owner's `EnvelopeSender`, so it travels over that device's own
 connection. A device whose uplink is down answers `Transient` and its row backs off; the file's
 relay holds everything while the whole broker is down. Job ledgers are shared per file too.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import random
+import sqlite3
 import zlib
 from collections import OrderedDict
 from pathlib import Path
@@ -24,17 +28,21 @@ from agent.core.clock import Clock
 from agent.core.config import AgentConfig, convert
 from agent.core.errors import Transient
 from agent.core.gate import Gate
-from agent.leader.agent import LeaderAgent
+from agent.leader.agent import LEADER_DB, LeaderAgent
+from agent.leader.rollout import RolloutService, attach_rollout
 from agent.outbox.relay import Relay
 from agent.outbox.retry import RetryPolicy
+from agent.outbox.settings import outbox_classes
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxRow
 from agent.protocol import JobOffer
+from agent.sim.devices import SimFirmware, sim_updater
 from agent.sim.options import SimOptions
 from agent.transport.base import Transport
 from agent.transport.memory import MemoryBroker
-from agent.worker.agent import WorkerAgent, outbox_classes
+from agent.worker.agent import WorkerAgent
 from agent.worker.jobs import JobLedger
+from agent.worker.updater_actor import InProcessRebooter, attach_updater
 
 FLEET = "sim"
 LEADER_ID = "leader-1"
@@ -66,6 +74,11 @@ class _LazyRandom:
         return getattr(rng, attr)
 
 
+def _utc() -> float:
+    """Simulated devices keep UTC as their local time (maintenance windows are device-local)."""
+    return 0.0
+
+
 def device_name(index: int) -> str:
     return f"dev-{index:05d}"
 
@@ -82,7 +95,8 @@ def _worker_template(opts: SimOptions) -> AgentConfig:
     # as much as a minute of their fleet time.
     return convert(
         {
-            "agent": {"role": "worker", "device_id": device_name(0), "fleet": FLEET, "data_dir": "."},
+            "agent": {"role": "worker", "device_id": device_name(0), "fleet": FLEET, "data_dir": ".",
+                      "firmware_version": opts.base_version},
             "mailbox": {"capacity": 64},
             "heartbeat": {"interval_s": opts.heartbeat_s},
             "jobs": {"demand_window": opts.job_window},
@@ -119,10 +133,15 @@ def leader_config(opts: SimOptions) -> AgentConfig:
 class SimFleet:
     """Builds, starts and stops the simulated fleet; `workers` by device id."""
 
-    def __init__(self, opts: SimOptions, *, clock: Clock, workdir: Path) -> None:
+    def __init__(self, opts: SimOptions, *, clock: Clock, workdir: Path, firmware: SimFirmware | None = None,
+                 rollout_poll_s: float = 2.0, incarnation: int = 1) -> None:
         self.opts = opts
         self.clock = clock
         self.workdir = workdir
+        self.firmware = firmware
+        self.rollout: RolloutService | None = None  # the leader's, when the fleet has firmware
+        self._rollout_poll_s = rollout_poll_s
+        self._first_incarnation = incarnation  # a fleet started again on its files: above the last
         self.broker: MemoryBroker | None = None
         if opts.broker_url is None:
             self.broker = MemoryBroker(clock=clock, rng=rng_for(opts.seed, "broker"),
@@ -139,6 +158,7 @@ class SimFleet:
         self.down: set[str] = set()  # crashed, not restarted yet
         self._delivered: OrderedDict[str, None] = OrderedDict()
         self.redeliveries_suppressed = 0
+        self._readers: list[sqlite3.Connection] = []  # `pending_rows`
 
     def _transport(self, config: AgentConfig, name: str) -> Transport:
         rng = cast(random.Random, _LazyRandom(self.opts.seed, f"transport:{name}"))
@@ -161,7 +181,7 @@ class SimFleet:
         for i in range(opts.devices):
             device = device_name(i)
             self._file_of[device] = i % files
-            self.workers[device] = self._worker(device, incarnation=1)
+            self.workers[device] = self._worker(device, incarnation=self._first_incarnation)
         for k, store in enumerate(self.stores):
             self.relays.append(Relay(
                 store, self._route, clock=self.clock, ready=self.uplink, partitions=1,
@@ -171,7 +191,7 @@ class SimFleet:
     def _worker(self, device: str, *, incarnation: int) -> WorkerAgent:
         cfg = worker_config(self.opts, device)
         k = self._file_of[device]
-        suffix = "" if incarnation == 1 else f":{incarnation}"
+        suffix = "" if incarnation == self._first_incarnation else f":{incarnation}"
         return WorkerAgent(
             cfg, transport=self._transport(cfg, device + suffix), clock=self.clock, outbox=self.stores[k],
             ledger=self.ledgers[k], incarnation=incarnation, owns_stores=False,
@@ -203,19 +223,48 @@ class SimFleet:
     async def start_leader(self) -> None:
         assert self.leader is not None
         await self.leader.start()
+        if self.firmware is not None:
+            self.rollout = await attach_rollout(self.leader, db_path=self.workdir / "leader" / LEADER_DB,
+                                                poll_s=self._rollout_poll_s)
         for relay in self.relays:
             await relay.start()
 
     async def start_worker(self, device: str) -> None:
-        await self.workers[device].start()
+        await self._start(self.workers[device])
+
+    async def _start(self, worker: WorkerAgent) -> None:
+        """Start a device's agent; with firmware, attach its updater (a boot: it resumes what
+        its updater database says was in progress)."""
+        await worker.start()
+        firmware = self.firmware
+        if firmware is None or firmware.fate(worker.device_id).silent:
+            return
+        rebooter = InProcessRebooter()
+        opener = sim_updater(firmware, device=worker.device_id, state_dir=self.device_dir(worker.device_id),
+                             clock=self.clock, connected=worker.transport.connected, rebooter=rebooter)
+        attach_updater(worker, open_updater=opener, rebooter=rebooter, utc_offset_s=_utc)
+
+    def device_dir(self, device: str) -> Path:
+        """A simulated device's own files (its updater database and slots)."""
+        return self.workdir / "devices" / device
+
+    def active_version(self, device: str) -> str:
+        """The firmware the device runs now, as its heartbeat reports it."""
+        return self.workers[device].firmware_version()
 
     async def stop(self) -> None:
         for worker in self.workers.values():
             await worker.stop()
         for relay in self.relays:
             await relay.stop()
+        if self.rollout is not None:
+            await self.rollout.stop()
+            self.rollout = None
         if self.leader is not None:
             await self.leader.stop()
+        for conn in self._readers:
+            conn.close()
+        self._readers = []
         for store in self.stores:
             await store.close()
         for ledger in self.ledgers:
@@ -236,7 +285,7 @@ class SimFleet:
         worker = self._worker(device, incarnation=old.incarnation + 1)
         self.workers[device] = worker
         self.down.discard(device)
-        await worker.start()
+        await self._start(worker)
         if device in self._cut and self.broker is not None:
             self.broker.partition(worker.transport.client_id)
 
@@ -277,6 +326,15 @@ class SimFleet:
         assert self.leader is not None
         total += (await self.leader.outbox.stats()).pending
         return total
+
+    def pending_rows(self) -> int:
+        """Rows pending in the devices' outbox files now, read on read-only connections of the
+        fleet's own: no await, so a progress display calling it never reorders the run."""
+        if len(self._readers) != len(self.stores):
+            self._readers = [sqlite3.connect(store.path.resolve().as_uri() + "?mode=ro", uri=True)
+                             for store in self.stores]
+        return sum(int(conn.execute("SELECT COALESCE(SUM(pending), 0) FROM outbox_classes").fetchone()[0])
+                   for conn in self._readers)
 
     async def pending_of(self, message_class: str) -> int:
         """Rows of one message class pending in the devices' outbox files."""

@@ -57,6 +57,7 @@ class SimOptions:
     scenario: str | None = None  # the named scenario these options came from
     samples: int = 60  # points of the report's time series
     max_wall_s: float | None = None  # benchmarks: stop generating after this much wall time
+    base_version: str = "1.0.0"  # the firmware every simulated device runs at the start
 
     def __post_init__(self) -> None:
         checks = [

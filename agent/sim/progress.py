@@ -1,7 +1,7 @@
 """Progress while a simulation runs: a live rich panel on a terminal, plain lines otherwise.
 
 Two kinds of samples: the fleet simulator's (`agent.sim.runner`) and the wave rollout's
-(`firmware_rollout.scenario`, `kind` = "rollout"), which adds the rollout's state, its current
+(`agent.sim.rollout`, `kind` = "rollout"), which adds the rollout's state, its current
 wave (numbered from 1, the canary being wave 1) and per-state device counts.
 """
 

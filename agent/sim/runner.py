@@ -23,6 +23,7 @@ import asyncio
 import gc
 import heapq
 import itertools
+import random
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -33,6 +34,7 @@ from agent.core.clock import Clock, SystemClock, VirtualClock
 from agent.core.errors import EdgeAgentError
 from agent.protocol import JobSubmit
 from agent.sim.clock import SimClock
+from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet, device_name, rng_for
 from agent.sim.options import SimOptions
 from agent.sim.report import Report, collect_report
@@ -66,11 +68,15 @@ class Timeline:
 
 
 class Simulation:
-    def __init__(self, opts: SimOptions, *, workdir: Path, progress: Progress | None = None) -> None:
+    """The fleet run: the timeline for `duration_s`, then heal, drain and report. A subclass
+    gives the run another mission (`_mission`) and report (`_report`): `agent.sim.rollout`."""
+
+    def __init__(self, opts: SimOptions, *, workdir: Path, progress: Progress | None = None,
+                 firmware: SimFirmware | None = None) -> None:
         self.opts = opts
         self.workdir = workdir
         self.clock: Clock = SystemClock() if (opts.realtime or opts.broker_url) else SimClock(tick_s=opts.tick_s)
-        self.fleet = SimFleet(opts, clock=self.clock, workdir=workdir)
+        self.fleet = SimFleet(opts, clock=self.clock, workdir=workdir, firmware=firmware)
         self.timeline = Timeline()
         self._progress = progress
         self._t0 = 0.0
@@ -100,14 +106,20 @@ class Simulation:
         else:
             await asyncio.sleep(delta)
 
-    async def _run_until(self, end: float, *, sample_every: float | None = None) -> None:
+    async def _run_until(self, end: float, *, sample_every: float | None = None,
+                         stop_when: Callable[[], bool] | None = None, step_s: float = MAX_STEP_S,
+                         on_step: Callable[[], None] | None = None) -> bool:
+        """Run the timeline to fleet time `end`, in steps of at most `step_s`; True when
+        `stop_when()` held after a step (it is looked at between steps, as is the wall budget).
+        `on_step` is called after every step; it must only read, never await."""
         next_sample = self.now() + sample_every if sample_every else None
         while self.now() < end - 1e-9:
+            if stop_when is not None and stop_when():
+                return True
             if self._wall_deadline is not None and time.perf_counter() > self._wall_deadline:
                 self.truncated_at = self.now()
-                return
-            # Whole steps of fleet time at most: the wall budget is looked at between two.
-            candidates = [end, self.now() + MAX_STEP_S]
+                return False
+            candidates = [end, self.now() + step_s]
             nt = self.timeline.next_time()
             if nt is not None:
                 candidates.append(nt)
@@ -116,9 +128,12 @@ class Simulation:
             target = min(candidates)
             await self._advance_to(target)
             await self.timeline.run_due(self.now())
-            if next_sample is not None and self.now() >= next_sample - 1e-9:
+            if next_sample is not None and sample_every is not None and self.now() >= next_sample - 1e-9:
                 await self._sample()
-                next_sample += sample_every  # type: ignore[operator]
+                next_sample += sample_every
+            if on_step is not None:
+                on_step()
+        return stop_when is not None and stop_when()
 
     async def snapshot(self) -> Sample:
         """The fleet's state now: what the progress display and the time series show."""
@@ -207,7 +222,7 @@ class Simulation:
         return [(device, float(int(pick.uniform(opts.heartbeat_s, latest))), opts.crash_downtime_s)
                 for device in sorted(pick.sample(devices, count))]
 
-    def _telemetry_loop(self, device: str, first: float, rng: object) -> None:
+    def _telemetry_loop(self, device: str, first: float, rng: random.Random) -> None:
         fleet = self.fleet
         interval = self.opts.telemetry_s
 
@@ -219,7 +234,7 @@ class Simulation:
                 self.telemetry_refused += 1  # a crashed device measures nothing
             elif worker.telemetry is not None:
                 try:
-                    worker.telemetry.tell(RecordTelemetry("temperature", round(20 + 10 * rng.random(), 3)))  # type: ignore[attr-defined]
+                    worker.telemetry.tell(RecordTelemetry("temperature", round(20 + 10 * rng.random(), 3)))
                 except EdgeAgentError:
                     self.telemetry_refused += 1
             self.clock.call_later(interval, fire)
@@ -252,7 +267,7 @@ class Simulation:
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-            await self._run_until(opts.duration_s, sample_every=opts.duration_s / opts.samples)
+            await self._mission()
             self._wall_deadline = None
             # Heal and drain: everything held must arrive.
             self._generating = False
@@ -265,18 +280,29 @@ class Simulation:
             # What the fleet looks like at the end, before the workers are stopped (stopping
             # them sends their `offline` presence: the leader would then count them offline).
             self.at_end = await self.snapshot()
+            await self._before_stop()
             if self._progress is not None:
                 self._progress(self.at_end)
             for worker in self.fleet.workers.values():
                 await worker.stop()  # idle after the drain: no clock time needed
             await self._leader_catch_up()
-            report = await collect_report(self, wall_s=time.perf_counter() - wall0,
-                                          cpu_s=time.process_time() - cpu0)
+            report = await self._report(wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0)
         finally:
             gc.set_threshold(*thresholds)
             gc.unfreeze()
             await self._with_time(self.fleet.stop())
         return report
+
+    async def _mission(self) -> None:
+        """What the run is for: here, the timeline for `duration_s`, sampled `samples` times."""
+        opts = self.opts
+        await self._run_until(opts.duration_s, sample_every=opts.duration_s / opts.samples)
+
+    async def _before_stop(self) -> None:
+        """Called once the fleet has drained, before the workers stop (they are still running)."""
+
+    async def _report(self, *, wall_s: float, cpu_s: float) -> Report:
+        return await collect_report(self, wall_s=wall_s, cpu_s=cpu_s)
 
     async def _with_time(self, aw: Awaitable[None]) -> None:
         """Await `aw` while virtual time keeps moving (an actor may be asleep on the clock)."""

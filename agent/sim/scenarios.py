@@ -107,8 +107,10 @@ SCENARIOS: dict[str, Scenario] = {
             "wave-rollout",
             "A signed image goes out in a canary wave and three more behind success gates, downloads"
             " bounded by ConfigServer mailboxes; with --fail-rate 0.2 the failure threshold aborts the"
-            " rollout and no further device is offered the image.",
-            {"devices": 200},
+            " rollout and no further device is offered the image. Every device is a real worker"
+            " with the real updater; the fleet's faults (--offline-rate, --crash-rate,"
+            " --broker-outage) apply while the rollout runs.",
+            {"devices": 200, "heartbeat_s": 30.0, "telemetry_s": 0.0},
             _rollout,
         ),
         Scenario(

@@ -28,17 +28,15 @@ import msgspec
 from agent.actors import ActorRef, ActorSystem
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply
-from agent.core.config import AgentConfig
+from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, NotConnected
 from agent.core.ids import IdGenerator
 from agent.core.sqlite import atomic, close_quietly, connect, migrate
 from agent.housekeeping import Housekeeper, limited
-from agent.outbox.engine import ClassPolicy
-from agent.outbox.limiter import AimdSettings
 from agent.outbox.relay import Relay
-from agent.outbox.retry import RetryPolicy
+from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
-from agent.protocol import KIND_JOB_OFFER, REGISTRY, JobOffer, kind_of
+from agent.protocol import KIND_JOB_OFFER, JobOffer, agent_registry, kind_of
 from agent.telemetry import SystemSampler
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
@@ -57,31 +55,6 @@ from agent.worker.jobs import DemandWindow, JobLedger
 log = logging.getLogger(__name__)
 
 WORKER_DB = "worker.db"
-
-
-def outbox_classes(config: AgentConfig) -> dict[str, ClassPolicy]:
-    return {
-        name: ClassPolicy(
-            max_messages=c.max_messages, max_bytes=c.max_bytes, full_policy=c.full_policy,
-            ttl_ms=int(c.ttl_s * 1000), fifo=c.fifo,
-        )
-        for name, c in config.outbox.classes.items()
-    }
-
-
-def retry_policy(config: AgentConfig) -> RetryPolicy:
-    o = config.outbox
-    return RetryPolicy(base_s=o.backoff_base_s, cap_s=o.backoff_cap_s, transient_floor_s=o.transient_floor_s)
-
-
-def aimd_settings(config: AgentConfig) -> AimdSettings:
-    r = config.relay
-    return AimdSettings(initial=r.aimd_initial, min=r.aimd_min, max=r.aimd_max)
-
-
-def resolve(data_dir: Path, name: str) -> Path:
-    path = Path(name)
-    return path if path.is_absolute() else data_dir / path
 
 
 def _meta_v1(conn: sqlite3.Connection) -> None:
@@ -121,18 +94,6 @@ def default_job_handler(clock: Clock) -> JobHandler:
         return offer.payload
 
     return run
-
-
-RELAY_STOP_S = 15.0
-
-
-async def _bounded(stopping: asyncio.Future[None], clock: Clock, what: str) -> None:
-    """Wait for a component to stop, at most RELAY_STOP_S: shutdown must finish (the store
-    close that follows flushes every committed row; untried rows are simply pending again)."""
-    try:
-        await clock.wait_for(asyncio.shield(stopping), RELAY_STOP_S)
-    except TimeoutError:
-        log.warning("%s did not stop within %.0fs; closing anyway", what, RELAY_STOP_S)
 
 
 class LeaderLink:
@@ -222,6 +183,8 @@ class WorkerAgent:
         self._job_handler = job_handler or default_job_handler(clock)
         # Demand is re-sent (directly, nothing stored) so a restarted leader learns it soon.
         self._reregister_s = reregister_s if reregister_s is not None else max(5.0, config.heartbeat.interval_s)
+        # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
+        self.kinds = agent_registry()
         self._commands: dict[str, ActorRef] = {}
         self.heartbeat_actor: HeartbeatActor | None = None
         self.telemetry_actor: TelemetryActor | None = None
@@ -278,7 +241,7 @@ class WorkerAgent:
         self.jobs = self.system.spawn(
             self.job_worker, name="jobs", capacity=cfg.jobs.demand_window + 2, policy="reject",
         )
-        self._commands[KIND_JOB_OFFER] = self.jobs
+        self.register_command(KIND_JOB_OFFER, JobOffer, self.jobs)
         self.telemetry_actor = TelemetryActor(
             device_id=self.device_id, outbox=self.outbox, link=self.link, ids=self.ids,
             seq_base=self.incarnation * 1_000_000_000)
@@ -320,12 +283,12 @@ class WorkerAgent:
         # Stop the relay and the actors, then fail the deliveries still waiting for a reply:
         # relay rows are released or retried later, an actor's direct send falls back to the
         # outbox (still open), so stopping never waits out a reply timeout and loses nothing.
-        stopping = asyncio.ensure_future(self.relay.stop()) if self.relay is not None else None
+        stopping = asyncio.ensure_future(self.relay.stop_within()) if self.relay is not None else None
         draining = asyncio.ensure_future(self.system.stop())
         await asyncio.sleep(0)
         await self.sender.stop()
         if stopping is not None:
-            await _bounded(stopping, self.clock, "relay")
+            await stopping
         await draining
         await self.transport.stop()
         if self._owns_stores:
@@ -333,8 +296,10 @@ class WorkerAgent:
             self.ledger.close()
 
     # -- API -----------------------------------------------------------------------------------
-    def register_command(self, kind: str, ref: ActorRef) -> None:
-        """Route envelopes of `kind` arriving on the down topic to `ref`."""
+    def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None:
+        """Decode envelopes of `kind` arriving on the down topic as `type_` and route them to
+        `ref`: the one way to give a worker a new command."""
+        self.kinds.register(kind, type_)
         self._commands[kind] = ref
 
     async def send_telemetry(self, name: str, value: float | None = None,
@@ -357,7 +322,7 @@ class WorkerAgent:
         if ref is None:
             return Reply(id=envelope.id, status="rejected", reason=f"unknown command kind {envelope.kind!r}")
         try:
-            message = REGISTRY.decode_payload(envelope)
+            message = self.kinds.decode_payload(envelope)
         except CodecError as exc:
             return Reply(id=envelope.id, status="rejected", reason=str(exc))
         try:
@@ -374,11 +339,8 @@ class WorkerAgent:
 
 
 __all__ = [
-    "RELAY_STOP_S",
     "LeaderLink",
     "WorkerAgent",
     "default_job_handler",
     "next_incarnation",
-    "outbox_classes",
-    "retry_policy",
 ]

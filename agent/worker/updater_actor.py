@@ -13,7 +13,8 @@ simulator and tests) the actor "reboots" by opening the updater again, which run
 check and commits or reverts; on a device `ExecRebooter` restarts the process instead and the
 next start resumes.
 
-Wire it into a running `WorkerAgent` with `attach_updater(worker, open_updater=...)`.
+Wire it into a running `WorkerAgent` with `attach_updater(worker, open_updater=...)`; it asks
+of the worker only what `UpdaterHost` names.
 """
 
 from __future__ import annotations
@@ -24,33 +25,33 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from agent.actors import Actor, ActorRef, Context
+import msgspec
+
+from agent.actors import Actor, ActorRef, ActorSystem, Context
 from agent.core.clock import Clock
 from agent.core.config import AgentConfig
 from agent.core.errors import ArtifactError
 from agent.core.ids import IdGenerator
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
-from firmware_rollout.config_server import ChunkClient, RemoteChunkSource
+from firmware_rollout.artifact.keys import load_verify_key
+from firmware_rollout.artifact.manifest import parse_signed_manifest
+from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
+from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
+from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
+from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
-from firmware_rollout.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
-from firmware_rollout.keys import load_verify_key
-from firmware_rollout.manifest import parse_signed_manifest
 from firmware_rollout.messages import (
     KIND_UPDATE_OFFER,
     UpdateOffer,
     UpdateReport,
-    register_with_agent,
     report_message,
 )
-from firmware_rollout.reboot import CommandRebooter, ExecRebooter, Rebooter
-from firmware_rollout.spec import DAY_S, parse_window, seconds_until_window
-from firmware_rollout.updater import ReportSink, Updater, UpdaterSettings
+from firmware_rollout.windows import DAY_S, parse_window, seconds_until_window
 
 log = logging.getLogger(__name__)
-
-register_with_agent()
 
 OpenUpdater = Callable[[ReportSink], Awaitable[Updater]]
 
@@ -199,27 +200,52 @@ class UpdaterActor(Actor):
         self.reports_sent += 1
 
 
-def attach_updater(worker: object, *, open_updater: OpenUpdater, rebooter: InProcessRebooter | None = None,
-                   capacity: int = 2, **kwargs: object) -> tuple[ActorRef, UpdaterActor]:
+class UpdaterHost(Protocol):
+    """What the updater needs of the worker (`WorkerAgent` is one)."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+    @property
+    def device_id(self) -> str: ...
+    @property
+    def fleet(self) -> str: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def ids(self) -> IdGenerator: ...
+    @property
+    def transport(self) -> Transport: ...
+    @property
+    def system(self) -> ActorSystem: ...
+    @property
+    def outbox(self) -> Outbox: ...
+
+    #: What the heartbeat reports as running; the updater answers with its active slot's version.
+    firmware_version: Callable[[], str]
+
+    def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None: ...
+
+
+def attach_updater(worker: UpdaterHost, *, open_updater: OpenUpdater, rebooter: InProcessRebooter | None = None,
+                   capacity: int = 2, utc_offset_s: Callable[[], float] = system_utc_offset_s,
+                   ) -> tuple[ActorRef, UpdaterActor]:
     """Spawn an UpdaterActor in a started `WorkerAgent` and route firmware offers to it."""
-    transport: Transport = worker.transport  # type: ignore[attr-defined]
-    clock: Clock = worker.clock  # type: ignore[attr-defined]
-    chunks = ChunkClient(transport, clock=clock, fleet=worker.fleet, device_id=worker.device_id,  # type: ignore[attr-defined]
-                         ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)  # type: ignore[attr-defined]
-    actor = UpdaterActor(device_id=worker.device_id, open_updater=open_updater, chunks=chunks,  # type: ignore[attr-defined]
-                         outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, **kwargs)  # type: ignore[attr-defined,arg-type]
-    ref = worker.system.spawn(actor, name="updater", capacity=capacity, policy="reject")  # type: ignore[attr-defined]
-    worker.register_command(KIND_UPDATE_OFFER, ref)  # type: ignore[attr-defined]
-    configured: Callable[[], str] = worker.firmware_version  # type: ignore[attr-defined]
+    chunks = ChunkClient(worker.transport, clock=worker.clock, fleet=worker.fleet, device_id=worker.device_id,
+                         ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)
+    actor = UpdaterActor(device_id=worker.device_id, open_updater=open_updater, chunks=chunks,
+                         outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, utc_offset_s=utc_offset_s)
+    ref = worker.system.spawn(actor, name="updater", capacity=capacity, policy="reject")
+    worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, ref)
+    configured = worker.firmware_version
 
     def running_version() -> str:
         return actor.updater.active_version if actor.updater is not None else configured()
 
-    worker.firmware_version = running_version  # type: ignore[attr-defined]
+    worker.firmware_version = running_version
     return ref, actor
 
 
-async def attach_from_config(worker: object, config: AgentConfig, data_dir: Path) -> UpdaterActor | None:
+async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir: Path) -> UpdaterActor | None:
     """The worker's updater as `[firmware]` configures it (None when no public key is pinned):
     health = connected to the broker (the leader's retained presence rides on it) plus the
     optional health command; reboot = the reboot command, or restarting the agent in place."""
@@ -228,12 +254,12 @@ async def attach_from_config(worker: object, config: AgentConfig, data_dir: Path
         return None
     key = load_verify_key(fw.public_key)
     state_dir = Path(fw.state_dir) if Path(fw.state_dir).is_absolute() else data_dir / fw.state_dir
-    connected = worker.transport.connected  # type: ignore[attr-defined]
+    connected = worker.transport.connected
     health: HealthCheck = ConnectivityCheck(connected, connected)
     if fw.health_command:
         health = AllChecks(health, CommandCheck(fw.health_command, timeout_s=fw.health_timeout_s))
     rebooter: Rebooter = CommandRebooter(fw.reboot_command) if fw.reboot_command else ExecRebooter()
-    clock: Clock = worker.clock  # type: ignore[attr-defined]
+    clock = worker.clock
 
     async def open_updater(sink: ReportSink) -> Updater:
         return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,
@@ -250,6 +276,7 @@ __all__ = [
     "OpenUpdater",
     "Resume",
     "UpdaterActor",
+    "UpdaterHost",
     "attach_from_config",
     "attach_updater",
     "system_utc_offset_s",

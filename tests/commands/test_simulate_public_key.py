@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main as cli_main
-from firmware_rollout.keys import generate_keypair
-from firmware_rollout.scenario import make_artifact
+from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.artifact.keys import generate_keypair
 
 SPEC = """\
 [rollout]

@@ -1,6 +1,7 @@
 """`edge-agent simulate --rollout SPEC.toml` warns, in one line naming the file and the key, about
-a soak shorter than the simulated devices' 30 s heartbeat (every wave would fail its soak), and
-runs anyway; a soak covering a heartbeat gets no warning."""
+a soak shorter than the simulated devices' 30 s heartbeat (a device whose next beat comes after
+the soak ends counts as failed: here the canary), and runs anyway; a soak covering a heartbeat
+gets no warning."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main as cli_main
-from firmware_rollout.scenario import make_artifact
-from firmware_rollout.simfleet import HEARTBEAT_S
+from agent.sim.rollout import HEARTBEAT_S
+from firmware_rollout.artifact.fixture import make_artifact
 
 SPEC = """\
 [rollout]
@@ -40,10 +41,10 @@ def run(tmp_path: Path, soak: float, capsys: pytest.CaptureFixture[str]) -> tupl
 def test_a_soak_shorter_than_the_heartbeat_is_one_warning_line(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert HEARTBEAT_S == 30.0
-    code, out, err = run(tmp_path, 20, capsys)
-    spec = tmp_path / "soak-20.toml"
+    code, out, err = run(tmp_path, 2, capsys)
+    spec = tmp_path / "soak-2.toml"
     assert err.splitlines() == [
-        f"warning: {spec}: gates.soak_s = 20 is shorter than the simulated devices' heartbeat interval (30 s):"
+        f"warning: {spec}: gates.soak_s = 2 is shorter than the simulated devices' heartbeat interval (30 s):"
         " the soak can end before a device's next heartbeat, and the device then counts as failed;"
         " make soak_s at least 30"
     ]

@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from agent.core.clock import SystemClock
+from agent.sim.clock import SimClock
+from agent.sim.rollout import wave_rollout_scenario
 from firmware_rollout._fs import in_thread
-from firmware_rollout.scenario import SimRolloutClock, make_artifact, wave_rollout_scenario
+from firmware_rollout.artifact.fixture import make_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,7 +134,7 @@ def test_thread_work_under_an_inline_io_clock_runs_on_the_loop_in_submission_ord
         return n * 10
 
     async def main() -> list[object]:
-        clock = SimRolloutClock()
+        clock = SimClock()
         assert clock.inline_io is True  # the outbox stores' SQLite work runs on the loop too
         return await asyncio.gather(*(in_thread(clock, job, n) for n in range(5)), return_exceptions=True)
 
@@ -146,7 +148,7 @@ async def test_an_inline_job_resumes_its_caller_on_a_later_loop_turn_and_survive
     loop = asyncio.get_running_loop()
 
     async def caller() -> None:
-        await in_thread(SimRolloutClock(), order.append, "job")
+        await in_thread(SimClock(), order.append, "job")
         order.append("resumed")
 
     task = asyncio.create_task(caller())
@@ -155,7 +157,7 @@ async def test_an_inline_job_resumes_its_caller_on_a_later_loop_turn_and_survive
     assert order == ["job", "other", "resumed"]  # other callbacks run between, as with a thread
 
     seen: list[str] = []
-    task = asyncio.create_task(in_thread(SimRolloutClock(), seen.append, "ran"))
+    task = asyncio.create_task(in_thread(SimClock(), seen.append, "ran"))
     await asyncio.sleep(0)  # the job has run; its result is on its way
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

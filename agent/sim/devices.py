@@ -1,0 +1,105 @@
+"""What a simulated device swaps for its hardware: the installer, the health check and the reboot.
+
+A simulated device runs the real `WorkerAgent` with the real updater attached
+(`agent.worker.updater_actor.attach_updater`): its SQLite state, A/B slot directories
+(`DirectoryInstaller`), signature and chunk checks, and the commit or revert after the trial
+boot. Only three seams are injected, each as a device's fate decides:
+
+* the installer: `DirectoryInstaller` under the device's state dir, or one whose slot write
+  fails (`install_fails`);
+* the health check: connected to the broker, unless the new image is broken (`health_fails`);
+* the reboot: `InProcessRebooter`, so the updater actor "boots" the new slot by opening the
+  updater again.
+
+A `silent` device runs no updater at all (a device without a pinned firmware key): it refuses
+every offer and never reports, and the leader times it out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.core.clock import Clock
+from agent.core.gate import Gate
+from agent.worker.updater_actor import InProcessRebooter, OpenUpdater
+from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.manifest import Manifest
+from firmware_rollout.device.health import HealthResult
+from firmware_rollout.device.slots import DirectoryInstaller
+from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
+from firmware_rollout.errors import InstallError
+
+
+@dataclass(frozen=True)
+class DeviceFate:
+    health_fails: bool = False
+    install_fails: bool = False
+    silent: bool = False
+
+    @property
+    def failing(self) -> bool:
+        return self.health_fails or self.install_fails or self.silent
+
+
+def default_updater_settings() -> UpdaterSettings:
+    return UpdaterSettings(health_timeout_s=30.0, fetch_timeout_s=30.0, fetch_backoff_base_s=1.0,
+                           fetch_backoff_cap_s=30.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimFirmware:
+    """The firmware side of a simulated fleet: the pinned key, the version every device starts
+    on, and the fate of named devices (every other device is healthy)."""
+
+    verify_key: VerifyKey
+    base_version: str = "1.0.0"
+    fates: dict[str, DeviceFate] = field(default_factory=dict)
+    settings: UpdaterSettings = field(default_factory=default_updater_settings)
+
+    def fate(self, device: str) -> DeviceFate:
+        return self.fates.get(device, HEALTHY)
+
+
+HEALTHY = DeviceFate()
+
+
+class SimHealth:
+    """Passes when the device is connected, unless its fate says the new image is broken."""
+
+    def __init__(self, fate: DeviceFate, connected: Gate) -> None:
+        self._fate = fate
+        self._connected = connected
+
+    async def check(self, clock: Clock, timeout_s: float) -> HealthResult:
+        if self._fate.health_fails:
+            return HealthResult(False, "service did not come up on the new image (simulated)")
+        if not self._connected.is_open:
+            return HealthResult(False, "broker not reached")
+        return HealthResult(True, "connected")
+
+
+class FailingInstaller(DirectoryInstaller):
+    """Slot directories whose write always fails (a worn-out SD card)."""
+
+    async def write(self, slot: str, image: Path, manifest: Manifest) -> None:
+        raise InstallError(f"cannot write slot {slot}: simulated flash failure")
+
+
+def sim_updater(firmware: SimFirmware, *, device: str, state_dir: Path, clock: Clock, connected: Gate,
+                rebooter: InProcessRebooter) -> OpenUpdater:
+    """How the simulated device `device` opens its updater (at every simulated boot)."""
+    fate = firmware.fate(device)
+
+    async def open_updater(sink: ReportSink) -> Updater:
+        installer = FailingInstaller(state_dir / "slots", clock=clock) if fate.install_fails else None
+        return await Updater.open(
+            state_dir, device_id=device, verify_key=firmware.verify_key, clock=clock,
+            health=SimHealth(fate, connected), rebooter=rebooter, installer=installer,
+            initial_version=firmware.base_version, settings=firmware.settings, on_report=sink)
+
+    return open_updater
+
+
+__all__ = ["HEALTHY", "DeviceFate", "FailingInstaller", "SimFirmware", "SimHealth", "default_updater_settings",
+           "sim_updater"]

@@ -1,0 +1,39 @@
+"""Where image chunks come from. The leader's ConfigServer serves them over MQTT; the CLI and
+the tests read them from an artifact file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from agent.core.clock import Clock, SystemClock
+from firmware_rollout._fs import in_thread
+from firmware_rollout.artifact.files import read_image_chunk, read_signed_manifest
+from firmware_rollout.artifact.manifest import SignedManifest
+
+
+@runtime_checkable
+class ChunkSource(Protocol):
+    async def fetch(self, index: int) -> bytes:
+        """Chunk `index` of the image. Raise `Capacity` (busy: retry after its delay), `Transient`
+        (retry with backoff) or `Permanent` (give up); the updater checks the bytes itself."""
+
+
+class ArtifactChunkSource:
+    """Serves the image chunks of a local artifact file."""
+
+    def __init__(self, path: str | Path, *, clock: Clock | None = None) -> None:
+        self.path = Path(path)
+        self.signed: SignedManifest = read_signed_manifest(self.path)
+        self._clock = clock or SystemClock()
+
+    @property
+    def signed_manifest(self) -> bytes:
+        """What to put in an `UpdateOffer` for this artifact."""
+        return self.signed.raw
+
+    async def fetch(self, index: int) -> bytes:
+        return await in_thread(self._clock, read_image_chunk, self.path, self.signed, index)
+
+
+__all__ = ["ArtifactChunkSource", "ChunkSource"]

@@ -1,0 +1,576 @@
+"""The device-side A/B updater: download, verify, install into the inactive slot, reboot into it,
+check health, then commit, or revert to the old slot.
+
+    idle ─offer─► downloading ─► verifying ─► installing ─► rebooting ═reboot═► verifying_health
+      │               │              │             │                              │        │
+      └► rejected     └► rejected    └► failed     └► failed           committed ◄┘        └► rolled_back
+         (signature, hardware,          (storage)     (slot write)     (health ok)     (health failed, crash
+          downgrade, tampered chunk)                                                   loop, bootloader fallback)
+
+Every transition is one SQLite transaction together with the report it makes, and every side
+effect (slot write, boot flags) is idempotent and happens on the side of the transition that
+lets a restart repeat it. So the process may die at any point (power loss, SIGKILL) and a new
+`Updater` on the same state directory carries on: a download resumes from the last chunk that
+was fsynced, an install is redone, a trial boot is counted, a commit or a revert is completed.
+
+Chunks are hashed as they arrive and written to a staging file at their offset, each fsynced
+before the progress row moves; the staging file is verified whole before the install. Reports
+are stored first and handed to `on_report` (the agent's outbox) in order, at least once.
+
+Driving it (an actor does this): `await Updater.open(...)` at process start (that is "a boot"),
+then `await updater.resume(source)` to carry on whatever was in progress, and
+`await updater.offer(UpdateOffer, source)` for each offer from the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.core.clock import Clock
+from agent.core.errors import (
+    ArtifactError,
+    Capacity,
+    EdgeAgentError,
+    Permanent,
+)
+from firmware_rollout._fs import in_thread
+from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.manifest import Manifest, check_policy, parse_signed_manifest, verify_signed_manifest
+from firmware_rollout.artifact.version import Version
+from firmware_rollout.device.health import HealthCheck, HealthResult
+from firmware_rollout.device.reboot import Rebooter
+from firmware_rollout.device.slots import DirectoryInstaller, Installer, other_slot
+from firmware_rollout.device.sources import ChunkSource
+from firmware_rollout.device.staging import check_staging, prepare_staging, write_chunk
+from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
+from firmware_rollout.errors import InstallError, UpdaterError
+from firmware_rollout.messages import TERMINAL_STATES, UpdateOffer, UpdateReport
+
+ReportSink = Callable[[UpdateReport], Awaitable[None]]
+DB_FILE = "updater.db"
+STAGING_FILE = "staging.img"
+SLOTS_DIR = "slots"
+HEALTH_GRACE_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdaterSettings:
+    max_boots: int = 3  # boots of a new slot without a commit before it counts as a crash loop
+    health_timeout_s: float = 120.0  # per boot of the new slot
+    fetch_timeout_s: float = 30.0
+    fetch_attempts: int = 8  # per chunk; `Capacity` (busy) answers do not count
+    fetch_backoff_base_s: float = 1.0
+    fetch_backoff_cap_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_boots < 1 or self.fetch_attempts < 1:
+            raise UpdaterError("max_boots and fetch_attempts must be at least 1")
+        if min(self.health_timeout_s, self.fetch_timeout_s, self.fetch_backoff_base_s, self.fetch_backoff_cap_s) <= 0:
+            raise UpdaterError("updater timeouts and backoffs must be positive")
+
+
+@dataclass(frozen=True)
+class UpdaterStatus:
+    state: str
+    rollout_id: str
+    version: str
+    detail: str
+    booted_slot: str
+    default_slot: str
+    active_version: str
+    chunks_done: int
+    chunks_total: int
+    boot_count: int
+
+
+class _Stop(Exception):
+    """The current step ended the update (the state is already recorded)."""
+
+
+class Updater:
+    """One device's updater. Make it with `await Updater.open(...)`; not safe to share between
+    processes (one state directory, one updater)."""
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        store: UpdaterStore,
+        record: UpdateRecord,
+        slot_versions: dict[str, str],
+        device_id: str,
+        verify_key: VerifyKey,
+        clock: Clock,
+        installer: Installer,
+        health: HealthCheck,
+        rebooter: Rebooter,
+        hardware: str | None,
+        initial_version: str,
+        settings: UpdaterSettings,
+        on_report: ReportSink | None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.device_id = device_id
+        self.installer = installer
+        self.settings = settings
+        self._store = store
+        self._record = record
+        self._slot_versions = slot_versions
+        self._key = verify_key
+        self._clock = clock
+        self._health = health
+        self._rebooter = rebooter
+        self._hardware = hardware
+        self._initial_version = initial_version
+        self._on_report = on_report
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._last_report: UpdateReport | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    async def open(
+        cls,
+        state_dir: str | Path,
+        *,
+        device_id: str,
+        verify_key: VerifyKey,
+        clock: Clock,
+        health: HealthCheck,
+        rebooter: Rebooter,
+        installer: Installer | None = None,
+        hardware: str | None = None,
+        initial_version: str = "0.0.0",
+        settings: UpdaterSettings | None = None,
+        on_report: ReportSink | None = None,
+    ) -> Updater:
+        """Open (or create) the state in `state_dir` and account for this boot: a trial boot is
+        counted, a bootloader fallback or a stale trial flag is settled. Nothing is downloaded or
+        checked until `resume` or `offer`."""
+        Version.parse(initial_version)
+        state_dir = Path(state_dir)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UpdaterError(f"cannot create {state_dir}: {exc.strerror or exc}") from exc
+        if installer is None:
+            installer = DirectoryInstaller(state_dir / SLOTS_DIR, clock=clock)
+        store = await UpdaterStore.open(state_dir / DB_FILE, clock=clock)
+        try:
+            record, slot_versions = await store.load()
+            updater = cls(
+                state_dir=state_dir,
+                store=store,
+                record=record,
+                slot_versions=slot_versions,
+                device_id=device_id,
+                verify_key=verify_key,
+                clock=clock,
+                installer=installer,
+                health=health,
+                rebooter=rebooter,
+                hardware=hardware,
+                initial_version=initial_version,
+                settings=settings or UpdaterSettings(),
+                on_report=on_report,
+            )
+            recent = await store.reports(limit=1)
+            updater._last_report = recent[-1] if recent else None
+            await updater._on_boot()
+        except BaseException:
+            await store.close()
+            raise
+        return updater
+
+    async def close(self) -> None:
+        """Close the database. Safe at any point: every transition is already durable."""
+        self._closed = True
+        await self._store.close()
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def active_version(self) -> str:
+        """The version the running system booted."""
+        return self._slot_versions.get(self.installer.booted_slot(), self._initial_version)
+
+    def status(self) -> UpdaterStatus:
+        r = self._record
+        total = 0
+        if r.signed_manifest is not None and r.state not in ("idle", "rejected"):
+            with contextlib.suppress(ArtifactError):
+                total = parse_signed_manifest(r.signed_manifest).manifest.chunk_count
+        return UpdaterStatus(
+            state=r.state,
+            rollout_id=r.rollout_id,
+            version=r.version,
+            detail=r.detail,
+            booted_slot=self.installer.booted_slot(),
+            default_slot=self.installer.default_slot(),
+            active_version=self.active_version,
+            chunks_done=r.chunks_done,
+            chunks_total=total,
+            boot_count=r.boot_count,
+        )
+
+    async def offer(self, offer: UpdateOffer, source: ChunkSource) -> UpdateReport:
+        """Take an offer: refuse it (reported `rejected` with the reason), or run the update until
+        it ends or the device reboots into the new slot. Re-offering the update in progress
+        resumes it; an offer of the version already running is reported `succeeded` at once; a
+        repeated offer of an update that was rolled back is reported `rolled_back` again (retry
+        a failed image under a new rollout id); after `failed` or `rejected` it is tried afresh.
+        Returns the last report made."""
+        async with self._lock:
+            self._check_open()
+            r = self._record
+            if r.state not in TERMINAL_STATES and r.state != "idle":
+                if r.rollout_id == offer.rollout_id and r.signed_manifest == offer.signed_manifest:
+                    await self._drive(source)
+                    return self._latest()
+                fields = report_fields(
+                    r, device=self.device_id, ts_ms=self._clock.now_ms(), active_version=self.active_version
+                )
+                fields.update(
+                    rollout_id=offer.rollout_id,
+                    version=_offered_version(offer),
+                    state="rejected",
+                    phase="rejected",
+                    detail=f"busy with rollout {r.rollout_id} ({r.state})",
+                )
+                self._last_report = await self._store.add_report(fields)
+                await self._flush()
+                return self._last_report
+            if r.state == "rolled_back" and (r.rollout_id, r.signed_manifest) == (
+                offer.rollout_id,
+                offer.signed_manifest,
+            ):  # a repeated offer never reinstalls an image that already failed here
+                fields = report_fields(
+                    r, device=self.device_id, ts_ms=self._clock.now_ms(), active_version=self.active_version
+                )
+                fields["detail"] = f"already rolled back: {r.detail}"
+                self._last_report = await self._store.add_report(fields)
+                await self._flush()
+                return self._last_report
+            await self._start(offer)
+            await self._drive(source)
+            return self._latest()
+
+    async def resume(self, source: ChunkSource | None = None) -> UpdaterStatus:
+        """Carry on after a restart: download (needs `source`), verify, install, reboot, check
+        health and commit or revert, as far as the recorded state calls for."""
+        async with self._lock:
+            self._check_open()
+            await self._drive(source)
+            return self.status()
+
+    async def abort(self, reason: str) -> UpdaterStatus:
+        """End a download that has not reached the install (a canceled rollout) as `failed`.
+        Cancel the task running `offer`/`resume` first. Later states cannot be aborted."""
+        async with self._lock:
+            self._check_open()
+            if self._record.state in ("downloading", "verifying"):
+                await self._set(self._record.but(state="failed", detail=reason))
+                await self._discard_staging()
+                await self._flush()
+            return self.status()
+
+    async def flush_reports(self) -> int:
+        """Hand unsent reports to `on_report` in order; returns how many went. A sink raising an
+        `EdgeAgentError` stops the flush; the rest go next time."""
+        async with self._lock:
+            self._check_open()
+            return await self._flush()
+
+    async def reports(self, *, unsent_only: bool = False, limit: int = 100) -> list[UpdateReport]:
+        """Reports made, oldest first (the last `limit`)."""
+        return await self._store.reports(unsent_only=unsent_only, limit=limit)
+
+    # -- boot accounting -------------------------------------------------------------------
+    async def _on_boot(self) -> None:
+        booted = self.installer.booted_slot()
+        if booted not in self._slot_versions:
+            await self._store.save(self._record, slots={booted: self._initial_version})
+            self._slot_versions[booted] = self._initial_version
+        r = self._record
+        if r.state == "installing" and r.to_slot and booted == r.to_slot:
+            await self._count_trial_boot()  # died between marking the trial and recording it
+        elif r.state == "rebooting":
+            if booted == r.to_slot:
+                await self._count_trial_boot()
+            elif self.installer.trial_slot() != r.to_slot:
+                await self._set(
+                    r.but(
+                        state="rolled_back", detail=f"trial boot of slot {r.to_slot} failed: booted slot {booted} again"
+                    )
+                )
+        elif r.state == "verifying_health":
+            if booted == r.to_slot:
+                await self._count_trial_boot()
+            else:
+                await self._set(
+                    r.but(
+                        state="rolled_back", detail=f"bootloader fell back to slot {booted} after {r.boot_count} boots"
+                    )
+                )
+                await self.installer.revert(r.from_slot)
+        await self._settle_boot_flags()
+        await self._flush()
+
+    async def _count_trial_boot(self) -> None:
+        r = self._record
+        deadline = self._clock.now_ms() + int(self.settings.health_timeout_s * 1000)
+        changes = {"boot_count": r.boot_count + 1, "health_deadline_ms": deadline}
+        if r.state != "verifying_health":
+            await self._set(
+                r.but(state="verifying_health", detail=f"booted slot {r.to_slot}", **changes),
+                slots={r.to_slot: r.version},
+            )
+        else:
+            await self._set(r.but(**changes), report=False)
+
+    async def _settle_boot_flags(self) -> None:
+        """After an ended update the boot flags must say what the record says and the staging
+        file is gone (a power loss can fall between the record and either)."""
+        r = self._record
+        if r.state not in TERMINAL_STATES and r.state != "idle":
+            return
+        await self._discard_staging()
+        installer = self.installer
+        if r.state == "rolled_back" and r.from_slot:
+            if installer.default_slot() != r.from_slot or installer.trial_slot() is not None:
+                await installer.revert(r.from_slot)
+        elif r.state == "committed" and r.to_slot:
+            if installer.default_slot() != r.to_slot or installer.trial_slot() is not None:
+                await installer.commit(r.to_slot)
+        elif installer.trial_slot() is not None:
+            await installer.revert(installer.default_slot())
+
+    # -- the state machine -----------------------------------------------------------------
+    async def _start(self, offer: UpdateOffer) -> None:
+        booted = self.installer.booted_slot()
+        active = self.active_version
+        base = UpdateRecord(
+            rollout_id=offer.rollout_id, signed_manifest=offer.signed_manifest, from_slot=booted, from_version=active
+        )
+        try:
+            signed = verify_signed_manifest(offer.signed_manifest, self._key)
+        except ArtifactError as exc:
+            await self._set(base.but(state="rejected", detail=str(exc)))
+            return
+        manifest = signed.manifest
+        base = base.but(version=manifest.version)
+        try:
+            check_policy(manifest, hardware=self._hardware, installed_version=active)
+        except ArtifactError as exc:
+            await self._set(base.but(state="rejected", detail=str(exc)))
+            return
+        if manifest.parsed_version() == Version.parse(active):
+            await self._set(base.but(state="committed", to_slot=booted, detail=f"already running version {active}"))
+            return
+        await self._discard_staging()
+        await self._set(
+            base.but(
+                state="downloading",
+                to_slot=other_slot(self.installer, booted),
+                detail=f"{manifest.chunk_count} chunks of {manifest.chunk_size} bytes",
+            )
+        )
+
+    async def _drive(self, source: ChunkSource | None) -> None:
+        try:
+            while not self._closed:
+                state = self._record.state
+                if state == "downloading":
+                    if source is None:
+                        break
+                    await self._download(source)
+                elif state == "verifying":
+                    await self._verify_staging()
+                elif state == "installing":
+                    await self._install()
+                elif state == "rebooting":
+                    r = self._record
+                    await self._reboot(f"trying version {r.version} in slot {r.to_slot}")
+                elif state == "verifying_health":
+                    await self._check_health()
+                elif state == "rolled_back" and self.installer.booted_slot() != self._record.from_slot:
+                    await self._reboot(f"back to slot {self._record.from_slot} after a rollback")
+                else:
+                    break
+        except _Stop:
+            pass
+        if not self._closed:
+            await self._flush()
+
+    def _manifest(self) -> Manifest:
+        assert self._record.signed_manifest is not None
+        return parse_signed_manifest(self._record.signed_manifest).manifest
+
+    @property
+    def _staging(self) -> Path:
+        return self.state_dir / STAGING_FILE
+
+    async def _download(self, source: ChunkSource) -> None:
+        manifest = self._manifest()
+        done = await in_thread(self._clock, prepare_staging, self._staging, self._record.chunks_done, manifest)
+        if done != self._record.chunks_done:
+            await self._set(self._record.but(chunks_done=done), report=False)
+        for index in range(done, manifest.chunk_count):
+            data = await self._fetch(source, index)
+            if len(data) != manifest.chunk_length(index) or hashlib.sha256(data).digest() != manifest.chunks[index]:
+                await self._set(
+                    self._record.but(
+                        state="rejected",
+                        detail=f"tampered chunk: chunk {index} of {manifest.chunk_count} "
+                        "from the source does not match the signed manifest",
+                    )
+                )
+                await self._discard_staging()
+                raise _Stop
+            await in_thread(self._clock, write_chunk, self._staging, index * manifest.chunk_size, data)
+            await self._set(self._record.but(chunks_done=index + 1), report=False)
+        await self._set(self._record.but(state="verifying", detail="download complete"))
+
+    async def _fetch(self, source: ChunkSource, index: int) -> bytes:
+        settings = self.settings
+        attempt = 0
+        while True:
+            try:
+                return await self._clock.wait_for(source.fetch(index), settings.fetch_timeout_s)
+            except Capacity as exc:  # busy: wait as asked, the attempt is not spent
+                await self._clock.sleep(max(exc.retry_after_ms / 1000, settings.fetch_backoff_base_s))
+                continue
+            except (Permanent, ArtifactError) as exc:
+                await self._fail(f"download of chunk {index} refused by the source: {exc}")
+            except Exception as exc:  # timeout, transient, connection trouble, an odd source: retry
+                attempt += 1
+                if attempt >= settings.fetch_attempts:
+                    await self._fail(f"download of chunk {index} failed after {attempt} attempts: {exc!r}")
+                delay = min(settings.fetch_backoff_cap_s, settings.fetch_backoff_base_s * 2 ** (attempt - 1))
+                await self._clock.sleep(delay)
+
+    async def _fail(self, detail: str) -> None:
+        await self._set(self._record.but(state="failed", detail=detail))
+        await self._discard_staging()
+        raise _Stop
+
+    async def _verify_staging(self) -> None:
+        manifest = self._manifest()
+        try:
+            await in_thread(self._clock, check_staging, self._staging, manifest)
+        except (ArtifactError, OSError) as exc:
+            await self._fail(f"staged image is corrupt: {exc}")
+        await self._set(self._record.but(state="installing", detail=f"writing slot {self._record.to_slot}"))
+
+    async def _install(self) -> None:
+        r = self._record
+        try:
+            await self.installer.write(r.to_slot, self._staging, self._manifest())
+            await self.installer.mark_trial(r.to_slot)
+        except (InstallError, OSError) as exc:
+            with contextlib.suppress(InstallError, OSError):
+                await self.installer.revert(r.from_slot)
+            await self._fail(f"install failed: {exc}")
+        await self._set(
+            r.but(state="rebooting", boot_count=0, detail=f"slot {r.to_slot} marked for a trial boot"),
+            slots={r.to_slot: r.version},
+        )
+
+    async def _check_health(self) -> None:
+        r = self._record
+        if r.boot_count > self.settings.max_boots:
+            await self._roll_back(
+                f"crash loop: slot {r.to_slot} booted {r.boot_count} times without a commit "
+                f"(limit {self.settings.max_boots})"
+            )
+            return
+        remaining = (r.health_deadline_ms - self._clock.now_ms()) / 1000
+        if remaining <= 0:
+            result = HealthResult(False, "health deadline passed before the check ran")
+        else:
+            try:
+                # The check decides within `remaining` itself; the outer limit only stops a check that hangs.
+                check = self._health.check(self._clock, remaining)
+                result = await self._clock.wait_for(check, remaining + HEALTH_GRACE_S)
+            except TimeoutError:
+                result = HealthResult(False, f"no health result within {remaining:g}s")
+            except Exception as exc:  # a broken check is a failed check, never a stuck update
+                result = HealthResult(False, f"health check raised {exc!r}")
+        if not result.ok:
+            await self._roll_back(f"health check failed: {result.detail}")
+            return
+        await self.installer.commit(r.to_slot)
+        await self._set(r.but(state="committed", detail=result.detail or "healthy"), slots={r.to_slot: r.version})
+        await self._discard_staging()
+
+    async def _roll_back(self, detail: str) -> None:
+        r = self._record
+        await self._set(r.but(state="rolled_back", detail=detail))
+        await self.installer.revert(r.from_slot)
+        await self._discard_staging()
+
+    async def _reboot(self, reason: str) -> None:
+        await self._flush()
+        await self.close()
+        await self._rebooter.reboot(reason)
+
+    # -- helpers ---------------------------------------------------------------------------
+    async def _set(self, record: UpdateRecord, *, report: bool = True, slots: dict[str, str] | None = None) -> None:
+        record = record.but(updated_ms=self._clock.now_ms())
+        versions = dict(self._slot_versions)
+        versions.update(slots or {})
+        fields = None
+        if report:
+            active = versions.get(self.installer.booted_slot(), self._initial_version)
+            fields = report_fields(record, device=self.device_id, ts_ms=record.updated_ms, active_version=active)
+        made = await self._store.save(record, report=fields, slots=slots)
+        self._record = record
+        self._slot_versions = versions
+        if made is not None:
+            self._last_report = made
+
+    def _latest(self) -> UpdateReport:
+        if self._last_report is None:  # an offer always reports; belt and braces
+            raise UpdaterError("no report made")
+        return self._last_report
+
+    async def _flush(self) -> int:
+        if self._on_report is None:
+            return 0
+        sent: list[int] = []
+        try:
+            for seq, report in await self._store.unsent():
+                await self._on_report(report)
+                sent.append(seq)
+        except EdgeAgentError:
+            pass
+        finally:
+            await self._store.mark_sent(sent)
+        return len(sent)
+
+    async def _discard_staging(self) -> None:
+        await in_thread(self._clock, self._staging.unlink, True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UpdaterError("updater is closed (rebooting); open a new one")
+
+
+def _offered_version(offer: UpdateOffer) -> str:
+    """The version an offer names, for a report about an offer that was not taken up."""
+    try:
+        return parse_signed_manifest(offer.signed_manifest).manifest.version
+    except ArtifactError:
+        return ""
+
+
+__all__ = [
+    "ReportSink",
+    "Updater",
+    "UpdaterSettings",
+    "UpdaterStatus",
+]

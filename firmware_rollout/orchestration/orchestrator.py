@@ -1,0 +1,433 @@
+"""The rollout orchestrator: a durable state machine on the leader.
+
+    rollout   running ⇄ paused ──► succeeded | aborted | canceled
+    wave      pending ─► running ─► soaking ─► (awaiting_approval) ─► passed      (or failed / canceled)
+    device    queued ─► notified ─► downloading ─► installing ─► rebooting ─► verifying ─► succeeded
+                 │          └──────────── failed / rejected / rolled_back (device reports) ◄┘
+                 └► timed_out (no progress within device.timeout_s) · canceled (rollout stopped first)
+
+Everything it knows lives in `RolloutStore` (the leader's SQLite); every transition is one
+transaction, and timers are stored deadlines of the leader's Clock, so a leader killed at any
+moment carries on exactly when it restarts: a device that succeeded is never offered again
+(offers go only to `queued` devices), a wave starts only when the previous one passed its gates
+and the move to it is committed.
+
+The orchestrator does not talk to the network itself. A `RolloutPort` gives it the devices the
+registry knows and takes the offers it makes (the leader puts them in its outbox, keyed per
+device and rollout, so a re-sent offer replaces an unsent one). Device reports come in through
+`on_report(msg_id, report)`, deduplicated by message id and ordered by the report's `seq`.
+
+`run()` ticks when woken (a report, a control) or at the next stored deadline, and at least
+every `poll_s`: that tick is also when controls the CLI wrote into the database are applied
+(one indexed read of `rollout_controls WHERE applied_ms IS NULL`). In-process callers apply a
+control at once with `control()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from agent.core.clock import Clock
+from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
+from firmware_rollout.artifact.files import read_signed_manifest
+from firmware_rollout.messages import UpdateOffer, UpdateReport
+from firmware_rollout.orchestration.gates import WaveGates, finished_failed
+from firmware_rollout.orchestration.plan import DeviceInfo, matches, plan_waves, select_targets
+from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
+from firmware_rollout.orchestration.status import describe
+from firmware_rollout.orchestration.store import (
+    TERMINAL,
+    DeviceRow,
+    RolloutRow,
+    RolloutStore,
+)
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = frozenset({"failed", "timed_out"})
+
+
+class RolloutPort(Protocol):
+    """What the orchestrator needs from the leader."""
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """Every device the registry knows, with online state and last heartbeat."""
+
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> None:
+        """Durably queue one offer per (device, offer); raise `EdgeAgentError` when it cannot."""
+
+
+def rollout_id_for(spec: RolloutSpec, now_ms: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", spec.rollout.name.lower()).strip("-")[:40] or "rollout"
+    digest = hashlib.sha256(spec.to_json() + str(now_ms).encode()).hexdigest()[:6]
+    return f"{slug}-{digest}"
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        store: RolloutStore,
+        *,
+        clock: Clock,
+        port: RolloutPort,
+        poll_s: float = 2.0,
+        on_change: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.port = port
+        self.poll_s = poll_s
+        self._on_change = on_change
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._stopped = False
+        self.ticks = 0
+        self.gates = WaveGates(store, clock=clock, changed=self._changed)
+
+    # -- starting --------------------------------------------------------------------------
+    async def start_rollout(
+        self,
+        spec: RolloutSpec,
+        *,
+        rollout_id: str | None = None,
+        devices: Sequence[str] | None = None,
+        rollback_of: str = "",
+    ) -> str:
+        """Plan and start a rollout of `spec` (its artifact path must be absolute or relative to
+        the working directory). `devices` overrides the target selector (a rollback)."""
+        async with self._lock:
+            return await self._start(spec, rollout_id=rollout_id, devices=devices, rollback_of=rollback_of)
+
+    async def _start(
+        self, spec: RolloutSpec, *, rollout_id: str | None, devices: Sequence[str] | None, rollback_of: str
+    ) -> str:
+        try:
+            signed = read_signed_manifest(Path(spec.rollout.artifact))
+        except ArtifactError as exc:
+            raise RolloutError(f"artifact {spec.rollout.artifact}: {exc}") from exc
+        version = signed.manifest.version
+        infos = {d.device_id: d for d in self.port.devices()}
+        if devices is None:
+            targets = select_targets(spec, list(infos.values()), target_version=version)
+        else:
+            targets = sorted(set(devices))
+        waves = plan_waves(spec, targets)
+        rid = rollout_id or rollout_id_for(spec, self.clock.now_ms())
+        from_versions = {d: infos[d].firmware_version for d in targets if d in infos}
+        self.store.create_rollout(
+            rid,
+            spec=spec,
+            artifact=spec.rollout.artifact,
+            version=version,
+            signed_manifest=signed.raw,
+            waves=waves,
+            from_versions=from_versions,
+            rollback_of=rollback_of,
+        )
+        with self.store.atomic():
+            self.gates.start_wave(self._get(rid), 0)
+        log.info("rollout %s of version %s started: %d devices in %d waves", rid, version, len(targets), len(waves))
+        self._changed(rid)
+        return rid
+
+    # -- controls --------------------------------------------------------------------------
+    async def control(self, rollout_id: str, action: str, arg: str = "") -> str:
+        """Apply a control now; returns what it did. Raises `RolloutError` for a control that
+        does not apply (unknown rollout, wrong state)."""
+        async with self._lock:
+            result = await self._apply(rollout_id, action, arg)
+        self.wake()
+        return result
+
+    async def _apply(self, rollout_id: str, action: str, arg: str) -> str:
+        if action == "start":
+            spec = spec_from_json(arg.encode(), source="start control")
+            rid = await self._start(spec, rollout_id=rollout_id or None, devices=None, rollback_of="")
+            return f"started {rid}"
+        r = self.store.find(rollout_id)
+        if r is None:
+            raise RolloutError(f"no rollout {rollout_id!r}")
+        now = self.clock.now_ms()
+        if action == "rollback":
+            return await self._rollback(r, arg)
+        if not r.active:
+            raise RolloutError(f"rollout {r.id} is {r.state}; {action} applies only to a running or paused one")
+        with self.store.atomic():
+            if action == "pause":
+                if r.state == "paused":
+                    return f"{r.id} is paused already"
+                self.store.set_rollout(r.id, state="paused", detail="paused by operator")
+                result = f"paused {r.id}"
+            elif action == "resume":
+                if r.state != "paused":
+                    return f"{r.id} is running already"
+                totals = self.store.totals(r.id)
+                finished, failed = finished_failed(totals)
+                self.store.set_rollout(
+                    r.id,
+                    state="running",
+                    detail="resumed by operator",
+                    fail_base_finished=finished,
+                    fail_base_failed=failed,
+                )
+                result = f"resumed {r.id}"
+            elif action == "cancel":
+                self.gates.stop_rollout(r, "canceled", "canceled by operator")
+                result = f"canceled {r.id}"
+            elif action in ("next", "approve"):
+                wave = self.store.wave(r.id, r.current_wave)
+                assert wave is not None
+                if action == "approve" and wave.state != "awaiting_approval":
+                    raise RolloutError(f"rollout {r.id}: wave {wave.idx + 1} is {wave.state}, not awaiting approval")
+                if r.current_wave + 1 >= r.wave_count:
+                    raise RolloutError(f"rollout {r.id}: wave {r.current_wave + 1} is the last wave")
+                detail = "approved by operator" if action == "approve" else "moved past by operator"
+                if wave.state not in ("passed", "failed"):
+                    self.store.set_wave(r.id, wave.idx, state="passed", finished_ms=now, detail=detail)
+                self.gates.start_wave(self._get(r.id), r.current_wave + 1)
+                result = f"{r.id}: wave {r.current_wave + 2} started ({detail})"
+            else:
+                raise RolloutError(f"unknown control {action!r}")
+        self._changed(r.id)
+        return result
+
+    async def _rollback(self, r: RolloutRow, artifact: str) -> str:
+        path = artifact or r.spec.rollout.rollback_artifact
+        if not path:
+            raise RolloutError(f"rollout {r.id} names no rollback_artifact; give one")
+        targets = [d.device_id for d in self.store.devices(r.id, states=("succeeded",))]
+        if not targets:
+            raise RolloutError(f"rollout {r.id}: no device took version {r.version}; nothing to roll back")
+        if r.active:
+            with self.store.atomic():
+                self.gates.stop_rollout(r, "canceled", "canceled for a rollback")
+        base = msgspec.to_builtins(r.spec)
+        base["rollout"].update(artifact=str(Path(path).resolve()), name=f"rollback of {r.id}")
+        base["waves"] = {"canary": 0, "counts": [len(targets)]}
+        base["gates"] = {"success_threshold_pct": 0.0, "failure_threshold_pct": 100.0}
+        base["targets"] = {"select": "all"}
+        from firmware_rollout.orchestration.spec import spec_from_dict
+
+        spec = spec_from_dict(base, source=f"rollback of {r.id}")
+        rid = f"{r.id}-rollback"
+        n = 1
+        while self.store.get(rid) is not None:
+            n += 1
+            rid = f"{r.id}-rollback{n}"
+        await self._start(spec, rollout_id=rid, devices=targets, rollback_of=r.id)
+        with self.store.atomic():
+            self.store.set_rollout(r.id, detail=f"rolled back by {rid}")
+        return f"{r.id}: rollback {rid} offers the previous version to {len(targets)} devices"
+
+    async def apply_pending_controls(self) -> int:
+        """Apply the controls the CLI wrote; each gets its result recorded. Returns how many."""
+        pending = self.store.pending_controls()
+        for c in pending:
+            try:
+                result = await self._apply(c.rollout_id, c.action, c.arg)
+            except (RolloutError, ConfigError) as exc:
+                result = f"error: {exc}"
+            except EdgeAgentError as exc:
+                result = f"error: {exc}"
+            with self.store.atomic():
+                self.store.finish_control(c.id, result)
+            log.info("control %s %s: %s", c.action, c.rollout_id, result)
+        return len(pending)
+
+    # -- device reports --------------------------------------------------------------------
+    async def on_report(self, msg_id: str, report: UpdateReport) -> bool:
+        """Apply one report (at most once per `msg_id`, newest `seq` wins). True when it changed
+        the device's state."""
+        async with self._lock:
+            changed = self._apply_report(msg_id, report)
+        if changed:
+            self.wake()
+        return changed
+
+    def _apply_report(self, msg_id: str, report: UpdateReport) -> bool:
+        now = self.clock.now_ms()
+        with self.store.atomic():
+            if not self.store.claim(msg_id):
+                return False
+            d = self.store.device(report.rollout_id, report.device)
+            if d is None or report.seq <= d.report_seq:
+                return False
+            r = self._get(report.rollout_id)
+            state = report.state
+            fields: dict[str, Any] = {"state": state, "detail": report.detail, "report_seq": report.seq}
+            if state in TERMINAL:
+                fields["deadline_ms"] = None
+                if state in RETRYABLE and r.active and d.attempts <= r.spec.device.retries:
+                    fields.update(self._retry_fields(r, d, f"{state}: {report.detail}", now))
+            else:
+                fields["deadline_ms"] = now + int(r.spec.device.timeout_s * 1000)
+            self.store.set_device(r.id, d.device_id, **fields)
+        self._changed(r.id)
+        return True
+
+    def _retry_fields(self, r: RolloutRow, d: DeviceRow, why: str, now: int) -> dict[str, Any]:
+        backoff_ms = int(r.spec.device.retry_backoff_s * 1000 * 2 ** max(0, d.attempts - 1))
+        return {
+            "state": "queued",
+            "detail": f"retry {d.attempts + 1} of {r.spec.device.retries + 1} after: {why}"[:500],
+            "next_try_ms": now + backoff_ms,
+            "deadline_ms": now + backoff_ms + int(r.spec.device.timeout_s * 1000),
+        }
+
+    # -- the loop --------------------------------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Tick until `stop()`: on a wake-up, at the next stored deadline, and every `poll_s`."""
+        while not self._stopped:
+            self._wake.clear()
+            try:
+                await self.tick()
+            except EdgeAgentError as exc:
+                log.error("rollout tick failed: %s", exc)
+            delay = self.poll_s
+            deadline = self.store.next_deadline_ms()
+            if deadline is not None:
+                delay = min(delay, max(0.0, (deadline - self.clock.now_ms()) / 1000))
+            if self._stopped:
+                break
+            if not self._wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await self.clock.wait_for(self._wake.wait(), max(delay, 0.001))
+
+    async def tick(self) -> None:
+        """One pass: controls, timers, gates, waves, offers."""
+        self.ticks += 1
+        async with self._lock:
+            await self.apply_pending_controls()
+            now = self.clock.now_ms()
+            for d in self.store.due_devices(now):
+                self._expire(d, now)
+            active = self.store.rollouts(active_only=True)
+            if not active:
+                return
+            infos = {d.device_id: d for d in self.port.devices()}
+            for r in active:
+                await self._advance(r.id, infos)
+
+    def _expire(self, d: DeviceRow, now: int) -> None:
+        r = self._get(d.rollout_id)
+        timeout_s = r.spec.device.timeout_s
+        if d.state == "queued":
+            why = (
+                f"not reachable within {timeout_s:g}s (offline)"
+                if d.offers == 0
+                else f"not reachable for its retry within {timeout_s:g}s"
+            )
+        else:
+            why = f"no progress for {timeout_s:g}s while {d.state}"
+        with self.store.atomic():
+            if d.state != "queued" and r.active and d.attempts <= r.spec.device.retries:
+                self.store.set_device(r.id, d.device_id, **self._retry_fields(r, d, f"timed out: {why}", now))
+            else:
+                self.store.set_device(
+                    r.id, d.device_id, state="timed_out", detail=why, deadline_ms=None, next_try_ms=None
+                )
+        self._changed(r.id)
+
+    async def _advance(self, rid: str, infos: dict[str, DeviceInfo]) -> None:
+        r = self._get(rid)
+        if r.state != "running":
+            return
+        if r.spec.targets.include_new and not r.rollback_of:
+            self._include_new(r, infos)
+        if self.gates.failure_gate(r):
+            return
+        await self._offer(r, infos)
+        for _ in range(r.wave_count + 1):  # one wave may pass and the next start in one tick
+            r = self._get(rid)
+            if r.state != "running" or not self.gates.wave_gates(r, infos):
+                break
+
+    def _include_new(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> None:
+        last = r.wave_count - 1
+        wave = self.store.wave(r.id, last)
+        if wave is None or wave.state not in ("pending", "running"):
+            return
+        known = {d.device_id for d in self.store.devices(r.id)}
+        for info in infos.values():
+            if info.device_id in known or info.first_seen_ms < r.created_ms:
+                continue
+            if matches(r.spec, info) and info.firmware_version != r.version:
+                if self.store.add_device(r.id, info.device_id, last, from_version=info.firmware_version):
+                    if wave.state == "running":
+                        self.store.set_device(
+                            r.id, info.device_id, deadline_ms=self.clock.now_ms() + int(r.spec.device.timeout_s * 1000)
+                        )
+                    log.info("rollout %s: new device %s joins wave %d", r.id, info.device_id, last)
+
+    async def _offer(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> None:
+        now = self.clock.now_ms()
+        open_waves = {
+            w.idx
+            for w in self.store.waves(r.id)
+            if w.idx <= r.current_wave and w.state in ("running", "soaking", "awaiting_approval", "passed")
+        }
+        ready = [
+            d
+            for d in self.store.devices(r.id, states=("queued",), max_wave=r.current_wave)
+            if d.wave in open_waves
+            and (d.next_try_ms is None or d.next_try_ms <= now)
+            and d.device_id in infos
+            and infos[d.device_id].online
+        ]
+        if not ready:
+            return
+        spec = r.spec
+        offer = UpdateOffer(
+            rollout_id=r.id,
+            signed_manifest=r.signed_manifest,
+            maintenance_windows=tuple(spec.device.maintenance_windows),
+            chunk_size=spec.download.chunk_size,
+        )
+        await self.port.send_offers([(d.device_id, offer) for d in ready])
+        deadline = self.clock.now_ms() + int(spec.device.timeout_s * 1000)
+        with self.store.atomic():
+            for d in ready:
+                attempt = d.attempts + 1
+                self.store.set_device(
+                    r.id,
+                    d.device_id,
+                    state="notified",
+                    attempts=attempt,
+                    offers=d.offers + 1,
+                    last_offer_ms=self.clock.now_ms(),
+                    deadline_ms=deadline,
+                    next_try_ms=None,
+                    detail=f"offered (attempt {attempt})",
+                )
+                self.store.record_offer(r.id, d.device_id, attempt)
+        self._changed(r.id)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _get(self, rid: str) -> RolloutRow:
+        r = self.store.get(rid)
+        if r is None:
+            raise RolloutError(f"no rollout {rid!r}")
+        return r
+
+    def _changed(self, rid: str) -> None:
+        if self._on_change is not None:
+            self._on_change(rid)
+
+
+__all__ = ["Orchestrator", "RolloutPort", "describe", "rollout_id_for"]

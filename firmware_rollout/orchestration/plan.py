@@ -1,0 +1,104 @@
+"""Which devices a rollout targets and which wave each one is in.
+
+The plan is a pure function of the spec, the device list and the seed: devices are sorted by
+id, shuffled with `random.Random(seed)`, then cut into waves (canary first). The same inputs
+give the same plan on every machine, so a restarted leader, the CLI and the simulator agree.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.core.errors import RolloutError
+from firmware_rollout.orchestration.spec import RolloutSpec, WavesSection
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """A device as the leader's registry knows it (times are the leader clock's ms)."""
+
+    device_id: str
+    firmware_version: str = ""
+    tags: tuple[str, ...] = ()
+    online: bool = False
+    last_seen_ms: int | None = None
+    first_seen_ms: int = 0
+
+
+def matches(spec: RolloutSpec, device: DeviceInfo) -> bool:
+    """Whether the spec's target selector takes `device`."""
+    targets = spec.targets
+    if targets.select == "tags":
+        return bool(set(targets.tags) & set(device.tags))
+    if targets.select == "versions":
+        return device.firmware_version in targets.versions
+    return True
+
+
+def select_targets(spec: RolloutSpec, devices: Sequence[DeviceInfo], *, target_version: str) -> list[str]:
+    """Ids of the devices the rollout updates: matching the selector and not already running
+    `target_version`, sorted."""
+    return sorted(d.device_id for d in devices if matches(spec, d) and d.firmware_version != target_version)
+
+
+def wave_sizes(waves: WavesSection, total: int) -> list[int]:
+    """Sizes of the waves for `total` devices (canary first). Raises `RolloutError` when a wave
+    would hold no device."""
+    if total <= 0:
+        raise RolloutError("no device matches the rollout's targets")
+    sizes: list[int] = []
+    left = total
+    if waves.canary:
+        if waves.canary >= total:
+            raise RolloutError(f"the canary wave ({waves.canary}) would take all {total} targeted devices")
+        sizes.append(waves.canary)
+        left -= waves.canary
+    body: list[int] = []
+    if waves.counts is not None:
+        for count in waves.counts:
+            if left <= 0:
+                break
+            body.append(min(count, left))
+            left -= body[-1]
+        if left > 0:
+            body.append(left)  # the devices no count covers form a last wave
+    elif waves.percents is not None:
+        n = left
+        for i, pct in enumerate(waves.percents):
+            size = left if i == len(waves.percents) - 1 else round(n * pct / 100.0)
+            if size <= 0:
+                raise RolloutError(
+                    f"wave {len(sizes) + i + 1} ({pct:g}% of {n} devices) would hold no device;"
+                    " use fewer or larger waves"
+                )
+            size = min(size, left)
+            body.append(size)
+            left -= size
+            if left <= 0 and i < len(waves.percents) - 1:
+                raise RolloutError(f"waves after wave {len(sizes) + i + 1} would hold no device")
+    else:
+        assert waves.ramp is not None
+        ramp = float(waves.ramp.base)
+        while left > 0:
+            take = min(max(1, int(ramp)), left)
+            body.append(take)
+            left -= take
+            ramp *= waves.ramp.factor
+    return sizes + body
+
+
+def plan_waves(spec: RolloutSpec, device_ids: Sequence[str], *, seed: int | None = None) -> list[list[str]]:
+    """Assign `device_ids` to waves: deterministic for (spec, ids, seed)."""
+    ids = sorted(set(device_ids))
+    random.Random(spec.rollout.seed if seed is None else seed).shuffle(ids)
+    out: list[list[str]] = []
+    start = 0
+    for size in wave_sizes(spec.waves, len(ids)):
+        out.append(sorted(ids[start : start + size]))
+        start += size
+    return out
+
+
+__all__ = ["DeviceInfo", "matches", "plan_waves", "select_targets", "wave_sizes"]

@@ -1,0 +1,103 @@
+"""The rollout tables of the leader's database, as ordered migrations (component "rollout").
+
+See `firmware_rollout.orchestration.store` for what each table holds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE rollouts (
+            id TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            state TEXT NOT NULL,
+            spec BLOB NOT NULL,
+            artifact TEXT NOT NULL,
+            version TEXT NOT NULL,
+            signed_manifest BLOB NOT NULL,
+            current_wave INTEGER NOT NULL DEFAULT 0,
+            wave_count INTEGER NOT NULL,
+            detail TEXT NOT NULL DEFAULT '',
+            rollback_of TEXT NOT NULL DEFAULT '',
+            fail_base_finished INTEGER NOT NULL DEFAULT 0,
+            fail_base_failed INTEGER NOT NULL DEFAULT 0,
+            created_ms INTEGER NOT NULL,
+            updated_ms INTEGER NOT NULL,
+            finished_ms INTEGER
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE rollout_waves (
+            rollout_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            size INTEGER NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',
+            started_ms INTEGER,
+            finished_ms INTEGER,
+            soak_started_ms INTEGER,
+            soak_until_ms INTEGER,
+            detail TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (rollout_id, idx)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute(
+        """CREATE TABLE rollout_devices (
+            rollout_id TEXT NOT NULL,
+            device_id TEXT NOT NULL,
+            wave INTEGER NOT NULL,
+            state TEXT NOT NULL DEFAULT 'queued',
+            detail TEXT NOT NULL DEFAULT '',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            deadline_ms INTEGER,
+            next_try_ms INTEGER,
+            offers INTEGER NOT NULL DEFAULT 0,
+            last_offer_ms INTEGER,
+            report_seq INTEGER NOT NULL DEFAULT -1,
+            from_version TEXT NOT NULL DEFAULT '',
+            updated_ms INTEGER NOT NULL,
+            PRIMARY KEY (rollout_id, device_id)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute("CREATE INDEX rollout_devices_wave ON rollout_devices(rollout_id, wave, state)")
+    conn.execute(
+        "CREATE TABLE rollout_offers (rollout_id TEXT NOT NULL, device_id TEXT NOT NULL,"
+        " at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL)"
+    )
+    conn.execute("CREATE INDEX rollout_offers_device ON rollout_offers(rollout_id, device_id)")
+    conn.execute("CREATE TABLE rollout_processed (msg_id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL) WITHOUT ROWID")
+    conn.execute(
+        """CREATE TABLE rollout_controls (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            rollout_id TEXT NOT NULL,
+            action TEXT NOT NULL,
+            arg TEXT NOT NULL DEFAULT '',
+            created_ms INTEGER NOT NULL,
+            applied_ms INTEGER,
+            result TEXT NOT NULL DEFAULT ''
+        )"""
+    )
+    conn.execute("CREATE INDEX rollout_controls_pending ON rollout_controls(id) WHERE applied_ms IS NULL")
+
+
+def _v2(conn: sqlite3.Connection) -> None:
+    # Timers are found by deadline; terminal devices have none, so the index stays small.
+    conn.execute("CREATE INDEX rollout_devices_deadline ON rollout_devices(deadline_ms) WHERE deadline_ms IS NOT NULL")
+
+
+def _v3(conn: sqlite3.Connection) -> None:
+    # Housekeeping forgets old report ids by age (`RolloutStore.prune_processed`).
+    conn.execute("CREATE INDEX rollout_processed_at ON rollout_processed(at_ms)")
+
+
+def _v4(conn: sqlite3.Connection) -> None:
+    # Housekeeping deletes a finished rollout's controls by rollout (`RolloutStore.prune_finished`).
+    conn.execute("CREATE INDEX rollout_controls_rollout ON rollout_controls(rollout_id)")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4)
+
+__all__ = ["MIGRATIONS"]

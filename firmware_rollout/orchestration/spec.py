@@ -1,0 +1,223 @@
+"""The rollout spec: a TOML file saying what to install where, in which waves, behind which gates.
+
+    [rollout]
+    name = "camera 1.2.0"
+    artifact = "fw-1.2.0.eafw"          # relative to the spec file
+    seed = 7                            # wave assignment is deterministic for a seed
+
+    [targets]
+    select = "all"                      # all | tags | versions
+    tags = ["cam"]                      # select = "tags": devices carrying any of these tags
+    versions = ["1.1.0"]                # select = "versions": devices running one of these
+    include_new = false                 # devices registering during the rollout join the last open wave
+
+    [waves]
+    canary = 2                          # the canary wave, first (0: none)
+    counts = [10, 50]                   # or percents = [10, 30, 60], or ramp = { base = 5, factor = 2.0 }
+
+    [gates]
+    success_threshold_pct = 95.0        # of a wave's devices must succeed to go on
+    soak_s = 300                        # updated devices must keep heartbeating this long
+    manual_approval = false             # wait for `edge-agent rollout approve` between waves
+    failure_threshold_pct = 20.0        # of finished devices failed/rejected/timed out/rolled back...
+    min_finished = 5                    # ...once at least this many finished
+    failure_action = "abort"            # abort | pause
+
+    [device]
+    timeout_s = 1800                    # no progress for this long: timed_out
+    retries = 1                         # failed / timed out devices are offered again
+    retry_backoff_s = 60                # doubled per retry
+    maintenance_windows = ["01:00-05:00"]   # device-local; an install starts only inside one
+
+    [download]
+    servers = 2                         # ConfigServer actors on the leader
+    mailbox_capacity = 2                # each; a full one answers busy
+    chunk_size = 0                      # bytes per chunk message; 0: the artifact's chunk size
+    rate_bytes_per_s = 0                # per server; 0: unlimited
+
+Every mistake is one `ConfigError` naming the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from agent.core.config import convert, decode_toml
+from agent.core.errors import ConfigError
+from firmware_rollout.windows import longest_gap_s, parse_window
+
+Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class RolloutSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    artifact: Annotated[str, msgspec.Meta(min_length=1)]
+    seed: int = 0
+    rollback_artifact: str = ""  # offered by `rollout rollback` unless the command names one
+
+
+class TargetsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    select: Literal["all", "tags", "versions"] = "all"
+    tags: list[str] = msgspec.field(default_factory=list)
+    versions: list[str] = msgspec.field(default_factory=list)
+    include_new: bool = False
+
+
+class Ramp(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    base: PositiveInt
+    factor: Annotated[float, msgspec.Meta(ge=1.0, le=100.0)] = 2.0
+
+
+class WavesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    canary: NonNegInt = 0
+    counts: list[PositiveInt] | None = None
+    percents: list[Annotated[float, msgspec.Meta(gt=0, le=100)]] | None = None
+    ramp: Ramp | None = None
+
+
+class GatesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    success_threshold_pct: Pct = 100.0
+    soak_s: NonNegFloat = 0.0
+    manual_approval: bool = False
+    failure_threshold_pct: Pct = 100.0
+    min_finished: PositiveInt = 1
+    failure_action: Literal["abort", "pause"] = "abort"
+
+
+class DeviceSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    timeout_s: PositiveFloat = 1800.0
+    retries: NonNegInt = 0
+    retry_backoff_s: NonNegFloat = 60.0
+    maintenance_windows: list[str] = msgspec.field(default_factory=list)
+
+
+class DownloadSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    servers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+    mailbox_capacity: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 2
+    chunk_size: NonNegInt = 0
+    rate_bytes_per_s: NonNegInt = 0
+
+
+class RolloutSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    rollout: RolloutSection
+    targets: TargetsSection = msgspec.field(default_factory=TargetsSection)
+    waves: WavesSection
+    gates: GatesSection = msgspec.field(default_factory=GatesSection)
+    device: DeviceSection = msgspec.field(default_factory=DeviceSection)
+    download: DownloadSection = msgspec.field(default_factory=DownloadSection)
+
+    @property
+    def windows(self) -> list[tuple[int, int]]:
+        """Maintenance windows as (start, end) seconds of the device-local day."""
+        return [parse_window(w) for w in self.device.maintenance_windows]
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self)
+
+
+def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
+    """Checks msgspec cannot express; raises `ConfigError(source, key, reason)`."""
+    waves = spec.waves
+    given = [name for name in ("counts", "percents", "ramp") if getattr(waves, name) is not None]
+    if len(given) != 1:
+        raise ConfigError(source, "waves", "give exactly one of counts, percents or ramp")
+    if waves.counts is not None and not waves.counts:
+        raise ConfigError(source, "waves.counts", "must list at least one wave")
+    if waves.percents is not None:
+        if not waves.percents:
+            raise ConfigError(source, "waves.percents", "must list at least one wave")
+        total = sum(waves.percents)
+        if not math.isclose(total, 100.0, abs_tol=0.01):
+            raise ConfigError(source, "waves.percents", f"must add up to 100, not {total:g}")
+    targets = spec.targets
+    if targets.select == "tags" and not targets.tags:
+        raise ConfigError(source, "targets.tags", 'select = "tags" needs at least one tag')
+    if targets.select == "versions" and not targets.versions:
+        raise ConfigError(source, "targets.versions", 'select = "versions" needs at least one version')
+    for i, text in enumerate(spec.device.maintenance_windows):
+        try:
+            parse_window(text)
+        except ValueError as exc:
+            raise ConfigError(source, f"device.maintenance_windows.{i}", str(exc)) from None
+    gap = longest_gap_s(spec.windows)
+    if gap and spec.device.timeout_s < gap:
+        raise ConfigError(
+            source,
+            "device.timeout_s",
+            f"must cover the longest wait for a maintenance window ({gap:g} s): a waiting device reports nothing",
+        )
+    chunk = spec.download.chunk_size
+    if chunk and chunk < 256:
+        raise ConfigError(source, "download.chunk_size", "must be 0 (the artifact's) or at least 256 bytes")
+    return spec
+
+
+def soak_warning(spec: RolloutSpec, *, heartbeat_s: float, source: str, devices: str = "devices") -> str | None:
+    """One line when `gates.soak_s` is shorter than the `devices`' heartbeat interval, else None.
+
+    The soak passes a device only if the leader heard a heartbeat from it after the soak began;
+    a soak shorter than the interval can end before that heartbeat, and the device then counts
+    as failed (with every device beating on the same beat, as simulated ones do, the whole wave
+    fails). A warning, not an error: a fleet may beat faster than the interval given here."""
+    soak = spec.gates.soak_s
+    if not 0 < soak < heartbeat_s:
+        return None
+    return (f"{source}: gates.soak_s = {soak:g} is shorter than the {devices}' heartbeat interval ({heartbeat_s:g} s):"
+            " the soak can end before a device's next heartbeat, and the device then counts as failed;"
+            f" make soak_s at least {heartbeat_s:g}")
+
+
+def load_spec(path: str | Path) -> RolloutSpec:
+    """Read and check a spec file; `rollout.artifact` (and `rollback_artifact`) come back as
+    absolute paths resolved against the spec's directory."""
+    path = Path(path)
+    spec = check_spec(decode_toml(path, RolloutSpec), source=str(path))
+    base = path.resolve().parent
+    section = spec.rollout
+    artifact = str((base / section.artifact).resolve())
+    rollback = str((base / section.rollback_artifact).resolve()) if section.rollback_artifact else ""
+    return msgspec.structs.replace(
+        spec, rollout=msgspec.structs.replace(section, artifact=artifact, rollback_artifact=rollback)
+    )
+
+
+def spec_from_dict(data: dict[str, object], *, source: str = "spec") -> RolloutSpec:
+    """Build and check a spec from plain data (tests, the simulator, the database)."""
+    return check_spec(convert(data, RolloutSpec, source=source), source=source)
+
+
+def spec_from_json(data: bytes, *, source: str = "stored spec") -> RolloutSpec:
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(source, None, f"not JSON: {exc}") from None
+    return spec_from_dict(raw, source=source)
+
+
+__all__ = [
+    "DeviceSection",
+    "DownloadSection",
+    "GatesSection",
+    "Ramp",
+    "RolloutSection",
+    "RolloutSpec",
+    "TargetsSection",
+    "WavesSection",
+    "check_spec",
+    "load_spec",
+    "soak_warning",
+    "spec_from_dict",
+    "spec_from_json",
+]

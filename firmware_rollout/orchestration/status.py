@@ -1,0 +1,77 @@
+"""A rollout's state as plain data: the `rollout status` screen, `--json`, the simulator's report.
+
+Waves are stored by index from 0; every text a user reads numbers them from 1 (`wave_number`,
+`wave_label`), as `rollout list` does: the canary, when the spec has one, is wave 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.core.errors import RolloutError
+from firmware_rollout.orchestration.store import IN_PROGRESS, TERMINAL, RolloutStore
+
+
+def wave_number(idx: int) -> int:
+    """The number users see for the wave stored at `idx`."""
+    return idx + 1
+
+
+def wave_label(idx: int, *, canary: bool = False) -> str:
+    """`wave 3`, or `wave 1 (canary)` for a canary wave."""
+    return f"wave {idx + 1}" + (" (canary)" if canary else "")
+
+
+def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
+    """A rollout's state as plain data: the status screen, `--json`, the simulator's report."""
+    r = store.find(rollout_id)
+    if r is None:
+        raise RolloutError(f"no rollout {rollout_id!r}")
+    counts = store.counts(r.id)
+    waves = []
+    for w in store.waves(r.id):
+        states = counts.get(w.idx, {})
+        waves.append(
+            {
+                "index": w.idx,
+                "number": wave_number(w.idx),
+                "canary": w.idx == 0 and r.spec.waves.canary > 0,
+                "size": w.size,
+                "state": w.state,
+                "succeeded": states.get("succeeded", 0),
+                "finished": sum(n for s, n in states.items() if s in TERMINAL),
+                "in_progress": sum(n for s, n in states.items() if s in IN_PROGRESS),
+                "counts": dict(sorted(states.items())),
+                "started_ms": w.started_ms,
+                "finished_ms": w.finished_ms,
+                "detail": w.detail,
+            }
+        )
+    totals = store.totals(r.id)
+    offers = store.offers(r.id)
+    after = 0
+    if r.state == "aborted" and r.finished_ms is not None:
+        after = len({d for d, at, _ in offers if at > r.finished_ms})
+    return {
+        "id": r.id,
+        "name": r.name,
+        "state": r.state,
+        "version": r.version,
+        "artifact": r.artifact,
+        "current_wave": r.current_wave,
+        "current_wave_number": wave_number(r.current_wave),
+        "wave_count": r.wave_count,
+        "detail": r.detail,
+        "rollback_of": r.rollback_of,
+        "created_ms": r.created_ms,
+        "updated_ms": r.updated_ms,
+        "finished_ms": r.finished_ms,
+        "devices": sum(totals.values()),
+        "counts": dict(sorted(totals.items())),
+        "offers": len(offers),
+        "devices_offered_after_abort": after,
+        "waves": waves,
+    }
+
+
+__all__ = ["describe", "wave_label", "wave_number"]

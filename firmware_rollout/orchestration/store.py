@@ -1,0 +1,550 @@
+"""The orchestrator's durable state, in the leader's SQLite database (component "rollout").
+
+    rollouts           one row per rollout: state, spec (JSON), artifact, signed manifest
+    rollout_waves      one row per wave: state, start, soak deadline
+    rollout_devices    one row per targeted device: state, detail, attempts, deadlines
+    rollout_offers     every offer made (rollout, device, time, attempt): the audit trail
+    rollout_processed  ids of device reports already applied (deduplication)
+    rollout_controls   operator controls written by the CLI, applied by the running leader
+
+Deadlines (device timeouts, retry backoff, soak end) are stored as `now_ms()` values of the
+leader's Clock, so a restarted leader continues every timer where it stood. The store is
+synchronous and short (WAL, `synchronous=NORMAL` unless told otherwise): it is called on the
+event loop, one transaction per transition, as the registry is. sqlite3 errors become
+`StoreError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from agent.core.clock import Clock
+from agent.core.errors import StoreError
+from agent.core.sqlite import Synchronous, atomic, close_quietly, open_migrated, store_errors
+from firmware_rollout.orchestration.schema import MIGRATIONS as _MIGRATIONS
+from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
+
+COMPONENT = "rollout"
+
+DEVICE_STATES: Final[tuple[str, ...]] = (
+    "queued",
+    "notified",
+    "downloading",
+    "installing",
+    "rebooting",
+    "verifying",
+    "succeeded",
+    "failed",
+    "rejected",
+    "timed_out",
+    "canceled",
+    "rolled_back",
+)
+IN_PROGRESS: Final[frozenset[str]] = frozenset({"notified", "downloading", "installing", "rebooting", "verifying"})
+TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "rejected", "timed_out", "canceled", "rolled_back"})
+FAILURES: Final[frozenset[str]] = frozenset({"failed", "rejected", "timed_out", "rolled_back"})
+#: Marks a rollout whose per-device rows were pruned, in its `detail`.
+PRUNED_NOTE: Final = "device rows pruned"
+# What `prune_finished` deletes: (table, the key selecting one rollout's rows, the column naming a row)
+_PRUNED_TABLES: Final[tuple[tuple[str, str, str], ...]] = (
+    ("rollout_offers", "rollout_id = ?", "rowid"),
+    ("rollout_controls", "rollout_id = ? AND applied_ms IS NOT NULL", "id"),
+    ("rollout_devices", "rollout_id = ?", "device_id"),
+)
+ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"running", "paused"})
+ROLLOUT_STATES: Final[tuple[str, ...]] = ("running", "paused", "succeeded", "aborted", "canceled")
+#: The rollout states after which nothing is offered again.
+FINISHED: Final[tuple[str, ...]] = tuple(s for s in ROLLOUT_STATES if s not in ROLLOUT_ACTIVE)
+WAVE_STATES: Final[tuple[str, ...]] = (
+    "pending",
+    "running",
+    "soaking",
+    "awaiting_approval",
+    "passed",
+    "failed",
+    "canceled",
+)
+CONTROLS: Final[tuple[str, ...]] = ("start", "pause", "resume", "cancel", "next", "approve", "rollback")
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRow:
+    id: str
+    seq: int
+    name: str
+    state: str
+    spec: RolloutSpec
+    artifact: str
+    version: str
+    signed_manifest: bytes
+    current_wave: int
+    wave_count: int
+    detail: str
+    rollback_of: str
+    fail_base_finished: int
+    fail_base_failed: int
+    created_ms: int
+    updated_ms: int
+    finished_ms: int | None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ROLLOUT_ACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class WaveRow:
+    rollout_id: str
+    idx: int
+    size: int
+    state: str
+    started_ms: int | None
+    finished_ms: int | None
+    soak_started_ms: int | None
+    soak_until_ms: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    rollout_id: str
+    device_id: str
+    wave: int
+    state: str
+    detail: str
+    attempts: int
+    deadline_ms: int | None
+    next_try_ms: int | None
+    offers: int
+    last_offer_ms: int | None
+    report_seq: int
+    from_version: str
+    updated_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRow:
+    id: int
+    rollout_id: str
+    action: str
+    arg: str
+    created_ms: int
+    applied_ms: int | None
+    result: str
+
+
+_R_COLS = (
+    "id, seq, name, state, spec, artifact, version, signed_manifest, current_wave, wave_count, detail,"
+    " rollback_of, fail_base_finished, fail_base_failed, created_ms, updated_ms, finished_ms"
+)
+_W_COLS = "rollout_id, idx, size, state, started_ms, finished_ms, soak_started_ms, soak_until_ms, detail"
+_D_COLS = (
+    "rollout_id, device_id, wave, state, detail, attempts, deadline_ms, next_try_ms, offers, last_offer_ms,"
+    " report_seq, from_version, updated_ms"
+)
+_C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result"
+_SETTABLE = {
+    "rollouts": frozenset(c.strip() for c in _R_COLS.split(",")) - {"id", "seq", "spec"},
+    "rollout_waves": frozenset(c.strip() for c in _W_COLS.split(",")) - {"rollout_id", "idx"},
+    "rollout_devices": frozenset(c.strip() for c in _D_COLS.split(",")) - {"rollout_id", "device_id"},
+}
+
+
+def _rollout(row: tuple[Any, ...]) -> RolloutRow:
+    values = list(row)
+    values[4] = spec_from_json(bytes(values[4]))
+    values[7] = bytes(values[7])
+    return RolloutRow(*values)
+
+
+class RolloutStore:
+    """All reads and writes of the rollout tables. Open one per process and database."""
+
+    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, path: str) -> None:
+        self._conn = conn
+        self._clock = clock
+        self.path = path
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "NORMAL") -> RolloutStore:
+        conn = open_migrated(path, COMPONENT, _MIGRATIONS, synchronous=synchronous)
+        return cls(conn, clock=clock, path=str(path))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            close_quietly(self._conn)
+
+    def _q(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self._closed:
+            raise StoreError("the rollout store is closed")
+        with store_errors("rollout store"):
+            return self._conn.execute(sql, args).fetchall()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction (a savepoint when nested): every transition is one of these."""
+        if self._closed:
+            raise StoreError("the rollout store is closed")
+        with atomic(self._conn):
+            yield
+
+    # -- rollouts --------------------------------------------------------------------------
+    def create_rollout(
+        self,
+        rollout_id: str,
+        *,
+        spec: RolloutSpec,
+        artifact: str,
+        version: str,
+        signed_manifest: bytes,
+        waves: Sequence[Sequence[str]],
+        from_versions: dict[str, str],
+        rollback_of: str = "",
+    ) -> None:
+        now = self._clock.now_ms()
+        with self.atomic():
+            if self._q("SELECT 1 FROM rollouts WHERE id = ?", (rollout_id,)):
+                raise StoreError(f"rollout {rollout_id!r} exists already")
+            seq = self._q("SELECT COALESCE(MAX(seq), 0) + 1 FROM rollouts")[0][0]
+            self._q(
+                "INSERT INTO rollouts (id, seq, name, state, spec, artifact, version, signed_manifest, wave_count,"
+                " rollback_of, created_ms, updated_ms) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    rollout_id,
+                    seq,
+                    spec.rollout.name,
+                    spec.to_json(),
+                    artifact,
+                    version,
+                    signed_manifest,
+                    len(waves),
+                    rollback_of,
+                    now,
+                    now,
+                ),
+            )
+            for idx, members in enumerate(waves):
+                self._q(
+                    "INSERT INTO rollout_waves (rollout_id, idx, size) VALUES (?, ?, ?)",
+                    (rollout_id, idx, len(members)),
+                )
+                with store_errors("rollout store"):
+                    self._conn.executemany(
+                        "INSERT INTO rollout_devices (rollout_id, device_id, wave, from_version, updated_ms)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        [(rollout_id, d, idx, from_versions.get(d, ""), now) for d in members],
+                    )
+
+    def add_device(self, rollout_id: str, device_id: str, wave: int, *, from_version: str = "") -> bool:
+        """Add a late-registering device to `wave`; False when it is in the rollout already."""
+        now = self._clock.now_ms()
+        with self.atomic():
+            if self._q("SELECT 1 FROM rollout_devices WHERE rollout_id = ? AND device_id = ?", (rollout_id, device_id)):
+                return False
+            self._q(
+                "INSERT INTO rollout_devices (rollout_id, device_id, wave, from_version, updated_ms)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (rollout_id, device_id, wave, from_version, now),
+            )
+            self._q("UPDATE rollout_waves SET size = size + 1 WHERE rollout_id = ? AND idx = ?", (rollout_id, wave))
+        return True
+
+    def get(self, rollout_id: str) -> RolloutRow | None:
+        rows = self._q(f"SELECT {_R_COLS} FROM rollouts WHERE id = ?", (rollout_id,))
+        return _rollout(rows[0]) if rows else None
+
+    def find(self, prefix: str) -> RolloutRow | None:
+        """The rollout with id `prefix`, or the only one whose id starts with it."""
+        exact = self.get(prefix)
+        if exact is not None:
+            return exact
+        rows = self._q(
+            f"SELECT {_R_COLS} FROM rollouts WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
+            (prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+        )
+        return _rollout(rows[0]) if len(rows) == 1 else None
+
+    def rollouts(self, *, active_only: bool = False) -> list[RolloutRow]:
+        where = " WHERE state IN ('running', 'paused')" if active_only else ""
+        return [_rollout(r) for r in self._q(f"SELECT {_R_COLS} FROM rollouts{where} ORDER BY seq")]
+
+    def latest(self) -> RolloutRow | None:
+        rows = self._q(f"SELECT {_R_COLS} FROM rollouts ORDER BY seq DESC LIMIT 1")
+        return _rollout(rows[0]) if rows else None
+
+    def _set(self, table: str, where: str, key: Sequence[Any], fields: dict[str, Any]) -> None:
+        bad = set(fields) - _SETTABLE[table]
+        if bad:
+            raise ValueError(f"cannot set {sorted(bad)} on {table}")
+        if not fields:
+            return
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        self._q(f"UPDATE {table} SET {assignments} WHERE {where}", [*fields.values(), *key])
+
+    def set_rollout(self, rollout_id: str, **fields: Any) -> None:
+        fields.setdefault("updated_ms", self._clock.now_ms())
+        self._set("rollouts", "id = ?", (rollout_id,), fields)
+
+    # -- waves -----------------------------------------------------------------------------
+    def waves(self, rollout_id: str) -> list[WaveRow]:
+        return [
+            WaveRow(*r)
+            for r in self._q(f"SELECT {_W_COLS} FROM rollout_waves WHERE rollout_id = ? ORDER BY idx", (rollout_id,))
+        ]
+
+    def wave(self, rollout_id: str, idx: int) -> WaveRow | None:
+        rows = self._q(f"SELECT {_W_COLS} FROM rollout_waves WHERE rollout_id = ? AND idx = ?", (rollout_id, idx))
+        return WaveRow(*rows[0]) if rows else None
+
+    def set_wave(self, rollout_id: str, idx: int, **fields: Any) -> None:
+        self._set("rollout_waves", "rollout_id = ? AND idx = ?", (rollout_id, idx), fields)
+
+    # -- devices ---------------------------------------------------------------------------
+    def devices(
+        self,
+        rollout_id: str,
+        *,
+        wave: int | None = None,
+        states: Sequence[str] | None = None,
+        max_wave: int | None = None,
+    ) -> list[DeviceRow]:
+        sql = f"SELECT {_D_COLS} FROM rollout_devices WHERE rollout_id = ?"
+        args: list[Any] = [rollout_id]
+        if wave is not None:
+            sql += " AND wave = ?"
+            args.append(wave)
+        if max_wave is not None:
+            sql += " AND wave <= ?"
+            args.append(max_wave)
+        if states is not None:
+            sql += f" AND state IN ({', '.join('?' * len(states))})"
+            args.extend(states)
+        return [DeviceRow(*r) for r in self._q(sql + " ORDER BY wave, device_id", args)]
+
+    def device(self, rollout_id: str, device_id: str) -> DeviceRow | None:
+        rows = self._q(
+            f"SELECT {_D_COLS} FROM rollout_devices WHERE rollout_id = ? AND device_id = ?", (rollout_id, device_id)
+        )
+        return DeviceRow(*rows[0]) if rows else None
+
+    def set_device(self, rollout_id: str, device_id: str, **fields: Any) -> None:
+        fields.setdefault("updated_ms", self._clock.now_ms())
+        self._set("rollout_devices", "rollout_id = ? AND device_id = ?", (rollout_id, device_id), fields)
+
+    def counts(self, rollout_id: str) -> dict[int, dict[str, int]]:
+        """wave -> state -> number of devices."""
+        out: dict[int, dict[str, int]] = {}
+        for wave, state, n in self._q(
+            "SELECT wave, state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY wave, state",
+            (rollout_id,),
+        ):
+            out.setdefault(wave, {})[state] = n
+        return out
+
+    def totals(self, rollout_id: str) -> dict[str, int]:
+        return dict(
+            self._q("SELECT state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY state", (rollout_id,))
+        )  # type: ignore[arg-type]
+
+    def record_offer(self, rollout_id: str, device_id: str, attempt: int) -> None:
+        self._q(
+            "INSERT INTO rollout_offers (rollout_id, device_id, at_ms, attempt) VALUES (?, ?, ?, ?)",
+            (rollout_id, device_id, self._clock.now_ms(), attempt),
+        )
+
+    def offers(self, rollout_id: str) -> list[tuple[str, int, int]]:
+        """(device, at_ms, attempt) of every offer made, oldest first."""
+        return [
+            (d, at, a)
+            for d, at, a in self._q(
+                "SELECT device_id, at_ms, attempt FROM rollout_offers WHERE rollout_id = ? ORDER BY rowid",
+                (rollout_id,),
+            )
+        ]
+
+    def claim(self, msg_id: str) -> bool:
+        """Record a report id; False when it was applied before (inside the caller's transaction)."""
+        with store_errors("rollout store"):
+            cur = self._conn.execute(
+                "INSERT OR IGNORE INTO rollout_processed (msg_id, at_ms) VALUES (?, ?)", (msg_id, self._clock.now_ms())
+            )
+        return cur.rowcount == 1
+
+    def prune_processed(self, older_than_s: float, *, limit: int | None = None) -> int:
+        """Forget report ids older than `older_than_s`, oldest first, at most `limit` in this one
+        transaction; how many were forgotten.
+
+        An active (running or paused) rollout's reports are never forgotten: nothing claimed
+        after the oldest active rollout was created is touched, however old. Keep the window
+        longer than a device may resend a report (its outbox TTL and retry horizon); a report
+        redelivered after that is still refused by the device's `report_seq` guard.
+        """
+        cutoff = self._clock.now_ms() - int(older_than_s * 1000)
+        oldest_active = self._q("SELECT MIN(created_ms) FROM rollouts WHERE state IN ('running', 'paused')")[0][0]
+        if oldest_active is not None:
+            cutoff = min(cutoff, int(oldest_active))
+        if not self._q("SELECT 1 FROM rollout_processed WHERE at_ms < ? LIMIT 1", (cutoff,)):
+            return 0  # nothing due: no write transaction
+        with self.atomic(), store_errors("rollout store"):
+            cur = self._conn.execute(
+                "DELETE FROM rollout_processed WHERE msg_id IN (SELECT msg_id FROM rollout_processed"
+                " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
+                (cutoff, -1 if limit is None else max(0, limit)),
+            )
+        return cur.rowcount
+
+    def prune_finished(self, older_than_s: float, *, limit: int | None = None) -> int:
+        """Delete the per-device rows of rollouts that finished longer than `older_than_s` ago,
+        at most `limit` (None: all) in this one transaction, oldest rollout first; how many
+        were deleted.
+
+        What goes: a finished rollout's `rollout_devices`, `rollout_offers` and applied
+        `rollout_controls` rows. They grow by about one row per device per rollout and only
+        serve the live orchestration and the recent audit trail.
+
+        What stays, and why: the summary row in `rollouts` and its `rollout_waves` rows. The
+        per-device rows are the only copy of which device ended in which state, so the final
+        count of devices per state is appended to the rollout's detail first (`PRUNED_NOTE`);
+        `rollout status` then still shows the summary and the waves, while per-wave counts,
+        offers and `--devices` are gone, and a rollback of the pruned rollout is refused (it no
+        longer knows which devices took the version).
+
+        Never touched: a running or paused rollout, a finished one with a device still
+        mid-update (a stopped rollout lets installing devices finish and report), and a control
+        not applied yet (the running leader answers it)."""
+        budget = -1 if limit is None else max(0, limit)
+        if budget == 0:
+            return 0
+        candidates = self.prunable_rollouts(self._clock.now_ms() - int(older_than_s * 1000))
+        if not candidates:
+            return 0  # nothing due: no write transaction
+        removed = 0
+        with self.atomic(), store_errors("rollout store"):
+            for rollout_id in candidates:
+                self._note_totals(rollout_id)
+                for table, where, key in _PRUNED_TABLES:
+                    left = -1 if budget < 0 else budget - removed
+                    if left == 0:
+                        return removed
+                    removed += self._conn.execute(
+                        f"DELETE FROM {table} WHERE rollout_id = ? AND {key} IN"
+                        f" (SELECT {key} FROM {table} WHERE {where} LIMIT ?)",
+                        (rollout_id, rollout_id, left),
+                    ).rowcount
+        return removed
+
+    def prunable_rollouts(self, cutoff_ms: int) -> list[str]:
+        """Ids of the rollouts that finished before `cutoff_ms` and still hold prunable rows,
+        oldest first."""
+        finished = ", ".join("?" * len(FINISHED))
+        in_progress = ", ".join("?" * len(IN_PROGRESS))
+        has_rows = " OR ".join(
+            f"EXISTS (SELECT 1 FROM {t} WHERE {where.replace('?', 'r.id')})" for t, where, _ in _PRUNED_TABLES)
+        rows = self._q(
+            f"SELECT r.id FROM rollouts r WHERE r.state IN ({finished})"
+            " AND COALESCE(r.finished_ms, r.updated_ms) < ?"
+            " AND NOT EXISTS (SELECT 1 FROM rollout_devices d WHERE d.rollout_id = r.id"
+            f" AND d.state IN ({in_progress}))"
+            f" AND ({has_rows}) ORDER BY COALESCE(r.finished_ms, r.updated_ms), r.seq",
+            (*FINISHED, cutoff_ms, *sorted(IN_PROGRESS)),
+        )
+        return [str(r[0]) for r in rows]
+
+    def _note_totals(self, rollout_id: str) -> None:
+        """Append the final per-state device counts to the rollout's detail (once: the first
+        pruning batch that reaches the rollout), so its status still tells how it ended."""
+        detail = self._q("SELECT detail FROM rollouts WHERE id = ?", (rollout_id,))[0][0]
+        totals = self.totals(rollout_id)
+        if PRUNED_NOTE in detail or not totals:
+            return
+        counts = ", ".join(f"{state} {n}" for state, n in sorted(totals.items()))
+        note = f"{PRUNED_NOTE}: {sum(totals.values())} devices ({counts})"
+        self._q("UPDATE rollouts SET detail = ? WHERE id = ?", (f"{detail}; {note}" if detail else note, rollout_id))
+
+    def processed_count(self) -> int:
+        """How many report ids are remembered (for metrics and tests)."""
+        return int(self._q("SELECT COUNT(*) FROM rollout_processed")[0][0])
+
+    def due_devices(self, now_ms: int) -> list[DeviceRow]:
+        """Devices whose timer ran out: in progress in any rollout, or queued in a running one."""
+        return [
+            DeviceRow(*r)
+            for r in self._q(
+                f"SELECT {', '.join('d.' + c.strip() for c in _D_COLS.split(','))} FROM rollout_devices d"
+                " JOIN rollouts r ON r.id = d.rollout_id WHERE d.deadline_ms IS NOT NULL AND d.deadline_ms <= ?"
+                " AND (d.state IN ('notified', 'downloading', 'installing', 'rebooting', 'verifying')"
+                "      OR (d.state = 'queued' AND r.state = 'running'))"
+                " ORDER BY d.deadline_ms, d.rollout_id, d.device_id",
+                (now_ms,),
+            )
+        ]
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest stored timer: device timeout, retry, soak end."""
+        rows = self._q(
+            "SELECT MIN(t) FROM ("
+            " SELECT MIN(d.deadline_ms) AS t FROM rollout_devices d JOIN rollouts r ON r.id = d.rollout_id"
+            "  WHERE d.deadline_ms IS NOT NULL AND (d.state IN ('notified', 'downloading', 'installing',"
+            "  'rebooting', 'verifying') OR (d.state = 'queued' AND r.state = 'running'))"
+            " UNION ALL SELECT MIN(d.next_try_ms) FROM rollout_devices d JOIN rollouts r ON r.id = d.rollout_id"
+            "  WHERE r.state = 'running' AND d.next_try_ms IS NOT NULL AND d.state = 'queued'"
+            " UNION ALL SELECT MIN(w.soak_until_ms) FROM rollout_waves w JOIN rollouts r ON r.id = w.rollout_id"
+            "  WHERE r.state = 'running' AND w.state = 'soaking')"
+        )
+        value = rows[0][0] if rows else None
+        return None if value is None else int(value)
+
+    # -- controls --------------------------------------------------------------------------
+    def add_control(self, rollout_id: str, action: str, arg: str = "") -> int:
+        if action not in CONTROLS:
+            raise ValueError(f"unknown control {action!r}")
+        with self.atomic():
+            self._q(
+                "INSERT INTO rollout_controls (rollout_id, action, arg, created_ms) VALUES (?, ?, ?, ?)",
+                (rollout_id, action, arg, self._clock.now_ms()),
+            )
+            return int(self._q("SELECT last_insert_rowid()")[0][0])
+
+    def pending_controls(self) -> list[ControlRow]:
+        return [
+            ControlRow(*r)
+            for r in self._q(f"SELECT {_C_COLS} FROM rollout_controls WHERE applied_ms IS NULL ORDER BY id")
+        ]
+
+    def control(self, control_id: int) -> ControlRow | None:
+        rows = self._q(f"SELECT {_C_COLS} FROM rollout_controls WHERE id = ?", (control_id,))
+        return ControlRow(*rows[0]) if rows else None
+
+    def finish_control(self, control_id: int, result: str) -> None:
+        self._q(
+            "UPDATE rollout_controls SET applied_ms = ?, result = ? WHERE id = ?",
+            (self._clock.now_ms(), result, control_id),
+        )
+
+
+__all__ = [
+    "CONTROLS",
+    "DEVICE_STATES",
+    "FAILURES",
+    "FINISHED",
+    "IN_PROGRESS",
+    "PRUNED_NOTE",
+    "ROLLOUT_ACTIVE",
+    "ROLLOUT_STATES",
+    "TERMINAL",
+    "WAVE_STATES",
+    "ControlRow",
+    "DeviceRow",
+    "RolloutRow",
+    "RolloutStore",
+    "WaveRow",
+]

@@ -1,0 +1,165 @@
+"""`edge-agent rollout`: controls written into the leader's database, applied by the orchestrator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rollout_support import FakePort
+
+from agent.cli import main as cli
+from agent.core.clock import VirtualClock
+from agent.core.config import HeartbeatSection
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import Heartbeat
+from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.orchestration.orchestrator import Orchestrator
+from firmware_rollout.orchestration.store import RolloutStore
+
+HEARTBEAT_DEFAULT_S = HeartbeatSection().interval_s  # a worker beats this often unless configured
+
+SPEC = """
+[rollout]
+name = "cli test"
+artifact = "fw-1.1.0.eafw"
+
+[waves]
+canary = 1
+counts = [2]
+
+[gates]
+manual_approval = true
+"""
+
+
+@pytest.fixture
+def leader(tmp_path: Path) -> tuple[Path, Path]:
+    make_artifact(tmp_path, chunk_size=1024, size=2048)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    db = tmp_path / "leader.db"
+    RolloutStore.open(db, clock=VirtualClock()).close()
+    return db, spec
+
+
+def register(db: Path, devices: list[str]) -> None:
+    """Devices as the leader's registry has them (the CLI plans against it)."""
+    registry = DeviceRegistry.open(db, clock=VirtualClock())
+    try:
+        registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0")
+                                   for d in devices])
+    finally:
+        registry.close()
+
+
+async def tick(db: Path, clock: VirtualClock, port: FakePort) -> None:
+    """What the running leader does on its timer tick."""
+    store = RolloutStore.open(db, clock=clock)
+    try:
+        await Orchestrator(store, clock=clock, port=port).tick()
+    finally:
+        store.close()
+
+
+async def test_start_status_controls_list(leader: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    db, spec = leader
+    clock = VirtualClock()
+    port = FakePort(clock, ["a", "b", "c", "d"])
+    register(db, ["a", "b", "c", "d"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    assert "queued as control" in capsys.readouterr().out
+    await tick(db, clock, port)
+    assert cli(["rollout", "status", "r1", "--db", str(db), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["state"] == "running" and data["devices"] == 4 and len(data["waves"]) == 3
+    assert data["counts"] == {"notified": 1, "queued": 3}
+
+    assert cli(["rollout", "pause", "r1", "--db", str(db), "--no-wait"]) == 0
+    await tick(db, clock, port)
+    capsys.readouterr()
+    assert cli(["rollout", "status", "--db", str(db)]) == 0  # the latest rollout
+    screen = capsys.readouterr().out
+    assert "r1" in screen and "PAUSED" in screen and "canary" in screen and "notified 1" in screen
+
+    assert cli(["rollout", "resume", "r1", "--db", str(db), "--no-wait"]) == 0
+    assert cli(["rollout", "next", "r1", "--db", str(db), "--no-wait"]) == 0
+    await tick(db, clock, port)
+    assert cli(["rollout", "list", "--db", str(db), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out.split("\n", 2)[-1])
+    assert listed[0]["id"] == "r1" and listed[0]["state"] == "running" and listed[0]["wave"] == "2/3"
+
+    assert cli(["rollout", "cancel", "r1", "--db", str(db), "--no-wait"]) == 0
+    await tick(db, clock, port)
+    capsys.readouterr()
+    assert cli(["rollout", "status", "r1", "--db", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "canceled"
+
+
+def test_user_mistakes_exit_2_with_one_line(leader: tuple[Path, Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    db, spec = leader
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SPEC.replace("counts = [2]", "counts = [2]\npercents = [100]"))
+    cases = [
+        (["rollout", "start", str(bad), "--db", str(db)], "waves: give exactly one"),
+        (["rollout", "start", str(spec)], "--db"),
+        (["rollout", "status", "--db", str(tmp_path / "missing.db")], "no leader database"),
+        (["rollout", "pause", "nope", "--db", str(db)], "no rollout 'nope'"),
+        (["rollout", "status", "--db", str(db)], "no rollouts yet"),
+        (["rollout", "start", str(spec), "--db", str(db)], "no device matches"),
+    ]
+    for argv, message in cases:
+        assert cli(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    register(db, ["a", "b", "c"])
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(SPEC.replace("counts = [2]", "percents = [10, 90]"))
+    assert cli(["rollout", "start", str(tiny), "--db", str(db)]) == 2
+    assert "would hold no device" in capsys.readouterr().err
+    (tmp_path / "fw-1.1.0.eafw").write_bytes(b"not an artifact")
+    assert cli(["rollout", "start", str(spec), "--db", str(db)]) == 2
+    assert "artifact" in capsys.readouterr().err
+
+
+async def test_controls_that_do_not_apply_are_refused_before_writing(leader: tuple[Path, Path],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    db, spec = leader
+    clock = VirtualClock()
+    port = FakePort(clock, ["a", "b", "c"])
+    register(db, ["a", "b", "c"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    await tick(db, clock, port)
+    capsys.readouterr()
+    assert cli(["rollout", "approve", "r1", "--db", str(db)]) == 2
+    assert "not awaiting approval" in capsys.readouterr().err
+    assert cli(["rollout", "rollback", "r1", "--db", str(db)]) == 2
+    assert "rollback_artifact" in capsys.readouterr().err
+    store = RolloutStore.open(db, clock=clock)
+    try:
+        assert [c.action for c in store.pending_controls()] == []
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("soak", [0.5 * HEARTBEAT_DEFAULT_S, HEARTBEAT_DEFAULT_S, 2 * HEARTBEAT_DEFAULT_S])
+def test_start_warns_of_a_soak_shorter_than_the_workers_heartbeat(
+    leader: tuple[Path, Path], soak: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One `warning:` line on stderr naming the spec, and the start goes on; none from one beat."""
+    db, spec = leader
+    spec.write_text(SPEC + f"soak_s = {soak}\n")  # the [gates] table is the spec's last
+    register(db, ["a", "b", "c", "d"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    out, err = capsys.readouterr()
+    assert "queued as control" in out
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    if soak < HEARTBEAT_DEFAULT_S:
+        assert warnings == [f"warning: {spec}: gates.soak_s = {soak:g} is shorter than the workers' heartbeat"
+                            f" interval ({HEARTBEAT_DEFAULT_S:g} s): the soak can end before a device's next"
+                            f" heartbeat, and the device then counts as failed; make soak_s at least"
+                            f" {HEARTBEAT_DEFAULT_S:g}"]
+        assert err.count("\n") == 1
+    else:
+        assert warnings == [] and "soak" not in err

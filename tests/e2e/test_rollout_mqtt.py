@@ -1,0 +1,93 @@
+"""`edge-agent run` processes over a real mosquitto: a leader and two workers with `[firmware]`,
+a rollout started with `edge-agent rollout start`; the workers download from the leader's
+ConfigServers, exec into the new slot, pass the health check and commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mosquitto import Mosquitto
+
+from firmware_rollout.artifact.fixture import make_artifact
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def agent_config(work: Path, name: str, role: str, url: str, extra: str = "") -> Path:
+    path = work / f"{name}.toml"
+    path.write_text(
+        f'[agent]\nrole = "{role}"\ndevice_id = "{name}"\nfleet = "lab"\ndata_dir = "{work / name}"\n'
+        f'firmware_version = "1.0.0"\nuse_uvloop = false\n[mqtt]\nurl = "{url}"\n[heartbeat]\ninterval_s = 1.0\n'
+        + extra)
+    return path
+
+
+def registered(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM devices WHERE online = 1").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_rollout_between_agent_processes_over_mosquitto(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    artifact, public = make_artifact(tmp_path, chunk_size=4096, size=20_000)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    configs = [agent_config(tmp_path, "gw", "leader", url)]
+    configs += [agent_config(tmp_path, f"pi-{i}", "worker", url, f'[firmware]\npublic_key = "{public}"\n')
+                for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in configs]
+    db = tmp_path / "gw" / "leader.db"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[rollout]\nname = "lab"\nartifact = "{artifact}"\n[waves]\ncanary = 1\ncounts = [1]\n'
+                    '[device]\ntimeout_s = 60\n')
+    cli = [sys.executable, "-m", "agent.cli", "rollout"]
+    try:
+        deadline = time.monotonic() + 30
+        while registered(db) < 2:  # the leader is up and both workers have sent a heartbeat
+            assert time.monotonic() < deadline, "the workers never registered with the leader"
+            time.sleep(0.5)
+        started = subprocess.run(cli + ["start", str(spec), "--db", str(db), "--id", "lab-1"],
+                                 capture_output=True, text=True, env=env, timeout=60)
+        assert started.returncode == 0 and "started lab-1" in started.stdout, started.stderr
+        rid = "lab-1"
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run(cli + ["status", rid, "--db", str(db), "--json"], capture_output=True, text=True,
+                                 env=env, timeout=60)
+            data = json.loads(out.stdout)
+            if data["state"] != "running" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert data["state"] == "succeeded", data
+        assert data["counts"] == {"succeeded": 2}
+        for i in range(2):
+            env_file = tmp_path / f"pi-{i}" / "firmware" / "slots" / "bootenv.json"
+            assert json.loads(env_file.read_text()) == {"default": "b", "trial": None}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+from fwhelpers import CountingSource, Device, Keys, make_artifact
+
+from agent.core.codec import MessageRegistry, decode
+from firmware_rollout.device.reboot import CommandRebooter
+from firmware_rollout.errors import UpdaterError
+from firmware_rollout.messages import (
+    KIND_UPDATE_OFFER,
+    KIND_UPDATE_REPORT,
+    UpdateOffer,
+    UpdateReport,
+    register_messages,
+    report_message,
+)
+
+
+def test_report_travels_as_an_overwrite_outbox_message() -> None:
+    report = UpdateReport(device="dev-1", rollout_id="r7", version="1.1.0", state="succeeded", phase="committed",
+                          ts_ms=5, seq=42, active_version="1.1.0")  # fmt: skip
+    msg = report_message(report, msg_id="m1", receiver="leader")
+    assert (msg.kind, msg.owner, msg.receiver, msg.conflict, msg.seq) == (
+        KIND_UPDATE_REPORT, "dev-1", "leader", "overwrite", 42,
+    )  # fmt: skip
+    assert msg.key == "firmware:dev-1:r7" and msg.ttl_ms == 0
+    assert decode(msg.payload, UpdateReport) == report and report.terminal
+    registry = MessageRegistry()
+    register_messages(registry)
+    assert registry.type_of(KIND_UPDATE_OFFER) is UpdateOffer and registry.type_of(KIND_UPDATE_REPORT) is UpdateReport
+
+
+async def test_command_rebooter() -> None:
+    await CommandRebooter([sys.executable, "-c", "pass"]).reboot("test")
+    with pytest.raises(UpdaterError, match="exited 1"):
+        await CommandRebooter([sys.executable, "-c", "raise SystemExit(1)"]).reboot("test")
+    with pytest.raises(UpdaterError, match="cannot run"):
+        await CommandRebooter(["/nonexistent/reboot"]).reboot("test")
+
+
+class BlockingSource(CountingSource):
+    stuck: asyncio.Event
+
+    async def fetch(self, index: int) -> bytes:
+        if index == 2:
+            self.stuck.set()
+            await asyncio.Event().wait()  # the leader went quiet mid-download
+        return await super().fetch(index)
+
+
+async def test_abort_a_canceled_download(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys)
+    source = BlockingSource(artifact)
+    source.stuck = asyncio.Event()
+    updater = await device.boot()
+    task = asyncio.create_task(updater.offer(UpdateOffer(rollout_id="r1", signed_manifest=source.signed_manifest),
+                                             source))  # fmt: skip
+    await source.stuck.wait()
+    assert updater.status().chunks_done == 2
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    status = await updater.abort("rollout r1 canceled")
+    assert (status.state, status.detail, status.booted_slot) == ("failed", "rollout r1 canceled", "a")
+    assert not (device.root / "staging.img").exists() and device.states()[-1] == "failed"
+    assert (await updater.abort("again")).detail == "rollout r1 canceled"  # a finished update stays as it is
+    await updater.close()

@@ -1,0 +1,264 @@
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from fwhelpers import CountingSource, Device, Keys, ScriptedHealth, make_artifact
+
+from agent.core.clock import VirtualClock
+from agent.core.errors import Capacity, Permanent, Transient
+from agent.core.gate import Gate
+from firmware_rollout.artifact.keys import SigningKey
+from firmware_rollout.device.health import ConnectivityCheck
+from firmware_rollout.device.updater import UpdaterSettings
+from firmware_rollout.messages import UpdateOffer
+
+
+def offer_for(source: CountingSource, rollout: str = "r1") -> UpdateOffer:
+    return UpdateOffer(rollout_id=rollout, signed_manifest=source.signed_manifest)
+
+
+def bootenv(device: Device) -> dict[str, str | None]:
+    return json.loads((device.root / "slots" / "bootenv.json").read_text())  # type: ignore[no-any-return]
+
+
+async def test_happy_path_commits_after_health_and_reports_success_only_then(tmp_path: Path, keys: Keys) -> None:
+    artifact, signed = make_artifact(tmp_path, keys.signing, version="1.1.0", hardware=["rpi4"])
+    device = Device(tmp_path / "dev", keys)
+    env_when_succeeded: list[dict[str, str | None]] = []
+    device.on_sent = lambda r: env_when_succeeded.append(bootenv(device)) if r.state == "succeeded" else None
+    source = CountingSource(artifact)
+
+    updater = await device.boot()
+    assert updater.status().booted_slot == "a" and updater.active_version == "1.0.0"
+    report = await updater.offer(offer_for(source), source)
+    assert report.phase == "rebooting" and report.state == "rebooting"
+    assert device.rebooter.reasons == ["trying version 1.1.0 in slot b"]
+    assert source.fetched == list(range(signed.manifest.chunk_count))
+    assert device.states() == ["downloading", "verifying", "installing", "rebooting"]
+    assert "succeeded" not in [r.state for r in device.sent]
+    assert bootenv(device) == {"default": "a", "trial": "b"}
+    image = (tmp_path / "image-1.1.0-1.bin").read_bytes()
+    assert (device.root / "slots" / "b" / "image").read_bytes() == image
+    assert (device.root / "staging.img").stat().st_size == len(image)  # kept until the commit
+
+    updater = await device.boot()  # the process restarted on slot b
+    assert updater.status().state == "verifying_health" and updater.status().boot_count == 1
+    status = await updater.resume()
+    await updater.close()
+    assert status.state == "committed"
+    assert (status.booted_slot, status.default_slot, status.active_version) == ("b", "b", "1.1.0")
+    assert device.states()[-2:] == ["verifying_health", "committed"]
+    succeeded = [r for r in device.sent if r.state == "succeeded"]
+    assert len(succeeded) == 1 and succeeded[0].active_version == "1.1.0" and succeeded[0].rollout_id == "r1"
+    assert env_when_succeeded == [{"default": "b", "trial": None}]  # committed before it was reported
+    assert [r.seq for r in device.sent] == sorted({r.seq for r in device.sent})
+    assert not (device.root / "staging.img").exists()
+
+    updater = await device.boot()  # a later reboot stays on b
+    assert updater.status().booted_slot == "b" and updater.active_version == "1.1.0"
+    again = await updater.offer(offer_for(source), source)  # a re-offer after success: no second install
+    assert again.state == "succeeded" and "already running" in again.detail
+    assert len(source.fetched) == signed.manifest.chunk_count
+    await updater.close()
+
+
+async def test_failed_health_check_reverts_to_the_old_slot(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys, health=ScriptedHealth(False))
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    updater = await device.boot()
+    status = await updater.resume()
+    assert status.state == "rolled_back" and "health check failed: leader not reached" in status.detail
+    assert device.rebooter.reasons[-1] == "back to slot a after a rollback"
+    assert bootenv(device) == {"default": "a", "trial": None}
+    updater = await device.boot()
+    status = updater.status()
+    assert (status.state, status.booted_slot, status.active_version) == ("rolled_back", "a", "1.0.0")
+    assert await updater.resume() == status  # nothing left to do, no further reboot
+    assert len(device.rebooter.reasons) == 2
+    again = await updater.offer(offer_for(source), source)  # a repeated offer does not reinstall
+    assert again.state == "rolled_back" and again.detail.startswith("already rolled back: health check failed")
+    assert len(source.fetched) == 6 and len(device.rebooter.reasons) == 2
+    await updater.close()
+    assert [r.state for r in device.sent][-1] == "rolled_back"
+    assert "succeeded" not in [r.state for r in device.sent]
+
+
+async def test_crash_loop_reverts(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys, settings=UpdaterSettings(max_boots=3))
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    for boot in range(1, 4):  # the new image crashes before its health check could pass
+        updater = await device.boot()
+        assert updater.status().boot_count == boot and updater.status().booted_slot == "b"
+        await updater.close()
+    updater = await device.boot()
+    status = await updater.resume()
+    assert status.state == "rolled_back" and "crash loop" in status.detail and "booted 4 times" in status.detail
+    updater = await device.boot()
+    assert (updater.status().booted_slot, updater.active_version) == ("a", "1.0.0")
+    await updater.close()
+    assert device.health.checks == 0  # type: ignore[attr-defined]
+
+
+async def test_tampered_chunk_from_source_is_refused(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys)
+    source = CountingSource(artifact, tamper=3)
+    updater = await device.boot()
+    report = await updater.offer(offer_for(source), source)
+    assert report.state == "rejected" and "tampered chunk: chunk 3 of 6" in report.detail
+    assert source.fetched == [0, 1, 2, 3]
+    assert device.rebooter.reasons == []
+    assert bootenv(device) == {"default": "a", "trial": None}
+    assert not (device.root / "slots" / "b" / "image").exists()
+    assert not (device.root / "staging.img").exists()
+    assert updater.status().booted_slot == "a" and updater.active_version == "1.0.0"
+    await updater.close()
+
+
+@pytest.mark.parametrize("case", ["wrong key", "bad signature", "downgrade", "hardware", "malformed"])
+async def test_refusals_before_any_download(tmp_path: Path, keys: Keys, case: str) -> None:
+    key = SigningKey.generate() if case == "wrong key" else keys.signing
+    version = "0.9.0" if case == "downgrade" else "1.1.0"
+    hardware = ["rpi3"] if case == "hardware" else []
+    artifact, _ = make_artifact(tmp_path, key, version=version, hardware=hardware)
+    source = CountingSource(artifact)
+    manifest = bytearray(source.signed_manifest)
+    if case == "bad signature":
+        manifest[-1] ^= 1
+    if case == "malformed":
+        manifest = manifest[:10]
+    device = Device(tmp_path / "dev", keys)
+    updater = await device.boot()
+    report = await updater.offer(UpdateOffer(rollout_id="r1", signed_manifest=bytes(manifest)), source)
+    expected = {"wrong key": "signed by key", "bad signature": "does not verify", "downgrade": "downgrade refused",
+                "hardware": "incompatible hardware", "malformed": "truncated"}[case]  # fmt: skip
+    assert report.state == "rejected" and expected in report.detail
+    assert source.fetched == [] and device.rebooter.reasons == []
+    assert updater.status().state == "rejected" and updater.active_version == "1.0.0"
+    await updater.close()
+
+
+async def test_signed_rollback_is_installed(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing, version="1.0.0", rollback=True)
+    device = Device(tmp_path / "dev", keys, initial_version="1.1.0")
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    assert (await updater.offer(offer_for(source), source)).state == "rebooting"
+    updater = await device.boot()
+    assert (await updater.resume()).active_version == "1.0.0"
+    await updater.close()
+
+
+async def test_offer_while_busy_is_refused_without_touching_the_update(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys)
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    updater = await device.boot()
+    report = await updater.offer(offer_for(source, "r2"), source)
+    assert report.rollout_id == "r2" and report.state == "rejected" and "busy with rollout r1" in report.detail
+    assert report.version == "1.1.0"
+    assert updater.status().state == "verifying_health"
+    assert (await updater.resume()).state == "committed"
+    await updater.close()
+
+
+async def test_fetch_retries_on_virtual_time_then_gives_up(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    clock = VirtualClock()
+    settings = UpdaterSettings(fetch_attempts=3, fetch_backoff_base_s=2.0)
+    device = Device(tmp_path / "dev", keys, clock=clock, settings=settings)
+    busy = Capacity("config server busy", retry_after_ms=5000)
+    source = CountingSource(artifact, failures={1: [Transient("timeout"), busy, Transient("lost")]}, clock=clock)
+    updater = await device.boot()
+    task = asyncio.create_task(updater.offer(offer_for(source), source))
+    await clock.advance(1.9)
+    assert source.fetched == [0, 1]  # first failure, waiting 2 s
+    await clock.advance(0.2)
+    assert source.fetched == [0, 1, 1]  # busy: waits 5 s and the attempt is not spent
+    await clock.advance(5.0)
+    assert source.fetched[:4] == [0, 1, 1, 1]
+    await clock.advance(4.0)  # second transient failure waited 4 s, then it worked
+    report = await task
+    assert report.state == "rebooting" and source.fetched.count(1) == 4
+
+    device2 = Device(tmp_path / "dev2", keys, clock=clock, settings=settings)
+    failing = CountingSource(artifact, failures={0: [Transient("down")] * 5}, clock=clock)
+    updater2 = await device2.boot()
+    task = asyncio.create_task(updater2.offer(offer_for(failing), failing))
+    await clock.advance(60)
+    report = await task
+    assert report.state == "failed" and "chunk 0 failed after 3 attempts" in report.detail
+    permanent = CountingSource(artifact, failures={2: [Permanent("no such rollout")]}, clock=clock)
+    report = await updater2.offer(offer_for(permanent, "r3"), permanent)
+    assert report.state == "failed" and "refused by the source" in report.detail
+    await updater2.close()
+
+
+async def test_health_deadline_on_virtual_time(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    clock = VirtualClock()
+    broker, leader = Gate(), Gate()
+    device = Device(tmp_path / "dev", keys, clock=clock, health=ConnectivityCheck(broker, leader),
+                    settings=UpdaterSettings(health_timeout_s=30))  # fmt: skip
+    source = CountingSource(artifact, clock=clock)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    updater = await device.boot()
+    task = asyncio.create_task(updater.resume())
+    await clock.advance(10)
+    broker.open()  # the broker comes, the leader never answers
+    await clock.advance(19.9)
+    assert not task.done()
+    await clock.advance(0.2)
+    status = await task
+    assert status.state == "rolled_back" and "leader not reached within" in status.detail
+
+
+async def test_reports_wait_in_the_store_until_the_sink_takes_them(tmp_path: Path, keys: Keys) -> None:
+    from agent.core.errors import NotConnected
+
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys)
+    offline = True
+
+    async def sink(report: object) -> None:
+        if offline:
+            raise NotConnected("outbox unavailable")
+        device.sent.append(report)  # type: ignore[arg-type]
+
+    device.sink = sink  # type: ignore[method-assign]
+    source = CountingSource(artifact, tamper=0)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    assert device.sent == [] and [r.phase for r in await updater.reports(unsent_only=True)] == [
+        "downloading",
+        "rejected",
+    ]
+    offline = False
+    assert await updater.flush_reports() == 2
+    assert device.states() == ["downloading", "rejected"] and await updater.reports(unsent_only=True) == []
+    await updater.close()
+
+
+async def test_unreadable_state_is_a_typed_error(tmp_path: Path, keys: Keys) -> None:
+    from agent.core.errors import StoreError
+    from firmware_rollout.errors import InvalidVersion
+
+    device = Device(tmp_path / "dev", keys)
+    device.root.mkdir()
+    (device.root / "updater.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="updater database"):
+        await device.boot()
+    with pytest.raises(InvalidVersion):
+        await Device(tmp_path / "dev2", keys, initial_version="one").boot()

@@ -1,0 +1,47 @@
+"""Child process for test_updater_sigkill: takes an update offer and downloads it slowly,
+appending each chunk index to a log before fetching it, until the parent SIGKILLs it.
+
+    python update_child.py STATE_DIR ARTIFACT PUBLIC_PEM FETCH_LOG
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fwhelpers
+
+from fwhelpers import RecordingRebooter, ScriptedHealth  # noqa: E402
+
+from agent.core.clock import SystemClock  # noqa: E402
+from firmware_rollout.artifact.keys import load_verify_key  # noqa: E402
+from firmware_rollout.device.sources import ArtifactChunkSource  # noqa: E402
+from firmware_rollout.device.updater import Updater  # noqa: E402
+from firmware_rollout.messages import UpdateOffer  # noqa: E402
+
+
+class SlowLoggingSource:
+    def __init__(self, artifact: Path, log: Path) -> None:
+        self.inner = ArtifactChunkSource(artifact)
+        self.log = log.open("a", buffering=1)
+
+    async def fetch(self, index: int) -> bytes:
+        self.log.write(f"{index}\n")
+        await asyncio.sleep(0.01)
+        return await self.inner.fetch(index)
+
+
+async def main(state_dir: Path, artifact: Path, public_pem: Path, log: Path) -> None:
+    source = SlowLoggingSource(artifact, log)
+    updater = await Updater.open(
+        state_dir, device_id="child", verify_key=load_verify_key(public_pem), clock=SystemClock(),
+        health=ScriptedHealth(True), rebooter=RecordingRebooter(), initial_version="1.0.0",
+    )  # fmt: skip
+    offer = UpdateOffer(rollout_id="r1", signed_manifest=source.inner.signed_manifest)
+    await updater.offer(offer, source)
+    await updater.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*map(Path, sys.argv[1:5])))

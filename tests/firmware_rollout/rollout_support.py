@@ -1,0 +1,146 @@
+"""Shared helpers of the rollout tests (imported by name: the test dirs are not packages)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.core.clock import VirtualClock
+from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.messages import UpdateOffer, UpdateReport
+from firmware_rollout.orchestration.orchestrator import Orchestrator
+from firmware_rollout.orchestration.plan import DeviceInfo
+from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_dict
+from firmware_rollout.orchestration.store import RolloutStore
+
+
+class FakePort:
+    """The leader as the orchestrator sees it: a device table and a list of offers made."""
+
+    def __init__(self, clock: VirtualClock, devices: Sequence[str], *, version: str = "1.0.0") -> None:
+        self.clock = clock
+        self.infos: dict[str, DeviceInfo] = {
+            d: DeviceInfo(d, firmware_version=version, online=True, last_seen_ms=clock.now_ms(),
+                          first_seen_ms=clock.now_ms() - 1000)
+            for d in devices
+        }
+        self.offers: list[tuple[int, str, str]] = []  # (at_ms, device, rollout)
+
+    def devices(self) -> list[DeviceInfo]:
+        return list(self.infos.values())
+
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> None:
+        for device, offer in offers:
+            self.offers.append((self.clock.now_ms(), device, offer.rollout_id))
+
+    def offered(self, device: str | None = None) -> list[str]:
+        return [d for _, d, _ in self.offers if device is None or d == device]
+
+    def heartbeat(self, *devices: str) -> None:
+        for d in devices or tuple(self.infos):
+            info = self.infos[d]
+            self.infos[d] = DeviceInfo(d, info.firmware_version, info.tags, info.online, self.clock.now_ms(),
+                                       info.first_seen_ms)
+
+    def set_online(self, device: str, online: bool) -> None:
+        info = self.infos[device]
+        self.infos[device] = DeviceInfo(device, info.firmware_version, info.tags, online, info.last_seen_ms,
+                                        info.first_seen_ms)
+
+    def register(self, device: str, *, tags: tuple[str, ...] = (), version: str = "1.0.0") -> None:
+        now = self.clock.now_ms()
+        self.infos[device] = DeviceInfo(device, version, tags, True, now, now)
+
+
+def spec_data(artifact: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "rollout": {"name": "test", "artifact": str(artifact), "seed": 1},
+        "waves": {"canary": 2, "counts": [4, 4]},
+        "gates": {"success_threshold_pct": 100.0},
+        "device": {"timeout_s": 100.0},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return data
+
+
+class Harness:
+    """An orchestrator on a VirtualClock and a FakePort, its loop running."""
+
+    def __init__(self, tmp_path: Path, devices: int = 10, **sections: dict[str, Any]) -> None:
+        self.tmp_path = tmp_path
+        self.clock = VirtualClock()
+        self.ids = [f"d{i:02d}" for i in range(devices)]
+        self.port = FakePort(self.clock, self.ids)
+        self.artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=4096)
+        self.spec: RolloutSpec = spec_from_dict(spec_data(self.artifact, **sections))
+        self.db = tmp_path / "leader.db"
+        self.store = RolloutStore.open(self.db, clock=self.clock)
+        self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0)
+        self._task: asyncio.Task[None] | None = None
+        self._seq = itertools.count(1)
+        self.rid = ""
+
+    async def __aenter__(self) -> Harness:
+        self._task = asyncio.get_running_loop().create_task(self.orch.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self.orch.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.store.close()
+
+    async def restart(self) -> None:
+        """Throw the orchestrator away and build a new one on the same database (a leader restart)."""
+        await self.close()
+        self.store = RolloutStore.open(self.db, clock=self.clock)
+        self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0)
+        await self.__aenter__()
+
+    async def start(self, **kwargs: Any) -> str:
+        self.rid = await self.orch.start_rollout(self.spec, rollout_id="r1", **kwargs)
+        await self.clock.advance(0.1)
+        return self.rid
+
+    async def report(self, device: str, state: str, *, msg_id: str | None = None, seq: int | None = None,
+                     detail: str = "") -> bool:
+        n = next(self._seq)
+        report = UpdateReport(device=device, rollout_id=self.rid, version="1.1.0", state=state,  # type: ignore[arg-type]
+                              phase="committed" if state == "succeeded" else "downloading", detail=detail,
+                              ts_ms=self.clock.now_ms(), seq=seq if seq is not None else n)
+        changed = await self.orch.on_report(msg_id or f"m{n}", report)
+        await self.clock.advance(0.01)
+        return changed
+
+    async def succeed(self, *devices: str) -> None:
+        for d in devices:
+            await self.report(d, "succeeded")
+
+    def wave_members(self, idx: int) -> list[str]:
+        return [d.device_id for d in self.store.devices(self.rid, wave=idx)]
+
+    def state(self, device: str) -> str:
+        row = self.store.device(self.rid, device)
+        assert row is not None
+        return row.state
+
+    def rollout_state(self) -> str:
+        r = self.store.get(self.rid)
+        assert r is not None
+        return r.state
+
+    def wave_state(self, idx: int) -> str:
+        w = self.store.wave(self.rid, idx)
+        assert w is not None
+        return w.state

@@ -1,0 +1,126 @@
+"""The rollout between the real agents: LeaderAgent + rollout service, WorkerAgents + UpdaterActor,
+on the in-memory broker and a virtual clock. Offline devices stay queued; a report made while
+offline waits in the worker's outbox and arrives after reconnection."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent.app import make_transport
+from agent.core.clock import Clock, VirtualClock
+from agent.core.config import AgentConfig, AgentSection, HeartbeatSection, RelaySection
+from agent.leader.agent import LeaderAgent
+from agent.leader.rollout import attach_rollout
+from agent.transport.memory import MemoryBroker
+from agent.worker.agent import WorkerAgent
+from agent.worker.updater_actor import InProcessRebooter, UpdaterActor, attach_updater
+from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.artifact.keys import load_verify_key
+from firmware_rollout.device.health import HealthResult
+from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
+from firmware_rollout.orchestration.spec import spec_from_dict
+
+
+class GatedHealth:
+    """Passes once the test lets it."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def check(self, clock: Clock, timeout_s: float) -> HealthResult:
+        await self.release.wait()
+        return HealthResult(True, "healthy")
+
+
+def config(device: str, role: str, base: Path) -> AgentConfig:
+    return AgentConfig(agent=AgentSection(device_id=device, role=role, fleet="t", data_dir=str(base / device)),  # type: ignore[arg-type]
+                       heartbeat=HeartbeatSection(interval_s=5.0), relay=RelaySection(reconnect_jitter_s=0.0))
+
+
+async def test_offline_devices_are_updated_when_they_return_and_offline_reports_arrive_later(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    artifact, public = make_artifact(tmp_path, chunk_size=1024, size=5000)
+    key = load_verify_key(public)
+
+    leader_cfg = config("gw", "leader", tmp_path)
+    leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
+                                    clock=clock)
+    service = await attach_rollout(leader, poll_s=1.0)
+    await leader.start()
+
+    workers: dict[str, WorkerAgent] = {}
+    actors: dict[str, UpdaterActor] = {}
+    health = {name: GatedHealth() for name in ("w1", "w2")}
+    for name in ("w1", "w2"):
+        cfg = config(name, "worker", tmp_path)
+        worker = await WorkerAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker),
+                                        clock=clock, sampler=None)
+        rebooter = InProcessRebooter()
+
+        def opener(name: str = name, rebooter: InProcessRebooter = rebooter):  # noqa: ANN202
+            async def open_updater(sink: ReportSink) -> Updater:
+                return await Updater.open(tmp_path / name / "firmware", device_id=name, verify_key=key, clock=clock,
+                                          health=health[name], rebooter=rebooter, initial_version="1.0.0",
+                                          settings=UpdaterSettings(health_timeout_s=600.0), on_report=sink)
+            return open_updater
+
+        _, actors[name] = attach_updater(worker, open_updater=opener(), rebooter=rebooter)
+        await worker.start()
+        workers[name] = worker
+    try:
+        await clock.advance(12)
+        assert leader.registry.counts() == (2, 0)
+        broker.partition(workers["w2"].transport.client_id)  # w2 loses its uplink before the rollout
+        await clock.advance(1)
+        assert leader.registry.counts() == (1, 1)
+
+        health["w1"].release.clear()  # w1 will wait in its health check
+        spec = spec_from_dict({"rollout": {"name": "agents", "artifact": str(artifact)},
+                               "waves": {"counts": [2]}, "device": {"timeout_s": 3600.0}})
+        rid = await service.orchestrator.start_rollout(spec, rollout_id="r")
+        store = service.store
+
+        def state(device: str) -> str:
+            row = store.device(rid, device)
+            assert row is not None
+            return row.state
+
+        for _ in range(600):
+            await clock.advance(0.5)
+            updater = actors["w1"].updater
+            if updater is not None and updater.status().state == "verifying_health":
+                break
+        assert state("w2") == "queued"  # offline: not offered
+        assert state("w1") == "verifying"
+
+        broker.partition(workers["w1"].transport.client_id)  # offline while it commits
+        health["w1"].release.set()
+        await clock.advance(30)
+        assert actors["w1"].updater is not None and actors["w1"].updater.status().state == "committed"
+        assert (await workers["w1"].outbox.stats()).pending >= 1  # the report waits in the outbox
+        assert state("w1") == "verifying"
+
+        broker.heal(workers["w1"].transport.client_id)
+        broker.heal(workers["w2"].transport.client_id)
+        for _ in range(300):
+            await clock.advance(1)
+            if state("w1") == state("w2") == "succeeded":
+                break
+        assert state("w1") == state("w2") == "succeeded"
+        r = store.get(rid)
+        assert r is not None and r.state == "succeeded"
+        assert sorted(d for d, _, _ in store.offers(rid)) == ["w1", "w2"]
+        assert actors["w1"].updater.active_version == actors["w2"].updater.active_version == "1.1.0"  # type: ignore[union-attr]
+        await clock.advance(12)  # the next heartbeats report the version each device now runs
+        for name in ("w1", "w2"):
+            record = leader.registry.device(name)
+            assert record is not None and record.firmware_version == "1.1.0"
+    finally:
+        for worker in workers.values():
+            await worker.stop()
+        await service.stop()
+        service.store.close()
+        await leader.stop()
