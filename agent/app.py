@@ -84,7 +84,7 @@ def make_transport(
         url, client_id=client_id_of(config), clock=clock, tls=tls, username=m.username or None,
         password=read_password(m.password_file) if m.password_file else None, keepalive_s=m.keepalive_s,
         will=will, birth=birth, reconnect_min_s=m.reconnect_min_s, reconnect_max_s=m.reconnect_max_s,
-        max_payload_bytes=m.max_payload_bytes, rng=rng, clean_start=True, session_expiry_s=0,
+        max_payload_bytes=m.max_payload_bytes, rng=rng, clean_start=True, session_expiry_s=0, fast_path=m.fast_path,
     )
 
 
@@ -95,17 +95,15 @@ async def build_agent(
     clock: Clock,
     data_dir: str | Path | None = None,
     rng: random.Random | None = None,
-    **kwargs: object,
 ) -> WorkerAgent | LeaderAgent:
     """Open the databases of the config's role under `data_dir` and build the agent (not started)."""
     if config.agent.role == "leader":
         from agent.leader.agent import LeaderAgent
 
-        return await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng,
-                                      **kwargs)
+        return await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng)
     from agent.worker.agent import WorkerAgent
 
-    return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng, **kwargs)
+    return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng)
 
 
 __all__ = ["Agent", "build_agent", "client_id_of", "make_transport", "presence_wills"]

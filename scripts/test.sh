@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite: makes .venv, installs the project with its test extra, installs
 # Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
-# port), then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first.
+# port), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
+# runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
@@ -22,4 +23,6 @@ if [ $# -eq 0 ]; then
     "$VENV/bin/ruff" check .
     "$VENV/bin/mypy"
 fi
+echo "lint-imports: the layers" >&2
+"$VENV/bin/lint-imports" --no-cache --no-logo >&2
 exec "$VENV/bin/python" -m pytest "$@"

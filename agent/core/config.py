@@ -56,6 +56,9 @@ class MqttSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     reconnect_max_s: PositiveFloat = 60.0
     max_payload_bytes: Positive = 256 * 1024
     reply_timeout_s: PositiveFloat = 10.0
+    # "auto": the lean paths through paho's internals when they are the expected ones, else
+    # aiomqtt's own path with one WARNING; "off": always aiomqtt's own path.
+    fast_path: Literal["auto", "off"] = "auto"
 
 
 class MailboxSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -171,10 +171,11 @@ class LeaderActor(Actor):
         telemetry = [(d.msg_id, d.message) for d in batch if isinstance(d.message, Telemetry)]
         outcome: dict[int, bool | BaseException] = {}
         if telemetry:
+            new: Sequence[bool | StoreError]
             try:
-                new = self._registry.apply_telemetry_batch(telemetry)  # type: ignore[arg-type]
+                new = self._registry.apply_telemetry_batch(telemetry)
             except StoreError as exc:
-                new = [exc] * len(telemetry)  # type: ignore[list-item]
+                new = [exc] * len(telemetry)
             it = iter(new)
             for d in batch:
                 if isinstance(d.message, Telemetry):

@@ -23,6 +23,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import msgspec
 
@@ -69,6 +70,17 @@ BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a me
 
 #: Answers one decoded message from a device on the up topic.
 Route = Callable[[Envelope, msgspec.Struct], Awaitable[Reply]]
+
+
+class LeaderOptions(TypedDict, total=False):
+    """The optional parts of a `LeaderAgent` that `LeaderAgent.open` passes on."""
+
+    owns_stores: bool
+    rng: random.Random | None
+    shared: bool
+    intake_batch_max: int
+    inbox_concurrency: int
+    housekeeping: bool | None
 
 
 class LeaderAgent:
@@ -146,7 +158,7 @@ class LeaderAgent:
     @classmethod
     async def open(
         cls, config: AgentConfig, *, transport: Transport, clock: Clock, data_dir: str | Path | None = None,
-        **kwargs: object,
+        **kwargs: Unpack[LeaderOptions],
     ) -> LeaderAgent:
         base = Path(data_dir if data_dir is not None else config.agent.data_dir)
         base.mkdir(parents=True, exist_ok=True)
@@ -168,7 +180,7 @@ class LeaderAgent:
                 rejects.close()
             raise
         return cls(config, transport=transport, clock=clock, outbox=outbox, registry=registry, jobs=jobs,
-                   rejects=rejects, **kwargs)  # type: ignore[arg-type]
+                   rejects=rejects, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -360,4 +372,4 @@ def _topic_safe(device: str) -> bool:
     return bool(device) and not any(ch in device for ch in "/+#\x00") and not device.startswith("$")
 
 
-__all__ = ["LEADER_DB", "LeaderAgent"]
+__all__ = ["LEADER_DB", "LeaderAgent", "LeaderOptions"]

@@ -166,7 +166,7 @@ class OutboxStore:
                 else:
                     fut.set_exception(error)
             if wakes and holder:
-                holder[0]._changed()
+                holder[0]._changed()  # noqa: SLF001 - the store itself, made by this classmethod
 
         # A clock may ask for store work on the loop itself (the simulator's virtual clock does,
         # so a run does not depend on thread timing): see `Writer`'s `inline`.

@@ -319,6 +319,12 @@ class SimFleet:
                 self.broker.partition(self.workers[device].transport.client_id)
             self.uplink.open()
 
+    def heal_all(self) -> None:
+        """End every fault of the network: the broker is back, every device's uplink too."""
+        self.broker_up()
+        for device in sorted(self._cut):
+            self.heal(device)
+
     async def outbox_pending(self) -> int:
         total = 0
         for store in self.stores:

@@ -271,9 +271,7 @@ class Simulation:
             self._wall_deadline = None
             # Heal and drain: everything held must arrive.
             self._generating = False
-            self.fleet.broker_up()
-            for device in list(self.fleet._cut):
-                self.fleet.heal(device)
+            self.fleet.heal_all()
             for device in sorted(self.fleet.down):
                 await self.fleet.restart(device)
             await self._drain()

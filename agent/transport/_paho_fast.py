@@ -45,13 +45,16 @@ _DISCONNECT = 0xE0
 _RECV_BYTES = 65536
 _WRITE_BATCH_BYTES = 256 * 1024
 _READS_PER_TURN = 64  # loop_read calls per event-loop turn before yielding to other callbacks
-# paho internals these paths rely on (paho-mqtt 2.x); checked once so a paho that moved them
-# fails loudly at the first connect instead of misbehaving.
+# Every paho internal these paths use (paho-mqtt 2.2), checked on each client before the lean
+# paths go in (`unsupported`): a paho that moved one gets aiomqtt's own path instead.
 _PAHO_INTERNALS = (
     "_handle_publish", "_handle_pubackcomp", "_sock_recv", "_packet_write", "_packet_queue", "_in_packet",
     "_out_packet", "_out_messages", "_out_message_mutex", "_do_on_publish", "_mid_generate", "_sock",
-    "_sock_send", "_sockpairW", "_msgtime_mutex", "_userdata",
+    "_sock_send", "_sockpairW", "_msgtime_mutex", "_last_msg_out", "_userdata",
 )
+# The keys of paho's packet dicts read here (`_in_packet`, and the queued `_out_packet` entries,
+# which paho builds with the same names).
+_PACKET_KEYS = ("command", "packet", "pos", "to_process")
 
 # MQTT v5 PUBLISH properties by identifier: how many bytes follow (or a kind of field).
 _FIXED = {0x01: 1, 0x02: 4, 0x23: 2}  # payload format, message expiry, topic alias
@@ -203,8 +206,20 @@ Deliver = Callable[[InboundMessage, int], None]  # (message, packet id; 0 for Qo
 Acked = Callable[[int, int], None]  # (packet id, reason code) of a PUBACK for `publish_qos1`
 
 
+def unsupported(paho: PahoClient) -> str | None:
+    """Why the lean paths cannot go into `paho` (the internals it lacks), or None."""
+    missing = [name for name in _PAHO_INTERNALS if not hasattr(paho, name)]
+    in_packet = getattr(paho, "_in_packet", None)
+    if isinstance(in_packet, dict):
+        missing += [f"_in_packet[{key!r}]" for key in _PACKET_KEYS if key not in in_packet]
+    elif "_in_packet" not in missing:
+        missing.append("_in_packet (a dict)")
+    return f"no {', '.join(missing)}" if missing else None
+
+
 class FastPath:
-    """The lean paths on one paho client (one connection). Create it before connecting."""
+    """The lean paths on one paho client (one connection). Create it before connecting, and only
+    on a client `unsupported` finds nothing wrong with."""
 
     def __init__(
         self,
@@ -215,9 +230,9 @@ class FastPath:
         acked: Acked,
         on_read_error: Callable[[BaseException], None],
     ) -> None:
-        missing = [name for name in _PAHO_INTERNALS if not hasattr(paho, name)]
-        if missing:
-            raise TransportError(f"unsupported paho-mqtt version: no {', '.join(missing)}")
+        problem = unsupported(paho)
+        if problem is not None:
+            raise TransportError(f"unsupported paho-mqtt version: {problem}")
         self._paho = paho
         self._loop = loop
         self._deliver = deliver
@@ -230,10 +245,10 @@ class FastPath:
         self.paused = False
         self.pauses = 0
         p: Any = paho
-        self._stock_publish = p._handle_publish
-        self._stock_puback = p._handle_pubackcomp
+        self._stock_publish: Callable[[], MQTTErrorCode] = p._handle_publish
+        self._stock_puback: Callable[[str], MQTTErrorCode] = p._handle_pubackcomp
         self._stock_recv = p._sock_recv
-        self._stock_write = p._packet_write
+        self._stock_write: Callable[[], MQTTErrorCode] = p._packet_write
         p._handle_publish = self._handle_publish
         p._handle_pubackcomp = self._handle_pubackcomp
         p._sock_recv = self._recv
@@ -327,7 +342,7 @@ class FastPath:
         packet = paho._in_packet
         parsed = parse_publish(packet["command"], packet["packet"])
         if parsed is None:
-            return self._stock_publish()  # type: ignore[no-any-return]
+            return self._stock_publish()
         message, mid = parsed
         self._deliver(message, mid)  # acknowledged by the transport once dispatched
         return _SUCCESS
@@ -336,12 +351,13 @@ class FastPath:
         paho: Any = self._paho
         packet = paho._in_packet["packet"]
         if cmd != "PUBACK" or len(packet) < 2:
-            return self._stock_puback(cmd)  # type: ignore[no-any-return]
+            return self._stock_puback(cmd)
         mid = (packet[0] << 8) | packet[1]
         reason = packet[2] if len(packet) > 2 else 0
         with paho._out_message_mutex:
             if mid in paho._out_messages:  # published through paho (aiomqtt's birth message)
-                return paho._do_on_publish(mid, reason, None)  # type: ignore[no-any-return]
+                done: MQTTErrorCode = paho._do_on_publish(mid, reason, None)
+                return done
         self._acked(mid, reason)
         return _SUCCESS
 
@@ -384,7 +400,7 @@ class FastPath:
                 parts.append(data[packet["pos"]:] if packet["pos"] else data)
                 size += packet["to_process"]
             if not parts:
-                return self._stock_write()  # type: ignore[no-any-return]
+                return self._stock_write()
             try:
                 written = paho._sock_send(b"".join(parts))
             except (AttributeError, ValueError):

@@ -14,6 +14,16 @@ pre-encoded properties, and a QoS 1 publish waits on a future its PUBACK resolve
 aiomqtt still owns connecting, subscribing, the will, the keepalive and disconnects; its
 message iterator is only used to learn that the connection ended.
 
+`fast_path` ("auto", the default) checks each new paho client for every internal the lean
+paths use (`_paho_fast.unsupported`); a paho that differs (a distribution's package, a new
+release) gets aiomqtt's own path instead, with one WARNING, and the agent connects as usual.
+`fast_path="off"` always takes that path: paho's own parser and `publish`, PUBACKs through its
+`on_publish` callback, and no read pause (QoS 1 messages waiting for dispatch are then bounded
+by the broker's in-flight window for the session, since they are acknowledged only once
+dispatched). The only private names used on the stock path are aiomqtt's `Client._client` (its
+paho client; `_AIOMQTT_INTERNALS`, checked at connect) and, for the lean paths' read errors,
+`Client._disconnected`.
+
 The inbound queue holds `inbound_capacity` messages (plus at most one read's worth): when it is
 full the transport stops reading the socket until the dispatcher has drained half of it, so the
 broker holds the rest (QoS 1 in the session; nothing is dropped here and nothing is acked that
@@ -31,7 +41,7 @@ import logging
 import random
 import socket
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiomqtt
@@ -47,7 +57,7 @@ from agent.transport import topics
 from agent.transport._mqtt_acks import FAILURE as _FAILURE
 from agent.transport._mqtt_acks import PubackTracker
 from agent.transport._mqtt_settings import TlsSettings, backoff_delay, read_password
-from agent.transport._paho_fast import FastPath, PropertiesCache
+from agent.transport._paho_fast import FastPath, PropertiesCache, unsupported
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 
 log = logging.getLogger(__name__)
@@ -56,6 +66,9 @@ DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
 FAILURE_LOG_INTERVAL_S = 60.0
 DEFAULT_INBOUND_CAPACITY = 1024
 _ROUTE_CACHE = 65536  # topic -> handlers entries kept before the cache starts over
+FastPathMode = Literal["auto", "off"]
+# aiomqtt internals used on either path (aiomqtt 2.x), checked on every client made.
+_AIOMQTT_INTERNALS = ("_client", "_disconnected")
 
 
 class _Handoff(asyncio.Queue):  # type: ignore[type-arg]
@@ -97,7 +110,10 @@ class MqttTransport:
         max_inflight: int = 100,
         inbound_capacity: int = DEFAULT_INBOUND_CAPACITY,
         rng: random.Random | None = None,
+        fast_path: FastPathMode = "auto",
     ) -> None:
+        if fast_path not in ("auto", "off"):
+            raise ConfigError("mqtt", "fast_path", f'must be "auto" or "off", got {fast_path!r}')
         if not client_id:
             raise ValueError("client_id must not be empty")
         if inbound_capacity < 1:
@@ -150,6 +166,9 @@ class MqttTransport:
         self._connect_done = asyncio.Event()
         self.connects = 0
         self.last_error: str | None = None
+        self._fast_path_mode = fast_path
+        self._fallback_warned = False
+        self.fast_path_active = False  # whether the current connection runs the lean paths
 
     # -- construction helpers --------------------------------------------------------------
     @classmethod
@@ -204,6 +223,7 @@ class MqttTransport:
             reconnect_max_s=section.reconnect_max_s,
             max_payload_bytes=section.max_payload_bytes,
             rng=rng,
+            fast_path=section.fast_path,
         )
 
     # -- Transport protocol ----------------------------------------------------------------
@@ -275,9 +295,13 @@ class MqttTransport:
         topics.validate_topic(topic)
         if qos not in (0, 1):
             raise TransportError(f"{self._client_id!r}: QoS {qos} is not supported")
-        fast = self._fast
-        if fast is None or self._paho is None or not self._gate.is_open:
+        paho = self._paho
+        if paho is None or not self._gate.is_open:
             raise NotConnected(f"{self._client_id!r} is not connected")
+        fast = self._fast
+        if fast is None:
+            await self._publish_stock(paho, topic, payload, qos, retain, response_topic, correlation)
+            return
         properties = None
         if response_topic is not None or correlation is not None:
             properties = self._props.build(response_topic, correlation)
@@ -292,6 +316,27 @@ class MqttTransport:
         if mid is None:
             raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
         await self._pubacks.wait(mid)
+
+    async def _publish_stock(self, paho: Any, topic: str, payload: bytes, qos: int, retain: bool,
+                             response_topic: str | None, correlation: bytes | None) -> None:
+        """A publish through paho's own `publish`; its PUBACK comes back through `on_publish`."""
+        properties = None
+        if response_topic is not None or correlation is not None:
+            properties = Properties(PacketTypes.PUBLISH)
+            if response_topic is not None:
+                properties.ResponseTopic = response_topic
+            if correlation is not None:
+                properties.CorrelationData = correlation
+        if qos == 1:
+            await self._pubacks.reserve()
+            if self._paho is not paho:
+                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
+        info = paho.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing ({info.rc})")
+        if qos == 1:
+            await self._pubacks.wait(info.mid)
+
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Record the subscription; send it now if connected (else on the next connect)."""
         topics.validate_filter(topic_filter)
@@ -349,10 +394,33 @@ class MqttTransport:
             queue_type=lambda maxsize=0: _Handoff(self._on_message),  # type: ignore[arg-type]
         )
         client.pending_calls_threshold = 1 << 30  # many concurrent publishes are our normal
+        missing = [name for name in _AIOMQTT_INTERNALS if not hasattr(client, name)]
+        if missing:
+            raise TransportError(f"unsupported aiomqtt version: no Client.{', Client.'.join(missing)}")
         paho: Any = client._client  # noqa: SLF001  (aiomqtt exposes no hook for these paths)
         self._wire = paho
-        self._fast = FastPath(paho, loop=asyncio.get_running_loop(), deliver=self._accept, acked=self._pubacks.acked,
-                              on_read_error=lambda exc: _end_connection(client, exc))
+        self._fast = None
+        if self._fast_path_mode == "auto":
+            problem = unsupported(paho)
+            if problem is None:
+                self._fast = FastPath(paho, loop=asyncio.get_running_loop(), deliver=self._accept,
+                                      acked=self._pubacks.acked, on_read_error=lambda exc: _end_connection(client, exc))
+            elif not self._fallback_warned:
+                self._fallback_warned = True
+                log.warning("%s: paho-mqtt's internals are not the ones the lean paths were written for (%s);"
+                            " using aiomqtt's own path (set mqtt.fast_path = \"off\" to say so)",
+                            self._client_id, problem)
+        self.fast_path_active = self._fast is not None
+        if self._fast is None:
+            stock_on_publish = paho.on_publish
+            acked = self._pubacks.acked
+
+            def on_publish(c: Any, userdata: Any, mid: int, *rest: Any) -> None:
+                reason = rest[0] if rest else 0
+                acked(mid, int(getattr(reason, "value", reason)))
+                stock_on_publish(c, userdata, mid, *rest)
+
+            paho.on_publish = on_publish
         stock_on_unsubscribe = paho.on_unsubscribe
         unsubscribes = self._unsubscribes = set()  # this connection's
 
@@ -543,8 +611,8 @@ class MqttTransport:
 
 def _end_connection(client: aiomqtt.Client, exc: BaseException) -> None:
     """What aiomqtt's own reader does when reading fails: end the connection with `exc`."""
-    disconnected = getattr(client, "_disconnected", None)
-    if disconnected is not None and not disconnected.done():
+    disconnected: asyncio.Future[None] = client._disconnected  # noqa: SLF001  (checked at connect)
+    if not disconnected.done():
         disconnected.set_exception(exc)
 
 

@@ -22,6 +22,7 @@ import random
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import msgspec
 
@@ -36,7 +37,7 @@ from agent.housekeeping import Housekeeper, limited
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
-from agent.protocol import KIND_JOB_OFFER, JobOffer, agent_registry, kind_of
+from agent.protocol import KIND_JOB_OFFER, JobOffer, SystemSample, agent_registry, kind_of
 from agent.telemetry import SystemSampler
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
@@ -127,6 +128,18 @@ class LeaderLink:
         await self.tell(envelope)
 
 
+class WorkerOptions(TypedDict, total=False):
+    """The optional parts of a `WorkerAgent` that `WorkerAgent.open` passes on."""
+
+    owns_stores: bool
+    rng: random.Random | None
+    sampler: Callable[[], SystemSample] | None
+    job_handler: JobHandler | None
+    relay: bool
+    reregister_s: float | None
+    housekeeping: bool | None
+
+
 class WorkerAgent:
     def __init__(
         self,
@@ -139,7 +152,7 @@ class WorkerAgent:
         incarnation: int,
         owns_stores: bool = True,
         rng: random.Random | None = None,
-        sampler: Callable[[], object] | None = None,
+        sampler: Callable[[], SystemSample] | None = None,
         job_handler: JobHandler | None = None,
         relay: bool = True,
         reregister_s: float | None = None,
@@ -207,7 +220,7 @@ class WorkerAgent:
     @classmethod
     async def open(
         cls, config: AgentConfig, *, transport: Transport, clock: Clock, data_dir: str | Path | None = None,
-        **kwargs: object,
+        **kwargs: Unpack[WorkerOptions],
     ) -> WorkerAgent:
         """Open the worker's databases under `data_dir` (default: the config's) and build it."""
         base = Path(data_dir if data_dir is not None else config.agent.data_dir)
@@ -225,7 +238,7 @@ class WorkerAgent:
         if "sampler" not in kwargs:
             kwargs["sampler"] = SystemSampler(base, clock=clock).sample
         return cls(config, transport=transport, clock=clock, outbox=outbox, ledger=ledger,
-                   incarnation=incarnation, **kwargs)  # type: ignore[arg-type]
+                   incarnation=incarnation, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -251,7 +264,7 @@ class WorkerAgent:
         self.heartbeat_actor = HeartbeatActor(
             device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
-            tags=tuple(cfg.agent.tags), sampler=self._sampler)  # type: ignore[arg-type]
+            tags=tuple(cfg.agent.tags), sampler=self._sampler)
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest",
         )
@@ -341,6 +354,7 @@ class WorkerAgent:
 __all__ = [
     "LeaderLink",
     "WorkerAgent",
+    "WorkerOptions",
     "default_job_handler",
     "next_incarnation",
 ]

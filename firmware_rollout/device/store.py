@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -25,6 +25,7 @@ from agent.core.errors import StoreError
 from firmware_rollout._fs import in_thread
 from firmware_rollout.messages import REPORT_STATE, UpdateReport, UpdaterState
 
+T = TypeVar("T")
 SCHEMA_VERSION = 1
 KEEP_SENT_REPORTS = 500
 
@@ -117,7 +118,7 @@ class UpdaterStore:
         except sqlite3.Error as exc:
             raise StoreError(f"{path}: cannot open the updater database: {exc}") from exc
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
             raise StoreError("updater store is closed")
         async with self._lock:
@@ -141,7 +142,7 @@ class UpdaterStore:
 
     async def load(self) -> tuple[UpdateRecord, dict[str, str]]:
         """The update record and the version each slot holds."""
-        return await self._run(self._load)  # type: ignore[no-any-return]
+        return await self._run(self._load)
 
     def _reports(self, unsent_only: bool, limit: int) -> list[tuple[int, UpdateReport]]:
         where = "WHERE sent = 0 " if unsent_only else ""
@@ -156,8 +157,7 @@ class UpdaterStore:
         return [report for _, report in rows]
 
     async def unsent(self, limit: int = 100) -> list[tuple[int, UpdateReport]]:
-        rows = await self._run(self._unsent, limit)
-        return rows  # type: ignore[no-any-return]
+        return await self._run(self._unsent, limit)
 
     def _unsent(self, limit: int) -> list[tuple[int, UpdateReport]]:
         rows = self._conn.execute("SELECT seq, body FROM reports WHERE sent = 0 ORDER BY seq LIMIT ?", (limit,))
@@ -193,7 +193,7 @@ class UpdaterStore:
     ) -> UpdateReport | None:
         """Write `record` (and slot versions, and a report built from `report` plus its seq) in one
         transaction; return the report made."""
-        return await self._run(self._save, record, report, dict(slots or {}))  # type: ignore[no-any-return]
+        return await self._run(self._save, record, report, dict(slots or {}))
 
     async def add_report(self, report: Mapping[str, Any]) -> UpdateReport:
         """Record a report that changes no state (an offer refused while busy)."""

@@ -351,9 +351,8 @@ class RolloutStore:
         return out
 
     def totals(self, rollout_id: str) -> dict[str, int]:
-        return dict(
-            self._q("SELECT state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY state", (rollout_id,))
-        )  # type: ignore[arg-type]
+        rows = self._q("SELECT state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY state", (rollout_id,))
+        return {str(state): int(n) for state, n in rows}
 
     def record_offer(self, rollout_id: str, device_id: str, attempt: int) -> None:
         self._q(

@@ -92,6 +92,19 @@ def _transport(url: str, client_id: str, **kwargs: object) -> MqttTransport:
                                   **kwargs)  # type: ignore[arg-type]
 
 
+async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Wait until `condition()` holds (looked at after every loop turn that let I/O in); the
+    timeout only bounds a failure."""
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    try:
+        await asyncio.wait_for(poll(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"{what}: not within {timeout_s}s") from None
+
+
 async def test_a_full_inbound_queue_pauses_reading_and_loses_nothing(mosquitto: Mosquitto) -> None:
     release = asyncio.Event()
     got: list[bytes] = []
@@ -112,11 +125,7 @@ async def test_a_full_inbound_queue_pauses_reading_and_loses_nothing(mosquitto: 
         await asyncio.wait_for(t.connected.wait_open(), 10)
     try:
         await asyncio.gather(*[pub.publish("fp/t", str(n).encode(), qos=1) for n in range(total)])
-        for _ in range(200):
-            if sub.inbound_pauses:
-                break
-            await asyncio.sleep(0.01)
-        assert sub.inbound_pauses > 0
+        await eventually(lambda: sub.inbound_pauses > 0, "the full queue paused reading")
         release.set()
         await asyncio.wait_for(done.wait(), 20)
         assert got == [str(n).encode() for n in range(total)]  # in order, none lost, none twice
@@ -146,7 +155,7 @@ async def test_a_message_not_yet_dispatched_at_stop_is_redelivered_to_the_sessio
     await pub.publish("fp/s", b"one", qos=1)
     await pub.publish("fp/s", b"two", qos=1)
     await asyncio.wait_for(blocked.wait(), 10)
-    await asyncio.sleep(0.2)  # "two" arrives and waits in the inbound queue
+    await eventually(lambda: len(first._inbound) == 1, '"two" waits in the inbound queue')
     await first.stop()
 
     again: list[bytes] = []
@@ -175,20 +184,25 @@ async def test_unsubscribe_does_not_wait_for_the_broker(mosquitto: Mosquitto) ->
     async def handler(message: InboundMessage) -> None:
         got.append(message.payload)
 
+    synced = asyncio.Event()
+
+    async def sync(message: InboundMessage) -> None:
+        synced.set()
+
     t = _transport(mosquitto.url, "fp-unsub")
     await t.subscribe("fp/u", handler)
+    await t.subscribe("fp/sync", sync)
     await t.start()
     await asyncio.wait_for(t.connected.wait_open(), 10)
     try:
         await t.publish("fp/u", b"a", qos=1)
-        for _ in range(200):
-            if got:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: got == [b"a"], "the first message arrived")
         await t.unsubscribe("fp/u")
         await t.publish("fp/u", b"b", qos=1)
-        await t.publish("fp/x", b"sync", qos=1)  # a round trip after the unsubscribe
-        await asyncio.sleep(0.2)
+        # The broker handles one connection's packets in order: once "sync" (published after
+        # "b" on a topic still subscribed) is back, "b" has met the unsubscribe already.
+        await t.publish("fp/sync", b"sync", qos=1)
+        await asyncio.wait_for(synced.wait(), 30)
         assert got == [b"a"]
     finally:
         await t.stop()
@@ -201,12 +215,44 @@ async def test_qos1_publish_fails_with_our_error_when_the_connection_goes(mosqui
     try:
         mosquitto.stop()
         with pytest.raises(TransportError):
-            for _ in range(100):
+            while True:  # until the transport has seen the connection go (bounded by the test timeout)
                 await t.publish("fp/l", b"x", qos=1)
                 await asyncio.sleep(0.02)
     finally:
         mosquitto.start()
         await t.stop()
+
+
+async def test_an_unexpected_paho_falls_back_to_aiomqtt_with_one_warning(
+        mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """`fast_path = "auto"` on a paho without one of the internals the lean paths use: the agent
+    connects anyway, on aiomqtt's own path, and says so once."""
+    from agent.transport import _paho_fast
+
+    monkeypatch.setattr(_paho_fast, "_PAHO_INTERNALS", (*_paho_fast._PAHO_INTERNALS, "_moved_in_a_later_paho"))
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    async def handler(message: InboundMessage) -> None:
+        got.append(message.payload)
+        if len(got) == 2:
+            arrived.set()
+
+    t = _transport(mosquitto.url, "fp-fallback")
+    with caplog.at_level(logging.WARNING, logger="agent.transport.mqtt"):
+        await t.subscribe("fp/f", handler)
+        await t.start()
+        await asyncio.wait_for(t.connected.wait_open(), 10)
+        try:
+            assert not t.fast_path_active
+            await t.publish("fp/f", b"qos1", qos=1)  # waits for its PUBACK through paho's callback
+            await t.publish("fp/f", b"qos0", qos=0)
+            await asyncio.wait_for(arrived.wait(), 30)
+            assert sorted(got) == [b"qos0", b"qos1"]
+        finally:
+            await t.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "_moved_in_a_later_paho" in warnings[0] and "aiomqtt's own path" in warnings[0]
 
 
 async def test_connection_failures_are_logged_once_then_rate_limited(caplog: pytest.LogCaptureFixture) -> None:

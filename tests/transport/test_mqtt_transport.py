@@ -1,4 +1,7 @@
-"""MqttTransport against a real mosquitto (started by the fixtures), plus its pure helpers."""
+"""MqttTransport against a real mosquitto (started by the fixtures), plus its pure helpers.
+
+Every test runs twice: on the lean paths through paho (`fast_path="auto"`) and on aiomqtt's own
+path (`fast_path="off"`, what an agent falls back to on an unexpected paho)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,16 @@ from agent.transport.mqtt import MqttTransport, TlsSettings, backoff_delay, read
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 from mosquitto import Mosquitto, TlsFiles  # noqa: E402
+
+
+@pytest.fixture(autouse=True, params=["auto", "off"])
+def fast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The message path every transport of the test takes (the constructor's default)."""
+    mode: str = request.param
+    defaults = dict(MqttTransport.__init__.__kwdefaults__ or {})
+    defaults["fast_path"] = mode
+    monkeypatch.setattr(MqttTransport.__init__, "__kwdefaults__", defaults)
+    return mode
 
 
 class Collector:
@@ -128,6 +141,14 @@ async def test_not_connected_and_payload_limit() -> None:
 
 
 @pytest.mark.mqtt
+async def test_the_path_taken_is_the_one_asked_for(mosquitto: Mosquitto, fast_path: str) -> None:
+    t = await connected(transport(mosquitto.url, "path"))
+    try:
+        assert t.fast_path_active is (fast_path == "auto")
+    finally:
+        await t.stop()
+
+
 async def test_publish_subscribe_round_trip(mosquitto: Mosquitto) -> None:
     inbox = Collector()
     sub = transport(mosquitto.url, "sub")
