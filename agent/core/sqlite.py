@@ -11,6 +11,12 @@
 
 `sqlite3.Error` is translated to `StoreError` by `store_errors()`; callers let no sqlite3 type
 or exception out of their module.
+
+`SqliteStore` is the skeleton every store shares: a subclass names its `COMPONENT` and its
+`MIGRATIONS`, opens its connection with `connect_migrated` (in its own `open`, which does the
+store's own first reads), and inherits `atomic()`, `check_open()`, an idempotent `close()` and
+the context manager. The outbox keeps a connection per thread (its writer and reader) and uses
+the functions here directly.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import itertools
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal, Self
 
 from agent.core.errors import StoreError
 
@@ -150,4 +156,54 @@ def close_quietly(conn: sqlite3.Connection) -> None:
         conn.close()
 
 
-__all__ = ["Migration", "Synchronous", "atomic", "close_quietly", "connect", "migrate", "open_migrated", "store_errors"]
+class SqliteStore:
+    """One store's connection: opened and migrated once, `atomic()`, `close()`, `with store:`.
+
+    A closed store raises `StoreError` naming `WHAT` (e.g. "device registry is closed").
+    """
+
+    COMPONENT: ClassVar[str]  # the migration bookkeeping name (several stores may share a file)
+    MIGRATIONS: ClassVar[Sequence[Migration]]
+    WHAT: ClassVar[str]  # what the store is, for error messages
+
+    def __init__(self, conn: sqlite3.Connection, *, path: str | Path) -> None:
+        self._conn = conn
+        self.path = str(path)
+        self._closed = False
+
+    @classmethod
+    def connect_migrated(cls, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> sqlite3.Connection:
+        """A connection to `path` with this store's tables at their newest version."""
+        return open_migrated(path, cls.COMPONENT, cls.MIGRATIONS, synchronous=synchronous)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.WHAT} is closed")
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[sqlite3.Connection]:
+        """One transaction (a savepoint when nested); see `atomic`."""
+        self.check_open()
+        with atomic(self._conn) as conn:
+            yield conn
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            close_quietly(self._conn)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "Migration", "SqliteStore", "Synchronous", "atomic", "close_quietly", "connect", "migrate", "open_migrated",
+    "store_errors",
+]

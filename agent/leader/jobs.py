@@ -43,7 +43,7 @@ from pathlib import Path
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migrate, store_errors
+from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
 from agent.leader.job_types import (
     DemandOutcome,
     Dispatch,
@@ -133,17 +133,19 @@ class _WorkerWindows(Mapping[str, int]):
         return repr({w: b.window for w, b in self._workers.items()})
 
 
-class JobQueue:
+class JobQueue(SqliteStore):
     """Open with `JobQueue.open(path, clock=...)`; one open queue per database is the writer."""
+
+    COMPONENT = COMPONENT
+    MIGRATIONS = _MIGRATIONS
+    WHAT = "job queue"
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock, epoch: int, window_max: int,
                  path: str) -> None:
-        self._conn = conn
+        super().__init__(conn, path=path)
         self._clock = clock
         self.epoch = epoch
         self.window_max = window_max
-        self.path = path
-        self._closed = False
         self._fenced = False
         self._jobs: dict[str, _Job] = {}  # every accepted, unconfirmed job
         self._head: list[tuple[int, str]] = []  # released jobs: a heap by store_seq
@@ -166,9 +168,8 @@ class JobQueue:
         """Open the queue, take a new epoch and reload every accepted, unconfirmed job."""
         if window_max < 1:
             raise ValueError("window_max must be >= 1")
-        conn = connect(path, synchronous=synchronous)
+        conn = cls.connect_migrated(path, synchronous=synchronous)
         try:
-            migrate(conn, COMPONENT, _MIGRATIONS)
             with atomic(conn):
                 row = conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
                 epoch = (int(row[0]) if row else 0) + 1
@@ -191,21 +192,9 @@ class JobQueue:
             queue._queued.add(job_id)
         return queue
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            close_quietly(self._conn)
-
-    def __enter__(self) -> JobQueue:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- durable writes --------------------------------------------------------------------
     def _check(self) -> None:
-        if self._closed:
-            raise StoreError("job queue is closed")
+        self.check_open()
         if self._fenced:
             raise QueueFenced(f"job queue epoch {self.epoch} was fenced by a newer incarnation")
 

@@ -34,7 +34,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.codec import decode, encode
 from agent.core.errors import CodecError, StoreError
-from agent.core.sqlite import Synchronous, atomic, close_quietly, connect, migrate, store_errors
+from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
 from agent.protocol import Heartbeat, SystemSample, Telemetry
 
 COMPONENT = "registry"
@@ -159,16 +159,18 @@ def _record(row: tuple) -> DeviceRecord:
 OfflineCallback = Callable[[list[str]], Awaitable[None] | None]
 
 
-class DeviceRegistry:
+class DeviceRegistry(SqliteStore):
     """The device registry. Open with `DeviceRegistry.open(path, clock=...)`."""
+
+    COMPONENT = COMPONENT
+    MIGRATIONS = _MIGRATIONS
+    WHAT = "device registry"
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
                  path: str) -> None:
-        self._conn = conn
+        super().__init__(conn, path=path)
         self._clock = clock
         self._deadline_ms = int(round(heartbeat_deadline_s * 1000))
-        self.path = path
-        self._closed = False
 
     @classmethod
     def open(
@@ -181,9 +183,8 @@ class DeviceRegistry:
     ) -> DeviceRegistry:
         if heartbeat_deadline_s <= 0:
             raise ValueError("heartbeat_deadline_s must be > 0")
-        conn = connect(path, synchronous=synchronous)
+        conn = cls.connect_migrated(path, synchronous=synchronous)
         try:
-            migrate(conn, COMPONENT, _MIGRATIONS)
             with atomic(conn):
                 conn.execute(
                     "INSERT INTO registry_meta(key, value) VALUES ('heartbeat_deadline_ms', ?)"
@@ -199,20 +200,6 @@ class DeviceRegistry:
     def heartbeat_deadline_s(self) -> float:
         return self._deadline_ms / 1000.0
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            close_quietly(self._conn)
-
-    def __enter__(self) -> DeviceRegistry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("device registry is closed")
 
     # -- writes --------------------------------------------------------------------------------
     def apply_heartbeat(self, heartbeat: Heartbeat) -> bool:
@@ -221,7 +208,7 @@ class DeviceRegistry:
 
     def apply_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[bool]:
         """Apply a batch in one transaction, in order; per heartbeat, whether it was applied."""
-        self._check_open()
+        self.check_open()
         now = self._clock.now_ms()
         applied: list[bool] = []
         execute = self._conn.execute
@@ -247,7 +234,7 @@ class DeviceRegistry:
         A new record bumps the device's `telemetry_count` and replaces the last value of its
         `name` if its `seq` is higher than the stored one's.
         """
-        self._check_open()
+        self.check_open()
         now = self._clock.now_ms()
         new: list[bool] = []
         with atomic(self._conn):
@@ -278,7 +265,7 @@ class DeviceRegistry:
         `online` counts as being heard from (the heartbeat deadline restarts); `offline` (the
         last will) marks the device offline at once.
         """
-        self._check_open()
+        self.check_open()
         now = self._clock.now_ms()
         with atomic(self._conn):
             if msg_id is not None and not self._claim(msg_id, now):
@@ -309,7 +296,7 @@ class DeviceRegistry:
 
     def expire_overdue(self) -> list[str]:
         """Mark offline every online device not heard from within the deadline; their ids."""
-        self._check_open()
+        self.check_open()
         now = self._clock.now_ms()
         with atomic(self._conn):
             rows = self._conn.execute(
@@ -321,7 +308,7 @@ class DeviceRegistry:
 
     def next_deadline_ms(self) -> int | None:
         """When the next online device runs out of its heartbeat deadline, or None."""
-        self._check_open()
+        self.check_open()
         with store_errors("next deadline"):
             row = self._conn.execute(
                 "SELECT MIN(last_seen_ms) FROM devices WHERE online = 1"
@@ -342,7 +329,7 @@ class DeviceRegistry:
                 nxt = self.next_deadline_ms()
                 wait_ms = self._deadline_ms if nxt is None else nxt - self._clock.now_ms()
             except StoreError as exc:
-                if self._closed:
+                if self.closed:
                     return
                 log.warning("heartbeat deadlines: %s (retrying)", exc)
                 failed = True
@@ -353,7 +340,7 @@ class DeviceRegistry:
             try:
                 expired = self.expire_overdue()
             except StoreError as exc:
-                if self._closed:
+                if self.closed:
                     return
                 log.warning("heartbeat deadlines: %s (retrying)", exc)
                 failed = True
@@ -369,7 +356,7 @@ class DeviceRegistry:
 
         Keep them longer than the longest a message can wait in a sender's outbox.
         """
-        self._check_open()
+        self.check_open()
         cutoff = self._clock.now_ms() - int(older_than_s * 1000)
         with store_errors("prune processed ids"):
             if self._conn.execute(
@@ -386,13 +373,13 @@ class DeviceRegistry:
 
     def checkpoint(self) -> None:
         """Run a passive WAL checkpoint (fsyncs: call it from a thread under `clock.busy()`)."""
-        self._check_open()
+        self.check_open()
         with store_errors("checkpoint"):
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     # -- reads ---------------------------------------------------------------------------------
     def device(self, device_id: str) -> DeviceRecord | None:
-        self._check_open()
+        self.check_open()
         with store_errors("read device"):
             row = self._conn.execute(
                 f"SELECT {_COLUMNS} FROM devices WHERE device_id = ?", (device_id,)
@@ -400,7 +387,7 @@ class DeviceRegistry:
         return None if row is None else _record(row)
 
     def devices(self, *, online: bool | None = None) -> list[DeviceRecord]:
-        self._check_open()
+        self.check_open()
         where = "" if online is None else f" WHERE online = {1 if online else 0}"
         with store_errors("read devices"):
             rows = self._conn.execute(
@@ -410,7 +397,7 @@ class DeviceRegistry:
 
     def counts(self) -> tuple[int, int]:
         """(online, offline) device counts."""
-        self._check_open()
+        self.check_open()
         with store_errors("count devices"):
             row = self._conn.execute(
                 "SELECT COALESCE(SUM(online), 0), COUNT(*) - COALESCE(SUM(online), 0) FROM devices"
@@ -419,7 +406,7 @@ class DeviceRegistry:
 
     def last_telemetry(self, device_id: str) -> dict[str, Telemetry]:
         """The newest record (by seq) of each telemetry name of a device."""
-        self._check_open()
+        self.check_open()
         with store_errors("read telemetry"):
             rows = self._conn.execute(
                 "SELECT name, record FROM telemetry_last WHERE device_id = ? ORDER BY name",
@@ -434,7 +421,7 @@ class DeviceRegistry:
         return out
 
     def is_processed(self, msg_id: str) -> bool:
-        self._check_open()
+        self.check_open()
         with store_errors("read processed ids"):
             row = self._conn.execute(
                 "SELECT 1 FROM processed_messages WHERE msg_id = ?", (msg_id,)
@@ -443,7 +430,7 @@ class DeviceRegistry:
 
     def processed_count(self) -> int:
         """How many message ids are remembered (for metrics)."""
-        self._check_open()
+        self.check_open()
         with store_errors("count processed ids"):
             return int(self._conn.execute("SELECT COUNT(*) FROM processed_messages").fetchone()[0])
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.clock import Clock
-from agent.core.sqlite import atomic, close_quietly, open_migrated, store_errors
+from agent.core.sqlite import SqliteStore, store_errors
 
 COMPONENT = "rejects"
 HEAD_BYTES = 256  # how much of a refused payload is kept as evidence
@@ -47,21 +47,24 @@ class Reject:
     head: bytes
 
 
-class RejectLog:
-    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, max_rows: int) -> None:
-        self._conn = conn
+class RejectLog(SqliteStore):
+    COMPONENT = COMPONENT
+    MIGRATIONS = (_v1,)
+    WHAT = "reject log"
+
+    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, max_rows: int, path: str) -> None:
+        super().__init__(conn, path=path)
         self._clock = clock
         self._max_rows = max_rows
         self.count = 0  # recorded by this process
 
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock, max_rows: int = 10_000) -> RejectLog:
-        conn = open_migrated(path, COMPONENT, (_v1,))
-        return cls(conn, clock=clock, max_rows=max_rows)
+        return cls(cls.connect_migrated(path), clock=clock, max_rows=max_rows, path=str(path))
 
     def record(self, *, topic: str, reason: str, payload: bytes = b"", sender: str | None = None,
                msg_id: str | None = None, kind: str | None = None, size: int | None = None) -> int:
-        with atomic(self._conn):
+        with self.atomic():
             cur = self._conn.execute(
                 "INSERT INTO rejects (at_ms, topic, sender, msg_id, kind, size, reason, head)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -87,8 +90,6 @@ class RejectLog:
         with store_errors("count rejects"):
             return int(self._conn.execute("SELECT COUNT(*) FROM rejects").fetchone()[0])
 
-    def close(self) -> None:
-        close_quietly(self._conn)
 
 
 __all__ = ["Reject", "RejectLog"]

@@ -272,12 +272,12 @@ def _change(db: str, row_ids: list[int] | None, verb: str,
                 if found is None:
                     missing.append(rid)
         engine = Engine(conn)
-        engine.begin()
+        engine.books.begin()
         try:
             n = act(engine, row_ids, SystemClock().now_ms())
-            engine.commit()
+            engine.books.commit()
         except BaseException:
-            engine.rollback()
+            engine.books.rollback()
             raise
         print(f"{verb} {n} dead letter{'s' if n != 1 else ''}")
         if missing:
@@ -290,12 +290,12 @@ def _change(db: str, row_ids: list[int] | None, verb: str,
 
 def dlq_replay(db: str, row_ids: list[int] | None) -> int:
     """Send dead letters again (attempts reset, due now); all of them when `row_ids` is None."""
-    return _change(db, row_ids, "replayed", lambda e, ids, now: e.replay(ids, now))
+    return _change(db, row_ids, "replayed", lambda e, ids, now: e.settle.replay(ids, now))
 
 
 def dlq_purge(db: str, row_ids: list[int] | None) -> int:
     """Delete dead letters; all of them when `row_ids` is None."""
-    return _change(db, row_ids, "purged", lambda e, ids, now: e.purge(ids))
+    return _change(db, row_ids, "purged", lambda e, ids, now: e.settle.purge(ids))
 
 
 __all__ = ["dlq_list", "dlq_purge", "dlq_replay", "dlq_show", "outbox_stats"]

@@ -1,6 +1,6 @@
 """The read side: what the relay polls (`Reader.take_ready`, `next_due_ms`, on the event loop's
 thread with a connection of its own), the in-flight bookkeeping shared with the writer
-(`Flight`), and what inspection reads (`ReadOps`, on the writer thread). Polls are plain reads
+(`Flight`). Inspection reads are the engine's (`Engine.stats`, on the writer thread). Polls are plain reads
 outside any transaction; expired rows met on the way are deleted by the writer.
 
 Rows are built positionally (`build_row`): the relay builds one per message.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agent.outbox.types import ClassStats, OutboxRow, OutboxStats
+from agent.outbox.types import OutboxRow
 
 KeyIdent = tuple[str, str, str]  # (owner, receiver, key) of an OVERWRITE row
 
@@ -331,71 +331,11 @@ class Reader:
         return None
 
 
-class ReadOps:
-    """Inspection reads, mixed into `Engine` (run on the writer thread)."""
-
-    if TYPE_CHECKING:
-        conn: sqlite3.Connection
-        inflight: dict[int, tuple[str, str, int, bool, KeyIdent | None]]
-        counters: dict[str, int]
-        depth: dict[str, list[int]]
-
-        def _check_external(self) -> None: ...
-
-    def stats(self, now_ms: int) -> OutboxStats:
-        self._check_external()
-        c = self.counters
-        row = self.conn.execute(
-            "SELECT created_at FROM outbox WHERE status = 'pending' ORDER BY id LIMIT 1"
-        ).fetchone()
-        flying: dict[str, int] = {}
-        for _, kind, _, _, _ in self.inflight.values():
-            flying[kind] = flying.get(kind, 0) + 1
-        by_class = {
-            kind: ClassStats(
-                pending=d[0], in_flight=flying.get(kind, 0), dead=d[2], pending_bytes=d[1]
-            )
-            for kind, d in sorted(self.depth.items())
-            if d[0] or d[2] or flying.get(kind)
-        }
-        return OutboxStats(
-            enqueued=c["enqueued"],
-            delivered=c["delivered"],
-            dead_lettered=c["dead_lettered"],
-            expired=c["expired"],
-            dropped=c["dropped"],
-            overwritten=c["overwritten"],
-            pending=sum(d[0] for d in self.depth.values()),
-            in_flight=len(self.inflight),
-            dead=sum(d[2] for d in self.depth.values()),
-            replayed=c["replayed"],
-            duplicates=c["duplicates"],
-            rejected_full=c["rejected_full"],
-            oldest_pending_age_ms=None if row is None else max(0, now_ms - row[0]),
-            by_class=by_class,
-        )
-
-    def list_dead(self, limit: int, offset: int) -> list[OutboxRow]:
-        return [
-            build_row(r)
-            for r in self.conn.execute(
-                f"SELECT {ROW_COLUMNS} FROM outbox WHERE status = 'dead'"
-                " ORDER BY id LIMIT ? OFFSET ?",
-                (max(0, limit), max(0, offset)),
-            )
-        ]
-
-    def get(self, rid: int) -> OutboxRow | None:
-        r = self.conn.execute(f"SELECT {ROW_COLUMNS} FROM outbox WHERE id = ?", (rid,)).fetchone()
-        return None if r is None else build_row(r)
-
-
 __all__ = [
     "FIFO_HEAD",
     "ROW_COLUMNS",
     "Flight",
     "KeyIdent",
-    "ReadOps",
     "Reader",
     "build_row",
     "ready_sql",

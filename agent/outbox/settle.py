@@ -1,14 +1,13 @@
 """What happens to rows after they were handed out (ack, nack, dead letter), and the dead
-letters' lifecycle (replay, purge), plus TTL expiry. Mixed into `Engine`; runs on the writer
-thread inside the transaction the writer opened."""
+letters' lifecycle (replay, purge), plus TTL expiry. `Settlement` writes through the outbox's
+`Books`, on the writer thread, inside the transaction the writer opened."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
-from agent.outbox.reads import Flight, KeyIdent
+from agent.outbox.books import Books
 
 NackOutcome = Literal["transient", "capacity"]
 NACK_OUTCOMES: tuple[NackOutcome, ...] = ("transient", "capacity")
@@ -25,45 +24,23 @@ def _marks(n: int) -> str:
     return "(" + ", ".join("?" * n) + ")"
 
 
-class SettleOps:
-    """Mixed into `Engine`: the relay's writes and the dead letters."""
+class Settlement:
+    """The relay's writes and the dead letters, on the outbox's books."""
 
-    if TYPE_CHECKING:
-        conn: sqlite3.Connection
-        flight: Flight
-        inflight: dict[int, tuple[str, str, int, bool, KeyIdent | None]]
-        counters: dict[str, int]
-        depth: dict[str, list[int]]
-        max_attempts: int
-        _snap: Any
-        _settle: list[int]
-        _moved: bool
-        _keys: dict[Any, Any]
-
-        def _flush(self) -> None: ...
-        def _d(self, kind: str) -> list[int]: ...
-        def _delete_pending(self, r: Sequence[Any]) -> None: ...
+    def __init__(self, books: Books, *, max_attempts: int) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self._books = books
+        self.max_attempts = max_attempts
 
     # -- relay side: writes ----------------------------------------------------------------
-    def _settle_flight(self, ids: Iterable[int], *, moved: bool = True) -> None:
-        """Rows the relay is done with leave the in-flight set once this transaction has
-        committed (or rolled back): until then the loop thread's reader still sees their old
-        state, and must not hand them out again."""
-        if self._snap is None:
-            self.flight.settle(ids, moved=moved)
-        else:
-            self._settle.extend(ids)
-            if moved:
-                self._moved = True
-
     def ack(self, ids: Sequence[int]) -> int:
         """Delivered: delete the rows. Returns how many were still pending."""
-        self._settle_flight(ids, moved=False)
+        self._books.settle_flight(ids, moved=False)
         if not ids:
             return 0
-        self._flush()
-        self._keys.clear()
-        flying = self.inflight
+        self._books.prepare_write()
+        flying = self._books.inflight
         known: list[int] = []
         other: list[int] = []
         for rid in dict.fromkeys(ids):  # (a repeated id is acked once)
@@ -71,7 +48,7 @@ class SettleOps:
         n = self._delete_flying(known) if known else 0
         if other:
             n += self._delete_ids(other, "", ())
-        self.counters["delivered"] += n
+        self._books.counters["delivered"] += n
         return n
 
     def _delete_flying(self, ids: list[int]) -> int:
@@ -79,9 +56,9 @@ class SettleOps:
         so the DELETE returns nothing (RETURNING costs about a third of an ack). Should one of
         them no longer be pending (nacked to the dead letters in the same group), the chunk is
         undone and deleted again with RETURNING."""
-        flying = self.inflight
-        depth = self.depth
-        conn = self.conn
+        flying = self._books.inflight
+        depth = self._books.depth
+        conn = self._books.conn
         n = 0
         for chunk in _chunks(ids):
             conn.execute("SAVEPOINT ack")
@@ -97,7 +74,7 @@ class SettleOps:
             conn.execute("RELEASE ack")
             for rid in chunk:
                 _, kind, size, _, _ = flying[rid]
-                d = depth.get(kind) or self._d(kind)
+                d = depth.get(kind) or self._books.d(kind)
                 d[0] -= 1
                 d[1] -= size
             n += len(chunk)
@@ -106,15 +83,15 @@ class SettleOps:
     def _delete_ids(self, ids: Sequence[int], cond: str, extra: tuple[object, ...]) -> int:
         """Delete the pending rows among `ids` (matching `cond`); adjusts depths."""
         n = 0
-        depth = self.depth
+        depth = self._books.depth
         for chunk in _chunks(ids):
-            gone = self.conn.execute(
+            gone = self._books.conn.execute(
                 f"DELETE FROM outbox WHERE id IN {_marks(len(chunk))} AND status = 'pending'"
                 f"{cond} RETURNING kind, size",
                 (*chunk, *extra),
             ).fetchall()
             for kind, size in gone:
-                d = depth.get(kind) or self._d(kind)
+                d = depth.get(kind) or self._books.d(kind)
                 d[0] -= 1
                 d[1] -= size
             n += len(gone)
@@ -129,11 +106,10 @@ class SettleOps:
         An OVERWRITE row with a newer row of its key waiting is coalesced instead of retried."""
         if outcome not in NACK_OUTCOMES:
             raise ValueError(f"outcome must be one of {NACK_OUTCOMES}, got {outcome!r}")
-        self._settle_flight((rid,))
-        self._flush()
-        self._keys.clear()
+        self._books.settle_flight((rid,))
+        self._books.prepare_write()
         spend = 1 if outcome == "transient" else 0
-        row = self.conn.execute(
+        row = self._books.conn.execute(
             "UPDATE outbox SET attempts = attempts + ?1, send_at = ?2, last_error = ?3,"
             " status = CASE WHEN ?1 AND attempts + 1 >= ?4 THEN 'dead' ELSE 'pending' END"
             " WHERE id = ?5 AND status = 'pending'"
@@ -153,7 +129,7 @@ class SettleOps:
         return True
 
     def _newer_waits(self, owner: str, receiver: str, key: str, seq: int) -> bool:
-        return self.conn.execute(
+        return self._books.conn.execute(
             "SELECT 1 FROM outbox INDEXED BY outbox_key WHERE owner = ? AND receiver = ?"
             " AND key = ? AND status = 'pending' AND seq > ? LIMIT 1",
             (owner, receiver, key, seq),
@@ -162,21 +138,20 @@ class SettleOps:
     def _coalesce(self, rid: int, kind: str, size: int) -> None:
         """Delete a row superseded by a newer one of its key (counted overwritten). It still
         counts as pending in the depths (even if a nack just marked it dead)."""
-        self._delete_pending((rid, 0, kind, size))
-        self._flush()
+        self._books.delete_pending((rid, 0, kind, size))
+        self._books.flush()
 
     def _to_dead(self, kind: str, size: int) -> None:
-        d = self._d(kind)
+        d = self._books.d(kind)
         d[0] -= 1
         d[1] -= size
         d[2] += 1
-        self.counters["dead_lettered"] += 1
+        self._books.counters["dead_lettered"] += 1
 
     def dead_letter(self, rid: int, error: str) -> bool:
-        self._settle_flight((rid,))
-        self._flush()
-        self._keys.clear()
-        row = self.conn.execute(
+        self._books.settle_flight((rid,))
+        self._books.prepare_write()
+        row = self._books.conn.execute(
             "UPDATE outbox SET status = 'dead', attempts = attempts + 1, last_error = ?"
             " WHERE id = ? AND status = 'pending' RETURNING kind, size",
             (error, rid),
@@ -187,75 +162,71 @@ class SettleOps:
         return True
 
     def replay(self, ids: Sequence[int] | None, now_ms: int) -> int:
-        self._flush()
-        self._keys.clear()
-        self._moved = True
+        self._books.prepare_write()
+        self._books.mark_moved()
         sql = "UPDATE outbox SET status = 'pending', attempts = 0, send_at = ? WHERE status = 'dead'"
         back: list[tuple[str, int]] = []
         if ids is None:
-            back = self.conn.execute(sql + " RETURNING kind, size", (now_ms,)).fetchall()
+            back = self._books.conn.execute(sql + " RETURNING kind, size", (now_ms,)).fetchall()
         else:
             for chunk in _chunks(ids):
-                back += self.conn.execute(
+                back += self._books.conn.execute(
                     f"{sql} AND id IN {_marks(len(chunk))} RETURNING kind, size", (now_ms, *chunk)
                 ).fetchall()
         for kind, size in back:
-            d = self._d(kind)
+            d = self._books.d(kind)
             d[0] += 1
             d[1] += size
             d[2] -= 1
-        self.counters["replayed"] += len(back)
+        self._books.counters["replayed"] += len(back)
         return len(back)
 
     def purge(self, ids: Sequence[int] | None) -> int:
-        self._flush()
-        self._keys.clear()
+        self._books.prepare_write()
         sql = "DELETE FROM outbox WHERE status = 'dead'"
         gone: list[tuple[str]] = []
         if ids is None:
-            gone = self.conn.execute(sql + " RETURNING kind").fetchall()
+            gone = self._books.conn.execute(sql + " RETURNING kind").fetchall()
         else:
             for chunk in _chunks(ids):
-                gone += self.conn.execute(
+                gone += self._books.conn.execute(
                     f"{sql} AND id IN {_marks(len(chunk))} RETURNING kind", chunk
                 ).fetchall()
         for (kind,) in gone:
-            self._d(kind)[2] -= 1
-        self.counters["purged"] += len(gone)
+            self._books.d(kind)[2] -= 1
+        self._books.counters["purged"] += len(gone)
         return len(gone)
 
     def expire(self, now_ms: int, ids: Sequence[int] | None = None) -> int:
         """Delete pending rows past their expires_at (not those in flight); counted."""
-        self._flush()
-        self._keys.clear()
+        self._books.prepare_write()
         if ids is None:
-            found = self.conn.execute(
+            found = self._books.conn.execute(
                 "SELECT id FROM outbox INDEXED BY outbox_expiry"
                 " WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ?",
                 (now_ms,),
             ).fetchall()
-            ids = [r[0] for r in found if r[0] not in self.inflight]
+            ids = [r[0] for r in found if r[0] not in self._books.inflight]
         if not ids:
             return 0
         n = self._delete_ids(ids, " AND expires_at <= ?", (now_ms,))
-        self.counters["expired"] += n
+        self._books.counters["expired"] += n
         return n
 
     def set_max_pages(self, pages: int) -> int:
-        return int(self.conn.execute(f"PRAGMA max_page_count = {int(pages)}").fetchone()[0])
+        return int(self._books.conn.execute(f"PRAGMA max_page_count = {int(pages)}").fetchone()[0])
 
     def release(self, ids: Sequence[int]) -> None:
         """Rows handed back untried: no attempt spent. An OVERWRITE row with a newer row of
         its key waiting is coalesced (counted overwritten) rather than sent again, so a key
         never holds more than one row in flight and one pending."""
-        keyed = [rid for rid in ids if (f := self.inflight.get(rid)) is not None and f[4]]
-        self._settle_flight(ids)
-        if not keyed or self._snap is None:  # (outside a transaction: nothing to write)
+        keyed = [rid for rid in ids if (f := self._books.inflight.get(rid)) is not None and f[4]]
+        self._books.settle_flight(ids)
+        if not keyed or not self._books.in_transaction:  # (outside a transaction: nothing to write)
             return
-        self._flush()
-        self._keys.clear()
+        self._books.prepare_write()
         for chunk in _chunks(keyed):
-            for rid, kind, size in self.conn.execute(
+            for rid, kind, size in self._books.conn.execute(
                 f"SELECT o.id, o.kind, o.size FROM outbox AS o WHERE o.id IN {_marks(len(chunk))}"
                 " AND o.status = 'pending' AND EXISTS (SELECT 1 FROM outbox AS n"
                 " INDEXED BY outbox_key WHERE n.owner = o.owner AND n.receiver = o.receiver"
@@ -265,4 +236,4 @@ class SettleOps:
                 self._coalesce(rid, kind, size)
 
 
-__all__ = ["NACK_OUTCOMES", "NackOutcome", "SettleOps"]
+__all__ = ["NACK_OUTCOMES", "NackOutcome", "Settlement"]

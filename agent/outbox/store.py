@@ -135,7 +135,7 @@ class OutboxStore:
                 # A WAL reader only waits in rare cases (recovery); never stall the loop long.
                 rconn.execute(f"PRAGMA busy_timeout = {min(int(busy_timeout_ms), 250)}")
                 rconn.execute("PRAGMA query_only = ON")
-                readers.append(Reader(rconn, engine.flight))
+                readers.append(Reader(rconn, engine.books.flight))
             except BaseException as exc:
                 conn.close()
                 if rconn is not None:
@@ -213,12 +213,12 @@ class OutboxStore:
     def write_transactions(self) -> int:
         """Write transactions committed by this store since it was opened."""
         engine = self._writer.engine
-        return engine.write_transactions if engine is not None else 0
+        return engine.books.write_transactions if engine is not None else 0
 
     @property
     def in_flight(self) -> int:
         engine = self._writer.engine
-        return len(engine.inflight) if engine is not None else 0
+        return len(engine.books.inflight) if engine is not None else 0
 
     # -- producers -------------------------------------------------------------------------
     async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult:
@@ -302,7 +302,7 @@ class OutboxStore:
         return rows
 
     def _expire_soon(self, now: int, ids: list[int]) -> None:
-        self._write_behind(lambda e: e.expire(now, ids), "deleting expired rows")
+        self._write_behind(lambda e: e.settle.expire(now, ids), "deleting expired rows")
 
     def _write_behind(self, op: Callable[[Any], Any], what: str) -> None:
         """Queue a write nobody awaits; the virtual clock counts it as work in progress. A
@@ -339,9 +339,9 @@ class OutboxStore:
         if self._closed:
             raise StoreClosed("the outbox store is closed")
         engine = self._writer.engine
-        if self._ack_delay_s <= 0 or engine is None or not engine.flight.defer_acks(ids):
+        if self._ack_delay_s <= 0 or engine is None or not engine.books.flight.defer_acks(ids):
             # No wake of its own: the settle tells whether a row waited behind these.
-            await self._call(lambda e: e.ack(ids), write=True)
+            await self._call(lambda e: e.settle.ack(ids), write=True)
             return
         self._acks.extend(ids)
         if len(self._acks) >= _ACK_BATCH:
@@ -361,7 +361,7 @@ class OutboxStore:
         if not ids or self._writer.closed:
             return
         # On failure the rows stay pending (the rollback put them back): delivered again later.
-        self._write_behind(lambda e: e.ack(ids), f"committing {len(ids)} acks")
+        self._write_behind(lambda e: e.settle.ack(ids), f"committing {len(ids)} acks")
 
     async def nack(
         self, row_id: int, *, delay_ms: int, error: str, outcome: NackOutcome = "transient"
@@ -372,7 +372,7 @@ class OutboxStore:
             raise ValueError(f"outcome must be one of {NACK_OUTCOMES}, got {outcome!r}")
         now = self._clock.now_ms()
         return await self._call(
-            lambda e: e.nack(row_id, now, delay_ms, error, outcome), write=True, wakes=True
+            lambda e: e.settle.nack(row_id, now, delay_ms, error, outcome), write=True, wakes=True
         )
 
     async def release(self, row_ids: Sequence[int]) -> None:
@@ -381,11 +381,11 @@ class OutboxStore:
             return
         engine = self._writer.engine
         # Only an OVERWRITE row can need a write (coalesced behind a newer one of its key).
-        keyed = engine is not None and engine.flight.keyed(ids)
-        await self._call(lambda e: e.release(ids), write=keyed, wakes=True)
+        keyed = engine is not None and engine.books.flight.keyed(ids)
+        await self._call(lambda e: e.settle.release(ids), write=keyed, wakes=True)
 
     async def dead_letter(self, row_id: int, *, error: str) -> None:
-        await self._call(lambda e: e.dead_letter(row_id, error), write=True, wakes=True)
+        await self._call(lambda e: e.settle.dead_letter(row_id, error), write=True, wakes=True)
 
     async def next_due_ms(self) -> int | None:
         if self._closed:
@@ -418,7 +418,7 @@ class OutboxStore:
         """Delete (and count) every pending row past its expires_at. take_ready also expires
         the rows it meets, so calling this is only needed to free space early."""
         now = self._clock.now_ms()
-        return await self._call(lambda e: e.expire(now), write=True)
+        return await self._call(lambda e: e.settle.expire(now), write=True)
 
     # -- inspection and dead letters -------------------------------------------------------
     async def stats(self) -> OutboxStats:
@@ -438,18 +438,18 @@ class OutboxStore:
         now = self._clock.now_ms()
         ids = None if row_ids is None else list(row_ids)
         return await self._call(
-            lambda e: e.replay(ids, now), write=True, wakes=True
+            lambda e: e.settle.replay(ids, now), write=True, wakes=True
         )
 
     async def purge(self, row_ids: Sequence[int] | None = None) -> int:
         """Delete dead rows (all of them when `row_ids` is None); returns how many."""
         ids = None if row_ids is None else list(row_ids)
-        return await self._call(lambda e: e.purge(ids), write=True)
+        return await self._call(lambda e: e.settle.purge(ids), write=True)
 
     async def set_max_db_bytes(self, max_db_bytes: int) -> None:
         """Change the file size cap (see `open`)."""
         await self._call(
-            lambda e: e.set_max_pages(_pages(e.conn, max_db_bytes)), write=False
+            lambda e: e.set_max_pages(_pages(e.books.conn, max_db_bytes)), write=False
         )
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -226,7 +226,7 @@ class Writer:
                 value, error = None, exc
             results.append((op.fut, value, error))
             wakes = wakes or (op.wakes and error is None)
-        if engine.flight.pop_freed():  # a settle let a row waiting behind another go
+        if engine.books.flight.pop_freed():  # a settle let a row waiting behind another go
             wakes = True
         self._post(self._deliver, results, wakes)
 
@@ -235,23 +235,23 @@ class Writer:
     ) -> list[tuple[_Op, Any, BaseException | None]]:
         out: list[tuple[_Op, Any, BaseException | None]] = []
         try:
-            engine.begin()
+            engine.books.begin()
             for op in writes:
                 try:
                     out.append((op, op.fn(engine), None))
                 except (EdgeAgentError, ValueError) as exc:
                     # Refused before it changed anything (or rolled back to its savepoint).
                     out.append((op, None, exc))
-            engine.commit()
+            engine.books.commit()
             return out
         except sqlite3.Error as exc:
-            engine.rollback()
+            engine.books.rollback()
             if len(writes) == 1:
                 return [(writes[0], None, translate(exc))]
             log.warning("outbox: grouped write of %d operations failed (%s); retrying one by "
                         "one", len(writes), describe(exc))
         except Exception as exc:  # noqa: BLE001 - a bug in one op must not hang the others
-            engine.rollback()
+            engine.books.rollback()
             if len(writes) == 1:
                 return [(writes[0], None, exc)]
         return [self._write_group(engine, [op])[0] for op in writes]
@@ -264,11 +264,11 @@ class Writer:
                     self._post(_fail, fut, StoreClosed("the outbox store is closed"))
         self._ops.clear()
         try:
-            engine.conn.execute("PRAGMA optimize")
+            engine.books.conn.execute("PRAGMA optimize")
         except sqlite3.Error:
             pass
         try:
-            engine.conn.close()
+            engine.books.conn.close()
         except sqlite3.Error as exc:
             log.warning("outbox: closing the database failed: %s", describe(exc))
         self._post(_succeed, closer.fut, None)

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.core.clock import Clock
-from agent.core.errors import StoreError
-from agent.core.sqlite import Synchronous, atomic, close_quietly, open_migrated, store_errors
+from agent.core.sqlite import SqliteStore, Synchronous, atomic, store_errors
 from agent.protocol import JobDemand, JobOffer, JobResult
 
 COMPONENT = "jobledger"
@@ -72,39 +71,25 @@ class LedgerTransaction:
 Effect = Callable[[LedgerTransaction], None]
 
 
-class JobLedger:
+class JobLedger(SqliteStore):
     """Open with `JobLedger.open(path, clock=...)` (the worker's database may be shared)."""
 
+    COMPONENT = COMPONENT
+    MIGRATIONS = _MIGRATIONS
+    WHAT = "job ledger"
+
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock, path: str) -> None:
-        self._conn = conn
+        super().__init__(conn, path=path)
         self._clock = clock
-        self.path = path
-        self._closed = False
 
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock,
              synchronous: Synchronous = "NORMAL") -> JobLedger:
-        conn = open_migrated(path, COMPONENT, _MIGRATIONS, synchronous=synchronous)
-        return cls(conn, clock=clock, path=str(path))
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            close_quietly(self._conn)
-
-    def __enter__(self) -> JobLedger:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check(self) -> None:
-        if self._closed:
-            raise StoreError("job ledger is closed")
+        return cls(cls.connect_migrated(path, synchronous=synchronous), clock=clock, path=str(path))
 
     def lookup(self, job_id: str) -> LedgerEntry | None:
         """The recorded outcome of a job done before, or None."""
-        self._check()
+        self.check_open()
         with store_errors("read job ledger"):
             row = self._conn.execute(
                 "SELECT job_id, ok, result, error, done_ms FROM job_ledger WHERE job_id = ?",
@@ -128,7 +113,7 @@ class JobLedger:
         Returns False (and runs nothing) when the job id is already recorded. If `effect`
         raises, nothing is recorded and the exception propagates.
         """
-        self._check()
+        self.check_open()
         with atomic(self._conn):
             cur = self._conn.execute(
                 "INSERT INTO job_ledger (job_id, ok, result, error, done_ms) VALUES (?, ?, ?, ?, ?)"
@@ -154,7 +139,7 @@ class JobLedger:
         this one transaction; how many were forgotten. A forgotten job offered again runs
         again, so keep entries longer than the leader may re-offer them: its downtime plus how
         long our result can wait in the outbox (see `agent.housekeeping`)."""
-        self._check()
+        self.check_open()
         cutoff = self._clock.now_ms() - int(older_than_s * 1000)
         with store_errors("prune job ledger"):
             if self._conn.execute(
@@ -171,12 +156,12 @@ class JobLedger:
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Read the worker's own tables (the ones job effects write) outside a completion."""
-        self._check()
+        self.check_open()
         with store_errors("query"):
             return self._conn.execute(sql, tuple(params)).fetchall()
 
     def count(self) -> int:
-        self._check()
+        self.check_open()
         with store_errors("count job ledger"):
             return int(self._conn.execute("SELECT COUNT(*) FROM job_ledger").fetchone()[0])
 

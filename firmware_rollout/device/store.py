@@ -11,9 +11,8 @@ is on disk when the call returns). Calls run in a thread, never blocking the eve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +21,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
+from agent.core.sqlite import SqliteStore, store_errors
 from firmware_rollout._fs import in_thread
 from firmware_rollout.messages import REPORT_STATE, UpdateReport, UpdaterState
 
@@ -30,7 +30,7 @@ SCHEMA_VERSION = 1
 KEEP_SENT_REPORTS = 500
 
 _SCHEMA = """
-CREATE TABLE update_state (
+CREATE TABLE IF NOT EXISTS update_state (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     state TEXT NOT NULL,
     rollout_id TEXT NOT NULL DEFAULT '',
@@ -45,15 +45,23 @@ CREATE TABLE update_state (
     detail TEXT NOT NULL DEFAULT '',
     updated_ms INTEGER NOT NULL DEFAULT 0
 );
-INSERT INTO update_state (id, state) VALUES (1, 'idle');
-CREATE TABLE slots (slot TEXT PRIMARY KEY, version TEXT NOT NULL);
-CREATE TABLE reports (
+INSERT OR IGNORE INTO update_state (id, state) VALUES (1, 'idle');
+CREATE TABLE IF NOT EXISTS slots (slot TEXT PRIMARY KEY, version TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS reports (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     body BLOB NOT NULL,
     sent INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX reports_unsent ON reports (seq) WHERE sent = 0;
+CREATE INDEX IF NOT EXISTS reports_unsent ON reports (seq) WHERE sent = 0;
 """
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    """The first schema. Idempotent: a database written before the updater's tables were
+    versioned like every other store's (`PRAGMA user_version = 1`) already holds them."""
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
 
 
 @dataclass(frozen=True)
@@ -82,56 +90,59 @@ _report_decoder = msgspec.msgpack.Decoder(UpdateReport)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class UpdaterStore:
-    """Owns the connection; every method is a short transaction run in a thread."""
+class UpdaterStore(SqliteStore):
+    """Owns the connection; every method is a short transaction run in a thread (one at a time),
+    at `synchronous=FULL`: an update's state must survive a power cut."""
 
-    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
-        self._conn = conn
+    COMPONENT = "updater"
+    MIGRATIONS = (_v1,)
+    WHAT = "updater store"
+
+    def __init__(self, conn: sqlite3.Connection, clock: Clock, *, path: str) -> None:
+        super().__init__(conn, path=path)
         self._clock = clock
         self._lock = asyncio.Lock()
-        self._closed = False
 
     @classmethod
     async def open(cls, path: str | Path, *, clock: Clock) -> UpdaterStore:
-        conn = await in_thread(clock, cls._connect, Path(path))
-        return cls(conn, clock)
+        try:
+            conn = await in_thread(clock, cls._connect, Path(path))
+        except StoreError as exc:
+            raise StoreError(f"{path}: cannot open the updater database: {exc}") from exc
+        return cls(conn, clock, path=str(path))
+
+    @classmethod
+    def _connect(cls, path: Path) -> sqlite3.Connection:
+        legacy = cls._legacy_version(path)
+        if legacy not in (0, 1):
+            raise StoreError(f"unknown updater schema version {legacy}")
+        return cls.connect_migrated(path, synchronous="FULL")
 
     @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
-            conn.execute("PRAGMA busy_timeout = 5000")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"{path}: cannot switch to WAL (journal_mode is {mode})")
-            conn.execute("PRAGMA synchronous = FULL")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                with _atomic(conn):  # schema and its version in one transaction
-                    for statement in _SCHEMA.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            elif version != SCHEMA_VERSION:
-                raise StoreError(f"{path}: unknown updater schema version {version}")
-            return conn
-        except sqlite3.Error as exc:
-            raise StoreError(f"{path}: cannot open the updater database: {exc}") from exc
+    def _legacy_version(path: Path) -> int:
+        """`PRAGMA user_version` of a database written before the tables were versioned."""
+        if not path.exists():
+            return 0
+        with store_errors("read the schema version"):
+            conn = sqlite3.connect(path)
+            try:
+                return int(conn.execute("PRAGMA user_version").fetchone()[0])
+            finally:
+                conn.close()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise StoreError("updater store is closed")
+        self.check_open()
         async with self._lock:
             try:
                 return await in_thread(self._clock, fn, *args)
             except sqlite3.Error as exc:
                 raise StoreError(f"updater database: {exc}") from exc
 
-    async def close(self) -> None:
-        if not self._closed:
+    async def aclose(self) -> None:
+        """`close`, after the transaction in progress (if any), off the loop."""
+        if not self.closed:
             async with self._lock:
-                self._closed = True
-                await in_thread(self._clock, self._conn.close)
+                await in_thread(self._clock, self.close)
 
     # -- reads -----------------------------------------------------------------------------
     def _load(self) -> tuple[UpdateRecord, dict[str, str]]:
@@ -168,7 +179,7 @@ class UpdaterStore:
         self, record: UpdateRecord, report: Mapping[str, Any] | None, slots: Mapping[str, str]
     ) -> UpdateReport | None:
         made = None
-        with _atomic(self._conn):
+        with self.atomic():
             assignments = ", ".join(f"{name} = ?" for name in _FIELDS)
             self._conn.execute(
                 f"UPDATE update_state SET {assignments} WHERE id = 1", [getattr(record, f) for f in _FIELDS]
@@ -203,7 +214,7 @@ class UpdaterStore:
         return made
 
     def _mark_sent(self, seqs: list[int]) -> None:
-        with _atomic(self._conn):
+        with self.atomic():
             self._conn.executemany("UPDATE reports SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
             self._conn.execute(
                 "DELETE FROM reports WHERE sent = 1 AND seq <= (SELECT MAX(seq) FROM reports) - ?",
@@ -213,18 +224,6 @@ class UpdaterStore:
     async def mark_sent(self, seqs: list[int]) -> None:
         if seqs:
             await self._run(self._mark_sent, seqs)
-
-
-@contextlib.contextmanager
-def _atomic(conn: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (including a simulated crash)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 def report_fields(record: UpdateRecord, *, device: str, ts_ms: int, active_version: str) -> dict[str, Any]:

@@ -183,14 +183,14 @@ class Updater:
             updater._last_report = recent[-1] if recent else None
             await updater._on_boot()
         except BaseException:
-            await store.close()
+            await store.aclose()
             raise
         return updater
 
     async def close(self) -> None:
         """Close the database. Safe at any point: every transition is already durable."""
         self._closed = True
-        await self._store.close()
+        await self._store.aclose()
 
     # -- public API ------------------------------------------------------------------------
     @property

@@ -16,16 +16,15 @@ event loop, one transaction per transition, as the registry is. sqlite3 errors b
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import Synchronous, atomic, close_quietly, open_migrated, store_errors
+from agent.core.sqlite import SqliteStore, Synchronous, store_errors
 from firmware_rollout.orchestration.schema import MIGRATIONS as _MIGRATIONS
 from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
 
@@ -164,38 +163,26 @@ def _rollout(row: tuple[Any, ...]) -> RolloutRow:
     return RolloutRow(*values)
 
 
-class RolloutStore:
-    """All reads and writes of the rollout tables. Open one per process and database."""
+class RolloutStore(SqliteStore):
+    """All reads and writes of the rollout tables. Open one per process and database. Every
+    transition is one `atomic()` transaction (a savepoint when nested)."""
+
+    COMPONENT = COMPONENT
+    MIGRATIONS = _MIGRATIONS
+    WHAT = "the rollout store"
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock, path: str) -> None:
-        self._conn = conn
+        super().__init__(conn, path=path)
         self._clock = clock
-        self.path = path
-        self._closed = False
 
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "NORMAL") -> RolloutStore:
-        conn = open_migrated(path, COMPONENT, _MIGRATIONS, synchronous=synchronous)
-        return cls(conn, clock=clock, path=str(path))
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            close_quietly(self._conn)
+        return cls(cls.connect_migrated(path, synchronous=synchronous), clock=clock, path=str(path))
 
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        if self._closed:
-            raise StoreError("the rollout store is closed")
+        self.check_open()
         with store_errors("rollout store"):
             return self._conn.execute(sql, args).fetchall()
-
-    @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        """One transaction (a savepoint when nested): every transition is one of these."""
-        if self._closed:
-            raise StoreError("the rollout store is closed")
-        with atomic(self._conn):
-            yield
 
     # -- rollouts --------------------------------------------------------------------------
     def create_rollout(
