@@ -31,6 +31,7 @@ BAD = [
     ('[agent]\ndevice_id = "d"\n[relay]\naimd_initial = 99\n', "relay.aimd_initial", "between"),
     ('[agent]\ndevice_id = "d"\n[mqtt]\nurl = "http://x"\n', "mqtt.url", "mqtt://"),
     ('[agent]\ndevice_id = "d"\ntags = [1]\n', "agent.tags.0", "expected str"),
+    ('[agent]\ndevice_id = "d"\n[mqtt]\nfast_path = "fast"\n', "mqtt.fast_path", "invalid enum value"),
 ]
 
 
