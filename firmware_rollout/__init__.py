@@ -17,8 +17,9 @@ loads each name's module on first use, so importing one room never loads the oth
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agent.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from firmware_rollout.artifact.files import (
@@ -127,16 +128,9 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "RolloutStore",
     ),
 }
-_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, {name: module for module, names in _LAZY.items() for name in names})
 
 
 __all__ = [

@@ -12,8 +12,9 @@ HTTP server or the Prometheus renderer through this package.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agent.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from agent.service.checks import (
@@ -123,13 +124,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"agent.service.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, {name: f"agent.service.{module}" for name, module in _LAZY.items()})
 
 
 __all__ = [

@@ -8,9 +8,9 @@ MemoryBroker` works as before), so an agent on a real broker never loads it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agent.core.lazy import lazy_attributes
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Transport, Will
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender, envelope_from_row
 
@@ -24,13 +24,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
