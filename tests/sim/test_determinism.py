@@ -67,6 +67,9 @@ SCENARIO_ARGS = {
     "work-pulling": ["--devices", "6", "--duration", "2m", "--jobs", "20"],
     "wave-rollout": ["--devices", "16", "--fail-rate", "0.25"],
 }
+# The rollout scenario with the fleet's faults while it runs (uplinks lost, agents crashing).
+FAULTY_ROLLOUT = ["--scenario", "wave-rollout", "--devices", "40", "--offline-rate", "0.2", "--offline-duration",
+                  "1m", "--crash-rate", "0.1", "--duration", "5m"]
 
 
 def simulate(tmp_path: Path, name: str, args: list[str], *, hash_seed: int) -> dict[str, Any]:
@@ -185,3 +188,13 @@ def test_a_simulated_rollout_starts_no_thread_work(tmp_path: Path) -> None:
 
 async def test_a_real_clock_runs_the_job_on_a_thread() -> None:
     assert await in_thread(SystemClock(), threading.get_ident) != threading.get_ident()
+
+
+@pytest.mark.slow
+def test_a_rollout_with_faults_gives_the_same_report_for_the_same_seed(tmp_path: Path) -> None:
+    first = simulate(tmp_path, "a", [*FAULTY_ROLLOUT, "--seed", "3"], hash_seed=21)
+    second = simulate(tmp_path, "b", [*FAULTY_ROLLOUT, "--seed", "3"], hash_seed=22)
+    assert first["faults"]["offline_episodes"] == 8 and first["faults"]["crashes"] == 4
+    assert first["lost"] == 0 and first["conservation_ok"] is True
+    assert first["rollout"]["state"] in ("succeeded", "aborted")
+    assert as_text(first) == as_text(second)
