@@ -403,3 +403,14 @@ async def test_forged_senders_are_each_answered_but_logged_once_per_interval(cap
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "rejected" in r.getMessage()]
     assert len(warnings) == 1
     assert inbox.stats.rejected == 5
+
+
+def test_every_paho_internal_the_lean_paths_use_is_in_the_startup_check() -> None:
+    """A paho that moved any of them must get aiomqtt's own path, never a half-working one."""
+    import re
+
+    from agent.transport import _paho_fast
+
+    source = Path(_paho_fast.__file__).read_text()
+    used = set(re.findall(r"\b(?:paho|p)\.(_[A-Za-z]\w*)", source))
+    assert used == set(_paho_fast._PAHO_INTERNALS)
