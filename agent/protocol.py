@@ -23,15 +23,25 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from agent.core.codec import Envelope, MessageRegistry, decode, encode
+from agent.core.codec import INT64_MAX, Envelope, MessageRegistry, decode, encode
 
+# Every field is bounded where it is declared: integers within SQLite's int64, strings and
+# collections by length, floats finite and within a sane range, so one device's message can
+# neither fail a leader's batch nor grow its state without bound.
 DeviceId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 JobId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-Seq = Annotated[int, msgspec.Meta(ge=0)]
-Epoch = Annotated[int, msgspec.Meta(ge=1)]
+Seq = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+Epoch = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+TimestampMs = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Window = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0, le=1e15)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Reading = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]  # finite
+Version = Annotated[str, msgspec.Meta(max_length=64)]
+Tag = Annotated[str, msgspec.Meta(max_length=64)]
+Text = Annotated[str, msgspec.Meta(max_length=1024)]
 
 KIND_HEARTBEAT = "heartbeat"
 KIND_TELEMETRY = "telemetry"
@@ -51,18 +61,18 @@ class _Message(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
 class SystemSample(_Message, kw_only=True, frozen=True):
     """One psutil reading of the device. A field is None where the platform cannot say."""
 
-    cpu_percent: float | None = None
-    mem_total_bytes: int | None = None
-    mem_available_bytes: int | None = None
-    mem_percent: float | None = None
-    disk_total_bytes: int | None = None
-    disk_free_bytes: int | None = None
-    disk_percent: float | None = None
-    load_1m: float | None = None
-    load_5m: float | None = None
-    load_15m: float | None = None
-    temperature_c: float | None = None
-    uptime_s: float | None = None  # of the host, since boot
+    cpu_percent: Percent | None = None
+    mem_total_bytes: Bytes | None = None
+    mem_available_bytes: Bytes | None = None
+    mem_percent: Percent | None = None
+    disk_total_bytes: Bytes | None = None
+    disk_free_bytes: Bytes | None = None
+    disk_percent: Percent | None = None
+    load_1m: NonNegFloat | None = None
+    load_5m: NonNegFloat | None = None
+    load_15m: NonNegFloat | None = None
+    temperature_c: Reading | None = None
+    uptime_s: NonNegFloat | None = None  # of the host, since boot
 
 
 class Heartbeat(_Message, kw_only=True, frozen=True):
@@ -73,8 +83,8 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     device_id: DeviceId
     seq: Seq
     uptime_s: NonNegFloat  # of the agent process
-    firmware_version: str = ""
-    tags: tuple[str, ...] = ()
+    firmware_version: Version = ""
+    tags: Annotated[tuple[Tag, ...], msgspec.Meta(max_length=32)] = ()
     sample: SystemSample | None = None
 
 
@@ -84,9 +94,9 @@ class Telemetry(_Message, kw_only=True, frozen=True):
     device_id: DeviceId
     seq: Seq
     name: Name
-    ts_ms: Annotated[int, msgspec.Meta(ge=0)]
-    value: float | None = None
-    values: dict[str, float] | None = None
+    ts_ms: TimestampMs
+    value: Reading | None = None
+    values: Annotated[dict[Name, Reading], msgspec.Meta(max_length=256)] | None = None
 
 
 class Presence(_Message, kw_only=True, frozen=True):
@@ -94,7 +104,7 @@ class Presence(_Message, kw_only=True, frozen=True):
 
     device_id: DeviceId
     status: Literal["online", "offline"]
-    ts_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+    ts_ms: TimestampMs = 0
 
 
 class JobSubmit(_Message, kw_only=True, frozen=True):
@@ -134,7 +144,7 @@ class JobResult(_Message, kw_only=True, frozen=True):
     worker: DeviceId
     ok: bool
     result: bytes = b""
-    error: str = ""
+    error: Text = ""
 
 
 class StatusRequest(_Message, kw_only=True, frozen=True):

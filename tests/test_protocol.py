@@ -161,12 +161,39 @@ def test_damaged_valid_payloads_raise_only_codec_error(prefix: str, cut: int, fl
 @given(
     device=st.text(min_size=1, max_size=40),
     seq=st.integers(min_value=0, max_value=2**63 - 1),
-    uptime=st.floats(min_value=0, allow_nan=False, allow_infinity=False),
+    uptime=st.floats(min_value=0, max_value=1e15),
     tags=st.lists(st.text(max_size=10), max_size=4).map(tuple),
-    temp=st.none() | st.floats(allow_nan=False),
+    temp=st.none() | st.floats(min_value=-1e300, max_value=1e300),
 )
 def test_heartbeat_round_trip_property(device: str, seq: int, uptime: float,
                                        tags: tuple[str, ...], temp: float | None) -> None:
     hb = Heartbeat(device_id=device, seq=seq, uptime_s=uptime, tags=tags,
                    sample=SystemSample(temperature_c=temp))
     assert decode_as(encode_message(hb), Heartbeat) == hb
+
+
+OUT_OF_BOUNDS = [
+    ("seq", dict(device_id="d", seq=2**63, uptime_s=1.0)),
+    ("seq", dict(device_id="d", seq=2**64 - 1, uptime_s=1.0)),
+    ("uptime_s", dict(device_id="d", seq=1, uptime_s=float("nan"))),
+    ("uptime_s", dict(device_id="d", seq=1, uptime_s=float("inf"))),
+    ("firmware_version", dict(device_id="d", seq=1, uptime_s=1.0, firmware_version="x" * 200_000)),
+    ("tags", dict(device_id="d", seq=1, uptime_s=1.0, tags=["t"] * 1000)),
+]
+
+
+@pytest.mark.parametrize(("field", "fields"), OUT_OF_BOUNDS)
+def test_a_heartbeat_out_of_bounds_is_refused_naming_the_field(field: str, fields: dict[str, object]) -> None:
+    """msgpack carries uint64 and unbounded strings: the decoder refuses what SQLite cannot store
+    or what would grow a leader's state without bound, before any actor sees it."""
+    raw = msgspec.msgpack.encode(fields)
+    with pytest.raises(CodecError, match=field):
+        decode_as(raw, Heartbeat)
+
+
+@pytest.mark.parametrize("field", ["seq", "ts_ms", "ttl_ms"])
+def test_an_envelope_integer_beyond_int64_is_refused(field: str) -> None:
+    raw = msgspec.msgpack.encode({"id": "e1", "kind": "heartbeat", "sender": "d", "receiver": "leader",
+                                  field: 2**63})
+    with pytest.raises(CodecError, match=field):
+        decode(raw, Envelope)

@@ -9,7 +9,7 @@ Decoding never raises anything but `CodecError`, whatever the bytes.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -18,24 +18,31 @@ from agent.core.errors import CodecError
 WIRE_VERSION = 1
 
 Conflict = Literal["append", "overwrite"]
+
+#: Every integer on the wire fits SQLite's 64-bit INTEGER: msgpack carries uint64, and one
+#: value beyond this would fail the whole transaction that stores it.
+INT64_MAX = 2**63 - 1
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+
 ReplyStatus = Literal["accepted", "busy", "rejected"]
 
 S = TypeVar("S", bound=msgspec.Struct)
 
 
 class Envelope(msgspec.Struct, kw_only=True, frozen=True):
-    """One message on its way from `sender` to `receiver`."""
+    """One message on its way from `sender` to `receiver`. Every field is bounded: a decoder
+    refuses an envelope outside these bounds with a `CodecError` naming the field."""
 
-    v: int = WIRE_VERSION
-    id: str
-    kind: str
-    sender: str
-    receiver: str
-    key: str | None = None
+    v: Annotated[int, msgspec.Meta(ge=0, le=255)] = WIRE_VERSION
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    kind: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    sender: Annotated[str, msgspec.Meta(max_length=128)]
+    receiver: Annotated[str, msgspec.Meta(max_length=128)]
+    key: Annotated[str, msgspec.Meta(max_length=512)] | None = None
     conflict: Conflict = "append"
-    seq: int = 0
-    ts_ms: int = 0
-    ttl_ms: int | None = None
+    seq: Count = 0
+    ts_ms: Count = 0
+    ttl_ms: Count | None = None
     payload: bytes = b""
 
 
@@ -122,7 +129,9 @@ class MessageRegistry:
 
 
 __all__ = [
+    "INT64_MAX",
     "WIRE_VERSION",
+    "Count",
     "Conflict",
     "Envelope",
     "MessageRegistry",

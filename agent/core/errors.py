@@ -15,7 +15,8 @@
     │   └── Permanent                        malformed or refused: dead letter at once
     ├── StoreError                           the outbox database failed (disk full, I/O)
     │   ├── OutboxFull                       a message class is at its size cap (policy reject)
-    │   └── StoreClosed                      the store was closed by us
+    │   ├── StoreClosed                      the store was closed by us
+    │   └── UnstorableValue                  one message holds a value SQLite cannot store
     ├── RolloutError                         a rollout spec or control is invalid
     └── ArtifactError                        a firmware artifact is refused
         ├── BadSignature
@@ -108,6 +109,11 @@ class StoreClosed(StoreError):
     """The store was closed by us."""
 
 
+class UnstorableValue(StoreError):
+    """A value of one message cannot be stored (an integer beyond SQLite's 64 bits): that
+    message is refused; the database itself is fine and every other message goes on."""
+
+
 class RolloutError(EdgeAgentError):
     """A rollout spec or a rollout control is invalid."""
 
@@ -142,6 +148,7 @@ __all__ = [
     "Permanent",
     "RolloutError",
     "StoreClosed",
+    "UnstorableValue",
     "StoreError",
     "Transient",
     "TransportError",

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal, Self
 
-from agent.core.errors import StoreError
+from agent.core.errors import StoreError, UnstorableValue
 
 Synchronous = Literal["NORMAL", "FULL", "OFF"]
 
@@ -37,11 +37,14 @@ _savepoints = itertools.count()
 
 @contextlib.contextmanager
 def store_errors(what: str) -> Iterator[None]:
-    """Translate `sqlite3.Error` raised inside the block into `StoreError` naming `what`."""
+    """Translate `sqlite3.Error` raised inside the block into `StoreError` naming `what` (and an
+    integer SQLite cannot store into `UnstorableValue`)."""
     try:
         yield
     except sqlite3.Error as exc:
         raise StoreError(f"{what}: {exc}") from exc
+    except OverflowError as exc:
+        raise UnstorableValue(f"{what}: a value beyond SQLite's 64-bit integers: {exc}") from exc
 
 
 def connect(
@@ -96,6 +99,8 @@ def atomic(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             conn.execute("ROLLBACK")
         if isinstance(exc, sqlite3.Error):
             raise StoreError(str(exc)) from exc
+        if isinstance(exc, OverflowError):  # sqlite3's answer to an integer beyond 64 bits
+            raise UnstorableValue(f"a value beyond SQLite's 64-bit integers: {exc}") from exc
         raise
     try:
         conn.execute("COMMIT")

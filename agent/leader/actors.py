@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from agent.actors import Actor, Context
-from agent.core.errors import StoreError
+from agent.core.errors import StoreError, UnstorableValue
 from agent.leader.jobs import Dispatch, JobQueue
 from agent.leader.registry import DeviceRegistry
 from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, Presence, Telemetry
@@ -41,16 +41,23 @@ class IntakeStats:
     stale: int = 0  # not newer than the stored one (late or duplicate)
     batches: int = 0
     largest_batch: int = 0
+    refused: int = 0  # could not be stored (each alone; the rest of its batch was)
+
+
+#: Told of a heartbeat the registry could not store, with the reason (the leader records it).
+Refused = Callable[[Heartbeat, str], None]
 
 
 class HeartbeatIntake(Actor):
-    """Applies coalesced heartbeats to the registry in batches, at its own pace."""
+    """Applies coalesced heartbeats to the registry in batches, at its own pace. A heartbeat
+    the registry cannot store fails alone: its batch is applied again without it."""
 
     def __init__(self, registry: DeviceRegistry, *, process_interval_s: float = 0.0,
-                 batch_max: int = DEFAULT_BATCH_MAX) -> None:
+                 batch_max: int = DEFAULT_BATCH_MAX, on_refused: Refused | None = None) -> None:
         self._registry = registry
         self._interval_s = process_interval_s
         self._batch_max = batch_max
+        self._on_refused = on_refused
         self._batch: dict[str, Heartbeat] = {}
         self.stats = IntakeStats()
 
@@ -72,12 +79,24 @@ class HeartbeatIntake(Actor):
             return
         batch = list(self._batch.values())
         self._batch.clear()
-        applied = self._registry.apply_heartbeats(batch)
+        try:
+            applied = self._registry.apply_heartbeats(batch)
+        except UnstorableValue:
+            applied = [self._apply_alone(hb) for hb in batch]
         n = sum(applied)
         self.stats.applied += n
         self.stats.stale += len(batch) - n
         self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+
+    def _apply_alone(self, hb: Heartbeat) -> bool:
+        try:
+            return self._registry.apply_heartbeats([hb])[0]
+        except UnstorableValue as exc:
+            self.stats.refused += 1
+            if self._on_refused is not None:
+                self._on_refused(hb, str(exc))
+            return False
 
     async def on_stop(self, ctx: Context) -> None:
         try:
@@ -174,6 +193,8 @@ class LeaderActor(Actor):
             new: Sequence[bool | StoreError]
             try:
                 new = self._registry.apply_telemetry_batch(telemetry)
+            except UnstorableValue:  # one record cannot be stored: each alone, it fails alone
+                new = [self._telemetry_alone(item) for item in telemetry]
             except StoreError as exc:
                 new = [exc] * len(telemetry)
             it = iter(new)
@@ -200,6 +221,12 @@ class LeaderActor(Actor):
                 d.done.set_exception(result)
             else:
                 d.done.set_result(result)
+
+    def _telemetry_alone(self, item: tuple[str, Telemetry]) -> bool | StoreError:
+        try:
+            return self._registry.apply_telemetry_batch([item])[0]
+        except StoreError as exc:
+            return exc
 
     def _apply_one(self, d: Durable) -> bool:
         msg = d.message
@@ -241,6 +268,7 @@ __all__ = [
     "Durable",
     "HeartbeatIntake",
     "IntakeStats",
+    "Refused",
     "LeaderActor",
     "LeaderStats",
     "SubmitJobs",

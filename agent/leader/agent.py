@@ -31,7 +31,7 @@ from agent.actors import ActorRef, ActorSystem, MailboxStatistics
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply
 from agent.core.config import AgentConfig, resolve
-from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError
+from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError, UnstorableValue
 from agent.core.ids import IdGenerator
 from agent.housekeeping import Housekeeper
 from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 LEADER_DB = "leader.db"
 BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a message
+# A record stamped further ahead of the leader's clock than this is refused: a device's clock
+# may lag (no RTC on a Pi), but a timestamp from the far future would outrank every later one.
+MAX_AHEAD_MS = 24 * 3600 * 1000
 
 #: Answers one decoded message from a device on the up topic.
 Route = Callable[[Envelope, msgspec.Struct], Awaitable[Reply]]
@@ -151,8 +154,8 @@ class LeaderAgent:
         self.kinds = agent_registry()
         self._routes: dict[str, Route] = {}
         self.register_route(KIND_HEARTBEAT, Heartbeat, self._heartbeat)
-        for kind, type_ in ((KIND_TELEMETRY, Telemetry), (KIND_JOB_RESULT, JobResult),
-                            (KIND_JOB_DEMAND, JobDemand), (KIND_JOB_SUBMIT, JobSubmit)):
+        self.register_route(KIND_TELEMETRY, Telemetry, self._telemetry)
+        for kind, type_ in ((KIND_JOB_RESULT, JobResult), (KIND_JOB_DEMAND, JobDemand), (KIND_JOB_SUBMIT, JobSubmit)):
             self.register_route(kind, type_, self._durable)
 
     @classmethod
@@ -190,7 +193,8 @@ class LeaderAgent:
         cfg = self.config
         await self.system.start()
         self._intake_actor = HeartbeatIntake(
-            self.registry, process_interval_s=cfg.leader.process_interval_s, batch_max=self._batch_max)
+            self.registry, process_interval_s=cfg.leader.process_interval_s, batch_max=self._batch_max,
+            on_refused=self._heartbeat_refused)
         self.intake = self.system.spawn(
             self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject")
         self._leader_actor = LeaderActor(self.registry, self.jobs_queue, dispatch=self._send_offers,
@@ -287,6 +291,20 @@ class LeaderAgent:
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
         return Reply(id=env.id, status="accepted")
 
+    def _heartbeat_refused(self, hb: Heartbeat, reason: str) -> None:
+        """A heartbeat already answered `accepted` that the registry could not store."""
+        self._record_reject(topic=topics.up(self.fleet, hb.device_id) if _topic_safe(hb.device_id) else "?",
+                            reason=f"heartbeat {hb.seq} not stored: {reason}", payload=b"", sender=hb.device_id,
+                            kind="heartbeat")
+
+    async def _telemetry(self, env: Envelope, message: msgspec.Struct) -> Reply:
+        assert isinstance(message, Telemetry)
+        ahead_ms = message.ts_ms - self.clock.now_ms()
+        if ahead_ms > MAX_AHEAD_MS:
+            return self._refuse(env, f"ts_ms {message.ts_ms} is {ahead_ms / 86_400_000:.0f} days ahead of the"
+                                     " leader's clock")
+        return await self._durable(env, message)
+
     async def _durable(self, env: Envelope, message: msgspec.Struct) -> Reply:
         assert self.leader is not None
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -301,6 +319,8 @@ class LeaderAgent:
             await self.clock.wait_for(asyncio.shield(done), self.config.mqtt.reply_timeout_s)
         except TimeoutError:
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason="not committed in time")
+        except UnstorableValue as exc:  # this message alone: refused, its batch was applied
+            return self._refuse(env, str(exc))
         except StoreError as exc:
             log.warning("message %s from %s not applied: %s", env.id, env.sender, exc)
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))

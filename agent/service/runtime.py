@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from agent.core.clock import Clock
-from agent.service.checks import Check
+from agent.service.checks import Check, predicate_check
 from agent.service.collectors import process_collector
 from agent.service.healthhttp import HealthServer
 from agent.service.prom import Collector
@@ -56,7 +56,8 @@ class ServiceRuntime:
         self.signals = ServiceSignals()
         self.shutdown = ShutdownSequence(clock=clock, notifier=self.notifier,
                                          step_timeout_s=step_timeout_s)
-        self.watchdog = Watchdog(clock, self.notifier, env=env, alive=watchdog_alive)
+        self._liveness: list[Callable[[], bool]] = [watchdog_alive] if watchdog_alive is not None else []
+        self.watchdog = Watchdog(clock, self.notifier, env=env, alive=self._alive)
         self.health = HealthServer(metrics_listen, checks or {}, collectors or {}, clock=clock)
         if process_metrics:
             self.health.add_collector("process", process_collector())
@@ -67,6 +68,15 @@ class ServiceRuntime:
 
     def add_check(self, name: str, check: Check) -> None:
         self.health.add_check(name, check)
+
+    def add_liveness(self, name: str, alive: Callable[[], bool], *, up: str = "alive", down: str = "dead") -> None:
+        """A part whose death must restart the service: `/healthz` fails and the watchdog pings
+        stop while `alive()` is False, so systemd restarts the agent."""
+        self._liveness.append(alive)
+        self.health.add_check(name, predicate_check(alive, up=up, down=down))
+
+    def _alive(self) -> bool:
+        return all(alive() for alive in self._liveness)
 
     def add_collector(self, name: str, collector: Collector) -> None:
         self.health.add_collector(name, collector)

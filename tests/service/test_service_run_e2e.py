@@ -56,6 +56,7 @@ def test_run_notifies_serves_health_and_metrics_and_stops_cleanly(
                 time.sleep(0.1)
                 status, body = fetch(base + "/healthz")
             assert status == 200, body
+            assert b"actors" in body and b"all actors running" in body  # a stopped actor fails it
             status, body = fetch(base + "/metrics")
             assert status == 200
             families = parse(body.decode())

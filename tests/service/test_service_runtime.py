@@ -81,3 +81,38 @@ async def test_a_failed_start_leaves_no_signal_handlers_behind(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         assert not loop.remove_signal_handler(signum)
+
+
+async def test_a_stopped_actor_fails_healthz_and_withholds_the_watchdog(notify_socket: NotifyListener) -> None:
+    """An actor the supervisor gave up on must not sit behind a healthy /healthz: the check
+    fails and the watchdog pings stop, so systemd restarts the agent."""
+    from agent.actors import Actor, ActorSystem, Context
+    from agent.actors.actor import RestartPolicy
+
+    class Fragile(Actor):
+        async def receive(self, message: object, ctx: Context) -> None:
+            raise RuntimeError("poisoned message")
+
+    clock = VirtualClock()
+    env = {**notify_socket.env, "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}
+    system = ActorSystem(clock=clock, name="agent")
+    await system.start()
+    ref = system.spawn(Fragile(), name="intake", restart=RestartPolicy(max_restarts=0))
+    runtime = ServiceRuntime(clock=clock, metrics_listen="127.0.0.1:0", env=env, install_signals=False)
+    async with runtime:
+        runtime.add_liveness("actors", lambda: not system.failures, up="all actors running",
+                             down="an actor stopped")
+        runtime.ready("running")
+        address = runtime.health.address
+        assert address is not None
+        assert (await http_get(address, "/healthz"))[0] == 200
+        ref.tell("boom")
+        while not system.failures:
+            await clock.advance(1.0)
+        status, body = await http_get(address, "/healthz")
+        assert status == 503 and b"an actor stopped" in body
+        pings = notify_socket.drain().count("WATCHDOG=1")
+        await clock.advance(60.0)
+        assert notify_socket.drain().count("WATCHDOG=1") == 0 < pings  # withheld from now on
+        assert runtime.watchdog.withheld > 0
+    await system.stop()

@@ -1,0 +1,152 @@
+"""One hostile device with valid credentials must not stop the leader: integers beyond SQLite's
+64 bits and timestamps from the far future are refused with a reason, and a value the database
+cannot store fails alone, never the batch of other devices' messages around it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.agent_support import leader, stop_all, until, worker  # noqa: E402
+
+from agent.core.clock import VirtualClock  # noqa: E402
+from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
+from agent.core.errors import UnstorableValue  # noqa: E402
+from agent.leader.actors import Durable, HeartbeatIntake  # noqa: E402
+from agent.leader.registry import DeviceRegistry  # noqa: E402
+from agent.protocol import Heartbeat, Telemetry  # noqa: E402
+from agent.transport import topics  # noqa: E402
+from agent.transport.base import InboundMessage  # noqa: E402
+from agent.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+
+BEYOND = [2**63, 2**64 - 1]
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def broker(clock: VirtualClock) -> MemoryBroker:
+    return MemoryBroker(clock=clock)
+
+
+class Rogue:
+    """A credentialed device that writes raw envelopes (any bytes) on its own up topic."""
+
+    def __init__(self, broker: MemoryBroker, clock: VirtualClock, device: str = "rogue") -> None:
+        self.device = device
+        self.clock = clock
+        self.transport = MemoryTransport(broker, device, max_payload_bytes=1 << 20)
+        self.replies: list[InboundMessage] = []
+
+    async def start(self) -> None:
+        async def collect(message: InboundMessage) -> None:
+            self.replies.append(message)
+
+        await self.transport.subscribe(topics.reply("t", self.device, "r"), collect)
+        await self.transport.start()
+
+    async def send(self, kind: str, payload: dict[str, object]) -> tuple[str, str]:
+        n = len(self.replies)
+        env = Envelope(id=f"e{n}", kind=kind, sender=self.device, receiver="leader",
+                       payload=msgspec.msgpack.encode(payload))
+        await self.transport.publish(topics.up("t", self.device), encode(env),
+                                     response_topic=topics.reply("t", self.device, "r"), correlation=env.id.encode())
+        await until(self.clock, lambda: len(self.replies) > n, step_s=0.1, what="a reply")
+        reply = decode_reply(self.replies[-1].payload)
+        return reply.status, reply.reason
+
+
+@pytest.mark.parametrize("value", BEYOND)
+async def test_a_heartbeat_seq_beyond_int64_is_refused_and_the_fleet_stays_online(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path, value: int) -> None:
+    gw = await leader(clock, tmp_path, broker=broker, leader={"process_interval_s": 1.0})
+    honest = await worker(clock, tmp_path, "w1", broker=broker, sections={"heartbeat": {"interval_s": 1.0}})
+    rogue = Rogue(broker, clock)
+    await rogue.start()
+    try:
+        await until(clock, lambda: gw.registry.device("w1") is not None, what="w1 registered")
+        for _ in range(10):
+            status, reason = await rogue.send("heartbeat", {"device_id": "rogue", "seq": value, "uptime_s": 1.0})
+            assert status == "rejected" and "seq" in reason
+            status, reason = await rogue.send("telemetry", {"device_id": "rogue", "seq": 1, "name": "t",
+                                                            "ts_ms": value, "value": 1.0})
+            assert status == "rejected" and "ts_ms" in reason
+        seen = gw.registry.device("w1")
+        assert seen is not None
+        before = seen.hb_seq
+        await until(clock, lambda: (d := gw.registry.device("w1")) is not None and d.hb_seq > before,
+                    what="w1's heartbeats still applied")
+        assert gw.system.failures == []  # every leader actor still running
+        assert gw.registry.counts()[0] >= 1
+        assert gw.rejects.total() >= 20
+    finally:
+        await rogue.transport.stop()
+        await stop_all(honest, gw, clock=clock)
+
+
+async def test_telemetry_from_the_far_future_is_refused(clock: VirtualClock, broker: MemoryBroker,
+                                                        tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    rogue = Rogue(broker, clock)
+    await rogue.start()
+    try:
+        far = clock.now_ms() + 146_000_000 * 365 * 86_400_000  # 146 million years ahead, within int64
+        status, reason = await rogue.send("telemetry", {"device_id": "rogue", "seq": 1, "name": "t", "ts_ms": far,
+                                                        "value": 1.0})
+        assert status == "rejected" and "ahead of the leader's clock" in reason
+        now = clock.now_ms()
+        status, _ = await rogue.send("telemetry", {"device_id": "rogue", "seq": 2, "name": "t", "ts_ms": now,
+                                                   "value": 1.0})
+        assert status == "accepted"
+    finally:
+        await rogue.transport.stop()
+        await stop_all(gw, clock=clock)
+
+
+def test_a_heartbeat_the_registry_cannot_store_fails_alone(tmp_path: Path) -> None:
+    """Defence behind the codec: a value that still reaches the store fails by itself."""
+    clock = VirtualClock()
+    refused: list[tuple[str, str]] = []
+    with DeviceRegistry.open(tmp_path / "leader.db", clock=clock) as registry:
+        intake = HeartbeatIntake(registry, on_refused=lambda hb, why: refused.append((hb.device_id, why)))
+        # Structs are not validated when built in-process: this one carries what the wire refuses.
+        intake._batch = {
+            "a": Heartbeat(device_id="a", seq=3, uptime_s=1.0),
+            "poison": Heartbeat(device_id="poison", seq=2**63, uptime_s=1.0),
+            "b": Heartbeat(device_id="b", seq=4, uptime_s=1.0),
+        }
+        intake.flush()
+        assert [d.device_id for d in registry.devices()] == ["a", "b"]
+        assert intake.stats.applied == 2 and intake.stats.refused == 1
+        assert refused and refused[0][0] == "poison" and "64-bit" in refused[0][1]
+
+
+async def test_a_telemetry_record_the_registry_cannot_store_fails_alone(clock: VirtualClock, broker: MemoryBroker,
+                                                                        tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    try:
+        assert gw.leader is not None
+        loop = asyncio.get_running_loop()
+        good: asyncio.Future[bool] = loop.create_future()
+        bad: asyncio.Future[bool] = loop.create_future()
+        now = clock.now_ms()
+        gw.leader.tell(Durable("m1", "a", Telemetry(device_id="a", seq=1, name="t", ts_ms=now, value=1.0), good))
+        gw.leader.tell(Durable("m2", "z", Telemetry(device_id="z", seq=2**63, name="t", ts_ms=now, value=1.0), bad))
+        await until(clock, lambda: good.done() and bad.done(), step_s=0.1, what="both answered")
+        assert good.result() is True
+        with pytest.raises(UnstorableValue):
+            bad.result()
+        assert gw.system.failures == []
+        record = gw.registry.device("a")
+        assert record is not None and record.telemetry_count == 1
+    finally:
+        await stop_all(gw, clock=clock)
