@@ -265,13 +265,13 @@ async def test_agents_start_and_stop_housekeeping_and_the_leader_ignores_a_late_
     async def collect(message: InboundMessage) -> None:
         replies.append(message)
 
-    await rogue.subscribe("rogue/replies", collect)
+    await rogue.subscribe(topics.reply("t", "d9", "rogue"), collect)
     await rogue.start()
     envelope = Envelope(id="tel-1", kind="telemetry", sender="d9", receiver="leader",
                         payload=msgspec.msgpack.encode(_telemetry("d9", 1)))
 
     async def send() -> str:
-        await rogue.publish(topics.up("t", "d9"), encode(envelope), response_topic="rogue/replies",
+        await rogue.publish(topics.up("t", "d9"), encode(envelope), response_topic=topics.reply("t", "d9", "rogue"),
                             correlation=b"c")
         await clock.advance(1)
         return decode_reply(replies[-1].payload).status

@@ -24,6 +24,7 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+DeviceName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 MailboxPolicy = Literal["reject", "drop_oldest", "drop_newest"]
 FullPolicy = Literal["reject", "drop_oldest"]
 Synchronous = Literal["NORMAL", "FULL"]
@@ -34,7 +35,7 @@ class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
 
 
 class AgentSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    device_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    device_id: DeviceName
     role: Literal["worker", "leader"] = "worker"
     fleet: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")] = "default"
     data_dir: str = "/var/lib/edge-agent"
@@ -102,6 +103,9 @@ class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     heartbeat_deadline_s: PositiveFloat = 30.0
     process_interval_s: NonNegativeFloat = 0.0
     job_window_max: Positive = 64
+    # The identities (device ids of their credentials) that may submit jobs over MQTT. A device
+    # is not one of them: the jobs it would submit go to every other worker.
+    operators: list[DeviceName] = msgspec.field(default_factory=list)
 
 
 class JobsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -155,8 +155,10 @@ class LeaderAgent:
         self._routes: dict[str, Route] = {}
         self.register_route(KIND_HEARTBEAT, Heartbeat, self._heartbeat)
         self.register_route(KIND_TELEMETRY, Telemetry, self._telemetry)
-        for kind, type_ in ((KIND_JOB_RESULT, JobResult), (KIND_JOB_DEMAND, JobDemand), (KIND_JOB_SUBMIT, JobSubmit)):
+        self.register_route(KIND_JOB_SUBMIT, JobSubmit, self._job_submit)
+        for kind, type_ in ((KIND_JOB_RESULT, JobResult), (KIND_JOB_DEMAND, JobDemand)):
             self.register_route(kind, type_, self._durable)
+        self._operators = frozenset(config.leader.operators)
 
     @classmethod
     async def open(
@@ -303,6 +305,14 @@ class LeaderAgent:
         if ahead_ms > MAX_AHEAD_MS:
             return self._refuse(env, f"ts_ms {message.ts_ms} is {ahead_ms / 86_400_000:.0f} days ahead of the"
                                      " leader's clock")
+        return await self._durable(env, message)
+
+    async def _job_submit(self, env: Envelope, message: msgspec.Struct) -> Reply:
+        """Jobs come from operators only (`leader.operators`, or `submit_jobs` on the leader's
+        host): a device's job would run on every other worker."""
+        if env.sender not in self._operators:
+            return self._refuse(env, f"job.submit is taken from an operator (leader.operators) only, not from"
+                                     f" device {env.sender!r}")
         return await self._durable(env, message)
 
     async def _durable(self, env: Envelope, message: msgspec.Struct) -> Reply:

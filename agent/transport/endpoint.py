@@ -52,6 +52,13 @@ _DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
 LOG_INTERVAL_S = 60.0  # per-message problems: one line per kind per interval, the rest at DEBUG
 
 
+def _own_reply_topic(response_topic: str, up_topic: str) -> bool:
+    """Whether `response_topic` is a reply topic of the device and fleet of `up_topic`."""
+    reply, up = topics.parse(response_topic), topics.parse(up_topic)
+    return (reply is not None and up is not None and reply.channel == "reply"
+            and reply.fleet == up.fleet and reply.device == up.device)
+
+
 def envelope_from_row(row: OutboxRow) -> Envelope:
     """The wire envelope for an outbox row (its id, owner as sender, remaining ttl)."""
     ttl_ms = None
@@ -326,6 +333,14 @@ class EnvelopeInbox:
         """Check, decode, hand over and answer one inbound message. Never raises."""
         self.stats.received += 1
         payload = message.payload
+        if self._sender_check and message.response_topic is not None:
+            device = self._up_device(message.topic)
+            if device is not None and not _own_reply_topic(message.response_topic, message.topic):
+                # Answering would publish where the sender may not (another device's topics).
+                reason = f"response topic {message.response_topic!r} is not a reply topic of device {device!r}"
+                self._log_limited(logging.WARNING, "reply-topic", f"refused a message on {message.topic}: {reason}")
+                await self._reject(message, "", reason, answer=False)
+                return
         if len(payload) > self._max_payload:
             reason = f"payload of {len(payload)} bytes exceeds max_payload_bytes={self._max_payload}"
             await self._reject(message, "", reason)
@@ -374,7 +389,7 @@ class EnvelopeInbox:
         self._devices[topic] = device
         return device
 
-    async def _reject(self, message: InboundMessage, envelope_id: str, reason: str) -> None:
+    async def _reject(self, message: InboundMessage, envelope_id: str, reason: str, *, answer: bool = True) -> None:
         self.stats.rejected += 1
         if self._on_rejected is not None:
             try:
@@ -383,7 +398,8 @@ class EnvelopeInbox:
                     await result
             except Exception:
                 log.exception("dead-letter sink failed for a message on %s", message.topic)
-        await self._answer(message, Reply(id=envelope_id, status="rejected", reason=reason))
+        if answer:
+            await self._answer(message, Reply(id=envelope_id, status="rejected", reason=reason))
 
     async def _answer(self, message: InboundMessage, reply: Reply) -> None:
         if message.response_topic is None:

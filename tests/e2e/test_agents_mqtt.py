@@ -92,7 +92,9 @@ async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
 
 async def test_leader_sigkill_and_restart(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     clock = SystemClock()
-    proc = spawn_agent(tmp_path, "leader", "gw", mosquitto.url, **LEADER)
+    # w0 submits the jobs: an operator identity of this leader (a device may not submit jobs)
+    leader_sections = {"leader": {**LEADER["leader"], "operators": ["w0"]}}
+    proc = spawn_agent(tmp_path, "leader", "gw", mosquitto.url, **leader_sections)
     db = tmp_path / "gw" / LEADER_DB
     jobs = {"jobs": {"demand_window": 2}}
     workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections={**FAST, **jobs})
@@ -117,7 +119,7 @@ async def test_leader_sigkill_and_restart(mosquitto, tmp_path: Path) -> None:  #
         for n in range(10):
             await asyncio.gather(*[w.send_telemetry("t", float(n)) for w in workers])
             sent += len(workers)
-        proc = spawn_agent(tmp_path, "leader", "gw", mosquitto.url, **LEADER)
+        proc = spawn_agent(tmp_path, "leader", "gw", mosquitto.url, **leader_sections)
         await until(clock, lambda: len(db_query(db, "SELECT 1 FROM jobs WHERE state = 'confirmed'")) == 50,
                     limit_s=60, step_s=0.1, what="all jobs confirmed after the restart")
         await until(clock, lambda: _telemetry_total(db) >= sent, limit_s=60, step_s=0.1, what="all telemetry")
@@ -229,13 +231,13 @@ async def test_forged_malformed_and_oversized_on_mosquitto(mosquitto, tmp_path: 
         ]
         async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="rogue",
                                   protocol=aiomqtt.ProtocolVersion.V5) as client:
-            await client.subscribe("rogue/reply", qos=1)
+            await client.subscribe(topics.reply("t", "w1", "rogue"), qos=1)
             from paho.mqtt.packettypes import PacketTypes
             from paho.mqtt.properties import Properties
 
             for n, payload in enumerate(bad):
                 props = Properties(PacketTypes.PUBLISH)
-                props.ResponseTopic = "rogue/reply"
+                props.ResponseTopic = topics.reply("t", "w1", "rogue")
                 props.CorrelationData = str(n).encode()
                 await client.publish(topics.up("t", "w1"), payload, qos=1, properties=props)
             statuses = []

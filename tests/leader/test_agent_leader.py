@@ -46,14 +46,14 @@ async def test_forged_malformed_and_oversized_messages_are_refused_and_recorded(
     async def collect(message: InboundMessage) -> None:
         replies.append(message)
 
-    await rogue.subscribe("rogue/replies", collect)
+    await rogue.subscribe("ea/v1/t/+/reply/rogue", collect)
     await rogue.start()
     try:
         await clock.advance(0.1)
 
         async def send(device: str, envelope: Envelope | bytes) -> None:
             data = envelope if isinstance(envelope, bytes) else encode(envelope)
-            await rogue.publish(topics.up("t", device), data, response_topic="rogue/replies",
+            await rogue.publish(topics.up("t", device), data, response_topic=topics.reply("t", device, "rogue"),
                                 correlation=str(len(replies)).encode())
             await clock.advance(0.1)
 

@@ -150,3 +150,52 @@ async def test_a_telemetry_record_the_registry_cannot_store_fails_alone(clock: V
         assert record is not None and record.telemetry_count == 1
     finally:
         await stop_all(gw, clock=clock)
+
+
+async def test_the_leader_answers_only_on_the_senders_own_reply_topic(clock: VirtualClock, broker: MemoryBroker,
+                                                                       tmp_path: Path) -> None:
+    """A device naming another device's `down` topic as its response topic gets no answer there
+    (it could not publish there itself): the leader records the refusal instead."""
+    gw = await leader(clock, tmp_path, broker=broker)
+    victim = MemoryTransport(broker, "victim-listener")
+    seen: list[InboundMessage] = []
+
+    async def collect(message: InboundMessage) -> None:
+        seen.append(message)
+
+    await victim.subscribe(topics.down("t", "w2"), collect)
+    await victim.start()
+    rogue = MemoryTransport(broker, "rogue")
+    await rogue.start()
+    try:
+        env = Envelope(id="e1", kind="heartbeat", sender="rogue", receiver="leader",
+                       payload=msgspec.msgpack.encode({"device_id": "rogue", "seq": 1, "uptime_s": 1.0}))
+        await rogue.publish(topics.up("t", "rogue"), encode(env), response_topic=topics.down("t", "w2"),
+                            correlation=b"e1")
+        await until(clock, lambda: gw.rejects.total() == 1, step_s=0.1, what="the refusal recorded")
+        assert "not a reply topic of device 'rogue'" in gw.rejects.list()[0].reason
+        await clock.advance(1.0)
+        assert seen == []  # nothing was published on w2's down topic
+    finally:
+        await rogue.stop()
+        await victim.stop()
+        await stop_all(gw, clock=clock)
+
+
+async def test_a_device_cannot_submit_jobs_an_operator_can(clock: VirtualClock, broker: MemoryBroker,
+                                                           tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker, leader={"operators": ["ops"]})
+    device, operator = Rogue(broker, clock, "pi-0004"), Rogue(broker, clock, "ops")
+    await device.start()
+    await operator.start()
+    try:
+        status, reason = await device.send("job.submit", {"job_id": "j1", "kind": "sleep", "payload": b"1"})
+        assert status == "rejected" and "operator" in reason
+        assert gw.jobs_queue.stats().submitted == 0
+        status, _ = await operator.send("job.submit", {"job_id": "j2", "kind": "sleep", "payload": b"1"})
+        assert status == "accepted"
+        assert gw.jobs_queue.stats().submitted == 1
+    finally:
+        await device.transport.stop()
+        await operator.transport.stop()
+        await stop_all(gw, clock=clock)

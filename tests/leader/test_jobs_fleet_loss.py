@@ -46,12 +46,12 @@ async def test_a_fleet_lost_at_once_puts_every_held_job_back_in_order(tmp_path: 
     async def collect(message: InboundMessage) -> None:
         replies.append(message)
 
-    await fleet.subscribe("fleet/replies", collect)
+    await fleet.subscribe("ea/v1/t/+/reply/sim", collect)
     await fleet.start()
 
     async def up(device: str, n: int, message: msgspec.Struct) -> None:
         await fleet.publish(topics.up("t", device), _envelope(device, n, message),
-                            response_topic="fleet/replies", correlation=f"{device}-{n}".encode())
+                            response_topic=topics.reply("t", device, "sim"), correlation=f"{device}-{n}".encode())
 
     devices = [f"d{i:04d}" for i in range(DEVICES)]
     queue: JobQueue = gw.jobs_queue

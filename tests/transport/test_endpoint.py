@@ -217,9 +217,10 @@ async def test_malformed_payload_is_rejected_and_dead_lettered(world: World) -> 
     async def collect(message: InboundMessage) -> None:
         replies.put_nowait(message)
 
-    await dev.subscribe("raw/replies", collect)
+    own_reply = topics.reply(FLEET, "dev-1", "raw")
+    await dev.subscribe(own_reply, collect)
     for correlation, garbage in ((b"c1", b"\xc1\xff not msgpack"), (b"c2", encode(Reply(id="x", status="accepted")))):
-        await dev.publish(topics.up(FLEET, "dev-1"), garbage, response_topic="raw/replies", correlation=correlation)
+        await dev.publish(topics.up(FLEET, "dev-1"), garbage, response_topic=own_reply, correlation=correlation)
     got = [await asyncio.wait_for(replies.get(), 5) for _ in range(2)]
     by_corr = {m.correlation: decode_reply(m.payload) for m in got}
     for correlation in (b"c1", b"c2"):

@@ -397,7 +397,7 @@ async def test_forged_senders_are_each_answered_but_logged_once_per_interval(cap
     with caplog.at_level(logging.DEBUG, logger="agent.transport.endpoint"):
         for n in range(5):
             env = Envelope(id=f"m{n}", kind="telemetry", sender="mallory", receiver="leader")
-            await inbox.handle(InboundMessage("ea/v1/f/alice/up", encode(env), False, "r/t", b"c", 1))
+            await inbox.handle(InboundMessage("ea/v1/f/alice/up", encode(env), False, "ea/v1/f/alice/reply/r", b"c", 1))
     assert [decode_reply(p).status for _, p, _ in wire.published] == ["rejected"] * 5
     assert all(qos == 0 for _, _, qos in wire.published)  # replies go at QoS 0 by default
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "rejected" in r.getMessage()]
