@@ -179,13 +179,14 @@ async def test_a_forged_sender_inside_an_envelope_is_refused_by_the_leader(
 
 
 def paho_connect(port: int, *, username: str | None, password: str | None,
-                 context: ssl.SSLContext | None) -> str:
+                 context: ssl.SSLContext | None, client_id: str | None = None,
+                 then_publish: tuple[str, bytes] | None = None) -> str:
     """One connect attempt with paho; returns the outcome as text ("ok" or why not).
 
     Driven with `loop()` on this thread: paho's background loop would reconnect on its own
     after a refusal and could leave a socket behind."""
     outcome: list[str] = []
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"probe-{os.getpid()}",
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id or f"probe-{os.getpid()}",
                          protocol=paho.MQTTv5)
     if username is not None:
         client.username_pw_set(username, password)
@@ -209,6 +210,13 @@ def paho_connect(port: int, *, username: str | None, password: str | None,
         while not outcome and time.monotonic() < deadline:
             if client.loop(timeout=0.5) != paho.MQTT_ERR_SUCCESS and not outcome:
                 outcome.append("connection lost")
+        if outcome and outcome[0] == "ok" and then_publish is not None:
+            client.publish(*then_publish, qos=1)
+            deadline = time.monotonic() + 30
+            while len(outcome) == 1 and time.monotonic() < deadline:
+                if client.loop(timeout=0.5) != paho.MQTT_ERR_SUCCESS and len(outcome) == 1:
+                    outcome.append("connection lost")
+            return outcome[-1]
         if outcome and outcome[0] == "ok":
             client.disconnect()
         return outcome[0] if outcome else "no answer"
@@ -241,6 +249,41 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
     if cert is not None:
         context.load_cert_chain(str(cert), str(key) if key else None)
     return context
+
+
+async def test_another_devices_client_id_takes_over_nothing(broker: ExampleBroker, pki: Pki, tmp_path: Path) -> None:
+    """`use_username_as_clientid`: pi-0002's credentials with pi-0001's client id get pi-0002's
+    session; pi-0001 stays connected and keeps its session."""
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    try:
+        assert await asyncio.to_thread(paho_connect, broker.port, username="pi-0002", password=USERS["pi-0002"],
+                                       context=tls_context(pki.ca_cert), client_id="pi-0001") == "ok"
+        # a QoS 1 round trip after the rogue's CONNACK: a kicked connection would fail it or reconnect
+        await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"still here")
+        assert device.connected.is_open and device.connects == 1
+    finally:
+        await device.stop()
+
+
+async def test_a_publish_larger_than_the_agents_limit_is_refused_by_the_broker(
+        broker: ExampleBroker, pki: Pki, tmp_path: Path) -> None:
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    try:
+        inbox = Inbox()
+        await leader.subscribe(f"ea/v1/{FLEET}/+/up", inbox.handler)
+        outcome = await asyncio.to_thread(
+            paho_connect, broker.port, username="pi-0001", password=USERS["pi-0001"],
+            context=tls_context(pki.ca_cert), then_publish=(f"ea/v1/{FLEET}/pi-0001/up", b"x" * 10_000_000))
+        assert outcome.startswith("disconnected")  # the broker ends the connection: nothing is read in
+        device = await connect(broker, pki, tmp_path, "pi-0001")
+        try:
+            await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"marker")
+            await inbox.wait_for(b"marker")
+            assert inbox.messages == [(f"ea/v1/{FLEET}/pi-0001/up", b"marker")]  # the 10 MB one never arrived
+        finally:
+            await device.stop()
+    finally:
+        await leader.stop()
 
 
 def test_wrong_password_plaintext_and_untrusted_server_are_refused(
