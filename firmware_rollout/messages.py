@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Final, Literal
 
 import msgspec
 
-from agent.core.codec import MessageRegistry, encode
+from agent.core.codec import INT64_MAX, MessageRegistry, encode
 
 if TYPE_CHECKING:
     from agent.outbox.types import OutboxMessage
@@ -59,6 +59,12 @@ KIND_UPDATE_REPORT = "firmware.report"
 KIND_CHUNK_REQUEST = "firmware.chunk"
 
 RolloutId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+DeviceId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Version = Annotated[str, msgspec.Meta(max_length=64)]
+Detail = Annotated[str, msgspec.Meta(max_length=1024)]  # DETAIL_MAX
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+DETAIL_MAX = 1024
+Window = Annotated[str, msgspec.Meta(max_length=16)]  # "HH:MM-HH:MM"
 
 
 class UpdateOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
@@ -67,22 +73,23 @@ class UpdateOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 
     rollout_id: RolloutId
     signed_manifest: bytes
-    maintenance_windows: tuple[str, ...] = ()  # device-local "HH:MM-HH:MM"; empty: any time
-    chunk_size: int = 0  # bytes per ChunkRequest; 0: the manifest's chunk size
+    # device-local "HH:MM-HH:MM"; empty: any time
+    maintenance_windows: Annotated[tuple[Window, ...], msgspec.Meta(max_length=48)] = ()
+    chunk_size: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 0  # bytes per ChunkRequest; 0: the manifest's
 
 
 class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
     """One state change of a device's updater, as the leader should see it."""
 
-    device: str
-    rollout_id: str
-    version: str  # the version being installed (the offered one)
+    device: DeviceId
+    rollout_id: RolloutId
+    version: Version  # the version being installed (the offered one)
     state: ReportState
     phase: UpdaterState
-    detail: str = ""
-    ts_ms: int
-    seq: int
-    active_version: str = ""  # the version the device runs when it made the report
+    detail: Detail = ""
+    ts_ms: Count
+    seq: Count
+    active_version: Version = ""  # the version the device runs when it made the report
 
     @property
     def terminal(self) -> bool:
@@ -94,9 +101,9 @@ class ChunkRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     chunk's end)."""
 
     rollout_id: RolloutId
-    index: Annotated[int, msgspec.Meta(ge=0)]
-    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
-    length: Annotated[int, msgspec.Meta(ge=0)] = 0
+    index: Count
+    offset: Count = 0
+    length: Count = 0
 
 
 class Chunk(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):

@@ -23,7 +23,7 @@ from agent.core.clock import Clock
 from agent.core.errors import StoreError
 from agent.core.sqlite import SqliteStore, store_errors
 from firmware_rollout._fs import in_thread
-from firmware_rollout.messages import REPORT_STATE, UpdateReport, UpdaterState
+from firmware_rollout.messages import DETAIL_MAX, REPORT_STATE, UpdateReport, UpdaterState
 
 T = TypeVar("T")
 SCHEMA_VERSION = 1
@@ -191,7 +191,7 @@ class UpdaterStore(SqliteStore):
                 )
             if report is not None:
                 seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM reports").fetchone()[0]
-                made = UpdateReport(seq=seq, **report)
+                made = UpdateReport(seq=seq, **{**report, "detail": clip(str(report.get("detail", "")))})
                 self._conn.execute("INSERT INTO reports (seq, body) VALUES (?, ?)", (seq, _encoder.encode(made)))
         return made
 
@@ -224,6 +224,12 @@ class UpdaterStore(SqliteStore):
     async def mark_sent(self, seqs: list[int]) -> None:
         if seqs:
             await self._run(self._mark_sent, seqs)
+
+
+def clip(detail: str) -> str:
+    """A detail within what a report may carry (`DETAIL_MAX` characters): a long health-command
+    output must not make the leader refuse the report that says the device failed."""
+    return detail if len(detail) <= DETAIL_MAX else detail[: DETAIL_MAX - 1] + "…"
 
 
 def report_fields(record: UpdateRecord, *, device: str, ts_ms: int, active_version: str) -> dict[str, Any]:
