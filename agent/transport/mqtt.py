@@ -67,6 +67,7 @@ FAILURE_LOG_INTERVAL_S = 60.0
 DEFAULT_INBOUND_CAPACITY = 1024
 _ROUTE_CACHE = 65536  # topic -> handlers entries kept before the cache starts over
 FastPathMode = Literal["auto", "off"]
+PACKET_OVERHEAD_BYTES = 1024  # fixed header, topic and properties around a payload
 # aiomqtt internals used on either path (aiomqtt 2.x), checked on every client made.
 _AIOMQTT_INTERNALS = ("_client", "_disconnected")
 
@@ -371,6 +372,9 @@ class MqttTransport:
         # A clean start asks for a throwaway session; otherwise the broker keeps ours (and queues
         # QoS 1 messages for it) for session_expiry_s after a disconnect.
         properties.SessionExpiryInterval = 0 if self._clean_start else self._session_expiry_s
+        # MQTT v5 Maximum Packet Size: the broker does not send us a packet we would refuse
+        # anyway (it drops it for us), so an oversized message never reaches our memory.
+        properties.MaximumPacketSize = self._max_payload + PACKET_OVERHEAD_BYTES
         will = None
         if self.will is not None:
             will = aiomqtt.Will(self.will.topic, self.will.payload, qos=self.will.qos, retain=self.will.retain)

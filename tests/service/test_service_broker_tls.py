@@ -251,6 +251,26 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
     return context
 
 
+async def test_a_device_reads_the_leaders_presence_not_another_devices(
+        broker: ExampleBroker, pki: Pki, tmp_path: Path) -> None:
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    other = await connect(broker, pki, tmp_path, "pi-0002")
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    try:
+        await leader.publish(topics.presence(FLEET, LEADER), topics.ONLINE, retain=True)
+        await other.publish(topics.presence(FLEET, "pi-0002"), topics.ONLINE, retain=True)
+        inbox = Inbox()
+        await device.subscribe(topics.presence(FLEET, "pi-0002"), inbox.handler)
+        await device.subscribe(topics.presence(FLEET, LEADER), inbox.handler)
+        await inbox.wait_for(topics.ONLINE)
+        await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"round trip")  # after both retained deliveries
+        assert inbox.messages == [(topics.presence(FLEET, LEADER), topics.ONLINE)]
+    finally:
+        await device.stop()
+        await other.stop()
+        await leader.stop()
+
+
 async def test_another_devices_client_id_takes_over_nothing(broker: ExampleBroker, pki: Pki, tmp_path: Path) -> None:
     """`use_username_as_clientid`: pi-0002's credentials with pi-0001's client id get pi-0002's
     session; pi-0001 stays connected and keeps its session."""

@@ -530,3 +530,22 @@ async def test_reconnects_after_the_broker_comes_up_late(mosquitto: Mosquitto) -
     await asyncio.to_thread(mosquitto.start)
     await asyncio.wait_for(t.connected.wait_open(), 15)
     await t.stop()
+
+
+async def test_the_broker_sends_no_packet_larger_than_the_transport_takes(mosquitto: Mosquitto) -> None:
+    """CONNECT announces Maximum Packet Size (max_payload_bytes plus headers): the broker drops
+    a bigger message for this client instead of sending it."""
+    inbox = Collector()
+    small = transport(mosquitto.url, "small", max_payload_bytes=2048)
+    await small.subscribe("big/t", inbox)
+    await connected(small)
+    pub = await connected(transport(mosquitto.url, "big-pub", max_payload_bytes=1 << 20))
+    try:
+        await pub.publish("big/t", b"x" * 100_000)
+        await pub.publish("big/t", b"fits")
+        await inbox.wait_for(lambda ms: any(m.payload == b"fits" for m in ms))
+        assert inbox.payloads == [b"fits"]
+        assert small.connected.is_open and small.connects == 1
+    finally:
+        await pub.stop()
+        await small.stop()
