@@ -86,6 +86,9 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     firmware_version: Version = ""
     tags: Annotated[tuple[Tag, ...], msgspec.Meta(max_length=32)] = ()
     sample: SystemSample | None = None
+    # A random id of this start of the agent. A device whose local state was wiped (a new SD
+    # card) counts seqs from the start again: its new boot id tells the leader to take them.
+    boot: Annotated[str, msgspec.Meta(max_length=32)] = ""
 
 
 class Telemetry(_Message, kw_only=True, frozen=True):

@@ -40,6 +40,7 @@ from agent.protocol import Heartbeat, SystemSample, Telemetry
 COMPONENT = "registry"
 
 log = logging.getLogger(__name__)
+_BOOTS_REMEMBERED = 1_000_000
 
 _json_encode = msgspec.json.Encoder().encode
 _tags_decoder = msgspec.json.Decoder(list[str])
@@ -84,18 +85,24 @@ def _v1(conn: sqlite3.Connection) -> None:
     )
 
 
-_MIGRATIONS = (_v1,)
+def _v2(conn: sqlite3.Connection) -> None:
+    """The boot id of the heartbeat stored (`Heartbeat.boot`)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN boot TEXT NOT NULL DEFAULT ''")
+
+
+_MIGRATIONS = (_v1, _v2)
 
 _UPSERT_HEARTBEAT = """
 INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
-                     sample, online, offline_reason, first_seen_ms, changed_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?)
+                     sample, online, offline_reason, first_seen_ms, changed_ms, boot)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?)
 ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
     tags = excluded.tags, sample = excluded.sample, online = 1, offline_reason = NULL,
-    changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END
-WHERE excluded.hb_seq > devices.hb_seq
+    changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
+    boot = excluded.boot
+WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)
 """
 
 _ENSURE_DEVICE = (
@@ -171,6 +178,7 @@ class DeviceRegistry(SqliteStore):
         super().__init__(conn, path=path)
         self._clock = clock
         self._deadline_ms = int(round(heartbeat_deadline_s * 1000))
+        self._boots: dict[str, str] = {}  # device -> boot id last seen by this process
 
     @classmethod
     def open(
@@ -196,6 +204,17 @@ class DeviceRegistry(SqliteStore):
             raise
         return cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path))
 
+    def _note_boot(self, hb: Heartbeat) -> None:
+        """Log once when a device starts again under a new boot id (a restart, or a device whose
+        local state was wiped and whose seqs start low again)."""
+        known = self._boots.get(hb.device_id)
+        if known != hb.boot:
+            if known is not None:
+                log.info("device %s started again (boot %s, heartbeat seq %d)", hb.device_id, hb.boot, hb.seq)
+            if len(self._boots) >= _BOOTS_REMEMBERED:
+                self._boots.clear()
+            self._boots[hb.device_id] = hb.boot
+
     @property
     def heartbeat_deadline_s(self) -> float:
         return self._deadline_ms / 1000.0
@@ -219,9 +238,11 @@ class DeviceRegistry(SqliteStore):
                 cur = execute(
                     _UPSERT_HEARTBEAT,
                     (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
-                     sample, now, now),
+                     sample, now, now, hb.boot),
                 )
                 applied.append(cur.rowcount > 0)
+                if hb.boot:
+                    self._note_boot(hb)
         return applied
 
     def apply_telemetry(self, msg_id: str, record: Telemetry) -> bool:

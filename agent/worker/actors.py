@@ -107,9 +107,10 @@ class HeartbeatActor(Actor):
     def __init__(
         self, *, device_id: str, outbox: Outbox, ids: IdGenerator, interval_s: float, incarnation: int,
         firmware_version: Callable[[], str], tags: tuple[str, ...] = (),
-        sampler: Callable[[], SystemSample] | None = None,
+        sampler: Callable[[], SystemSample] | None = None, boot: str = "",
     ) -> None:
         self.device_id = device_id
+        self.boot = boot
         self._outbox = outbox
         self._ids = ids
         self._interval_s = interval_s
@@ -156,7 +157,7 @@ class HeartbeatActor(Actor):
             device_id=self.device_id, seq=self._seq_base + self._count,
             uptime_s=max(0.0, clock.monotonic() - self._started_at),
             firmware_version=self._firmware_version(), tags=self._tags,
-            sample=self._sampler() if self._sampler is not None else None,
+            sample=self._sampler() if self._sampler is not None else None, boot=self.boot,
         )
 
     async def receive(self, message: object, ctx: Context) -> object | None:

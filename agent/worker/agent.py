@@ -169,6 +169,8 @@ class WorkerAgent:
         self._owns_stores = owns_stores
         self._rng = rng if rng is not None else random.Random()
         self.ids = IdGenerator(clock, self._rng)
+        # This start of the agent, whatever survived on disk (see `Heartbeat.boot`).
+        self.boot = f"{self._rng.getrandbits(64):016x}"
         self.system = ActorSystem(clock=clock, name=self.device_id)
         self.up_topic = topics.up(self.fleet, self.device_id)
         self.sender = EnvelopeSender(
@@ -247,7 +249,8 @@ class WorkerAgent:
         self._started = True
         cfg = self.config
         await self.system.start()
-        window = DemandWindow(cfg.jobs.demand_window, worker=self.device_id, incarnation=str(self.incarnation))
+        window = DemandWindow(cfg.jobs.demand_window, worker=self.device_id,
+                              incarnation=f"{self.incarnation}-{self.boot}")
         self.job_worker = JobWorker(
             device_id=self.device_id, window=window, ledger=self.ledger, outbox=self.outbox, link=self.link,
             ids=self.ids, handler=self._job_handler, reregister_s=self._reregister_s)
@@ -264,7 +267,7 @@ class WorkerAgent:
         self.heartbeat_actor = HeartbeatActor(
             device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
-            tags=tuple(cfg.agent.tags), sampler=self._sampler)
+            tags=tuple(cfg.agent.tags), sampler=self._sampler, boot=self.boot)
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest",
         )

@@ -53,10 +53,11 @@ async def leader(clock: Clock, tmp: Path, *, broker: MemoryBroker | None = None,
 async def worker(clock: Clock, tmp: Path, name: str, *, broker: MemoryBroker | None = None,
                  url: str | None = None, start: bool = True, **kwargs: Any) -> WorkerAgent:
     sections = kwargs.pop("sections", {})
+    rng = kwargs.pop("rng", None) or random.Random(name)
     cfg = config("worker", name, **sections)
     transport = make_transport(cfg, clock=clock, memory_broker=broker, broker_url=url, rng=random.Random(name))
     agent = await WorkerAgent.open(cfg, transport=transport, clock=clock, data_dir=tmp / name,
-                                   rng=random.Random(name), sampler=None, **kwargs)
+                                   rng=rng, sampler=None, **kwargs)
     if start:
         await agent.start()
     return agent

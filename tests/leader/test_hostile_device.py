@@ -5,6 +5,7 @@ cannot store fails alone, never the batch of other devices' messages around it."
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 from pathlib import Path
 
@@ -199,3 +200,31 @@ async def test_a_device_cannot_submit_jobs_an_operator_can(clock: VirtualClock, 
         await device.transport.stop()
         await operator.transport.stop()
         await stop_all(gw, clock=clock)
+
+
+async def test_a_wiped_device_is_online_again_at_its_first_heartbeat(clock: VirtualClock, broker: MemoryBroker,
+                                                                      tmp_path: Path) -> None:
+    """A new SD card (or a deleted worker.db) starts the seqs from the start again; the boot id
+    of the new start tells the leader to take them, instead of ignoring the device for as long
+    as the old seqs were ahead."""
+    import shutil
+
+    gw = await leader(clock, tmp_path, broker=broker, leader={"process_interval_s": 1.0})
+    sections = {"heartbeat": {"interval_s": 1.0}}
+    old = await worker(clock, tmp_path, "w1", broker=broker, sections=sections)
+    try:
+        await until(clock, lambda: (d := gw.registry.device("w1")) is not None and d.hb_seq is not None
+                    and d.hb_seq >= 1_000_000_020, what="twenty heartbeats of the first life")
+    finally:
+        await stop_all(old, clock=clock)
+    shutil.rmtree(tmp_path / "w1")  # wiped: no worker.db, no outbox
+    new = await worker(clock, tmp_path, "w1", broker=broker, sections=sections,
+                       rng=random.Random("another start"))  # an agent's start draws its boot id at random
+    try:
+        assert new.boot != old.boot and new.incarnation == old.incarnation == 1
+        await until(clock, lambda: (d := gw.registry.device("w1")) is not None and d.hb_seq is not None
+                    and d.hb_seq < 1_000_000_010, limit_s=10, what="the new life's heartbeats taken")
+        record = gw.registry.device("w1")
+        assert record is not None and record.online
+    finally:
+        await stop_all(new, gw, clock=clock)
