@@ -195,7 +195,9 @@ async def e2e_path(port: int, count: int, workdir: Path) -> dict[str, float]:
 
     clock = SystemClock()
     url = f"mqtt://127.0.0.1:{port}"
-    lcfg = _config("leader", "gw", mailbox={"capacity": 4096}, leader={"heartbeat_deadline_s": 600.0})
+    # One device's path as fast as it goes: the per-device share of the intake is off here.
+    lcfg = _config("leader", "gw", mailbox={"capacity": 4096},
+                   leader={"heartbeat_deadline_s": 600.0, "device_rate_per_s": 0.0})
     wcfg = _config("worker", "w1", heartbeat={"interval_s": 60.0},
                    relay={"partitions": 1, "reconnect_jitter_s": 0.0, "aimd_initial": 50, "aimd_max": 200},
                    outbox={"classes": {"telemetry": {"max_messages": count + 10}}})

@@ -106,6 +106,10 @@ class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     # The identities (device ids of their credentials) that may submit jobs over MQTT. A device
     # is not one of them: the jobs it would submit go to every other worker.
     operators: list[DeviceName] = msgspec.field(default_factory=list)
+    # Each device's share of the intake: beyond this many messages a second (bursts of
+    # `device_burst`) its messages are answered busy, and its relay backs off. 0: no limit.
+    device_rate_per_s: NonNegativeFloat = 1000.0
+    device_burst: Positive = 2000
 
 
 class JobsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -18,9 +18,11 @@ class RateLimitedLog:
     carries `suppressed=N`. For periodic events (heartbeats sent, retries, reconnect attempts).
     """
 
-    def __init__(self, logger: logging.Logger, clock: Clock, interval_s: float = 60.0) -> None:
+    def __init__(self, logger: logging.Logger, clock: Clock, interval_s: float = 60.0,
+                 max_keys: int = 10_000) -> None:
         if interval_s <= 0:
             raise ConfigError("logging", "interval_s", "must be > 0")
+        self._max_keys = max_keys  # keys may come from peers: beyond this, start over
         self._logger = logger
         self._clock = clock
         self._interval_s = interval_s
@@ -36,6 +38,9 @@ class RateLimitedLog:
         if last is not None and now - last < self._interval_s:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
             return False
+        if last is None and len(self._last) >= self._max_keys:
+            self._last.clear()
+            self._suppressed.clear()
         self._last[key] = now
         held = self._suppressed.pop(key, 0)
         if held:

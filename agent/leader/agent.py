@@ -33,10 +33,12 @@ from agent.core.codec import Envelope, Reply
 from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError, UnstorableValue
 from agent.core.ids import IdGenerator
+from agent.core.ratelog import RateLimitedLog
 from agent.housekeeping import Housekeeper
 from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
 from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
+from agent.leader.rates import DeviceRates
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.outbox.relay import Relay
@@ -70,6 +72,7 @@ BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a me
 # A record stamped further ahead of the leader's clock than this is refused: a device's clock
 # may lag (no RTC on a Pi), but a timestamp from the far future would outrank every later one.
 MAX_AHEAD_MS = 24 * 3600 * 1000
+REJECT_LOG_INTERVAL_S = 60.0
 
 #: Answers one decoded message from a device on the up topic.
 Route = Callable[[Envelope, msgspec.Struct], Awaitable[Reply]]
@@ -159,6 +162,12 @@ class LeaderAgent:
         for kind, type_ in ((KIND_JOB_RESULT, JobResult), (KIND_JOB_DEMAND, JobDemand)):
             self.register_route(kind, type_, self._durable)
         self._operators = frozenset(config.leader.operators)
+        # One line per device and kind (or topic) per minute, with the count of the rest: a
+        # device sending junk must not flood the journal.
+        self._reject_log = RateLimitedLog(log, clock, REJECT_LOG_INTERVAL_S)
+        lc = config.leader
+        self.rates = DeviceRates(clock, rate_per_s=lc.device_rate_per_s, burst=lc.device_burst) \
+            if lc.device_rate_per_s > 0 else None
 
     @classmethod
     async def open(
@@ -269,6 +278,11 @@ class LeaderAgent:
         self._routes.pop(kind, None)
 
     async def _on_up(self, env: Envelope, _message: InboundMessage) -> Reply:
+        if self.rates is not None:
+            wait_ms = self.rates.take(env.sender)
+            if wait_ms:
+                self.busy_answers += 1
+                return Reply(id=env.id, status="busy", retry_after_ms=wait_ms, reason="over this device's share")
         try:
             message = self.kinds.decode_payload(env)
         except CodecError as exc:
@@ -337,7 +351,7 @@ class LeaderAgent:
         return Reply(id=env.id, status="accepted")
 
     def _refuse(self, env: Envelope, reason: str) -> Reply:
-        log.warning("refused %s %s from %s: %s", env.kind, env.id, env.sender, reason)
+        self._reject_log.warning(f"{env.sender}:{env.kind}", f"refused {env.kind} {env.id} from {env.sender}: {reason}")
         self._record_reject(topic=topics.up(self.fleet, env.sender) if _topic_safe(env.sender) else "?",
                             reason=reason, payload=env.payload, sender=env.sender, msg_id=env.id, kind=env.kind)
         return Reply(id=env.id, status="rejected", reason=reason)
@@ -345,7 +359,7 @@ class LeaderAgent:
     def _on_rejected(self, reason: str, payload: bytes, topic: str) -> None:
         """The inbox refused a message before it became an envelope (oversized, undecodable,
         sender not matching the topic)."""
-        log.warning("refused message on %s: %s", topic, reason)
+        self._reject_log.warning(topic, f"refused message on {topic}: {reason}")
         self._record_reject(topic=topic, reason=reason, payload=payload, sender=topics.device_of(topic))
 
     def _record_reject(self, *, topic: str, reason: str, payload: bytes, sender: str | None,

@@ -2,7 +2,9 @@
 the reason so an operator can see them: `RejectLog.list()`.
 
 A table of its own in the leader's database, written only when something is refused (rare), so
-it costs nothing on the hot path. The oldest rows beyond `max_rows` are trimmed.
+it costs nothing on the hot path. The oldest rows beyond `max_rows` are trimmed, and the oldest
+of one sender's beyond `max_per_sender`: one device sending junk cannot push every other
+device's refusals out of the table.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ def _v1(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v2(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE INDEX rejects_sender ON rejects(sender, id)")
+
+
 @dataclass(frozen=True, slots=True)
 class Reject:
     id: int
@@ -49,18 +55,21 @@ class Reject:
 
 class RejectLog(SqliteStore):
     COMPONENT = COMPONENT
-    MIGRATIONS = (_v1,)
+    MIGRATIONS = (_v1, _v2)
     WHAT = "reject log"
 
-    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, max_rows: int, path: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, max_rows: int, max_per_sender: int,
+                 path: str) -> None:
         super().__init__(conn, path=path)
         self._clock = clock
         self._max_rows = max_rows
+        self._max_per_sender = max_per_sender
         self.count = 0  # recorded by this process
 
     @classmethod
-    def open(cls, path: str | Path, *, clock: Clock, max_rows: int = 10_000) -> RejectLog:
-        return cls(cls.connect_migrated(path), clock=clock, max_rows=max_rows, path=str(path))
+    def open(cls, path: str | Path, *, clock: Clock, max_rows: int = 10_000, max_per_sender: int = 100) -> RejectLog:
+        return cls(cls.connect_migrated(path), clock=clock, max_rows=max_rows, max_per_sender=max_per_sender,
+                   path=str(path))
 
     def record(self, *, topic: str, reason: str, payload: bytes = b"", sender: str | None = None,
                msg_id: str | None = None, kind: str | None = None, size: int | None = None) -> int:
@@ -74,6 +83,12 @@ class RejectLog(SqliteStore):
             row_id = int(cur.lastrowid or 0)
             if row_id > self._max_rows:
                 self._conn.execute("DELETE FROM rejects WHERE id <= ?", (row_id - self._max_rows,))
+            if sender is not None:
+                self._conn.execute(
+                    "DELETE FROM rejects WHERE sender = ?1 AND id <= (SELECT id FROM rejects"
+                    " WHERE sender = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+                    (sender, self._max_per_sender),
+                )
         self.count += 1
         return row_id
 

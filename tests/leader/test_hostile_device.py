@@ -228,3 +228,51 @@ async def test_a_wiped_device_is_online_again_at_its_first_heartbeat(clock: Virt
         assert record is not None and record.online
     finally:
         await stop_all(new, gw, clock=clock)
+
+
+async def test_a_flooding_device_is_slowed_to_its_share_and_others_are_served(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker, leader={"device_rate_per_s": 5.0, "device_burst": 10})
+    flood, honest = Rogue(broker, clock, "pi-0004"), Rogue(broker, clock, "pi-0001")
+    await flood.start()
+    await honest.start()
+    try:
+        answers = [await flood.send("heartbeat", {"device_id": "pi-0004", "seq": n + 1, "uptime_s": 1.0})
+                   for n in range(30)]
+        statuses = [status for status, _ in answers]
+        assert statuses[:10] == ["accepted"] * 10  # the burst
+        assert "busy" in statuses[10:]  # then its share: busy, which its relay backs off from
+        assert all(reason == "over this device's share" for status, reason in answers if status == "busy")
+        status, _ = await honest.send("heartbeat", {"device_id": "pi-0001", "seq": 1, "uptime_s": 1.0})
+        assert status == "accepted"
+        assert gw.rates is not None and gw.rates.limited >= 1
+    finally:
+        await flood.transport.stop()
+        await honest.transport.stop()
+        await stop_all(gw, clock=clock)
+
+
+async def test_one_device_cannot_fill_the_rejects_table_or_the_log(clock: VirtualClock, broker: MemoryBroker,
+                                                                  tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    gw = await leader(clock, tmp_path, broker=broker, leader={"device_rate_per_s": 0.0})
+    junk, other = Rogue(broker, clock, "pi-0004"), Rogue(broker, clock, "pi-0001")
+    await junk.start()
+    await other.start()
+    try:
+        status, _ = await other.send("nonsense", {})
+        assert status == "rejected"
+        with caplog.at_level(logging.WARNING, logger="agent.leader.agent"):
+            for _ in range(150):
+                assert (await junk.send("nonsense", {}))[0] == "rejected"
+        rows = gw.rejects.list(limit=1000)
+        assert sum(1 for r in rows if r.sender == "pi-0004") == 100  # capped per sender
+        assert sum(1 for r in rows if r.sender == "pi-0001") == 1  # the other device's refusal stays
+        lines = [r for r in caplog.records if "pi-0004" in r.getMessage()]
+        assert len(lines) == 1  # one line per device and kind per minute, not 150
+    finally:
+        await junk.transport.stop()
+        await other.transport.stop()
+        await stop_all(gw, clock=clock)
