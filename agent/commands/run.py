@@ -77,7 +77,11 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
     set_service_umask()
     clock = SystemClock()
     base = Path(data_dir or config.agent.data_dir)
-    base.mkdir(parents=True, exist_ok=True, mode=0o750)
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o750)
+    except OSError as exc:
+        raise ConfigError("--data-dir" if data_dir else "agent.data_dir", None,
+                          f"cannot create the data directory {base}: {exc.strerror or exc}") from None
     transport = make_transport(config, clock=clock, broker_url=broker)
     runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
     async with runtime:

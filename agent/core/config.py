@@ -52,7 +52,7 @@ class MqttSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
-    keepalive_s: Positive = 30
+    keepalive_s: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 30  # MQTT carries it in 16 bits
     reconnect_min_s: PositiveFloat = 1.0
     reconnect_max_s: PositiveFloat = 60.0
     max_payload_bytes: Positive = 256 * 1024

@@ -25,3 +25,17 @@ def test_loop_by_role_unless_configured(role: str, setting: bool | None, expecte
 def test_shipped_configs_pick_uvloop_for_the_leader_only() -> None:
     assert wants_uvloop(load_config(CONFIGS / "leader.toml").agent) is True
     assert wants_uvloop(load_config(CONFIGS / "worker.toml").agent) is False
+
+
+def test_a_data_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main as cli_main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code = cli_main(["run", "--config", str(CONFIGS / "worker.toml"), "--data-dir", str(blocker / "state"),
+                     "--broker", "mqtt://127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "--data-dir: cannot create the data directory" in err
+    assert "Traceback" not in err

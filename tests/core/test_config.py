@@ -32,6 +32,7 @@ BAD = [
     ('[agent]\ndevice_id = "d"\n[mqtt]\nurl = "http://x"\n', "mqtt.url", "mqtt://"),
     ('[agent]\ndevice_id = "d"\ntags = [1]\n', "agent.tags.0", "expected str"),
     ('[agent]\ndevice_id = "d"\n[mqtt]\nfast_path = "fast"\n', "mqtt.fast_path", "invalid enum value"),
+    ('[agent]\ndevice_id = "d"\n[mqtt]\nkeepalive_s = 70000\n', "mqtt.keepalive_s", "<= 65535"),
 ]
 
 
