@@ -120,9 +120,11 @@ class LeaderAgent:
         self._rng = rng if rng is not None else random.Random()
         self.ids = IdGenerator(clock, self._rng)
         self.system = ActorSystem(clock=clock, name=self.device_id)
+        # Each device answers on its own sub-topic of the leader's reply topic (the ACL's
+        # `.../reply/+/%u`): no device can answer for another.
         self.sender = EnvelopeSender(
             transport, clock=clock, reply_topic=topics.reply(self.fleet, self.device_id, "relay"),
-            timeout_s=config.mqtt.reply_timeout_s,
+            timeout_s=config.mqtt.reply_timeout_s, per_receiver=True,
         )
         fleet = self.fleet
         self.relay = Relay(

@@ -87,20 +87,30 @@ class SenderStats:
     timeouts: int = 0
     lost: int = 0  # in flight when the connection went away, or not connected at all
     late_replies: int = 0  # a reply for nothing in flight (after a timeout, or a duplicate)
+    foreign_replies: int = 0  # a reply from another device than the one the envelope went to
 
 
 class EnvelopeSender:
-    """Publishes envelopes and awaits their replies on one reply topic."""
+    """Publishes envelopes and awaits their replies on one reply topic.
 
-    def __init__(self, transport: Transport, *, clock: Clock, reply_topic: str, timeout_s: float = 10.0) -> None:
+    With `per_receiver=True` (the leader, sending to many devices) each envelope asks for its
+    reply on `{reply_topic}/{receiver}`, the one sub-topic of the reply topic the broker's ACL
+    lets that receiver write, and a reply arriving on another receiver's sub-topic is ignored
+    (counted in `foreign_replies`): one device cannot answer for another."""
+
+    def __init__(self, transport: Transport, *, clock: Clock, reply_topic: str, timeout_s: float = 10.0,
+                 per_receiver: bool = False) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
         topics.validate_topic(reply_topic)
         self._transport = transport
         self._clock = clock
         self._reply_topic = reply_topic
+        self._per_receiver = per_receiver
+        self._subscription = f"{reply_topic}/+" if per_receiver else reply_topic
         self._timeout_s = timeout_s
         self._pending: dict[bytes, asyncio.Future[object]] = {}
+        self._receiver_of: dict[bytes, str] = {}  # per_receiver: who may answer each envelope
         # Reply deadlines, swept by one timer (not a timeout per delivery).
         self._deadlines: Deadlines[object] = Deadlines(clock, timeout_s, lambda f: f.set_result(_EXPIRED))
         self._started = False
@@ -120,7 +130,7 @@ class EnvelopeSender:
             return
         self._started = True
         self._transport.connected.add_listener(self._on_gate)
-        await self._transport.subscribe(self._reply_topic, self._on_reply)
+        await self._transport.subscribe(self._subscription, self._on_reply)
 
     async def stop(self) -> None:
         if not self._started:
@@ -130,9 +140,9 @@ class EnvelopeSender:
         self._fail_pending()
         self._deadlines.clear()
         try:
-            await self._transport.unsubscribe(self._reply_topic)
+            await self._transport.unsubscribe(self._subscription)
         except TransportError as exc:
-            log.debug("reply topic %r not unsubscribed: %s", self._reply_topic, exc)
+            log.debug("reply topic %r not unsubscribed: %s", self._subscription, exc)
 
     async def __aenter__(self) -> EnvelopeSender:
         await self.start()
@@ -161,12 +171,22 @@ class EnvelopeSender:
         correlation = envelope.id.encode("utf-8")
         if correlation in self._pending:
             raise Transient(f"envelope {envelope.id} is already in flight")
+        reply_topic = self._reply_topic
+        if self._per_receiver:
+            reply_topic = f"{reply_topic}/{envelope.receiver}"
+            try:
+                topics.validate_topic(reply_topic)
+            except topics.TopicError as exc:
+                self.stats.rejected += 1
+                raise Permanent(f"envelope {envelope.id}: no reply topic for receiver {envelope.receiver!r}: {exc}"
+                                ) from None
+            self._receiver_of[correlation] = envelope.receiver
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._pending[correlation] = future
         try:
             try:
                 await self._transport.publish(
-                    topic, data, qos=1, response_topic=self._reply_topic, correlation=correlation
+                    topic, data, qos=1, response_topic=reply_topic, correlation=correlation
                 )
             except (PayloadTooLarge, topics.TopicError) as exc:
                 self.stats.rejected += 1
@@ -182,6 +202,7 @@ class EnvelopeSender:
                 future.cancel()
             if self._pending.get(correlation) is future:
                 del self._pending[correlation]
+                self._receiver_of.pop(correlation, None)
         if outcome is _EXPIRED:
             self.stats.timeouts += 1
             raise Transient(f"no reply for envelope {envelope.id} within {self._timeout_s}s")
@@ -203,6 +224,10 @@ class EnvelopeSender:
         future = self._pending.get(correlation) if correlation is not None else None
         if future is None or future.done():
             self.stats.late_replies += 1
+            return
+        if self._per_receiver and message.topic.rpartition("/")[2] != self._receiver_of.get(correlation or b""):
+            self.stats.foreign_replies += 1
+            log.debug("ignored a reply on %s: not from the device the envelope went to", message.topic)
             return
         try:
             reply = decode_reply(message.payload)

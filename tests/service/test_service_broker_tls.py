@@ -19,7 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from svc_broker import ExampleBroker, Pki, make_pki, render_example
 
 from agent.core.clock import SystemClock
-from agent.core.codec import Envelope, Reply
+from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import MqttSection
 from agent.core.errors import Permanent
 from agent.service.files import read_secret
@@ -138,6 +138,48 @@ async def test_a_device_reads_only_its_own_commands(
         await other.wait_for(b"marker")
         assert b"fake command" not in [p for _, p in inbox.messages]
     finally:
+        await device.stop()
+        await leader.stop()
+
+
+async def test_only_the_device_a_command_went_to_can_answer_it(broker: ExampleBroker, pki: Pki,
+                                                                tmp_path: Path) -> None:
+    """The leader asks for the reply on `.../reply/relay/pi-0001`, the only sub-topic of its
+    reply topic pi-0001 may write: pi-0002, which sees the correlation, cannot answer for it."""
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    rogue = await connect(broker, pki, tmp_path, "pi-0002")
+    sender = EnvelopeSender(leader, clock=SystemClock(), reply_topic=topics.reply(FLEET, LEADER, "relay"),
+                            timeout_s=30.0, per_receiver=True)
+    async def answer(envelope: Envelope, message: InboundMessage) -> Reply:
+        # pi-0002 tries first, on its own sub-topic and on pi-0001's (the ACL drops that one)
+        assert message.response_topic == topics.reply(FLEET, LEADER, "relay") + "/pi-0001"
+        forged = encode(Reply(id=envelope.id, status="rejected", reason="answered by pi-0002"))
+        for topic in (topics.reply(FLEET, LEADER, "relay") + "/pi-0002", message.response_topic):
+            await rogue.publish(topic, forged, correlation=message.correlation)
+        await rogue.publish(f"ea/v1/{FLEET}/pi-0002/up", b"marker")  # after both forged replies
+        await marker.wait()
+        return Reply(id=envelope.id, status="accepted")
+
+    marker = asyncio.Event()
+
+    async def on_up(message: InboundMessage) -> None:
+        if message.payload == b"marker":
+            marker.set()
+
+    inbox = EnvelopeInbox(device, topic_filter=topics.down(FLEET, "pi-0001"), handler=answer, sender_check=False)
+    try:
+        await leader.subscribe(f"ea/v1/{FLEET}/+/up", on_up)
+        await sender.start()
+        await inbox.start()
+        await sender.deliver(Envelope(id="cmd-1", kind="job.offer", sender=LEADER, receiver="pi-0001"),
+                             topics.down(FLEET, "pi-0001"))  # returns: accepted, by pi-0001
+        assert sender.stats.accepted == 1 and sender.stats.rejected == 0
+        assert sender.stats.foreign_replies == 1  # pi-0002's own sub-topic; the other never arrived
+    finally:
+        await inbox.stop()
+        await sender.stop()
+        await rogue.stop()
         await device.stop()
         await leader.stop()
 
