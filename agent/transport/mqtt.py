@@ -56,6 +56,7 @@ from agent.core.gate import Gate
 from agent.transport import topics
 from agent.transport._mqtt_acks import FAILURE as _FAILURE
 from agent.transport._mqtt_acks import PubackTracker
+from agent.transport._mqtt_failures import classify
 from agent.transport._mqtt_settings import TlsSettings, backoff_delay, read_password
 from agent.transport._paho_fast import FastPath, PropertiesCache, unsupported
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
@@ -170,6 +171,7 @@ class MqttTransport:
         self._fast_path_mode = fast_path
         self._fallback_warned = False
         self.fast_path_active = False  # whether the current connection runs the lean paths
+        self._disconnect_code: int | None = None  # reason code of the broker's DISCONNECT
 
     # -- construction helpers --------------------------------------------------------------
     @classmethod
@@ -435,6 +437,13 @@ class MqttTransport:
                 stock_on_unsubscribe(c, userdata, mid, *rest)
 
         paho.on_unsubscribe = on_unsubscribe
+        stock_on_disconnect = paho.on_disconnect
+
+        def on_disconnect(c: Any, userdata: Any, flags: Any, reason: Any = None, *rest: Any) -> None:
+            self._disconnect_code = getattr(reason, "value", None)
+            stock_on_disconnect(c, userdata, flags, reason, *rest)
+
+        paho.on_disconnect = on_disconnect
         paho.manual_ack_set(True)  # QoS 1 messages are acknowledged once dispatched
         return client
 
@@ -442,6 +451,8 @@ class MqttTransport:
         attempt = 0
         while not self._stopping:
             client: aiomqtt.Client | None = None
+            permanent = False
+            self._disconnect_code = None
             try:
                 client = self._make_client()
                 await self._enter(client)
@@ -465,7 +476,11 @@ class MqttTransport:
                     pass
             except aiomqtt.MqttError as exc:
                 self.last_error = str(exc)
-                self._log_failure(logging.INFO, f"connection ended: {exc}")
+                rc = getattr(exc, "rc", None)
+                failure = classify(str(exc), code=getattr(rc, "value", rc), disconnect_code=self._disconnect_code,
+                                   broker=f"{self._host}:{self._port}", username=self._username)
+                permanent = failure.permanent
+                self._log_failure(failure.level, failure.text)
             except TransportError as exc:
                 self.last_error = str(exc)
                 self._log_failure(logging.WARNING, str(exc))
@@ -484,6 +499,8 @@ class MqttTransport:
             if self._stopping:
                 break
             delay = backoff_delay(attempt, self._reconnect_min_s, self._reconnect_max_s, self._rng)
+            if permanent:  # credentials, protocol, TLS: retrying soon will not help
+                delay = self._reconnect_max_s
             attempt += 1
             await self._clock.sleep(delay)
 

@@ -549,3 +549,37 @@ async def test_the_broker_sends_no_packet_larger_than_the_transport_takes(mosqui
     finally:
         await pub.stop()
         await small.stop()
+
+
+async def test_refused_credentials_are_an_error_with_the_fix_and_wait_the_longest_backoff(
+        mosquitto_factory: Callable[..., Mosquitto], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from agent.core.clock import VirtualClock
+
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "dev", "right"], check=True, capture_output=True)
+    passwd.chmod(0o600)
+    broker = mosquitto_factory(password_file=passwd)
+    bad = tmp_path / "bad"
+    bad.write_text("wrong\n")
+    bad.chmod(0o600)
+    clock = VirtualClock()
+    t = MqttTransport.from_config(MqttSection(url=broker.url, username="dev", password_file=str(bad),
+                                              reconnect_min_s=0.05, reconnect_max_s=300.0), client_id="dev-bad",
+                                  clock=clock)
+    with caplog.at_level(logging.INFO, logger="agent.transport.mqtt"):
+        await t.start()
+        try:
+            async def sleeping() -> None:  # refused, and waiting for its next attempt
+                while clock.next_deadline() is None:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(sleeping(), 30)
+            deadline = clock.next_deadline()
+            assert deadline is not None and deadline - clock.monotonic() == pytest.approx(300.0)
+        finally:
+            await t.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "refused our credentials" in errors[0] and "mqtt.password_file" in errors[0] and "dev" in errors[0]

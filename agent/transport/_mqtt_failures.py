@@ -1,0 +1,53 @@
+"""What a failed or ended MQTT connection means, and what to tell the operator (`mqtt.py` only).
+
+A connection attempt fails, or a connection ends, for reasons that need different answers:
+
+    credentials  CONNACK 0x86 / 0x87 / 0x8C (or v3 codes 4, 5): ERROR with the fix; retrying
+                 every second will not help, so the next attempt waits the longest backoff
+    protocol     CONNACK 0x84 (or v3 code 1): the broker does not speak MQTT v5; ERROR,
+                 longest backoff
+    tls          the TLS handshake failed (certificate, name, trust): ERROR with the fix,
+                 longest backoff
+    takeover     DISCONNECT 0x8E: another client connected with our client id (two agents
+                 with one device id?); WARNING, naming it
+    transient    anything else (network, broker restart): INFO, the ordinary backoff
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+_CREDENTIALS = {0x86: "bad user name or password", 0x87: "not authorized", 0x8C: "bad authentication method"}
+_V3_CREDENTIALS = {4: "bad user name or password", 5: "not authorized"}
+_SESSION_TAKEN_OVER = 0x8E
+_TLS_MARKS = ("SSL", "CERTIFICATE", "certificate", "TLS", "tls", "hostname")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    level: int
+    text: str
+    permanent: bool  # wait the longest backoff before the next attempt
+
+
+def classify(error: str, *, code: int | None, disconnect_code: int | None, broker: str,
+             username: str | None) -> Failure:
+    """`error`: the exception's text; `code`: a CONNACK reason code, if the broker sent one;
+    `disconnect_code`: the reason code of a DISCONNECT the broker sent, if any."""
+    if disconnect_code == _SESSION_TAKEN_OVER:
+        return Failure(logging.WARNING, f"session taken over (0x8E): another client connected to {broker} with this"
+                                        " client id; are two agents running with the same device id?", False)
+    if code in _CREDENTIALS or (code in _V3_CREDENTIALS and code is not None and code < 0x80):
+        why = _CREDENTIALS.get(code) or _V3_CREDENTIALS[code]
+        return Failure(logging.ERROR, f"the broker at {broker} refused our credentials ({why}, username"
+                                      f" {username or '(none)'}): check mqtt.username and mqtt.password_file", True)
+    if code in (0x84, 1):
+        return Failure(logging.ERROR, f"the broker at {broker} does not speak MQTT v5 (it answered: {error})", True)
+    if any(mark in error for mark in _TLS_MARKS):
+        return Failure(logging.ERROR, f"TLS with the broker at {broker} failed ({error}): check mqtt.tls_ca, the"
+                                      " broker's certificate name and, if it asks for one, mqtt.tls_cert", True)
+    return Failure(logging.INFO, f"connection ended: {error}", False)
+
+
+__all__ = ["Failure", "classify"]
