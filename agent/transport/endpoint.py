@@ -21,6 +21,7 @@ and the failure is logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -49,6 +50,9 @@ RejectSink = Callable[[str, bytes, str], object]  # (reason, raw payload, topic)
 _LOST = object()
 _EXPIRED = object()
 _DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
+# How long an answer waits for the connection to be up before it is given up (the sender
+# times out and retries, the receiver deduplicates).
+REPLY_WAIT_S = 10.0
 LOG_INTERVAL_S = 60.0  # per-message problems: one line per kind per interval, the rest at DEBUG
 
 
@@ -295,7 +299,8 @@ class EnvelopeInbox:
         self._concurrency = concurrency
         self._reply_qos = reply_qos
         self._devices: dict[str, str | None] = {}
-        self._log_limit = RateLimitedLog(log, clock if clock is not None else SystemClock(), LOG_INTERVAL_S)
+        self._clock = clock if clock is not None else SystemClock()
+        self._log_limit = RateLimitedLog(log, self._clock, LOG_INTERVAL_S)
         self._queue: asyncio.Queue[InboundMessage] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._started = False
@@ -429,6 +434,11 @@ class EnvelopeInbox:
     async def _answer(self, message: InboundMessage, reply: Reply) -> None:
         if message.response_topic is None:
             return
+        if not self._transport.connected.is_open:
+            # A persistent session's queued messages arrive right after CONNACK, before the
+            # connection is up for us (subscriptions, birth): answer them once it is.
+            with contextlib.suppress(TimeoutError):
+                await self._clock.wait_for(self._transport.connected.wait_open(), REPLY_WAIT_S)
         try:
             await self._transport.publish(
                 message.response_topic, encode(reply), qos=self._reply_qos, correlation=message.correlation

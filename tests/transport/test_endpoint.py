@@ -350,3 +350,48 @@ async def test_an_invalid_topic_is_permanent() -> None:
     with pytest.raises(Permanent, match="invalid topic"):
         await sender.deliver(envelope("m1"), "ea/v1/+/up")
     await dev.stop()
+
+
+@pytest.mark.mqtt
+async def test_commands_queued_while_offline_are_answered_after_the_reconnect(mosquitto) -> None:  # noqa: ANN001
+    """A persistent session's queued commands arrive right after CONNACK, before the connection
+    is up for the device: their answers wait for it instead of being dropped."""
+    clock = SystemClock()
+    device_topic = topics.down(FLEET, "dev-q")
+
+    def device_transport() -> MqttTransport:
+        return MqttTransport.from_url(mosquitto.url, client_id="dev-q", clean_start=False,
+                                      reconnect_min_s=0.05, reconnect_max_s=0.3)
+
+    async def accept(envelope: Envelope, message: InboundMessage) -> Reply:
+        return Reply(id=envelope.id, status="accepted")
+
+    first = device_transport()
+    inbox = EnvelopeInbox(first, topic_filter=device_topic, handler=accept, sender_check=False, clock=clock)
+    await inbox.start()
+    await first.start()
+    await asyncio.wait_for(first.connected.wait_open(), 30)
+    await first.stop()  # offline: the broker keeps the session (and its subscription) and queues what comes
+    await inbox.stop()
+    leader = MqttTransport.from_url(mosquitto.url, client_id="leader-q", reconnect_min_s=0.05, reconnect_max_s=0.3)
+    sender = EnvelopeSender(leader, clock=clock, reply_topic=topics.reply(FLEET, "leader-q", "relay"), timeout_s=60.0)
+    await sender.start()
+    await leader.start()
+    await asyncio.wait_for(leader.connected.wait_open(), 30)
+    again = device_transport()
+    inbox = EnvelopeInbox(again, topic_filter=device_topic, handler=accept, sender_check=False, clock=clock)
+    try:
+        sends = [asyncio.ensure_future(sender.deliver(Envelope(id=f"cmd-{n}", kind="job.offer", sender="leader-q",
+                                                                receiver="dev-q"), device_topic)) for n in range(5)]
+        await asyncio.sleep(0)  # the commands go out while the device is away
+        while sender.stats.sent < 5:
+            await asyncio.sleep(0.01)
+        await inbox.start()
+        await again.start()  # queued commands are delivered before the connection is up for it
+        await asyncio.wait_for(asyncio.gather(*sends), 60)  # every one answered: accepted
+        assert sender.stats.accepted == 5 and inbox.stats.reply_failures == 0
+    finally:
+        await inbox.stop()
+        await again.stop()
+        await sender.stop()
+        await leader.stop()
