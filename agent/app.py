@@ -95,12 +95,16 @@ async def build_agent(
     clock: Clock,
     data_dir: str | Path | None = None,
     rng: random.Random | None = None,
+    recover: bool = False,
 ) -> WorkerAgent | LeaderAgent:
-    """Open the databases of the config's role under `data_dir` and build the agent (not started)."""
+    """Open the databases of the config's role under `data_dir` and build the agent (not started).
+    `recover`: a leader moves a damaged leader.db aside instead of refusing to start (a worker
+    always does so with its own databases)."""
     if config.agent.role == "leader":
         from agent.leader.agent import LeaderAgent
 
-        return await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng)
+        return await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng,
+                                      recover=recover)
     from agent.worker.agent import WorkerAgent
 
     return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=data_dir, rng=rng)

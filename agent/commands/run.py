@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", metavar="URL", help="override mqtt.url, e.g. mqtt://127.0.0.1:1883")
     parser.add_argument("--data-dir", metavar="DIR", help="override agent.data_dir")
     parser.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format")
+    parser.add_argument("--recover", action="store_true",
+                        help="a leader: move a damaged leader.db aside and start afresh (default: refuse to start)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -48,7 +50,8 @@ def main(args: argparse.Namespace) -> int:
     from agent.service import setup_logging
 
     setup_logging(config.agent.log_level, fmt=args.log_format)
-    return run_loop(serve(config, broker=args.broker, data_dir=args.data_dir), use_uvloop=wants_uvloop(config.agent))
+    return run_loop(serve(config, broker=args.broker, data_dir=args.data_dir, recover=args.recover),
+                    use_uvloop=wants_uvloop(config.agent))
 
 
 def wants_uvloop(section: AgentSection) -> bool:
@@ -57,7 +60,8 @@ def wants_uvloop(section: AgentSection) -> bool:
     return section.use_uvloop if section.use_uvloop is not None else section.role == "leader"
 
 
-async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str | None = None) -> int:
+async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str | None = None,
+                recover: bool = False) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit status."""
     from agent.app import build_agent, make_transport
     from agent.service import (
@@ -85,7 +89,7 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
     transport = make_transport(config, clock=clock, broker_url=broker)
     runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
     async with runtime:
-        agent = await build_agent(config, transport=transport, clock=clock, data_dir=base)
+        agent = await build_agent(config, transport=transport, clock=clock, data_dir=base, recover=recover)
         # Firmware rollouts: the leader's orchestrator and ConfigServers, a worker's updater (only
         # when [firmware] pins a key: an idle worker without one never loads firmware_rollout).
         leader = config.agent.role == "leader"
@@ -119,6 +123,11 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
         if housekeeper is not None:
             runtime.add_collector("housekeeping", snapshot_collector(
                 "ea_housekeeping", housekeeper.metrics, counters=("pruned", "rounds", "errors"), label="table"))
+        if not leader:
+            device = cast("WorkerAgent", agent)
+            # 1 after a damaged worker.db was moved aside at this start (its job ledger was lost)
+            runtime.add_collector("worker", snapshot_collector(
+                "ea_worker", lambda: {"state_recovered": 1 if device.recovered_from else 0}, label="state"))
         if leader:
             gateway = cast("LeaderAgent", agent)  # a worker never imports agent.leader
             runtime.add_collector("jobs", snapshot_collector("ea_jobs", gateway.jobs_queue.stats))

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
+import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal, Self
@@ -33,6 +36,7 @@ from agent.core.errors import StoreError, UnstorableValue
 Synchronous = Literal["NORMAL", "FULL", "OFF"]
 
 _savepoints = itertools.count()
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -161,6 +165,94 @@ def close_quietly(conn: sqlite3.Connection) -> None:
         conn.close()
 
 
+# -- damaged files -------------------------------------------------------------------------
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+
+def is_corruption(exc: sqlite3.Error) -> bool:
+    """True for 'file is not a database' and 'database disk image is malformed'."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text
+
+
+def describe(exc: sqlite3.Error) -> str:
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc)
+
+
+def damage_of(path: Path, busy_timeout_ms: int = 5_000) -> str | None:
+    """None if the file is a sound SQLite database, else why it is not. Raises sqlite3.Error
+    for failures that are not damage (locked, unreadable).
+
+    The check reads through a read-only connection first: closing it neither checkpoints nor
+    deletes a -wal file, so a damaged file's WAL is kept as evidence too."""
+    try:
+        return _check_with(f"{path.resolve().as_uri()}?mode=ro", busy_timeout_ms)
+    except sqlite3.Error:
+        return _check_with(str(path), busy_timeout_ms)  # e.g. a hot journal needs writing
+
+
+def _check_with(target: str, busy_timeout_ms: int) -> str | None:
+    conn = sqlite3.connect(
+        target, isolation_level=None, check_same_thread=False, uri=target.startswith("file:")
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        try:
+            rows = conn.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            if is_corruption(exc):
+                return describe(exc)
+            raise
+        if rows != [("ok",)]:
+            return "quick_check: " + "; ".join(str(r[0]) for r in rows[:3])
+        return None
+    finally:
+        conn.close()
+
+
+def move_aside(path: Path, now_ms: int) -> Path:
+    """Rename a damaged database (and its -wal, -shm, -journal) out of the way; returns the
+    new path. The evidence is kept, never deleted."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_ms / 1000))
+    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while dest.exists():
+        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    os.replace(path, dest)
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = Path(str(path) + suffix)
+        if side.exists():
+            os.replace(side, Path(str(dest) + suffix))
+    return dest
+
+
+
+def damage_report(path: Path) -> str | None:
+    """Why the database at `path` is damaged, or None (sound, absent or empty). `StoreError`
+    when it cannot be checked (locked, unreadable)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with store_errors(f"cannot check {path}"):
+        return damage_of(path)
+
+
+def recover_damaged(path: Path, *, now_ms: int, what: str) -> str | None:
+    """Move `path` aside if it is damaged (see `damage_of`); the new path, or None if it was
+    sound or absent. Logged at ERROR: the state it held is lost to the agent, kept as evidence."""
+    problem = damage_report(path)
+    if problem is None:
+        return None
+    dest = move_aside(path, now_ms)
+    log.error("%s: %s is damaged (%s); moved aside to %s and started afresh", what, path, problem, dest)
+    return str(dest)
+
+
 class SqliteStore:
     """One store's connection: opened and migrated once, `atomic()`, `close()`, `with store:`.
 
@@ -209,6 +301,19 @@ class SqliteStore:
 
 
 __all__ = [
-    "Migration", "SqliteStore", "Synchronous", "atomic", "close_quietly", "connect", "migrate", "open_migrated",
+    "Migration",
+    "SqliteStore",
+    "Synchronous",
+    "atomic",
+    "close_quietly",
+    "connect",
+    "damage_of",
+    "damage_report",
+    "describe",
+    "is_corruption",
+    "migrate",
+    "move_aside",
+    "open_migrated",
+    "recover_damaged",
     "store_errors",
 ]

@@ -34,6 +34,7 @@ from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError, UnstorableValue
 from agent.core.ids import IdGenerator
 from agent.core.ratelog import RateLimitedLog
+from agent.core.sqlite import damage_report, recover_damaged
 from agent.housekeeping import Housekeeper
 from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
@@ -174,11 +175,18 @@ class LeaderAgent:
     @classmethod
     async def open(
         cls, config: AgentConfig, *, transport: Transport, clock: Clock, data_dir: str | Path | None = None,
+        recover: bool = False,
         **kwargs: Unpack[LeaderOptions],
     ) -> LeaderAgent:
         base = Path(data_dir if data_dir is not None else config.agent.data_dir)
         base.mkdir(parents=True, exist_ok=True)
         db = base / LEADER_DB
+        # The fleet's registry, job queue and rollout history: never dropped without being asked.
+        if recover:
+            recover_damaged(db, now_ms=clock.now_ms(), what="leader")
+        elif (problem := damage_report(db)) is not None:
+            raise StoreError(f"{db} is damaged ({problem}): start once with `edge-agent run --recover` to move it"
+                             " aside and start with an empty registry, job queue and rollout history")
         registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s)
         jobs = rejects = None
         try:

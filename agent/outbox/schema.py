@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.core.errors import StoreError
+from agent.core.sqlite import damage_of, describe, is_corruption, move_aside
 
 log = logging.getLogger("agent.outbox")
 
@@ -62,9 +62,6 @@ COUNTER_NAMES = (
 # does not run on an SD card may open its outbox with page_size=4096.
 PAGE_SIZE = 1024
 PAGE_SIZES = frozenset(1 << n for n in range(9, 17))
-
-_SQLITE_CORRUPT = 11
-_SQLITE_NOTADB = 26
 
 
 def _create_outbox(conn: sqlite3.Connection) -> None:
@@ -243,68 +240,6 @@ MIGRATIONS: list[Migration] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def is_corruption(exc: sqlite3.Error) -> bool:
-    """True for 'file is not a database' and 'database disk image is malformed'."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
-    text = str(exc).lower()
-    return "not a database" in text or "malformed" in text
-
-
-def describe(exc: sqlite3.Error) -> str:
-    name = getattr(exc, "sqlite_errorname", None)
-    return f"{exc} ({name})" if name else str(exc)
-
-
-def _quick_check(path: Path, busy_timeout_ms: int) -> str | None:
-    """None if the file is a sound SQLite database, else why it is not. Raises sqlite3.Error
-    for failures that are not damage (locked, unreadable).
-
-    The check reads through a read-only connection first: closing it neither checkpoints nor
-    deletes a -wal file, so a damaged file's WAL is kept as evidence too."""
-    try:
-        return _check_with(f"{path.resolve().as_uri()}?mode=ro", busy_timeout_ms)
-    except sqlite3.Error:
-        return _check_with(str(path), busy_timeout_ms)  # e.g. a hot journal needs writing
-
-
-def _check_with(target: str, busy_timeout_ms: int) -> str | None:
-    conn = sqlite3.connect(
-        target, isolation_level=None, check_same_thread=False, uri=target.startswith("file:")
-    )
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        try:
-            rows = conn.execute("PRAGMA quick_check").fetchall()
-        except sqlite3.DatabaseError as exc:
-            if is_corruption(exc):
-                return describe(exc)
-            raise
-        if rows != [("ok",)]:
-            return "quick_check: " + "; ".join(str(r[0]) for r in rows[:3])
-        return None
-    finally:
-        conn.close()
-
-
-def move_aside(path: Path, now_ms: int) -> Path:
-    """Rename a damaged database (and its -wal, -shm, -journal) out of the way; returns the
-    new path. The evidence is kept, never deleted."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_ms / 1000))
-    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while dest.exists():
-        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-        n += 1
-    os.replace(path, dest)
-    for suffix in ("-wal", "-shm", "-journal"):
-        side = Path(str(path) + suffix)
-        if side.exists():
-            os.replace(side, Path(str(dest) + suffix))
-    return dest
-
-
 def configure(
     conn: sqlite3.Connection, *, synchronous: Synchronous, busy_timeout_ms: int
 ) -> None:
@@ -377,7 +312,7 @@ def open_database(
     recovered: str | None = None
     try:
         if p.exists() and p.stat().st_size > 0:
-            problem = _quick_check(p, busy_timeout_ms)
+            problem = damage_of(p, busy_timeout_ms)
             if problem is not None:
                 when = time.time_ns() // 1_000_000 if now_ms is None else now_ms
                 dest = move_aside(p, when)

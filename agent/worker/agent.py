@@ -32,7 +32,7 @@ from agent.core.codec import Envelope, Reply
 from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, NotConnected
 from agent.core.ids import IdGenerator
-from agent.core.sqlite import atomic, close_quietly, connect, migrate
+from agent.core.sqlite import atomic, close_quietly, connect, migrate, recover_damaged
 from agent.housekeeping import Housekeeper, limited
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
@@ -208,6 +208,7 @@ class WorkerAgent:
         self.telemetry: ActorRef | None = None
         self.jobs: ActorRef | None = None
         self.rejected = 0
+        self.recovered_from: str | None = None  # where a damaged worker.db was moved at open
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
         if owns_stores if housekeeping is None else housekeeping:
@@ -227,6 +228,9 @@ class WorkerAgent:
         """Open the worker's databases under `data_dir` (default: the config's) and build it."""
         base = Path(data_dir if data_dir is not None else config.agent.data_dir)
         base.mkdir(parents=True, exist_ok=True)
+        # A damaged worker.db (the job ledger, the start counter) must not keep the device down:
+        # it is moved aside and started afresh, as the outbox is.
+        recovered = recover_damaged(base / WORKER_DB, now_ms=clock.now_ms(), what="worker")
         incarnation = next_incarnation(base / WORKER_DB)
         outbox = await OutboxStore.open(
             resolve(base, config.outbox.path), clock=clock, synchronous=config.outbox.synchronous,
@@ -239,8 +243,10 @@ class WorkerAgent:
             raise
         if "sampler" not in kwargs:
             kwargs["sampler"] = SystemSampler(base, clock=clock).sample
-        return cls(config, transport=transport, clock=clock, outbox=outbox, ledger=ledger,
-                   incarnation=incarnation, **kwargs)
+        agent = cls(config, transport=transport, clock=clock, outbox=outbox, ledger=ledger,
+                    incarnation=incarnation, **kwargs)
+        agent.recovered_from = recovered
+        return agent
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:

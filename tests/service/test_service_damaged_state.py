@@ -1,0 +1,75 @@
+"""Damaged state files: a worker moves a damaged worker.db aside and runs on (as with its
+outbox); a leader refuses to start on a damaged leader.db with one line saying what to do, and
+`edge-agent run --recover` moves it aside."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.agent_support import config, leader, stop_all, worker  # noqa: E402
+
+from agent.cli import main as cli_main  # noqa: E402
+from agent.core.clock import VirtualClock  # noqa: E402
+from agent.core.errors import StoreError  # noqa: E402
+from agent.transport.memory import MemoryBroker  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+GARBAGE = b"SQLite format 3\x00" + b"\xff" * 8000
+
+
+async def test_a_damaged_worker_db_is_moved_aside_and_the_worker_runs(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    (tmp_path / "w1").mkdir()
+    (tmp_path / "w1" / "worker.db").write_bytes(GARBAGE)
+    w = await worker(clock, tmp_path, "w1", broker=broker)
+    try:
+        assert w.recovered_from is not None and ".corrupt-" in w.recovered_from
+        assert Path(w.recovered_from).read_bytes() == GARBAGE  # kept as evidence
+        assert w.incarnation == 1  # started afresh
+    finally:
+        await stop_all(w, clock=clock)
+
+
+async def test_a_damaged_leader_db_refuses_to_start_unless_asked_to_recover(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    (tmp_path / "gw").mkdir()
+    db = tmp_path / "gw" / "leader.db"
+    db.write_bytes(GARBAGE)
+    with pytest.raises(StoreError, match="--recover"):
+        await leader(clock, tmp_path, broker=broker)
+    assert db.read_bytes() == GARBAGE  # nothing touched
+
+
+def test_run_says_what_to_do_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "leader.db").write_bytes(GARBAGE)
+    code = cli_main(["run", "--config", str(CONFIGS / "leader.toml"), "--data-dir", str(data),
+                     "--broker", "mqtt://127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "edge-agent run --recover" in err and "Traceback" not in err
+
+
+async def test_recover_moves_a_damaged_leader_db_aside(tmp_path: Path) -> None:
+    from agent.app import build_agent, make_transport
+
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "leader.db").write_bytes(GARBAGE)
+    cfg = config("leader", "gw")
+    agent = await build_agent(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker), clock=clock,
+                              data_dir=data, recover=True)
+    try:
+        assert [p.name.startswith("leader.db.corrupt-") for p in data.iterdir() if p.name != "leader.db"]
+        assert agent.registry.counts() == (0, 0)  # an empty registry, working
+    finally:
+        await agent.outbox.close()
