@@ -40,7 +40,8 @@ class Agent(Protocol):
 def presence_wills(config: AgentConfig) -> tuple[Will, Will]:
     """(last will, birth) of this agent: retained `offline` / `online` on its presence topic."""
     topic = topics.presence(config.agent.fleet, config.agent.device_id)
-    return Will(topic, topics.OFFLINE, qos=1, retain=True), Will(topic, topics.ONLINE, qos=1, retain=True)
+    will = Will(topic, topics.OFFLINE, qos=1, retain=True, delay_s=config.mqtt.will_delay_s)
+    return will, Will(topic, topics.ONLINE, qos=1, retain=True)
 
 
 def client_id_of(config: AgentConfig) -> str:

@@ -60,6 +60,9 @@ class MqttSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     # "auto": the lean paths through paho's internals when they are the expected ones, else
     # aiomqtt's own path with one WARNING; "off": always aiomqtt's own path.
     fast_path: Literal["auto", "off"] = "auto"
+    # Seconds the broker waits before it publishes our last will (`offline`): a device back
+    # within them was never offline to the leader. Needs a persistent session (a worker's).
+    will_delay_s: Annotated[int, msgspec.Meta(ge=0, le=3600)] = 5
 
 
 class MailboxSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

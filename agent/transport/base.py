@@ -54,6 +54,9 @@ class Will:
     payload: bytes
     qos: int = 1
     retain: bool = True
+    # MQTT v5 Will Delay Interval: the broker publishes a last will only if the client has not
+    # come back within this many seconds, so a network blip does not mark a device offline.
+    delay_s: int = 0
 
 
 Handler = Callable[[InboundMessage], Awaitable[None]]

@@ -379,7 +379,12 @@ class MqttTransport:
         properties.MaximumPacketSize = self._max_payload + PACKET_OVERHEAD_BYTES
         will = None
         if self.will is not None:
-            will = aiomqtt.Will(self.will.topic, self.will.payload, qos=self.will.qos, retain=self.will.retain)
+            will_properties = None
+            if self.will.delay_s > 0:
+                will_properties = Properties(PacketTypes.WILLMESSAGE)
+                will_properties.WillDelayInterval = self.will.delay_s
+            will = aiomqtt.Will(self.will.topic, self.will.payload, qos=self.will.qos, retain=self.will.retain,
+                                properties=will_properties)
         client = aiomqtt.Client(
             self._host,
             self._port,

@@ -175,8 +175,9 @@ from agent.transport.base import Will
 from agent.transport.mqtt import MqttTransport
 
 async def main():
+    delay = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     t = MqttTransport.from_url(sys.argv[1], client_id="victim", keepalive_s=5,
-                               will=Will(sys.argv[2], b"offline"), birth=Will(sys.argv[2], b"online"))
+                               will=Will(sys.argv[2], b"offline", delay_s=delay), birth=Will(sys.argv[2], b"online"))
     await t.start()
     await asyncio.wait_for(t.connected.wait_open(), 10)
     print("up", flush=True)
@@ -583,3 +584,46 @@ async def test_refused_credentials_are_an_error_with_the_fix_and_wait_the_longes
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert "refused our credentials" in errors[0] and "mqtt.password_file" in errors[0] and "dev" in errors[0]
+
+
+
+@pytest.mark.mqtt
+async def test_a_device_back_within_its_will_delay_was_never_offline(mosquitto: Mosquitto) -> None:
+    """A network blip (here: the agent killed and started again at once, the same session):
+    the broker holds the will for its delay and drops it when the device comes back."""
+    presence = topics.presence("f", "victim")
+    watch = Collector()
+    watcher = transport(mosquitto.url, "watcher")
+    await watcher.subscribe(presence, watch)
+    await connected(watcher)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    async def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", VICTIM, mosquitto.url, presence, "600"],
+                                stdout=subprocess.PIPE, env=env, cwd=REPO)
+        assert proc.stdout is not None
+        assert (await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)).strip() == b"up"
+        return proc
+
+    procs = []
+    try:
+        procs.append(await start())
+        procs[0].kill()  # no DISCONNECT: without a delay the broker would publish the will now
+        procs[0].wait(10)
+        procs.append(await start())  # back, in the same session, within the 600 s delay
+        pub = await connected(transport(mosquitto.url, "marker"))
+        try:
+            await pub.publish(presence, b"marker")  # after the second birth, on the same topic
+            await watch.wait_for(lambda ms: ms[-1].payload == b"marker")
+        finally:
+            await pub.stop()
+        assert b"offline" not in watch.payloads
+        assert watch.payloads.count(b"online") == 2
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        await watcher.stop()
