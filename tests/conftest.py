@@ -59,3 +59,18 @@ def mosquitto_factory(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
     finally:
         for broker in made:
             broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A test that runs `edge-agent run` installs the agent's log handler on the root logger,
+    bound to that test's captured stderr: put the root logger back as it was afterwards."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)

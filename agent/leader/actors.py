@@ -17,6 +17,7 @@ answers `busy(retry_after_ms)` when they are full.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class HeartbeatIntake(Actor):
         self._batch_max = batch_max
         self._on_refused = on_refused
         self._batch: dict[str, Heartbeat] = {}
+        self._wake = asyncio.Event()  # ends a rest early: the leader is stopping
         self.stats = IntakeStats()
 
     async def receive(self, message: object, ctx: Context) -> object | None:
@@ -70,9 +72,14 @@ class HeartbeatIntake(Actor):
             self._batch[message.device_id] = message
         if len(self._batch) >= self._batch_max or ctx.self.depth == 0:
             self.flush()
-            if self._interval_s > 0:
-                await ctx.clock.sleep(self._interval_s)
+            if self._interval_s > 0 and not self._wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await ctx.clock.wait_for(self._wake.wait(), self._interval_s)
         return None
+
+    def stop_resting(self) -> None:
+        """The leader is stopping: take what is queued now instead of resting out the interval."""
+        self._wake.set()
 
     def flush(self) -> None:
         if not self._batch:

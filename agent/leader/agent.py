@@ -245,6 +245,8 @@ class LeaderAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         await self.inbox.stop()
+        if self._intake_actor is not None:
+            self._intake_actor.stop_resting()
         await self.system.stop()
         stopping = asyncio.ensure_future(self.relay.stop_within())  # see WorkerAgent.stop
         await asyncio.sleep(0)

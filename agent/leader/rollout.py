@@ -131,11 +131,13 @@ class LeaderPort:
             for d in self._leader.registry.devices()
         ]
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> None:
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float) -> None:
         leader = self._leader
+        ttl_ms = max(1, int(ttl_s * 1000))  # in the outbox, and as the MQTT message expiry
         msgs = [
             OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
-                          kind=KIND_UPDATE_OFFER, payload=encode(offer), key=f"firmware.offer:{offer.rollout_id}")
+                          kind=KIND_UPDATE_OFFER, payload=encode(offer), key=f"firmware.offer:{offer.rollout_id}",
+                          ttl_ms=ttl_ms)
             for device, offer in offers
         ]
         await leader.outbox.enqueue_many(msgs)

@@ -107,8 +107,9 @@ class PropertiesCache:
         self._limit = limit
         self._topics: dict[str, bytes] = {}
 
-    def build(self, response_topic: str | None, correlation: bytes | None) -> PackedProperties:
-        body = b""
+    def build(self, response_topic: str | None, correlation: bytes | None,
+              expiry_s: int | None = None) -> PackedProperties:
+        body = b"" if expiry_s is None else b"\x02" + expiry_s.to_bytes(4, "big")
         if response_topic is not None:
             part = self._topics.get(response_topic)
             if part is None:
@@ -117,7 +118,7 @@ class PropertiesCache:
                 if len(self._topics) >= self._limit:
                     self._topics.clear()
                 self._topics[response_topic] = part
-            body = part
+            body += part
         if correlation is not None:
             body += b"\x09" + len(correlation).to_bytes(2, "big") + correlation
         return PackedProperties(varint(len(body)) + body)

@@ -95,7 +95,10 @@ class Transport(Protocol):
         retain: bool = False,
         response_topic: str | None = None,
         correlation: bytes | None = None,
-    ) -> None: ...
+        expiry_s: int | None = None,
+    ) -> None:
+        """Publish one message. `expiry_s`: MQTT v5 Message Expiry Interval, after which the
+        broker drops it undelivered (a command queued for an offline device goes stale)."""
 
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Deliver messages matching `topic_filter` to `handler`, now and after reconnects."""

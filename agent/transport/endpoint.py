@@ -185,13 +185,23 @@ class EnvelopeSender:
                 raise Permanent(f"envelope {envelope.id}: no reply topic for receiver {envelope.receiver!r}: {exc}"
                                 ) from None
             self._receiver_of[correlation] = envelope.receiver
+        expiry_s: int | None = None
+        if envelope.ttl_ms:  # what the broker may hold for an offline receiver: no stale command
+            left_ms = envelope.ts_ms + envelope.ttl_ms - self._clock.now_ms()
+            if left_ms <= 0:
+                self.stats.rejected += 1
+                raise Permanent(f"envelope {envelope.id} expired before it was sent")
+            expiry_s = min(2**32 - 1, -(-left_ms // 1000))
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._pending[correlation] = future
         try:
             try:
-                await self._transport.publish(
-                    topic, data, qos=1, response_topic=reply_topic, correlation=correlation
-                )
+                if expiry_s is None:
+                    await self._transport.publish(topic, data, qos=1, response_topic=reply_topic,
+                                                  correlation=correlation)
+                else:
+                    await self._transport.publish(topic, data, qos=1, response_topic=reply_topic,
+                                                  correlation=correlation, expiry_s=expiry_s)
             except (PayloadTooLarge, topics.TopicError) as exc:
                 self.stats.rejected += 1
                 raise Permanent(str(exc)) from None

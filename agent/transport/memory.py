@@ -125,6 +125,7 @@ class MemoryTransport:
         retain: bool = False,
         response_topic: str | None = None,
         correlation: bytes | None = None,
+        expiry_s: int | None = None,  # not modelled: the in-memory broker keeps queued messages
     ) -> None:
         if len(payload) > self._max_payload:
             raise PayloadTooLarge(len(payload), self._max_payload)

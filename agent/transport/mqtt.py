@@ -292,7 +292,10 @@ class MqttTransport:
         retain: bool = False,
         response_topic: str | None = None,
         correlation: bytes | None = None,
+        expiry_s: int | None = None,
     ) -> None:
+        if expiry_s is not None and not 0 < expiry_s < 2**32:
+            raise TransportError(f"{self._client_id!r}: expiry_s must be between 1 and 2**32 - 1, got {expiry_s}")
         if len(payload) > self._max_payload:
             raise PayloadTooLarge(len(payload), self._max_payload)
         topics.validate_topic(topic)
@@ -303,11 +306,11 @@ class MqttTransport:
             raise NotConnected(f"{self._client_id!r} is not connected")
         fast = self._fast
         if fast is None:
-            await self._publish_stock(paho, topic, payload, qos, retain, response_topic, correlation)
+            await self._publish_stock(paho, topic, payload, qos, retain, response_topic, correlation, expiry_s)
             return
         properties = None
-        if response_topic is not None or correlation is not None:
-            properties = self._props.build(response_topic, correlation)
+        if response_topic is not None or correlation is not None or expiry_s is not None:
+            properties = self._props.build(response_topic, correlation, expiry_s)
         if qos == 0:
             if fast.publish(topic, payload, 0, retain, properties) is None:
                 raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
@@ -321,11 +324,13 @@ class MqttTransport:
         await self._pubacks.wait(mid)
 
     async def _publish_stock(self, paho: Any, topic: str, payload: bytes, qos: int, retain: bool,
-                             response_topic: str | None, correlation: bytes | None) -> None:
+                             response_topic: str | None, correlation: bytes | None, expiry_s: int | None) -> None:
         """A publish through paho's own `publish`; its PUBACK comes back through `on_publish`."""
         properties = None
-        if response_topic is not None or correlation is not None:
+        if response_topic is not None or correlation is not None or expiry_s is not None:
             properties = Properties(PacketTypes.PUBLISH)
+            if expiry_s is not None:
+                properties.MessageExpiryInterval = expiry_s
             if response_topic is not None:
                 properties.ResponseTopic = response_topic
             if correlation is not None:

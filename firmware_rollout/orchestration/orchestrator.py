@@ -62,8 +62,10 @@ class RolloutPort(Protocol):
     def devices(self) -> Sequence[DeviceInfo]:
         """Every device the registry knows, with online state and last heartbeat."""
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> None:
-        """Durably queue one offer per (device, offer); raise `EdgeAgentError` when it cannot."""
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float) -> None:
+        """Durably queue one offer per (device, offer), to expire undelivered after `ttl_s` (the
+        device's timeout: after it the device counts as timed out, and a stale offer must not
+        start an install days later); raise `EdgeAgentError` when it cannot."""
 
 
 def rollout_id_for(spec: RolloutSpec, now_ms: int) -> str:
@@ -399,7 +401,7 @@ class Orchestrator:
             maintenance_windows=tuple(spec.device.maintenance_windows),
             chunk_size=spec.download.chunk_size,
         )
-        await self.port.send_offers([(d.device_id, offer) for d in ready])
+        await self.port.send_offers([(d.device_id, offer) for d in ready], ttl_s=spec.device.timeout_s)
         deadline = self.clock.now_ms() + int(spec.device.timeout_s * 1000)
         with self.store.atomic():
             for d in ready:

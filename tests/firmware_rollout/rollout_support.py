@@ -33,7 +33,7 @@ class FakePort:
     def devices(self) -> list[DeviceInfo]:
         return list(self.infos.values())
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> None:
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float = 0.0) -> None:
         for device, offer in offers:
             self.offers.append((self.clock.now_ms(), device, offer.rollout_id))
 

@@ -395,3 +395,45 @@ async def test_commands_queued_while_offline_are_answered_after_the_reconnect(mo
         await again.stop()
         await sender.stop()
         await leader.stop()
+
+
+async def test_an_envelope_with_a_ttl_asks_the_broker_to_expire_it() -> None:
+    """A command for an offline device must not run days later: the envelope's remaining TTL
+    goes out as the MQTT message expiry; an envelope already past it is not sent at all."""
+    from agent.core.gate import Gate
+
+    clock = VirtualClock()
+
+    class Recording:
+        max_payload_bytes = 1 << 20
+        connected = Gate(is_open=True)
+
+        def __init__(self) -> None:
+            self.expiries: list[int | None] = []
+
+        async def subscribe(self, topic_filter: str, handler: Any, *, qos: int = 1) -> None: ...
+
+        async def unsubscribe(self, topic_filter: str) -> None: ...
+
+        async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
+                          response_topic: str | None = None, correlation: bytes | None = None,
+                          expiry_s: int | None = None) -> None:
+            self.expiries.append(expiry_s)
+
+    wire = Recording()
+    sender = EnvelopeSender(wire, clock=clock, reply_topic=topics.reply(FLEET, "leader", "relay"),  # type: ignore[arg-type]
+                            timeout_s=1.0)
+    await sender.start()
+    now = clock.now_ms()
+    fresh = Envelope(id="e1", kind="job.offer", sender="leader", receiver="d", ts_ms=now - 500, ttl_ms=90_000)
+    task = asyncio.ensure_future(sender.deliver(fresh, topics.down(FLEET, "d")))
+    await asyncio.sleep(0)
+    await clock.advance(2.0)  # no reply: transient, but the expiry was asked for
+    with pytest.raises(Transient):
+        await task
+    assert wire.expiries == [90]  # 89.5 s left, rounded up
+    stale = Envelope(id="e2", kind="job.offer", sender="leader", receiver="d", ts_ms=now - 100_000, ttl_ms=90_000)
+    with pytest.raises(Permanent, match="expired"):
+        await sender.deliver(stale, topics.down(FLEET, "d"))
+    assert wire.expiries == [90]  # not sent
+    await sender.stop()

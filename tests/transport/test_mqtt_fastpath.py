@@ -50,6 +50,9 @@ def test_packed_properties_match_what_paho_encodes() -> None:
     ours = PropertiesCache().build("ea/v1/f/d/reply/relay", b"01J-abc").pack()
     assert ours == props.pack()
     assert PropertiesCache().build(None, None).pack() == b"\x00"
+    props.MessageExpiryInterval = 600
+    ours = PropertiesCache().build("ea/v1/f/d/reply/relay", b"01J-abc", 600).pack()
+    assert ours == props.pack()  # paho writes the expiry first, as we do
 
 
 def test_parse_publish_skips_properties_it_does_not_need() -> None:
@@ -377,7 +380,10 @@ class _RecordingTransport:
     max_payload_bytes = 1024
 
     def __init__(self) -> None:
+        from agent.core.gate import Gate
+
         self.published: list[tuple[str, bytes, int]] = []
+        self.connected = Gate(is_open=True)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
                       response_topic: str | None = None, correlation: bytes | None = None) -> None:

@@ -627,3 +627,28 @@ async def test_a_device_back_within_its_will_delay_was_never_offline(mosquitto: 
             if proc.stdout is not None:
                 proc.stdout.close()
         await watcher.stop()
+
+
+
+@pytest.mark.mqtt
+async def test_a_message_expiry_drops_a_stale_command_for_an_offline_device(mosquitto: Mosquitto) -> None:
+    """MQTT v5 Message Expiry: what waits in an offline device's session past its expiry is
+    dropped by the broker; a message without one is kept."""
+    device = transport(mosquitto.url, "dev-x")
+    await device.subscribe("cmd/dev-x", Collector())
+    await connected(device)
+    await device.stop()  # offline; the session (and its subscription) stays
+    pub = await connected(transport(mosquitto.url, "leader-x"))
+    try:
+        await pub.publish("cmd/dev-x", b"stale", expiry_s=1)
+        await pub.publish("cmd/dev-x", b"kept")
+        await asyncio.sleep(2.5)  # the expiry is a time of the broker's: let it pass
+        again = Collector()
+        device = transport(mosquitto.url, "dev-x")
+        await device.subscribe("cmd/dev-x", again)
+        await connected(device)
+        await again.wait_for(lambda ms: b"kept" in [m.payload for m in ms])
+        assert again.payloads == [b"kept"]
+        await device.stop()
+    finally:
+        await pub.stop()
