@@ -276,8 +276,9 @@ def _publisher(port: int, devices: range, seconds: float, rate: float, ready: ob
 
     Before `go` it encodes `rounds` of heartbeats for every device of `devices`: a real
     `Envelope` of kind heartbeat (id, sender, seq) around a real `Heartbeat` with a psutil-shaped
-    `SystemSample`, on the device's own `up` topic, with a ResponseTopic property (nobody
-    listens there: the leader answers every envelope and the broker drops the answers). QoS 0 is
+    `SystemSample`, on the device's own `up` topic, with the device's own reply topic as its
+    ResponseTopic (the only one the leader answers on; nobody listens there: the leader answers
+    every envelope and the broker drops the answers). QoS 0 is
     the cheapest load for the broker and for this process; the leader's side is the same work as
     for a real worker's QoS 1 heartbeat, except that it sends no PUBACK. During the window it
     only writes those bytes in batches paced to `rate` messages/s (the kernel's socket buffer
@@ -287,13 +288,13 @@ def _publisher(port: int, devices: range, seconds: float, rate: float, ready: ob
     from agent.protocol import Heartbeat, SystemSample, encode_message
     from agent.transport import topics
 
-    props = b"\x08" + _mqtt_string("bench/replies")  # 0x08 ResponseTopic
     per_round = max(1, len(devices))
     rounds = max(1, int(rate * seconds / per_round) + 2)
     packets: list[bytes] = []
     for seq in range(1, rounds + 1):
         for d in devices:
             device = f"dev-{d:05d}"
+            props = b"\x08" + _mqtt_string(topics.reply("bench", device, "relay"))  # 0x08 ResponseTopic
             sample = SystemSample(cpu_percent=12.5, mem_total_bytes=1 << 30, mem_available_bytes=600 << 20,
                                   mem_percent=41.0, disk_total_bytes=32 << 30, disk_free_bytes=20 << 30,
                                   disk_percent=37.5, load_1m=0.4, load_5m=0.3, load_15m=0.2,
