@@ -123,11 +123,6 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
         if housekeeper is not None:
             runtime.add_collector("housekeeping", snapshot_collector(
                 "ea_housekeeping", housekeeper.metrics, counters=("pruned", "rounds", "errors"), label="table"))
-        if not leader:
-            device = cast("WorkerAgent", agent)
-            # 1 after a damaged worker.db was moved aside at this start (its job ledger was lost)
-            runtime.add_collector("worker", snapshot_collector(
-                "ea_worker", lambda: {"state_recovered": 1 if device.recovered_from else 0}, label="state"))
         if leader:
             gateway = cast("LeaderAgent", agent)  # a worker never imports agent.leader
             runtime.add_collector("jobs", snapshot_collector("ea_jobs", gateway.jobs_queue.stats))
@@ -135,6 +130,11 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
                 "leader", snapshot_collector("ea_leader", lambda: {
                     "busy_answers": gateway.busy_answers, "refused_forged": gateway.refused_forged,
                     "rejects": gateway.rejects.count}, label="counter"))
+        else:
+            device = cast("WorkerAgent", agent)
+            # 1 after a damaged worker.db was moved aside at this start (its job ledger was lost)
+            runtime.add_collector("worker", snapshot_collector(
+                "ea_worker", lambda: {"state_recovered": 1 if device.recovered_from else 0}, label="state"))
         await agent.start()
         runtime.ready(f"{config.agent.role} {config.agent.device_id} running")
         log.info("agent started", extra={"kv": {"role": config.agent.role, "device": config.agent.device_id,

@@ -164,11 +164,11 @@ class LeaderAgent:
         self.register_route(KIND_JOB_SUBMIT, JobSubmit, self._job_submit)
         for kind, type_ in ((KIND_JOB_RESULT, JobResult), (KIND_JOB_DEMAND, JobDemand)):
             self.register_route(kind, type_, self._durable)
-        self._operators = frozenset(config.leader.operators)
+        lc = config.leader
+        self._operators = frozenset(lc.operators)
         # One line per device and kind (or topic) per minute, with the count of the rest: a
         # device sending junk must not flood the journal.
         self._reject_log = RateLimitedLog(log, clock, REJECT_LOG_INTERVAL_S)
-        lc = config.leader
         self.rates = DeviceRates(clock, rate_per_s=lc.device_rate_per_s, burst=lc.device_burst) \
             if lc.device_rate_per_s > 0 else None
 
@@ -321,9 +321,8 @@ class LeaderAgent:
 
     def _heartbeat_refused(self, hb: Heartbeat, reason: str) -> None:
         """A heartbeat already answered `accepted` that the registry could not store."""
-        self._record_reject(topic=topics.up(self.fleet, hb.device_id) if _topic_safe(hb.device_id) else "?",
-                            reason=f"heartbeat {hb.seq} not stored: {reason}", payload=b"", sender=hb.device_id,
-                            kind="heartbeat")
+        self._record_reject(topic=self._up_topic(hb.device_id), reason=f"heartbeat {hb.seq} not stored: {reason}",
+                            payload=b"", sender=hb.device_id, kind="heartbeat")
 
     async def _telemetry(self, env: Envelope, message: msgspec.Struct) -> Reply:
         assert isinstance(message, Telemetry)
@@ -364,8 +363,8 @@ class LeaderAgent:
 
     def _refuse(self, env: Envelope, reason: str) -> Reply:
         self._reject_log.warning(f"{env.sender}:{env.kind}", f"refused {env.kind} {env.id} from {env.sender}: {reason}")
-        self._record_reject(topic=topics.up(self.fleet, env.sender) if _topic_safe(env.sender) else "?",
-                            reason=reason, payload=env.payload, sender=env.sender, msg_id=env.id, kind=env.kind)
+        self._record_reject(topic=self._up_topic(env.sender), reason=reason, payload=env.payload, sender=env.sender,
+                            msg_id=env.id, kind=env.kind)
         return Reply(id=env.id, status="rejected", reason=reason)
 
     def _on_rejected(self, reason: str, payload: bytes, topic: str) -> None:
@@ -373,6 +372,10 @@ class LeaderAgent:
         sender not matching the topic)."""
         self._reject_log.warning(topic, f"refused message on {topic}: {reason}")
         self._record_reject(topic=topic, reason=reason, payload=payload, sender=topics.device_of(topic))
+
+    def _up_topic(self, device: str) -> str:
+        """The up topic a refused message of `device` came on, for the rejects table."""
+        return topics.up(self.fleet, device) if _topic_safe(device) else "?"
 
     def _record_reject(self, *, topic: str, reason: str, payload: bytes, sender: str | None,
                        msg_id: str | None = None, kind: str | None = None) -> None:

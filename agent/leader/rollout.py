@@ -9,9 +9,9 @@
                          ◄── controls written by `edge-agent rollout ...` into leader.db
 
 `attach_rollout(leader, db_path=...)` after `leader.start()`; `await service.stop()` before
-`leader.stop()`. The service asks of the leader only what `RolloutHost` names.
-Controls written by the CLI are picked up on the orchestrator's tick (every `poll_s`, one
-indexed read); in-process callers use `service.orchestrator.control(...)`.
+`leader.stop()`. The service asks of the leader only what `RolloutHost` names. Controls
+written by the CLI are picked up on the orchestrator's tick (every `poll_s`, one indexed read);
+in-process callers use `service.orchestrator.control(...)`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -32,6 +32,7 @@ from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
 from agent.core.errors import EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
+from agent.leader.agent import LEADER_DB, Route
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
@@ -90,9 +91,6 @@ class _Devices(Protocol):
 
 class _Offers(Protocol):
     async def enqueue_many(self, msgs: Sequence[OutboxMessage], /) -> object: ...
-
-
-Route = Callable[[Envelope, msgspec.Struct], Awaitable[Reply]]
 
 
 class RolloutHost(Protocol):
@@ -243,8 +241,6 @@ async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = No
                          poll_s: float = 2.0) -> RolloutService:
     """Open the rollout tables in the leader's database and start the rollout service."""
     if db_path is None:
-        from agent.leader.agent import LEADER_DB
-
         db_path = Path(leader.config.agent.data_dir) / LEADER_DB
     store = RolloutStore.open(db_path, clock=leader.clock)
     service = RolloutService(leader, store, poll_s=poll_s)

@@ -4,11 +4,11 @@ Only the transport (a `MemoryBroker`, or a real broker with `--broker`) and the 
 by default) are swapped; with `firmware` the leader runs the rollout service and every device
 the real updater, with its installer, health check and reboot simulated (`agent.sim.devices`).
 
-Simulated devices keep their outboxes in a few shared SQLite files: each file holds the rows
-of many devices (the row's `owner`), and one relay per file drains it,
-handing each row to its owner's `EnvelopeSender`, so it travels over that device's own
-connection. A device whose uplink is down answers `Transient` and its row backs off; the file's
-relay holds everything while the whole broker is down. Job ledgers are shared per file too.
+Simulated devices keep their outboxes in a few shared SQLite files: each file holds the rows of
+many devices (the row's `owner`), and one relay per file drains it, handing each row to its
+owner's `EnvelopeSender`, so it travels over that device's own connection. A device whose uplink
+is down answers `Transient` and its row backs off; the file's relay holds everything while the
+whole broker is down. Job ledgers are shared per file too.
 """
 
 from __future__ import annotations

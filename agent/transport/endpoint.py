@@ -56,13 +56,6 @@ REPLY_WAIT_S = 10.0
 LOG_INTERVAL_S = 60.0  # per-message problems: one line per kind per interval, the rest at DEBUG
 
 
-def _own_reply_topic(response_topic: str, up_topic: str) -> bool:
-    """Whether `response_topic` is a reply topic of the device and fleet of `up_topic`."""
-    reply, up = topics.parse(response_topic), topics.parse(up_topic)
-    return (reply is not None and up is not None and reply.channel == "reply"
-            and reply.fleet == up.fleet and reply.device == up.device)
-
-
 def envelope_from_row(row: OutboxRow) -> Envelope:
     """The wire envelope for an outbox row (its id, owner as sender, remaining ttl)."""
     ttl_ms = None
@@ -100,7 +93,8 @@ class EnvelopeSender:
     With `per_receiver=True` (the leader, sending to many devices) each envelope asks for its
     reply on `{reply_topic}/{receiver}`, the one sub-topic of the reply topic the broker's ACL
     lets that receiver write, and a reply arriving on another receiver's sub-topic is ignored
-    (counted in `foreign_replies`): one device cannot answer for another."""
+    (counted in `foreign_replies`): one device cannot answer for another. Every exit of
+    `deliver` after `_receiver_of` is set goes through the `finally` that drops it."""
 
     def __init__(self, transport: Transport, *, clock: Clock, reply_topic: str, timeout_s: float = 10.0,
                  per_receiver: bool = False) -> None:
@@ -175,16 +169,6 @@ class EnvelopeSender:
         correlation = envelope.id.encode("utf-8")
         if correlation in self._pending:
             raise Transient(f"envelope {envelope.id} is already in flight")
-        reply_topic = self._reply_topic
-        if self._per_receiver:
-            reply_topic = f"{reply_topic}/{envelope.receiver}"
-            try:
-                topics.validate_topic(reply_topic)
-            except topics.TopicError as exc:
-                self.stats.rejected += 1
-                raise Permanent(f"envelope {envelope.id}: no reply topic for receiver {envelope.receiver!r}: {exc}"
-                                ) from None
-            self._receiver_of[correlation] = envelope.receiver
         expiry_s: int | None = None
         if envelope.ttl_ms:  # what the broker may hold for an offline receiver: no stale command
             left_ms = envelope.ts_ms + envelope.ttl_ms - self._clock.now_ms()
@@ -192,6 +176,15 @@ class EnvelopeSender:
                 self.stats.rejected += 1
                 raise Permanent(f"envelope {envelope.id} expired before it was sent")
             expiry_s = min(2**32 - 1, -(-left_ms // 1000))
+        reply_topic = self._reply_topic
+        if self._per_receiver:
+            try:
+                reply_topic = topics.reply_from(reply_topic, envelope.receiver)
+            except topics.TopicError as exc:
+                self.stats.rejected += 1
+                raise Permanent(f"envelope {envelope.id}: no reply topic for receiver {envelope.receiver!r}: {exc}"
+                                ) from None
+            self._receiver_of[correlation] = envelope.receiver
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._pending[correlation] = future
         try:
@@ -375,7 +368,7 @@ class EnvelopeInbox:
         payload = message.payload
         if self._sender_check and message.response_topic is not None:
             device = self._up_device(message.topic)
-            if device is not None and not _own_reply_topic(message.response_topic, message.topic):
+            if device is not None and not topics.is_own_reply_topic(message.response_topic, message.topic):
                 # Answering would publish where the sender may not (another device's topics).
                 reason = f"response topic {message.response_topic!r} is not a reply topic of device {device!r}"
                 self._log_limited(logging.WARNING, "reply-topic", f"refused a message on {message.topic}: {reason}")

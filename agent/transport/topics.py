@@ -56,6 +56,21 @@ def reply(fleet: str, device: str, name: str = "relay") -> str:
     return f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/reply/{_segment('reply name', name)}"
 
 
+def reply_from(reply_topic: str, receiver: str) -> str:
+    """The sub-topic of `reply_topic` on which `receiver` answers (the leader's per-device
+    replies: the ACL lets each device write only its own)."""
+    return f"{reply_topic}/{_segment('receiver', receiver)}"
+
+
+def is_own_reply_topic(response_topic: str, up_topic: str) -> bool:
+    """Whether `response_topic` is a reply topic of the device (and fleet) whose `up` topic is
+    `up_topic`: `ea/v1/{fleet}/{device}/reply/...`. String work only (on the intake's path)."""
+    if not up_topic.endswith("/up"):
+        return False
+    prefix = up_topic[:-2] + "reply/"
+    return len(response_topic) > len(prefix) and response_topic.startswith(prefix)
+
+
 def fleet_filter(fleet: str, channel: Channel) -> str:
     """Every device's `channel` in the fleet, e.g. `ea/v1/f/+/presence`."""
     return f"{PREFIX}/{_segment('fleet', fleet)}/+/{channel}"
@@ -162,12 +177,14 @@ __all__ = [
     "device_of",
     "down",
     "fleet_filter",
+    "is_own_reply_topic",
     "is_wildcard",
     "leaders_up",
     "matches",
     "parse",
     "presence",
     "reply",
+    "reply_from",
     "split_shared",
     "up",
     "validate_filter",

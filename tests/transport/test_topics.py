@@ -84,3 +84,15 @@ def test_wildcard_filters_built_from_a_topic_match_it(levels: list[str], data: s
         flt = flt[:cut] + ["#"]
     assert topics.matches("/".join(flt), topic)
     assert topics.matches("/".join(levels) + "/x", topic) is False
+
+
+def test_a_devices_own_reply_topic_and_its_answer_sub_topic() -> None:
+    up = topics.up("f1", "dev-1")
+    assert topics.is_own_reply_topic(topics.reply("f1", "dev-1", "relay"), up)
+    for other in (topics.reply("f1", "dev-2", "relay"), topics.reply("f2", "dev-1", "relay"),
+                  topics.down("f1", "dev-1"), "ea/v1/f1/dev-1/reply/", "rogue/replies"):
+        assert not topics.is_own_reply_topic(other, up)
+    assert not topics.is_own_reply_topic(topics.reply("f1", "dev-1"), topics.down("f1", "dev-1"))
+    assert topics.reply_from(topics.reply("f1", "gw"), "dev-1") == "ea/v1/f1/gw/reply/relay/dev-1"
+    with pytest.raises(topics.TopicError):
+        topics.reply_from(topics.reply("f1", "gw"), "a/b")
