@@ -113,6 +113,10 @@ class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     # `device_burst`) its messages are answered busy, and its relay backs off. 0: no limit.
     device_rate_per_s: NonNegativeFloat = 1000.0
     device_burst: Positive = 2000
+    # Empty: this leader subscribes to every device's uplink itself. A group name: it joins the
+    # MQTT shared subscription `$share/{group}/...` with the other leaders of the fleet, which is
+    # safe only on a broker that checks subscriptions (see docs/service.md, "Several leaders").
+    shared_group: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")] = ""
 
 
 class JobsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -1,7 +1,7 @@
 """The leader agent: what runs on the gateway.
 
     LeaderAgent
-    ├── EnvelopeInbox on $share/leaders/ea/v1/{fleet}/+/up (sender checked against the topic)
+    ├── EnvelopeInbox on ea/v1/{fleet}/+/up, or $share/{group}/... with other leaders (sender checked)
     │   ├── heartbeat ──► HeartbeatIntake   (bounded, one slot per device, own pace)
     │   └── telemetry, job demand/result/submit ──► LeaderActor (bounded, answered after commit)
     │   full mailbox: `busy(retry_after_ms)`; undecodable, forged, oversized: `rejected` + RejectLog
@@ -84,7 +84,6 @@ class LeaderOptions(TypedDict, total=False):
 
     owns_stores: bool
     rng: random.Random | None
-    shared: bool
     intake_batch_max: int
     inbox_concurrency: int
     housekeeping: bool | None
@@ -103,7 +102,6 @@ class LeaderAgent:
         rejects: RejectLog,
         owns_stores: bool = True,
         rng: random.Random | None = None,
-        shared: bool = True,
         intake_batch_max: int = 512,
         inbox_concurrency: int = 128,
         housekeeping: bool | None = None,
@@ -134,7 +132,7 @@ class LeaderAgent:
             partitions=config.relay.partitions, retry=retry_policy(config), limits=aimd_settings(config),
             rng=self._rng, reconnect_jitter_s=config.relay.reconnect_jitter_s, name=f"relay:{self.device_id}",
         )
-        up_filter = topics.leaders_up(self.fleet) if shared else topics.fleet_filter(self.fleet, "up")
+        up_filter = topics.leader_up_filter(self.fleet, config.leader.shared_group)
         self.inbox = EnvelopeInbox(
             transport, topic_filter=up_filter, handler=self._on_up, on_rejected=self._on_rejected,
             sender_check=True, concurrency=inbox_concurrency, clock=clock,

@@ -293,7 +293,7 @@ class EnvelopeInbox:
             raise ValueError("reply_qos must be 0 or 1")
         topics.validate_filter(topic_filter)
         self._transport = transport
-        self._filter = topic_filter
+        self.topic_filter = topic_filter
         self._handler = handler
         self._max_payload = max_payload_bytes or transport.max_payload_bytes
         self._on_rejected = on_rejected
@@ -317,20 +317,20 @@ class EnvelopeInbox:
             self._queue = asyncio.Queue(maxsize=self._concurrency * 4)
             loop = asyncio.get_running_loop()
             self._workers = [
-                loop.create_task(self._worker(), name=f"inbox:{self._filter}:{i}") for i in range(self._concurrency)
+                loop.create_task(self._worker(), name=f"inbox:{self.topic_filter}:{i}") for i in range(self._concurrency)
             ]
-            await self._transport.subscribe(self._filter, self._enqueue)
+            await self._transport.subscribe(self.topic_filter, self._enqueue)
         else:
-            await self._transport.subscribe(self._filter, self.handle)
+            await self._transport.subscribe(self.topic_filter, self.handle)
 
     async def stop(self) -> None:
         if not self._started:
             return
         self._started = False
         try:
-            await self._transport.unsubscribe(self._filter)
+            await self._transport.unsubscribe(self.topic_filter)
         except TransportError as exc:
-            log.debug("inbox %r not unsubscribed: %s", self._filter, exc)
+            log.debug("inbox %r not unsubscribed: %s", self.topic_filter, exc)
         workers, self._workers = self._workers, []
         for task in workers:
             task.cancel()

@@ -81,6 +81,15 @@ def leaders_up(fleet: str, group: str = DEFAULT_LEADER_GROUP) -> str:
     return f"{SHARE_PREFIX}{_segment('group', group)}/{fleet_filter(fleet, 'up')}"
 
 
+def leader_up_filter(fleet: str, shared_group: str) -> str:
+    """What a leader subscribes to: every device's uplink, or its group's shared subscription.
+
+    A lone leader never uses a shared subscription: on a broker whose ACLs do not check
+    subscriptions (mosquitto 2.0's `acl_file`), any device could join the group and be handed a
+    share of the uplinks, which the broker then drops for lack of read access."""
+    return leaders_up(fleet, shared_group) if shared_group else fleet_filter(fleet, "up")
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedTopic:
     fleet: str
@@ -179,6 +188,7 @@ __all__ = [
     "fleet_filter",
     "is_own_reply_topic",
     "is_wildcard",
+    "leader_up_filter",
     "leaders_up",
     "matches",
     "parse",

@@ -162,8 +162,10 @@ async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
 async def test_two_leaders_split_the_fleet_and_one_dies(
     clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
 ) -> None:
-    gw1 = await leader(clock, tmp_path, broker=broker, name="gw1")
-    gw2 = await leader(clock, tmp_path, broker=broker, name="gw2")
+    group = {"shared_group": "leaders"}
+    gw1 = await leader(clock, tmp_path, broker=broker, name="gw1", leader=group)
+    gw2 = await leader(clock, tmp_path, broker=broker, name="gw2", leader=group)
+    assert gw1.inbox.topic_filter == "$share/leaders/ea/v1/t/+/up"
     workers = [await worker(clock, tmp_path, f"w{i}", broker=broker) for i in range(6)]
     try:
         sent = 0

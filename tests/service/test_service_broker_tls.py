@@ -20,7 +20,7 @@ from svc_broker import ExampleBroker, Pki, make_pki, render_example
 
 from agent.core.clock import SystemClock
 from agent.core.codec import Envelope, Reply, encode
-from agent.core.config import MqttSection
+from agent.core.config import LeaderSection, MqttSection
 from agent.core.errors import Permanent
 from agent.service.files import read_secret
 from agent.transport import topics
@@ -115,6 +115,32 @@ async def test_a_device_cannot_publish_as_another_device(
         ]
     finally:
         await device.stop()
+        await leader.stop()
+
+
+async def test_a_device_joining_the_leaders_shared_subscription_takes_nothing(
+    broker: ExampleBroker, pki: Pki, tmp_path: Path
+) -> None:
+    """Mosquitto 2.0's acl_file does not check subscriptions, so pi-0002 may join any shared
+    subscription; a lone leader subscribes without one, so the group it joins is its own."""
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    rogue = await connect(broker, pki, tmp_path, "pi-0002")
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    try:
+        inbox, stolen = Inbox(), Inbox()
+        await leader.subscribe(topics.leader_up_filter(FLEET, LeaderSection().shared_group), inbox.handler)
+        for grab in (topics.leaders_up(FLEET), f"$share/leaders/ea/v1/{FLEET}/#", f"ea/v1/{FLEET}/+/up"):
+            await rogue.subscribe(grab, stolen.handler)
+        sent = [f"heartbeat {i}".encode() for i in range(20)]
+        for payload in sent:
+            await device.publish(f"ea/v1/{FLEET}/pi-0001/up", payload)
+        await rogue.publish(f"ea/v1/{FLEET}/pi-0002/up", b"rogue marker")
+        await inbox.wait_for(b"rogue marker")  # delivered after all of pi-0001's, to the rogue too
+        assert [payload for _, payload in inbox.messages] == [*sent, b"rogue marker"]
+        assert stolen.messages == []
+    finally:
+        await device.stop()
+        await rogue.stop()
         await leader.stop()
 
 
