@@ -7,7 +7,8 @@
     await agent.stop()   # stop taking work, flush the outbox, close the databases
 
 The transport carries the agent's presence: a retained `online` birth message when it connects
-and a retained `offline` last will the broker publishes if the agent dies without a goodbye.
+and a retained `offline` last will the broker publishes if the agent dies without a goodbye,
+both naming this start's session (`agent.transport.presence`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError
 from agent.transport import topics
 from agent.transport.base import Transport, Will
+from agent.transport.presence import encode_presence
 
 if TYPE_CHECKING:  # each role imports only its own agent: a worker never loads the leader's modules
     from agent.leader.agent import LeaderAgent
@@ -37,11 +39,13 @@ class Agent(Protocol):
     async def stop(self) -> None: ...
 
 
-def presence_wills(config: AgentConfig) -> tuple[Will, Will]:
-    """(last will, birth) of this agent: retained `offline` / `online` on its presence topic."""
+def presence_wills(config: AgentConfig, *, session: str, since_ms: int) -> tuple[Will, Will]:
+    """(last will, birth) of this start of the agent: retained `offline` / `online` of one
+    session on its presence topic (`agent.transport.presence`)."""
     topic = topics.presence(config.agent.fleet, config.agent.device_id)
-    will = Will(topic, topics.OFFLINE, qos=1, retain=True, delay_s=config.mqtt.will_delay_s)
-    return will, Will(topic, topics.ONLINE, qos=1, retain=True)
+    will = Will(topic, encode_presence(False, session, since_ms), qos=1, retain=True,
+                delay_s=config.mqtt.will_delay_s)
+    return will, Will(topic, encode_presence(True, session, since_ms), qos=1, retain=True)
 
 
 def client_id_of(config: AgentConfig) -> str:
@@ -59,7 +63,8 @@ def make_transport(
     """The transport the config (or `broker_url`) names: `mqtt://`, `mqtts://` or, with a
     `memory_broker`, `memory://`."""
     url = broker_url or config.mqtt.url
-    will, birth = presence_wills(config)
+    session = f"{(rng or random.SystemRandom()).getrandbits(64):016x}"
+    will, birth = presence_wills(config, session=session, since_ms=clock.now_ms())
     if url.startswith("memory://") or memory_broker is not None:
         if memory_broker is None:
             raise ConfigError("--broker", "mqtt.url", "memory:// works only inside one process (simulate)")

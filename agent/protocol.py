@@ -108,6 +108,9 @@ class Presence(_Message, kw_only=True, frozen=True):
     device_id: DeviceId
     status: Literal["online", "offline"]
     ts_ms: TimestampMs = 0
+    # The session the birth or will belongs to ("" from an agent before sessions): a will of
+    # another session than the device's current one is a late one and changes nothing.
+    session: Annotated[str, msgspec.Meta(max_length=32)] = ""
 
 
 class JobSubmit(_Message, kw_only=True, frozen=True):

@@ -47,6 +47,7 @@ class ActorCell:
         capacity: int,
         policy: MailboxPolicy,
         restart: RestartPolicy | None,
+        stall_s: float | None = None,
     ) -> None:
         if isinstance(actor, Actor):
             self._factory: ActorFactory | None = None
@@ -71,6 +72,8 @@ class ActorCell:
         self.restarts = 0
         self._stopping = False
         self._in_flight: object | None = None
+        self.stall_s = stall_s
+        self._busy_since = 0.0  # clock.monotonic() when the message in flight began
         self._interrupted: list[object] = []
         self._wakeup: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
@@ -79,6 +82,13 @@ class ActorCell:
     def _on_discard(self, item: object, reason: DiscardReason) -> None:
         if isinstance(item, Ask) and not item.future.done():
             item.future.set_exception(MailboxFull(self.name, self.mailbox.retry_after_ms()))
+
+    def stalled_for(self) -> float | None:
+        """Seconds the message in flight has been in `receive()`, if beyond `stall_s`."""
+        if self.stall_s is None or self._in_flight is None or self._stopping:
+            return None
+        busy = self.clock.monotonic() - self._busy_since
+        return busy if busy > self.stall_s else None
 
     # -- lifecycle driven by the system ------------------------------------------------------
     def start(self) -> None:
@@ -142,6 +152,8 @@ class ActorCell:
                 item = mailbox.get_nowait()
             burst += 1
             self._in_flight = item
+            if self.stall_s is not None:
+                self._busy_since = self.clock.monotonic()
             if type(item) is Ask:
                 message, future = item.message, item.future
             else:

@@ -35,6 +35,7 @@ class ActorSystem:
 
     Actors spawned before `start()` queue messages and begin processing at `start()`.
     `failures` lists the actors the supervisor gave up on; `on_failure` is also called for each.
+    `problem()` also names an actor stuck on one message beyond the `stall_s` it was spawned with.
     """
 
     def __init__(
@@ -113,12 +114,17 @@ class ActorSystem:
         capacity: int = 256,
         policy: MailboxPolicy = "reject",
         restart: RestartPolicy | None = _DEFAULT_RESTART,
+        stall_s: float | None = None,
     ) -> ActorRef:
         """Create an actor from an instance or a zero-argument factory.
 
         An instance is restarted in place (`on_stop`, then `on_start` again); a factory is
         called again on every restart. `restart=None` stops the actor at its first failure.
+        `stall_s`: an actor still in `receive()` of one message after this long is stuck
+        (`problem()` says so); None for an actor whose messages may legitimately take hours.
         """
+        if stall_s is not None and not (stall_s > 0 and math.isfinite(stall_s)):
+            raise ValueError(f"spawn {name!r}: stall_s must be a finite number > 0, got {stall_s!r}")
         if self._stopped:
             raise ActorStopped(f"actor system {self.name!r} is stopped")
         if not isinstance(name, str) or not name:
@@ -133,6 +139,7 @@ class ActorSystem:
             capacity=capacity,
             policy=policy,
             restart=restart,
+            stall_s=stall_s,
         )
         self._cells[name] = cell
         if self._started:
@@ -142,6 +149,18 @@ class ActorSystem:
     def lookup(self, name: str) -> ActorRef | None:
         cell = self._cells.get(name)
         return cell.ref if cell is not None else None
+
+    def problem(self) -> str | None:
+        """Why this system cannot do its work, or None: an actor the supervisor gave up on, or
+        one stuck on a message beyond its `stall_s`. The service's liveness check."""
+        if self.failures:
+            failure = self.failures[0]
+            return f"actor {failure.name!r} stopped after {failure.restarts} restarts: {failure.error!r}"
+        for cell in self._cells.values():
+            stuck = cell.stalled_for()
+            if stuck is not None:
+                return f"actor {cell.name!r} stuck on one message for {stuck:.0f}s (stall_s {cell.stall_s:g})"
+        return None
 
     def statistics(self) -> list[MailboxStatistics]:
         return [cell.mailbox.statistics() for cell in self._cells.values()]

@@ -108,8 +108,7 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
         # Shutdown steps run in order: stop taking work, relay, transport, flush + close stores.
         runtime.shutdown.add(f"stop {config.agent.role}", agent.stop)
         system = agent.system
-        runtime.add_liveness("actors", lambda: not system.failures, up="all actors running",
-                             down="an actor stopped after its restarts (see the log)")
+        runtime.add_liveness("actors", system.problem, up="all actors running")
         runtime.add_check("transport", gate_check(transport.connected))
         runtime.add_check("database", sqlite_writable_check(outbox_path, clock=clock))
         runtime.add_check("disk", disk_space_check(base))

@@ -68,6 +68,9 @@ class MqttSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tru
 class MailboxSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     capacity: Positive = 256
     policy: MailboxPolicy = "reject"
+    # An actor still on one message after this long is stuck: /healthz fails and the watchdog
+    # pings stop, so systemd restarts the agent (actors that may wait hours, as the updater, are exempt).
+    stall_s: PositiveFloat = 300.0
 
 
 class OutboxClassSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -113,6 +116,9 @@ class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     # `device_burst`) its messages are answered busy, and its relay backs off. 0: no limit.
     device_rate_per_s: NonNegativeFloat = 1000.0
     device_burst: Positive = 2000
+    # What the leader keeps per device: the last value of at most this many telemetry names (a
+    # record of a further name is refused; the device's outbox dead-letters it).
+    telemetry_names_max: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 256
     # Empty: this leader subscribes to every device's uplink itself. A group name: it joins the
     # MQTT shared subscription `$share/{group}/...` with the other leaders of the fleet, which is
     # safe only on a broker that checks subscriptions (see docs/service.md, "Several leaders").

@@ -17,6 +17,7 @@
     │   ├── OutboxFull                       a message class is at its size cap (policy reject)
     │   ├── StoreClosed                      the store was closed by us
     │   └── UnstorableValue                  one message holds a value SQLite cannot store
+    │       └── DeviceLimitReached           one device reached a cap on its kept state
     ├── RolloutError                         a rollout spec or control is invalid
     └── ArtifactError                        a firmware artifact is refused
         ├── BadSignature
@@ -114,6 +115,11 @@ class UnstorableValue(StoreError):
     message is refused; the database itself is fine and every other message goes on."""
 
 
+class DeviceLimitReached(UnstorableValue):
+    """One device reached a cap on what the leader keeps for it (its telemetry names): the
+    message that would go beyond is refused, and what is already kept stays."""
+
+
 class RolloutError(EdgeAgentError):
     """A rollout spec or a rollout control is invalid."""
 
@@ -140,6 +146,7 @@ __all__ = [
     "ConfigError",
     "ConnectionLost",
     "DeliveryError",
+    "DeviceLimitReached",
     "Downgrade",
     "EdgeAgentError",
     "MailboxFull",

@@ -199,7 +199,7 @@ class LeaderActor(Actor):
         if telemetry:
             new: Sequence[bool | StoreError]
             try:
-                new = self._registry.apply_telemetry_batch(telemetry)
+                new = self._registry.apply_telemetry_batch(telemetry)  # a refused record: its error
             except UnstorableValue:  # one record cannot be stored: each alone, it fails alone
                 new = [self._telemetry_alone(item) for item in telemetry]
             except StoreError as exc:
@@ -231,7 +231,7 @@ class LeaderActor(Actor):
 
     def _telemetry_alone(self, item: tuple[str, Telemetry]) -> bool | StoreError:
         try:
-            return self._registry.apply_telemetry_batch([item])[0]
+            return self._registry.apply_telemetry(*item)
         except StoreError as exc:
             return exc
 
@@ -251,8 +251,8 @@ class LeaderActor(Actor):
             return self._jobs.submit(msg).outcome == "stored"
         if isinstance(msg, Presence):
             self.stats.presence += 1
-            changed = self._registry.apply_presence(msg.device_id, msg.status == "online")
-            if msg.status == "offline":
+            changed = self._registry.apply_presence(msg.device_id, msg.status == "online", session=msg.session)
+            if msg.status == "offline" and changed:
                 self.lose_workers([msg.device_id], "presence")
             return changed
         raise StoreError(f"the leader does not apply {type(msg).__name__} messages")

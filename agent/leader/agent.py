@@ -65,6 +65,7 @@ from agent.protocol import (
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
+from agent.transport.presence import PresenceFormatError, decode_presence
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,8 @@ class LeaderAgent:
         elif (problem := damage_report(db)) is not None:
             raise StoreError(f"{db} is damaged ({problem}): start once with `edge-agent run --recover` to move it"
                              " aside and start with an empty registry, job queue and rollout history")
-        registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s)
+        registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s,
+                                       telemetry_names_max=config.leader.telemetry_names_max)
         jobs = rejects = None
         try:
             jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max)
@@ -215,11 +217,13 @@ class LeaderAgent:
             self.registry, process_interval_s=cfg.leader.process_interval_s, batch_max=self._batch_max,
             on_refused=self._heartbeat_refused)
         self.intake = self.system.spawn(
-            self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject")
+            self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject",
+            stall_s=cfg.mailbox.stall_s)
         self._leader_actor = LeaderActor(self.registry, self.jobs_queue, dispatch=self._send_offers,
                                          batch_max=self._batch_max)
         self.leader = self.system.spawn(
-            self._leader_actor, name="leader", capacity=cfg.mailbox.capacity, policy="reject")
+            self._leader_actor, name="leader", capacity=cfg.mailbox.capacity, policy="reject",
+            stall_s=cfg.mailbox.stall_s)
         await self.sender.start()
         await self.inbox.start()
         await self.transport.subscribe(topics.fleet_filter(self.fleet, "presence"), self._on_presence)
@@ -387,12 +391,13 @@ class LeaderAgent:
         if device is None or device == self.device_id:
             return
         payload = bytes(message.payload)
-        if payload not in (topics.ONLINE, topics.OFFLINE):
-            self._record_reject(topic=message.topic, reason="presence must be online or offline",
-                                payload=payload, sender=device)
+        try:
+            state = decode_presence(payload)
+        except PresenceFormatError as exc:
+            self._record_reject(topic=message.topic, reason=str(exc), payload=payload, sender=device)
             return
-        presence = Presence(device_id=device, status="online" if payload == topics.ONLINE else "offline",
-                            ts_ms=self.clock.now_ms())
+        presence = Presence(device_id=device, status="online" if state.online else "offline",
+                            ts_ms=self.clock.now_ms(), session=state.session)
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         for _ in range(20):
             try:

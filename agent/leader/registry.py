@@ -33,11 +33,13 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.codec import decode, encode
-from agent.core.errors import CodecError, StoreError
+from agent.core.errors import CodecError, DeviceLimitReached, StoreError
+from agent.core.ratelog import RateLimitedLog
 from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
 from agent.protocol import Heartbeat, SystemSample, Telemetry
 
 COMPONENT = "registry"
+TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refused
 
 log = logging.getLogger(__name__)
 _BOOTS_REMEMBERED = 1_000_000
@@ -90,7 +92,12 @@ def _v2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE devices ADD COLUMN boot TEXT NOT NULL DEFAULT ''")
 
 
-_MIGRATIONS = (_v1, _v2)
+def _v3(conn: sqlite3.Connection) -> None:
+    """The presence session of the newest birth (`agent.transport.presence`)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN presence_session TEXT NOT NULL DEFAULT ''")
+
+
+_MIGRATIONS = (_v1, _v2, _v3)
 
 _UPSERT_HEARTBEAT = """
 INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
@@ -174,11 +181,13 @@ class DeviceRegistry(SqliteStore):
     WHAT = "device registry"
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
-                 path: str) -> None:
+                 path: str, telemetry_names_max: int = TELEMETRY_NAMES_MAX) -> None:
         super().__init__(conn, path=path)
         self._clock = clock
+        self._names_max = telemetry_names_max
         self._deadline_ms = int(round(heartbeat_deadline_s * 1000))
         self._boots: dict[str, str] = {}  # device -> boot id last seen by this process
+        self._late_wills = RateLimitedLog(log, clock, 60.0)  # a device may publish its presence at will
 
     @classmethod
     def open(
@@ -188,6 +197,7 @@ class DeviceRegistry(SqliteStore):
         clock: Clock,
         heartbeat_deadline_s: float = 30.0,
         synchronous: Synchronous = "NORMAL",
+        telemetry_names_max: int = TELEMETRY_NAMES_MAX,
     ) -> DeviceRegistry:
         if heartbeat_deadline_s <= 0:
             raise ValueError("heartbeat_deadline_s must be > 0")
@@ -202,7 +212,8 @@ class DeviceRegistry(SqliteStore):
         except BaseException:
             close_quietly(conn)
             raise
-        return cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path))
+        return cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path),
+                   telemetry_names_max=telemetry_names_max)
 
     def _note_boot(self, hb: Heartbeat) -> None:
         """Log once when a device starts again under a new boot id (a restart, or a device whose
@@ -247,26 +258,38 @@ class DeviceRegistry(SqliteStore):
 
     def apply_telemetry(self, msg_id: str, record: Telemetry) -> bool:
         """Apply one telemetry record; False if `msg_id` was already processed."""
-        return self.apply_telemetry_batch([(msg_id, record)])[0]
+        outcome = self.apply_telemetry_batch([(msg_id, record)])[0]
+        if isinstance(outcome, DeviceLimitReached):
+            raise outcome
+        return outcome
 
-    def apply_telemetry_batch(self, batch: Sequence[tuple[str, Telemetry]]) -> list[bool]:
-        """Apply (message id, record) pairs in one transaction; per pair, whether it was new.
+    def apply_telemetry_batch(self, batch: Sequence[tuple[str, Telemetry]]) -> list[bool | DeviceLimitReached]:
+        """Apply (message id, record) pairs in one transaction; per pair, whether it was new, or
+        the refusal of a record whose name would go beyond the device's `telemetry_names_max`.
 
         A new record bumps the device's `telemetry_count` and replaces the last value of its
         `name` if its `seq` is higher than the stored one's.
         """
         self.check_open()
         now = self._clock.now_ms()
-        new: list[bool] = []
+        new: list[bool | DeviceLimitReached] = []
         with atomic(self._conn):
             for msg_id, record in batch:
                 new.append(self._apply_one_telemetry(msg_id, record, now))
         return new
 
-    def _apply_one_telemetry(self, msg_id: str, record: Telemetry, now: int) -> bool:
+    def _apply_one_telemetry(self, msg_id: str, record: Telemetry, now: int) -> bool | DeviceLimitReached:
+        execute = self._conn.execute
+        known = execute("SELECT 1 FROM telemetry_last WHERE device_id = ? AND name = ?",
+                        (record.device_id, record.name)).fetchone()
+        if known is None:
+            (names,) = execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
+                               (record.device_id,)).fetchone()
+            if names >= self._names_max:
+                return DeviceLimitReached(f"{record.device_id} already has {names} telemetry names"
+                                          f" (the leader's telemetry_names_max)")
         if not self._claim(msg_id, now):
             return False
-        execute = self._conn.execute
         execute(_ENSURE_DEVICE, (record.device_id, now, now))
         execute(
             "UPDATE devices SET telemetry_count = telemetry_count + 1 WHERE device_id = ?",
@@ -280,11 +303,14 @@ class DeviceRegistry(SqliteStore):
         )
         return True
 
-    def apply_presence(self, device_id: str, online: bool, *, msg_id: str | None = None) -> bool:
-        """Record a presence change. With `msg_id`, a redelivered message is ignored (False).
+    def apply_presence(self, device_id: str, online: bool, *, session: str = "", msg_id: str | None = None) -> bool:
+        """Record a presence change; False if it changed nothing. With `msg_id`, a redelivered
+        message is ignored.
 
-        `online` counts as being heard from (the heartbeat deadline restarts); `offline` (the
-        last will) marks the device offline at once.
+        `online` counts as being heard from (the heartbeat deadline restarts) and makes
+        `session` the device's current one; `offline` (the last will) marks the device offline
+        at once, unless it names another session than the current one: a late will of an
+        earlier session. A session of "" (an agent before sessions) always applies.
         """
         self.check_open()
         now = self._clock.now_ms()
@@ -295,17 +321,21 @@ class DeviceRegistry(SqliteStore):
             if online:
                 self._conn.execute(
                     "UPDATE devices SET last_seen_ms = ?, offline_reason = NULL,"
-                    " changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, online = 1"
-                    " WHERE device_id = ?",
-                    (now, now, device_id),
+                    " changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, online = 1,"
+                    " presence_session = ? WHERE device_id = ?",
+                    (now, now, session, device_id),
                 )
-            else:
-                self._conn.execute(
-                    "UPDATE devices SET offline_reason = 'presence',"
-                    " changed_ms = CASE WHEN online = 1 THEN ? ELSE changed_ms END, online = 0"
-                    " WHERE device_id = ?",
-                    (now, device_id),
-                )
+                return True
+            cur = self._conn.execute(
+                "UPDATE devices SET offline_reason = 'presence',"
+                " changed_ms = CASE WHEN online = 1 THEN ? ELSE changed_ms END, online = 0"
+                " WHERE device_id = ? AND (? = '' OR presence_session IN ('', ?))",
+                (now, device_id, session, session),
+            )
+        if cur.rowcount == 0:
+            self._late_wills.log(logging.INFO, device_id, f"a last will of an earlier session of {device_id} ignored",
+                                 session=session)
+            return False
         return True
 
     def _claim(self, msg_id: str, now: int) -> bool:

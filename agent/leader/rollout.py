@@ -160,7 +160,8 @@ class RolloutService:
         leader = self.leader
         self.intake = ReportIntake(self.orchestrator)
         self._intake_ref = leader.system.spawn(
-            self.intake, name="rollout-reports", capacity=self._report_capacity, policy="reject")
+            self.intake, name="rollout-reports", capacity=self._report_capacity, policy="reject",
+            stall_s=leader.config.mailbox.stall_s)
         leader.register_route(KIND_UPDATE_REPORT, UpdateReport, self._on_report)
         leader.register_route(KIND_CHUNK_REQUEST, ChunkRequest, self._on_chunk)
         self._task = asyncio.get_running_loop().create_task(self.orchestrator.run(), name="rollout-orchestrator")

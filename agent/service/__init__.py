@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         disk_space_check,
         gate_check,
         predicate_check,
+        problem_check,
         sqlite_writable_check,
         task_check,
     )
@@ -108,6 +109,7 @@ _LAZY = {
     "outbox_collector": "collectors",
     "parse_listen": "healthhttp",
     "predicate_check": "checks",
+    "problem_check": "checks",
     "process_collector": "collectors",
     "read_secret": "files",
     "relay_collector": "collectors",
@@ -157,6 +159,7 @@ __all__ = [
     "outbox_collector",
     "parse_listen",
     "predicate_check",
+    "problem_check",
     "process_collector",
     "read_secret",
     "relay_collector",

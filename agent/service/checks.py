@@ -37,6 +37,16 @@ def predicate_check(alive: Callable[[], bool], *, up: str = "alive", down: str =
     return check
 
 
+def problem_check(problem: Callable[[], str | None], *, up: str = "alive") -> Check:
+    """Healthy while `problem()` is None; otherwise failing with what it says."""
+
+    async def check() -> CheckResult:
+        found = problem()
+        return (True, up) if found is None else (False, found)
+
+    return check
+
+
 def task_check(task: Callable[[], asyncio.Task[object] | None] | asyncio.Task[object]) -> Check:
     """Healthy while the task (or the task a callable returns now) is still running."""
 
@@ -111,6 +121,7 @@ __all__ = [
     "disk_space_check",
     "gate_check",
     "predicate_check",
+    "problem_check",
     "sqlite_writable_check",
     "task_check",
 ]

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from agent.core.clock import Clock
-from agent.service.checks import Check, predicate_check
+from agent.service.checks import Check, problem_check
 from agent.service.collectors import process_collector
 from agent.service.healthhttp import HealthServer
 from agent.service.prom import Collector
@@ -69,11 +69,11 @@ class ServiceRuntime:
     def add_check(self, name: str, check: Check) -> None:
         self.health.add_check(name, check)
 
-    def add_liveness(self, name: str, alive: Callable[[], bool], *, up: str = "alive", down: str = "dead") -> None:
-        """A part whose death must restart the service: `/healthz` fails and the watchdog pings
-        stop while `alive()` is False, so systemd restarts the agent."""
-        self._liveness.append(alive)
-        self.health.add_check(name, predicate_check(alive, up=up, down=down))
+    def add_liveness(self, name: str, problem: Callable[[], str | None], *, up: str = "alive") -> None:
+        """A part whose death must restart the service: while `problem()` names one, `/healthz`
+        fails with it and the watchdog pings stop, so systemd restarts the agent."""
+        self._liveness.append(lambda: problem() is None)
+        self.health.add_check(name, problem_check(problem, up=up))
 
     def _alive(self) -> bool:
         return all(alive() for alive in self._liveness)

@@ -316,9 +316,8 @@ class EnvelopeInbox:
         if self._concurrency > 1:
             self._queue = asyncio.Queue(maxsize=self._concurrency * 4)
             loop = asyncio.get_running_loop()
-            self._workers = [
-                loop.create_task(self._worker(), name=f"inbox:{self.topic_filter}:{i}") for i in range(self._concurrency)
-            ]
+            name = f"inbox:{self.topic_filter}"
+            self._workers = [loop.create_task(self._worker(), name=f"{name}:{i}") for i in range(self._concurrency)]
             await self._transport.subscribe(self.topic_filter, self._enqueue)
         else:
             await self._transport.subscribe(self.topic_filter, self.handle)

@@ -2,9 +2,9 @@
 
     ea/v1/{fleet}/{device}/up              device -> leader
     ea/v1/{fleet}/{device}/down            leader -> device
-    ea/v1/{fleet}/{device}/presence        retained "online" / "offline" (the last will)
+    ea/v1/{fleet}/{device}/presence        retained "online|offline SESSION SINCE_MS" (birth, will)
     ea/v1/{fleet}/{device}/reply/{name}    replies (MQTT v5 response topic)
-    $share/leaders/ea/v1/{fleet}/+/up      the leaders' shared subscription
+    $share/leaders/ea/v1/{fleet}/+/up      several leaders' shared subscription
 
 Matching follows MQTT: `+` matches one level, `#` the rest (including the parent level), a
 `$share/{group}/` prefix is stripped before matching, and topics starting with `$` are never

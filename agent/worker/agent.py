@@ -260,7 +260,7 @@ class WorkerAgent:
         self.job_worker = JobWorker(
             device_id=self.device_id, window=window, ledger=self.ledger, outbox=self.outbox, link=self.link,
             ids=self.ids, handler=self._job_handler, reregister_s=self._reregister_s)
-        self.jobs = self.system.spawn(
+        self.jobs = self.system.spawn(  # no stall_s: a job runs as long as it takes
             self.job_worker, name="jobs", capacity=cfg.jobs.demand_window + 2, policy="reject",
         )
         self.register_command(KIND_JOB_OFFER, JobOffer, self.jobs)
@@ -269,13 +269,14 @@ class WorkerAgent:
             seq_base=self.incarnation * 1_000_000_000)
         self.telemetry = self.system.spawn(
             self.telemetry_actor, name="telemetry", capacity=cfg.mailbox.capacity, policy=cfg.mailbox.policy,
+            stall_s=cfg.mailbox.stall_s,
         )
         self.heartbeat_actor = HeartbeatActor(
             device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
             tags=tuple(cfg.agent.tags), sampler=self._sampler, boot=self.boot)
         self.heartbeat = self.system.spawn(
-            self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest",
+            self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )
         self.transport.connected.add_listener(self._on_connection)
         await self.sender.start()

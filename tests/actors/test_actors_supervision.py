@@ -248,3 +248,31 @@ async def test_an_actor_task_cancelled_from_outside_refuses_messages(clock: Virt
         await clock.settle()
         with pytest.raises(ActorStopped):
             ref.tell("anyone there?")
+
+
+class _Waits(Actor):
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def receive(self, message: object, ctx: Context) -> None:
+        await self.release.wait()
+
+
+async def test_only_an_actor_with_a_stall_deadline_is_ever_stuck(clock: VirtualClock) -> None:
+    system = ActorSystem(clock=clock)
+    patient, hurried = _Waits(), _Waits()
+    async with system:
+        system.spawn(patient, name="updater").tell("wait for the window")  # may wait hours
+        system.spawn(hurried, name="intake", stall_s=10.0).tell("commit")
+        await clock.advance(10.0)
+        assert system.problem() is None  # at its deadline, not beyond
+        await clock.advance(1.0)
+        assert system.problem() == "actor 'intake' stuck on one message for 11s (stall_s 10)"
+        hurried.release.set()
+        await asyncio.sleep(0)
+        assert system.problem() is None
+        await clock.advance(3600.0)
+        assert system.problem() is None
+        patient.release.set()
+    with pytest.raises(ValueError, match="stall_s must be a finite number > 0"):
+        ActorSystem(clock=clock).spawn(_Waits(), name="x", stall_s=0.0)

@@ -113,6 +113,33 @@ async def test_telemetry_from_the_far_future_is_refused(clock: VirtualClock, bro
         await stop_all(gw, clock=clock)
 
 
+async def test_a_device_keeps_at_most_its_share_of_telemetry_names(clock: VirtualClock, broker: MemoryBroker,
+                                                                  tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker, leader={"telemetry_names_max": 5})
+    rogue = Rogue(broker, clock)
+    await rogue.start()
+    honest = await worker(clock, tmp_path, "w1", broker=broker)
+    try:
+        now = clock.now_ms()
+
+        def record(seq: int, name: str) -> dict[str, object]:
+            return {"device_id": "rogue", "seq": seq, "name": name, "ts_ms": now, "value": float(seq)}
+
+        answers = [await rogue.send("telemetry", record(n, f"name-{n}")) for n in range(8)]
+        assert [status for status, _ in answers] == ["accepted"] * 5 + ["rejected"] * 3
+        assert "already has 5 telemetry names" in answers[-1][1]
+        assert await rogue.send("telemetry", record(9, "name-0")) == ("accepted", "")  # a known name goes on
+        kept = gw.registry.last_telemetry("rogue")
+        assert {name: r.seq for name, r in kept.items()} == {"name-0": 9, "name-1": 1, "name-2": 2, "name-3": 3,
+                                                             "name-4": 4}
+        assert [r.reason for r in gw.rejects.list()][0].startswith("rogue already has 5 telemetry names")
+        await honest.send_telemetry("temp", 1.0)  # another device has a share of its own
+        await until(clock, lambda: getattr(gw.registry.device("w1"), "telemetry_count", 0) == 1, what="w1's record")
+    finally:
+        await rogue.transport.stop()
+        await stop_all(honest, gw, clock=clock)
+
+
 def test_a_heartbeat_the_registry_cannot_store_fails_alone(tmp_path: Path) -> None:
     """Defence behind the codec: a value that still reaches the store fails by itself."""
     clock = VirtualClock()

@@ -161,6 +161,44 @@ def test_presence_online_and_offline(registry: DeviceRegistry, clock: VirtualClo
     assert registry.counts() == (2, 0)
 
 
+def test_a_late_will_of_an_earlier_session_leaves_the_device_online(registry: DeviceRegistry) -> None:
+    assert registry.apply_presence("pi-1", True, session="aa01")
+    assert registry.apply_presence("pi-1", True, session="bb02")  # the device started again
+    assert not registry.apply_presence("pi-1", False, session="aa01")  # the first start's will, late
+    dev = registry.device("pi-1")
+    assert dev is not None and dev.online and dev.offline_reason is None
+    assert registry.apply_presence("pi-1", False, session="bb02")  # the current session's will
+    dev = registry.device("pi-1")
+    assert dev is not None and not dev.online and dev.offline_reason == "presence"
+
+
+def test_presence_without_a_session_always_applies(registry: DeviceRegistry) -> None:
+    """An agent from before sessions sends a bare online/offline; a first will may precede any birth."""
+    assert registry.apply_presence("pi-1", True, session="aa01")
+    assert registry.apply_presence("pi-1", False)
+    assert registry.apply_presence("pi-2", False, session="cc03")  # no birth seen yet
+    assert registry.counts() == (0, 2)
+
+
+def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Path, clock: VirtualClock) -> None:
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    reg = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=30)
+    reg.apply_heartbeat(hb("pi-1", 3))
+    reg.close()
+    with sqlite3.connect(db) as conn:  # back to schema 2: as a leader before sessions left it
+        conn.execute("ALTER TABLE devices DROP COLUMN presence_session")
+        conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")
+    reg = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=30)
+    try:
+        assert reg.apply_presence("pi-1", True, session="aa01")
+        assert not reg.apply_presence("pi-1", False, session="ffff")
+        assert reg.device("pi-1").hb_seq == 3  # type: ignore[union-attr]
+    finally:
+        reg.close()
+
+
 async def test_heartbeat_deadline_marks_offline_on_virtual_clock(registry: DeviceRegistry,
                                                                  clock: VirtualClock) -> None:
     lost: list[list[str]] = []

@@ -100,8 +100,7 @@ async def test_a_stopped_actor_fails_healthz_and_withholds_the_watchdog(notify_s
     ref = system.spawn(Fragile(), name="intake", restart=RestartPolicy(max_restarts=0))
     runtime = ServiceRuntime(clock=clock, metrics_listen="127.0.0.1:0", env=env, install_signals=False)
     async with runtime:
-        runtime.add_liveness("actors", lambda: not system.failures, up="all actors running",
-                             down="an actor stopped")
+        runtime.add_liveness("actors", system.problem, up="all actors running")
         runtime.ready("running")
         address = runtime.health.address
         assert address is not None
@@ -110,9 +109,47 @@ async def test_a_stopped_actor_fails_healthz_and_withholds_the_watchdog(notify_s
         while not system.failures:
             await clock.advance(1.0)
         status, body = await http_get(address, "/healthz")
-        assert status == 503 and b"an actor stopped" in body
+        assert status == 503 and b"actor 'intake' stopped after 0 restarts" in body
         pings = notify_socket.drain().count("WATCHDOG=1")
         await clock.advance(60.0)
         assert notify_socket.drain().count("WATCHDOG=1") == 0 < pings  # withheld from now on
         assert runtime.watchdog.withheld > 0
+    await system.stop()
+
+
+async def test_an_actor_stuck_on_one_message_fails_healthz_until_it_moves(notify_socket: NotifyListener) -> None:
+    """Not stopped but wedged (a receive() that never returns): past its stall_s the agent is
+    as good as dead, and systemd must restart it."""
+    from agent.actors import Actor, ActorSystem, Context
+
+    release = asyncio.Event()
+
+    class Wedged(Actor):
+        async def receive(self, message: object, ctx: Context) -> None:
+            await release.wait()
+
+    clock = VirtualClock()
+    env = {**notify_socket.env, "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}
+    system = ActorSystem(clock=clock, name="agent")
+    await system.start()
+    ref = system.spawn(Wedged(), name="leader", stall_s=120.0)
+    runtime = ServiceRuntime(clock=clock, metrics_listen="127.0.0.1:0", env=env, install_signals=False)
+    async with runtime:
+        runtime.add_liveness("actors", system.problem, up="all actors running")
+        runtime.ready("running")
+        address = runtime.health.address
+        assert address is not None
+        ref.tell("stuck")
+        await clock.advance(100.0)  # busy, within its stall_s
+        assert (await http_get(address, "/healthz"))[0] == 200
+        await clock.advance(30.0)
+        status, body = await http_get(address, "/healthz")
+        assert status == 503 and b"actor 'leader' stuck on one message for 130s (stall_s 120)" in body
+        notify_socket.drain()
+        await clock.advance(60.0)
+        assert notify_socket.drain().count("WATCHDOG=1") == 0  # withheld while it is stuck
+        release.set()
+        await asyncio.sleep(0)
+        assert system.problem() is None
+        assert (await http_get(address, "/healthz"))[0] == 200
     await system.stop()
