@@ -41,6 +41,7 @@ import logging
 import random
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -454,6 +455,8 @@ class MqttTransport:
             stock_on_disconnect(c, userdata, flags, reason, *rest)
 
         paho.on_disconnect = on_disconnect
+        paho.on_socket_register_write, paho.on_socket_unregister_write = _writer_callbacks(
+            paho, asyncio.get_running_loop(), client)
         paho.manual_ack_set(True)  # QoS 1 messages are acknowledged once dispatched
         return client
 
@@ -638,6 +641,39 @@ class MqttTransport:
             if mid and paho is self._wire and paho is not None:
                 # After a reconnect the broker redelivers what this connection did not ack.
                 paho.ack(mid, message.qos)
+
+
+def _writer_callbacks(paho: Any, loop: asyncio.AbstractEventLoop, client: aiomqtt.Client) -> tuple[
+        Callable[[Any, Any, Any], None], Callable[[Any, Any, Any], None]]:
+    """paho's socket write (un)registration, in place of aiomqtt's.
+
+    paho asks for a writer from the loop or from the thread that connects, so the writer is
+    added on a later turn of the loop. aiomqtt takes the file descriptor when asked, and a
+    connection that dropped in between (a stalled one, ended by the keepalive) leaves the loop
+    adding a writer for a closed socket: asyncio logs an EBADF traceback, or watches a
+    descriptor the system has since given to another file. Here the socket is checked when the
+    loop gets to it."""
+
+    def write_ready() -> None:
+        try:
+            paho.loop_write()
+        except Exception as exc:  # a broken pipe: the connection is over, as aiomqtt does
+            _end_connection(client, exc)
+
+    def add_writer(sock: Any) -> None:
+        fd = sock.fileno()
+        if paho.socket() is sock and fd >= 0:  # still this connection's open socket
+            loop.add_writer(fd, write_ready)
+
+    def register(_client: Any, _userdata: Any, sock: Any) -> None:
+        loop.call_soon_threadsafe(add_writer, sock)
+
+    def unregister(_client: Any, _userdata: Any, sock: Any) -> None:
+        fd = sock.fileno()
+        if fd >= 0:
+            loop.remove_writer(fd)
+
+    return register, unregister
 
 
 def _end_connection(client: aiomqtt.Client, exc: BaseException) -> None:

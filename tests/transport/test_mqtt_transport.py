@@ -652,3 +652,25 @@ async def test_a_message_expiry_drops_a_stale_command_for_an_offline_device(mosq
         await device.stop()
     finally:
         await pub.stop()
+
+
+async def test_a_socket_closed_before_the_loop_adds_its_writer_logs_no_traceback(mosquitto: Mosquitto) -> None:
+    """paho asks for a writer (a publish queued), and the connection drops in the same turn
+    before the loop gets to it (a stalled connection): asyncio must not log an EBADF traceback
+    for a closed socket, nor watch a file descriptor the system may have reused."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    t = await connected(transport(mosquitto.url, "closing"))
+    try:
+        wire = t._wire  # noqa: SLF001 - the paho client of this connection
+        assert wire is not None
+        wire._call_socket_register_write()  # noqa: SLF001 - as paho does when a packet is queued
+        wire._sock_close()  # noqa: SLF001 - and the connection drops before the loop runs again
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert errors == []
+    finally:
+        loop.set_exception_handler(previous)
+        await asyncio.wait_for(t.stop(), 30)
