@@ -66,6 +66,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
 FAILURE_LOG_INTERVAL_S = 60.0
+# A connection the broker ends sooner than this after accepting it did not really work: the
+# reconnect backoff goes on growing, and several in a row are reported (another client with the
+# same client id takes the session over each time; mosquitto 2.0 says nothing about it).
+SHORT_LIVED_S = 10.0
+SHORT_LIVED_BEFORE_WARNING = 3
 DEFAULT_INBOUND_CAPACITY = 1024
 _ROUTE_CACHE = 65536  # topic -> handlers entries kept before the cache starts over
 FastPathMode = Literal["auto", "off"]
@@ -161,6 +166,8 @@ class MqttTransport:
         self._failures = 0  # consecutive failed connection attempts
         self._failures_held = 0  # failures logged at DEBUG since the last reported one
         self._failure_logged_at = float("-inf")
+        self._short_lived = 0  # connections in a row the broker ended within SHORT_LIVED_S
+        self._short_lived_logged_at = float("-inf")
         self.inbound_pauses = 0
         self.inbound_high_water = 0
         self._stopping = False
@@ -465,6 +472,7 @@ class MqttTransport:
         while not self._stopping:
             client: aiomqtt.Client | None = None
             permanent = False
+            opened_at: float | None = None
             self._disconnect_code = None
             try:
                 client = self._make_client()
@@ -479,18 +487,17 @@ class MqttTransport:
                         retain=self.birth.retain,
                         timeout=self._timeout_s,
                     )
-                attempt = 0
                 self.connects += 1
                 self.last_error = None
                 self._paho = client._client  # noqa: SLF001
                 self._gate.open()
+                opened_at = self._clock.monotonic()
                 self._log_connected()
                 async for _ in client.messages:  # returns only by raising on disconnect
                     pass
             except aiomqtt.MqttError as exc:
                 self.last_error = str(exc)
-                rc = getattr(exc, "rc", None)
-                failure = classify(str(exc), code=getattr(rc, "value", rc), disconnect_code=self._disconnect_code,
+                failure = classify(str(exc), code=reason_code_of(exc), disconnect_code=self._disconnect_code,
                                    broker=f"{self._host}:{self._port}", username=self._username)
                 permanent = failure.permanent
                 self._log_failure(failure.level, failure.text)
@@ -511,6 +518,11 @@ class MqttTransport:
                     await self._leave(client)
             if self._stopping:
                 break
+            if opened_at is not None:
+                if self._clock.monotonic() - opened_at >= SHORT_LIVED_S:
+                    attempt = self._short_lived = 0  # it worked: reconnect soon
+                else:
+                    self._note_short_lived()
             delay = backoff_delay(attempt, self._reconnect_min_s, self._reconnect_max_s, self._rng)
             if permanent:  # credentials, protocol, TLS: retrying soon will not help
                 delay = self._reconnect_max_s
@@ -561,6 +573,17 @@ class MqttTransport:
             log.info("%s: connected to %s:%d", self._client_id, self._host, self._port)
         self._failures = self._failures_held = 0
         self._failure_logged_at = float("-inf")
+
+    def _note_short_lived(self) -> None:
+        self._short_lived += 1
+        now = self._clock.monotonic()
+        if (self._short_lived >= SHORT_LIVED_BEFORE_WARNING
+                and now - self._short_lived_logged_at >= FAILURE_LOG_INTERVAL_S):
+            self._short_lived_logged_at = now
+            log.warning("%s: the broker at %s:%d ended %d connections in a row within %gs of accepting them;"
+                        " is another client connected with this client id (a second agent with the same"
+                        " device id or the same credentials)?", self._client_id, self._host, self._port,
+                        self._short_lived, SHORT_LIVED_S)
 
     def _log_failure(self, level: int, text: str) -> None:
         """The first failure in a row and then one per FAILURE_LOG_INTERVAL_S at `level`; the
@@ -641,6 +664,19 @@ class MqttTransport:
             if mid and paho is self._wire and paho is not None:
                 # After a reconnect the broker redelivers what this connection did not ack.
                 paho.ack(mid, message.qos)
+
+
+def reason_code_of(exc: aiomqtt.MqttError) -> int | None:
+    """The reason code the broker sent (CONNACK, DISCONNECT), if `exc` carries one.
+
+    aiomqtt puts paho's own error numbers (`MQTTErrorCode`: 4 no connection, 5 refused, 7 lost)
+    in the same field as the broker's codes; they are not the broker's answer (MQTT 3.1.1's
+    CONNACK codes 4 and 5 are bad credentials, which a dropped connection is not)."""
+    rc = getattr(exc, "rc", None)
+    if rc is None or isinstance(rc, MQTTErrorCode):
+        return None
+    value = getattr(rc, "value", rc)
+    return value if isinstance(value, int) else None
 
 
 def _writer_callbacks(paho: Any, loop: asyncio.AbstractEventLoop, client: aiomqtt.Client) -> tuple[

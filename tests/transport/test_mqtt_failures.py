@@ -40,3 +40,24 @@ def test_a_session_taken_over_is_named() -> None:
 def test_anything_else_is_transient() -> None:
     f = check("[Errno 111] Connection refused")
     assert f.level == logging.INFO and not f.permanent and f.text == "connection ended: [Errno 111] Connection refused"
+
+
+def test_paho_error_numbers_are_not_taken_for_the_brokers_answer() -> None:
+    """A publish on a dropped connection fails with paho's MQTT_ERR_NO_CONN (4), which is also
+    MQTT 3.1.1's CONNACK code for bad credentials: it must stay a transient failure."""
+    import aiomqtt
+    from aiomqtt.exceptions import MqttConnectError
+    from paho.mqtt.enums import MQTTErrorCode
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from agent.transport.mqtt import reason_code_of
+
+    dropped = aiomqtt.MqttCodeError(MQTTErrorCode.MQTT_ERR_NO_CONN, "Could not publish message")
+    assert reason_code_of(dropped) is None
+    assert not classify(str(dropped), code=reason_code_of(dropped), disconnect_code=None, broker="b:1",
+                        username=None).permanent
+    refused = MqttConnectError(ReasonCode(PacketTypes.CONNACK, identifier=0x86))
+    assert reason_code_of(refused) == 0x86
+    assert classify(str(refused), code=0x86, disconnect_code=None, broker="b:1", username="pi").permanent
+    assert reason_code_of(MqttConnectError(5)) == 5  # a v3 broker's CONNACK code, as a plain int

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import logging
 import os
 import random
 import subprocess
@@ -554,7 +555,6 @@ async def test_the_broker_sends_no_packet_larger_than_the_transport_takes(mosqui
 
 async def test_refused_credentials_are_an_error_with_the_fix_and_wait_the_longest_backoff(
         mosquitto_factory: Callable[..., Mosquitto], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    import logging
 
     from agent.core.clock import VirtualClock
 
@@ -674,3 +674,26 @@ async def test_a_socket_closed_before_the_loop_adds_its_writer_logs_no_traceback
     finally:
         loop.set_exception_handler(previous)
         await asyncio.wait_for(t.stop(), 30)
+
+
+async def test_two_agents_with_one_client_id_are_reported_and_slowed(mosquitto: Mosquitto,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Each takes the other's session over at its connect; mosquitto 2.0 sends no reason code,
+    so the pattern itself is reported: connections the broker ends right after accepting them."""
+    first, second = transport(mosquitto.url, "pi-twin"), transport(mosquitto.url, "pi-twin")
+    with caplog.at_level(logging.WARNING, logger="agent.transport.mqtt"):
+        await connected(first)  # (two CONNECTs at the same instant may both be accepted by mosquitto)
+        await second.start()
+        try:
+            async def reported() -> None:
+                while not any("is another client connected with this client id" in r.getMessage()
+                              for r in caplog.records):
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(reported(), 60)
+        finally:
+            await first.stop()
+            await second.stop()
+    line = next(r.getMessage() for r in caplog.records if "another client" in r.getMessage())
+    assert line.startswith("pi-twin: the broker at 127.0.0.1:") and "3 connections in a row" in line
+    assert first.connects + second.connects >= 6
