@@ -1,16 +1,167 @@
-"""`edge-agent status --db PATH`: the fleet as the leader's database records it."""
+"""`edge-agent status --db PATH`: the fleet as the leader's database records it.
+
+    edge-agent status --db leader.db                      summary, then the first 50 devices
+    edge-agent status --db leader.db --offline            only the devices that are offline
+    edge-agent status --db leader.db --version 1.2.0 --tag lab --limit 0
+    edge-agent status --db leader.db --device pi-0042     one device in full
+    edge-agent status --db leader.db --json               all of it as JSON (`devices` is the page)
+    edge-agent status --db leader.db --watch 5            redraw every 5 s
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.leader.fleet_view import DeviceDetail, DevicePage
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, metavar="PATH", help="the leader's registry database")
+    parser.add_argument("--db", required=True, metavar="PATH", help="the leader's database (leader.db)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    state = parser.add_mutually_exclusive_group()
+    state.add_argument("--offline", action="store_true", help="only devices that are offline")
+    state.add_argument("--online", action="store_true", help="only devices that are online")
+    parser.add_argument("--version", metavar="V", help="only devices that run firmware version V")
+    parser.add_argument("--tag", metavar="T", help="only devices tagged T")
+    parser.add_argument("--rollout", metavar="ID", help="only devices that rollout ID includes")
+    parser.add_argument("--limit", type=_count, default=50, metavar="N", help="devices per page (default 50; 0: all)")
+    parser.add_argument("--offset", type=_count, default=0, metavar="N", help="skip the first N devices")
+    parser.add_argument("--device", metavar="ID", help="one device in full: heartbeat, sample, rejects, rollouts")
+    parser.add_argument("--watch", type=_positive, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
 
 
 def main(args: argparse.Namespace) -> int:
-    from agent.leader.status import status_command
+    if args.watch is None:
+        return _once(args)
+    try:
+        while True:
+            sys.stdout.write("\x1b[H\x1b[2J")
+            code = _once(args)
+            if code != 0:
+                return code
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
 
-    return status_command(args.db, args.json)
+
+def _once(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from agent.core.clock import SystemClock
+    from agent.leader.fleet_view import DeviceFilter, device_detail, list_devices
+    from agent.leader.readonly import open_leader_db
+    from agent.leader.status import format_status, summarize
+
+    now = SystemClock().now_ms()
+    online = True if args.online else False if args.offline else None
+    flt = DeviceFilter(online=online, version=args.version, tag=args.tag, rollout=args.rollout,
+                       limit=args.limit, offset=args.offset)
+    if args.device is not None:
+        with open_leader_db(args.db) as db:
+            detail = device_detail(db, args.device)
+        if detail is None:
+            print(f"edge-agent status: {args.db}: no device {args.device!r}", file=sys.stderr)
+            return 1
+        print(msgspec.json.encode(detail).decode() if args.json else format_device(detail, now))
+        return 0
+    summary = summarize(args.db, stale_limit=50 if args.json else 0)  # the table below lists them
+    with open_leader_db(args.db) as db:
+        page = list_devices(db, flt)
+    if args.json:
+        out = msgspec.to_builtins(summary)
+        out.update(devices_matching=page.matching, devices_offset=page.offset,
+                   devices=msgspec.to_builtins(page.devices))
+        print(msgspec.json.encode(out).decode())
+    else:
+        print(format_status(summary))
+        print(format_devices(page, now))
+    return 0
+
+
+def _ago(now_ms: int, at_ms: int | None) -> str:
+    if at_ms is None:
+        return "never"
+    seconds = max(0, (now_ms - at_ms) // 1000)
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    if seconds < 172800:
+        return f"{seconds // 3600}h ago"
+    return f"{seconds // 86400}d ago"
+
+
+def format_devices(page: DevicePage, now_ms: int) -> str:
+    """The device table, one line per device."""
+    if not page.devices:
+        return (f"devices: none at offset {page.offset} of {page.matching} matching" if page.matching
+                else "devices: none match")
+    header = ("DEVICE", "STATE", "LAST SEEN", "VERSION", "TAGS", "ROLLOUT")
+    rows = [(
+        d.device_id,
+        "online" if d.online else f"offline ({d.offline_reason})" if d.offline_reason else "offline",
+        _ago(now_ms, d.last_seen_ms),
+        d.firmware_version or "-",
+        ",".join(d.tags) or "-",
+        f"{d.rollout_id} ({d.rollout_state})" if d.rollout_id else "-",
+    ) for d in page.devices]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in [header, *rows]]
+    shown_to = page.offset + len(page.devices)
+    if page.offset or shown_to < page.matching:
+        lines.append(f"devices {page.offset + 1}-{shown_to} of {page.matching} matching"
+                     f" (--offset {shown_to} for the next page, --limit 0 for all)")
+    else:
+        lines.append(f"{page.matching} devices")
+    return "\n".join(lines)
+
+
+def format_device(detail: DeviceDetail, now_ms: int) -> str:
+    """One device in full, for a terminal."""
+    d = detail.device
+    state = "online" if d.online else f"offline ({d.offline_reason or 'never seen online'})"
+    lines = [
+        f"device {d.device_id}: {state}, last seen {_ago(now_ms, d.last_seen_ms)}",
+        f"  firmware {d.firmware_version or '-'}   tags {','.join(d.tags) or '-'}   boot {detail.boot or '-'}",
+        f"  heartbeat seq {detail.heartbeat_seq if detail.heartbeat_seq is not None else '-'}"
+        f" ({_ago(now_ms, detail.heartbeat_at_ms)}), uptime {detail.uptime_s or 0:.0f}s;"
+        f" first seen {_ago(now_ms, detail.first_seen_ms)}, state changed {_ago(now_ms, detail.changed_ms)}",
+        f"  telemetry: {detail.telemetry_count} records, {detail.telemetry_names} names",
+    ]
+    s = detail.sample
+    if s is not None:
+        parts = [f"cpu {s.cpu_percent:.0f}%" if s.cpu_percent is not None else "",
+                 f"mem {s.mem_percent:.0f}%" if s.mem_percent is not None else "",
+                 f"disk {s.disk_percent:.0f}%" if s.disk_percent is not None else "",
+                 f"load {s.load_1m:.2f}" if s.load_1m is not None else "",
+                 f"{s.temperature_c:.1f} °C" if s.temperature_c is not None else ""]
+        lines.append("  system: " + ", ".join(p for p in parts if p))
+    if detail.rollouts:
+        lines.append("  rollouts (newest first):")
+        lines += [f"    {r.rollout_id} {r.name} -> {r.version} [{r.rollout_state}]: wave {r.wave}, {r.state}"
+                  + (f" ({r.detail})" if r.detail else "") for r in detail.rollouts]
+    if detail.rejects:
+        lines.append(f"  recent rejects ({len(detail.rejects)}):")
+        lines += [f"    {_ago(now_ms, r.at_ms)}  {r.kind or '-'}  {r.reason}" for r in detail.rejects]
+    return "\n".join(lines)

@@ -2,46 +2,22 @@
 
 The database is opened read-only, so the command is safe while the leader runs (WAL readers do
 not block the writer). `summarize()` builds a `FleetStatus` (the same Struct a leader returns
-over MQTT for a `StatusRequest`), `format_status()` renders it for people, and
-`status_command()` is what the CLI calls: 0 on success, 2 with one line on stderr when the file
-is missing, is not SQLite, or is not a leader database.
+over MQTT for a `StatusRequest`), `format_status()` renders it for people. A file that is
+missing, not SQLite, or not a leader database is a `StoreError` (the CLI's one line on stderr,
+exit 2).
 """
 
 from __future__ import annotations
 
 import sqlite3
-import sys
 import time
-import urllib.parse
 from pathlib import Path
 
-import msgspec
-
 from agent.core.clock import Clock, SystemClock
-from agent.core.errors import StoreError
-from agent.core.sqlite import close_quietly
+from agent.leader.readonly import open_leader_db
 from agent.protocol import FleetStatus, JobCounts, StaleDevice
 
 DEFAULT_STALE_AFTER_S = 30.0
-
-
-def _open_readonly(path: Path) -> sqlite3.Connection:
-    if not path.exists():
-        raise StoreError(f"{path}: no such file")
-    if not path.is_file():
-        raise StoreError(f"{path}: not a file")
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 2000")
-    except sqlite3.Error as exc:
-        raise StoreError(f"{path}: cannot open: {exc}") from exc
-    return conn
-
-
-def _tables(conn: sqlite3.Connection) -> set[str]:
-    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    return {str(r[0]) for r in rows}
 
 
 def summarize(
@@ -56,21 +32,9 @@ def summarize(
     A device is stale when it has not been heard from (heartbeat or presence `online`) for
     `stale_after_s`; by default the registry's heartbeat deadline.
     """
-    path = Path(db_path)
     now = (clock or SystemClock()).now_ms()
-    conn = _open_readonly(path)
-    try:
-        try:
-            tables = _tables(conn)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path}: not an SQLite database ({exc})") from exc
-        if "devices" not in tables or "registry_meta" not in tables:
-            raise StoreError(f"{path}: not an edge-agent leader database (no device registry)")
-        return _summarize(conn, tables, now, stale_after_s, stale_limit)
-    except sqlite3.Error as exc:
-        raise StoreError(f"{path}: cannot read: {exc}") from exc
-    finally:
-        close_quietly(conn)
+    with open_leader_db(db_path) as db:
+        return _summarize(db.conn, set(db.tables), now, stale_after_s, stale_limit)
 
 
 def _summarize(conn: sqlite3.Connection, tables: set[str], now: int, stale_after_s: float | None,
@@ -164,7 +128,7 @@ def format_status(summary: FleetStatus) -> str:
             f"{_when(dev.last_seen_ms)} ({_age(dev.age_s or 0.0)} ago)")
         state = "online" if dev.online else "offline"
         lines.append(f"  {dev.device_id:<{width}}  last seen {seen}  {state}")
-    if summary.stale_count > len(summary.stale):
+    if summary.stale and summary.stale_count > len(summary.stale):
         lines.append(f"  ... and {summary.stale_count - len(summary.stale)} more")
     if summary.jobs is not None:
         j = summary.jobs
@@ -175,18 +139,4 @@ def format_status(summary: FleetStatus) -> str:
     return "\n".join(lines)
 
 
-def status_command(db_path: str, as_json: bool, *, clock: Clock | None = None) -> int:
-    """Print the fleet summary of the leader database at `db_path`; the process exit code."""
-    try:
-        summary = summarize(db_path, clock=clock)
-    except StoreError as exc:
-        print(f"edge-agent status: {exc}", file=sys.stderr)
-        return 2
-    if as_json:
-        print(msgspec.json.encode(summary).decode())
-    else:
-        print(format_status(summary))
-    return 0
-
-
-__all__ = ["DEFAULT_STALE_AFTER_S", "format_status", "status_command", "summarize"]
+__all__ = ["DEFAULT_STALE_AFTER_S", "format_status", "summarize"]
