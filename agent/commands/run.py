@@ -63,6 +63,27 @@ def wants_uvloop(section: AgentSection) -> bool:
 async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str | None = None,
                 recover: bool = False) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit status."""
+    from agent.service import set_service_umask
+
+    set_service_umask()
+    clock = SystemClock()
+    base = Path(data_dir or config.agent.data_dir)
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o750)
+    except OSError as exc:
+        raise ConfigError("--data-dir" if data_dir else "agent.data_dir", None,
+                          f"cannot create the data directory {base}: {exc.strerror or exc}") from None
+    from agent.service.instance import InstanceLock
+
+    lock = InstanceLock(base).acquire()  # held while this agent runs (the kernel drops it at a crash)
+    try:
+        return await _serve_locked(config, base, clock, broker=broker, recover=recover)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, broker: str | None,
+                        recover: bool) -> int:
     from agent.app import build_agent, make_transport
     from agent.service import (
         ServiceRuntime,
@@ -73,19 +94,10 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
         predicate_check,
         relay_collector,
         restrict_database_files,
-        set_service_umask,
         snapshot_collector,
         sqlite_writable_check,
     )
 
-    set_service_umask()
-    clock = SystemClock()
-    base = Path(data_dir or config.agent.data_dir)
-    try:
-        base.mkdir(parents=True, exist_ok=True, mode=0o750)
-    except OSError as exc:
-        raise ConfigError("--data-dir" if data_dir else "agent.data_dir", None,
-                          f"cannot create the data directory {base}: {exc.strerror or exc}") from None
     transport = make_transport(config, clock=clock, broker_url=broker)
     runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
     async with runtime:
