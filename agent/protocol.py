@@ -52,6 +52,7 @@ KIND_JOB_DEMAND = "job.demand"
 KIND_JOB_RESULT = "job.result"
 KIND_STATUS_REQUEST = "status.request"
 KIND_FLEET_STATUS = "status.fleet"
+KIND_PING = "ping"
 
 
 class _Message(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
@@ -153,6 +154,13 @@ class JobResult(_Message, kw_only=True, frozen=True):
     error: Text = ""
 
 
+class Ping(_Message, kw_only=True, frozen=True):
+    """Answered `accepted` by the leader and nothing else: `edge-agent doctor`'s round trip
+    (the device may publish on its up topic and read its replies, and a leader is there)."""
+
+    sent_ms: TimestampMs = 0
+
+
 class StatusRequest(_Message, kw_only=True, frozen=True):
     """Ask a leader for its `FleetStatus` (over MQTT, answered in the reply body)."""
 
@@ -197,6 +205,7 @@ CORE_MESSAGES: tuple[tuple[str, type[msgspec.Struct]], ...] = (
     (KIND_JOB_RESULT, JobResult),
     (KIND_STATUS_REQUEST, StatusRequest),
     (KIND_FLEET_STATUS, FleetStatus),
+    (KIND_PING, Ping),
 )
 
 
@@ -241,6 +250,7 @@ __all__ = [
     "KIND_JOB_RESULT",
     "KIND_JOB_SUBMIT",
     "KIND_PRESENCE",
+    "KIND_PING",
     "KIND_STATUS_REQUEST",
     "KIND_TELEMETRY",
     "CORE_MESSAGES",
@@ -254,6 +264,7 @@ __all__ = [
     "JobSubmit",
     "Presence",
     "StaleDevice",
+    "Ping",
     "StatusRequest",
     "SystemSample",
     "Telemetry",

@@ -51,11 +51,13 @@ from agent.protocol import (
     KIND_JOB_DEMAND,
     KIND_JOB_RESULT,
     KIND_JOB_SUBMIT,
+    KIND_PING,
     KIND_TELEMETRY,
     Heartbeat,
     JobDemand,
     JobResult,
     JobSubmit,
+    Ping,
     Presence,
     Telemetry,
     agent_registry,
@@ -161,6 +163,7 @@ class LeaderAgent:
         self.register_route(KIND_HEARTBEAT, Heartbeat, self._heartbeat)
         self.register_route(KIND_TELEMETRY, Telemetry, self._telemetry)
         self.register_route(KIND_JOB_SUBMIT, JobSubmit, self._job_submit)
+        self.register_route(KIND_PING, Ping, self._ping)
         for kind, type_ in ((KIND_JOB_RESULT, JobResult), (KIND_JOB_DEMAND, JobDemand)):
             self.register_route(kind, type_, self._durable)
         lc = config.leader
@@ -309,6 +312,9 @@ class LeaderAgent:
         if route is None:
             return self._refuse(env, f"the leader does not take {env.kind!r} messages")
         return await route(env, message)
+
+    async def _ping(self, env: Envelope, _message: msgspec.Struct) -> Reply:
+        return Reply(id=env.id, status="accepted")  # nothing stored: a round trip for `doctor`
 
     async def _heartbeat(self, env: Envelope, message: msgspec.Struct) -> Reply:
         assert isinstance(message, Heartbeat) and self.intake is not None

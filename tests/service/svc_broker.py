@@ -56,7 +56,7 @@ def _cert(subject_cn: str, key, issuer_cn: str, issuer_key, *, ca: bool, san=Non
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=365))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
     )
     if ca:

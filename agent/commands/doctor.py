@@ -1,0 +1,352 @@
+"""`edge-agent doctor --config FILE`: is this agent set up to work? One line per check, ✓ or ✗
+with the fix, exit 1 on any ✗. It never changes state: nothing is created, migrated or sent
+that the agent would have to undo.
+
+    ✓ config        worker pi-0001 in fleet default (/etc/edge-agent/agent.toml)
+    ✓ data dir      /var/lib/edge-agent: writable, 27,340 MiB free
+    ✓ clock         synchronised (the kernel's NTP state)
+    ✓ broker        127.0.0.1:8883 reached in 1 ms
+    ✓ tls           TLSv1.3, the server certificate is valid until 2027-11-30 (364 days)
+    ✓ credentials   accepted by the broker as pi-0001
+    ✓ mqtt v5       the broker speaks MQTT v5 (connected in 12 ms)
+    ✓ acl           may publish on ea/v1/default/pi-0001/up
+    ✓ leader        answered in 4 ms
+    ✓ dead letters  none in outbox.db
+
+The MQTT checks connect with the agent's identity, so they run only while the agent does not
+(the data directory's lock says); a running agent's own connection is read from its `/healthz`
+when `[metrics] listen` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import sqlite3
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.core.config import AgentConfig, load_config
+from agent.core.errors import EdgeAgentError
+
+if TYPE_CHECKING:
+    from agent.transport._mqtt_settings import TlsSettings
+    from agent.transport.probe import BrokerAddress
+
+CHECKS = ("config", "data dir", "agent", "clock", "broker", "tls", "credentials", "mqtt v5", "acl", "leader",
+          "firmware key", "commands", "leader db", "dead letters", "housekeeping")
+MIN_FREE_BYTES = 64 * 1024 * 1024  # as the agent's own disk check
+CERT_WARN_DAYS = 30
+_TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    name: str
+    ok: bool | None  # None: not checked (skipped, or nothing to check)
+    text: str
+    fix: str = ""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="the agent's config file")
+    parser.add_argument("--data-dir", metavar="DIR", help="as given to `run` (default: agent.data_dir)")
+    parser.add_argument("--broker", metavar="URL", help="as given to `run` (default: mqtt.url)")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="for each network step (default 5)")
+    parser.add_argument("--skip", action="append", default=[], choices=CHECKS, metavar="CHECK",
+                        help=f"leave a check out (repeatable): {', '.join(CHECKS)}")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.timeout > 0:
+        raise EdgeAgentError(f"--timeout must be > 0, got {args.timeout}")
+    outcomes = list(run_checks(args, skip=set(args.skip)))
+    if args.json:
+        print(json.dumps([{"check": o.name, "ok": o.ok, "text": o.text, "fix": o.fix} for o in outcomes]))
+    else:
+        width = max(len(o.name) for o in outcomes)
+        for o in outcomes:
+            mark = "✓" if o.ok else "✗" if o.ok is False else "-"
+            print(f"{mark} {o.name:<{width}}  {o.text}")
+            if o.ok is False and o.fix:
+                print(f"  {'':<{width}}  fix: {o.fix}")
+    return 1 if any(o.ok is False for o in outcomes) else 0
+
+
+def run_checks(args: argparse.Namespace, *, skip: set[str]) -> Iterator[Outcome]:
+    try:
+        config = load_config(args.config)
+        from agent.service.files import check_mqtt_credentials
+
+        check_mqtt_credentials(config.mqtt)
+    except EdgeAgentError as exc:
+        yield Outcome("config", False, str(exc), "correct the file and run `edge-agent config check` again")
+        return
+    yield Outcome("config", True, f"{config.agent.role} {config.agent.device_id} in fleet {config.agent.fleet}"
+                                  f" ({args.config})")
+    data_dir = Path(args.data_dir or config.agent.data_dir)
+    steps: list[tuple[str, Callable[[], Outcome]]] = [
+        ("data dir", lambda: _data_dir(data_dir)),
+        ("clock", _clock),
+    ]
+    for name, step in steps:
+        if name not in skip:
+            yield step()
+    from agent.service.instance import running_pid
+
+    pid = running_pid(data_dir)
+    if "agent" not in skip:
+        yield Outcome("agent", None, f"an agent runs on {data_dir} (pid {pid or '?'})" if pid is not None
+                      else f"no agent runs on {data_dir}")
+    yield from _network(config, args, skip, running=pid is not None)
+    yield from _local(config, data_dir, skip)
+
+
+def _data_dir(path: Path) -> Outcome:
+    if path.is_dir():
+        usage = shutil.disk_usage(path)
+        if not os.access(path, os.W_OK | os.X_OK):
+            return Outcome("data dir", False, f"{path}: not writable by this user",
+                           "run doctor as the agent's user, or fix the directory's owner and mode")
+        free = f"{usage.free // (1024 * 1024):,} MiB free"
+        if usage.free < MIN_FREE_BYTES:
+            return Outcome("data dir", False, f"{path}: only {free}", "free space on that file system")
+        return Outcome("data dir", True, f"{path}: writable, {free}")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and os.access(parent, os.W_OK | os.X_OK):
+        return Outcome("data dir", None, f"{path}: not there yet (`run` creates it under {parent})")
+    return Outcome("data dir", False, f"{path}: does not exist and cannot be created here",
+                   "create it for the agent's user (install.sh does), or set agent.data_dir")
+
+
+def _clock() -> Outcome:
+    """The kernel's NTP state (what timedatectl's NTPSynchronized reads), also in a container."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        state = int(libc.adjtimex(ctypes.create_string_buffer(512)))  # modes 0: read only
+    except (OSError, AttributeError):
+        return Outcome("clock", None, "cannot tell on this system")
+    if state < 0:
+        return Outcome("clock", None, "cannot tell on this system")
+    if state == _TIME_ERROR:
+        return Outcome("clock", False, f"not synchronised (the time here is {time.strftime('%Y-%m-%d %H:%M:%S')})",
+                       "enable time sync (systemd-timesyncd or chrony): TLS certificates, rollout"
+                       " windows and the leader's clock checks need the right time")
+    return Outcome("clock", True, "synchronised (the kernel's NTP state)")
+
+
+def _network(config: AgentConfig, args: argparse.Namespace, skip: set[str], *, running: bool) -> Iterator[Outcome]:
+    from agent.transport._mqtt_settings import TlsSettings
+    from agent.transport.probe import broker_address, probe_tcp, probe_tls
+
+    url = args.broker or config.mqtt.url
+    if url.startswith("memory://"):
+        yield Outcome("broker", None, "memory:// (simulation only): nothing to reach")
+        return
+    address = broker_address(url)
+    where = f"{address.host}:{address.port}"
+    if "broker" not in skip:
+        try:
+            rtt = probe_tcp(address, args.timeout)
+        except OSError as exc:
+            yield Outcome("broker", False, f"cannot reach {where}: {exc.strerror or exc}",
+                          "check mqtt.url, that the broker runs, and the network and firewall between")
+            return
+        yield Outcome("broker", True, f"{where} reached in {rtt * 1000:.0f} ms")
+    m = config.mqtt
+    tls = None
+    if address.tls or m.tls_ca or m.tls_cert:
+        tls = TlsSettings(ca_file=m.tls_ca, cert_file=m.tls_cert, key_file=m.tls_key)
+        if "tls" not in skip:
+            import ssl
+
+            try:
+                shake = probe_tls(address, tls.context(), args.timeout)
+            except (ssl.SSLError, OSError, EdgeAgentError) as exc:
+                yield Outcome("tls", False, f"handshake with {where} failed: {exc}",
+                              "check mqtt.tls_ca (the CA that signed the broker's certificate), the name in"
+                              " mqtt.url against the certificate, and mqtt.tls_cert/tls_key")
+                return
+            days = (shake.not_after - time.time()) / 86400
+            until = time.strftime("%Y-%m-%d", time.gmtime(shake.not_after))
+            if days < CERT_WARN_DAYS:
+                yield Outcome("tls", False, f"{shake.version}, the server certificate expires {until}"
+                                            f" ({days:.0f} days)", "renew the broker's certificate")
+            else:
+                yield Outcome("tls", True, f"{shake.version}, the server certificate is valid until {until}"
+                                           f" ({days:.0f} days)")
+    if running:
+        yield from _running_agent(config, skip)
+        return
+    yield from _session(config, address, tls, args.timeout, skip)
+
+
+def _running_agent(config: AgentConfig, skip: set[str]) -> Iterator[Outcome]:
+    if "credentials" in skip:
+        return
+    listen = config.metrics.listen
+    if not listen:
+        yield Outcome("credentials", None, "not checked: the running agent holds the connection (set [metrics]"
+                                           " listen to read it from /healthz, or stop the agent)")
+        return
+    try:
+        with urllib.request.urlopen(f"http://{listen}/healthz", timeout=5) as response:  # noqa: S310
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read() or b"{}")
+    except (OSError, ValueError) as exc:
+        yield Outcome("credentials", False, f"the running agent's /healthz at {listen} does not answer: {exc}",
+                      "see `journalctl -u edge-agent`")
+        return
+    transport = body.get("checks", {}).get("transport", {})
+    ok = bool(transport.get("ok"))
+    yield Outcome("credentials", ok, f"the running agent reports its broker connection: {transport.get('detail', '?')}",
+                  "" if ok else "see `journalctl -u edge-agent -p warning` for why it cannot connect")
+
+
+def _session(config: AgentConfig, address: BrokerAddress, tls: TlsSettings | None, timeout_s: float,
+             skip: set[str]) -> Iterator[Outcome]:
+    import secrets
+
+    from agent.app import client_id_of
+    from agent.core.codec import Envelope, decode_reply, encode
+    from agent.protocol import KIND_PING, Ping, encode_message
+    from agent.transport import topics
+    from agent.transport.mqtt import DEFAULT_SESSION_EXPIRY_S, read_password
+    from agent.transport.probe import SessionRequest, probe_session
+
+    if {"credentials", "mqtt v5", "acl", "leader"} <= skip:
+        return
+    a = config.agent
+    worker = a.role == "worker"
+    token = secrets.token_hex(8)
+    request = encode(Envelope(id=f"doctor-{token}", kind=KIND_PING, sender=a.device_id, receiver="leader",
+                              payload=encode_message(Ping(sent_ms=int(time.time() * 1000))))) if worker else None
+    m = config.mqtt
+    probe = probe_session(address, SessionRequest(
+        client_id=client_id_of(config), username=m.username or None,
+        password=read_password(m.password_file) if m.password_file else None, tls=tls,
+        clean_start=not worker, session_expiry_s=DEFAULT_SESSION_EXPIRY_S,
+        up_topic=topics.up(a.fleet, a.device_id), reply_topic=topics.reply(a.fleet, a.device_id, "doctor"),
+        request=request, correlation=token.encode()), timeout_s)
+    failure = probe.failure
+    if failure is not None:
+        text = failure.text
+        if "credentials" in text:
+            yield Outcome("credentials", False, text, "set mqtt.username and mqtt.password_file to what the broker"
+                                                      " has for this device")
+        elif "MQTT v5" in text:
+            yield Outcome("credentials", None, "not checked")
+            yield Outcome("mqtt v5", False, text, "use a broker that speaks MQTT v5 (mosquitto 2, EMQX, HiveMQ)")
+        else:
+            yield Outcome("credentials", False, f"cannot open an MQTT session: {text}",
+                          "see the broker's log for why it ended the connection")
+        return
+    user = m.username or "(anonymous)"
+    yield Outcome("credentials", True, f"accepted by the broker as {user}")
+    yield Outcome("mqtt v5", True, f"the broker speaks MQTT v5 (connected in {probe.connect_s * 1000:.0f} ms)")
+    if not worker:
+        return
+    up = topics.up(a.fleet, a.device_id)
+    if probe.publish_reason is None or probe.publish_reason >= 0x80:
+        why = "no PUBACK" if probe.publish_reason is None else f"PUBACK reason {probe.publish_reason:#x}"
+        yield Outcome("acl", False, f"may not publish on {up} ({why})",
+                      "the broker's ACL must let this device write ea/v1/+/<its username>/up")
+        return
+    yield Outcome("acl", True, f"may publish on {up}")
+    if "leader" in skip:
+        return
+    if probe.reply is None:
+        yield Outcome("leader", False, f"no answer within {timeout_s:g}s",
+                      f"is the leader running on the same broker and fleet {a.fleet!r}, and may this device"
+                      f" read ea/v1/{a.fleet}/{a.device_id}/reply/#?")
+        return
+    try:
+        status: str = decode_reply(probe.reply).status
+    except EdgeAgentError:
+        status = "unreadable"
+    rtt = f"in {probe.reply_s * 1000:.0f} ms" if probe.reply_s is not None else ""
+    yield Outcome("leader", status in ("accepted", "busy"), f"answered {status} {rtt}".rstrip(),
+                  "" if status in ("accepted", "busy") else "the leader refused the request: see `edge-agent"
+                                                            " rejects list` on the leader")
+
+
+def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outcome]:
+    fw = config.firmware
+    if fw.public_key and "firmware key" not in skip:
+        try:
+            from firmware_rollout.artifact.keys import load_verify_key
+
+            load_verify_key(fw.public_key)
+            yield Outcome("firmware key", True, f"{fw.public_key}: an ed25519 public key")
+        except (EdgeAgentError, OSError, ValueError) as exc:
+            yield Outcome("firmware key", False, f"{fw.public_key}: {exc}",
+                          "point firmware.public_key at the fleet's public.pem")
+    commands = [(n, c) for n, c in (("firmware.reboot_command", fw.reboot_command),
+                                    ("firmware.health_command", fw.health_command)) if c]
+    if commands and "commands" not in skip:
+        missing = [f"{n} ({c[0]})" for n, c in commands if shutil.which(c[0]) is None]
+        yield (Outcome("commands", False, "not found or not executable: " + ", ".join(missing),
+                       "install them or give their full path") if missing
+               else Outcome("commands", True, ", ".join(f"{n}: {shutil.which(c[0])}" for n, c in commands)))
+    if config.agent.role == "leader" and "leader db" not in skip:
+        yield _leader_db(data_dir / "leader.db")
+    if "dead letters" not in skip:
+        yield _dead_letters(data_dir / "outbox.db")
+    if "housekeeping" not in skip:
+        h = config.housekeeping
+        yield Outcome("housekeeping", True, f"every {h.interval_s:g}s; message ids kept"
+                                            f" {h.processed_retention_s / 86400:g} days")
+
+
+def _readonly(path: Path) -> sqlite3.Connection:
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    return sqlite3.connect(uri, uri=True)
+
+
+def _leader_db(path: Path) -> Outcome:
+    if not path.exists():
+        return Outcome("leader db", None, f"{path}: not created yet (the leader's first start does)")
+    try:
+        conn = _readonly(path)
+        try:
+            result = conn.execute("PRAGMA quick_check").fetchone()[0]
+            (devices,) = conn.execute("SELECT COUNT(*) FROM devices").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        result, devices = str(exc), 0
+    if result != "ok":
+        return Outcome("leader db", False, f"{path}: damaged ({result})",
+                       "stop the leader and start it once with `edge-agent run --recover`")
+    return Outcome("leader db", True, f"{path}: ok, {devices} devices")
+
+
+def _dead_letters(path: Path) -> Outcome:
+    if not path.exists():
+        return Outcome("dead letters", None, f"{path}: no outbox yet")
+    try:
+        conn = _readonly(path)
+        try:
+            (dead,) = conn.execute("SELECT COUNT(*) FROM outbox WHERE status = 'dead'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return Outcome("dead letters", False, f"{path}: cannot read ({exc})",
+                       f"`edge-agent outbox stats --db {path}` says more")
+    if dead:
+        return Outcome("dead letters", False, f"{dead} in {path}",
+                       f"see why with `edge-agent dlq list --db {path}`, then replay or purge them")
+    return Outcome("dead letters", True, f"none in {path.name}")

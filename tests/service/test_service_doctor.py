@@ -1,0 +1,156 @@
+"""`edge-agent doctor` against the shipped broker config (TLS, passwords, ACL) on a real
+mosquitto, with a real leader: every check passes for a device set up right, and each mistake is
+one ✗ line naming the check and the fix, exit 1. It changes nothing: a running agent is read
+from its /healthz, never connected over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from svc_broker import ExampleBroker, Pki, make_pki
+
+from agent.cli import main as cli
+from agent.core.clock import SystemClock
+from agent.service.instance import running_pid
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from e2e.agent_support import REPO, leader, stop_all  # noqa: E402
+from mosquitto import free_port  # noqa: E402
+
+pytestmark = pytest.mark.mqtt
+
+USERS = {"gateway-01": "leader-secret", "pi-0001": "one-secret"}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"), client_cn="pi-0001")
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pki: Pki):
+    with ExampleBroker(tmp_path / "broker", pki, USERS) as running:
+        yield running
+
+
+def worker_config(tmp_path: Path, broker: ExampleBroker, pki: Pki, *, password: str = "one-secret",
+                  metrics: str = "", ca: Path | None = None) -> Path:
+    secret = tmp_path / "pi-0001.password"
+    secret.write_text(password + "\n")
+    secret.chmod(0o600)
+    path = tmp_path / "worker.toml"
+    path.write_text(f"""[agent]
+role = "worker"
+device_id = "pi-0001"
+fleet = "default"
+data_dir = "{tmp_path / 'data'}"
+[mqtt]
+url = "mqtts://localhost:{broker.port}"
+username = "pi-0001"
+password_file = "{secret}"
+tls_ca = "{ca or pki.ca_cert}"
+reconnect_min_s = 0.1
+reconnect_max_s = 0.5
+[metrics]
+listen = "{metrics}"
+""")
+    return path
+
+
+def doctor(capsys: pytest.CaptureFixture[str], config: Path, *extra: str) -> tuple[int, dict[str, dict[str, object]]]:
+    code = cli(["doctor", "--config", str(config), "--skip", "clock", "--json", *extra])
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    return code, checks
+
+
+async def gateway(tmp_path: Path, broker: ExampleBroker, pki: Pki):  # noqa: ANN201
+    secret = tmp_path / "gw.password"
+    secret.write_text("leader-secret\n")
+    secret.chmod(0o600)
+    return await leader(SystemClock(), tmp_path, name="gateway-01", url=f"mqtts://localhost:{broker.port}",
+                        agent={"fleet": "default"},
+                        mqtt={"username": "gateway-01", "password_file": str(secret), "tls_ca": str(pki.ca_cert)})
+
+
+async def test_a_device_set_up_right_passes_every_check(broker: ExampleBroker, pki: Pki, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    gw = await gateway(tmp_path, broker, pki)
+    try:
+        await asyncio.wait_for(gw.transport.connected.wait_open(), 30)
+        code, checks = await asyncio.to_thread(doctor, capsys, worker_config(tmp_path, broker, pki))
+        assert code == 0, [c for c in checks.values() if c["ok"] is not True]
+        assert [name for name, c in checks.items() if c["ok"] is True] == [
+            "config", "broker", "tls", "credentials", "mqtt v5", "acl", "leader", "housekeeping"]
+        assert str(checks["tls"]["text"]).startswith("TLSv1.")
+        assert checks["credentials"]["text"] == "accepted by the broker as pi-0001"
+        assert str(checks["leader"]["text"]).startswith("answered accepted in ")
+        assert not (tmp_path / "data").exists()  # nothing created
+    finally:
+        await stop_all(gw)
+
+
+async def test_no_leader_and_wrong_credentials_are_named_with_the_fix(
+        broker: ExampleBroker, pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, checks = await asyncio.to_thread(doctor, capsys, worker_config(tmp_path, broker, pki), "--timeout", "2")
+    assert code == 1 and checks["leader"]["ok"] is False and checks["acl"]["ok"] is True
+    assert "is the leader running" in str(checks["leader"]["fix"])
+    code, checks = await asyncio.to_thread(doctor, capsys, worker_config(tmp_path, broker, pki, password="wrong"))
+    assert code == 1 and checks["credentials"]["ok"] is False
+    assert "refused our credentials" in str(checks["credentials"]["text"])
+    assert "mqtt.password_file" in str(checks["credentials"]["fix"])
+    assert "acl" not in checks
+    code, checks = await asyncio.to_thread(doctor, capsys, worker_config(tmp_path, broker, pki, ca=pki.rogue_ca_cert))
+    assert code == 1 and checks["tls"]["ok"] is False and "mqtt.tls_ca" in str(checks["tls"]["fix"])
+
+
+def test_a_stopped_broker_fails_the_broker_check(broker: ExampleBroker, pki: Pki, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    config = worker_config(tmp_path, broker, pki)
+    broker.stop()
+    assert cli(["doctor", "--config", str(config), "--skip", "clock"]) == 1
+    out = capsys.readouterr().out
+    broker_line = next(line for line in out.splitlines() if " broker " in line)
+    assert broker_line.startswith("✗ broker") and f"cannot reach localhost:{broker.port}" in broker_line
+    assert "fix: check mqtt.url, that the broker runs" in out
+    assert "credentials" not in out
+
+
+def test_a_bad_config_is_the_one_failing_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[agent]\nrole = "worker"\ndevice_id = "pi"\n[mailbox]\ncapacity = 0\n')
+    assert cli(["doctor", "--config", str(bad)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("✗ config") and "mailbox.capacity" in out[0] and len(out) == 2
+
+
+def test_a_running_agent_is_read_from_its_health_endpoint_not_connected_over(
+        broker: ExampleBroker, pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    config = worker_config(tmp_path, broker, pki, metrics=f"127.0.0.1:{port}")
+    child = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(REPO),
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while running_pid(tmp_path / "data") is None:  # the agent holds its data directory
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        while True:  # until the agent says it is connected
+            code, checks = doctor(capsys, config, "--skip", "leader")
+            if checks.get("credentials", {}).get("ok") is True or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert code == 0, [c for c in checks.values() if c["ok"] is not True]
+        assert str(checks["agent"]["text"]).startswith(f"an agent runs on {tmp_path / 'data'} (pid {child.pid})")
+        assert "the running agent reports its broker connection" in str(checks["credentials"]["text"])
+        assert "acl" not in checks  # never connected over the running agent
+    finally:
+        child.terminate()
+        child.wait(30)
