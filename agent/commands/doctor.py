@@ -262,8 +262,10 @@ def _session(config: AgentConfig, address: BrokerAddress, tls: TlsSettings | Non
     up = topics.up(a.fleet, a.device_id)
     if probe.publish_reason is None or probe.publish_reason >= 0x80:
         why = "no PUBACK" if probe.publish_reason is None else f"PUBACK reason {probe.publish_reason:#x}"
+        mismatch = m.username and m.username != a.device_id
         yield Outcome("acl", False, f"may not publish on {up} ({why})",
-                      "the broker's ACL must let this device write ea/v1/+/<its username>/up")
+                      f"mqtt.username {m.username!r} and agent.device_id {a.device_id!r} must be the same"
+                      if mismatch else "the broker's ACL must let this device write ea/v1/+/<its username>/up")
         return
     yield Outcome("acl", True, f"may publish on {up}")
     if "leader" in skip:

@@ -41,14 +41,14 @@ def broker(tmp_path: Path, pki: Pki):
 
 
 def worker_config(tmp_path: Path, broker: ExampleBroker, pki: Pki, *, password: str = "one-secret",
-                  metrics: str = "", ca: Path | None = None) -> Path:
+                  metrics: str = "", ca: Path | None = None, device: str = "pi-0001") -> Path:
     secret = tmp_path / "pi-0001.password"
     secret.write_text(password + "\n")
     secret.chmod(0o600)
     path = tmp_path / "worker.toml"
     path.write_text(f"""[agent]
 role = "worker"
-device_id = "pi-0001"
+device_id = "{device}"
 fleet = "default"
 data_dir = "{tmp_path / 'data'}"
 [mqtt]
@@ -106,6 +106,9 @@ async def test_no_leader_and_wrong_credentials_are_named_with_the_fix(
     assert "refused our credentials" in str(checks["credentials"]["text"])
     assert "mqtt.password_file" in str(checks["credentials"]["fix"])
     assert "acl" not in checks
+    code, checks = await asyncio.to_thread(doctor, capsys, worker_config(tmp_path, broker, pki, device="pi-0002"))
+    assert code == 1 and checks["acl"]["ok"] is False and "(PUBACK reason 0x87)" in str(checks["acl"]["text"])
+    assert "'pi-0001' and agent.device_id 'pi-0002' must be the same" in str(checks["acl"]["fix"])
     code, checks = await asyncio.to_thread(doctor, capsys, worker_config(tmp_path, broker, pki, ca=pki.rogue_ca_cert))
     assert code == 1 and checks["tls"]["ok"] is False and "mqtt.tls_ca" in str(checks["tls"]["fix"])
 
