@@ -1,11 +1,12 @@
-"""`edge-agent config check FILE...`: load each file as the agent would, report the first error."""
+"""`edge-agent config check FILE...`: check each file as `run` would before it connects (the
+config, then the files, keys, addresses and commands it names); report the first error of each."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from agent.core.config import load_config
+from agent.commands.preflight import preflight
 from agent.core.errors import ConfigError
 
 
@@ -19,7 +20,7 @@ def main(args: argparse.Namespace) -> int:
     status = 0
     for path in args.files:
         try:
-            config = load_config(path)
+            config = preflight(path)
         except ConfigError as exc:
             print(f"edge-agent config: {exc}", file=sys.stderr)
             status = 2

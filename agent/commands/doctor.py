@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.core.config import AgentConfig, load_config
+from agent.core.config import AgentConfig
 from agent.core.errors import EdgeAgentError
 
 if TYPE_CHECKING:
@@ -86,11 +86,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_checks(args: argparse.Namespace, *, skip: set[str]) -> Iterator[Outcome]:
-    try:
-        config = load_config(args.config)
-        from agent.service.files import check_mqtt_credentials
+    from agent.commands.preflight import preflight
 
-        check_mqtt_credentials(config.mqtt)
+    try:
+        config = preflight(args.config, broker=args.broker)
     except EdgeAgentError as exc:
         yield Outcome("config", False, str(exc), "correct the file and run `edge-agent config check` again")
         return

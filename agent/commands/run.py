@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from agent.core.clock import SystemClock
-from agent.core.config import AgentConfig, AgentSection, load_config
+from agent.core.config import AgentConfig, AgentSection
 from agent.core.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
@@ -37,12 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
         if args.broker and not args.broker.startswith(("mqtt://", "mqtts://")):
             raise ConfigError("--broker", None, f"must be mqtt://host:port or mqtts://host:port, got {args.broker!r}")
-        from agent.service.files import check_mqtt_credentials
+        from agent.commands.preflight import preflight
 
-        check_mqtt_credentials(config.mqtt)  # refuse a password file or TLS key others can read
+        config = preflight(args.config, broker=args.broker)  # files, keys, addresses: before anything starts
     except EdgeAgentError as exc:
         print(f"edge-agent run: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,86 @@
+"""Every check `edge-agent run` makes before it connects, for `run`, `config check` and
+`doctor` alike: the config file itself, then what it points at. A failure is one `ConfigError`
+that names the config file and the key, and what is wrong with the file or value it names:
+
+    agent.toml: mqtt.password_file: /etc/edge-agent/mqtt.password: not found
+    agent.toml: metrics.listen: port 99999 is not 1-65535 (expected HOST:PORT, e.g. 127.0.0.1:9100)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+from pathlib import Path
+
+from agent.core.config import AgentConfig, load_config
+from agent.core.errors import ConfigError, EdgeAgentError
+
+
+def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
+    """Load the config at `path` and check what it points at; `broker` as `run --broker`."""
+    config = load_config(path)
+    source = str(path)
+    from agent.service.files import check_private_file
+
+    m = config.mqtt
+    for key, file in (("mqtt.password_file", m.password_file), ("mqtt.tls_key", m.tls_key)):
+        if file:
+            try:
+                check_private_file(file, what="file")
+            except ConfigError as exc:
+                raise ConfigError(source, key, f"{file}: {exc.reason}") from None
+    url = broker or m.url
+    if not url.startswith("memory://"):
+        from agent.transport.probe import broker_address
+
+        try:
+            broker_address(url)
+        except ConfigError as exc:
+            raise ConfigError("--broker" if broker else source, None if broker else "mqtt.url", exc.reason) from None
+        if url.startswith("mqtts://") or m.tls_ca or m.tls_cert:
+            from agent.transport._mqtt_settings import TlsSettings
+
+            try:
+                TlsSettings(ca_file=m.tls_ca, cert_file=m.tls_cert, key_file=m.tls_key).context()
+            except ConfigError as exc:
+                named = getattr(m, exc.key, "") if exc.key else ""
+                raise ConfigError(source, f"mqtt.{exc.key}" if exc.key else "mqtt",
+                                  f"{named}: {exc.reason}" if named else exc.reason) from None
+    if config.metrics.listen:
+        problem = listen_problem(config.metrics.listen)
+        if problem:
+            raise ConfigError(source, "metrics.listen", problem)
+    fw = config.firmware
+    if fw.public_key:
+        try:
+            from firmware_rollout.artifact.keys import load_verify_key
+
+            load_verify_key(fw.public_key)
+        except (EdgeAgentError, OSError, ValueError) as exc:
+            text = str(exc)
+            raise ConfigError(source, "firmware.public_key",
+                              text if fw.public_key in text else f"{fw.public_key}: {text}") from None
+    for key, argv in (("firmware.reboot_command", fw.reboot_command), ("firmware.health_command", fw.health_command)):
+        if argv and shutil.which(argv[0]) is None:
+            raise ConfigError(source, key, f"{argv[0]!r} is not an executable on PATH (give its full path)")
+    return config
+
+
+def listen_problem(listen: str) -> str | None:
+    """What is wrong with a `HOST:PORT` listen address, or None."""
+    host, sep, port = listen.rpartition(":")
+    hint = " (expected HOST:PORT, e.g. 127.0.0.1:9100)"
+    if not sep or not host:
+        return f"{listen!r} has no host and port{hint}"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"port {port} is not 1-65535{hint}"
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            return f"{host!r} is not an IP address or localhost{hint}"
+    return None
+
+
+__all__ = ["listen_problem", "preflight"]

@@ -1,0 +1,75 @@
+"""`config check` makes every check `run` makes before it connects, and both say the same one
+line naming the config file, the key and what is wrong with what it names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main as cli
+from agent.commands.preflight import listen_problem
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nrole = "worker"\ndevice_id = "pi-0001"\ndata_dir = "{tmp_path / "data"}"\n{extra}')
+    return path
+
+
+def secret(tmp_path: Path, mode: int) -> Path:
+    path = tmp_path / "mqtt.password"
+    path.write_text("s3cret\n")
+    path.chmod(mode)
+    return path
+
+
+CASES = {
+    "missing password file": (lambda t: f'[mqtt]\npassword_file = "{t}/none"\n',
+                              "mqtt.password_file: {t}/none: file not found"),
+    "readable password file": (lambda t: f'[mqtt]\npassword_file = "{secret(t, 0o644)}"\n',
+                               "mqtt.password_file: {t}/mqtt.password: file has mode 0644"),
+    "missing CA": (lambda t: f'[mqtt]\nurl = "mqtts://broker.example"\ntls_ca = "{t}/ca.crt"\n',
+                   "mqtt.tls_ca: {t}/ca.crt: cannot load CA file"),
+    "URL without host": (lambda t: '[mqtt]\nurl = "mqtt://:1883"\n', "mqtt.url: expected mqtt://host[:port]"),
+    "listen port": (lambda t: '[metrics]\nlisten = "127.0.0.1:99999"\n', "metrics.listen: port 99999 is not 1-65535"),
+    "listen host": (lambda t: '[metrics]\nlisten = "gateway:9100"\n',
+                    "metrics.listen: 'gateway' is not an IP address or localhost"),
+    "public key": (lambda t: f'[firmware]\npublic_key = "{secret(t, 0o600)}"\n',
+                   "firmware.public_key: {t}/mqtt.password: not a PEM public key"),
+    "reboot command": (lambda t: '[firmware]\nreboot_command = ["no-such-reboot-tool", "now"]\n',
+                       "firmware.reboot_command: 'no-such-reboot-tool' is not an executable on PATH"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_config_check_and_run_refuse_alike_naming_file_and_key(tmp_path: Path, case: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    body, expected = CASES[case]
+    path = write(tmp_path, body(tmp_path))
+    line = f"{path}: {expected.format(t=tmp_path)}"
+    assert cli(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"edge-agent config: {line}") and "\n" not in err
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--config", str(path)], capture_output=True,
+                         text=True, cwd=str(REPO), timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip().startswith(f"edge-agent run: {line}") and "\n" not in run.stderr.strip()
+    assert not (tmp_path / "data").exists()  # refused before anything was created
+
+
+def test_a_good_config_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, f'[mqtt]\npassword_file = "{secret(tmp_path, 0o600)}"\n[metrics]\nlisten = "[::1]:9100"\n')
+    assert cli(["config", "check", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{path}: ok (worker 'pi-0001', fleet 'default')"
+
+
+@pytest.mark.parametrize(("listen", "ok"), [("127.0.0.1:9100", True), ("localhost:1", True), ("[::1]:9100", True),
+                                            ("0.0.0.0:65535", True), ("9100", False), (":9100", False),
+                                            ("127.0.0.1:0", False), ("127.0.0.1:http", False)])
+def test_listen_addresses(listen: str, ok: bool) -> None:
+    assert (listen_problem(listen) is None) is ok
