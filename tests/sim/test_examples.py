@@ -63,9 +63,24 @@ def test_rollout_specs_are_kept_out_of_the_agent_config_directory() -> None:
 
 
 @pytest.mark.parametrize("path", AGENT_CONFIGS, ids=lambda p: p.name)
-def test_config_check_passes_on_every_agent_config(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["config", "check", str(path)]) == 0
-    assert capsys.readouterr().out.startswith(f"{path}: ok (")
+def test_config_check_passes_on_every_agent_config(path: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """With the files a device would have in place (config check looks at them as run does)."""
+    from firmware_rollout.artifact.keys import generate_keypair
+
+    keys = generate_keypair(tmp_path / "keys")
+    text = path.read_text().replace("/etc/edge-agent/fleet-public.pem", str(keys.public))
+    text = text.replace("/usr/local/bin/camera-selftest", "/bin/true")
+    placed = tmp_path / path.name
+    placed.write_text(text)
+    assert cli(["config", "check", str(placed)]) == 0
+    assert capsys.readouterr().out.startswith(f"{placed}: ok (")
+
+
+def test_config_check_looks_at_the_files_a_config_names(capsys: pytest.CaptureFixture[str]) -> None:
+    path = CONFIGS / "worker-firmware.toml"
+    assert cli(["config", "check", str(path)]) == 2  # this machine has no fleet key in /etc/edge-agent
+    assert "firmware.public_key: cannot read key file /etc/edge-agent/fleet-public.pem" in capsys.readouterr().err
 
 
 def test_the_firmware_worker_example_turns_updates_on() -> None:
