@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rejects": ("agent.commands.rejects", "list and show the messages the leader refused"),
     "firmware": ("agent.commands.firmware", "build, sign, verify and inspect firmware artifacts"),
     "config": ("agent.commands.config", "check agent config files"),
+    "console": ("agent.commands.console", "serve the web console over a leader's database"),
     "doctor": ("agent.commands.doctor", "check that this agent is set up to work: config, files, broker, leader"),
     "version": ("agent.commands.version", "print the version"),
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: makes .venv, installs the project with its test extra, installs
 # Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
-# port), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
+# port) and Debian's chromium + chromium-driver (the console's browser test), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
 # runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
@@ -11,6 +11,10 @@ ensure_venv test,sim,lint
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
     echo "installing Debian's mosquitto for the integration tests" >&2
     apt_install mosquitto || echo "warning: could not install mosquitto; MQTT tests will fail" >&2
+fi
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    echo "installing Debian's chromium and chromium-driver for the console's browser test" >&2
+    apt_install chromium chromium-driver || echo "warning: could not install chromium; the browser test will be skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2

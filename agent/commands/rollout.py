@@ -163,26 +163,9 @@ def _check_plan(spec: Any, version: str, db: Path) -> None:
 
 
 def _control(store: Any, args: argparse.Namespace) -> int:
-    r = store.find(args.id)
-    if r is None:
-        raise RolloutError(f"no rollout {args.id!r} (see `edge-agent rollout list`)")
-    if args.action != "rollback" and not r.active:
-        raise RolloutError(f"rollout {r.id} is {r.state}; `{args.action}` applies to a running or paused rollout")
-    if args.action == "approve":
-        wave = store.wave(r.id, r.current_wave)
-        if wave is None or wave.state != "awaiting_approval":
-            raise RolloutError(f"rollout {r.id}: wave {r.current_wave + 1} is {wave.state if wave else '?'}, "
-                               "not awaiting approval")
-    if args.action == "next" and r.current_wave + 1 >= r.wave_count:
-        raise RolloutError(f"rollout {r.id}: wave {r.current_wave + 1} is the last wave")
-    arg = ""
-    if args.action == "rollback":
-        arg = str(Path(args.artifact).resolve()) if args.artifact else ""
-        if arg and not Path(arg).is_file():
-            raise ConfigError(args.artifact, None, "artifact not found")
-        if not arg and not r.spec.rollout.rollback_artifact:
-            raise RolloutError(f"rollout {r.id} names no rollback_artifact; give --artifact PREVIOUS.eafw")
-    control = store.add_control(r.id, args.action, arg)
+    from firmware_rollout.orchestration.controls import request_control
+
+    control = request_control(store, args.id, args.action, getattr(args, "artifact", None))
     return _await_control(store, control, args.no_wait)
 
 

@@ -1,0 +1,120 @@
+"""What each console page shows, read from the leader's database and its outbox."""
+
+from __future__ import annotations
+
+import sqlite3
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.core.clock import SystemClock
+from agent.core.errors import StoreError
+from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
+from agent.leader.readonly import open_leader_db
+from agent.leader.reject_view import RejectCount, RejectRow, reject_counts, reject_rows
+from agent.leader.status import summarize
+from agent.protocol import FleetStatus
+
+PAGE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    summary: FleetStatus
+    page: DevicePage
+    filter: DeviceFilter
+
+
+def fleet(db: Path, flt: DeviceFilter) -> Fleet:
+    summary = summarize(db, stale_limit=0)
+    with open_leader_db(db) as leader:
+        return Fleet(summary, list_devices(leader, flt), flt)
+
+
+def device(db: Path, device_id: str) -> DeviceDetail | None:
+    with open_leader_db(db) as leader:
+        return device_detail(leader, device_id, rejects=20)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejects:
+    counts: list[RejectCount]
+    rows: list[RejectRow]
+
+
+def rejects(db: Path, device_id: str | None) -> Rejects:
+    with open_leader_db(db) as leader:
+        return Rejects(reject_counts(leader, device=device_id), reject_rows(leader, device=device_id, limit=100))
+
+
+def _has_rollouts(db: Path) -> bool:
+    with open_leader_db(db) as leader:
+        return "rollouts" in leader.tables
+
+
+def rollouts(db: Path) -> list[dict[str, Any]]:
+    """Every rollout, newest first, as `rollout status --json` describes it."""
+    if not _has_rollouts(db):
+        return []
+    from firmware_rollout.orchestration.status import describe
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open(db, clock=SystemClock()) as store:
+        return [describe(store, r.id) for r in reversed(store.rollouts())]
+
+
+def rollout(db: Path, rollout_id: str) -> tuple[dict[str, Any], list[str]] | None:
+    """A rollout as `rollout status --json` describes it, and the controls that apply now."""
+    if not _has_rollouts(db):
+        return None
+    from firmware_rollout.orchestration.controls import allowed_actions
+    from firmware_rollout.orchestration.status import describe
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open(db, clock=SystemClock()) as store:
+        if store.find(rollout_id) is None:
+            return None
+        return describe(store, rollout_id), allowed_actions(store, rollout_id)
+
+
+def control(db: Path, rollout_id: str, action: str) -> int:
+    """Queue a control exactly as `edge-agent rollout ACTION ID` does; its id."""
+    from firmware_rollout.orchestration.controls import request_control
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open(db, clock=SystemClock()) as store:
+        return request_control(store, rollout_id, action)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    id: int
+    kind: str
+    receiver: str
+    attempts: int
+    last_error: str
+    created_ms: int
+
+
+def dead_letters(outbox: Path) -> tuple[int, list[DeadLetter]]:
+    """(how many, the oldest 100) of the dead letters in the leader's outbox."""
+    if not outbox.exists():
+        return 0, []
+    uri = "file:" + urllib.parse.quote(str(outbox.resolve())) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            (total,) = conn.execute("SELECT COUNT(*) FROM outbox WHERE status = 'dead'").fetchone()
+            found = conn.execute("SELECT id, kind, receiver, attempts, last_error, created_at FROM outbox"
+                                 " WHERE status = 'dead' ORDER BY id LIMIT 100").fetchall()
+            rows = [DeadLetter(int(i), str(k), str(r), int(a), str(e or ""), int(c)) for i, k, r, a, e, c in found]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{outbox}: cannot read: {exc}") from exc
+    return int(total), rows
+
+
+__all__ = ["PAGE", "DeadLetter", "Fleet", "Rejects", "control", "dead_letters", "device", "fleet", "rejects",
+           "rollout", "rollouts"]

@@ -1,0 +1,159 @@
+"""The console in a real browser (Debian's Chromium, driven by Selenium): a leader and two workers
+run as `edge-agent run` on a real mosquitto (the workers have no [firmware], so the
+offers stay unanswered and the rollout stays under way) with a rollout under way; the browser signs in,
+opens every page, pauses the rollout and resumes it through the confirmation pages, and the
+leader's database says so each time. Screenshots go to test-artifacts/console/ (not in git)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mosquitto import Mosquitto, free_port
+
+from firmware_rollout.artifact.fixture import make_artifact
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "console"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+pytestmark = [pytest.mark.mqtt, pytest.mark.skipif(
+    not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
+    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them)")]
+
+
+def agent_config(work: Path, name: str, role: str, url: str) -> Path:
+    path = work / f"{name}.toml"
+    path.write_text(f'[agent]\nrole = "{role}"\ndevice_id = "{name}"\nfleet = "lab"\ndata_dir = "{work / name}"\n'
+                    f'firmware_version = "1.0.0"\nuse_uvloop = false\n[mqtt]\nurl = "{url}"\n'
+                    '[heartbeat]\ninterval_s = 1.0\n')
+    return path
+
+
+def query(db: Path, sql: str) -> list[tuple[object, ...]]:
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0)
+        try:
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
+
+
+def wait_for(what: str, condition, timeout_s: float = 60.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,900", f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Path, mosquitto: Mosquitto,
+                                                                  browser) -> None:  # noqa: ANN001
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(agent_config(tmp_path, n, r, url))],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+             for n, r in (("gw", "leader"), ("pi-0001", "worker"), ("pi-0002", "worker"))]
+    db = tmp_path / "gw" / "leader.db"
+    token = tmp_path / "console.token"
+    token.write_text("a-long-enough-console-token-0123456789\n")
+    token.chmod(0o600)
+    port = free_port()
+    try:
+        wait_for("the workers registered", lambda: query(db, "SELECT COUNT(*) FROM devices WHERE online = 1") == [(2,)])
+        artifact, _ = make_artifact(tmp_path, chunk_size=4096, size=20_000)
+        spec = tmp_path / "spec.toml"
+        spec.write_text(f'[rollout]\nname = "lab"\nartifact = "{artifact}"\n[waves]\ncanary = 1\ncounts = [1]\n'
+                        '[device]\ntimeout_s = 3600\n')
+        started = subprocess.run([sys.executable, "-m", "agent.cli", "rollout", "start", str(spec), "--db", str(db),
+                                  "--id", "lab-1"], capture_output=True, text=True, env=env, timeout=60)
+        assert started.returncode == 0, started.stderr
+        procs.append(subprocess.Popen([sys.executable, "-m", "agent.cli", "console", "--db", str(db), "--token-file",
+                                       str(token), "--listen", f"127.0.0.1:{port}"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        base = f"http://127.0.0.1:{port}"
+        wait_for("the console listens", lambda: _listening(port))
+        wait = WebDriverWait(browser, 60)
+
+        browser.get(base + "/")  # no token yet: the sign-in form
+        assert browser.find_element(By.ID, "token")
+        browser.find_element(By.ID, "token").send_keys(token.read_text().strip())
+        browser.find_element(By.ID, "sign-in").click()
+        wait.until(lambda d: d.find_elements(By.ID, "devices"))
+        assert "pi-0001" in browser.find_element(By.ID, "devices").text
+        browser.save_screenshot(str(ARTIFACTS / "fleet.png"))
+
+        browser.get(base + "/devices/pi-0001")
+        wait.until(lambda d: "lab-1" in d.page_source)
+        browser.save_screenshot(str(ARTIFACTS / "device.png"))
+        for page in ("/dead-letters", "/rejects", "/rollouts"):
+            browser.get(base + page)
+            assert browser.title.endswith("· edge-agent") and "Not found" not in browser.page_source
+            browser.save_screenshot(str(ARTIFACTS / f"{page.strip('/')}.png"))
+
+        browser.find_element(By.LINK_TEXT, "lab-1").click()
+        wait.until(lambda d: d.find_elements(By.ID, "control-pause"))
+        browser.save_screenshot(str(ARTIFACTS / "rollout-running.png"))
+        for action, state in (("pause", "paused"), ("resume", "running")):
+            browser.find_element(By.ID, f"control-{action}").click()
+            wait.until(lambda d: d.find_elements(By.ID, "confirm"))
+            browser.find_element(By.ID, "confirm").click()
+            wait.until(lambda d: "queued as control" in d.page_source)
+            wait_for(f"the leader applied {action}",
+                     lambda: query(db, "SELECT state FROM rollouts WHERE id = 'lab-1'") == [(state,)])
+            browser.refresh()
+            wait.until(lambda d, s=state: d.find_element(By.ID, "state").text == s)
+            browser.save_screenshot(str(ARTIFACTS / f"rollout-{state}.png"))
+        controls = query(db, "SELECT action, result FROM rollout_controls ORDER BY id")
+        assert [a for a, _ in controls] == ["start", "pause", "resume"]  # `rollout start`'s, then the browser's
+        assert all(result and not str(result).startswith("error") for _, result in controls)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,116 @@
+"""The console over HTTP: the token on every page, the sign-in cookie, CSRF on controls, and a
+hostile device's strings rendered as text, never as markup."""
+
+from __future__ import annotations
+
+import http.client
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main as cli
+from agent.console.server import COOKIE, Console, ConsoleConfig, ConsoleServer
+from agent.core.clock import SystemClock
+from agent.leader.registry import DeviceRegistry
+from agent.leader.rejects import RejectLog
+from agent.protocol import Heartbeat
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    db = tmp_path / "leader.db"
+    clock = SystemClock()
+    with DeviceRegistry.open(db, clock=clock) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id="pi-0001", seq=1, uptime_s=1.0, firmware_version="1.0.0"),
+                              Heartbeat(device_id="<script>alert(1)</script>", seq=1, uptime_s=1.0,
+                                        firmware_version="<b>2</b>", tags=("<i>x</i>",))])
+    with RejectLog.open(db, clock=clock) as rejects:
+        rejects.record(topic="ea/v1/t/rogue/up", reason="<img src=x onerror=alert(1)>", payload=b"<svg>", sender="rogue")
+    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)))
+    console.serve_in_thread()
+    try:
+        yield console.server_address[0], console.server_address[1]
+    finally:
+        console.shutdown()
+        console.server_close()
+
+
+def request(address: tuple[str, int], method: str, path: str, *, headers: dict[str, str] | None = None,
+            body: str | None = None) -> tuple[int, dict[str, str], str]:
+    conn = http.client.HTTPConnection(*address, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read().decode()
+    finally:
+        conn.close()
+
+
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_every_page_needs_the_token(server: tuple[str, int]) -> None:
+    for path in ("/", "/rollouts", "/dead-letters", "/rejects", "/devices/pi-0001"):
+        status, headers, body = request(server, "GET", path)
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer") and 'name="token"' in body
+        assert "pi-0001" not in body
+        status, _, _ = request(server, "GET", path, headers={"Authorization": "Bearer wrong-token-0123456789"})
+        assert status == 401
+        status, _, _ = request(server, "GET", path, headers=BEARER)
+        assert status == 200, path
+    status, _, body = request(server, "GET", "/", headers=BEARER)
+    assert '<a href="/devices/pi-0001">pi-0001</a>' in body
+
+
+def test_signing_in_sets_a_session_cookie_that_is_not_the_token(server: tuple[str, int]) -> None:
+    status, headers, _ = request(server, "POST", "/login", body="token=nope",
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 401 and "Set-Cookie" not in headers
+    status, headers, _ = request(server, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}),
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    cookie = headers["Set-Cookie"]
+    assert status == 303 and cookie.startswith(f"{COOKIE}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert TOKEN not in cookie
+    status, _, body = request(server, "GET", "/", headers={"Cookie": cookie.split(";")[0]})
+    assert status == 200 and "pi-0001" in body
+
+
+def test_a_hostile_devices_strings_are_text(server: tuple[str, int]) -> None:
+    _, headers, body = request(server, "GET", "/", headers=BEARER)
+    assert "<script>alert(1)</script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "<b>2</b>" not in body and "<i>x</i>" not in body
+    assert "script-src" not in headers["Content-Security-Policy"] and "default-src 'none'" in headers[
+        "Content-Security-Policy"]
+    _, _, body = request(server, "GET", "/rejects", headers=BEARER)
+    assert "<img src=x" not in body and "&lt;img src=x onerror=alert(1)&gt;" in body and "<svg>" not in body
+
+
+def test_a_control_without_the_forms_csrf_value_is_refused(server: tuple[str, int]) -> None:
+    _, headers, _ = request(server, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}),
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+    cookie = headers["Set-Cookie"].split(";")[0]
+    status, headers, _ = request(server, "POST", "/rollouts/r1/control", body="action=pause&csrf=forged",
+                                 headers={"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 303 and "the+form+has+expired" in headers["Location"]
+    status, _, _ = request(server, "POST", "/rollouts/r1/control", body="x" * 5000, headers=BEARER)
+    assert status == 413
+
+
+def test_the_command_refuses_a_readable_token_and_a_bad_listen_address(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o644)
+    db = tmp_path / "leader.db"
+    DeviceRegistry.open(db, clock=SystemClock()).close()
+    assert cli(["console", "--db", str(db), "--token-file", str(token)]) == 2
+    assert "group/others can access it" in capsys.readouterr().err
+    token.chmod(0o600)
+    assert cli(["console", "--db", str(db), "--token-file", str(token), "--listen", "127.0.0.1:0"]) == 2
+    assert "port 0 is not 1-65535" in capsys.readouterr().err
+    assert cli(["console", "--db", str(tmp_path / "none.db"), "--token-file", str(token)]) == 2
+    assert "none.db: no such file" in capsys.readouterr().err
