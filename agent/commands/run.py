@@ -49,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
     from agent.service import setup_logging
 
     setup_logging(config.agent.log_level, fmt=args.log_format)
-    return run_loop(serve(config, broker=args.broker, data_dir=args.data_dir, recover=args.recover),
+    return run_loop(serve(config, broker=args.broker, data_dir=args.data_dir, recover=args.recover,
+                          source=args.config),
                     use_uvloop=wants_uvloop(config.agent))
 
 
@@ -60,8 +61,9 @@ def wants_uvloop(section: AgentSection) -> bool:
 
 
 async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str | None = None,
-                recover: bool = False) -> int:
-    """Run the agent until SIGTERM/SIGINT; returns the exit status."""
+                recover: bool = False, source: str = "config") -> int:
+    """Run the agent until SIGTERM/SIGINT; returns the exit status. `source`: the config file,
+    named in a data directory error."""
     from agent.service import set_service_umask
 
     set_service_umask()
@@ -70,11 +72,11 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
     try:
         base.mkdir(parents=True, exist_ok=True, mode=0o750)
     except OSError as exc:
-        raise ConfigError("--data-dir" if data_dir else "agent.data_dir", None,
+        raise ConfigError("--data-dir" if data_dir else source, None if data_dir else "agent.data_dir",
                           f"cannot create the data directory {base}: {exc.strerror or exc}") from None
     from agent.service.instance import InstanceLock
 
-    lock = InstanceLock(base).acquire()  # held while this agent runs (the kernel drops it at a crash)
+    lock = InstanceLock(base, source="--data-dir" if data_dir else source).acquire()  # the kernel drops it at a crash
     try:
         return await _serve_locked(config, base, clock, broker=broker, recover=recover)
     finally:

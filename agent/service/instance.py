@@ -26,8 +26,9 @@ class AlreadyRunning(ConfigError):
 class InstanceLock:
     """Held by `edge-agent run` from before the databases open until the process ends."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, source: str = "agent.data_dir") -> None:
         self.path = data_dir / LOCK_NAME
+        self._source = source  # named in the refusal: the config file, or --data-dir
         self._fd: int | None = None
 
     def acquire(self) -> InstanceLock:
@@ -38,7 +39,7 @@ class InstanceLock:
             holder = _read_pid(fd)
             os.close(fd)
             who = f" (pid {holder})" if holder else ""
-            raise AlreadyRunning("agent.data_dir", None,
+            raise AlreadyRunning(self._source, "agent.data_dir" if self._source != "--data-dir" else None,
                                  f"another agent runs on {self.path.parent}{who}; one data directory"
                                  " holds one agent") from None
         os.ftruncate(fd, 0)

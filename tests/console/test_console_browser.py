@@ -83,7 +83,8 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
-    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(agent_config(tmp_path, n, r, url))],
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config",
+                               str(agent_config(tmp_path, n, r, url))],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
              for n, r in (("gw", "leader"), ("pi-0001", "worker"), ("pi-0002", "worker"))]
     db = tmp_path / "gw" / "leader.db"
@@ -132,7 +133,7 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
             browser.find_element(By.ID, "confirm").click()
             wait.until(lambda d: "queued as control" in d.page_source)
             wait_for(f"the leader applied {action}",
-                     lambda: query(db, "SELECT state FROM rollouts WHERE id = 'lab-1'") == [(state,)])
+                     lambda s=state: query(db, "SELECT state FROM rollouts WHERE id = 'lab-1'") == [(s,)])
             browser.refresh()
             wait.until(lambda d, s=state: d.find_element(By.ID, "state").text == s)
             browser.save_screenshot(str(ARTIFACTS / f"rollout-{state}.png"))

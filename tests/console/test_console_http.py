@@ -29,7 +29,8 @@ def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
                               Heartbeat(device_id="<script>alert(1)</script>", seq=1, uptime_s=1.0,
                                         firmware_version="<b>2</b>", tags=("<i>x</i>",))])
     with RejectLog.open(db, clock=clock) as rejects:
-        rejects.record(topic="ea/v1/t/rogue/up", reason="<img src=x onerror=alert(1)>", payload=b"<svg>", sender="rogue")
+        rejects.record(topic="ea/v1/t/rogue/up", reason="<img src=x onerror=alert(1)>", payload=b"<svg>",
+                       sender="rogue")
     console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)))
     console.serve_in_thread()
     try:
