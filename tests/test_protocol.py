@@ -15,6 +15,7 @@ from agent.protocol import (
     JobOffer,
     JobResult,
     JobSubmit,
+    Ping,
     Presence,
     StaleDevice,
     StatusRequest,
@@ -61,6 +62,7 @@ EXAMPLES: dict[str, msgspec.Struct] = {
                                     state="succeeded", phase="committed", detail="ok",
                                     ts_ms=5, seq=2, active_version="1.1.0"),
     "firmware.chunk": ChunkRequest(rollout_id="r-1", index=3, offset=12288, length=4096),
+    "ping": Ping(sent_ms=1_700_000_000_000),
 }
 
 
