@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from agent.core.codec import INT64_MAX, Envelope, MessageRegistry, decode, encode
+from agent.core.codec import INT64_MAX, Count, Envelope, MessageRegistry, decode, encode
 
 # Every field is bounded where it is declared: integers within SQLite's int64, strings and
 # collections by length, floats finite and within a sane range, so one device's message can
@@ -90,6 +90,8 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     # A random id of this start of the agent. A device whose local state was wiped (a new SD
     # card) counts seqs from the start again: its new boot id tells the leader to take them.
     boot: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    # Messages waiting in the device's outbox when the heartbeat was made (None: not reported).
+    outbox_pending: Count | None = None
 
 
 class Telemetry(_Message, kw_only=True, frozen=True):

@@ -147,7 +147,8 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
         f"  heartbeat seq {detail.heartbeat_seq if detail.heartbeat_seq is not None else '-'}"
         f" ({_ago(now_ms, detail.heartbeat_at_ms)}), uptime {detail.uptime_s or 0:.0f}s;"
         f" first seen {_ago(now_ms, detail.first_seen_ms)}, state changed {_ago(now_ms, detail.changed_ms)}",
-        f"  telemetry: {detail.telemetry_count} records, {detail.telemetry_names} names",
+        f"  telemetry: {detail.telemetry_count} records, {detail.telemetry_names} names;"
+        f" outbox: {'not reported' if detail.outbox_pending is None else f'{detail.outbox_pending} pending'}",
     ]
     s = detail.sample
     if s is not None:

@@ -80,6 +80,7 @@ class DeviceDetail(msgspec.Struct, kw_only=True, frozen=True):
     changed_ms: int
     telemetry_count: int
     telemetry_names: int
+    outbox_pending: int | None  # as its newest heartbeat reported; None: not reported
     sample: SystemSample | None
     rejects: list[DeviceReject]
     rollouts: list[DeviceRollout]
@@ -161,11 +162,12 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10) -> DeviceD
     """Everything the leader keeps about one device; None if it has never been heard of."""
     conn = db.conn
     found = conn.execute(f"SELECT {_ROW_COLUMNS}, hb_seq, hb_at_ms, uptime_s, boot, first_seen_ms, changed_ms,"
-                         " telemetry_count, sample FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+                         " telemetry_count, sample, outbox_pending FROM devices WHERE device_id = ?",
+                         (device_id,)).fetchone()
     if found is None:
         return None
     row = _with_rollouts(db, [_row(found[:6])])[0]
-    hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, sample = found[6:]
+    hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, sample, pending = found[6:]
     (names,) = conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?", (device_id,)).fetchone()
     recent: list[DeviceReject] = []
     if "rejects" in db.tables:
@@ -176,7 +178,8 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10) -> DeviceD
     return DeviceDetail(
         device=row, heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime,
         boot=str(boot), first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),
-        telemetry_names=int(names), sample=_sample(sample), rejects=recent, rollouts=_rollouts_of(db, device_id),
+        telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=_sample(sample),
+        rejects=recent, rollouts=_rollouts_of(db, device_id),
     )
 
 

@@ -97,18 +97,23 @@ def _v3(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE devices ADD COLUMN presence_session TEXT NOT NULL DEFAULT ''")
 
 
-_MIGRATIONS = (_v1, _v2, _v3)
+def _v4(conn: sqlite3.Connection) -> None:
+    """The outbox depth the newest heartbeat reported (`Heartbeat.outbox_pending`)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN outbox_pending INTEGER")
+
+
+_MIGRATIONS = (_v1, _v2, _v3, _v4)
 
 _UPSERT_HEARTBEAT = """
 INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
-                     sample, online, offline_reason, first_seen_ms, changed_ms, boot)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?)
+                     sample, online, offline_reason, first_seen_ms, changed_ms, boot, outbox_pending)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?)
 ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
     tags = excluded.tags, sample = excluded.sample, online = 1, offline_reason = NULL,
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
-    boot = excluded.boot
+    boot = excluded.boot, outbox_pending = excluded.outbox_pending
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)
 """
 
@@ -249,7 +254,7 @@ class DeviceRegistry(SqliteStore):
                 cur = execute(
                     _UPSERT_HEARTBEAT,
                     (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
-                     sample, now, now, hb.boot),
+                     sample, now, now, hb.boot, hb.outbox_pending),
                 )
                 applied.append(cur.rowcount > 0)
                 if hb.boot:

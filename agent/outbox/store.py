@@ -216,6 +216,13 @@ class OutboxStore:
         return engine.books.write_transactions if engine is not None else 0
 
     @property
+    def pending(self) -> int:
+        """Pending rows of every class as the store's own books count them (no query: what a
+        heartbeat reports). Read from the loop thread, so a commit under way may not be in it."""
+        engine = self._writer.engine
+        return sum(d[0] for d in list(engine.books.depth.values())) if engine is not None else 0
+
+    @property
     def in_flight(self) -> int:
         engine = self._writer.engine
         return len(engine.books.inflight) if engine is not None else 0

@@ -108,9 +108,11 @@ class HeartbeatActor(Actor):
         self, *, device_id: str, outbox: Outbox, ids: IdGenerator, interval_s: float, incarnation: int,
         firmware_version: Callable[[], str], tags: tuple[str, ...] = (),
         sampler: Callable[[], SystemSample] | None = None, boot: str = "",
+        outbox_pending: Callable[[], int] | None = None,
     ) -> None:
         self.device_id = device_id
         self.boot = boot
+        self._outbox_pending = outbox_pending
         self._outbox = outbox
         self._ids = ids
         self._interval_s = interval_s
@@ -158,6 +160,7 @@ class HeartbeatActor(Actor):
             uptime_s=max(0.0, clock.monotonic() - self._started_at),
             firmware_version=self._firmware_version(), tags=self._tags,
             sample=self._sampler() if self._sampler is not None else None, boot=self.boot,
+            outbox_pending=self._outbox_pending() if self._outbox_pending is not None else None,
         )
 
     async def receive(self, message: object, ctx: Context) -> object | None:

@@ -249,6 +249,9 @@ class WorkerAgent:
         return agent
 
     # -- lifecycle -----------------------------------------------------------------------------
+    def _outbox_depth(self) -> int:
+        return self.outbox.pending
+
     async def start(self) -> None:
         if self._started:
             return
@@ -274,7 +277,9 @@ class WorkerAgent:
         self.heartbeat_actor = HeartbeatActor(
             device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
-            tags=tuple(cfg.agent.tags), sampler=self._sampler, boot=self.boot)
+            tags=tuple(cfg.agent.tags), sampler=self._sampler, boot=self.boot,
+            # a shared outbox (the simulator's) counts other devices' rows too: not reported then
+            outbox_pending=self._outbox_depth if self._owns_stores else None)
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )

@@ -32,7 +32,8 @@ def leader_db(tmp_path: Path) -> Path:
                                         tags=("lab", "north") if n < 2 else ("field",), boot="b0",
                                         sample=SystemSample(cpu_percent=12.0, mem_percent=40.0))
                               for n in range(5)])
-        reg.apply_heartbeat(Heartbeat(device_id="pi-05", seq=9, uptime_s=1.0, firmware_version="2.0.0"))
+        reg.apply_heartbeat(Heartbeat(device_id="pi-05", seq=9, uptime_s=1.0, firmware_version="2.0.0",
+                                      outbox_pending=12))
         reg.apply_presence("pi-03", False)
         reg.apply_presence("pi-04", False)
     with RejectLog.open(path, clock=clock) as rejects:
@@ -76,6 +77,7 @@ def test_one_device_in_full(leader_db: Path) -> None:
     assert (detail.heartbeat_seq, detail.boot, detail.device.online) == (1, "b0", False)
     assert detail.sample is not None and detail.sample.cpu_percent == 12.0
     assert [r.reason for r in detail.rejects] == ["unknown kind"]
+    assert detail.outbox_pending is None  # pi-03's heartbeat did not report it
 
 
 def test_the_status_command_lists_pages_and_says_how_to_go_on(leader_db: Path,
@@ -95,6 +97,7 @@ def test_the_status_command_lists_pages_and_says_how_to_go_on(leader_db: Path,
     assert cli(["status", "--db", str(leader_db), "--device", "pi-05"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("device pi-05: online") and "r1 " in out and "wave 0, queued" in out
+    assert "outbox: 12 pending" in out
     assert cli(["status", "--db", str(leader_db), "--device", "pi-99"]) == 1
     assert "no device 'pi-99'" in capsys.readouterr().err
 

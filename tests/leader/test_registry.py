@@ -189,12 +189,14 @@ def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Pa
     reg.close()
     with sqlite3.connect(db) as conn:  # back to schema 2: as a leader before sessions left it
         conn.execute("ALTER TABLE devices DROP COLUMN presence_session")
+        conn.execute("ALTER TABLE devices DROP COLUMN outbox_pending")
         conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")
     reg = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=30)
     try:
         assert reg.apply_presence("pi-1", True, session="aa01")
         assert not reg.apply_presence("pi-1", False, session="ffff")
         assert reg.device("pi-1").hb_seq == 3  # type: ignore[union-attr]
+        assert reg.apply_heartbeat(Heartbeat(device_id="pi-1", seq=4, uptime_s=1.0, outbox_pending=5))
     finally:
         reg.close()
 

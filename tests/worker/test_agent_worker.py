@@ -14,6 +14,7 @@ from e2e.agent_support import leader, pending, stop_all, until, worker  # noqa: 
 
 from agent.core.clock import VirtualClock  # noqa: E402
 from agent.core.codec import Envelope  # noqa: E402
+from agent.leader.agent import LeaderAgent  # noqa: E402
 from agent.protocol import KIND_JOB_OFFER, JobOffer, encode_message  # noqa: E402
 from agent.transport.base import InboundMessage  # noqa: E402
 from agent.transport.memory import MemoryBroker  # noqa: E402
@@ -137,3 +138,43 @@ async def test_heartbeat_seq_grows_across_restarts(clock: VirtualClock, broker: 
         assert second.heartbeat_actor.last_seq // SEQ_PER_INCARNATION == second.incarnation
     finally:
         await stop_all(second, clock=clock)
+
+
+async def test_heartbeats_report_the_outbox_backlog_the_leader_shows(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """A device that was cut off says in its first heartbeat back how much it still holds."""
+    from agent.leader.fleet_view import device_detail
+    from agent.leader.readonly import open_leader_db
+
+    gw = await leader(clock, tmp_path, broker=broker)
+    device = await worker(clock, tmp_path, "w0", broker=broker)
+    try:
+        await until(clock, lambda: gw.registry.counts()[0] == 1, what="online")
+        broker.partition()
+        for n in range(20):
+            await device.send_telemetry("t", float(n))  # into the outbox: no leader to take them
+        assert device.outbox.pending >= 20
+        beat = device.heartbeat_actor.heartbeat(clock)
+        assert beat.outbox_pending is not None and beat.outbox_pending >= 20
+        broker.heal()
+        await until(clock, lambda: _reported(gw) is not None, what="a heartbeat with the backlog applied")
+        await until(clock, lambda: _empty(device), what="the backlog delivered")
+        with open_leader_db(tmp_path / "gw" / "leader.db") as db:
+            detail = device_detail(db, "w0")
+        assert detail is not None and detail.outbox_pending is not None
+    finally:
+        await stop_all(device, gw, clock=clock)
+
+
+def _reported(gw: LeaderAgent) -> int | None:
+    """The backlog w0's newest applied heartbeat reported, if any."""
+    from agent.leader.readonly import open_leader_db
+
+    with open_leader_db(gw.registry.path) as db:
+        row = db.conn.execute("SELECT outbox_pending FROM devices WHERE device_id = 'w0'").fetchone()
+    return int(row[0]) if row is not None and row[0] else None
+
+
+async def _empty(w) -> bool:  # type: ignore[no-untyped-def]  # noqa: ANN001
+    return await pending(w, "telemetry") == 0
