@@ -15,6 +15,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from agent.leader.fleet_view import ago
+
 if TYPE_CHECKING:
     from agent.leader.fleet_view import DeviceDetail, DevicePage
 
@@ -99,19 +101,6 @@ def _once(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ago(now_ms: int, at_ms: int | None) -> str:
-    if at_ms is None:
-        return "never"
-    seconds = max(0, (now_ms - at_ms) // 1000)
-    if seconds < 120:
-        return f"{seconds}s ago"
-    if seconds < 7200:
-        return f"{seconds // 60}m ago"
-    if seconds < 172800:
-        return f"{seconds // 3600}h ago"
-    return f"{seconds // 86400}d ago"
-
-
 def format_devices(page: DevicePage, now_ms: int) -> str:
     """The device table, one line per device."""
     if not page.devices:
@@ -121,7 +110,7 @@ def format_devices(page: DevicePage, now_ms: int) -> str:
     rows = [(
         d.device_id,
         "online" if d.online else f"offline ({d.offline_reason})" if d.offline_reason else "offline",
-        _ago(now_ms, d.last_seen_ms),
+        ago(now_ms, d.last_seen_ms),
         d.firmware_version or "-",
         ",".join(d.tags) or "-",
         f"{d.rollout_id} ({d.rollout_state})" if d.rollout_id else "-",
@@ -142,11 +131,11 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
     d = detail.device
     state = "online" if d.online else f"offline ({d.offline_reason or 'never seen online'})"
     lines = [
-        f"device {d.device_id}: {state}, last seen {_ago(now_ms, d.last_seen_ms)}",
+        f"device {d.device_id}: {state}, last seen {ago(now_ms, d.last_seen_ms)}",
         f"  firmware {d.firmware_version or '-'}   tags {','.join(d.tags) or '-'}   boot {detail.boot or '-'}",
         f"  heartbeat seq {detail.heartbeat_seq if detail.heartbeat_seq is not None else '-'}"
-        f" ({_ago(now_ms, detail.heartbeat_at_ms)}), uptime {detail.uptime_s or 0:.0f}s;"
-        f" first seen {_ago(now_ms, detail.first_seen_ms)}, state changed {_ago(now_ms, detail.changed_ms)}",
+        f" ({ago(now_ms, detail.heartbeat_at_ms)}), uptime {detail.uptime_s or 0:.0f}s;"
+        f" first seen {ago(now_ms, detail.first_seen_ms)}, state changed {ago(now_ms, detail.changed_ms)}",
         f"  telemetry: {detail.telemetry_count} records, {detail.telemetry_names} names;"
         f" outbox: {'not reported' if detail.outbox_pending is None else f'{detail.outbox_pending} pending'}",
     ]
@@ -164,5 +153,5 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
                   + (f" ({r.detail})" if r.detail else "") for r in detail.rollouts]
     if detail.rejects:
         lines.append(f"  recent rejects ({len(detail.rejects)}):")
-        lines += [f"    {_ago(now_ms, r.at_ms)}  {r.kind or '-'}  {r.reason}" for r in detail.rejects]
+        lines += [f"    {ago(now_ms, r.at_ms)}  {r.kind or '-'}  {r.reason}" for r in detail.rejects]
     return "\n".join(lines)

@@ -26,7 +26,7 @@ import msgspec
 
 from agent.console import data
 from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
-from agent.leader.fleet_view import DeviceFilter
+from agent.leader.fleet_view import DeviceFilter, ago
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,7 @@ class ConsoleConfig:
 
 
 def _ago(ms: int | None) -> str:
-    if ms is None:
-        return "never"
-    seconds = max(0, int(time.time() - ms / 1000))
-    if seconds < 120:
-        return f"{seconds} s ago"
-    if seconds < 7200:
-        return f"{seconds // 60} min ago"
-    if seconds < 172800:
-        return f"{seconds // 3600} h ago"
-    return f"{seconds // 86400} days ago"
+    return ago(int(time.time() * 1000), ms)
 
 
 def _preview(head: bytes) -> str:

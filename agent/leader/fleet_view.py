@@ -86,6 +86,20 @@ class DeviceDetail(msgspec.Struct, kw_only=True, frozen=True):
     rollouts: list[DeviceRollout]
 
 
+def ago(now_ms: int, at_ms: int | None) -> str:
+    """How long ago `at_ms` was, for a person: `12s ago`, `5m ago`, `3h ago`, `2d ago`, `never`."""
+    if at_ms is None:
+        return "never"
+    seconds = max(0, (now_ms - at_ms) // 1000)
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    if seconds < 172800:
+        return f"{seconds // 3600}h ago"
+    return f"{seconds // 86400}d ago"
+
+
 def _where(flt: DeviceFilter, db: LeaderDb) -> tuple[str, list[object]]:
     clauses: list[str] = []
     params: list[object] = []
@@ -197,5 +211,5 @@ def _rollouts_of(db: LeaderDb, device_id: str) -> list[DeviceRollout]:
                           state=str(f), detail=str(g), updated_ms=int(h)) for a, b, c, d, e, f, g, h in rows]
 
 
-__all__ = ["DeviceDetail", "DeviceFilter", "DevicePage", "DeviceReject", "DeviceRollout", "DeviceRow",
+__all__ = ["ago", "DeviceDetail", "DeviceFilter", "DevicePage", "DeviceReject", "DeviceRollout", "DeviceRow",
            "device_detail", "list_devices"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.leader.readonly import LeaderDb
+from agent.leader.rejects import Reject
 
 
 class RejectCount(msgspec.Struct, kw_only=True, frozen=True):
@@ -15,16 +16,7 @@ class RejectCount(msgspec.Struct, kw_only=True, frozen=True):
     last_ms: int
 
 
-class RejectRow(msgspec.Struct, kw_only=True, frozen=True):
-    id: int
-    at_ms: int
-    topic: str
-    sender: str | None
-    msg_id: str | None
-    kind: str | None
-    size: int  # of the whole payload
-    reason: str
-    head: bytes  # its first bytes, as kept
+RejectRow = Reject  # one refused message, as RejectLog keeps it
 
 
 def _device_clause(device: str | None) -> tuple[str, tuple[str, ...]]:
@@ -45,15 +37,11 @@ def reject_counts(db: LeaderDb, *, device: str | None = None) -> list[RejectCoun
 _COLUMNS = "id, at_ms, topic, sender, msg_id, kind, size, reason, head"
 
 
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _row(values: tuple[object, ...]) -> RejectRow:
+def _row(values: tuple[object, ...]) -> Reject:
     id_, at, topic, sender, msg_id, kind, size, reason, head = values
-    return RejectRow(id=int(str(id_)), at_ms=int(str(at)), topic=str(topic), sender=_text(sender), msg_id=_text(msg_id),
-                     kind=_text(kind), size=int(str(size)), reason=str(reason),
-                     head=head if isinstance(head, bytes) else b"")
+    return Reject(int(str(id_)), int(str(at)), str(topic), None if sender is None else str(sender),
+                  None if msg_id is None else str(msg_id), None if kind is None else str(kind), int(str(size)),
+                  str(reason), head if isinstance(head, bytes) else b"")
 
 
 def reject_rows(db: LeaderDb, *, device: str | None = None, limit: int = 50) -> list[RejectRow]:

@@ -1,4 +1,5 @@
-"""Settings helpers of `MqttTransport`: TLS files, reconnect backoff, the password file."""
+"""Settings helpers of `MqttTransport`: the broker address, TLS files, reconnect backoff, the password
+file."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import random
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from agent.core.errors import ConfigError
 
@@ -33,6 +35,25 @@ class TlsSettings:
         return context
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    host: str
+    port: int
+    tls: bool
+
+
+def broker_address(url: str) -> BrokerAddress:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError("mqtt", "url", f"invalid URL {url!r}: {exc}") from None
+    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+        raise ConfigError("mqtt", "url", f"expected mqtt://host[:port] or mqtts://..., got {url!r}")
+    tls = parts.scheme == "mqtts"
+    return BrokerAddress(parts.hostname, port or (8883 if tls else 1883), tls)
+
+
 def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) -> float:
     """Full jitter: uniform in [0, min(max_s, min_s * 2**attempt)]; attempt 0 is the first retry."""
     cap = min(max_s, min_s * (2 ** min(attempt, 32)))
@@ -50,4 +71,4 @@ def read_password(path: str, *, source: str = "mqtt") -> str:
     return text.rstrip("\r\n")
 
 
-__all__ = ["TlsSettings", "backoff_delay", "read_password"]
+__all__ = ["BrokerAddress", "TlsSettings", "backoff_delay", "broker_address", "read_password"]

@@ -58,7 +58,7 @@ from agent.transport import topics
 from agent.transport._mqtt_acks import FAILURE as _FAILURE
 from agent.transport._mqtt_acks import PubackTracker
 from agent.transport._mqtt_failures import classify
-from agent.transport._mqtt_settings import TlsSettings, backoff_delay, read_password
+from agent.transport._mqtt_settings import TlsSettings, backoff_delay, broker_address, read_password
 from agent.transport._paho_fast import FastPath, PropertiesCache, unsupported
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 
@@ -186,21 +186,15 @@ class MqttTransport:
     def from_url(cls, url: str, *, client_id: str, **kwargs: Any) -> MqttTransport:
         """`mqtt://host[:port]` or `mqtts://host[:port]`; a username may be in the URL, never a
         password."""
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as exc:
-            raise ConfigError("mqtt", "url", f"invalid URL {url!r}: {exc}") from None
-        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
-            raise ConfigError("mqtt", "url", f"expected mqtt://host[:port] or mqtts://..., got {url!r}")
+        address = broker_address(url)
+        parts = urlsplit(url)
         if parts.password is not None:
             raise ConfigError("mqtt", "url", "no password in the URL: use mqtt.password_file")
-        if parts.scheme == "mqtts" and kwargs.get("tls") is None:
+        if address.tls and kwargs.get("tls") is None:
             kwargs["tls"] = TlsSettings()
         if parts.username and kwargs.get("username") is None:
             kwargs["username"] = parts.username
-        default_port = 8883 if parts.scheme == "mqtts" else 1883
-        return cls(host=parts.hostname, port=port or default_port, client_id=client_id, **kwargs)
+        return cls(host=address.host, port=address.port, client_id=client_id, **kwargs)
 
     @classmethod
     def from_config(

@@ -18,35 +18,14 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.core.errors import ConfigError
 from agent.transport._mqtt_failures import Failure, classify
-from agent.transport._mqtt_settings import TlsSettings
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerAddress:
-    host: str
-    port: int
-    tls: bool
-
-
-def broker_address(url: str) -> BrokerAddress:
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError("mqtt", "url", f"invalid URL {url!r}: {exc}") from None
-    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
-        raise ConfigError("mqtt", "url", f"expected mqtt://host[:port] or mqtts://..., got {url!r}")
-    tls = parts.scheme == "mqtts"
-    return BrokerAddress(parts.hostname, port or (8883 if tls else 1883), tls)
+from agent.transport._mqtt_settings import BrokerAddress, TlsSettings, broker_address
 
 
 def probe_tcp(address: BrokerAddress, timeout_s: float) -> float:
