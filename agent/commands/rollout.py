@@ -253,8 +253,12 @@ def render_status(data: dict[str, Any]) -> Any:
         table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=24),
                       f"{w['succeeded']}/{w['size']} ok", counts)
     totals = "  ".join(f"{k}: {v}" for k, v in data["counts"].items())
+    served = data.get("serving") or {}
     lines: list[Text | Table] = [head, Text(data["detail"], style="dim"), table,
-             Text(f"devices {data['devices']}   {totals}   offers {data['offers']}")]
+             Text(f"devices {data['devices']}   {totals}   offers {data['offers']}"),
+             Text(f"served {served.get('chunks', 0)} chunks, {served.get('bytes', 0) / 2**20:.1f} MiB;"
+                  f" {served.get('busy', 0)} busy answers; at most {served.get('max_concurrent', 0)} downloads at once",
+                  style="dim")]
     if data["rollback_of"]:
         lines.insert(1, Text(f"rollback of {data['rollback_of']}", style="yellow"))
     if "device_list" in data:

@@ -154,6 +154,9 @@ class RolloutService:
         self.intake: ReportIntake | None = None
         self._intake_ref: ActorRef | None = None
         self._task: asyncio.Task[None] | None = None
+        self._serving_task: asyncio.Task[None] | None = None
+        self._serving_poll_s = poll_s
+        self._serving_seen: dict[str, dict[str, int]] = {}  # per pool: the counts already stored
         self.owns_store = False  # `attach_rollout` opened it: `stop` closes it
 
     async def start(self) -> None:
@@ -164,19 +167,47 @@ class RolloutService:
             stall_s=leader.config.mailbox.stall_s)
         leader.register_route(KIND_UPDATE_REPORT, UpdateReport, self._on_report)
         leader.register_route(KIND_CHUNK_REQUEST, ChunkRequest, self._on_chunk)
-        self._task = asyncio.get_running_loop().create_task(self.orchestrator.run(), name="rollout-orchestrator")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
+        self._serving_task = loop.create_task(self._store_serving_every_tick(), name="rollout-serving")
 
     async def stop(self) -> None:
         self.orchestrator.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._serving_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._serving_task = None
+        self.store_serving()
         self.leader.unregister_route(KIND_UPDATE_REPORT)
         self.leader.unregister_route(KIND_CHUNK_REQUEST)
         if self.owns_store:
             self.store.close()
+
+    def store_serving(self) -> None:
+        """Add what each rollout's ConfigServers served since the last call to the rollout store
+        (`rollout status`, the console): the pools count in memory, the store adds up across
+        leader restarts."""
+        for rollout_id, pool in self.pools.items():
+            now = pool.statistics()
+            seen = self._serving_seen.get(rollout_id, {})
+            delta = {k: now[k] - seen.get(k, 0) for k in ("served", "bytes_served", "busy", "rejected")}
+            if not any(delta.values()) and now["max_concurrent"] <= seen.get("max_concurrent", 0):
+                continue
+            try:
+                self.store.add_serving(rollout_id, chunks=delta["served"], bytes_=delta["bytes_served"],
+                                       busy=delta["busy"], rejected=delta["rejected"],
+                                       max_concurrent=now["max_concurrent"])
+            except StoreError as exc:  # counted again at the next tick
+                log.warning("serving figures of rollout %s not stored: %s", rollout_id, exc)
+                continue
+            self._serving_seen[rollout_id] = now
+
+    async def _store_serving_every_tick(self) -> None:
+        while True:
+            await self.clock.sleep(self._serving_poll_s)
+            self.store_serving()
 
     def max_concurrent_downloads(self) -> int:
         return max((p.max_concurrent for p in self.pools.values()), default=0)

@@ -98,6 +98,22 @@ def _v4(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX rollout_controls_rollout ON rollout_controls(rollout_id)")
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4)
+def _v5(conn: sqlite3.Connection) -> None:
+    # What the leader's ConfigServers served per rollout, added up across leader restarts
+    # (`RolloutStore.add_serving`): one small row per rollout, kept with its summary.
+    conn.execute(
+        """CREATE TABLE rollout_serving (
+            rollout_id TEXT PRIMARY KEY,
+            chunks INTEGER NOT NULL DEFAULT 0,
+            bytes INTEGER NOT NULL DEFAULT 0,
+            busy INTEGER NOT NULL DEFAULT 0,
+            rejected INTEGER NOT NULL DEFAULT 0,
+            max_concurrent INTEGER NOT NULL DEFAULT 0,
+            updated_ms INTEGER NOT NULL
+        ) WITHOUT ROWID"""
+    )
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5)
 
 __all__ = ["MIGRATIONS"]

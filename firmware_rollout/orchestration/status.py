@@ -70,6 +70,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "counts": dict(sorted(totals.items())),
         "offers": len(offers),
         "devices_offered_after_abort": after,
+        "serving": store.serving(r.id),
         "waves": waves,
     }
 

@@ -490,6 +490,27 @@ class RolloutStore(SqliteStore):
         return None if value is None else int(value)
 
     # -- controls --------------------------------------------------------------------------
+    def add_serving(self, rollout_id: str, *, chunks: int, bytes_: int, busy: int, rejected: int,
+                    max_concurrent: int) -> None:
+        """Add what the ConfigServers served since the last call (counts are increments;
+        `max_concurrent` is a high-water mark)."""
+        with self.atomic(), store_errors("rollout store"):
+            self._conn.execute(
+                "INSERT INTO rollout_serving (rollout_id, chunks, bytes, busy, rejected, max_concurrent, updated_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (rollout_id) DO UPDATE SET"
+                " chunks = chunks + excluded.chunks, bytes = bytes + excluded.bytes, busy = busy + excluded.busy,"
+                " rejected = rejected + excluded.rejected,"
+                " max_concurrent = MAX(max_concurrent, excluded.max_concurrent), updated_ms = excluded.updated_ms",
+                (rollout_id, chunks, bytes_, busy, rejected, max_concurrent, self._clock.now_ms()),
+            )
+
+    def serving(self, rollout_id: str) -> dict[str, int]:
+        """What the ConfigServers served for this rollout (zeros before the first chunk)."""
+        rows = self._q("SELECT chunks, bytes, busy, rejected, max_concurrent FROM rollout_serving"
+                       " WHERE rollout_id = ?", (rollout_id,))
+        names = ("chunks", "bytes", "busy", "rejected", "max_concurrent")
+        return dict(zip(names, rows[0], strict=True)) if rows else dict.fromkeys(names, 0)
+
     def add_control(self, rollout_id: str, action: str, arg: str = "") -> int:
         if action not in CONTROLS:
             raise ValueError(f"unknown control {action!r}")

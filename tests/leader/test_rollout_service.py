@@ -114,6 +114,13 @@ async def test_offline_devices_are_updated_when_they_return_and_offline_reports_
         assert r is not None and r.state == "succeeded"
         assert sorted(d for d, _, _ in store.offers(rid)) == ["w1", "w2"]
         assert actors["w1"].updater.active_version == actors["w2"].updater.active_version == "1.1.0"  # type: ignore[union-attr]
+        await clock.advance(2)  # the next serving tick stores what the ConfigServers served
+        served = store.serving(rid)
+        assert served["chunks"] >= 2 * 5 and served["bytes"] >= 2 * 5000  # five 1 KiB chunks, two devices
+        assert served["max_concurrent"] >= 1
+        from firmware_rollout.orchestration.status import describe
+
+        assert describe(store, rid)["serving"] == served  # what `rollout status` and the console show
         await clock.advance(12)  # the next heartbeats report the version each device now runs
         for name in ("w1", "w2"):
             record = leader.registry.device(name)
