@@ -140,3 +140,22 @@ def test_a_thousand_devices_one_offline_is_found_in_one_command(tmp_path: Path,
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("fleet: 1000 devices, 999 online, 1 offline")
     assert [line.split()[0] for line in out[out.index("DEVICE"):].splitlines()[1:-1]] == ["pi-0420"]
+
+
+def test_a_listing_piped_into_head_ends_quietly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "leader.db"
+    with DeviceRegistry.open(path, clock=SystemClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id=f"pi-{n:05d}", seq=1, uptime_s=1.0) for n in range(20_000)])
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-m", "agent.cli", "status", "--db", str(path), "--limit", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(repo),
+                             env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout.readline().startswith(b"fleet: 20000 devices")
+    child.stdout.close()  # as `head -1` does
+    err = child.stderr.read()
+    child.stderr.close()
+    assert child.wait(60) == 0 and b"Traceback" not in err and err == b""
