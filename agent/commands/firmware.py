@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.core.clock import SystemClock
-from agent.core.errors import EdgeAgentError
+from agent.core.errors import ConfigError, EdgeAgentError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     signer.add_argument("--key", type=Path, metavar="PRIVATE_PEM", help="ed25519 private key to sign with")
     signer.add_argument("--unsigned", action="store_true", help="leave unsigned, to sign later with `sign`")
     build.add_argument("--out", required=True, type=Path, metavar="ARTIFACT")
+    build.add_argument("--force", action="store_true", help="replace an existing ARTIFACT")
     build.add_argument("--name", help="image name (default: the image file's stem)")
     build.add_argument("--chunk-size", type=int, default=None, metavar="BYTES", help="default 131072")
     build.add_argument(
@@ -74,6 +75,9 @@ def _build(args: argparse.Namespace) -> int:
     from firmware_rollout.artifact.keys import load_signing_key
     from firmware_rollout.artifact.manifest import DEFAULT_CHUNK_SIZE
 
+    if args.out.exists() and not args.force:
+        raise ConfigError(str(args.out), None, "exists already: give --force to replace it (a rollout that"
+                                               " serves it would see its chunks change)")
     key = None if args.unsigned else load_signing_key(args.key)
     signed = build_artifact(
         args.image,

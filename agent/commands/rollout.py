@@ -14,7 +14,9 @@ The CLI then waits a few seconds for the leader to record the result and prints 
 and `list` read the tables directly.
 
 User mistakes (a bad spec, an unknown rollout, a control that does not apply) are one line on
-stderr and exit status 2; a control the leader refused exits 1.
+stderr and exit status 2; a control the leader refused exits 1; one the leader did not apply
+within the wait exits 3 and says since when the leader has not run (it is applied when the
+leader starts). `status` and `list` open the database read-only and never write it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from agent.core.clock import SystemClock
 from agent.core.errors import ArtifactError, ConfigError, RolloutError
 
+EXIT_NOT_APPLIED = 3  # a control queued, the leader not running to apply it
 CONTROL_ACTIONS = ("pause", "resume", "cancel", "next", "approve")
 CONTROL_HELP = {
     "pause": "stop offering the image; devices mid-update finish and report",
@@ -37,6 +40,16 @@ CONTROL_HELP = {
     "next": "end the current wave now and start the next one, whatever its gates say",
     "approve": "start the next wave of a rollout waiting for approval",
 }
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,10 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("spec", help="rollout spec (TOML)")
     start.add_argument("--id", help="rollout id (default: from the spec's name)")
     start.add_argument("--no-wait", action="store_true", help="do not wait for the leader to start it")
+    start.add_argument("--wait", type=_positive_seconds, default=10.0, metavar="SECONDS",
+                       help="how long to wait for the leader (default 10)")
     status = with_db(sub.add_parser("status", help="show a rollout (default: the latest)"))
     status.add_argument("id", nargs="?", metavar="ID", help="the rollout's id (default: the latest)")
     status.add_argument("--watch", action="store_true", help="refresh until the rollout ends")
-    status.add_argument("--interval", type=float, default=2.0, help="refresh interval of --watch, seconds")
+    status.add_argument("--interval", type=_positive_seconds, default=2.0,
+                        help="refresh interval of --watch, seconds (> 0)")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.add_argument("--devices", action="store_true",
                         help="also list every device: wave, state, attempts and why (e.g. a failed health check)")
@@ -64,11 +80,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = with_db(sub.add_parser(action, help=CONTROL_HELP[action], description=CONTROL_HELP[action]))
         p.add_argument("id", metavar="ID", help="the rollout's id (see `edge-agent rollout list`)")
         p.add_argument("--no-wait", action="store_true", help="do not wait for the leader to apply it")
+        p.add_argument("--wait", type=_positive_seconds, default=10.0, metavar="SECONDS",
+                       help="how long to wait for the leader (default 10)")
     rollback = with_db(sub.add_parser("rollback", help="offer the previous version to the devices that took this one"))
     rollback.add_argument("id", metavar="ID", help="the rollout whose devices go back")
     rollback.add_argument("--artifact", default="", help="the previous version's artifact (default: the spec's "
                                                          "rollback_artifact)")
     rollback.add_argument("--no-wait", action="store_true", help="do not wait for the leader to apply it")
+    rollback.add_argument("--wait", type=_positive_seconds, default=10.0, metavar="SECONDS",
+                          help="how long to wait for the leader (default 10)")
     listing = with_db(sub.add_parser("list", help="list rollouts"))
     listing.add_argument("--json", action="store_true")
 
@@ -88,10 +108,22 @@ def _db_path(args: argparse.Namespace) -> Path:
     return path
 
 
+READ_ONLY = ("status", "list")
+
+
 def _open(args: argparse.Namespace) -> Any:
+    """The rollout store: read-only for `status` and `list`, which never write the file; `start`
+    and the controls write, and only into a leader's database (never a worker's)."""
+    from agent.leader.registry import DeviceRegistry
     from firmware_rollout.orchestration.store import RolloutStore
 
-    return RolloutStore.open(_db_path(args), clock=SystemClock())
+    path = _db_path(args)
+    if args.action in READ_ONLY:
+        return RolloutStore.open_readonly(path, clock=SystemClock())
+    DeviceRegistry.connect_readonly(path).close()  # a leader's database: it has the device registry
+    if args.action != "start":
+        RolloutStore.connect_readonly(path).close()  # a control names a rollout: the tables are there
+    return RolloutStore.open(path, clock=SystemClock())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -130,7 +162,7 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     _check_plan(spec, signed.manifest.version, Path(store.path))
     control = store.add_control(rid, "start", spec.to_json().decode())
     print(f"rollout {rid}: version {signed.manifest.version} from {spec.rollout.artifact}")
-    return _await_control(store, control, args.no_wait)
+    return _await_control(store, control, args.no_wait, args.wait)
 
 
 def _check_plan(spec: Any, version: str, db: Path) -> None:
@@ -166,23 +198,31 @@ def _control(store: Any, args: argparse.Namespace) -> int:
     from firmware_rollout.orchestration.controls import request_control
 
     control = request_control(store, args.id, args.action, getattr(args, "artifact", None))
-    return _await_control(store, control, args.no_wait)
+    return _await_control(store, control, args.no_wait, args.wait)
 
 
 def _await_control(store: Any, control_id: int, no_wait: bool, timeout_s: float = 10.0) -> int:
-    if not no_wait:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            row = store.control(control_id)
-            if row is not None and row.applied_ms is not None:
-                if row.result.startswith("error:"):
-                    print(f"edge-agent rollout: the leader refused it: {row.result[6:].strip()}", file=sys.stderr)
-                    return 1
-                print(row.result)
-                return 0
-            time.sleep(0.2)
-    print(f"queued as control {control_id}; the running leader applies it on its next tick")
-    return 0
+    """Wait for the running leader to apply the control and print its result. Exit status: 0
+    applied (or `--no-wait`), 1 the leader refused it, 3 not applied within the wait (the leader
+    is not running: it applies the control when it starts)."""
+    if no_wait:
+        print(f"queued as control {control_id}; the running leader applies it on its next tick")
+        return 0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = store.control(control_id)
+        if row is not None and row.applied_ms is not None:
+            if row.result.startswith("error:"):
+                print(f"edge-agent rollout: the leader refused it: {row.result[6:].strip()}", file=sys.stderr)
+                return 1
+            print(row.result)
+            return 0
+        time.sleep(0.2)
+    seen = store.leader_last_seen_ms()
+    since = "never" if seen is None else time.strftime("%H:%M:%S", time.localtime(seen / 1000))
+    print(f"edge-agent rollout: not applied yet: the leader has not run since {since} (its last write to"
+          f" {store.path}); it applies control {control_id} when it starts", file=sys.stderr)
+    return EXIT_NOT_APPLIED
 
 
 def _status(store: Any, args: argparse.Namespace) -> int:

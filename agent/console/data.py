@@ -60,7 +60,7 @@ def rollouts(db: Path) -> list[dict[str, Any]]:
     from firmware_rollout.orchestration.status import describe
     from firmware_rollout.orchestration.store import RolloutStore
 
-    with RolloutStore.open(db, clock=SystemClock()) as store:
+    with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         return [describe(store, r.id) for r in reversed(store.rollouts())]
 
 
@@ -72,17 +72,19 @@ def rollout(db: Path, rollout_id: str) -> tuple[dict[str, Any], list[str]] | Non
     from firmware_rollout.orchestration.status import describe
     from firmware_rollout.orchestration.store import RolloutStore
 
-    with RolloutStore.open(db, clock=SystemClock()) as store:
+    with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         if store.find(rollout_id) is None:
             return None
         return describe(store, rollout_id), allowed_actions(store, rollout_id)
 
 
 def control(db: Path, rollout_id: str, action: str) -> int:
-    """Queue a control exactly as `edge-agent rollout ACTION ID` does; its id."""
+    """Queue a control exactly as `edge-agent rollout ACTION ID` does; its id. The one write the
+    console makes: it opens the store for writing only here."""
     from firmware_rollout.orchestration.controls import request_control
     from firmware_rollout.orchestration.store import RolloutStore
 
+    RolloutStore.connect_readonly(db).close()  # the rollout tables are there: nothing is created
     with RolloutStore.open(db, clock=SystemClock()) as store:
         return request_control(store, rollout_id, action)
 

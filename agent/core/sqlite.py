@@ -27,6 +27,7 @@ import logging
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal, Self
@@ -272,6 +273,41 @@ class SqliteStore:
     def connect_migrated(cls, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> sqlite3.Connection:
         """A connection to `path` with this store's tables at their newest version."""
         return open_migrated(path, cls.COMPONENT, cls.MIGRATIONS, synchronous=synchronous)
+
+    @classmethod
+    def connect_readonly(cls, path: str | Path) -> sqlite3.Connection:
+        """A read-only connection (`mode=ro`) to `path`, which must hold this store's tables at
+        the version this program reads: nothing is created or migrated. `StoreError` says why
+        not in one line (no such file, not SQLite, not this store's, older or newer schema)."""
+        target = Path(path)
+        if not target.is_file():
+            raise StoreError(f"{target}: no such file")
+        uri = "file:" + urllib.parse.quote(str(target.resolve())) + "?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{target}: cannot open: {describe(exc)}") from exc
+        try:
+            conn.execute("PRAGMA busy_timeout = 2000")
+            try:
+                row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",
+                                   (cls.COMPONENT,)).fetchone()
+            except sqlite3.OperationalError:
+                row = None
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{target}: not an SQLite database ({describe(exc)})") from exc
+            if row is None:
+                raise StoreError(f"{target}: has no {cls.WHAT.removeprefix('the ')} (no {cls.COMPONENT} tables)")
+            version, current = int(row[0]), len(cls.MIGRATIONS)
+            if version > current:
+                raise StoreError(f"{target}: {cls.WHAT} schema {version} is newer than this program ({current})")
+            if version < current:
+                raise StoreError(f"{target}: {cls.WHAT} schema {version} is older than this program's ({current}):"
+                                 " start the agent that owns it once to upgrade it")
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return conn
 
     @property
     def closed(self) -> bool:

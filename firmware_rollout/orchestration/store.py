@@ -179,6 +179,12 @@ class RolloutStore(SqliteStore):
     def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "NORMAL") -> RolloutStore:
         return cls(cls.connect_migrated(path, synchronous=synchronous), clock=clock, path=str(path))
 
+    @classmethod
+    def open_readonly(cls, path: str | Path, *, clock: Clock) -> RolloutStore:
+        """For the commands that only look (`rollout status`, `list`, the console's pages): the
+        file is never written, and one that holds no rollout tables is refused."""
+        return cls(cls.connect_readonly(path), clock=clock, path=str(path))
+
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self.check_open()
         with store_errors("rollout store"):
@@ -510,6 +516,15 @@ class RolloutStore(SqliteStore):
                        " WHERE rollout_id = ?", (rollout_id,))
         names = ("chunks", "bytes", "busy", "rejected", "max_concurrent")
         return dict(zip(names, rows[0], strict=True)) if rows else dict.fromkeys(names, 0)
+
+    def leader_last_seen_ms(self) -> int | None:
+        """When the leader last wrote to its database, as far as its tables tell: the newest
+        heartbeat it applied, control it answered or rollout it moved on (None: no sign)."""
+        sources = ["SELECT MAX(applied_ms) FROM rollout_controls", "SELECT MAX(updated_ms) FROM rollouts"]
+        if self._q("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'devices'"):
+            sources.append("SELECT MAX(hb_at_ms) FROM devices")
+        seen = [row[0][0] for row in (self._q(sql) for sql in sources) if row and row[0][0] is not None]
+        return max(seen) if seen else None
 
     def add_control(self, rollout_id: str, action: str, arg: str = "") -> int:
         if action not in CONTROLS:

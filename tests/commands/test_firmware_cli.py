@@ -59,6 +59,7 @@ def test_cli_refusals_name_the_reason(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["firmware", "build", *args, "--version", "1.0.0", "--rollback", "--out", str(rb)]) == 0
     capsys.readouterr()
     pub = ["--pubkey", str(keys / "public.pem")]
+    fresh = tmp_path / "fresh.eafw"
     cases = [
         (["verify", str(old), "--pubkey", str(other / "public.pem")], "signed by key"),
         (["verify", str(old), *pub, "--installed-version", "1.2.0"], "downgrade refused"),
@@ -67,8 +68,9 @@ def test_cli_refusals_name_the_reason(tmp_path: Path, capsys: pytest.CaptureFixt
         (["verify", str(image), *pub], "bad magic"),
         (["verify", str(old), "--pubkey", str(image)], "not a PEM public key"),
         (["verify", str(old), "--pubkey", str(tmp_path / "nokey.pem")], "cannot read key file"),
+        (["build", *args, "--version", "1.1.0", "--out", str(old)], "exists already: give --force"),
         (
-            ["build", str(image), "--version", "1.0", "--key", str(keys / "private.pem"), "--out", str(old)],
+            ["build", str(image), "--version", "1.0", "--key", str(keys / "private.pem"), "--out", str(fresh)],
             "invalid version",
         ),
         (
@@ -80,12 +82,12 @@ def test_cli_refusals_name_the_reason(tmp_path: Path, capsys: pytest.CaptureFixt
                 "--key",
                 str(keys / "private.pem"),
                 "--out",
-                str(old),
+                str(fresh),
             ],
             "cannot read image",
         ),
         (
-            ["build", str(image), "--version", "1.0.0", "--key", str(keys / "public.pem"), "--out", str(old)],
+            ["build", str(image), "--version", "1.0.0", "--key", str(keys / "public.pem"), "--out", str(fresh)],
             "not a PEM private key",
         ),
         (["keygen", "--out", str(keys)], "already exists"),

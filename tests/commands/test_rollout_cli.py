@@ -38,7 +38,8 @@ def leader(tmp_path: Path) -> tuple[Path, Path]:
     make_artifact(tmp_path, chunk_size=1024, size=2048)
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC)
-    db = tmp_path / "leader.db"
+    db = tmp_path / "leader.db"  # as a leader's first start leaves it: the registry and the rollout tables
+    DeviceRegistry.open(db, clock=VirtualClock()).close()
     RolloutStore.open(db, clock=VirtualClock()).close()
     return db, spec
 
@@ -143,6 +144,24 @@ async def test_controls_that_do_not_apply_are_refused_before_writing(leader: tup
         store.close()
 
 
+async def test_a_control_the_leader_does_not_apply_says_since_when_it_has_not_run(
+        leader: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    db, spec = leader
+    clock = VirtualClock()
+    register(db, ["a", "b", "c"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    await tick(db, clock, FakePort(clock, ["a", "b", "c"]))  # the leader ran once, then stopped
+    capsys.readouterr()
+    assert cli(["rollout", "pause", "r1", "--db", str(db), "--wait", "0.3"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("edge-agent rollout: not applied yet: the leader has not run since ")
+    assert err.endswith(f"(its last write to {db}); it applies control 2 when it starts")
+    with pytest.raises(SystemExit) as usage:  # a usage error: argparse's exit 2 with the usage line
+        cli(["rollout", "status", "--db", str(db), "--watch", "--interval", "0"])
+    assert usage.value.code == 2
+    assert "--interval: must be a number of seconds > 0, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("soak", [0.5 * HEARTBEAT_DEFAULT_S, HEARTBEAT_DEFAULT_S, 2 * HEARTBEAT_DEFAULT_S])
 def test_start_warns_of_a_soak_shorter_than_the_workers_heartbeat(
     leader: tuple[Path, Path], soak: float, capsys: pytest.CaptureFixture[str]
@@ -163,3 +182,38 @@ def test_start_warns_of_a_soak_shorter_than_the_workers_heartbeat(
         assert err.count("\n") == 1
     else:
         assert warnings == [] and "soak" not in err
+
+
+def _fingerprint(path: Path) -> tuple[str, int]:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+
+
+def test_rollout_commands_on_a_workers_database_refuse_and_leave_it_as_it_was(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.worker.jobs import JobLedger
+
+    worker_db = tmp_path / "worker.db"
+    JobLedger.open(worker_db, clock=VirtualClock()).close()
+    before = _fingerprint(worker_db)
+    for argv in (["rollout", "list", "--db", str(worker_db)], ["rollout", "status", "--db", str(worker_db)],
+                 ["rollout", "pause", "r1", "--db", str(worker_db)],
+                 ["rollout", "start", str(tmp_path / "spec.toml"), "--db", str(worker_db)]):
+        assert cli(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(worker_db) in err, err
+        assert "has no" in err
+    assert _fingerprint(worker_db) == before
+    assert not (tmp_path / "worker.db-wal").exists() or (tmp_path / "worker.db-wal").stat().st_size == 0
+
+
+def test_reading_a_leaders_rollouts_writes_nothing(leader: tuple[Path, Path],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    db, _ = leader
+    before = _fingerprint(db)
+    assert cli(["rollout", "list", "--db", str(db)]) == 0
+    assert capsys.readouterr().out.strip() == "no rollouts"
+    assert cli(["rollout", "status", "--db", str(db)]) == 2  # no rollouts yet: a user mistake, still no write
+    capsys.readouterr()
+    assert _fingerprint(db) == before
