@@ -4,7 +4,7 @@
     build   IMAGE --version V (--key PRIV | --unsigned) --out ARTIFACT [--name N] [--chunk-size B]
             [--hardware H ...] [--min-version V] [--rollback]
     sign    ARTIFACT --key PRIV [--out OUT]     (re)sign after checking the image
-    verify  ARTIFACT --pubkey PUB [--installed-version V] [--hardware H]
+    verify  ARTIFACT --pubkey PUB [--installed-version V] [--hardware H] [--image NAME]
     inspect ARTIFACT [--json]
 
 Every refusal or bad input is one line on stderr and exit status 2; `verify` exits 0 only when
@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verify.add_argument("--pubkey", required=True, type=Path, metavar="PUBLIC_PEM")
     verify.add_argument("--installed-version", metavar="V", help="refuse a downgrade from this version")
     verify.add_argument("--hardware", metavar="H", help="refuse an image not made for this hardware")
+    verify.add_argument("--image", metavar="NAME", help="refuse an image of another name (as [firmware] image)")
 
     inspect = sub.add_parser("inspect", help="show an artifact's manifest (no key needed, nothing trusted)")
     inspect.add_argument("artifact", type=Path, metavar="ARTIFACT")
@@ -111,7 +112,8 @@ def _verify(args: argparse.Namespace) -> int:
     from firmware_rollout.artifact.keys import load_verify_key
 
     signed = verify_artifact(
-        args.artifact, load_verify_key(args.pubkey), hardware=args.hardware, installed_version=args.installed_version
+        args.artifact, load_verify_key(args.pubkey), hardware=args.hardware, installed_version=args.installed_version,
+        image=args.image
     )
     m = signed.manifest
     kind = "rollback " if m.rollback else ""

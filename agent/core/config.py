@@ -139,6 +139,7 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     public_key: str = ""  # the fleet's pinned ed25519 public key (PEM)
     state_dir: str = "firmware"  # updater state and A/B slot directories, relative to data_dir
     hardware: str = ""  # this device's hardware name, checked against the manifest
+    image: str = ""  # the image this device runs (the manifest's name, e.g. "camera"); empty: any
     health_timeout_s: PositiveFloat = 120.0
     health_command: list[str] = msgspec.field(default_factory=list)  # must exit 0 after a trial boot
     reboot_command: list[str] = msgspec.field(default_factory=list)  # empty: restart the agent in place

@@ -264,6 +264,7 @@ async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir:
     async def open_updater(sink: ReportSink) -> Updater:
         return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,
                                   health=health, rebooter=rebooter, hardware=fw.hardware or None,
+                                  image=fw.image or None,
                                   initial_version=config.agent.firmware_version,
                                   settings=UpdaterSettings(health_timeout_s=fw.health_timeout_s), on_report=sink)
 

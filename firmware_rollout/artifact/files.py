@@ -106,6 +106,7 @@ def verify_artifact(
     *,
     hardware: str | None = None,
     installed_version: str | None = None,
+    image: str | None = None,
 ) -> SignedManifest:
     """Check everything a device checks before installing; return the verified signed manifest.
 
@@ -119,7 +120,7 @@ def verify_artifact(
             length = parse_header(header)
             signed = verify_signed_manifest(header + _read_exact(handle, length + SIGNATURE_BLOCK_SIZE), key)
             manifest = signed.manifest
-            check_policy(manifest, hardware=hardware, installed_version=installed_version)
+            check_policy(manifest, hardware=hardware, installed_version=installed_version, image=image)
             on_disk = _image_size_on_disk(path, signed)
             if on_disk != manifest.size:
                 raise MalformedArtifact(

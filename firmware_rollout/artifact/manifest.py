@@ -241,9 +241,13 @@ def verify_signed_manifest(data: bytes, key: VerifyKey) -> SignedManifest:
     return parse_signed_manifest(data)
 
 
-def check_policy(manifest: Manifest, *, hardware: str | None = None, installed_version: str | None = None) -> None:
-    """Refuse an image for other hardware, one that needs a newer installed version first, or a
-    downgrade that is not signed as a rollback. `None` skips the check that needs it."""
+def check_policy(manifest: Manifest, *, hardware: str | None = None, installed_version: str | None = None,
+                 image: str | None = None) -> None:
+    """Refuse another image than this device runs (a router's image on a camera), one for other
+    hardware, one that needs a newer installed version first, or a downgrade that is not signed
+    as a rollback. `None` skips the check that needs it."""
+    if image is not None and manifest.name != image:
+        raise Incompatible(f"incompatible image: this is a {manifest.name!r} image, this device runs {image!r}")
     if hardware is not None and manifest.hardware and hardware not in manifest.hardware:
         raise Incompatible(
             f"incompatible hardware: image is for {', '.join(manifest.hardware)}, this device is {hardware}"

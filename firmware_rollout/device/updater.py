@@ -113,6 +113,7 @@ class Updater:
         initial_version: str,
         settings: UpdaterSettings,
         on_report: ReportSink | None,
+        image: str | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.device_id = device_id
@@ -126,6 +127,7 @@ class Updater:
         self._health = health
         self._rebooter = rebooter
         self._hardware = hardware
+        self._image = image  # the image name this device runs (None: any)
         self._initial_version = initial_version
         self._on_report = on_report
         self._lock = asyncio.Lock()
@@ -148,6 +150,7 @@ class Updater:
         initial_version: str = "0.0.0",
         settings: UpdaterSettings | None = None,
         on_report: ReportSink | None = None,
+        image: str | None = None,
     ) -> Updater:
         """Open (or create) the state in `state_dir` and account for this boot: a trial boot is
         counted, a bootloader fallback or a stale trial flag is settled. Nothing is downloaded or
@@ -178,6 +181,7 @@ class Updater:
                 initial_version=initial_version,
                 settings=settings or UpdaterSettings(),
                 on_report=on_report,
+                image=image,
             )
             recent = await store.reports(limit=1)
             updater._last_report = recent[-1] if recent else None
@@ -364,7 +368,7 @@ class Updater:
         manifest = signed.manifest
         base = base.but(version=manifest.version)
         try:
-            check_policy(manifest, hardware=self._hardware, installed_version=active)
+            check_policy(manifest, hardware=self._hardware, installed_version=active, image=self._image)
         except ArtifactError as exc:
             await self._set(base.but(state="rejected", detail=str(exc)))
             return

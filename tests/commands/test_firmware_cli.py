@@ -64,6 +64,7 @@ def test_cli_refusals_name_the_reason(tmp_path: Path, capsys: pytest.CaptureFixt
         (["verify", str(old), "--pubkey", str(other / "public.pem")], "signed by key"),
         (["verify", str(old), *pub, "--installed-version", "1.2.0"], "downgrade refused"),
         (["verify", str(old), *pub, "--hardware", "rpi3"], "incompatible hardware"),
+        (["verify", str(old), *pub, "--image", "router"], "incompatible image: this is a 'img' image"),
         (["verify", str(tmp_path / "missing.eafw"), *pub], "cannot read"),
         (["verify", str(image), *pub], "bad magic"),
         (["verify", str(old), "--pubkey", str(image)], "not a PEM public key"),

@@ -198,8 +198,10 @@ class Device:
         hardware: str | None = "rpi4",
         settings: UpdaterSettings | None = None,
         health: HealthCheck | None = None,
+        image: str | None = None,
     ) -> None:
         self.root = root
+        self.image = image
         self.keys = keys
         self.clock = clock or SystemClock()
         self.initial_version = initial_version
@@ -237,6 +239,7 @@ class Device:
             initial_version=self.initial_version,
             settings=self.settings,
             on_report=self.sink,
+            image=self.image,
         )
 
     def states(self) -> list[str]:

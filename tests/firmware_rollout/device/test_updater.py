@@ -124,7 +124,7 @@ async def test_tampered_chunk_from_source_is_refused(tmp_path: Path, keys: Keys)
     await updater.close()
 
 
-@pytest.mark.parametrize("case", ["wrong key", "bad signature", "downgrade", "hardware", "malformed"])
+@pytest.mark.parametrize("case", ["wrong key", "bad signature", "downgrade", "hardware", "malformed", "image"])
 async def test_refusals_before_any_download(tmp_path: Path, keys: Keys, case: str) -> None:
     key = SigningKey.generate() if case == "wrong key" else keys.signing
     version = "0.9.0" if case == "downgrade" else "1.1.0"
@@ -136,11 +136,12 @@ async def test_refusals_before_any_download(tmp_path: Path, keys: Keys, case: st
         manifest[-1] ^= 1
     if case == "malformed":
         manifest = manifest[:10]
-    device = Device(tmp_path / "dev", keys)
+    device = Device(tmp_path / "dev", keys, image="camera" if case == "image" else None)  # the artifact is "fw"
     updater = await device.boot()
     report = await updater.offer(UpdateOffer(rollout_id="r1", signed_manifest=bytes(manifest)), source)
     expected = {"wrong key": "signed by key", "bad signature": "does not verify", "downgrade": "downgrade refused",
-                "hardware": "incompatible hardware", "malformed": "truncated"}[case]  # fmt: skip
+                "hardware": "incompatible hardware", "malformed": "truncated",
+                "image": "incompatible image: this is a 'fw' image, this device runs 'camera'"}[case]  # fmt: skip
     assert report.state == "rejected" and expected in report.detail
     assert source.fetched == [] and device.rebooter.reasons == []
     assert updater.status().state == "rejected" and updater.active_version == "1.0.0"
