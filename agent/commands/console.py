@@ -21,13 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from agent.commands.preflight import listen_problem
     from agent.leader.readonly import open_leader_db
     from agent.service.files import check_private_file, read_secret
+    from agent.service.healthhttp import parse_listen
 
-    problem = listen_problem(args.listen)
-    if problem:
-        raise ConfigError("--listen", None, problem)
+    try:  # any host the operator names (loopback is the default), never "any free port"
+        address = parse_listen(args.listen, allow_remote=True, min_port=1, key="--listen")
+    except ConfigError as exc:
+        raise ConfigError("--listen", None, exc.reason) from None
+    if address is None:
+        raise ConfigError("--listen", None, "give HOST:PORT, e.g. 127.0.0.1:8080")
     check_private_file(args.token_file, what="token file")
     token = read_secret(args.token_file)
     if len(token) < 16:
@@ -41,9 +44,8 @@ def main(args: argparse.Namespace) -> int:
                                            " pip install 'edge-agent[console]'") from None
     db = Path(args.db)
     config = ConsoleConfig(db=db, outbox=Path(args.outbox) if args.outbox else db.with_name("outbox.db"), token=token)
-    host, _, port = args.listen.rpartition(":")
     try:
-        server = ConsoleServer((host.strip("[]"), int(port)), Console(config))
+        server = ConsoleServer(address, Console(config))
     except OSError as exc:
         raise ConfigError("--listen", None, f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     print(f"edge-agent console on http://{args.listen}/ for {db}", file=sys.stderr, flush=True)

@@ -3,12 +3,11 @@
 that names the config file and the key, and what is wrong with the file or value it names:
 
     agent.toml: mqtt.password_file: /etc/edge-agent/mqtt.password: not found
-    agent.toml: metrics.listen: port 99999 is not 1-65535 (expected HOST:PORT, e.g. 127.0.0.1:9100)
+    agent.toml: metrics.listen: port 99999 is not 0-65535 (expected HOST:PORT, e.g. 127.0.0.1:9100)
 """
 
 from __future__ import annotations
 
-import ipaddress
 import shutil
 from pathlib import Path
 
@@ -47,9 +46,12 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
                 raise ConfigError(source, f"mqtt.{exc.key}" if exc.key else "mqtt",
                                   f"{named}: {exc.reason}" if named else exc.reason) from None
     if config.metrics.listen:
-        problem = listen_problem(config.metrics.listen)
-        if problem:
-            raise ConfigError(source, "metrics.listen", problem)
+        from agent.service.healthhttp import parse_listen
+
+        try:
+            parse_listen(config.metrics.listen)  # the rule the health endpoint applies when it starts
+        except ConfigError as exc:
+            raise ConfigError(source, "metrics.listen", exc.reason) from None
     fw = config.firmware
     if fw.public_key:
         try:
@@ -66,21 +68,4 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
     return config
 
 
-def listen_problem(listen: str) -> str | None:
-    """What is wrong with a `HOST:PORT` listen address, or None."""
-    host, sep, port = listen.rpartition(":")
-    hint = " (expected HOST:PORT, e.g. 127.0.0.1:9100)"
-    if not sep or not host:
-        return f"{listen!r} has no host and port{hint}"
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        return f"port {port} is not 1-65535{hint}"
-    host = host.strip("[]")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if host != "localhost":
-            return f"{host!r} is not an IP address or localhost{hint}"
-    return None
-
-
-__all__ = ["listen_problem", "preflight"]
+__all__ = ["preflight"]

@@ -42,14 +42,21 @@ _REASONS = {
 }
 
 
-def parse_listen(value: str, *, allow_remote: bool = False) -> tuple[str, int] | None:
-    """"127.0.0.1:9100" / "[::1]:9100" / "localhost:9100" -> (host, port); "" -> None (off)."""
+def parse_listen(value: str, *, allow_remote: bool = False, min_port: int = 0,
+                 key: str = "metrics.listen") -> tuple[str, int] | None:
+    """"127.0.0.1:9100" / "[::1]:9100" / "localhost:9100" -> (host, port); "" -> None (off).
+
+    Only a loopback host unless `allow_remote`; port 0 (any free port) unless `min_port` says
+    otherwise. A bad address is a `ConfigError` on `key` saying what is wrong."""
     text = value.strip()
     if not text:
         return None
+    hint = " (expected HOST:PORT, e.g. 127.0.0.1:9100)"
     host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError("config", "metrics.listen", f"expected HOST:PORT, got {value!r}")
+    if not sep or not host:
+        raise ConfigError("config", key, f"{value!r} has no host and port{hint}")
+    if not port_text.isdigit() or not min_port <= int(port_text) <= 65535:
+        raise ConfigError("config", key, f"port {port_text} is not {min_port}-65535{hint}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not allow_remote and host != "localhost":
@@ -59,7 +66,7 @@ def parse_listen(value: str, *, allow_remote: bool = False) -> tuple[str, int] |
             loopback = False
         if not loopback:
             raise ConfigError(
-                "config", "metrics.listen",
+                "config", key,
                 f"{host!r} is not a loopback address (use 127.0.0.1, ::1 or localhost)",
             )
     return host, int(port_text)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main as cli
-from agent.commands.preflight import listen_problem
+from agent.core.errors import ConfigError
+from agent.service.healthhttp import parse_listen
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,9 +37,11 @@ CASES = {
     "missing CA": (lambda t: f'[mqtt]\nurl = "mqtts://broker.example"\ntls_ca = "{t}/ca.crt"\n',
                    "mqtt.tls_ca: {t}/ca.crt: cannot load CA file"),
     "URL without host": (lambda t: '[mqtt]\nurl = "mqtt://:1883"\n', "mqtt.url: expected mqtt://host[:port]"),
-    "listen port": (lambda t: '[metrics]\nlisten = "127.0.0.1:99999"\n', "metrics.listen: port 99999 is not 1-65535"),
+    "listen port": (lambda t: '[metrics]\nlisten = "127.0.0.1:99999"\n', "metrics.listen: port 99999 is not 0-65535"),
     "listen host": (lambda t: '[metrics]\nlisten = "gateway:9100"\n',
-                    "metrics.listen: 'gateway' is not an IP address or localhost"),
+                    "metrics.listen: 'gateway' is not a loopback address"),
+    "listen remote": (lambda t: '[metrics]\nlisten = "0.0.0.0:9100"\n',
+                      "metrics.listen: '0.0.0.0' is not a loopback address"),
     "public key": (lambda t: f'[firmware]\npublic_key = "{secret(t, 0o600)}"\n',
                    "firmware.public_key: {t}/mqtt.password: not a PEM public key"),
     "reboot command": (lambda t: '[firmware]\nreboot_command = ["no-such-reboot-tool", "now"]\n',
@@ -71,5 +74,19 @@ def test_a_good_config_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(("listen", "ok"), [("127.0.0.1:9100", True), ("localhost:1", True), ("[::1]:9100", True),
                                             ("0.0.0.0:65535", True), ("9100", False), (":9100", False),
                                             ("127.0.0.1:0", False), ("127.0.0.1:http", False)])
-def test_listen_addresses(listen: str, ok: bool) -> None:
-    assert (listen_problem(listen) is None) is ok
+def test_console_listen_addresses(listen: str, ok: bool) -> None:
+    """The console's --listen: any host, a real port."""
+    try:
+        parse_listen(listen, allow_remote=True, min_port=1, key="--listen")
+    except ConfigError:
+        assert not ok
+    else:
+        assert ok
+
+
+def test_metrics_listen_is_checked_as_the_health_endpoint_checks_it(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Port 0 (any free port) is what the endpoint accepts, so config check and run accept it."""
+    path = write(tmp_path, '[metrics]\nlisten = "127.0.0.1:0"\n')
+    assert cli(["config", "check", str(path)]) == 0
+    capsys.readouterr()
