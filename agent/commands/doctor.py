@@ -26,7 +26,6 @@ import ctypes.util
 import json
 import os
 import shutil
-import sqlite3
 import time
 import urllib.error
 import urllib.parse
@@ -312,40 +311,35 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
                                             f" {h.processed_retention_s / 86400:g} days")
 
 
-def _readonly(path: Path) -> sqlite3.Connection:
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
-    return sqlite3.connect(uri, uri=True)
-
-
 def _leader_db(path: Path) -> Outcome:
+    """The check `run` makes before it opens leader.db (`damage_report`), then how many devices."""
+    from agent.core.sqlite import damage_report
+    from agent.leader.readonly import open_leader_db
+
     if not path.exists():
         return Outcome("leader db", None, f"{path}: not created yet (the leader's first start does)")
     try:
-        conn = _readonly(path)
-        try:
-            result = conn.execute("PRAGMA quick_check").fetchone()[0]
-            (devices,) = conn.execute("SELECT COUNT(*) FROM devices").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        result, devices = str(exc), 0
-    if result != "ok":
-        return Outcome("leader db", False, f"{path}: damaged ({result})",
+        problem = damage_report(path)
+        if problem is None:
+            with open_leader_db(path) as db:
+                (devices,) = db.conn.execute("SELECT COUNT(*) FROM devices").fetchone()
+    except EdgeAgentError as exc:
+        problem = str(exc)
+    if problem is not None:
+        return Outcome("leader db", False, f"{path}: damaged ({problem})",
                        "stop the leader and start it once with `edge-agent run --recover`")
     return Outcome("leader db", True, f"{path}: ok, {devices} devices")
 
 
 def _dead_letters(path: Path) -> Outcome:
+    from agent.outbox.commands import read_dead_letters
+
     if not path.exists():
         return Outcome("dead letters", None, f"{path}: no outbox yet")
     try:
-        conn = _readonly(path)
-        try:
-            (dead,) = conn.execute("SELECT COUNT(*) FROM outbox WHERE status = 'dead'").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        return Outcome("dead letters", False, f"{path}: cannot read ({exc})",
+        dead, _ = read_dead_letters(path, limit=0)
+    except EdgeAgentError as exc:
+        return Outcome("dead letters", False, f"cannot read ({exc})",
                        f"`edge-agent outbox stats --db {path}` says more")
     if dead:
         return Outcome("dead letters", False, f"{dead} in {path}",

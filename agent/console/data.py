@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.core.clock import SystemClock
-from agent.core.errors import StoreError
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow, reject_counts, reject_rows
@@ -89,34 +86,15 @@ def control(db: Path, rollout_id: str, action: str) -> int:
         return request_control(store, rollout_id, action)
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    id: int
-    kind: str
-    receiver: str
-    attempts: int
-    last_error: str
-    created_ms: int
-
-
-def dead_letters(outbox: Path) -> tuple[int, list[DeadLetter]]:
-    """(how many, the oldest 100) of the dead letters in the leader's outbox."""
+def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
+    """(how many, the oldest 100) of the dead letters in the leader's outbox, as `dlq list
+    --json` shows them."""
     if not outbox.exists():
         return 0, []
-    uri = "file:" + urllib.parse.quote(str(outbox.resolve())) + "?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
-        try:
-            (total,) = conn.execute("SELECT COUNT(*) FROM outbox WHERE status = 'dead'").fetchone()
-            found = conn.execute("SELECT id, kind, receiver, attempts, last_error, created_at FROM outbox"
-                                 " WHERE status = 'dead' ORDER BY id LIMIT 100").fetchall()
-            rows = [DeadLetter(int(i), str(k), str(r), int(a), str(e or ""), int(c)) for i, k, r, a, e, c in found]
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        raise StoreError(f"{outbox}: cannot read: {exc}") from exc
-    return int(total), rows
+    from agent.outbox.commands import read_dead_letters
+
+    return read_dead_letters(outbox, limit=100)
 
 
-__all__ = ["PAGE", "DeadLetter", "Fleet", "Rejects", "control", "dead_letters", "device", "fleet", "rejects",
+__all__ = ["PAGE", "Fleet", "Rejects", "control", "dead_letters", "device", "fleet", "rejects",
            "rollout", "rollouts"]

@@ -27,7 +27,6 @@ import logging
 import os
 import sqlite3
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal, Self
@@ -234,6 +233,19 @@ def move_aside(path: Path, now_ms: int) -> Path:
 
 
 
+def connect_readonly_file(path: Path, *, busy_timeout_ms: int = 2_000) -> sqlite3.Connection:
+    """A `mode=ro` connection to an existing database file: nothing is created or written, and
+    a WAL reader never blocks the running writer. Raises sqlite3.Error."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                           check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    except BaseException:
+        close_quietly(conn)
+        raise
+    return conn
+
+
 def damage_report(path: Path) -> str | None:
     """Why the database at `path` is damaged, or None (sound, absent or empty). `StoreError`
     when it cannot be checked (locked, unreadable)."""
@@ -282,13 +294,11 @@ class SqliteStore:
         target = Path(path)
         if not target.is_file():
             raise StoreError(f"{target}: no such file")
-        uri = "file:" + urllib.parse.quote(str(target.resolve())) + "?mode=ro"
         try:
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            conn = connect_readonly_file(target)
         except sqlite3.Error as exc:
             raise StoreError(f"{target}: cannot open: {describe(exc)}") from exc
         try:
-            conn.execute("PRAGMA busy_timeout = 2000")
             try:
                 row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",
                                    (cls.COMPONENT,)).fetchone()

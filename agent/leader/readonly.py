@@ -7,14 +7,13 @@ leader. A file that is missing, not SQLite, or not a leader database is one `Sto
 from __future__ import annotations
 
 import sqlite3
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.errors import StoreError
-from agent.core.sqlite import close_quietly
+from agent.core.sqlite import close_quietly, connect_readonly_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +32,8 @@ def open_leader_db(db_path: str | Path) -> Iterator[LeaderDb]:
         raise StoreError(f"{path}: no such file")
     if not path.is_file():
         raise StoreError(f"{path}: not a file")
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
     try:
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 2000")
+        conn = connect_readonly_file(path)
     except sqlite3.Error as exc:
         raise StoreError(f"{path}: cannot open: {exc}") from exc
     try:

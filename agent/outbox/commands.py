@@ -203,15 +203,38 @@ def _dead_dict(r: Sequence[Any], *, payload: bool) -> dict[str, Any]:
     return out
 
 
+def _dead_letters(conn: sqlite3.Connection, limit: int) -> tuple[int, list[Any]]:
+    rows = conn.execute(
+        f"SELECT {_DEAD_COLUMNS} FROM outbox WHERE status = 'dead' ORDER BY id LIMIT ?",
+        (max(0, limit),),
+    ).fetchall()
+    total = conn.execute("SELECT count(*) FROM outbox WHERE status = 'dead'").fetchone()[0]
+    return int(total), rows
+
+
+def read_dead_letters(db: str | Path, *, limit: int) -> tuple[int, list[dict[str, Any]]]:
+    """How many dead letters the outbox at `db` holds, and the oldest `limit` of them as `dlq
+    list --json` shows them; read-only. `StoreError` if it is not an outbox or cannot be read."""
+    try:
+        conn = _connect(str(db), write=False)
+    except _NotOutbox as exc:
+        raise StoreError(f"{db}: not an outbox database ({exc})") from None
+    except sqlite3.Error as exc:
+        raise StoreError(f"{db}: cannot open the outbox: {describe(exc)}") from None
+    try:
+        total, rows = _dead_letters(conn, limit)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{db}: outbox database error: {describe(exc)}") from None
+    finally:
+        conn.close()
+    return total, [_dead_dict(r, payload=False) for r in rows]
+
+
 def dlq_list(db: str, limit: int, as_json: bool) -> int:
     """The oldest `limit` dead letters."""
 
     def body(conn: sqlite3.Connection) -> int:
-        rows = conn.execute(
-            f"SELECT {_DEAD_COLUMNS} FROM outbox WHERE status = 'dead' ORDER BY id LIMIT ?",
-            (max(0, limit),),
-        ).fetchall()
-        total = conn.execute("SELECT count(*) FROM outbox WHERE status = 'dead'").fetchone()[0]
+        total, rows = _dead_letters(conn, limit)
         if as_json:
             print(json.dumps({"db": db, "total": total,
                               "dead": [_dead_dict(r, payload=False) for r in rows]}))
@@ -298,4 +321,4 @@ def dlq_purge(db: str, row_ids: list[int] | None) -> int:
     return _change(db, row_ids, "purged", lambda e, ids, now: e.settle.purge(ids))
 
 
-__all__ = ["dlq_list", "dlq_purge", "dlq_replay", "dlq_show", "outbox_stats"]
+__all__ = ["dlq_list", "dlq_purge", "dlq_replay", "dlq_show", "outbox_stats", "read_dead_letters"]
