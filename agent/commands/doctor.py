@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.commands.arguments import positive_seconds
 from agent.core.config import AgentConfig
 from agent.core.errors import EdgeAgentError
 
@@ -61,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="the agent's config file")
     parser.add_argument("--data-dir", metavar="DIR", help="as given to `run` (default: agent.data_dir)")
     parser.add_argument("--broker", metavar="URL", help="as given to `run` (default: mqtt.url)")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=positive_seconds, default=5.0, metavar="SECONDS",
                         help="for each network step (default 5)")
     parser.add_argument("--skip", action="append", default=[], choices=CHECKS, metavar="CHECK",
                         help=f"leave a check out (repeatable): {', '.join(CHECKS)}")
@@ -69,8 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not args.timeout > 0:
-        raise EdgeAgentError(f"--timeout must be > 0, got {args.timeout}")
     outcomes = list(run_checks(args, skip=set(args.skip)))
     if args.json:
         print(json.dumps([{"check": o.name, "ok": o.ok, "text": o.text, "fix": o.fix} for o in outcomes]))

@@ -8,30 +8,26 @@
 from __future__ import annotations
 
 import argparse
-import string
 import sys
 import time
 from typing import TYPE_CHECKING
 
+from agent.commands.arguments import aligned, whole_number
+from agent.leader.reject_view import printable
+
 if TYPE_CHECKING:
     from agent.leader.reject_view import RejectCount, RejectRow
 
-_PRINTABLE = set(string.printable.encode()) - set(b"\t\n\r\x0b\x0c")
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
-    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="counts by sender and reason, and the newest rows")
     listing.add_argument("--device", metavar="ID", help="only what this device sent")
-    listing.add_argument("--limit", type=_count, default=20, metavar="N", help="rows to print (default 20; 0: all)")
+    listing.add_argument("--limit", type=whole_number, default=20, metavar="N",
+                         help="rows to print (default 20; 0: all)")
     show = actions.add_parser("show", help="one refused message in full")
-    show.add_argument("id", type=_count, metavar="ID")
+    show.add_argument("id", type=whole_number, metavar="ID")
     for action in (listing, show):
         action.add_argument("--db", required=True, metavar="PATH", help="the leader's database (leader.db)")
         action.add_argument("--json", action="store_true", help="print JSON")
@@ -64,28 +60,19 @@ def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000.0))
 
 
-def _preview(head: bytes, width: int = 24) -> str:
-    return "".join(chr(b) if b in _PRINTABLE else "." for b in head[:width])
-
-
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in [header, *rows]]
-
-
 def format_rejects(counts: list[RejectCount], rows: list[RejectRow]) -> str:
     if not counts:
         return "no rejects"
     total = sum(c.count for c in counts)
     lines = [f"{total} rejects kept, by sender and reason:"]
-    lines += ["  " + line for line in _table(
+    lines += ["  " + line for line in aligned([
         ("SENDER", "COUNT", "LAST (UTC)", "REASON"),
-        [(c.sender or "-", str(c.count), _when(c.last_ms), c.reason) for c in counts])]
+        *[(c.sender or "-", str(c.count), _when(c.last_ms), c.reason) for c in counts]])]
     lines.append(f"newest {len(rows)}:")
-    lines += ["  " + line for line in _table(
+    lines += ["  " + line for line in aligned([
         ("ID", "AT (UTC)", "SENDER", "KIND", "SIZE", "REASON", "FIRST BYTES"),
-        [(str(r.id), _when(r.at_ms), r.sender or "-", r.kind or "-", str(r.size), r.reason, _preview(r.head))
-         for r in rows])]
+        *[(str(r.id), _when(r.at_ms), r.sender or "-", r.kind or "-", str(r.size), r.reason, printable(r.head, 24))
+          for r in rows]])]
     return "\n".join(lines)
 
 
@@ -99,5 +86,5 @@ def format_reject(row: RejectRow) -> str:
     ]
     for offset in range(0, len(row.head), 16):
         chunk = row.head[offset:offset + 16]
-        lines.append(f"    {offset:04x}  {chunk.hex(' '):<47}  {_preview(chunk, 16)}")
+        lines.append(f"    {offset:04x}  {chunk.hex(' '):<47}  {printable(chunk, 16)}")
     return "\n".join(lines)

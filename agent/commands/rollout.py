@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.commands.arguments import aligned, positive_seconds
 from agent.core.clock import SystemClock
 from agent.core.errors import ArtifactError, ConfigError, RolloutError
 
@@ -40,16 +41,6 @@ CONTROL_HELP = {
     "next": "end the current wave now and start the next one, whatever its gates say",
     "approve": "start the next wave of a rollout waiting for approval",
 }
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,12 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("spec", help="rollout spec (TOML)")
     start.add_argument("--id", help="rollout id (default: from the spec's name)")
     start.add_argument("--no-wait", action="store_true", help="do not wait for the leader to start it")
-    start.add_argument("--wait", type=_positive_seconds, default=10.0, metavar="SECONDS",
+    start.add_argument("--wait", type=positive_seconds, default=10.0, metavar="SECONDS",
                        help="how long to wait for the leader (default 10)")
     status = with_db(sub.add_parser("status", help="show a rollout (default: the latest)"))
     status.add_argument("id", nargs="?", metavar="ID", help="the rollout's id (default: the latest)")
     status.add_argument("--watch", action="store_true", help="refresh until the rollout ends")
-    status.add_argument("--interval", type=_positive_seconds, default=2.0,
+    status.add_argument("--interval", type=positive_seconds, default=2.0,
                         help="refresh interval of --watch, seconds (> 0)")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.add_argument("--devices", action="store_true",
@@ -80,14 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = with_db(sub.add_parser(action, help=CONTROL_HELP[action], description=CONTROL_HELP[action]))
         p.add_argument("id", metavar="ID", help="the rollout's id (see `edge-agent rollout list`)")
         p.add_argument("--no-wait", action="store_true", help="do not wait for the leader to apply it")
-        p.add_argument("--wait", type=_positive_seconds, default=10.0, metavar="SECONDS",
+        p.add_argument("--wait", type=positive_seconds, default=10.0, metavar="SECONDS",
                        help="how long to wait for the leader (default 10)")
     rollback = with_db(sub.add_parser("rollback", help="offer the previous version to the devices that took this one"))
     rollback.add_argument("id", metavar="ID", help="the rollout whose devices go back")
     rollback.add_argument("--artifact", default="", help="the previous version's artifact (default: the spec's "
                                                          "rollback_artifact)")
     rollback.add_argument("--no-wait", action="store_true", help="do not wait for the leader to apply it")
-    rollback.add_argument("--wait", type=_positive_seconds, default=10.0, metavar="SECONDS",
+    rollback.add_argument("--wait", type=positive_seconds, default=10.0, metavar="SECONDS",
                           help="how long to wait for the leader (default 10)")
     listing = with_db(sub.add_parser("list", help="list rollouts"))
     listing.add_argument("--json", action="store_true")
@@ -327,8 +318,6 @@ def _list(store: Any, args: argparse.Namespace) -> int:
         return 0
     # Plain aligned columns, never shortened or wrapped by a narrow terminal: ids are typed back.
     columns = ("id", "name", "version", "state", "wave", "devices", "succeeded")
-    table = [list(columns), *([str(item[c]) for c in columns] for item in items)]
-    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for line in aligned([list(columns), *([str(item[c]) for c in columns] for item in items)]):
+        print(line)
     return 0

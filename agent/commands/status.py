@@ -15,26 +15,11 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from agent.commands.arguments import aligned, positive_seconds, whole_number
 from agent.leader.fleet_view import ago
 
 if TYPE_CHECKING:
     from agent.leader.fleet_view import DeviceDetail, DevicePage
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
-    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,10 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", metavar="V", help="only devices that run firmware version V")
     parser.add_argument("--tag", metavar="T", help="only devices tagged T")
     parser.add_argument("--rollout", metavar="ID", help="only devices that rollout ID includes")
-    parser.add_argument("--limit", type=_count, default=50, metavar="N", help="devices per page (default 50; 0: all)")
-    parser.add_argument("--offset", type=_count, default=0, metavar="N", help="skip the first N devices")
+    parser.add_argument("--limit", type=whole_number, default=50, metavar="N",
+                        help="devices per page (default 50; 0: all)")
+    parser.add_argument("--offset", type=whole_number, default=0, metavar="N", help="skip the first N devices")
     parser.add_argument("--device", metavar="ID", help="one device in full: heartbeat, sample, rejects, rollouts")
-    parser.add_argument("--watch", type=_positive, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+    parser.add_argument("--watch", type=positive_seconds, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -115,8 +101,7 @@ def format_devices(page: DevicePage, now_ms: int) -> str:
         ",".join(d.tags) or "-",
         f"{d.rollout_id} ({d.rollout_state})" if d.rollout_id else "-",
     ) for d in page.devices]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in [header, *rows]]
+    lines = aligned([header, *rows])
     shown_to = page.offset + len(page.devices)
     if page.offset or shown_to < page.matching:
         lines.append(f"devices {page.offset + 1}-{shown_to} of {page.matching} matching"

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import http.server
 import logging
-import string
 import threading
 import time
 import urllib.parse
@@ -27,13 +26,13 @@ import msgspec
 from agent.console import data
 from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
 from agent.leader.fleet_view import DeviceFilter, ago
+from agent.leader.reject_view import printable
 
 log = logging.getLogger(__name__)
 
 COOKIE = "ea_console"
 MAX_BODY = 4096
 REFRESH_S = 5
-_PRINTABLE = set(string.printable.encode()) - set(b"\t\n\r\x0b\x0c")
 CONTROL_HELP = {
     "pause": "The leader stops offering the image; devices mid-update finish and report.",
     "resume": "The rollout goes on; the failure threshold counts afresh.",
@@ -56,7 +55,7 @@ def _ago(ms: int | None) -> str:
 
 
 def _preview(head: bytes) -> str:
-    return "".join(chr(b) if b in _PRINTABLE else "." for b in head[:32])
+    return printable(head, 32)
 
 
 class Console:

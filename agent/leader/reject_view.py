@@ -3,6 +3,8 @@ sender and reason, the newest rows, and one row with the first bytes of its payl
 
 from __future__ import annotations
 
+import string
+
 import msgspec
 
 from agent.leader.readonly import LeaderDb
@@ -17,6 +19,14 @@ class RejectCount(msgspec.Struct, kw_only=True, frozen=True):
 
 
 RejectRow = Reject  # one refused message, as RejectLog keeps it
+
+_PRINTABLE = frozenset(string.printable.encode()) - frozenset(b"\t\n\r\x0b\x0c")
+
+
+def printable(head: bytes, width: int) -> str:
+    """The first `width` bytes of a refused payload as text, `.` for what does not print (the
+    first bytes of junk from a hostile device must not drive a terminal)."""
+    return "".join(chr(b) if b in _PRINTABLE else "." for b in head[:width])
 
 
 def _device_clause(device: str | None) -> tuple[str, tuple[str, ...]]:
@@ -60,4 +70,4 @@ def reject_by_id(db: LeaderDb, reject_id: int) -> RejectRow | None:
     return None if found is None else _row(found)
 
 
-__all__ = ["RejectCount", "RejectRow", "reject_by_id", "reject_counts", "reject_rows"]
+__all__ = ["printable", "RejectCount", "RejectRow", "reject_by_id", "reject_counts", "reject_rows"]
