@@ -112,9 +112,9 @@ def _open(args: argparse.Namespace) -> Any:
     if args.action in READ_ONLY:
         return RolloutStore.open_readonly(path, clock=SystemClock())
     DeviceRegistry.connect_readonly(path).close()  # a leader's database: it has the device registry
-    if args.action != "start":
-        RolloutStore.connect_readonly(path).close()  # a control names a rollout: the tables are there
-    return RolloutStore.open(path, clock=SystemClock())
+    if args.action == "start":
+        return RolloutStore.open(path, clock=SystemClock())
+    return RolloutStore.open_existing(path, clock=SystemClock())  # a control names a rollout: the tables are there
 
 
 def main(args: argparse.Namespace) -> int:

@@ -77,12 +77,11 @@ def rollout(db: Path, rollout_id: str) -> tuple[dict[str, Any], list[str]] | Non
 
 def control(db: Path, rollout_id: str, action: str) -> int:
     """Queue a control exactly as `edge-agent rollout ACTION ID` does; its id. The one write the
-    console makes: it opens the store for writing only here."""
+    console makes, and only into existing rollout tables."""
     from firmware_rollout.orchestration.controls import request_control
     from firmware_rollout.orchestration.store import RolloutStore
 
-    RolloutStore.connect_readonly(db).close()  # the rollout tables are there: nothing is created
-    with RolloutStore.open(db, clock=SystemClock()) as store:
+    with RolloutStore.open_existing(db, clock=SystemClock()) as store:
         return request_control(store, rollout_id, action)
 
 

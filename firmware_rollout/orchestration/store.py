@@ -185,6 +185,14 @@ class RolloutStore(SqliteStore):
         file is never written, and one that holds no rollout tables is refused."""
         return cls(cls.connect_readonly(path), clock=clock, path=str(path))
 
+    @classmethod
+    def open_existing(cls, path: str | Path, *, clock: Clock) -> RolloutStore:
+        """For a control (the CLI, the console): writes, but only into a database that already
+        holds the rollout tables at this program's version; refused as `open_readonly` refuses
+        otherwise, so nothing is created."""
+        cls.connect_readonly(path).close()
+        return cls.open(path, clock=clock)
+
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self.check_open()
         with store_errors("rollout store"):
