@@ -235,14 +235,22 @@ def move_aside(path: Path, now_ms: int) -> Path:
 
 def connect_readonly_file(path: Path, *, busy_timeout_ms: int = 2_000) -> sqlite3.Connection:
     """A `mode=ro` connection to an existing database file: nothing is created or written, and
-    a WAL reader never blocks the running writer. Raises sqlite3.Error."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
-                           check_same_thread=False)
+    a WAL reader never blocks the running writer. `StoreError` naming the file if it is not
+    there, not a file, or cannot be opened."""
+    if not path.exists():
+        raise StoreError(f"{path}: no such file")
+    if not path.is_file():
+        raise StoreError(f"{path}: not a file")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot open: {describe(exc)}") from exc
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-    except BaseException:
+    except sqlite3.Error as exc:
         close_quietly(conn)
-        raise
+        raise StoreError(f"{path}: cannot open: {describe(exc)}") from exc
     return conn
 
 
@@ -292,12 +300,7 @@ class SqliteStore:
         the version this program reads: nothing is created or migrated. `StoreError` says why
         not in one line (no such file, not SQLite, not this store's, older or newer schema)."""
         target = Path(path)
-        if not target.is_file():
-            raise StoreError(f"{target}: no such file")
-        try:
-            conn = connect_readonly_file(target)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{target}: cannot open: {describe(exc)}") from exc
+        conn = connect_readonly_file(target)
         try:
             try:
                 row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",

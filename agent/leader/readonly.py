@@ -28,14 +28,7 @@ def open_leader_db(db_path: str | Path) -> Iterator[LeaderDb]:
     """Yield the leader database at `db_path` opened read-only; `sqlite3.Error`s inside the
     block become `StoreError` naming the file."""
     path = Path(db_path)
-    if not path.exists():
-        raise StoreError(f"{path}: no such file")
-    if not path.is_file():
-        raise StoreError(f"{path}: not a file")
-    try:
-        conn = connect_readonly_file(path)
-    except sqlite3.Error as exc:
-        raise StoreError(f"{path}: cannot open: {exc}") from exc
+    conn = connect_readonly_file(path)
     try:
         try:
             rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
