@@ -35,7 +35,7 @@ from agent.outbox.retry import RetryPolicy
 from agent.outbox.settings import outbox_classes
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxRow
-from agent.protocol import JobOffer
+from agent.protocol import KIND_HEARTBEAT, JobOffer
 from agent.sim.devices import SimFirmware, sim_updater
 from agent.sim.options import SimOptions
 from agent.transport.base import Transport
@@ -336,11 +336,20 @@ class SimFleet:
     def pending_rows(self) -> int:
         """Rows pending in the devices' outbox files now, read on read-only connections of the
         fleet's own: no await, so a progress display calling it never reorders the run."""
+        return sum(int(conn.execute("SELECT COALESCE(SUM(pending), 0) FROM outbox_classes").fetchone()[0])
+                   for conn in self._file_readers())
+
+    def held_heartbeats(self) -> set[str]:
+        """The devices whose newest heartbeat is still held in their outbox file (OVERWRITE keeps
+        one row per device, always the newest made): a device stopped before it was delivered."""
+        return {str(owner) for conn in self._file_readers() for (owner,) in conn.execute(
+            "SELECT DISTINCT owner FROM outbox WHERE kind = ? AND status = 'pending'", (KIND_HEARTBEAT,))}
+
+    def _file_readers(self) -> list[sqlite3.Connection]:
         if len(self._readers) != len(self.stores):
             self._readers = [sqlite3.connect(store.path.resolve().as_uri() + "?mode=ro", uri=True)
                              for store in self.stores]
-        return sum(int(conn.execute("SELECT COALESCE(SUM(pending), 0) FROM outbox_classes").fetchone()[0])
-                   for conn in self._readers)
+        return self._readers
 
     async def pending_of(self, message_class: str) -> int:
         """Rows of one message class pending in the devices' outbox files."""

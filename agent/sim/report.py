@@ -5,8 +5,10 @@ Definitions (all counts over the whole run):
 * telemetry `lost` = records generated - records in the leader's state (each applied once, by
   message id) - records dead-lettered or still pending in an outbox. Must be 0.
 * jobs `lost` = jobs submitted - jobs confirmed in the leader's queue. Must be 0 after draining.
-* heartbeats `stale_devices` = devices whose newest heartbeat (by seq) is not the one in the
-  leader's registry at the end. Must be 0.
+* heartbeats `stale_devices` = devices whose newest heartbeat (by seq) is neither the one in
+  the leader's registry at the end nor still held in their outbox. Must be 0. A device stopped
+  at the end before its last beat went out holds it (`held_in_outboxes`), as telemetry still
+  pending is held, not lost.
 * `lost` = the sum of the three.
 * `conservation_ok`: every outbox satisfies enqueued = delivered + dead_lettered + expired +
   dropped + overwritten + pending (- replayed), every leader mailbox satisfies enqueued =
@@ -69,7 +71,8 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
     tel_pending = sum(c.pending for c in tel_classes)
     tel_lost = tel_generated - tel_applied - tel_dead - tel_pending
 
-    stale = 0
+    stale = held = 0
+    holding = fleet.held_heartbeats()
     for w in fleet.workers.values():  # the newest incarnation of each device
         hb = w.heartbeat_actor
         if hb is None or hb.sent == 0:
@@ -77,7 +80,10 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
         last_seq = hb.last_seq
         record = devices.get(w.device_id)
         if record is None or record.hb_seq != last_seq:
-            stale += 1
+            if w.device_id in holding:
+                held += 1  # not lost: it waits in the outbox (the device stopped before it went out)
+            else:
+                stale += 1
 
     jobs = leader.jobs_queue.counts()
     jstats = leader.jobs_queue.stats()
@@ -133,6 +139,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "applied_by_leader": intake_applied,
             "coalescing_ratio": round(hb_generated / intake_applied, 3) if intake_applied else None,
             "stale_devices": stale,
+            "held_in_outboxes": held,
         },
         "telemetry": {
             "generated": tel_generated, "direct": tel_direct, "via_outbox": tel_stored,
