@@ -25,7 +25,14 @@ from itertools import chain
 from typing import Any
 
 from agent.outbox.reads import Flight, KeyIdent
-from agent.outbox.schema import CLASS_FIELDS, COUNTER_NAMES, NEXT_ID
+from agent.outbox.schema import (
+    C_DROPPED,
+    C_ENQUEUED,
+    C_OVERWRITTEN,
+    CLASS_FIELDS,
+    COUNTER_NAMES,
+    NEXT_ID,
+)
 
 _INSERT_INTO = (
     "INSERT INTO outbox (id, msg_id, owner, receiver, kind, payload, key, conflict, seq,"
@@ -55,7 +62,7 @@ class Books:
         self.inflight = self.flight.rows
         self.write_transactions = 0
         self.counters: dict[str, int] = {}
-        self.depth: dict[str, list[int]] = {}  # kind -> [pending, pending_bytes, dead]
+        self.depth: dict[str, list[int]] = {}  # kind -> its CLASS_FIELDS (depths, then flows)
         self.next_id = 1
         self.ins: dict[int, list[Any]] = {}  # deferred inserts, by id
         self.dels: list[tuple[int]] = []  # deferred deletes (rows replaced by an overwrite)
@@ -93,10 +100,11 @@ class Books:
             self.flight.settle((), moved=True)  # committed already: rows may be back
 
     def d(self, kind: str) -> list[int]:
-        """The [pending, pending_bytes, dead] depths of a message class (made on first use)."""
+        """The CLASS_FIELDS of a message class: [pending, pending_bytes, dead, then its flows]
+        (made on first use)."""
         d = self.depth.get(kind)
         if d is None:
-            d = self.depth[kind] = [0, 0, 0]
+            d = self.depth[kind] = [0] * len(CLASS_FIELDS)
         return d
 
     def snapshot(self) -> Mirrors:
@@ -125,13 +133,11 @@ class Books:
         # the one tally table: every counter and depth of a commit lands on the same page.
         deltas = [(k, v - counters0[k]) for k, v in self.counters.items() if v != counters0[k]]
         for kind, d in self.depth.items():
-            p0, b0, x0 = depth0.get(kind) or (0, 0, 0)
-            if d[0] != p0 or d[1] != b0 or d[2] != x0:
-                deltas += [
-                    (f"pending:{kind}", d[0] - p0),
-                    (f"bytes:{kind}", d[1] - b0),
-                    (f"dead:{kind}", d[2] - x0),
-                ]
+            d0 = depth0.get(kind)
+            if d0 is None:
+                deltas += [(f"{f}:{kind}", v) for f, v in zip(CLASS_FIELDS, d, strict=True) if v]
+            elif d != d0:
+                deltas += [(f"{f}:{kind}", v - v0) for f, v, v0 in zip(CLASS_FIELDS, d, d0, strict=True) if v != v0]
         if deltas:
             conn.executemany(
                 "INSERT INTO outbox_tally (name, value) VALUES (?, ?)"
@@ -229,7 +235,17 @@ class Books:
         d = self.d(r[2])
         d[0] -= 1
         d[1] -= r[3]
+        d[C_OVERWRITTEN] += 1
         self.counters["overwritten"] += 1
+
+    def count_enqueued(self, kind: str, *, dropped: bool = False) -> None:
+        """A message entered `kind` (and, `dropped`, was dropped at once: a stale overwrite)."""
+        d = self.d(kind)
+        d[C_ENQUEUED] += 1
+        self.counters["enqueued"] += 1
+        if dropped:
+            d[C_DROPPED] += 1
+            self.counters["dropped"] += 1
 
 
 __all__ = ["I_CONFLICT", "I_EXPIRES", "I_KIND", "I_MSG", "I_PAYLOAD", "I_SEQ", "I_SEND", "I_SIZE", "Books",

@@ -23,6 +23,7 @@ from agent.core.errors import StoreError
 from agent.outbox.engine import Engine
 from agent.outbox.schema import (
     APPLICATION_ID,
+    CLASS_FIELDS,
     COUNTER_NAMES,
     SCHEMA_VERSION,
     configure,
@@ -107,19 +108,51 @@ def _run(db: str, write: bool, body: Callable[[sqlite3.Connection], int]) -> int
 
 
 # -- stats -------------------------------------------------------------------------------------
+_FLOWS = CLASS_FIELDS[3:]  # what entered and left a class (the depths are counted from the rows)
+
+
+def _class_flows(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
+    """Per-class flow counters from the tally (a version 1 file, read before it migrates, has
+    none)."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'outbox_tally'").fetchone() is None:
+        return {}
+    flows: dict[str, dict[str, int]] = {}
+    for name, value in conn.execute("SELECT name, value FROM outbox_tally WHERE instr(name, ':') > 0"):
+        field, _, kind = str(name).partition(":")
+        if field in _FLOWS:
+            flows.setdefault(kind, dict.fromkeys(_FLOWS, 0))[field] = int(value)
+    return flows
+
+
+def _class_balance(entry: dict[str, int]) -> bool:
+    """The conservation law of one class."""
+    return entry["enqueued"] == (
+        entry["delivered"] + entry["dead_lettered"] + entry["expired"] + entry["dropped"]
+        + entry["overwritten"] + entry["pending"] - entry["replayed"]
+    )
+
+
 def _stats(conn: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
     counters = dict.fromkeys(COUNTER_NAMES, 0)
     counters.update(conn.execute("SELECT name, value FROM outbox_counters").fetchall())
-    by_class: dict[str, dict[str, int]] = {}
+    flows = _class_flows(conn)
+    by_class: dict[str, dict[str, Any]] = {}
+    for kind in flows:
+        by_class[kind] = {"pending": 0, "pending_bytes": 0, "dead": 0, **flows[kind]}
     for kind, status, n, nbytes in conn.execute(
         "SELECT kind, status, count(*), coalesce(sum(size), 0) FROM outbox GROUP BY kind, status"
     ):
-        entry = by_class.setdefault(kind, {"pending": 0, "pending_bytes": 0, "dead": 0})
+        entry = by_class.setdefault(kind, {"pending": 0, "pending_bytes": 0, "dead": 0,
+                                           **dict.fromkeys(_FLOWS, 0)})
         if status == "pending":
             entry["pending"] = n
             entry["pending_bytes"] = nbytes
         else:
             entry["dead"] = n
+    by_class = {kind: e for kind, e in by_class.items() if any(e.values())}
+    if flows:
+        for entry in by_class.values():
+            entry["conservation_ok"] = _class_balance(entry)
     pending = sum(c["pending"] for c in by_class.values())
     oldest = conn.execute(
         "SELECT min(created_at) FROM outbox WHERE status = 'pending'"
@@ -167,9 +200,14 @@ def outbox_stats(db: str, as_json: bool) -> int:
             f"   dead {st['dead']}   oldest pending {_age(st['oldest_pending_age_ms'])}"
         )
         if st["by_class"]:
-            print(f"  {'class':<24} {'pending':>10} {'bytes':>12} {'dead':>8}")
+            flows = ("enqueued", "delivered", "dead_lettered", "expired", "dropped", "overwritten", "replayed")
+            short = ("enqueued", "delivered", "dead-l.", "expired", "dropped", "overwr.", "replayed")
+            print(f"  {'class':<20} {'pending':>8} {'bytes':>10} {'dead':>6} "
+                  + " ".join(f"{h:>9}" for h in short) + "  law")
             for kind, e in st["by_class"].items():
-                print(f"  {kind:<24} {e['pending']:>10} {e['pending_bytes']:>12} {e['dead']:>8}")
+                law = {True: "holds", False: "VIOLATED", None: "-"}[e.get("conservation_ok")]
+                print(f"  {kind:<20} {e['pending']:>8} {e['pending_bytes']:>10} {e['dead']:>6} "
+                      + " ".join(f"{e[f]:>9}" for f in flows) + f"  {law}")
         print("  counters: " + "  ".join(f"{k} {c[k]}" for k in COUNTER_NAMES))
         verdict = "holds" if st["conservation_ok"] else "VIOLATED"
         print(

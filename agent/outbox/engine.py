@@ -24,8 +24,9 @@ from agent.outbox.books import I_CONFLICT, I_EXPIRES, I_KIND, I_MSG, I_PAYLOAD, 
 from agent.outbox.partition import fnv1a_32
 from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy, FullPolicy
 from agent.outbox.reads import ROW_COLUMNS, build_row
+from agent.outbox.schema import C_DROPPED, C_ENQUEUED, C_OVERWRITTEN, class_stats
 from agent.outbox.settle import Settlement
-from agent.outbox.types import ClassStats, EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
+from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
 
 _KEY_LOOKUP = (
     "SELECT id, seq, kind, size, send_at, created_at FROM outbox INDEXED BY outbox_key"
@@ -74,11 +75,7 @@ class Engine:
         for _, kind, _, _, _ in b.inflight.values():
             flying[kind] = flying.get(kind, 0) + 1
         by_class = {
-            kind: ClassStats(
-                pending=d[0], in_flight=flying.get(kind, 0), dead=d[2], pending_bytes=d[1]
-            )
-            for kind, d in sorted(b.depth.items())
-            if d[0] or d[2] or flying.get(kind)
+            kind: class_stats(d, in_flight=flying.get(kind, 0)) for kind, d in sorted(b.depth.items()) if any(d)
         }
         return OutboxStats(
             enqueued=c["enqueued"],
@@ -212,8 +209,7 @@ class Engine:
                 return EnqueueResult("duplicate", rows[0][0])
         elif rows:
             if m.seq <= max(r[1] for r in rows):
-                self.books.counters["enqueued"] += 1
-                self.books.counters["dropped"] += 1
+                self.books.count_enqueued(kind, dropped=True)
                 return EnqueueResult("stale", rows[-1][0])
             inflight = self.books.inflight
             free = [r for r in rows if r[0] not in inflight]
@@ -276,7 +272,8 @@ class Engine:
             ins[I_SEND] = send_at
             ins[I_EXPIRES] = expires
             ins[I_SIZE] = size
-            self.books.counters["enqueued"] += 1
+            self.books.count_enqueued(kind)
+            old[C_OVERWRITTEN] += 1
             self.books.counters["overwritten"] += 1
             rid = old_id
         else:
@@ -304,11 +301,10 @@ class Engine:
             rid, m.msg_id, m.owner, receiver, kind, payload, key, m.conflict, m.seq,
             created, send_at, expires, size, fnv1a_32(receiver), 1 if pol.fifo else 0,
         ]
-        d = self.books.depth.get(kind)
-        if d is None:
-            d = self.books.depth[kind] = [0, 0, 0]
+        d = self.books.depth.get(kind) or self.books.d(kind)
         d[0] += 1
         d[1] += size
+        d[C_ENQUEUED] += 1
         self.books.counters["enqueued"] += 1
         return rid
 
@@ -352,6 +348,7 @@ class Engine:
         d = self.books.d(kind)
         d[0] -= freed_n
         d[1] -= freed_b
+        d[C_DROPPED] += freed_n
         self.books.counters["dropped"] += freed_n
         for rid, _, owner, receiver, key in victims:
             if key is not None:

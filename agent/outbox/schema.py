@@ -27,12 +27,13 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
 from agent.core.errors import StoreError
 from agent.core.sqlite import damage_of, describe, is_corruption, move_aside
+from agent.outbox.types import ClassStats
 
 log = logging.getLogger("agent.outbox")
 
@@ -130,8 +131,21 @@ OUTBOX_COLUMNS = (
     " attempts, status, last_error, expires_at, size, rhash, fifo"
 )
 NEXT_ID = "next_id"
-# Per-class depths are tally rows named "<field>:<kind>" (counter names hold no colon).
-CLASS_FIELDS = ("pending", "bytes", "dead")
+# Per-class depths and flows are tally rows named "<field>:<kind>" (counter names hold no
+# colon): the depths (pending, bytes, dead), then what entered and left the class, so the
+# conservation law holds per class as it does for the whole outbox.
+CLASS_FIELDS = (
+    "pending", "bytes", "dead",
+    "enqueued", "delivered", "dead_lettered", "expired", "dropped", "overwritten", "replayed",
+)
+(C_PENDING, C_BYTES, C_DEAD, C_ENQUEUED, C_DELIVERED, C_DEAD_LETTERED, C_EXPIRED, C_DROPPED,
+ C_OVERWRITTEN, C_REPLAYED) = range(len(CLASS_FIELDS))
+
+
+def class_stats(fields: Sequence[int], *, in_flight: int = 0) -> ClassStats:
+    """One class's CLASS_FIELDS (in that order) as its `ClassStats`."""
+    return ClassStats(in_flight=in_flight, **{
+        ("pending_bytes" if name == "bytes" else name): int(v) for name, v in zip(CLASS_FIELDS, fields, strict=True)})
 
 
 def _outbox_table(conn: sqlite3.Connection, name: str) -> None:
@@ -231,11 +245,26 @@ def _create_tally(conn: sqlite3.Connection) -> None:
     )
 
 
+def _class_flows(conn: sqlite3.Connection) -> None:
+    """v2 -> v3: per-class flow counters. What a class holds now is taken as having entered it
+    (its pending rows enqueued, its dead rows enqueued and dead-lettered), so the conservation
+    law holds per class from here on; the outbox-wide counters keep their whole history."""
+    rows: list[tuple[str, int]] = []
+    for kind, pending, dead in conn.execute("SELECT kind, pending, dead FROM outbox_classes").fetchall():
+        rows += [(f"enqueued:{kind}", int(pending) + int(dead)), (f"dead_lettered:{kind}", int(dead))]
+    conn.executemany(
+        "INSERT INTO outbox_tally (name, value) VALUES (?, ?)"
+        " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        rows,
+    )
+
+
 Migration = tuple[str, Callable[[sqlite3.Connection], None]]
 
 MIGRATIONS: list[Migration] = [
     ("create_outbox", _create_outbox),
     ("fewer_pages_per_commit", _fewer_pages),
+    ("class_flows", _class_flows),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -342,6 +371,17 @@ def open_database(
 __all__ = [
     "APPLICATION_ID",
     "CLASS_FIELDS",
+    "class_stats",
+    "C_BYTES",
+    "C_DEAD",
+    "C_DEAD_LETTERED",
+    "C_DELIVERED",
+    "C_DROPPED",
+    "C_ENQUEUED",
+    "C_EXPIRED",
+    "C_OVERWRITTEN",
+    "C_PENDING",
+    "C_REPLAYED",
     "COUNTER_NAMES",
     "MIGRATIONS",
     "MIN_SQLITE",

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from agent.outbox.books import Books
+from agent.outbox.schema import C_DEAD_LETTERED, C_DELIVERED, C_EXPIRED, C_REPLAYED
 
 NackOutcome = Literal["transient", "capacity"]
 NACK_OUTCOMES: tuple[NackOutcome, ...] = ("transient", "capacity")
@@ -47,7 +48,7 @@ class Settlement:
             (known if rid in flying else other).append(rid)
         n = self._delete_flying(known) if known else 0
         if other:
-            n += self._delete_ids(other, "", ())
+            n += self._delete_ids(other, "", (), flow=C_DELIVERED)
         self._books.counters["delivered"] += n
         return n
 
@@ -69,7 +70,7 @@ class Settlement:
             if cur.rowcount != len(chunk):
                 conn.execute("ROLLBACK TO ack")
                 conn.execute("RELEASE ack")
-                n += self._delete_ids(chunk, "", ())
+                n += self._delete_ids(chunk, "", (), flow=C_DELIVERED)
                 continue
             conn.execute("RELEASE ack")
             for rid in chunk:
@@ -77,11 +78,13 @@ class Settlement:
                 d = depth.get(kind) or self._books.d(kind)
                 d[0] -= 1
                 d[1] -= size
+                d[C_DELIVERED] += 1
             n += len(chunk)
         return n
 
-    def _delete_ids(self, ids: Sequence[int], cond: str, extra: tuple[object, ...]) -> int:
-        """Delete the pending rows among `ids` (matching `cond`); adjusts depths."""
+    def _delete_ids(self, ids: Sequence[int], cond: str, extra: tuple[object, ...], *, flow: int) -> int:
+        """Delete the pending rows among `ids` (matching `cond`); adjusts depths and counts each
+        row in its class's `flow` (a CLASS_FIELDS index: delivered, expired)."""
         n = 0
         depth = self._books.depth
         for chunk in _chunks(ids):
@@ -94,6 +97,7 @@ class Settlement:
                 d = depth.get(kind) or self._books.d(kind)
                 d[0] -= 1
                 d[1] -= size
+                d[flow] += 1
             n += len(gone)
         return n
 
@@ -146,6 +150,7 @@ class Settlement:
         d[0] -= 1
         d[1] -= size
         d[2] += 1
+        d[C_DEAD_LETTERED] += 1
         self._books.counters["dead_lettered"] += 1
 
     def dead_letter(self, rid: int, error: str) -> bool:
@@ -178,6 +183,7 @@ class Settlement:
             d[0] += 1
             d[1] += size
             d[2] -= 1
+            d[C_REPLAYED] += 1
         self._books.counters["replayed"] += len(back)
         return len(back)
 
@@ -209,7 +215,7 @@ class Settlement:
             ids = [r[0] for r in found if r[0] not in self._books.inflight]
         if not ids:
             return 0
-        n = self._delete_ids(ids, " AND expires_at <= ?", (now_ms,))
+        n = self._delete_ids(ids, " AND expires_at <= ?", (now_ms,), flow=C_EXPIRED)
         self._books.counters["expired"] += n
         return n
 

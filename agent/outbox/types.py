@@ -69,10 +69,27 @@ class OutboxRow(msgspec.Struct, frozen=True, gc=False):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClassStats:
+    """One message class: its depths now, and what entered and left it since the file was made
+    (persisted), so the outbox's conservation law can be checked class by class."""
+
     pending: int = 0
     in_flight: int = 0
     dead: int = 0
     pending_bytes: int = 0
+    enqueued: int = 0
+    delivered: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    dropped: int = 0
+    overwritten: int = 0
+    replayed: int = 0
+
+    @property
+    def conservation_ok(self) -> bool:
+        return self.enqueued == (
+            self.delivered + self.dead_lettered + self.expired + self.dropped + self.overwritten
+            + self.pending - self.replayed
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

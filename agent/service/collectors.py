@@ -136,10 +136,25 @@ def outbox_collector(
         ):
             fams.append(family(f"{prefix}_class_{field}", "gauge", text,
                                (({"class": k}, getattr(c, field)) for k, c in classes)))
+        for field, text in _CLASS_FLOWS:
+            fams.append(family(f"{prefix}_class_{field}_total", "counter", text,
+                               (({"class": k}, getattr(c, field)) for k, c in classes)))
         return fams
 
     return collect
 
+
+# What entered and left each class (persisted in the outbox): the conservation law per class is
+# enqueued = delivered + dead_lettered + expired + dropped + overwritten + pending - replayed.
+_CLASS_FLOWS = (
+    ("enqueued", "Messages stored in the class."),
+    ("delivered", "Messages of the class the receiver acknowledged."),
+    ("dead_lettered", "Messages of the class moved to the dead letters."),
+    ("expired", "Messages of the class past their TTL, deleted undelivered."),
+    ("dropped", "Messages of the class dropped to make room (drop_oldest) or stale overwrites."),
+    ("overwritten", "Messages of the class replaced by a newer one of their key."),
+    ("replayed", "Dead letters of the class moved back to pending."),
+)
 
 _RELAY_COUNTERS = (
     ("delivered", "Deliveries acknowledged by the receiver."),

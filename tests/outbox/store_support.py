@@ -77,6 +77,8 @@ async def assert_conserved(store: OutboxStore) -> OutboxStats:
     """The conservation law holds in the store's stats and agrees with the rows on disk."""
     stats = await store.stats()
     assert stats.conservation_ok, stats
+    broken = {kind: c for kind, c in stats.by_class.items() if not c.conservation_ok}
+    assert not broken, broken  # and class by class
     truth = db_truth(store.path)
     assert truth["pending"] == stats.pending, (truth, stats)
     assert truth["dead"] == stats.dead, (truth, stats)

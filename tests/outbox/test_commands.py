@@ -43,7 +43,11 @@ async def test_stats_on_a_real_file(
     assert commands.outbox_stats(str(db_path), True) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["pending"] == 3 and data["dead"] == 3 and data["conservation_ok"] is True
-    assert data["by_class"]["command"] == {"pending": 0, "pending_bytes": 0, "dead": 3}
+    assert data["by_class"]["command"] == {
+        "pending": 0, "pending_bytes": 0, "dead": 3, "enqueued": 3, "delivered": 0, "dead_lettered": 3,
+        "expired": 0, "dropped": 0, "overwritten": 0, "replayed": 0, "conservation_ok": True}
+    assert all(c["conservation_ok"] for c in data["by_class"].values())
+    assert out.count("holds") >= 1
     assert data["counters"]["dead_lettered"] == 3
 
 

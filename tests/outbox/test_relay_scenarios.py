@@ -42,6 +42,8 @@ async def store(tmp_path: Path, clock: VirtualClock) -> AsyncIterator[OutboxStor
 async def assert_conserved(store: OutboxStore, relay: Relay | None = None) -> None:
     m = await collect_metrics(store, relay)
     assert m.conservation_ok, (m.conservation_gap(), m.store)
+    broken = {kind: c for kind, c in m.store.by_class.items() if not c.conservation_ok}
+    assert not broken, broken  # and class by class
 
 
 async def advance_until(

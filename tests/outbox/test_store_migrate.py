@@ -85,7 +85,7 @@ async def test_v1_file_migrates_keeping_rows_dead_letters_and_counters(
     store = await open_store(max_attempts=5)
     conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'outbox'").fetchone()[0]
         assert "AUTOINCREMENT" not in sql.upper()
         assert conn.execute("SELECT count(*) FROM sqlite_sequence").fetchone()[0] == 0
@@ -102,6 +102,8 @@ async def test_v1_file_migrates_keeping_rows_dead_letters_and_counters(
     )
     assert (stats.pending, stats.dead, stats.duplicates) == (3, 2, 4)
     assert stats.by_class["heartbeat"].pending_bytes == len(b"hb-7")
+    # per-class flows start from what each class holds: two pending and two dead telemetry rows
+    assert (stats.by_class["telemetry"].enqueued, stats.by_class["telemetry"].dead_lettered) == (4, 2)
     tried = await store.get(ids["tried"])
     assert tried is not None and (tried.attempts, tried.last_error) == (2, "timeout")
     dead = await store.list_dead()
