@@ -15,6 +15,8 @@ Direction and purpose:
     anyone -> leader   JobSubmit   (a new job; idempotent by job id)
     transport->leader  Presence    (online / offline, from the retained presence topic or LWT)
     cli    -> leader   StatusRequest, answered with a FleetStatus
+    worker -> leader   AppMessage  (a device application's message, kind "app.CLASS": APPEND
+                                    deduplicated by envelope id, or OVERWRITE per key, newest seq)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from agent.core.codec import INT64_MAX, Count, Envelope, MessageRegistry, decode, encode
+from agent.core.errors import CodecError
 
 # Every field is bounded where it is declared: integers within SQLite's int64, strings and
 # collections by length, floats finite and within a sane range, so one device's message can
@@ -53,6 +56,13 @@ KIND_JOB_RESULT = "job.result"
 KIND_STATUS_REQUEST = "status.request"
 KIND_FLEET_STATUS = "status.fleet"
 KIND_PING = "ping"
+# A device application's message travels as kind "app." + its class, so each class is its own
+# class in the outbox (caps, TTL, counters) and can never be taken for one of the agent's own.
+APP_KIND_PREFIX = "app."
+ClassName = Annotated[str, msgspec.Meta(min_length=1, max_length=48, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+MessageKey = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+ContentType = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+APP_PAYLOAD_MAX = 1024 * 1024  # the transport's max_payload_bytes bounds it further
 
 
 class _Message(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
@@ -103,6 +113,34 @@ class Telemetry(_Message, kw_only=True, frozen=True):
     ts_ms: TimestampMs
     value: Reading | None = None
     values: Annotated[dict[Name, Reading], msgspec.Meta(max_length=256)] | None = None
+
+
+class AppMessage(_Message, kw_only=True, frozen=True):
+    """A message a device application handed to the agent through the local API: opaque bytes
+    of a content type. `overwrite`: only the newest `seq` per (device, class, key) matters."""
+
+    device_id: DeviceId
+    cls: ClassName
+    payload: Annotated[bytes, msgspec.Meta(max_length=APP_PAYLOAD_MAX)]
+    content_type: ContentType = "application/octet-stream"
+    key: MessageKey | None = None
+    overwrite: bool = False
+    seq: Seq = 0
+    ts_ms: TimestampMs = 0
+
+
+def app_kind(cls: str) -> str:
+    """The wire (and outbox) kind of an application message class."""
+    return APP_KIND_PREFIX + cls
+
+
+def decode_app_message(envelope: Envelope) -> AppMessage:
+    """An `app.CLASS` envelope's payload, whose class must be the one its kind names; raises only
+    `CodecError`."""
+    message = decode(envelope.payload, AppMessage)
+    if app_kind(message.cls) != envelope.kind:
+        raise CodecError(f"payload of class {message.cls!r} in an envelope of kind {envelope.kind!r}")
+    return message
 
 
 class Presence(_Message, kw_only=True, frozen=True):
@@ -245,6 +283,12 @@ def decode_as(data: bytes | bytearray | memoryview, type_: type[msgspec.Struct])
 
 
 __all__ = [
+    "APP_KIND_PREFIX",
+    "APP_PAYLOAD_MAX",
+    "AppMessage",
+    "ClassName",
+    "app_kind",
+    "decode_app_message",
     "KIND_FLEET_STATUS",
     "KIND_HEARTBEAT",
     "KIND_JOB_DEMAND",

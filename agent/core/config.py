@@ -159,6 +159,102 @@ class HousekeepingSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     rollouts_retention_s: PositiveFloat = 90 * DAY_S  # leader: per-device rows of finished rollouts
 
 
+ClassMode = Literal["append", "overwrite"]
+ClassKey = Annotated[str, msgspec.Meta(min_length=1, max_length=48, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+
+
+class MessageClassSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One class of application messages (`[classes.NAME]`): how the outbox keeps it."""
+
+    mode: ClassMode = "append"  # overwrite: only the newest message per key is kept and sent
+    ttl_s: NonNegativeFloat = 0.0  # 0: kept until delivered
+    max_messages: Positive = 100_000
+    max_bytes: Positive = 64 * 1024 * 1024
+    full_policy: FullPolicy = "reject"  # reject: the application is told 429; drop_oldest: oldest go
+    max_payload_bytes: Annotated[int, msgspec.Meta(ge=1, le=1024 * 1024)] = 64 * 1024
+    fifo: bool = False
+
+
+def default_classes() -> dict[str, MessageClassSection]:
+    """The classes a worker offers when its config names none."""
+    return {
+        "telemetry": MessageClassSection(mode="append", ttl_s=7 * DAY_S, full_policy="drop_oldest"),
+        "events": MessageClassSection(mode="append", ttl_s=7 * DAY_S),
+        "state": MessageClassSection(mode="overwrite"),
+    }
+
+
+class LocalApiSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The worker's local API for device applications (`agent.worker.local_api`)."""
+
+    enabled: bool = True
+    # "": $RUNTIME_DIRECTORY/api.sock under systemd, else api.sock in the data dir
+    socket: str = ""
+    group: str = "edge-agent"  # the socket is mode 0660, this group: who may hand us messages
+    listen: str = ""  # a loopback "127.0.0.1:8731" as well (off by default)
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * 1024 * 1024)] = 4 * 1024 * 1024
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 500
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 32
+    direct_timeout_s: PositiveFloat = 5.0  # a direct send not answered by then goes to the outbox
+
+
+class SystemSourceSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    interval_s: PositiveFloat = 60.0
+    cls: ClassKey = msgspec.field(default="telemetry", name="class")
+
+
+class CommandSourceSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    command: list[str]
+    interval_s: PositiveFloat = 60.0
+    timeout_s: PositiveFloat = 30.0
+    cls: ClassKey = msgspec.field(default="telemetry", name="class")
+    max_lines: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000
+
+
+class FileSourceSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    path: str
+    cls: ClassKey = msgspec.field(default="events", name="class")
+    poll_s: PositiveFloat = 1.0
+    max_line_bytes: Annotated[int, msgspec.Meta(ge=16, le=1024 * 1024)] = 64 * 1024
+
+
+class SourcesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Built-in sources of application messages (each off unless configured)."""
+
+    system: SystemSourceSection | None = None
+    command: dict[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")], CommandSourceSection] = (
+        msgspec.field(default_factory=dict))
+    file: dict[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")], FileSourceSection] = (
+        msgspec.field(default_factory=dict))
+
+
+class MessagesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The leader's store of application messages (`agent.leader.messages`)."""
+
+    retention_s: PositiveFloat = 14 * DAY_S
+    max_bytes_per_device: Positive = 64 * 1024 * 1024
+
+
+class NorthboundSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The leader forwards application messages to another broker (the cloud's), through its
+    own outbox (`agent.leader.northbound`). Off while `url` is empty."""
+
+    url: str = ""
+    client_id: str = ""  # default: ea-{fleet}-northbound-{device_id}
+    username: str = ""
+    password_file: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    topic: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "edge-agent/{fleet}/{device}/{class}"
+    topics: dict[ClassKey, Annotated[str, msgspec.Meta(min_length=1, max_length=256)]] = (
+        msgspec.field(default_factory=dict))
+    format: Literal["envelope", "raw"] = "envelope"
+    outbox: str = "northbound.db"
+    max_messages: Positive = 1_000_000
+    max_bytes: Positive = 1024 * 1024 * 1024
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     agent: AgentSection
     mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
@@ -171,6 +267,11 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
     firmware: FirmwareSection = msgspec.field(default_factory=FirmwareSection)
     housekeeping: HousekeepingSection = msgspec.field(default_factory=HousekeepingSection)
+    classes: dict[ClassKey, MessageClassSection] = msgspec.field(default_factory=default_classes)
+    local_api: LocalApiSection = msgspec.field(default_factory=LocalApiSection)
+    sources: SourcesSection = msgspec.field(default_factory=SourcesSection)
+    messages: MessagesSection = msgspec.field(default_factory=MessagesSection)
+    northbound: NorthboundSection = msgspec.field(default_factory=NorthboundSection)
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -236,6 +337,35 @@ def _check_retentions(config: AgentConfig, source: str) -> None:
         if getattr(h, key) < floor_s:
             raise ConfigError(source, f"housekeeping.{key}",
                               f"must be at least {floor_s:g} s (the outbox retry horizon and longest ttl_s)")
+    # the leader's message store deduplicates application messages: it must outlive their TTLs
+    app_floor_s = max(horizon_s, max((c.ttl_s for c in config.classes.values()), default=0.0))
+    if config.messages.retention_s < app_floor_s:
+        raise ConfigError(source, "messages.retention_s",
+                          f"must be at least {app_floor_s:g} s (the outbox retry horizon and longest classes ttl_s)")
+
+
+def _check_classes(config: AgentConfig, source: str) -> None:
+    """Every class a source feeds must exist; a class's payload cap must fit its caps."""
+    names = config.classes
+    feeds = [("sources.system.class", config.sources.system.cls)] if config.sources.system else []
+    feeds += [(f"sources.command.{n}.class", c.cls) for n, c in config.sources.command.items()]
+    feeds += [(f"sources.file.{n}.class", c.cls) for n, c in config.sources.file.items()]
+    for key, cls in feeds:
+        if cls not in names:
+            raise ConfigError(source, key, f"no class {cls!r} (the classes are {', '.join(sorted(names)) or 'none'})")
+    for name, c in names.items():
+        if c.max_payload_bytes > c.max_bytes:
+            raise ConfigError(source, f"classes.{name}.max_payload_bytes", "must not exceed max_bytes")
+    for name in config.northbound.topics:
+        if name not in names:
+            raise ConfigError(source, f"northbound.topics.{name}", f"no class {name!r}")
+    for key, template in (("northbound.topic", config.northbound.topic),
+                          *((f"northbound.topics.{n}", t) for n, t in config.northbound.topics.items())):
+        try:
+            template.format(fleet="f", device="d", **{"class": "c"})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(source, key, f"{template!r}: only {{fleet}}, {{device}} and {{class}} may be"
+                                           f" filled in ({exc})") from None
 
 
 def resolve(data_dir: Path, name: str) -> Path:
@@ -255,6 +385,7 @@ def load_config(path: str | Path) -> AgentConfig:
     if config.mqtt.reconnect_min_s > config.mqtt.reconnect_max_s:
         raise ConfigError(str(path), "mqtt.reconnect_min_s", "must not exceed reconnect_max_s")
     _check_retentions(config, str(path))
+    _check_classes(config, str(path))
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
         raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")
@@ -269,6 +400,12 @@ __all__ = [
     "HousekeepingSection",
     "JobsSection",
     "LeaderSection",
+    "LocalApiSection",
+    "MessageClassSection",
+    "MessagesSection",
+    "NorthboundSection",
+    "SourcesSection",
+    "default_classes",
     "MailboxSection",
     "MetricsSection",
     "MqttSection",

@@ -28,7 +28,8 @@ from agent.actors import Actor, Context
 from agent.core.errors import StoreError, UnstorableValue
 from agent.leader.jobs import Dispatch, JobQueue
 from agent.leader.registry import DeviceRegistry
-from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, Presence, Telemetry
+from agent.leader.sinks import MessageSinks
+from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Presence, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,9 @@ class LeaderActor(Actor):
     """Applies durable messages in batches and dispatches jobs after each batch."""
 
     def __init__(self, registry: DeviceRegistry, jobs: JobQueue, *, dispatch: Dispatcher,
-                 batch_max: int = DEFAULT_BATCH_MAX) -> None:
+                 batch_max: int = DEFAULT_BATCH_MAX, sinks: MessageSinks | None = None) -> None:
         self._registry = registry
+        self._sinks = sinks
         self._jobs = jobs
         self._dispatch = dispatch
         self._batch_max = batch_max
@@ -173,7 +175,7 @@ class LeaderActor(Actor):
             if len(self._pending) < self._batch_max and ctx.self.depth > 0:
                 return None
             batch, self._pending = self._pending, []
-            self._apply(batch)
+            await self._apply(batch)
         elif isinstance(message, WorkersLost):
             self.lose_workers(message.devices, message.reason)
         elif isinstance(message, SubmitJobs):
@@ -192,7 +194,7 @@ class LeaderActor(Actor):
             self.stats.jobs_requeued += len(jobs)
         self.stats.workers_lost += len(devices)
 
-    def _apply(self, batch: list[Durable]) -> None:
+    async def _apply(self, batch: list[Durable]) -> None:
         self.stats.batches += 1
         telemetry = [(d.msg_id, d.message) for d in batch if isinstance(d.message, Telemetry)]
         outcome: dict[int, bool | BaseException] = {}
@@ -213,6 +215,9 @@ class LeaderActor(Actor):
                         self.stats.telemetry_new += 1
                     elif value is False:
                         self.stats.telemetry_duplicate += 1
+        apps = [d for d in batch if isinstance(d.message, AppMessage)]
+        if apps:
+            await self._apply_messages(apps, outcome)
         for d in batch:
             if id(d) in outcome:
                 continue
@@ -228,6 +233,21 @@ class LeaderActor(Actor):
                 d.done.set_exception(result)
             else:
                 d.done.set_result(result)
+
+    async def _apply_messages(self, apps: list[Durable], outcome: dict[int, bool | BaseException]) -> None:
+        """Application messages go to the sinks in one batch; a failure answers each busy."""
+        result: Sequence[bool | BaseException]
+        if self._sinks is None:
+            result = [StoreError("this leader takes no application messages")] * len(apps)
+        else:
+            items = [(d.msg_id, d.message) for d in apps if isinstance(d.message, AppMessage)]
+            try:
+                result = await self._sinks.apply(items)
+            except StoreError as exc:
+                log.warning("%d application messages not stored: %s", len(apps), exc)
+                result = [exc] * len(apps)
+        for d, value in zip(apps, result, strict=True):
+            outcome[id(d)] = value
 
     def _telemetry_alone(self, item: tuple[str, Telemetry]) -> bool | StoreError:
         try:
@@ -266,7 +286,7 @@ class LeaderActor(Actor):
     async def on_stop(self, ctx: Context) -> None:
         batch, self._pending = self._pending, []
         if batch:
-            self._apply(batch)
+            await self._apply(batch)
 
 
 __all__ = [

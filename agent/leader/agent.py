@@ -3,7 +3,8 @@
     LeaderAgent
     ├── EnvelopeInbox on ea/v1/{fleet}/+/up, or $share/{group}/... with other leaders (sender checked)
     │   ├── heartbeat ──► HeartbeatIntake   (bounded, one slot per device, own pace)
-    │   └── telemetry, job demand/result/submit ──► LeaderActor (bounded, answered after commit)
+    │   ├── telemetry, job demand/result/submit ──► LeaderActor (bounded, answered after commit)
+    │   └── app.CLASS (device applications) ──► LeaderActor ──► MessageSinks: forwarders, leader.db
     │   full mailbox: `busy(retry_after_ms)`; undecodable, forged, oversized: `rejected` + RejectLog
     ├── presence subscription ea/v1/{fleet}/+/presence (retained; last wills) ──► LeaderActor
     ├── heartbeat deadline watcher ──► devices offline, their jobs back to the pool
@@ -39,14 +40,17 @@ from agent.housekeeping import Housekeeper
 from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
 from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
+from agent.leader.messages import MessageLog
 from agent.leader.rates import DeviceRates
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
+from agent.leader.sinks import MessageSinks
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxMessage
 from agent.protocol import (
+    APP_KIND_PREFIX,
     KIND_HEARTBEAT,
     KIND_JOB_DEMAND,
     KIND_JOB_RESULT,
@@ -61,6 +65,7 @@ from agent.protocol import (
     Presence,
     Telemetry,
     agent_registry,
+    decode_app_message,
     encode_message,
     kind_of,
 )
@@ -103,6 +108,7 @@ class LeaderAgent:
         registry: DeviceRegistry,
         jobs: JobQueue,
         rejects: RejectLog,
+        messages: MessageLog | None = None,
         owns_stores: bool = True,
         rng: random.Random | None = None,
         intake_batch_max: int = 512,
@@ -118,6 +124,9 @@ class LeaderAgent:
         self.registry = registry
         self.jobs_queue = jobs
         self.rejects = rejects
+        # Device applications' messages: stored in leader.db, and forwarded where attached.
+        self.messages = messages
+        self.sinks = MessageSinks(messages) if messages is not None else None
         self._owns_stores = owns_stores
         self._rng = rng if rng is not None else random.Random()
         self.ids = IdGenerator(clock, self._rng)
@@ -152,7 +161,8 @@ class LeaderAgent:
         if owns_stores if housekeeping is None else housekeeping:
             self.housekeeping, self._reports = leader_housekeeper(
                 config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=registry.path,
-                name=f"housekeeping:{self.device_id}")
+                name=f"housekeeping:{self.device_id}", messages=messages,
+                messages_retention_s=config.messages.retention_s)
         self._started = False
         self.refused_forged = 0
         self.busy_answers = 0
@@ -191,10 +201,11 @@ class LeaderAgent:
                              " aside and start with an empty registry, job queue and rollout history")
         registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s,
                                        telemetry_names_max=config.leader.telemetry_names_max)
-        jobs = rejects = None
+        jobs = rejects = messages = None
         try:
             jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max)
             rejects = RejectLog.open(db, clock=clock)
+            messages = MessageLog.open(db, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device)
             outbox = await OutboxStore.open(
                 resolve(base, config.outbox.path), clock=clock, synchronous=config.outbox.synchronous,
                 max_attempts=config.outbox.max_attempts, classes=outbox_classes(config),
@@ -205,9 +216,11 @@ class LeaderAgent:
                 jobs.close()
             if rejects is not None:
                 rejects.close()
+            if messages is not None:
+                messages.close()
             raise
         return cls(config, transport=transport, clock=clock, outbox=outbox, registry=registry, jobs=jobs,
-                   rejects=rejects, **kwargs)
+                   rejects=rejects, messages=messages, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -223,7 +236,7 @@ class LeaderAgent:
             self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject",
             stall_s=cfg.mailbox.stall_s)
         self._leader_actor = LeaderActor(self.registry, self.jobs_queue, dispatch=self._send_offers,
-                                         batch_max=self._batch_max)
+                                         batch_max=self._batch_max, sinks=self.sinks)
         self.leader = self.system.spawn(
             self._leader_actor, name="leader", capacity=cfg.mailbox.capacity, policy="reject",
             stall_s=cfg.mailbox.stall_s)
@@ -263,6 +276,8 @@ class LeaderAgent:
             self.registry.close()
             self.jobs_queue.close()
             self.rejects.close()
+            if self.messages is not None:
+                self.messages.close()
 
     # -- API -----------------------------------------------------------------------------------
     async def submit_jobs(self, jobs: Sequence[JobSubmit], *, timeout_s: float = 30.0) -> list[SubmitResult]:
@@ -300,6 +315,8 @@ class LeaderAgent:
             if wait_ms:
                 self.busy_answers += 1
                 return Reply(id=env.id, status="busy", retry_after_ms=wait_ms, reason="over this device's share")
+        if env.kind.startswith(APP_KIND_PREFIX):
+            return await self._app_message(env)
         try:
             message = self.kinds.decode_payload(env)
         except CodecError as exc:
@@ -312,6 +329,23 @@ class LeaderAgent:
         if route is None:
             return self._refuse(env, f"the leader does not take {env.kind!r} messages")
         return await route(env, message)
+
+    async def _app_message(self, env: Envelope) -> Reply:
+        """A device application's message (kind "app.CLASS"), stored once it is in the sinks."""
+        if self.sinks is None:
+            return self._refuse(env, "this leader takes no application messages")
+        try:
+            message = decode_app_message(env)
+        except CodecError as exc:
+            return self._refuse(env, f"undecodable payload: {exc}")
+        if message.device_id != env.sender:
+            self.refused_forged += 1
+            return self._refuse(env, f"payload names device {message.device_id!r} but the sender is {env.sender!r}")
+        ahead_ms = message.ts_ms - self.clock.now_ms()
+        if ahead_ms > MAX_AHEAD_MS:
+            return self._refuse(env, f"ts_ms {message.ts_ms} is {ahead_ms / 86_400_000:.0f} days ahead of the"
+                                     " leader's clock")
+        return await self._durable(env, message)
 
     async def _ping(self, env: Envelope, _message: msgspec.Struct) -> Reply:
         return Reply(id=env.id, status="accepted")  # nothing stored: a round trip for `doctor`
@@ -370,6 +404,9 @@ class LeaderAgent:
         return Reply(id=env.id, status="accepted")
 
     def _refuse(self, env: Envelope, reason: str) -> Reply:
+        if self.sinks is not None and env.kind.startswith(APP_KIND_PREFIX):
+            cls = env.kind.removeprefix(APP_KIND_PREFIX)
+            self.sinks.rejected(cls if _topic_safe(cls) and len(cls) <= 48 else "other")
         self._reject_log.warning(f"{env.sender}:{env.kind}", f"refused {env.kind} {env.id} from {env.sender}: {reason}")
         self._record_reject(topic=self._up_topic(env.sender), reason=reason, payload=env.payload, sender=env.sender,
                             msg_id=env.id, kind=env.kind)

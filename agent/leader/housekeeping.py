@@ -15,6 +15,7 @@ from agent.core.clock import Clock
 from agent.core.config import HousekeepingSection
 from agent.housekeeping import Housekeeper, limited
 from agent.leader.jobs import JobQueue
+from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class RolloutReports:
 def leader_housekeeper(
     settings: HousekeepingSection, *, clock: Clock, registry: DeviceRegistry, jobs: JobQueue,
     rollout_db: str | Path | None = None, name: str = "housekeeping",
+    messages: MessageLog | None = None, messages_retention_s: float = 14 * 86_400.0,
 ) -> tuple[Housekeeper, RolloutReports | None]:
     """The leader's housekeeper, and the rollout pruner to close after it stops (if any)."""
     tasks = [
@@ -63,6 +65,8 @@ def leader_housekeeper(
         limited("confirmed_jobs",
                 lambda n: jobs.prune_confirmed(settings.jobs_retention_s, limit=n)),
     ]
+    if messages is not None:
+        tasks.append(limited("app_messages", lambda n: messages.prune(messages_retention_s, limit=n)))
     reports = None
     if rollout_db is not None:
         reports = RolloutReports(rollout_db, clock=clock, retention_s=settings.processed_retention_s,

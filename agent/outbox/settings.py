@@ -10,17 +10,25 @@ from agent.core.config import AgentConfig
 from agent.outbox.engine import ClassPolicy
 from agent.outbox.limiter import AimdSettings
 from agent.outbox.retry import RetryPolicy
+from agent.protocol import app_kind
 
 
 def outbox_classes(config: AgentConfig) -> dict[str, ClassPolicy]:
-    """`[outbox.classes.NAME]` as the store's per-class policies."""
-    return {
+    """`[outbox.classes.NAME]` (the agent's own kinds) and `[classes.NAME]` (the applications'
+    classes, kind "app.NAME") as the store's per-class policies."""
+    policies = {
         name: ClassPolicy(
             max_messages=c.max_messages, max_bytes=c.max_bytes, full_policy=c.full_policy,
             ttl_ms=int(c.ttl_s * 1000), fifo=c.fifo,
         )
         for name, c in config.outbox.classes.items()
     }
+    for name, a in config.classes.items():
+        policies[app_kind(name)] = ClassPolicy(
+            max_messages=a.max_messages, max_bytes=a.max_bytes, full_policy=a.full_policy,
+            ttl_ms=int(a.ttl_s * 1000), fifo=a.fifo,
+        )
+    return policies
 
 
 def retry_policy(config: AgentConfig) -> RetryPolicy:
