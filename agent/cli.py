@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dlq": ("agent.commands.dlq", "list, show, replay or purge dead letters"),
     "status": ("agent.commands.status", "show the fleet as the leader sees it, device by device"),
     "rejects": ("agent.commands.rejects", "list and show the messages the leader refused"),
+    "send": ("agent.commands.send", "hand the agent on this device one message (through its local API)"),
+    "messages": ("agent.commands.messages", "list the application messages the leader stored"),
     "firmware": ("agent.commands.firmware", "build, sign, verify and inspect firmware artifacts"),
     "config": ("agent.commands.config", "check agent config files"),
     "console": ("agent.commands.console", "serve the web console over a leader's database"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -92,6 +93,7 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
         gate_check,
         mailbox_collector,
         outbox_collector,
+        per_class_collector,
         predicate_check,
         relay_collector,
         restrict_database_files,
@@ -115,6 +117,21 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
             from agent.worker.updater_actor import attach_from_config
 
             await attach_from_config(cast("WorkerAgent", agent), config, base)
+        local_api = None
+        if leader:
+            from agent.leader.northbound import attach_northbound
+
+            northbound = await attach_northbound(cast("LeaderAgent", agent), config, base)
+            if northbound is not None:
+                runtime.shutdown.add("stop northbound", northbound.stop)
+        else:
+            from agent.worker.serving import attach_local_api, attach_sources
+
+            local_api = attach_local_api(cast("WorkerAgent", agent), config, base)
+            if local_api is not None:
+                runtime.shutdown.add("stop local API", local_api.stop)  # no new messages while stopping
+            sources = attach_sources(cast("WorkerAgent", agent), config, base)
+            runtime.shutdown.add("stop sources", sources.stop)
         outbox_path = agent.outbox.path
         for db in (outbox_path, *(Path(p) for p in _databases(agent))):
             restrict_database_files(db)
@@ -142,18 +159,66 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
                 "leader", snapshot_collector("ea_leader", lambda: {
                     "busy_answers": gateway.busy_answers, "refused_forged": gateway.refused_forged,
                     "rejects": gateway.rejects.count}, label="counter"))
+            sinks = gateway.sinks
+            if sinks is not None:
+                runtime.add_collector("messages", per_class_collector(
+                    "ea_leader_messages", sinks.stats.snapshot,
+                    counters=("applied", "duplicates", "rejected", "forwarded"),
+                    help_={"applied": "Application messages stored (each once).",
+                           "duplicates": "Redeliveries of application messages already stored (suppressed).",
+                           "rejected": "Application messages the leader refused (see edge-agent rejects).",
+                           "forwarded": "Application messages queued for the northbound broker."}))
         else:
             device = cast("WorkerAgent", agent)
             # 1 after a damaged worker.db was moved aside at this start (its job ledger was lost)
             runtime.add_collector("worker", snapshot_collector(
                 "ea_worker", lambda: {"state_recovered": 1 if device.recovered_from else 0}, label="state"))
+            runtime.add_collector("messages", per_class_collector(
+                "ea_messages", _message_audit(device), counters=_AUDIT_COUNTERS, help_=_AUDIT_HELP))
         await agent.start()
+        if local_api is not None:
+            await local_api.start()
+        if not leader:
+            await sources.start()
         runtime.ready(f"{config.agent.role} {config.agent.device_id} running")
         log.info("agent started", extra={"kv": {"role": config.agent.role, "device": config.agent.device_id,
                                                  "data_dir": str(base)}})
         await runtime.wait_stop()
         log.info("stopping")
     return 0
+
+
+_AUDIT_COUNTERS = ("accepted", "direct", "stored", "duplicates", "refused", "delivered", "delivered_from_outbox",
+                   "dead_lettered", "expired", "dropped", "overwritten", "enqueued", "replayed")
+_AUDIT_HELP = {
+    "accepted": "Application messages taken (local API and sources) since the agent started.",
+    "direct": "Application messages the leader accepted directly (stored there before the answer).",
+    "stored": "Application messages put in the outbox.",
+    "duplicates": "Application messages already pending under their key (not stored twice).",
+    "refused": "Application messages refused, by reason (invalid, unknown_class, too_large, full, unavailable).",
+    "delivered": "Application messages the leader acknowledged: direct plus from the outbox.",
+    "delivered_from_outbox": "Application messages of the class the leader acknowledged from the outbox.",
+    "pending_at_start": "Application messages of the class that were waiting in the outbox at this start.",
+    "dead_lettered": "Application messages of the class moved to the dead letters.",
+    "expired": "Application messages of the class past their TTL, deleted undelivered.",
+    "dropped": "Application messages of the class dropped to make room (drop_oldest).",
+    "overwritten": "Application messages of the class replaced by a newer one of their key.",
+    "enqueued": "Application messages of the class stored in the outbox (overwrites included).",
+    "replayed": "Dead letters of the class moved back to pending.",
+    "pending": "Application messages of the class waiting in the outbox.",
+    "pending_bytes": "Payload bytes of the class waiting in the outbox.",
+    "dead": "Application messages of the class in the dead letters.",
+}
+
+
+def _message_audit(device: WorkerAgent) -> Callable[[], Awaitable[dict[str, dict[str, object]]]]:
+    async def snapshot() -> dict[str, dict[str, object]]:
+        status = await device.message_status()
+        classes = status["classes"]
+        assert isinstance(classes, dict)
+        return classes
+
+    return snapshot
 
 
 def _databases(agent: object) -> list[str]:

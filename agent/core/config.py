@@ -9,8 +9,10 @@ Durations carry their unit in the name (`interval_s`, `retry_after_ms`).
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -368,6 +370,23 @@ def _check_classes(config: AgentConfig, source: str) -> None:
                                            f" filled in ({exc})") from None
 
 
+LOCAL_API_SOCKET = "api.sock"
+
+
+def local_api_socket(config: AgentConfig, *, data_dir: Path | None = None,
+                     env: Mapping[str, str] | None = None) -> Path:
+    """Where the worker's local API listens: `[local_api] socket` as given (relative: under the
+    data dir); empty: api.sock in systemd's RUNTIME_DIRECTORY, else in the data dir."""
+    base = data_dir if data_dir is not None else Path(config.agent.data_dir)
+    setting = config.local_api.socket
+    if setting:
+        return resolve(base, setting)
+    runtime = (env if env is not None else os.environ).get("RUNTIME_DIRECTORY", "")
+    if runtime:
+        return Path(runtime.split(":")[0]) / LOCAL_API_SOCKET
+    return base / LOCAL_API_SOCKET
+
+
 def resolve(data_dir: Path, name: str) -> Path:
     """A path from the config: as given when absolute, else under the agent's data dir."""
     path = Path(name)
@@ -406,6 +425,7 @@ __all__ = [
     "NorthboundSection",
     "SourcesSection",
     "default_classes",
+    "local_api_socket",
     "MailboxSection",
     "MetricsSection",
     "MqttSection",

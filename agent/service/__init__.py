@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from agent.service.collectors import (
         mailbox_collector,
         outbox_collector,
+        per_class_collector,
         process_collector,
         relay_collector,
         snapshot_collector,
@@ -110,6 +111,7 @@ _LAZY = {
     "parse_listen": "healthhttp",
     "predicate_check": "checks",
     "problem_check": "checks",
+    "per_class_collector": "collectors",
     "process_collector": "collectors",
     "read_secret": "files",
     "relay_collector": "collectors",
@@ -169,6 +171,7 @@ __all__ = [
     "set_service_umask",
     "setup_logging",
     "snapshot_collector",
+    "per_class_collector",
     "sqlite_writable_check",
     "task_check",
     "watchdog_timeout_s",

@@ -247,7 +247,38 @@ def snapshot_collector(
 __all__ = [
     "mailbox_collector",
     "outbox_collector",
+    "per_class_collector",
     "process_collector",
     "relay_collector",
     "snapshot_collector",
 ]
+
+
+def per_class_collector(prefix: str, snapshot: Callable[[], Any], *, counters: Iterable[str] = (),
+                        help_: Mapping[str, str] | None = None) -> Collector:
+    """`{class: {field: number, or {reason: number}}}` (sync or async) as one family per field,
+    labelled by class: `{prefix}_{field}_total{class=...}` for names in `counters`, else a gauge;
+    a mapping becomes `{prefix}_{field}_total{class=..., reason=...}`."""
+    counter_names = frozenset(counters)
+    texts = dict(help_ or {})
+
+    async def collect() -> list[MetricFamily]:
+        result = snapshot()
+        snap: Mapping[str, Mapping[str, Any]] = await result if inspect.isawaitable(result) else result
+        series: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for cls, fields in sorted(snap.items()):
+            for field, value in fields.items():
+                if isinstance(value, Mapping):
+                    for reason, n in sorted(value.items()):
+                        series.setdefault(field, []).append(({"class": cls, "reason": str(reason)}, float(n)))
+                elif isinstance(value, bool | int | float):
+                    series.setdefault(field, []).append(({"class": cls}, float(value)))
+        fams = []
+        for field, samples in series.items():
+            is_counter = field in counter_names
+            name = f"{prefix}_{field}_total" if is_counter else f"{prefix}_{field}"
+            fams.append(family(name, "counter" if is_counter else "gauge", texts.get(field, field.replace("_", " ")),
+                               samples))
+        return fams
+
+    return collect

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(text: str, *, name: str = "duration") -> float:
     """`90`, `90s`, `10m`, `1.5h`, `250ms` -> seconds."""
-    match = _DURATION.match(str(text))
-    if match is None:
-        raise ConfigError("simulate", name, f"not a duration: {text!r} (use e.g. 30s, 10m, 1h)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise ConfigError("simulate", name, str(exc)) from None
 
 
 def parse_outage(text: str) -> tuple[float, float]:

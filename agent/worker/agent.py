@@ -4,6 +4,7 @@
     ├── ActorSystem: HeartbeatActor, TelemetryActor, JobWorker (bounded mailboxes)
     ├── OutboxStore (SQLite) ──► Relay ──► EnvelopeSender ──► transport: ea/v1/{fleet}/{me}/up
     ├── LeaderLink: direct, acknowledged, non-durable sends (telemetry fast path, job demand)
+    ├── MessageIntake: device applications' messages (local API, sources): direct, else outbox
     ├── Housekeeper: prunes the job ledger by age (agent.housekeeping)
     └── EnvelopeInbox on ea/v1/{fleet}/{me}/down: commands from the leader to their actors;
         a full mailbox answers `busy`, an unknown kind `rejected`
@@ -52,6 +53,7 @@ from agent.worker.actors import (
     TelemetryActor,
 )
 from agent.worker.jobs import DemandWindow, JobLedger
+from agent.worker.messages import MessageIntake, class_audit
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +210,11 @@ class WorkerAgent:
         self.telemetry: ActorRef | None = None
         self.jobs: ActorRef | None = None
         self.rejected = 0
+        # Device applications' messages (the local API and the built-in sources hand them here).
+        self.messages = MessageIntake(
+            device_id=self.device_id, classes=config.classes, outbox=outbox, link=self.link,
+            connected=transport.connected, ids=self.ids, clock=clock,
+            seq_base=incarnation * 1_000_000_000, direct_timeout_s=config.local_api.direct_timeout_s)
         self.recovered_from: str | None = None  # where a damaged worker.db was moved at open
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
@@ -258,6 +265,7 @@ class WorkerAgent:
         self._started = True
         cfg = self.config
         await self.system.start()
+        self.messages.baseline = dict((await self.outbox.stats()).by_class)
         window = DemandWindow(cfg.jobs.demand_window, worker=self.device_id,
                               incarnation=f"{self.incarnation}-{self.boot}")
         self.job_worker = JobWorker(
@@ -337,6 +345,17 @@ class WorkerAgent:
             raise NotConnected("the worker agent is not started")
         result = await self.telemetry.ask(RecordTelemetry(name, value, values), timeout_s=timeout_s)
         return str(result)
+
+    async def message_status(self) -> dict[str, object]:
+        """What the local API's `GET /v1/status` answers: the connection, and per application
+        class its intake and outbox figures (`class_audit`)."""
+        stats = await self.outbox.stats()
+        oldest = stats.oldest_pending_age_ms
+        return {
+            "device_id": self.device_id, "connected": self.transport.connected.is_open,
+            "outbox_pending": stats.pending, "oldest_pending_age_s": None if oldest is None else oldest / 1000.0,
+            "classes": class_audit(self.messages, stats.by_class),
+        }
 
     def statistics(self) -> dict[str, object]:
         out: dict[str, object] = {"mailboxes": [s.__dict__ for s in self.system.statistics()]}

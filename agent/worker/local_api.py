@@ -1,0 +1,406 @@
+"""The local API: how applications on the device hand the agent their messages.
+
+HTTP/1.1 on a Unix socket (mode 0660, group `[local_api] group`: only that group's processes may
+connect; the peer's credentials are checked again on accept), and optionally on a loopback TCP
+port. A small asyncio server of our own: no framework, nothing more resident than its code.
+
+    POST /v1/messages            JSON or msgpack: {"class", "payload" (any JSON value) or
+                                 "payload_base64", "content_type", "key", "ttl"} or
+                                 {"messages": [that, ...]} (one transaction, all or none)
+    POST /v1/messages/CLASS      the raw body is the payload (its Content-Type kept);
+                                 ?key=K&ttl=1h
+    GET  /v1/status              connected, outbox depth per class, oldest pending age
+
+Answers: 202 {"id", "path"} (or {"ids": [...]}) once the message is durable: the leader
+accepted it, or the outbox holds it. 400 {"error", "field"} for a wrong field, 413 for a body or
+payload too large, 429 with Retry-After when the class is full under `reject`, 503 when the
+outbox cannot store. A bad request never stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import grp
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import msgspec
+
+from agent.core.clock import Clock
+from agent.core.durations import parse_seconds
+from agent.core.errors import ConfigError
+from agent.service.healthhttp import parse_listen
+from agent.worker.messages import Accepted, MessageIntake, Refusal, Submission
+
+log = logging.getLogger(__name__)
+
+HEAD_MAX = 16 * 1024
+IDLE_TIMEOUT_S = 60.0
+_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
+            415: "Unsupported Media Type", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+_JSON_TYPES = ("application/json",)
+_MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+
+StatusReader = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, error: str, *, field: str | None = None,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
+        self.status = status
+        self.error = error
+        self.field = field
+        self.headers = headers
+        super().__init__(error)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+
+
+def _peer_allowed(sock: socket.socket, gid: int | None) -> bool:
+    """The connecting process runs as this agent's user, root, or a member of the socket's group
+    (SO_PEERCRED, and its supplementary groups from /proc)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    pid, uid, pgid = struct.unpack("3i", creds)
+    if uid in (0, os.getuid()):
+        return True
+    if gid is None:
+        return False
+    if pgid == gid:
+        return True
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Groups:"):
+                return str(gid) in line.split()[1:]
+    except OSError:
+        return False
+    return False
+
+
+class LocalApi:
+    """`LocalApi(intake, status, socket_path=..., ...)`; `start()` / `stop()`."""
+
+    def __init__(self, intake: MessageIntake, status: StatusReader, *, clock: Clock, socket_path: Path | None,
+                 group: str = "edge-agent", listen: str = "", max_body_bytes: int = 4 * 1024 * 1024,
+                 max_batch: int = 500, max_connections: int = 32) -> None:
+        self._intake = intake
+        self._status = status
+        self._clock = clock
+        self.socket_path = socket_path
+        self._group = group
+        self._address = parse_listen(listen, key="local_api.listen") if listen else None
+        self._max_body = max_body_bytes
+        self._max_batch = max_batch
+        self._max_connections = max_connections
+        self._servers: list[asyncio.Server] = []
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._gid: int | None = None
+        self.requests = 0
+        self.bad_requests = 0
+        self.refused_peers = 0
+
+    @property
+    def tcp_address(self) -> tuple[str, int] | None:
+        for server in self._servers:
+            for sock in server.sockets:
+                if sock.family in (socket.AF_INET, socket.AF_INET6):
+                    name = sock.getsockname()
+                    return str(name[0]), int(name[1])
+        return None
+
+    async def start(self) -> None:
+        if self.socket_path is not None:
+            await self._start_unix(self.socket_path)
+        if self._address is not None:
+            host, port = self._address
+            try:
+                self._servers.append(await asyncio.start_server(
+                    self._on_tcp, host, port, limit=HEAD_MAX, reuse_address=True))
+            except OSError as exc:
+                raise ConfigError("config", "local_api.listen",
+                                  f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+    async def _start_unix(self, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_socket() or path.exists():
+                if not path.is_socket():
+                    raise ConfigError("config", "local_api.socket", f"{path} exists and is not a socket")
+                path.unlink()  # a socket left by an agent that died (the instance lock says it is ours)
+            old = os.umask(0o117)  # created 0660 at once: no moment with wider access
+            try:
+                server = await asyncio.start_unix_server(self._on_unix, path=str(path), limit=HEAD_MAX)
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o660)
+        except OSError as exc:
+            raise ConfigError("config", "local_api.socket", f"cannot listen on {path}: {exc.strerror or exc}") from exc
+        self._servers.append(server)
+        try:
+            self._gid = grp.getgrnam(self._group).gr_gid
+            os.chown(path, -1, self._gid)
+        except KeyError:
+            log.warning("local API: no group %r on this system; only this agent's user may use %s", self._group, path)
+        except OSError as exc:
+            log.warning("local API: cannot give %s to group %r: %s", path, self._group, exc.strerror)
+        log.info("local API listening", extra={"kv": {"socket": str(path), "group": self._group}})
+
+    async def stop(self) -> None:
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+        for server in servers:
+            await server.wait_closed()
+        if self.socket_path is not None:
+            with contextlib.suppress(OSError):
+                if self.socket_path.is_socket():
+                    self.socket_path.unlink()
+
+    # -- connections -------------------------------------------------------------------------
+    async def _on_unix(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is None or not _peer_allowed(sock, self._gid):
+            self.refused_peers += 1
+            await self._serve_refusal(writer)
+            return
+        await self._connection(reader, writer)
+
+    async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._connection(reader, writer)
+
+    async def _serve_refusal(self, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._respond(writer, 403, {"error": "not a member of the local API's group"}, close=True)
+        writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            if len(self._handlers) > self._max_connections:
+                await self._respond(writer, 503, {"error": "too many connections"}, close=True,
+                                    headers=(("Retry-After", "1"),))
+                return
+            while True:
+                try:
+                    request = await self._read(reader)
+                except HttpError as exc:
+                    self.bad_requests += 1
+                    await self._respond(writer, exc.status, _error_body(exc), close=True, headers=exc.headers)
+                    return
+                if request is None:
+                    return
+                self.requests += 1
+                close = request.headers.get("connection", "").lower() == "close"
+                try:
+                    status, body, headers = await self._route(request)
+                except HttpError as exc:
+                    self.bad_requests += 1
+                    status, body, headers = exc.status, _error_body(exc), exc.headers
+                await self._respond(writer, status, body, close=close, headers=headers)
+                if close:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:  # noqa: BLE001 - one request must never take the API down
+            log.exception("local API request failed")
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _read(self, reader: asyncio.StreamReader) -> Request | None:
+        try:
+            head = await self._clock.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
+        except TimeoutError:
+            return None
+        except asyncio.LimitOverrunError:
+            raise HttpError(431, "request head too large") from None
+        except asyncio.IncompleteReadError:
+            return None
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise HttpError(400, "malformed request line")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise HttpError(400, f"malformed header line {line[:40]!r}")
+            headers[name.strip().lower()] = value.strip()
+        if "transfer-encoding" in headers:
+            raise HttpError(411, "send a Content-Length (chunked bodies are not taken)")
+        length_text = headers.get("content-length", "0")
+        if not length_text.isdigit():
+            raise HttpError(400, "Content-Length is not a number")
+        length = int(length_text)
+        if length > self._max_body:
+            raise HttpError(413, f"body of {length} bytes, over local_api.max_body_bytes {self._max_body}")
+        body = await self._clock.wait_for(reader.readexactly(length), IDLE_TIMEOUT_S) if length else b""
+        url = urlsplit(parts[1])
+        return Request(parts[0], unquote(url.path), parse_qs(url.query), headers, body)
+
+    async def _respond(self, writer: asyncio.StreamWriter, status: int, body: dict[str, Any], *, close: bool,
+                       headers: tuple[tuple[str, str], ...] = ()) -> None:
+        data = (json.dumps(body, sort_keys=True) + "\n").encode()
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", "Content-Type: application/json",
+                 f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in headers)]
+        if close:
+            lines.append("Connection: close")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
+        await writer.drain()
+
+    # -- the API -----------------------------------------------------------------------------
+    async def _route(self, req: Request) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
+        if req.path == "/v1/status":
+            if req.method not in ("GET", "HEAD"):
+                raise HttpError(405, "GET only", headers=(("Allow", "GET"),))
+            return 200, await self._status(), ()
+        if req.path == "/v1/messages" or req.path.startswith("/v1/messages/"):
+            if req.method != "POST":
+                raise HttpError(405, "POST only", headers=(("Allow", "POST"),))
+            try:
+                if req.path == "/v1/messages":
+                    return await self._post_messages(req)
+                return await self._post_raw(req, req.path.removeprefix("/v1/messages/"))
+            except Refusal as exc:
+                headers = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
+                raise HttpError(exc.status, exc.detail, field=exc.field, headers=headers) from None
+        raise HttpError(404, f"no such endpoint {req.path[:80]!r} (POST /v1/messages, GET /v1/status)")
+
+    async def _post_raw(self, req: Request, cls: str) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
+        sub = Submission(cls=cls, payload=req.body,
+                         content_type=req.headers.get("content-type", "application/octet-stream"),
+                         key=_one(req.query, "key"), ttl_s=_ttl(_one(req.query, "ttl"), "ttl"))
+        return _accepted(await self._intake.submit(sub))
+
+    async def _post_messages(self, req: Request) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
+        ctype = req.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        try:
+            if ctype in _JSON_TYPES:
+                doc = json.loads(req.body)
+            elif ctype in _MSGPACK_TYPES:
+                doc = msgspec.msgpack.decode(req.body)
+            else:
+                raise HttpError(415, f"Content-Type {ctype!r}: send application/json or application/msgpack,"
+                                     " or POST the raw payload to /v1/messages/CLASS")
+        except (ValueError, msgspec.DecodeError) as exc:
+            raise HttpError(400, f"body is not valid {ctype}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise HttpError(400, "body must be an object")
+        if "messages" in doc:
+            items = doc["messages"]
+            if not isinstance(items, list) or not items:
+                raise HttpError(400, "must be a non-empty list", field="messages")
+            if len(items) > self._max_batch:
+                raise HttpError(413, f"{len(items)} messages, over local_api.max_batch {self._max_batch}",
+                                field="messages")
+            subs = [_submission(item, f"messages.{i}.") for i, item in enumerate(items)]
+            done = await self._intake.submit_many(subs)
+            return 202, {"ids": [a.msg_id for a in done], "path": "outbox"}, ()
+        return _accepted(await self._intake.submit(_submission(doc, "")))
+
+
+def _accepted(done: Accepted) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
+    return 202, {"id": done.msg_id, "path": done.path}, ()
+
+
+def _error_body(exc: HttpError) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": exc.error}
+    if exc.field:
+        body["field"] = exc.field
+    return body
+
+
+def _one(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[-1] if values else None
+
+
+def _ttl(value: object, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise HttpError(400, "must be seconds or a duration such as 1h", field=field)
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return parse_seconds(str(value))
+    except ValueError as exc:
+        raise HttpError(400, str(exc), field=field) from None
+
+
+_FIELDS = {"class", "payload", "payload_base64", "content_type", "key", "ttl"}
+
+
+def _submission(item: object, prefix: str) -> Submission:
+    """One message object of a request body."""
+    if not isinstance(item, dict):
+        raise HttpError(400, "must be an object", field=prefix.rstrip(".") or None)
+    unknown = sorted(set(item) - _FIELDS)
+    if unknown:
+        raise HttpError(400, f"unknown field (the fields are {', '.join(sorted(_FIELDS))})",
+                        field=f"{prefix}{unknown[0]}")
+    cls = item.get("class")
+    if not isinstance(cls, str) or not cls:
+        raise HttpError(400, "required, a class name", field=f"{prefix}class")
+    key = item.get("key")
+    if key is not None and not isinstance(key, str):
+        raise HttpError(400, "must be a string", field=f"{prefix}key")
+    ctype = item.get("content_type")
+    if ctype is not None and not isinstance(ctype, str):
+        raise HttpError(400, "must be a string", field=f"{prefix}content_type")
+    if "payload_base64" in item:
+        if "payload" in item:
+            raise HttpError(400, "give payload or payload_base64, not both", field=f"{prefix}payload")
+        raw = item["payload_base64"]
+        if not isinstance(raw, str):
+            raise HttpError(400, "must be a base64 string", field=f"{prefix}payload_base64")
+        try:
+            payload = base64.b64decode(raw, validate=True)
+        except ValueError:
+            raise HttpError(400, "not valid base64", field=f"{prefix}payload_base64") from None
+        ctype = ctype or "application/octet-stream"
+    elif "payload" in item:
+        value = item["payload"]
+        if isinstance(value, bytes):  # msgpack bin
+            payload, ctype = value, ctype or "application/octet-stream"
+        else:
+            payload = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+            ctype = ctype or "application/json"
+    else:
+        raise HttpError(400, "required (or payload_base64)", field=f"{prefix}payload")
+    return Submission(cls=cls, payload=payload, content_type=ctype, key=key,
+                      ttl_s=_ttl(item.get("ttl"), f"{prefix}ttl"))
+
+
+__all__ = ["LocalApi"]

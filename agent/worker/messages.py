@@ -1,0 +1,245 @@
+"""Device applications' messages: checked against their class, then made durable.
+
+    MessageIntake.submit(Submission)       one message: straight to the leader while it answers
+                                           (its `accepted` means leader.db holds it), else into
+                                           the outbox (kind "app.CLASS"); returns once either holds it
+    MessageIntake.submit_many([...])       a batch: into the outbox in one transaction, all or none
+
+Nothing is acknowledged that is not stored: a refusal is a `Refusal` with the HTTP status the
+local API answers (400 a wrong field, 413 too large, 429 the class is full under `reject`,
+503 the outbox cannot store), counted per class and reason. Counters per class since start:
+accepted, direct, stored, duplicates, refused by reason (`IntakeStats`); what became of the
+stored ones is the outbox's per-class flows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from agent.core.clock import Clock
+from agent.core.config import MessageClassSection
+from agent.core.errors import EdgeAgentError, OutboxFull, StoreError
+from agent.core.gate import Gate
+from agent.core.ids import IdGenerator
+from agent.outbox.types import ClassStats, EnqueueResult, OutboxMessage
+from agent.protocol import AppMessage, app_kind, encode_message
+from agent.worker.actors import LEADER, envelope_of
+
+log = logging.getLogger(__name__)
+
+RefusalReason = Literal["invalid", "unknown_class", "too_large", "full", "unavailable"]
+Path = Literal["direct", "outbox", "duplicate"]
+KEY_MAX = 256
+CONTENT_TYPE_MAX = 128
+TTL_MAX_S = 365 * 86_400.0
+FULL_RETRY_AFTER_S = 5
+
+
+class Refusal(EdgeAgentError):
+    """A message not taken, with the local API's answer: `status`, the `field` that is wrong."""
+
+    STATUS: dict[RefusalReason, int] = {
+        "invalid": 400, "unknown_class": 400, "too_large": 413, "full": 429, "unavailable": 503}
+
+    def __init__(self, reason: RefusalReason, detail: str, *, field: str | None = None,
+                 retry_after_s: int | None = None) -> None:
+        self.reason: RefusalReason = reason
+        self.status = self.STATUS[reason]
+        self.detail = detail
+        self.field = field
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{field}: {detail}" if field else detail)
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One message from an application. `msg_id`: a source's own stable id (a line re-read
+    after a restart carries the same one, so the leader keeps it once)."""
+
+    cls: str
+    payload: bytes
+    content_type: str = "application/octet-stream"
+    key: str | None = None
+    ttl_s: float | None = None
+    msg_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    msg_id: str
+    path: Path
+
+
+@dataclass(slots=True)
+class ClassIntake:
+    accepted: int = 0
+    direct: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+class Outbox(Protocol):
+    async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult: ...
+
+    async def enqueue_many(self, msgs: Sequence[OutboxMessage]) -> list[EnqueueResult]: ...
+
+
+class Link(Protocol):
+    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[None]: ...
+
+
+class MessageIntake:
+    def __init__(self, *, device_id: str, classes: Mapping[str, MessageClassSection], outbox: Outbox, link: Link,
+                 connected: Gate, ids: IdGenerator, clock: Clock, seq_base: int = 0,
+                 direct_timeout_s: float = 5.0, direct_backoff_s: float = 30.0) -> None:
+        self.device_id = device_id
+        self.classes = dict(classes)
+        self._outbox = outbox
+        self._link = link
+        self._connected = connected
+        self._ids = ids
+        self._clock = clock
+        self._seq = seq_base
+        self._direct_timeout_s = direct_timeout_s
+        self._backoff_s = direct_backoff_s
+        self._direct_after = 0.0
+        self.stats: dict[str, ClassIntake] = {name: ClassIntake() for name in self.classes}
+        self.refused_unknown = 0  # refusals of a class that does not exist (not counted per name)
+        # The outbox's per-class figures when the agent started: the audit counts from there.
+        self.baseline: dict[str, ClassStats] = {}
+
+    # -- checks ------------------------------------------------------------------------------
+    def _refuse(self, cls: str, refusal: Refusal) -> Refusal:
+        counts = self.stats.get(cls)
+        if counts is None:
+            self.refused_unknown += 1
+        else:
+            counts.refused[refusal.reason] = counts.refused.get(refusal.reason, 0) + 1
+        return refusal
+
+    def message(self, sub: Submission, *, prefix: str = "") -> OutboxMessage:
+        """The durable form of `sub`, or a `Refusal` naming the wrong field."""
+        spec = self.classes.get(sub.cls)
+        if spec is None:
+            known = ", ".join(sorted(self.classes)) or "none"
+            raise self._refuse(sub.cls, Refusal("unknown_class", f"no class {sub.cls[:64]!r} (the classes are {known})",
+                                                field=f"{prefix}class"))
+        if len(sub.payload) > spec.max_payload_bytes:
+            raise self._refuse(sub.cls, Refusal(
+                "too_large", f"{len(sub.payload)} bytes, over the class's max_payload_bytes {spec.max_payload_bytes}",
+                field=f"{prefix}payload"))
+        ctype = sub.content_type
+        if not ctype or len(ctype) > CONTENT_TYPE_MAX or not all("!" <= ch <= "~" for ch in ctype):
+            raise self._refuse(sub.cls, Refusal("invalid", f"not a content type: {ctype[:64]!r}",
+                                                field=f"{prefix}content_type"))
+        key = sub.key
+        if key is not None and (not key or len(key) > KEY_MAX):
+            raise self._refuse(sub.cls, Refusal("invalid", f"must be 1-{KEY_MAX} characters", field=f"{prefix}key"))
+        overwrite = spec.mode == "overwrite"
+        if overwrite and key is None:
+            raise self._refuse(sub.cls, Refusal("invalid", f"class {sub.cls!r} keeps the newest message per key:"
+                                                           " a key is required", field=f"{prefix}key"))
+        ttl_ms: int | None = None
+        if sub.ttl_s is not None:
+            if not 0 < sub.ttl_s <= TTL_MAX_S:
+                raise self._refuse(sub.cls, Refusal("invalid", f"must be > 0 and at most {TTL_MAX_S:g} s",
+                                                    field=f"{prefix}ttl"))
+            ttl_ms = max(1, int(sub.ttl_s * 1000))
+        self._seq += 1
+        msg_id = sub.msg_id or self._ids.next()
+        record = AppMessage(device_id=self.device_id, cls=sub.cls, payload=sub.payload, content_type=ctype,
+                            key=key, overwrite=overwrite, seq=self._seq, ts_ms=self._clock.now_ms())
+        # an append message's key (or a source's own id) is its idempotency key in the outbox
+        outbox_key = key if key is not None else sub.msg_id
+        return OutboxMessage(msg_id=msg_id, owner=self.device_id, receiver=LEADER, kind=app_kind(sub.cls),
+                             payload=encode_message(record), key=outbox_key,
+                             conflict="overwrite" if overwrite else "append", seq=self._seq, ttl_ms=ttl_ms)
+
+    # -- taking messages -----------------------------------------------------------------------
+    async def submit(self, sub: Submission) -> Accepted:
+        msg = self.message(sub)
+        counts = self.stats[sub.cls]
+        if self._connected.is_open and self._clock.monotonic() >= self._direct_after:
+            try:
+                await self._clock.wait_for(self._link.tell(envelope_of(msg, self._clock)), self._direct_timeout_s)
+            except (EdgeAgentError, TimeoutError) as exc:
+                log.debug("direct send of %s failed (%s): to the outbox", msg.msg_id, exc)
+                self._direct_after = self._clock.monotonic() + self._backoff_s
+            else:
+                counts.accepted += 1
+                counts.direct += 1
+                return Accepted(msg.msg_id, "direct")
+        result = await self._store(sub.cls, [msg])
+        return result[0]
+
+    async def submit_many(self, subs: Sequence[Submission]) -> list[Accepted]:
+        msgs = [self.message(sub, prefix=f"messages.{i}.") for i, sub in enumerate(subs)]
+        if not msgs:
+            return []
+        return await self._store(subs[0].cls, msgs, classes=[s.cls for s in subs])
+
+    async def _store(self, cls: str, msgs: list[OutboxMessage], *,
+                     classes: Sequence[str] | None = None) -> list[Accepted]:
+        names = classes if classes is not None else [cls] * len(msgs)
+        try:
+            results = [await self._outbox.enqueue(msgs[0])] if len(msgs) == 1 else await self._outbox.enqueue_many(msgs)
+        except OutboxFull as exc:
+            raise self._refuse(cls, Refusal("full", str(exc), retry_after_s=FULL_RETRY_AFTER_S)) from None
+        except (StoreError, ValueError) as exc:
+            log.warning("%d messages not stored: %s", len(msgs), exc)
+            raise self._refuse(cls, Refusal("unavailable", f"the outbox cannot store it: {exc}",
+                                            retry_after_s=FULL_RETRY_AFTER_S)) from None
+        out = []
+        for msg, name, result in zip(msgs, names, results, strict=True):
+            counts = self.stats[name]
+            if result.outcome == "duplicate":
+                counts.duplicates += 1
+                out.append(Accepted(msg.msg_id, "duplicate"))
+            else:
+                counts.accepted += 1
+                counts.stored += 1
+                out.append(Accepted(msg.msg_id, "outbox"))
+        return out
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        return {name: {"accepted": c.accepted, "direct": c.direct, "stored": c.stored, "duplicates": c.duplicates,
+                       "refused": dict(c.refused)} for name, c in sorted(self.stats.items())}
+
+
+
+
+_FLOWS = ("enqueued", "dead_lettered", "expired", "dropped", "overwritten", "replayed")
+
+
+def class_audit(intake: MessageIntake, by_class: Mapping[str, ClassStats]) -> dict[str, dict[str, object]]:
+    """Per application class, what the device took since this start and what became of it:
+    the intake's counters beside the outbox's flows for the class (kind "app.CLASS") since the
+    baseline taken at start (`MessageIntake.baseline`).
+
+    accepted = direct + stored; delivered = direct + delivered_from_outbox; and the outbox's law:
+    enqueued = delivered_from_outbox + dead_lettered + expired + dropped + overwritten
+               + (pending - pending at start) - replayed."""
+    out: dict[str, dict[str, object]] = {}
+    for name, counts in sorted(intake.stats.items()):
+        kind = app_kind(name)
+        now = by_class.get(kind) or ClassStats()
+        then = intake.baseline.get(kind) or ClassStats()
+        from_outbox = now.delivered - then.delivered
+        entry: dict[str, object] = {
+            "accepted": counts.accepted, "direct": counts.direct, "stored": counts.stored,
+            "duplicates": counts.duplicates, "refused": dict(counts.refused),
+            "delivered": counts.direct + from_outbox, "delivered_from_outbox": from_outbox,
+        }
+        for flow in _FLOWS:
+            entry[flow] = getattr(now, flow) - getattr(then, flow)
+        entry.update(pending=now.pending, pending_at_start=then.pending, pending_bytes=now.pending_bytes,
+                     dead=now.dead)
+        out[name] = entry
+    return out
+
+
+__all__ = ["Accepted", "ClassIntake", "MessageIntake", "Refusal", "RefusalReason", "Submission", "class_audit"]

@@ -1,0 +1,219 @@
+"""The local API on a real Unix socket, in front of a worker and a leader on the in-memory broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.agent_support import leader, until, worker  # noqa: E402
+
+from agent.client import AgentUnavailable, AsyncClient, Client, LocalApiError  # noqa: E402
+from agent.core.clock import SystemClock  # noqa: E402
+from agent.leader.agent import LeaderAgent  # noqa: E402
+from agent.transport.memory import MemoryBroker  # noqa: E402
+from agent.worker.agent import WorkerAgent  # noqa: E402
+from agent.worker.local_api import LocalApi  # noqa: E402
+
+CLASSES = {
+    "telemetry": {"mode": "append"},
+    "state": {"mode": "overwrite"},
+    "tiny": {"mode": "append", "max_messages": 2, "full_policy": "reject", "max_payload_bytes": 64},
+}
+
+
+@dataclass
+class Setup:
+    gw: LeaderAgent | None
+    device: WorkerAgent
+    api: LocalApi
+    socket: Path
+
+
+async def _start(tmp: Path, broker: MemoryBroker, *, with_leader: bool, group: str = "edge-agent",
+                 socket_dir: Path | None = None) -> Setup:
+    clock = SystemClock()
+    gw = await leader(clock, tmp, broker=broker) if with_leader else None
+    device = await worker(clock, tmp, "pi-1", broker=broker, sections={"classes": CLASSES})
+    sock = (socket_dir or tmp) / "api.sock"
+    api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=sock, group=group,
+                   max_body_bytes=64 * 1024, max_batch=10)
+    await api.start()
+    return Setup(gw, device, api, sock)
+
+
+async def _stop(s: Setup) -> None:
+    await s.api.stop()
+    await s.device.stop()
+    if s.gw is not None:
+        await s.gw.stop()
+
+
+@pytest.fixture
+async def online(tmp_path: Path) -> AsyncIterator[Setup]:
+    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=True)
+    await until(SystemClock(), lambda: setup.device.transport.connected.is_open, what="connected")
+    yield setup
+    await _stop(setup)
+
+
+@pytest.fixture
+async def offline(tmp_path: Path) -> AsyncIterator[Setup]:
+    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False)
+    yield setup
+    await _stop(setup)
+
+
+async def _raw(sock: Path, request: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
+    reader, writer = await asyncio.open_unix_connection(str(sock))
+    writer.write(request)
+    await writer.drain()
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    lines = head.split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+    body = await reader.readexactly(int(headers["content-length"]))
+    writer.close()
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def _post(path: str, body: bytes, ctype: str = "application/json") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
+async def test_a_message_is_answered_after_the_leader_stored_it(online: Setup) -> None:
+    client = AsyncClient(online.socket)
+    msg_id = await client.send("telemetry", {"t": 21.5})
+    assert online.gw is not None and online.gw.messages is not None
+    assert online.gw.messages.count("pi-1", "telemetry") == 1  # stored before the 202
+    status = await client.status()
+    counts = status["classes"]["telemetry"]
+    assert (counts["accepted"], counts["direct"], counts["delivered"]) == (1, 1, 1)
+    assert status["connected"] is True and isinstance(msg_id, str) and len(msg_id) == 26
+
+
+async def test_an_overwrite_class_keeps_the_newest_value_per_key(online: Setup) -> None:
+    client = AsyncClient(online.socket)
+    with pytest.raises(LocalApiError) as missing:
+        await client.send("state", "open")
+    assert (missing.value.status, missing.value.field) == (400, "key")
+    for value in ("open", "closed", "open-again"):
+        await client.send("state", value, key="door")
+    await client.send("state", 1, key="window")
+    assert online.gw is not None and online.gw.messages is not None
+    assert online.gw.messages.count("pi-1", "state") == 2
+
+
+async def test_offline_messages_wait_in_the_outbox_and_a_full_class_answers_429(offline: Setup) -> None:
+    client = AsyncClient(offline.socket)
+    first = await client.send("tiny", b"a")
+    await client.send("tiny", b"b")
+    status, headers, body = await _raw(offline.socket, _post("/v1/messages/tiny", b"c", "text/plain"))
+    assert status == 429 and headers["retry-after"] == "5" and "full" in str(body["error"])
+    stats = await offline.device.outbox.stats()
+    assert stats.by_class["app.tiny"].pending == 2  # what was acknowledged is stored; nothing else
+    audit = (await client.status())["classes"]["tiny"]
+    assert (audit["accepted"], audit["stored"], audit["refused"]) == (2, 2, {"full": 1})
+    assert len(first) == 26
+
+
+async def test_bad_requests_name_the_field_and_the_api_keeps_serving(offline: Setup) -> None:
+    sock = offline.socket
+    cases = [
+        (_post("/v1/messages", b"{not json"), 400, None),
+        (_post("/v1/messages", b'{"class": "telemetry"}'), 400, "payload"),
+        (_post("/v1/messages", b'{"class": "nope", "payload": 1}'), 400, "class"),
+        (_post("/v1/messages", b'{"class": "telemetry", "payload": 1, "colour": "red"}'), 400, "colour"),
+        (_post("/v1/messages", b'{"class": "telemetry", "payload": 1, "ttl": "soon"}'), 400, "ttl"),
+        (_post("/v1/messages", b'{"class": "telemetry", "payload_base64": "!!"}'), 400, "payload_base64"),
+        (_post("/v1/messages", b'{"messages": [{"class": "telemetry", "payload": 1}, {"class": "x", "payload": 2}]}'),
+         400, "messages.1.class"),
+        (_post("/v1/messages/tiny", b"x" * 65, "text/plain"), 413, "payload"),
+        (_post("/v1/messages", b"[1, 2]"), 400, None),
+        (_post("/v1/messages", b"x=1", "application/x-www-form-urlencoded"), 415, None),
+        (b"GET /v1/messages HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405, None),
+        (b"GET /nowhere HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 404, None),
+        (b"BLAH\r\n\r\n", 400, None),
+        (b"POST /v1/messages HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 413, None),
+        (b"POST /v1/messages HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411, None),
+    ]
+    for request, want, field in cases:
+        status, _, body = await _raw(sock, request)
+        assert status == want, (request[:60], status, body)
+        assert body.get("field") == field, (request[:60], body)
+    stats = await offline.device.outbox.stats()
+    assert not [k for k in stats.by_class if k.startswith("app.")]  # the refused batch stored none
+    status, _, body = await _raw(sock, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert status == 200 and body["device_id"] == "pi-1"
+    assert offline.device.system.problem() is None
+
+
+def _sync_client_session(sock: Path) -> list[str]:
+    with Client(sock) as client:
+        ids = client.send_many([{"class": "telemetry", "payload": {"n": i}} for i in range(5)])
+        one = client.send("telemetry", b"\x00\x01", content_type="application/octet-stream", ttl="1h")
+        again = client.send("telemetry", [1, 2, 3])  # the kept-alive connection, once more
+    return [*ids, one, again]
+
+
+async def test_a_batch_is_stored_whole_and_the_clients_agree(offline: Setup) -> None:
+    ids = await asyncio.to_thread(_sync_client_session, offline.socket)  # (the agent's loop runs here)
+    assert len(set(ids)) == 7
+    stats = await offline.device.outbox.stats()
+    assert stats.by_class["app.telemetry"].pending == 7
+    with pytest.raises(AgentUnavailable):
+        await AsyncClient(offline.socket.parent / "no.sock").status()
+
+
+# stdlib only, run by the system's python: the repo and its venv need not be readable by nobody
+_RAW_CLIENT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError as exc:
+    print("unavailable", exc.strerror); sys.exit(4)
+body = b'{"class": "telemetry", "payload": 1}'
+s.sendall(b"POST /v1/messages HTTP/1.1\\r\\nContent-Type: application/json\\r\\nContent-Length: "
+          + str(len(body)).encode() + b"\\r\\nConnection: close\\r\\n\\r\\n" + body)
+print(s.recv(4096).split(b"\\r\\n")[0].decode())
+"""
+
+
+def _as_nobody(sock: Path, groups: str) -> subprocess.CompletedProcess[str]:
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", groups, python, "-I", "-c", _RAW_CLIENT,
+                           str(sock)], capture_output=True, text=True, timeout=60, cwd="/")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+async def test_the_socket_refuses_a_process_outside_its_group(tmp_path: Path) -> None:
+    # a directory every user may traverse (pytest's tmp_path is 0700), the socket 0660 root:root
+    shared = Path(tempfile.mkdtemp(prefix="ea-api-", dir="/tmp"))
+    shared.chmod(0o755)
+    try:
+        setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
+                             socket_dir=shared)
+        try:
+            assert setup.socket.stat().st_mode & 0o777 == 0o660
+            outsider = await asyncio.to_thread(_as_nobody, setup.socket, "--clear-groups")
+            assert outsider.returncode == 4 and "Permission denied" in outsider.stdout, outsider
+            member = await asyncio.to_thread(_as_nobody, setup.socket, "--groups=0")
+            assert member.returncode == 0 and "202" in member.stdout, member
+            stats = await setup.device.outbox.stats()
+            assert stats.by_class["app.telemetry"].pending == 1  # the member's message only
+        finally:
+            await _stop(setup)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
