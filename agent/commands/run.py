@@ -118,12 +118,18 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
 
             await attach_from_config(cast("WorkerAgent", agent), config, base)
         local_api = None
+        northbound = None
         if leader:
             from agent.leader.northbound import attach_northbound
 
             northbound = await attach_northbound(cast("LeaderAgent", agent), config, base)
             if northbound is not None:
-                runtime.shutdown.add("stop northbound", northbound.stop)
+                runtime.add_collector("northbound", snapshot_collector(
+                    "ea_northbound", northbound.stats, counters=("delivered", "published"),
+                    help_={"connected": "1 while connected to the northbound broker.",
+                           "pending": "Application messages queued for the northbound broker.",
+                           "delivered": "Application messages the northbound broker acknowledged (persisted).",
+                           "published": "Publishes the northbound broker acknowledged since start."}))
         else:
             from agent.worker.serving import attach_local_api, attach_sources
 
@@ -137,6 +143,8 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
             restrict_database_files(db)
         # Shutdown steps run in order: stop taking work, relay, transport, flush + close stores.
         runtime.shutdown.add(f"stop {config.agent.role}", agent.stop)
+        if leader and northbound is not None:  # after the leader: what it took is queued first
+            runtime.shutdown.add("stop northbound", northbound.stop)
         system = agent.system
         runtime.add_liveness("actors", system.problem, up="all actors running")
         runtime.add_check("transport", gate_check(transport.connected))

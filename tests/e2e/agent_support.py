@@ -138,20 +138,27 @@ def _toml_value(value: Any) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _toml_tables(prefix: str, values: dict[str, Any], lines: list[str]) -> None:
+    """`values` as the table `prefix`: its plain keys, then a sub-table per mapping (TOML has no null)."""
+    lines.append(f"[{prefix}]")
+    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items()
+              if not isinstance(v, dict) and v is not None]
+    for k, v in values.items():
+        if isinstance(v, dict):
+            _toml_tables(f"{prefix}.{_toml_key(k)}", v, lines)
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
+
+
 def write_config(path: Path, role: str, device: str, **sections: dict[str, Any]) -> Path:
     """A TOML config for `edge-agent run` with the test defaults of `config()`."""
     cfg = config(role, device, **sections)
     data = msgspec.to_builtins(cfg)
     lines: list[str] = []
     for section, values in data.items():
-        simple = {k: v for k, v in values.items() if not isinstance(v, dict) and v is not None}  # TOML has no null
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in simple.items()]
-        for k, v in values.items():
-            if isinstance(v, dict):
-                for name, sub in v.items():
-                    lines.append(f"[{section}.{k}.{name}]")
-                    lines += [f"{kk} = {_toml_value(vv)}" for kk, vv in sub.items()]
+        _toml_tables(section, values, lines)
     path.write_text("\n".join(lines) + "\n")
     return path
 
