@@ -278,8 +278,8 @@ async def test_agents_start_and_stop_housekeeping_and_the_leader_ignores_a_late_
 
     try:
         assert gw.housekeeping is not None and w1.housekeeping is not None
-        assert set(gw.housekeeping.tasks) == {"processed_messages", "confirmed_jobs", "rollout_processed",
-                                             "finished_rollouts"}
+        assert set(gw.housekeeping.tasks) == {"processed_messages", "confirmed_jobs", "app_messages",
+                                             "rollout_processed", "finished_rollouts"}
         assert w1.housekeeping.tasks == ("job_ledger",)
         assert await send() == "accepted"
         await clock.advance(1.75 * HOUR)  # close to the window's end, after ten pruning rounds

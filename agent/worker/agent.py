@@ -265,7 +265,8 @@ class WorkerAgent:
         self._started = True
         cfg = self.config
         await self.system.start()
-        self.messages.baseline = dict((await self.outbox.stats()).by_class)
+        if self._owns_stores:  # (a shared outbox's figures are every device's: no audit then)
+            self.messages.baseline = dict((await self.outbox.stats()).by_class)
         window = DemandWindow(cfg.jobs.demand_window, worker=self.device_id,
                               incarnation=f"{self.incarnation}-{self.boot}")
         self.job_worker = JobWorker(

@@ -77,7 +77,8 @@ class Request:
 
 def _peer_allowed(sock: socket.socket, gid: int | None) -> bool:
     """The connecting process runs as this agent's user, root, or a member of the socket's group
-    (SO_PEERCRED, and its supplementary groups from /proc)."""
+    (SO_PEERCRED, and its supplementary groups from /proc): checked again in case the socket's
+    mode was widened by hand."""
     try:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
@@ -90,11 +91,14 @@ def _peer_allowed(sock: socket.socket, gid: int | None) -> bool:
     if pgid == gid:
         return True
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Groups:"):
-                return str(gid) in line.split()[1:]
+        status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return False
+        # hidden from us (systemd's ProtectProc=invisible): the kernel let it open the 0660 socket,
+        # which already took our user, the socket's group (supplementary too) or root
+        return True
+    for line in status.splitlines():
+        if line.startswith("Groups:"):
+            return str(gid) in line.split()[1:]
     return False
 
 

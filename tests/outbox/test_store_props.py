@@ -98,15 +98,16 @@ class OutboxMachine(RuleBasedStateMachine):
         overwrite=st.booleans(),
         seq=st.integers(0, 6),
         delay=st.sampled_from([0, 0, 1_000]),
+        kind=st.sampled_from(["k", "k", "j"]),  # two classes: the law must hold in each
     )
     def enqueue(
-        self, receiver: str, key: str | None, overwrite: bool, seq: int, delay: int
+        self, receiver: str, key: str | None, overwrite: bool, seq: int, delay: int, kind: str
     ) -> None:
         assert self.store is not None
         conflict = "overwrite" if overwrite and key is not None else "append"
         payload = b"p%d" % next(self.names)
         msg = OutboxMessage(
-            msg_id=payload.decode(), owner="dev", receiver=receiver, kind="k", payload=payload,
+            msg_id=payload.decode(), owner="dev", receiver=receiver, kind=kind, payload=payload,
             key=key, conflict=conflict, seq=seq,  # type: ignore[arg-type]
         )
         result = self.run(self.store.enqueue(msg, delay_ms=delay))

@@ -1,7 +1,7 @@
 """An idle worker on a device imports only what it uses: `edge-agent run` with the worker config
-(no [firmware] key, MQTT transport, no /metrics) loads no leader, simulator, firmware rollout,
-rich or in-memory broker module. Checked in a fresh interpreter, through the same calls `run`
-makes, up to an opened (not connected) worker."""
+(no [firmware] key, MQTT transport, no /metrics, the local API listening) loads no leader,
+simulator, firmware rollout, rich, in-memory broker or HTTP server library module. Checked in a
+fresh interpreter, through the same calls `run` makes, up to an opened (not connected) worker."""
 
 from __future__ import annotations
 
@@ -29,9 +29,17 @@ async def main(config_path, data_dir):
     clock = SystemClock()
     transport = make_transport(config, clock=clock, broker_url="mqtt://127.0.0.1:1")
     agent = await build_agent(config, transport=transport, clock=clock, data_dir=Path(data_dir))
+    from agent.worker.serving import attach_local_api, attach_sources  # what `run` attaches to a worker
+
+    api = attach_local_api(agent, config, Path(data_dir))
+    assert api is not None
+    await api.start()
+    sources = attach_sources(agent, config, Path(data_dir))
     try:
         return sorted(sys.modules)
     finally:
+        await api.stop()
+        await sources.stop()
         await agent.outbox.close()
         ledger = getattr(agent, "ledger", None)
         close = getattr(ledger, "close", None)
@@ -52,6 +60,12 @@ FORBIDDEN = (
     "agent.transport._memory_broker",
     "firmware_rollout",
     "rich",
+    # the local API is served by our own asyncio code: no HTTP server library, no client side
+    # (paho itself loads http.client, for proxies)
+    "agent.client",
+    "http.server",
+    "aiohttp",
+    "h11",
 )
 
 
