@@ -323,7 +323,36 @@ def convert(data: Any, type_: type[T], *, source: str) -> T:
         return msgspec.convert(data, type_)
     except msgspec.ValidationError as exc:
         key, reason = _describe(exc)
+        if key is not None and "[...]" in key:
+            key = _name_the_entry(data, type_, key)
         raise ConfigError(source, key, reason) from None
+
+
+def _name_the_entry(data: Any, type_: type[Any], key: str) -> str:
+    """msgspec says `classes[...].mode` for a value of a table of tables: find which entry it
+    is (`classes.telemetry.mode`) by validating the config with that table cut to one entry."""
+    head, _, rest = key.partition("[...]")
+    parts = head.split(".")
+    table: Any = data
+    for part in parts:
+        table = table.get(part) if isinstance(table, dict) else None
+    if not isinstance(table, dict):
+        return key
+    for name in table:
+        trial = _with_table(data, parts, {name: table[name]})
+        try:
+            msgspec.convert(trial, type_)
+        except msgspec.ValidationError:
+            found = f"{head}.{name}{rest}"
+            return _name_the_entry(trial, type_, found) if "[...]" in found else found
+    return key
+
+
+def _with_table(data: dict[str, Any], parts: list[str], table: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `data` with the table at `parts` replaced."""
+    if len(parts) == 1:
+        return {**data, parts[0]: table}
+    return {**data, parts[0]: _with_table(data.get(parts[0], {}), parts[1:], table)}
 
 
 def _check_retentions(config: AgentConfig, source: str) -> None:

@@ -6,7 +6,10 @@
     FileSource      tails a file of JSON lines; the offset after the last line handed over is kept
                     in worker.db, and each line's message id is derived from the file and the
                     line's offset, so a restart neither skips a line nor stores one twice (a line
-                    re-read after a crash carries the same id: the outbox or the leader drops it)
+                    re-read after a crash carries the same id: the outbox or the leader drops it).
+                    A file replaced (logrotate: a new inode) or truncated in place is read from its
+                    start; lines appended to a truncated file before the next poll, up to the old
+                    size, cannot be told from old ones (copytruncate's race: prefer a rename)
 
 A line that is not JSON is skipped with a warning (counted); a full class holds the source back
 until there is room (its lines wait in the file, the command's next run comes later).
@@ -39,7 +42,9 @@ RETRY_S = 5.0  # a refused or failed hand-over is tried again after this
 
 
 class SourceOffsets(SqliteStore):
-    """Where each file source stopped: (source name) -> (inode, offset), in worker.db."""
+    """Where each file source stopped, in worker.db: (source name) -> (inode, offset, generation).
+    The generation counts the times the file was truncated in place: a line at an offset read
+    before has another id after that."""
 
     COMPONENT = "sources"
     WHAT = "source offsets"
@@ -47,7 +52,7 @@ class SourceOffsets(SqliteStore):
     @staticmethod
     def _v1(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE source_offsets (name TEXT PRIMARY KEY, inode INTEGER NOT NULL,"
-                     " offset INTEGER NOT NULL) WITHOUT ROWID")
+                     " offset INTEGER NOT NULL, generation INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID")
 
     MIGRATIONS = (_v1,)
 
@@ -55,17 +60,19 @@ class SourceOffsets(SqliteStore):
     def open(cls, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> SourceOffsets:
         return cls(cls.connect_migrated(path, synchronous=synchronous), path=str(path))
 
-    def get(self, name: str) -> tuple[int, int] | None:
+    def get(self, name: str) -> tuple[int, int, int] | None:
         self.check_open()
-        row = self._conn.execute("SELECT inode, offset FROM source_offsets WHERE name = ?", (name,)).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]))
+        row = self._conn.execute("SELECT inode, offset, generation FROM source_offsets WHERE name = ?",
+                                 (name,)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
 
-    def put(self, name: str, inode: int, offset: int) -> None:
+    def put(self, name: str, inode: int, offset: int, generation: int = 0) -> None:
         self.check_open()
         with atomic(self._conn):
             self._conn.execute(
-                "INSERT INTO source_offsets (name, inode, offset) VALUES (?, ?, ?) ON CONFLICT (name)"
-                " DO UPDATE SET inode = excluded.inode, offset = excluded.offset", (name, inode, offset))
+                "INSERT INTO source_offsets (name, inode, offset, generation) VALUES (?, ?, ?, ?) ON CONFLICT (name)"
+                " DO UPDATE SET inode = excluded.inode, offset = excluded.offset, generation = excluded.generation",
+                (name, inode, offset, generation))
 
 
 class Source:
@@ -198,8 +205,9 @@ class FileSource(Source):
         self._batch_max = batch_max
         self.path = Path(settings.path)
 
-    def _msg_id(self, inode: int, offset: int) -> str:
-        digest = hashlib.blake2b(f"{self._device}\0{self.name}\0{inode}\0{offset}".encode(), digest_size=16)
+    def _msg_id(self, inode: int, generation: int, offset: int) -> str:
+        digest = hashlib.blake2b(f"{self._device}\0{self.name}\0{inode}\0{generation}\0{offset}".encode(),
+                                 digest_size=16)
         return "f" + digest.hexdigest()
 
     async def _run(self) -> None:
@@ -220,9 +228,9 @@ class FileSource(Source):
         except FileNotFoundError:
             return False
         kept = self._offsets.get(self.name)
-        inode, offset = (kept if kept is not None and kept[0] == st.st_ino else (st.st_ino, 0))
-        if offset > st.st_size:  # truncated in place: start again at the top
-            offset = 0
+        inode, offset, generation = (kept if kept is not None and kept[0] == st.st_ino else (st.st_ino, 0, 0))
+        if offset > st.st_size:  # truncated in place: start again at the top, its lines are new ones
+            offset, generation = 0, generation + 1
         if offset == st.st_size:
             return False
         limit = self._settings.max_line_bytes
@@ -246,11 +254,12 @@ class FileSource(Source):
                 end += len(line)
                 payloads, bad = _json_lines(line.decode("utf-8", "replace"), self.name)
                 self.skipped += bad
-                subs += [Submission(self._settings.cls, p, JSON, msg_id=self._msg_id(inode, at)) for p in payloads]
+                subs += [Submission(self._settings.cls, p, JSON, msg_id=self._msg_id(inode, generation, at))
+                         for p in payloads]
         if subs and not await self._hand_over(self._intake, subs):
             await self._clock.sleep(RETRY_S)
             return False
-        self._offsets.put(self.name, inode, end)  # after the hand-over: a crash in between re-reads, same ids
+        self._offsets.put(self.name, inode, end, generation)  # after the hand-over: a crash re-reads, same ids
         return end > offset
 
 
