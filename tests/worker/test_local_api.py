@@ -274,3 +274,25 @@ async def test_any_bytes_on_the_socket_leave_the_api_serving(offline: Setup, req
         assert status in (200, 202, 400, 404, 405, 408, 411, 413, 415, 431), answer[:200]
     status, _, body = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
     assert status == 200 and body["device_id"] == "pi-1"
+
+
+async def test_a_msgpack_body_carries_binary_payloads(offline: Setup) -> None:
+    import msgspec
+
+    body = msgspec.msgpack.encode({"class": "telemetry", "payload": b"\x00\xffraw", "ttl": 60})
+    status, _, answer = await _raw(offline.socket, _post("/v1/messages", body, "application/msgpack"))
+    assert status == 202 and answer["path"] == "outbox"
+    import sqlite3
+
+    from agent.protocol import AppMessage, decode_as
+
+    conn = sqlite3.connect(f"file:{offline.device.outbox.path}?mode=ro", uri=True)
+    try:
+        payload, expires = conn.execute(
+            "SELECT payload, expires_at FROM outbox WHERE kind = 'app.telemetry'").fetchone()
+    finally:
+        conn.close()
+    stored = decode_as(payload, AppMessage)
+    assert isinstance(stored, AppMessage)
+    assert (stored.payload, stored.content_type) == (b"\x00\xffraw", "application/octet-stream")
+    assert expires is not None  # its ttl went with it
