@@ -11,6 +11,7 @@ that the agent would have to undo.
     ✓ mqtt v5       the broker speaks MQTT v5 (connected in 12 ms)
     ✓ acl           may publish on ea/v1/default/pi-0001/up
     ✓ leader        answered in 4 ms
+    ✓ local api     /run/edge-agent/api.sock answers (group edge-agent: myapp)
     ✓ dead letters  none in outbox.db
 
 The MQTT checks connect with the agent's identity, so they run only while the agent does not
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from agent.transport.probe import BrokerAddress
 
 CHECKS = ("config", "data dir", "agent", "clock", "broker", "tls", "credentials", "mqtt v5", "acl", "leader",
-          "firmware key", "commands", "leader db", "dead letters", "housekeeping")
+          "firmware key", "commands", "local api", "leader db", "dead letters", "housekeeping")
 MIN_FREE_BYTES = 64 * 1024 * 1024  # as the agent's own disk check
 CERT_WARN_DAYS = 30
 _TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
@@ -300,6 +301,8 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         yield (Outcome("commands", False, "not found or not executable: " + ", ".join(missing),
                        "install them or give their full path") if missing
                else Outcome("commands", True, ", ".join(f"{n}: {shutil.which(c[0])}" for n, c in commands)))
+    if config.agent.role == "worker" and config.local_api.enabled and "local api" not in skip:
+        yield _local_api(config, data_dir)
     if config.agent.role == "leader" and "leader db" not in skip:
         yield _leader_db(data_dir / "leader.db")
     if "dead letters" not in skip:
@@ -308,6 +311,33 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         h = config.housekeeping
         yield Outcome("housekeeping", True, f"every {h.interval_s:g}s; message ids kept"
                                             f" {h.processed_retention_s / 86400:g} days")
+
+
+def _local_api(config: AgentConfig, data_dir: Path) -> Outcome:
+    """Where the worker's local API listens, whether it answers, and who may use it."""
+    import grp
+
+    from agent.client import AgentUnavailable, Client
+    from agent.core.config import local_api_socket
+
+    api = config.local_api
+    sock = local_api_socket(config, data_dir=data_dir)
+    try:
+        members = grp.getgrnam(api.group).gr_mem
+    except KeyError:
+        return Outcome("local api", False, f"{sock}: there is no group {api.group!r}: only the agent's own user"
+                                           " could hand it messages",
+                       f"create it (`groupadd --system {api.group}`, install.sh does) and add the applications' users")
+    who = f"group {api.group}: {', '.join(members) or 'no members yet'}"
+    if not sock.exists():
+        return Outcome("local api", None, f"{sock}: not there (the agent creates it at start; {who})")
+    try:
+        with Client(sock, timeout_s=5) as client:
+            client.status()
+    except AgentUnavailable as exc:
+        return Outcome("local api", False, f"{sock} does not answer: {exc}",
+                       "is the agent running? A socket left by a dead agent goes at the next start")
+    return Outcome("local api", True, f"{sock} answers ({who})")
 
 
 def _leader_db(path: Path) -> Outcome:

@@ -6,6 +6,7 @@ from its /healthz, never connected over."""
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import os
 import subprocess
@@ -60,6 +61,8 @@ reconnect_min_s = 0.1
 reconnect_max_s = 0.5
 [metrics]
 listen = "{metrics}"
+[local_api]
+group = "{grp.getgrgid(os.getgid()).gr_name}"
 """)
     return path
 
@@ -157,3 +160,16 @@ def test_a_running_agent_is_read_from_its_health_endpoint_not_connected_over(
     finally:
         child.terminate()
         child.wait(30)
+
+
+def test_the_local_api_check_names_a_missing_group_and_finds_the_socket(
+        broker: ExampleBroker, pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = worker_config(tmp_path, broker, pki)
+    config.write_text(config.read_text().replace(f'group = "{grp.getgrgid(os.getgid()).gr_name}"',
+                                                 'group = "no-such-group-here"'))
+    _, checks = doctor(capsys, config, "--skip", "leader")
+    assert checks["local api"]["ok"] is False and "no group 'no-such-group-here'" in str(checks["local api"]["text"])
+    assert "groupadd" in str(checks["local api"]["fix"])
+    config = worker_config(tmp_path, broker, pki)
+    _, checks = doctor(capsys, config, "--skip", "leader")
+    assert checks["local api"]["ok"] is None and "not there" in str(checks["local api"]["text"])
