@@ -102,6 +102,19 @@ def _peer_allowed(sock: socket.socket, gid: int | None) -> bool:
     return False
 
 
+def _answers(path: Path) -> bool:
+    """Someone accepts connections on the Unix socket at `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 class LocalApi:
     """`LocalApi(intake, status, socket_path=..., ...)`; `start()` / `stop()`."""
 
@@ -151,7 +164,10 @@ class LocalApi:
             if path.is_socket() or path.exists():
                 if not path.is_socket():
                     raise ConfigError("config", "local_api.socket", f"{path} exists and is not a socket")
-                path.unlink()  # a socket left by an agent that died (the instance lock says it is ours)
+                if _answers(path):
+                    raise ConfigError("config", "local_api.socket",
+                                      f"another agent listens on {path}: give this one its own socket")
+                path.unlink()  # a socket left by an agent that died
             old = os.umask(0o117)  # created 0660 at once: no moment with wider access
             try:
                 server = await asyncio.start_unix_server(self._on_unix, path=str(path), limit=HEAD_MAX)

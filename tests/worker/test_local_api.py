@@ -296,3 +296,29 @@ async def test_a_msgpack_body_carries_binary_payloads(offline: Setup) -> None:
     assert isinstance(stored, AppMessage)
     assert (stored.payload, stored.content_type) == (b"\x00\xffraw", "application/octet-stream")
     assert expires is not None  # its ttl went with it
+
+
+async def test_a_second_agent_on_the_same_socket_is_refused_and_a_stale_one_is_replaced(offline: Setup,
+                                                                                        tmp_path: Path) -> None:
+    from agent.core.errors import ConfigError
+
+    other = LocalApi(offline.device.messages, offline.device.message_status, clock=SystemClock(),
+                     socket_path=offline.socket)
+    with pytest.raises(ConfigError, match="another agent listens on"):
+        await other.start()
+    status, _, _ = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert status == 200  # the first one still serves
+    import socket as sockets
+
+    stale = tmp_path / "stale.sock"
+    left = sockets.socket(sockets.AF_UNIX)
+    left.bind(str(stale))  # bound, never listening: what a killed agent leaves
+    left.close()
+    api = LocalApi(offline.device.messages, offline.device.message_status, clock=SystemClock(), socket_path=stale)
+    await api.start()
+    try:
+        status, _, _ = await _raw(stale, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        assert status == 200
+    finally:
+        await api.stop()
+    assert not stale.exists()
