@@ -8,7 +8,6 @@ the leader stored, oldest first (`--newest N`: the last N), read-only.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import time
 
@@ -33,23 +32,16 @@ def _payload_text(content_type: str, payload: bytes) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from agent.leader.messages import read_messages
+    from agent.leader.messages import payload_fields, read_messages
 
     limit = args.newest if args.newest is not None else args.limit
     total, rows = read_messages(args.db, device_id=args.device, cls=args.cls, limit=limit, after_id=args.after,
                                 newest=args.newest is not None)
     if args.json:
         for r in rows:
-            doc: dict[str, object] = {"id": r.id, "msg_id": r.msg_id, "device": r.device_id, "class": r.cls,
-                                      "key": r.key, "seq": r.seq, "ts_ms": r.ts_ms, "received_ms": r.received_ms,
-                                      "content_type": r.content_type}
-            if r.content_type.split(";")[0].strip() == "application/json":
-                try:
-                    doc["payload"] = json.loads(r.payload)
-                except ValueError:
-                    doc["payload_base64"] = base64.b64encode(r.payload).decode()
-            else:
-                doc["payload_base64"] = base64.b64encode(r.payload).decode()
+            doc = {"id": r.id, "msg_id": r.msg_id, "device": r.device_id, "class": r.cls, "key": r.key, "seq": r.seq,
+                   "ts_ms": r.ts_ms, "received_ms": r.received_ms, "content_type": r.content_type,
+                   **payload_fields(r.content_type, r.payload)}
             print(json.dumps(doc, ensure_ascii=False))
         return 0
     if not rows:

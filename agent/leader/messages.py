@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -177,6 +179,17 @@ class MessageLog(SqliteStore):
         return int(self._conn.execute(f"SELECT count(*) FROM app_messages{where}", args).fetchone()[0])
 
 
+def payload_fields(content_type: str, payload: bytes) -> dict[str, object]:
+    """A message's payload for a JSON document: `payload` (the value itself) when it is JSON,
+    else `payload_base64`."""
+    if content_type.split(";")[0].strip() == "application/json":
+        try:
+            return {"payload": json.loads(payload)}
+        except ValueError:
+            pass
+    return {"payload_base64": base64.b64encode(payload).decode()}
+
+
 def _filters(device_id: str | None, cls: str | None) -> tuple[str, list[object]]:
     clauses: list[str] = []
     args: list[object] = []
@@ -213,4 +226,4 @@ def read_messages(db_path: str | Path, *, device_id: str | None = None, cls: str
                                  int(r[7]), int(r[8]), str(r[9]), bytes(r[10])) for r in rows]
 
 
-__all__ = ["MAX_BYTES_PER_DEVICE", "MessageLog", "StoredMessage", "read_messages"]
+__all__ = ["MAX_BYTES_PER_DEVICE", "MessageLog", "StoredMessage", "payload_fields", "read_messages"]

@@ -16,7 +16,6 @@ format every message carries its id, so the consumer can drop a repeat.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import random
@@ -27,6 +26,7 @@ from agent.core.clock import Clock
 from agent.core.config import AgentConfig, NorthboundSection, resolve
 from agent.core.errors import CodecError, ConfigError, NotConnected, Permanent, Transient, TransportError
 from agent.leader.agent import LeaderAgent
+from agent.leader.messages import payload_fields
 from agent.outbox.policy import ClassPolicy
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, retry_policy
@@ -49,14 +49,8 @@ def northbound_payload(settings: NorthboundSection, msg_id: str, message: AppMes
     if settings.format == "raw":
         return message.payload
     doc: dict[str, object] = {"id": msg_id, "device": message.device_id, "class": message.cls, "key": message.key,
-                              "seq": message.seq, "ts_ms": message.ts_ms, "content_type": message.content_type}
-    if message.content_type.split(";")[0].strip() == "application/json":
-        try:
-            doc["payload"] = json.loads(message.payload)
-        except ValueError:
-            doc["payload_base64"] = base64.b64encode(message.payload).decode()
-    else:
-        doc["payload_base64"] = base64.b64encode(message.payload).decode()
+                              "seq": message.seq, "ts_ms": message.ts_ms, "content_type": message.content_type,
+                              **payload_fields(message.content_type, message.payload)}
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 

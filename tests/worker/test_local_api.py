@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,46 +204,45 @@ def _as_nobody(sock: Path, groups: str) -> subprocess.CompletedProcess[str]:
                            str(sock)], capture_output=True, text=True, timeout=60, cwd="/")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
-async def test_the_socket_refuses_a_process_outside_its_group(tmp_path: Path) -> None:
-    # a directory every user may traverse (pytest's tmp_path is 0700), the socket 0660 root:root
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every user may traverse (pytest's tmp_path is 0700)."""
     shared = Path(tempfile.mkdtemp(prefix="ea-api-", dir="/tmp"))
     shared.chmod(0o755)
-    try:
-        setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
-                             socket_dir=shared)
-        try:
-            assert setup.socket.stat().st_mode & 0o777 == 0o660
-            outsider = await asyncio.to_thread(_as_nobody, setup.socket, "--clear-groups")
-            assert outsider.returncode == 4 and "Permission denied" in outsider.stdout, outsider
-            member = await asyncio.to_thread(_as_nobody, setup.socket, "--groups=0")
-            assert member.returncode == 0 and "202" in member.stdout, member
-            stats = await setup.device.outbox.stats()
-            assert stats.by_class["app.telemetry"].pending == 1  # the member's message only
-        finally:
-            await _stop(setup)
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+    yield shared
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
-async def test_a_socket_widened_by_hand_still_refuses_an_outsider(tmp_path: Path) -> None:
-    shared = Path(tempfile.mkdtemp(prefix="ea-api-", dir="/tmp"))
-    shared.chmod(0o755)
+async def test_the_socket_refuses_a_process_outside_its_group(tmp_path: Path, shared_dir: Path) -> None:
+    # the socket 0660 root:root
+    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
+                         socket_dir=shared_dir)
     try:
-        setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
-                             socket_dir=shared)
-        try:
-            setup.socket.chmod(0o666)  # someone "fixed" a permission problem the wrong way
-            outsider = await asyncio.to_thread(_as_nobody, setup.socket, "--clear-groups")
-            assert "403" in outsider.stdout, outsider  # the peer's credentials are checked on accept
-            assert setup.api.refused_peers == 1
-            stats = await setup.device.outbox.stats()
-            assert "app.telemetry" not in stats.by_class
-        finally:
-            await _stop(setup)
+        assert setup.socket.stat().st_mode & 0o777 == 0o660
+        outsider = await asyncio.to_thread(_as_nobody, setup.socket, "--clear-groups")
+        assert outsider.returncode == 4 and "Permission denied" in outsider.stdout, outsider
+        member = await asyncio.to_thread(_as_nobody, setup.socket, "--groups=0")
+        assert member.returncode == 0 and "202" in member.stdout, member
+        stats = await setup.device.outbox.stats()
+        assert stats.by_class["app.telemetry"].pending == 1  # the member's message only
     finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        await _stop(setup)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+async def test_a_socket_widened_by_hand_still_refuses_an_outsider(tmp_path: Path, shared_dir: Path) -> None:
+    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
+                         socket_dir=shared_dir)
+    try:
+        setup.socket.chmod(0o666)  # someone "fixed" a permission problem the wrong way
+        outsider = await asyncio.to_thread(_as_nobody, setup.socket, "--clear-groups")
+        assert "403" in outsider.stdout, outsider  # the peer's credentials are checked on accept
+        assert setup.api.refused_peers == 1
+        stats = await setup.device.outbox.stats()
+        assert "app.telemetry" not in stats.by_class
+    finally:
+        await _stop(setup)
 
 
 _requests = st.one_of(
