@@ -64,7 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if selected not in COMMANDS:
         selected = None
     parser, module = build_parser(selected)
-    args = parser.parse_args(args_list)
+    args, extra = parser.parse_known_args(args_list)
+    if extra:
+        # argparse matches an optional positional only where the positionals start: a command may
+        # take such a word given after its options (`send CLASS --key K -`) through `take_extra`
+        take_extra = getattr(module, "take_extra", None)
+        if take_extra is None or not take_extra(args, extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if module is None:
         parser.print_help()
         return 0 if not args_list else 2

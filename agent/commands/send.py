@@ -29,15 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--config", metavar="FILE", help="the worker's config (says where its socket is)")
     where.add_argument("--socket", metavar="PATH", help="the local API socket itself")
-    body = parser.add_mutually_exclusive_group(required=True)
-    body.add_argument("--json", metavar="TEXT", help="the payload, a JSON value")
-    body.add_argument("--file", metavar="FILE", help="the payload, a file's bytes")
-    body.add_argument("stdin", nargs="?", choices=["-"], help="- : the payload from standard input")
+    parser.add_argument("--json", metavar="TEXT", help="the payload, a JSON value")
+    parser.add_argument("--file", metavar="FILE", help="the payload, a file's bytes (-: standard input)")
+    parser.add_argument("stdin", nargs="?", choices=["-"], help="- : the payload from standard input")
     parser.add_argument("--key", metavar="K", help="the message key (required by an overwrite class)")
     parser.add_argument("--ttl", metavar="DURATION", help="drop it undelivered after this long, e.g. 1h")
     parser.add_argument("--content-type", metavar="TYPE", help="of a --file or stdin payload"
                         " (default application/octet-stream; --json sends application/json)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="wait this long at most")
+
+
+def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
+    """A `-` after the options: the payload from standard input."""
+    if extra == ["-"] and args.stdin is None:
+        args.stdin = "-"
+        return True
+    return False
 
 
 def _fail(code: int, text: str) -> int:
@@ -49,13 +56,18 @@ def main(args: argparse.Namespace) -> int:
     from agent.client import AgentUnavailable, Client, LocalApiError
     from agent.core.config import load_config, local_api_socket
 
+    given = [name for name, value in (("--json", args.json), ("--file", args.file), ("-", args.stdin))
+             if value is not None]
+    if len(given) != 1:
+        return _fail(EXIT_REFUSED, "give the payload once: --json TEXT, --file FILE or - (standard input)"
+                     + (f", not {' and '.join(given)}" if given else ""))
     payload: bytes | object
     if args.json is not None:
         try:
             payload = json.loads(args.json)
         except ValueError as exc:
             return _fail(EXIT_REFUSED, f"--json: not valid JSON: {exc}")
-    elif args.file is not None:
+    elif args.file is not None and args.file != "-":
         try:
             payload = Path(args.file).read_bytes()
         except OSError as exc:

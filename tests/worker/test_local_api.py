@@ -321,3 +321,55 @@ async def test_a_second_agent_on_the_same_socket_is_refused_and_a_stale_one_is_r
     finally:
         await api.stop()
     assert not stale.exists()
+
+
+async def test_the_loopback_port_serves_the_same_api(tmp_path: Path) -> None:
+    from agent.core.errors import ConfigError
+
+    clock = SystemClock()
+    device = await worker(clock, tmp_path, "pi-1", broker=MemoryBroker(clock=clock), relay=False,
+                          sections={"classes": CLASSES, "local_api": {"direct_timeout_s": 0.1}})
+    api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=None, listen="127.0.0.1:0")
+    await api.start()
+    try:
+        address = api.tcp_address
+        assert address is not None and address[0] == "127.0.0.1"
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(_post("/v1/messages/telemetry", b"21.5", "text/plain"))
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"HTTP/1.1 202")
+        writer.close()
+    finally:
+        await api.stop()
+        await device.stop()
+    with pytest.raises(ConfigError, match="local_api.listen"):
+        LocalApi(device.messages, device.message_status, clock=clock, socket_path=None, listen="0.0.0.0:8731")
+
+
+async def test_send_takes_a_file_or_standard_input_and_says_why_not_in_its_exit_status(offline: Setup,
+                                                                                         tmp_path: Path) -> None:
+    async def send(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent.cli", "send", *args, "--socket", str(offline.socket),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        out, err = await proc.communicate(stdin)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    reading = tmp_path / "reading.bin"
+    reading.write_bytes(b"\x01\x02")
+    code, out, err = await send("telemetry", "--file", str(reading), "--content-type", "application/x-reading")
+    assert code == 0 and len(out.strip()) == 26, err
+    code, out, _ = await send("state", "--key", "door", "--ttl", "1h", "-", stdin=b"open")
+    assert code == 0
+    code, _, err = await send("state", "-", stdin=b"open")
+    assert code == 2 and "key" in err
+    for _ in range(2):
+        await send("tiny", "--json", "1")
+    code, _, err = await send("tiny", "--json", "1")
+    assert code == 3 and "429" in err and "retry after" in err
+    code, _, err = await send("telemetry", "--json", "{not json")
+    assert code == 2 and "--json: not valid JSON" in err
+    stats = await offline.device.outbox.stats()
+    assert stats.by_class["app.telemetry"].pending == 1 and stats.by_class["app.state"].pending == 1
