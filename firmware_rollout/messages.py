@@ -2,6 +2,8 @@
 
     leader -> device   UpdateOffer   (kind "firmware.offer"): a rollout id and the signed manifest
     device -> leader   UpdateReport  (kind "firmware.report"): one state change of the updater
+    leader -> device   UpdateCancel  (kind "firmware.cancel"): the rollout was canceled or aborted;
+                       stop what has not booted yet (download, staged image, armed trial)
     device -> leader   ChunkRequest  (kind "firmware.chunk"): bytes of one image chunk; the
                        leader's ConfigServer answers in the reply body with a `Chunk`, or
                        `busy(retry_after_ms)` when its bounded mailbox is full
@@ -36,12 +38,14 @@ UpdaterState = Literal[
     "rolled_back",
     "failed",
     "rejected",
+    "canceled",
 ]
 ReportState = Literal[
-    "downloading", "installing", "rebooting", "verifying", "succeeded", "failed", "rejected", "rolled_back"
+    "downloading", "installing", "rebooting", "verifying", "succeeded", "failed", "rejected", "rolled_back",
+    "canceled",
 ]
 
-TERMINAL_STATES: Final[frozenset[str]] = frozenset({"committed", "rolled_back", "failed", "rejected"})
+TERMINAL_STATES: Final[frozenset[str]] = frozenset({"committed", "rolled_back", "failed", "rejected", "canceled"})
 REPORT_STATE: Final[dict[str, ReportState]] = {
     "downloading": "downloading",
     "verifying": "installing",  # the download is complete; the device is preparing the install
@@ -52,11 +56,13 @@ REPORT_STATE: Final[dict[str, ReportState]] = {
     "rolled_back": "rolled_back",
     "failed": "failed",
     "rejected": "rejected",
+    "canceled": "canceled",
 }
 
 KIND_UPDATE_OFFER = "firmware.offer"
 KIND_UPDATE_REPORT = "firmware.report"
 KIND_CHUNK_REQUEST = "firmware.chunk"
+KIND_UPDATE_CANCEL = "firmware.cancel"
 
 RolloutId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 DeviceId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -76,6 +82,20 @@ class UpdateOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     # device-local "HH:MM-HH:MM"; empty: any time
     maintenance_windows: Annotated[tuple[Window, ...], msgspec.Meta(max_length=48)] = ()
     chunk_size: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 0  # bytes per ChunkRequest; 0: the manifest's
+
+
+class UpdateCancel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """The rollout is over for this device: stop downloading, discard what was staged, disarm a
+    trial that has not booted, report `canceled`. A device already running the new slot on trial
+    finishes its health check and reports what came of it."""
+
+    rollout_id: RolloutId
+    reason: Detail = ""
+
+
+def cancel_key(device: str, rollout_id: str) -> str:
+    """The outbox key of the leader's cancel to one device (once per rollout)."""
+    return f"firmware.cancel:{device}:{rollout_id}"
 
 
 class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
@@ -144,20 +164,24 @@ def register_messages(registry: MessageRegistry) -> None:
     registry.register(KIND_UPDATE_OFFER, UpdateOffer)
     registry.register(KIND_UPDATE_REPORT, UpdateReport)
     registry.register(KIND_CHUNK_REQUEST, ChunkRequest)
+    registry.register(KIND_UPDATE_CANCEL, UpdateCancel)
 
 
 __all__ = [
     "KIND_CHUNK_REQUEST",
+    "KIND_UPDATE_CANCEL",
     "KIND_UPDATE_OFFER",
     "KIND_UPDATE_REPORT",
     "REPORT_STATE",
     "TERMINAL_STATES",
     "ReportState",
+    "UpdateCancel",
     "UpdateOffer",
     "UpdateReport",
     "UpdaterState",
     "Chunk",
     "ChunkRequest",
+    "cancel_key",
     "register_messages",
     "report_key",
     "report_message",

@@ -35,15 +35,20 @@ from agent.core.ids import IdGenerator
 from agent.leader.agent import LEADER_DB, Route
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
+from firmware_rollout.artifact.keys import VerifyKey, load_verify_key
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
 from firmware_rollout.messages import (
     KIND_CHUNK_REQUEST,
+    KIND_UPDATE_CANCEL,
     KIND_UPDATE_OFFER,
     KIND_UPDATE_REPORT,
     ChunkRequest,
+    UpdateCancel,
     UpdateOffer,
     UpdateReport,
+    cancel_key,
 )
+from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.chunk_server import ConfigServerPool
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.plan import DeviceInfo
@@ -140,14 +145,37 @@ class LeaderPort:
         ]
         await leader.outbox.enqueue_many(msgs)
 
+    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
+        leader = self._leader
+        msgs = [
+            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
+                          kind=KIND_UPDATE_CANCEL, payload=encode(cancel),
+                          key=cancel_key(device, cancel.rollout_id), ttl_ms=0)  # never stale: it stops an update
+            for device, cancel in cancels
+        ]
+        await leader.outbox.enqueue_many(msgs)
+
+
+ARTIFACTS_DIR = "artifacts"  # beside leader.db: the verified copies the rollouts serve
+
+
+def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
+    """The leader's artifact store, checking against `[firmware] public_key` (none set: every
+    start is refused, saying so)."""
+    key_path = config.firmware.public_key
+    return ArtifactStore(directory, load_verify_key(key_path) if key_path else None)
+
 
 class RolloutService:
     def __init__(self, leader: RolloutHost, store: RolloutStore, *, poll_s: float = 2.0,
-                 report_capacity: int = 256) -> None:
+                 report_capacity: int = 256, artifacts: ArtifactStore | None = None) -> None:
         self.leader = leader
         self.store = store
         self.clock = leader.clock
-        self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s)
+        if artifacts is None:
+            artifacts = artifact_store(leader.config, Path(store.path).parent / ARTIFACTS_DIR)
+        self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s,
+                                         artifacts=artifacts)
         self._report_capacity = report_capacity
         self.pools: dict[str, ConfigServerPool] = {}
         self._artifacts: dict[str, tuple[Path, SignedManifest] | None] = {}
@@ -270,12 +298,14 @@ class RolloutService:
 
 
 async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = None,
-                         poll_s: float = 2.0) -> RolloutService:
-    """Open the rollout tables in the leader's database and start the rollout service."""
+                         poll_s: float = 2.0, verify_key: VerifyKey | None = None) -> RolloutService:
+    """Open the rollout tables in the leader's database and start the rollout service. Artifacts
+    are checked against `verify_key` (default: the config's `[firmware] public_key`)."""
     if db_path is None:
         db_path = Path(leader.config.agent.data_dir) / LEADER_DB
     store = RolloutStore.open(db_path, clock=leader.clock)
-    service = RolloutService(leader, store, poll_s=poll_s)
+    artifacts = ArtifactStore(Path(db_path).parent / ARTIFACTS_DIR, verify_key) if verify_key is not None else None
+    service = RolloutService(leader, store, poll_s=poll_s, artifacts=artifacts)
     service.owns_store = True
     try:
         await service.start()
@@ -285,4 +315,5 @@ async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = No
     return service
 
 
-__all__ = ["LeaderPort", "ReportIntake", "RolloutHost", "RolloutService", "attach_rollout"]
+__all__ = ["ARTIFACTS_DIR", "LeaderPort", "ReportIntake", "RolloutHost", "RolloutService", "artifact_store",
+           "attach_rollout"]

@@ -225,7 +225,7 @@ class SimFleet:
         await self.leader.start()
         if self.firmware is not None:
             self.rollout = await attach_rollout(self.leader, db_path=self.workdir / "leader" / LEADER_DB,
-                                                poll_s=self._rollout_poll_s)
+                                                poll_s=self._rollout_poll_s, verify_key=self.firmware.verify_key)
         for relay in self.relays:
             await relay.start()
 

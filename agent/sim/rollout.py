@@ -349,7 +349,8 @@ def public_key_for(spec_path: str | Path, public_key: str | Path | None) -> tupl
     try:
         signed.verify(key)
     except ArtifactError as exc:
-        return key_path, f"{artifact} does not verify against {key_path} ({exc}): every device will refuse it"
+        return key_path, (f"{artifact} does not verify against {key_path} ({exc}): the leader, which checks it"
+                          " against the same key, will refuse to start the rollout")
     return key_path, None
 
 

@@ -1,6 +1,9 @@
 """The worker's UpdaterActor: firmware offers in, the A/B updater driven, reports out via the outbox.
 
     leader ──UpdateOffer──► (down topic) ──► UpdaterActor (bounded mailbox: busy when it is full)
+    leader ──UpdateCancel─► (down topic) ──► UpdateCancels ──► UpdaterActor.cancel (not queued
+                                               behind the update it stops: the running work is
+                                               canceled, then the updater ends it `canceled`)
                                                │ waits for a maintenance window (device-local time)
                                                │ Updater.offer(offer, RemoteChunkSource)
                                                │    chunks: ChunkClient ──► leader's ConfigServers
@@ -19,6 +22,7 @@ of the worker only what `UpdaterHost` names.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -41,10 +45,12 @@ from firmware_rollout.artifact.manifest import parse_signed_manifest
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
 from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
-from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
+from firmware_rollout.device.updater import CANCELABLE_STATES, ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import (
+    KIND_UPDATE_CANCEL,
     KIND_UPDATE_OFFER,
+    UpdateCancel,
     UpdateOffer,
     UpdateReport,
     report_message,
@@ -106,6 +112,12 @@ class UpdaterActor(Actor):
         self.offers = 0
         self.duplicate_offers = 0
         self.reports_sent = 0
+        self.cancels = 0
+        # The update work in progress (a window wait, a download...) and its rollout: a cancel
+        # stops it from outside the mailbox.
+        self._work: asyncio.Task[None] | None = None
+        self._work_rollout = ""
+        self._canceled: dict[str, str] = {}  # rollout -> reason, the newest CANCELS_KEPT
 
     async def on_start(self, ctx: Context) -> None:
         await self._chunks.start()
@@ -120,12 +132,57 @@ class UpdaterActor(Actor):
 
     async def receive(self, message: object, ctx: Context) -> None:
         if isinstance(message, Resume):
-            await self._boot_and_resume(ctx)
+            status = self.updater.status() if self.updater is not None else None
+            await self._run_work(self._boot_and_resume(ctx), status.rollout_id if status is not None else "")
             return
         if not isinstance(message, UpdateOffer):
             log.warning("updater: ignoring %s", type(message).__name__)
             return
         self.offers += 1
+        if message.rollout_id in self._canceled:
+            log.info("update %s: offer ignored, the rollout was canceled", message.rollout_id)
+            return
+        await self._run_work(self._take(message, ctx), message.rollout_id)
+
+    async def _run_work(self, work: Awaitable[None], rollout_id: str) -> None:
+        """Run `work` as a task a cancel of `rollout_id` can stop."""
+        task = asyncio.ensure_future(work)
+        self._work, self._work_rollout = task, rollout_id
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:  # the actor itself is stopping
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise
+        finally:
+            self._work, self._work_rollout = None, ""
+        if not task.cancelled():
+            task.result()
+
+    async def cancel(self, cancel: UpdateCancel) -> None:
+        """The leader canceled a rollout: stop its work in progress, then let the updater end it."""
+        self.cancels += 1
+        self._canceled[cancel.rollout_id] = cancel.reason
+        while len(self._canceled) > CANCELS_KEPT:
+            self._canceled.pop(next(iter(self._canceled)))
+        work = self._work
+        if work is not None and self._work_rollout == cancel.rollout_id:
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait({work})
+        updater = self.updater
+        if updater is None:
+            return
+        try:
+            status = await updater.cancel(cancel.rollout_id, cancel.reason)
+        except UpdaterError as exc:  # closed for a reboot: the next start resumes (or finishes) it
+            log.info("cancel of %s waits for the reboot: %s", cancel.rollout_id, exc)
+            return
+        log.info("update %s canceled by the leader (%s): %s", cancel.rollout_id, cancel.reason or "no reason",
+                 status.state)
+
+    async def _take(self, message: UpdateOffer, ctx: Context) -> None:
         updater = self.updater
         assert updater is not None
         status = updater.status()
@@ -135,6 +192,7 @@ class UpdaterActor(Actor):
                 await updater.flush_reports()
             return
         await self._wait_for_window(message, ctx.clock)
+        log.info("update %s offered: downloading", message.rollout_id)
         source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size)
         try:
             await updater.offer(message, source)
@@ -180,6 +238,10 @@ class UpdaterActor(Actor):
             updater = self.updater
             assert updater is not None
             status = updater.status()
+            if status.rollout_id in self._canceled and status.state in CANCELABLE_STATES:
+                # canceled while the updater was closed for a reboot: end it now instead of resuming
+                await updater.cancel(status.rollout_id, self._canceled[status.rollout_id])
+                status = updater.status()
             source = self._source(status.rollout_id, None, 0) if status.state == "downloading" else None
             try:
                 await updater.resume(source)
@@ -198,6 +260,21 @@ class UpdaterActor(Actor):
         """The updater's report sink: into the outbox, newest report per device wins."""
         await self._outbox.enqueue(report_message(report, msg_id=self._ids.next(), receiver=LEADER))
         self.reports_sent += 1
+
+
+CANCELS_KEPT = 64
+
+
+class UpdateCancels(Actor):
+    """Takes the leader's cancels off the down topic and hands each to the UpdaterActor directly:
+    its own mailbox may hold the very update the cancel must stop."""
+
+    def __init__(self, updater: UpdaterActor) -> None:
+        self._updater = updater
+
+    async def receive(self, message: object, ctx: Context) -> None:
+        if isinstance(message, UpdateCancel):
+            await self._updater.cancel(message)
 
 
 class UpdaterHost(Protocol):
@@ -236,6 +313,9 @@ def attach_updater(worker: UpdaterHost, *, open_updater: OpenUpdater, rebooter: 
                          outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, utc_offset_s=utc_offset_s)
     ref = worker.system.spawn(actor, name="updater", capacity=capacity, policy="reject")
     worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, ref)
+    cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
+                                  stall_s=worker.config.mailbox.stall_s)
+    worker.register_command(KIND_UPDATE_CANCEL, UpdateCancel, cancels)
     configured = worker.firmware_version
 
     def running_version() -> str:
@@ -276,6 +356,7 @@ __all__ = [
     "InProcessRebooter",
     "OpenUpdater",
     "Resume",
+    "UpdateCancels",
     "UpdaterActor",
     "UpdaterHost",
     "attach_from_config",

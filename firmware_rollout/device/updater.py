@@ -58,6 +58,10 @@ SLOTS_DIR = "slots"
 HEALTH_GRACE_S = 1.0
 
 
+#: What a cancel can still stop: the new slot has not booted (on its trial boot the health check decides).
+CANCELABLE_STATES: frozenset[str] = frozenset({"downloading", "verifying", "installing", "rebooting"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class UpdaterSettings:
     max_boots: int = 3  # boots of a new slot without a commit before it counts as a crash loop
@@ -282,6 +286,29 @@ class Updater:
                 await self._flush()
             return self.status()
 
+    async def cancel(self, rollout_id: str, reason: str) -> UpdaterStatus:
+        """The leader canceled `rollout_id` (cancel first the task running `offer`/`resume`):
+        an update of it that has not booted its new slot ends `canceled` (staging discarded, an
+        armed trial disarmed); one on its trial boot goes on to its health check; one that never
+        started here is reported `canceled` all the same, so the leader hears back."""
+        async with self._lock:
+            self._check_open()
+            r = self._record
+            if r.rollout_id == rollout_id and r.state in CANCELABLE_STATES:
+                if r.state in ("installing", "rebooting") and r.from_slot:
+                    with contextlib.suppress(InstallError, OSError):
+                        await self.installer.revert(r.from_slot)
+                await self._set(r.but(state="canceled", detail=f"canceled: {reason}" if reason else "canceled"))
+                await self._discard_staging()
+            elif r.rollout_id != rollout_id or r.state == "idle":
+                fields = report_fields(r, device=self.device_id, ts_ms=self._clock.now_ms(),
+                                       active_version=self.active_version)
+                fields.update(rollout_id=rollout_id, version="", state="canceled", phase="canceled",
+                              detail=f"canceled before it started here: {reason}" if reason else "canceled")
+                self._last_report = await self._store.add_report(fields)
+            await self._flush()
+            return self.status()
+
     async def flush_reports(self) -> int:
         """Hand unsent reports to `on_report` in order; returns how many went. A sink raising an
         `EdgeAgentError` stops the flush; the rest go next time."""
@@ -344,7 +371,7 @@ class Updater:
             return
         await self._discard_staging()
         installer = self.installer
-        if r.state == "rolled_back" and r.from_slot:
+        if r.state in ("rolled_back", "canceled") and r.from_slot:
             if installer.default_slot() != r.from_slot or installer.trial_slot() is not None:
                 await installer.revert(r.from_slot)
         elif r.state == "committed" and r.to_slot:

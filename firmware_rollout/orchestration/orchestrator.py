@@ -39,7 +39,8 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
 from firmware_rollout.artifact.files import read_signed_manifest
-from firmware_rollout.messages import UpdateOffer, UpdateReport
+from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
+from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.gates import WaveGates, finished_failed
 from firmware_rollout.orchestration.plan import DeviceInfo, matches, plan_waves, select_targets
 from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
@@ -67,6 +68,10 @@ class RolloutPort(Protocol):
         device's timeout: after it the device counts as timed out, and a stale offer must not
         start an install days later); raise `EdgeAgentError` when it cannot."""
 
+    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
+        """Durably queue one cancel per (device, cancel): it reaches a device offline for days
+        when it is back; raise `EdgeAgentError` when it cannot."""
+
 
 def rollout_id_for(spec: RolloutSpec, now_ms: int) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", spec.rollout.name.lower()).strip("-")[:40] or "rollout"
@@ -83,8 +88,12 @@ class Orchestrator:
         port: RolloutPort,
         poll_s: float = 2.0,
         on_change: Callable[[str], None] | None = None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.store = store
+        # The leader's verified copies (None: the artifact's path is served as given, unchecked:
+        # the library's own tests and tools that check artifacts themselves).
+        self.artifacts = artifacts
         self.clock = clock
         self.port = port
         self.poll_s = poll_s
@@ -112,23 +121,29 @@ class Orchestrator:
     async def _start(
         self, spec: RolloutSpec, *, rollout_id: str | None, devices: Sequence[str] | None, rollback_of: str
     ) -> str:
-        try:
-            signed = read_signed_manifest(Path(spec.rollout.artifact))
-        except ArtifactError as exc:
-            raise RolloutError(f"artifact {spec.rollout.artifact}: {exc}") from exc
+        artifact = spec.rollout.artifact
+        if self.artifacts is not None:
+            admitted = self.artifacts.admit(Path(artifact), rollback=bool(rollback_of))
+            signed, artifact = admitted.signed, str(admitted.path)
+        else:
+            try:
+                signed = read_signed_manifest(Path(artifact))
+            except ArtifactError as exc:
+                raise RolloutError(f"artifact {artifact}: {exc}") from exc
         version = signed.manifest.version
         infos = {d.device_id: d for d in self.port.devices()}
         if devices is None:
             targets = select_targets(spec, list(infos.values()), target_version=version)
         else:
             targets = sorted(set(devices))
-        waves = plan_waves(spec, targets)
         rid = rollout_id or rollout_id_for(spec, self.clock.now_ms())
+        superseded = self._claim_devices(rid, targets, spec.rollout.supersede, rollback_of=rollback_of)
+        waves = plan_waves(spec, targets)
         from_versions = {d: infos[d].firmware_version for d in targets if d in infos}
         self.store.create_rollout(
             rid,
             spec=spec,
-            artifact=spec.rollout.artifact,
+            artifact=artifact,
             version=version,
             signed_manifest=signed.raw,
             waves=waves,
@@ -136,10 +151,41 @@ class Orchestrator:
             rollback_of=rollback_of,
         )
         with self.store.atomic():
+            for old, names in superseded.items():
+                for device in names:
+                    self.store.set_device(old, device, state="canceled", detail=f"superseded by {rid}",
+                                          deadline_ms=None)
             self.gates.start_wave(self._get(rid), 0)
+        for old in superseded:
+            self._changed(old)
         log.info("rollout %s of version %s started: %d devices in %d waves", rid, version, len(targets), len(waves))
         self._changed(rid)
         return rid
+
+    def _claim_devices(self, rid: str, targets: Sequence[str], supersede: str, *,
+                       rollback_of: str) -> dict[str, list[str]]:
+        """One unfinished rollout owns a device: the devices `targets` shares with another are a
+        `RolloutError` listing them, except those of `supersede` (or of the rollout a rollback
+        undoes) not yet offered the image, which that rollout gives up (returned per rollout)."""
+        held = self.store.holders(targets)
+        if not held:
+            return {}
+        giving_up = {supersede, rollback_of} - {""}
+        taken: dict[str, list[str]] = {}
+        refused: list[str] = []
+        for device, (owner, state) in sorted(held.items()):
+            if owner in giving_up and state == "queued":
+                taken.setdefault(owner, []).append(device)
+            elif owner in giving_up:
+                refused.append(f"{device} ({state} in {owner}: wait for it to finish, or cancel {owner})")
+            else:
+                refused.append(f"{device} ({state} in {owner})")
+        if refused:
+            shown = ", ".join(refused[:10]) + (f" and {len(refused) - 10} more" if len(refused) > 10 else "")
+            hint = "" if supersede else "; to take over a rollout's queued devices, set supersede = \"ID\" in [rollout]"
+            raise RolloutError(f"rollout {rid}: {len(refused)} of its devices belong to an unfinished rollout:"
+                               f" {shown}{hint}")
+        return taken
 
     # -- controls --------------------------------------------------------------------------
     async def control(self, rollout_id: str, action: str, arg: str = "") -> str:
@@ -316,6 +362,7 @@ class Orchestrator:
         self.ticks += 1
         async with self._lock:
             await self.apply_pending_controls()
+            await self._send_cancels()
             now = self.clock.now_ms()
             for d in self.store.due_devices(now):
                 self._expire(d, now)
@@ -325,6 +372,17 @@ class Orchestrator:
             infos = {d.device_id: d for d in self.port.devices()}
             for r in active:
                 await self._advance(r.id, infos)
+
+    async def _send_cancels(self) -> None:
+        """A canceled or aborted rollout tells each device still updating to stop (once)."""
+        due = self.store.cancels_due()
+        if not due:
+            return
+        await self.port.send_cancels([(device, UpdateCancel(rollout_id=rid, reason=why[:500]))
+                                      for rid, device, why in due])
+        with self.store.atomic():
+            self.store.cancel_sent([(rid, device) for rid, device, _ in due])
+        log.info("cancels sent to %d devices still updating", len(due))
 
     def _expire(self, d: DeviceRow, now: int) -> None:
         r = self._get(d.rollout_id)

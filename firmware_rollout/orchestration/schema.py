@@ -114,6 +114,12 @@ def _v5(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5)
+def _v6(conn: sqlite3.Connection) -> None:
+    # When the leader queued its cancel to a device still updating in a canceled or aborted
+    # rollout (NULL: not yet; the orchestrator sends it on its next tick).
+    conn.execute("ALTER TABLE rollout_devices ADD COLUMN cancel_sent_ms INTEGER")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6)
 
 __all__ = ["MIGRATIONS"]

@@ -66,6 +66,8 @@ class RolloutSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     artifact: Annotated[str, msgspec.Meta(min_length=1)]
     seed: int = 0
     rollback_artifact: str = ""  # offered by `rollout rollback` unless the command names one
+    # the id of an unfinished rollout whose not yet offered devices this one takes over
+    supersede: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class TargetsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -49,6 +49,8 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         )
     totals = store.totals(r.id)
     offers = store.offers(r.id)
+    # a canceled or aborted rollout: the devices that were updating and have not said they stopped
+    cancel_pending = 0 if r.active else sum(n for s, n in totals.items() if s in IN_PROGRESS)
     after = 0
     if r.state == "aborted" and r.finished_ms is not None:
         after = len({d for d, at, _ in offers if at > r.finished_ms})
@@ -70,6 +72,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "counts": dict(sorted(totals.items())),
         "offers": len(offers),
         "devices_offered_after_abort": after,
+        "cancel_pending": cancel_pending,
         "serving": store.serving(r.id),
         "waves": waves,
     }

@@ -355,6 +355,36 @@ class RolloutStore(SqliteStore):
         rows = self._q("SELECT state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY state", (rollout_id,))
         return {str(state): int(n) for state, n in rows}
 
+    def holders(self, device_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """device -> (rollout id, its state there) for those of `device_ids` an unfinished
+        rollout (running or paused) holds in a state that is not final."""
+        wanted = set(device_ids)
+        if not wanted:
+            return {}
+        finals = sorted(TERMINAL)
+        rows = self._q(
+            "SELECT d.device_id, d.rollout_id, d.state FROM rollout_devices AS d JOIN rollouts AS r"
+            " ON r.id = d.rollout_id WHERE r.state IN ('running', 'paused')"
+            f" AND d.state NOT IN ({', '.join('?' * len(finals))})", finals)
+        return {str(device): (str(rid), str(state)) for device, rid, state in rows if device in wanted}
+
+    def cancels_due(self) -> list[tuple[str, str, str]]:
+        """(rollout id, device, why) of the devices still updating in a canceled or aborted
+        rollout that were not sent a cancel yet."""
+        progress = sorted(IN_PROGRESS)
+        return [(str(rid), str(device), str(why)) for rid, device, why in self._q(
+            "SELECT d.rollout_id, d.device_id, r.detail FROM rollout_devices AS d JOIN rollouts AS r"
+            " ON r.id = d.rollout_id WHERE r.state IN ('canceled', 'aborted') AND d.cancel_sent_ms IS NULL"
+            f" AND d.state IN ({', '.join('?' * len(progress))}) ORDER BY d.rollout_id, d.device_id", progress)]
+
+    def cancel_sent(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """The cancels of these (rollout id, device) pairs are queued (in the caller's transaction)."""
+        now = self._clock.now_ms()
+        with store_errors("record cancels"):
+            self._conn.executemany(
+                "UPDATE rollout_devices SET cancel_sent_ms = ? WHERE rollout_id = ? AND device_id = ?",
+                [(now, rid, device) for rid, device in pairs])
+
     def record_offer(self, rollout_id: str, device_id: str, attempt: int) -> None:
         self._q(
             "INSERT INTO rollout_offers (rollout_id, device_id, at_ms, attempt) VALUES (?, ?, ?, ?)",

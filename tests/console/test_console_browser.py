@@ -30,11 +30,11 @@ pytestmark = [pytest.mark.mqtt, pytest.mark.skipif(
     reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them)")]
 
 
-def agent_config(work: Path, name: str, role: str, url: str) -> Path:
+def agent_config(work: Path, name: str, role: str, url: str, extra: str = "") -> Path:
     path = work / f"{name}.toml"
     path.write_text(f'[agent]\nrole = "{role}"\ndevice_id = "{name}"\nfleet = "lab"\ndata_dir = "{work / name}"\n'
                     f'firmware_version = "1.0.0"\nuse_uvloop = false\n[mqtt]\nurl = "{url}"\n'
-                    '[heartbeat]\ninterval_s = 1.0\n')
+                    '[heartbeat]\ninterval_s = 1.0\n' + extra)
     return path
 
 
@@ -83,8 +83,10 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    artifact, public = make_artifact(tmp_path, chunk_size=4096, size=20_000)
+    leader_key = f'[firmware]\npublic_key = "{public}"\n'  # the leader checks what it rolls out
     procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config",
-                               str(agent_config(tmp_path, n, r, url))],
+                               str(agent_config(tmp_path, n, r, url, leader_key if r == "leader" else ""))],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
              for n, r in (("gw", "leader"), ("pi-0001", "worker"), ("pi-0002", "worker"))]
     db = tmp_path / "gw" / "leader.db"
@@ -94,7 +96,6 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
     port = free_port()
     try:
         wait_for("the workers registered", lambda: query(db, "SELECT COUNT(*) FROM devices WHERE online = 1") == [(2,)])
-        artifact, _ = make_artifact(tmp_path, chunk_size=4096, size=20_000)
         spec = tmp_path / "spec.toml"
         spec.write_text(f'[rollout]\nname = "lab"\nartifact = "{artifact}"\n[waves]\ncanary = 1\ncounts = [1]\n'
                         '[device]\ntimeout_s = 3600\n')

@@ -49,7 +49,8 @@ def test_rollout_between_agent_processes_over_mosquitto(tmp_path: Path, mosquitt
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
     artifact, public = make_artifact(tmp_path, chunk_size=4096, size=20_000)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    configs = [agent_config(tmp_path, "gw", "leader", url)]
+    # the leader checks what it rolls out against the fleet's key, as the workers do
+    configs = [agent_config(tmp_path, "gw", "leader", url, f'[firmware]\npublic_key = "{public}"\n')]
     configs += [agent_config(tmp_path, f"pi-{i}", "worker", url, f'[firmware]\npublic_key = "{public}"\n')
                 for i in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)],

@@ -11,7 +11,7 @@ from typing import Any
 
 from agent.core.clock import VirtualClock
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.messages import UpdateOffer, UpdateReport
+from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.plan import DeviceInfo
 from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_dict
@@ -29,6 +29,7 @@ class FakePort:
             for d in devices
         }
         self.offers: list[tuple[int, str, str]] = []  # (at_ms, device, rollout)
+        self.cancels: list[tuple[str, str]] = []  # (device, rollout)
 
     def devices(self) -> list[DeviceInfo]:
         return list(self.infos.values())
@@ -36,6 +37,9 @@ class FakePort:
     async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float = 0.0) -> None:
         for device, offer in offers:
             self.offers.append((self.clock.now_ms(), device, offer.rollout_id))
+
+    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
+        self.cancels += [(device, cancel.rollout_id) for device, cancel in cancels]
 
     def offered(self, device: str | None = None) -> list[str]:
         return [d for _, d, _ in self.offers if device is None or d == device]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent.app import make_transport
 from agent.core.clock import Clock, VirtualClock
-from agent.core.config import AgentConfig, AgentSection, HeartbeatSection, RelaySection
+from agent.core.config import AgentConfig, AgentSection, FirmwareSection, HeartbeatSection, RelaySection
 from agent.leader.agent import LeaderAgent
 from agent.leader.rollout import attach_rollout
 from agent.transport.memory import MemoryBroker
@@ -34,9 +34,10 @@ class GatedHealth:
         return HealthResult(True, "healthy")
 
 
-def config(device: str, role: str, base: Path) -> AgentConfig:
+def config(device: str, role: str, base: Path, *, public_key: str = "") -> AgentConfig:
     return AgentConfig(agent=AgentSection(device_id=device, role=role, fleet="t", data_dir=str(base / device)),  # type: ignore[arg-type]
-                       heartbeat=HeartbeatSection(interval_s=5.0), relay=RelaySection(reconnect_jitter_s=0.0))
+                       heartbeat=HeartbeatSection(interval_s=5.0), relay=RelaySection(reconnect_jitter_s=0.0),
+                       firmware=FirmwareSection(public_key=public_key))
 
 
 async def test_offline_devices_are_updated_when_they_return_and_offline_reports_arrive_later(tmp_path: Path) -> None:
@@ -45,7 +46,7 @@ async def test_offline_devices_are_updated_when_they_return_and_offline_reports_
     artifact, public = make_artifact(tmp_path, chunk_size=1024, size=5000)
     key = load_verify_key(public)
 
-    leader_cfg = config("gw", "leader", tmp_path)
+    leader_cfg = config("gw", "leader", tmp_path, public_key=str(public))  # it checks what it rolls out
     leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
                                     clock=clock)
     service = await attach_rollout(leader, poll_s=1.0)
@@ -125,6 +126,84 @@ async def test_offline_devices_are_updated_when_they_return_and_offline_reports_
         for name in ("w1", "w2"):
             record = leader.registry.device(name)
             assert record is not None and record.firmware_version == "1.1.0"
+    finally:
+        for worker in workers.values():
+            await worker.stop()
+        await service.stop()
+        service.store.close()
+        await leader.stop()
+
+
+async def test_a_cancel_mid_download_reaches_the_devices_and_none_installs_afterwards(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    artifact, public = make_artifact(tmp_path, chunk_size=1024, size=40 * 1024)  # 40 chunks
+    key = load_verify_key(public)
+    leader_cfg = config("gw", "leader", tmp_path, public_key=str(public))
+    leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
+                                    clock=clock)
+    service = await attach_rollout(leader, poll_s=1.0)
+    await leader.start()
+    workers: dict[str, WorkerAgent] = {}
+    actors: dict[str, UpdaterActor] = {}
+    names = ("w1", "w2", "w3")
+    for name in names:
+        cfg = config(name, "worker", tmp_path)
+        worker = await WorkerAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker),
+                                        clock=clock, sampler=None)
+        rebooter = InProcessRebooter()
+
+        def opener(name: str = name, rebooter: InProcessRebooter = rebooter):  # noqa: ANN202
+            async def open_updater(sink: ReportSink) -> Updater:
+                return await Updater.open(tmp_path / name / "firmware", device_id=name, verify_key=key, clock=clock,
+                                          health=GatedHealth(), rebooter=rebooter, initial_version="1.0.0",
+                                          on_report=sink)
+            return open_updater
+
+        _, actors[name] = attach_updater(worker, open_updater=opener(), rebooter=rebooter)
+        await worker.start()
+        workers[name] = worker
+    try:
+        await clock.advance(12)
+        assert leader.registry.counts() == (3, 0)
+        # 1 KiB/s per server: a 40 KiB image takes the devices a while
+        spec = spec_from_dict({"rollout": {"name": "slow", "artifact": str(artifact)}, "waves": {"counts": [3]},
+                               "device": {"timeout_s": 3600.0},
+                               "download": {"servers": 1, "rate_bytes_per_s": 1024}})
+        rid = await service.orchestrator.start_rollout(spec, rollout_id="slow")
+        store = service.store
+
+        def chunks_done() -> list[int]:
+            return [a.updater.status().chunks_done if a.updater is not None else 0 for a in actors.values()]
+
+        for _ in range(600):
+            await clock.advance(0.5)
+            if sum(chunks_done()) >= 3:
+                break
+        assert 0 < sum(chunks_done()) < 3 * 40  # mid-download
+        assert "canceled slow" == await service.orchestrator.control(rid, "cancel")
+        for _ in range(600):
+            await clock.advance(0.5)
+            if all(a.updater is not None and a.updater.status().state == "canceled" for a in actors.values()):
+                break
+        for name, actor in actors.items():
+            assert actor.updater is not None
+            status = actor.updater.status()
+            assert status.state == "canceled", (name, status)
+            assert actor.updater.active_version == "1.0.0"  # nothing installed
+            assert not (tmp_path / name / "firmware" / "staging.img").exists()  # what was staged is gone
+        for _ in range(60):
+            await clock.advance(1)
+            if all(store.device(rid, n).state == "canceled" for n in names):  # type: ignore[union-attr]
+                break
+        from firmware_rollout.orchestration.status import describe
+
+        view = describe(store, rid)
+        assert view["state"] == "canceled" and view["cancel_pending"] == 0
+        assert view["counts"] == {"canceled": 3}
+        await clock.advance(120)  # nothing starts again: no offer after the cancel, no install
+        assert all(a.updater is not None and a.updater.active_version == "1.0.0" for a in actors.values())
+        assert all(a.updater is not None and a.updater.status().state == "canceled" for a in actors.values())
     finally:
         for worker in workers.values():
             await worker.stop()

@@ -194,6 +194,12 @@ async def test_controls_written_to_the_database_are_applied_on_the_tick(tmp_path
         assert h.store.control(bad).result.startswith("error:")  # type: ignore[union-attr]
         start = h.store.add_control("r2", "start", h.spec.to_json().decode())
         await h.clock.advance(1.1)
+        refused = h.store.control(start)  # r1 is paused, not finished: it still owns its devices
+        assert refused is not None and "belong to an unfinished rollout" in refused.result
+        assert "(queued in r1)" in refused.result and h.store.get("r2") is None
+        h.store.add_control(h.rid, "cancel")
+        start = h.store.add_control("r2", "start", h.spec.to_json().decode())
+        await h.clock.advance(1.1)
         assert h.store.control(start).result == "started r2"  # type: ignore[union-attr]
         assert h.store.get("r2") is not None
 

@@ -1,0 +1,88 @@
+"""The leader's own copies of the artifacts it rolls out: verified, content-addressed, immutable.
+
+`ArtifactStore.admit(path)` copies the operator's file into the store's directory (a temporary
+name, fsynced), then checks the copy, never the original (which may change under us), against
+the fleet's public key as a device would: header, signature, manifest, every chunk, the image
+hash. Only then is the copy renamed to `<first 32 hex of the file's sha256>.eafw`; the same
+artifact admitted twice is one file. A rollout serves chunks from that copy alone, so rebuilding
+or deleting the operator's file mid-rollout changes nothing the devices receive.
+
+A rollback's artifact must be signed as a rollback (`Manifest.rollback`), or the devices would
+refuse it as a downgrade and the rollback could only fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.core.errors import ArtifactError, RolloutError
+from firmware_rollout._fs import fsync_dir
+from firmware_rollout.artifact.files import verify_artifact
+from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.manifest import SignedManifest
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".eafw"
+_COPY_BLOCK = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    path: Path  # the store's copy
+    signed: SignedManifest
+    sha256: str
+
+
+class ArtifactStore:
+    def __init__(self, directory: str | Path, key: VerifyKey | None, *, key_source: str = "[firmware] public_key"):
+        self.directory = Path(directory)
+        self._key = key
+        self._key_source = key_source
+
+    def admit(self, source: str | Path, *, rollback: bool = False) -> Admitted:
+        """The verified copy of `source`; `RolloutError` saying why not (nothing is kept then)."""
+        src = Path(source)
+        if self._key is None:
+            raise RolloutError(f"cannot check artifact {src}: the leader's config has no {self._key_source} (the"
+                               " fleet's public key, as the devices pin it)")
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        tmp = self.directory / f".admit-{os.getpid()}-{id(self):x}.tmp"
+        try:
+            digest = _copy(src, tmp)
+            try:
+                signed = verify_artifact(tmp, self._key)
+            except ArtifactError as exc:
+                raise RolloutError(f"artifact {src} refused: {exc}") from None
+            if rollback and not signed.manifest.rollback:
+                raise RolloutError(f"artifact {src} (version {signed.manifest.version}) is not signed as a rollback:"
+                                   " the devices would refuse it as a downgrade (build it with --rollback)")
+            final = self.directory / f"{digest[:32]}{SUFFIX}"
+            os.replace(tmp, final)
+            fsync_dir(self.directory)
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.info("artifact %s admitted as %s (version %s)", src, final.name, signed.manifest.version)
+        return Admitted(final, signed, digest)
+
+
+def _copy(src: Path, dst: Path) -> str:
+    """Copy `src` to `dst` durably; the sha256 of the bytes copied."""
+    h = hashlib.sha256()
+    try:
+        with open(src, "rb") as inp, open(dst, "wb") as out:
+            while block := inp.read(_COPY_BLOCK):
+                h.update(block)
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        raise RolloutError(f"cannot copy artifact {src}: {exc.strerror or exc}") from None
+    return h.hexdigest()
+
+
+__all__ = ["Admitted", "ArtifactStore"]
