@@ -98,8 +98,19 @@ def cancel_key(device: str, rollout_id: str) -> str:
     return f"firmware.cancel:{device}:{rollout_id}"
 
 
+class DownloadProgress(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """How far a download is: sent every few seconds or tenth of the image while it runs."""
+
+    chunks_done: Count
+    chunks_total: Count
+    bytes_done: Count
+    bytes_total: Count
+    rate_bytes_per_s: Annotated[float, msgspec.Meta(ge=0, le=1e15)] = 0.0
+
+
 class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
-    """One state change of a device's updater, as the leader should see it."""
+    """One state change of a device's updater, as the leader should see it (or, while it
+    downloads, how far it got: `progress`)."""
 
     device: DeviceId
     rollout_id: RolloutId
@@ -110,6 +121,7 @@ class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     ts_ms: Count
     seq: Count
     active_version: Version = ""  # the version the device runs when it made the report
+    progress: DownloadProgress | None = None
 
     @property
     def terminal(self) -> bool:
@@ -174,6 +186,7 @@ __all__ = [
     "KIND_UPDATE_REPORT",
     "REPORT_STATE",
     "TERMINAL_STATES",
+    "DownloadProgress",
     "ReportState",
     "UpdateCancel",
     "UpdateOffer",

@@ -33,6 +33,7 @@ from agent.core.clock import SystemClock
 from agent.core.errors import ArtifactError, ConfigError, RolloutError
 
 EXIT_NOT_APPLIED = 3  # a control queued, the leader not running to apply it
+LEADER_QUIET_S = 10.0  # two heartbeat intervals (5 s) without a write of the leader: the view is stale
 CONTROL_ACTIONS = ("pause", "resume", "cancel", "next", "approve")
 CONTROL_HELP = {
     "pause": "stop offering the image; devices mid-update finish and report",
@@ -227,6 +228,12 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         rid = latest.id
     def load() -> dict[str, Any]:
         data = describe(store, rid)
+        seen = store.leader_last_seen_ms()
+        data["leader_last_seen_ms"] = seen
+        # a running rollout's leader writes every few seconds (heartbeats, ticks): silence means
+        # what is shown may no longer be true
+        data["stale"] = data["state"] in ("running", "paused") and (
+            seen is None or SystemClock().now_ms() - seen > LEADER_QUIET_S * 1000)
         if args.devices:
             data["device_list"] = [
                 {"device": d.device_id, "wave": d.wave, "state": d.state, "attempts": d.attempts,
@@ -275,14 +282,23 @@ def render_status(data: dict[str, Any]) -> Any:
         (data["state"].upper(), f"bold {colour}"),
     )
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for column in ("wave", "size", "state", "progress", "done", "states"):
+    for column in ("wave", "size", "state", "devices", "done", "download", "states"):
         table.add_column(column, no_wrap=column != "states")
     for w in data["waves"]:
         name = f"{w['number']}" + (" canary" if w["canary"] else "")
         counts = ", ".join(f"{k} {v}" for k, v in w["counts"].items())
         done = w["finished"] - w["counts"].get("canceled", 0)
-        table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=24),
-                      f"{w['succeeded']}/{w['size']} ok", counts)
+        dl = w.get("download") or {}
+        total_bytes = int(dl.get("bytes_total", 0))
+        download: Any = Text("-", style="dim")
+        if total_bytes:
+            rate = float(dl.get("rate_bytes_per_s", 0.0))
+            download = Table.grid(padding=(0, 1))
+            download.add_row(ProgressBar(total=total_bytes, completed=int(dl.get("bytes_done", 0)), width=16),
+                             Text(f"{int(dl.get('bytes_done', 0)) / 2**20:.1f}/{total_bytes / 2**20:.1f} MiB"
+                                  + (f" {rate / 1024:.0f} KiB/s" if rate else ""), style="dim"))
+        table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=20),
+                      f"{w['succeeded']}/{w['size']} ok", download, counts)
     totals = "  ".join(f"{k}: {v}" for k, v in data["counts"].items())
     served = data.get("serving") or {}
     lines: list[Text | Table] = [head, Text(data["detail"], style="dim"), table,
@@ -292,6 +308,13 @@ def render_status(data: dict[str, Any]) -> Any:
                   style="dim")]
     if data["rollback_of"]:
         lines.insert(1, Text(f"rollback of {data['rollback_of']}", style="yellow"))
+    if data.get("cancel_pending"):
+        lines.insert(2, Text(f"{data['cancel_pending']} devices still to confirm the cancel (they were updating)",
+                             style="yellow"))
+    if data.get("stale"):
+        seen = data.get("leader_last_seen_ms")
+        when = "never" if seen is None else time.strftime("%H:%M:%S", time.localtime(seen / 1000))
+        lines.insert(1, Text(f"STALE: the leader has written nothing since {when}; is it running?", style="bold red"))
     if "device_list" in data:
         devices = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
         for column in ("device", "wave", "state", "attempts", "detail"):

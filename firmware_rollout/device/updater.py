@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +50,17 @@ from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.staging import check_staging, prepare_staging, write_chunk
 from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
 from firmware_rollout.errors import InstallError, UpdaterError
-from firmware_rollout.messages import TERMINAL_STATES, UpdateOffer, UpdateReport
+from firmware_rollout.messages import TERMINAL_STATES, DownloadProgress, UpdateOffer, UpdateReport
 
 ReportSink = Callable[[UpdateReport], Awaitable[None]]
 DB_FILE = "updater.db"
 STAGING_FILE = "staging.img"
 SLOTS_DIR = "slots"
 HEALTH_GRACE_S = 1.0
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 5.0  # a download reports how far it got at least this often...
+PROGRESS_STEP = 0.1  # ...and at every tenth of the image
 
 
 #: What a cancel can still stop: the new slot has not booted (on its trial boot the health check decides).
@@ -450,6 +455,9 @@ class Updater:
         done = await in_thread(self._clock, prepare_staging, self._staging, self._record.chunks_done, manifest)
         if done != self._record.chunks_done:
             await self._set(self._record.but(chunks_done=done), report=False)
+        progress = _Progress(self._clock, manifest, done)
+        log.info("update %s: downloading version %s, %d of %d chunks to go", self._record.rollout_id,
+                 manifest.version, manifest.chunk_count - done, manifest.chunk_count)
         for index in range(done, manifest.chunk_count):
             data = await self._fetch(source, index)
             if len(data) != manifest.chunk_length(index) or hashlib.sha256(data).digest() != manifest.chunks[index]:
@@ -463,7 +471,14 @@ class Updater:
                 await self._discard_staging()
                 raise _Stop
             await in_thread(self._clock, write_chunk, self._staging, index * manifest.chunk_size, data)
-            await self._set(self._record.but(chunks_done=index + 1), report=False)
+            snapshot = progress.after(index + 1)
+            if snapshot is None:
+                await self._set(self._record.but(chunks_done=index + 1), report=False)
+                continue
+            await self._set(self._record.but(chunks_done=index + 1, detail=progress.text(snapshot)), progress=snapshot)
+            await self._flush()
+            if progress.milestone(snapshot):
+                log.info("update %s: downloading %s", self._record.rollout_id, progress.text(snapshot))
         await self._set(self._record.but(state="verifying", detail="download complete"))
 
     async def _fetch(self, source: ChunkSource, index: int) -> bytes:
@@ -550,7 +565,8 @@ class Updater:
         await self._rebooter.reboot(reason)
 
     # -- helpers ---------------------------------------------------------------------------
-    async def _set(self, record: UpdateRecord, *, report: bool = True, slots: dict[str, str] | None = None) -> None:
+    async def _set(self, record: UpdateRecord, *, report: bool = True, slots: dict[str, str] | None = None,
+                   progress: DownloadProgress | None = None) -> None:
         record = record.but(updated_ms=self._clock.now_ms())
         versions = dict(self._slot_versions)
         versions.update(slots or {})
@@ -558,6 +574,11 @@ class Updater:
         if report:
             active = versions.get(self.installer.booted_slot(), self._initial_version)
             fields = report_fields(record, device=self.device_id, ts_ms=record.updated_ms, active_version=active)
+            if progress is not None:
+                fields["progress"] = progress
+            elif record.state != self._record.state:
+                log.info("update %s: %s%s", record.rollout_id or "-", record.state,
+                         f" ({record.detail})" if record.detail else "")
         made = await self._store.save(record, report=fields, slots=slots)
         self._record = record
         self._slot_versions = versions
@@ -589,6 +610,55 @@ class Updater:
     def _check_open(self) -> None:
         if self._closed:
             raise UpdaterError("updater is closed (rebooting); open a new one")
+
+
+class _Progress:
+    """When a download reports how far it got (every PROGRESS_EVERY_S or PROGRESS_STEP of the
+    image, and at its end), and what it says."""
+
+    def __init__(self, clock: Clock, manifest: Manifest, done: int) -> None:
+        self._clock = clock
+        self._manifest = manifest
+        self._t0 = clock.monotonic()
+        self._start_bytes = self._bytes(done)
+        self._last_t = self._t0
+        self._last_step = self._step(done)
+        self._logged: set[int] = set()
+
+    def _bytes(self, chunks: int) -> int:
+        return min(self._manifest.size, chunks * self._manifest.chunk_size)
+
+    def _step(self, chunks: int) -> int:
+        return int(chunks / max(1, self._manifest.chunk_count) / PROGRESS_STEP)
+
+    def after(self, chunks: int) -> DownloadProgress | None:
+        """The progress to report after `chunks` chunks, or None while none is due."""
+        now = self._clock.monotonic()
+        step = self._step(chunks)
+        if chunks < self._manifest.chunk_count and step == self._last_step and now - self._last_t < PROGRESS_EVERY_S:
+            return None
+        self._last_t, self._last_step = now, step
+        done = self._bytes(chunks)
+        elapsed = now - self._t0
+        rate = (done - self._start_bytes) / elapsed if elapsed > 0 else 0.0
+        return DownloadProgress(chunks_done=chunks, chunks_total=self._manifest.chunk_count, bytes_done=done,
+                                bytes_total=self._manifest.size, rate_bytes_per_s=round(rate, 1))
+
+    @staticmethod
+    def text(p: DownloadProgress) -> str:
+        pct = 100 * p.bytes_done // max(1, p.bytes_total)
+        rate = f", {p.rate_bytes_per_s / 1024:.1f} KiB/s" if p.rate_bytes_per_s else ""
+        return f"{pct}%: chunk {p.chunks_done} of {p.chunks_total}, {p.bytes_done} of {p.bytes_total} bytes{rate}"
+
+    def milestone(self, p: DownloadProgress) -> bool:
+        """Once each past 10 %, 50 % and at 100 %: logged at INFO (the other reports only go to
+        the leader)."""
+        pct = 100 * p.bytes_done // max(1, p.bytes_total)
+        mark = 100 if p.chunks_done == p.chunks_total else 50 if pct >= 50 else 10 if pct >= 10 else 0
+        if mark == 0 or mark in self._logged:
+            return False
+        self._logged.add(mark)
+        return True
 
 
 def _offered_version(offer: UpdateOffer) -> str:

@@ -312,6 +312,12 @@ class Orchestrator:
             r = self._get(report.rollout_id)
             state = report.state
             fields: dict[str, Any] = {"state": state, "detail": report.detail, "report_seq": report.seq}
+            if report.progress is not None:  # how far its download got: the timeout counts from here
+                p = report.progress
+                fields.update(bytes_done=p.bytes_done, bytes_total=p.bytes_total, rate_bytes_per_s=p.rate_bytes_per_s,
+                              progress_reports=d.progress_reports + 1)
+            elif state in ("installing", "rebooting", "verifying", "succeeded") and d.bytes_total:
+                fields["bytes_done"] = d.bytes_total  # the download is complete
             if state in TERMINAL:
                 fields["deadline_ms"] = None
                 if state in RETRYABLE and r.active and d.attempts <= r.spec.device.retries:

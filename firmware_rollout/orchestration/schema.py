@@ -120,6 +120,13 @@ def _v6(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE rollout_devices ADD COLUMN cancel_sent_ms INTEGER")
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6)
+def _v7(conn: sqlite3.Connection) -> None:
+    # How far each device's download got, from its newest progress report, and how many it sent.
+    for column in ("bytes_done INTEGER NOT NULL DEFAULT 0", "bytes_total INTEGER NOT NULL DEFAULT 0",
+                   "rate_bytes_per_s REAL NOT NULL DEFAULT 0", "progress_reports INTEGER NOT NULL DEFAULT 0"):
+        conn.execute(f"ALTER TABLE rollout_devices ADD COLUMN {column}")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
 
 __all__ = ["MIGRATIONS"]

@@ -28,6 +28,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
     if r is None:
         raise RolloutError(f"no rollout {rollout_id!r}")
     counts = store.counts(r.id)
+    progress = store.progress(r.id)
     waves = []
     for w in store.waves(r.id):
         states = counts.get(w.idx, {})
@@ -42,6 +43,8 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
                 "finished": sum(n for s, n in states.items() if s in TERMINAL),
                 "in_progress": sum(n for s, n in states.items() if s in IN_PROGRESS),
                 "counts": dict(sorted(states.items())),
+                "download": progress.get(w.idx, {"bytes_done": 0, "bytes_total": 0, "rate_bytes_per_s": 0.0,
+                                                 "progress_reports": 0}),
                 "started_ms": w.started_ms,
                 "finished_ms": w.finished_ms,
                 "detail": w.detail,
@@ -73,6 +76,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "offers": len(offers),
         "devices_offered_after_abort": after,
         "cancel_pending": cancel_pending,
+        "progress_reports": sum(int(p["progress_reports"]) for p in progress.values()),
         "serving": store.serving(r.id),
         "waves": waves,
     }

@@ -126,6 +126,10 @@ class DeviceRow:
     report_seq: int
     from_version: str
     updated_ms: int
+    bytes_done: int = 0  # from the device's newest progress report
+    bytes_total: int = 0
+    rate_bytes_per_s: float = 0.0
+    progress_reports: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +150,7 @@ _R_COLS = (
 _W_COLS = "rollout_id, idx, size, state, started_ms, finished_ms, soak_started_ms, soak_until_ms, detail"
 _D_COLS = (
     "rollout_id, device_id, wave, state, detail, attempts, deadline_ms, next_try_ms, offers, last_offer_ms,"
-    " report_seq, from_version, updated_ms"
+    " report_seq, from_version, updated_ms, bytes_done, bytes_total, rate_bytes_per_s, progress_reports"
 )
 _C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result"
 _SETTABLE = {
@@ -349,6 +353,18 @@ class RolloutStore(SqliteStore):
             (rollout_id,),
         ):
             out.setdefault(wave, {})[state] = n
+        return out
+
+    def progress(self, rollout_id: str) -> dict[int, dict[str, float]]:
+        """wave -> the bytes its devices downloaded of what they were offered, their summed
+        download rate and the progress reports received."""
+        out: dict[int, dict[str, float]] = {}
+        for wave, done, total, rate, reports in self._q(
+            "SELECT wave, SUM(bytes_done), SUM(bytes_total), SUM(CASE WHEN state = 'downloading'"
+            " THEN rate_bytes_per_s ELSE 0 END), SUM(progress_reports) FROM rollout_devices WHERE rollout_id = ?"
+            " GROUP BY wave", (rollout_id,)):
+            out[int(wave)] = {"bytes_done": int(done or 0), "bytes_total": int(total or 0),
+                              "rate_bytes_per_s": float(rate or 0), "progress_reports": int(reports or 0)}
         return out
 
     def totals(self, rollout_id: str) -> dict[str, int]:

@@ -82,6 +82,8 @@ async def test_start_status_controls_list(leader: tuple[Path, Path], capsys: pyt
     assert cli(["rollout", "status", "--db", str(db)]) == 0  # the latest rollout
     screen = capsys.readouterr().out
     assert "r1" in screen and "PAUSED" in screen and "canary" in screen and "notified 1" in screen
+    # the "leader" here wrote on a virtual clock long past: to a reader now it has been silent
+    assert "STALE: the leader has written nothing since" in screen
 
     assert cli(["rollout", "resume", "r1", "--db", str(db), "--no-wait"]) == 0
     assert cli(["rollout", "next", "r1", "--db", str(db), "--no-wait"]) == 0
@@ -94,7 +96,16 @@ async def test_start_status_controls_list(leader: tuple[Path, Path], capsys: pyt
     await tick(db, clock, port)
     capsys.readouterr()
     assert cli(["rollout", "status", "r1", "--db", str(db), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["state"] == "canceled"
+    data = json.loads(capsys.readouterr().out)
+    assert data["state"] == "canceled"
+    # the devices that were updating are told to stop, and the view says who has not confirmed
+    updating = sorted(d for d, n in data["counts"].items() if d in ("notified", "downloading"))
+    assert updating and data["cancel_pending"] == sum(data["counts"][s] for s in updating)
+    assert sorted(rid for _, rid in port.cancels) == ["r1"] * data["cancel_pending"]
+    assert cli(["rollout", "status", "r1", "--db", str(db)]) == 0
+    assert "still to confirm the cancel" in capsys.readouterr().out
+    await tick(db, clock, port)
+    assert len(port.cancels) == data["cancel_pending"]  # once each
 
 
 def test_user_mistakes_exit_2_with_one_line(leader: tuple[Path, Path], tmp_path: Path,

@@ -243,4 +243,15 @@ class Device:
         )
 
     def states(self) -> list[str]:
-        return [r.phase for r in self.sent]
+        """The phases the device reported, each once per run of it (the progress reports of a
+        download repeat `downloading`)."""
+        out: list[str] = []
+        for r in self.sent:
+            if r.progress is not None and out and out[-1] == r.phase:
+                continue
+            out.append(r.phase)
+        return out
+
+    def progress(self) -> list[tuple[int, int]]:
+        """(chunks done, chunks in all) of each progress report sent."""
+        return [(r.progress.chunks_done, r.progress.chunks_total) for r in self.sent if r.progress is not None]

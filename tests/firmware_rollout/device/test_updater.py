@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fwhelpers import CountingSource, Device, Keys, ScriptedHealth, make_artifact
+from fwhelpers import CHUNK, CountingSource, Device, Keys, ScriptedHealth, make_artifact
 
 from agent.core.clock import VirtualClock
 from agent.core.errors import Capacity, Permanent, Transient
@@ -263,3 +263,44 @@ async def test_unreadable_state_is_a_typed_error(tmp_path: Path, keys: Keys) -> 
         await device.boot()
     with pytest.raises(InvalidVersion):
         await Device(tmp_path / "dev2", keys, initial_version="one").boot()
+
+
+async def test_a_download_reports_how_far_it_got_at_every_tenth(tmp_path: Path, keys: Keys) -> None:
+    artifact, signed = make_artifact(tmp_path, keys.signing, version="1.1.0", hardware=["rpi4"], size=20 * CHUNK)
+    device = Device(tmp_path / "dev", keys)
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    got = device.progress()
+    total = signed.manifest.chunk_count
+    assert got[-1] == (total, total)  # the end of the download, always
+    assert [done for done, _ in got] == sorted({done for done, _ in got})  # growing, no repeat
+    assert len(got) >= 10  # a tenth of 20 chunks is 2: one report each (or more often)
+    last = [r for r in device.sent if r.progress is not None][-1]
+    assert last.progress is not None and last.progress.bytes_done == last.progress.bytes_total == 20 * CHUNK
+    assert last.detail.startswith("100%: chunk 20 of 20")
+
+
+async def test_a_cancel_mid_download_discards_the_staging_and_reports_canceled(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing, version="1.1.0", hardware=["rpi4"], size=20 * CHUNK)
+    device = Device(tmp_path / "dev", keys)
+    source = CountingSource(artifact, failures={5: [Transient("slow network")] * 2})
+    updater = await device.boot()
+    task = asyncio.ensure_future(updater.offer(offer_for(source), source))
+    while len(source.fetched) < 5:
+        await asyncio.sleep(0)
+    task.cancel()  # what the UpdaterActor does when the leader's cancel comes
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    status = await updater.cancel("r1", "canceled by operator")
+    assert status.state == "canceled" and status.active_version == "1.0.0"
+    assert not (device.root / "staging.img").exists()
+    assert device.sent[-1].state == "canceled" and "canceled by operator" in device.sent[-1].detail
+    # never started here: still answered, so the leader hears back
+    status = await updater.cancel("r-other", "aborted")
+    assert device.sent[-1].rollout_id == "r-other" and device.sent[-1].state == "canceled"
+    # a new offer is taken afresh
+    again = CountingSource(artifact)
+    report = await updater.offer(offer_for(again, rollout="r2"), again)
+    assert report.state == "rebooting"
+    await updater.close()

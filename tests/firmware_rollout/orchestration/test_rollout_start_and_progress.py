@@ -1,4 +1,5 @@
-"""A rollout starts only from an artifact the leader checked and copied, and owns its devices."""
+"""A rollout starts only from an artifact the leader checked and copied, owns its devices, and
+counts a device's download progress as life."""
 
 from __future__ import annotations
 
@@ -116,3 +117,25 @@ async def test_supersede_takes_over_the_queued_devices_and_never_the_ones_in_pro
         await h.clock.advance(30)  # r1 goes on through its waves: none of the devices it gave up
         assert not [d for _, d, rollout in h.port.offers if rollout == "r1" and d in queued]
         assert {d for _, d, rollout in h.port.offers if rollout == "r2"} == set(queued)
+
+
+async def test_a_slow_download_that_shows_progress_is_not_timed_out(tmp_path: Path) -> None:
+    from firmware_rollout.messages import DownloadProgress, UpdateReport
+    from firmware_rollout.orchestration.status import describe
+
+    async with Harness(tmp_path, device={"timeout_s": 30.0}) as h:
+        await h.start()
+        device = h.wave_members(0)[0]
+        for i in range(1, 11):  # 200 s of downloading, a progress report every 20 s
+            report = UpdateReport(device=device, rollout_id=h.rid, version="1.1.0", state="downloading",
+                                  phase="downloading", detail=f"{i * 10}%", ts_ms=h.clock.now_ms(), seq=i,
+                                  progress=DownloadProgress(chunks_done=i, chunks_total=10, bytes_done=i * 400,
+                                                            bytes_total=4000, rate_bytes_per_s=20.0))
+            assert await h.orch.on_report(f"p{i}", report)
+            await h.clock.advance(20)
+            assert h.state(device) == "downloading", i
+        wave = describe(h.store, h.rid)["waves"][0]
+        assert wave["download"]["bytes_done"] == 4000 and wave["download"]["progress_reports"] == 10
+        assert describe(h.store, h.rid)["progress_reports"] == 10
+        await h.clock.advance(15)  # and 30 s without progress is a timeout
+        assert h.state(device) == "timed_out"
