@@ -89,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --rollout: the fleet's public key the devices pin (default: public.pem beside the artifact)")
     add("--fail-rate", type=float, default=0.0, metavar="FRACTION",
         help="with a rollout: fraction of devices whose new image fails its health check, 0-1 (default 0)")
+    add("--cancel-at", metavar="TIME",
+        help="with a rollout: the operator cancels it this long after its start, e.g. 90 or 2m (default: never)")
     add("--files", type=int, default=4, metavar="N", help="shared outbox files the devices' rows live in (default 4)")
     add("--tick", default="100ms", metavar="TIME",
         help="virtual clock: timers due within one tick fire together (default 100ms)")
@@ -165,6 +167,13 @@ def main(args: argparse.Namespace) -> int:
 
     opts = options_from(args)  # ConfigError -> one line, exit 2 (agent.cli)
     rollout = args.scenario == "wave-rollout" or args.rollout is not None
+    cancel_at_s = None
+    if args.cancel_at is not None:
+        from agent.sim import parse_duration
+
+        if not rollout:
+            raise ConfigError("--cancel-at", None, "applies with a rollout (--scenario wave-rollout or --rollout)")
+        cancel_at_s = parse_duration(args.cancel_at, name="cancel-at")
     if args.rollout is not None and not Path(args.rollout).is_file():
         raise ConfigError("--rollout", None, f"{args.rollout}: no such spec file")
     public_key = None
@@ -199,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
                 every, idle = (5.0, 5.0) if display.live else (30.0, 300.0)
                 return await run_rollout(opts, workdir=workdir, spec_path=args.rollout, fail_rate=args.fail_rate,
                                          public_key=public_key, progress=None if args.quiet else display,
-                                         progress_every_s=every, progress_idle_s=idle)
+                                         progress_every_s=every, progress_idle_s=idle, cancel_at_s=cancel_at_s)
         with ProgressDisplay(duration_s=opts.duration_s) as display:
             return await Simulation(opts, workdir=workdir, progress=None if args.quiet else display).run()
 

@@ -45,7 +45,7 @@ from firmware_rollout.artifact.fixture import make_artifact
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.orchestration.spec import RolloutSpec, load_spec, spec_from_dict
 from firmware_rollout.orchestration.status import describe, wave_label, wave_number
-from firmware_rollout.orchestration.store import IN_PROGRESS, TERMINAL
+from firmware_rollout.orchestration.store import IN_PROGRESS, TERMINAL, RolloutStore
 
 BASE_VERSION = "1.0.0"
 TARGET_VERSION = "1.1.0"
@@ -89,9 +89,14 @@ class RolloutSimulation(Simulation):
     def __init__(self, opts: SimOptions, *, workdir: Path, spec: RolloutSpec, firmware: SimFirmware,
                  failing: int, fail_rate: float, max_fleet_s: float = 6 * 3600.0,
                  progress: Progress | None = None, progress_every_s: float = 30.0,
-                 progress_idle_s: float | None = None, series_every_s: float | None = None) -> None:
+                 progress_idle_s: float | None = None, series_every_s: float | None = None,
+                 cancel_at_s: float | None = None) -> None:
         super().__init__(opts, workdir=workdir, firmware=firmware)
         self.spec = spec
+        # `simulate --cancel-at`: the operator cancels this long after the start
+        self.cancel_at_s = cancel_at_s
+        self.canceled_ms: int | None = None
+        self._installed_at_cancel: set[str] = set()
         self.failing = failing
         self.fail_rate = fail_rate
         self.max_fleet_s = max_fleet_s
@@ -134,10 +139,23 @@ class RolloutSimulation(Simulation):
             r = store.get(rid)
             return r is not None and not r.active and not store.devices(rid, states=tuple(IN_PROGRESS))
 
-        self.completed = await self._run_until(self.now() + self.max_fleet_s, stop_when=finished, step_s=STEP_S,
-                                               on_step=self._on_step)
+        deadline = self.now() + self.max_fleet_s
+        if self.cancel_at_s is not None:
+            await self._run_until(min(deadline, self.now() + self.cancel_at_s), stop_when=finished, step_s=STEP_S,
+                                  on_step=self._on_step)
+            r = store.get(rid)
+            if r is not None and r.active:
+                self._installed_at_cancel = self._installing_or_installed(store, rid)
+                self.canceled_ms = self.clock.now_ms()
+                await service.orchestrator.control(rid, "cancel")
+        self.completed = await self._run_until(deadline, stop_when=finished, step_s=STEP_S, on_step=self._on_step)
         for sampler in self._samplers:
             sampler(force=True)
+
+    def _installing_or_installed(self, store: RolloutStore, rid: str) -> set[str]:
+        """The devices that have written (or are writing) the new image into a slot."""
+        past = ("installing", "rebooting", "verifying", "succeeded", "rolled_back")
+        return {d.device_id for d in store.devices(rid, states=past)}
 
     async def _before_stop(self) -> None:
         versions: dict[str, int] = {}
@@ -183,6 +201,13 @@ class RolloutSimulation(Simulation):
                 "counts": counts,
                 "offers": status["offers"],
                 "devices_offered_after_abort": status["devices_offered_after_abort"],
+                "progress_reports": status["progress_reports"],
+                "cancel_at_s": self.cancel_at_s,
+                "cancel_pending": status["cancel_pending"],
+                # devices that began writing the image into a slot after the cancel (must be 0)
+                "devices_installed_after_cancel": (
+                    len(self._installing_or_installed(service.store, self.rollout_id) - self._installed_at_cancel)
+                    if self.canceled_ms is not None else None),
             },
             "outcomes": counts,
             "downloads": {
@@ -366,7 +391,8 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
                       fates: dict[str, DeviceFate] | None = None,
                       spec_overrides: dict[str, dict[str, Any]] | None = None, max_fleet_s: float = 6 * 3600.0,
                       progress: Progress | None = None, progress_every_s: float = 30.0,
-                      progress_idle_s: float | None = None, series_every_s: float | None = 30.0) -> Report:
+                      progress_idle_s: float | None = None, series_every_s: float | None = 30.0,
+                      cancel_at_s: float | None = None) -> Report:
     """Run the wave-rollout scenario with `opts` (devices, seed, faults). With `spec_path`
     (`simulate --rollout SPEC.toml`) the user's spec and artifact are rolled out instead; the
     devices pin `public_key` (default: the `public.pem` beside the artifact). `fates` sets the
@@ -398,7 +424,7 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
     sim = RolloutSimulation(opts, workdir=workdir, spec=spec, firmware=firmware,
                             failing=sum(1 for f in fates.values() if f.failing), fail_rate=fail_rate,
                             max_fleet_s=max_fleet_s, progress=progress, progress_every_s=progress_every_s,
-                            progress_idle_s=progress_idle_s, series_every_s=series_every_s)
+                            progress_idle_s=progress_idle_s, series_every_s=series_every_s, cancel_at_s=cancel_at_s)
     return await sim.run()
 
 
@@ -426,6 +452,9 @@ def rollout_summary(report: Report) -> str:
     lines.append("devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))
     lines.append(f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
                  f"   conservation_ok: {report['conservation_ok']}")
+    if ro.get("cancel_at_s") is not None:
+        lines.append(f"canceled at {ro['cancel_at_s']:g}s: devices installed after the cancel:"
+                     f" {ro['devices_installed_after_cancel']}, still to confirm it: {ro['cancel_pending']}")
     return "\n".join(lines)
 
 

@@ -76,6 +76,12 @@ def _rollout(r: Report) -> list[str]:
     problems = []
     if ro["devices_offered_after_abort"]:
         problems.append(f"{ro['devices_offered_after_abort']} devices were offered the image after the abort")
+    if ro.get("cancel_at_s") is not None:  # `--cancel-at`: a cancel stops the fleet
+        if ro["devices_installed_after_cancel"]:
+            problems.append(f"{ro['devices_installed_after_cancel']} devices installed the image after the cancel")
+        if ro["cancel_pending"]:
+            problems.append(f"{ro['cancel_pending']} devices never confirmed the cancel")
+        return problems
     if fail_rate == 0 and ro["state"] != "succeeded":
         problems.append(f"no device fails, yet the rollout ended {ro['state']}")
     if fail_rate >= 0.1 and ro["state"] not in ("aborted", "paused"):

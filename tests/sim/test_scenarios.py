@@ -72,6 +72,19 @@ async def test_wave_rollout_succeeds_and_aborts_at_the_failure_threshold(tmp_pat
     assert failing["fleet"]["versions"].get("1.0.0", 0) > 0
 
 
+async def test_a_cancel_mid_rollout_stops_the_fleet(tmp_path: Path) -> None:
+    opts = SimOptions(devices=60, seed=3, progress=False)
+    plain = await run_rollout(opts, workdir=tmp_path / "plain")
+    assert plain["rollout"]["progress_reports"] > 0  # the devices said how far their downloads got
+    canceled = await run_rollout(opts, workdir=tmp_path / "canceled", cancel_at_s=90.0)
+    ro = canceled["rollout"]
+    assert ro["state"] == "canceled" and ro["devices_installed_after_cancel"] == 0 and ro["cancel_pending"] == 0
+    assert ro["counts"].get("canceled", 0) > 0 and canceled["lost"] == 0
+    assert check("wave-rollout", canceled) == []
+    # and the devices that did not install before the cancel still run the old version
+    assert canceled["fleet"]["versions"].get("1.0.0", 0) == ro["counts"]["canceled"]
+
+
 def test_a_claim_that_does_not_hold_is_reported() -> None:
     report = {"jobs": {"confirmed": 3, "submitted": 4, "confirmed_more_than_once": 0}}
     assert check("work-pulling", report) == ["3 of 4 jobs confirmed"]
