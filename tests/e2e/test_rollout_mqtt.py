@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mosquitto import Mosquitto
@@ -82,6 +83,76 @@ def test_rollout_between_agent_processes_over_mosquitto(tmp_path: Path, mosquitt
         for i in range(2):
             env_file = tmp_path / f"pi-{i}" / "firmware" / "slots" / "bootenv.json"
             assert json.loads(env_file.read_text()) == {"default": "b", "trial": None}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_a_cancel_mid_download_over_mosquitto_reaches_every_device(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    # 96 chunks of 4 KiB through one server at 16 KiB/s: the devices are mid-download for a while
+    artifact, public = make_artifact(tmp_path, chunk_size=4096, size=96 * 4096)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    key = f'[firmware]\npublic_key = "{public}"\n'
+    configs = [agent_config(tmp_path, "gw", "leader", url, key)]
+    configs += [agent_config(tmp_path, f"pi-{i}", "worker", url, key) for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in configs]
+    db = tmp_path / "gw" / "leader.db"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[rollout]\nname = "slow"\nartifact = "{artifact}"\n[waves]\ncounts = [3]\n'
+                    '[device]\ntimeout_s = 600\n[download]\nservers = 1\nrate_bytes_per_s = 16384\n')
+    cli = [sys.executable, "-m", "agent.cli", "rollout"]
+
+    def status() -> dict[str, Any]:
+        out = subprocess.run(cli + ["status", "slow-1", "--db", str(db), "--json", "--devices"], capture_output=True,
+                             text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return dict(json.loads(out.stdout))
+
+    try:
+        deadline = time.monotonic() + 30
+        while registered(db) < 3:
+            assert time.monotonic() < deadline, "the workers never registered with the leader"
+            time.sleep(0.5)
+        started = subprocess.run(cli + ["start", str(spec), "--db", str(db), "--id", "slow-1"],
+                                 capture_output=True, text=True, env=env, timeout=60)
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 120
+        while True:  # until every device reported some progress of its download
+            data = status()
+            if data["waves"][0]["download"]["progress_reports"] >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        downloading = data["waves"][0]["download"]
+        assert 0 < downloading["bytes_done"] < downloading["bytes_total"], data  # mid-download
+        canceled = subprocess.run(cli + ["cancel", "slow-1", "--db", str(db)], capture_output=True, text=True,
+                                  env=env, timeout=60)
+        assert canceled.returncode == 0 and "canceled slow-1" in canceled.stdout, canceled.stderr
+        deadline = time.monotonic() + 120
+        while True:  # every device confirms it stopped
+            data = status()
+            if data["cancel_pending"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert data["state"] == "canceled" and data["cancel_pending"] == 0, data
+        assert data["counts"] == {"canceled": 3}, data
+        assert {d["state"] for d in data["device_list"]} == {"canceled"}
+        for i in range(3):  # nothing was installed or armed, and nothing staged is left
+            firmware = tmp_path / f"pi-{i}" / "firmware"
+            assert not (firmware / "slots" / "b" / "image").exists()
+            assert not (firmware / "staging.img").exists()
+            bootenv = firmware / "slots" / "bootenv.json"
+            assert not bootenv.exists() or json.loads(bootenv.read_text()) == {"default": "a", "trial": None}
     finally:
         for p in procs:
             if p.poll() is None:
