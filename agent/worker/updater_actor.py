@@ -192,7 +192,7 @@ class UpdaterActor(Actor):
                 await updater.flush_reports()
             return
         await self._wait_for_window(message, ctx.clock)
-        log.info("update %s offered: downloading", message.rollout_id)
+        log.info("update %s offered", message.rollout_id)
         source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size)
         try:
             await updater.offer(message, source)

@@ -456,8 +456,9 @@ class Updater:
         if done != self._record.chunks_done:
             await self._set(self._record.but(chunks_done=done), report=False)
         progress = _Progress(self._clock, manifest, done)
-        log.info("update %s: downloading version %s, %d of %d chunks to go", self._record.rollout_id,
-                 manifest.version, manifest.chunk_count - done, manifest.chunk_count)
+        if done:
+            log.info("update %s: resuming the download of version %s at chunk %d of %d", self._record.rollout_id,
+                     manifest.version, done + 1, manifest.chunk_count)
         for index in range(done, manifest.chunk_count):
             data = await self._fetch(source, index)
             if len(data) != manifest.chunk_length(index) or hashlib.sha256(data).digest() != manifest.chunks[index]:
