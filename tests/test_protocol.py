@@ -26,7 +26,7 @@ from agent.protocol import (
     decode_message,
     encode_message,
 )
-from firmware_rollout.messages import ChunkRequest, UpdateOffer, UpdateReport, register_messages
+from firmware_rollout.messages import ChunkRequest, UpdateCancel, UpdateOffer, UpdateReport, register_messages
 
 # An agent registers the firmware kinds when the rollout service or the updater is attached;
 # the wire examples below cover both, so this registry holds both.
@@ -62,6 +62,7 @@ EXAMPLES: dict[str, msgspec.Struct] = {
                                     state="succeeded", phase="committed", detail="ok",
                                     ts_ms=5, seq=2, active_version="1.1.0"),
     "firmware.chunk": ChunkRequest(rollout_id="r-1", index=3, offset=12288, length=4096),
+    "firmware.cancel": UpdateCancel(rollout_id="r-1", reason="canceled by operator"),
     "ping": Ping(sent_ms=1_700_000_000_000),
 }
 

@@ -106,8 +106,9 @@ async def test_an_aborted_rollout_shows_the_failed_wave(tmp_path: Path) -> None:
                                    fail_rate=0.2, progress=display)
     assert report["rollout"]["state"] == "aborted"
     last = stream.getvalue().splitlines()[-1]
+    # the three devices still downloading at the abort were told to stop, and did
     assert last.endswith(" rollout=aborted wave=2/4 wave_state=failed wave_devices=11"
-                         " [rolled_back 3, succeeded 8] done=40/40")
+                         " [canceled 3, rolled_back 3, succeeded 5] done=40/40")
 
 
 def test_simulate_wave_rollout_prints_progress_lines_when_piped(capsys: pytest.CaptureFixture[str]) -> None:
