@@ -275,7 +275,7 @@ def render_status(data: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    colour = {"running": "cyan", "paused": "yellow", "succeeded": "green", "aborted": "red",
+    colour = {"running": "cyan", "paused": "yellow", "succeeded": "green", "aborted": "red", "failed": "red",
               "canceled": "magenta"}.get(data["state"], "white")
     head = Text.assemble(
         ("rollout ", "bold"), (data["id"], "bold"), f"  {data['name']}  version {data['version']}  ",
@@ -326,13 +326,14 @@ def render_status(data: dict[str, Any]) -> Any:
 
 
 def _list(store: Any, args: argparse.Namespace) -> int:
-    rows = store.rollouts()
+    from firmware_rollout.orchestration.status import describe
+
     items = []
-    for r in rows:
-        totals = store.totals(r.id)
-        items.append({"id": r.id, "name": r.name, "version": r.version, "state": r.state,
-                      "wave": f"{r.current_wave + 1}/{r.wave_count}", "devices": sum(totals.values()),
-                      "succeeded": totals.get("succeeded", 0), "created_ms": r.created_ms})
+    for r in store.rollouts():
+        d = describe(store, r.id)  # the numbers `status` shows, from the same place
+        items.append({"id": d["id"], "name": d["name"], "version": d["version"], "state": d["state"],
+                      "wave": f"{d['current_wave_number']}/{d['wave_count']}", "devices": d["devices"],
+                      "succeeded": d["counts"].get("succeeded", 0), "created_ms": d["created_ms"]})
     if args.json:
         print(json.dumps(items, indent=2))
         return 0

@@ -109,10 +109,11 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
         # when [firmware] pins a key: an idle worker without one never loads firmware_rollout).
         leader = config.agent.role == "leader"
         if leader:
-            from agent.leader.rollout import attach_rollout
+            from agent.leader.rollout import attach_rollout, rollout_collector
 
             rollout = await attach_rollout(cast("LeaderAgent", agent), db_path=base / "leader.db")
             runtime.shutdown.add("stop rollouts", rollout.stop)
+            runtime.add_collector("rollouts", rollout_collector(rollout.store))
         elif config.firmware.public_key:
             from agent.worker.updater_actor import attach_from_config
 

@@ -35,6 +35,7 @@ from agent.core.ids import IdGenerator
 from agent.leader.agent import LEADER_DB, Route
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
+from agent.service.prom import Collector, MetricFamily, family
 from firmware_rollout.artifact.keys import VerifyKey, load_verify_key
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
 from firmware_rollout.messages import (
@@ -52,6 +53,7 @@ from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.chunk_server import ConfigServerPool
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.plan import DeviceInfo
+from firmware_rollout.orchestration.status import describe
 from firmware_rollout.orchestration.store import RolloutStore
 
 log = logging.getLogger(__name__)
@@ -297,6 +299,38 @@ class RolloutService:
         return self._artifacts[rollout_id]
 
 
+METRIC_ROLLOUTS_FINISHED = 5  # finished rollouts exported besides the running ones (bounded series)
+
+
+def rollout_collector(store: RolloutStore) -> Collector:
+    """`/metrics` for rollouts, from `describe` (what `rollout status` shows): the running and
+    paused ones and the few newest finished ones, each by id."""
+
+    def collect() -> list[MetricFamily]:
+        rows = store.rollouts()
+        shown = [r for r in rows if r.active]
+        shown += [r for r in reversed(rows) if not r.active][:METRIC_ROLLOUTS_FINISHED]
+        views = [describe(store, r.id) for r in shown]
+        return [
+            family("ea_rollout_info", "gauge", "1 per rollout, labelled with its state and version.",
+                   (({"rollout": v["id"], "state": v["state"], "version": v["version"]}, 1) for v in views)),
+            family("ea_rollout_devices", "gauge", "Devices of a rollout by their state in it.",
+                   (({"rollout": v["id"], "state": st}, n) for v in views for st, n in v["counts"].items())),
+            family("ea_rollout_downloaded_bytes", "gauge", "Bytes the rollout's devices report downloaded.",
+                   (({"rollout": v["id"]}, sum(w["download"]["bytes_done"] for w in v["waves"])) for v in views)),
+            family("ea_rollout_download_size_bytes", "gauge", "Bytes the rollout's offered devices download in all.",
+                   (({"rollout": v["id"]}, sum(w["download"]["bytes_total"] for w in v["waves"])) for v in views)),
+            family("ea_rollout_served_bytes_total", "counter", "Image bytes the leader's ConfigServers served.",
+                   (({"rollout": v["id"]}, v["serving"].get("bytes", 0)) for v in views)),
+            family("ea_rollout_busy_answers_total", "counter", "Chunk requests answered busy (bounded servers).",
+                   (({"rollout": v["id"]}, v["serving"].get("busy", 0)) for v in views)),
+            family("ea_rollout_cancel_pending", "gauge", "Devices of a canceled or aborted rollout yet to stop.",
+                   (({"rollout": v["id"]}, v["cancel_pending"]) for v in views)),
+        ]
+
+    return collect
+
+
 async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = None,
                          poll_s: float = 2.0, verify_key: VerifyKey | None = None) -> RolloutService:
     """Open the rollout tables in the leader's database and start the rollout service. Artifacts
@@ -315,5 +349,14 @@ async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = No
     return service
 
 
-__all__ = ["ARTIFACTS_DIR", "LeaderPort", "ReportIntake", "RolloutHost", "RolloutService", "artifact_store",
-           "attach_rollout"]
+__all__ = [
+    "ARTIFACTS_DIR",
+    "METRIC_ROLLOUTS_FINISHED",
+    "LeaderPort",
+    "ReportIntake",
+    "RolloutHost",
+    "RolloutService",
+    "artifact_store",
+    "attach_rollout",
+    "rollout_collector",
+]

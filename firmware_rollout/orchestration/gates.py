@@ -141,13 +141,27 @@ class WaveGates:
         else:
             self.store.set_wave(r.id, idx, state="passed", finished_ms=now, detail=detail)
             if last:
-                self.store.set_rollout(
-                    r.id, state="succeeded", finished_ms=now, detail=f"all {r.wave_count} waves passed"
-                )
-                log.info("rollout %s succeeded", r.id)
+                state, why = self.end_state(r)
+                self.store.set_rollout(r.id, state=state, finished_ms=now, detail=why)
+                log.info("rollout %s %s: %s", r.id, state, why)
             else:
                 self.start_wave(r, idx + 1)
         self._changed(r.id)
+
+    def end_state(self, r: RolloutRow) -> tuple[str, str]:
+        """How a rollout whose last wave passed ends, as its devices tell: `failed` when it is a
+        rollback no device took (nothing went back), else `succeeded`, naming the devices that
+        did not make it (the gates let them through)."""
+        totals = self.store.totals(r.id)
+        succeeded = totals.get("succeeded", 0)
+        others = {s: n for s, n in sorted(totals.items()) if s != "succeeded" and n}
+        if r.rollback_of and not succeeded:
+            return "failed", (f"no device went back to version {r.version}: "
+                              + ", ".join(f"{n} {s}" for s, n in others.items()))
+        why = f"all {r.wave_count} waves passed"
+        if others:
+            why += f"; {succeeded} succeeded, " + ", ".join(f"{n} {s}" for s, n in others.items())
+        return "succeeded", why
 
     def fail_wave(self, r: RolloutRow, idx: int, why: str) -> None:
         name = self.label(r, idx)

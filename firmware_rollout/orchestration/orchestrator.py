@@ -232,6 +232,8 @@ class Orchestrator:
                 self.gates.stop_rollout(r, "canceled", "canceled by operator")
                 result = f"canceled {r.id}"
             elif action in ("next", "approve"):
+                if r.state == "paused":  # a paused rollout starts no wave: it would run while it says paused
+                    raise RolloutError(f"rollout {r.id} is paused: `rollout resume {r.id}` first")
                 wave = self.store.wave(r.id, r.current_wave)
                 assert wave is not None
                 if action == "approve" and wave.state != "awaiting_approval":

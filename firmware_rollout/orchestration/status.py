@@ -23,7 +23,9 @@ def wave_label(idx: int, *, canary: bool = False) -> str:
 
 
 def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
-    """A rollout's state as plain data: the status screen, `--json`, the simulator's report."""
+    """A rollout's state as plain data: the one source of every view of it (`rollout status`
+    and its `--watch`, `rollout list`, `/metrics`, the console, the simulator's report). The
+    per-state totals are the sums of the per-wave counts, from one query."""
     r = store.find(rollout_id)
     if r is None:
         raise RolloutError(f"no rollout {rollout_id!r}")
@@ -50,7 +52,10 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
                 "detail": w.detail,
             }
         )
-    totals = store.totals(r.id)
+    totals: dict[str, int] = {}
+    for states in counts.values():
+        for state, n in states.items():
+            totals[state] = totals.get(state, 0) + n
     offers = store.offers(r.id)
     # a canceled or aborted rollout: the devices that were updating and have not said they stopped
     cancel_pending = 0 if r.active else sum(n for s, n in totals.items() if s in IN_PROGRESS)

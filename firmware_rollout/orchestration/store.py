@@ -56,7 +56,7 @@ _PRUNED_TABLES: Final[tuple[tuple[str, str, str], ...]] = (
     ("rollout_devices", "rollout_id = ?", "device_id"),
 )
 ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"running", "paused"})
-ROLLOUT_STATES: Final[tuple[str, ...]] = ("running", "paused", "succeeded", "aborted", "canceled")
+ROLLOUT_STATES: Final[tuple[str, ...]] = ("running", "paused", "succeeded", "failed", "aborted", "canceled")
 #: The rollout states after which nothing is offered again.
 FINISHED: Final[tuple[str, ...]] = tuple(s for s in ROLLOUT_STATES if s not in ROLLOUT_ACTIVE)
 WAVE_STATES: Final[tuple[str, ...]] = (

@@ -139,3 +139,30 @@ async def test_a_slow_download_that_shows_progress_is_not_timed_out(tmp_path: Pa
         assert describe(h.store, h.rid)["progress_reports"] == 10
         await h.clock.advance(15)  # and 30 s without progress is a timeout
         assert h.state(device) == "timed_out"
+
+
+async def test_a_rollback_no_device_took_ends_failed_not_succeeded(tmp_path: Path) -> None:
+    async with Harness(tmp_path) as h:
+        with_store(h)
+        await h.start()
+        canary = h.wave_members(0)
+        await h.succeed(*canary)
+        signed, _ = make_artifact(tmp_path, version="1.0.1", chunk_size=1024, size=4096, rollback=True)
+        await h.orch.control(h.rid, "rollback", str(signed))
+        h.rid = "r1-rollback"
+        for device in canary:  # every device refuses it
+            await h.report(device, "rejected", detail="downgrade refused")
+        await h.clock.advance(5)
+        r = h.store.get("r1-rollback")
+        assert r is not None and r.state == "failed", r
+        assert r.detail == "no device went back to version 1.0.1: 2 rejected"
+
+
+async def test_a_paused_rollout_starts_no_wave(tmp_path: Path) -> None:
+    async with Harness(tmp_path) as h:
+        await h.start()
+        await h.orch.control(h.rid, "pause")
+        for action in ("next", "approve"):
+            with pytest.raises(RolloutError, match="is paused: `rollout resume r1` first"):
+                await h.orch.control(h.rid, action)
+        assert h.wave_state(1) == "pending"
