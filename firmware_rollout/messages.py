@@ -41,8 +41,8 @@ UpdaterState = Literal[
     "canceled",
 ]
 ReportState = Literal[
-    "downloading", "installing", "rebooting", "verifying", "succeeded", "failed", "rejected", "rolled_back",
-    "canceled",
+    "waiting_window", "downloading", "installing", "rebooting", "verifying", "succeeded", "failed", "rejected",
+    "rolled_back", "canceled",
 ]
 
 TERMINAL_STATES: Final[frozenset[str]] = frozenset({"committed", "rolled_back", "failed", "rejected", "canceled"})
@@ -122,6 +122,8 @@ class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     seq: Count
     active_version: Version = ""  # the version the device runs when it made the report
     progress: DownloadProgress | None = None
+    # `waiting_window`: when the device's maintenance window opens (ms since the epoch, its clock)
+    until_ms: Count = 0
 
     @property
     def terminal(self) -> bool:

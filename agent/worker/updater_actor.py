@@ -211,12 +211,19 @@ class UpdaterActor(Actor):
         except ValueError as exc:
             log.warning("offer %s: ignoring bad maintenance windows: %s", offer.rollout_id, exc)
             return
+        told = False
         while True:
             second = (clock.now_ms() / 1000 + self._utc_offset_s()) % DAY_S
             wait = seconds_until_window(windows, second)
             if wait <= 0:
                 return
-            log.info("update %s waits %.0fs for its maintenance window", offer.rollout_id, wait)
+            opens = (second + wait) % DAY_S
+            detail = f"until {int(opens // 3600):02d}:{int(opens % 3600 // 60):02d} device time"
+            log.info("update %s waits %.0fs for its maintenance window (%s)", offer.rollout_id, wait, detail)
+            if not told and self.updater is not None:
+                with contextlib.suppress(UpdaterError):
+                    await self.updater.waiting(offer, until_ms=clock.now_ms() + int(wait * 1000), detail=detail)
+                told = True
             await clock.sleep(wait)
 
     def _source(self, rollout_id: str, signed_manifest: bytes | None, chunk_size: int) -> RemoteChunkSource:

@@ -306,13 +306,29 @@ class Updater:
                 await self._set(r.but(state="canceled", detail=f"canceled: {reason}" if reason else "canceled"))
                 await self._discard_staging()
             elif r.rollout_id != rollout_id or r.state == "idle":
-                fields = report_fields(r, device=self.device_id, ts_ms=self._clock.now_ms(),
-                                       active_version=self.active_version)
-                fields.update(rollout_id=rollout_id, version="", state="canceled", phase="canceled",
-                              detail=f"canceled before it started here: {reason}" if reason else "canceled")
-                self._last_report = await self._store.add_report(fields)
+                self._last_report = await self._store.add_report(self._report_about(
+                    rollout_id, "", "canceled", f"canceled before it started here: {reason}" if reason else "canceled",
+                    phase="canceled"))
             await self._flush()
             return self.status()
+
+    async def waiting(self, offer: UpdateOffer, *, until_ms: int, detail: str) -> None:
+        """Tell the leader the offer waits for the device's maintenance window (until `until_ms`),
+        so its timeout runs from the window, not from the offer."""
+        async with self._lock:
+            self._check_open()
+            fields = self._report_about(offer.rollout_id, _offered_version(offer), "waiting_window", detail)
+            fields["until_ms"] = max(0, until_ms)
+            self._last_report = await self._store.add_report(fields)
+            await self._flush()
+
+    def _report_about(self, rollout_id: str, version: str, state: str, detail: str, *,
+                      phase: str | None = None) -> dict[str, object]:
+        """A report about a rollout other than (or before) the recorded update: its own state,
+        the recorded phase (unless given)."""
+        return {"device": self.device_id, "rollout_id": rollout_id, "version": version, "state": state,
+                "phase": phase or self._record.state, "detail": detail, "ts_ms": self._clock.now_ms(),
+                "active_version": self.active_version}
 
     async def flush_reports(self) -> int:
         """Hand unsent reports to `on_report` in order; returns how many went. A sink raising an

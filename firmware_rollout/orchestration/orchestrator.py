@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 RETRYABLE = frozenset({"failed", "timed_out"})
 
 
+WINDOW_WAIT_MAX_MS = 2 * 86_400_000  # a window a device says opens later than this is its clock's error
+
+
 class RolloutPort(Protocol):
     """What the orchestrator needs from the leader."""
 
@@ -324,6 +327,9 @@ class Orchestrator:
                 fields["deadline_ms"] = None
                 if state in RETRYABLE and r.active and d.attempts <= r.spec.device.retries:
                     fields.update(self._retry_fields(r, d, f"{state}: {report.detail}", now))
+            elif state == "waiting_window" and now < report.until_ms <= now + WINDOW_WAIT_MAX_MS:
+                # the timeout runs from when the device's window opens, not from the offer
+                fields["deadline_ms"] = report.until_ms + int(r.spec.device.timeout_s * 1000)
             else:
                 fields["deadline_ms"] = now + int(r.spec.device.timeout_s * 1000)
             self.store.set_device(r.id, d.device_id, **fields)

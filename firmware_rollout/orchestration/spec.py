@@ -48,7 +48,7 @@ import msgspec
 
 from agent.core.config import convert, decode_toml
 from agent.core.errors import ConfigError
-from firmware_rollout.windows import longest_gap_s, parse_window
+from firmware_rollout.windows import parse_window
 
 Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -153,13 +153,6 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
             parse_window(text)
         except ValueError as exc:
             raise ConfigError(source, f"device.maintenance_windows.{i}", str(exc)) from None
-    gap = longest_gap_s(spec.windows)
-    if gap and spec.device.timeout_s < gap:
-        raise ConfigError(
-            source,
-            "device.timeout_s",
-            f"must cover the longest wait for a maintenance window ({gap:g} s): a waiting device reports nothing",
-        )
     chunk = spec.download.chunk_size
     if chunk and chunk < 256:
         raise ConfigError(source, "download.chunk_size", "must be 0 (the artifact's) or at least 256 bytes")

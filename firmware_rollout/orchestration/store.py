@@ -33,6 +33,7 @@ COMPONENT = "rollout"
 DEVICE_STATES: Final[tuple[str, ...]] = (
     "queued",
     "notified",
+    "waiting_window",
     "downloading",
     "installing",
     "rebooting",
@@ -44,7 +45,8 @@ DEVICE_STATES: Final[tuple[str, ...]] = (
     "canceled",
     "rolled_back",
 )
-IN_PROGRESS: Final[frozenset[str]] = frozenset({"notified", "downloading", "installing", "rebooting", "verifying"})
+IN_PROGRESS: Final[frozenset[str]] = frozenset(
+    {"notified", "waiting_window", "downloading", "installing", "rebooting", "verifying"})
 TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "rejected", "timed_out", "canceled", "rolled_back"})
 FAILURES: Final[frozenset[str]] = frozenset({"failed", "rejected", "timed_out", "rolled_back"})
 #: Marks a rollout whose per-device rows were pruned, in its `detail`.

@@ -132,10 +132,13 @@ async def test_health_failure_reverts_and_install_failure_fails_through_the_upda
 
 async def test_installs_start_only_inside_the_device_local_maintenance_window(tmp_path: Path) -> None:
     # The virtual clock starts at 22:13:20 UTC (the simulated devices' local time); the window opens at 23:00.
-    overrides: dict[str, dict[str, Any]] = {"device": {"timeout_s": 86_400.0, "maintenance_windows": ["23:00-23:30"]}}
+    # A 10-minute timeout although the window opens 47 minutes after the offer: a waiting device
+    # says so, and its timeout runs from the window.
+    overrides: dict[str, dict[str, Any]] = {"device": {"timeout_s": 600.0, "maintenance_windows": ["23:00-23:30"]}}
     report = await wave_rollout_scenario(devices=4, seed=1, work_dir=tmp_path, spec_overrides=overrides)
-    assert report["rollout"]["state"] == "succeeded"
+    assert report["rollout"]["state"] == "succeeded", report["rollout"]
     opens_ms = DEFAULT_VIRTUAL_EPOCH_MS + (23 * 3600 - (22 * 3600 + 13 * 60 + 20)) * 1000
+    waited = 0
     for device in device_ids(4):
         conn = sqlite3.connect(tmp_path / "devices" / device / "updater.db")
         try:
@@ -143,9 +146,14 @@ async def test_installs_start_only_inside_the_device_local_maintenance_window(tm
         finally:
             conn.close()
         reports = [msgspec.msgpack.decode(b, type=UpdateReport) for b in bodies]
+        if reports[0].state == "waiting_window":  # offered before the window opened: it said it waits
+            waited += 1
+            assert abs(reports[0].until_ms - opens_ms) < 1000 and reports[0].detail == "until 23:00 device time"
+            reports = reports[1:]
         assert reports and reports[0].state == "downloading"
         assert reports[0].ts_ms >= opens_ms  # nothing started before the window opened
         assert reports[-1].state == "succeeded"
+    assert waited >= 1  # the canary, offered at 22:13
 
 
 async def test_a_user_spec_and_artifact_can_be_simulated(tmp_path: Path) -> None:

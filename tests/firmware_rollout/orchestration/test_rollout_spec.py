@@ -75,7 +75,6 @@ def test_a_full_spec_loads_with_the_artifact_resolved(tmp_path: Path) -> None:
         (('percents = [20, 30, 50]', ''), "waves", "exactly one"),
         (('failure_action = "pause"', 'failure_action = "explode"'), "gates.failure_action", "explode"),
         (('["22:00-04:00"]', '["25:00-04:00"]'), "device.maintenance_windows.0", "HH:MM-HH:MM"),
-        (('timeout_s = 86400', 'timeout_s = 600'), "device.timeout_s", "maintenance window"),
         (('tags = ["cam"]', 'tags = []'), "targets.tags", "at least one tag"),
         (('servers = 3', 'servers = 0'), "download.servers", ">= 1"),
         (('seed = 4', 'seed = 4\ncolour = "red"'), "rollout.colour", "unknown key"),

@@ -25,9 +25,9 @@ from firmware_rollout.messages import UpdateReport  # noqa: E402
 from firmware_rollout.orchestration.status import describe  # noqa: E402
 from firmware_rollout.orchestration.store import TERMINAL  # noqa: E402
 
-REPORT_STATES = ("downloading", "installing", "rebooting", "verifying", "succeeded", "failed", "rejected",
-                 "rolled_back", "canceled")
-PHASE = {"downloading": "downloading", "installing": "installing", "rebooting": "rebooting",
+REPORT_STATES = ("waiting_window", "downloading", "installing", "rebooting", "verifying", "succeeded", "failed",
+                 "rejected", "rolled_back", "canceled")
+PHASE = {"waiting_window": "idle", "downloading": "downloading", "installing": "installing", "rebooting": "rebooting",
          "verifying": "verifying_health", "succeeded": "committed", "failed": "failed", "rejected": "rejected",
          "rolled_back": "rolled_back", "canceled": "canceled"}
 DEVICES = 6
