@@ -2,7 +2,7 @@
 
     keygen  --out DIR [--force]                 DIR/private.pem (0600) and DIR/public.pem
     build   IMAGE --version V (--key PRIV | --unsigned) --out ARTIFACT [--name N] [--chunk-size B]
-            [--hardware H ...] [--min-version V] [--rollback]
+            [--hardware H ...] [--min-version V] [--rollback [--rollback-from V ...]]
     sign    ARTIFACT --key PRIV [--out OUT]     (re)sign after checking the image
     verify  ARTIFACT --pubkey PUB [--installed-version V] [--hardware H] [--image NAME]
     inspect ARTIFACT [--json]
@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     build.add_argument("--min-version", metavar="V", help="lowest installed version this image may update")
     build.add_argument("--rollback", action="store_true", help="sign as an explicit rollback (may downgrade)")
+    build.add_argument("--rollback-from", action="extend", nargs="+", default=[], metavar="V",
+                       help="with --rollback: the versions it replaces; a device on another version refuses it"
+                            " (required by the leader to roll it out)")
 
     sign = sub.add_parser("sign", help="(re)sign an artifact with a private key")
     sign.add_argument("artifact", type=Path, metavar="ARTIFACT")
@@ -79,6 +82,8 @@ def _build(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.force:
         raise ConfigError(str(args.out), None, "exists already: give --force to replace it (a rollout that"
                                                " serves it would see its chunks change)")
+    if args.rollback_from and not args.rollback:
+        raise ConfigError("firmware build", "--rollback-from", "applies with --rollback")
     key = None if args.unsigned else load_signing_key(args.key)
     signed = build_artifact(
         args.image,
@@ -91,6 +96,7 @@ def _build(args: argparse.Namespace) -> int:
         hardware=args.hardware,
         min_version=args.min_version,
         rollback=args.rollback,
+        rollback_from=args.rollback_from,
     )
     m = signed.manifest
     state = f"signed by key {signed.key_id.hex()}" if key is not None else "UNSIGNED"

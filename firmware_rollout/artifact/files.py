@@ -215,6 +215,7 @@ def build_artifact(
     hardware: Sequence[str] = (),
     min_version: str | None = None,
     rollback: bool = False,
+    rollback_from: Sequence[str] = (),
 ) -> SignedManifest:
     """Hash `image` and write the artifact `out`, signed with `key` (unsigned when None)."""
     image, out = Path(image), Path(out)
@@ -239,6 +240,7 @@ def build_artifact(
         hardware=tuple(hardware),
         min_version=min_version,
         rollback=rollback,
+        rollback_from=tuple(rollback_from),
         created_ts=created_ts,
     )
     signed = make_signed_manifest(manifest, key)

@@ -27,6 +27,7 @@ def make_artifact(
     seed: int = 0,
     chunk_size: int = 4096,
     rollback: bool = False,
+    rollback_from: tuple[str, ...] = (),
     name: str = "fw",
 ) -> tuple[Path, Path]:
     """Build `work_dir/fw-VERSION.eafw` from `size` seeded random bytes in chunks of
@@ -46,6 +47,7 @@ def make_artifact(
         created_ts=FIXTURE_CREATED_MS,
         chunk_size=chunk_size,
         rollback=rollback,
+        rollback_from=rollback_from,
     )
     return out, keys_dir / "public.pem"
 

@@ -55,9 +55,12 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Z
 HardwareName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
-class Manifest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class Manifest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """What the signature vouches for. `chunks[i]` is the sha256 of image bytes
-    `[i*chunk_size, (i+1)*chunk_size)`; the last chunk may be shorter."""
+    `[i*chunk_size, (i+1)*chunk_size)`; the last chunk may be shorter.
+
+    Fields at their defaults are left out of the encoding: an agent that does not know a field
+    added later still reads every manifest that does not use it (and refuses one that does)."""
 
     name: Name
     version: str
@@ -68,6 +71,8 @@ class Manifest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     hardware: tuple[HardwareName, ...] = ()  # empty: any hardware
     min_version: str | None = None  # the installed version must be at least this
     rollback: bool = False  # signed as an explicit rollback: may go below the installed version
+    # a rollback replaces only these versions (empty: the leader refuses to roll it out)
+    rollback_from: tuple[Annotated[str, msgspec.Meta(max_length=64)], ...] = ()
     created_ts: Annotated[int, msgspec.Meta(ge=0)] = 0  # ms since the Unix epoch
 
     @property
@@ -96,6 +101,7 @@ class Manifest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
             "hardware": list(self.hardware),
             "min_version": self.min_version,
             "rollback": self.rollback,
+            "rollback_from": list(self.rollback_from),
             "created_ts": self.created_ts,
         }
 
@@ -110,8 +116,12 @@ def validate_manifest(manifest: Manifest) -> Manifest:
         Version.parse(manifest.version)
         if manifest.min_version is not None:
             Version.parse(manifest.min_version)
+        for version in manifest.rollback_from:
+            Version.parse(version)
     except InvalidVersion as exc:
         raise MalformedArtifact(f"manifest: {exc}") from exc
+    if manifest.rollback_from and not manifest.rollback:
+        raise MalformedArtifact("manifest: rollback_from is set but the image is not signed as a rollback")
     expected = math.ceil(manifest.size / manifest.chunk_size)
     if len(manifest.chunks) != expected:
         raise MalformedArtifact(
@@ -258,6 +268,11 @@ def check_policy(manifest: Manifest, *, hardware: str | None = None, installed_v
     if manifest.min_version is not None and installed < Version.parse(manifest.min_version):
         raise Incompatible(
             f"incompatible: image needs at least version {manifest.min_version} installed, "
+            f"this device runs {installed_version}"
+        )
+    if manifest.rollback and manifest.rollback_from and installed_version not in manifest.rollback_from:
+        raise Downgrade(
+            f"rollback refused: this rollback replaces only version {', '.join(manifest.rollback_from)}, "
             f"this device runs {installed_version}"
         )
     if manifest.parsed_version() < installed and not manifest.rollback:

@@ -8,7 +8,8 @@ artifact admitted twice is one file. A rollout serves chunks from that copy alon
 or deleting the operator's file mid-rollout changes nothing the devices receive.
 
 A rollback's artifact must be signed as a rollback (`Manifest.rollback`), or the devices would
-refuse it as a downgrade and the rollback could only fail.
+refuse it as a downgrade and the rollback could only fail, and must name the version it undoes
+among those it may replace (`Manifest.rollback_from`): a device running another refuses it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ class ArtifactStore:
         self._key = key
         self._key_source = key_source
 
-    def admit(self, source: str | Path, *, rollback: bool = False) -> Admitted:
-        """The verified copy of `source`; `RolloutError` saying why not (nothing is kept then)."""
+    def admit(self, source: str | Path, *, rollback: bool = False, replaces: str = "") -> Admitted:
+        """The verified copy of `source`; `RolloutError` saying why not (nothing is kept then).
+        A rollback must also name `replaces` (the version the devices run) among the versions it
+        may replace."""
         src = Path(source)
         if self._key is None:
             raise RolloutError(f"cannot check artifact {src}: the leader's config has no {self._key_source} (the"
@@ -58,9 +61,16 @@ class ArtifactStore:
                 signed = verify_artifact(tmp, self._key)
             except ArtifactError as exc:
                 raise RolloutError(f"artifact {src} refused: {exc}") from None
-            if rollback and not signed.manifest.rollback:
-                raise RolloutError(f"artifact {src} (version {signed.manifest.version}) is not signed as a rollback:"
+            m = signed.manifest
+            if rollback and not m.rollback:
+                raise RolloutError(f"artifact {src} (version {m.version}) is not signed as a rollback:"
                                    " the devices would refuse it as a downgrade (build it with --rollback)")
+            if rollback and not m.rollback_from:
+                raise RolloutError(f"artifact {src} (version {m.version}) names no version it may replace: build it"
+                                   " with --rollback-from VERSION, so it cannot downgrade any other")
+            if rollback and replaces and replaces not in m.rollback_from:
+                raise RolloutError(f"artifact {src} replaces only version {', '.join(m.rollback_from)}; the"
+                                   f" devices to roll back run {replaces}")
             final = self.directory / f"{digest[:32]}{SUFFIX}"
             os.replace(tmp, final)
             fsync_dir(self.directory)

@@ -126,7 +126,9 @@ class Orchestrator:
     ) -> str:
         artifact = spec.rollout.artifact
         if self.artifacts is not None:
-            admitted = self.artifacts.admit(Path(artifact), rollback=bool(rollback_of))
+            undone = self.store.get(rollback_of) if rollback_of else None
+            admitted = self.artifacts.admit(Path(artifact), rollback=bool(rollback_of),
+                                            replaces=undone.version if undone is not None else "")
             signed, artifact = admitted.signed, str(admitted.path)
         else:
             try:

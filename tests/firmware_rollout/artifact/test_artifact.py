@@ -189,3 +189,19 @@ def test_streaming_verify_uses_bounded_memory(tmp_path: Path, keys: Keys) -> Non
     finally:
         tracemalloc.stop()
     assert build_peak < 4 * 1024 * 1024 and verify_peak < 2 * 1024 * 1024, (build_peak, verify_peak)
+
+
+def test_a_rollback_replaces_only_the_versions_it_names(tmp_path: Path, keys: Keys) -> None:
+    rollback, _ = make_artifact(tmp_path, keys.signing, version="1.0.0", seed=3, rollback=True,
+                                rollback_from=("1.1.0",))
+    assert verify_artifact(rollback, keys.verify, installed_version="1.1.0").manifest.rollback_from == ("1.1.0",)
+    with pytest.raises(Downgrade, match="replaces only version 1.1.0, this device runs 2.0.0"):
+        verify_artifact(rollback, keys.verify, installed_version="2.0.0")
+    # the list is signed: widening it breaks the signature
+    data = rollback.read_bytes()
+    forged = tmp_path / "widened.eafw"
+    forged.write_bytes(data.replace(b"1.1.0", b"2.0.0", 1))
+    with pytest.raises(BadSignature):
+        verify_artifact(forged, keys.verify, installed_version="2.0.0")
+    with pytest.raises(MalformedArtifact, match="not signed as a rollback"):
+        make_artifact(tmp_path, keys.signing, version="1.0.0", seed=4, rollback_from=("1.1.0",))

@@ -75,7 +75,15 @@ async def test_a_rollback_must_be_signed_as_one(tmp_path: Path) -> None:
         plain, _ = make_artifact(tmp_path, version="1.0.0", chunk_size=1024, size=4096)
         with pytest.raises(RolloutError, match="not signed as a rollback"):
             await h.orch.control(h.rid, "rollback", str(plain))
-        signed, _ = make_artifact(tmp_path, version="1.0.1", chunk_size=1024, size=4096, rollback=True)
+        anywhere, _ = make_artifact(tmp_path, version="1.0.1", chunk_size=1024, size=4096, rollback=True)
+        with pytest.raises(RolloutError, match="names no version it may replace"):
+            await h.orch.control(h.rid, "rollback", str(anywhere))
+        other, _ = make_artifact(tmp_path, version="1.0.2", chunk_size=1024, size=4096, rollback=True,
+                                 rollback_from=("1.0.9",))
+        with pytest.raises(RolloutError, match=r"replaces only version 1.0.9; the devices to roll back run 1.1.0"):
+            await h.orch.control(h.rid, "rollback", str(other))
+        signed, _ = make_artifact(tmp_path, version="1.0.3", chunk_size=1024, size=4096, rollback=True,
+                                  rollback_from=("1.1.0",))
         assert "offers the previous version to 2 devices" in await h.orch.control(h.rid, "rollback", str(signed))
 
 
@@ -147,7 +155,8 @@ async def test_a_rollback_no_device_took_ends_failed_not_succeeded(tmp_path: Pat
         await h.start()
         canary = h.wave_members(0)
         await h.succeed(*canary)
-        signed, _ = make_artifact(tmp_path, version="1.0.1", chunk_size=1024, size=4096, rollback=True)
+        signed, _ = make_artifact(tmp_path, version="1.0.1", chunk_size=1024, size=4096, rollback=True,
+                                  rollback_from=("1.1.0",))
         await h.orch.control(h.rid, "rollback", str(signed))
         h.rid = "r1-rollback"
         for device in canary:  # every device refuses it
