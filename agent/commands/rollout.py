@@ -232,7 +232,7 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         data["leader_last_seen_ms"] = seen
         # a running rollout's leader writes every few seconds (heartbeats, ticks): silence means
         # what is shown may no longer be true
-        data["stale"] = data["state"] in ("running", "paused") and (
+        data["stale"] = data["state"] in ("scheduled", "running", "paused") and (
             seen is None or SystemClock().now_ms() - seen > LEADER_QUIET_S * 1000)
         if args.devices:
             data["device_list"] = [
@@ -257,7 +257,7 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         return 0
     try:
         with Live(render_status(data), console=console, refresh_per_second=4) as live:
-            while data["state"] in ("running", "paused"):
+            while data["state"] in ("scheduled", "running", "paused"):
                 time.sleep(max(0.2, args.interval))
                 data = load()
                 live.update(render_status(data))
@@ -275,7 +275,8 @@ def render_status(data: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    colour = {"running": "cyan", "paused": "yellow", "succeeded": "green", "aborted": "red", "failed": "red",
+    colour = {"scheduled": "blue", "running": "cyan", "paused": "yellow", "succeeded": "green", "aborted": "red",
+              "failed": "red", "stopped": "magenta",
               "canceled": "magenta"}.get(data["state"], "white")
     head = Text.assemble(
         ("rollout ", "bold"), (data["id"], "bold"), f"  {data['name']}  version {data['version']}  ",

@@ -43,15 +43,28 @@ class WaveGates:
 
     def failure_gate(self, r: RolloutRow) -> bool:
         gates = r.spec.gates
-        finished, failed = finished_failed(self.store.totals(r.id))
+        totals = self.store.totals(r.id)
+        finished, failed = finished_failed(totals)
         finished -= r.fail_base_finished
         failed -= r.fail_base_failed
-        if finished < gates.min_finished or failed * 100.0 <= gates.failure_threshold_pct * finished:
+        if finished < gates.min_finished:
             return False
-        why = (
-            f"failure threshold: {failed} of {finished} finished devices failed "
-            f"({failed * 100.0 / finished:.1f}% > {gates.failure_threshold_pct:g}%)"
-        )
+        why = ""
+        if failed * 100.0 > gates.failure_threshold_pct * finished:
+            why = (
+                f"failure threshold: {failed} of {finished} finished devices failed "
+                f"({failed * 100.0 / finished:.1f}% > {gates.failure_threshold_pct:g}%)"
+            )
+        else:
+            for kind in ("failed", "timed_out", "rejected", "rolled_back"):  # per kind (`gates.abort`)
+                limit = getattr(gates.abort, f"{kind}_pct")
+                n = totals.get(kind, 0)
+                if limit is not None and n * 100.0 > limit * finished:
+                    why = (f"abort criterion: {n} of {finished} finished devices {kind}"
+                           f" ({n * 100.0 / finished:.1f}% > {limit:g}%)")
+                    break
+        if not why:
+            return False
         with self.store.atomic():
             if gates.failure_action == "pause":
                 self.store.set_rollout(r.id, state="paused", detail=why + "; paused")

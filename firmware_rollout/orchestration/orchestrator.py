@@ -155,12 +155,16 @@ class Orchestrator:
             from_versions=from_versions,
             rollback_of=rollback_of,
         )
+        start_ms = spec.schedule.start_ms()
         with self.store.atomic():
             for old, names in superseded.items():
                 for device in names:
                     self.store.set_device(old, device, state="canceled", detail=f"superseded by {rid}",
                                           deadline_ms=None)
-            self.gates.start_wave(self._get(rid), 0)
+            if start_ms is not None and start_ms > self.clock.now_ms():
+                self.store.set_rollout(rid, state="scheduled", detail=f"scheduled to start at {spec.schedule.start_at}")
+            else:
+                self.gates.start_wave(self._get(rid), 0)
         for old in superseded:
             self._changed(old)
         log.info("rollout %s of version %s started: %d devices in %d waves", rid, version, len(targets), len(waves))
@@ -214,6 +218,9 @@ class Orchestrator:
             return await self._rollback(r, arg)
         if not r.active:
             raise RolloutError(f"rollout {r.id} is {r.state}; {action} applies only to a running or paused one")
+        if r.state == "scheduled" and action != "cancel":
+            raise RolloutError(f"rollout {r.id} is scheduled to start at {r.spec.schedule.start_at}: {action} applies"
+                               " once it runs (cancel applies now)")
         with self.store.atomic():
             if action == "pause":
                 if r.state == "paused":
@@ -387,7 +394,49 @@ class Orchestrator:
                 return
             infos = {d.device_id: d for d in self.port.devices()}
             for r in active:
+                if self._keep_schedule(r, now):
+                    continue
                 await self._advance(r.id, infos)
+                await self._rollback_on_abort(r.id)
+
+    def _keep_schedule(self, r: RolloutRow, now: int) -> bool:
+        """Start a scheduled rollout when its time comes; end one at its `end_at`. True when
+        the rollout does not run this tick."""
+        schedule = r.spec.schedule
+        if r.state == "scheduled":
+            start = schedule.start_ms()
+            if start is not None and now < start:
+                return True
+            with self.store.atomic():
+                self.store.set_rollout(r.id, state="running")
+                self.gates.start_wave(self._get(r.id), 0)
+            log.info("rollout %s: its scheduled start (%s) came", r.id, schedule.start_at)
+            return False
+        end = schedule.end_ms()
+        if end is not None and now >= end:
+            state = "stopped" if schedule.end_behavior == "stop" else "canceled"
+            with self.store.atomic():
+                self.gates.stop_rollout(r, state, f"schedule.end_at {schedule.end_at} reached")
+            log.info("rollout %s %s at its end_at", r.id, state)
+            return True
+        return False
+
+    async def _rollback_on_abort(self, rid: str) -> None:
+        """`gates.on_abort = "rollback"`: an aborted rollout offers the previous version to the
+        devices it updated (once)."""
+        r = self._get(rid)
+        if r.state != "aborted" or r.spec.gates.on_abort != "rollback" or "rolled back by" in r.detail:
+            return
+        if not self.store.devices(r.id, states=("succeeded",)):
+            return
+        try:
+            result = await self._rollback(r, "")
+        except (RolloutError, EdgeAgentError) as exc:
+            log.error("rollout %s: the rollback on abort did not start: %s", r.id, exc)
+            with self.store.atomic():
+                self.store.set_rollout(r.id, detail=f"{r.detail}; rolled back by nothing: {exc}"[:500])
+            return
+        log.warning("rollout %s aborted: %s", r.id, result)
 
     async def _send_cancels(self) -> None:
         """A canceled or aborted rollout tells each device still updating to stop (once)."""
@@ -466,9 +515,13 @@ class Orchestrator:
             and d.device_id in infos
             and infos[d.device_id].online
         ]
+        spec = r.spec
+        per_minute = spec.schedule.devices_per_minute
+        if per_minute and ready:  # the rollout rate: at most this many offers in any minute
+            recent = sum(1 for _, at, _ in self.store.offers(r.id) if at > now - 60_000)
+            ready = ready[: max(0, per_minute - recent)]
         if not ready:
             return
-        spec = r.spec
         offer = UpdateOffer(
             rollout_id=r.id,
             signed_manifest=r.signed_manifest,

@@ -40,6 +40,7 @@ Every mistake is one `ConfigError` naming the file and the dotted key.
 
 from __future__ import annotations
 
+import datetime
 import math
 from pathlib import Path
 from typing import Annotated, Literal
@@ -89,6 +90,16 @@ class WavesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     ramp: Ramp | None = None
 
 
+class AbortCriteria(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Abort when more than this share of the finished devices ended so (unset: only the
+    overall `failure_threshold_pct` counts them)."""
+
+    failed_pct: Pct | None = None
+    timed_out_pct: Pct | None = None
+    rejected_pct: Pct | None = None
+    rolled_back_pct: Pct | None = None
+
+
 class GatesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     success_threshold_pct: Pct = 100.0
     soak_s: NonNegFloat = 0.0
@@ -96,6 +107,33 @@ class GatesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     failure_threshold_pct: Pct = 100.0
     min_finished: PositiveInt = 1
     failure_action: Literal["abort", "pause"] = "abort"
+    abort: AbortCriteria = msgspec.field(default_factory=AbortCriteria)
+    # on an abort, offer `rollout.rollback_artifact` to the devices the rollout had updated
+    on_abort: Literal["nothing", "rollback"] = "nothing"
+
+
+class ScheduleSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """When the rollout may run, and how fast it offers the image (AWS IoT Jobs' scheduling and
+    rollout rate, in our terms). Times are ISO 8601 with a zone, e.g. "2026-12-02T01:00:00Z"."""
+
+    start_at: str = ""  # empty: at once
+    end_at: str = ""  # empty: no end
+    end_behavior: Literal["stop", "cancel"] = "stop"  # stop: no new offers, updates in progress finish
+    devices_per_minute: NonNegInt = 0  # offers per minute at most; 0: no limit
+
+    def start_ms(self) -> int | None:
+        return _epoch_ms(self.start_at) if self.start_at else None
+
+    def end_ms(self) -> int | None:
+        return _epoch_ms(self.end_at) if self.end_at else None
+
+
+def _epoch_ms(text: str) -> int:
+    """An ISO 8601 time with a zone as ms since the epoch; ValueError for anything else."""
+    when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        raise ValueError(f"{text!r} names no time zone (add Z for UTC, or +01:00)")
+    return int(when.timestamp() * 1000)
 
 
 class DeviceSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -119,6 +157,7 @@ class RolloutSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     gates: GatesSection = msgspec.field(default_factory=GatesSection)
     device: DeviceSection = msgspec.field(default_factory=DeviceSection)
     download: DownloadSection = msgspec.field(default_factory=DownloadSection)
+    schedule: ScheduleSection = msgspec.field(default_factory=ScheduleSection)
 
     @property
     def windows(self) -> list[tuple[int, int]]:
@@ -153,6 +192,18 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
             parse_window(text)
         except ValueError as exc:
             raise ConfigError(source, f"device.maintenance_windows.{i}", str(exc)) from None
+    for key in ("start_at", "end_at"):
+        text = getattr(spec.schedule, key)
+        if text:
+            try:
+                _epoch_ms(text)
+            except ValueError as exc:
+                raise ConfigError(source, f"schedule.{key}", f"not a time: {exc} (e.g. 2026-12-02T01:00:00Z)") from None
+    start, end = spec.schedule.start_ms(), spec.schedule.end_ms()
+    if start is not None and end is not None and end <= start:
+        raise ConfigError(source, "schedule.end_at", "must be after schedule.start_at")
+    if spec.gates.on_abort == "rollback" and not spec.rollout.rollback_artifact:
+        raise ConfigError(source, "gates.on_abort", '"rollback" needs rollout.rollback_artifact')
     chunk = spec.download.chunk_size
     if chunk and chunk < 256:
         raise ConfigError(source, "download.chunk_size", "must be 0 (the artifact's) or at least 256 bytes")

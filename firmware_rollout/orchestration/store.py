@@ -57,8 +57,10 @@ _PRUNED_TABLES: Final[tuple[tuple[str, str, str], ...]] = (
     ("rollout_controls", "rollout_id = ? AND applied_ms IS NOT NULL", "id"),
     ("rollout_devices", "rollout_id = ?", "device_id"),
 )
-ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"running", "paused"})
-ROLLOUT_STATES: Final[tuple[str, ...]] = ("running", "paused", "succeeded", "failed", "aborted", "canceled")
+ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"scheduled", "running", "paused"})
+_ACTIVE_SQL: Final = ", ".join(f"'{s}'" for s in sorted(ROLLOUT_ACTIVE))  # (for the queries)
+ROLLOUT_STATES: Final[tuple[str, ...]] = (
+    "scheduled", "running", "paused", "succeeded", "failed", "aborted", "canceled", "stopped")
 #: The rollout states after which nothing is offered again.
 FINISHED: Final[tuple[str, ...]] = tuple(s for s in ROLLOUT_STATES if s not in ROLLOUT_ACTIVE)
 WAVE_STATES: Final[tuple[str, ...]] = (
@@ -281,7 +283,7 @@ class RolloutStore(SqliteStore):
         return _rollout(rows[0]) if len(rows) == 1 else None
 
     def rollouts(self, *, active_only: bool = False) -> list[RolloutRow]:
-        where = " WHERE state IN ('running', 'paused')" if active_only else ""
+        where = f" WHERE state IN ({_ACTIVE_SQL})" if active_only else ""
         return [_rollout(r) for r in self._q(f"SELECT {_R_COLS} FROM rollouts{where} ORDER BY seq")]
 
     def latest(self) -> RolloutRow | None:
@@ -375,14 +377,14 @@ class RolloutStore(SqliteStore):
 
     def holders(self, device_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """device -> (rollout id, its state there) for those of `device_ids` an unfinished
-        rollout (running or paused) holds in a state that is not final."""
+        rollout (scheduled, running or paused) holds in a state that is not final."""
         wanted = set(device_ids)
         if not wanted:
             return {}
         finals = sorted(TERMINAL)
         rows = self._q(
             "SELECT d.device_id, d.rollout_id, d.state FROM rollout_devices AS d JOIN rollouts AS r"
-            " ON r.id = d.rollout_id WHERE r.state IN ('running', 'paused')"
+            f" ON r.id = d.rollout_id WHERE r.state IN ({_ACTIVE_SQL})"
             f" AND d.state NOT IN ({', '.join('?' * len(finals))})", finals)
         return {str(device): (str(rid), str(state)) for device, rid, state in rows if device in wanted}
 
@@ -437,7 +439,7 @@ class RolloutStore(SqliteStore):
         redelivered after that is still refused by the device's `report_seq` guard.
         """
         cutoff = self._clock.now_ms() - int(older_than_s * 1000)
-        oldest_active = self._q("SELECT MIN(created_ms) FROM rollouts WHERE state IN ('running', 'paused')")[0][0]
+        oldest_active = self._q(f"SELECT MIN(created_ms) FROM rollouts WHERE state IN ({_ACTIVE_SQL})")[0][0]
         if oldest_active is not None:
             cutoff = min(cutoff, int(oldest_active))
         if not self._q("SELECT 1 FROM rollout_processed WHERE at_ms < ? LIMIT 1", (cutoff,)):

@@ -81,7 +81,8 @@ class Harness:
         self.ids = [f"d{i:02d}" for i in range(devices)]
         self.port = FakePort(self.clock, self.ids)
         self.artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=4096)
-        self.spec: RolloutSpec = spec_from_dict(spec_data(self.artifact, **sections))
+        self.spec_data = spec_data(self.artifact, **sections)
+        self.spec: RolloutSpec = spec_from_dict(self.spec_data)
         self.db = tmp_path / "leader.db"
         self.store = RolloutStore.open(self.db, clock=self.clock)
         self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0)
