@@ -31,6 +31,7 @@ UpdaterState = Literal[
     "idle",
     "downloading",
     "verifying",
+    "staged",
     "installing",
     "rebooting",
     "verifying_health",
@@ -41,14 +42,15 @@ UpdaterState = Literal[
     "canceled",
 ]
 ReportState = Literal[
-    "waiting_window", "downloading", "installing", "rebooting", "verifying", "succeeded", "failed", "rejected",
-    "rolled_back", "canceled",
+    "waiting_window", "downloading", "downloaded", "installing", "rebooting", "verifying", "succeeded", "failed",
+    "rejected", "rolled_back", "canceled",
 ]
 
 TERMINAL_STATES: Final[frozenset[str]] = frozenset({"committed", "rolled_back", "failed", "rejected", "canceled"})
 REPORT_STATE: Final[dict[str, ReportState]] = {
     "downloading": "downloading",
     "verifying": "installing",  # the download is complete; the device is preparing the install
+    "staged": "downloaded",  # a download-only offer: verified and kept, installed when the leader says
     "installing": "installing",
     "rebooting": "rebooting",
     "verifying_health": "verifying",
@@ -82,6 +84,8 @@ class UpdateOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     # device-local "HH:MM-HH:MM"; empty: any time
     maintenance_windows: Annotated[tuple[Window, ...], msgspec.Meta(max_length=48)] = ()
     chunk_size: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 0  # bytes per ChunkRequest; 0: the manifest's
+    # download and verify now, install when the same offer comes again without this flag
+    download_only: bool = False
 
 
 class UpdateCancel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):

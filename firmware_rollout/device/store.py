@@ -80,6 +80,7 @@ class UpdateRecord:
     health_deadline_ms: int = 0
     detail: str = ""
     updated_ms: int = 0
+    stage_only: bool = False  # a download-only offer: stop at `staged`
 
     def but(self, **changes: Any) -> UpdateRecord:
         return replace(self, **changes)
@@ -90,12 +91,17 @@ _report_decoder = msgspec.msgpack.Decoder(UpdateReport)
 _encoder = msgspec.msgpack.Encoder()
 
 
+def _v2(conn: sqlite3.Connection) -> None:
+    """Download-only offers (`UpdateOffer.download_only`): the record says to stop at `staged`."""
+    conn.execute("ALTER TABLE update_state ADD COLUMN stage_only INTEGER NOT NULL DEFAULT 0")
+
+
 class UpdaterStore(SqliteStore):
     """Owns the connection; every method is a short transaction run in a thread (one at a time),
     at `synchronous=FULL`: an update's state must survive a power cut."""
 
     COMPONENT = "updater"
-    MIGRATIONS = (_v1,)
+    MIGRATIONS = (_v1, _v2)
     WHAT = "updater store"
 
     def __init__(self, conn: sqlite3.Connection, clock: Clock, *, path: str) -> None:
@@ -147,7 +153,9 @@ class UpdaterStore(SqliteStore):
     # -- reads -----------------------------------------------------------------------------
     def _load(self) -> tuple[UpdateRecord, dict[str, str]]:
         row = self._conn.execute(f"SELECT {', '.join(_FIELDS)} FROM update_state WHERE id = 1").fetchone()
-        record = UpdateRecord(**dict(zip(_FIELDS, row, strict=True)))
+        fields = dict(zip(_FIELDS, row, strict=True))
+        fields["stage_only"] = bool(fields["stage_only"])
+        record = UpdateRecord(**fields)
         slots = dict(self._conn.execute("SELECT slot, version FROM slots").fetchall())
         return record, slots
 

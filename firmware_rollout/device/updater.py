@@ -64,7 +64,7 @@ PROGRESS_STEP = 0.1  # ...and at every tenth of the image
 
 
 #: What a cancel can still stop: the new slot has not booted (on its trial boot the health check decides).
-CANCELABLE_STATES: frozenset[str] = frozenset({"downloading", "verifying", "installing", "rebooting"})
+CANCELABLE_STATES: frozenset[str] = frozenset({"downloading", "verifying", "staged", "installing", "rebooting"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +242,10 @@ class Updater:
             r = self._record
             if r.state not in TERMINAL_STATES and r.state != "idle":
                 if r.rollout_id == offer.rollout_id and r.signed_manifest == offer.signed_manifest:
+                    if r.stage_only and not offer.download_only:  # the go-ahead for a staged download
+                        await self._set(r.but(stage_only=False, **(
+                            {"state": "installing", "detail": f"writing slot {r.to_slot}"}
+                            if r.state == "staged" else {})))
                     await self._drive(source)
                     return self._latest()
                 fields = report_fields(
@@ -406,7 +410,8 @@ class Updater:
         booted = self.installer.booted_slot()
         active = self.active_version
         base = UpdateRecord(
-            rollout_id=offer.rollout_id, signed_manifest=offer.signed_manifest, from_slot=booted, from_version=active
+            rollout_id=offer.rollout_id, signed_manifest=offer.signed_manifest, from_slot=booted, from_version=active,
+            stage_only=offer.download_only,
         )
         try:
             signed = verify_signed_manifest(offer.signed_manifest, self._key)
@@ -527,6 +532,10 @@ class Updater:
             await in_thread(self._clock, check_staging, self._staging, manifest)
         except (ArtifactError, OSError) as exc:
             await self._fail(f"staged image is corrupt: {exc}")
+        if self._record.stage_only:
+            await self._set(self._record.but(state="staged", detail="downloaded and verified; installed on the"
+                                                                     " leader's go-ahead"))
+            return
         await self._set(self._record.but(state="installing", detail=f"writing slot {self._record.to_slot}"))
 
     async def _install(self) -> None:

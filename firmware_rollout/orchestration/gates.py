@@ -85,6 +85,15 @@ class WaveGates:
         size = len(members)
         pct = len(succeeded) * 100.0 / size if size else 100.0
         with self.store.atomic():
+            if wave.state == "running" and r.spec.rollout.download_only and not wave.install_approved:
+                downloaded = [d for d in members if d.state == "downloaded"]
+                if not downloaded or any(d.state not in TERMINAL and d.state != "downloaded" for d in members):
+                    return False
+                why = (f"{len(downloaded)} of {size} downloaded; `rollout approve {r.id}` installs them")
+                self.store.set_wave(r.id, wave.idx, state="awaiting_approval", detail=why)
+                self.store.set_rollout(r.id, detail=f"{self.label(r, wave.idx)}: {why}")
+                self._changed(r.id)
+                return True
             if wave.state == "running":
                 if any(d.state not in TERMINAL for d in members):
                     return False

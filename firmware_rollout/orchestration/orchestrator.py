@@ -250,6 +250,16 @@ class Orchestrator:
                 assert wave is not None
                 if action == "approve" and wave.state != "awaiting_approval":
                     raise RolloutError(f"rollout {r.id}: wave {wave.idx + 1} is {wave.state}, not awaiting approval")
+                if action == "approve" and r.spec.rollout.download_only and not wave.install_approved:
+                    self.store.set_wave(r.id, wave.idx, state="running", install_approved=1,
+                                        detail="install approved by operator")
+                    staged = self.store.devices(r.id, wave=wave.idx, states=("downloaded",))
+                    for d in staged:  # offered again, to install: the timeout runs again
+                        self.store.set_device(r.id, d.device_id, state="queued", next_try_ms=None,
+                                              detail="install approved by operator")
+                    self.store.set_rollout(r.id, detail=f"{self.gates.label(r, wave.idx)}: installing")
+                    self._changed(r.id)
+                    return f"{r.id}: wave {wave.idx + 1} installs what {len(staged)} devices downloaded"
                 if r.current_wave + 1 >= r.wave_count:
                     raise RolloutError(f"rollout {r.id}: wave {r.current_wave + 1} is the last wave")
                 detail = "approved by operator" if action == "approve" else "moved past by operator"
@@ -336,6 +346,8 @@ class Orchestrator:
                 fields["deadline_ms"] = None
                 if state in RETRYABLE and r.active and d.attempts <= r.spec.device.retries:
                     fields.update(self._retry_fields(r, d, f"{state}: {report.detail}", now))
+            elif state == "downloaded":  # waits for the operator's go-ahead: no timeout meanwhile
+                fields["deadline_ms"] = None
             elif state == "waiting_window" and now < report.until_ms <= now + WINDOW_WAIT_MAX_MS:
                 # the timeout runs from when the device's window opens, not from the offer
                 fields["deadline_ms"] = report.until_ms + int(r.spec.device.timeout_s * 1000)
@@ -522,13 +534,18 @@ class Orchestrator:
             ready = ready[: max(0, per_minute - recent)]
         if not ready:
             return
-        offer = UpdateOffer(
-            rollout_id=r.id,
-            signed_manifest=r.signed_manifest,
-            maintenance_windows=tuple(spec.device.maintenance_windows),
-            chunk_size=spec.download.chunk_size,
-        )
-        await self.port.send_offers([(d.device_id, offer) for d in ready], ttl_s=spec.device.timeout_s)
+        approved = {w.idx for w in self.store.waves(r.id) if w.install_approved}
+
+        def offer_for(d: DeviceRow) -> UpdateOffer:
+            return UpdateOffer(
+                rollout_id=r.id,
+                signed_manifest=r.signed_manifest,
+                maintenance_windows=tuple(spec.device.maintenance_windows),
+                chunk_size=spec.download.chunk_size,
+                download_only=spec.rollout.download_only and d.wave not in approved,
+            )
+
+        await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s)
         deadline = self.clock.now_ms() + int(spec.device.timeout_s * 1000)
         with self.store.atomic():
             for d in ready:

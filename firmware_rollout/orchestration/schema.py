@@ -127,6 +127,11 @@ def _v7(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE rollout_devices ADD COLUMN {column}")
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
+def _v8(conn: sqlite3.Connection) -> None:
+    # A download-only rollout's wave: 1 once the operator approved installing what it downloaded.
+    conn.execute("ALTER TABLE rollout_waves ADD COLUMN install_approved INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
 
 __all__ = ["MIGRATIONS"]

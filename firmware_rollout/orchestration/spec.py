@@ -69,6 +69,8 @@ class RolloutSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     rollback_artifact: str = ""  # offered by `rollout rollback` unless the command names one
     # the id of an unfinished rollout whose not yet offered devices this one takes over
     supersede: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    # each wave downloads and verifies, then waits for `rollout approve` to install
+    download_only: bool = False
 
 
 class TargetsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

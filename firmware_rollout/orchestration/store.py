@@ -34,6 +34,7 @@ DEVICE_STATES: Final[tuple[str, ...]] = (
     "queued",
     "notified",
     "waiting_window",
+    "downloaded",
     "downloading",
     "installing",
     "rebooting",
@@ -46,7 +47,7 @@ DEVICE_STATES: Final[tuple[str, ...]] = (
     "rolled_back",
 )
 IN_PROGRESS: Final[frozenset[str]] = frozenset(
-    {"notified", "waiting_window", "downloading", "installing", "rebooting", "verifying"})
+    {"notified", "waiting_window", "downloading", "downloaded", "installing", "rebooting", "verifying"})
 TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "rejected", "timed_out", "canceled", "rolled_back"})
 FAILURES: Final[frozenset[str]] = frozenset({"failed", "rejected", "timed_out", "rolled_back"})
 #: Marks a rollout whose per-device rows were pruned, in its `detail`.
@@ -113,6 +114,7 @@ class WaveRow:
     soak_started_ms: int | None
     soak_until_ms: int | None
     detail: str
+    install_approved: int = 0  # a download-only rollout: the operator said to install this wave
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +153,8 @@ _R_COLS = (
     "id, seq, name, state, spec, artifact, version, signed_manifest, current_wave, wave_count, detail,"
     " rollback_of, fail_base_finished, fail_base_failed, created_ms, updated_ms, finished_ms"
 )
-_W_COLS = "rollout_id, idx, size, state, started_ms, finished_ms, soak_started_ms, soak_until_ms, detail"
+_W_COLS = ("rollout_id, idx, size, state, started_ms, finished_ms, soak_started_ms, soak_until_ms, detail,"
+           " install_approved")
 _D_COLS = (
     "rollout_id, device_id, wave, state, detail, attempts, deadline_ms, next_try_ms, offers, last_offer_ms,"
     " report_seq, from_version, updated_ms, bytes_done, bytes_total, rate_bytes_per_s, progress_reports"

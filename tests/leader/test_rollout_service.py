@@ -210,3 +210,70 @@ async def test_a_cancel_mid_download_reaches_the_devices_and_none_installs_after
         await service.stop()
         service.store.close()
         await leader.stop()
+
+
+async def test_a_download_only_rollout_installs_on_approval(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    artifact, public = make_artifact(tmp_path, chunk_size=1024, size=8 * 1024)
+    key = load_verify_key(public)
+    leader_cfg = config("gw", "leader", tmp_path, public_key=str(public))
+    leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
+                                    clock=clock)
+    service = await attach_rollout(leader, poll_s=1.0)
+    await leader.start()
+    workers: dict[str, WorkerAgent] = {}
+    actors: dict[str, UpdaterActor] = {}
+    for name in ("w1", "w2"):
+        cfg = config(name, "worker", tmp_path)
+        worker = await WorkerAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker),
+                                        clock=clock, sampler=None)
+        rebooter = InProcessRebooter()
+        health = GatedHealth()
+        health.release.set()
+
+        def opener(name: str = name, rebooter: InProcessRebooter = rebooter, health: GatedHealth = health):  # noqa: ANN202
+            async def open_updater(sink: ReportSink) -> Updater:
+                return await Updater.open(tmp_path / name / "firmware", device_id=name, verify_key=key, clock=clock,
+                                          health=health, rebooter=rebooter, initial_version="1.0.0", on_report=sink)
+            return open_updater
+
+        _, actors[name] = attach_updater(worker, open_updater=opener(), rebooter=rebooter)
+        await worker.start()
+        workers[name] = worker
+    try:
+        await clock.advance(12)
+        spec = spec_from_dict({"rollout": {"name": "stage", "artifact": str(artifact), "download_only": True},
+                               "waves": {"counts": [2]}, "device": {"timeout_s": 60.0}})
+        rid = await service.orchestrator.start_rollout(spec, rollout_id="stage")
+        store = service.store
+        for _ in range(400):
+            await clock.advance(0.5)
+            if all(store.device(rid, n).state == "downloaded" for n in ("w1", "w2")):  # type: ignore[union-attr]
+                break
+        wave = store.wave(rid, 0)
+        assert wave is not None and wave.state == "awaiting_approval" and "downloaded" in wave.detail
+        for name, actor in actors.items():
+            assert actor.updater is not None and actor.updater.status().state == "staged"
+            assert actor.updater.active_version == "1.0.0"
+            assert not (tmp_path / name / "firmware" / "slots" / "b" / "image").exists()  # nothing installed
+        await clock.advance(300)  # waiting for the operator is not a timeout
+        assert all(store.device(rid, n).state == "downloaded" for n in ("w1", "w2"))  # type: ignore[union-attr]
+        served = store.serving(rid)["chunks"]
+        result = await service.orchestrator.control(rid, "approve")
+        assert "installs what 2 devices downloaded" in result
+        for _ in range(400):
+            await clock.advance(0.5)
+            r = store.get(rid)
+            if r is not None and r.state == "succeeded":
+                break
+        assert r is not None and r.state == "succeeded", r
+        assert all(a.updater is not None and a.updater.active_version == "1.1.0" for a in actors.values())
+        await clock.advance(2)
+        assert store.serving(rid)["chunks"] == served  # the install downloaded nothing again
+    finally:
+        for worker in workers.values():
+            await worker.stop()
+        await service.stop()
+        service.store.close()
+        await leader.stop()
