@@ -42,8 +42,8 @@ UpdaterState = Literal[
     "canceled",
 ]
 ReportState = Literal[
-    "waiting_window", "downloading", "downloaded", "installing", "rebooting", "verifying", "succeeded", "failed",
-    "rejected", "rolled_back", "canceled",
+    "waiting_window", "waiting_lock", "downloading", "downloaded", "installing", "rebooting", "verifying",
+    "succeeded", "failed", "rejected", "rolled_back", "canceled",
 ]
 
 TERMINAL_STATES: Final[frozenset[str]] = frozenset({"committed", "rolled_back", "failed", "rejected", "canceled"})

@@ -145,6 +145,8 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     health_timeout_s: PositiveFloat = 120.0
     health_command: list[str] = msgspec.field(default_factory=list)  # must exit 0 after a trial boot
     reboot_command: list[str] = msgspec.field(default_factory=list)  # empty: restart the agent in place
+    # a file applications flock(2) while they must not be interrupted: no reboot into a new slot while held
+    update_lock: str = ""
 
 
 DAY_S = 86_400.0

@@ -353,7 +353,9 @@ async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir:
                                   health=health, rebooter=rebooter, hardware=fw.hardware or None,
                                   image=fw.image or None,
                                   initial_version=config.agent.firmware_version,
-                                  settings=UpdaterSettings(health_timeout_s=fw.health_timeout_s), on_report=sink)
+                                  settings=UpdaterSettings(health_timeout_s=fw.health_timeout_s,
+                                                           update_lock=fw.update_lock),
+                                  on_report=sink)
 
     _, actor = attach_updater(worker, open_updater=open_updater)
     return actor

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 5.0  # a download reports how far it got at least this often...
 PROGRESS_STEP = 0.1  # ...and at every tenth of the image
+LOCK_POLL_S = 5.0  # how often a held update lock is tried again
+LOCK_REPORT_EVERY_S = 60.0  # and the leader told that the device still waits (its timeout restarts)
 
 
 #: What a cancel can still stop: the new slot has not booted (on its trial boot the health check decides).
@@ -75,6 +79,8 @@ class UpdaterSettings:
     fetch_attempts: int = 8  # per chunk; `Capacity` (busy) answers do not count
     fetch_backoff_base_s: float = 1.0
     fetch_backoff_cap_s: float = 60.0
+    # a file an application flock(2)s while it must not be interrupted: no reboot while held
+    update_lock: str = ""
 
     def __post_init__(self) -> None:
         if self.max_boots < 1 or self.fetch_attempts < 1:
@@ -451,6 +457,7 @@ class Updater:
                     await self._install()
                 elif state == "rebooting":
                     r = self._record
+                    await self._wait_for_update_lock()
                     await self._reboot(f"trying version {r.version} in slot {r.to_slot}")
                 elif state == "verifying_health":
                     await self._check_health()
@@ -585,6 +592,29 @@ class Updater:
         await self.installer.revert(r.from_slot)
         await self._discard_staging()
 
+    async def _wait_for_update_lock(self) -> None:
+        """While an application holds the update lock, the new slot waits (installed and armed)
+        and the leader hears `waiting_lock` every LOCK_REPORT_EVERY_S."""
+        path = self.settings.update_lock
+        told_at: float | None = None
+        while path:
+            held: bool = await in_thread(self._clock, update_lock_held, path)
+            if not held:
+                if told_at is not None:  # the leader heard waiting_lock: say it goes on
+                    await self._set(self._record.but(detail=f"the update lock {path} is free: rebooting"))
+                    await self._flush()
+                return
+            now = self._clock.monotonic()
+            if told_at is None or now - told_at >= LOCK_REPORT_EVERY_S:
+                if told_at is None:
+                    log.info("update %s: waiting for the update lock %s", self._record.rollout_id, path)
+                r = self._record
+                self._last_report = await self._store.add_report(self._report_about(
+                    r.rollout_id, r.version, "waiting_lock", f"an application holds the update lock {path}"))
+                await self._flush()
+                told_at = now
+            await self._clock.sleep(LOCK_POLL_S)
+
     async def _reboot(self, reason: str) -> None:
         await self._flush()
         await self.close()
@@ -636,6 +666,25 @@ class Updater:
     def _check_open(self) -> None:
         if self._closed:
             raise UpdaterError("updater is closed (rebooting); open a new one")
+
+
+def update_lock_held(path: str) -> bool:
+    """Another process holds flock(2) on `path` (a missing file is no lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # there, but not ours to try: treat as held rather than reboot under it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 class _Progress:

@@ -34,6 +34,7 @@ DEVICE_STATES: Final[tuple[str, ...]] = (
     "queued",
     "notified",
     "waiting_window",
+    "waiting_lock",
     "downloaded",
     "downloading",
     "installing",
@@ -47,7 +48,8 @@ DEVICE_STATES: Final[tuple[str, ...]] = (
     "rolled_back",
 )
 IN_PROGRESS: Final[frozenset[str]] = frozenset(
-    {"notified", "waiting_window", "downloading", "downloaded", "installing", "rebooting", "verifying"})
+    {"notified", "waiting_window", "waiting_lock", "downloading", "downloaded", "installing", "rebooting",
+     "verifying"})
 TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "rejected", "timed_out", "canceled", "rolled_back"})
 FAILURES: Final[frozenset[str]] = frozenset({"failed", "rejected", "timed_out", "rolled_back"})
 #: Marks a rollout whose per-device rows were pruned, in its `detail`.

@@ -304,3 +304,38 @@ async def test_a_cancel_mid_download_discards_the_staging_and_reports_canceled(t
     report = await updater.offer(offer_for(again, rollout="r2"), again)
     assert report.state == "rebooting"
     await updater.close()
+
+
+async def test_no_reboot_while_an_application_holds_the_update_lock(tmp_path: Path, keys: Keys) -> None:
+    import fcntl
+    import os
+
+    artifact, _ = make_artifact(tmp_path, keys.signing, version="1.1.0", hardware=["rpi4"])
+    lock = tmp_path / "update.lock"
+    lock.write_text("")
+    clock = VirtualClock()
+    device = Device(tmp_path / "dev", keys, clock=clock, settings=UpdaterSettings(update_lock=str(lock)))
+    source = CountingSource(artifact, clock=clock)
+    updater = await device.boot()
+    held = os.open(lock, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # what `flock update.lock critical-work` does
+    try:
+        task = asyncio.ensure_future(updater.offer(offer_for(source), source))
+        for _ in range(200):
+            await clock.advance(1)
+            if any(r.state == "waiting_lock" for r in device.sent):
+                break
+        waiting = [r for r in device.sent if r.state == "waiting_lock"]
+        assert waiting and str(lock) in waiting[0].detail
+        await clock.advance(120)
+        assert device.rebooter.reasons == []  # installed and armed, but not rebooted under the lock
+        assert len([r for r in device.sent if r.state == "waiting_lock"]) >= 2  # still says it waits
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+    for _ in range(20):
+        await clock.advance(1)
+        if task.done():
+            break
+    assert (await task).state == "rebooting"
+    assert device.rebooter.reasons == ["trying version 1.1.0 in slot b"]
