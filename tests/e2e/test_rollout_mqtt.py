@@ -44,6 +44,19 @@ def registered(db: Path) -> int:
         return 0
 
 
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every agent, SIGKILL one that lingers."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.mqtt
 @pytest.mark.slow
 def test_rollout_between_agent_processes_over_mosquitto(tmp_path: Path, mosquitto: Mosquitto) -> None:
@@ -84,15 +97,7 @@ def test_rollout_between_agent_processes_over_mosquitto(tmp_path: Path, mosquitt
             env_file = tmp_path / f"pi-{i}" / "firmware" / "slots" / "bootenv.json"
             assert json.loads(env_file.read_text()) == {"default": "b", "trial": None}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(procs)
 
 
 @pytest.mark.mqtt
@@ -154,12 +159,4 @@ def test_a_cancel_mid_download_over_mosquitto_reaches_every_device(tmp_path: Pat
             bootenv = firmware / "slots" / "bootenv.json"
             assert not bootenv.exists() or json.loads(bootenv.read_text()) == {"default": "a", "trial": None}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(procs)

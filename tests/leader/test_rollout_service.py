@@ -5,13 +5,14 @@ offline waits in the worker's outbox and arrives after reconnection."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.app import make_transport
 from agent.core.clock import Clock, VirtualClock
 from agent.core.config import AgentConfig, AgentSection, FirmwareSection, HeartbeatSection, RelaySection
 from agent.leader.agent import LeaderAgent
-from agent.leader.rollout import attach_rollout
+from agent.leader.rollout import RolloutService, attach_rollout
 from agent.transport.memory import MemoryBroker
 from agent.worker.agent import WorkerAgent
 from agent.worker.updater_actor import InProcessRebooter, UpdaterActor, attach_updater
@@ -40,22 +41,42 @@ def config(device: str, role: str, base: Path, *, public_key: str = "") -> Agent
                        firmware=FirmwareSection(public_key=public_key))
 
 
-async def test_offline_devices_are_updated_when_they_return_and_offline_reports_arrive_later(tmp_path: Path) -> None:
+@dataclass
+class Fleet:
+    """A leader with the rollout service and workers with real updaters, on the in-memory broker."""
+
+    clock: VirtualClock
+    broker: MemoryBroker
+    leader: LeaderAgent
+    service: RolloutService
+    workers: dict[str, WorkerAgent]
+    actors: dict[str, UpdaterActor]
+    health: dict[str, GatedHealth]
+
+    async def stop(self) -> None:
+        for worker in self.workers.values():
+            await worker.stop()
+        await self.service.stop()
+        self.service.store.close()
+        await self.leader.stop()
+
+
+async def fleet(tmp_path: Path, public: Path, names: tuple[str, ...], *, released: bool = True,
+                settings: UpdaterSettings | None = None) -> Fleet:
     clock = VirtualClock()
     broker = MemoryBroker(clock=clock)
-    artifact, public = make_artifact(tmp_path, chunk_size=1024, size=5000)
     key = load_verify_key(public)
-
     leader_cfg = config("gw", "leader", tmp_path, public_key=str(public))  # it checks what it rolls out
     leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
                                     clock=clock)
     service = await attach_rollout(leader, poll_s=1.0)
     await leader.start()
-
     workers: dict[str, WorkerAgent] = {}
     actors: dict[str, UpdaterActor] = {}
-    health = {name: GatedHealth() for name in ("w1", "w2")}
-    for name in ("w1", "w2"):
+    health = {name: GatedHealth() for name in names}
+    for name in names:
+        if released:
+            health[name].release.set()
         cfg = config(name, "worker", tmp_path)
         worker = await WorkerAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker),
                                         clock=clock, sampler=None)
@@ -65,14 +86,22 @@ async def test_offline_devices_are_updated_when_they_return_and_offline_reports_
             async def open_updater(sink: ReportSink) -> Updater:
                 return await Updater.open(tmp_path / name / "firmware", device_id=name, verify_key=key, clock=clock,
                                           health=health[name], rebooter=rebooter, initial_version="1.0.0",
-                                          settings=UpdaterSettings(health_timeout_s=600.0), on_report=sink)
+                                          settings=settings, on_report=sink)
             return open_updater
 
         _, actors[name] = attach_updater(worker, open_updater=opener(), rebooter=rebooter)
         await worker.start()
         workers[name] = worker
+    await clock.advance(12)
+    return Fleet(clock, broker, leader, service, workers, actors, health)
+
+
+async def test_offline_devices_are_updated_when_they_return_and_offline_reports_arrive_later(tmp_path: Path) -> None:
+    artifact, public = make_artifact(tmp_path, chunk_size=1024, size=5000)
+    f = await fleet(tmp_path, public, ("w1", "w2"), settings=UpdaterSettings(health_timeout_s=600.0))
+    clock, broker, leader, service, workers, actors, health = (f.clock, f.broker, f.leader, f.service, f.workers,
+                                                               f.actors, f.health)
     try:
-        await clock.advance(12)
         assert leader.registry.counts() == (2, 0)
         broker.partition(workers["w2"].transport.client_id)  # w2 loses its uplink before the rollout
         await clock.advance(1)
@@ -127,44 +156,15 @@ async def test_offline_devices_are_updated_when_they_return_and_offline_reports_
             record = leader.registry.device(name)
             assert record is not None and record.firmware_version == "1.1.0"
     finally:
-        for worker in workers.values():
-            await worker.stop()
-        await service.stop()
-        service.store.close()
-        await leader.stop()
+        await f.stop()
 
 
 async def test_a_cancel_mid_download_reaches_the_devices_and_none_installs_afterwards(tmp_path: Path) -> None:
-    clock = VirtualClock()
-    broker = MemoryBroker(clock=clock)
     artifact, public = make_artifact(tmp_path, chunk_size=1024, size=40 * 1024)  # 40 chunks
-    key = load_verify_key(public)
-    leader_cfg = config("gw", "leader", tmp_path, public_key=str(public))
-    leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
-                                    clock=clock)
-    service = await attach_rollout(leader, poll_s=1.0)
-    await leader.start()
-    workers: dict[str, WorkerAgent] = {}
-    actors: dict[str, UpdaterActor] = {}
     names = ("w1", "w2", "w3")
-    for name in names:
-        cfg = config(name, "worker", tmp_path)
-        worker = await WorkerAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker),
-                                        clock=clock, sampler=None)
-        rebooter = InProcessRebooter()
-
-        def opener(name: str = name, rebooter: InProcessRebooter = rebooter):  # noqa: ANN202
-            async def open_updater(sink: ReportSink) -> Updater:
-                return await Updater.open(tmp_path / name / "firmware", device_id=name, verify_key=key, clock=clock,
-                                          health=GatedHealth(), rebooter=rebooter, initial_version="1.0.0",
-                                          on_report=sink)
-            return open_updater
-
-        _, actors[name] = attach_updater(worker, open_updater=opener(), rebooter=rebooter)
-        await worker.start()
-        workers[name] = worker
+    f = await fleet(tmp_path, public, names)
+    clock, leader, service, actors = f.clock, f.leader, f.service, f.actors
     try:
-        await clock.advance(12)
         assert leader.registry.counts() == (3, 0)
         # 1 KiB/s per server: a 40 KiB image takes the devices a while
         spec = spec_from_dict({"rollout": {"name": "slow", "artifact": str(artifact)}, "waves": {"counts": [3]},
@@ -205,44 +205,14 @@ async def test_a_cancel_mid_download_reaches_the_devices_and_none_installs_after
         assert all(a.updater is not None and a.updater.active_version == "1.0.0" for a in actors.values())
         assert all(a.updater is not None and a.updater.status().state == "canceled" for a in actors.values())
     finally:
-        for worker in workers.values():
-            await worker.stop()
-        await service.stop()
-        service.store.close()
-        await leader.stop()
+        await f.stop()
 
 
 async def test_a_download_only_rollout_installs_on_approval(tmp_path: Path) -> None:
-    clock = VirtualClock()
-    broker = MemoryBroker(clock=clock)
     artifact, public = make_artifact(tmp_path, chunk_size=1024, size=8 * 1024)
-    key = load_verify_key(public)
-    leader_cfg = config("gw", "leader", tmp_path, public_key=str(public))
-    leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
-                                    clock=clock)
-    service = await attach_rollout(leader, poll_s=1.0)
-    await leader.start()
-    workers: dict[str, WorkerAgent] = {}
-    actors: dict[str, UpdaterActor] = {}
-    for name in ("w1", "w2"):
-        cfg = config(name, "worker", tmp_path)
-        worker = await WorkerAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker),
-                                        clock=clock, sampler=None)
-        rebooter = InProcessRebooter()
-        health = GatedHealth()
-        health.release.set()
-
-        def opener(name: str = name, rebooter: InProcessRebooter = rebooter, health: GatedHealth = health):  # noqa: ANN202
-            async def open_updater(sink: ReportSink) -> Updater:
-                return await Updater.open(tmp_path / name / "firmware", device_id=name, verify_key=key, clock=clock,
-                                          health=health, rebooter=rebooter, initial_version="1.0.0", on_report=sink)
-            return open_updater
-
-        _, actors[name] = attach_updater(worker, open_updater=opener(), rebooter=rebooter)
-        await worker.start()
-        workers[name] = worker
+    f = await fleet(tmp_path, public, ("w1", "w2"))
+    clock, service, actors = f.clock, f.service, f.actors
     try:
-        await clock.advance(12)
         spec = spec_from_dict({"rollout": {"name": "stage", "artifact": str(artifact), "download_only": True},
                                "waves": {"counts": [2]}, "device": {"timeout_s": 60.0}})
         rid = await service.orchestrator.start_rollout(spec, rollout_id="stage")
@@ -272,8 +242,4 @@ async def test_a_download_only_rollout_installs_on_approval(tmp_path: Path) -> N
         await clock.advance(2)
         assert store.serving(rid)["chunks"] == served  # the install downloaded nothing again
     finally:
-        for worker in workers.values():
-            await worker.stop()
-        await service.stop()
-        service.store.close()
-        await leader.stop()
+        await f.stop()
