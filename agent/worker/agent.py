@@ -194,7 +194,9 @@ class WorkerAgent:
             transport, topic_filter=topics.down(self.fleet, self.device_id), handler=self._on_command,
             on_rejected=self._on_rejected, sender_check=False, clock=clock,
         )
-        self._sampler = sampler
+        # The psutil reading of this host, shared by the heartbeat and the system source: one
+        # sampler, as psutil's non-blocking CPU percent is the share since its previous call.
+        self.sampler = sampler
         # What the heartbeat reports as running; an attached updater answers with its active slot.
         self.firmware_version: Callable[[], str] = lambda: config.agent.firmware_version
         self._job_handler = job_handler or default_job_handler(clock)
@@ -286,7 +288,7 @@ class WorkerAgent:
         self.heartbeat_actor = HeartbeatActor(
             device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
-            tags=tuple(cfg.agent.tags), sampler=self._sampler, boot=self.boot,
+            tags=tuple(cfg.agent.tags), sampler=self.sampler, boot=self.boot,
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
             outbox_pending=self._outbox_depth if self._owns_stores else None)
         self.heartbeat = self.system.spawn(

@@ -30,8 +30,8 @@ def attach_sources(agent: WorkerAgent, config: AgentConfig, base: Path) -> Sourc
     s = config.sources
     found: list[Source] = []
     if s.system is not None:
-        found.append(SystemSource(agent.messages, s.system, clock=agent.clock,
-                                  sample=SystemSampler(base, clock=agent.clock).sample))
+        sample = agent.sampler if agent.sampler is not None else SystemSampler(base, clock=agent.clock).sample
+        found.append(SystemSource(agent.messages, s.system, clock=agent.clock, sample=sample))
     for name, command in sorted(s.command.items()):
         found.append(CommandSource(name, agent.messages, command, clock=agent.clock))
     offsets = SourceOffsets.open(base / WORKER_DB) if s.file else None
