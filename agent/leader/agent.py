@@ -57,6 +57,7 @@ from agent.protocol import (
     KIND_JOB_SUBMIT,
     KIND_PING,
     KIND_TELEMETRY,
+    AppMessage,
     Heartbeat,
     JobDemand,
     JobResult,
@@ -315,37 +316,35 @@ class LeaderAgent:
             if wait_ms:
                 self.busy_answers += 1
                 return Reply(id=env.id, status="busy", retry_after_ms=wait_ms, reason="over this device's share")
-        if env.kind.startswith(APP_KIND_PREFIX):
-            return await self._app_message(env)
+        # A device application's message (kind "app.CLASS") is one kind per class: decoded and
+        # routed by its prefix, then checked like any other.
+        app = env.kind.startswith(APP_KIND_PREFIX)
+        if app and self.sinks is None:
+            return self._refuse(env, "this leader takes no application messages")
         try:
-            message = self.kinds.decode_payload(env)
+            message = decode_app_message(env) if app else self.kinds.decode_payload(env)
         except CodecError as exc:
             return self._refuse(env, f"undecodable payload: {exc}")
         owner = getattr(message, "device_id", None) or getattr(message, "worker", None)
         if owner is not None and owner != env.sender:
             self.refused_forged += 1
             return self._refuse(env, f"payload names device {owner!r} but the sender is {env.sender!r}")
-        route = self._routes.get(env.kind)
+        route = self._app_message if app else self._routes.get(env.kind)
         if route is None:
             return self._refuse(env, f"the leader does not take {env.kind!r} messages")
         return await route(env, message)
 
-    async def _app_message(self, env: Envelope) -> Reply:
-        """A device application's message (kind "app.CLASS"), stored once it is in the sinks."""
-        if self.sinks is None:
-            return self._refuse(env, "this leader takes no application messages")
-        try:
-            message = decode_app_message(env)
-        except CodecError as exc:
-            return self._refuse(env, f"undecodable payload: {exc}")
-        if message.device_id != env.sender:
-            self.refused_forged += 1
-            return self._refuse(env, f"payload names device {message.device_id!r} but the sender is {env.sender!r}")
-        ahead_ms = message.ts_ms - self.clock.now_ms()
+    def _refuse_far_ahead(self, env: Envelope, ts_ms: int) -> Reply | None:
+        """A record stamped too far ahead of the leader's clock is refused (see MAX_AHEAD_MS)."""
+        ahead_ms = ts_ms - self.clock.now_ms()
         if ahead_ms > MAX_AHEAD_MS:
-            return self._refuse(env, f"ts_ms {message.ts_ms} is {ahead_ms / 86_400_000:.0f} days ahead of the"
-                                     " leader's clock")
-        return await self._durable(env, message)
+            return self._refuse(env, f"ts_ms {ts_ms} is {ahead_ms / 86_400_000:.0f} days ahead of the leader's clock")
+        return None
+
+    async def _app_message(self, env: Envelope, message: msgspec.Struct) -> Reply:
+        """Stored once it is in the sinks."""
+        assert isinstance(message, AppMessage)
+        return self._refuse_far_ahead(env, message.ts_ms) or await self._durable(env, message)
 
     async def _ping(self, env: Envelope, _message: msgspec.Struct) -> Reply:
         return Reply(id=env.id, status="accepted")  # nothing stored: a round trip for `doctor`
@@ -368,11 +367,7 @@ class LeaderAgent:
 
     async def _telemetry(self, env: Envelope, message: msgspec.Struct) -> Reply:
         assert isinstance(message, Telemetry)
-        ahead_ms = message.ts_ms - self.clock.now_ms()
-        if ahead_ms > MAX_AHEAD_MS:
-            return self._refuse(env, f"ts_ms {message.ts_ms} is {ahead_ms / 86_400_000:.0f} days ahead of the"
-                                     " leader's clock")
-        return await self._durable(env, message)
+        return self._refuse_far_ahead(env, message.ts_ms) or await self._durable(env, message)
 
     async def _job_submit(self, env: Envelope, message: msgspec.Struct) -> Reply:
         """Jobs come from operators only (`leader.operators`, or `submit_jobs` on the leader's
