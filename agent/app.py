@@ -74,7 +74,7 @@ def make_transport(
                                max_payload_bytes=config.mqtt.max_payload_bytes, rng=rng)
     if not url.startswith(("mqtt://", "mqtts://")):
         raise ConfigError("--broker", "mqtt.url", f"must start with mqtt:// or mqtts://, got {url!r}")
-    from agent.transport.mqtt import MqttTransport, TlsSettings, read_password
+    from agent.transport.mqtt import MqttTransport, credentials
 
     if config.agent.role != "leader":
         return MqttTransport.from_config(config.mqtt, client_id=client_id_of(config), will=will, birth=birth,
@@ -83,12 +83,10 @@ def make_transport(
     # session would go on taking its share of the fleet's messages until it expired. Senders
     # retry whatever got no answer, so nothing is lost: a live leader gets it instead.
     m = config.mqtt
-    tls = None
-    if url.startswith("mqtts://") or m.tls_ca or m.tls_cert:
-        tls = TlsSettings(ca_file=m.tls_ca, cert_file=m.tls_cert, key_file=m.tls_key)
     return MqttTransport.from_url(
-        url, client_id=client_id_of(config), clock=clock, tls=tls, username=m.username or None,
-        password=read_password(m.password_file) if m.password_file else None, keepalive_s=m.keepalive_s,
+        url, client_id=client_id_of(config), clock=clock, keepalive_s=m.keepalive_s,
+        **credentials(url, username=m.username, password_file=m.password_file, tls_ca=m.tls_ca, tls_cert=m.tls_cert,
+                      tls_key=m.tls_key),
         will=will, birth=birth, reconnect_min_s=m.reconnect_min_s, reconnect_max_s=m.reconnect_max_s,
         max_payload_bytes=m.max_payload_bytes, rng=rng, clean_start=True, session_expiry_s=0, fast_path=m.fast_path,
     )

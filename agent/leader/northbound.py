@@ -119,18 +119,16 @@ class Northbound:
 
 def northbound_transport(config: AgentConfig, *, clock: Clock, rng: random.Random | None = None) -> Transport:
     """The MQTT connection to the northbound broker `[northbound]` names."""
-    from agent.transport.mqtt import MqttTransport, TlsSettings, read_password
+    from agent.transport.mqtt import MqttTransport, credentials
 
     nb = config.northbound
     if not nb.url.startswith(("mqtt://", "mqtts://")):
         raise ConfigError("config", "northbound.url", f"must start with mqtt:// or mqtts://, got {nb.url!r}")
-    tls = None
-    if nb.url.startswith("mqtts://") or nb.tls_ca or nb.tls_cert:
-        tls = TlsSettings(ca_file=nb.tls_ca, cert_file=nb.tls_cert, key_file=nb.tls_key)
     client_id = nb.client_id or f"ea-{config.agent.fleet}-northbound-{config.agent.device_id}"
     return MqttTransport.from_url(
-        nb.url, client_id=client_id, clock=clock, tls=tls, username=nb.username or None,
-        password=read_password(nb.password_file) if nb.password_file else None,
+        nb.url, client_id=client_id, clock=clock,
+        **credentials(nb.url, username=nb.username, password_file=nb.password_file, tls_ca=nb.tls_ca,
+                      tls_cert=nb.tls_cert, tls_key=nb.tls_key, source="northbound"),
         keepalive_s=config.mqtt.keepalive_s, reconnect_min_s=config.mqtt.reconnect_min_s,
         reconnect_max_s=config.mqtt.reconnect_max_s, max_payload_bytes=config.mqtt.max_payload_bytes * 2, rng=rng)
 

@@ -7,6 +7,7 @@ import random
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from agent.core.errors import ConfigError
@@ -71,4 +72,16 @@ def read_password(path: str, *, source: str = "mqtt") -> str:
     return text.rstrip("\r\n")
 
 
-__all__ = ["BrokerAddress", "TlsSettings", "backoff_delay", "broker_address", "read_password"]
+def credentials(url: str, *, username: str, password_file: str, tls_ca: str, tls_cert: str, tls_key: str,
+                source: str = "mqtt") -> dict[str, Any]:
+    """The `tls`, `username` and `password` keywords of `MqttTransport.from_url` for a config
+    section (`source`: its name, for errors): TLS for mqtts:// or when a CA or a client certificate
+    is named, the password read from its file."""
+    tls = None
+    if url.startswith("mqtts://") or tls_ca or tls_cert:
+        tls = TlsSettings(ca_file=tls_ca, cert_file=tls_cert, key_file=tls_key)
+    return {"tls": tls, "username": username or None,
+            "password": read_password(password_file, source=source) if password_file else None}
+
+
+__all__ = ["BrokerAddress", "TlsSettings", "backoff_delay", "broker_address", "credentials", "read_password"]

@@ -58,7 +58,7 @@ from agent.transport import topics
 from agent.transport._mqtt_acks import FAILURE as _FAILURE
 from agent.transport._mqtt_acks import PubackTracker
 from agent.transport._mqtt_failures import classify
-from agent.transport._mqtt_settings import TlsSettings, backoff_delay, broker_address, read_password
+from agent.transport._mqtt_settings import TlsSettings, backoff_delay, broker_address, credentials, read_password
 from agent.transport._paho_fast import FastPath, PropertiesCache, unsupported
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 
@@ -210,17 +210,12 @@ class MqttTransport:
     ) -> MqttTransport:
         """Build from the `[mqtt]` config section; `url` overrides `section.url` (--broker)."""
         target = url or section.url
-        tls = None
-        if target.startswith("mqtts://") or section.tls_ca or section.tls_cert:
-            tls = TlsSettings(ca_file=section.tls_ca, cert_file=section.tls_cert, key_file=section.tls_key)
-        password = read_password(section.password_file) if section.password_file else None
         return cls.from_url(
             target,
             client_id=client_id,
             clock=clock,
-            tls=tls,
-            username=section.username or None,
-            password=password,
+            **credentials(target, username=section.username, password_file=section.password_file,
+                          tls_ca=section.tls_ca, tls_cert=section.tls_cert, tls_key=section.tls_key),
             keepalive_s=section.keepalive_s,
             will=will,
             birth=birth,
@@ -725,4 +720,4 @@ async def _join(task: asyncio.Task[Any]) -> None:
         log.exception("task %s failed while stopping", task.get_name())
 
 
-__all__ = ["MqttTransport", "TlsSettings", "backoff_delay", "read_password"]
+__all__ = ["MqttTransport", "TlsSettings", "backoff_delay", "credentials", "read_password"]
