@@ -30,16 +30,30 @@ from agent.service.prom import CONTENT_TYPE, Collector, MetricFamily, collect, f
 
 log = logging.getLogger(__name__)
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
+REASONS = {
+    200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+    408: "Request Timeout", 411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
+    429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
     503: "Service Unavailable",
 }
+
+
+def response_head(status: int, content_type: str, length: int, *, close: bool,
+                  extra: Sequence[tuple[str, str]] = ()) -> bytes:
+    """The status line and headers of an HTTP/1.1 response (this server's and the local API's)."""
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Type: {content_type}",
+             f"Content-Length: {length}", *(f"{k}: {v}" for k, v in extra)]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def request_line(head: bytes) -> tuple[str, str] | None:
+    """(method, target) of a request head's first line, or None when it is not HTTP/1.x."""
+    parts = head.split(b"\r\n", 1)[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return None
+    return parts[0].decode("latin-1"), parts[1].decode("latin-1")
 
 
 def parse_listen(value: str, *, allow_remote: bool = False, min_port: int = 0,
@@ -230,13 +244,12 @@ class HealthServer:
         except asyncio.IncompleteReadError:
             return  # the client went away before finishing its request
         self.requests += 1
-        request_line = head.split(b"\r\n", 1)[0]
-        parts = request_line.split(b" ")
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        line = request_line(head)
+        if line is None:
             await self._respond(writer, 400, b"bad request\n", "text/plain")
             return
-        method = parts[0].decode("ascii", "replace")
-        path = parts[1].split(b"?", 1)[0].decode("ascii", "replace")
+        method, target = line
+        path = target.split("?", 1)[0]
         head_only = method == "HEAD"
         if path not in ("/healthz", "/metrics"):
             await self._respond(writer, 404, b"not found\n", "text/plain", head_only=head_only)
@@ -264,18 +277,11 @@ class HealthServer:
         head_only: bool = False,
         extra: Sequence[tuple[str, str]] = (),
     ) -> None:
-        headers = [
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-            "Cache-Control: no-store",
-            "Connection: close",
-            *(f"{k}: {v}" for k, v in extra),
-        ]
-        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("ascii"))
+        writer.write(response_head(status, content_type, len(body), close=True,
+                                   extra=(("Cache-Control", "no-store"), *extra)))
         if not head_only:
             writer.write(body)
         await writer.drain()
 
 
-__all__ = ["HealthServer", "parse_listen"]
+__all__ = ["REASONS", "HealthServer", "parse_listen", "request_line", "response_head"]

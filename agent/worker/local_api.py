@@ -39,17 +39,13 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
-from agent.service.healthhttp import parse_listen
+from agent.service.healthhttp import parse_listen, request_line, response_head
 from agent.worker.messages import Accepted, MessageIntake, Refusal, Submission
 
 log = logging.getLogger(__name__)
 
 HEAD_MAX = 16 * 1024
 IDLE_TIMEOUT_S = 60.0
-_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
-            415: "Unsupported Media Type", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error", 503: "Service Unavailable"}
 _JSON_TYPES = ("application/json",)
 _MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 
@@ -265,10 +261,11 @@ class LocalApi:
             raise HttpError(431, "request head too large") from None
         except asyncio.IncompleteReadError:
             return None
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        first = request_line(head)
+        if first is None:
             raise HttpError(400, "malformed request line")
+        method, target = first
+        lines = head.decode("latin-1").split("\r\n")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             if not line:
@@ -286,17 +283,13 @@ class LocalApi:
         if length > self._max_body:
             raise HttpError(413, f"body of {length} bytes, over local_api.max_body_bytes {self._max_body}")
         body = await self._clock.wait_for(reader.readexactly(length), IDLE_TIMEOUT_S) if length else b""
-        url = urlsplit(parts[1])
-        return Request(parts[0], unquote(url.path), parse_qs(url.query), headers, body)
+        url = urlsplit(target)
+        return Request(method, unquote(url.path), parse_qs(url.query), headers, body)
 
     async def _respond(self, writer: asyncio.StreamWriter, status: int, body: dict[str, Any], *, close: bool,
                        headers: tuple[tuple[str, str], ...] = ()) -> None:
         data = (json.dumps(body, sort_keys=True) + "\n").encode()
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", "Content-Type: application/json",
-                 f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in headers)]
-        if close:
-            lines.append("Connection: close")
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
+        writer.write(response_head(status, "application/json", len(data), close=close, extra=headers) + data)
         await writer.drain()
 
     # -- the API -----------------------------------------------------------------------------
