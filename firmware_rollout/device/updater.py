@@ -249,22 +249,15 @@ class Updater:
             if r.state not in TERMINAL_STATES and r.state != "idle":
                 if r.rollout_id == offer.rollout_id and r.signed_manifest == offer.signed_manifest:
                     if r.stage_only and not offer.download_only:  # the go-ahead for a staged download
-                        await self._set(r.but(stage_only=False, **(
-                            {"state": "installing", "detail": f"writing slot {r.to_slot}"}
-                            if r.state == "staged" else {})))
+                        go = r.but(stage_only=False)
+                        if r.state == "staged":
+                            go = go.but(state="installing", detail=f"writing slot {r.to_slot}")
+                        await self._set(go)
                     await self._drive(source)
                     return self._latest()
-                fields = report_fields(
-                    r, device=self.device_id, ts_ms=self._clock.now_ms(), active_version=self.active_version
-                )
-                fields.update(
-                    rollout_id=offer.rollout_id,
-                    version=_offered_version(offer),
-                    state="rejected",
-                    phase="rejected",
-                    detail=f"busy with rollout {r.rollout_id} ({r.state})",
-                )
-                self._last_report = await self._store.add_report(fields)
+                self._last_report = await self._store.add_report(self._report_about(
+                    offer.rollout_id, _offered_version(offer), "rejected",
+                    f"busy with rollout {r.rollout_id} ({r.state})", phase="rejected"))
                 await self._flush()
                 return self._last_report
             if r.state == "rolled_back" and (r.rollout_id, r.signed_manifest) == (
