@@ -31,6 +31,7 @@ from agent.outbox.schema import (
     is_corruption,
     migrate,
 )
+from agent.outbox.types import ClassStats
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -124,14 +125,6 @@ def _class_flows(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
     return flows
 
 
-def _class_balance(entry: dict[str, int]) -> bool:
-    """The conservation law of one class."""
-    return entry["enqueued"] == (
-        entry["delivered"] + entry["dead_lettered"] + entry["expired"] + entry["dropped"]
-        + entry["overwritten"] + entry["pending"] - entry["replayed"]
-    )
-
-
 def _stats(conn: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
     counters = dict.fromkeys(COUNTER_NAMES, 0)
     counters.update(conn.execute("SELECT name, value FROM outbox_counters").fetchall())
@@ -152,7 +145,7 @@ def _stats(conn: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
     by_class = {kind: e for kind, e in by_class.items() if any(e.values())}
     if flows:
         for entry in by_class.values():
-            entry["conservation_ok"] = _class_balance(entry)
+            entry["conservation_ok"] = ClassStats(**entry).conservation_ok  # the store's own law
     pending = sum(c["pending"] for c in by_class.values())
     oldest = conn.execute(
         "SELECT min(created_at) FROM outbox WHERE status = 'pending'"
