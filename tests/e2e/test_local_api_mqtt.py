@@ -135,8 +135,11 @@ def test_every_acknowledged_message_reaches_the_leader_once_across_outage_kill_a
             broker.stop()  # the broker goes away: the application goes on writing
             wait_for(lambda: (api_status(agents.socket) or {}).get("connected") is False, "worker offline")
             send_all(agents.socket, "telemetry", "outage", 10, acked)
+            # the 10 of the outage, and any of the first 10 whose direct send found the leader slow
+            held = (api_status(agents.socket) or {})["classes"]["telemetry"]["pending"]
+            assert 10 <= held <= 20
             assert agents.worker is not None
-            kill(agents.worker)  # SIGKILL with 10 messages in the outbox
+            kill(agents.worker)  # SIGKILL with them in the outbox
             agents.start_worker()
             send_all(agents.socket, "telemetry", "after-kill", 10, acked)
             broker.start()
@@ -160,8 +163,8 @@ def test_every_acknowledged_message_reaches_the_leader_once_across_outage_kill_a
             assert c["accepted"] == 20 == c["direct"] + c["stored"]
             assert c["enqueued"] == (c["delivered_from_outbox"] + c["dead_lettered"] + c["expired"] + c["dropped"]
                                      + c["overwritten"] + pending - at_start - c["replayed"])
-            assert at_start == 10 and pending == 0  # the 10 written before the SIGKILL were held, then sent
-            assert c["delivered"] == c["direct"] + c["delivered_from_outbox"] == 30
+            assert at_start == held and pending == 0  # those written before the SIGKILL were held, then sent
+            assert c["delivered"] == c["direct"] + c["delivered_from_outbox"] == 20 + held
         finally:
             agents.stop()
 
@@ -312,8 +315,9 @@ def test_the_northbound_sink_keeps_everything_while_the_cloud_is_away(tmp_path: 
             cloud.stop()  # the gateway is cut off from the cloud (its session and queue are saved)
             wait_for(lambda: series(metrics(agents.leader_port), "ea_northbound_connected") == 0, "cut off")
             send_all(agents.socket, "telemetry", "cloud-away", 20, acked)
-            assert series(metrics(agents.leader_port), "ea_northbound_pending") == 20  # kept by the gateway
-            assert len(stored_ids(agents.leader_db)) == 30  # and the devices were answered: stored
+            # the devices were answered: stored (a message the direct path missed comes by the outbox)
+            wait_for(lambda: len(stored_ids(agents.leader_db)) == 30, "stored by the gateway")
+            assert series(metrics(agents.leader_port), "ea_northbound_pending") == 20  # and kept for the cloud
             cloud.start()
             wait_for(lambda: series(metrics(agents.leader_port), "ea_northbound_pending") == 0, "queue drained")
             app.connect(subscribe=False)
