@@ -24,7 +24,6 @@ from agent.core.clock import Clock
 from agent.core.gate import Gate
 from agent.worker.updater_actor import InProcessRebooter, OpenUpdater
 from firmware_rollout.artifact.keys import VerifyKey
-from firmware_rollout.artifact.manifest import Manifest
 from firmware_rollout.device.health import HealthResult
 from firmware_rollout.device.slots import DirectoryInstaller
 from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
@@ -82,7 +81,7 @@ class SimHealth:
 class FailingInstaller(DirectoryInstaller):
     """Slot directories whose write always fails (a worn-out SD card)."""
 
-    async def write(self, slot: str, image: Path, manifest: Manifest) -> None:
+    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
         raise InstallError(f"cannot write slot {slot}: simulated flash failure")
 
 

@@ -2,21 +2,22 @@
 
 An `Installer` is the hook to the boot machinery. The updater calls it in this order:
 
-    write(inactive, image)   put the verified image into the slot not running now
-    mark_trial(inactive)     the next boot tries that slot (U-Boot `upgrade_available`, RAUC
-                             `mark-active` with a boot attempt counter)
+    open_slot(inactive, signed manifest)   the slot is to receive this image (checked signature)
+    write_chunk(inactive, i, bytes) ...    each chunk checked against the manifest, fsynced
+    check_slot(inactive)                   the whole image read back from the slot and checked
+    mark_trial(inactive)                   the next boot tries that slot, once or a few times
     ... reboot, health check ...
-    commit(new)              the new slot becomes the permanent default
-    revert(old)              the old slot is the default again; any trial is dropped
+    commit(new)                            the new slot becomes the permanent default
+    revert(old)                            the old slot is the default again; any trial is dropped
 
 Every call is durable on return and idempotent, so the updater can repeat it after a power loss.
-`booted_slot()` is the slot the running system came from; it does not change while the process
-runs (a reboot restarts the process).
+`booted_slot()` is the slot the running system came from, read from what the bootloader told the
+kernel; it does not change while the process runs (a reboot restarts the process).
+`fell_back()` says the bootloader booted the old slot because the trial slot ran out of attempts.
 
-`DirectoryInstaller` stands two directories in for two partitions and a small JSON file for the
-bootloader environment; its "bootloader" runs when the object is made (at process start): it
-boots the trial slot while one is marked, else the default. Real bootloaders also count boot
-attempts themselves; the updater's own boot counter (in SQLite) covers a crash loop either way.
+The backends: `DirectoryInstaller` (here: two directories and a JSON "bootloader", for the
+simulator and application payloads; it does not change what a device boots), `UBootInstaller`,
+`TrybootInstaller`, `RaucInstaller`, and `HelperInstaller` (any of them in a root helper).
 """
 
 from __future__ import annotations
@@ -26,15 +27,22 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.core.clock import Clock, SystemClock
-from firmware_rollout._fs import atomic_write, durable_copy, fsync_dir, in_thread
-from firmware_rollout.artifact.manifest import Manifest
+from firmware_rollout._fs import atomic_write, fsync_dir, in_thread
+from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.slot_images import SlotImages
 from firmware_rollout.errors import InstallError
 
 SLOTS = ("a", "b")
 
+#: What `Installer.describe()` adds to `edge-agent firmware status` besides the slots.
+SlotView = dict[str, object]
+
 
 @runtime_checkable
 class Installer(Protocol):
+    @property
+    def name(self) -> str: ...
+
     @property
     def slots(self) -> tuple[str, str]: ...
 
@@ -44,7 +52,13 @@ class Installer(Protocol):
 
     def trial_slot(self) -> str | None: ...
 
-    async def write(self, slot: str, image: Path, manifest: Manifest) -> None: ...
+    def fell_back(self) -> bool: ...
+
+    async def open_slot(self, slot: str, signed_manifest: bytes) -> None: ...
+
+    async def write_chunk(self, slot: str, index: int, data: bytes) -> None: ...
+
+    async def check_slot(self, slot: str) -> None: ...
 
     async def mark_trial(self, slot: str) -> None: ...
 
@@ -52,17 +66,46 @@ class Installer(Protocol):
 
     async def revert(self, slot: str) -> None: ...
 
+    def describe(self) -> SlotView: ...
+
 
 def other_slot(installer: Installer, slot: str) -> str:
     first, second = installer.slots
     return second if slot == first else first
 
 
+class SlotWrites:
+    """The image-writing half of an installer over `SlotImages`, in a thread: shared by the
+    backends whose slots are files or block devices."""
+
+    def __init__(self, images: SlotImages, *, clock: Clock) -> None:
+        self.images = images
+        self._clock = clock
+
+    def refuse_booted(self, slot: str, booted: str) -> None:
+        if slot == booted:
+            raise InstallError(f"refusing to write slot {slot}: the running system booted from it")
+
+    async def open(self, slot: str, signed_manifest: bytes) -> None:
+        await in_thread(self._clock, self.images.open, slot, signed_manifest)
+
+    async def write(self, slot: str, index: int, data: bytes) -> None:
+        await in_thread(self._clock, self.images.write, slot, index, data)
+
+    async def check(self, slot: str) -> None:
+        await in_thread(self._clock, self.images.check, slot)
+
+    def require_checked(self, slot: str) -> None:
+        if not self.images.checked(slot):
+            raise InstallError(f"refusing to arm slot {slot}: its image was not written and checked")
+
+
 class DirectoryInstaller:
     """Two slot directories under `root` (`a/`, `b/`), each holding `image` and `version`, and
-    `bootenv.json` with the default and trial slots."""
+    `bootenv.json` with the default and trial slots. Its "bootloader" runs when the object is
+    made (at process start): it boots the trial slot while one is marked, else the default."""
 
-    def __init__(self, root: str | Path, *, clock: Clock | None = None) -> None:
+    def __init__(self, root: str | Path, *, clock: Clock | None = None, verify_key: VerifyKey | None = None) -> None:
         self.root = Path(root)
         self._clock = clock or SystemClock()
         self._env_path = self.root / "bootenv.json"
@@ -73,6 +116,12 @@ class DirectoryInstaller:
         except OSError as exc:
             raise InstallError(f"cannot open slots in {self.root}: {exc.strerror or exc}") from exc
         self._booted = self._trial or self._default  # the simulated bootloader's choice
+        self._writes = SlotWrites(SlotImages({s: self.image_path(s) for s in SLOTS}, verify_key=verify_key,
+                                             grow=True), clock=self._clock)
+
+    @property
+    def name(self) -> str:
+        return "directory"
 
     @property
     def slots(self) -> tuple[str, str]:
@@ -107,6 +156,9 @@ class DirectoryInstaller:
     def trial_slot(self) -> str | None:
         return self._trial
 
+    def fell_back(self) -> bool:
+        return False  # this "bootloader" boots a marked trial every time
+
     def slot_path(self, slot: str) -> Path:
         return self.root / slot
 
@@ -119,21 +171,30 @@ class DirectoryInstaller:
         except OSError:
             return None
 
-    def _write(self, slot: str, image: Path, version: str) -> None:
-        durable_copy(image, self.image_path(slot))
+    async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
+        self._check(slot)
+        self._writes.refuse_booted(slot, self._booted)
+        await self._writes.open(slot, signed_manifest)
+
+    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
+        self._writes.refuse_booted(slot, self._booted)
+        await self._writes.write(slot, index, data)
+
+    def _record_version(self, slot: str) -> None:
+        version = self._writes.images.manifest(slot).version
         atomic_write(self.root / slot / "version", version.encode() + b"\n")
         fsync_dir(self.root / slot)
 
-    async def write(self, slot: str, image: Path, manifest: Manifest) -> None:
-        self._check(slot)
-        if slot == self._booted:
-            raise InstallError(f"refusing to write slot {slot}: the running system booted from it")
+    async def check_slot(self, slot: str) -> None:
+        await self._writes.check(slot)
         try:
-            await in_thread(self._clock, self._write, slot, image, manifest.version)
+            await in_thread(self._clock, self._record_version, slot)
         except OSError as exc:
             raise InstallError(f"cannot write slot {slot}: {exc.strerror or exc}") from exc
 
     async def _set(self, default: str, trial: str | None) -> None:
+        if (default, trial) == (self._default, self._trial):
+            return
         try:
             await in_thread(self._clock, self._save_env, default, trial)
         except OSError as exc:
@@ -141,6 +202,7 @@ class DirectoryInstaller:
 
     async def mark_trial(self, slot: str) -> None:
         self._check(slot)
+        self._writes.require_checked(slot)
         await self._set(self._default, slot)
 
     async def commit(self, slot: str) -> None:
@@ -151,5 +213,9 @@ class DirectoryInstaller:
         self._check(slot)
         await self._set(slot, None)
 
+    def describe(self) -> SlotView:
+        return {"root": str(self.root), "versions": {s: self.slot_version(s) for s in SLOTS},
+                "boots_what": "nothing: a directory stands in for each slot (simulator, application payloads)"}
 
-__all__ = ["SLOTS", "DirectoryInstaller", "Installer", "other_slot"]
+
+__all__ = ["SLOTS", "DirectoryInstaller", "Installer", "SlotView", "SlotWrites", "other_slot"]

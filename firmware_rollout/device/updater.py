@@ -13,8 +13,9 @@ lets a restart repeat it. So the process may die at any point (power loss, SIGKI
 `Updater` on the same state directory carries on: a download resumes from the last chunk that
 was fsynced, an install is redone, a trial boot is counted, a commit or a revert is completed.
 
-Chunks are hashed as they arrive and written to a staging file at their offset, each fsynced
-before the progress row moves; the staging file is verified whole before the install. Reports
+Chunks are hashed as they arrive and streamed into the inactive slot by the installer at their
+offset, each fsynced before the progress row moves (no second copy of the image: an SD card has
+no room for one); the slot is read back and verified whole before it is armed. Reports
 are stored first and handed to `on_report` (the agent's outbox) in order, at least once.
 
 Driving it (an actor does this): `await Updater.open(...)` at process start (that is "a boot"),
@@ -41,7 +42,7 @@ from agent.core.errors import (
     EdgeAgentError,
     Permanent,
 )
-from firmware_rollout._fs import in_thread
+from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.artifact.manifest import Manifest, check_policy, parse_signed_manifest, verify_signed_manifest
 from firmware_rollout.artifact.version import Version
@@ -49,15 +50,16 @@ from firmware_rollout.device.health import HealthCheck, HealthResult
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import DirectoryInstaller, Installer, other_slot
 from firmware_rollout.device.sources import ChunkSource
-from firmware_rollout.device.staging import check_staging, prepare_staging, write_chunk
 from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
 from firmware_rollout.errors import InstallError, UpdaterError
 from firmware_rollout.messages import TERMINAL_STATES, DownloadProgress, UpdateOffer, UpdateReport
 
 ReportSink = Callable[[UpdateReport], Awaitable[None]]
 DB_FILE = "updater.db"
-STAGING_FILE = "staging.img"
+LEGACY_STAGING_FILE = "staging.img"  # where downloads went before they streamed into the slot
 SLOTS_DIR = "slots"
+REBOOT_MARK_FILE = "reboot-requested"  # the kernel boot id when a reboot into a trial was asked for
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 HEALTH_GRACE_S = 1.0
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,9 @@ class UpdaterSettings:
     fetch_backoff_cap_s: float = 60.0
     # a file an application flock(2)s while it must not be interrupted: no reboot while held
     update_lock: str = ""
+    # changes at every boot of the kernel: tells a reboot that came back to the old slot from a
+    # restart of the agent alone (empty: no such file here)
+    boot_id_path: str = BOOT_ID_PATH
 
     def __post_init__(self) -> None:
         if self.max_boots < 1 or self.fetch_attempts < 1:
@@ -177,7 +182,7 @@ class Updater:
         except OSError as exc:
             raise UpdaterError(f"cannot create {state_dir}: {exc.strerror or exc}") from exc
         if installer is None:
-            installer = DirectoryInstaller(state_dir / SLOTS_DIR, clock=clock)
+            installer = DirectoryInstaller(state_dir / SLOTS_DIR, clock=clock, verify_key=verify_key)
         store = await UpdaterStore.open(state_dir / DB_FILE, clock=clock)
         try:
             record, slot_versions = await store.load()
@@ -290,15 +295,14 @@ class Updater:
             self._check_open()
             if self._record.state in ("downloading", "verifying"):
                 await self._set(self._record.but(state="failed", detail=reason))
-                await self._discard_staging()
                 await self._flush()
             return self.status()
 
     async def cancel(self, rollout_id: str, reason: str) -> UpdaterStatus:
         """The leader canceled `rollout_id` (cancel first the task running `offer`/`resume`):
-        an update of it that has not booted its new slot ends `canceled` (staging discarded, an
-        armed trial disarmed); one on its trial boot goes on to its health check; one that never
-        started here is reported `canceled` all the same, so the leader hears back."""
+        an update of it that has not booted its new slot ends `canceled` (an armed trial
+        disarmed; the inactive slot keeps what was written); one on its trial boot goes on to
+        its health check; one that never started here is reported `canceled` all the same, so the leader hears back."""
         async with self._lock:
             self._check_open()
             r = self._record
@@ -307,7 +311,6 @@ class Updater:
                     with contextlib.suppress(InstallError, OSError):
                         await self.installer.revert(r.from_slot)
                 await self._set(r.but(state="canceled", detail=f"canceled: {reason}" if reason else "canceled"))
-                await self._discard_staging()
             elif r.rollout_id != rollout_id or r.state == "idle":
                 self._last_report = await self._store.add_report(self._report_about(
                     rollout_id, "", "canceled", f"canceled before it started here: {reason}" if reason else "canceled",
@@ -346,6 +349,7 @@ class Updater:
 
     # -- boot accounting -------------------------------------------------------------------
     async def _on_boot(self) -> None:
+        await self._forget_legacy_staging()
         booted = self.installer.booted_slot()
         if booted not in self._slot_versions:
             await self._store.save(self._record, slots={booted: self._initial_version})
@@ -356,6 +360,11 @@ class Updater:
         elif r.state == "rebooting":
             if booted == r.to_slot:
                 await self._count_trial_boot()
+            elif self.installer.fell_back() or self._rebooted_since_request():
+                await self._set(r.but(state="rolled_back", detail=f"reverted by the bootloader: the trial boot of "
+                                                                  f"slot {r.to_slot} did not come up; slot {booted} "
+                                                                  "booted"))
+                await self.installer.revert(r.from_slot)
             elif self.installer.trial_slot() != r.to_slot:
                 await self._set(
                     r.but(
@@ -368,7 +377,8 @@ class Updater:
             else:
                 await self._set(
                     r.but(
-                        state="rolled_back", detail=f"bootloader fell back to slot {booted} after {r.boot_count} boots"
+                        state="rolled_back", detail=f"reverted by the bootloader: slot {booted} booted after "
+                                                    f"{r.boot_count} boots of slot {r.to_slot} without a commit"
                     )
                 )
                 await self.installer.revert(r.from_slot)
@@ -388,12 +398,12 @@ class Updater:
             await self._set(r.but(**changes), report=False)
 
     async def _settle_boot_flags(self) -> None:
-        """After an ended update the boot flags must say what the record says and the staging
-        file is gone (a power loss can fall between the record and either)."""
+        """After an ended update the boot flags must say what the record says (a power loss can
+        fall between the record and the flags)."""
         r = self._record
         if r.state not in TERMINAL_STATES and r.state != "idle":
             return
-        await self._discard_staging()
+        await self._clear_reboot_mark()
         installer = self.installer
         if r.state in ("rolled_back", "canceled") and r.from_slot:
             if installer.default_slot() != r.from_slot or installer.trial_slot() is not None:
@@ -403,6 +413,10 @@ class Updater:
                 await installer.commit(r.to_slot)
         elif installer.trial_slot() is not None:
             await installer.revert(installer.default_slot())
+        if installer.trial_slot() is None and installer.booted_slot() == installer.default_slot():
+            # the default slot came up: its boot attempts are counted afresh (what RAUC's
+            # mark-good does at boot); a backend writes nothing when nothing changes
+            await installer.commit(installer.booted_slot())
 
     # -- the state machine -----------------------------------------------------------------
     async def _start(self, offer: UpdateOffer) -> None:
@@ -427,7 +441,6 @@ class Updater:
         if manifest.parsed_version() == Version.parse(active):
             await self._set(base.but(state="committed", to_slot=booted, detail=f"already running version {active}"))
             return
-        await self._discard_staging()
         await self._set(
             base.but(
                 state="downloading",
@@ -445,7 +458,7 @@ class Updater:
                         break
                     await self._download(source)
                 elif state == "verifying":
-                    await self._verify_staging()
+                    await self._verify_slot()
                 elif state == "installing":
                     await self._install()
                 elif state == "rebooting":
@@ -467,15 +480,14 @@ class Updater:
         assert self._record.signed_manifest is not None
         return parse_signed_manifest(self._record.signed_manifest).manifest
 
-    @property
-    def _staging(self) -> Path:
-        return self.state_dir / STAGING_FILE
-
     async def _download(self, source: ChunkSource) -> None:
         manifest = self._manifest()
-        done = await in_thread(self._clock, prepare_staging, self._staging, self._record.chunks_done, manifest)
-        if done != self._record.chunks_done:
-            await self._set(self._record.but(chunks_done=done), report=False)
+        r = self._record
+        try:
+            await self.installer.open_slot(r.to_slot, self._signed_manifest())
+        except (InstallError, ArtifactError, OSError) as exc:
+            await self._fail(f"install failed: slot {r.to_slot} cannot take the image: {exc}")
+        done = r.chunks_done
         progress = _Progress(self._clock, manifest, done)
         if done:
             log.info("update %s: resuming the download of version %s at chunk %d of %d", self._record.rollout_id,
@@ -490,9 +502,11 @@ class Updater:
                         "from the source does not match the signed manifest",
                     )
                 )
-                await self._discard_staging()
                 raise _Stop
-            await in_thread(self._clock, write_chunk, self._staging, index * manifest.chunk_size, data)
+            try:
+                await self.installer.write_chunk(r.to_slot, index, data)
+            except (InstallError, ArtifactError, OSError) as exc:
+                await self._fail(f"install failed: chunk {index} not written into slot {r.to_slot}: {exc}")
             snapshot = progress.after(index + 1)
             if snapshot is None:
                 await self._set(self._record.but(chunks_done=index + 1), report=False)
@@ -523,15 +537,24 @@ class Updater:
 
     async def _fail(self, detail: str) -> None:
         await self._set(self._record.but(state="failed", detail=detail))
-        await self._discard_staging()
         raise _Stop
 
-    async def _verify_staging(self) -> None:
-        manifest = self._manifest()
+    def _signed_manifest(self) -> bytes:
+        assert self._record.signed_manifest is not None
+        return self._record.signed_manifest
+
+    async def _check_slot(self) -> None:
+        """Open the slot for the recorded image and read it back whole (cached by the installer
+        until the slot is written again)."""
+        r = self._record
         try:
-            await in_thread(self._clock, check_staging, self._staging, manifest)
-        except (ArtifactError, OSError) as exc:
-            await self._fail(f"staged image is corrupt: {exc}")
+            await self.installer.open_slot(r.to_slot, self._signed_manifest())
+            await self.installer.check_slot(r.to_slot)
+        except (ArtifactError, InstallError, OSError) as exc:
+            await self._fail(f"install failed: the image read back from slot {r.to_slot} is not the signed one: {exc}")
+
+    async def _verify_slot(self) -> None:
+        await self._check_slot()
         if self._record.stage_only:
             await self._set(self._record.but(state="staged", detail="downloaded and verified; installed on the"
                                                                      " leader's go-ahead"))
@@ -540,8 +563,8 @@ class Updater:
 
     async def _install(self) -> None:
         r = self._record
+        await self._check_slot()
         try:
-            await self.installer.write(r.to_slot, self._staging, self._manifest())
             await self.installer.mark_trial(r.to_slot)
         except (InstallError, OSError) as exc:
             with contextlib.suppress(InstallError, OSError):
@@ -577,13 +600,11 @@ class Updater:
             return
         await self.installer.commit(r.to_slot)
         await self._set(r.but(state="committed", detail=result.detail or "healthy"), slots={r.to_slot: r.version})
-        await self._discard_staging()
 
     async def _roll_back(self, detail: str) -> None:
         r = self._record
         await self._set(r.but(state="rolled_back", detail=detail))
         await self.installer.revert(r.from_slot)
-        await self._discard_staging()
 
     async def _wait_for_update_lock(self) -> None:
         """While an application holds the update lock, the new slot waits (installed and armed)
@@ -609,9 +630,59 @@ class Updater:
             await self._clock.sleep(LOCK_POLL_S)
 
     async def _reboot(self, reason: str) -> None:
+        """Reboot into the armed slot. A reboot command that fails, or returns and the device
+        does not go down, ends the update `failed` with the trial disarmed (an ordinary restart
+        later must not boot the aborted image) and the updater takes the next offer."""
         await self._flush()
+        await self._mark_reboot()
         await self.close()
-        await self._rebooter.reboot(reason)
+        try:
+            await self._rebooter.reboot(reason)
+        except UpdaterError as exc:
+            self._store = await UpdaterStore.open(self.state_dir / DB_FILE, clock=self._clock)
+            self._closed = False
+            await self._clear_reboot_mark()
+            r = self._record
+            if r.state != "rebooting":  # a reboot back after a rollback: the flags already say the old slot
+                log.error("update %s: %s; the old slot boots next time", r.rollout_id, exc)
+                return
+            with contextlib.suppress(InstallError, OSError):
+                await self.installer.revert(r.from_slot)
+            await self._set(r.but(state="failed", detail=f"reboot failed: {exc}; the trial of slot {r.to_slot} "
+                                                         "is disarmed"))
+            raise _Stop from None
+
+    # -- the reboot mark: did the kernel boot again since the reboot was asked for? ---------------
+    def _boot_id(self) -> str:
+        try:
+            return Path(self.settings.boot_id_path).read_text().strip() if self.settings.boot_id_path else ""
+        except OSError:
+            return ""
+
+    async def _mark_reboot(self) -> None:
+        boot_id = self._boot_id()
+        if boot_id:
+            await in_thread(self._clock, atomic_write, self.state_dir / REBOOT_MARK_FILE, boot_id.encode())
+
+    async def _clear_reboot_mark(self) -> None:
+        await in_thread(self._clock, (self.state_dir / REBOOT_MARK_FILE).unlink, True)
+
+    def _rebooted_since_request(self) -> bool:
+        try:
+            asked_at = (self.state_dir / REBOOT_MARK_FILE).read_text().strip()
+        except OSError:
+            return False
+        now = self._boot_id()
+        return bool(asked_at and now and asked_at != now)
+
+    async def _forget_legacy_staging(self) -> None:
+        """A download begun by an agent that staged into a file restarts into the slot."""
+        legacy = self.state_dir / LEGACY_STAGING_FILE
+        if not legacy.exists():
+            return
+        if self._record.state == "downloading" and self._record.chunks_done:
+            await self._set(self._record.but(chunks_done=0), report=False)
+        await in_thread(self._clock, legacy.unlink, True)
 
     # -- helpers ---------------------------------------------------------------------------
     async def _set(self, record: UpdateRecord, *, report: bool = True, slots: dict[str, str] | None = None,
@@ -652,9 +723,6 @@ class Updater:
         finally:
             await self._store.mark_sent(sent)
         return len(sent)
-
-    async def _discard_staging(self) -> None:
-        await in_thread(self._clock, self._staging.unlink, True)
 
     def _check_open(self) -> None:
         if self._closed:

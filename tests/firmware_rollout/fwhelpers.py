@@ -10,9 +10,9 @@ from pathlib import Path
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout.artifact.files import build_artifact
 from firmware_rollout.artifact.keys import SigningKey, VerifyKey, generate_keypair, load_signing_key, load_verify_key
-from firmware_rollout.artifact.manifest import Manifest, SignedManifest
+from firmware_rollout.artifact.manifest import SignedManifest
 from firmware_rollout.device.health import HealthCheck, HealthResult
-from firmware_rollout.device.slots import DirectoryInstaller, Installer
+from firmware_rollout.device.slots import DirectoryInstaller, Installer, SlotView
 from firmware_rollout.device.sources import ArtifactChunkSource
 from firmware_rollout.device.updater import Updater, UpdaterSettings
 from firmware_rollout.messages import UpdateReport
@@ -89,8 +89,18 @@ class CrashingInstaller:
         self.injector = injector
 
     @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
     def slots(self) -> tuple[str, str]:
         return self.inner.slots
+
+    def fell_back(self) -> bool:
+        return self.inner.fell_back()
+
+    def describe(self) -> SlotView:
+        return self.inner.describe()
 
     def booted_slot(self) -> str:
         return self.inner.booted_slot()
@@ -110,8 +120,14 @@ class CrashingInstaller:
         await coro
         self.injector.tick(f"after {name}")
 
-    async def write(self, slot: str, image: Path, manifest: Manifest) -> None:
-        await self._call("write", self.inner.write(slot, image, manifest))
+    async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
+        await self._call("open_slot", self.inner.open_slot(slot, signed_manifest))
+
+    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
+        await self._call("write_chunk", self.inner.write_chunk(slot, index, data))
+
+    async def check_slot(self, slot: str) -> None:
+        await self._call("check_slot", self.inner.check_slot(slot))
 
     async def mark_trial(self, slot: str) -> None:
         await self._call("mark_trial", self.inner.mark_trial(slot))
@@ -255,3 +271,14 @@ class Device:
     def progress(self) -> list[tuple[int, int]]:
         """(chunks done, chunks in all) of each progress report sent."""
         return [(r.progress.chunks_done, r.progress.chunks_total) for r in self.sent if r.progress is not None]
+
+
+async def stream_into(installer: Installer, slot: str, artifact: Path) -> None:
+    """Write an artifact's image into `slot` the way the updater does: open, every chunk, check."""
+    from firmware_rollout.artifact.files import read_image_chunk, read_signed_manifest
+
+    signed = read_signed_manifest(artifact)
+    await installer.open_slot(slot, signed.raw)
+    for index in range(signed.manifest.chunk_count):
+        await installer.write_chunk(slot, index, read_image_chunk(artifact, signed, index))
+    await installer.check_slot(slot)

@@ -5,6 +5,7 @@ offline waits in the worker's outbox and arrives after reconnection."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,7 +227,8 @@ async def test_a_download_only_rollout_installs_on_approval(tmp_path: Path) -> N
         for name, actor in actors.items():
             assert actor.updater is not None and actor.updater.status().state == "staged"
             assert actor.updater.active_version == "1.0.0"
-            assert not (tmp_path / name / "firmware" / "slots" / "b" / "image").exists()  # nothing installed
+            slots = tmp_path / name / "firmware" / "slots"  # in the inactive slot, not armed
+            assert json.loads((slots / "bootenv.json").read_text()) == {"default": "a", "trial": None}
         await clock.advance(300)  # waiting for the operator is not a timeout
         assert all(store.device(rid, n).state == "downloaded" for n in ("w1", "w2"))  # type: ignore[union-attr]
         served = store.serving(rid)["chunks"]

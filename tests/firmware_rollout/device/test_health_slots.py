@@ -5,17 +5,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from fwhelpers import make_image
+from fwhelpers import Keys, make_artifact, stream_into
 
 from agent.core.clock import SystemClock, VirtualClock
+from agent.core.errors import BadSignature
 from agent.core.gate import Gate
-from firmware_rollout.artifact.manifest import Manifest
+from firmware_rollout.artifact.files import read_signed_manifest
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthResult
 from firmware_rollout.device.slots import DirectoryInstaller
-from firmware_rollout.errors import InstallError
+from firmware_rollout.errors import ChunkMismatch, InstallError
 
 PY = sys.executable
-MANIFEST = Manifest(name="fw", version="2.0.0", size=1, sha256=bytes(32), chunk_size=1024, chunks=(bytes(32),))
 
 
 async def test_command_check_passes_fails_and_times_out() -> None:
@@ -50,17 +50,24 @@ async def test_connectivity_and_all_checks_on_virtual_time() -> None:
     assert (await task) == HealthResult(False, "broker not reached within 10s")
 
 
-async def test_directory_installer_slots_and_flags(tmp_path: Path) -> None:
-    image = make_image(tmp_path / "img", 3000)
-    installer = DirectoryInstaller(tmp_path / "slots")
+async def test_directory_installer_slots_and_flags(tmp_path: Path, keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing, version="2.0.0")
+    signed = read_signed_manifest(artifact)
+    installer = DirectoryInstaller(tmp_path / "slots", verify_key=keys.verify)
     assert (installer.booted_slot(), installer.default_slot(), installer.trial_slot()) == ("a", "a", None)
     with pytest.raises(InstallError, match="running system booted from it"):
-        await installer.write("a", image, MANIFEST)
-    with pytest.raises(InstallError, match="unknown slot"):
-        await installer.mark_trial("c")
-    await installer.write("b", image, MANIFEST)
-    await installer.write("b", image, MANIFEST)  # idempotent
-    assert installer.image_path("b").read_bytes() == image.read_bytes() and installer.slot_version("b") == "2.0.0"
+        await installer.open_slot("a", signed.raw)
+    with pytest.raises(InstallError, match="unknown slot 'c'"):
+        await installer.open_slot("c", signed.raw)
+    await installer.open_slot("b", signed.raw)
+    with pytest.raises(InstallError, match="not written and checked"):
+        await installer.mark_trial("b")
+    with pytest.raises(ChunkMismatch, match="tampered chunk"):  # checked by the installer too
+        await installer.write_chunk("b", 0, b"x" * signed.manifest.chunk_length(0))
+    await stream_into(installer, "b", artifact)
+    await stream_into(installer, "b", artifact)  # idempotent
+    assert installer.image_path("b").read_bytes() == artifact.read_bytes()[signed.size:]
+    assert installer.slot_version("b") == "2.0.0"
     await installer.mark_trial("b")
     assert DirectoryInstaller(tmp_path / "slots").booted_slot() == "b"  # the next boot tries b
     await installer.revert("a")
@@ -71,3 +78,11 @@ async def test_directory_installer_slots_and_flags(tmp_path: Path) -> None:
     (tmp_path / "slots" / "bootenv.json").write_text("{not json")
     with pytest.raises(InstallError, match="unreadable boot environment"):
         DirectoryInstaller(tmp_path / "slots")
+
+
+async def test_an_installer_with_a_key_refuses_an_unsigned_manifest(tmp_path: Path, keys: Keys) -> None:
+    unsigned = read_signed_manifest(make_artifact(tmp_path, None, version="2.0.0")[0])
+    installer = DirectoryInstaller(tmp_path / "slots", verify_key=keys.verify)
+    with pytest.raises(BadSignature):
+        await installer.open_slot("b", unsigned.raw)
+    assert not installer.image_path("b").exists() or installer.image_path("b").stat().st_size == 0

@@ -42,7 +42,7 @@ async def test_happy_path_commits_after_health_and_reports_success_only_then(tmp
     assert bootenv(device) == {"default": "a", "trial": "b"}
     image = (tmp_path / "image-1.1.0-1.bin").read_bytes()
     assert (device.root / "slots" / "b" / "image").read_bytes() == image
-    assert (device.root / "staging.img").stat().st_size == len(image)  # kept until the commit
+    assert not (device.root / "staging.img").exists()  # streamed into the slot: no second copy
 
     updater = await device.boot()  # the process restarted on slot b
     assert updater.status().state == "verifying_health" and updater.status().boot_count == 1
@@ -118,7 +118,7 @@ async def test_tampered_chunk_from_source_is_refused(tmp_path: Path, keys: Keys)
     assert source.fetched == [0, 1, 2, 3]
     assert device.rebooter.reasons == []
     assert bootenv(device) == {"default": "a", "trial": None}
-    assert not (device.root / "slots" / "b" / "image").exists()
+    assert not (device.root / "slots" / "b" / "version").exists()  # never checked whole, never armed
     assert not (device.root / "staging.img").exists()
     assert updater.status().booted_slot == "a" and updater.active_version == "1.0.0"
     await updater.close()
