@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite: makes .venv, installs the project with its test extra, installs
 # Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
-# port) and Debian's chromium + chromium-driver (the console's browser test), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
+# port), Debian's chromium + chromium-driver (the console's browser test) and libubootenv-tool
+# (the U-Boot installer's fw_setenv), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
 # runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
@@ -15,6 +16,10 @@ fi
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
     echo "installing Debian's chromium and chromium-driver for the console's browser test" >&2
     apt_install chromium chromium-driver || echo "warning: could not install chromium; the browser test will be skipped" >&2
+fi
+if ! command -v fw_setenv >/dev/null 2>&1; then
+    echo "installing Debian's libubootenv-tool for the U-Boot installer tests" >&2
+    apt_install libubootenv-tool || echo "warning: could not install libubootenv-tool; the U-Boot tests will be skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2

@@ -6,6 +6,10 @@
     sign    ARTIFACT --key PRIV [--out OUT]     (re)sign after checking the image
     verify  ARTIFACT --pubkey PUB [--installed-version V] [--hardware H] [--image NAME]
     inspect ARTIFACT [--json]
+    install ARTIFACT --config CONFIG            into the inactive slot, a trial boot armed (agent stopped)
+    status  --config CONFIG [--json]            the installer's slots and the update in progress
+    commit  --config CONFIG                     keep the new slot booted on its trial
+    revert  --config CONFIG                     the old slot is the default again
 
 Every refusal or bad input is one line on stderr and exit status 2; `verify` exits 0 only when
 the signature, every chunk, the whole image and the given policy all check out.
@@ -64,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inspect = sub.add_parser("inspect", help="show an artifact's manifest (no key needed, nothing trusted)")
     inspect.add_argument("artifact", type=Path, metavar="ARTIFACT")
     inspect.add_argument("--json", action="store_true", help="print JSON")
+
+    from agent.commands.firmware_device import add_device_actions
+
+    add_device_actions(sub)
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -158,7 +166,18 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-_ACTIONS = {"keygen": _keygen, "build": _build, "sign": _sign, "verify": _verify, "inspect": _inspect}
+def _on_device(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agent.commands import firmware_device
+
+    action = {"install": firmware_device.install, "status": firmware_device.status,
+              "commit": firmware_device.commit, "revert": firmware_device.revert}[args.action]
+    return asyncio.run(action(args))
+
+
+_ACTIONS = {"keygen": _keygen, "build": _build, "sign": _sign, "verify": _verify, "inspect": _inspect,
+            "install": _on_device, "status": _on_device, "commit": _on_device, "revert": _on_device}
 
 
 def main(args: argparse.Namespace) -> int:

@@ -135,6 +135,23 @@ class MetricsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     listen: str = ""  # "127.0.0.1:9100"; empty means off
 
 
+class UBootSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[firmware.uboot]`: A/B slots switched through the U-Boot environment (RAUC's variables)."""
+
+    fw_env_config: str = "/etc/fw_env.config"  # libubootenv's config: where the environment lives
+    # a default environment for a blank one (empty: /etc/u-boot-initial-env when it exists)
+    fw_env_defaults: str = ""
+    slot_a: str = ""  # the block device (or file) of slot A, e.g. /dev/mmcblk0p2
+    slot_b: str = ""
+    cmdline_path: str = "/proc/cmdline"  # where the boot script's rauc.slot=A|B is read
+    boot_attempts: Annotated[int, msgspec.Meta(ge=1, le=9)] = 3
+    fw_printenv: str = "fw_printenv"
+    fw_setenv: str = "fw_setenv"
+
+
+InstallerName = Literal["directory", "uboot"]
+
+
 class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Firmware updates on a worker; off while `public_key` is empty. The leader needs none."""
 
@@ -145,8 +162,14 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     health_timeout_s: PositiveFloat = 120.0
     health_command: list[str] = msgspec.field(default_factory=list)  # must exit 0 after a trial boot
     reboot_command: list[str] = msgspec.field(default_factory=list)  # empty: restart the agent in place
+    # a reboot command that returned and the device still up this long later failed (trial disarmed)
+    reboot_timeout_s: PositiveFloat = 120.0
     # a file applications flock(2) while they must not be interrupted: no reboot into a new slot while held
     update_lock: str = ""
+    # what an update changes: "directory" (slot directories under state_dir: the simulator and
+    # application payloads; it does not change what the device boots) or "uboot"
+    installer: InstallerName = "directory"
+    uboot: UBootSection | None = None
 
 
 DAY_S = 86_400.0
@@ -424,6 +447,18 @@ def resolve(data_dir: Path, name: str) -> Path:
     return path if path.is_absolute() else data_dir / path
 
 
+def _check_installer(config: AgentConfig, source: str) -> None:
+    fw = config.firmware
+    if fw.installer == "uboot":
+        if fw.uboot is None:
+            raise ConfigError(source, "firmware.uboot", 'installer = "uboot" needs a [firmware.uboot] table')
+        for key in ("slot_a", "slot_b"):
+            if not getattr(fw.uboot, key):
+                raise ConfigError(source, f"firmware.uboot.{key}", "required: the block device or file of the slot")
+        if fw.uboot.slot_a == fw.uboot.slot_b:
+            raise ConfigError(source, "firmware.uboot.slot_b", "must differ from slot_a")
+
+
 def load_config(path: str | Path) -> AgentConfig:
     """Load and check an agent config file."""
     config = decode_toml(path, AgentConfig)
@@ -435,6 +470,7 @@ def load_config(path: str | Path) -> AgentConfig:
     if config.mqtt.reconnect_min_s > config.mqtt.reconnect_max_s:
         raise ConfigError(str(path), "mqtt.reconnect_min_s", "must not exceed reconnect_max_s")
     _check_retentions(config, str(path))
+    _check_installer(config, str(path))
     _check_classes(config, str(path))
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
@@ -446,6 +482,8 @@ __all__ = [
     "AgentConfig",
     "AgentSection",
     "FirmwareSection",
+    "InstallerName",
+    "UBootSection",
     "HeartbeatSection",
     "HousekeepingSection",
     "JobsSection",

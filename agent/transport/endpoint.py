@@ -36,6 +36,7 @@ from agent.core.errors import (
     Transient,
     TransportError,
 )
+from agent.core.gate import Gate
 from agent.core.ratelog import RateLimitedLog
 from agent.outbox.types import OutboxRow
 from agent.transport import topics
@@ -113,6 +114,8 @@ class EnvelopeSender:
         self._deadlines: Deadlines[object] = Deadlines(clock, timeout_s, lambda f: f.set_result(_EXPIRED))
         self._started = False
         self.stats = SenderStats()
+        # open once a receiver accepted an envelope of this sender: the far end is up and answers
+        self.answered = Gate()
 
     @property
     def reply_topic(self) -> str:
@@ -219,6 +222,8 @@ class EnvelopeSender:
         assert isinstance(outcome, Reply)
         if outcome.status == "accepted":
             self.stats.accepted += 1
+            if not self.answered.is_open:
+                self.answered.open()
             return
         if outcome.status == "busy":
             self.stats.busy += 1

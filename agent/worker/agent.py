@@ -32,6 +32,7 @@ from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply
 from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, NotConnected
+from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
 from agent.core.sqlite import atomic, close_quietly, connect, migrate, recover_damaged
 from agent.housekeeping import Housekeeper, limited
@@ -335,6 +336,11 @@ class WorkerAgent:
             self.ledger.close()
 
     # -- API -----------------------------------------------------------------------------------
+    @property
+    def leader_answered(self) -> Gate:
+        """Open once the leader accepted a message this process sent (the trial boot's health)."""
+        return self.sender.answered
+
     def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None:
         """Decode envelopes of `kind` arriving on the down topic as `type_` and route them to
         `ref`: the one way to give a worker a new command."""

@@ -37,9 +37,11 @@ from agent.actors import Actor, ActorRef, ActorSystem, Context
 from agent.core.clock import Clock
 from agent.core.config import AgentConfig
 from agent.core.errors import ArtifactError
+from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
+from agent.worker.installers import firmware_state_dir, installer_from_config
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import parse_signed_manifest
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
@@ -307,6 +309,9 @@ class UpdaterHost(Protocol):
     #: What the heartbeat reports as running; the updater answers with its active slot's version.
     firmware_version: Callable[[], str]
 
+    @property
+    def leader_answered(self) -> Gate: ...
+
     def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None: ...
 
 
@@ -334,23 +339,26 @@ def attach_updater(worker: UpdaterHost, *, open_updater: OpenUpdater, rebooter: 
 
 async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir: Path) -> UpdaterActor | None:
     """The worker's updater as `[firmware]` configures it (None when no public key is pinned):
-    health = connected to the broker (the leader's retained presence rides on it) plus the
-    optional health command; reboot = the reboot command, or restarting the agent in place."""
+    health = connected to the broker, the leader accepted a message sent since this start (a
+    heartbeat is enough; the broker alone is not the leader), and the optional health command;
+    reboot = the reboot command, or restarting the agent in place."""
     fw = config.firmware
     if not fw.public_key:
         return None
     key = load_verify_key(fw.public_key)
-    state_dir = Path(fw.state_dir) if Path(fw.state_dir).is_absolute() else data_dir / fw.state_dir
-    connected = worker.transport.connected
-    health: HealthCheck = ConnectivityCheck(connected, connected)
+    state_dir = firmware_state_dir(fw, data_dir)
+    clock = worker.clock
+    installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)
+    health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered)
     if fw.health_command:
         health = AllChecks(health, CommandCheck(fw.health_command, timeout_s=fw.health_timeout_s))
-    rebooter: Rebooter = CommandRebooter(fw.reboot_command) if fw.reboot_command else ExecRebooter()
-    clock = worker.clock
+    rebooter: Rebooter = (CommandRebooter(fw.reboot_command, clock=clock, settle_s=fw.reboot_timeout_s)
+                          if fw.reboot_command else ExecRebooter())
 
     async def open_updater(sink: ReportSink) -> Updater:
         return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,
-                                  health=health, rebooter=rebooter, hardware=fw.hardware or None,
+                                  health=health, rebooter=rebooter, installer=installer,
+                                  hardware=fw.hardware or None,
                                   image=fw.image or None,
                                   initial_version=config.agent.firmware_version,
                                   settings=UpdaterSettings(health_timeout_s=fw.health_timeout_s,

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from agent.core.clock import Clock, SystemClock
 from firmware_rollout.errors import UpdaterError
 
 
@@ -31,10 +32,14 @@ class ExecRebooter:
 
 
 class CommandRebooter:
-    """Runs a reboot command such as `systemctl reboot`; a failure to run it is an `UpdaterError`."""
+    """Runs a reboot command such as `systemctl reboot`, then waits for the system to go down.
+    A command that cannot run, exits non-zero, or returns and the device is still up after
+    `settle_s` is an `UpdaterError`: the updater reports it and disarms the trial."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], *, clock: Clock | None = None, settle_s: float = 120.0) -> None:
         self._argv = list(argv)
+        self._clock = clock or SystemClock()
+        self._settle_s = settle_s
 
     async def reboot(self, reason: str) -> None:
         try:
@@ -43,6 +48,8 @@ class CommandRebooter:
             raise UpdaterError(f"cannot run {self._argv[0]!r}: {exc.strerror or exc}") from exc
         if await proc.wait() != 0:
             raise UpdaterError(f"{' '.join(self._argv)} exited {proc.returncode}")
+        await self._clock.sleep(self._settle_s)  # the shutdown ends this process meanwhile
+        raise UpdaterError(f"{' '.join(self._argv)} exited 0 but the device was still up {self._settle_s:g}s later")
 
 
 __all__ = ["CommandRebooter", "ExecRebooter", "Rebooter"]

@@ -211,6 +211,26 @@ class Updater:
             raise
         return updater
 
+    @classmethod
+    async def inspect(cls, state_dir: str | Path, *, installer: Installer, device_id: str, verify_key: VerifyKey,
+                      clock: Clock, initial_version: str = "0.0.0") -> Updater:
+        """Open the records only to read them (`status`, `slot_versions`): no boot is accounted,
+        no flag settled; safe beside a running agent. Close it after."""
+        try:
+            Path(state_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UpdaterError(f"cannot create {state_dir}: {exc.strerror or exc}") from exc
+        store = await UpdaterStore.open(Path(state_dir) / DB_FILE, clock=clock)
+        record, slot_versions = await store.load()
+        return cls(state_dir=Path(state_dir), store=store, record=record, slot_versions=slot_versions,
+                   device_id=device_id, verify_key=verify_key, clock=clock, installer=installer,
+                   health=_NoHealthCheck(), rebooter=_NoReboot(), hardware=None, initial_version=initial_version,
+                   settings=UpdaterSettings(), on_report=None)
+
+    def slot_versions(self) -> dict[str, str]:
+        """The version recorded in each slot (the booted one as the initial version when unknown)."""
+        return {slot: self._slot_versions[slot] for slot in self.installer.slots if slot in self._slot_versions}
+
     async def close(self) -> None:
         """Close the database. Safe at any point: every transition is already durable."""
         self._closed = True
@@ -327,6 +347,34 @@ class Updater:
             fields["until_ms"] = max(0, until_ms)
             self._last_report = await self._store.add_report(fields)
             await self._flush()
+
+    async def operator_commit(self) -> UpdaterStatus:
+        """An operator at the console keeps the new slot the device booted on its trial: the
+        update ends `committed` without the health check. Refused when no trial boot is running."""
+        async with self._lock:
+            self._check_open()
+            r = self._record
+            booted = self.installer.booted_slot()
+            if r.state != "verifying_health" or booted != r.to_slot:
+                raise UpdaterError(f"nothing to commit: the update is {r.state or 'idle'} and slot {booted} is "
+                                   "not on a trial boot")
+            await self.installer.commit(r.to_slot)
+            await self._set(r.but(state="committed", detail="committed by the operator"), slots={r.to_slot: r.version})
+            await self._flush()
+            return self.status()
+
+    async def operator_revert(self) -> UpdaterStatus:
+        """An operator at the console gives up the update in progress: the old slot is the
+        default again (reboot to return to it when the new one is running)."""
+        async with self._lock:
+            self._check_open()
+            r = self._record
+            if r.state in TERMINAL_STATES or r.state == "idle" or not r.from_slot:
+                raise UpdaterError(f"nothing to revert: no update in progress (the last one is {r.state or 'idle'})")
+            await self._set(r.but(state="rolled_back", detail="reverted by the operator"))
+            await self.installer.revert(r.from_slot)
+            await self._flush()
+            return self.status()
 
     def _report_about(self, rollout_id: str, version: str, state: str, detail: str, *,
                       phase: str | None = None) -> dict[str, object]:
@@ -746,6 +794,16 @@ def update_lock_held(path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+class _NoHealthCheck:
+    async def check(self, clock: Clock, timeout_s: float) -> HealthResult:
+        return HealthResult(False, "opened to read only")
+
+
+class _NoReboot:
+    async def reboot(self, reason: str) -> None:
+        raise UpdaterError("opened to read only")
 
 
 class _Progress:

@@ -84,7 +84,7 @@ class CrashingInstaller:
     """A DirectoryInstaller whose every durable call may be cut short by a power loss, before
     or after the call takes effect."""
 
-    def __init__(self, inner: DirectoryInstaller, injector: Injector) -> None:
+    def __init__(self, inner: Installer, injector: Injector) -> None:
         self.inner = inner
         self.injector = injector
 
@@ -233,13 +233,14 @@ class Device:
             self.on_sent(report)
         self.sent.append(report)
 
-    def installer(self) -> DirectoryInstaller:
+    def installer(self) -> Installer:
+        """The installer of this boot (a real bootloader runs before it: see the U-Boot tests)."""
         return DirectoryInstaller(self.root / "slots", clock=self.clock)
 
     async def boot(self, injector: Injector | None = None) -> Updater:
         installer: Installer = self.installer()
         if injector is not None:
-            installer = CrashingInstaller(installer, injector)  # type: ignore[arg-type]
+            installer = CrashingInstaller(installer, injector)
             self.rebooter.injector = injector
             if isinstance(self.health, ScriptedHealth):
                 self.health.injector = injector

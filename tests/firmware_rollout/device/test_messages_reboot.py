@@ -35,7 +35,9 @@ def test_report_travels_as_an_overwrite_outbox_message() -> None:
 
 
 async def test_command_rebooter() -> None:
-    await CommandRebooter([sys.executable, "-c", "pass"]).reboot("test")
+    # a command that returns and the device stays up: a failed reboot, not a wedged updater
+    with pytest.raises(UpdaterError, match="exited 0 but the device was still up"):
+        await CommandRebooter([sys.executable, "-c", "pass"], settle_s=0.01).reboot("test")
     with pytest.raises(UpdaterError, match="exited 1"):
         await CommandRebooter([sys.executable, "-c", "raise SystemExit(1)"]).reboot("test")
     with pytest.raises(UpdaterError, match="cannot run"):

@@ -18,11 +18,12 @@ MAX_BOOTS = 3
 
 
 async def run_with_power_losses(
-    root: Path, keys: Keys, artifact: Path, crash_points: list[int | None], health_ok: list[bool]
+    root: Path, keys: Keys, artifact: Path, crash_points: list[int | None], health_ok: list[bool],
+    device_type: type[Device] = Device,
 ) -> tuple[Device, str, list[list[str]]]:
     """Offer the update, then keep "booting" until the update ended. The i-th process lifetime
     loses power at its `crash_points[i]`-th side effect (None: runs to its natural end)."""
-    device = Device(root, keys, health=ScriptedHealth(*health_ok), settings=UpdaterSettings(max_boots=MAX_BOOTS))
+    device = device_type(root, keys, health=ScriptedHealth(*health_ok), settings=UpdaterSettings(max_boots=MAX_BOOTS))
     offered = False
     final = ""
     logs: list[list[str]] = []
