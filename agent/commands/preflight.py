@@ -65,7 +65,31 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
     for key, argv in (("firmware.reboot_command", fw.reboot_command), ("firmware.health_command", fw.health_command)):
         if argv and shutil.which(argv[0]) is None:
             raise ConfigError(source, key, f"{argv[0]!r} is not an executable on PATH (give its full path)")
+    _check_installer(config, source)
     return config
+
+
+def _check_installer(config: AgentConfig, source: str) -> None:
+    """The installer's table names tools on PATH and files that are there: a first rollout must
+    not be where a device finds out."""
+    fw = config.firmware
+    u = fw.uboot
+    if fw.installer != "uboot" or u is None or not fw.public_key:
+        return
+    for key, tool in (("fw_printenv", u.fw_printenv), ("fw_setenv", u.fw_setenv)):
+        if shutil.which(tool) is None:
+            raise ConfigError(source, f"firmware.uboot.{key}",
+                              f"{tool!r} is not an executable on PATH (Debian: apt install libubootenv-tool)")
+    for key, file in (("fw_env_config", u.fw_env_config), ("slot_a", u.slot_a), ("slot_b", u.slot_b),
+                      ("cmdline_path", u.cmdline_path), ("fw_env_defaults", u.fw_env_defaults)):
+        if file and not Path(file).exists():
+            raise ConfigError(source, f"firmware.uboot.{key}", f"{file}: not found")
+    from firmware_rollout.device.uboot import booted_from_cmdline
+
+    try:
+        booted_from_cmdline(Path(u.cmdline_path))
+    except EdgeAgentError as exc:
+        raise ConfigError(source, "firmware.uboot.cmdline_path", str(exc)) from None
 
 
 __all__ = ["preflight"]

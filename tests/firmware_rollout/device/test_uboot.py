@@ -256,3 +256,15 @@ def test_a_config_without_its_uboot_table_names_the_key(tmp_path: Path, keys: Ke
     config.write_text(config.read_text().split("[firmware.uboot]")[0])
     done = cli("status", "--config", str(config))
     assert done.returncode == 2 and "firmware.uboot" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_config_check_names_the_uboot_key_that_is_wrong(tmp_path: Path, keys: Keys) -> None:
+    board = Board(tmp_path / "board")
+    config = worker_config(tmp_path, board, keys)
+    ok = subprocess.run([sys.executable, "-m", "agent.cli", "config", "check", str(config)], capture_output=True,
+                        text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    assert ok.returncode == 0, ok.stderr
+    board.slots["B"].unlink()
+    bad = subprocess.run([sys.executable, "-m", "agent.cli", "config", "check", str(config)], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    assert bad.returncode != 0 and f"firmware.uboot.slot_b: {board.slots['B']}: not found" in bad.stderr + bad.stdout
