@@ -45,7 +45,7 @@ class _ConsoleDecides:
 class _RebootByHand:
     """An install from the console stops once the trial is armed: the operator reboots."""
 
-    async def reboot(self, reason: str) -> None:
+    async def reboot(self, reason: str, *, trial: bool = False) -> None:
         return None
 
 

@@ -149,7 +149,25 @@ class UBootSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     fw_setenv: str = "fw_setenv"
 
 
-InstallerName = Literal["directory", "uboot"]
+class PiSlotSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One Raspberry Pi slot: the partition the firmware boots, its device, its root partition."""
+
+    partition: Annotated[int, msgspec.Meta(ge=1, le=127)]
+    boot: str  # the boot partition's block device, e.g. /dev/mmcblk0p2
+    root: str = ""  # its root partition (empty: the image is the boot partition alone)
+
+
+class TrybootSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[firmware.tryboot]`: Raspberry Pi 4/5 A/B through autoboot.txt and `reboot "0 tryboot"`."""
+
+    autoboot_path: str = "/boot/firmware/autoboot.txt"  # on the first (FAT) partition, mounted read-write
+    partition_path: str = "/proc/device-tree/chosen/bootloader/partition"
+    slot_a: PiSlotSection | None = None
+    slot_b: PiSlotSection | None = None
+    trial_reboot_command: list[str] = msgspec.field(default_factory=lambda: ["systemctl", "reboot", "0 tryboot"])
+
+
+InstallerName = Literal["directory", "uboot", "tryboot"]
 
 
 class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -167,9 +185,10 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     # a file applications flock(2) while they must not be interrupted: no reboot into a new slot while held
     update_lock: str = ""
     # what an update changes: "directory" (slot directories under state_dir: the simulator and
-    # application payloads; it does not change what the device boots) or "uboot"
+    # application payloads; it does not change what the device boots), "uboot" or "tryboot"
     installer: InstallerName = "directory"
     uboot: UBootSection | None = None
+    tryboot: TrybootSection | None = None
 
 
 DAY_S = 86_400.0
@@ -457,6 +476,17 @@ def _check_installer(config: AgentConfig, source: str) -> None:
                 raise ConfigError(source, f"firmware.uboot.{key}", "required: the block device or file of the slot")
         if fw.uboot.slot_a == fw.uboot.slot_b:
             raise ConfigError(source, "firmware.uboot.slot_b", "must differ from slot_a")
+    if fw.installer == "tryboot":
+        t = fw.tryboot
+        if t is None:
+            raise ConfigError(source, "firmware.tryboot", 'installer = "tryboot" needs a [firmware.tryboot] table')
+        if t.slot_a is None or t.slot_b is None:
+            raise ConfigError(source, f"firmware.tryboot.{'slot_a' if t.slot_a is None else 'slot_b'}",
+                              "required: { partition = N, boot = DEVICE, root = DEVICE }")
+        if t.slot_a.partition == t.slot_b.partition:
+            raise ConfigError(source, "firmware.tryboot.slot_b.partition", "must differ from slot_a's")
+        if not t.trial_reboot_command:
+            raise ConfigError(source, "firmware.tryboot.trial_reboot_command", "must not be empty")
 
 
 def load_config(path: str | Path) -> AgentConfig:
@@ -483,6 +513,8 @@ __all__ = [
     "AgentSection",
     "FirmwareSection",
     "InstallerName",
+    "PiSlotSection",
+    "TrybootSection",
     "UBootSection",
     "HeartbeatSection",
     "HousekeepingSection",

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.core.clock import Clock
-from agent.core.config import FirmwareSection
+from agent.core.config import FirmwareSection, PiSlotSection
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
 from firmware_rollout.device.slots import DirectoryInstaller, Installer
+from firmware_rollout.device.tryboot import PiSlot, TrybootInstaller
 from firmware_rollout.device.uboot import UBootInstaller
 from firmware_rollout.device.updater import SLOTS_DIR
 
@@ -26,7 +28,29 @@ def installer_from_config(fw: FirmwareSection, state_dir: Path, *, clock: Clock,
         return UBootInstaller(fw_env_config=u.fw_env_config, fw_env_defaults=u.fw_env_defaults, slot_a=u.slot_a,
                               slot_b=u.slot_b, cmdline_path=u.cmdline_path, boot_attempts=u.boot_attempts,
                               fw_printenv=u.fw_printenv, fw_setenv=u.fw_setenv, clock=clock, verify_key=verify_key)
+    if fw.installer == "tryboot":
+        t = fw.tryboot
+        assert t is not None and t.slot_a is not None and t.slot_b is not None  # load_config checks them
+        return TrybootInstaller(autoboot_path=t.autoboot_path, partition_path=t.partition_path,
+                                slot_a=_pi_slot(t.slot_a), slot_b=_pi_slot(t.slot_b), state_dir=state_dir,
+                                clock=clock, verify_key=verify_key)
     return DirectoryInstaller(state_dir / SLOTS_DIR, clock=clock, verify_key=verify_key)
 
 
-__all__ = ["firmware_state_dir", "installer_from_config"]
+def _pi_slot(section: PiSlotSection) -> PiSlot:
+    root = Path(section.root) if section.root else None
+    return PiSlot(partition=section.partition, boot=Path(section.boot), root=root)
+
+
+def rebooter_from_config(fw: FirmwareSection, *, clock: Clock) -> Rebooter:
+    """`reboot_command`; empty: restart the agent in place for the directory installer (its
+    "slots" need no reboot) and `systemctl reboot` for a real one. A Raspberry Pi boots its
+    trial slot only through `trial_reboot_command` (`reboot "0 tryboot"`)."""
+    argv = fw.reboot_command or ([] if fw.installer == "directory" else ["systemctl", "reboot"])
+    if not argv:
+        return ExecRebooter()
+    trial = fw.tryboot.trial_reboot_command if fw.installer == "tryboot" and fw.tryboot is not None else []
+    return CommandRebooter(argv, trial_argv=trial, clock=clock, settle_s=fw.reboot_timeout_s)
+
+
+__all__ = ["firmware_state_dir", "installer_from_config", "rebooter_from_config"]

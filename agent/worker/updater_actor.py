@@ -41,12 +41,11 @@ from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
-from agent.worker.installers import firmware_state_dir, installer_from_config
+from agent.worker.installers import firmware_state_dir, installer_from_config, rebooter_from_config
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import parse_signed_manifest
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
-from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
 from firmware_rollout.device.updater import CANCELABLE_STATES, ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import (
@@ -72,7 +71,7 @@ class InProcessRebooter:
         self.requested = False
         self.count = 0
 
-    async def reboot(self, reason: str) -> None:
+    async def reboot(self, reason: str, *, trial: bool = False) -> None:
         self.requested = True
         self.count += 1
         log.debug("in-process reboot: %s", reason)
@@ -352,8 +351,7 @@ async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir:
     health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered)
     if fw.health_command:
         health = AllChecks(health, CommandCheck(fw.health_command, timeout_s=fw.health_timeout_s))
-    rebooter: Rebooter = (CommandRebooter(fw.reboot_command, clock=clock, settle_s=fw.reboot_timeout_s)
-                          if fw.reboot_command else ExecRebooter())
+    rebooter = rebooter_from_config(fw, clock=clock)
 
     async def open_updater(sink: ReportSink) -> Updater:
         return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,

@@ -11,9 +11,11 @@ as root trusts nothing its caller sends but the key it loaded itself.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO, cast
 
 from firmware_rollout.artifact.files import check_image
 from firmware_rollout.artifact.keys import VerifyKey
@@ -30,7 +32,7 @@ def target_capacity(path: Path) -> int:
         os.close(fd)
 
 
-def write_at(path: Path, offset: int, data: bytes) -> None:
+def write_at(path: Path, offset: int, data: bytes | memoryview) -> None:
     """Write `data` at `offset` of an existing target and fsync it before returning."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -44,10 +46,102 @@ def write_at(path: Path, offset: int, data: bytes) -> None:
         os.close(fd)
 
 
-def check_target(path: Path, manifest: Manifest) -> None:
-    """The first `manifest.size` bytes of `path` are the image the manifest describes."""
-    with path.open("rb") as handle:
-        check_image(handle, manifest)
+class FileTarget:
+    """One file or block device; `grow`: a plain file that is created and extended as needed."""
+
+    def __init__(self, path: str | Path, *, grow: bool = False) -> None:
+        self.path = Path(path)
+        self.grow = grow
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def prepare(self) -> None:
+        if self.grow:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                self.path.touch()
+
+    def capacity(self) -> int | None:
+        """None: no limit (a growing file)."""
+        return None if self.grow else target_capacity(self.path)
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        write_at(self.path, offset, data)
+
+    def open_read(self) -> BinaryIO:
+        return self.path.open("rb")
+
+    def finish(self, size: int) -> None:
+        if self.grow:
+            os.truncate(self.path, size)
+
+
+class PairTarget:
+    """Two partitions written as one image: its first `first.capacity()` bytes into `first` (a
+    Raspberry Pi slot's boot partition), the rest into `second` (its root partition)."""
+
+    def __init__(self, first: FileTarget, second: FileTarget) -> None:
+        self.first = first
+        self.second = second
+
+    def __str__(self) -> str:
+        return f"{self.first} + {self.second}"
+
+    def prepare(self) -> None:
+        pass
+
+    def _split(self) -> int:
+        return target_capacity(self.first.path)
+
+    def capacity(self) -> int | None:
+        return self._split() + target_capacity(self.second.path)
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        split = self._split()
+        view = memoryview(data)
+        if offset < split:
+            head = view[:split - offset]
+            self.first.write(offset, head)
+            view, offset = view[len(head):], split
+        if view:
+            self.second.write(offset - split, view)
+
+    def open_read(self) -> BinaryIO:
+        return cast(BinaryIO, _Chained(self.first.open_read(), self._split(), self.second.open_read()))
+
+    def finish(self, size: int) -> None:
+        pass
+
+
+class _Chained(io.RawIOBase):
+    """The first `limit` bytes of `a`, then `b`: one stream over a boot and a root partition."""
+
+    def __init__(self, a: BinaryIO, limit: int, b: BinaryIO) -> None:
+        self._a, self._b, self._left = a, b, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        out = b""
+        if self._left > 0:
+            out = self._a.read(self._left if size < 0 else min(size, self._left))
+            self._left -= len(out)
+            if size >= 0 and len(out) == size:
+                return out
+            if self._left > 0:  # the first target ended early
+                self._left = 0
+        rest = self._b.read(-1 if size < 0 else size - len(out))
+        return out + rest
+
+    def close(self) -> None:
+        self._a.close()
+        self._b.close()
+        super().close()
+
+
+SlotTarget = FileTarget | PairTarget
 
 
 class SlotImages:
@@ -56,14 +150,15 @@ class SlotImages:
     `grow`: the targets are plain files that may be extended (the directory installer and a
     RAUC bundle file); otherwise a target must already hold the whole image (a partition)."""
 
-    def __init__(self, targets: Mapping[str, Path], *, verify_key: VerifyKey | None, grow: bool = False) -> None:
-        self.targets = dict(targets)
+    def __init__(self, targets: Mapping[str, SlotTarget | Path], *, verify_key: VerifyKey | None,
+                 grow: bool = False) -> None:
+        self.targets: dict[str, SlotTarget] = {
+            slot: FileTarget(t, grow=grow) if isinstance(t, Path) else t for slot, t in targets.items()}
         self._key = verify_key
-        self._grow = grow
         self._manifests: dict[str, Manifest] = {}
         self._checked: dict[str, bytes] = {}  # slot -> the manifest's image hash it was checked against
 
-    def target(self, slot: str) -> Path:
+    def target(self, slot: str) -> SlotTarget:
         try:
             return self.targets[slot]
         except KeyError:
@@ -72,20 +167,17 @@ class SlotImages:
     def open(self, slot: str, signed_manifest: bytes) -> Manifest:
         """Take the manifest of the image `slot` is to receive; idempotent (a resumed download
         opens the slot again). Raises `ArtifactError` for a manifest the key does not vouch for."""
-        path = self.target(slot)
+        target = self.target(slot)
         signed = (verify_signed_manifest(signed_manifest, self._key) if self._key is not None
                   else parse_signed_manifest(signed_manifest))
         manifest = signed.manifest
         try:
-            if self._grow:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if not path.exists():
-                    path.touch()
-            capacity = target_capacity(path)
+            target.prepare()
+            capacity = target.capacity()
         except OSError as exc:
-            raise InstallError(f"cannot open slot {slot} ({path}): {exc.strerror or exc}") from exc
-        if not self._grow and manifest.size > capacity:
-            raise InstallError(f"the image of {manifest.size} bytes does not fit slot {slot} ({path}, "
+            raise InstallError(f"cannot open slot {slot} ({target}): {exc.strerror or exc}") from exc
+        if capacity is not None and manifest.size > capacity:
+            raise InstallError(f"the image of {manifest.size} bytes does not fit slot {slot} ({target}, "
                                f"{capacity} bytes)")
         if self._manifests.get(slot) != manifest:
             self._checked.pop(slot, None)
@@ -107,7 +199,7 @@ class SlotImages:
                                 "the signed manifest")
         self._checked.pop(slot, None)
         try:
-            write_at(self.target(slot), index * manifest.chunk_size, data)
+            self.target(slot).write(index * manifest.chunk_size, data)
         except OSError as exc:
             raise InstallError(f"cannot write slot {slot}: {exc.strerror or exc}") from exc
 
@@ -116,11 +208,11 @@ class SlotImages:
         manifest = self.manifest(slot)
         if self._checked.get(slot) == manifest.sha256:
             return manifest
-        path = self.target(slot)
+        target = self.target(slot)
         try:
-            check_target(path, manifest)
-            if self._grow:
-                os.truncate(path, manifest.size)
+            with target.open_read() as handle:
+                check_image(handle, manifest)
+            target.finish(manifest.size)
         except OSError as exc:
             raise InstallError(f"cannot read slot {slot} back: {exc.strerror or exc}") from exc
         self._checked[slot] = manifest.sha256
@@ -131,4 +223,4 @@ class SlotImages:
         return slot in self._checked
 
 
-__all__ = ["SlotImages", "check_target", "target_capacity", "write_at"]
+__all__ = ["FileTarget", "PairTarget", "SlotImages", "SlotTarget", "target_capacity", "write_at"]

@@ -512,7 +512,7 @@ class Updater:
                 elif state == "rebooting":
                     r = self._record
                     await self._wait_for_update_lock()
-                    await self._reboot(f"trying version {r.version} in slot {r.to_slot}")
+                    await self._reboot(f"trying version {r.version} in slot {r.to_slot}", trial=True)
                 elif state == "verifying_health":
                     await self._check_health()
                 elif state == "rolled_back" and self.installer.booted_slot() != self._record.from_slot:
@@ -677,7 +677,7 @@ class Updater:
                 told_at = now
             await self._clock.sleep(LOCK_POLL_S)
 
-    async def _reboot(self, reason: str) -> None:
+    async def _reboot(self, reason: str, *, trial: bool = False) -> None:
         """Reboot into the armed slot. A reboot command that fails, or returns and the device
         does not go down, ends the update `failed` with the trial disarmed (an ordinary restart
         later must not boot the aborted image) and the updater takes the next offer."""
@@ -685,7 +685,7 @@ class Updater:
         await self._mark_reboot()
         await self.close()
         try:
-            await self._rebooter.reboot(reason)
+            await self._rebooter.reboot(reason, trial=trial)
         except UpdaterError as exc:
             self._store = await UpdaterStore.open(self.state_dir / DB_FILE, clock=self._clock)
             self._closed = False
@@ -802,7 +802,7 @@ class _NoHealthCheck:
 
 
 class _NoReboot:
-    async def reboot(self, reason: str) -> None:
+    async def reboot(self, reason: str, *, trial: bool = False) -> None:
         raise UpdaterError("opened to read only")
 
 

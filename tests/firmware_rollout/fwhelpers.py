@@ -193,12 +193,14 @@ class ScriptedHealth:
 class RecordingRebooter:
     def __init__(self, injector: Injector | None = None) -> None:
         self.reasons: list[str] = []
+        self.trials: list[bool] = []  # whether each reboot asked for the trial slot
         self.injector = injector
 
-    async def reboot(self, reason: str) -> None:
+    async def reboot(self, reason: str, *, trial: bool = False) -> None:
         if self.injector is not None:
             self.injector.tick("reboot")
         self.reasons.append(reason)
+        self.trials.append(trial)
 
 
 class Device:
