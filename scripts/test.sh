@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite: makes .venv, installs the project with its test extra, installs
 # Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
-# port), Debian's chromium + chromium-driver (the console's browser test) and libubootenv-tool
-# (the U-Boot installer's fw_setenv), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
+# port), Debian's chromium + chromium-driver (the console's browser test), libubootenv-tool
+# (the U-Boot installer's fw_setenv) and rauc with squashfs-tools and dbus (the RAUC installer), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
 # runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
@@ -20,6 +20,10 @@ fi
 if ! command -v fw_setenv >/dev/null 2>&1; then
     echo "installing Debian's libubootenv-tool for the U-Boot installer tests" >&2
     apt_install libubootenv-tool || echo "warning: could not install libubootenv-tool; the U-Boot tests will be skipped" >&2
+fi
+if ! command -v rauc >/dev/null 2>&1 || ! command -v mksquashfs >/dev/null 2>&1 || ! command -v dbus-daemon >/dev/null 2>&1; then
+    echo "installing Debian's rauc, squashfs-tools and dbus for the RAUC installer tests" >&2
+    apt_install rauc squashfs-tools dbus || echo "warning: could not install rauc; the RAUC tests will be skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2

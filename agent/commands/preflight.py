@@ -73,8 +73,21 @@ def _check_installer(config: AgentConfig, source: str) -> None:
     """The installer's table names tools on PATH and files that are there: a first rollout must
     not be where a device finds out."""
     fw = config.firmware
+    if not fw.public_key:
+        return
+    if fw.installer == "rauc" and shutil.which(fw.rauc.rauc) is None:
+        raise ConfigError(source, "firmware.rauc.rauc", f"{fw.rauc.rauc!r} is not an executable on PATH "
+                                                         "(Debian: apt install rauc)")
+    t = fw.tryboot
+    if fw.installer == "tryboot" and t is not None and t.slot_a is not None and t.slot_b is not None:
+        files = [("autoboot_path", str(Path(t.autoboot_path).parent)), ("partition_path", t.partition_path)]
+        for name, slot in (("slot_a", t.slot_a), ("slot_b", t.slot_b)):
+            files += [(f"{name}.boot", slot.boot), (f"{name}.root", slot.root)]
+        for key, file in files:
+            if file and not Path(file).exists():
+                raise ConfigError(source, f"firmware.tryboot.{key}", f"{file}: not found")
     u = fw.uboot
-    if fw.installer != "uboot" or u is None or not fw.public_key:
+    if fw.installer != "uboot" or u is None:
         return
     for key, tool in (("fw_printenv", u.fw_printenv), ("fw_setenv", u.fw_setenv)):
         if shutil.which(tool) is None:

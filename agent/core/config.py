@@ -167,7 +167,14 @@ class TrybootSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     trial_reboot_command: list[str] = msgspec.field(default_factory=lambda: ["systemctl", "reboot", "0 tryboot"])
 
 
-InstallerName = Literal["directory", "uboot", "tryboot"]
+class RaucSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[firmware.rauc]`: the artifact's image is a RAUC bundle, installed by RAUC's service."""
+
+    rauc: str = "rauc"  # RAUC's command line tool (it talks to the rauc service on D-Bus)
+    slot_class: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "rootfs"  # the A/B pair of system.conf
+
+
+InstallerName = Literal["directory", "uboot", "tryboot", "rauc"]
 
 
 class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -185,10 +192,11 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     # a file applications flock(2) while they must not be interrupted: no reboot into a new slot while held
     update_lock: str = ""
     # what an update changes: "directory" (slot directories under state_dir: the simulator and
-    # application payloads; it does not change what the device boots), "uboot" or "tryboot"
+    # application payloads; it does not change what the device boots), "uboot", "tryboot" or "rauc"
     installer: InstallerName = "directory"
     uboot: UBootSection | None = None
     tryboot: TrybootSection | None = None
+    rauc: RaucSection = msgspec.field(default_factory=RaucSection)
 
 
 DAY_S = 86_400.0
@@ -514,6 +522,7 @@ __all__ = [
     "FirmwareSection",
     "InstallerName",
     "PiSlotSection",
+    "RaucSection",
     "TrybootSection",
     "UBootSection",
     "HeartbeatSection",

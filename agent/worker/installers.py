@@ -7,6 +7,7 @@ from pathlib import Path
 from agent.core.clock import Clock
 from agent.core.config import FirmwareSection, PiSlotSection
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.rauc import RaucInstaller
 from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
 from firmware_rollout.device.slots import DirectoryInstaller, Installer
 from firmware_rollout.device.tryboot import PiSlot, TrybootInstaller
@@ -34,6 +35,9 @@ def installer_from_config(fw: FirmwareSection, state_dir: Path, *, clock: Clock,
         return TrybootInstaller(autoboot_path=t.autoboot_path, partition_path=t.partition_path,
                                 slot_a=_pi_slot(t.slot_a), slot_b=_pi_slot(t.slot_b), state_dir=state_dir,
                                 clock=clock, verify_key=verify_key)
+    if fw.installer == "rauc":
+        return RaucInstaller(state_dir=state_dir, rauc=fw.rauc.rauc, slot_class=fw.rauc.slot_class, clock=clock,
+                             verify_key=verify_key)
     return DirectoryInstaller(state_dir / SLOTS_DIR, clock=clock, verify_key=verify_key)
 
 
