@@ -21,9 +21,9 @@ if ! command -v fw_setenv >/dev/null 2>&1; then
     echo "installing Debian's libubootenv-tool for the U-Boot installer tests" >&2
     apt_install libubootenv-tool || echo "warning: could not install libubootenv-tool; the U-Boot tests will be skipped" >&2
 fi
-if ! command -v rauc >/dev/null 2>&1 || ! command -v mksquashfs >/dev/null 2>&1 || ! command -v dbus-daemon >/dev/null 2>&1; then
+if ! command -v rauc >/dev/null 2>&1 || ! command -v mksquashfs >/dev/null 2>&1 || ! command -v dbus-daemon >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
     echo "installing Debian's rauc, squashfs-tools and dbus for the RAUC installer tests" >&2
-    apt_install rauc squashfs-tools dbus || echo "warning: could not install rauc; the RAUC tests will be skipped" >&2
+    apt_install rauc squashfs-tools dbus openssl || echo "warning: could not install rauc; the RAUC tests will be skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2
