@@ -165,7 +165,12 @@ if [ "$UNINSTALL" = 1 ]; then
     fi
     for unit in "${units[@]}"; do rm -f "$WANTS/$unit"; say "removed $WANTS/$unit"; done
     rmdir "$WANTS" 2>/dev/null || true
-    for f in edge-agent.service edge-agent@.service; do
+    if [ "$LIVE" = 1 ] && [ -e "$UNITDIR/edge-agent-installer.socket" ]; then
+        systemctl disable --now edge-agent-installer.socket edge-agent-installer.service || true
+    fi
+    rm -f "$UNITDIR/sockets.target.wants/edge-agent-installer.socket"
+    rmdir "$UNITDIR/sockets.target.wants" 2>/dev/null || true
+    for f in edge-agent.service edge-agent@.service edge-agent-installer.socket edge-agent-installer.service; do
         if [ -e "$UNITDIR/$f" ]; then rm -f "$UNITDIR/$f"; say "removed $UNITDIR/$f"; fi
         rm -rf "$UNITDIR/$f.d"
     done
@@ -256,10 +261,27 @@ if [ "$STAGING" = 0 ]; then
     chown "$USER_NAME:$USER_NAME" "$CONFIG"
 fi
 
+# the root install helper's own config: root-owned, the agent cannot change which key it trusts
+HELPER_CONFIG="$ETC/installer.toml"
+if [ "$ROLE" = worker ]; then
+    if [ -e "$HELPER_CONFIG" ]; then
+        say "kept existing $HELPER_CONFIG"
+    else
+        install -m 0600 "$SRC/configs/installer.toml" "$HELPER_CONFIG"
+        [ "$STAGING" = 0 ] && chown root:root "$HELPER_CONFIG"
+        say "wrote $HELPER_CONFIG: set the installer and its table for the install helper"
+    fi
+fi
+
 # -- units ----------------------------------------------------------------------------------------
 for f in edge-agent.service edge-agent@.service; do
     put_file "$SRC/systemd/$f" "$UNITDIR/$f" 0644
 done
+if [ "$ROLE" = worker ]; then
+    for f in edge-agent-installer.socket edge-agent-installer.service; do
+        put_file "$SRC/systemd/$f" "$UNITDIR/$f" 0644
+    done
+fi
 version="$(systemd_version)"
 dropin="$UNITDIR/$UNIT_FILE.d/restart-backoff.conf"
 if [ -n "$version" ] && [ "$version" -ge 254 ]; then
@@ -274,8 +296,16 @@ if [ "$LIVE" = 1 ]; then
     systemctl daemon-reload
     systemctl enable "$UNIT"
     say "enabled $UNIT; start it with: systemctl start $UNIT"
+    if [ "$ROLE" = worker ]; then
+        systemctl enable --now edge-agent-installer.socket
+        say "enabled edge-agent-installer.socket (the root install helper starts on its first request)"
+    fi
 else
     put_link "/etc/systemd/system/$UNIT_FILE" "$WANTS/$UNIT"
+    if [ "$ROLE" = worker ]; then
+        put_link "/etc/systemd/system/edge-agent-installer.socket" \
+            "$UNITDIR/sockets.target.wants/edge-agent-installer.socket"
+    fi
     if [ "$STAGING" = 1 ]; then why="staging into $PREFIX"; else why="systemd is not running"; fi
     say "enabled $UNIT by symlink (systemctl not used: $why)"
 fi

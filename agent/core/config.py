@@ -197,6 +197,12 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     uboot: UBootSection | None = None
     tryboot: TrybootSection | None = None
     rauc: RaucSection = msgspec.field(default_factory=RaucSection)
+    # The root install helper (`edge-agent install-helper`, edge-agent-installer.socket): when
+    # set, the agent asks it for every slot write, boot switch and reboot instead of doing them
+    # itself, and the helper runs the backend `installer` names with its own state directory.
+    helper_socket: str = ""
+    helper_state_dir: str = "/var/lib/edge-agent-installer"
+    helper_group: str = "edge-agent"  # who may ask the helper (besides root)
 
 
 DAY_S = 86_400.0

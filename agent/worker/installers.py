@@ -7,6 +7,7 @@ from pathlib import Path
 from agent.core.clock import Clock
 from agent.core.config import FirmwareSection, PiSlotSection
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.helper import HelperInstaller
 from firmware_rollout.device.rauc import RaucInstaller
 from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
 from firmware_rollout.device.slots import DirectoryInstaller, Installer
@@ -20,9 +21,12 @@ def firmware_state_dir(fw: FirmwareSection, data_dir: Path) -> Path:
 
 
 def installer_from_config(fw: FirmwareSection, state_dir: Path, *, clock: Clock,
-                          verify_key: VerifyKey | None) -> Installer:
-    """Raises `InstallError` when the boot machinery cannot be read (a missing tool, no slot on
-    the kernel command line)."""
+                          verify_key: VerifyKey | None, in_helper: bool = False) -> Installer:
+    """The backend `installer` names, or (`helper_socket` set, outside the helper itself) the
+    client of the root helper that runs it. Raises `InstallError` when the boot machinery cannot
+    be read (a missing tool, no slot on the kernel command line, the helper not answering)."""
+    if fw.helper_socket and not in_helper:
+        return HelperInstaller(fw.helper_socket, clock=clock)
     if fw.installer == "uboot":
         u = fw.uboot
         assert u is not None  # load_config checks the table is there
@@ -46,6 +50,11 @@ def _pi_slot(section: PiSlotSection) -> PiSlot:
     return PiSlot(partition=section.partition, boot=Path(section.boot), root=root)
 
 
+def rebooter_for(installer: Installer, fw: FirmwareSection, *, clock: Clock) -> Rebooter:
+    """The helper reboots when it installs; else `rebooter_from_config`."""
+    return installer if isinstance(installer, HelperInstaller) else rebooter_from_config(fw, clock=clock)
+
+
 def rebooter_from_config(fw: FirmwareSection, *, clock: Clock) -> Rebooter:
     """`reboot_command`; empty: restart the agent in place for the directory installer (its
     "slots" need no reboot) and `systemctl reboot` for a real one. A Raspberry Pi boots its
@@ -57,4 +66,4 @@ def rebooter_from_config(fw: FirmwareSection, *, clock: Clock) -> Rebooter:
     return CommandRebooter(argv, trial_argv=trial, clock=clock, settle_s=fw.reboot_timeout_s)
 
 
-__all__ = ["firmware_state_dir", "installer_from_config", "rebooter_from_config"]
+__all__ = ["firmware_state_dir", "installer_from_config", "rebooter_for", "rebooter_from_config"]

@@ -41,7 +41,7 @@ from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
-from agent.worker.installers import firmware_state_dir, installer_from_config, rebooter_from_config
+from agent.worker.installers import firmware_state_dir, installer_from_config, rebooter_for
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import parse_signed_manifest
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
@@ -351,7 +351,7 @@ async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir:
     health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered)
     if fw.health_command:
         health = AllChecks(health, CommandCheck(fw.health_command, timeout_s=fw.health_timeout_s))
-    rebooter = rebooter_from_config(fw, clock=clock)
+    rebooter = rebooter_for(installer, fw, clock=clock)
 
     async def open_updater(sink: ReportSink) -> Updater:
         return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,

@@ -86,6 +86,12 @@ def test_install_into_a_temporary_root_is_complete_and_idempotent(
         assert mode(units / name) == 0o644
     wants = units / "multi-user.target.wants/edge-agent.service"
     assert os.readlink(wants) == "/etc/systemd/system/edge-agent.service"
+    # a worker gets the root install helper: its units, its socket enabled, its own config
+    for name in ("edge-agent-installer.socket", "edge-agent-installer.service"):
+        assert (units / name).read_bytes() == (checkout.parents[1] / "systemd" / name).read_bytes()
+    assert os.readlink(units / "sockets.target.wants/edge-agent-installer.socket") == (
+        "/etc/systemd/system/edge-agent-installer.socket")
+    assert mode(root / "etc/edge-agent/installer.toml") == 0o600
     sysusers = (root / "etc/sysusers.d/edge-agent.conf").read_text()
     assert "u edge-agent -" in sysusers
     assert not (units / "edge-agent.service.d").exists()  # no back-off drop-in for systemd 252
@@ -127,6 +133,8 @@ def test_install_into_a_temporary_root_is_complete_and_idempotent(
     assert not (units / "edge-agent@.service").exists()
     assert not (units / "edge-agent@.service.d").exists()
     assert not (units / "multi-user.target.wants").exists()
+    assert not (units / "edge-agent-installer.socket").exists()
+    assert not (units / "sockets.target.wants").exists()
     assert not (root / "opt/edge-agent").exists()
     assert config.exists() and leader_config.exists()
     assert (root / "var/lib/edge-agent").is_dir()

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-UNITS = sorted((REPO / "systemd").glob("*.service"))
+UNITS = [REPO / "systemd" / "edge-agent.service", REPO / "systemd" / "edge-agent@.service"]  # the agent's
+HELPER_UNITS = [REPO / "systemd" / "edge-agent-installer.socket", REPO / "systemd" / "edge-agent-installer.service"]
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed")
 
@@ -33,13 +34,13 @@ def verify(*paths: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
-def test_both_units_exist() -> None:
-    assert [p.name for p in UNITS] == ["edge-agent.service", "edge-agent@.service"]
+def test_every_unit_exists() -> None:
+    assert sorted(p.name for p in (REPO / "systemd").iterdir()) == sorted(p.name for p in UNITS + HELPER_UNITS)
 
 
 @needs_analyze
 def test_systemd_analyze_verify_says_nothing_about_our_units() -> None:
-    proc = verify(*UNITS)
+    proc = verify(*UNITS, *HELPER_UNITS)
     output = proc.stdout + proc.stderr
     assert "edge-agent" not in output, output
     assert proc.returncode == 0, output
@@ -99,3 +100,15 @@ def test_service_contract(unit: Path) -> None:
     assert exec_start[3] == "--config" and exec_start[4].startswith("/etc/edge-agent/")
     # keys systemd 252 (Debian 12) does not know must stay out of the shipped units
     assert "RestartSteps" not in d and "RestartMaxDelaySec" not in d
+
+
+def test_the_install_helper_listens_for_root_and_the_agent_group_only() -> None:
+    socket_unit = {k: v[-1] for k, v in directives(HELPER_UNITS[0]).items()}
+    assert (socket_unit["SocketUser"], socket_unit["SocketGroup"], socket_unit["SocketMode"]) == (
+        "root", "edge-agent", "0660")
+    assert socket_unit["ListenStream"] == "/run/edge-agent-installer.sock"
+    service = {k: v[-1] for k, v in directives(HELPER_UNITS[1]).items()}
+    assert service["ExecStart"].split()[1:] == ["/opt/edge-agent/bin/edge-agent", "install-helper", "--config",
+                                                "/etc/edge-agent/installer.toml"]
+    assert "User" not in service  # root: it writes block devices
+    assert service["NoNewPrivileges"] == "yes" and service["RestrictAddressFamilies"] == "AF_UNIX"

@@ -1,0 +1,72 @@
+"""`edge-agent install-helper --config CONFIG [--socket PATH]`: the root helper that writes slots,
+switches the boot target and reboots for an unprivileged agent (`firmware_rollout.device.helper`).
+
+Started by `edge-agent-installer.socket` (systemd hands it the listening socket) or with
+`--socket` by hand. It builds the backend `[firmware] installer` names with `helper_state_dir`
+and checks everything with the key `[firmware] public_key` names, read by itself: keep the
+config and the key root-owned and not writable by the agent's user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import grp
+import logging
+import os
+import sys
+from pathlib import Path
+
+from agent.core.clock import SystemClock
+from agent.core.config import load_config
+from agent.core.errors import EdgeAgentError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, type=Path, metavar="CONFIG", help="the device's agent config")
+    parser.add_argument("--socket", type=Path, metavar="PATH",
+                        help="listen here (default: the socket systemd passes, else [firmware] helper_socket)")
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from agent.worker.installers import installer_from_config, rebooter_from_config
+    from firmware_rollout.artifact.keys import load_verify_key
+    from firmware_rollout.device.helper import InstallHelper, listening_socket
+
+    config = load_config(args.config)
+    fw = config.firmware
+    if not fw.public_key:
+        raise EdgeAgentError(f"{args.config}: firmware.public_key: required: the helper checks every image with it")
+    clock = SystemClock()
+    state_dir = Path(fw.helper_state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    installer = installer_from_config(fw, state_dir, clock=clock, verify_key=load_verify_key(fw.public_key),
+                                      in_helper=True)
+    gids: frozenset[int] = frozenset()
+    try:
+        gids = frozenset({grp.getgrnam(fw.helper_group).gr_gid})
+    except KeyError:
+        logging.getLogger(__name__).warning("group %r does not exist: only the socket's mode decides who asks",
+                                            fw.helper_group)
+    sock = listening_socket(args.socket or (Path(fw.helper_socket) if fw.helper_socket else None))
+    if args.socket is not None and gids:
+        os.chown(args.socket, 0, next(iter(gids)))
+    helper = InstallHelper(installer, rebooter_from_config(fw, clock=clock), allowed_gids=gids)
+    logging.getLogger(__name__).info("install helper for the %s installer: slots %s, booted %s", installer.name,
+                                     "/".join(installer.slots), installer.booted_slot())
+    await helper.serve(sock)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(_serve(args))
+    except EdgeAgentError as exc:
+        print(f"edge-agent install-helper: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"edge-agent install-helper: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
