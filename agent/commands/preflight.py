@@ -75,6 +75,12 @@ def _check_installer(config: AgentConfig, source: str) -> None:
     fw = config.firmware
     if not fw.public_key:
         return
+    if fw.helper_socket:  # the backend's tools and devices are the helper's (its own config checks them)
+        helper = Path(fw.helper_socket)
+        if not helper.is_socket():
+            raise ConfigError(source, "firmware.helper_socket", f"{helper}: no socket there (is "
+                                                               "edge-agent-installer.socket enabled?)")
+        return
     if fw.installer == "rauc" and shutil.which(fw.rauc.rauc) is None:
         raise ConfigError(source, "firmware.rauc.rauc", f"{fw.rauc.rauc!r} is not an executable on PATH "
                                                          "(Debian: apt install rauc)")

@@ -178,3 +178,21 @@ def _reported(gw: LeaderAgent) -> int | None:
 
 async def _empty(w) -> bool:  # type: ignore[no-untyped-def]  # noqa: ANN001
     return await pending(w, "telemetry") == 0
+
+
+async def test_the_leader_answered_gate_opens_only_when_a_leader_accepts_a_message(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    """What a trial boot's health check waits for: the broker alone is not the leader."""
+    w = await worker(clock, tmp_path, "w1", broker=broker)
+    try:
+        await until(clock, lambda: w.transport.connected.is_open, what="connected to the broker")
+        await clock.advance(30)  # heartbeats go out; nobody answers them
+        assert not w.leader_answered.is_open
+        gw = await leader(clock, tmp_path, broker=broker)
+        try:
+            await until(clock, lambda: w.leader_answered.is_open, what="the leader accepted a heartbeat")
+        finally:
+            await stop_all(gw)
+    finally:
+        await stop_all(w)
