@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fwhelpers import CountingSource, Device, Keys, ScriptedHealth, make_artifact
 from test_updater_power_loss import run_with_power_losses
+from ubootboard import SLOT_BYTES, Board
 
-from agent.core.clock import SystemClock
 from firmware_rollout.device.slots import Installer
 from firmware_rollout.device.uboot import UBootInstaller
 from firmware_rollout.errors import InstallError
@@ -24,53 +24,6 @@ from firmware_rollout.messages import UpdateOffer
 pytestmark = pytest.mark.skipif(shutil.which("fw_setenv") is None, reason="needs Debian's libubootenv-tool")
 
 REPO = Path(__file__).resolve().parents[3]
-SLOT_BYTES = 1024 * 1024
-ENV_BYTES = 16 * 1024
-
-
-class Board:
-    """A file-backed U-Boot board: its environment, two slot files and the kernel command line."""
-
-    def __init__(self, root: Path, *, provisioned: bool = True) -> None:
-        """`provisioned`: the factory saved an environment with the A/B variables (else it is blank)."""
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        self.env = root / "uboot.env"
-        self.env.write_bytes(bytes(ENV_BYTES))
-        self.config = root / "fw_env.config"
-        self.config.write_text(f"{self.env} 0x0000 0x{ENV_BYTES:x}\n")
-        self.slots = {"A": root / "slot-a.img", "B": root / "slot-b.img"}
-        for path in self.slots.values():
-            path.write_bytes(bytes(SLOT_BYTES))
-        self.cmdline = root / "cmdline"
-        self.cmdline.write_text("console=ttyS0 root=/dev/mmcblk0p2 rauc.slot=A\n")
-        self.boots: list[str] = []
-        if provisioned:
-            defaults = root / "u-boot-initial-env"
-            defaults.write_text("bootcmd=run distro_bootcmd\nBOOT_ORDER=A B\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n")
-            subprocess.run(["fw_setenv", "-c", str(self.config), "-f", str(defaults), "BOOT_ORDER", "A B"],
-                           check=True, capture_output=True)
-
-    def printenv(self) -> dict[str, str]:
-        done = subprocess.run(["fw_printenv", "-c", str(self.config)], capture_output=True, text=True, check=False)
-        return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-
-    def boot(self) -> str:
-        """What RAUC's boot script does at power-on."""
-        env = self.printenv()
-        for slot in env.get("BOOT_ORDER", "A B").split():
-            left = int(env.get(f"BOOT_{slot}_LEFT", "3"))
-            if left > 0:
-                subprocess.run(["fw_setenv", "-c", str(self.config), f"BOOT_{slot}_LEFT", str(left - 1)], check=True,
-                               capture_output=True)
-                self.cmdline.write_text(f"console=ttyS0 rauc.slot={slot}\n")
-                self.boots.append(slot)
-                return slot
-        raise AssertionError("no slot left to boot")
-
-    def installer(self, *, verify_key: object = None) -> UBootInstaller:
-        return UBootInstaller(fw_env_config=self.config, slot_a=self.slots["A"], slot_b=self.slots["B"],
-                              cmdline_path=self.cmdline, clock=SystemClock(), verify_key=verify_key)  # type: ignore[arg-type]
 
 
 class UBootDevice(Device):
