@@ -221,3 +221,51 @@ def test_config_check_names_the_uboot_key_that_is_wrong(tmp_path: Path, keys: Ke
     bad = subprocess.run([sys.executable, "-m", "agent.cli", "config", "check", str(config)], capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
     assert bad.returncode != 0 and f"firmware.uboot.slot_b: {board.slots['B']}: not found" in bad.stderr + bad.stdout
+
+
+@pytest.mark.slow
+async def test_a_sigkill_mid_download_into_a_uboot_slot_resumes_there(tmp_path: Path, keys: Keys) -> None:
+    """The child streams into the board's slot B until it is SIGKILLed; a new updater resumes at
+    the first chunk not yet written, and the image in the slot comes out whole."""
+    import signal
+    import time
+
+    chunks = 200
+    artifact, _ = make_artifact(tmp_path, keys.signing, size=chunks * 1024 - 17)
+    board = Board(tmp_path / "board")
+    state_dir, log = tmp_path / "dev", tmp_path / "fetches.log"
+    child_py = Path(__file__).with_name("update_child.py")
+    child = subprocess.Popen(
+        [sys.executable, str(child_py), str(state_dir), str(artifact), str(keys.public_path), str(log),
+         str(board.config), str(board.slots["A"]), str(board.slots["B"]), str(board.cmdline)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and len(log.read_text().split()) >= 25):
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never got going"
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate(timeout=30)
+    fetched_before = len(log.read_text().split())
+    assert fetched_before < chunks and board.printenv()["BOOT_ORDER"] == "A B"  # nothing armed yet
+
+    device = UBootDevice(tmp_path / "dev", keys)
+    device.board = board
+    device.skip_boot = True  # a SIGKILL is no reboot
+    updater = await device.boot()
+    done = updater.status().chunks_done
+    assert fetched_before - 1 <= done <= fetched_before
+    source = CountingSource(artifact)
+    status = await updater.resume(source)
+    assert status.state == "rebooting" and source.fetched == list(range(done, chunks))
+    image = (tmp_path / "image-1.1.0-1.bin").read_bytes()
+    assert board.slots["B"].read_bytes()[:len(image)] == image
+    device.skip_boot = False
+    updater = await device.boot()
+    assert (await updater.resume()).state == "committed"
+    await updater.close()
+    assert board.printenv()["BOOT_ORDER"] == "B A"

@@ -1,7 +1,9 @@
 """Child process for test_updater_sigkill: takes an update offer and downloads it slowly,
 appending each chunk index to a log before fetching it, until the parent SIGKILLs it.
 
-    python update_child.py STATE_DIR ARTIFACT PUBLIC_PEM FETCH_LOG
+    python update_child.py STATE_DIR ARTIFACT PUBLIC_PEM FETCH_LOG [FW_ENV_CONFIG SLOT_A SLOT_B CMDLINE]
+
+With the last four, the slots are a U-Boot board's (`UBootInstaller`), else directories.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fwhelpers import RecordingRebooter, ScriptedHealth  # noqa: E402
 from agent.core.clock import SystemClock  # noqa: E402
 from firmware_rollout.artifact.keys import load_verify_key  # noqa: E402
 from firmware_rollout.device.sources import ArtifactChunkSource  # noqa: E402
+from firmware_rollout.device.uboot import UBootInstaller  # noqa: E402
 from firmware_rollout.device.updater import Updater  # noqa: E402
 from firmware_rollout.messages import UpdateOffer  # noqa: E402
 
@@ -32,10 +35,16 @@ class SlowLoggingSource:
         return await self.inner.fetch(index)
 
 
-async def main(state_dir: Path, artifact: Path, public_pem: Path, log: Path) -> None:
+async def main(state_dir: Path, artifact: Path, public_pem: Path, log: Path, *board: Path) -> None:
     source = SlowLoggingSource(artifact, log)
+    key = load_verify_key(public_pem)
+    installer = None
+    if board:
+        env, slot_a, slot_b, cmdline = board
+        installer = UBootInstaller(fw_env_config=env, slot_a=slot_a, slot_b=slot_b, cmdline_path=cmdline,
+                                   verify_key=key)
     updater = await Updater.open(
-        state_dir, device_id="child", verify_key=load_verify_key(public_pem), clock=SystemClock(),
+        state_dir, device_id="child", verify_key=key, clock=SystemClock(), installer=installer,
         health=ScriptedHealth(True), rebooter=RecordingRebooter(), initial_version="1.0.0",
     )  # fmt: skip
     offer = UpdateOffer(rollout_id="r1", signed_manifest=source.inner.signed_manifest)
@@ -44,4 +53,4 @@ async def main(state_dir: Path, artifact: Path, public_pem: Path, log: Path) -> 
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*map(Path, sys.argv[1:5])))
+    asyncio.run(main(*map(Path, sys.argv[1:])))
