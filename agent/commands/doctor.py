@@ -294,6 +294,8 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         except (EdgeAgentError, OSError, ValueError) as exc:
             yield Outcome("firmware key", False, f"{fw.public_key}: {exc}",
                           "point firmware.public_key at the fleet's public.pem")
+    if fw.public_key and config.agent.role == "worker" and "installer" not in skip:
+        yield _installer(config, data_dir)
     commands = [(n, c) for n, c in (("firmware.reboot_command", fw.reboot_command),
                                     ("firmware.health_command", fw.health_command)) if c]
     if commands and "commands" not in skip:
@@ -311,6 +313,28 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         h = config.housekeeping
         yield Outcome("housekeeping", True, f"every {h.interval_s:g}s; message ids kept"
                                             f" {h.processed_retention_s / 86400:g} days")
+
+
+def _installer(config: AgentConfig, data_dir: Path) -> Outcome:
+    """What an update changes on this device, read from the boot machinery itself."""
+    from agent.core.clock import SystemClock
+    from agent.worker.installers import firmware_state_dir, installer_from_config
+
+    fw = config.firmware
+    try:
+        installer = installer_from_config(fw, firmware_state_dir(fw, data_dir), clock=SystemClock(),
+                                          verify_key=None)
+    except (EdgeAgentError, OSError) as exc:
+        return Outcome("installer", False, f"{fw.installer}: {exc}",
+                       "see docs/firmware-devices.md for the installer's setup")
+    trial = installer.trial_slot()
+    where = f"booted {installer.booted_slot()}, default {installer.default_slot()}, " + (
+        f"trial {trial} armed" if trial else "no trial")
+    if installer.name == "directory":
+        return Outcome("installer", True, f"directory ({where}): updates change nothing this device boots",
+                       'set [firmware] installer = "uboot", "tryboot" or "rauc" on a real device')
+    via = " through the install helper" if fw.helper_socket else ""
+    return Outcome("installer", True, f"{installer.name}{via}: {where}")
 
 
 def _local_api(config: AgentConfig, data_dir: Path) -> Outcome:

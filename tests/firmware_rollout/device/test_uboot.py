@@ -269,3 +269,13 @@ async def test_a_sigkill_mid_download_into_a_uboot_slot_resumes_there(tmp_path: 
     assert (await updater.resume()).state == "committed"
     await updater.close()
     assert board.printenv()["BOOT_ORDER"] == "B A"
+
+
+def test_doctor_reads_the_slots_from_the_uboot_environment(tmp_path: Path, keys: Keys) -> None:
+    board = Board(tmp_path / "board")
+    config = worker_config(tmp_path, board, keys)
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "doctor", "--config", str(config), "--broker",
+                           "memory://", "--json"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    assert "installer" in done.stdout, done.stdout + done.stderr
+    assert "uboot: booted A, default A, no trial" in done.stdout, done.stdout
