@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fwhelpers import CountingSource, Device, Keys, make_artifact
+from fwhelpers import CountingSource, Device, Keys, RecordingRebooter, make_artifact
 
 from agent.core.codec import MessageRegistry, decode
 from firmware_rollout.device.reboot import CommandRebooter
@@ -71,4 +71,27 @@ async def test_abort_a_canceled_download(tmp_path: Path, keys: Keys) -> None:
     assert (status.state, status.detail, status.booted_slot) == ("failed", "rollout r1 canceled", "a")
     assert not (device.root / "staging.img").exists() and device.states()[-1] == "failed"
     assert (await updater.abort("again")).detail == "rollout r1 canceled"  # a finished update stays as it is
+    await updater.close()
+
+
+class BrokenRebooter(RecordingRebooter):
+    async def reboot(self, reason: str, *, trial: bool = False) -> None:
+        await super().reboot(reason, trial=trial)
+        raise UpdaterError("systemctl reboot exited 1")
+
+
+async def test_a_reboot_that_fails_ends_the_update_failed_with_the_trial_disarmed(tmp_path: Path,
+                                                                                  keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys)
+    device.rebooter = BrokenRebooter()
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    report = await updater.offer(UpdateOffer(rollout_id="r1", signed_manifest=source.signed_manifest), source)
+    assert report.state == "failed" and "reboot failed: systemctl reboot exited 1" in report.detail
+    assert updater.installer.trial_slot() is None and updater.installer.default_slot() == "a"  # disarmed
+    assert device.installer().booted_slot() == "a"  # an ordinary restart boots the old slot
+    # the updater is usable again: the next offer is taken (and fails the same way here)
+    again = await updater.offer(UpdateOffer(rollout_id="r2", signed_manifest=source.signed_manifest), source)
+    assert again.rollout_id == "r2" and again.state == "failed"
     await updater.close()
