@@ -13,15 +13,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.core.clock import SystemClock
 from agent.core.config import AgentConfig, load_config, local_api_socket
 from agent.core.errors import EdgeAgentError
 from firmware_rollout.device.health import HealthResult
+from firmware_rollout.device.slots import Installer
 from firmware_rollout.device.updater import Updater, UpdaterStatus
 from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import UpdateOffer, UpdateReport
+
+if TYPE_CHECKING:
+    from firmware_rollout.artifact.keys import VerifyKey
 
 
 def add_device_actions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,7 +79,15 @@ def _refuse_while_running(config: AgentConfig) -> None:
                        "(systemctl stop edge-agent), one updater per state directory")
 
 
-async def _open(config: AgentConfig) -> Updater:
+@dataclass(frozen=True)
+class _Device:
+    state_dir: Path
+    installer: Installer
+    key: VerifyKey
+    clock: SystemClock
+
+
+def _device(config: AgentConfig) -> _Device:
     from agent.worker.installers import firmware_state_dir, installer_from_config
     from firmware_rollout.artifact.keys import load_verify_key
 
@@ -81,11 +95,23 @@ async def _open(config: AgentConfig) -> Updater:
     clock = SystemClock()
     key = load_verify_key(fw.public_key)
     state_dir = firmware_state_dir(fw, Path(config.agent.data_dir))
-    installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)
-    return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,
-                              health=_ConsoleDecides(), rebooter=_RebootByHand(), installer=installer,
+    return _Device(state_dir, installer_from_config(fw, state_dir, clock=clock, verify_key=key), key, clock)
+
+
+async def _open(config: AgentConfig) -> Updater:
+    fw = config.firmware
+    d = _device(config)
+    return await Updater.open(d.state_dir, device_id=config.agent.device_id, verify_key=d.key, clock=d.clock,
+                              health=_ConsoleDecides(), rebooter=_RebootByHand(), installer=d.installer,
                               hardware=fw.hardware or None, image=fw.image or None,
                               initial_version=config.agent.firmware_version, on_report=_keep)
+
+
+async def _open_read_only(config: AgentConfig) -> Updater:
+    """status while the agent may run: the updater opened only to read (no boot accounting)."""
+    d = _device(config)
+    return await Updater.inspect(d.state_dir, installer=d.installer, device_id=config.agent.device_id,
+                                 verify_key=d.key, clock=d.clock, initial_version=config.agent.firmware_version)
 
 
 def _view(updater: Updater, status: UpdaterStatus) -> dict[str, object]:
@@ -140,20 +166,6 @@ async def status(args: argparse.Namespace) -> int:
             value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, ""))
         print(f"{label:<15} {value if value not in (None, '') else '-'}")
     return 0
-
-
-async def _open_read_only(config: AgentConfig) -> Updater:
-    """status while the agent may run: the updater opened only to read (no boot accounting)."""
-    from agent.worker.installers import firmware_state_dir, installer_from_config
-    from firmware_rollout.artifact.keys import load_verify_key
-
-    fw = config.firmware
-    clock = SystemClock()
-    key = load_verify_key(fw.public_key)
-    state_dir = firmware_state_dir(fw, Path(config.agent.data_dir))
-    installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)
-    return await Updater.inspect(state_dir, installer=installer, device_id=config.agent.device_id, verify_key=key,
-                                 clock=clock, initial_version=config.agent.firmware_version)
 
 
 async def commit(args: argparse.Namespace) -> int:

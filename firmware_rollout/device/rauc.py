@@ -25,7 +25,7 @@ from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.device.slot_images import FileTarget, SlotImages
-from firmware_rollout.device.slots import SlotView, SlotWrites
+from firmware_rollout.device.slots import SlotView, SlotWrites, StreamingInstaller
 from firmware_rollout.errors import InstallError
 
 BUNDLE_FILE = "rauc-bundle.raucb"
@@ -34,7 +34,7 @@ STATUS_TIMEOUT_S = 60.0
 INSTALL_TIMEOUT_S = 3600.0
 
 
-class RaucInstaller:
+class RaucInstaller(StreamingInstaller):
     def __init__(self, *, state_dir: str | Path, rauc: str = "rauc", slot_class: str = "rootfs",
                  clock: Clock | None = None, verify_key: VerifyKey | None = None) -> None:
         self._rauc = rauc
@@ -134,23 +134,6 @@ class RaucInstaller:
         trial = self.trial_slot()
         return trial is not None and trial != self._booted and self.boot_status(trial) == "bad"
 
-    def _other(self, slot: str) -> str:
-        if slot not in self._names:
-            raise InstallError(f"unknown slot {slot!r} (slots: {', '.join(self._slots)})")
-        return self._slots[1] if slot == self._slots[0] else self._slots[0]
-
-    async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
-        self._other(slot)
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.open(slot, signed_manifest)
-
-    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.write(slot, index, data)
-
-    async def check_slot(self, slot: str) -> None:
-        await self._writes.check(slot)
-
     def _install(self, slot: str) -> None:
         if self.trial_slot() == slot and self.default_slot() == slot:
             return  # installed before a power loss: RAUC made it primary already
@@ -167,12 +150,12 @@ class RaucInstaller:
         self._trial_file.unlink(missing_ok=True)
 
     async def mark_trial(self, slot: str) -> None:
-        self._other(slot)
+        self.other(slot)
         self._writes.require_checked(slot)
         await in_thread(self._clock, self._install, slot)
 
     async def commit(self, slot: str) -> None:
-        self._other(slot)
+        self.other(slot)
         if slot == self._booted:
             await in_thread(self._clock, self._mark, ("mark-good", "booted"))
         else:
@@ -180,7 +163,7 @@ class RaucInstaller:
         self._bundle.unlink(missing_ok=True)
 
     async def revert(self, slot: str) -> None:
-        other = self._other(slot)
+        other = self.other(slot)
         await in_thread(self._clock, self._mark, ("mark-active", self._names[slot]), ("mark-bad", self._names[other]))
 
     def describe(self) -> SlotView:

@@ -23,6 +23,7 @@ simulator and application payloads; it does not change what a device boots), `UB
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -100,7 +101,40 @@ class SlotWrites:
             raise InstallError(f"refusing to arm slot {slot}: its image was not written and checked")
 
 
-class DirectoryInstaller:
+class StreamingInstaller(ABC):
+    """`open_slot`, `write_chunk` and `check_slot` of a backend whose images go through
+    `SlotWrites` (`_writes`): the booted slot is refused, the rest is `SlotImages`' checks."""
+
+    _writes: SlotWrites
+
+    @property
+    @abstractmethod
+    def slots(self) -> tuple[str, str]: ...
+
+    @abstractmethod
+    def booted_slot(self) -> str: ...
+
+    def other(self, slot: str) -> str:
+        """The slot that is not `slot`; an `InstallError` for a slot this backend does not have."""
+        first, second = self.slots
+        if slot not in (first, second):
+            raise InstallError(f"unknown slot {slot!r} (slots: {first}, {second})")
+        return second if slot == first else first
+
+    async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
+        self.other(slot)
+        self._writes.refuse_booted(slot, self.booted_slot())
+        await self._writes.open(slot, signed_manifest)
+
+    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
+        self._writes.refuse_booted(slot, self.booted_slot())
+        await self._writes.write(slot, index, data)
+
+    async def check_slot(self, slot: str) -> None:
+        await self._writes.check(slot)
+
+
+class DirectoryInstaller(StreamingInstaller):
     """Two slot directories under `root` (`a/`, `b/`), each holding `image` and `version`, and
     `bootenv.json` with the default and trial slots. Its "bootloader" runs when the object is
     made (at process start): it boots the trial slot while one is marked, else the default."""
@@ -143,10 +177,6 @@ class DirectoryInstaller:
         atomic_write(self._env_path, json.dumps({"default": default, "trial": trial}).encode())
         self._default, self._trial = default, trial
 
-    def _check(self, slot: str) -> None:
-        if slot not in SLOTS:
-            raise InstallError(f"unknown slot {slot!r}")
-
     def booted_slot(self) -> str:
         return self._booted
 
@@ -171,22 +201,13 @@ class DirectoryInstaller:
         except OSError:
             return None
 
-    async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
-        self._check(slot)
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.open(slot, signed_manifest)
-
-    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.write(slot, index, data)
-
     def _record_version(self, slot: str) -> None:
         version = self._writes.images.manifest(slot).version
         atomic_write(self.root / slot / "version", version.encode() + b"\n")
         fsync_dir(self.root / slot)
 
     async def check_slot(self, slot: str) -> None:
-        await self._writes.check(slot)
+        await super().check_slot(slot)
         try:
             await in_thread(self._clock, self._record_version, slot)
         except OSError as exc:
@@ -201,16 +222,16 @@ class DirectoryInstaller:
             raise InstallError(f"cannot update the boot environment: {exc.strerror or exc}") from exc
 
     async def mark_trial(self, slot: str) -> None:
-        self._check(slot)
+        self.other(slot)
         self._writes.require_checked(slot)
         await self._set(self._default, slot)
 
     async def commit(self, slot: str) -> None:
-        self._check(slot)
+        self.other(slot)
         await self._set(slot, None)
 
     async def revert(self, slot: str) -> None:
-        self._check(slot)
+        self.other(slot)
         await self._set(slot, None)
 
     def describe(self) -> SlotView:
@@ -218,4 +239,4 @@ class DirectoryInstaller:
                 "boots_what": "nothing: a directory stands in for each slot (simulator, application payloads)"}
 
 
-__all__ = ["SLOTS", "DirectoryInstaller", "Installer", "SlotView", "SlotWrites", "other_slot"]
+__all__ = ["SLOTS", "DirectoryInstaller", "Installer", "SlotView", "SlotWrites", "StreamingInstaller", "other_slot"]

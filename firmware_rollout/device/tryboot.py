@@ -27,7 +27,7 @@ from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.device.slot_images import FileTarget, PairTarget, SlotImages, SlotTarget
-from firmware_rollout.device.slots import SlotView, SlotWrites
+from firmware_rollout.device.slots import SlotView, SlotWrites, StreamingInstaller
 from firmware_rollout.errors import InstallError
 
 TRYBOOT_SLOTS = ("A", "B")
@@ -78,7 +78,7 @@ def format_autoboot(sections: dict[str, dict[str, str]]) -> str:
     return "\n".join(out) + "\n"
 
 
-class TrybootInstaller:
+class TrybootInstaller(StreamingInstaller):
     def __init__(self, *, autoboot_path: str | Path, slot_a: PiSlot, slot_b: PiSlot, state_dir: str | Path,
                  partition_path: str | Path = "/proc/device-tree/chosen/bootloader/partition",
                  clock: Clock | None = None, verify_key: VerifyKey | None = None) -> None:
@@ -165,23 +165,6 @@ class TrybootInstaller:
     def fell_back(self) -> bool:
         return False  # the one-shot flag leaves no trace; the updater's boot id check tells
 
-    def _check(self, slot: str) -> str:
-        if slot not in TRYBOOT_SLOTS:
-            raise InstallError(f"unknown slot {slot!r} (slots: A, B)")
-        return "B" if slot == "A" else "A"
-
-    async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
-        self._check(slot)
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.open(slot, signed_manifest)
-
-    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.write(slot, index, data)
-
-    async def check_slot(self, slot: str) -> None:
-        await self._writes.check(slot)
-
     async def _apply(self, default: str, tryboot: str, trial: str | None) -> None:
         def apply() -> None:
             self._write(default, tryboot)
@@ -193,16 +176,16 @@ class TrybootInstaller:
             raise InstallError(f"cannot update {self._autoboot}: {exc.strerror or exc}") from exc
 
     async def mark_trial(self, slot: str) -> None:
-        self._check(slot)
+        self.other(slot)
         self._writes.require_checked(slot)
         await self._apply(self.default_slot(), slot, slot)
 
     async def commit(self, slot: str) -> None:
-        other = self._check(slot)
+        other = self.other(slot)
         await self._apply(slot, other, None)
 
     async def revert(self, slot: str) -> None:
-        other = self._check(slot)
+        other = self.other(slot)
         await self._apply(slot, other, None)
 
     def describe(self) -> SlotView:

@@ -29,7 +29,7 @@ from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.device.slot_images import SlotImages
-from firmware_rollout.device.slots import SlotView, SlotWrites
+from firmware_rollout.device.slots import SlotView, SlotWrites, StreamingInstaller
 from firmware_rollout.errors import InstallError
 
 UBOOT_SLOTS = ("A", "B")
@@ -52,7 +52,7 @@ def booted_from_cmdline(path: Path) -> str:
     return found.group(1)
 
 
-class UBootInstaller:
+class UBootInstaller(StreamingInstaller):
     def __init__(self, *, fw_env_config: str | Path, slot_a: str | Path, slot_b: str | Path,
                  cmdline_path: str | Path = "/proc/cmdline", fw_env_defaults: str | Path = "",
                  boot_attempts: int = 3, fw_printenv: str = "fw_printenv", fw_setenv: str = "fw_setenv",
@@ -157,35 +157,18 @@ class UBootInstaller:
         trial = self.trial_slot()
         return trial is not None and trial != self._booted and self.attempts_left(trial) == 0
 
-    def _check(self, slot: str) -> str:
-        if slot not in UBOOT_SLOTS:
-            raise InstallError(f"unknown slot {slot!r} (slots: A, B)")
-        return "B" if slot == "A" else "A"
-
-    async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
-        self._check(slot)
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.open(slot, signed_manifest)
-
-    async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
-        self._writes.refuse_booted(slot, self._booted)
-        await self._writes.write(slot, index, data)
-
-    async def check_slot(self, slot: str) -> None:
-        await self._writes.check(slot)
-
     async def mark_trial(self, slot: str) -> None:
-        other = self._check(slot)
+        other = self.other(slot)
         self._writes.require_checked(slot)
         await self._set({"BOOT_ORDER": f"{slot} {other}", f"BOOT_{slot}_LEFT": str(self._attempts),
                          TRIAL_VAR: slot})
 
     async def commit(self, slot: str) -> None:
-        other = self._check(slot)
+        other = self.other(slot)
         await self._set({"BOOT_ORDER": f"{slot} {other}", f"BOOT_{slot}_LEFT": str(self._attempts), TRIAL_VAR: ""})
 
     async def revert(self, slot: str) -> None:
-        other = self._check(slot)
+        other = self.other(slot)
         changes = {"BOOT_ORDER": f"{slot} {other}", f"BOOT_{slot}_LEFT": str(self._attempts), TRIAL_VAR: ""}
         if self.trial_slot() == other or self.default_slot() == other:
             changes[f"BOOT_{other}_LEFT"] = "0"  # what RAUC's mark-bad does
