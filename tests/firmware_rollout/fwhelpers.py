@@ -285,3 +285,27 @@ async def stream_into(installer: Installer, slot: str, artifact: Path) -> None:
     for index in range(signed.manifest.chunk_count):
         await installer.write_chunk(slot, index, read_image_chunk(artifact, signed, index))
     await installer.check_slot(slot)
+
+
+def sigkill_after(argv: list[str], log: Path, lines: int, *, cwd: Path) -> None:
+    """Run `argv` (a child that appends a line to `log` per chunk it fetches) and SIGKILL it once
+    `log` holds `lines` lines: the power goes mid-download."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(cwd)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and len(log.read_text().split()) >= lines):
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never got going"
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fwhelpers import CountingSource, Device, Keys, ScriptedHealth, make_artifact
+from fwhelpers import CountingSource, Device, Keys, ScriptedHealth, make_artifact, sigkill_after
 from test_updater_power_loss import run_with_power_losses
 from ubootboard import SLOT_BYTES, Board
 
@@ -227,29 +227,14 @@ def test_config_check_names_the_uboot_key_that_is_wrong(tmp_path: Path, keys: Ke
 async def test_a_sigkill_mid_download_into_a_uboot_slot_resumes_there(tmp_path: Path, keys: Keys) -> None:
     """The child streams into the board's slot B until it is SIGKILLed; a new updater resumes at
     the first chunk not yet written, and the image in the slot comes out whole."""
-    import signal
-    import time
-
     chunks = 200
     artifact, _ = make_artifact(tmp_path, keys.signing, size=chunks * 1024 - 17)
     board = Board(tmp_path / "board")
     state_dir, log = tmp_path / "dev", tmp_path / "fetches.log"
     child_py = Path(__file__).with_name("update_child.py")
-    child = subprocess.Popen(
-        [sys.executable, str(child_py), str(state_dir), str(artifact), str(keys.public_path), str(log),
-         str(board.config), str(board.slots["A"]), str(board.slots["B"]), str(board.cmdline)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        deadline = time.monotonic() + 60
-        while not (log.exists() and len(log.read_text().split()) >= 25):
-            assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the child never got going"
-            time.sleep(0.01)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(timeout=30)
+    sigkill_after([sys.executable, str(child_py), str(state_dir), str(artifact), str(keys.public_path), str(log),
+                   str(board.config), str(board.slots["A"]), str(board.slots["B"]), str(board.cmdline)],
+                  log, 25, cwd=REPO)
     fetched_before = len(log.read_text().split())
     assert fetched_before < chunks and board.printenv()["BOOT_ORDER"] == "A B"  # nothing armed yet
 

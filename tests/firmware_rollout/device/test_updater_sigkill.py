@@ -1,14 +1,10 @@
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from fwhelpers import CountingSource, Device, Keys, make_artifact
+from fwhelpers import CountingSource, Device, Keys, make_artifact, sigkill_after
 
 CHILD = Path(__file__).with_name("update_child.py")
 ROOT = Path(__file__).parents[3]
@@ -19,22 +15,8 @@ async def test_download_resumes_from_the_last_good_chunk_after_sigkill(tmp_path:
     chunks = 200
     artifact, signed = make_artifact(tmp_path, keys.signing, size=chunks * 1024 - 17)
     state_dir, log = tmp_path / "dev", tmp_path / "fetches.log"
-    child = subprocess.Popen(
-        [sys.executable, str(CHILD), str(state_dir), str(artifact), str(keys.public_path), str(log)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not (log.exists() and len(log.read_text().split()) >= 25):
-            assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the child never got going"
-            time.sleep(0.01)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(timeout=30)
-    assert child.returncode == -signal.SIGKILL
+    sigkill_after([sys.executable, str(CHILD), str(state_dir), str(artifact), str(keys.public_path), str(log)],
+                  log, 25, cwd=ROOT)
     before = [int(i) for i in log.read_text().split()]
     assert before == list(range(len(before))) and len(before) < chunks
 
