@@ -38,7 +38,7 @@ from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.manifest import MAX_CHUNK_SIZE
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import Installer, SlotView
-from firmware_rollout.errors import InstallError, UpdaterError
+from firmware_rollout.errors import ChunkMismatch, InstallError, UpdaterError
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class HelperState(msgspec.Struct, kw_only=True, frozen=True):
 class HelperReply(msgspec.Struct, kw_only=True, frozen=True):
     ok: bool
     error: str = ""
+    mismatch: bool = False  # the refusal is a chunk or an image that differs from the signed manifest
     state: HelperState | None = None
 
 
@@ -153,7 +154,8 @@ class InstallHelper:
             except (EdgeAgentError, OSError) as exc:
                 self.refused += 1
                 log.warning("refused %s of slot %s: %s", request.op, request.slot or "-", exc)
-                return HelperReply(ok=False, error=str(exc), state=state_of(self._installer))
+                return HelperReply(ok=False, error=str(exc), mismatch=isinstance(exc, ChunkMismatch),
+                                   state=state_of(self._installer))
             return HelperReply(ok=True, state=state_of(self._installer))
 
     async def _do(self, r: HelperRequest) -> None:
@@ -224,6 +226,8 @@ class HelperInstaller:
         if reply.state is not None:
             self._state = reply.state
         if not reply.ok:
+            if reply.mismatch:
+                raise ChunkMismatch(f"the install helper refused {request.op}: {reply.error}")
             raise HelperError(f"the install helper refused {request.op}: {reply.error}")
         assert reply.state is not None
         return reply.state

@@ -22,6 +22,8 @@ from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.artifact.manifest import Manifest, parse_signed_manifest, verify_signed_manifest
 from firmware_rollout.errors import ChunkMismatch, InstallError
 
+READ_BLOCK = 1024 * 1024
+
 
 def target_capacity(path: Path) -> int:
     """Bytes a slot target holds: a block device's size, or a file's (a file grows if it must)."""
@@ -144,6 +146,18 @@ class _Chained(io.RawIOBase):
 SlotTarget = FileTarget | PairTarget
 
 
+def _whole_image_matches(handle: BinaryIO, manifest: Manifest) -> bool:
+    whole = hashlib.sha256()
+    left = manifest.size
+    while left:
+        block = handle.read(min(READ_BLOCK, left))
+        if not block:
+            return False
+        whole.update(block)
+        left -= len(block)
+    return whole.digest() == manifest.sha256
+
+
 class SlotImages:
     """What is being written into which slot target, and the checks on every write.
 
@@ -210,8 +224,12 @@ class SlotImages:
             return manifest
         target = self.target(slot)
         try:
-            with target.open_read() as handle:
-                check_image(handle, manifest)
+            with target.open_read() as handle:  # the signed whole-image hash: one pass, one hash
+                matches = _whole_image_matches(handle, manifest)
+            if not matches:
+                with target.open_read() as handle:
+                    check_image(handle, manifest)  # which chunk differs, for the message
+                raise ChunkMismatch("image sha256 mismatch: the chunks match but the whole image does not")
             target.finish(manifest.size)
         except OSError as exc:
             raise InstallError(f"cannot read slot {slot} back: {exc.strerror or exc}") from exc

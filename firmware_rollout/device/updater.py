@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -51,7 +50,7 @@ from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import DirectoryInstaller, Installer, other_slot
 from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
-from firmware_rollout.errors import InstallError, UpdaterError
+from firmware_rollout.errors import ChunkMismatch, InstallError, UpdaterError
 from firmware_rollout.messages import TERMINAL_STATES, DownloadProgress, UpdateOffer, UpdateReport
 
 ReportSink = Callable[[UpdateReport], Awaitable[None]]
@@ -542,7 +541,9 @@ class Updater:
                      manifest.version, done + 1, manifest.chunk_count)
         for index in range(done, manifest.chunk_count):
             data = await self._fetch(source, index)
-            if len(data) != manifest.chunk_length(index) or hashlib.sha256(data).digest() != manifest.chunks[index]:
+            try:  # the installer checks the chunk against the signed manifest before it writes it
+                await self.installer.write_chunk(r.to_slot, index, data)
+            except ChunkMismatch:
                 await self._set(
                     self._record.but(
                         state="rejected",
@@ -550,9 +551,7 @@ class Updater:
                         "from the source does not match the signed manifest",
                     )
                 )
-                raise _Stop
-            try:
-                await self.installer.write_chunk(r.to_slot, index, data)
+                raise _Stop from None
             except (InstallError, ArtifactError, OSError) as exc:
                 await self._fail(f"install failed: chunk {index} not written into slot {r.to_slot}: {exc}")
             snapshot = progress.after(index + 1)

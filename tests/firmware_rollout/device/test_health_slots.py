@@ -10,7 +10,7 @@ from fwhelpers import Keys, make_artifact, stream_into
 from agent.core.clock import SystemClock, VirtualClock
 from agent.core.errors import BadSignature
 from agent.core.gate import Gate
-from firmware_rollout.artifact.files import read_signed_manifest
+from firmware_rollout.artifact.files import read_image_chunk, read_signed_manifest
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthResult
 from firmware_rollout.device.slots import DirectoryInstaller
 from firmware_rollout.errors import ChunkMismatch, InstallError
@@ -86,3 +86,20 @@ async def test_an_installer_with_a_key_refuses_an_unsigned_manifest(tmp_path: Pa
     with pytest.raises(BadSignature):
         await installer.open_slot("b", unsigned.raw)
     assert not installer.image_path("b").exists() or installer.image_path("b").stat().st_size == 0
+
+
+async def test_a_slot_corrupted_after_its_writes_fails_the_read_back_naming_the_chunk(tmp_path: Path,
+                                                                                       keys: Keys) -> None:
+    artifact, signed = make_artifact(tmp_path, keys.signing, version="2.0.0")
+    installer = DirectoryInstaller(tmp_path / "slots", verify_key=keys.verify)
+    await installer.open_slot("b", signed.raw)
+    for index in range(signed.manifest.chunk_count):
+        await installer.write_chunk("b", index, read_image_chunk(artifact, signed, index))
+    image = installer.image_path("b")
+    data = bytearray(image.read_bytes())
+    data[3 * signed.manifest.chunk_size + 7] ^= 0x01  # a sector that went bad after the write
+    image.write_bytes(bytes(data))
+    with pytest.raises(ChunkMismatch, match="chunk 3 of"):
+        await installer.check_slot("b")
+    with pytest.raises(InstallError, match="not written and checked"):
+        await installer.mark_trial("b")

@@ -22,7 +22,7 @@ from agent.core.clock import SystemClock
 from firmware_rollout.artifact.files import read_image_chunk, read_signed_manifest
 from firmware_rollout.device.helper import HelperError, HelperInstaller, HelperRequest, frame
 from firmware_rollout.device.updater import Updater
-from firmware_rollout.errors import UpdaterError
+from firmware_rollout.errors import ChunkMismatch, UpdaterError
 from firmware_rollout.messages import UpdateOffer
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/fw_setenv").exists(), reason="needs Debian's libubootenv-tool")
@@ -141,9 +141,9 @@ async def test_the_helper_refuses_what_a_compromised_agent_could_ask(tmp_path: P
         await installer.open_slot("A", signed.raw)
     await installer.open_slot("B", signed.raw)
     good = read_image_chunk(artifact, signed, 0)
-    with pytest.raises(HelperError, match="tampered chunk"):
+    with pytest.raises(ChunkMismatch, match="tampered chunk"):
         await installer.write_chunk("B", 0, b"\x00" * len(good))  # bytes the manifest does not vouch for
-    with pytest.raises(HelperError, match="tampered chunk"):
+    with pytest.raises(ChunkMismatch, match="tampered chunk"):
         await installer.write_chunk("B", 0, good[:-1])
     with pytest.raises(HelperError, match="not written and checked"):
         await installer.mark_trial("B")  # arming a slot whose image it never read back
