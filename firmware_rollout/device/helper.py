@@ -48,6 +48,8 @@ MAX_FRAME = MAX_CHUNK_SIZE + 64 * 1024  # one chunk and its envelope
 MAX_MANIFEST = 4 * 1024 * 1024
 _LENGTH = struct.Struct(">I")
 REBOOT_REPLY_TIMEOUT_S = 900.0  # a reboot that returns takes the reboot command's settle time
+MAX_CONNECTIONS = 4  # the agent needs one; a client holding more gets refused
+IDLE_TIMEOUT_S = 600.0  # a connection that sends nothing for this long is closed
 
 
 class HelperRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -101,6 +103,7 @@ class InstallHelper:
         self._rebooter = rebooter
         self._allowed_gids = allowed_gids  # empty: whoever the socket's mode lets in
         self._lock = asyncio.Lock()
+        self._connections = 0
         self.refused = 0
 
     async def serve(self, sock: socket.socket) -> None:
@@ -117,14 +120,18 @@ class InstallHelper:
         return uid == 0 or gid in self._allowed_gids
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections += 1
         try:
             if not self._peer_allowed(writer):
                 log.warning("refused a connection from a process outside the allowed groups")
                 return
+            if self._connections > MAX_CONNECTIONS:
+                log.warning("refused a connection: %d are open already", MAX_CONNECTIONS)
+                return
             while True:
                 try:
-                    head = await reader.readexactly(_LENGTH.size)
-                except asyncio.IncompleteReadError:
+                    head = await asyncio.wait_for(reader.readexactly(_LENGTH.size), IDLE_TIMEOUT_S)
+                except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 (length,) = _LENGTH.unpack(head)
                 if length > MAX_FRAME:
@@ -132,12 +139,13 @@ class InstallHelper:
                                                                           f"the {MAX_FRAME} limit"))))
                     await writer.drain()
                     return
-                reply = await self.handle(await reader.readexactly(length))
+                reply = await self.handle(await asyncio.wait_for(reader.readexactly(length), IDLE_TIMEOUT_S))
                 writer.write(frame(_encode(reply)))
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             return
         finally:
+            self._connections -= 1
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()

@@ -156,4 +156,20 @@ async def test_the_helper_refuses_what_a_compromised_agent_could_ask(tmp_path: P
     assert b"refused: not a request" in ask(helper.socket, msgspec.msgpack.encode({"op": "write_chunk", "x": 1}))
     assert b"ok" in ask(helper.socket, msgspec.msgpack.encode(HelperRequest(op="describe")))
     assert helper.untouched() == before
+    # a client hoarding connections gets no more than the bound, and the agent's next one works again
+    hoard = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(8)]
+    for s in hoard:
+        s.connect(str(helper.socket))
+    with pytest.raises(HelperError):
+        HelperInstaller(helper.socket)
+    for s in hoard:
+        s.close()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            HelperInstaller(helper.socket).close()
+            break
+        except HelperError:
+            assert time.monotonic() < deadline, "the helper did not free its connections"
+            time.sleep(0.05)
     assert helper.proc.poll() is None  # and it is still serving
