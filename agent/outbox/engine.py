@@ -225,6 +225,25 @@ class Engine:
         rows.append([rid, m.seq, kind, size, send_at, now])
         return EnqueueResult("stored", rid)
 
+    def supersede(self, owner: str, receiver: str, key: str, seq: int) -> int:
+        """Delete the pending rows of an OVERWRITE key older than `seq` (a newer message of the
+        key reached the receiver another way: they would arrive stale); counted overwritten.
+        Rows in flight are left to their ack. Returns how many went."""
+        ident = (owner, receiver, key)
+        rows = self.books.keys.get(ident)
+        if rows is None:
+            rows = [list(r) for r in self.books.conn.execute(_KEY_LOOKUP, ident)]
+            self.books.keys[ident] = rows
+        inflight = self.books.inflight
+        gone = [r for r in rows if r[1] < seq and r[0] not in inflight]
+        if not gone:
+            return 0
+        for r in gone:
+            self.books.delete_pending(r)
+        rows[:] = [r for r in rows if r not in gone]
+        self.books.flush()
+        return len(gone)
+
     def _overwrite(
         self,
         m: OutboxMessage,

@@ -28,6 +28,10 @@ class TellTarget(Protocol):
         ...
 
 
+class Monotonic(Protocol):
+    def monotonic(self) -> float: ...
+
+
 class OutboxWriter(Protocol):
     async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult: ...
 
@@ -35,6 +39,13 @@ class OutboxWriter(Protocol):
 async def tell_reliable(
     ref: TellTarget, message: object, *, outbox: OutboxWriter, msg: OutboxMessage
 ) -> TellPath:
+    return (await tell_reliable_result(ref, message, outbox=outbox, msg=msg))[0]
+
+
+async def tell_reliable_result(
+    ref: TellTarget, message: object, *, outbox: OutboxWriter, msg: OutboxMessage
+) -> tuple[TellPath, EnqueueResult | None]:
+    """`tell_reliable`, with what the outbox made of the message when it took it."""
     """Try `ref.tell(message)`; on an `EdgeAgentError` store `msg` in `outbox` instead.
 
     `msg` is the durable form of the same message (its receiver, class, encoded payload, key).
@@ -49,11 +60,34 @@ async def tell_reliable(
     except EdgeAgentError as tell_error:
         log.debug("tell to %s failed (%s); storing %s in the outbox", msg.receiver, tell_error, msg.msg_id)
         try:
-            await outbox.enqueue(msg)
+            stored = await outbox.enqueue(msg)
         except EdgeAgentError as store_error:
             raise store_error from tell_error
-        return "outbox"
-    return "direct"
+        return "outbox", stored
+    return "direct", None
 
 
-__all__ = ["TellPath", "TellTarget", "tell_reliable"]
+class DirectFirst:
+    """`tell_reliable` that stops trying the direct path for `backoff_s` after it failed: while
+    the receiver is away, each message goes straight to the outbox (no round trip per message)."""
+
+    def __init__(self, clock: Monotonic, *, backoff_s: float = 30.0) -> None:
+        self._clock = clock
+        self._backoff_s = backoff_s
+        self._direct_after = 0.0
+
+    def reset(self) -> None:
+        """Try the direct path again from now on (the connection came back)."""
+        self._direct_after = 0.0
+
+    async def send(self, ref: TellTarget, message: object, *, outbox: OutboxWriter,
+                   msg: OutboxMessage) -> tuple[TellPath, EnqueueResult | None]:
+        if self._clock.monotonic() < self._direct_after:
+            return "outbox", await outbox.enqueue(msg)
+        path, stored = await tell_reliable_result(ref, message, outbox=outbox, msg=msg)
+        if path == "outbox":
+            self._direct_after = self._clock.monotonic() + self._backoff_s
+        return path, stored
+
+
+__all__ = ["DirectFirst", "TellPath", "TellTarget", "tell_reliable", "tell_reliable_result"]

@@ -264,6 +264,15 @@ class OutboxStore:
                 if not f.done():
                     f.set_exception(exc)
 
+    async def supersede(self, owner: str, receiver: str, key: str, seq: int) -> int:
+        """Drop the pending rows of an OVERWRITE `key` older than `seq`: a newer message of
+        the key was delivered directly, so they would only arrive stale (counted overwritten;
+        rows in flight are left to their ack). Returns how many were dropped."""
+        if self._closed:
+            raise StoreClosed("the outbox store is closed")
+        result: int = await self._call(lambda e: e.supersede(owner, receiver, key, seq), write=True)
+        return result
+
     async def enqueue_many(
         self, msgs: Sequence[OutboxMessage], *, delay_ms: int = 0
     ) -> list[EnqueueResult]:

@@ -172,3 +172,27 @@ def _rows_of(path) -> int:  # noqa: ANN001
         return int(conn.execute("SELECT count(*) FROM outbox WHERE status = 'pending'").fetchone()[0])
     finally:
         conn.close()
+
+
+# -- supersede: a newer message of the key went another way --------------------------------
+async def test_supersede_drops_older_pending_rows_of_the_key_and_keeps_the_books(store: OutboxStore) -> None:
+    await store.enqueue(hb(5))
+    await store.enqueue(hb(3, owner="dev-2"))  # another device's key: not touched
+    assert await store.supersede("dev-1", "leader", "heartbeat", 5) == 0  # not older than 5
+    assert await store.supersede("dev-1", "leader", "heartbeat", 9) == 1
+    assert await store.supersede("dev-1", "leader", "heartbeat", 9) == 0  # idempotent
+    stats = await store.stats()
+    assert stats.pending == 1 and stats.overwritten == 1
+    await assert_conserved(store)
+    [row] = await store.take_ready(limit=10)
+    assert row.owner == "dev-2"
+
+
+async def test_supersede_leaves_a_row_in_flight_to_its_ack(store: OutboxStore) -> None:
+    await store.enqueue(hb(5))
+    [row] = await store.take_ready(limit=10)
+    assert await store.supersede("dev-1", "leader", "heartbeat", 9) == 0
+    await store.ack([row.row_id])
+    stats = await store.stats()
+    assert stats.pending == 0 and stats.delivered == 1 and stats.overwritten == 0
+    await assert_conserved(store)
