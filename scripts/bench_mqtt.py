@@ -423,6 +423,21 @@ def _write_bytes(pid: int) -> int:
     return 0
 
 
+def _outbox_pending(db: Path) -> int:
+    """Rows waiting in a worker's outbox (read-only; 0 when there is no file yet)."""
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
+
+
 def idle_worker(port: int, seconds: float, workdir: Path, warmup_s: float = 10.0) -> dict[str, float]:
     """`edge-agent run` with configs/worker.toml (heartbeat every 5 s) beside a leader process."""
     import psutil
@@ -439,6 +454,11 @@ def idle_worker(port: int, seconds: float, workdir: Path, warmup_s: float = 10.0
         time.sleep(warmup_s)
         if worker.poll() is not None:
             raise SystemExit(f"bench_mqtt: the idle worker exited: {(workdir / 'idle-worker.log').read_text()[-2000:]}")
+        # idle means settled: what the start left in the outbox (heartbeats made before the leader
+        # listened) delivered, so the window measures what an idle device writes hour after hour
+        deadline = time.monotonic() + 120
+        while _outbox_pending(workdir / "idle-worker" / "outbox.db") and time.monotonic() < deadline:
+            time.sleep(0.5)
         proc = psutil.Process(worker.pid)
         cpu0 = proc.cpu_times()
         io0 = _write_bytes(worker.pid)

@@ -28,7 +28,7 @@ from agent.core.clock import Clock, TimerHandle
 from agent.core.codec import Envelope
 from agent.core.errors import EdgeAgentError, StoreError
 from agent.core.ids import IdGenerator
-from agent.outbox.reliable import tell_reliable
+from agent.outbox.reliable import DirectFirst, TellPath
 from agent.outbox.types import EnqueueResult, OutboxMessage
 from agent.protocol import (
     KIND_HEARTBEAT,
@@ -55,6 +55,10 @@ class Outbox(Protocol):
     async def enqueue(self, msg: OutboxMessage, *, delay_ms: int = 0) -> EnqueueResult: ...
 
 
+class KeyedOutbox(Outbox, Protocol):
+    async def supersede(self, owner: str, receiver: str, key: str, seq: int) -> int: ...
+
+
 class DirectLink(Protocol):
     """Non-durable, acknowledged sending to the leader (see `agent.worker.agent.LeaderLink`)."""
 
@@ -66,6 +70,11 @@ class DirectLink(Protocol):
 @dataclass(frozen=True, slots=True)
 class _Tick:
     n: int
+
+
+@dataclass(frozen=True, slots=True)
+class BeatNow:
+    """Send a heartbeat now, outside the interval (the connection came back)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,15 +111,26 @@ def envelope_of(msg: OutboxMessage, clock: Clock) -> Envelope:
 
 
 class HeartbeatActor(Actor):
-    """Enqueues one heartbeat per interval. Ticks are scheduled on the Clock without drift."""
+    """One heartbeat per interval (ticks scheduled on the Clock without drift), sent straight to
+    the leader when it answers (`tell_reliable`): an online device writes nothing to flash for
+    its heartbeats. When the direct send fails or is not answered in time, the heartbeat is the
+    outbox's OVERWRITE row (an offline device holds exactly one, the newest). Every beat tries
+    the leader first (one message per interval needs no back-off; `direct_backoff_s` can set one;
+    a failure while disconnected costs nothing). Without a `link`, outbox only."""
 
     def __init__(
-        self, *, device_id: str, outbox: Outbox, ids: IdGenerator, interval_s: float, incarnation: int,
+        self, *, device_id: str, outbox: KeyedOutbox, ids: IdGenerator, interval_s: float, incarnation: int,
         firmware_version: Callable[[], str], tags: tuple[str, ...] = (),
         sampler: Callable[[], SystemSample] | None = None, boot: str = "",
-        outbox_pending: Callable[[], int] | None = None,
+        outbox_pending: Callable[[], int] | None = None, link: DirectLink | None = None,
+        direct_backoff_s: float = 0.0,
     ) -> None:
         self.device_id = device_id
+        self._link = link
+        self._backoff_s = direct_backoff_s
+        self._direct: DirectFirst | None = None
+        self._held = False  # a heartbeat went to the outbox and may still wait there
+        self.direct = 0  # heartbeats the leader answered without the outbox
         self.boot = boot
         self._outbox_pending = outbox_pending
         self._outbox = outbox
@@ -164,21 +184,40 @@ class HeartbeatActor(Actor):
         )
 
     async def receive(self, message: object, ctx: Context) -> object | None:
-        if not isinstance(message, _Tick):
+        if isinstance(message, _Tick):
+            n = message.n + 1
+            self._schedule(ctx, n, max(0.0, self._epoch + n * self._interval_s - ctx.clock.monotonic()))
+        elif not isinstance(message, BeatNow):
             return None
-        n = message.n + 1
-        self._schedule(ctx, n, max(0.0, self._epoch + n * self._interval_s - ctx.clock.monotonic()))
         hb = self.heartbeat(ctx.clock)
         msg = outbox_message(self._ids, self.device_id, hb, key=HEARTBEAT_KEY, overwrite=True, seq=hb.seq)
+        path: TellPath
+        result: EnqueueResult | None
         try:
-            result = await self._outbox.enqueue(msg)
+            if self._link is None:
+                path, result = "outbox", await self._outbox.enqueue(msg)
+            else:
+                if self._direct is None:
+                    self._direct = DirectFirst(ctx.clock, backoff_s=self._backoff_s)
+                if isinstance(message, BeatNow):  # connected again: no need to wait out the back-off
+                    self._direct.reset()
+                path, result = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox,
+                                                       msg=msg)
         except StoreError as exc:  # disk full, I/O: the next beat tries again
             self.failed += 1
             log.warning("heartbeat %d not stored: %s", hb.seq, exc)
             return None
         self.sent += 1
-        if result.outcome in ("overwritten", "stale"):
-            self.coalesced += 1
+        if path == "direct":
+            self.direct += 1
+            if self._held:  # the one the outbox holds is older than what the leader just took
+                self._held = False
+                with contextlib.suppress(StoreError):
+                    self.coalesced += await self._outbox.supersede(self.device_id, LEADER, HEARTBEAT_KEY, hb.seq)
+        else:
+            self._held = True
+            if result is not None and result.outcome in ("overwritten", "stale"):
+                self.coalesced += 1
         return None
 
 
@@ -196,7 +235,7 @@ class TelemetryActor(Actor):
         self._ids = ids
         self._seq = seq_base
         self._backoff_s = direct_backoff_s
-        self._direct_after = 0.0
+        self._direct: DirectFirst | None = None
         self.direct = 0
         self.stored = 0
         self.failed = 0
@@ -213,14 +252,10 @@ class TelemetryActor(Actor):
         else:
             return None
         msg = outbox_message(self._ids, self.device_id, record, seq=record.seq)
+        if self._direct is None:
+            self._direct = DirectFirst(ctx.clock, backoff_s=self._backoff_s)
         try:
-            if ctx.clock.monotonic() < self._direct_after:
-                await self._outbox.enqueue(msg)
-                path = "outbox"
-            else:
-                path = await tell_reliable(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox, msg=msg)
-                if path == "outbox":
-                    self._direct_after = ctx.clock.monotonic() + self._backoff_s
+            path, _ = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox, msg=msg)
         except EdgeAgentError as exc:
             self.failed += 1
             log.warning("telemetry %s lost: direct and outbox both failed: %s", msg.msg_id, exc)
@@ -324,9 +359,11 @@ __all__ = [
     "KIND_TELEMETRY",
     "LEADER",
     "SEQ_PER_INCARNATION",
+    "BeatNow",
     "DirectLink",
     "HeartbeatActor",
     "JobHandler",
+    "KeyedOutbox",
     "JobWorker",
     "Outbox",
     "RecordTelemetry",

@@ -46,6 +46,7 @@ from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
 from agent.worker.actors import (
     LEADER,
+    BeatNow,
     HeartbeatActor,
     JobHandler,
     JobWorker,
@@ -289,7 +290,7 @@ class WorkerAgent:
         self.heartbeat_actor = HeartbeatActor(
             device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
-            tags=tuple(cfg.agent.tags), sampler=self.sampler, boot=self.boot,
+            tags=tuple(cfg.agent.tags), sampler=self.sampler, boot=self.boot, link=self.link,
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
             outbox_pending=self._outbox_depth if self._owns_stores else None)
         self.heartbeat = self.system.spawn(
@@ -305,9 +306,16 @@ class WorkerAgent:
             await self.housekeeping.start()
 
     def _on_connection(self, is_open: bool) -> None:
-        if is_open and self.jobs is not None:
+        if not is_open:
+            return
+        if self.jobs is not None:
             try:
                 self.jobs.tell(Reregister(), coalesce_key="reregister", seq=0)
+            except EdgeAgentError:
+                pass
+        if self.heartbeat is not None:  # back online: the leader hears at once, with the backlog held
+            try:
+                self.heartbeat.tell(BeatNow(), coalesce_key="beat-now", seq=0)
             except EdgeAgentError:
                 pass
 

@@ -82,7 +82,10 @@ def test_cli_writes_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert report["lost"] == 0 and report["conservation_ok"] is True and "wall" in report
     assert "lost: 0" in capsys.readouterr().out
     assert report["leader"]["devices_online"] == report["at_end"]["online"] == 5  # read before the stop
-    assert len(report["timeseries"]) == 61 and report["aimd_limit_over_time"][-1][1] >= 1
+    assert len(report["timeseries"]) == 61
+    # the relays' AIMD limit, where a relay had anything to send (heartbeats of an online device go
+    # direct: a calm fleet may leave its relays idle)
+    assert all(limit is None or limit >= 1 for _, limit, _ in report["aimd_limit_over_time"])
 
 
 def test_cli_plot_draws_the_time_series(tmp_path: Path) -> None:

@@ -117,8 +117,9 @@ async def test_a_job_offered_twice_runs_once(clock: VirtualClock, broker: Memory
         assert runs == ["job-1"]
         assert w.ledger.count() == 1
         assert w.job_worker is not None and w.job_worker.duplicates == 2
-        # Every offer is confirmed (the redeliveries from the ledger), nothing run twice.
-        assert (await w.outbox.stats()).enqueued >= 3
+        # Every offer is confirmed (the redeliveries from the ledger), nothing run twice: one row
+        # per epoch (the repeated epoch-1 offer's confirmation is that row again, by its key).
+        assert (await w.outbox.stats()).by_class["job.result"].enqueued == 2
     finally:
         await stop_all(w, clock=clock)
 
@@ -196,3 +197,32 @@ async def test_the_leader_answered_gate_opens_only_when_a_leader_accepts_a_messa
             await stop_all(gw)
     finally:
         await stop_all(w)
+
+
+async def test_an_online_device_writes_no_heartbeat_to_its_outbox_and_an_offline_one_holds_one(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    w = await worker(clock, tmp_path, "w1", broker=broker)
+    try:
+        await until(clock, lambda: gw.registry.counts()[0] == 1, what="online")
+        before = (await w.outbox.stats()).by_class.get("heartbeat")
+        stored_before = before.enqueued if before is not None else 0
+        direct_before = w.heartbeat_actor.direct if w.heartbeat_actor else 0
+        await clock.advance(60)  # 12 beats, all answered by the leader
+        after = (await w.outbox.stats()).by_class.get("heartbeat")
+        assert (after.enqueued if after is not None else 0) == stored_before  # nothing written for them
+        assert w.heartbeat_actor is not None and w.heartbeat_actor.direct >= direct_before + 11
+        broker.partition()
+        await clock.advance(60)
+        assert await pending(w, "heartbeat") == 1  # offline: the newest one, held
+        broker.heal()
+        await until(clock, lambda: _no_heartbeat_held(w), what="the held heartbeat settled")
+        stats = await w.outbox.stats()
+        assert stats.conservation_ok, stats
+    finally:
+        await stop_all(w, gw, clock=clock)
+
+
+async def _no_heartbeat_held(w) -> bool:  # type: ignore[no-untyped-def]  # noqa: ANN001
+    return await pending(w, "heartbeat") == 0
