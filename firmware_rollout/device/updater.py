@@ -692,7 +692,7 @@ class Updater:
             r = self._record
             if r.state != "rebooting":  # a reboot back after a rollback: the flags already say the old slot
                 log.error("update %s: %s; the old slot boots next time", r.rollout_id, exc)
-                return
+                raise _Stop from None  # (tried again on the next resume, not in a loop)
             with contextlib.suppress(InstallError, OSError):
                 await self.installer.revert(r.from_slot)
             await self._set(r.but(state="failed", detail=f"reboot failed: {exc}; the trial of slot {r.to_slot} "

@@ -95,3 +95,21 @@ async def test_a_reboot_that_fails_ends_the_update_failed_with_the_trial_disarme
     again = await updater.offer(UpdateOffer(rollout_id="r2", signed_manifest=source.signed_manifest), source)
     assert again.rollout_id == "r2" and again.state == "failed"
     await updater.close()
+
+
+async def test_a_failed_reboot_back_after_a_rollback_is_not_retried_in_a_loop(tmp_path: Path, keys: Keys) -> None:
+    from fwhelpers import ScriptedHealth
+
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    device = Device(tmp_path / "dev", keys, health=ScriptedHealth(False))
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    await updater.offer(UpdateOffer(rollout_id="r1", signed_manifest=source.signed_manifest), source)
+    device.rebooter = BrokenRebooter()  # the trial booted; now the way back fails
+    updater = await device.boot()
+    status = await updater.resume()
+    assert status.state == "rolled_back" and status.default_slot == "a"
+    assert device.rebooter.reasons == ["back to slot a after a rollback"]  # tried once, not again and again
+    status = await updater.resume()  # the next resume tries once more
+    assert len(device.rebooter.reasons) == 2
+    await updater.close()
