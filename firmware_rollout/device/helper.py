@@ -35,7 +35,7 @@ import msgspec
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import EdgeAgentError
 from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.manifest import MAX_CHUNK_SIZE
+from firmware_rollout.artifact.manifest import HEADER_SIZE, MAX_CHUNK_SIZE, MAX_MANIFEST_SIZE, SIGNATURE_BLOCK_SIZE
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import Installer, SlotView
 from firmware_rollout.errors import ChunkMismatch, InstallError, UpdaterError
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 Op = Literal["describe", "open_slot", "write_chunk", "check_slot", "mark_trial", "commit", "revert", "reboot"]
 SlotName = Annotated[str, msgspec.Meta(max_length=16)]
 MAX_FRAME = MAX_CHUNK_SIZE + 64 * 1024  # one chunk and its envelope
-MAX_MANIFEST = 4 * 1024 * 1024
+MAX_MANIFEST = HEADER_SIZE + MAX_MANIFEST_SIZE + SIGNATURE_BLOCK_SIZE  # the largest signed manifest
 _LENGTH = struct.Struct(">I")
 REBOOT_REPLY_TIMEOUT_S = 900.0  # a reboot that returns takes the reboot command's settle time
 MAX_CONNECTIONS = 4  # the agent needs one; a client holding more gets refused
