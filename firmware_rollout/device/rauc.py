@@ -25,7 +25,7 @@ from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.device.slot_images import FileTarget, SlotImages
-from firmware_rollout.device.slots import SlotView, SlotWrites, StreamingInstaller
+from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
 
 BUNDLE_FILE = "rauc-bundle.raucb"
@@ -56,8 +56,8 @@ class RaucInstaller(StreamingInstaller):
                                "(is rauc.slot= on the kernel command line?)")
         self._booted: str = booted
         # every slot's image goes into the one bundle file: RAUC picks the slot it writes
-        self._writes = SlotWrites(SlotImages({s: FileTarget(self._bundle, grow=True) for s in self._slots},
-                                             verify_key=verify_key), clock=self._clock)
+        self._images = SlotImages({s: FileTarget(self._bundle, grow=True) for s in self._slots},
+                                  verify_key=verify_key)
 
     # -- RAUC's CLI --------------------------------------------------------------------------
     def _run(self, *args: str, timeout_s: float = STATUS_TIMEOUT_S) -> str:
@@ -151,7 +151,7 @@ class RaucInstaller(StreamingInstaller):
 
     async def mark_trial(self, slot: str) -> None:
         self.other(slot)
-        self._writes.require_checked(slot)
+        self._require_checked(slot)
         await in_thread(self._clock, self._install, slot)
 
     async def commit(self, slot: str) -> None:

@@ -75,37 +75,13 @@ def other_slot(installer: Installer, slot: str) -> str:
     return second if slot == first else first
 
 
-class SlotWrites:
-    """The image-writing half of an installer over `SlotImages`, in a thread: shared by the
-    backends whose slots are files or block devices."""
-
-    def __init__(self, images: SlotImages, *, clock: Clock) -> None:
-        self.images = images
-        self._clock = clock
-
-    def refuse_booted(self, slot: str, booted: str) -> None:
-        if slot == booted:
-            raise InstallError(f"refusing to write slot {slot}: the running system booted from it")
-
-    async def open(self, slot: str, signed_manifest: bytes) -> None:
-        await in_thread(self._clock, self.images.open, slot, signed_manifest)
-
-    async def write(self, slot: str, index: int, data: bytes) -> None:
-        await in_thread(self._clock, self.images.write, slot, index, data)
-
-    async def check(self, slot: str) -> None:
-        await in_thread(self._clock, self.images.check, slot)
-
-    def require_checked(self, slot: str) -> None:
-        if not self.images.checked(slot):
-            raise InstallError(f"refusing to arm slot {slot}: its image was not written and checked")
-
-
 class StreamingInstaller(ABC):
-    """`open_slot`, `write_chunk` and `check_slot` of a backend whose images go through
-    `SlotWrites` (`_writes`): the booted slot is refused, the rest is `SlotImages`' checks."""
+    """`open_slot`, `write_chunk` and `check_slot` of a backend whose slots are files or block
+    devices: the booted slot is refused, the rest is `SlotImages`' checks, run in a thread. A
+    subclass sets `_images` and `_clock`, and arms a slot only after `_require_checked`."""
 
-    _writes: SlotWrites
+    _images: SlotImages
+    _clock: Clock
 
     @property
     @abstractmethod
@@ -121,17 +97,25 @@ class StreamingInstaller(ABC):
             raise InstallError(f"unknown slot {slot!r} (slots: {first}, {second})")
         return second if slot == first else first
 
+    def _refuse_booted(self, slot: str) -> None:
+        if slot == self.booted_slot():
+            raise InstallError(f"refusing to write slot {slot}: the running system booted from it")
+
+    def _require_checked(self, slot: str) -> None:
+        if not self._images.checked(slot):
+            raise InstallError(f"refusing to arm slot {slot}: its image was not written and checked")
+
     async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
         self.other(slot)
-        self._writes.refuse_booted(slot, self.booted_slot())
-        await self._writes.open(slot, signed_manifest)
+        self._refuse_booted(slot)
+        await in_thread(self._clock, self._images.open, slot, signed_manifest)
 
     async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
-        self._writes.refuse_booted(slot, self.booted_slot())
-        await self._writes.write(slot, index, data)
+        self._refuse_booted(slot)
+        await in_thread(self._clock, self._images.write, slot, index, data)
 
     async def check_slot(self, slot: str) -> None:
-        await self._writes.check(slot)
+        await in_thread(self._clock, self._images.check, slot)
 
 
 class DirectoryInstaller(StreamingInstaller):
@@ -150,8 +134,7 @@ class DirectoryInstaller(StreamingInstaller):
         except OSError as exc:
             raise InstallError(f"cannot open slots in {self.root}: {exc.strerror or exc}") from exc
         self._booted = self._trial or self._default  # the simulated bootloader's choice
-        self._writes = SlotWrites(SlotImages({s: self.image_path(s) for s in SLOTS}, verify_key=verify_key,
-                                             grow=True), clock=self._clock)
+        self._images = SlotImages({s: self.image_path(s) for s in SLOTS}, verify_key=verify_key, grow=True)
 
     @property
     def name(self) -> str:
@@ -202,7 +185,7 @@ class DirectoryInstaller(StreamingInstaller):
             return None
 
     def _record_version(self, slot: str) -> None:
-        version = self._writes.images.manifest(slot).version
+        version = self._images.manifest(slot).version
         atomic_write(self.root / slot / "version", version.encode() + b"\n")
         fsync_dir(self.root / slot)
 
@@ -223,7 +206,7 @@ class DirectoryInstaller(StreamingInstaller):
 
     async def mark_trial(self, slot: str) -> None:
         self.other(slot)
-        self._writes.require_checked(slot)
+        self._require_checked(slot)
         await self._set(self._default, slot)
 
     async def commit(self, slot: str) -> None:
@@ -239,4 +222,4 @@ class DirectoryInstaller(StreamingInstaller):
                 "boots_what": "nothing: a directory stands in for each slot (simulator, application payloads)"}
 
 
-__all__ = ["SLOTS", "DirectoryInstaller", "Installer", "SlotView", "SlotWrites", "StreamingInstaller", "other_slot"]
+__all__ = ["SLOTS", "DirectoryInstaller", "Installer", "SlotView", "StreamingInstaller", "other_slot"]

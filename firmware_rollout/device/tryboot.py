@@ -27,7 +27,7 @@ from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.device.slot_images import FileTarget, PairTarget, SlotImages, SlotTarget
-from firmware_rollout.device.slots import SlotView, SlotWrites, StreamingInstaller
+from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
 
 TRYBOOT_SLOTS = ("A", "B")
@@ -93,7 +93,7 @@ class TrybootInstaller(StreamingInstaller):
         targets: dict[str, SlotTarget] = {
             name: PairTarget(FileTarget(s.boot), FileTarget(s.root)) if s.root else FileTarget(s.boot)
             for name, s in self._pi.items()}
-        self._writes = SlotWrites(SlotImages(targets, verify_key=verify_key), clock=self._clock)
+        self._images = SlotImages(targets, verify_key=verify_key)
         self._sections = self._read()
 
     def _slot_of(self, partition: int, where: str) -> str:
@@ -177,7 +177,7 @@ class TrybootInstaller(StreamingInstaller):
 
     async def mark_trial(self, slot: str) -> None:
         self.other(slot)
-        self._writes.require_checked(slot)
+        self._require_checked(slot)
         await self._apply(self.default_slot(), slot, slot)
 
     async def commit(self, slot: str) -> None:
@@ -192,7 +192,7 @@ class TrybootInstaller(StreamingInstaller):
         return {"autoboot": str(self._autoboot),
                 "partitions": {n: s.partition for n, s in self._pi.items()},
                 "tryboot_partition": self._sections.get("tryboot", {}).get("boot_partition"),
-                "slot_targets": {n: str(self._writes.images.target(n)) for n in TRYBOOT_SLOTS}}
+                "slot_targets": {n: str(self._images.target(n)) for n in TRYBOOT_SLOTS}}
 
 
 __all__ = ["PiSlot", "TRYBOOT_SLOTS", "TrybootInstaller", "format_autoboot", "parse_autoboot", "read_partition"]

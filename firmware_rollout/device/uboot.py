@@ -29,7 +29,7 @@ from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.device.slot_images import SlotImages
-from firmware_rollout.device.slots import SlotView, SlotWrites, StreamingInstaller
+from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
 
 UBOOT_SLOTS = ("A", "B")
@@ -67,8 +67,7 @@ class UBootInstaller(StreamingInstaller):
         self._clock = clock or SystemClock()
         self._cmdline = Path(cmdline_path)
         self._booted = booted_from_cmdline(self._cmdline)
-        self._writes = SlotWrites(SlotImages({"A": Path(slot_a), "B": Path(slot_b)}, verify_key=verify_key),
-                                  clock=self._clock)
+        self._images = SlotImages({"A": Path(slot_a), "B": Path(slot_b)}, verify_key=verify_key)
         self._env = self._read_env()
 
     # -- the environment ---------------------------------------------------------------------
@@ -159,7 +158,7 @@ class UBootInstaller(StreamingInstaller):
 
     async def mark_trial(self, slot: str) -> None:
         other = self.other(slot)
-        self._writes.require_checked(slot)
+        self._require_checked(slot)
         await self._set({"BOOT_ORDER": f"{slot} {other}", f"BOOT_{slot}_LEFT": str(self._attempts),
                          TRIAL_VAR: slot})
 
@@ -177,7 +176,7 @@ class UBootInstaller(StreamingInstaller):
     def describe(self) -> SlotView:
         return {"fw_env_config": self._config, "boot_order": " ".join(self._order()),
                 "attempts_left": {s: self.attempts_left(s) for s in UBOOT_SLOTS},
-                "slot_targets": {s: str(self._writes.images.target(s)) for s in UBOOT_SLOTS},
+                "slot_targets": {s: str(self._images.target(s)) for s in UBOOT_SLOTS},
                 "cmdline": str(self._cmdline)}
 
 
