@@ -28,7 +28,7 @@ from agent.core.clock import Clock, TimerHandle
 from agent.core.codec import Envelope
 from agent.core.errors import EdgeAgentError, StoreError
 from agent.core.ids import IdGenerator
-from agent.outbox.reliable import DirectFirst, TellPath
+from agent.outbox.reliable import DirectFirst
 from agent.outbox.types import EnqueueResult, OutboxMessage
 from agent.protocol import (
     KIND_HEARTBEAT,
@@ -116,14 +116,13 @@ class HeartbeatActor(Actor):
     its heartbeats. When the direct send fails or is not answered in time, the heartbeat is the
     outbox's OVERWRITE row (an offline device holds exactly one, the newest). Every beat tries
     the leader first (one message per interval needs no back-off; `direct_backoff_s` can set one;
-    a failure while disconnected costs nothing). Without a `link`, outbox only."""
+    a failure while disconnected costs nothing)."""
 
     def __init__(
         self, *, device_id: str, outbox: KeyedOutbox, ids: IdGenerator, interval_s: float, incarnation: int,
         firmware_version: Callable[[], str], tags: tuple[str, ...] = (),
         sampler: Callable[[], SystemSample] | None = None, boot: str = "",
-        outbox_pending: Callable[[], int] | None = None, link: DirectLink | None = None,
-        direct_backoff_s: float = 0.0,
+        outbox_pending: Callable[[], int] | None = None, link: DirectLink, direct_backoff_s: float = 0.0,
     ) -> None:
         self.device_id = device_id
         self._link = link
@@ -149,6 +148,7 @@ class HeartbeatActor(Actor):
         self.failed = 0
 
     async def on_start(self, ctx: Context) -> None:
+        self._direct = DirectFirst(ctx.clock, backoff_s=self._backoff_s)
         self._started_at = self._epoch = ctx.clock.monotonic()
         self._schedule(ctx, 0, 0.0)
 
@@ -191,18 +191,12 @@ class HeartbeatActor(Actor):
             return None
         hb = self.heartbeat(ctx.clock)
         msg = outbox_message(self._ids, self.device_id, hb, key=HEARTBEAT_KEY, overwrite=True, seq=hb.seq)
-        path: TellPath
-        result: EnqueueResult | None
+        assert self._direct is not None  # (made on start)
+        if isinstance(message, BeatNow):  # connected again: no need to wait out the back-off
+            self._direct.reset()
         try:
-            if self._link is None:
-                path, result = "outbox", await self._outbox.enqueue(msg)
-            else:
-                if self._direct is None:
-                    self._direct = DirectFirst(ctx.clock, backoff_s=self._backoff_s)
-                if isinstance(message, BeatNow):  # connected again: no need to wait out the back-off
-                    self._direct.reset()
-                path, result = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox,
-                                                       msg=msg)
+            path, result = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox,
+                                                   msg=msg)
         except StoreError as exc:  # disk full, I/O: the next beat tries again
             self.failed += 1
             log.warning("heartbeat %d not stored: %s", hb.seq, exc)
