@@ -47,13 +47,13 @@ Pruned counts go to `metrics()` and DEBUG logs per round; an INFO summary at mos
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
+from agent.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +131,7 @@ class Housekeeper:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         await self._clock.sleep(self._first_delay_s)

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +35,7 @@ from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreErro
 from agent.core.ids import IdGenerator
 from agent.core.ratelog import RateLimitedLog
 from agent.core.sqlite import damage_report, recover_damaged
+from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
 from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
@@ -259,10 +259,7 @@ class LeaderAgent:
             await self.housekeeping.stop()
         if self._reports is not None:
             self._reports.close()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        await cancel_and_wait(self._watcher)
         await self.inbox.stop()
         if self._intake_actor is not None:
             self._intake_actor.stop_resting()

@@ -17,7 +17,6 @@ in-process callers use `service.orchestrator.control(...)`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
 from agent.core.errors import EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
+from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LEADER_DB, Route
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
@@ -204,10 +204,7 @@ class RolloutService:
     async def stop(self) -> None:
         self.orchestrator.stop()
         for task in (self._task, self._serving_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         self._task = self._serving_task = None
         self.store_serving()
         self.leader.unregister_route(KIND_UPDATE_REPORT)

@@ -28,6 +28,7 @@ from agent.core.clock import Clock, TimerHandle
 from agent.core.codec import Envelope
 from agent.core.errors import EdgeAgentError, StoreError
 from agent.core.ids import IdGenerator
+from agent.core.tasks import cancel_and_wait
 from agent.outbox.reliable import DirectFirst
 from agent.outbox.types import EnqueueResult, OutboxMessage
 from agent.protocol import (
@@ -293,10 +294,7 @@ class JobWorker(Actor):
 
     async def on_stop(self, ctx: Context) -> None:
         task, self._registrar = self._registrar, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _register_loop(self, clock: Clock) -> None:
         """Send the demand window now, then every `reregister_s` or when kicked (reconnect).

@@ -18,7 +18,6 @@ until there is room (its lines wait in the file, the command's next run comes la
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -32,6 +31,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.config import CommandSourceSection, FileSourceSection, SystemSourceSection
 from agent.core.sqlite import SqliteStore, Synchronous, atomic
+from agent.core.tasks import cancel_and_wait
 from agent.protocol import SystemSample
 from agent.worker.messages import MessageIntake, Refusal, Submission
 
@@ -93,10 +93,7 @@ class Source:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         raise NotImplementedError
