@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from agent.core.clock import Clock
 from agent.core.config import MessageClassSection
-from agent.core.errors import EdgeAgentError, OutboxFull, StoreError
+from agent.core.errors import EdgeAgentError, OutboxFull, StoreError, Transient
 from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
+from agent.outbox.reliable import DirectFirst
 from agent.outbox.types import ClassStats, EnqueueResult, OutboxMessage
 from agent.protocol import AppMessage, app_kind, encode_message
 from agent.worker.actors import LEADER, envelope_of
@@ -36,6 +37,7 @@ KEY_MAX = 256
 CONTENT_TYPE_MAX = 128
 TTL_MAX_S = 365 * 86_400.0
 FULL_RETRY_AFTER_S = 5
+T = TypeVar("T")
 
 
 class Refusal(EdgeAgentError):
@@ -92,6 +94,22 @@ class Link(Protocol):
     def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[None]: ...
 
 
+class _TimedLink:
+    """The leader link with the intake's own answer limit: no answer in time is a `Transient`
+    failure (the message then goes to the outbox)."""
+
+    def __init__(self, link: Link, clock: Clock, timeout_s: float) -> None:
+        self._link = link
+        self._clock = clock
+        self._timeout_s = timeout_s
+
+    async def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> None:
+        try:
+            await self._clock.wait_for(self._link.tell(message, coalesce_key=coalesce_key, seq=seq), self._timeout_s)
+        except TimeoutError:
+            raise Transient(f"the leader did not answer within {self._timeout_s:g}s") from None
+
+
 class MessageIntake:
     def __init__(self, *, device_id: str, classes: Mapping[str, MessageClassSection], outbox: Outbox, link: Link,
                  connected: Gate, ids: IdGenerator, clock: Clock, seq_base: int = 0,
@@ -104,9 +122,10 @@ class MessageIntake:
         self._ids = ids
         self._clock = clock
         self._seq = seq_base
-        self._direct_timeout_s = direct_timeout_s
-        self._backoff_s = direct_backoff_s
-        self._direct_after = 0.0
+        # straight to the leader with the intake's own (shorter) answer limit; after a failed
+        # try, `direct_backoff_s` of outbox only
+        self._timed_link = _TimedLink(link, clock, direct_timeout_s)
+        self._direct = DirectFirst(clock, backoff_s=direct_backoff_s)
         self.stats: dict[str, ClassIntake] = {name: ClassIntake() for name in self.classes}
         self.refused_unknown = 0  # refusals of a class that does not exist (not counted per name)
         # The outbox's per-class figures when the agent started: the audit counts from there.
@@ -162,19 +181,16 @@ class MessageIntake:
     # -- taking messages -----------------------------------------------------------------------
     async def submit(self, sub: Submission) -> Accepted:
         msg = self.message(sub)
-        counts = self.stats[sub.cls]
-        if self._connected.is_open and self._clock.monotonic() >= self._direct_after:
-            try:
-                await self._clock.wait_for(self._link.tell(envelope_of(msg, self._clock)), self._direct_timeout_s)
-            except (EdgeAgentError, TimeoutError) as exc:
-                log.debug("direct send of %s failed (%s): to the outbox", msg.msg_id, exc)
-                self._direct_after = self._clock.monotonic() + self._backoff_s
-            else:
-                counts.accepted += 1
-                counts.direct += 1
-                return Accepted(msg.msg_id, "direct")
-        result = await self._store(sub.cls, [msg])
-        return result[0]
+        if not self._connected.is_open:
+            return (await self._store(sub.cls, [msg]))[0]
+        _, stored = await self._refusing(sub.cls, self._direct.send(
+            self._timed_link, envelope_of(msg, self._clock), outbox=self._outbox, msg=msg))
+        if stored is None:  # the leader answered
+            counts = self.stats[sub.cls]
+            counts.accepted += 1
+            counts.direct += 1
+            return Accepted(msg.msg_id, "direct")
+        return self._accepted([msg], [sub.cls], [stored])[0]
 
     async def submit_many(self, subs: Sequence[Submission]) -> list[Accepted]:
         msgs = [self.message(sub, prefix=f"messages.{i}.") for i, sub in enumerate(subs)]
@@ -185,14 +201,25 @@ class MessageIntake:
     async def _store(self, cls: str, msgs: list[OutboxMessage], *,
                      classes: Sequence[str] | None = None) -> list[Accepted]:
         names = classes if classes is not None else [cls] * len(msgs)
+        if len(msgs) == 1:
+            results = [await self._refusing(cls, self._outbox.enqueue(msgs[0]))]
+        else:
+            results = await self._refusing(cls, self._outbox.enqueue_many(msgs))
+        return self._accepted(msgs, names, results)
+
+    async def _refusing(self, cls: str, storing: Awaitable[T]) -> T:
+        """`storing`, with the outbox's refusals as the local API's (429 full, 503 unavailable)."""
         try:
-            results = [await self._outbox.enqueue(msgs[0])] if len(msgs) == 1 else await self._outbox.enqueue_many(msgs)
+            return await storing
         except OutboxFull as exc:
             raise self._refuse(cls, Refusal("full", str(exc), retry_after_s=FULL_RETRY_AFTER_S)) from None
         except (StoreError, ValueError) as exc:
-            log.warning("%d messages not stored: %s", len(msgs), exc)
+            log.warning("%s messages not stored: %s", cls, exc)
             raise self._refuse(cls, Refusal("unavailable", f"the outbox cannot store it: {exc}",
                                             retry_after_s=FULL_RETRY_AFTER_S)) from None
+
+    def _accepted(self, msgs: Sequence[OutboxMessage], names: Sequence[str],
+                  results: Sequence[EnqueueResult]) -> list[Accepted]:
         out = []
         for msg, name, result in zip(msgs, names, results, strict=True):
             counts = self.stats[name]
