@@ -175,11 +175,7 @@ class Updater:
         counted, a bootloader fallback or a stale trial flag is settled. Nothing is downloaded or
         checked until `resume` or `offer`."""
         Version.parse(initial_version)
-        state_dir = Path(state_dir)
-        try:
-            state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UpdaterError(f"cannot create {state_dir}: {exc.strerror or exc}") from exc
+        state_dir = _made(state_dir)
         if installer is None:
             installer = DirectoryInstaller(state_dir / SLOTS_DIR, clock=clock, verify_key=verify_key)
         store = await UpdaterStore.open(state_dir / DB_FILE, clock=clock)
@@ -215,13 +211,10 @@ class Updater:
                       clock: Clock, initial_version: str = "0.0.0") -> Updater:
         """Open the records only to read them (`status`, `slot_versions`): no boot is accounted,
         no flag settled; safe beside a running agent. Close it after."""
-        try:
-            Path(state_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UpdaterError(f"cannot create {state_dir}: {exc.strerror or exc}") from exc
-        store = await UpdaterStore.open(Path(state_dir) / DB_FILE, clock=clock)
+        state_dir = _made(state_dir)
+        store = await UpdaterStore.open(state_dir / DB_FILE, clock=clock)
         record, slot_versions = await store.load()
-        return cls(state_dir=Path(state_dir), store=store, record=record, slot_versions=slot_versions,
+        return cls(state_dir=state_dir, store=store, record=record, slot_versions=slot_versions,
                    device_id=device_id, verify_key=verify_key, clock=clock, installer=installer,
                    health=_NoHealthCheck(), rebooter=_NoReboot(), hardware=None, initial_version=initial_version,
                    settings=UpdaterSettings(), on_report=None)
@@ -793,6 +786,16 @@ def update_lock_held(path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _made(state_dir: str | Path) -> Path:
+    """The updater's state directory, created if it is not there yet."""
+    path = Path(state_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UpdaterError(f"cannot create {path}: {exc.strerror or exc}") from exc
+    return path
 
 
 class _NoHealthCheck:
