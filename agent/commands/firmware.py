@@ -1,8 +1,10 @@
 """`edge-agent firmware`: make, sign, check and look into signed firmware artifacts.
 
     keygen  --out DIR [--force]                 DIR/private.pem (0600) and DIR/public.pem
-    build   IMAGE --version V (--key PRIV | --unsigned) --out ARTIFACT [--name N] [--chunk-size B]
+    build   IMAGE --version V (--key PRIV | --unsigned) --out ARTIFACT [--name N]
+            [--chunks MIN:AVG:MAX | --chunk-size B] [--mirror URL ...]
             [--hardware H ...] [--min-version V] [--rollback [--rollback-from V ...]]
+    publish ARTIFACT DIR                        copy as DIR/{image sha256}.eafw, for a static mirror
     sign    ARTIFACT --key PRIV [--out OUT]     (re)sign after checking the image
     verify  ARTIFACT --pubkey PUB [--installed-version V] [--hardware H] [--image NAME]
     inspect ARTIFACT [--json]
@@ -22,9 +24,13 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.core.clock import SystemClock
 from agent.core.errors import ConfigError, EdgeAgentError
+
+if TYPE_CHECKING:
+    from firmware_rollout.artifact.files import ContentDefined
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--out", required=True, type=Path, metavar="ARTIFACT")
     build.add_argument("--force", action="store_true", help="replace an existing ARTIFACT")
     build.add_argument("--name", help="image name (default: the image file's stem)")
-    build.add_argument("--chunk-size", type=int, default=None, metavar="BYTES", help="default 131072")
+    chunking = build.add_mutually_exclusive_group()
+    chunking.add_argument("--chunks", metavar="MIN:AVG:MAX", default="16384:65536:262144",
+                          help="content-defined chunk sizes (FastCDC), the default 16384:65536:262144: two"
+                               " versions share most chunks, and a device copies those from its active slot")
+    chunking.add_argument("--chunk-size", type=int, default=None, metavar="BYTES",
+                          help="fixed chunks instead (for devices whose agent predates content-defined chunks)")
+    build.add_argument("--mirror", action="append", default=[], metavar="URL",
+                       help="an HTTP(S) mirror serving URL/{image sha256}.eafw (see publish); repeatable")
     build.add_argument(
         "--hardware", action="extend", nargs="+", default=[], metavar="H", help="compatible hardware (default: any)"
     )
@@ -52,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--rollback-from", action="extend", nargs="+", default=[], metavar="V",
                        help="with --rollback: the versions it replaces; a device on another version refuses it"
                             " (required by the leader to roll it out)")
+
+    publish = sub.add_parser("publish", help="copy an artifact into a static mirror's directory under its"
+                                            " content address")
+    publish.add_argument("artifact", type=Path, metavar="ARTIFACT")
+    publish.add_argument("dir", type=Path, metavar="DIR")
 
     sign = sub.add_parser("sign", help="(re)sign an artifact with a private key")
     sign.add_argument("artifact", type=Path, metavar="ARTIFACT")
@@ -92,6 +110,12 @@ def _build(args: argparse.Namespace) -> int:
                                                " serves it would see its chunks change)")
     if args.rollback_from and not args.rollback:
         raise ConfigError("firmware build", "--rollback-from", "applies with --rollback")
+    content_defined = None
+    if args.chunk_size is None:
+        content_defined = _chunk_bounds(args.chunks)
+    for url in args.mirror:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError("firmware build", "--mirror", f"{url!r} is not an http:// or https:// URL")
     key = None if args.unsigned else load_signing_key(args.key)
     signed = build_artifact(
         args.image,
@@ -101,14 +125,47 @@ def _build(args: argparse.Namespace) -> int:
         key=key,
         created_ts=SystemClock().now_ms(),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE,
+        content_defined=content_defined,
         hardware=args.hardware,
         min_version=args.min_version,
         rollback=args.rollback,
         rollback_from=args.rollback_from,
+        mirrors=args.mirror,
     )
     m = signed.manifest
     state = f"signed by key {signed.key_id.hex()}" if key is not None else "UNSIGNED"
-    print(f"wrote {args.out}: {m.name} {m.version}, {m.size} bytes in {m.chunk_count} chunks, {state}")
+    kind = "content-defined chunks" if m.content_defined else "chunks"
+    print(f"wrote {args.out}: {m.name} {m.version}, {m.size} bytes in {m.chunk_count} {kind}, {state}")
+    return 0
+
+
+def _chunk_bounds(text: str) -> ContentDefined:
+    from firmware_rollout.artifact.files import ContentDefined
+
+    parts = text.split(":")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ConfigError("firmware build", "--chunks",
+                          f"{text!r} is not MIN:AVG:MAX in bytes (e.g. 16384:65536:262144)")
+    low, avg, high = (int(p) for p in parts)
+    try:
+        return ContentDefined(min_size=low, avg_size=avg, max_size=high)
+    except EdgeAgentError as exc:
+        raise ConfigError("firmware build", "--chunks", str(exc)) from None
+
+
+def _publish(args: argparse.Namespace) -> int:
+    import shutil
+
+    from firmware_rollout.artifact.files import read_signed_manifest
+
+    signed = read_signed_manifest(args.artifact)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    target = args.dir / f"{signed.manifest.sha256.hex()}.eafw"
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(args.artifact, tmp)
+    tmp.replace(target)
+    print(f"published {args.artifact} as {target}: serve {args.dir} and name its URL with --mirror or"
+          " [download] mirrors")
     return 0
 
 
@@ -153,7 +210,9 @@ def _inspect(args: argparse.Namespace) -> int:
         ("name", m.name),
         ("version", m.version + (" (rollback)" if m.rollback else "")),
         ("size", f"{m.size} bytes"),
-        ("chunks", f"{m.chunk_count} x {m.chunk_size} bytes"),
+        ("chunks", f"{m.chunk_count} content-defined, at most {m.chunk_size} bytes" if m.content_defined
+         else f"{m.chunk_count} x {m.chunk_size} bytes"),
+        ("mirrors", ", ".join(m.mirrors) or "-"),
         ("sha256", m.sha256.hex()),
         ("hardware", ", ".join(m.hardware) or "any"),
         ("min version", m.min_version or "-"),
@@ -176,7 +235,8 @@ def _on_device(args: argparse.Namespace) -> int:
     return asyncio.run(action(args))
 
 
-_ACTIONS = {"keygen": _keygen, "build": _build, "sign": _sign, "verify": _verify, "inspect": _inspect,
+_ACTIONS = {"keygen": _keygen, "build": _build, "publish": _publish, "sign": _sign, "verify": _verify,
+            "inspect": _inspect,
             "install": _on_device, "status": _on_device, "commit": _on_device, "revert": _on_device}
 
 

@@ -1,7 +1,7 @@
 """Firmware artifact files: one file holding a signed manifest followed by the image.
 
     [ signed manifest: header | manifest | key id | signature ]  (see `firmware_rollout.artifact.manifest`)
-    [ image: `manifest.size` bytes, in chunks of `manifest.chunk_size` ]
+    [ image: `manifest.size` bytes, in the manifest's chunks ]
 
 Nothing follows the image: a longer or shorter file is a size mismatch. Every function here
 streams the image chunk by chunk, so a 100 MB image needs one chunk of memory, not 100 MB.
@@ -16,6 +16,7 @@ minimum version, downgrade); `inspect_artifact` parses without trusting.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from firmware_rollout.artifact.manifest import (
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
     SIGNATURE_BLOCK_SIZE,
+    ChunkLayout,
     ImageVerifier,
     Manifest,
     SignedManifest,
@@ -181,6 +183,51 @@ def _hash_image(image: Path, chunk_size: int) -> tuple[int, bytes, tuple[bytes, 
     return size, whole.digest(), tuple(chunks)
 
 
+@dataclass(frozen=True)
+class ContentDefined:
+    """FastCDC chunk bounds for `firmware build`. The defaults are casync's (16/64/256 KiB), so a
+    delta costs about what RAUC's adaptive updates cost; smaller chunks share more between
+    versions but make a longer manifest (36 bytes a chunk)."""
+
+    min_size: int = 16 * 1024
+    avg_size: int = 64 * 1024
+    max_size: int = 256 * 1024
+
+    def __post_init__(self) -> None:
+        if not (MIN_CHUNK_SIZE <= self.min_size <= self.avg_size <= self.max_size <= MAX_CHUNK_SIZE):
+            raise ArtifactError(
+                f"content-defined chunk sizes must satisfy {MIN_CHUNK_SIZE} <= min <= avg <= max <= "
+                f"{MAX_CHUNK_SIZE}: got {self.min_size}/{self.avg_size}/{self.max_size}")
+
+
+def _hash_image_content_defined(image: Path, cdc: ContentDefined) -> tuple[int, bytes, tuple[bytes, ...],
+                                                                          tuple[int, ...]]:
+    try:
+        from fastcdc import fastcdc  # only `firmware build` needs it: kept off every other import path
+    except ImportError:
+        raise ArtifactError("content-defined chunking needs the fastcdc package: pip install 'edge-agent[build]' "
+                            "(or build with a fixed --chunk-size)") from None
+    whole = hashlib.sha256()
+    chunks: list[bytes] = []
+    lengths: list[int] = []
+    with image.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return 0, whole.digest(), (), ()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                for chunk in fastcdc(view, min_size=cdc.min_size, avg_size=cdc.avg_size, max_size=cdc.max_size):
+                    data = view[chunk.offset: chunk.offset + chunk.length]
+                    whole.update(data)
+                    chunks.append(hashlib.sha256(data).digest())
+                    lengths.append(chunk.length)
+                    del data
+            finally:
+                view.release()
+    return size, whole.digest(), tuple(chunks), tuple(lengths)
+
+
 def _write_artifact(out: Path, signed: SignedManifest, image: BinaryIO, size: int) -> None:
     """Write signed manifest + `size` image bytes to `out` via a temporary file and rename."""
     tmp = out.with_name(f".{out.name}.tmp")
@@ -212,20 +259,28 @@ def build_artifact(
     key: SigningKey | None,
     created_ts: int,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    content_defined: ContentDefined | None = None,
     hardware: Sequence[str] = (),
     min_version: str | None = None,
     rollback: bool = False,
     rollback_from: Sequence[str] = (),
+    mirrors: Sequence[str] = (),
 ) -> SignedManifest:
-    """Hash `image` and write the artifact `out`, signed with `key` (unsigned when None)."""
+    """Hash `image` and write the artifact `out`, signed with `key` (unsigned when None): in
+    content-defined chunks when `content_defined` is given, else in chunks of `chunk_size`."""
     image, out = Path(image), Path(out)
     Version.parse(version)
     if min_version is not None:
         Version.parse(min_version)
     if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
         raise ArtifactError(f"chunk size {chunk_size} out of range {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
+    lengths: tuple[int, ...] = ()
     try:
-        size, digest, chunks = _hash_image(image, chunk_size)
+        if content_defined is not None:
+            size, digest, chunks, lengths = _hash_image_content_defined(image, content_defined)
+            chunk_size = max(lengths, default=MIN_CHUNK_SIZE)
+        else:
+            size, digest, chunks = _hash_image(image, chunk_size)
     except OSError as exc:
         raise _io_error("read image", image, exc) from exc
     if size == 0:
@@ -242,6 +297,8 @@ def build_artifact(
         rollback=rollback,
         rollback_from=tuple(rollback_from),
         created_ts=created_ts,
+        chunk_lengths=lengths,
+        mirrors=tuple(mirrors),
     )
     signed = make_signed_manifest(manifest, key)
     try:
@@ -285,14 +342,15 @@ def sign_artifact(path: str | Path, key: SigningKey, *, out: str | Path | None =
     return resigned
 
 
-def read_image_chunk(path: str | Path, signed: SignedManifest, index: int) -> bytes:
-    """Chunk `index` of the image inside the artifact at `path` (not verified)."""
+def read_image_chunk(path: str | Path, signed: SignedManifest, index: int, layout: ChunkLayout | None = None) -> bytes:
+    """Chunk `index` of the image inside the artifact at `path` (not verified). Pass the
+    manifest's `layout` when reading many chunks of a content-defined image."""
     path = Path(path)
-    manifest = signed.manifest
-    length = manifest.chunk_length(index)
+    layout = layout or signed.manifest.layout()
+    length = layout.length(index)
     with _open(path) as handle:
         try:
-            handle.seek(signed.size + index * manifest.chunk_size)
+            handle.seek(signed.size + layout.offset(index))
             return _read_exact(handle, length)
         except OSError as exc:
             raise _io_error("read", path, exc) from exc
@@ -300,6 +358,7 @@ def read_image_chunk(path: str | Path, signed: SignedManifest, index: int) -> by
 
 __all__ = [
     "ArtifactInfo",
+    "ContentDefined",
     "build_artifact",
     "check_image",
     "inspect_artifact",

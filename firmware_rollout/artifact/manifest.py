@@ -20,6 +20,7 @@ the manifest's chunk hashes and whole-image sha256 then pin every image byte.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
 from typing import Annotated
@@ -56,8 +57,13 @@ HardwareName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
 class Manifest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """What the signature vouches for. `chunks[i]` is the sha256 of image bytes
-    `[i*chunk_size, (i+1)*chunk_size)`; the last chunk may be shorter.
+    """What the signature vouches for. `chunks[i]` is the sha256 of chunk `i` of the image.
+
+    Two layouts. Fixed: chunk `i` is image bytes `[i*chunk_size, (i+1)*chunk_size)`, the last
+    one may be shorter. Content-defined (`chunk_lengths` set, what `firmware build` makes): chunk
+    `i` is `chunk_lengths[i]` bytes long and starts where chunk `i-1` ended, and `chunk_size` is
+    the largest chunk. Content-defined boundaries survive an insertion, so two versions of an
+    image share most chunks and a device copies those from its active slot (a delta).
 
     Fields at their defaults are left out of the encoding: an agent that does not know a field
     added later still reads every manifest that does not use it (and refuses one that does)."""
@@ -74,16 +80,31 @@ class Manifest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     # a rollback replaces only these versions (empty: the leader refuses to roll it out)
     rollback_from: tuple[Annotated[str, msgspec.Meta(max_length=64)], ...] = ()
     created_ts: Annotated[int, msgspec.Meta(ge=0)] = 0  # ms since the Unix epoch
+    # content-defined chunks: the length of each (empty: every chunk is `chunk_size` bytes)
+    chunk_lengths: tuple[Annotated[int, msgspec.Meta(ge=1, le=MAX_CHUNK_SIZE)], ...] = ()
+    # static HTTP(S) mirrors that serve this artifact as `{mirror}/{sha256}.eafw` (never trusted)
+    mirrors: Annotated[tuple[Annotated[str, msgspec.Meta(min_length=8, max_length=512)], ...],
+                       msgspec.Meta(max_length=16)] = ()
 
     @property
     def chunk_count(self) -> int:
         return len(self.chunks)
 
+    @property
+    def content_defined(self) -> bool:
+        return bool(self.chunk_lengths)
+
     def chunk_length(self, index: int) -> int:
         """Size in bytes of chunk `index`."""
         if not 0 <= index < len(self.chunks):
             raise IndexError(f"chunk {index} out of range 0..{len(self.chunks) - 1}")
+        if self.chunk_lengths:
+            return self.chunk_lengths[index]
         return min(self.chunk_size, self.size - index * self.chunk_size)
+
+    def layout(self) -> ChunkLayout:
+        """Where each chunk lies in the image (computed once; keep it beside the manifest)."""
+        return ChunkLayout(self)
 
     def parsed_version(self) -> Version:
         return Version.parse(self.version)
@@ -103,7 +124,37 @@ class Manifest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
             "rollback": self.rollback,
             "rollback_from": list(self.rollback_from),
             "created_ts": self.created_ts,
+            "chunking": "content-defined" if self.chunk_lengths else "fixed",
+            "mirrors": list(self.mirrors),
         }
+
+
+class ChunkLayout:
+    """Offsets of a manifest's chunks, and which chunk holds a given hash: what a delta and a
+    range request need, made once per manifest rather than summed per chunk."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        lengths = manifest.chunk_lengths or [manifest.chunk_length(i) for i in range(manifest.chunk_count)]
+        self.lengths: tuple[int, ...] = tuple(lengths)
+        self.offsets: tuple[int, ...] = (0, *itertools.accumulate(self.lengths))[:-1]
+
+    def offset(self, index: int) -> int:
+        return self.offsets[index]
+
+    def length(self, index: int) -> int:
+        return self.lengths[index]
+
+    def span(self, first: int, last: int) -> tuple[int, int]:
+        """Image bytes `[start, end)` of chunks `first..last` inclusive."""
+        return self.offsets[first], self.offsets[last] + self.lengths[last]
+
+    def by_hash(self) -> dict[bytes, int]:
+        """sha256 -> the first chunk index with it."""
+        found: dict[bytes, int] = {}
+        for index, digest in enumerate(self.manifest.chunks):
+            found.setdefault(digest, index)
+        return found
 
 
 _manifest_encoder = msgspec.msgpack.Encoder()
@@ -122,6 +173,12 @@ def validate_manifest(manifest: Manifest) -> Manifest:
         raise MalformedArtifact(f"manifest: {exc}") from exc
     if manifest.rollback_from and not manifest.rollback:
         raise MalformedArtifact("manifest: rollback_from is set but the image is not signed as a rollback")
+    for mirror in manifest.mirrors:
+        if not mirror.startswith(("http://", "https://")):
+            raise MalformedArtifact(f"manifest: mirror {mirror!r} is not an http:// or https:// URL")
+    if manifest.chunk_lengths:
+        _validate_content_defined(manifest)
+        return manifest
     expected = math.ceil(manifest.size / manifest.chunk_size)
     if len(manifest.chunks) != expected:
         raise MalformedArtifact(
@@ -129,6 +186,18 @@ def validate_manifest(manifest: Manifest) -> Manifest:
             f"{manifest.chunk_size} (expected {expected})"
         )
     return manifest
+
+
+def _validate_content_defined(manifest: Manifest) -> None:
+    lengths = manifest.chunk_lengths
+    if len(lengths) != len(manifest.chunks):
+        raise MalformedArtifact(f"manifest: {len(manifest.chunks)} chunk hashes but {len(lengths)} chunk lengths")
+    if sum(lengths) != manifest.size:
+        raise MalformedArtifact(f"manifest: the chunk lengths add up to {sum(lengths)} bytes, the image has "
+                                f"{manifest.size}")
+    if max(lengths) != manifest.chunk_size:
+        raise MalformedArtifact(f"manifest: chunk_size {manifest.chunk_size} is not the largest chunk "
+                                f"({max(lengths)} bytes)")
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
@@ -325,6 +394,7 @@ class ImageVerifier:
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "ChunkLayout",
     "FORMAT_VERSION",
     "HEADER_SIZE",
     "MAGIC",

@@ -27,7 +27,7 @@ from agent.core.errors import (
     MailboxFull,
 )
 from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.manifest import SignedManifest
+from firmware_rollout.artifact.manifest import ChunkLayout, SignedManifest
 from firmware_rollout.messages import Chunk, ChunkRequest
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class ConfigServerPool:
             for i in range(servers)
         ]
         self._next = 0
+        self._layouts: dict[bytes, ChunkLayout] = {}  # image sha256 -> where its chunks lie
         self.in_flight = 0
         self.max_concurrent = 0
         self.served = 0
@@ -144,12 +145,15 @@ class ConfigServerPool:
         manifest = signed.manifest
         if request.index >= manifest.chunk_count:
             return self._reject(envelope, f"chunk {request.index} out of range 0..{manifest.chunk_count - 1}")
-        chunk_len = manifest.chunk_length(request.index)
+        layout = self._layouts.get(manifest.sha256)
+        if layout is None:
+            layout = self._layouts[manifest.sha256] = manifest.layout()
+        chunk_len = layout.length(request.index)
         if request.offset >= chunk_len:
             return self._reject(envelope, f"offset {request.offset} beyond chunk {request.index} ({chunk_len} bytes)")
         length = chunk_len - request.offset if request.length == 0 else min(request.length, chunk_len - request.offset)
         done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        job = _Serve(path, signed.size + request.index * manifest.chunk_size + request.offset, length, done)
+        job = _Serve(path, signed.size + layout.offset(request.index) + request.offset, length, done)
         retry_after_ms = 0
         n = len(self.refs)
         for i in range(n):
