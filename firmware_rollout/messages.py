@@ -86,6 +86,9 @@ class UpdateOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     chunk_size: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 0  # bytes per ChunkRequest; 0: the manifest's
     # download and verify now, install when the same offer comes again without this flag
     download_only: bool = False
+    # HTTP(S) mirrors serving the artifact as `{mirror}/{image sha256}.eafw`, most preferred
+    # first (the leader's own artifact server among them); MQTT chunks are the last resort
+    mirrors: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=512)], ...], msgspec.Meta(max_length=16)] = ()
 
 
 class UpdateCancel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
@@ -107,9 +110,13 @@ class DownloadProgress(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
 
     chunks_done: Count
     chunks_total: Count
-    bytes_done: Count
-    bytes_total: Count
+    bytes_done: Count  # image bytes in the new slot, downloaded or copied from the active slot
+    bytes_total: Count  # the image's size
     rate_bytes_per_s: Annotated[float, msgspec.Meta(ge=0, le=1e15)] = 0.0
+    # what this download fetches over the network (the rest is a delta: copied from the active
+    # slot) and how much of that it fetched; 0 and 0 from an agent that predates deltas
+    bytes_to_fetch: Count = 0
+    bytes_fetched: Count = 0
 
 
 class UpdateReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):

@@ -294,9 +294,12 @@ def render_status(data: dict[str, Any]) -> Any:
         download: Any = Text("-", style="dim")
         if total_bytes:
             rate = float(dl.get("rate_bytes_per_s", 0.0))
+            to_fetch = int(dl.get("bytes_to_fetch", 0))
+            fetch = (f", fetches {to_fetch / 2**20:.1f} MiB ({100 * to_fetch / total_bytes:.0f}%)"
+                     if 0 < to_fetch < total_bytes else "")
             download = Table.grid(padding=(0, 1))
             download.add_row(ProgressBar(total=total_bytes, completed=int(dl.get("bytes_done", 0)), width=16),
-                             Text(f"{int(dl.get('bytes_done', 0)) / 2**20:.1f}/{total_bytes / 2**20:.1f} MiB"
+                             Text(f"{int(dl.get('bytes_done', 0)) / 2**20:.1f}/{total_bytes / 2**20:.1f} MiB" + fetch
                                   + (f" {rate / 1024:.0f} KiB/s" if rate else ""), style="dim"))
         table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=20),
                       f"{w['succeeded']}/{w['size']} ok", download, counts)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+from collections.abc import Sequence
 
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply, decode, decode_reply, encode
@@ -20,8 +22,10 @@ from agent.core.ids import IdGenerator
 from agent.outbox.limiter import AimdLimiter
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
-from firmware_rollout.artifact.manifest import Manifest
+from firmware_rollout.artifact.manifest import DEFAULT_CHUNK_SIZE, Manifest
 from firmware_rollout.messages import KIND_CHUNK_REQUEST, Chunk, ChunkRequest
+
+MQTT_PIECE_SIZE = DEFAULT_CHUNK_SIZE  # the largest piece of a chunk one request asks for
 
 
 class ChunkClient:
@@ -138,15 +142,32 @@ class RemoteChunkSource:
         self._client = client
         self._rollout_id = rollout_id
         self._manifest = manifest
+        if manifest is not None and piece_size <= 0 and manifest.chunk_size > MQTT_PIECE_SIZE:
+            piece_size = MQTT_PIECE_SIZE  # a large content-defined chunk travels in pieces that fit MQTT
         self._piece = piece_size if piece_size > 0 and manifest is not None else 0
         self.limiter = AimdLimiter(initial=window_initial, min=1, max=window_max)
         self._tasks: dict[int, asyncio.Task[bytes]] = {}
+        self._after: dict[int, int] = {}  # planned chunk -> the next planned one (a delta skips the rest)
+
+    def plan(self, indices: Sequence[int]) -> None:
+        self._after = dict(itertools.pairwise(indices))
+
+    def _ahead(self, index: int) -> list[int]:
+        """`index` and the chunks to prefetch after it, within the window."""
+        if self._manifest is None:
+            return [index]
+        out = [index]
+        while len(out) < self.limiter.limit:
+            following = self._after.get(out[-1]) if self._after else out[-1] + 1
+            if following is None or following >= self._manifest.chunk_count:
+                break
+            out.append(following)
+        return out
 
     async def fetch(self, index: int) -> bytes:
         for stale in [i for i in self._tasks if i < index]:
             self._tasks.pop(stale).cancel()
-        last = index + 1 if self._manifest is None else min(index + self.limiter.limit, self._manifest.chunk_count)
-        for i in range(index, last):
+        for i in self._ahead(index):
             if i not in self._tasks:
                 task = asyncio.ensure_future(self._fetch_chunk(i))
                 task.add_done_callback(_consume)
@@ -156,7 +177,9 @@ class RemoteChunkSource:
             data = await task
         except Capacity:
             self.limiter.record("capacity")
-            self._drop_beyond(index + self.limiter.limit)
+            keep = set(self._ahead(index))  # the halved window
+            for i in [i for i in self._tasks if i not in keep]:
+                self._tasks.pop(i).cancel()
             raise
         except Transient:
             self.limiter.record("transient")

@@ -9,6 +9,7 @@ with its own copy of the pinned key. It performs exactly the installer's steps a
     open_slot SLOT SIGNED_MANIFEST  the signature checked against the helper's key
     write_chunk SLOT INDEX BYTES    the chunk's sha256 checked against that manifest
     check_slot SLOT                 the whole image read back and checked
+    read_slot SLOT OFFSET LENGTH    bytes of a slot as they are (a delta copies from the active one)
     mark_trial | commit | revert SLOT
     reboot TRIAL
 
@@ -42,7 +43,8 @@ from firmware_rollout.errors import ChunkMismatch, InstallError, UpdaterError
 
 log = logging.getLogger(__name__)
 
-Op = Literal["describe", "open_slot", "write_chunk", "check_slot", "mark_trial", "commit", "revert", "reboot"]
+Op = Literal["describe", "open_slot", "write_chunk", "check_slot", "read_slot", "mark_trial", "commit", "revert",
+             "reboot"]
 SlotName = Annotated[str, msgspec.Meta(max_length=16)]
 MAX_FRAME = MAX_CHUNK_SIZE + 64 * 1024  # one chunk and its envelope
 MAX_MANIFEST = HEADER_SIZE + MAX_MANIFEST_SIZE + SIGNATURE_BLOCK_SIZE  # the largest signed manifest
@@ -56,6 +58,8 @@ class HelperRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     op: Op
     slot: SlotName = ""
     index: Annotated[int, msgspec.Meta(ge=0, le=1 << 24)] = 0
+    offset: Annotated[int, msgspec.Meta(ge=0, le=1 << 48)] = 0
+    length: Annotated[int, msgspec.Meta(ge=0, le=MAX_CHUNK_SIZE)] = 0
     data: Annotated[bytes, msgspec.Meta(max_length=MAX_CHUNK_SIZE)] = b""
     signed_manifest: Annotated[bytes, msgspec.Meta(max_length=MAX_MANIFEST)] = b""
     trial: bool = False
@@ -77,6 +81,7 @@ class HelperReply(msgspec.Struct, kw_only=True, frozen=True):
     error: str = ""
     mismatch: bool = False  # the refusal is a chunk or an image that differs from the signed manifest
     state: HelperState | None = None
+    data: bytes = b""  # what read_slot read
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -158,22 +163,22 @@ class InstallHelper:
             return HelperReply(ok=False, error=f"refused: not a request ({exc})")
         async with self._lock:
             try:
-                await self._do(request)
+                data = await self._do(request)
             except (EdgeAgentError, OSError) as exc:
                 self.refused += 1
                 log.warning("refused %s of slot %s: %s", request.op, request.slot or "-", exc)
                 return HelperReply(ok=False, error=str(exc), mismatch=isinstance(exc, ChunkMismatch),
                                    state=state_of(self._installer))
-            return HelperReply(ok=True, state=state_of(self._installer))
+            return HelperReply(ok=True, state=state_of(self._installer), data=data)
 
-    async def _do(self, r: HelperRequest) -> None:
+    async def _do(self, r: HelperRequest) -> bytes:
         installer = self._installer
         if r.op == "describe":
-            return
+            return b""
         if r.op == "reboot":
             log.info("reboot%s asked for: %s", " into the trial" if r.trial else "", r.reason)
             await self._rebooter.reboot(r.reason or "asked by the agent", trial=r.trial)
-            return
+            return b""
         if r.slot not in installer.slots:
             raise InstallError(f"no slot {r.slot!r} here (this helper manages {', '.join(installer.slots)})")
         if r.op == "open_slot":
@@ -182,12 +187,15 @@ class InstallHelper:
             await installer.write_chunk(r.slot, r.index, r.data)
         elif r.op == "check_slot":
             await installer.check_slot(r.slot)
+        elif r.op == "read_slot":
+            return await installer.read_slot(r.slot, r.offset, r.length)
         elif r.op == "mark_trial":
             await installer.mark_trial(r.slot)
         elif r.op == "commit":
             await installer.commit(r.slot)
         else:
             await installer.revert(r.slot)
+        return b""
 
 
 class HelperError(InstallError):
@@ -203,7 +211,8 @@ class HelperInstaller:
         self._clock = clock or SystemClock()
         self._timeout_s = timeout_s
         self._sock: socket.socket | None = None
-        self._state = self._call(HelperRequest(op="describe"))
+        self._state: HelperState
+        self._call(HelperRequest(op="describe"))  # sets self._state
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
@@ -218,7 +227,7 @@ class HelperInstaller:
             self._sock = sock
         return self._sock
 
-    def _call(self, request: HelperRequest, *, timeout_s: float | None = None) -> HelperState:
+    def _call(self, request: HelperRequest, *, timeout_s: float | None = None) -> HelperReply:
         sock = self._connect()
         try:
             sock.settimeout(timeout_s or self._timeout_s)
@@ -237,14 +246,13 @@ class HelperInstaller:
             if reply.mismatch:
                 raise ChunkMismatch(f"the install helper refused {request.op}: {reply.error}")
             raise HelperError(f"the install helper refused {request.op}: {reply.error}")
-        assert reply.state is not None
-        return reply.state
+        return reply
 
-    async def _ask(self, request: HelperRequest, *, timeout_s: float | None = None) -> None:
-        await in_thread(self._clock, self._do_call, request, timeout_s)
+    async def _ask(self, request: HelperRequest, *, timeout_s: float | None = None) -> bytes:
+        return await in_thread(self._clock, self._do_call, request, timeout_s)
 
-    def _do_call(self, request: HelperRequest, timeout_s: float | None) -> None:
-        self._call(request, timeout_s=timeout_s)
+    def _do_call(self, request: HelperRequest, timeout_s: float | None) -> bytes:
+        return self._call(request, timeout_s=timeout_s).data
 
     def close(self) -> None:
         if self._sock is not None:
@@ -281,6 +289,9 @@ class HelperInstaller:
 
     async def check_slot(self, slot: str) -> None:
         await self._ask(HelperRequest(op="check_slot", slot=slot))
+
+    async def read_slot(self, slot: str, offset: int, length: int) -> bytes:
+        return await self._ask(HelperRequest(op="read_slot", slot=slot, offset=offset, length=length))
 
     async def mark_trial(self, slot: str) -> None:
         await self._ask(HelperRequest(op="mark_trial", slot=slot))

@@ -149,6 +149,10 @@ class RaucInstaller(StreamingInstaller):
         self._refresh()
         self._trial_file.unlink(missing_ok=True)
 
+    async def read_slot(self, slot: str, offset: int, length: int) -> bytes:
+        raise InstallError("RAUC's slots hold what RAUC installed, not our image: every chunk is downloaded "
+                           "(RAUC's own adaptive updates are the delta for RAUC bundles)")
+
     async def mark_trial(self, slot: str) -> None:
         self.other(slot)
         self._require_checked(slot)

@@ -19,7 +19,13 @@ from typing import BinaryIO, cast
 
 from firmware_rollout.artifact.files import check_image
 from firmware_rollout.artifact.keys import VerifyKey
-from firmware_rollout.artifact.manifest import Manifest, parse_signed_manifest, verify_signed_manifest
+from firmware_rollout.artifact.manifest import (
+    MAX_CHUNK_SIZE,
+    ChunkLayout,
+    Manifest,
+    parse_signed_manifest,
+    verify_signed_manifest,
+)
 from firmware_rollout.errors import ChunkMismatch, InstallError
 
 READ_BLOCK = 1024 * 1024
@@ -74,6 +80,13 @@ class FileTarget:
     def open_read(self) -> BinaryIO:
         return self.path.open("rb")
 
+    def read(self, offset: int, length: int) -> bytes:
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
     def finish(self, size: int) -> None:
         if self.grow:
             os.truncate(self.path, size)
@@ -111,6 +124,12 @@ class PairTarget:
 
     def open_read(self) -> BinaryIO:
         return cast(BinaryIO, _Chained(self.first.open_read(), self._split(), self.second.open_read()))
+
+    def read(self, offset: int, length: int) -> bytes:
+        split = self._split()
+        head = self.first.read(offset, min(length, split - offset)) if offset < split else b""
+        rest = length - len(head)
+        return head + (self.second.read(max(0, offset - split), rest) if rest > 0 else b"")
 
     def finish(self, size: int) -> None:
         pass
@@ -170,6 +189,7 @@ class SlotImages:
             slot: FileTarget(t, grow=grow) if isinstance(t, Path) else t for slot, t in targets.items()}
         self._key = verify_key
         self._manifests: dict[str, Manifest] = {}
+        self._layouts: dict[str, ChunkLayout] = {}
         self._checked: dict[str, bytes] = {}  # slot -> the manifest's image hash it was checked against
 
     def target(self, slot: str) -> SlotTarget:
@@ -195,6 +215,7 @@ class SlotImages:
                                f"{capacity} bytes)")
         if self._manifests.get(slot) != manifest:
             self._checked.pop(slot, None)
+            self._layouts[slot] = manifest.layout()
         self._manifests[slot] = manifest
         return manifest
 
@@ -208,12 +229,13 @@ class SlotImages:
         manifest = self.manifest(slot)
         if not 0 <= index < manifest.chunk_count:
             raise ChunkMismatch(f"chunk {index} is not in the image (it has {manifest.chunk_count} chunks)")
-        if len(data) != manifest.chunk_length(index) or hashlib.sha256(data).digest() != manifest.chunks[index]:
+        layout = self._layouts[slot]
+        if len(data) != layout.length(index) or hashlib.sha256(data).digest() != manifest.chunks[index]:
             raise ChunkMismatch(f"tampered chunk: chunk {index} of {manifest.chunk_count} does not match "
                                 "the signed manifest")
         self._checked.pop(slot, None)
         try:
-            self.target(slot).write(index * manifest.chunk_size, data)
+            self.target(slot).write(layout.offset(index), data)
         except OSError as exc:
             raise InstallError(f"cannot write slot {slot}: {exc.strerror or exc}") from exc
 
@@ -235,6 +257,16 @@ class SlotImages:
             raise InstallError(f"cannot read slot {slot} back: {exc.strerror or exc}") from exc
         self._checked[slot] = manifest.sha256
         return manifest
+
+    def read(self, slot: str, offset: int, length: int) -> bytes:
+        """Bytes `[offset, offset+length)` of a slot as it is (the active slot, for a delta); the
+        caller checks them against the hash it expects."""
+        if length < 0 or length > MAX_CHUNK_SIZE or offset < 0:
+            raise InstallError(f"cannot read {length} bytes at {offset} of slot {slot}: out of bounds")
+        try:
+            return self.target(slot).read(offset, length)
+        except OSError as exc:
+            raise InstallError(f"cannot read slot {slot}: {exc.strerror or exc}") from exc
 
     def checked(self, slot: str) -> bool:
         """The slot holds the whole image of its manifest, read back since its last write."""

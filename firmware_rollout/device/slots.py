@@ -14,6 +14,9 @@ Every call is durable on return and idempotent, so the updater can repeat it aft
 `booted_slot()` is the slot the running system came from, read from what the bootloader told the
 kernel; it does not change while the process runs (a reboot restarts the process).
 `fell_back()` says the bootloader booted the old slot because the trial slot ran out of attempts.
+`read_slot(active, offset, length)` reads the running image, so a delta update copies the chunks
+it already has instead of downloading them (a backend that cannot read its slots raises
+`InstallError`, and every chunk is downloaded).
 
 The backends: `DirectoryInstaller` (here: two directories and a JSON "bootloader", for the
 simulator and application payloads; it does not change what a device boots), `UBootInstaller`,
@@ -60,6 +63,8 @@ class Installer(Protocol):
     async def write_chunk(self, slot: str, index: int, data: bytes) -> None: ...
 
     async def check_slot(self, slot: str) -> None: ...
+
+    async def read_slot(self, slot: str, offset: int, length: int) -> bytes: ...
 
     async def mark_trial(self, slot: str) -> None: ...
 
@@ -116,6 +121,10 @@ class StreamingInstaller(ABC):
 
     async def check_slot(self, slot: str) -> None:
         await in_thread(self._clock, self._images.check, slot)
+
+    async def read_slot(self, slot: str, offset: int, length: int) -> bytes:
+        self.other(slot)
+        return await in_thread(self._clock, self._images.read, slot, offset, length)
 
 
 class DirectoryInstaller(StreamingInstaller):

@@ -1,7 +1,9 @@
 """The updater's durable state: one SQLite file in the state directory.
 
-    update    one row: the current (or last) update, its state, slots, progress and boot count
-    slots     the version each slot holds
+    update    one row: the current (or last) update, its state, slots, progress, boot count and
+              the mirrors its offer named
+    slots     the version each slot holds, and the signed manifest of the image in it (what a
+              delta copies chunks by; NULL for an image the updater did not install)
     reports   every report made, in order (`seq`), with a flag once handed to the agent's outbox
 
 Each state change and the report it makes are one transaction (`synchronous=FULL`: a transition
@@ -81,6 +83,7 @@ class UpdateRecord:
     detail: str = ""
     updated_ms: int = 0
     stage_only: bool = False  # a download-only offer: stop at `staged`
+    mirrors: str = ""  # the offer's HTTP(S) mirrors, one per line (a resumed download uses them too)
 
     def but(self, **changes: Any) -> UpdateRecord:
         return replace(self, **changes)
@@ -96,12 +99,18 @@ def _v2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE update_state ADD COLUMN stage_only INTEGER NOT NULL DEFAULT 0")
 
 
+def _v3(conn: sqlite3.Connection) -> None:
+    """Mirrors (`UpdateOffer.mirrors`) and each slot's signed manifest (delta updates)."""
+    conn.execute("ALTER TABLE update_state ADD COLUMN mirrors TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE slots ADD COLUMN signed_manifest BLOB")
+
+
 class UpdaterStore(SqliteStore):
     """Owns the connection; every method is a short transaction run in a thread (one at a time),
     at `synchronous=FULL`: an update's state must survive a power cut."""
 
     COMPONENT = "updater"
-    MIGRATIONS = (_v1, _v2)
+    MIGRATIONS = (_v1, _v2, _v3)
     WHAT = "updater store"
 
     def __init__(self, conn: sqlite3.Connection, clock: Clock, *, path: str) -> None:
@@ -156,12 +165,20 @@ class UpdaterStore(SqliteStore):
         fields = dict(zip(_FIELDS, row, strict=True))
         fields["stage_only"] = bool(fields["stage_only"])
         record = UpdateRecord(**fields)
-        slots = dict(self._conn.execute("SELECT slot, version FROM slots").fetchall())
+        slots = dict(self._conn.execute("SELECT slot, version FROM slots WHERE version != ''").fetchall())
         return record, slots
 
     async def load(self) -> tuple[UpdateRecord, dict[str, str]]:
         """The update record and the version each slot holds."""
         return await self._run(self._load)
+
+    def _slot_manifest(self, slot: str) -> bytes | None:
+        row = self._conn.execute("SELECT signed_manifest FROM slots WHERE slot = ?", (slot,)).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    async def slot_manifest(self, slot: str) -> bytes | None:
+        """The signed manifest of the image the updater installed in `slot` (None: not known)."""
+        return await self._run(self._slot_manifest, slot)
 
     def _reports(self, unsent_only: bool, limit: int) -> list[tuple[int, UpdateReport]]:
         where = "WHERE sent = 0 " if unsent_only else ""
@@ -184,7 +201,8 @@ class UpdaterStore(SqliteStore):
 
     # -- writes ----------------------------------------------------------------------------
     def _save(
-        self, record: UpdateRecord, report: Mapping[str, Any] | None, slots: Mapping[str, str]
+        self, record: UpdateRecord, report: Mapping[str, Any] | None, slots: Mapping[str, str],
+        manifests: Mapping[str, bytes | None],
     ) -> UpdateReport | None:
         made = None
         with self.atomic():
@@ -197,6 +215,10 @@ class UpdaterStore(SqliteStore):
                     "INSERT INTO slots (slot, version) VALUES (?, ?) ON CONFLICT (slot) DO UPDATE SET version = ?",
                     (slot, version, version),
                 )
+            for slot, signed in manifests.items():
+                self._conn.execute(
+                    "INSERT INTO slots (slot, version, signed_manifest) VALUES (?, '', ?) ON CONFLICT (slot)"
+                    " DO UPDATE SET signed_manifest = ?", (slot, signed, signed))
             if report is not None:
                 seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM reports").fetchone()[0]
                 made = UpdateReport(seq=seq, **{**report, "detail": clip(str(report.get("detail", "")))})
@@ -209,10 +231,11 @@ class UpdaterStore(SqliteStore):
         *,
         report: Mapping[str, Any] | None = None,
         slots: Mapping[str, str] | None = None,
+        manifests: Mapping[str, bytes | None] | None = None,
     ) -> UpdateReport | None:
-        """Write `record` (and slot versions, and a report built from `report` plus its seq) in one
-        transaction; return the report made."""
-        return await self._run(self._save, record, report, dict(slots or {}))
+        """Write `record` (and slot versions and manifests, and a report built from `report` plus
+        its seq) in one transaction; return the report made."""
+        return await self._run(self._save, record, report, dict(slots or {}), dict(manifests or {}))
 
     async def add_report(self, report: Mapping[str, Any]) -> UpdateReport:
         """Record a report that changes no state (an offer refused while busy)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -43,7 +44,13 @@ from agent.core.errors import (
 )
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
-from firmware_rollout.artifact.manifest import Manifest, check_policy, parse_signed_manifest, verify_signed_manifest
+from firmware_rollout.artifact.manifest import (
+    ChunkLayout,
+    Manifest,
+    check_policy,
+    parse_signed_manifest,
+    verify_signed_manifest,
+)
 from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.health import HealthCheck, HealthResult
 from firmware_rollout.device.reboot import Rebooter
@@ -80,6 +87,7 @@ class UpdaterSettings:
     fetch_attempts: int = 8  # per chunk; `Capacity` (busy) answers do not count
     fetch_backoff_base_s: float = 1.0
     fetch_backoff_cap_s: float = 60.0
+    max_download_kbps: int = 0  # kilobits per second the download may use on average (0: no cap)
     # a file an application flock(2)s while it must not be interrupted: no reboot while held
     update_lock: str = ""
     # changes at every boot of the kernel: tells a reboot that came back to the old slot from a
@@ -87,6 +95,8 @@ class UpdaterSettings:
     boot_id_path: str = BOOT_ID_PATH
 
     def __post_init__(self) -> None:
+        if self.max_download_kbps < 0:
+            raise UpdaterError("max_download_kbps must be 0 (no cap) or positive")
         if self.max_boots < 1 or self.fetch_attempts < 1:
             raise UpdaterError("max_boots and fetch_attempts must be at least 1")
         if min(self.health_timeout_s, self.fetch_timeout_s, self.fetch_backoff_base_s, self.fetch_backoff_cap_s) <= 0:
@@ -105,6 +115,8 @@ class UpdaterStatus:
     chunks_done: int
     chunks_total: int
     boot_count: int
+    signed_manifest: bytes | None = None  # of the update in progress: a resumed download needs it
+    mirrors: tuple[str, ...] = ()  # the ones its offer named
 
 
 class _Stop(Exception):
@@ -251,6 +263,8 @@ class Updater:
             chunks_done=r.chunks_done,
             chunks_total=total,
             boot_count=r.boot_count,
+            signed_manifest=r.signed_manifest if total else None,
+            mirrors=tuple(m for m in r.mirrors.split("\n") if m),
         )
 
     async def offer(self, offer: UpdateOffer, source: ChunkSource) -> UpdateReport:
@@ -464,7 +478,7 @@ class Updater:
         active = self.active_version
         base = UpdateRecord(
             rollout_id=offer.rollout_id, signed_manifest=offer.signed_manifest, from_slot=booted, from_version=active,
-            stage_only=offer.download_only,
+            stage_only=offer.download_only, mirrors="\n".join(offer.mirrors),
         )
         try:
             signed = verify_signed_manifest(offer.signed_manifest, self._key)
@@ -481,12 +495,12 @@ class Updater:
         if manifest.parsed_version() == Version.parse(active):
             await self._set(base.but(state="committed", to_slot=booted, detail=f"already running version {active}"))
             return
+        to_slot = other_slot(self.installer, booted)
+        chunking = "content-defined chunks of at most" if manifest.content_defined else "chunks of"
         await self._set(
-            base.but(
-                state="downloading",
-                to_slot=other_slot(self.installer, booted),
-                detail=f"{manifest.chunk_count} chunks of {manifest.chunk_size} bytes",
-            )
+            base.but(state="downloading", to_slot=to_slot,
+                     detail=f"{manifest.chunk_count} {chunking} {manifest.chunk_size} bytes"),
+            manifests={to_slot: None},  # it is about to be overwritten: no delta copies from it
         )
 
     async def _drive(self, source: ChunkSource | None) -> None:
@@ -522,18 +536,31 @@ class Updater:
 
     async def _download(self, source: ChunkSource) -> None:
         manifest = self._manifest()
+        layout = manifest.layout()
         r = self._record
         try:
             await self.installer.open_slot(r.to_slot, self._signed_manifest())
         except (InstallError, ArtifactError, OSError) as exc:
             await self._fail(f"install failed: slot {r.to_slot} cannot take the image: {exc}")
         done = r.chunks_done
-        progress = _Progress(self._clock, manifest, done)
+        delta = await self._delta(manifest)
+        to_fetch = sum(layout.length(i) for i in range(manifest.chunk_count) if i not in delta.copies)
+        fetched = sum(layout.length(i) for i in range(done) if i not in delta.copies)
+        progress = _Progress(self._clock, manifest, layout, done, to_fetch=to_fetch, fetched=fetched)
+        source.plan([i for i in range(done, manifest.chunk_count) if i not in delta.copies])
         if done:
             log.info("update %s: resuming the download of version %s at chunk %d of %d", self._record.rollout_id,
                      manifest.version, done + 1, manifest.chunk_count)
+        if delta.copies:
+            log.info("update %s: %d of %d chunks are in the active slot; %d of %d bytes to download",
+                     r.rollout_id, len(delta.copies), manifest.chunk_count, to_fetch, manifest.size)
+        throttle = _Throttle(self._clock, self.settings.max_download_kbps)
         for index in range(done, manifest.chunk_count):
-            data = await self._fetch(source, index)
+            data = await delta.copy(index, manifest.chunks[index])
+            if data is None:
+                data = await self._fetch(source, index)
+                progress.fetched += len(data)
+                await throttle.spent(len(data))
             try:  # the installer checks the chunk against the signed manifest before it writes it
                 await self.installer.write_chunk(r.to_slot, index, data)
             except ChunkMismatch:
@@ -556,6 +583,29 @@ class Updater:
             if progress.milestone(snapshot):
                 log.info("update %s: downloading %s", self._record.rollout_id, progress.text(snapshot))
         await self._set(self._record.but(state="verifying", detail="download complete"))
+
+    async def _delta(self, manifest: Manifest) -> _Delta:
+        """The chunks of `manifest` the active slot already holds (by their sha256 in the signed
+        manifest of the image the updater installed there)."""
+        booted = self.installer.booted_slot()
+        try:
+            raw = await self._store.slot_manifest(booted)
+            if raw is None:
+                return _Delta.none()
+            active = verify_signed_manifest(raw, self._key).manifest
+        except (ArtifactError, EdgeAgentError) as exc:
+            log.warning("no delta: the active slot's manifest is unusable: %s", exc)
+            return _Delta.none()
+        if active.version != self.active_version:
+            return _Delta.none()
+        active_layout = active.layout()
+        where = active_layout.by_hash()
+        copies: dict[int, tuple[int, int]] = {}
+        for index, digest in enumerate(manifest.chunks):
+            source = where.get(digest)
+            if source is not None:
+                copies[index] = (active_layout.offset(source), active_layout.length(source))
+        return _Delta(self.installer, booted, copies)
 
     async def _fetch(self, source: ChunkSource, index: int) -> bytes:
         settings = self.settings
@@ -612,7 +662,7 @@ class Updater:
             await self._fail(f"install failed: {exc}")
         await self._set(
             r.but(state="rebooting", boot_count=0, detail=f"slot {r.to_slot} marked for a trial boot"),
-            slots={r.to_slot: r.version},
+            slots={r.to_slot: r.version}, manifests={r.to_slot: r.signed_manifest},
         )
 
     async def _check_health(self) -> None:
@@ -726,7 +776,7 @@ class Updater:
 
     # -- helpers ---------------------------------------------------------------------------
     async def _set(self, record: UpdateRecord, *, report: bool = True, slots: dict[str, str] | None = None,
-                   progress: DownloadProgress | None = None) -> None:
+                   manifests: dict[str, bytes | None] | None = None, progress: DownloadProgress | None = None) -> None:
         record = record.but(updated_ms=self._clock.now_ms())
         versions = dict(self._slot_versions)
         versions.update(slots or {})
@@ -739,7 +789,7 @@ class Updater:
             elif record.state != self._record.state:
                 log.info("update %s: %s%s", record.rollout_id or "-", record.state,
                          f" ({record.detail})" if record.detail else "")
-        made = await self._store.save(record, report=fields, slots=slots)
+        made = await self._store.save(record, report=fields, slots=slots, manifests=manifests)
         self._record = record
         self._slot_versions = versions
         if made is not None:
@@ -812,9 +862,13 @@ class _Progress:
     """When a download reports how far it got (every PROGRESS_EVERY_S or PROGRESS_STEP of the
     image, and at its end), and what it says."""
 
-    def __init__(self, clock: Clock, manifest: Manifest, done: int) -> None:
+    def __init__(self, clock: Clock, manifest: Manifest, layout: ChunkLayout, done: int, *, to_fetch: int,
+                 fetched: int) -> None:
         self._clock = clock
         self._manifest = manifest
+        self._layout = layout
+        self.to_fetch = to_fetch  # bytes the download fetches over the network (the rest it copies)
+        self.fetched = fetched
         self._t0 = clock.monotonic()
         self._start_bytes = self._bytes(done)
         self._last_t = self._t0
@@ -822,7 +876,7 @@ class _Progress:
         self._logged: set[int] = set()
 
     def _bytes(self, chunks: int) -> int:
-        return min(self._manifest.size, chunks * self._manifest.chunk_size)
+        return self._manifest.size if chunks >= self._manifest.chunk_count else self._layout.offset(chunks)
 
     def _step(self, chunks: int) -> int:
         return int(chunks / max(1, self._manifest.chunk_count) / PROGRESS_STEP)
@@ -838,13 +892,17 @@ class _Progress:
         elapsed = now - self._t0
         rate = (done - self._start_bytes) / elapsed if elapsed > 0 else 0.0
         return DownloadProgress(chunks_done=chunks, chunks_total=self._manifest.chunk_count, bytes_done=done,
-                                bytes_total=self._manifest.size, rate_bytes_per_s=round(rate, 1))
+                                bytes_total=self._manifest.size, rate_bytes_per_s=round(rate, 1),
+                                bytes_to_fetch=self.to_fetch, bytes_fetched=self.fetched)
 
     @staticmethod
     def text(p: DownloadProgress) -> str:
         pct = 100 * p.bytes_done // max(1, p.bytes_total)
         rate = f", {p.rate_bytes_per_s / 1024:.1f} KiB/s" if p.rate_bytes_per_s else ""
-        return f"{pct}%: chunk {p.chunks_done} of {p.chunks_total}, {p.bytes_done} of {p.bytes_total} bytes{rate}"
+        fetch = (f"; {p.bytes_fetched} of the {p.bytes_to_fetch} bytes to download (the rest copied from the"
+                 " active slot)" if p.bytes_to_fetch < p.bytes_total else "")
+        return (f"{pct}%: chunk {p.chunks_done} of {p.chunks_total}, {p.bytes_done} of {p.bytes_total} bytes"
+                f"{rate}{fetch}")
 
     def milestone(self, p: DownloadProgress) -> bool:
         """Once each past 10 %, 50 % and at 100 %: logged at INFO (the other reports only go to
@@ -855,6 +913,60 @@ class _Progress:
             return False
         self._logged.add(mark)
         return True
+
+
+class _Delta:
+    """Chunks the active slot holds: index in the new image -> (offset, length) in the active one."""
+
+    def __init__(self, installer: Installer | None, slot: str, copies: dict[int, tuple[int, int]]) -> None:
+        self._installer = installer
+        self._slot = slot
+        self.copies = copies
+        self.copied = 0
+        self.mismatched: list[int] = []
+
+    @classmethod
+    def none(cls) -> _Delta:
+        return cls(None, "", {})
+
+    async def copy(self, index: int, digest: bytes) -> bytes | None:
+        """Chunk `index` read from the active slot and checked, or None: download it (it is not
+        there, or the slot changed under us: a bad sector, a local modification)."""
+        where = self.copies.get(index)
+        if where is None or self._installer is None:
+            return None
+        try:
+            data = await self._installer.read_slot(self._slot, *where)
+        except (InstallError, OSError) as exc:
+            log.warning("delta: cannot read slot %s (%s): downloading every chunk", self._slot, exc)
+            self.copies.clear()
+            return None
+        if hashlib.sha256(data).digest() != digest:
+            log.warning("delta: chunk %d in the active slot %s does not match its hash: downloading it",
+                        index, self._slot)
+            self.mismatched.append(index)
+            return None
+        self.copied += 1
+        return data
+
+
+class _Throttle:
+    """Keeps a download's average rate within `kbps` kilobits per second (0: no cap) by sleeping
+    after each chunk; the sender is slowed by TCP's flow control meanwhile."""
+
+    def __init__(self, clock: Clock, kbps: int) -> None:
+        self._clock = clock
+        self._rate = kbps * 1000 / 8  # bytes per second
+        self._t0 = clock.monotonic()
+        self._bytes = 0
+
+    async def spent(self, n: int) -> None:
+        if self._rate <= 0:
+            return
+        self._bytes += n
+        ahead = self._bytes / self._rate - (self._clock.monotonic() - self._t0)
+        if ahead > 0:
+            await self._clock.sleep(ahead)
 
 
 def _offered_version(offer: UpdateOffer) -> str:

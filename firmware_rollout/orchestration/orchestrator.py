@@ -92,8 +92,11 @@ class Orchestrator:
         poll_s: float = 2.0,
         on_change: Callable[[str], None] | None = None,
         artifacts: ArtifactStore | None = None,
+        own_mirror: str = "",
     ) -> None:
         self.store = store
+        # the leader's artifact HTTP server, offered after the spec's mirrors (empty: none)
+        self.own_mirror = own_mirror
         # The leader's verified copies (None: the artifact's path is served as given, unchecked:
         # the library's own tests and tools that check artifacts themselves).
         self.artifacts = artifacts
@@ -339,7 +342,8 @@ class Orchestrator:
             if report.progress is not None:  # how far its download got: the timeout counts from here
                 p = report.progress
                 fields.update(bytes_done=p.bytes_done, bytes_total=p.bytes_total, rate_bytes_per_s=p.rate_bytes_per_s,
-                              progress_reports=d.progress_reports + 1)
+                              progress_reports=d.progress_reports + 1, bytes_to_fetch=p.bytes_to_fetch,
+                              bytes_fetched=p.bytes_fetched)
             elif state in ("installing", "rebooting", "verifying", "succeeded") and d.bytes_total:
                 fields["bytes_done"] = d.bytes_total  # the download is complete
             if state in TERMINAL:
@@ -536,6 +540,8 @@ class Orchestrator:
             return
         approved = {w.idx for w in self.store.waves(r.id) if w.install_approved}
 
+        mirrors = tuple(dict.fromkeys([*spec.download.mirrors, *([self.own_mirror] if self.own_mirror else [])]))
+
         def offer_for(d: DeviceRow) -> UpdateOffer:
             return UpdateOffer(
                 rollout_id=r.id,
@@ -543,6 +549,7 @@ class Orchestrator:
                 maintenance_windows=tuple(spec.device.maintenance_windows),
                 chunk_size=spec.download.chunk_size,
                 download_only=spec.rollout.download_only and d.wave not in approved,
+                mirrors=mirrors,
             )
 
         await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s)

@@ -132,6 +132,13 @@ def _v8(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE rollout_waves ADD COLUMN install_approved INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
+def _v9(conn: sqlite3.Connection) -> None:
+    # What each device's download fetches over the network (the rest it copies from its active
+    # slot) and how much of that it fetched.
+    for column in ("bytes_to_fetch INTEGER NOT NULL DEFAULT 0", "bytes_fetched INTEGER NOT NULL DEFAULT 0"):
+        conn.execute(f"ALTER TABLE rollout_devices ADD COLUMN {column}")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
 
 __all__ = ["MIGRATIONS"]

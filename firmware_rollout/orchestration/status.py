@@ -46,7 +46,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
                 "in_progress": sum(n for s, n in states.items() if s in IN_PROGRESS),
                 "counts": dict(sorted(states.items())),
                 "download": progress.get(w.idx, {"bytes_done": 0, "bytes_total": 0, "rate_bytes_per_s": 0.0,
-                                                 "progress_reports": 0}),
+                                                 "progress_reports": 0, "bytes_to_fetch": 0, "bytes_fetched": 0}),
                 "started_ms": w.started_ms,
                 "finished_ms": w.finished_ms,
                 "detail": w.detail,

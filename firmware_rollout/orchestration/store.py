@@ -138,6 +138,8 @@ class DeviceRow:
     bytes_total: int = 0
     rate_bytes_per_s: float = 0.0
     progress_reports: int = 0
+    bytes_to_fetch: int = 0  # of bytes_total, what the device downloads (the rest it copies: a delta)
+    bytes_fetched: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +161,8 @@ _W_COLS = ("rollout_id, idx, size, state, started_ms, finished_ms, soak_started_
            " install_approved")
 _D_COLS = (
     "rollout_id, device_id, wave, state, detail, attempts, deadline_ms, next_try_ms, offers, last_offer_ms,"
-    " report_seq, from_version, updated_ms, bytes_done, bytes_total, rate_bytes_per_s, progress_reports"
+    " report_seq, from_version, updated_ms, bytes_done, bytes_total, rate_bytes_per_s, progress_reports,"
+    " bytes_to_fetch, bytes_fetched"
 )
 _C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result"
 _SETTABLE = {
@@ -365,15 +368,17 @@ class RolloutStore(SqliteStore):
         return out
 
     def progress(self, rollout_id: str) -> dict[int, dict[str, float]]:
-        """wave -> the bytes its devices downloaded of what they were offered, their summed
-        download rate and the progress reports received."""
+        """wave -> the image bytes its devices have of what they were offered, what they fetch
+        over the network of it (the rest is copied from their active slots) and fetched so far,
+        their summed download rate and the progress reports received."""
         out: dict[int, dict[str, float]] = {}
-        for wave, done, total, rate, reports in self._q(
+        for wave, done, total, rate, reports, to_fetch, fetched in self._q(
             "SELECT wave, SUM(bytes_done), SUM(bytes_total), SUM(CASE WHEN state = 'downloading'"
-            " THEN rate_bytes_per_s ELSE 0 END), SUM(progress_reports) FROM rollout_devices WHERE rollout_id = ?"
-            " GROUP BY wave", (rollout_id,)):
+            " THEN rate_bytes_per_s ELSE 0 END), SUM(progress_reports), SUM(bytes_to_fetch), SUM(bytes_fetched)"
+            " FROM rollout_devices WHERE rollout_id = ? GROUP BY wave", (rollout_id,)):
             out[int(wave)] = {"bytes_done": int(done or 0), "bytes_total": int(total or 0),
-                              "rate_bytes_per_s": float(rate or 0), "progress_reports": int(reports or 0)}
+                              "rate_bytes_per_s": float(rate or 0), "progress_reports": int(reports or 0),
+                              "bytes_to_fetch": int(to_fetch or 0), "bytes_fetched": int(fetched or 0)}
         return out
 
     def totals(self, rollout_id: str) -> dict[str, int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +129,9 @@ class CrashingInstaller:
     async def check_slot(self, slot: str) -> None:
         await self._call("check_slot", self.inner.check_slot(slot))
 
+    async def read_slot(self, slot: str, offset: int, length: int) -> bytes:
+        return await self.inner.read_slot(slot, offset, length)
+
     async def mark_trial(self, slot: str) -> None:
         await self._call("mark_trial", self.inner.mark_trial(slot))
 
@@ -160,6 +163,9 @@ class CountingSource:
     @property
     def signed_manifest(self) -> bytes:
         return self.inner.signed_manifest
+
+    def plan(self, indices: Sequence[int]) -> None:
+        self.planned = list(indices)
 
     async def fetch(self, index: int) -> bytes:
         if self.injector is not None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,9 @@ async def test_command_rebooter() -> None:
 
 class BlockingSource(CountingSource):
     stuck: asyncio.Event
+
+    def plan(self, indices: Sequence[int]) -> None:
+        self.planned = list(indices)
 
     async def fetch(self, index: int) -> bytes:
         if index == 2:
