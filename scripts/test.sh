@@ -2,8 +2,10 @@
 # Run the whole test suite: makes .venv, installs the project with its test extra, installs
 # Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
 # port), Debian's chromium + chromium-driver (the console's browser test), libubootenv-tool
-# (the U-Boot installer's fw_setenv) and rauc with squashfs-tools and dbus (the RAUC installer), checks the import contracts (lint-imports: the layers of docs/architecture.md), then
-# runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too.
+# (the U-Boot installer's fw_setenv), rauc with squashfs-tools and dbus (the RAUC installer),
+# nginx (a static HTTP mirror for range downloads), casync and xdelta3 (the delta benchmark's
+# baselines), checks the import contracts (lint-imports: the layers of docs/architecture.md),
+# then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
@@ -24,6 +26,14 @@ fi
 if ! command -v rauc >/dev/null 2>&1 || ! command -v mksquashfs >/dev/null 2>&1 || ! command -v dbus-daemon >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
     echo "installing Debian's rauc, squashfs-tools and dbus for the RAUC installer tests" >&2
     apt_install rauc squashfs-tools dbus openssl || echo "warning: could not install rauc; the RAUC tests will be skipped" >&2
+fi
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    echo "installing Debian's nginx for the HTTP mirror tests" >&2
+    apt_install nginx || echo "warning: could not install nginx; the nginx mirror tests will be skipped" >&2
+fi
+if ! command -v casync >/dev/null 2>&1 || ! command -v xdelta3 >/dev/null 2>&1; then
+    echo "installing Debian's casync and xdelta3 for the delta benchmark's test" >&2
+    apt_install casync xdelta3 || echo "warning: could not install casync/xdelta3; their baselines are skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "firmware_rollout"))
 
 from mosquitto import Mosquitto, MosquittoMissing  # noqa: E402
+from nginx_mirror import NginxMirror, NginxMissing  # noqa: E402
 
 
 def _broker(workdir: Path, **kwargs: object) -> Mosquitto:
@@ -74,3 +75,23 @@ def _restore_logging() -> Iterator[None]:
         if handler not in handlers:
             root.removeHandler(handler)
     root.setLevel(level)
+
+
+@pytest.fixture
+def nginx(tmp_path: Path) -> Iterator[Callable[..., NginxMirror]]:
+    """Start real nginx static mirrors (each on its own free loopback port); all stopped after."""
+    made: list[NginxMirror] = []
+
+    def make() -> NginxMirror:
+        try:
+            mirror = NginxMirror(tmp_path / f"nginx-{len(made)}")
+        except NginxMissing as exc:
+            pytest.fail(str(exc), pytrace=False)
+        made.append(mirror)
+        return mirror.start()
+
+    try:
+        yield make
+    finally:
+        for mirror in made:
+            mirror.stop()

@@ -111,7 +111,8 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
         if leader:
             from agent.leader.rollout import attach_rollout, rollout_collector
 
-            rollout = await attach_rollout(cast("LeaderAgent", agent), db_path=base / "leader.db")
+            rollout = await attach_rollout(cast("LeaderAgent", agent), db_path=base / "leader.db",
+                                           serve_http=bool(config.artifacts.listen))
             runtime.shutdown.add("stop rollouts", rollout.stop)
             runtime.add_collector("rollouts", rollout_collector(rollout.store))
         elif config.firmware.public_key:

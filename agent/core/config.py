@@ -203,6 +203,14 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     helper_socket: str = ""
     helper_state_dir: str = "/var/lib/edge-agent-installer"
     helper_group: str = "edge-agent"  # who may ask the helper (besides root)
+    # Downloads. A cap on the average rate (kilobits per second; 0: none), how many permanent
+    # errors (a 404, a bad chunk, a file that is not the artifact) a download may meet before the
+    # device gives up and reports `failed`, how long a mirror may take to answer, and the CA
+    # bundle for https mirrors (empty: the system's).
+    max_download_kbps: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 0
+    retry_budget: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 5
+    mirror_timeout_s: PositiveFloat = 10.0
+    mirror_ca: str = ""
 
 
 DAY_S = 86_400.0
@@ -315,6 +323,19 @@ class NorthboundSection(_Section, kw_only=True, frozen=True, forbid_unknown_fiel
     max_bytes: Positive = 1024 * 1024 * 1024
 
 
+class ArtifactsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[artifacts]`: the leader's artifact HTTP server, from which devices fetch the chunks of
+    the images it rolls out with range requests (MQTT chunks stay the fallback)."""
+
+    listen: str = "0.0.0.0:8093"  # empty: off (devices download over mirrors or MQTT only)
+    # what the leader tells devices to fetch from (empty: http(s)://{this host's name}:{port})
+    url: Annotated[str, msgspec.Meta(max_length=400)] = ""
+    max_downloads: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 32  # answered at once; beyond: 503
+    retry_after_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 2
+    tls_cert: str = ""  # both set: https, as the broker's listener
+    tls_key: str = ""
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     agent: AgentSection
     mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
@@ -332,6 +353,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     sources: SourcesSection = msgspec.field(default_factory=SourcesSection)
     messages: MessagesSection = msgspec.field(default_factory=MessagesSection)
     northbound: NorthboundSection = msgspec.field(default_factory=NorthboundSection)
+    artifacts: ArtifactsSection = msgspec.field(default_factory=ArtifactsSection)
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -480,6 +502,21 @@ def resolve(data_dir: Path, name: str) -> Path:
     return path if path.is_absolute() else data_dir / path
 
 
+def _check_artifacts(config: AgentConfig, source: str) -> None:
+    a = config.artifacts
+    if a.listen:
+        host, sep, port = a.listen.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(source, "artifacts.listen", f"{a.listen!r} is not HOST:PORT (e.g. 0.0.0.0:8093)")
+    if a.url and not a.url.startswith(("http://", "https://")):
+        raise ConfigError(source, "artifacts.url", f"{a.url!r} is not an http:// or https:// URL")
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise ConfigError(source, "artifacts.tls_key" if a.tls_cert else "artifacts.tls_cert",
+                          "tls_cert and tls_key go together")
+    if config.firmware.mirror_ca and not Path(config.firmware.mirror_ca).is_absolute():
+        raise ConfigError(source, "firmware.mirror_ca", "must be an absolute path")
+
+
 def _check_installer(config: AgentConfig, source: str) -> None:
     fw = config.firmware
     if fw.installer == "uboot":
@@ -516,6 +553,7 @@ def load_config(path: str | Path) -> AgentConfig:
     _check_retentions(config, str(path))
     _check_installer(config, str(path))
     _check_classes(config, str(path))
+    _check_artifacts(config, str(path))
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
         raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")

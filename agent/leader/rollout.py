@@ -5,6 +5,8 @@
                                                               deduplicated by message id)
     device ──firmware.chunk───► LeaderAgent inbox ──► ConfigServerPool of that rollout
                                                       (servers x bounded mailboxes from the spec)
+    device ──HTTP Range GET───► ArtifactServer ([artifacts] listen; at most max_downloads at once,
+                                                 then 503 Retry-After) ──► the store's verified copies
     Orchestrator.run() ──offers──► leader OutboxStore (key per rollout, device) ──► relay ──► devices
                          ◄── controls written by `edge-agent rollout ...` into leader.db
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +33,7 @@ from agent.actors import Actor, ActorRef, ActorSystem, Context
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
-from agent.core.errors import EdgeAgentError, MailboxFull, StoreError
+from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
 from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LEADER_DB, Route
@@ -49,6 +53,7 @@ from firmware_rollout.messages import (
     UpdateReport,
     cancel_key,
 )
+from firmware_rollout.orchestration.artifact_server import ArtifactServer
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.chunk_server import ConfigServerPool
 from firmware_rollout.orchestration.orchestrator import Orchestrator
@@ -170,7 +175,8 @@ def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
 
 class RolloutService:
     def __init__(self, leader: RolloutHost, store: RolloutStore, *, poll_s: float = 2.0,
-                 report_capacity: int = 256, artifacts: ArtifactStore | None = None) -> None:
+                 report_capacity: int = 256, artifacts: ArtifactStore | None = None,
+                 serve_http: bool = False) -> None:
         self.leader = leader
         self.store = store
         self.clock = leader.clock
@@ -188,9 +194,15 @@ class RolloutService:
         self._serving_poll_s = poll_s
         self._serving_seen: dict[str, dict[str, int]] = {}  # per pool: the counts already stored
         self.owns_store = False  # `attach_rollout` opened it: `stop` closes it
+        self._serve_http = serve_http
+        self.http: ArtifactServer | None = None
+        self._by_image: dict[str, Path] = {}  # image sha256 (hex) -> the store's copy
+        self._by_image_scanned_ms = -1_000_000  # a hash not known yet looks the rollouts up again after 1 s
 
     async def start(self) -> None:
         leader = self.leader
+        if self._serve_http:
+            await self._start_http()
         self.intake = ReportIntake(self.orchestrator)
         self._intake_ref = leader.system.spawn(
             self.intake, name="rollout-reports", capacity=self._report_capacity, policy="reject",
@@ -207,6 +219,9 @@ class RolloutService:
             await cancel_and_wait(task)
         self._task = self._serving_task = None
         self.store_serving()
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         self.leader.unregister_route(KIND_UPDATE_REPORT)
         self.leader.unregister_route(KIND_CHUNK_REQUEST)
         if self.owns_store:
@@ -285,6 +300,51 @@ class RolloutService:
         self.pools[rollout_id] = pool
         return pool
 
+    async def _start_http(self) -> None:
+        a = self.leader.config.artifacts
+        host, _, port = a.listen.rpartition(":")
+        host = host.strip("[]")
+        tls = None
+        if a.tls_cert:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                tls.load_cert_chain(a.tls_cert, a.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError("config", "artifacts.tls_cert", f"cannot load {a.tls_cert}: {exc}") from None
+        server = ArtifactServer(self._artifact_by_image, host=host, port=int(port), max_downloads=a.max_downloads,
+                                retry_after_s=a.retry_after_s, tls=tls)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise ConfigError("config", "artifacts.listen",
+                              f"cannot listen on {a.listen}: {exc.strerror or exc}") from None
+        self.http = server
+        url = a.url or f"{server.scheme}://{_advertised_host(host)}:{server.port}"
+        self.orchestrator.own_mirror = url.rstrip("/") + "/artifacts"
+        log.info("artifact server on %s:%d, offered to devices as %s", host, server.port, self.orchestrator.own_mirror)
+
+    def _artifact_by_image(self, sha256_hex: str) -> Path | None:
+        """The store's copy of the artifact whose image hash is `sha256_hex` (the rollouts' own,
+        looked up again at most once a second for a hash not seen yet)."""
+        found = self._by_image.get(sha256_hex)
+        if found is not None:
+            return found
+        now = int(self.clock.monotonic() * 1000)
+        if now - self._by_image_scanned_ms < 1000:
+            return None
+        self._by_image_scanned_ms = now
+        try:
+            rows = self.store.rollouts()
+        except EdgeAgentError:
+            return None
+        for r in rows:
+            try:
+                digest = parse_signed_manifest(r.signed_manifest).manifest.sha256.hex()
+            except EdgeAgentError:
+                continue
+            self._by_image.setdefault(digest, Path(r.artifact))
+        return self._by_image.get(sha256_hex)
+
     def _lookup(self, rollout_id: str) -> tuple[Path, SignedManifest] | None:
         if rollout_id not in self._artifacts:
             try:
@@ -328,15 +388,24 @@ def rollout_collector(store: RolloutStore) -> Collector:
     return collect
 
 
+def _advertised_host(bound: str) -> str:
+    """The name devices reach a server bound to `bound` by (a wildcard: this host's name)."""
+    if bound in ("", "0.0.0.0", "::"):
+        return socket.gethostname()
+    return f"[{bound}]" if ":" in bound else bound
+
+
 async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = None,
-                         poll_s: float = 2.0, verify_key: VerifyKey | None = None) -> RolloutService:
+                         poll_s: float = 2.0, verify_key: VerifyKey | None = None,
+                         serve_http: bool = False) -> RolloutService:
     """Open the rollout tables in the leader's database and start the rollout service. Artifacts
-    are checked against `verify_key` (default: the config's `[firmware] public_key`)."""
+    are checked against `verify_key` (default: the config's `[firmware] public_key`);
+    `serve_http`: the artifact HTTP server of `[artifacts]` serves them too."""
     if db_path is None:
         db_path = Path(leader.config.agent.data_dir) / LEADER_DB
     store = RolloutStore.open(db_path, clock=leader.clock)
     artifacts = ArtifactStore(Path(db_path).parent / ARTIFACTS_DIR, verify_key) if verify_key is not None else None
-    service = RolloutService(leader, store, poll_s=poll_s, artifacts=artifacts)
+    service = RolloutService(leader, store, poll_s=poll_s, artifacts=artifacts, serve_http=serve_http)
     service.owns_store = True
     try:
         await service.start()

@@ -5,8 +5,9 @@
                                                behind the update it stops: the running work is
                                                canceled, then the updater ends it `canceled`)
                                                │ waits for a maintenance window (device-local time)
-                                               │ Updater.offer(offer, RemoteChunkSource)
-                                               │    chunks: ChunkClient ──► leader's ConfigServers
+                                               │ Updater.offer(offer, source)
+                                               │    chunks: the offer's HTTP(S) mirrors, in order,
+                                               │    then ChunkClient ──► leader's ConfigServers
                                                ▼
                      UpdateReport ──► OutboxStore (OVERWRITE per device, seq) ──► relay ──► leader
 
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,7 +46,9 @@ from agent.worker.installers import firmware_state_dir, installer_from_config, r
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import parse_signed_manifest
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
+from firmware_rollout.device.fallback import DEFAULT_RETRY_BUDGET, FallbackSource
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
+from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.updater import CANCELABLE_STATES, ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import (
@@ -77,6 +80,35 @@ class InProcessRebooter:
         log.debug("in-process reboot: %s", reason)
 
 
+@dataclass(frozen=True, slots=True)
+class MirrorSettings:
+    """How a download uses HTTP(S) mirrors (`[firmware]` mirror_timeout_s, mirror_ca, retry_budget)."""
+
+    timeout_s: float = 10.0
+    ca: str = ""  # a CA bundle for https mirrors; empty: the system's
+    retry_budget: int = DEFAULT_RETRY_BUDGET
+
+
+class DownloadSource(ChunkSource, Protocol):
+    async def aclose(self) -> None: ...
+
+
+class _MqttOnly:
+    """The leader's ConfigServers alone (an offer without mirrors)."""
+
+    def __init__(self, source: RemoteChunkSource) -> None:
+        self._source = source
+
+    def plan(self, indices: Sequence[int]) -> None:
+        self._source.plan(indices)
+
+    async def fetch(self, index: int) -> bytes:
+        return await self._source.fetch(index)
+
+    async def aclose(self) -> None:
+        self._source.close()
+
+
 def system_utc_offset_s() -> float:
     """This machine's local time offset from UTC (maintenance windows are device-local)."""
     return float(time.localtime().tm_gmtoff)
@@ -100,8 +132,10 @@ class UpdaterActor(Actor):
         utc_offset_s: Callable[[], float] = system_utc_offset_s,
         window_initial: int = 2,
         window_max: int = 4,
+        mirrors: MirrorSettings | None = None,
     ) -> None:
         self.device_id = device_id
+        self._mirrors = mirrors or MirrorSettings()
         self._open = open_updater
         self._chunks = chunks
         self._outbox = outbox
@@ -194,14 +228,14 @@ class UpdaterActor(Actor):
             return
         await self._wait_for_window(message, ctx.clock)
         log.info("update %s offered", message.rollout_id)
-        source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size)
+        source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size, message.mirrors)
         try:
             await updater.offer(message, source)
         except UpdaterError as exc:  # closed: a reboot was asked for and has not happened yet
             log.info("offer %s not taken: %s", message.rollout_id, exc)
             return
         finally:
-            source.close()
+            await source.aclose()
         await self._boot_and_resume(ctx)
 
     async def _wait_for_window(self, offer: UpdateOffer, clock: Clock) -> None:
@@ -227,15 +261,35 @@ class UpdaterActor(Actor):
                 told = True
             await clock.sleep(wait)
 
-    def _source(self, rollout_id: str, signed_manifest: bytes | None, chunk_size: int) -> RemoteChunkSource:
+    def _source(self, rollout_id: str, signed_manifest: bytes | None, chunk_size: int,
+                mirrors: Sequence[str]) -> DownloadSource:
+        """MQTT chunks alone, or the mirrors (the offer's, then the signed manifest's) first with
+        MQTT chunks as the last resort."""
         manifest = None
         if signed_manifest is not None:
             try:
                 manifest = parse_signed_manifest(signed_manifest).manifest
             except ArtifactError:
                 manifest = None  # the updater refuses it with the reason
-        return RemoteChunkSource(self._chunks, rollout_id=rollout_id, manifest=manifest, piece_size=chunk_size,
+        mqtt = RemoteChunkSource(self._chunks, rollout_id=rollout_id, manifest=manifest, piece_size=chunk_size,
                                  window_initial=self._window[0], window_max=self._window[1])
+        urls = list(dict.fromkeys([*mirrors, *(manifest.mirrors if manifest is not None else ())]))
+        urls = [u for u in urls if u.startswith(("http://", "https://"))]
+        if manifest is None or not urls:
+            return _MqttOnly(mqtt)
+        from firmware_rollout.device.http_source import MirrorSource, make_client  # httpx: only when updating
+
+        settings = self._mirrors
+        client = make_client(timeout_s=settings.timeout_s, verify=settings.ca or True)
+        layout = manifest.layout()
+        sources = [MirrorSource(client, url, manifest, layout) for url in urls]
+
+        async def close_mqtt() -> None:
+            mqtt.close()
+
+        return FallbackSource([*((s.mirror, s) for s in sources), ("mqtt", mqtt)], manifest, layout=layout,
+                              retry_budget=settings.retry_budget,
+                              closers=[*(s.close for s in sources), client.aclose, close_mqtt])
 
     async def _boot_and_resume(self, ctx: Context) -> None:
         """Resume an update in progress; after an in-process reboot, boot again and resume."""
@@ -250,7 +304,8 @@ class UpdaterActor(Actor):
                 # canceled while the updater was closed for a reboot: end it now instead of resuming
                 await updater.cancel(status.rollout_id, self._canceled[status.rollout_id])
                 status = updater.status()
-            source = self._source(status.rollout_id, None, 0) if status.state == "downloading" else None
+            source = (self._source(status.rollout_id, status.signed_manifest, 0, status.mirrors)
+                      if status.state == "downloading" else None)
             try:
                 await updater.resume(source)
             except UpdaterError as exc:
@@ -260,7 +315,7 @@ class UpdaterActor(Actor):
                 return
             finally:
                 if source is not None:
-                    source.close()
+                    await source.aclose()
             if self._rebooter is None or not self._rebooter.requested:
                 return
 
@@ -316,12 +371,13 @@ class UpdaterHost(Protocol):
 
 def attach_updater(worker: UpdaterHost, *, open_updater: OpenUpdater, rebooter: InProcessRebooter | None = None,
                    capacity: int = 2, utc_offset_s: Callable[[], float] = system_utc_offset_s,
-                   ) -> tuple[ActorRef, UpdaterActor]:
+                   mirrors: MirrorSettings | None = None) -> tuple[ActorRef, UpdaterActor]:
     """Spawn an UpdaterActor in a started `WorkerAgent` and route firmware offers to it."""
     chunks = ChunkClient(worker.transport, clock=worker.clock, fleet=worker.fleet, device_id=worker.device_id,
                          ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)
     actor = UpdaterActor(device_id=worker.device_id, open_updater=open_updater, chunks=chunks,
-                         outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, utc_offset_s=utc_offset_s)
+                         outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, utc_offset_s=utc_offset_s,
+                         mirrors=mirrors)
     ref = worker.system.spawn(actor, name="updater", capacity=capacity, policy="reject")
     worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, ref)
     cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
@@ -360,15 +416,19 @@ async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir:
                                   image=fw.image or None,
                                   initial_version=config.agent.firmware_version,
                                   settings=UpdaterSettings(health_timeout_s=fw.health_timeout_s,
-                                                           update_lock=fw.update_lock),
+                                                           update_lock=fw.update_lock,
+                                                           max_download_kbps=fw.max_download_kbps),
                                   on_report=sink)
 
-    _, actor = attach_updater(worker, open_updater=open_updater)
+    mirrors = MirrorSettings(timeout_s=fw.mirror_timeout_s, ca=fw.mirror_ca, retry_budget=fw.retry_budget)
+    _, actor = attach_updater(worker, open_updater=open_updater, mirrors=mirrors)
     return actor
 
 
 __all__ = [
+    "DownloadSource",
     "InProcessRebooter",
+    "MirrorSettings",
     "OpenUpdater",
     "Resume",
     "UpdateCancels",

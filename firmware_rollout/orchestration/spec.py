@@ -34,6 +34,8 @@
     mailbox_capacity = 2                # each; a full one answers busy
     chunk_size = 0                      # bytes per chunk message; 0: the artifact's chunk size
     rate_bytes_per_s = 0                # per server; 0: unlimited
+    mirrors = ["https://cdn.example.com/fw"]  # HTTP(S) mirrors serving {sha256}.eafw, tried first;
+                                        # then the leader's artifact server, then MQTT chunks
 
 Every mistake is one `ConfigError` naming the file and the dotted key.
 """
@@ -150,6 +152,8 @@ class DownloadSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     mailbox_capacity: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 2
     chunk_size: NonNegInt = 0
     rate_bytes_per_s: NonNegInt = 0
+    mirrors: Annotated[list[Annotated[str, msgspec.Meta(max_length=400)]], msgspec.Meta(max_length=8)] = (
+        msgspec.field(default_factory=list))
 
 
 class RolloutSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -206,6 +210,9 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
         raise ConfigError(source, "schedule.end_at", "must be after schedule.start_at")
     if spec.gates.on_abort == "rollback" and not spec.rollout.rollback_artifact:
         raise ConfigError(source, "gates.on_abort", '"rollback" needs rollout.rollback_artifact')
+    for i, mirror in enumerate(spec.download.mirrors):
+        if not mirror.startswith(("http://", "https://")):
+            raise ConfigError(source, f"download.mirrors.{i}", f"{mirror!r} is not an http:// or https:// URL")
     chunk = spec.download.chunk_size
     if chunk and chunk < 256:
         raise ConfigError(source, "download.chunk_size", "must be 0 (the artifact's) or at least 256 bytes")

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.mqtt, pytest.mark.skipif(
 
 
 def agent_config(work: Path, name: str, role: str, url: str, extra: str = "") -> Path:
+    extra = '[artifacts]\nlisten = "127.0.0.1:0"\n' + extra
     path = work / f"{name}.toml"
     path.write_text(f'[agent]\nrole = "{role}"\ndevice_id = "{name}"\nfleet = "lab"\ndata_dir = "{work / name}"\n'
                     f'firmware_version = "1.0.0"\nuse_uvloop = false\n[mqtt]\nurl = "{url}"\n'

@@ -34,6 +34,7 @@ def config(role: str, device: str, **sections: dict[str, Any]) -> AgentConfig:
         "relay": {"reconnect_jitter_s": 0.5, "partitions": 1},
         "mqtt": {"reply_timeout_s": 5.0, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
         "outbox": {"backoff_base_s": 0.2, "backoff_cap_s": 5.0, "max_attempts": 1000},
+        "artifacts": {"listen": "127.0.0.1:0"},  # a leader's artifact server on a free loopback port
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)

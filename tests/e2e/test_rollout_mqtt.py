@@ -22,12 +22,14 @@ from firmware_rollout.artifact.fixture import make_artifact
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def agent_config(work: Path, name: str, role: str, url: str, extra: str = "") -> Path:
+def agent_config(work: Path, name: str, role: str, url: str, extra: str = "",
+                 artifacts_listen: str = "127.0.0.1:0") -> Path:
+    """`artifacts_listen` empty: the leader serves no HTTP, devices download MQTT chunks."""
     path = work / f"{name}.toml"
     path.write_text(
         f'[agent]\nrole = "{role}"\ndevice_id = "{name}"\nfleet = "lab"\ndata_dir = "{work / name}"\n'
         f'firmware_version = "1.0.0"\nuse_uvloop = false\n[mqtt]\nurl = "{url}"\n[heartbeat]\ninterval_s = 1.0\n'
-        + extra)
+        f'[artifacts]\nlisten = "{artifacts_listen}"\n' + extra)
     return path
 
 
@@ -93,6 +95,8 @@ def test_rollout_between_agent_processes_over_mosquitto(tmp_path: Path, mosquitt
             time.sleep(0.5)
         assert data["state"] == "succeeded", data
         assert data["counts"] == {"succeeded": 2}
+        # the devices fetched the image from the leader's artifact server, not as MQTT chunks
+        assert data["serving"].get("chunks", 0) == 0, data["serving"]
         for i in range(2):
             env_file = tmp_path / f"pi-{i}" / "firmware" / "slots" / "bootenv.json"
             assert json.loads(env_file.read_text()) == {"default": "b", "trial": None}
@@ -108,7 +112,8 @@ def test_a_cancel_mid_download_over_mosquitto_reaches_every_device(tmp_path: Pat
     artifact, public = make_artifact(tmp_path, chunk_size=4096, size=96 * 4096)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     key = f'[firmware]\npublic_key = "{public}"\n'
-    configs = [agent_config(tmp_path, "gw", "leader", url, key)]
+    # no artifact server: the download goes through the rate-limited ConfigServer over MQTT
+    configs = [agent_config(tmp_path, "gw", "leader", url, key, artifacts_listen="")]
     configs += [agent_config(tmp_path, f"pi-{i}", "worker", url, key) for i in range(3)]
     procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in configs]

@@ -80,3 +80,55 @@ def test_idle_worker_loads_only_what_it_uses(tmp_path: Path) -> None:
     for name in FORBIDDEN:
         loaded = sorted(m for m in modules if m == name or m.startswith(name + "."))
         assert not loaded, f"an idle worker loaded {loaded}"
+
+
+FIRMWARE_SCRIPT = r"""
+import asyncio, json, sys
+from pathlib import Path
+
+from agent.core.clock import SystemClock
+from agent.core.config import load_config
+
+
+async def main(config_path, data_dir):
+    from agent.app import build_agent, make_transport
+    from agent.worker.updater_actor import attach_from_config  # what `run` attaches with a [firmware] key
+
+    config = load_config(config_path)
+    clock = SystemClock()
+    transport = make_transport(config, clock=clock, broker_url="mqtt://127.0.0.1:1")
+    agent = await build_agent(config, transport=transport, clock=clock, data_dir=Path(data_dir))
+    actor = await attach_from_config(agent, config, Path(data_dir))
+    assert actor is not None
+    try:
+        return sorted(sys.modules)
+    finally:
+        await agent.outbox.close()
+
+
+print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2]))))
+"""
+
+# What only an update that starts (mirrors: httpx) or an operator's build (fastcdc) loads.
+FORBIDDEN_UNTIL_AN_UPDATE = ("httpx", "httpcore", "anyio", "h11", "fastcdc", "click",
+                             "firmware_rollout.device.http_source")
+
+
+def test_an_idle_worker_with_firmware_updates_loads_no_http_client(tmp_path: Path) -> None:
+    from firmware_rollout.artifact.keys import generate_keypair
+
+    keys = generate_keypair(tmp_path / "keys")
+    text = (REPO / "configs" / "worker-firmware.toml").read_text()
+    text = text.replace('public_key = "/etc/edge-agent/fleet-public.pem"', f'public_key = "{keys.public}"')
+    config = tmp_path / "worker.toml"
+    config.write_text(text)
+    out = subprocess.run(
+        [sys.executable, "-c", FIRMWARE_SCRIPT, str(config), str(tmp_path / "data")],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "firmware_rollout.device.updater" in modules  # the updater is there
+    for name in FORBIDDEN_UNTIL_AN_UPDATE:
+        loaded = sorted(m for m in modules if m == name or m.startswith(name + "."))
+        assert not loaded, f"an idle worker with updates loaded {loaded}"

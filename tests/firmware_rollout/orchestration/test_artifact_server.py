@@ -1,0 +1,115 @@
+"""The leader's artifact HTTP server: range requests of its verified copies, and its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from firmware_rollout.orchestration.artifact_server import ArtifactServer
+
+SHA = "ab" * 32
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[ArtifactServer, bytes, Path]]:
+    data = random.Random(3).randbytes(300_000)
+    path = tmp_path / "copy.eafw"
+    path.write_bytes(data)
+    server = ArtifactServer(lambda sha: path if sha == SHA else None, host="127.0.0.1", port=0, max_downloads=2,
+                            retry_after_s=3)
+    await server.start()
+    try:
+        yield server, data, path
+    finally:
+        await server.stop()
+
+
+def _url(server: ArtifactServer, sha: str = SHA) -> str:
+    return f"http://127.0.0.1:{server.port}/artifacts/{sha}.eafw"
+
+
+async def test_a_range_request_gets_exactly_those_bytes(served: tuple[ArtifactServer, bytes, Path]) -> None:
+    server, data, _ = served
+    async with httpx.AsyncClient() as client:
+        r = await client.get(_url(server), headers={"Range": "bytes=1000-70999"})
+        assert r.status_code == 206
+        assert r.headers["content-range"] == f"bytes 1000-70999/{len(data)}"
+        assert r.content == data[1000:71000]
+        tail = await client.get(_url(server), headers={"Range": "bytes=299990-"})
+        assert tail.status_code == 206 and tail.content == data[299_990:]
+        whole = await client.get(_url(server))
+        assert whole.status_code == 200 and whole.content == data
+        head = await client.head(_url(server))
+        assert head.status_code == 200 and int(head.headers["content-length"]) == len(data)
+    assert server.stats.served == 3 and server.stats.bytes_served == 70_000 + 10 + len(data)
+
+
+async def test_what_is_not_an_artifact_is_refused(served: tuple[ArtifactServer, bytes, Path]) -> None:
+    server, data, _ = served
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(_url(server, "cd" * 32))).status_code == 404
+        assert (await client.get(f"http://127.0.0.1:{server.port}/artifacts/../../etc/passwd")).status_code == 404
+        assert (await client.get(f"http://127.0.0.1:{server.port}/")).status_code == 404
+        past = await client.get(_url(server), headers={"Range": f"bytes={len(data)}-"})
+        assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{len(data)}"
+        assert (await client.post(_url(server), content=b"x")).status_code == 405
+        assert (await client.get(_url(server), headers={"Range": "bytes=0-1,5-9"})).status_code == 400
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"\x00\xffnot http\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    writer.close()
+    await writer.wait_closed()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET / HTTP/1.1\r\n" + b"X-Long: " + b"a" * 10_000 + b"\r\n\r\n")
+    await writer.drain()
+    assert (await reader.read()).startswith(b"HTTP/1.1 431 ")
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_beyond_its_bound_it_answers_503_with_retry_after(tmp_path: Path) -> None:
+    big = tmp_path / "big.eafw"
+    with big.open("wb") as f:
+        f.truncate(256 * 1024 * 1024)  # a sparse file: a download of it stays in flight while nobody reads
+    server = ArtifactServer(lambda sha: big, host="127.0.0.1", port=0, max_downloads=1, retry_after_s=3)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f"GET /artifacts/{SHA}.eafw HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
+        while server.stats.in_flight < 1:  # the first download is being sent (and not read)
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient() as client:
+            busy = await client.get(_url(server), headers={"Range": "bytes=0-99"})
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "3"
+        assert server.stats.busy == 1 and server.stats.max_concurrent == 1
+        writer.close()
+        reader.feed_eof()
+    finally:
+        await server.stop()
+
+
+async def test_many_downloads_at_once_all_finish_within_the_bound(served: tuple[ArtifactServer, bytes, Path]) -> None:
+    server, data, _ = served
+    server.retry_after_s = 1
+
+    async def device(client: httpx.AsyncClient) -> bytes:
+        while True:
+            r = await client.get(_url(server))
+            if r.status_code == 503:
+                await asyncio.sleep(float(r.headers["retry-after"]) / 10)  # the test need not wait it out
+                continue
+            assert r.status_code == 200
+            return r.content
+
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=40)) as client:
+        got = await asyncio.gather(*(device(client) for _ in range(20)))
+    assert all(g == data for g in got)
+    assert server.stats.max_concurrent <= 2
