@@ -237,7 +237,8 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         if args.devices:
             data["device_list"] = [
                 {"device": d.device_id, "wave": d.wave, "state": d.state, "attempts": d.attempts,
-                 "offers": d.offers, "from_version": d.from_version, "detail": d.detail}
+                 "offers": d.offers, "from_version": d.from_version, "detail": d.detail,
+                 "image_bytes": d.bytes_total, "bytes_to_fetch": d.bytes_to_fetch, "bytes_fetched": d.bytes_fetched}
                 for d in sorted(store.devices(rid), key=lambda d: (d.wave, d.device_id))
             ]
         return data
@@ -321,10 +322,12 @@ def render_status(data: dict[str, Any]) -> Any:
         lines.insert(1, Text(f"STALE: the leader has written nothing since {when}; is it running?", style="bold red"))
     if "device_list" in data:
         devices = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for column in ("device", "wave", "state", "attempts", "detail"):
+        for column in ("device", "wave", "state", "attempts", "fetches", "detail"):
             devices.add_column(column, no_wrap=column != "detail")
         for d in data["device_list"]:
-            devices.add_row(d["device"], str(d["wave"] + 1), d["state"], str(d["attempts"]), d["detail"])
+            image, fetch = int(d.get("image_bytes", 0)), int(d.get("bytes_to_fetch", 0))
+            fetches = f"{fetch / 2**20:.1f} of {image / 2**20:.1f} MiB" if image and fetch else "-"
+            devices.add_row(d["device"], str(d["wave"] + 1), d["state"], str(d["attempts"]), fetches, d["detail"])
         lines.append(devices)
     return Group(*lines)
 

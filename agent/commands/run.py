@@ -109,12 +109,14 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
         # when [firmware] pins a key: an idle worker without one never loads firmware_rollout).
         leader = config.agent.role == "leader"
         if leader:
-            from agent.leader.rollout import attach_rollout, rollout_collector
+            from agent.leader.rollout import artifact_server_collector, attach_rollout, rollout_collector
 
             rollout = await attach_rollout(cast("LeaderAgent", agent), db_path=base / "leader.db",
                                            serve_http=bool(config.artifacts.listen))
             runtime.shutdown.add("stop rollouts", rollout.stop)
             runtime.add_collector("rollouts", rollout_collector(rollout.store))
+            if rollout.http is not None:
+                runtime.add_collector("artifact server", artifact_server_collector(rollout.http))
         elif config.firmware.public_key:
             from agent.worker.updater_actor import attach_from_config
 

@@ -356,6 +356,28 @@ class RolloutService:
         return self._artifacts[rollout_id]
 
 
+def artifact_server_collector(server: ArtifactServer) -> Collector:
+    """`/metrics` for the leader's artifact HTTP server."""
+
+    def collect() -> list[MetricFamily]:
+        s = server.stats
+        return [
+            family("ea_artifact_http_requests_total", "counter", "Requests to the artifact server.",
+                   [({}, s.requests)]),
+            family("ea_artifact_http_served_bytes_total", "counter", "Artifact bytes the artifact server sent.",
+                   [({}, s.bytes_served)]),
+            family("ea_artifact_http_busy_total", "counter", "Requests answered 503 with Retry-After (its bound).",
+                   [({}, s.busy)]),
+            family("ea_artifact_http_downloads", "gauge", "Downloads being answered now.", [({}, s.in_flight)]),
+            family("ea_artifact_http_downloads_max", "gauge", "The most downloads answered at once.",
+                   [({}, s.max_concurrent)]),
+            family("ea_artifact_http_downloads_bound", "gauge", "The bound on downloads at once ([artifacts]"
+                   " max_downloads).", [({}, server.max_downloads)]),
+        ]
+
+    return collect
+
+
 METRIC_ROLLOUTS_FINISHED = 5  # finished rollouts exported besides the running ones (bounded series)
 
 
@@ -422,6 +444,7 @@ __all__ = [
     "ReportIntake",
     "RolloutHost",
     "RolloutService",
+    "artifact_server_collector",
     "artifact_store",
     "attach_rollout",
     "rollout_collector",

@@ -218,6 +218,9 @@ class RolloutSimulation(Simulation):
                 "servers": spec.download.servers,
                 "served": sum(p.served for p in pools),
                 "busy": sum(p.busy for p in pools),
+                # what the devices fetched against the image bytes they assembled (a delta copies the rest)
+                "image_bytes": sum(int(w["download"]["bytes_total"]) for w in status["waves"]),
+                "bytes_to_fetch": sum(int(w["download"]["bytes_to_fetch"]) for w in status["waves"]),
             },
             "fleet": {"versions": self.versions},
             "faults": {"offline_episodes": len(self.offline_episodes), "crashes": len(self.crash_episodes),
@@ -448,7 +451,8 @@ def rollout_summary(report: Report) -> str:
         lines.append(f"  {wave_label(w['index'], canary=w.get('canary', False))}: {devices}, {w['state']}: {counts}")
     d = report["downloads"]
     lines.append(f"downloads: at most {d['max_concurrent']} at once (bound {d['bound']}), {d['served']} chunks"
-                 f" served, {d['busy']} busy answers")
+                 f" served, {d['busy']} busy answers; {d['bytes_to_fetch']} of {d['image_bytes']} image bytes"
+                 " fetched")
     lines.append("devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))
     lines.append(f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
                  f"   conservation_ok: {report['conservation_ok']}")

@@ -13,8 +13,10 @@ it answers `503` with `Retry-After`, which a device treats exactly as a ConfigSe
 (AIMD halves its window, it backs off at least that long). Connections are bounded too
 (`max_connections`; beyond, `503` and close), a request head must arrive within
 `header_timeout_s` and fit `MAX_HEAD` bytes, and an idle keep-alive connection is closed after
-`idle_timeout_s`. Bodies go out with `sendfile(2)` on plain TCP (the kernel copies; the leader's
-CPU per GB served is a small fraction of MQTT chunks') and through the TLS layer with `ssl`.
+`idle_timeout_s`. Bodies go out with `sendfile(2)` on plain TCP (the kernel copies; under uvloop,
+which has no `loop.sendfile`, through a duplicate of the socket's descriptor) and in 1 MiB blocks
+through the TLS layer: a small fraction of the leader's CPU per GB that MQTT chunks cost
+(`scripts/bench_delta.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import BinaryIO
 log = logging.getLogger(__name__)
 
 MAX_HEAD = 8 * 1024  # request line and headers
+COPY_BLOCK = 1024 * 1024  # where the loop cannot sendfile
 MAX_HEADERS = 32
 PATH_RE = re.compile(r"^/artifacts/([0-9a-f]{64})\.eafw$")
 RANGE_RE = re.compile(r"^bytes=(\d{1,19})-(\d{0,19})$")
@@ -240,10 +243,22 @@ class ArtifactServer:
 
     async def _body(self, writer: asyncio.StreamWriter, handle: BinaryIO, start: int, length: int) -> None:
         await writer.drain()
-        loop = asyncio.get_running_loop()
-        transport = writer.transport
-        # the kernel copies the file on plain TCP; through TLS asyncio reads and writes it
-        await loop.sendfile(transport, handle, start, length, fallback=True)
+        if self._tls is None and writer.get_extra_info("socket") is not None:
+            try:  # the kernel copies the file
+                await asyncio.get_running_loop().sendfile(writer.transport, handle, start, length, fallback=False)
+                return
+            except NotImplementedError:  # uvloop has no loop.sendfile
+                await _sendfile_beside(writer, handle, start, length)
+                return
+        handle.seek(start)  # through TLS: read and write it
+        left = length
+        while left:
+            block = handle.read(min(COPY_BLOCK, left))
+            if not block:
+                raise ConnectionError("the artifact shrank while it was served")
+            writer.write(block)
+            left -= len(block)
+            await writer.drain()
 
     async def _answer(self, writer: asyncio.StreamWriter, status: int, reason: str, *, close: bool,
                       extra: str = "") -> None:
@@ -258,6 +273,41 @@ class ArtifactServer:
 
     def _count(self, status: int) -> None:
         self.stats.statuses[status] = self.stats.statuses.get(status, 0) + 1
+
+
+async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start: int, length: int) -> None:
+    """`sendfile(2)` of `length` bytes at `start` to the connection's socket, through a duplicate
+    of its descriptor (the transport keeps the original and has nothing buffered: drained), waiting
+    for the socket to take more with `add_writer` on the duplicate: a loop without `loop.sendfile`
+    (uvloop) still lets the kernel copy."""
+    loop = asyncio.get_running_loop()
+    fd = os.dup(writer.get_extra_info("socket").fileno())
+    try:
+        offset, left = start, length
+        while left:
+            try:
+                sent = os.sendfile(fd, handle.fileno(), offset, min(left, 1 << 30))
+            except BlockingIOError:
+                sent = -1
+            if sent == 0:
+                raise ConnectionError("the artifact ended early or the peer went away")
+            if sent > 0:
+                offset += sent
+                left -= sent
+                continue
+            writable: asyncio.Future[None] = loop.create_future()
+
+            def ready(waiter: asyncio.Future[None] = writable) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            loop.add_writer(fd, ready)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(fd)
+    finally:
+        os.close(fd)
 
 
 def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:

@@ -210,6 +210,10 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
         raise ConfigError(source, "schedule.end_at", "must be after schedule.start_at")
     if spec.gates.on_abort == "rollback" and not spec.rollout.rollback_artifact:
         raise ConfigError(source, "gates.on_abort", '"rollback" needs rollout.rollback_artifact')
+    t = spec.targets
+    for key, given in (("tags", t.tags), ("versions", t.versions)):
+        if given and t.select != key:
+            raise ConfigError(source, f"targets.{key}", f'applies with select = "{key}" (select is "{t.select}")')
     for i, mirror in enumerate(spec.download.mirrors):
         if not mirror.startswith(("http://", "https://")):
             raise ConfigError(source, f"download.mirrors.{i}", f"{mirror!r} is not an http:// or https:// URL")

@@ -339,3 +339,20 @@ async def test_no_reboot_while_an_application_holds_the_update_lock(tmp_path: Pa
             break
     assert (await task).state == "rebooting"
     assert device.rebooter.reasons == ["trying version 1.1.0 in slot b"]
+
+
+async def test_max_download_kbps_keeps_the_download_within_its_rate_on_virtual_time(tmp_path: Path,
+                                                                                     keys: Keys) -> None:
+    artifact, signed = make_artifact(tmp_path, keys.signing, size=40 * 1024)  # 40 chunks of 1 KiB
+    clock = VirtualClock()
+    device = Device(tmp_path / "dev", keys, clock=clock, settings=UpdaterSettings(max_download_kbps=80))
+    source = CountingSource(artifact, clock=clock)  # 80 kbit/s = 10,000 bytes a second
+    updater = await device.boot()
+    task = asyncio.create_task(updater.offer(offer_for(source), source))
+    await clock.advance(2.0)
+    assert 19 <= len(source.fetched) <= 21  # 20,480 bytes in 2 s: the cap, not the source, sets the pace
+    await clock.advance(2.0)
+    assert 39 <= len(source.fetched) <= 40 and not task.done()
+    await clock.advance(1.0)
+    assert (await task).state == "rebooting"
+    await updater.close()

@@ -113,3 +113,34 @@ async def test_many_downloads_at_once_all_finish_within_the_bound(served: tuple[
         got = await asyncio.gather(*(device(client) for _ in range(20)))
     assert all(g == data for g in got)
     assert server.stats.max_concurrent <= 2
+
+
+def test_under_uvloop_the_body_is_sent_whole(tmp_path: Path) -> None:
+    """The leader runs on uvloop, which has no loop.sendfile: the server sends through a duplicate
+    of the socket's descriptor instead, and a slow reader still gets every byte."""
+    uvloop = pytest.importorskip("uvloop")
+    data = random.Random(4).randbytes(8 * 1024 * 1024)
+    path = tmp_path / "copy.eafw"
+    path.write_bytes(data)
+
+    async def main() -> tuple[bytes, bytes]:
+        server = ArtifactServer(lambda sha: path, host="127.0.0.1", port=0)
+        await server.start()
+        try:
+            async with httpx.AsyncClient() as client:
+                whole = bytearray()
+                async with client.stream("GET", _url(server)) as r:
+                    async for block in r.aiter_raw():
+                        whole += block
+                        await asyncio.sleep(0)  # a reader slower than the sender: the socket fills
+                part = await client.get(_url(server), headers={"Range": "bytes=5000000-5999999"})
+            return bytes(whole), part.content
+        finally:
+            await server.stop()
+
+    loop = uvloop.new_event_loop()
+    try:
+        whole, part = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert whole == data and part == data[5_000_000:6_000_000]
