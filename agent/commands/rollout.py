@@ -325,8 +325,8 @@ def render_status(data: dict[str, Any]) -> Any:
         for column in ("device", "wave", "state", "attempts", "fetches", "detail"):
             devices.add_column(column, no_wrap=column != "detail")
         for d in data["device_list"]:
-            image, fetch = int(d.get("image_bytes", 0)), int(d.get("bytes_to_fetch", 0))
-            fetches = f"{fetch / 2**20:.1f} of {image / 2**20:.1f} MiB" if image and fetch else "-"
+            size, to_fetch = int(d.get("image_bytes", 0)), int(d.get("bytes_to_fetch", 0))
+            fetches = f"{to_fetch / 2**20:.1f} of {size / 2**20:.1f} MiB" if size and to_fetch else "-"
             devices.add_row(d["device"], str(d["wave"] + 1), d["state"], str(d["attempts"]), fetches, d["detail"])
         lines.append(devices)
     return Group(*lines)
