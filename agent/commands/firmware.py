@@ -164,8 +164,8 @@ def _publish(args: argparse.Namespace) -> int:
     tmp = target.with_name(f".{target.name}.tmp")
     shutil.copyfile(args.artifact, tmp)
     tmp.replace(target)
-    print(f"published {args.artifact} as {target}: serve {args.dir} and name its URL with --mirror or"
-          " [download] mirrors")
+    print(f"published {args.artifact} as {target}; serve {args.dir}/ over HTTP(S) and give its URL to"
+          " `firmware build --mirror` or a rollout's [download] mirrors")
     return 0
 
 

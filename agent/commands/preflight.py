@@ -66,7 +66,21 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
         if argv and shutil.which(argv[0]) is None:
             raise ConfigError(source, key, f"{argv[0]!r} is not an executable on PATH (give its full path)")
     _check_installer(config, source)
+    _check_artifact_server(config, source)
     return config
+
+
+def _check_artifact_server(config: AgentConfig, source: str) -> None:
+    """A leader's `[artifacts]` TLS files load (the server would fail its start on them)."""
+    a = config.artifacts
+    if config.agent.role != "leader" or not a.listen or not a.tls_cert:
+        return
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(a.tls_cert, a.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(source, "artifacts.tls_cert", f"cannot load {a.tls_cert} with {a.tls_key}: {exc}") from None
 
 
 def _check_installer(config: AgentConfig, source: str) -> None:

@@ -296,8 +296,7 @@ def render_status(data: dict[str, Any]) -> Any:
         if total_bytes:
             rate = float(dl.get("rate_bytes_per_s", 0.0))
             to_fetch = int(dl.get("bytes_to_fetch", 0))
-            fetch = (f", fetches {to_fetch / 2**20:.1f} MiB ({100 * to_fetch / total_bytes:.0f}%)"
-                     if 0 < to_fetch < total_bytes else "")
+            fetch = f" delta {to_fetch / 2**20:.1f}" if 0 < to_fetch < total_bytes else ""
             download = Table.grid(padding=(0, 1))
             download.add_row(ProgressBar(total=total_bytes, completed=int(dl.get("bytes_done", 0)), width=16),
                              Text(f"{int(dl.get('bytes_done', 0)) / 2**20:.1f}/{total_bytes / 2**20:.1f} MiB" + fetch
@@ -308,7 +307,7 @@ def render_status(data: dict[str, Any]) -> Any:
     served = data.get("serving") or {}
     lines: list[Text | Table] = [head, Text(data["detail"], style="dim"), table,
              Text(f"devices {data['devices']}   {totals}   offers {data['offers']}"),
-             Text(f"served {served.get('chunks', 0)} chunks, {served.get('bytes', 0) / 2**20:.1f} MiB;"
+             Text(f"MQTT chunks served {served.get('chunks', 0)}, {served.get('bytes', 0) / 2**20:.1f} MiB;"
                   f" {served.get('busy', 0)} busy answers; at most {served.get('max_concurrent', 0)} downloads at once",
                   style="dim")]
     if data["rollback_of"]:

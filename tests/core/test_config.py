@@ -33,6 +33,13 @@ BAD = [
     ('[agent]\ndevice_id = "d"\ntags = [1]\n', "agent.tags.0", "expected str"),
     ('[agent]\ndevice_id = "d"\n[mqtt]\nfast_path = "fast"\n', "mqtt.fast_path", "invalid enum value"),
     ('[agent]\ndevice_id = "d"\n[mqtt]\nkeepalive_s = 70000\n', "mqtt.keepalive_s", "<= 65535"),
+    ('[agent]\ndevice_id = "d"\n[artifacts]\nlisten = "8093"\n', "artifacts.listen", "HOST:PORT"),
+    ('[agent]\ndevice_id = "d"\n[artifacts]\nurl = "ftp://gw"\n', "artifacts.url", "http://"),
+    ('[agent]\ndevice_id = "d"\n[artifacts]\ntls_cert = "/c.pem"\n', "artifacts.tls_key", "go together"),
+    ('[agent]\ndevice_id = "d"\n[artifacts]\nmax_downloads = 0\n', "artifacts.max_downloads", ">= 1"),
+    ('[agent]\ndevice_id = "d"\n[firmware]\nretry_budget = 0\n', "firmware.retry_budget", ">= 1"),
+    ('[agent]\ndevice_id = "d"\n[firmware]\nmax_download_kbps = -1\n', "firmware.max_download_kbps", ">= 0"),
+    ('[agent]\ndevice_id = "d"\n[firmware]\nmirror_ca = "ca.pem"\n', "firmware.mirror_ca", "absolute"),
 ]
 
 

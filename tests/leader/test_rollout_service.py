@@ -245,3 +245,50 @@ async def test_a_download_only_rollout_installs_on_approval(tmp_path: Path) -> N
         assert store.serving(rid)["chunks"] == served  # the install downloaded nothing again
     finally:
         await f.stop()
+
+
+async def test_the_artifact_server_serves_what_a_rollout_admitted_and_a_taken_port_is_one_error(
+        tmp_path: Path) -> None:
+    import socket
+
+    import httpx
+    import msgspec
+    import pytest
+
+    from agent.core.config import ArtifactsSection
+    from agent.core.errors import ConfigError
+    from firmware_rollout.artifact.files import read_signed_manifest
+
+    artifact, public = make_artifact(tmp_path, size=50_000, chunk_size=4096)
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    base = config("gw", "leader", tmp_path, public_key=str(public))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy_cfg = msgspec.structs.replace(base, artifacts=ArtifactsSection(listen=f"127.0.0.1:{port}"))
+        leader = await LeaderAgent.open(busy_cfg, transport=make_transport(busy_cfg, clock=clock, memory_broker=broker),
+                                        clock=clock)
+        with pytest.raises(ConfigError) as err:
+            await attach_rollout(leader, poll_s=1.0, serve_http=True)
+        assert err.value.key == "artifacts.listen" and "cannot listen" in err.value.reason
+        await leader.stop()
+
+    cfg = msgspec.structs.replace(base, artifacts=ArtifactsSection(listen="127.0.0.1:0"))
+    leader = await LeaderAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker), clock=clock)
+    service = await attach_rollout(leader, poll_s=1.0, serve_http=True)
+    try:
+        assert service.http is not None
+        assert service.orchestrator.own_mirror == f"http://127.0.0.1:{service.http.port}/artifacts"
+        spec = spec_from_dict({"rollout": {"name": "r", "artifact": str(artifact)}, "waves": {"counts": [1]}})
+        await service.orchestrator.start_rollout(spec, rollout_id="r1", devices=["pi-1"])
+        sha = read_signed_manifest(artifact).manifest.sha256.hex()
+        async with httpx.AsyncClient() as client:
+            got = await client.get(f"{service.orchestrator.own_mirror}/{sha}.eafw")
+            unknown = await client.get(f"{service.orchestrator.own_mirror}/{'0' * 64}.eafw")
+        assert got.status_code == 200 and got.content == artifact.read_bytes()  # the store's copy, same bytes
+        assert unknown.status_code == 404
+    finally:
+        await service.stop()
+        await leader.stop()

@@ -80,6 +80,8 @@ def test_a_full_spec_loads_with_the_artifact_resolved(tmp_path: Path) -> None:
         (('seed = 4', 'seed = 4\ncolour = "red"'), "rollout.colour", "unknown key"),
         (('name = "cam 1.2.0"\n', ''), "rollout.name", "required key is missing"),
         (('chunk_size = 4096', 'chunk_size = 10'), "download.chunk_size", "256"),
+        (('chunk_size = 4096', 'mirrors = ["ftp://cdn/fw"]'), "download.mirrors.0", "http://"),
+        (('select = "tags"\n', ''), "targets.tags", 'select = "tags"'),
     ],
 )
 def test_mistakes_name_the_file_and_the_key(tmp_path: Path, change: tuple[str, str], key: str, reason: str) -> None:
