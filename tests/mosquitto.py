@@ -25,13 +25,19 @@ class MosquittoMissing(RuntimeError):
     pass
 
 
-def find_mosquitto() -> str:
-    found = shutil.which("mosquitto")
+def find_executable(name: str, candidates: tuple[str, ...]) -> str | None:
+    """`name` on PATH, else the first of `candidates` that is executable (Debian puts daemons in
+    /usr/sbin, which is not on every user's PATH)."""
+    found = shutil.which(name)
     if found:
         return found
-    for candidate in CANDIDATES:
-        if os.access(candidate, os.X_OK):
-            return candidate
+    return next((c for c in candidates if os.access(c, os.X_OK)), None)
+
+
+def find_mosquitto() -> str:
+    found = find_executable("mosquitto", CANDIDATES)
+    if found:
+        return found
     raise MosquittoMissing(
         "mosquitto is not installed (looked on PATH and in /usr/sbin): install Debian's "
         "`mosquitto` package (apt-get install -y mosquitto); the MQTT tests need a real broker"

@@ -12,14 +12,13 @@ disappears and returns).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from mosquitto import free_port
+from mosquitto import find_executable, free_port
 
 CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx")
 
@@ -29,12 +28,9 @@ class NginxMissing(RuntimeError):
 
 
 def find_nginx() -> str:
-    found = shutil.which("nginx")
+    found = find_executable("nginx", CANDIDATES)
     if found:
         return found
-    for candidate in CANDIDATES:
-        if os.access(candidate, os.X_OK):
-            return candidate
     raise NginxMissing("nginx is not installed: install Debian's `nginx` package (apt-get install -y nginx); the "
                        "HTTP mirror tests need a real static server")
 
