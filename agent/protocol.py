@@ -102,6 +102,10 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     boot: Annotated[str, msgspec.Meta(max_length=32)] = ""
     # Messages waiting in the device's outbox when the heartbeat was made (None: not reported).
     outbox_pending: Count | None = None
+    # The heartbeat's wire version: 1 (absent) from workers that register their job demand in a
+    # message of its own; 2: the demand rides here, one uplink message per interval instead of two.
+    wire: Annotated[int, msgspec.Meta(ge=1, le=65_535)] = 1
+    demand: JobDemand | None = None  # wire 2: the worker's job demand window (its own device id)
 
 
 class Telemetry(_Message, kw_only=True, frozen=True):

@@ -1,7 +1,7 @@
 """Delta benchmark: what a device downloads to go from v1 to v2, against the full image, Debian's
 casync and xdelta3, and what serving it costs the leader over HTTP against MQTT chunks.
 
-    python scripts/bench_delta.py [--quick] [--devices N] [--fleet-mb M]
+    python scripts/bench_delta.py [--quick] [--devices N] [--fleet-mb M] [--delta-devices N] [--base-tree DIR]
 
 1. Images from real content: squashfs images (what RAUC bundles hold) of a Python environment
    of pinned wheels from PyPI, and v2 of it with a few packages upgraded to newer releases
@@ -16,7 +16,11 @@ casync and xdelta3, and what serving it costs the leader over HTTP against MQTT 
 4. The leader's CPU per GB served: its artifact server (HTTP range requests) against its
    ConfigServers (MQTT chunk requests over a real mosquitto), read from the leader process.
 5. A fleet: N devices download an M MB image from the leader's artifact server at once; they
-   must all finish, and the server must never answer more than its bound at once.
+   must all finish, and the server must never answer more than its bound at once. Then a wave
+   of a delta rollout's size (1,000 devices) fetches the v1 -> v2 delta at once.
+
+Without --quick both images also hold /usr/share (real files, unchanged between the versions),
+which makes them the size of a device's root filesystem.
 
 The last line is JSON.
 """
@@ -131,21 +135,24 @@ def tree(work: Path, name: str, wheel_files: Sequence[Path]) -> Path:
     return root
 
 
-def squashfs(root: Path, image: Path) -> Path:
-    subprocess.run([need("mksquashfs"), str(root), str(image), "-noappend", "-no-progress", "-quiet", "-no-xattrs",
+def squashfs(root: Path, image: Path, base: Path | None = None) -> Path:
+    """`root` (and `base`, the same in both versions, as its own top-level directory) as squashfs."""
+    sources = [str(root), *([str(base)] if base is not None else [])]
+    subprocess.run([need("mksquashfs"), *sources, str(image), "-noappend", "-no-progress", "-quiet", "-no-xattrs",
                     "-all-root", "-mkfs-time", "0", "-all-time", "0", "-comp", "gzip"], check=True,
                    stdout=subprocess.DEVNULL)
     return image
 
 
-def images(work: Path) -> tuple[Path, Path, dict[str, object]]:
+def images(work: Path, base: Path | None) -> tuple[Path, Path, dict[str, object]]:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edge-agent" / "bench-wheels"
     v1_pins = dict(V1)
     v2_pins = {n: V2_UPGRADES.get(n, v) for n, v in v1_pins.items() if n not in V2_REMOVED} | V2_ADDED
-    img1 = squashfs(tree(work, "v1", wheels(cache, v1_pins)), work / "v1.img")
-    img2 = squashfs(tree(work, "v2", wheels(cache, v2_pins)), work / "v2.img")
+    img1 = squashfs(tree(work, "v1", wheels(cache, v1_pins)), work / "v1.img", base)
+    img2 = squashfs(tree(work, "v2", wheels(cache, v2_pins)), work / "v2.img", base)
     changed = sorted(n for n in v2_pins if v1_pins.get(n) != v2_pins[n]) + [f"-{n}" for n in V2_REMOVED]
-    return img1, img2, {"packages_v1": len(v1_pins), "packages_v2": len(v2_pins), "changed": changed}
+    return img1, img2, {"packages_v1": len(v1_pins), "packages_v2": len(v2_pins), "changed": changed,
+                        "base_tree": str(base) if base is not None else None}
 
 
 # -- 2. bytes ----------------------------------------------------------------------------------------
@@ -449,18 +456,67 @@ async def fleet(mirror: str, signed: SignedManifest, devices: int) -> dict[str, 
             "fleet_busy_answers_seen": float(busy)}
 
 
+async def delta_fleet(mirror: str, s1: SignedManifest, s2: SignedManifest, devices: int) -> dict[str, float]:
+    """`devices` devices with v1 each fetch the chunks of v2 they lack, all at once, from the
+    leader's artifact server: the data plane of a delta rollout's wave of that size."""
+    from agent.core.errors import Capacity
+    from firmware_rollout.device.fallback import FallbackSource
+    from firmware_rollout.device.http_source import MirrorSource, make_client
+
+    manifest = s2.manifest
+    layout = manifest.layout()
+    have = set(s1.manifest.chunks)
+    missing = [i for i, d in enumerate(manifest.chunks) if d not in have]
+    client = make_client(timeout_s=120)  # one pool for the bench process; each device its own source
+    fetched = 0
+
+    async def device() -> bool:
+        nonlocal fetched
+        source = MirrorSource(client, mirror, manifest, layout)
+        chain = FallbackSource([("leader", source)], manifest)
+        chain.plan(missing)
+        try:
+            for index in missing:
+                while True:
+                    try:
+                        data = await chain.fetch(index)  # not `fetched += await ...`: that reads before it awaits
+                        fetched += len(data)
+                        break
+                    except Capacity as exc:
+                        await asyncio.sleep(exc.retry_after_ms / 1000 * random.uniform(0.5, 1.0))
+        finally:
+            await chain.aclose()
+        return chain.fetched_from["leader"] == len(missing)
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(device() for _ in range(devices)))
+    wall = time.perf_counter() - t0
+    await client.aclose()
+    return {"delta_fleet_wall_s": wall, "delta_fleet_finished": float(sum(results)),
+            "delta_fleet_bytes": float(fetched), "delta_fleet_chunks_each": float(len(missing))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller fleet image and shorter cost runs")
     parser.add_argument("--devices", type=int, default=50)
     parser.add_argument("--fleet-mb", type=int, default=None, help="the fleet's image (default 200; quick 20)")
     parser.add_argument("--max-downloads", type=int, default=16, help="the leader's bound")
+    parser.add_argument("--delta-devices", type=int, default=None,
+                        help="devices fetching the v1 -> v2 delta at once (default 1000; quick 200)")
+    parser.add_argument("--base-tree", type=Path, default=None,
+                        help="a directory of real files both versions hold unchanged (e.g. /usr/share), for an"
+                             " image of a device's size (default: /usr/share without --quick, none with it)")
     args = parser.parse_args()
     fleet_mb = args.fleet_mb or (20 if args.quick else 200)
+    delta_devices = args.delta_devices or (200 if args.quick else 1000)
+    base = args.base_tree
+    if base is None and not args.quick and Path("/usr/share").is_dir():
+        base = Path("/usr/share")
     with tempfile.TemporaryDirectory(prefix="bench-delta-") as tmp:
         work = Path(tmp)
         log("building the v1 and v2 images")
-        img1, img2, contents = images(work)
+        img1, img2, contents = images(work, base)
         paths = generate_keypair(work / "keys")
         key = load_signing_key(paths.private)
         cdc = ContentDefined()
@@ -495,6 +551,9 @@ def main() -> None:
                 fleet_figures = asyncio.run(fleet(leader.mirror, sf, args.devices))
                 max_concurrent = leader.metric("ea_artifact_http_downloads_max")
                 busy_total = leader.metric("ea_artifact_http_busy_total")
+                log(f"{delta_devices} devices fetching the v1 -> v2 delta at once")
+                delta_figures = asyncio.run(delta_fleet(leader.mirror, s1, s2, delta_devices))
+                max_concurrent = max(max_concurrent, leader.metric("ea_artifact_http_downloads_max"))
             finally:
                 leader.stop()
     result: dict[str, object] = {
@@ -520,6 +579,8 @@ def main() -> None:
         "fleet_max_concurrent": max_concurrent,
         "fleet_bound": args.max_downloads,
         "fleet_busy_answers": busy_total,
+        "delta_fleet_devices": delta_devices,
+        **delta_figures,
     }
     result["targets"] = {
         "delta_vs_casync<=1.2": casync is not None and delta / casync <= 1.2,
@@ -527,6 +588,7 @@ def main() -> None:
         "http_cpu<=mqtt_cpu/10": http <= mqtt / 10,
         "fleet_all_finished": fleet_figures["fleet_finished"] == args.devices,
         "fleet_within_bound": max_concurrent <= args.max_downloads,
+        "delta_fleet_all_finished": delta_figures["delta_fleet_finished"] == delta_devices,
     }
     print(json.dumps(result))
 

@@ -3,7 +3,9 @@
     HeartbeatIntake  a bounded mailbox with one slot per device (coalesce key = device id, seq =
                      heartbeat seq): while the actor rests for `process_interval_s`, a newer
                      heartbeat of a device replaces the queued one in place. Each round it drains
-                     what is queued and applies it to the registry in one transaction.
+                     what is queued and applies it to the registry in one transaction. A newer
+                     heartbeat whose job demand (wire 2) the job queue does not hold yet goes on
+                     to the LeaderActor as a registration; a repeated one costs a dict lookup.
     LeaderActor      telemetry, job demand/results/submissions and presence: applied in batches
                      (one transaction), each message answered only once its change is committed,
                      so an `accepted` reply means the leader's state holds it. After each batch it
@@ -21,6 +23,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
 
@@ -44,10 +47,28 @@ class IntakeStats:
     batches: int = 0
     largest_batch: int = 0
     refused: int = 0  # could not be stored (each alone; the rest of its batch was)
+    demand_registered: int = 0  # heartbeats whose job demand the job queue did not hold yet
+    demand_refused: int = 0  # a demand naming another worker than the heartbeat's device
 
 
 #: Told of a heartbeat the registry could not store, with the reason (the leader records it).
 Refused = Callable[[Heartbeat, str], None]
+
+
+class DemandSink(Protocol):
+    """Where a heartbeat's job demand goes: whether the job queue holds it already, and the
+    registration when it does not (to the LeaderActor, which owns the job queue)."""
+
+    def bound(self, demand: JobDemand) -> bool: ...
+
+    def register(self, demand: JobDemand) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterDemand:
+    """A worker's demand window, as its heartbeat carried it (memory only: nothing durable)."""
+
+    demand: JobDemand
 
 
 class HeartbeatIntake(Actor):
@@ -55,8 +76,10 @@ class HeartbeatIntake(Actor):
     the registry cannot store fails alone: its batch is applied again without it."""
 
     def __init__(self, registry: DeviceRegistry, *, process_interval_s: float = 0.0,
-                 batch_max: int = DEFAULT_BATCH_MAX, on_refused: Refused | None = None) -> None:
+                 batch_max: int = DEFAULT_BATCH_MAX, on_refused: Refused | None = None,
+                 demand: DemandSink | None = None) -> None:
         self._registry = registry
+        self._demand = demand
         self._interval_s = process_interval_s
         self._batch_max = batch_max
         self._on_refused = on_refused
@@ -91,11 +114,28 @@ class HeartbeatIntake(Actor):
             applied = self._registry.apply_heartbeats(batch)
         except UnstorableValue:
             applied = [self._apply_alone(hb) for hb in batch]
+        if self._demand is not None:
+            self._register_demand(batch, applied)
         n = sum(applied)
         self.stats.applied += n
         self.stats.stale += len(batch) - n
         self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+
+    def _register_demand(self, batch: Sequence[Heartbeat], applied: Sequence[bool]) -> None:
+        """Only a heartbeat newer than the stored one registers: a late one from an earlier run
+        of the worker must not replace its current binding."""
+        assert self._demand is not None
+        for hb, newer in zip(batch, applied, strict=True):
+            demand = hb.demand
+            if not newer or demand is None or hb.wire < 2:
+                continue
+            if demand.worker != hb.device_id:
+                self.stats.demand_refused += 1
+                continue
+            if not self._demand.bound(demand):
+                self.stats.demand_registered += 1
+                self._demand.register(demand)
 
     def _apply_alone(self, hb: Heartbeat) -> bool:
         try:
@@ -178,6 +218,9 @@ class LeaderActor(Actor):
             await self._apply(batch)
         elif isinstance(message, WorkersLost):
             self.lose_workers(message.devices, message.reason)
+        elif isinstance(message, RegisterDemand):
+            outcome = self._jobs.demand(message.demand)
+            self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
         elif isinstance(message, SubmitJobs):
             results = self._jobs.submit_many(list(message.jobs))
             await self._send_offers()
@@ -291,11 +334,13 @@ class LeaderActor(Actor):
 
 __all__ = [
     "DEFAULT_BATCH_MAX",
+    "DemandSink",
     "Dispatcher",
     "Durable",
     "HeartbeatIntake",
     "IntakeStats",
     "Refused",
+    "RegisterDemand",
     "LeaderActor",
     "LeaderStats",
     "SubmitJobs",

@@ -37,7 +37,7 @@ from agent.core.ratelog import RateLimitedLog
 from agent.core.sqlite import damage_report, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
-from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, SubmitJobs, WorkersLost
+from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, RegisterDemand, SubmitJobs, WorkersLost
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
 from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
 from agent.leader.messages import MessageLog
@@ -232,7 +232,7 @@ class LeaderAgent:
         await self.system.start()
         self._intake_actor = HeartbeatIntake(
             self.registry, process_interval_s=cfg.leader.process_interval_s, batch_max=self._batch_max,
-            on_refused=self._heartbeat_refused)
+            on_refused=self._heartbeat_refused, demand=_HeartbeatDemand(self))
         self.intake = self.system.spawn(
             self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject",
             stall_s=cfg.mailbox.stall_s)
@@ -463,6 +463,26 @@ class LeaderAgent:
             for d in offers
         ]
         await self.outbox.enqueue_many(msgs)
+
+
+class _HeartbeatDemand:
+    """The heartbeat intake's view of the leader's job queue: a lookup, and a registration told
+    to the LeaderActor (a full mailbox drops it: the worker's next heartbeat carries it again)."""
+
+    def __init__(self, leader: LeaderAgent) -> None:
+        self._leader = leader
+
+    def bound(self, demand: JobDemand) -> bool:
+        return self._leader.jobs_queue.bound(demand)
+
+    def register(self, demand: JobDemand) -> None:
+        ref = self._leader.leader
+        if ref is None:
+            return
+        try:
+            ref.tell(RegisterDemand(demand))
+        except EdgeAgentError:
+            pass
 
 
 def _topic_safe(device: str) -> bool:

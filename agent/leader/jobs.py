@@ -299,6 +299,12 @@ class JobQueue(SqliteStore):
         self._offer_demand(binding)
         return outcome
 
+    def bound(self, demand: JobDemand) -> bool:
+        """The worker holds this very binding already (a heartbeat repeating its demand changes
+        nothing: nothing to do)."""
+        binding = self._workers.get(demand.worker)
+        return binding is not None and binding.incarnation == demand.incarnation and binding.window == demand.window
+
     def lose_worker(self, worker: str) -> list[str]:
         """End `worker`'s binding (lost); its unconfirmed jobs (returned in dispatch order) go
         back to the head of the pool."""

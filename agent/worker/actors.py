@@ -1,12 +1,14 @@
 """The worker agent's actors: heartbeats, telemetry, and the job worker.
 
-    HeartbeatActor   every `interval_s` of the Clock: one Heartbeat into the outbox with the key
-                     "heartbeat" and OVERWRITE, so an offline device holds one pending heartbeat.
+    HeartbeatActor   every `interval_s` of the Clock: one Heartbeat, straight to the leader when
+                     it answers, else into the outbox with the key "heartbeat" and OVERWRITE, so
+                     an offline device holds one pending heartbeat. It carries the job worker's
+                     demand window (wire 2): one uplink message per interval, not two.
     TelemetryActor   one record at a time through `tell_reliable`: straight to the leader when it
                      is reachable and has room, into the outbox otherwise.
     JobWorker        takes JobOffers up to its demand window (bounded mailbox; more is `busy`),
-                     runs each once (ledger), confirms only after processing, re-registers its
-                     demand with the leader periodically and on every reconnect.
+                     runs each once (ledger), confirms only after processing; its demand rides
+                     on every heartbeat (and so on the one sent at every reconnect).
 
 Everything durable goes through the outbox as an `OutboxMessage` whose payload is the message's
 msgpack encoding; the relay turns a row into an `Envelope` with the row's id, kind, key and seq.
@@ -14,7 +16,6 @@ msgpack encoding; the relay turns a row into an `Envelope` with the row's id, ki
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,6 @@ from agent.core.clock import Clock, TimerHandle
 from agent.core.codec import Envelope
 from agent.core.errors import EdgeAgentError, StoreError
 from agent.core.ids import IdGenerator
-from agent.core.tasks import cancel_and_wait
 from agent.outbox.reliable import DirectFirst
 from agent.outbox.types import EnqueueResult, OutboxMessage
 from agent.protocol import (
@@ -36,6 +36,7 @@ from agent.protocol import (
     KIND_JOB_RESULT,
     KIND_TELEMETRY,
     Heartbeat,
+    JobDemand,
     JobOffer,
     JobResult,
     SystemSample,
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_KEY = "heartbeat"
 LEADER = "leader"  # the receiver name of everything a worker sends up: whichever leader takes it
 SEQ_PER_INCARNATION = 1_000_000_000  # a heartbeat seq is incarnation * this + count
+HEARTBEAT_WIRE = 2  # heartbeats carry the job demand (`Heartbeat.wire`)
 
 
 class Outbox(Protocol):
@@ -76,11 +78,6 @@ class _Tick:
 @dataclass(frozen=True, slots=True)
 class BeatNow:
     """Send a heartbeat now, outside the interval (the connection came back)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Reregister:
-    """Tell the JobWorker to send its demand window to the leader again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +121,10 @@ class HeartbeatActor(Actor):
         firmware_version: Callable[[], str], tags: tuple[str, ...] = (),
         sampler: Callable[[], SystemSample] | None = None, boot: str = "",
         outbox_pending: Callable[[], int] | None = None, link: DirectLink, direct_backoff_s: float = 0.0,
+        demand: Callable[[], JobDemand] | None = None,
     ) -> None:
         self.device_id = device_id
+        self._demand = demand
         self._link = link
         self._backoff_s = direct_backoff_s
         self._direct: DirectFirst | None = None
@@ -182,6 +181,7 @@ class HeartbeatActor(Actor):
             firmware_version=self._firmware_version(), tags=self._tags,
             sample=self._sampler() if self._sampler is not None else None, boot=self.boot,
             outbox_pending=self._outbox_pending() if self._outbox_pending is not None else None,
+            wire=HEARTBEAT_WIRE, demand=self._demand() if self._demand is not None else None,
         )
 
     async def receive(self, message: object, ctx: Context) -> object | None:
@@ -266,54 +266,28 @@ JobHandler = Callable[[JobOffer], Awaitable[bytes]]
 
 
 class JobWorker(Actor):
-    """Runs offered jobs one at a time, each at most once (the ledger), confirming afterwards."""
+    """Runs offered jobs one at a time, each at most once (the ledger), confirming afterwards.
+    Its demand window (`demand()`) is what the heartbeats carry to the leader."""
 
     def __init__(
         self, *, device_id: str, window: DemandWindow, ledger: JobLedger, outbox: Outbox,
-        link: DirectLink, ids: IdGenerator, handler: JobHandler, reregister_s: float = 15.0,
+        ids: IdGenerator, handler: JobHandler,
     ) -> None:
         self.device_id = device_id
         self._window = window
         self._ledger = ledger
         self._outbox = outbox
-        self._link = link
         self._ids = ids
         self._handler = handler
-        self._reregister_s = reregister_s
-        self._kick = asyncio.Event()
-        self._registrar: asyncio.Task[None] | None = None
         self.done = 0
         self.duplicates = 0
         self.failures = 0
         self.busy = 0
 
-    async def on_start(self, ctx: Context) -> None:
-        self._kick = asyncio.Event()
-        self._registrar = asyncio.get_running_loop().create_task(
-            self._register_loop(ctx.clock), name=f"job-demand:{self.device_id}")
-
-    async def on_stop(self, ctx: Context) -> None:
-        task, self._registrar = self._registrar, None
-        await cancel_and_wait(task)
-
-    async def _register_loop(self, clock: Clock) -> None:
-        """Send the demand window now, then every `reregister_s` or when kicked (reconnect).
-        A long-lived task of its own, so a slow leader never holds up the jobs."""
-        while True:
-            self._kick.clear()
-            try:
-                await self._link.send(self._window.demand())
-            except EdgeAgentError as exc:  # offline or leader busy: the next registration will do
-                log.debug("job demand not sent: %s", exc)
-            try:
-                await clock.wait_for(self._kick.wait(), self._reregister_s)
-            except TimeoutError:
-                pass
+    def demand(self) -> JobDemand:
+        return self._window.demand()
 
     async def receive(self, message: object, ctx: Context) -> object | None:
-        if isinstance(message, Reregister):
-            self._kick.set()
-            return None
         if not isinstance(message, JobOffer):
             return None
         result = self._ledger.result_message(message.job_id, epoch=message.epoch, worker=self.device_id)
@@ -359,7 +333,6 @@ __all__ = [
     "JobWorker",
     "Outbox",
     "RecordTelemetry",
-    "Reregister",
     "TelemetryActor",
     "envelope_of",
     "outbox_message",

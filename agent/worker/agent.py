@@ -51,7 +51,6 @@ from agent.worker.actors import (
     JobHandler,
     JobWorker,
     RecordTelemetry,
-    Reregister,
     TelemetryActor,
 )
 from agent.worker.jobs import DemandWindow, JobLedger
@@ -140,7 +139,6 @@ class WorkerOptions(TypedDict, total=False):
     sampler: Callable[[], SystemSample] | None
     job_handler: JobHandler | None
     relay: bool
-    reregister_s: float | None
     housekeeping: bool | None
 
 
@@ -159,7 +157,6 @@ class WorkerAgent:
         sampler: Callable[[], SystemSample] | None = None,
         job_handler: JobHandler | None = None,
         relay: bool = True,
-        reregister_s: float | None = None,
         housekeeping: bool | None = None,
     ) -> None:
         self.config = config
@@ -202,8 +199,6 @@ class WorkerAgent:
         # What the heartbeat reports as running; an attached updater answers with its active slot.
         self.firmware_version: Callable[[], str] = lambda: config.agent.firmware_version
         self._job_handler = job_handler or default_job_handler(clock)
-        # Demand is re-sent (directly, nothing stored) so a restarted leader learns it soon.
-        self._reregister_s = reregister_s if reregister_s is not None else max(5.0, config.heartbeat.interval_s)
         # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
         self.kinds = agent_registry()
         self._commands: dict[str, ActorRef] = {}
@@ -274,8 +269,8 @@ class WorkerAgent:
         window = DemandWindow(cfg.jobs.demand_window, worker=self.device_id,
                               incarnation=f"{self.incarnation}-{self.boot}")
         self.job_worker = JobWorker(
-            device_id=self.device_id, window=window, ledger=self.ledger, outbox=self.outbox, link=self.link,
-            ids=self.ids, handler=self._job_handler, reregister_s=self._reregister_s)
+            device_id=self.device_id, window=window, ledger=self.ledger, outbox=self.outbox,
+            ids=self.ids, handler=self._job_handler)
         self.jobs = self.system.spawn(  # no stall_s: a job runs as long as it takes
             self.job_worker, name="jobs", capacity=cfg.jobs.demand_window + 2, policy="reject",
         )
@@ -292,7 +287,8 @@ class WorkerAgent:
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
             tags=tuple(cfg.agent.tags), sampler=self.sampler, boot=self.boot, link=self.link,
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
-            outbox_pending=self._outbox_depth if self._owns_stores else None)
+            outbox_pending=self._outbox_depth if self._owns_stores else None,
+            demand=self.job_worker.demand)  # a restarted leader learns it from the next heartbeat
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )
@@ -308,12 +304,7 @@ class WorkerAgent:
     def _on_connection(self, is_open: bool) -> None:
         if not is_open:
             return
-        if self.jobs is not None:
-            try:
-                self.jobs.tell(Reregister(), coalesce_key="reregister", seq=0)
-            except EdgeAgentError:
-                pass
-        if self.heartbeat is not None:  # back online: the leader hears at once, with the backlog held
+        if self.heartbeat is not None:  # back online: the leader hears at once (with the job demand)
             try:
                 self.heartbeat.tell(BeatNow(), coalesce_key="beat-now", seq=0)
             except EdgeAgentError:

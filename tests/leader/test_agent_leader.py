@@ -187,3 +187,102 @@ async def test_two_leaders_split_the_fleet_and_one_dies(
         await stop_all(*workers, gw2, clock=clock)
         await gw1.transport.stop()
         await stop_all(gw1, clock=clock)
+
+
+async def test_job_demand_rides_on_the_heartbeat(clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    """One uplink message per interval: the worker sends no JobDemand of its own, the leader
+    registers the demand from the first heartbeat, does nothing for the repeats, and registers it
+    again once it lost the worker and heard from it anew."""
+    gw = await leader(clock, tmp_path, broker=broker)
+    w = await worker(clock, tmp_path, "w1", broker=broker, sections={"jobs": {"demand_window": 3}})
+    sent_kinds: list[str] = []
+    try:
+        await until(clock, lambda: len(gw.jobs_queue.workers()) == 1, what="the worker registered")
+        intake = gw.intake_stats
+        assert intake is not None and gw.leader_stats is not None
+        assert intake.stats.demand_registered == 1
+        assert gw.leader_stats.stats.demands == {"registered": 1}
+        original = w.link.send
+
+        async def spy(message: msgspec.Struct) -> None:
+            sent_kinds.append(type(message).__name__)
+            await original(message)
+
+        w.link.send = spy  # type: ignore[method-assign]
+        beats = intake.stats.received
+        await clock.advance(60)  # twelve more heartbeats
+        assert intake.stats.received >= beats + 10
+        assert intake.stats.demand_registered == 1  # a repeated demand changes nothing
+        assert "JobDemand" not in sent_kinds
+        gw.leader_stats.lose_workers([w.device_id], "test")
+        assert len(gw.jobs_queue.workers()) == 0
+        await until(clock, lambda: len(gw.jobs_queue.workers()) == 1, what="registered again")
+        assert intake.stats.demand_registered == 2
+        await gw.submit_jobs([JobSubmit(job_id=f"j{n}", kind="sleep", payload=b"0") for n in range(5)])
+        await until(clock, lambda: gw.jobs_queue.stats().confirmed == 5, what="jobs confirmed")
+    finally:
+        await stop_all(w, gw, clock=clock)
+
+
+async def test_a_late_heartbeat_of_an_earlier_run_or_of_another_worker_registers_nothing(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    from agent.protocol import JobDemand
+
+    gw = await leader(clock, tmp_path, broker=broker)
+    try:
+        intake = gw.intake_stats
+        assert intake is not None
+
+        def demand(incarnation: str, worker: str = "w9") -> JobDemand:
+            return JobDemand(worker=worker, incarnation=incarnation, window=2)
+
+        def beat(seq: int, d: JobDemand) -> None:
+            intake._batch["w9"] = Heartbeat(device_id="w9", seq=seq, uptime_s=1.0, wire=2, demand=d)
+            intake.flush()
+
+        beat(2_000_000_001, demand("run-2"))
+        await clock.advance(1)
+        assert gw.jobs_queue.bound(demand("run-2"))
+        beat(1_000_000_050, demand("run-1"))  # older: made before the worker restarted
+        beat(2_000_000_002, demand("x", worker="w8"))  # names another worker than its device
+        await clock.advance(1)
+        assert gw.jobs_queue.bound(demand("run-2")) and not gw.jobs_queue.bound(demand("run-1"))
+        assert "w8" not in gw.jobs_queue.workers()
+        assert intake.stats.demand_refused == 1 and intake.stats.demand_registered == 1
+        # a heartbeat of wire 1 (an agent from before) carries no demand: its JobDemand still works
+        old = Heartbeat(device_id="w7", seq=5, uptime_s=1.0)
+        assert old.wire == 1 and old.demand is None
+    finally:
+        await stop_all(gw, clock=clock)
+
+
+async def test_a_worker_from_before_registers_with_a_jobdemand_message(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    """During a fleet upgrade the new leader still takes the old wire: heartbeats without a
+    demand (wire 1) and the JobDemand message of their own."""
+    from agent.protocol import KIND_JOB_DEMAND, JobDemand
+
+    gw = await leader(clock, tmp_path, broker=broker)
+    old = MemoryTransport(broker, "old-w")
+    replies: list[InboundMessage] = []
+
+    async def collect(message: InboundMessage) -> None:
+        replies.append(message)
+
+    await old.subscribe("ea/v1/t/+/reply/old-w", collect)
+    await old.start()
+    try:
+        await clock.advance(0.1)
+        for n, (kind, payload) in enumerate([
+            ("heartbeat", _hb("w5", 1)),
+            (KIND_JOB_DEMAND, msgspec.msgpack.encode(JobDemand(worker="w5", incarnation="old-1", window=2))),
+        ]):
+            env = Envelope(id=f"o{n}", kind=kind, sender="w5", receiver="leader", payload=payload)
+            await old.publish(topics.up("t", "w5"), encode(env), response_topic=topics.reply("t", "w5", "old-w"),
+                              correlation=str(n).encode())
+            await clock.advance(0.5)
+        assert [decode_reply(r.payload).status for r in replies] == ["accepted", "accepted"]
+        assert gw.jobs_queue.bound(JobDemand(worker="w5", incarnation="old-1", window=2))
+    finally:
+        await old.stop()
+        await stop_all(gw, clock=clock)
