@@ -62,7 +62,7 @@ mailbox_capacity = 1
 # Small versions of each named scenario (the options not given come from its preset).
 SCENARIO_ARGS = {
     "heartbeat-coalescing": ["--devices", "12", "--duration", "3m"],
-    "thundering-herd": ["--devices", "24", "--duration", "2m"],
+    "thundering-herd": ["--devices", "24", "--duration", "2m", "--leader-mailbox", "8"],  # a herd for 24 devices
     "offline-store-and-forward": ["--devices", "12", "--duration", "4m", "--offline-duration", "1m"],
     "work-pulling": ["--devices", "6", "--duration", "2m", "--jobs", "20"],
     "wave-rollout": ["--devices", "16", "--fail-rate", "0.25"],
