@@ -280,7 +280,7 @@ class UpdaterActor(Actor):
         from firmware_rollout.device.http_source import MirrorSource, make_client  # httpx: only when updating
 
         settings = self._mirrors
-        client = make_client(timeout_s=settings.timeout_s, verify=settings.ca or True)
+        client = make_client(timeout_s=settings.timeout_s, ca=settings.ca)
         layout = manifest.layout()
         sources = [MirrorSource(client, url, manifest, layout) for url in urls]
 

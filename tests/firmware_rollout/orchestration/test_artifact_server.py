@@ -144,3 +144,39 @@ def test_under_uvloop_the_body_is_sent_whole(tmp_path: Path) -> None:
     finally:
         loop.close()
     assert whole == data and part == data[5_000_000:6_000_000]
+
+
+async def test_over_tls_a_device_checks_the_servers_certificate(tmp_path: Path) -> None:
+    """`[artifacts] tls_cert/tls_key`: https, and a device's mirror client checks the chain
+    against `[firmware] mirror_ca` (a server signed by another CA is a transient failure)."""
+    import ssl
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "service"))
+    from svc_broker import make_pki
+
+    from agent.core.errors import Transient
+    from firmware_rollout.artifact.files import read_signed_manifest
+    from firmware_rollout.artifact.fixture import make_artifact
+    from firmware_rollout.device.http_source import MirrorSource, make_client
+
+    pki = make_pki(tmp_path / "pki", "dev-1")
+    artifact, _ = make_artifact(tmp_path, size=40_000, chunk_size=4096)
+    signed = read_signed_manifest(artifact)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    server = ArtifactServer(lambda sha: artifact, host="127.0.0.1", port=0, tls=tls)
+    await server.start()
+    try:
+        mirror = f"https://127.0.0.1:{server.port}/artifacts"
+        manifest = signed.manifest
+        async with make_client(ca=str(pki.ca_cert)) as client:
+            source = MirrorSource(client, mirror, manifest, manifest.layout())
+            data = b"".join([await source.fetch(i) for i in range(manifest.chunk_count)])
+            await source.close()
+        assert data == artifact.read_bytes()[signed.size:]
+        async with make_client(ca=str(pki.rogue_ca_cert)) as client:
+            with pytest.raises(Transient, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+                await MirrorSource(client, mirror, manifest, manifest.layout()).fetch(0)
+    finally:
+        await server.stop()
