@@ -106,6 +106,21 @@ async def test_an_update_through_the_helper_writes_the_slot_and_arms_uboot(tmp_p
     assert (env["BOOT_ORDER"], env["EA_TRIAL"]) == ("B A", "B")
 
 
+async def test_the_helper_reads_the_booted_slot_for_a_delta_within_its_bounds(helper: Helper) -> None:
+    """A delta copies chunks from the active slot: the unprivileged agent reads it through the
+    helper, which bounds the read (a chunk at most) and knows only its own slots."""
+    helper.board.slots["A"].write_bytes(bytes(range(256)) * 4096)
+    installer = HelperInstaller(helper.socket)
+    try:
+        assert await installer.read_slot("A", 1000, 300) == (bytes(range(256)) * 4096)[1000:1300]
+        with pytest.raises(HelperError, match="length"):
+            await installer.read_slot("A", 0, 17 * 1024 * 1024)  # beyond a chunk: refused by the helper
+        with pytest.raises(HelperError, match="no slot"):
+            await installer.read_slot("C", 0, 10)
+    finally:
+        installer.close()
+
+
 async def test_the_helper_reboots_and_a_reboot_that_does_not_happen_is_an_error(helper: Helper) -> None:
     installer = HelperInstaller(helper.socket)
     with pytest.raises(UpdaterError, match="exited 0 but the device was still up"):
