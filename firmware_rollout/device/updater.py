@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -556,24 +555,11 @@ class Updater:
                      r.rollout_id, len(delta.copies), manifest.chunk_count, to_fetch, manifest.size)
         throttle = _Throttle(self._clock, self.settings.max_download_kbps)
         for index in range(done, manifest.chunk_count):
-            data = await delta.copy(index, manifest.chunks[index])
-            if data is None:
+            if not await self._copy(delta, index):
                 data = await self._fetch(source, index)
                 progress.fetched += len(data)
                 await throttle.spent(len(data))
-            try:  # the installer checks the chunk against the signed manifest before it writes it
-                await self.installer.write_chunk(r.to_slot, index, data)
-            except ChunkMismatch:
-                await self._set(
-                    self._record.but(
-                        state="rejected",
-                        detail=f"tampered chunk: chunk {index} of {manifest.chunk_count} "
-                        "from the source does not match the signed manifest",
-                    )
-                )
-                raise _Stop from None
-            except (InstallError, ArtifactError, OSError) as exc:
-                await self._fail(f"install failed: chunk {index} not written into slot {r.to_slot}: {exc}")
+                await self._write(index, data, manifest)
             snapshot = progress.after(index + 1)
             if snapshot is None:
                 await self._set(self._record.but(chunks_done=index + 1), report=False)
@@ -583,6 +569,40 @@ class Updater:
             if progress.milestone(snapshot):
                 log.info("update %s: downloading %s", self._record.rollout_id, progress.text(snapshot))
         await self._set(self._record.but(state="verifying", detail="download complete"))
+
+    async def _copy(self, delta: _Delta, index: int) -> bool:
+        """Chunk `index` copied from the active slot into the new one; False: download it (it is
+        not there, or the slot changed under us: a bad sector, a local modification). The
+        installer's check against the signed manifest is the one check a copy needs."""
+        data = await delta.read(index)
+        if data is None:
+            return False
+        r = self._record
+        try:
+            await self.installer.write_chunk(r.to_slot, index, data)
+        except ChunkMismatch:
+            log.warning("delta: chunk %d in the active slot %s does not match its hash: downloading it",
+                        index, delta.slot)
+            return False
+        except (InstallError, ArtifactError, OSError) as exc:
+            await self._fail(f"install failed: chunk {index} not written into slot {r.to_slot}: {exc}")
+        return True
+
+    async def _write(self, index: int, data: bytes, manifest: Manifest) -> None:
+        r = self._record
+        try:  # the installer checks the chunk against the signed manifest before it writes it
+            await self.installer.write_chunk(r.to_slot, index, data)
+        except ChunkMismatch:
+            await self._set(
+                self._record.but(
+                    state="rejected",
+                    detail=f"tampered chunk: chunk {index} of {manifest.chunk_count} "
+                    "from the source does not match the signed manifest",
+                )
+            )
+            raise _Stop from None
+        except (InstallError, ArtifactError, OSError) as exc:
+            await self._fail(f"install failed: chunk {index} not written into slot {r.to_slot}: {exc}")
 
     async def _delta(self, manifest: Manifest) -> _Delta:
         """The chunks of `manifest` the active slot already holds (by their sha256 in the signed
@@ -920,34 +940,25 @@ class _Delta:
 
     def __init__(self, installer: Installer | None, slot: str, copies: dict[int, tuple[int, int]]) -> None:
         self._installer = installer
-        self._slot = slot
+        self.slot = slot
         self.copies = copies
-        self.copied = 0
-        self.mismatched: list[int] = []
 
     @classmethod
     def none(cls) -> _Delta:
         return cls(None, "", {})
 
-    async def copy(self, index: int, digest: bytes) -> bytes | None:
-        """Chunk `index` read from the active slot and checked, or None: download it (it is not
-        there, or the slot changed under us: a bad sector, a local modification)."""
+    async def read(self, index: int) -> bytes | None:
+        """Chunk `index` as the active slot holds it, unchecked (the installer checks it as it
+        writes it), or None: it is not there, or the slot cannot be read (then no chunk is)."""
         where = self.copies.get(index)
         if where is None or self._installer is None:
             return None
         try:
-            data = await self._installer.read_slot(self._slot, *where)
+            return await self._installer.read_slot(self.slot, *where)
         except (InstallError, OSError) as exc:
-            log.warning("delta: cannot read slot %s (%s): downloading every chunk", self._slot, exc)
+            log.warning("delta: cannot read slot %s (%s): downloading every chunk", self.slot, exc)
             self.copies.clear()
             return None
-        if hashlib.sha256(data).digest() != digest:
-            log.warning("delta: chunk %d in the active slot %s does not match its hash: downloading it",
-                        index, self._slot)
-            self.mismatched.append(index)
-            return None
-        self.copied += 1
-        return data
 
 
 class _Throttle:
