@@ -368,6 +368,8 @@ def artifact_server_collector(server: ArtifactServer) -> Collector:
                    [({}, s.bytes_served)]),
             family("ea_artifact_http_busy_total", "counter", "Requests answered 503 with Retry-After (its bound).",
                    [({}, s.busy)]),
+            family("ea_artifact_http_refused_total", "counter", "Requests answered 4xx (not an artifact, a bad"
+                   " range or request).", [({}, s.refused)]),
             family("ea_artifact_http_downloads", "gauge", "Downloads being answered now.", [({}, s.in_flight)]),
             family("ea_artifact_http_downloads_max", "gauge", "The most downloads answered at once.",
                    [({}, s.max_concurrent)]),

@@ -28,7 +28,7 @@ import os
 import re
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,12 +54,6 @@ class ServerStats:
     in_flight: int = 0
     max_concurrent: int = 0
     connections: int = 0
-    statuses: dict[int, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, int]:
-        return {"requests": self.requests, "served": self.served, "bytes_served": self.bytes_served,
-                "busy": self.busy, "refused": self.refused, "max_concurrent": self.max_concurrent,
-                "connections": self.connections}
 
 
 class _BadRequest(Exception):
@@ -233,7 +227,6 @@ class ArtifactServer:
             if not keep:
                 lines.append("Connection: close")
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
-            self._count(status)
             if method == "HEAD":
                 await writer.drain()
                 return
@@ -265,14 +258,10 @@ class ArtifactServer:
         body = (reason + "\n").encode()
         if status >= 400 and status != 503:
             self.stats.refused += 1
-        self._count(status)
         head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain\r\n"
                 f"Content-Length: {len(body)}\r\n{extra}" + ("Connection: close\r\n" if close else "") + "\r\n")
         writer.write(head.encode("ascii") + body)
         await writer.drain()
-
-    def _count(self, status: int) -> None:
-        self.stats.statuses[status] = self.stats.statuses.get(status, 0) + 1
 
 
 async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start: int, length: int) -> None:
