@@ -72,15 +72,11 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
 
 def _check_artifact_server(config: AgentConfig, source: str) -> None:
     """A leader's `[artifacts]` TLS files load (the server would fail its start on them)."""
-    a = config.artifacts
-    if config.agent.role != "leader" or not a.listen or not a.tls_cert:
+    if config.agent.role != "leader" or not config.artifacts.listen:
         return
-    import ssl
+    from agent.leader.rollout import artifact_tls
 
-    try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(a.tls_cert, a.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(source, "artifacts.tls_cert", f"cannot load {a.tls_cert} with {a.tls_key}: {exc}") from None
+    artifact_tls(config, source=source)
 
 
 def _check_installer(config: AgentConfig, source: str) -> None:

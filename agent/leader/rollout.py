@@ -304,13 +304,7 @@ class RolloutService:
         a = self.leader.config.artifacts
         host, _, port = a.listen.rpartition(":")
         host = host.strip("[]")
-        tls = None
-        if a.tls_cert:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            try:
-                tls.load_cert_chain(a.tls_cert, a.tls_key)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError("config", "artifacts.tls_cert", f"cannot load {a.tls_cert}: {exc}") from None
+        tls = artifact_tls(self.leader.config)
         server = ArtifactServer(self._artifact_by_image, host=host, port=int(port), max_downloads=a.max_downloads,
                                 retry_after_s=a.retry_after_s, tls=tls)
         try:
@@ -412,6 +406,20 @@ def rollout_collector(store: RolloutStore) -> Collector:
     return collect
 
 
+def artifact_tls(config: AgentConfig, *, source: str = "config") -> ssl.SSLContext | None:
+    """The artifact server's TLS context from `[artifacts] tls_cert/tls_key` (None: plain HTTP);
+    a `ConfigError` on `artifacts.tls_cert` when they do not load. `preflight` checks with it."""
+    a = config.artifacts
+    if not a.tls_cert:
+        return None
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        tls.load_cert_chain(a.tls_cert, a.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(source, "artifacts.tls_cert", f"cannot load {a.tls_cert} with {a.tls_key}: {exc}") from None
+    return tls
+
+
 def _advertised_host(bound: str) -> str:
     """The name devices reach a server bound to `bound` by (a wildcard: this host's name)."""
     if bound in ("", "0.0.0.0", "::"):
@@ -447,6 +455,7 @@ __all__ = [
     "RolloutHost",
     "RolloutService",
     "artifact_server_collector",
+    "artifact_tls",
     "artifact_store",
     "attach_rollout",
     "rollout_collector",
