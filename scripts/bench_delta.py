@@ -42,18 +42,20 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench_install import Healthy, NoReboot, cpu_s  # noqa: E402  (the other benchmarks' pieces)
+from bench_mqtt import free_port, mosquitto  # noqa: E402
+
 from agent.core.clock import SystemClock  # noqa: E402
 from firmware_rollout.artifact.files import ContentDefined, build_artifact  # noqa: E402
 from firmware_rollout.artifact.keys import generate_keypair, load_signing_key, load_verify_key  # noqa: E402
 from firmware_rollout.artifact.manifest import SignedManifest  # noqa: E402
-from firmware_rollout.device.health import HealthResult  # noqa: E402
 from firmware_rollout.device.sources import ArtifactChunkSource  # noqa: E402
 from firmware_rollout.device.updater import Updater  # noqa: E402
 from firmware_rollout.messages import UpdateOffer  # noqa: E402
@@ -84,17 +86,6 @@ def need(tool: str) -> str:
 
 def tool_package(tool: str) -> str:
     return {"mksquashfs": "squashfs-tools"}.get(tool, tool)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 # -- 1. the images ---------------------------------------------------------------------------------
@@ -187,22 +178,6 @@ def xdelta_bytes(work: Path, img1: Path, img2: Path) -> int | None:
 
 
 # -- the leader in its own process -------------------------------------------------------------------
-@contextlib.contextmanager
-def mosquitto(work: Path) -> Iterator[int]:
-    port = free_port()
-    conf = work / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_type error\n"
-                    + ("user root\n" if os.geteuid() == 0 else ""))
-    proc = subprocess.Popen([need("mosquitto"), "-c", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -304,16 +279,6 @@ class Leader:
 
 
 # -- 3. a device assembling v2 -----------------------------------------------------------------------
-class _Healthy:
-    async def check(self, clock: object, timeout_s: float) -> HealthResult:
-        return HealthResult(True, "bench")
-
-
-class _NoReboot:
-    async def reboot(self, reason: str, *, trial: bool = False) -> None:
-        pass
-
-
 async def assemble(work: Path, a1: Path, a2: Path, s2: SignedManifest, public: Path, mirror: str) -> dict[str, float]:
     """Install v1 from its artifact, commit it, then time the update to v2 from the leader."""
     from firmware_rollout.device.fallback import FallbackSource
@@ -323,8 +288,8 @@ async def assemble(work: Path, a1: Path, a2: Path, s2: SignedManifest, public: P
     state = work / "device"
 
     async def boot() -> Updater:
-        return await Updater.open(state, device_id="dev", verify_key=key, clock=SystemClock(), health=_Healthy(),
-                                  rebooter=_NoReboot(), initial_version="1.0.0")
+        return await Updater.open(state, device_id="dev", verify_key=key, clock=SystemClock(), health=Healthy(),
+                                  rebooter=NoReboot(), initial_version="1.0.0")
 
     updater = await boot()
     v1 = ArtifactChunkSource(a1)

@@ -52,12 +52,12 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-class _Healthy:
+class Healthy:
     async def check(self, clock: object, timeout_s: float) -> HealthResult:
         return HealthResult(True, "bench")
 
 
-class _NoReboot:
+class NoReboot:
     async def reboot(self, reason: str, *, trial: bool = False) -> None:
         return None
 
@@ -99,8 +99,8 @@ async def install(artifact: Path, b: dict[str, Path], state: Path, public: Path)
     clock = SystemClock()
     installer = UBootInstaller(fw_env_config=b["config"], slot_a=b["A"], slot_b=b["B"], cmdline_path=b["cmdline"],
                                clock=clock, verify_key=key)
-    updater = await Updater.open(state, device_id="bench", verify_key=key, clock=clock, health=_Healthy(),
-                                 rebooter=_NoReboot(), installer=installer, initial_version="1.0.0")
+    updater = await Updater.open(state, device_id="bench", verify_key=key, clock=clock, health=Healthy(),
+                                 rebooter=NoReboot(), installer=installer, initial_version="1.0.0")
     source = ArtifactChunkSource(artifact, clock=clock)
     t0, c0 = time.perf_counter(), cpu_s()
     report = await updater.offer(UpdateOffer(rollout_id="bench", signed_manifest=source.signed_manifest), source)

@@ -53,7 +53,7 @@ def log(message: str) -> None:
 
 
 # -- broker -------------------------------------------------------------------------------------
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -72,7 +72,7 @@ def _mosquitto_binary() -> str:
 @contextlib.contextmanager
 def mosquitto(workdir: Path) -> Iterator[int]:
     """Run mosquitto on a free loopback port; yield the port; stop it by pid."""
-    port = _free_port()
+    port = free_port()
     conf = workdir / "mosquitto.conf"
     conf.write_text(
         "\n".join(
