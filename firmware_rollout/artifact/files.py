@@ -205,7 +205,7 @@ def _hash_image_content_defined(image: Path, cdc: ContentDefined) -> tuple[int, 
     try:
         from fastcdc import fastcdc  # only `firmware build` needs it: kept off every other import path
     except ImportError:
-        raise ArtifactError("content-defined chunking needs the fastcdc package: pip install 'edge-agent[build]' "
+        raise ArtifactError("content-defined chunking needs the fastcdc package: pip install 'edge-agent[cli]' "
                             "(or build with a fixed --chunk-size)") from None
     whole = hashlib.sha256()
     chunks: list[bytes] = []

@@ -147,7 +147,8 @@ class RemoteChunkSource:
         self._piece = piece_size if piece_size > 0 and manifest is not None else 0
         self.limiter = AimdLimiter(initial=window_initial, min=1, max=window_max)
         self._tasks: dict[int, asyncio.Task[bytes]] = {}
-        self._after: dict[int, int] = {}  # planned chunk -> the next planned one (a delta skips the rest)
+        # planned chunk -> the next planned one (a delta skips the rest); None: no plan, every chunk
+        self._after: dict[int, int] | None = None
 
     def plan(self, indices: Sequence[int]) -> None:
         self._after = dict(itertools.pairwise(indices))
@@ -158,7 +159,7 @@ class RemoteChunkSource:
             return [index]
         out = [index]
         while len(out) < self.limiter.limit:
-            following = self._after.get(out[-1]) if self._after else out[-1] + 1
+            following = self._after.get(out[-1]) if self._after is not None else out[-1] + 1
             if following is None or following >= self._manifest.chunk_count:
                 break
             out.append(following)

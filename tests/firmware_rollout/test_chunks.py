@@ -141,3 +141,19 @@ async def test_remote_source_fetches_pieces_prefetches_and_halves_its_window_on_
         await device_t.stop()
         await leader_t.stop()
         await stop(system, clock)
+
+
+def test_the_mqtt_prefetch_window_stays_within_the_updaters_plan(artifact: Path) -> None:
+    """A delta plans the chunks it downloads: the window fetches ahead only within them, also
+    when the plan is one chunk; without a plan it fetches ahead chunk after chunk."""
+    clock = VirtualClock()
+    signed = read_signed_manifest(artifact)
+    client = ChunkClient(MemoryTransport(MemoryBroker(clock=clock), "dev"), clock=clock, fleet="f",
+                         device_id="dev", ids=IdGenerator(clock, random.Random(1)))
+    source = RemoteChunkSource(client, rollout_id="r", manifest=signed.manifest, window_initial=4, window_max=4)
+    assert source._ahead(2) == [2, 3, 4, 5]
+    source.plan([1, 4, 5])
+    assert source._ahead(1) == [1, 4, 5]
+    source.plan([3])
+    assert source._ahead(3) == [3]
+    assert source._ahead(5) == [5]  # a chunk outside the plan (a copy that failed its check): alone
