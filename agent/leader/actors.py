@@ -29,7 +29,7 @@ import msgspec
 
 from agent.actors import Actor, Context
 from agent.core.errors import StoreError, UnstorableValue
-from agent.leader.jobs import Dispatch, JobQueue
+from agent.leader.jobs import DemandOutcome, Dispatch, JobQueue
 from agent.leader.registry import DeviceRegistry
 from agent.leader.sinks import MessageSinks
 from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Presence, Telemetry
@@ -219,8 +219,7 @@ class LeaderActor(Actor):
         elif isinstance(message, WorkersLost):
             self.lose_workers(message.devices, message.reason)
         elif isinstance(message, RegisterDemand):
-            outcome = self._jobs.demand(message.demand)
-            self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
+            self._register(message.demand)
         elif isinstance(message, SubmitJobs):
             results = self._jobs.submit_many(list(message.jobs))
             await self._send_offers()
@@ -229,6 +228,11 @@ class LeaderActor(Actor):
             return None
         await self._send_offers()
         return None
+
+    def _register(self, demand: JobDemand) -> DemandOutcome:
+        outcome = self._jobs.demand(demand)
+        self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
+        return outcome
 
     def lose_workers(self, devices: Sequence[str], reason: str) -> None:
         released = self._jobs.lose_workers(devices)  # one pass, however many workers a fleet loses
@@ -306,10 +310,8 @@ class LeaderActor(Actor):
             if ack.outcome == "violation":
                 log.warning("job result from %s refused: %s", msg.worker, ack.reason)
             return ack.outcome == "confirmed"
-        if isinstance(msg, JobDemand):
-            outcome = self._jobs.demand(msg)
-            self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
-            return outcome != "violation"
+        if isinstance(msg, JobDemand):  # a worker of wire 1 (its demand is not on its heartbeats)
+            return self._register(msg) != "violation"
         if isinstance(msg, JobSubmit):
             return self._jobs.submit(msg).outcome == "stored"
         if isinstance(msg, Presence):
