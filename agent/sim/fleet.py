@@ -38,6 +38,8 @@ from agent.outbox.types import OutboxRow
 from agent.protocol import KIND_HEARTBEAT, JobOffer
 from agent.sim.devices import SimFirmware, sim_updater
 from agent.sim.options import SimOptions
+from agent.sim.part import FleetPart
+from agent.sim.rounds import RoundBroker
 from agent.transport.base import Transport
 from agent.transport.memory import MemoryBroker
 from agent.worker.agent import WorkerAgent
@@ -134,8 +136,11 @@ class SimFleet:
     """Builds, starts and stops the simulated fleet; `workers` by device id."""
 
     def __init__(self, opts: SimOptions, *, clock: Clock, workdir: Path, firmware: SimFirmware | None = None,
-                 rollout_poll_s: float = 2.0, incarnation: int = 1) -> None:
+                 rollout_poll_s: float = 2.0, incarnation: int = 1, part: FleetPart | None = None) -> None:
         self.opts = opts
+        # Which devices this process runs, and whether the leader is here (every device and the
+        # leader, unless the fleet is spread over processes: `agent.sim.processes`).
+        self.part = part if part is not None else FleetPart(rank=0, processes=1, indices=range(opts.devices))
         self.clock = clock
         self.workdir = workdir
         self.firmware = firmware
@@ -143,7 +148,10 @@ class SimFleet:
         self._rollout_poll_s = rollout_poll_s
         self._first_incarnation = incarnation  # a fleet started again on its files: above the last
         self.broker: MemoryBroker | None = None
-        if opts.broker_url is None:
+        if opts.broker_url is None and self.part.processes > 1:
+            self.broker = RoundBroker(rank=self.part.rank, clock=clock, rng=rng_for(opts.seed, "broker"),
+                                      max_queued_per_session=100_000)
+        elif opts.broker_url is None:
             self.broker = MemoryBroker(clock=clock, rng=rng_for(opts.seed, "broker"),
                                        max_queued_per_session=100_000)
         self.uplink = Gate(is_open=True)  # closed while the whole (memory) broker is down
@@ -167,26 +175,29 @@ class SimFleet:
 
     async def open(self) -> None:
         opts = self.opts
-        lcfg = leader_config(opts)
-        self.leader = await LeaderAgent.open(lcfg, transport=self._transport(lcfg, LEADER_ID), clock=self.clock,
-                                             data_dir=self.workdir / "leader", rng=rng_for(opts.seed, "leader"),
-                                             intake_batch_max=max(512, opts.devices))
-        files = min(opts.files, opts.devices)
+        part = self.part
+        if part.leader:
+            lcfg = leader_config(opts)
+            self.leader = await LeaderAgent.open(lcfg, transport=self._transport(lcfg, LEADER_ID), clock=self.clock,
+                                                 data_dir=self.workdir / "leader", rng=rng_for(opts.seed, "leader"),
+                                                 intake_batch_max=max(512, opts.devices))
+        files = min(opts.files, len(part.indices))
         wcfg0 = worker_config(opts, device_name(0))
         for k in range(files):
             self.stores.append(await OutboxStore.open(
                 self.workdir / f"outbox-{k}.db", clock=self.clock, max_attempts=SIM_MAX_ATTEMPTS,
                 classes=outbox_classes(wcfg0)))
             self.ledgers.append(JobLedger.open(self.workdir / f"ledger-{k}.db", clock=self.clock))
-        for i in range(opts.devices):
+        for n, i in enumerate(part.indices):
             device = device_name(i)
-            self._file_of[device] = i % files
+            self._file_of[device] = n % files
             self.workers[device] = self._worker(device, incarnation=self._first_incarnation)
         for k, store in enumerate(self.stores):
             self.relays.append(Relay(
                 store, self._route, clock=self.clock, ready=self.uplink, partitions=1,
                 retry=RetryPolicy(base_s=1.0, cap_s=60.0, transient_floor_s=0.5),
-                rng=rng_for(opts.seed, f"relay:{k}"), reconnect_jitter_s=5.0, name=f"relay:file{k}"))
+                rng=rng_for(opts.seed, part.scoped(f"relay:{k}")), reconnect_jitter_s=5.0,
+                name=f"relay:file{k}"))
 
     def _worker(self, device: str, *, incarnation: int) -> WorkerAgent:
         cfg = worker_config(self.opts, device)
@@ -221,9 +232,10 @@ class SimFleet:
         return offer.payload
 
     async def start_leader(self) -> None:
-        assert self.leader is not None
-        await self.leader.start()
-        if self.firmware is not None:
+        """Start the leader (when it runs in this process), its rollout service and the relays."""
+        if self.leader is not None:
+            await self.leader.start()
+        if self.firmware is not None and self.leader is not None:
             self.rollout = await attach_rollout(self.leader, db_path=self.workdir / "leader" / LEADER_DB,
                                                 poll_s=self._rollout_poll_s, verify_key=self.firmware.verify_key)
         for relay in self.relays:
@@ -329,8 +341,8 @@ class SimFleet:
         total = 0
         for store in self.stores:
             total += (await store.stats()).pending
-        assert self.leader is not None
-        total += (await self.leader.outbox.stats()).pending
+        if self.leader is not None:
+            total += (await self.leader.outbox.stats()).pending
         return total
 
     def pending_rows(self) -> int:

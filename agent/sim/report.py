@@ -30,6 +30,7 @@ from agent.actors import MailboxStatistics
 
 if TYPE_CHECKING:
     from agent.sim.runner import Simulation
+    from agent.sim.totals import DeviceTotals
 
 Report = dict[str, Any]
 
@@ -48,41 +49,32 @@ def peak_rss_mb() -> float:
     return round(peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024, 1)
 
 
-async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Report:
+async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float) -> Report:
+    """The report of `sim`, whose devices (in this process or in several) add up to `totals`."""
     opts = sim.opts
     fleet = sim.fleet
     leader = fleet.leader
     assert leader is not None
-    stores = [await s.stats() for s in fleet.stores]
     leader_outbox = await leader.outbox.stats()
-    all_stats = [*stores, leader_outbox]
 
-    def total(field: str, stats: list[Any] = all_stats) -> int:
-        return sum(int(getattr(s, field)) for s in stats)
+    def total(field: str) -> int:
+        return totals.stores.get(field, 0) + int(getattr(leader_outbox, field))
 
-    workers = fleet.all_workers()
-    hb_generated = sum(w.heartbeat_actor.sent for w in workers if w.heartbeat_actor)
-    hb_outbox_coalesced = sum(w.heartbeat_actor.coalesced for w in workers if w.heartbeat_actor)
-    tel_direct = sum(w.telemetry_actor.direct for w in workers if w.telemetry_actor)
-    tel_stored = sum(w.telemetry_actor.stored for w in workers if w.telemetry_actor)
-    tel_generated = tel_direct + tel_stored
+    hb_generated = totals.heartbeats_sent
+    hb_outbox_coalesced = totals.heartbeats_coalesced
+    tel_direct = totals.telemetry_direct
+    tel_generated = tel_direct + totals.telemetry_stored
     devices = {d.device_id: d for d in leader.registry.devices()}
     tel_applied = sum(d.telemetry_count for d in devices.values())
-    tel_classes = [c for c in (s.by_class.get("telemetry") for s in stores) if c is not None]
-    tel_dead = sum(c.dead for c in tel_classes)
-    tel_pending = sum(c.pending for c in tel_classes)
+    tel_dead = totals.telemetry_dead
+    tel_pending = totals.telemetry_pending
     tel_lost = tel_generated - tel_applied - tel_dead - tel_pending
 
     stale = held = 0
-    holding = fleet.held_heartbeats()
-    for w in fleet.workers.values():  # the newest incarnation of each device
-        hb = w.heartbeat_actor
-        if hb is None or hb.sent == 0:
-            continue
-        last_seq = hb.last_seq
-        record = devices.get(w.device_id)
+    for device_id, last_seq in totals.newest_seq.items():
+        record = devices.get(device_id)
         if record is None or record.hb_seq != last_seq:
-            if w.device_id in holding:
+            if device_id in totals.holding:
                 held += 1  # not lost: it waits in the outbox (the device stopped before it went out)
             else:
                 stale += 1
@@ -97,11 +89,16 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
     hb_box = mailboxes.get("heartbeats")
     intake_applied = intake.stats.applied if intake else 0
 
-    relays = fleet.relay_metrics()
-    conservation = all(s.conservation_ok for s in all_stats) and all(_mailbox_ok(m) for m in mailboxes.values())
+    leader_relay = leader.relay.metrics()
+
+    def relayed(field: str) -> int:
+        return totals.relay.get(field, 0) + int(getattr(leader_relay, field))
+
+    conservation = (totals.stores_conserve and leader_outbox.conservation_ok
+                    and all(_mailbox_ok(m) for m in mailboxes.values()))
     conservation = conservation and tel_lost == 0
 
-    broker = fleet.broker.stats() if fleet.broker is not None else None
+    broker = totals.broker
     lost = tel_lost + jobs_lost
     report: Report = {
         "scenario": {
@@ -112,7 +109,7 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "crash_downtime_s": opts.crash_downtime_s, "tick_s": opts.tick_s,
             "broker_outage": list(opts.broker_outage) if opts.broker_outage else None,
             "jobs": opts.jobs, "job_window": opts.job_window, "leader_mailbox": opts.leader_mailbox_capacity,
-            "files": len(fleet.stores), "transport": "mqtt" if opts.broker_url else "memory",
+            "files": totals.files, "transport": "mqtt" if opts.broker_url else "memory",
             "clock": "virtual" if not (opts.realtime or opts.broker_url) else "realtime",
         },
         "fleet_seconds": round(sim.now(), 3),
@@ -144,9 +141,9 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "held_in_outboxes": held,
         },
         "telemetry": {
-            "generated": tel_generated, "direct": tel_direct, "via_outbox": tel_stored,
+            "generated": tel_generated, "direct": tel_direct, "via_outbox": totals.telemetry_stored,
             "applied_by_leader": tel_applied, "duplicates_ignored": actor.stats.telemetry_duplicate if actor else 0,
-            "dead_lettered": tel_dead, "pending": tel_pending, "refused_at_source": sim.telemetry_refused,
+            "dead_lettered": tel_dead, "pending": tel_pending, "refused_at_source": totals.telemetry_refused,
             "lost": tel_lost,
         },
         "jobs": {
@@ -164,39 +161,36 @@ async def collect_report(sim: Simulation, *, wall_s: float, cpu_s: float) -> Rep
             "devices_online": sim.at_end.get("leader_sees_online"),
         },
         "at_end": {k: v for k, v in sim.at_end.items() if k != "t"},
-        "devices": _outcomes(sim, stale),
+        "devices": _outcomes(sim, stale, totals.devices),
         "aimd_limit_over_time": [[p["t"], p["aimd_limit_min"], p["aimd_limit_mean"]] for p in sim.series],
         "timeseries": sim.series,
         "crashes": len(sim.crash_episodes),
         "relay": {
-            "delivered": sum(r.delivered for r in relays) - fleet.redeliveries_suppressed,
-            "retried": sum(r.retried for r in relays),
-            "capacity_rejections": sum(r.capacity_rejections for r in relays),
-            "transient_failures": sum(r.transient_failures for r in relays),
-            "dead_lettered": sum(r.dead_lettered for r in relays),
+            "delivered": relayed("delivered") - totals.redeliveries_suppressed,
+            "retried": relayed("retried"),
+            "capacity_rejections": relayed("capacity_rejections"),
+            "transient_failures": relayed("transient_failures"),
+            "dead_lettered": relayed("dead_lettered"),
         },
         "offline_episodes": len(sim.offline_episodes),
-        "broker": None if broker is None else {
-            "published": broker.published, "delivered": broker.delivered, "queued": broker.queued,
-            "wills_published": broker.wills_published, "dropped_queue_full": broker.dropped_queue_full},
+        "broker": broker,
         "wall": {
             "seconds": round(wall_s, 3),
-            "cpu_seconds": round(cpu_s, 3),
+            "cpu_seconds": round(totals.cpu_s, 3),  # summed over the processes, as is the peak RSS
             "fleet_seconds_per_wall_second": round(sim.now() / wall_s, 1) if wall_s > 0 else None,
-            "peak_rss_mb": peak_rss_mb(),
-            "relay_redeliveries_suppressed": fleet.redeliveries_suppressed,
-            "timers_fired": getattr(sim.clock, "fired", None),
+            "peak_rss_mb": round(totals.peak_rss_mb, 1),
+            "relay_redeliveries_suppressed": totals.redeliveries_suppressed,
+            "timers_fired": totals.timers_fired if hasattr(sim.clock, "fired") else None,
             "settles": getattr(sim.clock, "settles", None),
         },
     }
     return report
 
 
-def _outcomes(sim: Simulation, stale: int) -> dict[str, int]:
+def _outcomes(sim: Simulation, stale: int, total: int) -> dict[str, int]:
     """Devices by what happened to them (each counted once, the worst first)."""
     crashed = {d for d, _, _ in sim.crash_episodes}
     offline = {d for d, _, _ in sim.offline_episodes} - crashed
-    total = len(sim.fleet.workers)
     return {"crashed_and_restarted": len(crashed), "offline_and_back": len(offline),
             "steady": total - len(crashed) - len(offline), "stale_at_end": stale}
 

@@ -38,6 +38,7 @@ from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet, device_name, rng_for
 from agent.sim.options import SimOptions
 from agent.sim.report import Report, collect_report
+from agent.sim.totals import DevicesNow, DeviceTotals, device_totals, devices_now
 from agent.worker.actors import RecordTelemetry
 
 Action = Callable[[], Awaitable[None] | None]
@@ -142,17 +143,19 @@ class Simulation:
         assert leader is not None
         boxes = {s.name: s for s in leader.mailbox_statistics()}
         hb = boxes.get("heartbeats")
-        limits = [lane.limit for r in fleet.relay_metrics()[: len(fleet.relays)] for lane in r.lanes]
-        known = leader.registry.devices()
+        # Read before anything is awaited (an await lets the fleet's ready tasks run).
+        seen_online = sum(1 for d in leader.registry.devices() if d.online)
+        devices = await self._devices_now()
+        limits = devices.limits
         return {
             "t": round(self.now(), 3),
-            "online": fleet.online(),
-            "devices": len(fleet.workers),
-            "leader_sees_online": sum(1 for d in known if d.online),
-            "crashed": len(fleet.down),
-            "outbox_pending": await fleet.outbox_pending(),
-            "heartbeats_pending": await fleet.pending_of("heartbeat"),
-            "in_flight": sum(r.in_flight for r in fleet.relay_metrics()),
+            "online": devices.online,
+            "devices": devices.devices,
+            "leader_sees_online": seen_online,
+            "crashed": devices.crashed,
+            "outbox_pending": devices.outbox_pending + (await leader.outbox.stats()).pending,
+            "heartbeats_pending": devices.heartbeats_pending,
+            "in_flight": devices.in_flight + leader.relay.metrics().in_flight,
             "leader_mailbox": hb.depth if hb else 0,
             "leader_mailbox_capacity": hb.capacity if hb else 0,
             "aimd_limit_min": min(limits) if limits else None,
@@ -160,6 +163,14 @@ class Simulation:
             "jobs_confirmed": leader.jobs_queue.stats().confirmed,
             "jobs_submitted": self.jobs_submitted,
         }
+
+    async def _devices_now(self) -> DevicesNow:
+        """The state of the devices (`snapshot`): here, every device runs in this process."""
+        return await devices_now(self.fleet)
+
+    async def _outbox_pending(self) -> int:
+        """Rows pending in every outbox of the fleet, the leader's included."""
+        return await self.fleet.outbox_pending()
 
     async def _sample(self) -> None:
         sample = await self.snapshot()
@@ -172,7 +183,13 @@ class Simulation:
         opts = self.opts
         fleet = self.fleet
         boot = rng_for(opts.seed, "boot")
-        for i in range(opts.devices):
+        local = fleet.part.indices
+        first = local[0] if len(local) else 0
+        for _ in range(first):  # the draws of the devices run by other processes
+            boot.randrange(PHASE_SLOTS)
+            if opts.telemetry_s > 0:
+                boot.random()
+        for i in local:
             device = device_name(i)
             phase = boot.randrange(PHASE_SLOTS) * opts.heartbeat_s / PHASE_SLOTS
             self.timeline.at(phase, f"boot {device}", partial(fleet.start_worker, device))
@@ -182,6 +199,8 @@ class Simulation:
         if fleet.broker is not None:
             self.offline_episodes = self.offline_plan()
             for device, start, span in self.offline_episodes:
+                if device not in fleet.workers:
+                    continue  # run by another process
                 self.timeline.at(start, f"cut {device}", partial(fleet.cut, device))
                 self.timeline.at(start + span, f"heal {device}", partial(fleet.heal, device))
         if opts.broker_outage is not None and fleet.broker is not None:
@@ -190,9 +209,11 @@ class Simulation:
             self.timeline.at(at + span, "broker up", fleet.broker_up)
         self.crash_episodes = self.crash_plan()
         for device, start, span in self.crash_episodes:
+            if device not in fleet.workers:
+                continue
             self.timeline.at(start, f"crash {device}", partial(fleet.crash, device))
             self.timeline.at(start + span, f"restart {device}", partial(fleet.restart, device))
-        if opts.jobs > 0:
+        if opts.jobs > 0 and fleet.leader is not None:
             self.timeline.at(min(2 * opts.heartbeat_s, opts.duration_s / 2), "submit jobs", self._submit_jobs)
 
     def offline_plan(self) -> list[tuple[str, float, float]]:
@@ -270,10 +291,7 @@ class Simulation:
             await self._mission()
             self._wall_deadline = None
             # Heal and drain: everything held must arrive.
-            self._generating = False
-            self.fleet.heal_all()
-            for device in sorted(self.fleet.down):
-                await self.fleet.restart(device)
+            await self.end_generating()
             await self._drain()
             # What the fleet looks like at the end, before the workers are stopped (stopping
             # them sends their `offline` presence: the leader would then count them offline).
@@ -281,8 +299,7 @@ class Simulation:
             await self._before_stop()
             if self._progress is not None:
                 self._progress(self.at_end)
-            for worker in self.fleet.workers.values():
-                await worker.stop()  # idle after the drain: no clock time needed
+            await self.stop_workers()
             await self._leader_catch_up()
             report = await self._report(wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0)
         finally:
@@ -290,6 +307,17 @@ class Simulation:
             gc.unfreeze()
             await self._with_time(self.fleet.stop())
         return report
+
+    async def end_generating(self) -> None:
+        """The end of the load: no more telemetry, every fault healed, every crashed device back."""
+        self._generating = False
+        self.fleet.heal_all()
+        for device in sorted(self.fleet.down):
+            await self.fleet.restart(device)
+
+    async def stop_workers(self) -> None:
+        for worker in self.fleet.workers.values():
+            await worker.stop()  # idle after the drain: no clock time needed
 
     async def _mission(self) -> None:
         """What the run is for: here, the timeline for `duration_s`, sampled `samples` times."""
@@ -300,7 +328,11 @@ class Simulation:
         """Called once the fleet has drained, before the workers stop (they are still running)."""
 
     async def _report(self, *, wall_s: float, cpu_s: float) -> Report:
-        return await collect_report(self, wall_s=wall_s, cpu_s=cpu_s)
+        return await collect_report(self, await self._device_totals(cpu_s=cpu_s), wall_s=wall_s)
+
+    async def _device_totals(self, *, cpu_s: float) -> DeviceTotals:
+        """What the devices add up to (the report): here, every device runs in this process."""
+        return await device_totals(self, cpu_s=cpu_s)
 
     async def _with_time(self, aw: Awaitable[None]) -> None:
         """Await `aw` while virtual time keeps moving (an actor may be asleep on the clock)."""
@@ -337,7 +369,7 @@ class Simulation:
             await self._run_until(at)
             at += slot
             jobs = leader.jobs_queue.stats()
-            if jobs.pending == 0 and jobs.in_flight == 0 and await self.fleet.outbox_pending() == 0:
+            if jobs.pending == 0 and jobs.in_flight == 0 and await self._outbox_pending() == 0:
                 self.drained = True
                 break
         self.drain_fleet_s = self.now() - start

@@ -355,6 +355,10 @@ class MemoryBroker:
 
     def _route(self, message: InboundMessage) -> None:
         self._stats.published += 1
+        self._fan_out(message)
+
+    def _fan_out(self, message: InboundMessage) -> None:
+        """Hand `message` to every subscription of its topic (and keep it when retained)."""
         topic = message.topic
         if message.retain:
             if message.payload:
