@@ -28,6 +28,8 @@ DEFAULTS: dict[str, Any] = {
     "offline_rate": 0.0, "offline_duration": "2m", "broker_outage": None, "jobs": 0, "job_window": 2,
     "leader_mailbox": None, "crash_rate": 0.0, "crash_downtime": "15s",
 }
+AUTO_MIN_DEVICES = 1000  # below this, a second process costs more than it saves
+MAX_AUTO_PROCESSES = 16
 # A scenario preset's SimOptions field -> the command-line option it stands for.
 PRESET_ARGS = {
     "devices": "devices", "duration_s": "duration", "heartbeat_s": "heartbeat",
@@ -92,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--cancel-at", metavar="TIME",
         help="with a rollout: the operator cancels it this long after its start, e.g. 90 or 2m (default: never)")
     add("--files", type=int, default=4, metavar="N", help="shared outbox files the devices' rows live in (default 4)")
+    add("--processes", default="auto", metavar="N",
+        help="spread the devices over N processes, the leader in the first (default auto: the machine's"
+             f" cores from {AUTO_MIN_DEVICES} devices up, else 1; a rollout, --broker and --realtime run in 1)")
+    add("--round", default="250ms", metavar="TIME",
+        help="with more than one process: the broker's least delivery latency, the processes' step"
+             " (default 250ms)")
     add("--tick", default="100ms", metavar="TIME",
         help="virtual clock: timers due within one tick fire together (default 100ms)")
     add("--samples", type=int, default=60, metavar="N", help="points in the report's time series (default 60)")
@@ -118,6 +126,32 @@ def _value(args: argparse.Namespace, key: str, preset: dict[str, Any]) -> Any:
     return DEFAULTS[key]
 
 
+def processes_for(args: argparse.Namespace, *, devices: int, rollout: bool) -> int:
+    """`--processes`: a number, or `auto` (see its help)."""
+    given = str(getattr(args, "processes", None) or "auto")
+    one_only = rollout or args.broker is not None or args.realtime
+    if given == "auto":
+        if one_only or devices < AUTO_MIN_DEVICES:
+            return 1
+        return max(1, min(_cores(), devices, MAX_AUTO_PROCESSES))
+    try:
+        n = int(given)
+    except ValueError:
+        raise ConfigError("simulate", "processes", f"expected a number or auto, got {given!r}") from None
+    if n > 1 and rollout:
+        raise ConfigError("simulate", "processes", "a rollout runs in one process: leave out --processes")
+    return n
+
+
+def _cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, imported lazily
     from agent.sim import SimOptions, parse_duration, parse_outage
     from agent.sim.scenarios import get
@@ -141,8 +175,11 @@ def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, import
         raise ConfigError("simulate", "ephemeral", "--ephemeral keeps the files in memory: leave out --data-dir")
     if not 0.0 <= args.fail_rate <= 1.0:
         raise ConfigError("simulate", "fail-rate", "must be between 0 and 1")
+    devices = _value(args, "devices", preset)
     return SimOptions(
-        devices=_value(args, "devices", preset), duration_s=duration("duration", "duration"), seed=args.seed,
+        devices=devices, processes=processes_for(args, devices=devices, rollout=name == "wave-rollout"),
+        round_s=parse_duration(getattr(args, "round", None) or "250ms", name="round"),
+        duration_s=duration("duration", "duration"), seed=args.seed,
         heartbeat_s=duration("heartbeat", "heartbeat"),
         leader_interval_s=duration("leader_interval", "leader-interval"),
         telemetry_s=duration("telemetry", "telemetry"),
@@ -161,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
     import logging
 
     from agent.actors import run as run_loop
-    from agent.sim import Simulation, summary, to_json
+    from agent.sim import simulation, summary, to_json
     from agent.sim.progress import ProgressDisplay
     from agent.sim.scenarios import check, get
 
@@ -210,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
                                          public_key=public_key, progress=None if args.quiet else display,
                                          progress_every_s=every, progress_idle_s=idle, cancel_at_s=cancel_at_s)
         with ProgressDisplay(duration_s=opts.duration_s) as display:
-            return await Simulation(opts, workdir=workdir, progress=None if args.quiet else display).run()
+            return await simulation(opts, workdir=workdir, progress=None if args.quiet else display).run()
 
     # Virtual time: asyncio's own loop, whose ready queue the clock can see (settling exactly
     # keeps runs reproducible); on the wall clock uvloop when installed.

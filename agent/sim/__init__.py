@@ -1,11 +1,13 @@
-"""Layer 7: the fleet simulator. One leader and N workers in one process, with the real actors,
-outboxes and relays, on an in-memory broker and a virtual clock (`edge-agent simulate`)."""
+"""Layer 7: the fleet simulator. One leader and N workers in one process (or spread over several,
+`agent.sim.processes`), with the real actors, outboxes and relays, on an in-memory broker and a
+virtual clock (`edge-agent simulate`)."""
 
 from agent.sim.clock import SimClock
 from agent.sim.options import SimOptions, parse_duration, parse_outage
+from agent.sim.processes import SpreadSimulation, simulation
 from agent.sim.report import Report, summary, to_json
 from agent.sim.runner import Simulation
 from agent.sim.scenarios import SCENARIOS, check
 
-__all__ = ["SCENARIOS", "Report", "SimClock", "SimOptions", "Simulation", "check", "parse_duration",
-           "parse_outage", "summary", "to_json"]
+__all__ = ["SCENARIOS", "Report", "SimClock", "SimOptions", "Simulation", "SpreadSimulation", "check",
+           "parse_duration", "parse_outage", "simulation", "summary", "to_json"]

@@ -27,6 +27,9 @@ def parse_outage(text: str) -> tuple[float, float]:
     return start, span
 
 
+MAX_PROCESSES = 64
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimOptions:
     devices: int = 50
@@ -55,6 +58,8 @@ class SimOptions:
     samples: int = 60  # points of the report's time series
     max_wall_s: float | None = None  # benchmarks: stop generating after this much wall time
     base_version: str = "1.0.0"  # the firmware every simulated device runs at the start
+    processes: int = 1  # the fleet spread over this many processes (`agent.sim.processes`)
+    round_s: float = 0.25  # with several processes: the broker's least delivery latency (`agent.sim.rounds`)
 
     def __post_init__(self) -> None:
         checks = [
@@ -73,12 +78,18 @@ class SimOptions:
             ("crash-rate", 0.0 <= self.crash_rate <= 1.0, "must be between 0 and 1"),
             ("crash-downtime", self.crash_downtime_s > 0, "must be > 0"),
             ("samples", 1 <= self.samples <= 10_000, "must be between 1 and 10000"),
+            ("processes", 1 <= self.processes <= MAX_PROCESSES, f"must be between 1 and {MAX_PROCESSES}"),
+            ("processes", self.processes <= self.devices, "must be at most --devices"),
+            ("round", 0.001 <= self.round_s <= 5.0, "must be between 1 ms and 5 s"),
         ]
         for key, ok, reason in checks:
             if not ok:
                 raise ConfigError("simulate", key, reason)
         if self.broker_url is not None and not self.broker_url.startswith(("mqtt://", "mqtts://")):
             raise ConfigError("simulate", "broker", "must be mqtt://host:port")
+        if self.processes > 1 and (self.broker_url is not None or self.realtime):
+            raise ConfigError("simulate", "processes", "more than one process needs the in-memory broker and"
+                                                       " virtual time (with --broker, spread the fleet with --shard)")
 
     @property
     def leader_mailbox_capacity(self) -> int:

@@ -111,6 +111,7 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             "jobs": opts.jobs, "job_window": opts.job_window, "leader_mailbox": opts.leader_mailbox_capacity,
             "files": totals.files, "transport": "mqtt" if opts.broker_url else "memory",
             "clock": "virtual" if not (opts.realtime or opts.broker_url) else "realtime",
+            "processes": opts.processes, "round_s": opts.round_s if opts.processes > 1 else None,
         },
         "fleet_seconds": round(sim.now(), 3),
         "truncated_at_s": sim.truncated_at,  # set only when a benchmark's wall budget ran out

@@ -37,8 +37,9 @@ from agent.sim.clock import SimClock
 from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet, device_name, rng_for
 from agent.sim.options import SimOptions
+from agent.sim.part import FleetPart
 from agent.sim.report import Report, collect_report
-from agent.sim.totals import DevicesNow, DeviceTotals, device_totals, devices_now
+from agent.sim.totals import DevicesNow, DeviceTotals, device_totals, devices_now, telemetry_sending
 from agent.worker.actors import RecordTelemetry
 
 Action = Callable[[], Awaitable[None] | None]
@@ -68,16 +69,24 @@ class Timeline:
                 await result
 
 
+def keep_out_of_gc() -> None:
+    """Thousands of long-lived agents: the collector's full passes over them cost more than
+    everything else; keep what exists now out of them, and collect less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 class Simulation:
     """The fleet run: the timeline for `duration_s`, then heal, drain and report. A subclass
     gives the run another mission (`_mission`) and report (`_report`): `agent.sim.rollout`."""
 
     def __init__(self, opts: SimOptions, *, workdir: Path, progress: Progress | None = None,
-                 firmware: SimFirmware | None = None) -> None:
+                 firmware: SimFirmware | None = None, part: FleetPart | None = None) -> None:
         self.opts = opts
         self.workdir = workdir
         self.clock: Clock = SystemClock() if (opts.realtime or opts.broker_url) else SimClock(tick_s=opts.tick_s)
-        self.fleet = SimFleet(opts, clock=self.clock, workdir=workdir, firmware=firmware)
+        self.fleet = SimFleet(opts, clock=self.clock, workdir=workdir, firmware=firmware, part=part)
         self.timeline = Timeline()
         self._progress = progress
         self._t0 = 0.0
@@ -168,9 +177,10 @@ class Simulation:
         """The state of the devices (`snapshot`): here, every device runs in this process."""
         return await devices_now(self.fleet)
 
-    async def _outbox_pending(self) -> int:
-        """Rows pending in every outbox of the fleet, the leader's included."""
-        return await self.fleet.outbox_pending()
+    async def _unsettled(self) -> int:
+        """Rows pending in every outbox of the fleet (the leader's included), and telemetry records
+        sent directly and not answered yet: the drain ends when there are none."""
+        return await self.fleet.outbox_pending() + telemetry_sending(self.fleet)
 
     async def _sample(self) -> None:
         sample = await self.snapshot()
@@ -278,16 +288,12 @@ class Simulation:
         if opts.max_wall_s is not None:
             self._wall_deadline = wall0 + opts.max_wall_s
         thresholds = gc.get_threshold()
-        await self.fleet.open()
+        await self._open()
         try:
             await self.fleet.start_leader()
             self._plan()
             await self._sample()
-            # Thousands of long-lived agents: the collector's full passes over them cost more
-            # than everything else; keep what exists now out of them, and collect less often.
-            gc.collect()
-            gc.freeze()
-            gc.set_threshold(*GC_THRESHOLDS)
+            keep_out_of_gc()
             await self._mission()
             self._wall_deadline = None
             # Heal and drain: everything held must arrive.
@@ -305,8 +311,14 @@ class Simulation:
         finally:
             gc.set_threshold(*thresholds)
             gc.unfreeze()
-            await self._with_time(self.fleet.stop())
+            await self._close()
         return report
+
+    async def _open(self) -> None:
+        await self.fleet.open()
+
+    async def _close(self) -> None:
+        await self._with_time(self.fleet.stop())
 
     async def end_generating(self) -> None:
         """The end of the load: no more telemetry, every fault healed, every crashed device back."""
@@ -369,7 +381,7 @@ class Simulation:
             await self._run_until(at)
             at += slot
             jobs = leader.jobs_queue.stats()
-            if jobs.pending == 0 and jobs.in_flight == 0 and await self._outbox_pending() == 0:
+            if jobs.pending == 0 and jobs.in_flight == 0 and await self._unsettled() == 0:
                 self.drained = True
                 break
         self.drain_fleet_s = self.now() - start

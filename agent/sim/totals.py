@@ -23,6 +23,7 @@ class DevicesNow:
     outbox_pending: int = 0  # in the devices' outbox files (the leader's outbox apart)
     heartbeats_pending: int = 0
     in_flight: int = 0  # in the devices' relays
+    telemetry_sending: int = 0  # records sent directly, not answered yet
     limits: list[int] = field(default_factory=list)  # the AIMD limit of every relay lane
 
     def add(self, other: DevicesNow) -> None:
@@ -36,7 +37,13 @@ async def devices_now(fleet: SimFleet) -> DevicesNow:
         devices=len(fleet.workers), online=fleet.online(), crashed=len(fleet.down),
         outbox_pending=sum([(await store.stats()).pending for store in fleet.stores]),
         heartbeats_pending=await fleet.pending_of("heartbeat"),
-        in_flight=sum(relay.metrics().in_flight for relay in fleet.relays), limits=limits)
+        in_flight=sum(relay.metrics().in_flight for relay in fleet.relays), limits=limits,
+        telemetry_sending=telemetry_sending(fleet))
+
+
+def telemetry_sending(fleet: SimFleet) -> int:
+    """Telemetry records on their way directly to the leader: in no outbox, not answered yet."""
+    return sum(w.telemetry_actor.sending for w in fleet.workers.values() if w.telemetry_actor)
 
 
 # The outbox counters summed over the devices' files, named as `OutboxStats` names them.
@@ -115,4 +122,4 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
 
 
 __all__ = ["BROKER_FIELDS", "RELAY_FIELDS", "STORE_FIELDS", "DeviceTotals", "DevicesNow", "device_totals",
-           "devices_now"]
+           "devices_now", "telemetry_sending"]

@@ -234,6 +234,7 @@ class TelemetryActor(Actor):
         self.direct = 0
         self.stored = 0
         self.failed = 0
+        self.sending = 0  # records sent directly, not answered yet (neither counted nor in the outbox)
 
     async def receive(self, message: object, ctx: Context) -> object | None:
         if isinstance(message, RecordTelemetry):
@@ -249,12 +250,15 @@ class TelemetryActor(Actor):
         msg = outbox_message(self._ids, self.device_id, record, seq=record.seq)
         if self._direct is None:
             self._direct = DirectFirst(ctx.clock, backoff_s=self._backoff_s)
+        self.sending += 1
         try:
             path, _ = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox, msg=msg)
         except EdgeAgentError as exc:
             self.failed += 1
             log.warning("telemetry %s lost: direct and outbox both failed: %s", msg.msg_id, exc)
             raise
+        finally:
+            self.sending -= 1
         if path == "direct":
             self.direct += 1
         else:
