@@ -10,6 +10,7 @@ back as one line, which the leader's process reports.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -19,12 +20,16 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     from agent.sim.processes import Channel, PartSimulation
 
+    # as `edge-agent simulate` does: the devices' warnings are part of what is simulated
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     conn = Channel(Connection(int(argv[0])))
     opts, part, workdir = conn.recv()
     try:
         asyncio.run(PartSimulation(opts, workdir=Path(workdir), part=part).serve(conn))
     except (EOFError, OSError):
         return 1  # the leader's process went away: nothing to report to
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the run; the leader's reports it
+        return 130
     except Exception as exc:  # noqa: BLE001 - any failure goes back to the leader's process
         last = traceback.format_exc().strip().splitlines()[-3:]
         try:

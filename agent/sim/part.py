@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # The share of the devices the leader's process runs beside the leader, against 1 for the others.
-LEADER_PROCESS_WEIGHT = 0.4
+LEADER_PROCESS_WEIGHT = 0.45
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,16 +5,19 @@ devices (`agent.sim.part`), and the run itself (the plan, the samples, the drain
 Every other process is a `agent.sim.host` running its share of the devices, started here with a
 socket to this process.
 
-Time moves in rounds of `round_s` (conservative windows: the round is the broker's delivery
-latency in the network model, see `agent.sim.rounds`). At the end of each round every process
-stops at the same fleet time; this process gathers what each published for the others, hands
-each its share with the next round's end, and every process delivers the round's messages in
-the same order. A process's devices never see another's past, and the same seed with the same
-number of processes gives the same report (but its `wall` section).
+Time moves in rounds of `round_s` (conservative windows; the round is the broker's least delivery
+latency in the network model, see `agent.sim.rounds`). Each process runs its rounds on its own
+and sends what it published for the others at the end of each. At the end of round k+1, this
+process gathers round k from every process, hands each its share, and every process delivers
+round k's messages at that moment, in the same order. A process other than this one waits at the
+end of round k+1 for round k's share; this one waits for the others' round k, so it may run one
+round ahead of them (its leader works in bursts, once per processing interval). A process's
+devices never see another's past, and the same seed with the same number of processes gives the
+same report (but its `wall` section).
 
 Between rounds this process may ask the others for their state (a progress sample, the rows
 still pending, the totals of the report) or tell them to act (end the load, stop the workers):
-each answers in its state at the end of the round it has just run.
+each answers at the end of the round it is running, before that round's delivery.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 in rounds.
 
 Each process holds its own devices' sessions (and the leader's, in the leader's process). A message
-published during a round (`round_s` of fleet time) is held until the round ends; then every process
-routes the round's messages, its own and those the others sent it, in one order: by publish time,
-then by the publishing process, then as published. No message can arrive in another process's past,
-because every process stops at the end of each round until all of them got there: the round is the
-lookahead, and in the network model it is the broker's delivery latency (between 0 and `round_s`).
+published during a round (`round_s` of fleet time) is held; at the end of the NEXT round every
+process routes that round's messages, its own and those the others sent it, in one order: by
+publish time, then by the publishing process, then as published. In the network model this is the
+broker's delivery latency, between `round_s` and twice that; its least value is the lookahead: no
+message can arrive in another process's past, and a process may run a round ahead of the others
+while their messages are on their way (`agent.sim.processes`).
 
 Which messages cross: each process tells the others the topic filters its sessions subscribe to
 (once per filter, and again when the last session drops it); a held message goes to every other
