@@ -5,10 +5,13 @@
     python scripts/bench_sim.py                  # the two targets of the scale issue
     python scripts/bench_sim.py --budget 300     # wall-time budget per full run (default 300 s)
     python scripts/bench_sim.py --only 10k-devices-1h --budget 900   # one of the full runs
+    python scripts/bench_sim.py --processes 1     # every run in one process (default: this machine's cores)
 
 Each configuration runs in a child process of its own (so its peak RSS is its own):
 
-* quick: 1,000 devices, 10 minutes of fleet time, 5 s heartbeats, 30 s telemetry;
+* quick: 1,000 devices, 10 minutes of fleet time, 5 s heartbeats, 30 s telemetry, run in one process
+  and again spread over `--processes` (its `scaling` compares the two: device-seconds per wall
+  second with N processes over N times the figure with one; the target is 0.8 or more);
 * full: 10,000 devices for 1 hour, and 1,000 devices for 24 hours (5 s heartbeats), plus the
   wave-rollout scenario with 1,000 devices. A run that exceeds `--budget` seconds of wall time
   stops generating load where it is (its `fleet_seconds` says how far it got) and drains.
@@ -18,9 +21,12 @@ peak_rss_mb, rss_per_device_kb (peak RSS above the process's RSS before the flee
 device), events (virtual-clock timers fired + messages sent), events_per_wall_second,
 device_seconds_per_wall_second, cpu_us_per_device_heartbeat (CPU per device per heartbeat
 interval: the heartbeat end to end plus that interval's share of the device's other traffic),
-lost, conservation_ok. With --breakdown also `breakdown` (share of CPU samples by component) and
-real_components_us_per_device_heartbeat: the CPU per device heartbeat less the simulator's own
-share (clock, memory broker and transport, fleet, runner), i.e. what the real components cost.
+lost, conservation_ok, processes and by_process (each process's devices, CPU seconds and peak RSS;
+the CPU and peak RSS figures above are summed over the processes). With --breakdown (which runs
+in one process, where the sampler sees everything) also `breakdown` (share of CPU samples by
+component) and real_components_us_per_device_heartbeat: the CPU per device heartbeat less the
+simulator's own share (clock, memory broker and transport, fleet, runner), i.e. what the real
+components cost.
 Progress goes to stderr; the LAST line on stdout is one JSON object (quick: the run itself;
 full: {"runs": [...]} with the same keys for the first run at the top level).
 """
@@ -48,6 +54,13 @@ FULL = [
     {"name": "1k-devices-24h", "devices": 1000, "duration_s": 86_400.0},
     {"name": "wave-rollout-1k", "devices": 1000, "rollout": True},
 ]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def _rss_mb() -> float:
@@ -125,29 +138,33 @@ def child(cfg: dict[str, Any], budget_s: float | None) -> dict[str, Any]:
     """Run one configuration in this process; the measured figures."""
     import contextlib
 
-    from agent.sim import SimOptions, Simulation
+    from agent.sim import SimOptions, simulation
     from agent.sim.report import peak_rss_mb
     from agent.sim.rollout import run_rollout
 
     sampler = Sampler() if cfg.get("breakdown") else None
     before = _rss_mb()
+    processes = 1 if cfg.get("rollout") or sampler is not None else cfg.get("processes", 1)
     opts = SimOptions(devices=cfg["devices"], duration_s=cfg.get("duration_s", 600.0), seed=7,
-                      progress=False, max_wall_s=budget_s, samples=24)
+                      progress=False, max_wall_s=budget_s, samples=24, processes=processes)
     with tempfile.TemporaryDirectory(prefix="bench-sim-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
         wall0 = time.perf_counter()
         cpu0 = time.process_time()
         with sampler if sampler is not None else contextlib.nullcontext():
-            report, fleet_s, events, extra = _run(cfg, opts, Path(d), run_rollout, Simulation)
+            report, fleet_s, events, extra = _run(cfg, opts, Path(d), run_rollout, simulation)
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0
     peak = peak_rss_mb()
+    if processes > 1:  # summed over the processes (the others' setup is inside the run)
+        cpu, peak = report["wall"]["cpu_seconds"], report["wall"]["peak_rss_mb"]
     result = {
         "name": cfg["name"], "devices": cfg["devices"], "fleet_seconds": round(fleet_s, 1),
         "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "peak_rss_mb": round(peak, 1),
         "rss_per_device_kb": round(max(0.0, peak - before) * 1024 / cfg["devices"], 1),
         "events": events, "events_per_wall_second": round(events / wall, 1),
         "device_seconds_per_wall_second": round(cfg["devices"] * fleet_s / wall, 1),
-        "lost": report["lost"], "conservation_ok": report["conservation_ok"], **extra,
+        "lost": report["lost"], "conservation_ok": report["conservation_ok"], "processes": processes,
+        "by_process": report["wall"].get("processes"), **extra,
     }
     if not cfg.get("rollout"):
         # CPU per device per heartbeat interval: one heartbeat end to end, plus that interval's
@@ -202,16 +219,27 @@ def main() -> int:
                         help="run just this full configuration (repeatable)")
     parser.add_argument("--breakdown", action="store_true",
                         help="sample where the time goes (simulator's own code vs the real components)")
+    parser.add_argument("--processes", type=int, default=_cores(),
+                        help="spread each fleet over this many processes (default: this machine's cores)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child), args.budget)))
         return 0
-    extra = {"breakdown": True} if args.breakdown else {}
+    extra: dict[str, Any] = {"breakdown": True} if args.breakdown else {"processes": args.processes}
     if args.quick:
-        result = run_child({**QUICK, **extra}, args.budget or 240.0)
+        one = run_child({**QUICK, **extra, "processes": 1}, args.budget or 240.0)
+        result = one
+        if args.processes > 1 and not args.breakdown:
+            spread = run_child({**QUICK, **extra, "name": f"quick-{args.processes}p"}, args.budget or 240.0)
+            ratio = spread["device_seconds_per_wall_second"] / (args.processes * one["device_seconds_per_wall_second"])
+            result = {**spread, "scaling": {"processes": args.processes,
+                                            "one_process": one["device_seconds_per_wall_second"],
+                                            "spread": spread["device_seconds_per_wall_second"],
+                                            "ratio_to_n_times_one": round(ratio, 3),
+                                            "target_0.8": ratio >= 0.8}, "one_process_run": one}
         print(json.dumps(result))
-        return 0 if result["lost"] == 0 else 1
+        return 0 if result["lost"] == 0 and one["lost"] == 0 else 1
     budget = args.budget or 300.0
     runs = [run_child({**cfg, **extra}, budget) for cfg in FULL if not args.only or cfg["name"] in args.only]
     print(json.dumps({**runs[0], "runs": runs}))

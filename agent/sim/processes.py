@@ -99,6 +99,7 @@ class HostLink:
         theirs.close()
         self.conn = Channel(Connection(ours.detach()))
         self._rounds: deque[RoundFrom] = deque()  # read while waiting for an answer, kept in order
+        self.waited_s = 0.0  # wall time this process waited for that one's rounds
         self.conn.send((opts, part, str(workdir)))
         self.arrive(-1, [], [])  # round 0 ends with the delivery of nothing
 
@@ -118,7 +119,12 @@ class HostLink:
 
     def round_from(self, index: int) -> RoundFrom:
         """What the process published for the others in round `index`, and its filter changes."""
-        message = self._rounds.popleft() if self._rounds else self._recv()
+        if self._rounds:
+            message = self._rounds.popleft()
+        else:
+            t0 = time.perf_counter()
+            message = self._recv()
+            self.waited_s += time.perf_counter() - t0
         if message[0] != "round" or message[1] != index:
             raise SimProcessError(f"simulation process {self.rank} sent {message[:2]!r}, not round {index}")
         return message
@@ -233,6 +239,8 @@ class SpreadSimulation(Simulation):
 
     async def _device_totals(self, *, cpu_s: float) -> DeviceTotals:
         totals = await super()._device_totals(cpu_s=cpu_s)
+        # process 0's wait for the others' rounds: the time one process's rounds cost the other
+        totals.by_process[0]["waited_for_others_s"] = round(sum(link.waited_s for link in self._links), 3)
         for link in self._links:
             totals.add(link.call("totals"))
         return totals

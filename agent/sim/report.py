@@ -182,6 +182,7 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             "peak_rss_mb": round(totals.peak_rss_mb, 1),
             "relay_redeliveries_suppressed": totals.redeliveries_suppressed,
             "timers_fired": totals.timers_fired if hasattr(sim.clock, "fired") else None,
+            "processes": totals.by_process,
             "settles": getattr(sim.clock, "settles", None),
         },
     }

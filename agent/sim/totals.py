@@ -76,6 +76,8 @@ class DeviceTotals:
     timers_fired: int = 0
     cpu_s: float = 0.0
     peak_rss_mb: float = 0.0
+    # one entry per process, in process order: its devices, CPU seconds and peak RSS
+    by_process: list[dict[str, float]] = field(default_factory=list)
 
     def add(self, other: DeviceTotals) -> None:
         for name in ("stores", "relay"):
@@ -86,6 +88,7 @@ class DeviceTotals:
             self.broker = {k: (self.broker or {}).get(k, 0) + v for k, v in other.broker.items()}
         self.stores_conserve = self.stores_conserve and other.stores_conserve
         self.newest_seq.update(other.newest_seq)
+        self.by_process.extend(other.by_process)
         self.holding |= other.holding
         for name in ("files", "telemetry_dead", "telemetry_pending", "heartbeats_sent", "heartbeats_coalesced",
                      "telemetry_direct", "telemetry_stored", "telemetry_refused", "redeliveries_suppressed",
@@ -118,7 +121,8 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
         redeliveries_suppressed=fleet.redeliveries_suppressed,
         broker=None if broker is None else {name: int(getattr(broker, name)) for name in BROKER_FIELDS},
         devices=len(fleet.workers), timers_fired=int(getattr(sim.clock, "fired", 0) or 0), cpu_s=cpu_s,
-        peak_rss_mb=peak_rss_mb())
+        peak_rss_mb=peak_rss_mb(),
+        by_process=[{"devices": len(fleet.workers), "cpu_seconds": round(cpu_s, 3), "peak_rss_mb": peak_rss_mb()}])
 
 
 __all__ = ["BROKER_FIELDS", "RELAY_FIELDS", "STORE_FIELDS", "DeviceTotals", "DevicesNow", "device_totals",
