@@ -110,6 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--broker", metavar="URL", help="a real MQTT broker, mqtt://host:port; implies --realtime"
                                         " (default: the in-memory broker)")
     add("--realtime", action="store_true", help="run on the wall clock (default: virtual time)")
+    add("--shard", metavar="K/M",
+        help="with --broker: run only the K-th of M parts of the fleet (shard 1 runs the leader), so that"
+             " M machines simulate one fleet against one broker (default: the whole fleet)")
     add("--report", metavar="FILE", help="write the JSON report here (default: none)")
     add("--plot", metavar="FILE.png", help="draw the time series; needs the sim extra, matplotlib (default: none)")
     add("--quiet", action="store_true",
@@ -153,7 +156,7 @@ def _cores() -> int:
 
 
 def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, imported lazily
-    from agent.sim import SimOptions, parse_duration, parse_outage
+    from agent.sim import SimOptions, parse_duration, parse_outage, parse_shard
     from agent.sim.scenarios import get
 
     # `--rollout SPEC` runs the wave-rollout scenario's fleet with the user's spec
@@ -190,6 +193,7 @@ def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, import
         progress=not args.quiet, tick_s=parse_duration(args.tick, name="tick"),
         crash_rate=_value(args, "crash_rate", preset),
         crash_downtime_s=duration("crash_downtime", "crash-downtime"), scenario=args.scenario,
+        shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
         samples=args.samples,
     )
 
@@ -204,6 +208,8 @@ def main(args: argparse.Namespace) -> int:
 
     opts = options_from(args)  # ConfigError -> one line, exit 2 (agent.cli)
     rollout = args.scenario == "wave-rollout" or args.rollout is not None
+    if opts.shard is not None and (rollout or args.scenario):
+        raise ConfigError("simulate", "shard", "a rollout or a named scenario runs the whole fleet: leave out --shard")
     cancel_at_s = None
     if args.cancel_at is not None:
         from agent.sim import parse_duration

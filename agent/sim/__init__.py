@@ -3,11 +3,11 @@
 virtual clock (`edge-agent simulate`)."""
 
 from agent.sim.clock import SimClock
-from agent.sim.options import SimOptions, parse_duration, parse_outage
+from agent.sim.options import SimOptions, parse_duration, parse_outage, parse_shard
 from agent.sim.processes import SpreadSimulation, simulation
 from agent.sim.report import Report, summary, to_json
 from agent.sim.runner import Simulation
 from agent.sim.scenarios import SCENARIOS, check
 
 __all__ = ["SCENARIOS", "Report", "SimClock", "SimOptions", "Simulation", "SpreadSimulation", "check",
-           "parse_duration", "parse_outage", "simulation", "summary", "to_json"]
+           "parse_duration", "parse_outage", "parse_shard", "simulation", "summary", "to_json"]

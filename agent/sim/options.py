@@ -16,6 +16,17 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
         raise ConfigError("simulate", name, str(exc)) from None
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """`K/M`, e.g. `2/3` -> (2, 3): the K-th of M parts of the fleet."""
+    k, sep, m = str(text).partition("/")
+    try:
+        if not sep:
+            raise ValueError
+        return int(k), int(m)
+    except ValueError:
+        raise ConfigError("simulate", "shard", f"expected K/M (e.g. 2/3), got {text!r}") from None
+
+
 def parse_outage(text: str) -> tuple[float, float]:
     """`AT:FOR`, e.g. `3m:1m` -> (180.0, 60.0)."""
     at, sep, length = str(text).partition(":")
@@ -59,6 +70,7 @@ class SimOptions:
     max_wall_s: float | None = None  # benchmarks: stop generating after this much wall time
     base_version: str = "1.0.0"  # the firmware every simulated device runs at the start
     processes: int = 1  # the fleet spread over this many processes (`agent.sim.processes`)
+    shard: tuple[int, int] | None = None  # (K, M): with a real broker, run only the K-th of M parts
     round_s: float = 0.25  # with several processes: the broker's least delivery latency (`agent.sim.rounds`)
 
     def __post_init__(self) -> None:
@@ -87,6 +99,12 @@ class SimOptions:
                 raise ConfigError("simulate", key, reason)
         if self.broker_url is not None and not self.broker_url.startswith(("mqtt://", "mqtts://")):
             raise ConfigError("simulate", "broker", "must be mqtt://host:port")
+        if self.shard is not None:
+            k, m = self.shard
+            if self.broker_url is None:
+                raise ConfigError("simulate", "shard", "needs --broker mqtt://... (the shards' one broker)")
+            if not 1 <= k <= m <= self.devices:
+                raise ConfigError("simulate", "shard", f"expected K/M with 1 <= K <= M <= --devices, got {k}/{m}")
         if self.processes > 1 and (self.broker_url is not None or self.realtime):
             raise ConfigError("simulate", "processes", "more than one process needs the in-memory broker and"
                                                        " virtual time (with --broker, spread the fleet with --shard)")
@@ -97,4 +115,4 @@ class SimOptions:
         return self.leader_mailbox if self.leader_mailbox is not None else max(1024, self.devices + 64)
 
 
-__all__ = ["SimOptions", "parse_duration", "parse_outage"]
+__all__ = ["MAX_PROCESSES", "SimOptions", "parse_duration", "parse_outage", "parse_shard"]

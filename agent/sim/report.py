@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from agent.actors import MailboxStatistics
 
 if TYPE_CHECKING:
+    from agent.sim.options import SimOptions
     from agent.sim.runner import Simulation
     from agent.sim.totals import DeviceTotals
 
@@ -54,7 +55,8 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
     opts = sim.opts
     fleet = sim.fleet
     leader = fleet.leader
-    assert leader is not None
+    if leader is None:
+        return shard_report(sim, totals, wall_s=wall_s)
     leader_outbox = await leader.outbox.stats()
 
     def total(field: str) -> int:
@@ -65,7 +67,9 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
     tel_direct = totals.telemetry_direct
     tel_generated = tel_direct + totals.telemetry_stored
     devices = {d.device_id: d for d in leader.registry.devices()}
-    tel_applied = sum(d.telemetry_count for d in devices.values())
+    # With --shard, the leader also serves the other shards' devices: count this shard's.
+    ours = devices if opts.shard is None else {k: v for k, v in devices.items() if k in fleet.workers}
+    tel_applied = sum(d.telemetry_count for d in ours.values())
     tel_dead = totals.telemetry_dead
     tel_pending = totals.telemetry_pending
     tel_lost = tel_generated - tel_applied - tel_dead - tel_pending
@@ -109,7 +113,7 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             "crash_downtime_s": opts.crash_downtime_s, "tick_s": opts.tick_s,
             "broker_outage": list(opts.broker_outage) if opts.broker_outage else None,
             "jobs": opts.jobs, "job_window": opts.job_window, "leader_mailbox": opts.leader_mailbox_capacity,
-            "files": totals.files, "transport": "mqtt" if opts.broker_url else "memory",
+            "files": totals.files, "shard": _shard(opts), "transport": "mqtt" if opts.broker_url else "memory",
             "clock": "virtual" if not (opts.realtime or opts.broker_url) else "realtime",
             "processes": opts.processes, "round_s": opts.round_s if opts.processes > 1 else None,
         },
@@ -137,7 +141,8 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             "generated": hb_generated,
             "coalesced_in_outboxes": hb_outbox_coalesced,
             "applied_by_leader": intake_applied,
-            "coalescing_ratio": round(hb_generated / intake_applied, 3) if intake_applied else None,
+            # (with --shard the leader applies the whole fleet's heartbeats, this shard made its own)
+            "coalescing_ratio": round(hb_generated / intake_applied, 3) if intake_applied and not opts.shard else None,
             "stale_devices": stale,
             "held_in_outboxes": held,
         },
@@ -189,6 +194,44 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
     return report
 
 
+def _shard(opts: SimOptions) -> str | None:
+    return f"{opts.shard[0]}/{opts.shard[1]}" if opts.shard is not None else None
+
+
+def shard_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float) -> Report:
+    """The report of a shard without the leader (`--shard K/M`, K > 1): what its devices sent, and
+    what the leader (in shard 1) acknowledged, directly or through the outbox. `lost` is what was
+    neither acknowledged nor is still held: the leader's shard reports what it applied."""
+    opts = sim.opts
+    tel_generated = totals.telemetry_direct + totals.telemetry_stored
+    tel_delivered = totals.telemetry_delivered
+    unacknowledged = (tel_generated - totals.telemetry_direct - tel_delivered - totals.telemetry_dead
+                      - totals.telemetry_pending)
+    return {
+        "scenario": {"devices": opts.devices, "shard": _shard(opts), "devices_here": totals.devices,
+                     "duration_s": opts.duration_s, "seed": opts.seed, "heartbeat_s": opts.heartbeat_s,
+                     "telemetry_s": opts.telemetry_s, "transport": "mqtt", "clock": "realtime"},
+        "fleet_seconds": round(sim.now(), 3),
+        "drain_seconds": round(sim.drain_fleet_s, 3),
+        "drained": sim.drained,
+        "lost": unacknowledged,
+        "conservation_ok": totals.stores_conserve and unacknowledged == 0,
+        "messages": {name: totals.stores.get(name, 0) for name in ("enqueued", "delivered", "overwritten",
+                                                                    "dead_lettered", "expired", "dropped", "pending")},
+        "heartbeats": {"generated": totals.heartbeats_sent, "coalesced_in_outboxes": totals.heartbeats_coalesced,
+                       "held_in_outboxes": len(totals.holding)},
+        "telemetry": {"generated": tel_generated, "direct": totals.telemetry_direct,
+                      "via_outbox": totals.telemetry_stored, "delivered_from_outbox": tel_delivered,
+                      "dead_lettered": totals.telemetry_dead, "pending": totals.telemetry_pending,
+                      "unacknowledged": unacknowledged},
+        "at_end": {k: v for k, v in sim.at_end.items() if k != "t"},
+        "relay": {name: totals.relay.get(name, 0) for name in ("delivered", "retried", "transient_failures",
+                                                                "dead_lettered")},
+        "wall": {"seconds": round(wall_s, 3), "cpu_seconds": round(totals.cpu_s, 3),
+                 "peak_rss_mb": round(totals.peak_rss_mb, 1)},
+    }
+
+
 def _outcomes(sim: Simulation, stale: int, total: int) -> dict[str, int]:
     """Devices by what happened to them (each counted once, the worst first)."""
     crashed = {d for d, _, _ in sim.crash_episodes}
@@ -198,6 +241,8 @@ def _outcomes(sim: Simulation, stale: int, total: int) -> dict[str, int]:
 
 
 def summary(report: Report) -> str:
+    if "leader" not in report:
+        return _shard_summary(report)
     s, m, hb, tel, jobs = (report[k] for k in ("scenario", "messages", "heartbeats", "telemetry", "jobs"))
     box = report["leader_mailbox"].get("heartbeats", {})
     lines = [
@@ -231,6 +276,18 @@ def summary(report: Report) -> str:
                  f"   drained after {report['drain_seconds']:.0f}s"
                  + (f"   stale heartbeats: {stale} (a newest beat not at the leader yet: not lost)" if stale else ""))
     return "\n".join(lines)
+
+
+def _shard_summary(report: Report) -> str:
+    s, tel, hb = report["scenario"], report["telemetry"], report["heartbeats"]
+    return "\n".join([
+        f"shard {s['shard']}: {s['devices_here']} of {s['devices']} devices for {s['duration_s']:.0f}s"
+        f" against {s['transport']} in {report['wall']['seconds']:.1f}s of wall time (the leader runs in shard 1)",
+        f"heartbeats: {hb['generated']} made, {hb['coalesced_in_outboxes']} coalesced in outboxes",
+        f"telemetry: {tel['generated']} sent, {tel['direct']} answered directly by the leader,"
+        f" {tel['delivered_from_outbox']} delivered from the outbox, {tel['pending']} pending",
+        f"lost: {report['lost']} (neither acknowledged by the leader nor held)   drained: {report['drained']}",
+    ])
 
 
 def to_json(report: Report) -> str:

@@ -37,7 +37,7 @@ from agent.sim.clock import SimClock
 from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet, device_name, rng_for
 from agent.sim.options import SimOptions
-from agent.sim.part import FleetPart
+from agent.sim.part import FleetPart, split
 from agent.sim.report import Report, collect_report
 from agent.sim.totals import DevicesNow, DeviceTotals, device_totals, devices_now, telemetry_sending
 from agent.worker.actors import RecordTelemetry
@@ -86,6 +86,8 @@ class Simulation:
         self.opts = opts
         self.workdir = workdir
         self.clock: Clock = SystemClock() if (opts.realtime or opts.broker_url) else SimClock(tick_s=opts.tick_s)
+        if part is None and opts.shard is not None:
+            part = split(opts.devices, opts.shard[1])[opts.shard[0] - 1]
         self.fleet = SimFleet(opts, clock=self.clock, workdir=workdir, firmware=firmware, part=part)
         self.timeline = Timeline()
         self._progress = progress
@@ -148,28 +150,28 @@ class Simulation:
     async def snapshot(self) -> Sample:
         """The fleet's state now: what the progress display and the time series show."""
         fleet = self.fleet
-        leader = fleet.leader
-        assert leader is not None
-        boxes = {s.name: s for s in leader.mailbox_statistics()}
+        leader = fleet.leader  # None in a shard without the leader (`--shard K/M`, K > 1)
+        boxes = {s.name: s for s in leader.mailbox_statistics()} if leader is not None else {}
         hb = boxes.get("heartbeats")
         # Read before anything is awaited (an await lets the fleet's ready tasks run).
-        seen_online = sum(1 for d in leader.registry.devices() if d.online)
+        seen_online = sum(1 for d in leader.registry.devices() if d.online) if leader is not None else None
         devices = await self._devices_now()
         limits = devices.limits
+        leader_pending = (await leader.outbox.stats()).pending if leader is not None else 0
         return {
             "t": round(self.now(), 3),
             "online": devices.online,
             "devices": devices.devices,
             "leader_sees_online": seen_online,
             "crashed": devices.crashed,
-            "outbox_pending": devices.outbox_pending + (await leader.outbox.stats()).pending,
+            "outbox_pending": devices.outbox_pending + leader_pending,
             "heartbeats_pending": devices.heartbeats_pending,
-            "in_flight": devices.in_flight + leader.relay.metrics().in_flight,
+            "in_flight": devices.in_flight + (leader.relay.metrics().in_flight if leader is not None else 0),
             "leader_mailbox": hb.depth if hb else 0,
             "leader_mailbox_capacity": hb.capacity if hb else 0,
             "aimd_limit_min": min(limits) if limits else None,
             "aimd_limit_mean": round(sum(limits) / len(limits), 2) if limits else None,
-            "jobs_confirmed": leader.jobs_queue.stats().confirmed,
+            "jobs_confirmed": leader.jobs_queue.stats().confirmed if leader is not None else 0,
             "jobs_submitted": self.jobs_submitted,
         }
 
@@ -359,7 +361,8 @@ class Simulation:
     async def _leader_catch_up(self, rounds: int = 10) -> None:
         """Let the leader apply the heartbeats its mailbox still holds (one batch per interval)."""
         leader = self.fleet.leader
-        assert leader is not None
+        if leader is None:  # a shard without the leader
+            return
         for _ in range(rounds):
             await self._advance_to(self.now() + self.opts.leader_interval_s + 1.0)
             box = {s.name: s for s in leader.mailbox_statistics()}.get("heartbeats")
@@ -374,17 +377,27 @@ class Simulation:
         (devices boot on tenths of the interval): half a slot after one, every slot."""
         start = self.now()
         leader = self.fleet.leader
-        assert leader is not None
         slot = self.opts.heartbeat_s / PHASE_SLOTS
         at = (int(self.now() / slot) + 1.5) * slot
         while self.now() - start < self.opts.drain_s:
             await self._run_until(at)
             at += slot
-            jobs = leader.jobs_queue.stats()
-            if jobs.pending == 0 and jobs.in_flight == 0 and await self._unsettled() == 0:
+            jobs = leader.jobs_queue.stats() if leader is not None else None
+            if (jobs is None or (jobs.pending == 0 and jobs.in_flight == 0)) and await self._unsettled() == 0:
                 self.drained = True
                 break
+        if leader is not None and self.opts.shard is not None and self.opts.shard[1] > 1:
+            await self._run_until(start + self.opts.drain_s, stop_when=self._other_shards_done, step_s=1.0)
         self.drain_fleet_s = self.now() - start
+
+    def _other_shards_done(self) -> bool:
+        """The leader's shard: every device of the fleet was seen, and the other shards' are gone
+        (their workers stopped after their own drain), or the drain time ran out."""
+        leader = self.fleet.leader
+        assert leader is not None
+        known = leader.registry.devices()
+        ours = self.fleet.workers
+        return len(known) >= self.opts.devices and not any(d.online for d in known if d.device_id not in ours)
 
 
 __all__ = ["Simulation", "Timeline"]

@@ -62,6 +62,7 @@ class DeviceTotals:
     files: int = 0
     telemetry_dead: int = 0
     telemetry_pending: int = 0
+    telemetry_delivered: int = 0  # from the outbox files
     heartbeats_sent: int = 0
     heartbeats_coalesced: int = 0
     telemetry_direct: int = 0
@@ -90,9 +91,9 @@ class DeviceTotals:
         self.newest_seq.update(other.newest_seq)
         self.by_process.extend(other.by_process)
         self.holding |= other.holding
-        for name in ("files", "telemetry_dead", "telemetry_pending", "heartbeats_sent", "heartbeats_coalesced",
-                     "telemetry_direct", "telemetry_stored", "telemetry_refused", "redeliveries_suppressed",
-                     "devices", "timers_fired", "cpu_s", "peak_rss_mb"):
+        for name in ("files", "telemetry_dead", "telemetry_pending", "telemetry_delivered", "heartbeats_sent",
+                     "heartbeats_coalesced", "telemetry_direct", "telemetry_stored", "telemetry_refused",
+                     "redeliveries_suppressed", "devices", "timers_fired", "cpu_s", "peak_rss_mb"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -112,6 +113,7 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
         stores={name: sum(int(getattr(s, name)) for s in stats) for name in STORE_FIELDS},
         stores_conserve=all(s.conservation_ok for s in stats), files=len(stats),
         telemetry_dead=sum(c.dead for c in telemetry), telemetry_pending=sum(c.pending for c in telemetry),
+        telemetry_delivered=sum(c.delivered for c in telemetry),
         heartbeats_sent=sum(w.heartbeat_actor.sent for w in workers if w.heartbeat_actor),
         heartbeats_coalesced=sum(w.heartbeat_actor.coalesced for w in workers if w.heartbeat_actor),
         telemetry_direct=sum(w.telemetry_actor.direct for w in workers if w.telemetry_actor),

@@ -86,6 +86,11 @@ def test_processes_are_refused_where_they_cannot_apply(tmp_path: Path, capsys: p
         (["--processes", "0"], "must be between 1 and 64"),
         (["--devices", "3", "--processes", "4"], "must be at most --devices"),
         (["--processes", "2", "--round", "10s"], "between 1 ms and 5 s"),
+        (["--shard", "2/2"], "shard: needs --broker"),
+        (["--broker", "mqtt://127.0.0.1:1", "--shard", "3/2"], "1 <= K <= M <= --devices, got 3/2"),
+        (["--broker", "mqtt://127.0.0.1:1", "--shard", "half"], "expected K/M"),
+        (["--broker", "mqtt://127.0.0.1:1", "--shard", "1/2", "--scenario", "heartbeat-coalescing"],
+         "leave out --shard"),
     ]
     for args, message in cases:
         assert cli_main(["simulate", *args, "--quiet", "--data-dir", str(tmp_path)]) == 2

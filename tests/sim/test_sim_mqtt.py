@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,3 +46,33 @@ async def test_a_wave_rollout_over_a_real_broker(tmp_path: Path, mosquitto) -> N
     assert report["fleet"]["versions"] == {"1.1.0": 4}
     assert report["downloads"]["served"] > 0
     assert report["lost"] == 0 and report["conservation_ok"] is True
+
+
+def test_two_shards_of_one_fleet_against_one_mosquitto(tmp_path: Path, mosquitto) -> None:  # noqa: ANN001
+    """`--shard 1/2` runs the leader and part of the devices, `--shard 2/2` the rest: two processes
+    (two machines, for a fleet too large for one) against one broker and one leader."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    common = ["--broker", mosquitto.url, "--devices", "16", "--duration", "8s", "--heartbeat", "1s",
+              "--leader-interval", "1s", "--telemetry", "2s", "--jobs", "8", "--seed", "3", "--quiet"]
+    runs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "simulate", *common, "--shard", f"{k}/2",
+                              "--report", str(tmp_path / f"shard{k}.json"), "--data-dir", str(tmp_path / f"d{k}")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for k in (1, 2)]
+    outputs = [run.communicate(timeout=170) for run in runs]
+    for run, (out, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, out + err
+    leader_shard = json.loads((tmp_path / "shard1.json").read_text())
+    other = json.loads((tmp_path / "shard2.json").read_text())
+    assert leader_shard["scenario"]["shard"] == "1/2" and other["scenario"]["shard"] == "2/2"
+    here = [leader_shard["at_end"]["devices"], other["scenario"]["devices_here"]]
+    assert sum(here) == 16 and all(n > 0 for n in here)
+    assert leader_shard["leader"]["devices_known"] == 16  # one leader for both shards' devices
+    assert leader_shard["lost"] == 0 and leader_shard["conservation_ok"] is True
+    assert leader_shard["telemetry"]["applied_by_leader"] == leader_shard["telemetry"]["generated"] > 0
+    assert leader_shard["jobs"]["confirmed"] == 8
+    # the other shard's telemetry, every record acknowledged by the leader in shard 1
+    tel = other["telemetry"]
+    assert other["lost"] == 0 and tel["generated"] > 0 and tel["pending"] == 0
+    assert tel["direct"] + tel["delivered_from_outbox"] == tel["generated"]
+    assert "shard 2/2" in outputs[1][0]
