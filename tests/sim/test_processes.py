@@ -89,7 +89,7 @@ def test_processes_are_refused_where_they_cannot_apply(tmp_path: Path, capsys: p
         (["--shard", "2/2"], "shard: needs --broker"),
         (["--broker", "mqtt://127.0.0.1:1", "--shard", "3/2"], "1 <= K <= M <= --devices, got 3/2"),
         (["--broker", "mqtt://127.0.0.1:1", "--shard", "half"], "expected K/M"),
-        (["--broker", "mqtt://127.0.0.1:1", "--shard", "1/2", "--scenario", "heartbeat-coalescing"],
+        (["--broker", "mqtt://127.0.0.1:1", "--shard", "1/2", "--scenario", "wave-rollout"],
          "leave out --shard"),
     ]
     for args, message in cases:
