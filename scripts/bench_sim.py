@@ -13,7 +13,7 @@ Each configuration runs in a child process of its own (so its peak RSS is its ow
   and again spread over `--processes` (its `scaling` compares the two: device-seconds per wall
   second with N processes over N times the figure with one; the target is 0.8 or more);
 * full: 10,000 devices for 1 hour, and 1,000 devices for 24 hours (5 s heartbeats), plus the
-  wave-rollout scenario with 1,000 devices. A run that exceeds `--budget` seconds of wall time
+  wave-rollout scenario with 1,000 devices, and 100,000 devices for 10 minutes. A run that exceeds `--budget` seconds of wall time
   stops generating load where it is (its `fleet_seconds` says how far it got) and drains.
 
 Reported per run: devices, fleet_seconds (simulated, drain included), wall_seconds, cpu_seconds,
@@ -53,6 +53,7 @@ FULL = [
     {"name": "10k-devices-1h", "devices": 10_000, "duration_s": 3600.0},
     {"name": "1k-devices-24h", "devices": 1000, "duration_s": 86_400.0},
     {"name": "wave-rollout-1k", "devices": 1000, "rollout": True},
+    {"name": "100k-devices-10m", "devices": 100_000, "duration_s": 600.0},
 ]
 
 

@@ -30,10 +30,16 @@ def wave_name(w: Sample) -> str:
     return f"wave {w['number']}" + (" (canary)" if w["canary"] else "")
 
 
+def _seen(p: Sample) -> str:
+    """What the leader sees online; `-` in a shard whose leader runs elsewhere (`--shard`)."""
+    seen = p["leader_sees_online"]
+    return "-" if seen is None else str(seen)
+
+
 def plain_line(p: Sample) -> str:
     if p.get("kind") == "rollout":
         return rollout_line(p)
-    return (f"t={fmt_time(p['t'])} online={p['online']}/{p['devices']} leader_sees={p['leader_sees_online']}"
+    return (f"t={fmt_time(p['t'])} online={p['online']}/{p['devices']} leader_sees={_seen(p)}"
             f" in_flight={p['in_flight']} outbox_pending={p['outbox_pending']}"
             f" leader_mailbox={p['leader_mailbox']}/{p['leader_mailbox_capacity']} aimd={p['aimd_limit_min']}"
             f" jobs_confirmed={p['jobs_confirmed']}/{p['jobs_submitted']}")
@@ -112,7 +118,7 @@ class ProgressDisplay:
         over = " (draining: every outbox empties)" if p["t"] > duration else ""
         table.add_row("fleet time", f"{fmt_time(p['t'])} / {fmt_time(duration)}{over}")
         table.add_row("", bar)
-        table.add_row("devices online", f"{p['online']}/{p['devices']} (leader sees {p['leader_sees_online']},"
+        table.add_row("devices online", f"{p['online']}/{p['devices']} (leader sees {_seen(p)},"
                                         f" {p['crashed']} crashed)")
         table.add_row("in flight", str(p["in_flight"]))
         table.add_row("outbox depth", f"{p['outbox_pending']} ({p['heartbeats_pending']} heartbeats)")
