@@ -151,3 +151,14 @@ async def test_a_message_crosses_to_another_process_at_the_end_of_the_next_round
     end_round()
     await device.publish("ea/v1/sim/dev-1/up", b"nobody", qos=1)
     assert brokers[1].end_round(2).outbound == {}  # no process subscribes any more: nothing crosses
+
+
+async def test_a_long_round_counts_every_record_still_on_its_way_when_the_load_ends(tmp_path: Path) -> None:
+    """With 1-2 s of delivery latency, records sent directly are still unanswered when the load
+    ends: the drain waits for them (before, the workers stopped under them, and the leader applied
+    records no device had counted)."""
+    report = await _spread(tmp_path, devices=40, duration_s=120.0, seed=9, processes=2, round_s=1.0,
+                           telemetry_s=2.0)
+    tel = report["telemetry"]
+    assert report["lost"] == 0 and report["conservation_ok"] is True
+    assert tel["applied_by_leader"] == tel["generated"] == tel["direct"] + tel["via_outbox"] > 0
