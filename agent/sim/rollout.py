@@ -91,6 +91,8 @@ class RolloutSimulation(Simulation):
                  progress: Progress | None = None, progress_every_s: float = 30.0,
                  progress_idle_s: float | None = None, series_every_s: float | None = None,
                  cancel_at_s: float | None = None) -> None:
+        if opts.processes > 1 or opts.shard is not None:
+            raise ConfigError("simulate", "processes", "a rollout runs in one process with its whole fleet")
         super().__init__(opts, workdir=workdir, firmware=firmware)
         self.spec = spec
         # `simulate --cancel-at`: the operator cancels this long after the start
