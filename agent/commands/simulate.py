@@ -4,9 +4,10 @@
     edge-agent simulate --scenario thundering-herd
     edge-agent simulate --scenario wave-rollout --devices 200 --seed 3 --fail-rate 0.2
 
-One leader and N workers run in one process with the real actors, outboxes (a few shared SQLite
-files) and relays, on an in-memory broker (or a real one with --broker) and a virtual clock (or
-the wall clock with --realtime). Shows progress (a live panel on a terminal, plain lines
+One leader and N workers run with the real actors, outboxes (a few shared SQLite files) and
+relays, on an in-memory broker (or a real one with --broker) and a virtual clock (or the wall
+clock with --realtime), in one process or spread over --processes N; with --broker, --shard K/M
+runs one part of a fleet spread over machines. Shows progress (a live panel on a terminal, plain lines
 otherwise) and a summary; --report writes the JSON report, --plot draws its time series.
 The same --seed gives the same report except its `wall` section. A named --scenario fills the
 options not given from its preset, prints what it demonstrates and checks its claim.

@@ -1,4 +1,5 @@
-"""One leader and N workers in one process: real actors, real outboxes, real relays.
+"""One leader and N workers (or one part of them, `agent.sim.part`): real actors, real outboxes,
+real relays.
 
 Only the transport (a `MemoryBroker`, or a real broker with `--broker`) and the clock (virtual
 by default) are swapped; with `firmware` the leader runs the rollout service and every device
