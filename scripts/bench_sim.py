@@ -13,8 +13,9 @@ Each configuration runs in a child process of its own (so its peak RSS is its ow
   and again spread over `--processes` (its `scaling` compares the two: device-seconds per wall
   second with N processes over N times the figure with one; the target is 0.8 or more);
 * full: 10,000 devices for 1 hour, and 1,000 devices for 24 hours (5 s heartbeats), plus the
-  wave-rollout scenario with 1,000 devices, and 100,000 devices for 10 minutes. A run that exceeds `--budget` seconds of wall time
-  stops generating load where it is (its `fleet_seconds` says how far it got) and drains.
+  wave-rollout scenario with 1,000 devices, and 100,000 devices for 10 minutes. A run that
+  exceeds `--budget` seconds of wall time stops generating load where it is (its
+  `fleet_seconds` says how far it got) and drains.
 
 Reported per run: devices, fleet_seconds (simulated, drain included), wall_seconds, cpu_seconds,
 peak_rss_mb, rss_per_device_kb (peak RSS above the process's RSS before the fleet was built, per
