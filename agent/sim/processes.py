@@ -100,22 +100,31 @@ class HostLink:
         self.conn = Channel(Connection(ours.detach()))
         self._rounds: deque[RoundFrom] = deque()  # read while waiting for an answer, kept in order
         self.waited_s = 0.0  # wall time this process waited for that one's rounds
-        self.conn.send((opts, part, str(workdir)))
+        self._send((opts, part, str(workdir)))
         self.arrive(-1, [], [])  # round 0 ends with the delivery of nothing
+
+    def _gone(self) -> SimProcessError:
+        code = self.process.wait()
+        return SimProcessError(f"simulation process {self.rank} exited ({code}) in the middle of the run")
+
+    def _send(self, message: object) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:  # the socket broke: the process is gone
+            raise self._gone() from None
 
     def _recv(self) -> tuple[Any, ...]:
         try:
             message: tuple[Any, ...] = self.conn.recv()
         except (EOFError, OSError):
-            code = self.process.wait()
-            raise SimProcessError(f"simulation process {self.rank} exited ({code}) in the middle of the run") from None
+            raise self._gone() from None
         if message[0] == "error":
             raise SimProcessError(f"simulation process {self.rank} failed: {message[1]}")
         return message
 
     def arrive(self, index: int, arrived: list[WireMessage], changes: list[FilterChange]) -> None:
         """The others' messages and filter changes of round `index`, delivered at the end of the next."""
-        self.conn.send(("arrive", index, arrived, changes))
+        self._send(("arrive", index, arrived, changes))
 
     def round_from(self, index: int) -> RoundFrom:
         """What the process published for the others in round `index`, and its filter changes."""
@@ -132,7 +141,7 @@ class HostLink:
     def call(self, name: str) -> Any:
         """Ask or tell the process `name` (`PartSimulation._answer`); its answer, given at the end of
         the round this process is in (before that round's delivery)."""
-        self.conn.send(("call", name))
+        self._send(("call", name))
         while True:
             message = self._recv()
             if message[0] == "round":

@@ -68,9 +68,10 @@ async def test_a_process_killed_mid_run_ends_the_run_with_one_line_naming_it(tmp
 
     def progress(sample: dict[str, Any]) -> None:
         if sample["t"] >= 60 and not killed:
-            pid = sim._links[0].process.pid  # noqa: SLF001 - the test's way to the other process
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+            process = sim._links[0].process  # noqa: SLF001 - the test's way to the other process
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()  # gone before the next round is sent to it: that send breaks the socket too
+            killed.append(process.pid)
 
     sim = SpreadSimulation(opts, workdir=tmp_path, progress=progress)
     with pytest.raises(SimProcessError, match=r"simulation process 1 exited \(-9\)"):
