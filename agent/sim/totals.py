@@ -1,6 +1,6 @@
 """What the devices of one process add up to: for the progress samples (`DevicesNow`) and for the
 report (`DeviceTotals`). A fleet run in one process has one of each; a fleet spread over processes
-sums one per process (`merge`), so the report reads the same numbers either way.
+sums one per process (`add`), so the report reads the same numbers either way.
 """
 
 from __future__ import annotations
@@ -23,12 +23,29 @@ class DevicesNow:
     outbox_pending: int = 0  # in the devices' outbox files (the leader's outbox apart)
     heartbeats_pending: int = 0
     in_flight: int = 0  # in the devices' relays
-    telemetry_sending: int = 0  # records sent directly, not answered yet
     limits: list[int] = field(default_factory=list)  # the AIMD limit of every relay lane
 
     def add(self, other: DevicesNow) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        _add(self, other)
+
+
+def _add(mine: DevicesNow | DeviceTotals, theirs: DevicesNow | DeviceTotals) -> None:
+    """Sum `theirs` into `mine`, field by field, by what each field holds: numbers and lists add up,
+    maps add up key by key (a map by device just joins: a device runs in one process), sets join,
+    and a flag holds only if it holds in both."""
+    for f in fields(mine):
+        a, b = getattr(mine, f.name), getattr(theirs, f.name)
+        if isinstance(a, bool):
+            setattr(mine, f.name, a and b)
+        elif isinstance(a, set):
+            a |= b
+        elif isinstance(b, dict):
+            merged = dict(a or {})
+            for key, value in b.items():
+                merged[key] = merged.get(key, 0) + value
+            setattr(mine, f.name, merged)
+        elif b is not None:
+            setattr(mine, f.name, a + b)
 
 
 async def devices_now(fleet: SimFleet) -> DevicesNow:
@@ -37,8 +54,8 @@ async def devices_now(fleet: SimFleet) -> DevicesNow:
         devices=len(fleet.workers), online=fleet.online(), crashed=len(fleet.down),
         outbox_pending=sum([(await store.stats()).pending for store in fleet.stores]),
         heartbeats_pending=await fleet.pending_of("heartbeat"),
-        in_flight=sum(relay.metrics().in_flight for relay in fleet.relays), limits=limits,
-        telemetry_sending=telemetry_sending(fleet))
+        # read after the awaits above, as the samples always have (the relays move meanwhile)
+        in_flight=sum(relay.metrics().in_flight for relay in fleet.relays), limits=limits)
 
 
 def telemetry_sending(fleet: SimFleet) -> int:
@@ -81,20 +98,7 @@ class DeviceTotals:
     by_process: list[dict[str, float]] = field(default_factory=list)
 
     def add(self, other: DeviceTotals) -> None:
-        for name in ("stores", "relay"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            for key, value in theirs.items():
-                mine[key] = mine.get(key, 0) + value
-        if other.broker is not None:
-            self.broker = {k: (self.broker or {}).get(k, 0) + v for k, v in other.broker.items()}
-        self.stores_conserve = self.stores_conserve and other.stores_conserve
-        self.newest_seq.update(other.newest_seq)
-        self.by_process.extend(other.by_process)
-        self.holding |= other.holding
-        for name in ("files", "telemetry_dead", "telemetry_pending", "telemetry_delivered", "heartbeats_sent",
-                     "heartbeats_coalesced", "telemetry_direct", "telemetry_stored", "telemetry_refused",
-                     "redeliveries_suppressed", "devices", "timers_fired", "cpu_s", "peak_rss_mb"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        _add(self, other)
 
 
 async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
@@ -109,6 +113,7 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
             newest[w.device_id] = hb.last_seq
     broker = fleet.broker.stats() if fleet.broker is not None else None
     relays = [relay.metrics() for relay in fleet.relays]
+    peak = peak_rss_mb()
     return DeviceTotals(
         stores={name: sum(int(getattr(s, name)) for s in stats) for name in STORE_FIELDS},
         stores_conserve=all(s.conservation_ok for s in stats), files=len(stats),
@@ -123,8 +128,8 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
         redeliveries_suppressed=fleet.redeliveries_suppressed,
         broker=None if broker is None else {name: int(getattr(broker, name)) for name in BROKER_FIELDS},
         devices=len(fleet.workers), timers_fired=int(getattr(sim.clock, "fired", 0) or 0), cpu_s=cpu_s,
-        peak_rss_mb=peak_rss_mb(),
-        by_process=[{"devices": len(fleet.workers), "cpu_seconds": round(cpu_s, 3), "peak_rss_mb": peak_rss_mb()}])
+        peak_rss_mb=peak,
+        by_process=[{"devices": len(fleet.workers), "cpu_seconds": round(cpu_s, 3), "peak_rss_mb": peak}])
 
 
 __all__ = ["BROKER_FIELDS", "RELAY_FIELDS", "STORE_FIELDS", "DeviceTotals", "DevicesNow", "device_totals",
