@@ -58,13 +58,6 @@ FULL = [
 ]
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
@@ -221,7 +214,9 @@ def main() -> int:
                         help="run just this full configuration (repeatable)")
     parser.add_argument("--breakdown", action="store_true",
                         help="sample where the time goes (simulator's own code vs the real components)")
-    parser.add_argument("--processes", type=int, default=_cores(),
+    from agent.sim.part import available_cores
+
+    parser.add_argument("--processes", type=int, default=available_cores(),
                         help="spread each fleet over this many processes (default: this machine's cores)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -137,7 +137,9 @@ def processes_for(args: argparse.Namespace, *, devices: int, rollout: bool) -> i
     if given == "auto":
         if one_only or devices < AUTO_MIN_DEVICES:
             return 1
-        return max(1, min(_cores(), devices, MAX_AUTO_PROCESSES))
+        from agent.sim.part import available_cores
+
+        return max(1, min(available_cores(), devices, MAX_AUTO_PROCESSES))
     try:
         n = int(given)
     except ValueError:
@@ -145,15 +147,6 @@ def processes_for(args: argparse.Namespace, *, devices: int, rollout: bool) -> i
     if n > 1 and rollout:
         raise ConfigError("simulate", "processes", "a rollout runs in one process: leave out --processes")
     return n
-
-
-def _cores() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, imported lazily

@@ -10,6 +10,7 @@ count and process count always give the same split.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,14 @@ class FleetPart:
         return name if self.processes == 1 else f"{name}@{self.rank}"
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def split(devices: int, processes: int) -> list[FleetPart]:
     """The parts of a fleet of `devices` over `processes` processes."""
     if processes < 1:
@@ -51,4 +60,4 @@ def split(devices: int, processes: int) -> list[FleetPart]:
     return [FleetPart(rank=r, processes=processes, indices=range(bounds[r], bounds[r + 1])) for r in range(processes)]
 
 
-__all__ = ["LEADER_LOAD", "FleetPart", "split"]
+__all__ = ["LEADER_LOAD", "FleetPart", "available_cores", "split"]
