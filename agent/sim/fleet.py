@@ -39,7 +39,7 @@ from agent.outbox.types import OutboxRow
 from agent.protocol import KIND_HEARTBEAT, JobOffer
 from agent.sim.devices import SimFirmware, sim_updater
 from agent.sim.options import SimOptions
-from agent.sim.part import FleetPart
+from agent.sim.part import FleetPart, split
 from agent.sim.rounds import RoundBroker
 from agent.transport.base import Transport
 from agent.transport.memory import MemoryBroker
@@ -141,7 +141,7 @@ class SimFleet:
         self.opts = opts
         # Which devices this process runs, and whether the leader is here (every device and the
         # leader, unless the fleet is spread over processes: `agent.sim.processes`).
-        self.part = part if part is not None else FleetPart(rank=0, processes=1, indices=range(opts.devices))
+        self.part = part if part is not None else split(opts.devices, 1)[0]
         self.clock = clock
         self.workdir = workdir
         self.firmware = firmware
