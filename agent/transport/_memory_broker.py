@@ -135,6 +135,8 @@ class MemoryBroker:
         self._waiting: dict[str, MemoryTransport] = {}  # cut-off clients waiting for heal
         self._tokens = itertools.count()
         self._stats = BrokerStats()
+        # Clients with fresh deliveries, handed over by one callback per loop turn.
+        self._ready_clients: list[MemoryTransport] = []
 
     # -- failure injection -----------------------------------------------------------------
     def partition(self, client_id: str | None = None) -> None:
@@ -239,6 +241,18 @@ class MemoryBroker:
             sub_filter, message = session.pending.popleft()
             self._stats.delivered += 1
             client._enqueue(sub_filter, message)
+
+    def _ready(self, client: MemoryTransport) -> None:
+        """`client` has deliveries for its handlers: hand them over on the next loop turn, in one
+        callback for every client that became ready in this one."""
+        if not self._ready_clients and client._loop is not None:
+            client._loop.call_soon(self._hand_over)
+        self._ready_clients.append(client)
+
+    def _hand_over(self) -> None:
+        ready, self._ready_clients = self._ready_clients, []
+        for client in ready:
+            client._hand_over()
 
     def _disconnect(self, client: MemoryTransport, *, fire_will: bool) -> None:
         session = self._sessions.get(client.client_id)

@@ -9,9 +9,12 @@ Semantics both implementations keep:
 * `publish` with QoS 1 returns once the broker has the message and raises `NotConnected` while
   offline, `ConnectionLost` when the connection breaks under it, and `PayloadTooLarge` for a
   payload above `max_payload_bytes`.
+* `publish_nowait` sends one QoS 0 message (a reply nobody acknowledges) without awaiting: it is
+  handed to the connection at once, or raises as `publish` does.
 * `subscribe` records the filter and (re)establishes it on every connect; handlers for one client
-  run one at a time, in arrival order, on one long-lived dispatch task. Subscribe before `start`
-  so that messages a persistent session queued while offline find their handler.
+  run one at a time, in arrival order. A handler may be a plain function: the transport awaits
+  only what a handler returns, so a message handled without waiting costs no task step. Subscribe
+  before `start` so that messages a persistent session queued while offline find their handler.
 * `connected` is a `Gate`: open while connected, closed otherwise.
 """
 
@@ -59,7 +62,9 @@ class Will:
     delay_s: int = 0
 
 
-Handler = Callable[[InboundMessage], Awaitable[None]]
+# A handler returns None when it is done with the message, or what is left to await (an
+# `async def` handler returns its coroutine).
+Handler = Callable[[InboundMessage], Awaitable[None] | None]
 
 
 @runtime_checkable
@@ -99,6 +104,11 @@ class Transport(Protocol):
     ) -> None:
         """Publish one message. `expiry_s`: MQTT v5 Message Expiry Interval, after which the
         broker drops it undelivered (a command queued for an offline device goes stale)."""
+
+    def publish_nowait(self, topic: str, payload: bytes, *, correlation: bytes | None = None) -> None:
+        """Publish one QoS 0 message (not retained) without waiting: nothing acknowledges it, so
+        it is handed to the connection now. Raises `NotConnected`, `ConnectionLost` or
+        `PayloadTooLarge` as `publish` does."""
 
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Deliver messages matching `topic_filter` to `handler`, now and after reconnects."""

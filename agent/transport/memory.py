@@ -9,16 +9,20 @@ its will fires) until `heal`, `partition()` takes the whole broker down, and `se
 per-client latency through the `Clock`.
 
 Delivery is deterministic for the same inputs (everything is kept in insertion-ordered dicts) and
-cheap: a delivery is an append to the client's queue, drained by a dispatch task that runs only
-while deliveries are queued.
+cheap: a delivery is an append to the client's queue. One callback per loop turn hands the
+broker's fresh deliveries to their handlers, client by client in the order they became ready; a
+handler that returns nothing costs no task. A client whose handler returns something to await gets
+a dispatch task for the rest of its queue, which ends when the queue is empty.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 from collections import deque
+from collections.abc import Awaitable
 
 from agent.core.errors import ConnectionLost, NotConnected
 from agent.core.gate import Gate
@@ -66,6 +70,8 @@ class MemoryTransport:
         self._queue: deque[tuple[str, InboundMessage]] = deque()
         # Runs only while there is something to hand over: an idle client holds no task.
         self._dispatcher: asyncio.Task[None] | None = None
+        self._ready = False  # waiting for the broker's next hand-over of deliveries
+        self._unstarted: Awaitable[None] | None = None  # what a new dispatch task awaits first
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self.connects = 0
@@ -89,8 +95,9 @@ class MemoryTransport:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._try_connect()
-        if self._queue and self._dispatcher is None:
-            self._dispatcher = self._loop.create_task(self._dispatch())
+        if self._queue and self._dispatcher is None and not self._ready:
+            self._ready = True
+            self._broker._ready(self)
 
     async def stop(self) -> None:
         """Clean disconnect: announce the will's message ourselves, the broker's will stays unused."""
@@ -143,6 +150,29 @@ class MemoryTransport:
                     raise ConnectionLost(f"{self._client_id!r} lost its connection while publishing")
         broker._publish(self, message)
 
+    def publish_nowait(self, topic: str, payload: bytes, *, correlation: bytes | None = None) -> None:
+        """QoS 0, not retained, routed now; with a latency set, routed when it has passed (and
+        lost, as QoS 0 is, if the connection broke meanwhile)."""
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        broker = self._broker
+        if topic not in broker._valid:
+            broker.check_topic(topic)
+        if not self._gate.is_open:
+            raise NotConnected(f"{self._client_id!r} is not connected")
+        message = InboundMessage(topic, bytes(payload), False, None, correlation, 0)
+        delay = broker.delay_of(self._client_id) if broker._delays else 0.0
+        if not delay:
+            broker._publish(self, message)
+            return
+        connects = self.connects
+
+        def arrive() -> None:
+            if self._gate.is_open and self.connects == connects:
+                broker._publish(self, message)
+
+        self._clock.call_later(delay, arrive)
+
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         topics.validate_filter(topic_filter)
         self._subs[topic_filter] = (handler, qos)
@@ -185,6 +215,7 @@ class MemoryTransport:
             task, self._dispatcher = self._dispatcher, None
             if task is not None:
                 task.cancel()
+            self._close_unstarted()
             self._queue.clear()
             return
         if self._broker.reachable(self._client_id):
@@ -195,28 +226,67 @@ class MemoryTransport:
     # -- dispatch --------------------------------------------------------------------------
     def _enqueue(self, sub_filter: str, message: InboundMessage) -> None:
         self._queue.append((sub_filter, message))
-        if self._dispatcher is None and self._started and self._loop is not None:
-            self._dispatcher = self._loop.create_task(self._dispatch())
+        if self._dispatcher is None and not self._ready and self._started:
+            self._ready = True
+            self._broker._ready(self)
 
-    async def _dispatch(self) -> None:
-        """Hand the queued messages to their handlers, one at a time in arrival order; ends
-        when the queue is empty (the next delivery starts a new run)."""
+    def _hand_over(self) -> None:
+        """Called by the broker once per loop turn while deliveries wait: run the handlers on
+        the queue in order, until one returns something to await (the dispatch task then
+        awaits it and goes on with the rest)."""
+        self._ready = False
+        queue = self._queue
+        subs = self._subs
+        while queue and self._dispatcher is None and self._started:
+            sub_filter, message = queue.popleft()
+            entry = subs.get(sub_filter)
+            if entry is None:
+                continue
+            try:
+                pending = entry[0](message)
+            except Exception:
+                log.exception("%s: handler for %r failed", self._client_id, sub_filter)
+                continue
+            if pending is not None:
+                self._unstarted = pending
+                self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(pending, sub_filter))
+
+    async def _dispatch(self, pending: Awaitable[None], sub_filter: str) -> None:
+        """Await `pending` (a handler's unfinished work), then hand over the rest of the queue
+        one message at a time in arrival order; ends when the queue is empty."""
         me = self._dispatcher
+        self._unstarted = None
         queue = self._queue
         subs = self._subs
         try:
-            while queue:
-                sub_filter, message = queue.popleft()
-                entry = subs.get(sub_filter)
-                if entry is None:
-                    continue
+            while True:
                 try:
-                    await entry[0](message)
+                    await pending
                 except Exception:
                     log.exception("%s: handler for %r failed", self._client_id, sub_filter)
+                next_pending: Awaitable[None] | None = None
+                while queue and next_pending is None:
+                    sub_filter, message = queue.popleft()
+                    entry = subs.get(sub_filter)
+                    if entry is None:
+                        continue
+                    try:
+                        next_pending = entry[0](message)
+                    except Exception:
+                        log.exception("%s: handler for %r failed", self._client_id, sub_filter)
+                if next_pending is None:
+                    return
+                pending = next_pending
         finally:
             if self._dispatcher is me:
                 self._dispatcher = None
+
+    def _close_unstarted(self) -> None:
+        """A dispatch task cancelled before its first step never awaits its first handler's
+        coroutine: close it (it was never started either)."""
+        unstarted, self._unstarted = self._unstarted, None
+        if inspect.iscoroutine(unstarted):
+            unstarted.close()
 
     async def _stop_dispatcher(self) -> None:
         task, self._dispatcher = self._dispatcher, None
@@ -229,6 +299,8 @@ class MemoryTransport:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
+            finally:
+                self._close_unstarted()
 
 
 __all__ = [

@@ -320,6 +320,28 @@ class MqttTransport:
             raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
         await self._pubacks.wait(mid)
 
+    def publish_nowait(self, topic: str, payload: bytes, *, correlation: bytes | None = None) -> None:
+        """QoS 0, not retained: written to the connection now (see `Transport.publish_nowait`)."""
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        topics.validate_topic(topic)
+        paho = self._paho
+        if paho is None or not self._gate.is_open:
+            raise NotConnected(f"{self._client_id!r} is not connected")
+        fast = self._fast
+        if fast is None:
+            stock = None
+            if correlation is not None:
+                stock = Properties(PacketTypes.PUBLISH)
+                stock.CorrelationData = correlation
+            info = paho.publish(topic, payload, qos=0, retain=False, properties=stock)
+            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing ({info.rc})")
+            return
+        packed = self._props.build(None, correlation, None) if correlation is not None else None
+        if fast.publish(topic, payload, 0, False, packed) is None:
+            raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
+
     async def _publish_stock(self, paho: Any, topic: str, payload: bytes, qos: int, retain: bool,
                              response_topic: str | None, correlation: bytes | None, expiry_s: int | None) -> None:
         """A publish through paho's own `publish`; its PUBACK comes back through `on_publish`."""
@@ -647,7 +669,9 @@ class MqttTransport:
                 fast.resume()
             for handler in self._handlers(message.topic):
                 try:
-                    await handler(message)
+                    pending = handler(message)
+                    if pending is not None:
+                        await pending
                 except Exception:
                     log.exception("%s: handler for %r failed", self._client_id, message.topic)
             if mid and paho is self._wire and paho is not None:

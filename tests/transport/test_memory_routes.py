@@ -104,3 +104,69 @@ async def test_idle_clients_hold_no_task_and_a_slow_handler_keeps_the_order() ->
     assert len(asyncio.all_tasks()) == before
     for c in clients:
         await c.stop()
+
+
+async def test_a_plain_function_handler_runs_without_a_task_in_arrival_order_with_awaiting_ones() -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    pub = await started(broker, "pub")
+    sub = await started(broker, "sub")
+    log: list[tuple[str, bytes, bool]] = []
+
+    def plain(message: InboundMessage) -> None:
+        log.append(("plain", message.payload, asyncio.current_task() is None))
+
+    async def slow(message: InboundMessage) -> None:
+        if message.payload == b"1":
+            await clock.sleep(5.0)
+        log.append(("slow", message.payload, asyncio.current_task() is None))
+
+    await sub.subscribe("plain", plain)
+    await sub.subscribe("slow", slow)
+    before = len(asyncio.all_tasks())
+    for n in (b"a", b"b"):
+        await pub.publish("plain", n)
+    await clock.settle()
+    assert log == [("plain", b"a", True), ("plain", b"b", True)]  # handed over by one callback, no task
+    assert len(asyncio.all_tasks()) == before
+    log.clear()
+    await pub.publish("slow", b"1")
+    await pub.publish("plain", b"c")  # waits behind the slow handler's first message
+    await pub.publish("slow", b"2")
+    await clock.settle()
+    assert log == []
+    await clock.advance(5.0)
+    assert [(name, payload) for name, payload, _ in log] == [("slow", b"1"), ("plain", b"c"), ("slow", b"2")]
+    assert len(asyncio.all_tasks()) == before  # the dispatch task ended with the queue
+    await pub.stop()
+    await sub.stop()
+
+
+async def test_publish_nowait_arrives_after_the_latency_or_is_lost_with_the_connection() -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    pub = await started(broker, "pub")
+    sub = await started(broker, "sub")
+    got: list[tuple[bytes, bytes | None, int]] = []
+
+    def take(message: InboundMessage) -> None:
+        got.append((message.payload, message.correlation, message.qos))
+
+    await sub.subscribe("r", take)
+    pub.publish_nowait("r", b"now", correlation=b"c")
+    await clock.settle()
+    assert got == [(b"now", b"c", 0)]
+    broker.set_delay("pub", 1.0)
+    pub.publish_nowait("r", b"late")
+    await clock.settle()
+    assert got == [(b"now", b"c", 0)]
+    await clock.advance(1.0)
+    assert got[-1] == (b"late", None, 0)
+    pub.publish_nowait("r", b"in flight")
+    broker.partition("pub")
+    await clock.advance(0.5)
+    broker.heal("pub")
+    await clock.advance(2.0)
+    assert [payload for payload, _, _ in got] == [b"now", b"late"]  # QoS 0 in flight: lost with the link
+    await pub.stop()
+    await sub.stop()

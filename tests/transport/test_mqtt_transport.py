@@ -170,6 +170,35 @@ async def test_publish_subscribe_round_trip(mosquitto: Mosquitto) -> None:
         await sub.stop()
 
 
+@pytest.mark.mqtt
+async def test_publish_nowait_sends_qos0_with_its_correlation_to_a_plain_function_handler(mosquitto: Mosquitto) -> None:
+    got: list[InboundMessage] = []
+    arrived = asyncio.Event()
+
+    def take(message: InboundMessage) -> None:  # a plain function: nothing for the transport to await
+        got.append(message)
+        if len(got) == 2:
+            arrived.set()
+
+    sub = transport(mosquitto.url, "sub")
+    await sub.subscribe("ea/v1/f/d1/reply/#", take)
+    await connected(sub)
+    pub = await connected(transport(mosquitto.url, "pub"))
+    try:
+        pub.publish_nowait("ea/v1/f/d1/reply/leader", b"r1", correlation=b"c1")
+        pub.publish_nowait("ea/v1/f/d1/reply/leader", b"r2")
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert [(m.payload, m.correlation, m.qos, m.retain) for m in got] == [(b"r1", b"c1", 0, False),
+                                                                             (b"r2", None, 0, False)]
+        with pytest.raises(PayloadTooLarge):
+            pub.publish_nowait("ea/v1/f/d1/reply/leader", b"x" * (pub.max_payload_bytes + 1))
+    finally:
+        await pub.stop()
+        await sub.stop()
+    with pytest.raises(NotConnected):
+        pub.publish_nowait("ea/v1/f/d1/reply/leader", b"r3")
+
+
 VICTIM = """
 import asyncio, sys
 from agent.transport.base import Will
