@@ -84,8 +84,9 @@ BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a me
 MAX_AHEAD_MS = 24 * 3600 * 1000
 REJECT_LOG_INTERVAL_S = 60.0
 
-#: Answers one decoded message from a device on the up topic.
-Route = Callable[[Envelope, msgspec.Struct], Awaitable[Reply]]
+#: Answers one decoded message from a device on the up topic: at once (a Reply) or when what it
+#: waits for is done (an awaitable of one).
+Route = Callable[[Envelope, msgspec.Struct], Reply | Awaitable[Reply]]
 
 
 class LeaderOptions(TypedDict, total=False):
@@ -307,7 +308,7 @@ class LeaderAgent:
         """Stop taking `kind` (it is refused again, as a kind the leader does not take)."""
         self._routes.pop(kind, None)
 
-    async def _on_up(self, env: Envelope, _message: InboundMessage) -> Reply:
+    def _on_up(self, env: Envelope, _message: InboundMessage) -> Reply | Awaitable[Reply]:
         if self.rates is not None:
             wait_ms = self.rates.take(env.sender)
             if wait_ms:
@@ -329,7 +330,7 @@ class LeaderAgent:
         route = self._app_message if app else self._routes.get(env.kind)
         if route is None:
             return self._refuse(env, f"the leader does not take {env.kind!r} messages")
-        return await route(env, message)
+        return route(env, message)
 
     def _refuse_far_ahead(self, env: Envelope, ts_ms: int) -> Reply | None:
         """A record stamped too far ahead of the leader's clock is refused (see MAX_AHEAD_MS)."""
@@ -338,15 +339,15 @@ class LeaderAgent:
             return self._refuse(env, f"ts_ms {ts_ms} is {ahead_ms / 86_400_000:.0f} days ahead of the leader's clock")
         return None
 
-    async def _app_message(self, env: Envelope, message: msgspec.Struct) -> Reply:
+    def _app_message(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
         """Stored once it is in the sinks."""
         assert isinstance(message, AppMessage)
-        return self._refuse_far_ahead(env, message.ts_ms) or await self._durable(env, message)
+        return self._refuse_far_ahead(env, message.ts_ms) or self._durable(env, message)
 
-    async def _ping(self, env: Envelope, _message: msgspec.Struct) -> Reply:
+    def _ping(self, env: Envelope, _message: msgspec.Struct) -> Reply:
         return Reply(id=env.id, status="accepted")  # nothing stored: a round trip for `doctor`
 
-    async def _heartbeat(self, env: Envelope, message: msgspec.Struct) -> Reply:
+    def _heartbeat(self, env: Envelope, message: msgspec.Struct) -> Reply:
         assert isinstance(message, Heartbeat) and self.intake is not None
         try:
             self.intake.tell(message, coalesce_key=message.device_id, seq=message.seq)
@@ -362,19 +363,20 @@ class LeaderAgent:
         self._record_reject(topic=self._up_topic(hb.device_id), reason=f"heartbeat {hb.seq} not stored: {reason}",
                             payload=b"", sender=hb.device_id, kind="heartbeat")
 
-    async def _telemetry(self, env: Envelope, message: msgspec.Struct) -> Reply:
+    def _telemetry(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
         assert isinstance(message, Telemetry)
-        return self._refuse_far_ahead(env, message.ts_ms) or await self._durable(env, message)
+        return self._refuse_far_ahead(env, message.ts_ms) or self._durable(env, message)
 
-    async def _job_submit(self, env: Envelope, message: msgspec.Struct) -> Reply:
+    def _job_submit(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
         """Jobs come from operators only (`leader.operators`, or `submit_jobs` on the leader's
         host): a device's job would run on every other worker."""
         if env.sender not in self._operators:
             return self._refuse(env, f"job.submit is taken from an operator (leader.operators) only, not from"
                                      f" device {env.sender!r}")
-        return await self._durable(env, message)
+        return self._durable(env, message)
 
-    async def _durable(self, env: Envelope, message: msgspec.Struct) -> Reply:
+    def _durable(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
+        """Told to the LeaderActor now; answered `accepted` once its batch is committed."""
         assert self.leader is not None
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
@@ -384,6 +386,9 @@ class LeaderAgent:
             return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
         except EdgeAgentError as exc:
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
+        return self._committed(env, done)
+
+    async def _committed(self, env: Envelope, done: asyncio.Future[bool]) -> Reply:
         try:
             await self.clock.wait_for(asyncio.shield(done), self.config.mqtt.reply_timeout_s)
         except TimeoutError:

@@ -45,10 +45,13 @@ from agent.transport.base import InboundMessage, PayloadTooLarge, Transport
 
 log = logging.getLogger(__name__)
 
-InboxHandler = Callable[[Envelope, InboundMessage], Awaitable[Reply]]
+# A handler answers at once (a Reply) or later (an awaitable of one: an `async def` handler).
+InboxHandler = Callable[[Envelope, InboundMessage], Reply | Awaitable[Reply]]
 RejectSink = Callable[[str, bytes, str], object]  # (reason, raw payload, topic); may be async
 
 _LOST = object()
+# A message whose handler has not answered yet, for an inbox worker: (message, envelope, answer).
+_Unfinished = tuple[InboundMessage, Envelope, Awaitable[Reply]]
 _EXPIRED = object()
 _DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
 # How long an answer waits for the connection to be up before it is given up (the sender
@@ -231,7 +234,7 @@ class EnvelopeSender:
         self.stats.rejected += 1
         raise Permanent(outcome.reason or f"{envelope.receiver} rejected {envelope.id}")
 
-    async def _on_reply(self, message: InboundMessage) -> None:
+    def _on_reply(self, message: InboundMessage) -> None:
         correlation = message.correlation
         future = self._pending.get(correlation) if correlation is not None else None
         if future is None or future.done():
@@ -273,9 +276,11 @@ class InboxStats:
 class EnvelopeInbox:
     """Receives envelopes on `topic_filter`, answers each with the handler's `Reply`.
 
-    With `concurrency` 1 the handler runs on the transport's dispatch task, in arrival order.
-    A higher value runs that many long-lived workers (not a task per message), so replies that
-    wait for the broker's acknowledgement overlap.
+    A handler that answers at once (returns a `Reply`, as the leader does for heartbeats) is
+    answered in the same step, at QoS 0 with `publish_nowait`: no task, no queue. An answer the
+    handler must wait for (it returns an awaitable) is awaited in arrival order with
+    `concurrency` 1; a higher value hands it to that many long-lived workers (not a task per
+    message), so answers that wait for a commit overlap.
     """
 
     def __init__(
@@ -309,7 +314,7 @@ class EnvelopeInbox:
         self._devices: dict[str, str | None] = {}
         self._clock = clock if clock is not None else SystemClock()
         self._log_limit = RateLimitedLog(log, self._clock, LOG_INTERVAL_S)
-        self._queue: asyncio.Queue[InboundMessage] | None = None
+        self._queue: asyncio.Queue[_Unfinished] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._started = False
         self.stats = InboxStats()
@@ -323,9 +328,7 @@ class EnvelopeInbox:
             loop = asyncio.get_running_loop()
             name = f"inbox:{self.topic_filter}"
             self._workers = [loop.create_task(self._worker(), name=f"{name}:{i}") for i in range(self._concurrency)]
-            await self._transport.subscribe(self.topic_filter, self._enqueue)
-        else:
-            await self._transport.subscribe(self.topic_filter, self.handle)
+        await self._transport.subscribe(self.topic_filter, self._receive)
 
     async def stop(self) -> None:
         if not self._started:
@@ -345,7 +348,11 @@ class EnvelopeInbox:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
-        self._queue = None
+        queue, self._queue = self._queue, None
+        while queue is not None and not queue.empty():
+            unanswered = queue.get_nowait()[2]
+            if inspect.iscoroutine(unanswered):
+                unanswered.close()  # never started: the sender times out and sends it again
 
     async def __aenter__(self) -> EnvelopeInbox:
         await self.start()
@@ -354,21 +361,70 @@ class EnvelopeInbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _enqueue(self, message: InboundMessage) -> None:
+    def _receive(self, message: InboundMessage) -> Awaitable[None] | None:
+        """The subscription's handler: check, decode and hand over one message, and answer it at
+        once when the handler did. What waits (a handler's unfinished work, a rejection for the
+        dead letters, an answer while disconnected) is returned for the transport to await in
+        order, or, with `concurrency` > 1, queued for the workers (backpressure when full)."""
+        self.stats.received += 1
+        checked = self._check(message)
+        if not isinstance(checked, Envelope):
+            return checked
+        envelope = checked
+        try:
+            outcome = self._handler(envelope, message)
+        except Exception:
+            outcome = self._handler_failed(envelope)
+        if isinstance(outcome, Reply):
+            return self._answer_soon(message, outcome)
         queue = self._queue
-        if queue is not None:
-            await queue.put(message)  # backpressure onto the transport's dispatch
+        if queue is None:
+            return self._finish(message, envelope, outcome)
+        item = (message, envelope, outcome)
+        if not queue.full():
+            queue.put_nowait(item)
+            return None
+        return queue.put(item)  # backpressure onto the transport's dispatch
 
     async def _worker(self) -> None:
         queue = self._queue
         assert queue is not None
         while True:
-            message = await queue.get()
-            await self.handle(message)
+            message, envelope, outcome = await queue.get()
+            await self._finish(message, envelope, outcome)
+
+    async def _finish(self, message: InboundMessage, envelope: Envelope, outcome: Awaitable[Reply]) -> None:
+        try:
+            reply = await outcome
+        except Exception:
+            reply = self._handler_failed(envelope)
+        pending = self._answer_soon(message, reply)
+        if pending is not None:
+            await pending
 
     async def handle(self, message: InboundMessage) -> None:
-        """Check, decode, hand over and answer one inbound message. Never raises."""
+        """Check, decode, hand over and answer one inbound message, all of it before returning.
+        Never raises."""
         self.stats.received += 1
+        checked = self._check(message)
+        if not isinstance(checked, Envelope):
+            if checked is not None:
+                await checked
+            return
+        envelope = checked
+        try:
+            outcome = self._handler(envelope, message)
+        except Exception:
+            outcome = self._handler_failed(envelope)
+        if isinstance(outcome, Reply):
+            pending = self._answer_soon(message, outcome)
+            if pending is not None:
+                await pending
+            return
+        await self._finish(message, envelope, outcome)
+
+    def _check(self, message: InboundMessage) -> Envelope | Awaitable[None] | None:
+        """The message's envelope, or (refused) the rejection still to finish."""
         payload = message.payload
         if self._sender_check and message.response_topic is not None:
             device = self._up_device(message.topic)
@@ -376,42 +432,26 @@ class EnvelopeInbox:
                 # Answering would publish where the sender may not (another device's topics).
                 reason = f"response topic {message.response_topic!r} is not a reply topic of device {device!r}"
                 self._log_limited(logging.WARNING, "reply-topic", f"refused a message on {message.topic}: {reason}")
-                await self._reject(message, "", reason, answer=False)
-                return
+                return self._reject(message, "", reason, answer=False)
         if len(payload) > self._max_payload:
             reason = f"payload of {len(payload)} bytes exceeds max_payload_bytes={self._max_payload}"
-            await self._reject(message, "", reason)
-            return
+            return self._reject(message, "", reason)
         try:
             envelope = decode_envelope(payload)
         except CodecError as exc:
-            await self._reject(message, "", str(exc))
-            return
+            return self._reject(message, "", str(exc))
         if self._sender_check:
             device = self._up_device(message.topic)
             if device is not None and envelope.sender != device:
                 reason = f"sender {envelope.sender!r} does not match device {device!r} of the topic"
                 self._log_limited(logging.WARNING, "forged", f"rejected {envelope.id} on {message.topic}: {reason}")
-                await self._reject(message, envelope.id, reason)
-                return
-        try:
-            reply = await self._handler(envelope, message)
-        except Exception:
-            self.stats.handler_errors += 1
-            log.exception("handler failed on %s from %s", envelope.id, envelope.sender)
-            reply = Reply(
-                id=envelope.id,
-                status="busy",
-                retry_after_ms=self._busy_retry_after_ms,
-                reason="receiver error",
-            )
-        if reply.status == "accepted":
-            self.stats.accepted += 1
-        elif reply.status == "busy":
-            self.stats.busy += 1
-        else:
-            self.stats.rejected += 1
-        await self._answer(message, reply)
+                return self._reject(message, envelope.id, reason)
+        return envelope
+
+    def _handler_failed(self, envelope: Envelope) -> Reply:
+        self.stats.handler_errors += 1
+        log.exception("handler failed on %s from %s", envelope.id, envelope.sender)
+        return Reply(id=envelope.id, status="busy", retry_after_ms=self._busy_retry_after_ms, reason="receiver error")
 
     def _up_device(self, topic: str) -> str | None:
         """The device of a device's `up` topic, else None (remembered per topic)."""
@@ -426,21 +466,57 @@ class EnvelopeInbox:
         self._devices[topic] = device
         return device
 
-    async def _reject(self, message: InboundMessage, envelope_id: str, reason: str, *, answer: bool = True) -> None:
+    def _reject(self, message: InboundMessage, envelope_id: str, reason: str, *,
+                answer: bool = True) -> Awaitable[None] | None:
+        """Count, dead-letter and (unless `answer` is False) answer a refused message; what is
+        left to await when the dead-letter sink is async or the answer must wait."""
         self.stats.rejected += 1
+        result: object = None
         if self._on_rejected is not None:
             try:
                 result = self._on_rejected(reason, message.payload, message.topic)
-                if inspect.isawaitable(result):
-                    await result
             except Exception:
                 log.exception("dead-letter sink failed for a message on %s", message.topic)
-        if answer:
-            await self._answer(message, Reply(id=envelope_id, status="rejected", reason=reason))
+        reply = Reply(id=envelope_id, status="rejected", reason=reason)
+        if inspect.isawaitable(result):
+            return self._reject_later(message, result, reply if answer else None)
+        return self._send(message, reply) if answer else None
+
+    async def _reject_later(self, message: InboundMessage, sinking: Awaitable[object], reply: Reply | None) -> None:
+        try:
+            await sinking
+        except Exception:
+            log.exception("dead-letter sink failed for a message on %s", message.topic)
+        if reply is not None:
+            pending = self._send(message, reply)
+            if pending is not None:
+                await pending
+
+    def _answer_soon(self, message: InboundMessage, reply: Reply) -> Awaitable[None] | None:
+        """Count the handler's `reply` and send it (see `_send`)."""
+        if reply.status == "accepted":
+            self.stats.accepted += 1
+        elif reply.status == "busy":
+            self.stats.busy += 1
+        else:
+            self.stats.rejected += 1
+        return self._send(message, reply)
+
+    def _send(self, message: InboundMessage, reply: Reply) -> Awaitable[None] | None:
+        """Publish `reply` to the response topic: at once at QoS 0 while connected; else the
+        publish (or the wait for the connection) is returned, to await."""
+        if message.response_topic is None:
+            return None
+        if self._reply_qos == 0 and self._transport.connected.is_open:
+            try:
+                self._transport.publish_nowait(message.response_topic, encode(reply), correlation=message.correlation)
+            except TransportError as exc:
+                self._reply_failed(message, reply, exc)
+            return None
+        return self._answer(message, reply)
 
     async def _answer(self, message: InboundMessage, reply: Reply) -> None:
-        if message.response_topic is None:
-            return
+        assert message.response_topic is not None
         if not self._transport.connected.is_open:
             # A persistent session's queued messages arrive right after CONNACK, before the
             # connection is up for us (subscriptions, birth): answer them once it is.
@@ -451,10 +527,12 @@ class EnvelopeInbox:
                 message.response_topic, encode(reply), qos=self._reply_qos, correlation=message.correlation
             )
         except TransportError as exc:
-            # The sender times out and retries; the receiver deduplicates by envelope id.
-            self.stats.reply_failures += 1
-            self._log_limited(logging.INFO, "reply",
-                              f"reply {reply.status} to {message.response_topic} not sent: {exc}")
+            self._reply_failed(message, reply, exc)
+
+    def _reply_failed(self, message: InboundMessage, reply: Reply, exc: TransportError) -> None:
+        # The sender times out and retries; the receiver deduplicates by envelope id.
+        self.stats.reply_failures += 1
+        self._log_limited(logging.INFO, "reply", f"reply {reply.status} to {message.response_topic} not sent: {exc}")
 
     def _log_limited(self, level: int, key: str, text: str) -> None:
         """A per-message problem: one line per kind per LOG_INTERVAL_S at `level`, the rest at DEBUG."""

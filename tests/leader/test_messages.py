@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from e2e.agent_support import leader, until, worker  # noqa: E402
 
 from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope, encode  # noqa: E402
+from agent.core.codec import Envelope, Reply, encode  # noqa: E402
 from agent.core.errors import StoreError  # noqa: E402
 from agent.leader.messages import MessageLog, read_messages  # noqa: E402
 from agent.leader.sinks import MessageSinks  # noqa: E402
@@ -123,8 +123,8 @@ async def test_the_leader_refuses_forged_and_mismatched_application_messages(tmp
         for kind, body in (("app.telemetry", encode(forged)), ("app.telemetry", encode(mismatched)),
                            ("app.telemetry", b"\xc1junk")):
             env = Envelope(id=device.ids.next(), kind=kind, sender="pi-1", receiver="leader", payload=body)
-            reply = await gw._on_up(env, None)  # type: ignore[arg-type]
-            assert reply.status == "rejected", reply
+            reply = gw._on_up(env, None)  # type: ignore[arg-type]
+            assert isinstance(reply, Reply) and reply.status == "rejected", reply  # refused at once
         assert gw.sinks is not None and gw.sinks.stats.snapshot()["telemetry"]["rejected"] == 3
         assert gw.messages is not None and gw.messages.count() == 0
         assert gw.rejects.count == 3

@@ -76,7 +76,7 @@ def envelope(id_: str, sender: str = "dev-1", payload: bytes = b"p") -> Envelope
     return Envelope(id=id_, kind="telemetry", sender=sender, receiver="leader", payload=payload)
 
 
-Answer = Callable[[Envelope, InboundMessage], Awaitable[Reply]]
+Answer = Callable[[Envelope, InboundMessage], Reply | Awaitable[Reply]]
 
 
 async def pair(
@@ -437,3 +437,16 @@ async def test_an_envelope_with_a_ttl_asks_the_broker_to_expire_it() -> None:
         await sender.deliver(stale, topics.down(FLEET, "d"))
     assert wire.expiries == [90]  # not sent
     await sender.stop()
+
+
+async def test_a_plain_function_handler_is_answered_at_once_and_its_failure_is_busy(world: World) -> None:
+    def answer(env: Envelope, message: InboundMessage) -> Reply:  # no coroutine: answered in the same turn
+        if env.id == "boom":
+            raise RuntimeError("receiver bug")
+        return Reply(id=env.id, status="accepted")
+
+    sender, inbox, _ = await pair(world, answer)
+    await sender.deliver(envelope("m1"), topics.up(FLEET, "dev-1"))
+    with pytest.raises(Capacity):
+        await sender.deliver(envelope("boom"), topics.up(FLEET, "dev-1"))
+    assert (inbox.stats.accepted, inbox.stats.busy, inbox.stats.handler_errors) == (1, 1, 1)

@@ -389,6 +389,9 @@ class _RecordingTransport:
                       response_topic: str | None = None, correlation: bytes | None = None) -> None:
         self.published.append((topic, payload, qos))
 
+    def publish_nowait(self, topic: str, payload: bytes, *, correlation: bytes | None = None) -> None:
+        self.published.append((topic, payload, 0))
+
 
 async def test_forged_senders_are_each_answered_but_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     from agent.core.clock import VirtualClock
