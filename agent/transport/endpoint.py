@@ -50,9 +50,9 @@ InboxHandler = Callable[[Envelope, InboundMessage], Reply | Awaitable[Reply]]
 RejectSink = Callable[[str, bytes, str], object]  # (reason, raw payload, topic); may be async
 
 _LOST = object()
+_EXPIRED = object()
 # A message whose handler has not answered yet, for an inbox worker: (message, envelope, answer).
 _Unfinished = tuple[InboundMessage, Envelope, Awaitable[Reply]]
-_EXPIRED = object()
 _DEVICE_CACHE = 65536  # topics whose device id the inbox remembers
 # How long an answer waits for the connection to be up before it is given up (the sender
 # times out and retries, the receiver deduplicates).
@@ -361,7 +361,7 @@ class EnvelopeInbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _receive(self, message: InboundMessage) -> Awaitable[None] | None:
+    def _receive(self, message: InboundMessage, *, to_workers: bool = True) -> Awaitable[None] | None:
         """The subscription's handler: check, decode and hand over one message, and answer it at
         once when the handler did. What waits (a handler's unfinished work, a rejection for the
         dead letters, an answer while disconnected) is returned for the transport to await in
@@ -377,7 +377,7 @@ class EnvelopeInbox:
             outcome = self._handler_failed(envelope)
         if isinstance(outcome, Reply):
             return self._answer_soon(message, outcome)
-        queue = self._queue
+        queue = self._queue if to_workers else None
         if queue is None:
             return self._finish(message, envelope, outcome)
         item = (message, envelope, outcome)
@@ -405,23 +405,9 @@ class EnvelopeInbox:
     async def handle(self, message: InboundMessage) -> None:
         """Check, decode, hand over and answer one inbound message, all of it before returning.
         Never raises."""
-        self.stats.received += 1
-        checked = self._check(message)
-        if not isinstance(checked, Envelope):
-            if checked is not None:
-                await checked
-            return
-        envelope = checked
-        try:
-            outcome = self._handler(envelope, message)
-        except Exception:
-            outcome = self._handler_failed(envelope)
-        if isinstance(outcome, Reply):
-            pending = self._answer_soon(message, outcome)
-            if pending is not None:
-                await pending
-            return
-        await self._finish(message, envelope, outcome)
+        pending = self._receive(message, to_workers=False)
+        if pending is not None:
+            await pending
 
     def _check(self, message: InboundMessage) -> Envelope | Awaitable[None] | None:
         """The message's envelope, or (refused) the rejection still to finish."""
