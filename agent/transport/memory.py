@@ -123,6 +123,18 @@ class MemoryTransport:
         self._gate.close()
         await self._stop_dispatcher()
 
+    def _outbound(self, topic: str, payload: bytes, retain: bool, response_topic: str | None,
+                  correlation: bytes | None, qos: int) -> InboundMessage:
+        """The message to publish, once its size, its topic and the connection are checked."""
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        broker = self._broker
+        if topic not in broker._valid:
+            broker.check_topic(topic)
+        if not self._gate.is_open:
+            raise NotConnected(f"{self._client_id!r} is not connected")
+        return InboundMessage(topic, bytes(payload), retain, response_topic, correlation, qos)
+
     async def publish(
         self,
         topic: str,
@@ -134,14 +146,8 @@ class MemoryTransport:
         correlation: bytes | None = None,
         expiry_s: int | None = None,  # not modelled: the in-memory broker keeps queued messages
     ) -> None:
-        if len(payload) > self._max_payload:
-            raise PayloadTooLarge(len(payload), self._max_payload)
+        message = self._outbound(topic, payload, retain, response_topic, correlation, qos)
         broker = self._broker
-        if topic not in broker._valid:
-            broker.check_topic(topic)
-        if not self._gate.is_open:
-            raise NotConnected(f"{self._client_id!r} is not connected")
-        message = InboundMessage(topic, bytes(payload), retain, response_topic, correlation, qos)
         if broker._delays:
             delay = broker.delay_of(self._client_id)
             if delay:
@@ -153,14 +159,8 @@ class MemoryTransport:
     def publish_nowait(self, topic: str, payload: bytes, *, correlation: bytes | None = None) -> None:
         """QoS 0, not retained, routed now; with a latency set, routed when it has passed (and
         lost, as QoS 0 is, if the connection broke meanwhile)."""
-        if len(payload) > self._max_payload:
-            raise PayloadTooLarge(len(payload), self._max_payload)
+        message = self._outbound(topic, payload, False, None, correlation, 0)
         broker = self._broker
-        if topic not in broker._valid:
-            broker.check_topic(topic)
-        if not self._gate.is_open:
-            raise NotConnected(f"{self._client_id!r} is not connected")
-        message = InboundMessage(topic, bytes(payload), False, None, correlation, 0)
         delay = broker.delay_of(self._client_id) if broker._delays else 0.0
         if not delay:
             broker._publish(self, message)
@@ -235,9 +235,19 @@ class MemoryTransport:
         the queue in order, until one returns something to await (the dispatch task then
         awaits it and goes on with the rest)."""
         self._ready = False
+        if self._dispatcher is not None:
+            return
+        waiting = self._handle_until_pending()
+        if waiting is not None:
+            self._unstarted = waiting[0]
+            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(waiting))
+
+    def _handle_until_pending(self) -> tuple[Awaitable[None], str] | None:
+        """Hand queued messages to their handlers in arrival order; stop at the first handler
+        that returns something to await: that and its filter (None: the queue is empty)."""
         queue = self._queue
         subs = self._subs
-        while queue and self._dispatcher is None and self._started:
+        while queue and self._started:
             sub_filter, message = queue.popleft()
             entry = subs.get(sub_filter)
             if entry is None:
@@ -248,35 +258,23 @@ class MemoryTransport:
                 log.exception("%s: handler for %r failed", self._client_id, sub_filter)
                 continue
             if pending is not None:
-                self._unstarted = pending
-                self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(pending, sub_filter))
+                return pending, sub_filter
+        return None
 
-    async def _dispatch(self, pending: Awaitable[None], sub_filter: str) -> None:
-        """Await `pending` (a handler's unfinished work), then hand over the rest of the queue
-        one message at a time in arrival order; ends when the queue is empty."""
+    async def _dispatch(self, waiting: tuple[Awaitable[None], str]) -> None:
+        """Await a handler's unfinished work, then hand over the rest of the queue the same
+        way; ends when the queue is empty."""
         me = self._dispatcher
         self._unstarted = None
-        queue = self._queue
-        subs = self._subs
         try:
-            while True:
+            next_waiting: tuple[Awaitable[None], str] | None = waiting
+            while next_waiting is not None:
+                pending, sub_filter = next_waiting
                 try:
                     await pending
                 except Exception:
                     log.exception("%s: handler for %r failed", self._client_id, sub_filter)
-                next_pending: Awaitable[None] | None = None
-                while queue and next_pending is None:
-                    sub_filter, message = queue.popleft()
-                    entry = subs.get(sub_filter)
-                    if entry is None:
-                        continue
-                    try:
-                        next_pending = entry[0](message)
-                    except Exception:
-                        log.exception("%s: handler for %r failed", self._client_id, sub_filter)
-                if next_pending is None:
-                    return
-                pending = next_pending
+                next_waiting = self._handle_until_pending()
         finally:
             if self._dispatcher is me:
                 self._dispatcher = None
