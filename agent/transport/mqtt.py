@@ -59,7 +59,7 @@ from agent.transport._mqtt_acks import FAILURE as _FAILURE
 from agent.transport._mqtt_acks import PubackTracker
 from agent.transport._mqtt_failures import classify
 from agent.transport._mqtt_settings import TlsSettings, backoff_delay, broker_address, credentials, read_password
-from agent.transport._paho_fast import FastPath, PropertiesCache, unsupported
+from agent.transport._paho_fast import FastPath, PackedProperties, PropertiesCache, unsupported
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 
 log = logging.getLogger(__name__)
@@ -293,25 +293,15 @@ class MqttTransport:
     ) -> None:
         if expiry_s is not None and not 0 < expiry_s < 2**32:
             raise TransportError(f"{self._client_id!r}: expiry_s must be between 1 and 2**32 - 1, got {expiry_s}")
-        if len(payload) > self._max_payload:
-            raise PayloadTooLarge(len(payload), self._max_payload)
-        topics.validate_topic(topic)
-        if qos not in (0, 1):
-            raise TransportError(f"{self._client_id!r}: QoS {qos} is not supported")
-        paho = self._paho
-        if paho is None or not self._gate.is_open:
-            raise NotConnected(f"{self._client_id!r} is not connected")
+        paho = self._checked(topic, payload, qos)
+        if qos == 0:
+            self._send_qos0(paho, topic, payload, retain, response_topic, correlation, expiry_s)
+            return
         fast = self._fast
         if fast is None:
-            await self._publish_stock(paho, topic, payload, qos, retain, response_topic, correlation, expiry_s)
+            await self._publish_stock(paho, topic, payload, retain, response_topic, correlation, expiry_s)
             return
-        properties = None
-        if response_topic is not None or correlation is not None or expiry_s is not None:
-            properties = self._props.build(response_topic, correlation, expiry_s)
-        if qos == 0:
-            if fast.publish(topic, payload, 0, retain, properties) is None:
-                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
-            return
+        properties = self._packed_properties(response_topic, correlation, expiry_s)
         await self._pubacks.reserve()
         if self._fast is not fast:
             raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
@@ -322,47 +312,53 @@ class MqttTransport:
 
     def publish_nowait(self, topic: str, payload: bytes, *, correlation: bytes | None = None) -> None:
         """QoS 0, not retained: written to the connection now (see `Transport.publish_nowait`)."""
+        paho = self._checked(topic, payload, 0)
+        self._send_qos0(paho, topic, payload, False, None, correlation, None)
+
+    def _checked(self, topic: str, payload: bytes, qos: int) -> Any:
+        """The paho client to publish through, once the payload, topic, QoS and connection are checked."""
         if len(payload) > self._max_payload:
             raise PayloadTooLarge(len(payload), self._max_payload)
         topics.validate_topic(topic)
+        if qos not in (0, 1):
+            raise TransportError(f"{self._client_id!r}: QoS {qos} is not supported")
         paho = self._paho
         if paho is None or not self._gate.is_open:
             raise NotConnected(f"{self._client_id!r} is not connected")
+        return paho
+
+    def _send_qos0(self, paho: Any, topic: str, payload: bytes, retain: bool, response_topic: str | None,
+                   correlation: bytes | None, expiry_s: int | None) -> None:
+        """Write a QoS 0 PUBLISH now: nothing acknowledges it, so nothing is awaited."""
         fast = self._fast
         if fast is None:
-            stock = None
-            if correlation is not None:
-                stock = Properties(PacketTypes.PUBLISH)
-                stock.CorrelationData = correlation
-            info = paho.publish(topic, payload, qos=0, retain=False, properties=stock)
+            info = paho.publish(topic, payload, qos=0, retain=retain,
+                                properties=_stock_properties(response_topic, correlation, expiry_s))
             if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing ({info.rc})")
             return
-        packed = self._props.build(None, correlation, None) if correlation is not None else None
-        if fast.publish(topic, payload, 0, False, packed) is None:
+        properties = self._packed_properties(response_topic, correlation, expiry_s)
+        if fast.publish(topic, payload, 0, retain, properties) is None:
             raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
 
-    async def _publish_stock(self, paho: Any, topic: str, payload: bytes, qos: int, retain: bool,
+    def _packed_properties(self, response_topic: str | None, correlation: bytes | None,
+                           expiry_s: int | None) -> PackedProperties | None:
+        """The PUBLISH properties for the fast path, pre-encoded (None when there are none)."""
+        if response_topic is None and correlation is None and expiry_s is None:
+            return None
+        return self._props.build(response_topic, correlation, expiry_s)
+
+    async def _publish_stock(self, paho: Any, topic: str, payload: bytes, retain: bool,
                              response_topic: str | None, correlation: bytes | None, expiry_s: int | None) -> None:
-        """A publish through paho's own `publish`; its PUBACK comes back through `on_publish`."""
-        properties = None
-        if response_topic is not None or correlation is not None or expiry_s is not None:
-            properties = Properties(PacketTypes.PUBLISH)
-            if expiry_s is not None:
-                properties.MessageExpiryInterval = expiry_s
-            if response_topic is not None:
-                properties.ResponseTopic = response_topic
-            if correlation is not None:
-                properties.CorrelationData = correlation
-        if qos == 1:
-            await self._pubacks.reserve()
-            if self._paho is not paho:
-                raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
-        info = paho.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        """A QoS 1 publish through paho's own `publish`; its PUBACK comes back through `on_publish`."""
+        await self._pubacks.reserve()
+        if self._paho is not paho:
+            raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing")
+        info = paho.publish(topic, payload, qos=1, retain=retain,
+                            properties=_stock_properties(response_topic, correlation, expiry_s))
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing ({info.rc})")
-        if qos == 1:
-            await self._pubacks.wait(info.mid)
+        await self._pubacks.wait(info.mid)
 
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Record the subscription; send it now if connected (else on the next connect)."""
@@ -677,6 +673,21 @@ class MqttTransport:
             if mid and paho is self._wire and paho is not None:
                 # After a reconnect the broker redelivers what this connection did not ack.
                 paho.ack(mid, message.qos)
+
+
+def _stock_properties(response_topic: str | None, correlation: bytes | None,
+                      expiry_s: int | None) -> Properties | None:
+    """The PUBLISH properties for paho's own `publish` (None when there are none)."""
+    if response_topic is None and correlation is None and expiry_s is None:
+        return None
+    properties = Properties(PacketTypes.PUBLISH)
+    if expiry_s is not None:
+        properties.MessageExpiryInterval = expiry_s
+    if response_topic is not None:
+        properties.ResponseTopic = response_topic
+    if correlation is not None:
+        properties.CorrelationData = correlation
+    return properties
 
 
 def reason_code_of(exc: aiomqtt.MqttError) -> int | None:
