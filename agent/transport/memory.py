@@ -95,9 +95,8 @@ class MemoryTransport:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._try_connect()
-        if self._queue and self._dispatcher is None and not self._ready:
-            self._ready = True
-            self._broker._ready(self)
+        if self._queue:
+            self._wake()
 
     async def stop(self) -> None:
         """Clean disconnect: announce the will's message ourselves, the broker's will stays unused."""
@@ -226,6 +225,10 @@ class MemoryTransport:
     # -- dispatch --------------------------------------------------------------------------
     def _enqueue(self, sub_filter: str, message: InboundMessage) -> None:
         self._queue.append((sub_filter, message))
+        self._wake()
+
+    def _wake(self) -> None:
+        """Ask the broker for a hand-over, unless one is coming or the dispatch task runs."""
         if self._dispatcher is None and not self._ready and self._started:
             self._ready = True
             self._broker._ready(self)
