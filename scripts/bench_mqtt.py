@@ -172,7 +172,7 @@ async def raw_aiomqtt(port: int, count: int, *, window: int = 256, payload_bytes
 
 
 # -- 2. our worker -> leader path, end to end ---------------------------------------------------
-def _config(role: str, device: str, **sections: dict[str, object]):  # noqa: ANN202
+def _config(role: str, device: str, **sections: dict[str, object]):
     from agent.core.config import AgentConfig, convert
 
     data: dict[str, dict[str, object]] = {"agent": {"role": role, "device_id": device, "fleet": "bench"}}

@@ -32,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.cli import main as cli  # noqa: E402
-from agent.core.clock import SystemClock  # noqa: E402
-from agent.leader.registry import DeviceRegistry  # noqa: E402
-from agent.protocol import Heartbeat, SystemSample  # noqa: E402
-from firmware_rollout.orchestration.spec import spec_from_dict  # noqa: E402
-from firmware_rollout.orchestration.store import RolloutStore  # noqa: E402
+from agent.cli import main as cli
+from agent.core.clock import SystemClock
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import Heartbeat, SystemSample
+from firmware_rollout.orchestration.spec import spec_from_dict
+from firmware_rollout.orchestration.store import RolloutStore
 
 
 def build(path: Path, devices: int) -> None:

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # helpers shared by the firmware tests and the simulator's and CLI's rollout tests
 sys.path.insert(0, str(Path(__file__).resolve().parent / "firmware_rollout"))
 
-from mosquitto import Mosquitto, MosquittoMissing  # noqa: E402
-from nginx_mirror import NginxMirror, NginxMissing  # noqa: E402
+from mosquitto import Mosquitto, MosquittoMissing
+from nginx_mirror import NginxMirror, NginxMissing
 
 
 def _broker(workdir: Path, **kwargs: object) -> Mosquitto:

@@ -142,7 +142,7 @@ class Mosquitto:
         if self.running:
             return self
         self.config_path.write_text(self.config_text())
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+        log = open(self.log_path, "ab")
         try:
             self._proc = subprocess.Popen(
                 [self.binary, "-c", str(self.config_path)],

@@ -81,7 +81,7 @@ http {{
         if self._proc is not None and self._proc.poll() is None:
             return self
         self.config_path.write_text(self.config_text())
-        log = open(self.workdir / "nginx.out", "ab")  # noqa: SIM115 - the child owns it
+        log = open(self.workdir / "nginx.out", "ab")
         try:
             self._proc = subprocess.Popen([self.binary, "-c", str(self.config_path), "-p", str(self.workdir)],
                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

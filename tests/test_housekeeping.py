@@ -12,21 +12,21 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e.agent_support import leader, stop_all, with_time, worker  # noqa: E402
+from e2e.agent_support import leader, stop_all, with_time, worker
 
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
-from agent.core.config import HousekeepingSection  # noqa: E402
-from agent.core.errors import StoreError  # noqa: E402
-from agent.housekeeping import Housekeeper, PruneTask, limited  # noqa: E402
-from agent.leader.housekeeping import leader_housekeeper  # noqa: E402
-from agent.leader.jobs import JobQueue  # noqa: E402
-from agent.leader.registry import DeviceRegistry  # noqa: E402
-from agent.protocol import JobDemand, JobResult, JobSubmit, Telemetry  # noqa: E402
-from agent.transport import topics  # noqa: E402
-from agent.transport.base import InboundMessage  # noqa: E402
-from agent.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
-from agent.worker.jobs import JobLedger  # noqa: E402
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope, decode_reply, encode
+from agent.core.config import HousekeepingSection
+from agent.core.errors import StoreError
+from agent.housekeeping import Housekeeper, PruneTask, limited
+from agent.leader.housekeeping import leader_housekeeper
+from agent.leader.jobs import JobQueue
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import JobDemand, JobResult, JobSubmit, Telemetry
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker, MemoryTransport
+from agent.worker.jobs import JobLedger
 
 HOUR = 3600.0
 DAY = 86_400.0

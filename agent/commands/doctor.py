@@ -200,7 +200,7 @@ def _running_agent(config: AgentConfig, skip: set[str]) -> Iterator[Outcome]:
                                            " listen to read it from /healthz, or stop the agent)")
         return
     try:
-        with urllib.request.urlopen(f"http://{listen}/healthz", timeout=5) as response:  # noqa: S310
+        with urllib.request.urlopen(f"http://{listen}/healthz", timeout=5) as response:
             body = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         body = json.loads(exc.read() or b"{}")

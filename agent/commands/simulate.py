@@ -149,7 +149,7 @@ def processes_for(args: argparse.Namespace, *, devices: int, rollout: bool) -> i
     return n
 
 
-def options_from(args: argparse.Namespace):  # noqa: ANN201 - SimOptions, imported lazily
+def options_from(args: argparse.Namespace):
     from agent.sim import SimOptions, parse_duration, parse_outage, parse_shard
     from agent.sim.scenarios import get
 

@@ -165,7 +165,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server: ConsoleServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
@@ -198,7 +198,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         console = self.server.console
         self._send(401, console.render("login", title="sign in"), {"WWW-Authenticate": 'Bearer realm="edge-agent"'})
 
-    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+    def do_GET(self) -> None:
         console = self.server.console
         url = urllib.parse.urlsplit(self.path)
         if url.path == "/login":
@@ -214,9 +214,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status, body = 503, console.render("not_found", title="unavailable", what=str(exc))
         self._send(status, body)
 
-    do_HEAD = do_GET  # noqa: N815
+    do_HEAD = do_GET
 
-    def do_POST(self) -> None:  # noqa: N802 - the base class's name
+    def do_POST(self) -> None:
         console = self.server.console
         url = urllib.parse.urlsplit(self.path)
         form = self._form()

@@ -26,16 +26,16 @@ __all__ = [
 ]
 
 # The relay side: retry policy, AIMD limiter, relay, tell_reliable, metrics snapshots.
-from agent.outbox.limiter import AimdLimiter, AimdSettings  # noqa: E402
-from agent.outbox.metrics import (  # noqa: E402
+from agent.outbox.limiter import AimdLimiter, AimdSettings
+from agent.outbox.metrics import (
     LaneMetrics,
     OutboxMetrics,
     RelayMetrics,
     collect_metrics,
 )
-from agent.outbox.relay import Deliver, Relay  # noqa: E402
-from agent.outbox.reliable import tell_reliable  # noqa: E402
-from agent.outbox.retry import RetryPolicy  # noqa: E402
+from agent.outbox.relay import Deliver, Relay
+from agent.outbox.reliable import tell_reliable
+from agent.outbox.retry import RetryPolicy
 
 __all__ += [
     "AimdLimiter",

@@ -57,7 +57,7 @@ class AimdLimiter:
         "transients",
     )
 
-    def __init__(self, initial: int = 10, min: int = 1, max: int = 50) -> None:  # noqa: A002
+    def __init__(self, initial: int = 10, min: int = 1, max: int = 50) -> None:
         AimdSettings(initial=initial, min=min, max=max)  # validates
         self._limit = initial
         self._min = min

@@ -100,7 +100,7 @@ class Writer:
             return self._opened
         try:
             self.engine = self._factory()
-        except BaseException as exc:  # noqa: BLE001 - handed to the opener
+        except BaseException as exc:
             self.closed = True
             self._opened.set_exception(exc)
         else:
@@ -173,7 +173,7 @@ class Writer:
     def _run(self) -> None:
         try:
             engine = self._factory()
-        except BaseException as exc:  # noqa: BLE001 - handed to the opener
+        except BaseException as exc:
             self.closed = True
             self._post(_fail, self._opened, exc)
             return
@@ -222,7 +222,7 @@ class Writer:
                 value, error = op.fn(engine), None
             except sqlite3.Error as exc:
                 value, error = None, translate(exc)
-            except Exception as exc:  # noqa: BLE001 - handed to the caller
+            except Exception as exc:
                 value, error = None, exc
             results.append((op.fut, value, error))
             wakes = wakes or (op.wakes and error is None)
@@ -250,7 +250,7 @@ class Writer:
                 return [(writes[0], None, translate(exc))]
             log.warning("outbox: grouped write of %d operations failed (%s); retrying one by "
                         "one", len(writes), describe(exc))
-        except Exception as exc:  # noqa: BLE001 - a bug in one op must not hang the others
+        except Exception as exc:
             engine.books.rollback()
             if len(writes) == 1:
                 return [(writes[0], None, exc)]

@@ -129,7 +129,7 @@ class ServiceRuntime:
                     await self._on_reload()
                 else:
                     log.info("reload requested; nothing to reload")
-            except Exception:  # noqa: BLE001 - a failed reload keeps the running configuration
+            except Exception:
                 log.exception("reload failed; keeping the running configuration")
             self.notifier.ready("running")
 

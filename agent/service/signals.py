@@ -137,7 +137,7 @@ class ShutdownSequence:
                 await self._clock.wait_for(step(), timeout_s)
             except TimeoutError:
                 failures.append(StepFailure(name, f"timed out after {timeout_s}s"))
-            except Exception as exc:  # noqa: BLE001 - every step must get its chance to run
+            except Exception as exc:
                 failures.append(StepFailure(name, f"{type(exc).__name__}: {exc}"))
             else:
                 log.debug("shutdown step done", extra={"kv": {"step": name}})

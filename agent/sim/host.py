@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         return 1  # the leader's process went away: nothing to report to
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the run; the leader's reports it
         return 130
-    except Exception as exc:  # noqa: BLE001 - any failure goes back to the leader's process
+    except Exception as exc:
         last = traceback.format_exc().strip().splitlines()[-3:]
         try:
             conn.send(("error", f"{type(exc).__name__}: {exc} ({' | '.join(line.strip() for line in last)})"))

@@ -23,7 +23,7 @@ class Scenario:
     name: str
     demonstrates: str
     presets: dict[str, Any] = field(default_factory=dict)
-    claim: Claim = lambda _r: []  # noqa: E731 - replaced by every scenario
+    claim: Claim = lambda _r: []
 
 
 def _coalescing(r: Report) -> list[str]:

@@ -306,7 +306,7 @@ class JobWorker(Actor):
             ok, error = True, ""
         except EdgeAgentError as exc:
             output, ok, error = b"", False, str(exc)
-        except Exception as exc:  # noqa: BLE001 - a job's own failure is its result, not ours
+        except Exception as exc:
             output, ok, error = b"", False, f"{type(exc).__name__}: {exc}"
             log.warning("job %s failed: %s", message.job_id, error)
         epoch = self._window.finish(message.job_id)

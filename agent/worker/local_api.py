@@ -244,7 +244,7 @@ class LocalApi:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
-        except Exception:  # noqa: BLE001 - one request must never take the API down
+        except Exception:
             log.exception("local API request failed")
         finally:
             self._handlers.discard(task)

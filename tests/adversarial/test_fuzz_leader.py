@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, stop_all, until  # noqa: E402
+from e2e.agent_support import leader, stop_all, until
 
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
-from agent.transport import topics  # noqa: E402
-from agent.transport.base import InboundMessage  # noqa: E402
-from agent.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope, decode_reply, encode
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker, MemoryTransport
 
 KINDS = ["heartbeat", "telemetry", "job.submit", "job.demand", "job.result", "job.offer", "presence",
          "status.request", "firmware.report", "firmware.chunk", "nonsense", ""]
@@ -69,7 +69,7 @@ async def _run(sequence: list[tuple[str, bytes]], repeat: int, work: Path, *, al
     honest = MemoryTransport(broker, "pi-0001")
     replies: dict[str, list[InboundMessage]] = {"rogue": [], "pi-0001": []}
 
-    def collector(device: str):  # noqa: ANN202
+    def collector(device: str):
         async def collect(message: InboundMessage) -> None:
             replies[device].append(message)
         return collect

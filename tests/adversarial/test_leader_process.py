@@ -21,11 +21,11 @@ from paho.mqtt.properties import Properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import REPO, kill, spawn_agent  # noqa: E402
-from mosquitto import free_port  # noqa: E402
+from e2e.agent_support import REPO, kill, spawn_agent
+from mosquitto import free_port
 
-from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
-from agent.transport import topics  # noqa: E402
+from agent.core.codec import Envelope, decode_reply, encode
+from agent.transport import topics
 
 pytestmark = pytest.mark.mqtt
 
@@ -42,7 +42,7 @@ def memory_high_bytes() -> int:
 
 def healthz(port: int) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

@@ -50,7 +50,7 @@ def query(db: Path, sql: str) -> list[tuple[object, ...]]:
         return []
 
 
-def wait_for(what: str, condition, timeout_s: float = 60.0) -> None:  # noqa: ANN001
+def wait_for(what: str, condition, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
@@ -77,7 +77,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
 
 
 def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Path, mosquitto: Mosquitto,
-                                                                  browser) -> None:  # noqa: ANN001
+                                                                  browser) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 

@@ -167,7 +167,7 @@ def write_config(path: Path, role: str, device: str, **sections: dict[str, Any])
 def spawn_agent(tmp: Path, role: str, device: str, url: str, **sections: dict[str, Any]) -> subprocess.Popen[bytes]:
     """`python -m agent.cli run` for one agent, logging to tmp/{device}.log."""
     conf = write_config(tmp / f"{device}.toml", role, device, **sections)
-    log = open(tmp / f"{device}.log", "ab")  # noqa: SIM115 - the child owns it
+    log = open(tmp / f"{device}.log", "ab")
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "run", "--config", str(conf), "--broker", url,

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import (  # noqa: E402
+from e2e.agent_support import (
     db_query,
     kill,
     leader,
@@ -27,14 +27,14 @@ from e2e.agent_support import (  # noqa: E402
     worker,
 )
 
-from agent.core.clock import SystemClock  # noqa: E402
-from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
-from agent.leader.agent import LEADER_DB  # noqa: E402
-from agent.protocol import Heartbeat, JobSubmit  # noqa: E402
-from agent.transport import topics  # noqa: E402
-from agent.transport.mqtt import MqttTransport  # noqa: E402
-from agent.transport.presence import decode_presence, encode_presence  # noqa: E402
-from agent.worker.actors import outbox_message  # noqa: E402
+from agent.core.clock import SystemClock
+from agent.core.codec import Envelope, decode_reply, encode
+from agent.leader.agent import LEADER_DB
+from agent.protocol import Heartbeat, JobSubmit
+from agent.transport import topics
+from agent.transport.mqtt import MqttTransport
+from agent.transport.presence import decode_presence, encode_presence
+from agent.worker.actors import outbox_message
 
 pytestmark = pytest.mark.mqtt
 

@@ -24,11 +24,11 @@ from paho.mqtt.properties import Properties
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 
-from e2e.agent_support import REPO, db_query, kill, spawn_agent  # noqa: E402
-from mosquitto import Mosquitto, free_port  # noqa: E402
-from promparse import parse  # noqa: E402
+from e2e.agent_support import REPO, db_query, kill, spawn_agent
+from mosquitto import Mosquitto, free_port
+from promparse import parse
 
-from agent.client import AgentUnavailable, Client  # noqa: E402
+from agent.client import AgentUnavailable, Client
 
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -60,7 +60,7 @@ def make_artifact(
 
 
 # -- device harness for the updater tests ------------------------------------------------------
-class PowerLoss(BaseException):  # noqa: N818 - it stands for the event, not an error
+class PowerLoss(BaseException):
     """Raised by the crash injector: the process dies here, nothing after it runs."""
 
 

@@ -11,15 +11,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, pending, stop_all, until, with_time, worker  # noqa: E402
+from e2e.agent_support import leader, pending, stop_all, until, with_time, worker
 
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
-from agent.leader.agent import LEADER_DB  # noqa: E402
-from agent.protocol import Heartbeat, JobSubmit  # noqa: E402
-from agent.transport import topics  # noqa: E402
-from agent.transport.base import InboundMessage  # noqa: E402
-from agent.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope, decode_reply, encode
+from agent.leader.agent import LEADER_DB
+from agent.protocol import Heartbeat, JobSubmit
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker, MemoryTransport
 
 
 @pytest.fixture

@@ -14,17 +14,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, stop_all, until, worker  # noqa: E402
+from e2e.agent_support import leader, stop_all, until, worker
 
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope, decode_reply, encode  # noqa: E402
-from agent.core.errors import UnstorableValue  # noqa: E402
-from agent.leader.actors import Durable, HeartbeatIntake  # noqa: E402
-from agent.leader.registry import DeviceRegistry  # noqa: E402
-from agent.protocol import Heartbeat, Telemetry  # noqa: E402
-from agent.transport import topics  # noqa: E402
-from agent.transport.base import InboundMessage  # noqa: E402
-from agent.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope, decode_reply, encode
+from agent.core.errors import UnstorableValue
+from agent.leader.actors import Durable, HeartbeatIntake
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import Heartbeat, Telemetry
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker, MemoryTransport
 
 BEYOND = [2**63, 2**64 - 1]
 

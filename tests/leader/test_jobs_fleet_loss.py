@@ -15,15 +15,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, stop_all, until, with_time  # noqa: E402
+from e2e.agent_support import leader, stop_all, until, with_time
 
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope, encode  # noqa: E402
-from agent.leader.jobs import JobQueue  # noqa: E402
-from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, kind_of  # noqa: E402
-from agent.transport import topics  # noqa: E402
-from agent.transport.base import InboundMessage  # noqa: E402
-from agent.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope, encode
+from agent.leader.jobs import JobQueue
+from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, kind_of
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker, MemoryTransport
 
 DEVICES = 2500
 WINDOW = 2

@@ -10,16 +10,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, until, worker  # noqa: E402
+from e2e.agent_support import leader, until, worker
 
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope, Reply, encode  # noqa: E402
-from agent.core.errors import StoreError  # noqa: E402
-from agent.leader.messages import MessageLog, read_messages  # noqa: E402
-from agent.leader.sinks import MessageSinks  # noqa: E402
-from agent.protocol import AppMessage  # noqa: E402
-from agent.transport.memory import MemoryBroker  # noqa: E402
-from agent.worker.messages import Submission  # noqa: E402
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope, Reply, encode
+from agent.core.errors import StoreError
+from agent.leader.messages import MessageLog, read_messages
+from agent.leader.sinks import MessageSinks
+from agent.protocol import AppMessage
+from agent.transport.memory import MemoryBroker
+from agent.worker.messages import Submission
 
 
 def msg(device: str = "pi-1", cls: str = "telemetry", payload: bytes = b"{}", *, key: str | None = None,

@@ -83,7 +83,7 @@ async def fleet(tmp_path: Path, public: Path, names: tuple[str, ...], *, release
                                         clock=clock, sampler=None)
         rebooter = InProcessRebooter()
 
-        def opener(name: str = name, rebooter: InProcessRebooter = rebooter):  # noqa: ANN202
+        def opener(name: str = name, rebooter: InProcessRebooter = rebooter):
             async def open_updater(sink: ReportSink) -> Updater:
                 return await Updater.open(tmp_path / name / "firmware", device_id=name, verify_key=key, clock=clock,
                                           health=health[name], rebooter=rebooter, initial_version="1.0.0",

@@ -137,7 +137,7 @@ def _one_line_exit_2(capsys: pytest.CaptureFixture[str], path: Path, code: int) 
     ids=["stats", "list", "show", "replay", "purge"],
 )
 def test_missing_and_garbage_files_exit_2_with_one_line(
-    call, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: ANN001
+    call, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nope.db"
     line = _one_line_exit_2(capsys, missing, call(str(missing)))

@@ -130,7 +130,7 @@ async def test_overwrite_newer_replaces_older_is_stale(store: OutboxStore) -> No
 
 
 async def test_overwrite_never_touches_a_row_in_flight(store: OutboxStore) -> None:
-    def hb(seq: int):  # noqa: ANN202
+    def hb(seq: int):
         return make_msg(key="hb", conflict="overwrite", seq=seq, payload=b"%d" % seq)
 
     first = await store.enqueue(hb(1))
@@ -432,7 +432,7 @@ async def test_concurrent_polls_and_acks_never_hand_a_row_out_twice(
     assert stats.delivered + stats.pending == n
 
 
-async def test_enqueue_many_matches_one_by_one(open_store: OpenStore, tmp_path) -> None:  # noqa: ANN001
+async def test_enqueue_many_matches_one_by_one(open_store: OpenStore, tmp_path) -> None:
     """A big batch (keys looked up in bulk, rows written together) decides exactly as the
     same messages enqueued one at a time."""
     import random

@@ -128,7 +128,7 @@ async def test_v1_file_migrates_keeping_rows_dead_letters_and_counters(
     assert commands.outbox_stats(str(db_path), True) == commands.EXIT_OK
 
 
-def test_cli_replay_on_a_v1_file_migrates_it_first(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_cli_replay_on_a_v1_file_migrates_it_first(tmp_path: Path, capsys) -> None:
     db = tmp_path / "outbox.db"
     v1 = make_v1_file(db)
     ids: dict[str, int] = v1["ids"]  # type: ignore[assignment]

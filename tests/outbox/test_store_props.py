@@ -53,7 +53,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.delivered: list[bytes] = []
         self.names = itertools.count()
 
-    def run(self, coro):  # noqa: ANN001, ANN201
+    def run(self, coro):
         return self.loop.run_until_complete(coro)
 
     @initialize()

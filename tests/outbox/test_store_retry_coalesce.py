@@ -132,7 +132,7 @@ async def test_acked_overwrite_row_lets_the_waiting_one_go(store: OutboxStore) -
 
 async def test_leader_down_broker_up_keeps_one_flying_one_pending_heartbeat(
     open_store: OpenStore, clock: VirtualClock, db_path
-) -> None:  # noqa: ANN001
+) -> None:
     """The relay's deliveries get no answer (the leader is down, the broker up): each times
     out after 30 s as Transient. Heartbeats every 5 s for 10 minutes never leave more than one
     row in flight and one pending for the device; when the leader answers again, the latest
@@ -166,7 +166,7 @@ async def test_leader_down_broker_up_keeps_one_flying_one_pending_heartbeat(
     assert (stats.pending, stats.in_flight) == (0, 0)
 
 
-def _rows_of(path) -> int:  # noqa: ANN001
+def _rows_of(path) -> int:
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         return int(conn.execute("SELECT count(*) FROM outbox WHERE status = 'pending'").fetchone()[0])

@@ -11,12 +11,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import config, leader, stop_all, worker  # noqa: E402
+from e2e.agent_support import config, leader, stop_all, worker
 
-from agent.cli import main as cli_main  # noqa: E402
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.errors import StoreError  # noqa: E402
-from agent.transport.memory import MemoryBroker  # noqa: E402
+from agent.cli import main as cli_main
+from agent.core.clock import VirtualClock
+from agent.core.errors import StoreError
+from agent.transport.memory import MemoryBroker
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GARBAGE = b"SQLite format 3\x00" + b"\xff" * 8000

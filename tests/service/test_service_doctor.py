@@ -22,8 +22,8 @@ from agent.core.clock import SystemClock
 from agent.service.instance import running_pid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from e2e.agent_support import REPO, leader, stop_all  # noqa: E402
-from mosquitto import free_port  # noqa: E402
+from e2e.agent_support import REPO, leader, stop_all
+from mosquitto import free_port
 
 pytestmark = pytest.mark.mqtt
 
@@ -73,7 +73,7 @@ def doctor(capsys: pytest.CaptureFixture[str], config: Path, *extra: str) -> tup
     return code, checks
 
 
-async def gateway(tmp_path: Path, broker: ExampleBroker, pki: Pki):  # noqa: ANN201
+async def gateway(tmp_path: Path, broker: ExampleBroker, pki: Pki):
     secret = tmp_path / "gw.password"
     secret.write_text("leader-secret\n")
     secret.chmod(0o600)

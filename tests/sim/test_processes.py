@@ -68,7 +68,7 @@ async def test_a_process_killed_mid_run_ends_the_run_with_one_line_naming_it(tmp
 
     def progress(sample: dict[str, Any]) -> None:
         if sample["t"] >= 60 and not killed:
-            process = sim._links[0].process  # noqa: SLF001 - the test's way to the other process
+            process = sim._links[0].process
             os.kill(process.pid, signal.SIGKILL)
             process.wait()  # gone before the next round is sent to it: that send breaks the socket too
             killed.append(process.pid)

@@ -15,7 +15,7 @@ from agent.sim import SimOptions, Simulation
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow]
 
 
-async def test_a_few_dozen_devices_over_a_real_broker(tmp_path: Path, mosquitto) -> None:  # noqa: ANN001
+async def test_a_few_dozen_devices_over_a_real_broker(tmp_path: Path, mosquitto) -> None:
     opts = SimOptions(devices=24, duration_s=6.0, seed=4, heartbeat_s=1.0, leader_interval_s=1.0,
                       telemetry_s=2.0, jobs=12, job_work_s=0.1, broker_url=mosquitto.url, progress=False,
                       drain_s=30.0)
@@ -30,7 +30,7 @@ async def test_a_few_dozen_devices_over_a_real_broker(tmp_path: Path, mosquitto)
     assert report["jobs"]["confirmed"] == 12
 
 
-async def test_a_wave_rollout_over_a_real_broker(tmp_path: Path, mosquitto) -> None:  # noqa: ANN001
+async def test_a_wave_rollout_over_a_real_broker(tmp_path: Path, mosquitto) -> None:
     """The rollout scenario on the wall clock through mosquitto: real workers with the updater,
     offers, chunk requests and reports over MQTT."""
     from agent.sim.rollout import rollout_options, run_rollout
@@ -48,7 +48,7 @@ async def test_a_wave_rollout_over_a_real_broker(tmp_path: Path, mosquitto) -> N
     assert report["lost"] == 0 and report["conservation_ok"] is True
 
 
-def test_two_shards_of_one_fleet_against_one_mosquitto(tmp_path: Path, mosquitto) -> None:  # noqa: ANN001
+def test_two_shards_of_one_fleet_against_one_mosquitto(tmp_path: Path, mosquitto) -> None:
     """`--shard 1/2` runs the leader and part of the devices, `--shard 2/2` the rest: two processes
     (two machines, for a fleet too large for one) against one broker and one leader."""
     root = Path(__file__).resolve().parents[2]

@@ -353,7 +353,7 @@ async def test_an_invalid_topic_is_permanent() -> None:
 
 
 @pytest.mark.mqtt
-async def test_commands_queued_while_offline_are_answered_after_the_reconnect(mosquitto) -> None:  # noqa: ANN001
+async def test_commands_queued_while_offline_are_answered_after_the_reconnect(mosquitto) -> None:
     """A persistent session's queued commands arrive right after CONNACK, before the connection
     is up for the device: their answers wait for it instead of being dropped."""
     clock = SystemClock()

@@ -324,7 +324,7 @@ async def _scenario(seed: int) -> list[tuple[str, bytes]]:
     broker = MemoryBroker(clock=clock, rng=random.Random(seed))
     log: list[tuple[str, bytes]] = []
 
-    def recorder(name: str):  # noqa: ANN202
+    def recorder(name: str):
         async def handler(message: InboundMessage) -> None:
             log.append((name, message.payload))
 

@@ -8,7 +8,7 @@ import logging
 from agent.transport._mqtt_failures import classify
 
 
-def check(error: str, code: int | None = None, disconnect: int | None = None):  # noqa: ANN201
+def check(error: str, code: int | None = None, disconnect: int | None = None):
     return classify(error, code=code, disconnect_code=disconnect, broker="broker:8883", username="pi-0001")
 
 

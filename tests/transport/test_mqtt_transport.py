@@ -521,7 +521,7 @@ async def test_publishes_in_flight_when_the_broker_dies_fail_with_our_errors(mos
         try:
             await pub.publish("t/x", b"%d" % i)
             results.append(None)
-        except BaseException as exc:  # noqa: BLE001 - the test inspects what came out
+        except BaseException as exc:
             results.append(exc)
 
     tasks = [asyncio.create_task(one(i)) for i in range(500)]
@@ -693,10 +693,10 @@ async def test_a_socket_closed_before_the_loop_adds_its_writer_logs_no_traceback
     loop.set_exception_handler(lambda _loop, context: errors.append(context))
     t = await connected(transport(mosquitto.url, "closing"))
     try:
-        wire = t._wire  # noqa: SLF001 - the paho client of this connection
+        wire = t._wire
         assert wire is not None
-        wire._call_socket_register_write()  # noqa: SLF001 - as paho does when a packet is queued
-        wire._sock_close()  # noqa: SLF001 - and the connection drops before the loop runs again
+        wire._call_socket_register_write()
+        wire._sock_close()
         for _ in range(10):
             await asyncio.sleep(0)
         assert errors == []

@@ -10,15 +10,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, pending, stop_all, until, worker  # noqa: E402
+from e2e.agent_support import leader, pending, stop_all, until, worker
 
-from agent.core.clock import VirtualClock  # noqa: E402
-from agent.core.codec import Envelope  # noqa: E402
-from agent.leader.agent import LeaderAgent  # noqa: E402
-from agent.protocol import KIND_JOB_OFFER, JobOffer, encode_message  # noqa: E402
-from agent.transport.base import InboundMessage  # noqa: E402
-from agent.transport.memory import MemoryBroker  # noqa: E402
-from agent.worker.actors import SEQ_PER_INCARNATION  # noqa: E402
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope
+from agent.leader.agent import LeaderAgent
+from agent.protocol import KIND_JOB_OFFER, JobOffer, encode_message
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker
+from agent.worker.actors import SEQ_PER_INCARNATION
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ def _reported(gw: LeaderAgent) -> int | None:
     return int(row[0]) if row is not None and row[0] else None
 
 
-async def _empty(w) -> bool:  # type: ignore[no-untyped-def]  # noqa: ANN001
+async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
     return await pending(w, "telemetry") == 0
 
 
@@ -224,5 +224,5 @@ async def test_an_online_device_writes_no_heartbeat_to_its_outbox_and_an_offline
         await stop_all(w, gw, clock=clock)
 
 
-async def _no_heartbeat_held(w) -> bool:  # type: ignore[no-untyped-def]  # noqa: ANN001
+async def _no_heartbeat_held(w) -> bool:  # type: ignore[no-untyped-def]
     return await pending(w, "heartbeat") == 0

@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, until, worker  # noqa: E402
+from e2e.agent_support import leader, until, worker
 
-from agent.client import AgentUnavailable, AsyncClient, Client, LocalApiError  # noqa: E402
-from agent.core.clock import SystemClock  # noqa: E402
-from agent.leader.agent import LeaderAgent  # noqa: E402
-from agent.transport.memory import MemoryBroker  # noqa: E402
-from agent.worker.agent import WorkerAgent  # noqa: E402
-from agent.worker.local_api import LocalApi  # noqa: E402
+from agent.client import AgentUnavailable, AsyncClient, Client, LocalApiError
+from agent.core.clock import SystemClock
+from agent.leader.agent import LeaderAgent
+from agent.transport.memory import MemoryBroker
+from agent.worker.agent import WorkerAgent
+from agent.worker.local_api import LocalApi
 
 CLASSES = {
     "telemetry": {"mode": "append"},

@@ -11,16 +11,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import config, worker  # noqa: E402
+from e2e.agent_support import config, worker
 
-from agent.core.clock import SystemClock  # noqa: E402
-from agent.core.config import CommandSourceSection, FileSourceSection, SystemSourceSection, load_config  # noqa: E402
-from agent.core.errors import ConfigError  # noqa: E402
-from agent.protocol import AppMessage, decode_as  # noqa: E402
-from agent.telemetry import SystemSampler  # noqa: E402
-from agent.transport.memory import MemoryBroker  # noqa: E402
-from agent.worker.agent import WORKER_DB, WorkerAgent  # noqa: E402
-from agent.worker.sources import CommandSource, FileSource, SourceOffsets, SystemSource  # noqa: E402
+from agent.core.clock import SystemClock
+from agent.core.config import CommandSourceSection, FileSourceSection, SystemSourceSection, load_config
+from agent.core.errors import ConfigError
+from agent.protocol import AppMessage, decode_as
+from agent.telemetry import SystemSampler
+from agent.transport.memory import MemoryBroker
+from agent.worker.agent import WORKER_DB, WorkerAgent
+from agent.worker.sources import CommandSource, FileSource, SourceOffsets, SystemSource
 
 
 async def _offline_worker(tmp: Path) -> WorkerAgent:

@@ -17,15 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fwhelpers
 
-from fwhelpers import RecordingRebooter, ScriptedHealth  # noqa: E402
+from fwhelpers import RecordingRebooter, ScriptedHealth
 
-from agent.core.clock import SystemClock  # noqa: E402
-from firmware_rollout.artifact.keys import load_verify_key  # noqa: E402
-from firmware_rollout.device.http_source import MirrorSource, make_client  # noqa: E402
-from firmware_rollout.device.sources import ArtifactChunkSource, ChunkSource  # noqa: E402
-from firmware_rollout.device.uboot import UBootInstaller  # noqa: E402
-from firmware_rollout.device.updater import Updater  # noqa: E402
-from firmware_rollout.messages import UpdateOffer  # noqa: E402
+from agent.core.clock import SystemClock
+from firmware_rollout.artifact.keys import load_verify_key
+from firmware_rollout.device.http_source import MirrorSource, make_client
+from firmware_rollout.device.sources import ArtifactChunkSource, ChunkSource
+from firmware_rollout.device.uboot import UBootInstaller
+from firmware_rollout.device.updater import Updater
+from firmware_rollout.messages import UpdateOffer
 
 
 class SlowLoggingSource:

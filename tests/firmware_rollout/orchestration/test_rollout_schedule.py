@@ -11,11 +11,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout_support import Harness  # noqa: E402
+from rollout_support import Harness
 
-from agent.core.errors import ConfigError, RolloutError  # noqa: E402
-from firmware_rollout.artifact.fixture import make_artifact  # noqa: E402
-from firmware_rollout.orchestration.spec import spec_from_dict  # noqa: E402
+from agent.core.errors import ConfigError, RolloutError
+from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.orchestration.spec import spec_from_dict
 
 
 def iso(ms: int) -> str:

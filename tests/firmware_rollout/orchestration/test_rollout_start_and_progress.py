@@ -10,13 +10,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout_support import Harness, spec_data  # noqa: E402
+from rollout_support import Harness, spec_data
 
-from agent.core.errors import RolloutError  # noqa: E402
-from firmware_rollout.artifact.fixture import make_artifact  # noqa: E402
-from firmware_rollout.artifact.keys import generate_keypair, load_verify_key  # noqa: E402
-from firmware_rollout.orchestration.artifacts import ArtifactStore  # noqa: E402
-from firmware_rollout.orchestration.spec import spec_from_dict  # noqa: E402
+from agent.core.errors import RolloutError
+from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.artifact.keys import generate_keypair, load_verify_key
+from firmware_rollout.orchestration.artifacts import ArtifactStore
+from firmware_rollout.orchestration.spec import spec_from_dict
 
 
 def with_store(h: Harness, key_dir: Path | None = None) -> Path:

@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout_support import Harness  # noqa: E402
+from rollout_support import Harness
 
-from agent.core.errors import RolloutError  # noqa: E402
-from agent.leader.rollout import rollout_collector  # noqa: E402
-from firmware_rollout.messages import UpdateReport  # noqa: E402
-from firmware_rollout.orchestration.status import describe  # noqa: E402
-from firmware_rollout.orchestration.store import TERMINAL  # noqa: E402
+from agent.core.errors import RolloutError
+from agent.leader.rollout import rollout_collector
+from firmware_rollout.messages import UpdateReport
+from firmware_rollout.orchestration.status import describe
+from firmware_rollout.orchestration.store import TERMINAL
 
 REPORT_STATES = ("waiting_window", "downloading", "installing", "rebooting", "verifying", "succeeded", "failed",
                  "rejected", "rolled_back", "canceled")
