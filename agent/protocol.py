@@ -14,7 +14,6 @@ Direction and purpose:
     leader -> worker   JobOffer    (one job, stamped with the leader queue's epoch)
     anyone -> leader   JobSubmit   (a new job; idempotent by job id)
     transport->leader  Presence    (online / offline, from the retained presence topic or LWT)
-    cli    -> leader   StatusRequest, answered with a FleetStatus
     worker -> leader   AppMessage  (a device application's message, kind "app.CLASS": APPEND
                                     deduplicated by envelope id, or OVERWRITE per key, newest seq)
 """
@@ -53,8 +52,6 @@ KIND_JOB_SUBMIT = "job.submit"
 KIND_JOB_OFFER = "job.offer"
 KIND_JOB_DEMAND = "job.demand"
 KIND_JOB_RESULT = "job.result"
-KIND_STATUS_REQUEST = "status.request"
-KIND_FLEET_STATUS = "status.fleet"
 KIND_PING = "ping"
 # A device application's message travels as kind "app." + its class, so each class is its own
 # class in the outbox (caps, TTL, counters) and can never be taken for one of the agent's own.
@@ -205,40 +202,6 @@ class Ping(_Message, kw_only=True, frozen=True):
     sent_ms: TimestampMs = 0
 
 
-class StatusRequest(_Message, kw_only=True, frozen=True):
-    """Ask a leader for its `FleetStatus` (over MQTT, answered in the reply body)."""
-
-    stale_after_s: NonNegFloat | None = None
-
-
-class StaleDevice(_Message, kw_only=True, frozen=True):
-    device_id: str
-    last_seen_ms: int | None
-    age_s: float | None
-    online: bool
-
-
-class JobCounts(_Message, kw_only=True, frozen=True):
-    pending: int = 0
-    confirmed: int = 0
-    failed: int = 0  # confirmed with ok=False
-    epoch: int = 0
-
-
-class FleetStatus(_Message, kw_only=True, frozen=True):
-    """The fleet as one leader's database records it."""
-
-    generated_ms: int
-    total: int
-    online: int
-    offline: int
-    versions: dict[str, int] = msgspec.field(default_factory=dict)
-    stale_after_s: float = 0.0
-    stale_count: int = 0
-    stale: list[StaleDevice] = msgspec.field(default_factory=list)
-    jobs: JobCounts | None = None
-
-
 CORE_MESSAGES: tuple[tuple[str, type[msgspec.Struct]], ...] = (
     (KIND_HEARTBEAT, Heartbeat),
     (KIND_TELEMETRY, Telemetry),
@@ -247,8 +210,6 @@ CORE_MESSAGES: tuple[tuple[str, type[msgspec.Struct]], ...] = (
     (KIND_JOB_OFFER, JobOffer),
     (KIND_JOB_DEMAND, JobDemand),
     (KIND_JOB_RESULT, JobResult),
-    (KIND_STATUS_REQUEST, StatusRequest),
-    (KIND_FLEET_STATUS, FleetStatus),
     (KIND_PING, Ping),
 )
 
@@ -293,7 +254,6 @@ __all__ = [
     "ClassName",
     "app_kind",
     "decode_app_message",
-    "KIND_FLEET_STATUS",
     "KIND_HEARTBEAT",
     "KIND_JOB_DEMAND",
     "KIND_JOB_OFFER",
@@ -301,21 +261,16 @@ __all__ = [
     "KIND_JOB_SUBMIT",
     "KIND_PRESENCE",
     "KIND_PING",
-    "KIND_STATUS_REQUEST",
     "KIND_TELEMETRY",
     "CORE_MESSAGES",
     "REGISTRY",
-    "FleetStatus",
     "Heartbeat",
-    "JobCounts",
     "JobDemand",
     "JobOffer",
     "JobResult",
     "JobSubmit",
     "Presence",
-    "StaleDevice",
     "Ping",
-    "StatusRequest",
     "SystemSample",
     "Telemetry",
     "agent_registry",

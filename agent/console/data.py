@@ -10,8 +10,7 @@ from agent.core.clock import SystemClock
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow, reject_counts, reject_rows
-from agent.leader.status import summarize
-from agent.protocol import FleetStatus
+from agent.leader.status import FleetStatus, summarize
 
 PAGE = 50
 

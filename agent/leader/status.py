@@ -1,8 +1,8 @@
 """`edge-agent status`: a fleet summary read from the leader's database.
 
 The database is opened read-only, so the command is safe while the leader runs (WAL readers do
-not block the writer). `summarize()` builds a `FleetStatus` (the same Struct a leader returns
-over MQTT for a `StatusRequest`), `format_status()` renders it for people. A file that is
+not block the writer). `summarize()` builds a `FleetStatus`, `format_status()` renders it for
+people. A file that is
 missing, not SQLite, or not a leader database is a `StoreError` (the CLI's one line on stderr,
 exit 2).
 """
@@ -13,11 +13,42 @@ import sqlite3
 import time
 from pathlib import Path
 
+import msgspec
+
 from agent.core.clock import Clock, SystemClock
 from agent.leader.readonly import open_leader_db
-from agent.protocol import FleetStatus, JobCounts, StaleDevice
 
 DEFAULT_STALE_AFTER_S = 30.0
+
+
+class StaleDevice(msgspec.Struct, kw_only=True, frozen=True):
+    device_id: str
+    last_seen_ms: int | None
+    age_s: float | None
+    online: bool
+
+
+class JobCounts(msgspec.Struct, kw_only=True, frozen=True):
+    pending: int = 0
+    confirmed: int = 0
+    failed: int = 0  # confirmed with ok=False
+    epoch: int = 0
+
+
+class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
+    """The fleet as one leader's database records it (`status --json`, the console)."""
+
+    generated_ms: int
+    total: int
+    online: int
+    offline: int
+    versions: dict[str, int] = msgspec.field(default_factory=dict)
+    stale_after_s: float = 0.0
+    stale_count: int = 0
+    stale: list[StaleDevice] = msgspec.field(default_factory=list)
+    jobs: JobCounts | None = None
+
+
 
 
 def summarize(
@@ -139,4 +170,4 @@ def format_status(summary: FleetStatus) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_STALE_AFTER_S", "format_status", "summarize"]
+__all__ = ["DEFAULT_STALE_AFTER_S", "FleetStatus", "JobCounts", "StaleDevice", "format_status", "summarize"]

@@ -10,8 +10,8 @@ from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError
 from agent.leader.jobs import JobQueue
 from agent.leader.registry import DeviceRegistry
-from agent.leader.status import format_status, summarize
-from agent.protocol import FleetStatus, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
+from agent.leader.status import FleetStatus, format_status, summarize
+from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
 
 
 def hb(device: str, seq: int, version: str) -> Heartbeat:
