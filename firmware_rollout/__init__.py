@@ -1,6 +1,6 @@
 """Firmware rollouts: a library in three rooms over a shared artifact format.
 
-Layer 5: imports `agent.core`, `agent.actors`, `agent.outbox` and `agent.transport`, never the
+Layer 4: imports `agent.core`, `agent.actors`, `agent.outbox` and `agent.transport`, never the
 worker, leader, simulator or CLI (the import contracts in `pyproject.toml` say so).
 
     messages, errors, windows, _fs   shared: the wire messages, the error tree, maintenance

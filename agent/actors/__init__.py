@@ -1,4 +1,4 @@
-"""Layer 2: actors with bounded mailboxes, ask/tell, supervision and graceful stop.
+"""Layer 1: actors with bounded mailboxes, ask/tell, supervision and graceful stop.
 
     from agent.actors import Actor, ActorSystem, Context
 

@@ -1,1 +1,1 @@
-"""Layer 1: clock, ids, wire codec, typed errors and config. Imports nothing above it."""
+"""Layer 0: clock, ids, wire codec, typed errors and config. Imports nothing above it."""

@@ -1,4 +1,4 @@
-"""Layer 3: the durable outbox (SQLite store) and the relay that drains it."""
+"""Layer 2: the durable outbox (SQLite store) and the relay that drains it."""
 
 from agent.outbox.partition import fnv1a_32, partition_of
 from agent.outbox.policy import ClassPolicy

@@ -1,4 +1,4 @@
-"""Layer 7 beside the CLI: what makes the agent a well-made Linux service.
+"""Layer 3: what makes the agent a well-made Linux service.
 
 sd_notify readiness and watchdog (`sdnotify`), signals and ordered shutdown (`signals`),
 `/healthz` and `/metrics` (`healthhttp`, `prom`, `checks`, `collectors`), structured,

@@ -1,0 +1,57 @@
+"""The layers of docs/architecture.md, as the packages' own docstrings and the import contracts
+state them: a package that says "Layer N" says the doc's number, and the contracts list the
+rooms in the doc's order (lint-imports then checks the imports against them)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def doc_layers() -> dict[str, int]:
+    """{room: layer number} from the diagram under "## Layers"."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## Layers", 1)[1].split("```", 2)[1]
+    found: dict[str, int] = {}
+    for line in section.splitlines():
+        match = re.match(r"\s*(\d+)\s+(\S.*?)\s{2,}", line + "  ")
+        if match:
+            for room in match[2].split("|"):
+                found[room.strip()] = int(match[1])
+    return found
+
+
+def test_the_doc_names_every_layer_once() -> None:
+    layers = doc_layers()
+    assert sorted(set(layers.values())) == list(range(10))
+    assert layers["agent.core"] == 0 and layers["agent.cli"] == 9
+
+
+def test_each_package_docstring_says_its_layer_as_the_doc_does() -> None:
+    layers = doc_layers()
+    checked = 0
+    for room, number in layers.items():
+        init = REPO / Path(*room.split(".")) / "__init__.py"
+        module = init if init.exists() else REPO / (str(Path(*room.split("."))) + ".py")
+        docstring = ast.get_docstring(ast.parse(module.read_text())) or ""
+        said = re.search(r"\bLayer (\d+)\b", docstring)
+        if said is None:
+            continue
+        checked += 1
+        assert int(said[1]) == number, f"{module.relative_to(REPO)} says layer {said[1]}, docs say {number}"
+    assert checked >= 8
+
+
+def test_the_layers_contract_lists_the_doc_rooms_in_order() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    contract = config["tool"]["importlinter"]["contracts"][0]
+    layers = doc_layers()
+    listed = [{room.strip() for room in entry.split("|")} for entry in contract["layers"]]
+    numbers = [{layers[room] for room in rooms} for rooms in listed]
+    assert all(len(n) == 1 for n in numbers), numbers
+    assert [n.pop() for n in numbers] == list(range(9, -1, -1))
+
