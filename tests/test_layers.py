@@ -55,3 +55,12 @@ def test_the_layers_contract_lists_the_doc_rooms_in_order() -> None:
     assert all(len(n) == 1 for n in numbers), numbers
     assert [n.pop() for n in numbers] == list(range(9, -1, -1))
 
+
+def test_the_features_contract_forbids_every_private_transport_module() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "forbidden")
+    assert set(contract["source_modules"]) == {"agent.commands", "agent.sim"}
+    private = {f"agent.transport.{p.stem}" for p in (REPO / "agent" / "transport").glob("_*.py") if p.stem != "__init__"}
+    assert private and private <= set(contract["forbidden_modules"])
+    features = {"agent.leader.rollout", "agent.leader.northbound", "agent.worker.updater_actor"}
+    assert features <= set(contract["forbidden_modules"])

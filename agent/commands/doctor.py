@@ -41,7 +41,7 @@ from agent.core.config import AgentConfig
 from agent.core.errors import EdgeAgentError
 
 if TYPE_CHECKING:
-    from agent.transport._mqtt_settings import TlsSettings
+    from agent.transport import TlsSettings
     from agent.transport.probe import BrokerAddress
 
 CHECKS = ("config", "data dir", "agent", "clock", "broker", "tls", "credentials", "mqtt v5", "acl", "leader",
@@ -146,7 +146,7 @@ def _clock() -> Outcome:
 
 
 def _network(config: AgentConfig, args: argparse.Namespace, skip: set[str], *, running: bool) -> Iterator[Outcome]:
-    from agent.transport._mqtt_settings import TlsSettings
+    from agent.transport import TlsSettings
     from agent.transport.probe import broker_address, probe_tcp, probe_tls
 
     url = args.broker or config.mqtt.url

@@ -37,7 +37,7 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
         except ConfigError as exc:
             raise ConfigError("--broker" if broker else source, None if broker else "mqtt.url", exc.reason) from None
         if url.startswith("mqtts://") or m.tls_ca or m.tls_cert:
-            from agent.transport._mqtt_settings import TlsSettings
+            from agent.transport import TlsSettings
 
             try:
                 TlsSettings(ca_file=m.tls_ca, cert_file=m.tls_cert, key_file=m.tls_key).context()
@@ -74,7 +74,7 @@ def _check_artifact_server(config: AgentConfig, source: str) -> None:
     """A leader's `[artifacts]` TLS files load (the server would fail its start on them)."""
     if config.agent.role != "leader" or not config.artifacts.listen:
         return
-    from agent.leader.rollout import artifact_tls
+    from agent.service.files import artifact_tls
 
     artifact_tls(config, source=source)
 

@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -153,6 +153,28 @@ class HeartbeatIntake(Actor):
             log.warning("heartbeats not applied at stop: %s", exc)
 
 
+M = TypeVar("M", bound=msgspec.Struct)
+#: What applying one durable message gave: True (new), False (a duplicate, or refused but
+#: answered), or the error to answer it with.
+Applied = bool | BaseException
+
+
+@dataclass(frozen=True, eq=False)
+class DurableKind(Generic[M]):
+    """How the LeaderActor applies one kind of durable message, declared where the kind is
+    registered (`LeaderAgent.register_durable`): the messages of a batch of this kind together
+    (`batch`: one call, one outcome each, in arrival order), or each alone (`one`: in arrival
+    order among every kind applied one at a time, after the batched kinds)."""
+
+    name: str
+    batch: Callable[[list[tuple[str, M]]], Awaitable[Sequence[Applied]]] | None = None
+    one: Callable[[M], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.batch is None) == (self.one is None):
+            raise ValueError(f"durable kind {self.name!r}: give exactly one of batch and one")
+
+
 @dataclass(slots=True)
 class Durable:
     """A message whose reply waits for its commit: `done` gets True (new), False (duplicate or
@@ -162,6 +184,7 @@ class Durable:
     sender: str
     message: msgspec.Struct
     done: asyncio.Future[bool]
+    kind: DurableKind[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +217,9 @@ Dispatcher = Callable[[Sequence[Dispatch]], Awaitable[None]]
 
 
 class LeaderActor(Actor):
-    """Applies durable messages in batches and dispatches jobs after each batch."""
+    """Applies durable messages in batches and dispatches jobs after each batch. The kinds it
+    applies are its attributes (`telemetry`, `app_messages`, `job_results`, `job_demands`,
+    `job_submissions`, `presence`), each registered with its route by the leader."""
 
     def __init__(self, registry: DeviceRegistry, jobs: JobQueue, *, dispatch: Dispatcher,
                  batch_max: int = DEFAULT_BATCH_MAX, sinks: MessageSinks | None = None) -> None:
@@ -205,6 +230,14 @@ class LeaderActor(Actor):
         self._batch_max = batch_max
         self._pending: list[Durable] = []
         self.stats = LeaderStats()
+        self.telemetry = DurableKind[Telemetry]("telemetry", batch=self._apply_telemetry)
+        self.app_messages = DurableKind[AppMessage]("app", batch=self._apply_messages)
+        self.job_results = DurableKind[JobResult]("job.result", one=self._apply_result)
+        # a worker of wire 1 (its demand is not on its heartbeats)
+        self.job_demands = DurableKind[JobDemand]("job.demand", one=lambda d: self._register(d) != "violation")
+        self.job_submissions = DurableKind[JobSubmit]("job.submit",
+                                                      one=lambda j: self._jobs.submit(j).outcome == "stored")
+        self.presence = DurableKind[Presence]("presence", one=self._apply_presence)
 
     async def on_start(self, ctx: Context) -> None:
         await self._send_offers()  # jobs reloaded after a restart wait for registrations
@@ -242,59 +275,59 @@ class LeaderActor(Actor):
         self.stats.workers_lost += len(devices)
 
     async def _apply(self, batch: list[Durable]) -> None:
+        """The batched kinds first, each in one call; then the others one at a time, in order."""
         self.stats.batches += 1
-        telemetry = [(d.msg_id, d.message) for d in batch if isinstance(d.message, Telemetry)]
-        outcome: dict[int, bool | BaseException] = {}
-        if telemetry:
-            new: Sequence[bool | StoreError]
+        outcome: dict[int, Applied] = {}
+        together: dict[DurableKind[Any], list[Durable]] = {}
+        for d in batch:
+            if d.kind.batch is not None:
+                together.setdefault(d.kind, []).append(d)
+        for kind, items in together.items():
+            assert kind.batch is not None
+            result: Sequence[Applied]
             try:
-                new = self._registry.apply_telemetry_batch(telemetry)  # a refused record: its error
-            except UnstorableValue:  # one record cannot be stored: each alone, it fails alone
-                new = [self._telemetry_alone(item) for item in telemetry]
+                result = await kind.batch([(d.msg_id, d.message) for d in items])
             except StoreError as exc:
-                new = [exc] * len(telemetry)
-            it = iter(new)
-            for d in batch:
-                if isinstance(d.message, Telemetry):
-                    value = next(it)
-                    outcome[id(d)] = value
-                    if value is True:
-                        self.stats.telemetry_new += 1
-                    elif value is False:
-                        self.stats.telemetry_duplicate += 1
-        apps = [d for d in batch if isinstance(d.message, AppMessage)]
-        if apps:
-            await self._apply_messages(apps, outcome)
+                log.warning("%d %s messages not applied: %s", len(items), kind.name, exc)
+                result = [exc] * len(items)
+            for d, value in zip(items, result, strict=True):
+                outcome[id(d)] = value
         for d in batch:
             if id(d) in outcome:
                 continue
+            assert d.kind.one is not None
             try:
-                outcome[id(d)] = self._apply_one(d)
+                outcome[id(d)] = d.kind.one(d.message)
             except StoreError as exc:
                 outcome[id(d)] = exc
         for d in batch:
-            result = outcome[id(d)]
+            value = outcome[id(d)]
             if d.done.done():
                 continue
-            if isinstance(result, BaseException):
-                d.done.set_exception(result)
+            if isinstance(value, BaseException):
+                d.done.set_exception(value)
             else:
-                d.done.set_result(result)
+                d.done.set_result(value)
 
-    async def _apply_messages(self, apps: list[Durable], outcome: dict[int, bool | BaseException]) -> None:
-        """Application messages go to the sinks in one batch; a failure answers each busy."""
-        result: Sequence[bool | BaseException]
+    async def _apply_telemetry(self, items: list[tuple[str, Telemetry]]) -> Sequence[Applied]:
+        """One transaction for the batch; a record that cannot be stored fails alone."""
+        new: Sequence[bool | StoreError]
+        try:
+            new = self._registry.apply_telemetry_batch(items)  # a refused record: its error
+        except UnstorableValue:  # one record cannot be stored: each alone, it fails alone
+            new = [self._telemetry_alone(item) for item in items]
+        for value in new:
+            if value is True:
+                self.stats.telemetry_new += 1
+            elif value is False:
+                self.stats.telemetry_duplicate += 1
+        return new
+
+    async def _apply_messages(self, items: list[tuple[str, AppMessage]]) -> Sequence[Applied]:
+        """Application messages go to the sinks in one batch."""
         if self._sinks is None:
-            result = [StoreError("this leader takes no application messages")] * len(apps)
-        else:
-            items = [(d.msg_id, d.message) for d in apps if isinstance(d.message, AppMessage)]
-            try:
-                result = await self._sinks.apply(items)
-            except StoreError as exc:
-                log.warning("%d application messages not stored: %s", len(apps), exc)
-                result = [exc] * len(apps)
-        for d, value in zip(apps, result, strict=True):
-            outcome[id(d)] = value
+            return [StoreError("this leader takes no application messages")] * len(items)
+        return await self._sinks.apply(items)
 
     def _telemetry_alone(self, item: tuple[str, Telemetry]) -> bool | StoreError:
         try:
@@ -302,25 +335,20 @@ class LeaderActor(Actor):
         except StoreError as exc:
             return exc
 
-    def _apply_one(self, d: Durable) -> bool:
-        msg = d.message
-        if isinstance(msg, JobResult):
-            ack = self._jobs.result(msg)
-            self.stats.results[ack.outcome] = self.stats.results.get(ack.outcome, 0) + 1
-            if ack.outcome == "violation":
-                log.warning("job result from %s refused: %s", msg.worker, ack.reason)
-            return ack.outcome == "confirmed"
-        if isinstance(msg, JobDemand):  # a worker of wire 1 (its demand is not on its heartbeats)
-            return self._register(msg) != "violation"
-        if isinstance(msg, JobSubmit):
-            return self._jobs.submit(msg).outcome == "stored"
-        if isinstance(msg, Presence):
-            self.stats.presence += 1
-            changed = self._registry.apply_presence(msg.device_id, msg.status == "online", session=msg.session)
-            if msg.status == "offline" and changed:
-                self.lose_workers([msg.device_id], "presence")
-            return changed
-        raise StoreError(f"the leader does not apply {type(msg).__name__} messages")
+    def _apply_result(self, result: JobResult) -> bool:
+        ack = self._jobs.result(result)
+        self.stats.results[ack.outcome] = self.stats.results.get(ack.outcome, 0) + 1
+        if ack.outcome == "violation":
+            log.warning("job result from %s refused: %s", result.worker, ack.reason)
+        return ack.outcome == "confirmed"
+
+    def _apply_presence(self, presence: Presence) -> bool:
+        self.stats.presence += 1
+        changed = self._registry.apply_presence(presence.device_id, presence.status == "online",
+                                                session=presence.session)
+        if presence.status == "offline" and changed:
+            self.lose_workers([presence.device_id], "presence")
+        return changed
 
     async def _send_offers(self) -> None:
         offers = self._jobs.dispatch()
@@ -336,9 +364,11 @@ class LeaderActor(Actor):
 
 __all__ = [
     "DEFAULT_BATCH_MAX",
+    "Applied",
     "DemandSink",
     "Dispatcher",
     "Durable",
+    "DurableKind",
     "HeartbeatIntake",
     "IntakeStats",
     "Refused",

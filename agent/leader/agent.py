@@ -23,7 +23,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import msgspec
 
@@ -37,7 +37,15 @@ from agent.core.ratelog import RateLimitedLog
 from agent.core.sqlite import damage_report, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
-from agent.leader.actors import Durable, HeartbeatIntake, LeaderActor, RegisterDemand, SubmitJobs, WorkersLost
+from agent.leader.actors import (
+    Durable,
+    DurableKind,
+    HeartbeatIntake,
+    LeaderActor,
+    RegisterDemand,
+    SubmitJobs,
+    WorkersLost,
+)
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
 from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
 from agent.leader.messages import MessageLog
@@ -57,7 +65,6 @@ from agent.protocol import (
     KIND_JOB_SUBMIT,
     KIND_PING,
     KIND_TELEMETRY,
-    AppMessage,
     Heartbeat,
     JobDemand,
     JobResult,
@@ -70,6 +77,7 @@ from agent.protocol import (
     encode_message,
     kind_of,
 )
+from agent.service.parts import Checks, Collectors, Liveness, PartBase
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
@@ -83,6 +91,8 @@ BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a me
 # may lag (no RTC on a Pi), but a timestamp from the far future would outrank every later one.
 MAX_AHEAD_MS = 24 * 3600 * 1000
 REJECT_LOG_INTERVAL_S = 60.0
+
+M = TypeVar("M", bound=msgspec.Struct)
 
 #: Answers one decoded message from a device on the up topic: at once (a Reply) or when what it
 #: waits for is done (an awaitable of one).
@@ -99,7 +109,11 @@ class LeaderOptions(TypedDict, total=False):
     housekeeping: bool | None
 
 
-class LeaderAgent:
+class LeaderAgent(PartBase):
+    """The leader's core part (`agent.service.parts`): its inbox, intake actors, stores and relay."""
+
+    name = "leader"
+
     def __init__(
         self,
         config: AgentConfig,
@@ -155,7 +169,9 @@ class LeaderAgent:
         self.intake: ActorRef | None = None
         self.leader: ActorRef | None = None
         self._intake_actor: HeartbeatIntake | None = None
-        self._leader_actor: LeaderActor | None = None
+        # The durable kinds are the LeaderActor's: made here so that each is registered with its route.
+        self._leader_actor = LeaderActor(registry, jobs, dispatch=self._send_offers, batch_max=intake_batch_max,
+                                         sinks=self.sinks)
         self._watcher: asyncio.Task[None] | None = None
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
@@ -166,18 +182,20 @@ class LeaderAgent:
                 name=f"housekeeping:{self.device_id}", messages=messages,
                 messages_retention_s=config.messages.retention_s)
         self._started = False
+        self._closed = False
         self.refused_forged = 0
         self.busy_answers = 0
         # What the up topic carries: the kinds this agent decodes, and the route of each. The
         # rollout service adds firmware reports and chunk requests the same way.
         self.kinds = agent_registry()
         self._routes: dict[str, Route] = {}
+        actor = self._leader_actor
         self.register_route(KIND_HEARTBEAT, Heartbeat, self._heartbeat)
-        self.register_route(KIND_TELEMETRY, Telemetry, self._telemetry)
-        self.register_route(KIND_JOB_SUBMIT, JobSubmit, self._job_submit)
         self.register_route(KIND_PING, Ping, self._ping)
-        for kind, type_ in ((KIND_JOB_RESULT, JobResult), (KIND_JOB_DEMAND, JobDemand)):
-            self.register_route(kind, type_, self._durable)
+        self.register_durable(KIND_TELEMETRY, Telemetry, actor.telemetry, check=self._not_far_ahead)
+        self.register_durable(KIND_JOB_SUBMIT, JobSubmit, actor.job_submissions, check=self._from_operator)
+        self.register_durable(KIND_JOB_RESULT, JobResult, actor.job_results)
+        self.register_durable(KIND_JOB_DEMAND, JobDemand, actor.job_demands)
         lc = config.leader
         self._operators = frozenset(lc.operators)
         # One line per device and kind (or topic) per minute, with the count of the rest: a
@@ -185,6 +203,7 @@ class LeaderAgent:
         self._reject_log = RateLimitedLog(log, clock, REJECT_LOG_INTERVAL_S)
         self.rates = DeviceRates(clock, rate_per_s=lc.device_rate_per_s, burst=lc.device_burst) \
             if lc.device_rate_per_s > 0 else None
+        self.data_dir: Path | None = None  # where `open` opened its databases (None: stores handed in)
 
     @classmethod
     async def open(
@@ -221,8 +240,10 @@ class LeaderAgent:
             if messages is not None:
                 messages.close()
             raise
-        return cls(config, transport=transport, clock=clock, outbox=outbox, registry=registry, jobs=jobs,
-                   rejects=rejects, messages=messages, **kwargs)
+        leader = cls(config, transport=transport, clock=clock, outbox=outbox, registry=registry, jobs=jobs,
+                     rejects=rejects, messages=messages, **kwargs)
+        leader.data_dir = base
+        return leader
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -237,8 +258,6 @@ class LeaderAgent:
         self.intake = self.system.spawn(
             self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject",
             stall_s=cfg.mailbox.stall_s)
-        self._leader_actor = LeaderActor(self.registry, self.jobs_queue, dispatch=self._send_offers,
-                                         batch_max=self._batch_max, sinks=self.sinks)
         self.leader = self.system.spawn(
             self._leader_actor, name="leader", capacity=cfg.mailbox.capacity, policy="reject",
             stall_s=cfg.mailbox.stall_s)
@@ -253,9 +272,21 @@ class LeaderAgent:
             await self.housekeeping.start()
 
     async def stop(self) -> None:
-        if not self._started:
-            return
-        self._started = False
+        """Stop taking work, hand untried rows back, disconnect, flush and close the stores (a
+        leader never started closes its stores alone)."""
+        if self._started:
+            self._started = False
+            await self._stop_running()
+        if self._owns_stores and not self._closed:
+            self._closed = True
+            await self.outbox.close()
+            self.registry.close()
+            self.jobs_queue.close()
+            self.rejects.close()
+            if self.messages is not None:
+                self.messages.close()
+
+    async def _stop_running(self) -> None:
         if self.housekeeping is not None:
             await self.housekeeping.stop()
         if self._reports is not None:
@@ -270,13 +301,6 @@ class LeaderAgent:
         await self.sender.stop()
         await stopping
         await self.transport.stop()
-        if self._owns_stores:
-            await self.outbox.close()
-            self.registry.close()
-            self.jobs_queue.close()
-            self.rejects.close()
-            if self.messages is not None:
-                self.messages.close()
 
     # -- API -----------------------------------------------------------------------------------
     async def submit_jobs(self, jobs: Sequence[JobSubmit], *, timeout_s: float = 30.0) -> list[SubmitResult]:
@@ -294,8 +318,56 @@ class LeaderAgent:
         return self._intake_actor
 
     @property
-    def leader_stats(self) -> LeaderActor | None:
+    def leader_stats(self) -> LeaderActor:
         return self._leader_actor
+
+    # -- as a part of the running agent --------------------------------------------------------
+    def databases(self) -> list[Path]:
+        """The SQLite files this agent owns (none when its stores were handed in)."""
+        return [Path(self.outbox.path), Path(self.registry.path)] if self._owns_stores else []
+
+    def liveness(self) -> Liveness:
+        return {"actors": (self.system.problem, "all actors running")}
+
+    def checks(self) -> Checks:
+        from agent.service.checks import disk_space_check, gate_check, predicate_check, sqlite_writable_check
+
+        relay = self.relay
+        found = {"transport": gate_check(self.transport.connected),
+                 "database": sqlite_writable_check(self.outbox.path, clock=self.clock),
+                 "relay": predicate_check(lambda: relay.running, up="running", down="stopped")}
+        if self.data_dir is not None:
+            found["disk"] = disk_space_check(self.data_dir)
+        return found
+
+    def collectors(self) -> Collectors:
+        from agent.service.collectors import (
+            mailbox_collector,
+            outbox_collector,
+            per_class_collector,
+            relay_collector,
+            snapshot_collector,
+        )
+
+        found = {"relay": relay_collector(self.relay.metrics),
+                 "mailbox": mailbox_collector(self.system.statistics),
+                 "outbox": outbox_collector(self.outbox.stats)}
+        if self.housekeeping is not None:
+            found["housekeeping"] = snapshot_collector(
+                "ea_housekeeping", self.housekeeping.metrics, counters=("pruned", "rounds", "errors"), label="table")
+        found["jobs"] = snapshot_collector("ea_jobs", self.jobs_queue.stats)
+        found["leader"] = snapshot_collector("ea_leader", lambda: {
+            "busy_answers": self.busy_answers, "refused_forged": self.refused_forged,
+            "rejects": self.rejects.count}, label="counter")
+        if self.sinks is not None:
+            found["messages"] = per_class_collector(
+                "ea_leader_messages", self.sinks.stats.snapshot,
+                counters=("applied", "duplicates", "rejected", "forwarded"),
+                help_={"applied": "Application messages stored (each once).",
+                       "duplicates": "Redeliveries of application messages already stored (suppressed).",
+                       "rejected": "Application messages the leader refused (see edge-agent rejects).",
+                       "forwarded": "Application messages queued for the northbound broker."})
+        return found
 
     # -- inbound -------------------------------------------------------------------------------
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None:
@@ -304,9 +376,18 @@ class LeaderAgent:
         self.kinds.register(kind, type_)
         self._routes[kind] = route
 
-    def unregister_route(self, kind: str) -> None:
-        """Stop taking `kind` (it is refused again, as a kind the leader does not take)."""
-        self._routes.pop(kind, None)
+    def register_durable(self, kind: str, type_: type[M], durable: DurableKind[M], *,
+                         check: Callable[[Envelope, M], Reply | None] | None = None) -> None:
+        """Take `kind` as a durable message: `check` may refuse it (its Reply), else it is told to
+        the LeaderActor, applied with `durable` and answered `accepted` once committed. The one way
+        to give the leader a new durable kind: how it is applied is declared with its route."""
+
+        def route(env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
+            assert isinstance(message, type_)
+            refusal = check(env, message) if check is not None else None
+            return refusal or self._durable(env, message, durable)
+
+        self.register_route(kind, type_, route)
 
     def _on_up(self, env: Envelope, _message: InboundMessage) -> Reply | Awaitable[Reply]:
         if self.rates is not None:
@@ -341,8 +422,12 @@ class LeaderAgent:
 
     def _app_message(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
         """Stored once it is in the sinks."""
-        assert isinstance(message, AppMessage)
-        return self._refuse_far_ahead(env, message.ts_ms) or self._durable(env, message)
+        return self._not_far_ahead(env, message) or self._durable(env, message, self._leader_actor.app_messages)
+
+    def _not_far_ahead(self, env: Envelope, message: msgspec.Struct) -> Reply | None:
+        """A record's own timestamp (`ts_ms`) must not be too far ahead (see MAX_AHEAD_MS)."""
+        ts_ms = getattr(message, "ts_ms", None)
+        return self._refuse_far_ahead(env, ts_ms) if isinstance(ts_ms, int) else None
 
     def _ping(self, env: Envelope, _message: msgspec.Struct) -> Reply:
         return Reply(id=env.id, status="accepted")  # nothing stored: a round trip for `doctor`
@@ -363,24 +448,20 @@ class LeaderAgent:
         self._record_reject(topic=self._up_topic(hb.device_id), reason=f"heartbeat {hb.seq} not stored: {reason}",
                             payload=b"", sender=hb.device_id, kind="heartbeat")
 
-    def _telemetry(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
-        assert isinstance(message, Telemetry)
-        return self._refuse_far_ahead(env, message.ts_ms) or self._durable(env, message)
-
-    def _job_submit(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
+    def _from_operator(self, env: Envelope, _message: msgspec.Struct) -> Reply | None:
         """Jobs come from operators only (`leader.operators`, or `submit_jobs` on the leader's
         host): a device's job would run on every other worker."""
         if env.sender not in self._operators:
             return self._refuse(env, f"job.submit is taken from an operator (leader.operators) only, not from"
                                      f" device {env.sender!r}")
-        return self._durable(env, message)
+        return None
 
-    def _durable(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
+    def _durable(self, env: Envelope, message: msgspec.Struct, kind: DurableKind[Any]) -> Reply | Awaitable[Reply]:
         """Told to the LeaderActor now; answered `accepted` once its batch is committed."""
         assert self.leader is not None
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
-            self.leader.tell(Durable(env.id, env.sender, message, done))
+            self.leader.tell(Durable(env.id, env.sender, message, done, kind))
         except MailboxFull as exc:
             self.busy_answers += 1
             return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
@@ -442,7 +523,7 @@ class LeaderAgent:
         for _ in range(20):
             try:
                 assert self.leader is not None
-                self.leader.tell(Durable(f"presence:{device}", device, presence, done))
+                self.leader.tell(Durable(f"presence:{device}", device, presence, done, self._leader_actor.presence))
                 break
             except MailboxFull as exc:
                 await self.clock.sleep(exc.retry_after_ms / 1000.0)

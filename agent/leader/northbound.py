@@ -26,6 +26,7 @@ from agent.core.clock import Clock
 from agent.core.config import AgentConfig, NorthboundSection, resolve
 from agent.core.errors import CodecError, ConfigError, NotConnected, Permanent, Transient, TransportError
 from agent.leader.agent import LeaderAgent
+from agent.leader.env import GatewayEnv
 from agent.leader.messages import payload_fields
 from agent.outbox.policy import ClassPolicy
 from agent.outbox.relay import Relay
@@ -33,6 +34,7 @@ from agent.outbox.settings import aimd_settings, retry_policy
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxMessage, OutboxRow
 from agent.protocol import AppMessage, app_kind, decode_as, encode_message
+from agent.service.parts import Collectors, PartBase
 from agent.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,9 @@ def northbound_payload(settings: NorthboundSection, msg_id: str, message: AppMes
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-class Northbound:
-    """A `Forwarder` for `MessageSinks` with its own outbox, relay and transport."""
+class Northbound(PartBase):
+    """A `Forwarder` for `MessageSinks` with its own outbox, relay and transport; a part of the
+    leader (`agent.service.parts`) that stops after it, so what the leader took is queued first."""
 
     name = "northbound"
 
@@ -105,11 +108,22 @@ class Northbound:
     async def start(self) -> None:
         await self.transport.start()
         await self.relay.start()
+        log.info("forwarding application messages northbound", extra={"kv": {"url": self.settings.url or "(given)"}})
 
     async def stop(self) -> None:
         await self.relay.stop_within()
         await self.transport.stop()
         await self.outbox.close()
+
+    def collectors(self) -> Collectors:
+        from agent.service.collectors import snapshot_collector
+
+        return {"northbound": snapshot_collector(
+            "ea_northbound", self.stats, counters=("delivered", "published"),
+            help_={"connected": "1 while connected to the northbound broker.",
+                   "pending": "Application messages queued for the northbound broker.",
+                   "delivered": "Application messages the northbound broker acknowledged (persisted).",
+                   "published": "Publishes the northbound broker acknowledged since start."})}
 
     async def stats(self) -> dict[str, object]:
         s = await self.outbox.stats()
@@ -133,20 +147,18 @@ def northbound_transport(config: AgentConfig, *, clock: Clock, rng: random.Rando
         reconnect_max_s=config.mqtt.reconnect_max_s, max_payload_bytes=config.mqtt.max_payload_bytes * 2, rng=rng)
 
 
-async def attach_northbound(leader: LeaderAgent, config: AgentConfig, base: Path, *,
-                            transport: Transport | None = None) -> Northbound | None:
-    """Forward the leader's application messages northbound when `[northbound] url` is set (or a
-    `transport` is given); started here. None when off."""
-    if not config.northbound.url and transport is None:
+async def northbound_part(leader: LeaderAgent, env: GatewayEnv) -> Northbound | None:
+    """The leader's feature that forwards application messages northbound when `[northbound] url`
+    is set (or the environment hands a transport); None when off. Its forwarder is in the sinks
+    from here on, so nothing the leader takes escapes it; `start` connects."""
+    config = leader.config
+    if (not config.northbound.url and env.northbound_transport is None) or leader.sinks is None:
         return None
-    if leader.sinks is None:
-        return None
-    link = transport if transport is not None else northbound_transport(config, clock=leader.clock)
+    link = env.northbound_transport or northbound_transport(config, clock=leader.clock)
+    base = leader.data_dir if leader.data_dir is not None else Path(config.agent.data_dir)
     northbound = await Northbound.open(config, base, transport=link, clock=leader.clock)
     leader.sinks.add_forwarder(northbound)
-    await northbound.start()
-    log.info("forwarding application messages northbound", extra={"kv": {"url": config.northbound.url or "(given)"}})
     return northbound
 
 
-__all__ = ["Northbound", "attach_northbound", "northbound_payload", "northbound_transport", "topic_of"]
+__all__ = ["Northbound", "northbound_part", "northbound_payload", "northbound_transport", "topic_of"]

@@ -10,8 +10,8 @@
     Orchestrator.run() ──offers──► leader OutboxStore (key per rollout, device) ──► relay ──► devices
                          ◄── controls written by `edge-agent rollout ...` into leader.db
 
-`attach_rollout(leader, db_path=...)` after `leader.start()`; `await service.stop()` before
-`leader.stop()`. The service asks of the leader only what `RolloutHost` names. Controls
+`rollout_part(leader, env)` builds it (a part of the leader, `agent.app`): started after the
+leader, stopped before it. The service asks of the leader only what `RolloutHost` names. Controls
 written by the CLI are picked up on the orchestrator's tick (every `poll_s`, one indexed read);
 in-process callers use `service.orchestrator.control(...)`.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +35,14 @@ from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
 from agent.core.tasks import cancel_and_wait
-from agent.leader.agent import LEADER_DB, Route
+from agent.leader.agent import LEADER_DB, LeaderAgent, Route
+from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
+from agent.service.files import artifact_tls
+from agent.service.parts import Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
-from firmware_rollout.artifact.keys import VerifyKey, load_verify_key
+from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
 from firmware_rollout.messages import (
     KIND_CHUNK_REQUEST,
@@ -125,8 +127,6 @@ class RolloutHost(Protocol):
 
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None: ...
 
-    def unregister_route(self, kind: str) -> None: ...
-
 
 class LeaderPort:
     """The orchestrator's view of the leader: the registry's devices, the outbox for offers."""
@@ -173,7 +173,11 @@ def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
     return ArtifactStore(directory, load_verify_key(key_path) if key_path else None)
 
 
-class RolloutService:
+class RolloutService(PartBase):
+    """The leader's rollout feature, one part of it (`agent.service.parts`)."""
+
+    name = "rollouts"
+
     def __init__(self, leader: RolloutHost, store: RolloutStore, *, poll_s: float = 2.0,
                  report_capacity: int = 256, artifacts: ArtifactStore | None = None,
                  serve_http: bool = False) -> None:
@@ -198,22 +202,34 @@ class RolloutService:
         self.http: ArtifactServer | None = None
         self._by_image: dict[str, Path] = {}  # image sha256 (hex) -> the store's copy
         self._by_image_scanned_ms = -1_000_000  # a hash not known yet looks the rollouts up again after 1 s
+        self._stopped = False
 
-    async def start(self) -> None:
+    def register(self) -> None:
+        """Take firmware reports and chunk requests from devices: the report intake actor and
+        the two routes, in place before the leader's inbox starts (a report is never refused as
+        a kind the leader does not take)."""
         leader = self.leader
-        if self._serve_http:
-            await self._start_http()
         self.intake = ReportIntake(self.orchestrator)
         self._intake_ref = leader.system.spawn(
             self.intake, name="rollout-reports", capacity=self._report_capacity, policy="reject",
             stall_s=leader.config.mailbox.stall_s)
         leader.register_route(KIND_UPDATE_REPORT, UpdateReport, self._on_report)
         leader.register_route(KIND_CHUNK_REQUEST, ChunkRequest, self._on_chunk)
+
+    async def start(self) -> None:
+        """Serve artifacts over HTTP (when `[artifacts] listen` is set) and run the orchestrator."""
+        if self._intake_ref is None:
+            self.register()
+        if self._serve_http:
+            await self._start_http()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
         self._serving_task = loop.create_task(self._store_serving_every_tick(), name="rollout-serving")
 
     async def stop(self) -> None:
+        """Stop the orchestrator and the artifact server. Reports and chunk requests that still
+        arrive are answered busy: the device keeps them and sends them to the next leader."""
+        self._stopped = True
         self.orchestrator.stop()
         for task in (self._task, self._serving_task):
             await cancel_and_wait(task)
@@ -222,10 +238,15 @@ class RolloutService:
         if self.http is not None:
             await self.http.stop()
             self.http = None
-        self.leader.unregister_route(KIND_UPDATE_REPORT)
-        self.leader.unregister_route(KIND_CHUNK_REQUEST)
         if self.owns_store:
             self.store.close()
+
+    def collectors(self) -> Collectors:
+        found = {"rollouts": rollout_collector(self.store)}
+        http = self.http
+        if http is not None:
+            found["artifact server"] = artifact_server_collector(http)
+        return found
 
     def store_serving(self) -> None:
         """Add what each rollout's ConfigServers served since the last call to the rollout store
@@ -261,6 +282,8 @@ class RolloutService:
         if message.device != env.sender:
             return Reply(id=env.id, status="rejected",
                          reason=f"report names device {message.device!r} but the sender is {env.sender!r}")
+        if self._stopped:
+            return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason="rollouts are stopping")
         assert self._intake_ref is not None
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
@@ -280,6 +303,8 @@ class RolloutService:
     async def _on_chunk(self, env: Envelope, message: msgspec.Struct) -> Reply:
         if not isinstance(message, ChunkRequest):
             return Reply(id=env.id, status="rejected", reason="not a chunk request")
+        if self._stopped:
+            return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason="rollouts are stopping")
         pool = self._pool(message.rollout_id)
         if pool is None:
             return Reply(id=env.id, status="rejected", reason=f"unknown rollout {message.rollout_id!r}")
@@ -406,20 +431,6 @@ def rollout_collector(store: RolloutStore) -> Collector:
     return collect
 
 
-def artifact_tls(config: AgentConfig, *, source: str = "config") -> ssl.SSLContext | None:
-    """The artifact server's TLS context from `[artifacts] tls_cert/tls_key` (None: plain HTTP);
-    a `ConfigError` on `artifacts.tls_cert` when they do not load. `preflight` checks with it."""
-    a = config.artifacts
-    if not a.tls_cert:
-        return None
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        tls.load_cert_chain(a.tls_cert, a.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(source, "artifacts.tls_cert", f"cannot load {a.tls_cert} with {a.tls_key}: {exc}") from None
-    return tls
-
-
 def _advertised_host(bound: str) -> str:
     """The name devices reach a server bound to `bound` by (a wildcard: this host's name)."""
     if bound in ("", "0.0.0.0", "::"):
@@ -427,23 +438,18 @@ def _advertised_host(bound: str) -> str:
     return f"[{bound}]" if ":" in bound else bound
 
 
-async def attach_rollout(leader: RolloutHost, *, db_path: str | Path | None = None,
-                         poll_s: float = 2.0, verify_key: VerifyKey | None = None,
-                         serve_http: bool = False) -> RolloutService:
-    """Open the rollout tables in the leader's database and start the rollout service. Artifacts
-    are checked against `verify_key` (default: the config's `[firmware] public_key`);
-    `serve_http`: the artifact HTTP server of `[artifacts]` serves them too."""
-    if db_path is None:
-        db_path = Path(leader.config.agent.data_dir) / LEADER_DB
-    store = RolloutStore.open(db_path, clock=leader.clock)
-    artifacts = ArtifactStore(Path(db_path).parent / ARTIFACTS_DIR, verify_key) if verify_key is not None else None
-    service = RolloutService(leader, store, poll_s=poll_s, artifacts=artifacts, serve_http=serve_http)
+async def rollout_part(leader: LeaderAgent, env: GatewayEnv) -> RolloutService:
+    """The leader's rollout feature, always on: it opens the rollout tables in leader.db, checks
+    artifacts against `[firmware] public_key` (none set: every start is refused, saying so) and
+    serves them over HTTP when `[artifacts] listen` is set. Reports and chunk requests are routed
+    from here on; `start` runs the orchestrator."""
+    base = leader.data_dir if leader.data_dir is not None else Path(leader.config.agent.data_dir)
+    store = RolloutStore.open(base / LEADER_DB, clock=leader.clock)
+    config = leader.config
+    service = RolloutService(leader, store, poll_s=env.rollout_poll_s, serve_http=bool(config.artifacts.listen),
+                             report_capacity=config.mailbox.capacity)  # as the leader's other intake mailboxes
     service.owns_store = True
-    try:
-        await service.start()
-    except BaseException:
-        store.close()
-        raise
+    service.register()
     return service
 
 
@@ -455,8 +461,7 @@ __all__ = [
     "RolloutHost",
     "RolloutService",
     "artifact_server_collector",
-    "artifact_tls",
     "artifact_store",
-    "attach_rollout",
     "rollout_collector",
+    "rollout_part",
 ]

@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import ssl
 import stat
 from pathlib import Path
 
-from agent.core.config import MqttSection
+from agent.core.config import AgentConfig, MqttSection
 from agent.core.errors import ConfigError, EdgeAgentError
 
 SERVICE_UMASK = 0o027
@@ -158,7 +159,22 @@ def check_mqtt_credentials(section: MqttSection) -> None:
         check_private_file(section.tls_key, what="mqtt.tls_key")
 
 
+def artifact_tls(config: AgentConfig, *, source: str = "config") -> ssl.SSLContext | None:
+    """The artifact server's TLS context from `[artifacts] tls_cert/tls_key` (None: plain HTTP);
+    a `ConfigError` on `artifacts.tls_cert` when they do not load. `preflight` checks with it."""
+    a = config.artifacts
+    if not a.tls_cert:
+        return None
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        tls.load_cert_chain(a.tls_cert, a.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(source, "artifacts.tls_cert", f"cannot load {a.tls_cert} with {a.tls_key}: {exc}") from None
+    return tls
+
+
 __all__ = [
+    "artifact_tls",
     "SERVICE_UMASK",
     "check_mqtt_credentials",
     "FileWriteError",

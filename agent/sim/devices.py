@@ -1,7 +1,7 @@
 """What a simulated device swaps for its hardware: the installer, the health check and the reboot.
 
-A simulated device runs the real `WorkerAgent` with the real updater attached
-(`agent.worker.updater_actor.attach_updater`): its SQLite state, A/B slot directories
+A simulated device runs the real `WorkerAgent` with the real updater, assembled as `edge-agent
+run` assembles it (`agent.app.assemble`): its SQLite state, A/B slot directories
 (`DirectoryInstaller`), signature and chunk checks, and the commit or revert after the trial
 boot. Only three seams are injected, each as a device's fate decides:
 
@@ -11,19 +11,23 @@ boot. Only three seams are injected, each as a device's fate decides:
 * the reboot: `InProcessRebooter`, so the updater actor "boots" the new slot by opening the
   updater again.
 
+`sim_hardware` hands the three to the updater's part (`agent.worker.env.DeviceEnv.updater_hardware`).
+
 A `silent` device runs no updater at all (a device without a pinned firmware key): it refuses
 every offer and never reports, and the leader times it out.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.core.clock import Clock
 from agent.core.gate import Gate
-from agent.worker.updater_actor import InProcessRebooter, OpenUpdater
-from firmware_rollout.artifact.keys import VerifyKey
+from agent.worker.agent import WorkerAgent
+from agent.worker.hardware import InProcessRebooter, OpenUpdater, UpdaterHardware
+from firmware_rollout.artifact.keys import VerifyKey, load_verify_key
 from firmware_rollout.device.health import HealthResult
 from firmware_rollout.device.slots import DirectoryInstaller
 from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
@@ -48,16 +52,22 @@ def default_updater_settings() -> UpdaterSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class SimFirmware:
-    """The firmware side of a simulated fleet: the pinned key, the version every device starts
-    on, and the fate of named devices (every other device is healthy)."""
+    """The firmware side of a simulated fleet: the pinned key (the file every device's and the
+    leader's `[firmware] public_key` names), the version every device starts on, and the fate of
+    named devices (every other device is healthy)."""
 
-    verify_key: VerifyKey
+    public_key: Path
     base_version: str = "1.0.0"
     fates: dict[str, DeviceFate] = field(default_factory=dict)
     settings: UpdaterSettings = field(default_factory=default_updater_settings)
 
     def fate(self, device: str) -> DeviceFate:
         return self.fates.get(device, HEALTHY)
+
+    @functools.cached_property
+    def verify_key(self) -> VerifyKey:
+        """The pinned key, read once for the whole fleet."""
+        return load_verify_key(self.public_key)
 
 
 HEALTHY = DeviceFate()
@@ -85,6 +95,20 @@ class FailingInstaller(DirectoryInstaller):
         raise InstallError(f"cannot write slot {slot}: simulated flash failure")
 
 
+def sim_hardware(firmware: SimFirmware, worker: WorkerAgent, *, state_dir: Path) -> UpdaterHardware:
+    """The simulated device's hardware: its installer and health check as its fate decides, and
+    an in-process reboot; maintenance windows on UTC."""
+    rebooter = InProcessRebooter()
+    opener = sim_updater(firmware, device=worker.device_id, state_dir=state_dir, clock=worker.clock,
+                         connected=worker.transport.connected, rebooter=rebooter)
+    return UpdaterHardware(open_updater=opener, rebooter=rebooter, utc_offset_s=_utc)
+
+
+def _utc() -> float:
+    """Simulated devices keep UTC as their local time (maintenance windows are device-local)."""
+    return 0.0
+
+
 def sim_updater(firmware: SimFirmware, *, device: str, state_dir: Path, clock: Clock, connected: Gate,
                 rebooter: InProcessRebooter) -> OpenUpdater:
     """How the simulated device `device` opens its updater (at every simulated boot)."""
@@ -101,4 +125,4 @@ def sim_updater(firmware: SimFirmware, *, device: str, state_dir: Path, clock: C
 
 
 __all__ = ["HEALTHY", "DeviceFate", "FailingInstaller", "SimFirmware", "SimHealth", "default_updater_settings",
-           "sim_updater"]
+           "sim_hardware", "sim_updater"]

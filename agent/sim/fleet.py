@@ -20,32 +20,47 @@ import sqlite3
 import zlib
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import msgspec
 
-from agent.app import make_transport
+from agent.app import App, AppEnv, assemble, make_transport
 from agent.core.clock import Clock
 from agent.core.config import AgentConfig, convert
 from agent.core.errors import Transient
 from agent.core.gate import Gate
-from agent.leader.agent import LEADER_DB, LeaderAgent
-from agent.leader.rollout import RolloutService, attach_rollout
+from agent.leader.agent import LeaderAgent
+from agent.leader.env import GatewayEnv
 from agent.outbox.relay import Relay
 from agent.outbox.retry import RetryPolicy
 from agent.outbox.settings import outbox_classes
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxRow
 from agent.protocol import KIND_HEARTBEAT, JobOffer
-from agent.sim.devices import SimFirmware, sim_updater
+from agent.sim.devices import SimFirmware, sim_hardware
 from agent.sim.options import SimOptions
 from agent.sim.part import FleetPart, split
-from agent.sim.rounds import RoundBroker
 from agent.transport.base import Transport
 from agent.transport.memory import MemoryBroker
+from agent.transport.rounds import RoundBroker
 from agent.worker.agent import WorkerAgent
+from agent.worker.env import DeviceEnv, SharedStores
+from agent.worker.hardware import UpdaterHardware
 from agent.worker.jobs import JobLedger
-from agent.worker.updater_actor import InProcessRebooter, attach_updater
+from firmware_rollout.orchestration.chunk_server import ConfigServerPool
+from firmware_rollout.orchestration.orchestrator import Orchestrator
+from firmware_rollout.orchestration.store import RolloutStore
+
+
+@runtime_checkable
+class Rollouts(Protocol):
+    """What the simulator drives of the leader's rollout part (`rollouts`): the orchestrator it
+    starts rollouts with, the store it reads their state from, the ConfigServers' figures."""
+
+    orchestrator: Orchestrator
+    store: RolloutStore
+    pools: dict[str, ConfigServerPool]
+
 
 FLEET = "sim"
 LEADER_ID = "leader-1"
@@ -77,29 +92,28 @@ class _LazyRandom:
         return getattr(rng, attr)
 
 
-def _utc() -> float:
-    """Simulated devices keep UTC as their local time (maintenance windows are device-local)."""
-    return 0.0
-
-
 def device_name(index: int) -> str:
     return f"dev-{index:05d}"
 
 
-def worker_config(opts: SimOptions, device_id: str) -> AgentConfig:
-    """A simulated device's config: the fleet's one template, with its own device id."""
-    template = _worker_template(opts)
+def worker_config(opts: SimOptions, device_id: str, *, firmware_key: str = "") -> AgentConfig:
+    """A simulated device's config: the fleet's one template, with its own device id; with
+    `firmware_key` (the pinned key's file) its updater is on."""
+    template = _worker_template(opts, firmware_key)
     return msgspec.structs.replace(template, agent=msgspec.structs.replace(template.agent, device_id=device_id))
 
 
 @functools.lru_cache(maxsize=4)
-def _worker_template(opts: SimOptions) -> AgentConfig:
+def _worker_template(opts: SimOptions, firmware_key: str) -> AgentConfig:
     # Validated once per run: converting the whole config for each of 10,000 devices costs
     # as much as a minute of their fleet time.
     return convert(
         {
             "agent": {"role": "worker", "device_id": device_name(0), "fleet": FLEET, "data_dir": ".",
                       "firmware_version": opts.base_version},
+            "firmware": {"public_key": firmware_key},
+            # no application on a simulated device talks to it yet: no socket for each of them
+            "local_api": {"enabled": False},
             "mailbox": {"capacity": 64},
             "heartbeat": {"interval_s": opts.heartbeat_s},
             "jobs": {"demand_window": opts.job_window},
@@ -114,10 +128,13 @@ def _worker_template(opts: SimOptions) -> AgentConfig:
     )
 
 
-def leader_config(opts: SimOptions) -> AgentConfig:
+def leader_config(opts: SimOptions, *, firmware_key: str = "") -> AgentConfig:
+    """The simulated leader's config; with `firmware_key` (the pinned key's file) it takes rollouts."""
     return convert(
         {
             "agent": {"role": "leader", "device_id": LEADER_ID, "fleet": FLEET, "data_dir": "."},
+            "firmware": {"public_key": firmware_key},
+            "artifacts": {"listen": ""},  # devices fetch over MQTT from the leader's ConfigServers
             "mailbox": {"capacity": opts.leader_mailbox_capacity},
             "leader": {"process_interval_s": opts.leader_interval_s,
                        # a beat waits up to one processing interval in the mailbox before it counts
@@ -145,7 +162,7 @@ class SimFleet:
         self.clock = clock
         self.workdir = workdir
         self.firmware = firmware
-        self.rollout: RolloutService | None = None  # the leader's, when the fleet has firmware
+        self.rollout: Rollouts | None = None  # the leader's rollout part, when the leader runs here
         self._rollout_poll_s = rollout_poll_s
         self._first_incarnation = incarnation  # a fleet started again on its files: above the last
         self.broker: MemoryBroker | None = None
@@ -157,7 +174,9 @@ class SimFleet:
                                        max_queued_per_session=100_000)
         self.uplink = Gate(is_open=True)  # closed while the whole (memory) broker is down
         self.leader: LeaderAgent | None = None
+        self.leader_app: App[LeaderAgent] | None = None
         self.workers: dict[str, WorkerAgent] = {}
+        self.apps: dict[str, App[WorkerAgent]] = {}  # each device's parts, as `edge-agent run` assembles them
         self.stores: list[OutboxStore] = []
         self.ledgers: list[JobLedger] = []
         self.relays: list[Relay] = []
@@ -174,14 +193,23 @@ class SimFleet:
         return make_transport(config, clock=self.clock, broker_url=self.opts.broker_url,
                               memory_broker=self.broker, rng=rng)
 
+    @property
+    def _firmware_key(self) -> str:
+        return str(self.firmware.public_key) if self.firmware is not None else ""
+
     async def open(self) -> None:
         opts = self.opts
         part = self.part
         if part.leader:
-            lcfg = leader_config(opts)
-            self.leader = await LeaderAgent.open(lcfg, transport=self._transport(lcfg, LEADER_ID), clock=self.clock,
-                                                 data_dir=self.workdir / "leader", rng=rng_for(opts.seed, "leader"),
-                                                 intake_batch_max=max(512, opts.devices))
+            lcfg = leader_config(opts, firmware_key=self._firmware_key)
+            env = GatewayEnv(rng=rng_for(opts.seed, "leader"), intake_batch_max=max(512, opts.devices),
+                             rollout_poll_s=self._rollout_poll_s)
+            self.leader_app = await assemble(lcfg, transport=self._transport(lcfg, LEADER_ID), clock=self.clock,
+                                             base=self.workdir / "leader", env=AppEnv(gateway=env))
+            self.leader = self.leader_app.agent
+            rollout = self.leader_app.part("rollouts")
+            assert isinstance(rollout, Rollouts)
+            self.rollout = rollout
         files = min(opts.files, len(part.indices))
         wcfg0 = worker_config(opts, device_name(0))
         for k in range(files):
@@ -192,7 +220,7 @@ class SimFleet:
         for n, i in enumerate(part.indices):
             device = device_name(i)
             self._file_of[device] = n % files
-            self.workers[device] = self._worker(device, incarnation=self._first_incarnation)
+            await self._assemble(device, incarnation=self._first_incarnation)
         for k, store in enumerate(self.stores):
             self.relays.append(Relay(
                 store, self._route, clock=self.clock, ready=self.uplink, partitions=1,
@@ -200,14 +228,26 @@ class SimFleet:
                 rng=rng_for(opts.seed, part.scoped(f"relay:{k}")), reconnect_jitter_s=5.0,
                 name=f"relay:file{k}"))
 
-    def _worker(self, device: str, *, incarnation: int) -> WorkerAgent:
-        cfg = worker_config(self.opts, device)
+    async def _assemble(self, device: str, *, incarnation: int) -> WorkerAgent:
+        """Build a device's agent and its parts as `edge-agent run` does, on the fleet's shared
+        files and the simulated hardware."""
+        firmware = self.firmware
+        silent = firmware is None or firmware.fate(device).silent  # a silent device pins no key: no updater
+        cfg = worker_config(self.opts, device, firmware_key="" if silent else self._firmware_key)
         k = self._file_of[device]
         suffix = "" if incarnation == self._first_incarnation else f":{incarnation}"
-        return WorkerAgent(
-            cfg, transport=self._transport(cfg, device + suffix), clock=self.clock, outbox=self.stores[k],
-            ledger=self.ledgers[k], incarnation=incarnation, owns_stores=False,
-            rng=rng_for(self.opts.seed, device + suffix), sampler=None, job_handler=self._job, relay=False)
+        env = DeviceEnv(rng=rng_for(self.opts.seed, device + suffix), sample_system=False, job_handler=self._job,
+                        stores=SharedStores(outbox=self.stores[k], ledger=self.ledgers[k], incarnation=incarnation),
+                        updater_hardware=self._hardware)
+        app = await assemble(cfg, transport=self._transport(cfg, device + suffix), clock=self.clock,
+                             base=self.device_dir(device), env=AppEnv(device=env))
+        self.apps[device] = app
+        self.workers[device] = app.agent
+        return app.agent
+
+    def _hardware(self, worker: WorkerAgent) -> UpdaterHardware:
+        assert self.firmware is not None
+        return sim_hardware(self.firmware, worker, state_dir=self.device_dir(worker.device_id))
 
     async def _route(self, row: OutboxRow) -> None:
         worker = self.workers.get(row.owner)
@@ -233,29 +273,16 @@ class SimFleet:
         return offer.payload
 
     async def start_leader(self) -> None:
-        """Start the leader (when it runs in this process), its rollout service and the relays."""
-        if self.leader is not None:
-            await self.leader.start()
-        if self.firmware is not None and self.leader is not None:
-            self.rollout = await attach_rollout(self.leader, db_path=self.workdir / "leader" / LEADER_DB,
-                                                poll_s=self._rollout_poll_s, verify_key=self.firmware.verify_key)
+        """Start the leader (when it runs in this process) with its parts, and the relays."""
+        if self.leader_app is not None:
+            await self.leader_app.start()
         for relay in self.relays:
             await relay.start()
 
     async def start_worker(self, device: str) -> None:
-        await self._start(self.workers[device])
-
-    async def _start(self, worker: WorkerAgent) -> None:
-        """Start a device's agent; with firmware, attach its updater (a boot: it resumes what
-        its updater database says was in progress)."""
-        await worker.start()
-        firmware = self.firmware
-        if firmware is None or firmware.fate(worker.device_id).silent:
-            return
-        rebooter = InProcessRebooter()
-        opener = sim_updater(firmware, device=worker.device_id, state_dir=self.device_dir(worker.device_id),
-                             clock=self.clock, connected=worker.transport.connected, rebooter=rebooter)
-        attach_updater(worker, open_updater=opener, rebooter=rebooter, utc_offset_s=_utc)
+        """Start a device's agent and its parts (with firmware, a boot: the updater resumes what
+        its database says was in progress)."""
+        await self.apps[device].start()
 
     def device_dir(self, device: str) -> Path:
         """A simulated device's own files (its updater database and slots)."""
@@ -266,15 +293,12 @@ class SimFleet:
         return self.workers[device].firmware_version()
 
     async def stop(self) -> None:
-        for worker in self.workers.values():
-            await worker.stop()
+        for app in self.apps.values():
+            await app.stop()
         for relay in self.relays:
             await relay.stop()
-        if self.rollout is not None:
-            await self.rollout.stop()
-            self.rollout = None
-        if self.leader is not None:
-            await self.leader.stop()
+        if self.leader_app is not None:
+            await self.leader_app.stop()
         for conn in self._readers:
             conn.close()
         self._readers = []
@@ -287,18 +311,16 @@ class SimFleet:
     async def crash(self, device: str) -> None:
         """Stop the device's agent (its actors' memory is gone; its outbox rows stay in the
         shared file, where the file's relay keeps them until the device is back)."""
-        worker = self.workers[device]
         self.down.add(device)
-        await worker.stop()
+        await self.apps[device].stop()
 
     async def restart(self, device: str) -> None:
         """Start the device again as its next incarnation, on the same outbox and ledger."""
         old = self.workers[device]
         self.retired.append(old)
-        worker = self._worker(device, incarnation=old.incarnation + 1)
-        self.workers[device] = worker
+        worker = await self._assemble(device, incarnation=old.incarnation + 1)
         self.down.discard(device)
-        await self._start(worker)
+        await self.apps[device].start()
         if device in self._cut and self.broker is not None:
             self.broker.partition(worker.transport.client_id)
 

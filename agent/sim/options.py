@@ -71,7 +71,7 @@ class SimOptions:
     base_version: str = "1.0.0"  # the firmware every simulated device runs at the start
     processes: int = 1  # the fleet spread over this many processes (`agent.sim.processes`)
     shard: tuple[int, int] | None = None  # (K, M): with a real broker, run only the K-th of M parts
-    round_s: float = 0.25  # with several processes: the broker's least delivery latency (`agent.sim.rounds`)
+    round_s: float = 0.25  # with several processes: the broker's least delivery latency (`agent.transport.rounds`)
 
     def __post_init__(self) -> None:
         checks = [

@@ -6,7 +6,7 @@ Every other process is a `agent.sim.host` running its share of the devices, star
 socket to this process.
 
 Time moves in rounds of `round_s` (conservative windows; the round is the broker's least delivery
-latency in the network model, see `agent.sim.rounds`). Each process runs its rounds on its own
+latency in the network model, see `agent.transport.rounds`). Each process runs its rounds on its own
 and sends what it published for the others at the end of each. At the end of round k+1, this
 process gathers round k from every process, hands each its share, and every process delivers
 round k's messages at that moment, in the same order. A process other than this one waits at the
@@ -39,9 +39,9 @@ import agent
 from agent.core.errors import EdgeAgentError
 from agent.sim.options import SimOptions
 from agent.sim.part import FleetPart, split
-from agent.sim.rounds import FilterChange, RoundBroker, RoundOutput, WireMessage
 from agent.sim.runner import Progress, Simulation, keep_out_of_gc
 from agent.sim.totals import DevicesNow, DeviceTotals, devices_now
+from agent.transport.rounds import FilterChange, RoundBroker, RoundOutput, WireMessage
 
 # ("round", index, outbound by process, filter changes): one process's round, for the others.
 RoundFrom = tuple[str, int, dict[int, list[WireMessage]], list[FilterChange]]

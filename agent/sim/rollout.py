@@ -425,7 +425,7 @@ async def run_rollout(opts: SimOptions, *, workdir: Path, spec_path: str | Path 
     ids = device_ids(opts.devices)
     if fates is None:
         fates = {d: DeviceFate(health_fails=True) for d in pick_failing(ids, fail_rate, opts.seed)}
-    firmware = SimFirmware(verify_key=load_verify_key(public), base_version=opts.base_version, fates=fates)
+    firmware = SimFirmware(public_key=public, base_version=opts.base_version, fates=fates)
     sim = RolloutSimulation(opts, workdir=workdir, spec=spec, firmware=firmware,
                             failing=sum(1 for f in fates.values() if f.failing), fail_rate=fail_rate,
                             max_fleet_s=max_fleet_s, progress=progress, progress_every_s=progress_every_s,

@@ -1,4 +1,4 @@
-"""Layer 4: the transport protocol, its MQTT and in-memory implementations, remote messaging.
+"""Layer 3: the transport protocol, its MQTT and in-memory implementations, remote messaging.
 
 `MqttTransport` lives in `agent.transport.mqtt` and is imported from there, so that code that
 only needs the in-memory broker (the simulator, the fast tests) does not load aiomqtt. The
@@ -15,12 +15,14 @@ from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Trans
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender, envelope_from_row
 
 if TYPE_CHECKING:
+    from agent.transport._mqtt_settings import TlsSettings
     from agent.transport.memory import BrokerStats, MemoryBroker, MemoryTransport
 
 _LAZY = {
     "BrokerStats": "agent.transport.memory",
     "MemoryBroker": "agent.transport.memory",
     "MemoryTransport": "agent.transport.memory",
+    "TlsSettings": "agent.transport._mqtt_settings",
 }
 
 
@@ -36,6 +38,7 @@ __all__ = [
     "MemoryBroker",
     "MemoryTransport",
     "PayloadTooLarge",
+    "TlsSettings",
     "Transport",
     "Will",
     "envelope_from_row",

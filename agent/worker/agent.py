@@ -40,6 +40,7 @@ from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
 from agent.protocol import KIND_JOB_OFFER, JobOffer, SystemSample, agent_registry, kind_of
+from agent.service.parts import Checks, Collectors, Liveness, PartBase
 from agent.telemetry import SystemSampler
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
@@ -59,6 +60,29 @@ from agent.worker.messages import MessageIntake, class_audit
 log = logging.getLogger(__name__)
 
 WORKER_DB = "worker.db"
+
+#: The per-class audit the worker's `/metrics` exports (`ea_messages_*`), and what each means.
+AUDIT_COUNTERS = ("accepted", "direct", "stored", "duplicates", "refused", "delivered", "delivered_from_outbox",
+                  "dead_lettered", "expired", "dropped", "overwritten", "enqueued", "replayed")
+AUDIT_HELP = {
+    "accepted": "Application messages taken (local API and sources) since the agent started.",
+    "direct": "Application messages the leader accepted directly (stored there before the answer).",
+    "stored": "Application messages put in the outbox.",
+    "duplicates": "Application messages already pending under their key (not stored twice).",
+    "refused": "Application messages refused, by reason (invalid, unknown_class, too_large, full, unavailable).",
+    "delivered": "Application messages the leader acknowledged: direct plus from the outbox.",
+    "delivered_from_outbox": "Application messages of the class the leader acknowledged from the outbox.",
+    "pending_at_start": "Application messages of the class that were waiting in the outbox at this start.",
+    "dead_lettered": "Application messages of the class moved to the dead letters.",
+    "expired": "Application messages of the class past their TTL, deleted undelivered.",
+    "dropped": "Application messages of the class dropped to make room (drop_oldest).",
+    "overwritten": "Application messages of the class replaced by a newer one of their key.",
+    "enqueued": "Application messages of the class stored in the outbox (overwrites included).",
+    "replayed": "Dead letters of the class moved back to pending.",
+    "pending": "Application messages of the class waiting in the outbox.",
+    "pending_bytes": "Payload bytes of the class waiting in the outbox.",
+    "dead": "Application messages of the class in the dead letters.",
+}
 
 
 def _meta_v1(conn: sqlite3.Connection) -> None:
@@ -142,7 +166,11 @@ class WorkerOptions(TypedDict, total=False):
     housekeeping: bool | None
 
 
-class WorkerAgent:
+class WorkerAgent(PartBase):
+    """The worker's core part (`agent.service.parts`): its actors, outbox, relay and inboxes."""
+
+    name = "worker"
+
     def __init__(
         self,
         config: AgentConfig,
@@ -215,6 +243,7 @@ class WorkerAgent:
             connected=transport.connected, ids=self.ids, clock=clock,
             seq_base=incarnation * 1_000_000_000, direct_timeout_s=config.local_api.direct_timeout_s)
         self.recovered_from: str | None = None  # where a damaged worker.db was moved at open
+        self.data_dir: Path | None = None  # where `open` opened its databases (None: stores handed in)
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
         if owns_stores if housekeeping is None else housekeeping:
@@ -224,6 +253,7 @@ class WorkerAgent:
                 name=f"housekeeping:{self.device_id}",
                 tasks=[limited("job_ledger", lambda n: ledger.prune(hk.ledger_retention_s, limit=n))])
         self._started = False
+        self._closed = False
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -252,6 +282,7 @@ class WorkerAgent:
         agent = cls(config, transport=transport, clock=clock, outbox=outbox, ledger=ledger,
                     incarnation=incarnation, **kwargs)
         agent.recovered_from = recovered
+        agent.data_dir = base
         return agent
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -311,10 +342,17 @@ class WorkerAgent:
                 pass
 
     async def stop(self) -> None:
-        """Stop taking work, hand untried rows back, disconnect, flush and close the stores."""
-        if not self._started:
-            return
-        self._started = False
+        """Stop taking work, hand untried rows back, disconnect, flush and close the stores (a
+        worker never started closes its stores alone)."""
+        if self._started:
+            self._started = False
+            await self._stop_running()
+        if self._owns_stores and not self._closed:
+            self._closed = True
+            await self.outbox.close()
+            self.ledger.close()
+
+    async def _stop_running(self) -> None:
         if self.housekeeping is not None:
             await self.housekeeping.stop()
         self.transport.connected.remove_listener(self._on_connection)
@@ -330,9 +368,6 @@ class WorkerAgent:
             await stopping
         await draining
         await self.transport.stop()
-        if self._owns_stores:
-            await self.outbox.close()
-            self.ledger.close()
 
     # -- API -----------------------------------------------------------------------------------
     @property
@@ -370,6 +405,53 @@ class WorkerAgent:
         if self.relay is not None:
             out["relay"] = self.relay.metrics()
         return out
+
+    # -- as a part of the running agent --------------------------------------------------------
+    def databases(self) -> list[Path]:
+        """The SQLite files this agent owns (none when its stores were handed in)."""
+        return [Path(self.outbox.path), Path(self.ledger.path)] if self._owns_stores else []
+
+    def liveness(self) -> Liveness:
+        return {"actors": (self.system.problem, "all actors running")}
+
+    def checks(self) -> Checks:
+        from agent.service.checks import disk_space_check, gate_check, predicate_check, sqlite_writable_check
+
+        found = {"transport": gate_check(self.transport.connected),
+                 "database": sqlite_writable_check(self.outbox.path, clock=self.clock)}
+        if self.data_dir is not None:
+            found["disk"] = disk_space_check(self.data_dir)
+        relay = self.relay
+        if relay is not None:
+            found["relay"] = predicate_check(lambda: relay.running, up="running", down="stopped")
+        return found
+
+    def collectors(self) -> Collectors:
+        from agent.service.collectors import (
+            mailbox_collector,
+            outbox_collector,
+            per_class_collector,
+            relay_collector,
+            snapshot_collector,
+        )
+
+        found = {"relay": relay_collector(self.relay.metrics)} if self.relay is not None else {}
+        found["mailbox"] = mailbox_collector(self.system.statistics)
+        found["outbox"] = outbox_collector(self.outbox.stats)
+        if self.housekeeping is not None:
+            found["housekeeping"] = snapshot_collector(
+                "ea_housekeeping", self.housekeeping.metrics, counters=("pruned", "rounds", "errors"), label="table")
+        # 1 after a damaged worker.db was moved aside at this start (its job ledger was lost)
+        found["worker"] = snapshot_collector(
+            "ea_worker", lambda: {"state_recovered": 1 if self.recovered_from else 0}, label="state")
+        found["messages"] = per_class_collector("ea_messages", self._message_audit, counters=AUDIT_COUNTERS,
+                                                help_=AUDIT_HELP)
+        return found
+
+    async def _message_audit(self) -> dict[str, dict[str, object]]:
+        classes = (await self.message_status())["classes"]
+        assert isinstance(classes, dict)
+        return classes
 
     # -- inbound -------------------------------------------------------------------------------
     async def _on_command(self, envelope: Envelope, _message: InboundMessage) -> Reply:

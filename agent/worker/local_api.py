@@ -40,6 +40,7 @@ from agent.core.clock import Clock
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
 from agent.service.healthhttp import parse_listen, request_line, response_head
+from agent.service.parts import PartBase
 from agent.worker.messages import Accepted, MessageIntake, Refusal, Submission
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,11 @@ def _answers(path: Path) -> bool:
         probe.close()
 
 
-class LocalApi:
-    """`LocalApi(intake, status, socket_path=..., ...)`; `start()` / `stop()`."""
+class LocalApi(PartBase):
+    """`LocalApi(intake, status, socket_path=..., ...)`; `start()` / `stop()`. A part of the worker
+    (`agent.service.parts`): started after it, stopped before it (no new messages while stopping)."""
+
+    name = "local API"
 
     def __init__(self, intake: MessageIntake, status: StatusReader, *, clock: Clock, socket_path: Path | None,
                  group: str = "edge-agent", listen: str = "", max_body_bytes: int = 4 * 1024 * 1024,

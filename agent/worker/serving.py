@@ -1,33 +1,42 @@
 """A worker's front door, built from its config: the local API and the built-in sources.
 
-`edge-agent run` attaches both after building the agent; the simulator and the tests that use
-`WorkerAgent` alone attach neither (the intake, `WorkerAgent.messages`, is there either way).
+Two features of the worker's parts (`agent.app`), each off unless its config asks for it; the
+intake they feed (`WorkerAgent.messages`) is there either way.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent.core.config import AgentConfig, local_api_socket
+from agent.core.config import local_api_socket
 from agent.telemetry import SystemSampler
 from agent.worker.agent import WORKER_DB, WorkerAgent
+from agent.worker.env import DeviceEnv
 from agent.worker.local_api import LocalApi
 from agent.worker.sources import CommandSource, FileSource, Source, SourceOffsets, Sources, SystemSource
 
 
-def attach_local_api(agent: WorkerAgent, config: AgentConfig, base: Path) -> LocalApi | None:
+def _base(agent: WorkerAgent) -> Path:
+    return agent.data_dir if agent.data_dir is not None else Path(agent.config.agent.data_dir)
+
+
+async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
     """The local API the config asks for (not started), or None when `[local_api] enabled = false`."""
+    config = agent.config
     api = config.local_api
     if not api.enabled:
         return None
     return LocalApi(agent.messages, agent.message_status, clock=agent.clock,
-                    socket_path=local_api_socket(config, data_dir=base), group=api.group, listen=api.listen,
+                    socket_path=local_api_socket(config, data_dir=_base(agent)), group=api.group, listen=api.listen,
                     max_body_bytes=api.max_body_bytes, max_batch=api.max_batch, max_connections=api.max_connections)
 
 
-def attach_sources(agent: WorkerAgent, config: AgentConfig, base: Path) -> Sources:
-    """The configured sources (not started); none configured is an empty set."""
-    s = config.sources
+async def sources_part(agent: WorkerAgent, env: DeviceEnv) -> Sources | None:
+    """The configured sources (not started), or None when none is configured."""
+    s = agent.config.sources
+    if s.system is None and not s.command and not s.file:
+        return None
+    base = _base(agent)
     found: list[Source] = []
     if s.system is not None:
         sample = agent.sampler if agent.sampler is not None else SystemSampler(base, clock=agent.clock).sample
@@ -42,4 +51,4 @@ def attach_sources(agent: WorkerAgent, config: AgentConfig, base: Path) -> Sourc
     return Sources(found, offsets)
 
 
-__all__ = ["attach_local_api", "attach_sources"]
+__all__ = ["local_api_part", "sources_part"]

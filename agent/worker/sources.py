@@ -33,6 +33,7 @@ from agent.core.config import CommandSourceSection, FileSourceSection, SystemSou
 from agent.core.sqlite import SqliteStore, Synchronous, atomic
 from agent.core.tasks import cancel_and_wait
 from agent.protocol import SystemSample
+from agent.service.parts import PartBase
 from agent.worker.messages import MessageIntake, Refusal, Submission
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,10 @@ class FileSource(Source):
         return end > offset
 
 
-class Sources:
-    """The configured sources of one worker."""
+class Sources(PartBase):
+    """The configured sources of one worker: a part of it (`agent.service.parts`)."""
+
+    name = "sources"
 
     def __init__(self, sources: Sequence[Source], offsets: SourceOffsets | None) -> None:
         self.sources = list(sources)

@@ -17,8 +17,9 @@ simulator and tests) the actor "reboots" by opening the updater again, which run
 check and commits or reverts; on a device `ExecRebooter` restarts the process instead and the
 next start resumes.
 
-Wire it into a running `WorkerAgent` with `attach_updater(worker, open_updater=...)`; it asks
-of the worker only what `UpdaterHost` names.
+`agent.worker.updating.updater_part(worker, env)` builds it (a part of the worker, `agent.app`),
+on the environment's hardware or on what `[firmware]` names (`device_hardware`); it asks of the
+worker only what `UpdaterHost` names.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +40,10 @@ from agent.core.config import AgentConfig
 from agent.core.errors import ArtifactError
 from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
+from agent.service.parts import PartBase
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
+from agent.worker.hardware import InProcessRebooter, OpenUpdater, UpdaterHardware, system_utc_offset_s
 from agent.worker.installers import firmware_state_dir, installer_from_config, rebooter_for
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import parse_signed_manifest
@@ -62,23 +64,6 @@ from firmware_rollout.messages import (
 from firmware_rollout.windows import DAY_S, parse_window, seconds_until_window
 
 log = logging.getLogger(__name__)
-
-OpenUpdater = Callable[[ReportSink], Awaitable[Updater]]
-
-
-class InProcessRebooter:
-    """A `Rebooter` that only records the request: the UpdaterActor opens the updater again
-    (the simulated device "boots" its new slot)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.count = 0
-
-    async def reboot(self, reason: str, *, trial: bool = False) -> None:
-        self.requested = True
-        self.count += 1
-        log.debug("in-process reboot: %s", reason)
-
 
 @dataclass(frozen=True, slots=True)
 class MirrorSettings:
@@ -107,11 +92,6 @@ class _MqttOnly:
 
     async def aclose(self) -> None:
         self._source.close()
-
-
-def system_utc_offset_s() -> float:
-    """This machine's local time offset from UTC (maintenance windows are device-local)."""
-    return float(time.localtime().tm_gmtoff)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +339,8 @@ class UpdaterHost(Protocol):
     def system(self) -> ActorSystem: ...
     @property
     def outbox(self) -> Outbox: ...
+    @property
+    def data_dir(self) -> Path | None: ...
 
     #: What the heartbeat reports as running; the updater answers with its active slot's version.
     firmware_version: Callable[[], str]
@@ -369,39 +351,53 @@ class UpdaterHost(Protocol):
     def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None: ...
 
 
-def attach_updater(worker: UpdaterHost, *, open_updater: OpenUpdater, rebooter: InProcessRebooter | None = None,
-                   capacity: int = 2, utc_offset_s: Callable[[], float] = system_utc_offset_s,
-                   mirrors: MirrorSettings | None = None) -> tuple[ActorRef, UpdaterActor]:
-    """Spawn an UpdaterActor in a started `WorkerAgent` and route firmware offers to it."""
-    chunks = ChunkClient(worker.transport, clock=worker.clock, fleet=worker.fleet, device_id=worker.device_id,
-                         ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)
-    actor = UpdaterActor(device_id=worker.device_id, open_updater=open_updater, chunks=chunks,
-                         outbox=worker.outbox, ids=worker.ids, rebooter=rebooter, utc_offset_s=utc_offset_s,
-                         mirrors=mirrors)
-    ref = worker.system.spawn(actor, name="updater", capacity=capacity, policy="reject")
-    worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, ref)
-    cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
-                                  stall_s=worker.config.mailbox.stall_s)
-    worker.register_command(KIND_UPDATE_CANCEL, UpdateCancel, cancels)
-    configured = worker.firmware_version
+class UpdaterPart(PartBase):
+    """The worker's updater feature: an UpdaterActor spawned into the started worker, firmware
+    offers and cancels routed to it, and the heartbeat reporting the active slot's version."""
 
-    def running_version() -> str:
-        return actor.updater.active_version if actor.updater is not None else configured()
+    name = "updater"
 
-    worker.firmware_version = running_version
-    return ref, actor
+    def __init__(self, worker: UpdaterHost, hardware: UpdaterHardware, *, capacity: int = 2) -> None:
+        self._worker = worker
+        self._hardware = hardware
+        self._capacity = capacity
+        self.actor: UpdaterActor | None = None
+        self.ref: ActorRef | None = None
+
+    async def start(self) -> None:
+        worker = self._worker
+        hw = self._hardware
+        chunks = ChunkClient(worker.transport, clock=worker.clock, fleet=worker.fleet, device_id=worker.device_id,
+                             ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)
+        actor = self.actor = UpdaterActor(
+            device_id=worker.device_id, open_updater=hw.open_updater, chunks=chunks, outbox=worker.outbox,
+            ids=worker.ids, rebooter=hw.rebooter, utc_offset_s=hw.utc_offset_s, mirrors=hw.mirrors)
+        self.ref = worker.system.spawn(actor, name="updater", capacity=self._capacity, policy="reject")
+        worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, self.ref)
+        cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
+                                      stall_s=worker.config.mailbox.stall_s)
+        worker.register_command(KIND_UPDATE_CANCEL, UpdateCancel, cancels)
+        configured = worker.firmware_version
+
+        def running_version() -> str:
+            return actor.updater.active_version if actor.updater is not None else configured()
+
+        worker.firmware_version = running_version
+
+    async def stop(self) -> None:
+        """Nothing of its own: its actors stop with the worker's."""
 
 
-async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir: Path) -> UpdaterActor | None:
-    """The worker's updater as `[firmware]` configures it (None when no public key is pinned):
-    health = connected to the broker, the leader accepted a message sent since this start (a
-    heartbeat is enough; the broker alone is not the leader), and the optional health command;
-    reboot = the reboot command, or restarting the agent in place."""
+def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
+    """A device's own hardware as `[firmware]` names it: health = connected to the broker, the
+    leader accepted a message sent since this start (a heartbeat is enough; the broker alone is
+    not the leader), and the optional health command; reboot = the reboot command, or restarting
+    the agent in place."""
+    config = worker.config
     fw = config.firmware
-    if not fw.public_key:
-        return None
     key = load_verify_key(fw.public_key)
-    state_dir = firmware_state_dir(fw, data_dir)
+    base = worker.data_dir if worker.data_dir is not None else Path(config.agent.data_dir)
+    state_dir = firmware_state_dir(fw, base)
     clock = worker.clock
     installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)
     health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered)
@@ -421,20 +417,16 @@ async def attach_from_config(worker: UpdaterHost, config: AgentConfig, data_dir:
                                   on_report=sink)
 
     mirrors = MirrorSettings(timeout_s=fw.mirror_timeout_s, ca=fw.mirror_ca, retry_budget=fw.retry_budget)
-    _, actor = attach_updater(worker, open_updater=open_updater, mirrors=mirrors)
-    return actor
+    return UpdaterHardware(open_updater=open_updater, mirrors=mirrors)
 
 
 __all__ = [
     "DownloadSource",
-    "InProcessRebooter",
     "MirrorSettings",
-    "OpenUpdater",
     "Resume",
     "UpdateCancels",
     "UpdaterActor",
     "UpdaterHost",
-    "attach_from_config",
-    "attach_updater",
-    "system_utc_offset_s",
+    "UpdaterPart",
+    "device_hardware",
 ]

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.commands.run import wants_uvloop
 from agent.core.config import AgentSection, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -19,12 +18,12 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
     ("leader", False, False),
 ])
 def test_loop_by_role_unless_configured(role: str, setting: bool | None, expected: bool) -> None:
-    assert wants_uvloop(AgentSection(device_id="d1", role=role, use_uvloop=setting)) is expected  # type: ignore[arg-type]
+    assert AgentSection(device_id="d1", role=role, use_uvloop=setting).wants_uvloop() is expected  # type: ignore[arg-type]
 
 
 def test_shipped_configs_pick_uvloop_for_the_leader_only() -> None:
-    assert wants_uvloop(load_config(CONFIGS / "leader.toml").agent) is True
-    assert wants_uvloop(load_config(CONFIGS / "worker.toml").agent) is False
+    assert load_config(CONFIGS / "leader.toml").agent.wants_uvloop() is True
+    assert load_config(CONFIGS / "worker.toml").agent.wants_uvloop() is False
 
 
 def test_a_data_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path: Path,

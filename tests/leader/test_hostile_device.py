@@ -167,8 +167,10 @@ async def test_a_telemetry_record_the_registry_cannot_store_fails_alone(clock: V
         good: asyncio.Future[bool] = loop.create_future()
         bad: asyncio.Future[bool] = loop.create_future()
         now = clock.now_ms()
-        gw.leader.tell(Durable("m1", "a", Telemetry(device_id="a", seq=1, name="t", ts_ms=now, value=1.0), good))
-        gw.leader.tell(Durable("m2", "z", Telemetry(device_id="z", seq=2**63, name="t", ts_ms=now, value=1.0), bad))
+        gw.leader.tell(Durable("m1", "a", Telemetry(device_id="a", seq=1, name="t", ts_ms=now, value=1.0), good,
+                                 gw.leader_stats.telemetry))
+        gw.leader.tell(Durable("m2", "z", Telemetry(device_id="z", seq=2**63, name="t", ts_ms=now, value=1.0), bad,
+                                 gw.leader_stats.telemetry))
         await until(clock, lambda: good.done() and bad.done(), step_s=0.1, what="both answered")
         assert good.result() is True
         with pytest.raises(UnstorableValue):

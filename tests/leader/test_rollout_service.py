@@ -11,12 +11,21 @@ from pathlib import Path
 
 from agent.app import make_transport
 from agent.core.clock import Clock, VirtualClock
-from agent.core.config import AgentConfig, AgentSection, FirmwareSection, HeartbeatSection, RelaySection
+from agent.core.config import (
+    AgentConfig,
+    AgentSection,
+    ArtifactsSection,
+    FirmwareSection,
+    HeartbeatSection,
+    RelaySection,
+)
 from agent.leader.agent import LeaderAgent
-from agent.leader.rollout import RolloutService, attach_rollout
+from agent.leader.env import GatewayEnv
+from agent.leader.rollout import RolloutService, rollout_part
 from agent.transport.memory import MemoryBroker
 from agent.worker.agent import WorkerAgent
-from agent.worker.updater_actor import InProcessRebooter, UpdaterActor, attach_updater
+from agent.worker.hardware import InProcessRebooter, UpdaterHardware
+from agent.worker.updater_actor import UpdaterActor, UpdaterPart
 from firmware_rollout.artifact.fixture import make_artifact
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.device.health import HealthResult
@@ -39,7 +48,7 @@ class GatedHealth:
 def config(device: str, role: str, base: Path, *, public_key: str = "") -> AgentConfig:
     return AgentConfig(agent=AgentSection(device_id=device, role=role, fleet="t", data_dir=str(base / device)),  # type: ignore[arg-type]
                        heartbeat=HeartbeatSection(interval_s=5.0), relay=RelaySection(reconnect_jitter_s=0.0),
-                       firmware=FirmwareSection(public_key=public_key))
+                       firmware=FirmwareSection(public_key=public_key), artifacts=ArtifactsSection(listen=""))
 
 
 @dataclass
@@ -58,7 +67,6 @@ class Fleet:
         for worker in self.workers.values():
             await worker.stop()
         await self.service.stop()
-        self.service.store.close()
         await self.leader.stop()
 
 
@@ -70,8 +78,9 @@ async def fleet(tmp_path: Path, public: Path, names: tuple[str, ...], *, release
     leader_cfg = config("gw", "leader", tmp_path, public_key=str(public))  # it checks what it rolls out
     leader = await LeaderAgent.open(leader_cfg, transport=make_transport(leader_cfg, clock=clock, memory_broker=broker),
                                     clock=clock)
-    service = await attach_rollout(leader, poll_s=1.0)
+    service = await rollout_part(leader, GatewayEnv(rollout_poll_s=1.0))
     await leader.start()
+    await service.start()
     workers: dict[str, WorkerAgent] = {}
     actors: dict[str, UpdaterActor] = {}
     health = {name: GatedHealth() for name in names}
@@ -90,8 +99,11 @@ async def fleet(tmp_path: Path, public: Path, names: tuple[str, ...], *, release
                                           settings=settings, on_report=sink)
             return open_updater
 
-        _, actors[name] = attach_updater(worker, open_updater=opener(), rebooter=rebooter)
+        part = UpdaterPart(worker, UpdaterHardware(open_updater=opener(), rebooter=rebooter))
         await worker.start()
+        await part.start()
+        assert part.actor is not None
+        actors[name] = part.actor
         workers[name] = worker
     await clock.advance(12)
     return Fleet(clock, broker, leader, service, workers, actors, health)
@@ -270,14 +282,17 @@ async def test_the_artifact_server_serves_what_a_rollout_admitted_and_a_taken_po
         busy_cfg = msgspec.structs.replace(base, artifacts=ArtifactsSection(listen=f"127.0.0.1:{port}"))
         leader = await LeaderAgent.open(busy_cfg, transport=make_transport(busy_cfg, clock=clock, memory_broker=broker),
                                         clock=clock)
+        taking = await rollout_part(leader, GatewayEnv(rollout_poll_s=1.0))
         with pytest.raises(ConfigError) as err:
-            await attach_rollout(leader, poll_s=1.0, serve_http=True)
+            await taking.start()
         assert err.value.key == "artifacts.listen" and "cannot listen" in err.value.reason
+        await taking.stop()
         await leader.stop()
 
     cfg = msgspec.structs.replace(base, artifacts=ArtifactsSection(listen="127.0.0.1:0"))
     leader = await LeaderAgent.open(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker), clock=clock)
-    service = await attach_rollout(leader, poll_s=1.0, serve_http=True)
+    service = await rollout_part(leader, GatewayEnv(rollout_poll_s=1.0))
+    await service.start()
     try:
         assert service.http is not None
         assert service.orchestrator.own_mirror == f"http://127.0.0.1:{service.http.port}/artifacts"

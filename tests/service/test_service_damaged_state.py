@@ -58,7 +58,8 @@ def test_run_says_what_to_do_in_one_line(tmp_path: Path, capsys: pytest.CaptureF
 
 
 async def test_recover_moves_a_damaged_leader_db_aside(tmp_path: Path) -> None:
-    from agent.app import build_agent, make_transport
+    from agent.app import AppEnv, assemble, make_transport
+    from agent.leader.env import GatewayEnv
 
     clock = VirtualClock()
     broker = MemoryBroker(clock=clock)
@@ -66,10 +67,11 @@ async def test_recover_moves_a_damaged_leader_db_aside(tmp_path: Path) -> None:
     data.mkdir()
     (data / "leader.db").write_bytes(GARBAGE)
     cfg = config("leader", "gw")
-    agent = await build_agent(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker), clock=clock,
-                              data_dir=data, recover=True)
+    app = await assemble(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker), clock=clock,
+                         base=data, env=AppEnv(gateway=GatewayEnv(recover=True)))
+    agent = app.agent
     try:
         assert [p.name.startswith("leader.db.corrupt-") for p in data.iterdir() if p.name != "leader.db"]
         assert agent.registry.counts() == (0, 0)  # an empty registry, working
     finally:
-        await agent.outbox.close()
+        await app.discard()

@@ -22,31 +22,21 @@ from agent.core.config import load_config
 
 
 async def main(config_path, data_dir):
-    from agent.app import build_agent, make_transport
+    from agent.app import assemble, make_transport
     from agent.service import ServiceRuntime, restrict_database_files, set_service_umask  # noqa: F401
 
     config = load_config(config_path)
     clock = SystemClock()
     transport = make_transport(config, clock=clock, broker_url="mqtt://127.0.0.1:1")
-    agent = await build_agent(config, transport=transport, clock=clock, data_dir=Path(data_dir))
-    from agent.worker.serving import attach_local_api, attach_sources  # what `run` attaches to a worker
-
-    api = attach_local_api(agent, config, Path(data_dir))
+    app = await assemble(config, transport=transport, clock=clock, base=Path(data_dir))  # what `run` assembles
+    app.collectors(), app.checks(), app.liveness()  # and what it registers
+    api = app.part("local API")
     assert api is not None
     await api.start()
-    sources = attach_sources(agent, config, Path(data_dir))
     try:
         return sorted(sys.modules)
     finally:
-        await api.stop()
-        await sources.stop()
-        await agent.outbox.close()
-        ledger = getattr(agent, "ledger", None)
-        close = getattr(ledger, "close", None)
-        if close is not None:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        await app.discard()
 
 
 print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2]))))
@@ -91,19 +81,17 @@ from agent.core.config import load_config
 
 
 async def main(config_path, data_dir):
-    from agent.app import build_agent, make_transport
-    from agent.worker.updater_actor import attach_from_config  # what `run` attaches with a [firmware] key
+    from agent.app import assemble, make_transport
 
     config = load_config(config_path)
     clock = SystemClock()
     transport = make_transport(config, clock=clock, broker_url="mqtt://127.0.0.1:1")
-    agent = await build_agent(config, transport=transport, clock=clock, data_dir=Path(data_dir))
-    actor = await attach_from_config(agent, config, Path(data_dir))
-    assert actor is not None
+    app = await assemble(config, transport=transport, clock=clock, base=Path(data_dir))  # what `run` assembles
+    assert app.part("updater") is not None
     try:
         return sorted(sys.modules)
     finally:
-        await agent.outbox.close()
+        await app.discard()
 
 
 print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2]))))

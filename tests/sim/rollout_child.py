@@ -25,7 +25,6 @@ from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet
 from agent.sim.rollout import BASE_VERSION, ROLLOUT_ID, default_spec, rollout_options
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.orchestration.spec import spec_from_dict
 from firmware_rollout.orchestration.status import describe
 from firmware_rollout.orchestration.store import IN_PROGRESS
@@ -50,7 +49,7 @@ async def main(work: Path, devices: int, seed: int, pace_s: float) -> None:
     data = default_spec(artifact, seed=seed, devices=devices)
     data["gates"]["soak_s"] = 30.0
     spec = spec_from_dict(data)
-    firmware = SimFirmware(verify_key=load_verify_key(work / "keys" / "public.pem"), base_version=BASE_VERSION)
+    firmware = SimFirmware(public_key=work / "keys" / "public.pem", base_version=BASE_VERSION)
     fleet = SimFleet(rollout_options(devices=devices, seed=seed), clock=clock, workdir=work, firmware=firmware,
                      rollout_poll_s=1.0, incarnation=run)
     await fleet.open()

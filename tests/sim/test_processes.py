@@ -20,9 +20,9 @@ from agent.sim import SimOptions, SpreadSimulation, to_json
 from agent.sim.clock import SimClock
 from agent.sim.part import split
 from agent.sim.processes import SimProcessError
-from agent.sim.rounds import RoundBroker
 from agent.transport.base import InboundMessage
 from agent.transport.memory import MemoryTransport
+from agent.transport.rounds import RoundBroker
 from tests.sim.test_determinism import as_text, simulate
 
 FAULTS: dict[str, Any] = {"offline_rate": 0.2, "offline_duration_s": 40.0, "crash_rate": 0.1, "crash_downtime_s": 20.0,

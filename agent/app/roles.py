@@ -1,0 +1,128 @@
+"""The roles and their parts. `assemble`: a config, a transport, a clock, a data directory and an
+environment -> an `App`.
+
+    app = await assemble(config, transport=transport, clock=clock, base=Path("/var/lib/edge-agent"))
+
+Each role has one list of parts; its own agent stands in it where it starts (`AGENT`), every
+other entry is a feature's factory (`agent.service.parts.Feature`), which returns None when the
+config leaves the feature off:
+
+    worker:  the worker, the updater, the local API, the sources
+    leader:  northbound forwarding, the leader, rollouts
+
+Parts start in list order and stop in reverse: the local API and the sources stop taking
+messages before the worker stops; the leader stops before northbound forwarding, so what it
+took is queued for the cloud first; rollouts stop before the leader. `edge-agent run` and the
+simulator both assemble their agents here; the simulator's environment swaps the hardware
+(`DeviceEnv`, `GatewayEnv`). Each role imports only its own modules: a worker never loads the
+leader's, and the updater's factory loads the firmware library only when it is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agent.app.app import AgentPart, App
+from agent.core.clock import Clock
+from agent.core.config import AgentConfig
+from agent.service.parts import Feature, Part
+from agent.transport.base import Transport
+
+if TYPE_CHECKING:
+    from agent.leader.agent import LeaderAgent
+    from agent.leader.env import GatewayEnv
+    from agent.worker.agent import WorkerAgent
+    from agent.worker.env import DeviceEnv
+
+
+@dataclass(frozen=True)
+class AppEnv:
+    """What the agent takes from where it runs, per role (None: a real device's or gateway's)."""
+
+    device: DeviceEnv | None = None
+    gateway: GatewayEnv | None = None
+
+
+AGENT = "agent"  # where a role's own agent stands in its list of parts
+
+
+async def assemble(config: AgentConfig, *, transport: Transport, clock: Clock, base: Path,
+                   env: AppEnv | None = None) -> App[Any]:
+    """Open the role's agent under `base` and build its parts, none started."""
+    build = _ROLES[config.agent.role]
+    return await build(config, transport, clock, base, env or AppEnv())
+
+
+async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
+    from agent.worker.env import DeviceEnv
+    from agent.worker.serving import local_api_part, sources_part
+    from agent.worker.updating import updater_part
+
+    device = env.device or DeviceEnv()
+    agent = await _open_worker(config, transport, clock, base, device)
+    return await _parts(agent, device, (AGENT, updater_part, local_api_part, sources_part))
+
+
+async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path,
+                       env: DeviceEnv) -> WorkerAgent:
+    from agent.worker.agent import WorkerAgent
+
+    shared = env.stores
+    if shared is None:
+        if env.sample_system:
+            return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=base, rng=env.rng,
+                                          job_handler=env.job_handler)
+        return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=base, rng=env.rng,
+                                      job_handler=env.job_handler, sampler=None)
+    agent = WorkerAgent(config, transport=transport, clock=clock, outbox=shared.outbox, ledger=shared.ledger,
+                        incarnation=shared.incarnation, owns_stores=False, rng=env.rng, sampler=None,
+                        job_handler=env.job_handler, relay=False)
+    agent.data_dir = base
+    return agent
+
+
+async def _leader(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
+    from agent.leader.agent import LeaderAgent
+    from agent.leader.env import GatewayEnv
+    from agent.leader.northbound import northbound_part
+    from agent.leader.rollout import rollout_part
+
+    gateway = env.gateway or GatewayEnv()
+    agent: LeaderAgent = await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=base,
+                                                recover=gateway.recover, rng=gateway.rng,
+                                                intake_batch_max=gateway.intake_batch_max)
+    return await _parts(agent, gateway, (northbound_part, AGENT, rollout_part))
+
+
+H = TypeVar("H", bound=AgentPart)
+E = TypeVar("E")
+
+
+async def _parts(agent: H, env: E, plan: Sequence[str | Feature[H, E]]) -> App[H]:
+    """Build each feature of `plan` in order (the agent is built already); when one fails, what
+    the others opened is closed again."""
+    parts: list[Part] = []
+    try:
+        for entry in plan:
+            if isinstance(entry, str):
+                parts.append(agent)
+                continue
+            part = await entry(agent, env)
+            if part is not None:
+                parts.append(part)
+    except BaseException:
+        await App(agent, parts).discard()
+        raise
+    return App(agent, parts)
+
+
+_ROLES: dict[str, Callable[[AgentConfig, Transport, Clock, Path, AppEnv], Awaitable[App[Any]]]] = {
+    "worker": _worker,
+    "leader": _leader,
+}
+
+
+__all__ = ["AGENT", "AppEnv", "assemble"]

@@ -1,0 +1,45 @@
+"""What a worker takes from where it runs: a real device's defaults, or the simulator's stand-ins.
+
+`agent.app.assemble` hands it to the worker and to every feature factory of the worker's parts
+(`agent.service.parts.Feature`); a field left at its default is what `edge-agent run` uses on a
+device. The simulator swaps the hardware (installer, health check, reboot: `updater_hardware`),
+shares outbox files between devices (`stores`) and runs its own jobs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agent.outbox.store import OutboxStore
+from agent.worker.actors import JobHandler
+from agent.worker.jobs import JobLedger
+
+if TYPE_CHECKING:  # the updater's types load only with the updater
+    from agent.worker.agent import WorkerAgent
+    from agent.worker.hardware import UpdaterHardware
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedStores:
+    """Stores opened by someone else and shared with other devices (the simulator's files): the
+    worker owns none of them, runs no relay of its own and does not keep them pruned."""
+
+    outbox: OutboxStore
+    ledger: JobLedger
+    incarnation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceEnv:
+    rng: random.Random | None = None  # the worker's ids, boot id and jitter (the simulator's is seeded)
+    sample_system: bool = True  # psutil's reading of this host on heartbeats and the system source
+    job_handler: JobHandler | None = None  # default: `default_job_handler`
+    stores: SharedStores | None = None  # default: the worker opens its own under the data dir
+    # the installer, health check and reboot of this device (default: what `[firmware]` names)
+    updater_hardware: Callable[[WorkerAgent], UpdaterHardware] | None = None
+
+
+__all__ = ["DeviceEnv", "SharedStores"]
