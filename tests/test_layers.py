@@ -60,7 +60,8 @@ def test_the_features_contract_forbids_every_private_transport_module() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "forbidden")
     assert set(contract["source_modules"]) == {"agent.commands", "agent.sim"}
-    private = {f"agent.transport.{p.stem}" for p in (REPO / "agent" / "transport").glob("_*.py") if p.stem != "__init__"}
+    transport = REPO / "agent" / "transport"
+    private = {f"agent.transport.{p.stem}" for p in transport.glob("_*.py") if p.stem != "__init__"}
     assert private and private <= set(contract["forbidden_modules"])
     features = {"agent.leader.rollout", "agent.leader.northbound", "agent.worker.updater_actor"}
     assert features <= set(contract["forbidden_modules"])
