@@ -319,6 +319,7 @@ def _installer(config: AgentConfig, data_dir: Path) -> Outcome:
     """What an update changes on this device, read from the boot machinery itself."""
     from agent.core.clock import SystemClock
     from agent.worker.installers import firmware_state_dir, installer_from_config
+    from firmware_rollout.device.backends import BACKENDS, configured_backend
 
     fw = config.firmware
     try:
@@ -330,9 +331,10 @@ def _installer(config: AgentConfig, data_dir: Path) -> Outcome:
     trial = installer.trial_slot()
     where = f"booted {installer.booted_slot()}, default {installer.default_slot()}, " + (
         f"trial {trial} armed" if trial else "no trial")
-    if installer.name == "directory":
-        return Outcome("installer", True, f"directory ({where}): updates change nothing this device boots",
-                       'set [firmware] installer = "uboot", "tryboot" or "rauc" on a real device')
+    if not fw.helper_socket and not configured_backend(fw).backend.reboots:
+        booting = " or ".join(f'"{name}"' for name, _ in sorted(BACKENDS.items()) if name != installer.name)
+        return Outcome("installer", True, f"{installer.name} ({where}): updates change nothing this device boots",
+                       f"set [firmware] installer = {booting} on a real device")
     via = " through the install helper" if fw.helper_socket else ""
     return Outcome("installer", True, f"{installer.name}{via}: {where}")
 

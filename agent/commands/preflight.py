@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from agent.core.config import AgentConfig, load_config
+from agent.core.config import AgentConfig, FirmwareSection, load_config
 from agent.core.errors import ConfigError, EdgeAgentError
 
 
@@ -80,9 +80,15 @@ def _check_artifact_server(config: AgentConfig, source: str) -> None:
 
 
 def _check_installer(config: AgentConfig, source: str) -> None:
-    """The installer's table names tools on PATH and files that are there: a first rollout must
-    not be where a device finds out."""
+    """The installer's table decodes and keeps its rules, and names tools on PATH and files that
+    are there: a first rollout must not be where a device finds out. Only the named backend's
+    module is loaded, and none for a worker that updates nothing."""
     fw = config.firmware
+    if not fw.public_key and fw.installer == FirmwareSection().installer and fw.installer_settings is None:
+        return
+    from firmware_rollout.device.backends import configured_backend
+
+    backend = configured_backend(fw, source=source)  # the table's own rules
     if not fw.public_key:
         return
     if fw.helper_socket:  # the backend's tools and devices are the helper's (its own config checks them)
@@ -91,34 +97,7 @@ def _check_installer(config: AgentConfig, source: str) -> None:
             raise ConfigError(source, "firmware.helper_socket", f"{helper}: no socket there (is "
                                                                "edge-agent-installer.socket enabled?)")
         return
-    if fw.installer == "rauc" and shutil.which(fw.rauc.rauc) is None:
-        raise ConfigError(source, "firmware.rauc.rauc", f"{fw.rauc.rauc!r} is not an executable on PATH "
-                                                         "(Debian: apt install rauc)")
-    t = fw.tryboot
-    if fw.installer == "tryboot" and t is not None and t.slot_a is not None and t.slot_b is not None:
-        files = [("autoboot_path", str(Path(t.autoboot_path).parent)), ("partition_path", t.partition_path)]
-        for name, slot in (("slot_a", t.slot_a), ("slot_b", t.slot_b)):
-            files += [(f"{name}.boot", slot.boot), (f"{name}.root", slot.root)]
-        for key, file in files:
-            if file and not Path(file).exists():
-                raise ConfigError(source, f"firmware.tryboot.{key}", f"{file}: not found")
-    u = fw.uboot
-    if fw.installer != "uboot" or u is None:
-        return
-    for key, tool in (("fw_printenv", u.fw_printenv), ("fw_setenv", u.fw_setenv)):
-        if shutil.which(tool) is None:
-            raise ConfigError(source, f"firmware.uboot.{key}",
-                              f"{tool!r} is not an executable on PATH (Debian: apt install libubootenv-tool)")
-    for key, file in (("fw_env_config", u.fw_env_config), ("slot_a", u.slot_a), ("slot_b", u.slot_b),
-                      ("cmdline_path", u.cmdline_path), ("fw_env_defaults", u.fw_env_defaults)):
-        if file and not Path(file).exists():
-            raise ConfigError(source, f"firmware.uboot.{key}", f"{file}: not found")
-    from firmware_rollout.device.uboot import booted_from_cmdline
-
-    try:
-        booted_from_cmdline(Path(u.cmdline_path))
-    except EdgeAgentError as exc:
-        raise ConfigError(source, "firmware.uboot.cmdline_path", str(exc)) from None
+    backend.preflight()
 
 
 __all__ = ["preflight"]

@@ -140,48 +140,6 @@ class MetricsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     listen: str = ""  # "127.0.0.1:9100"; empty means off
 
 
-class UBootSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """`[firmware.uboot]`: A/B slots switched through the U-Boot environment (RAUC's variables)."""
-
-    fw_env_config: str = "/etc/fw_env.config"  # libubootenv's config: where the environment lives
-    # a default environment for a blank one (empty: /etc/u-boot-initial-env when it exists)
-    fw_env_defaults: str = ""
-    slot_a: str = ""  # the block device (or file) of slot A, e.g. /dev/mmcblk0p2
-    slot_b: str = ""
-    cmdline_path: str = "/proc/cmdline"  # where the boot script's rauc.slot=A|B is read
-    boot_attempts: Annotated[int, msgspec.Meta(ge=1, le=9)] = 3
-    fw_printenv: str = "fw_printenv"
-    fw_setenv: str = "fw_setenv"
-
-
-class PiSlotSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """One Raspberry Pi slot: the partition the firmware boots, its device, its root partition."""
-
-    partition: Annotated[int, msgspec.Meta(ge=1, le=127)]
-    boot: str  # the boot partition's block device, e.g. /dev/mmcblk0p2
-    root: str = ""  # its root partition (empty: the image is the boot partition alone)
-
-
-class TrybootSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """`[firmware.tryboot]`: Raspberry Pi 4/5 A/B through autoboot.txt and `reboot "0 tryboot"`."""
-
-    autoboot_path: str = "/boot/firmware/autoboot.txt"  # on the first (FAT) partition, mounted read-write
-    partition_path: str = "/proc/device-tree/chosen/bootloader/partition"
-    slot_a: PiSlotSection | None = None
-    slot_b: PiSlotSection | None = None
-    trial_reboot_command: list[str] = msgspec.field(default_factory=lambda: ["systemctl", "reboot", "0 tryboot"])
-
-
-class RaucSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """`[firmware.rauc]`: the artifact's image is a RAUC bundle, installed by RAUC's service."""
-
-    rauc: str = "rauc"  # RAUC's command line tool (it talks to the rauc service on D-Bus)
-    slot_class: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "rootfs"  # the A/B pair of system.conf
-
-
-InstallerName = Literal["directory", "uboot", "tryboot", "rauc"]
-
-
 class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Firmware updates on a worker; off while `public_key` is empty. The leader needs none."""
 
@@ -196,12 +154,10 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     reboot_timeout_s: PositiveFloat = 120.0
     # a file applications flock(2) while they must not be interrupted: no reboot into a new slot while held
     update_lock: str = ""
-    # what an update changes: "directory" (slot directories under state_dir: the simulator and
-    # application payloads; it does not change what the device boots), "uboot", "tryboot" or "rauc"
-    installer: InstallerName = "directory"
-    uboot: UBootSection | None = None
-    tryboot: TrybootSection | None = None
-    rauc: RaucSection = msgspec.field(default_factory=RaucSection)
+    # what an update changes: the name of an installer backend (firmware_rollout.device.backends);
+    # its settings are the table [firmware.NAME], which the backend decodes and checks
+    installer: Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_-]*$")] = "directory"
+    installer_settings: dict[str, Any] | None = None  # that table, as the file gives it (None: absent)
     # The root install helper (`edge-agent install-helper`, edge-agent-installer.socket): when
     # set, the agent asks it for every slot write, boot switch and reboot instead of doing them
     # itself, and the helper runs the backend `installer` names with its own state directory.
@@ -384,8 +340,8 @@ def _describe(exc: msgspec.ValidationError) -> tuple[str | None, str]:
     return (path or None), reason
 
 
-def decode_toml(path: str | Path, type_: type[T]) -> T:
-    """Read a TOML file into `type_`; every failure is a `ConfigError` naming file and key."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; every failure is a `ConfigError` naming the file."""
     name = str(path)
     try:
         raw = Path(path).read_bytes()
@@ -394,12 +350,30 @@ def decode_toml(path: str | Path, type_: type[T]) -> T:
     except OSError as exc:
         raise ConfigError(name, None, f"cannot read: {exc.strerror or exc}") from None
     try:
-        data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(name, None, "not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(name, None, f"not valid TOML: {exc}") from None
-    return convert(data, type_, source=name)
+
+
+def decode_toml(path: str | Path, type_: type[T]) -> T:
+    """Read a TOML file into `type_`; every failure is a `ConfigError` naming file and key."""
+    return convert(read_toml(path), type_, source=str(path))
+
+
+def _installer_table(data: dict[str, Any]) -> dict[str, Any]:
+    """The table `[firmware.NAME]` of the installer `[firmware] installer` names, moved to
+    `installer_settings`: the backend decodes it, the config does not know its keys."""
+    fw = data.get("firmware")
+    if not isinstance(fw, dict):
+        return data
+    name = fw.get("installer", FirmwareSection().installer)
+    if not isinstance(name, str) or name in FirmwareSection.__struct_fields__ or not isinstance(fw.get(name), dict):
+        return data
+    table = {k: v for k, v in fw.items() if k != name}
+    table["installer_settings"] = fw[name]
+    return {**data, "firmware": table}
 
 
 def convert(data: Any, type_: type[T], *, source: str) -> T:
@@ -522,32 +496,10 @@ def _check_artifacts(config: AgentConfig, source: str) -> None:
         raise ConfigError(source, "firmware.mirror_ca", "must be an absolute path")
 
 
-def _check_installer(config: AgentConfig, source: str) -> None:
-    fw = config.firmware
-    if fw.installer == "uboot":
-        if fw.uboot is None:
-            raise ConfigError(source, "firmware.uboot", 'installer = "uboot" needs a [firmware.uboot] table')
-        for key in ("slot_a", "slot_b"):
-            if not getattr(fw.uboot, key):
-                raise ConfigError(source, f"firmware.uboot.{key}", "required: the block device or file of the slot")
-        if fw.uboot.slot_a == fw.uboot.slot_b:
-            raise ConfigError(source, "firmware.uboot.slot_b", "must differ from slot_a")
-    if fw.installer == "tryboot":
-        t = fw.tryboot
-        if t is None:
-            raise ConfigError(source, "firmware.tryboot", 'installer = "tryboot" needs a [firmware.tryboot] table')
-        if t.slot_a is None or t.slot_b is None:
-            raise ConfigError(source, f"firmware.tryboot.{'slot_a' if t.slot_a is None else 'slot_b'}",
-                              "required: { partition = N, boot = DEVICE, root = DEVICE }")
-        if t.slot_a.partition == t.slot_b.partition:
-            raise ConfigError(source, "firmware.tryboot.slot_b.partition", "must differ from slot_a's")
-        if not t.trial_reboot_command:
-            raise ConfigError(source, "firmware.tryboot.trial_reboot_command", "must not be empty")
-
-
 def load_config(path: str | Path) -> AgentConfig:
-    """Load and check an agent config file."""
-    config = decode_toml(path, AgentConfig)
+    """Load and check an agent config file. The installer's own table is the backend's to check
+    (`firmware_rollout.device.backends`: `preflight` and `config check` do)."""
+    config = convert(_installer_table(read_toml(path)), AgentConfig, source=str(path))
     relay = config.relay
     if not relay.aimd_min <= relay.aimd_initial <= relay.aimd_max:
         raise ConfigError(str(path), "relay.aimd_initial", "must lie between aimd_min and aimd_max")
@@ -556,7 +508,6 @@ def load_config(path: str | Path) -> AgentConfig:
     if config.mqtt.reconnect_min_s > config.mqtt.reconnect_max_s:
         raise ConfigError(str(path), "mqtt.reconnect_min_s", "must not exceed reconnect_max_s")
     _check_retentions(config, str(path))
-    _check_installer(config, str(path))
     _check_classes(config, str(path))
     _check_artifacts(config, str(path))
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
@@ -569,11 +520,6 @@ __all__ = [
     "AgentConfig",
     "AgentSection",
     "FirmwareSection",
-    "InstallerName",
-    "PiSlotSection",
-    "RaucSection",
-    "TrybootSection",
-    "UBootSection",
     "HeartbeatSection",
     "HousekeepingSection",
     "JobsSection",
@@ -594,5 +540,6 @@ __all__ = [
     "convert",
     "decode_toml",
     "load_config",
+    "read_toml",
     "resolve",
 ]

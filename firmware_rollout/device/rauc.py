@@ -17,13 +17,17 @@ streaming installs are not used here.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import FileTarget, SlotImages
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
@@ -176,4 +180,24 @@ class RaucInstaller(StreamingInstaller):
                 "boot_status": {s: self.boot_status(s) for s in self._slots}, "bundle": str(self._bundle)}
 
 
-__all__ = ["RaucInstaller"]
+class RaucSettings(BackendSettings, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[firmware.rauc]`: the artifact's image is a RAUC bundle, installed by RAUC's service."""
+
+    rauc: str = "rauc"  # RAUC's command line tool (it talks to the rauc service on D-Bus)
+    slot_class: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "rootfs"  # the A/B pair of system.conf
+
+
+def _preflight(r: RaucSettings, fail: Fail) -> None:
+    if shutil.which(r.rauc) is None:
+        fail("rauc", f"{r.rauc!r} is not an executable on PATH (Debian: apt install rauc)")
+
+
+def _build(r: RaucSettings, context: InstallerContext) -> RaucInstaller:
+    return RaucInstaller(state_dir=context.state_dir, rauc=r.rauc, slot_class=r.slot_class, clock=context.clock,
+                         verify_key=context.verify_key)
+
+
+BACKEND = Backend(name="rauc", settings=RaucSettings, build=_build, preflight=_preflight)
+
+
+__all__ = ["BACKEND", "RaucInstaller", "RaucSettings"]

@@ -33,10 +33,12 @@ from typing import Protocol, runtime_checkable
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, fsync_dir, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.backends import Backend, BackendSettings, InstallerContext
 from firmware_rollout.device.slot_images import SlotImages
 from firmware_rollout.errors import InstallError
 
 SLOTS = ("a", "b")
+SLOTS_DIR = "slots"  # the directory backend's slots, under the updater's state directory
 
 #: What `Installer.describe()` adds to `edge-agent firmware status` besides the slots.
 SlotView = dict[str, object]
@@ -231,4 +233,18 @@ class DirectoryInstaller(StreamingInstaller):
                 "boots_what": "nothing: a directory stands in for each slot (simulator, application payloads)"}
 
 
-__all__ = ["SLOTS", "DirectoryInstaller", "Installer", "SlotView", "StreamingInstaller", "other_slot"]
+class DirectorySettings(BackendSettings, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[firmware.directory]`: nothing to set; the slots are directories of the state directory."""
+
+
+def _build(_settings: DirectorySettings, context: InstallerContext) -> DirectoryInstaller:
+    return DirectoryInstaller(context.state_dir / SLOTS_DIR, clock=context.clock, verify_key=context.verify_key)
+
+
+# The simulator's and application payloads' backend: an update changes nothing the device
+# boots, so it needs no reboot (the agent restarts in place).
+BACKEND = Backend(name="directory", settings=DirectorySettings, build=_build, reboots=False)
+
+
+__all__ = ["BACKEND", "SLOTS", "SLOTS_DIR", "DirectoryInstaller", "DirectorySettings", "Installer", "SlotView",
+           "StreamingInstaller", "other_slot"]

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import FileTarget, PairTarget, SlotImages, SlotTarget
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
@@ -195,4 +199,55 @@ class TrybootInstaller(StreamingInstaller):
                 "slot_targets": {n: str(self._images.target(n)) for n in TRYBOOT_SLOTS}}
 
 
-__all__ = ["PiSlot", "TRYBOOT_SLOTS", "TrybootInstaller", "format_autoboot", "parse_autoboot", "read_partition"]
+class PiSlotSettings(BackendSettings, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One Raspberry Pi slot: the partition the firmware boots, its device, its root partition."""
+
+    partition: Annotated[int, msgspec.Meta(ge=1, le=127)]
+    boot: str  # the boot partition's block device, e.g. /dev/mmcblk0p2
+    root: str = ""  # its root partition (empty: the image is the boot partition alone)
+
+
+class TrybootSettings(BackendSettings, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[firmware.tryboot]`: Raspberry Pi 4/5 A/B through autoboot.txt and `reboot "0 tryboot"`."""
+
+    autoboot_path: str = "/boot/firmware/autoboot.txt"  # on the first (FAT) partition, mounted read-write
+    partition_path: str = "/proc/device-tree/chosen/bootloader/partition"
+    slot_a: PiSlotSettings | None = None
+    slot_b: PiSlotSettings | None = None
+    trial_reboot_command: list[str] = msgspec.field(default_factory=lambda: ["systemctl", "reboot", "0 tryboot"])
+
+
+def _check(t: TrybootSettings, fail: Fail) -> None:
+    if t.slot_a is None or t.slot_b is None:
+        fail("slot_a" if t.slot_a is None else "slot_b", "required: { partition = N, boot = DEVICE, root = DEVICE }")
+    if t.slot_a.partition == t.slot_b.partition:
+        fail("slot_b.partition", "must differ from slot_a's")
+    if not t.trial_reboot_command:
+        fail("trial_reboot_command", "must not be empty")
+
+
+def _preflight(t: TrybootSettings, fail: Fail) -> None:
+    assert t.slot_a is not None and t.slot_b is not None  # _check
+    files = [("autoboot_path", str(Path(t.autoboot_path).parent)), ("partition_path", t.partition_path)]
+    for name, slot in (("slot_a", t.slot_a), ("slot_b", t.slot_b)):
+        files += [(f"{name}.boot", slot.boot), (f"{name}.root", slot.root)]
+    for key, file in files:
+        if file and not Path(file).exists():
+            fail(key, f"{file}: not found")
+
+
+def _build(t: TrybootSettings, context: InstallerContext) -> TrybootInstaller:
+    assert t.slot_a is not None and t.slot_b is not None  # _check
+    slots = [PiSlot(partition=s.partition, boot=Path(s.boot), root=Path(s.root) if s.root else None)
+             for s in (t.slot_a, t.slot_b)]
+    return TrybootInstaller(autoboot_path=t.autoboot_path, partition_path=t.partition_path, slot_a=slots[0],
+                            slot_b=slots[1], state_dir=context.state_dir, clock=context.clock,
+                            verify_key=context.verify_key)
+
+
+BACKEND = Backend(name="tryboot", settings=TrybootSettings, build=_build, table_required=True, check=_check,
+                  preflight=_preflight, trial_reboot_command=lambda t: list(t.trial_reboot_command))
+
+
+__all__ = ["BACKEND", "TRYBOOT_SLOTS", "PiSlot", "PiSlotSettings", "TrybootInstaller", "TrybootSettings",
+           "format_autoboot", "parse_autoboot", "read_partition"]

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Annotated
+
+import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import SlotImages
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
@@ -180,4 +185,51 @@ class UBootInstaller(StreamingInstaller):
                 "cmdline": str(self._cmdline)}
 
 
-__all__ = ["UBOOT_SLOTS", "UBootInstaller", "booted_from_cmdline"]
+class UBootSettings(BackendSettings, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[firmware.uboot]`: A/B slots switched through the U-Boot environment (RAUC's variables)."""
+
+    fw_env_config: str = "/etc/fw_env.config"  # libubootenv's config: where the environment lives
+    # a default environment for a blank one (empty: /etc/u-boot-initial-env when it exists)
+    fw_env_defaults: str = ""
+    slot_a: str = ""  # the block device (or file) of slot A, e.g. /dev/mmcblk0p2
+    slot_b: str = ""
+    cmdline_path: str = "/proc/cmdline"  # where the boot script's rauc.slot=A|B is read
+    boot_attempts: Annotated[int, msgspec.Meta(ge=1, le=9)] = 3
+    fw_printenv: str = "fw_printenv"
+    fw_setenv: str = "fw_setenv"
+
+
+def _check(u: UBootSettings, fail: Fail) -> None:
+    for key in ("slot_a", "slot_b"):
+        if not getattr(u, key):
+            fail(key, "required: the block device or file of the slot")
+    if u.slot_a == u.slot_b:
+        fail("slot_b", "must differ from slot_a")
+
+
+def _preflight(u: UBootSettings, fail: Fail) -> None:
+    for key, tool in (("fw_printenv", u.fw_printenv), ("fw_setenv", u.fw_setenv)):
+        if shutil.which(tool) is None:
+            fail(key, f"{tool!r} is not an executable on PATH (Debian: apt install libubootenv-tool)")
+    for key, file in (("fw_env_config", u.fw_env_config), ("slot_a", u.slot_a), ("slot_b", u.slot_b),
+                      ("cmdline_path", u.cmdline_path), ("fw_env_defaults", u.fw_env_defaults)):
+        if file and not Path(file).exists():
+            fail(key, f"{file}: not found")
+    try:
+        booted_from_cmdline(Path(u.cmdline_path))
+    except InstallError as exc:
+        fail("cmdline_path", str(exc))
+
+
+def _build(u: UBootSettings, context: InstallerContext) -> UBootInstaller:
+    return UBootInstaller(fw_env_config=u.fw_env_config, fw_env_defaults=u.fw_env_defaults, slot_a=u.slot_a,
+                          slot_b=u.slot_b, cmdline_path=u.cmdline_path, boot_attempts=u.boot_attempts,
+                          fw_printenv=u.fw_printenv, fw_setenv=u.fw_setenv, clock=context.clock,
+                          verify_key=context.verify_key)
+
+
+BACKEND = Backend(name="uboot", settings=UBootSettings, build=_build, table_required=True, check=_check,
+                  preflight=_preflight)
+
+
+__all__ = ["BACKEND", "UBOOT_SLOTS", "UBootInstaller", "UBootSettings", "booted_from_cmdline"]

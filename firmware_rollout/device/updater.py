@@ -53,7 +53,7 @@ from firmware_rollout.artifact.manifest import (
 from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.health import HealthCheck, HealthResult
 from firmware_rollout.device.reboot import Rebooter
-from firmware_rollout.device.slots import DirectoryInstaller, Installer, other_slot
+from firmware_rollout.device.slots import SLOTS_DIR, DirectoryInstaller, Installer, other_slot
 from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
 from firmware_rollout.errors import ChunkMismatch, InstallError, UpdaterError
@@ -62,7 +62,6 @@ from firmware_rollout.messages import TERMINAL_STATES, DownloadProgress, UpdateO
 ReportSink = Callable[[UpdateReport], Awaitable[None]]
 DB_FILE = "updater.db"
 LEGACY_STAGING_FILE = "staging.img"  # where downloads went before they streamed into the slot
-SLOTS_DIR = "slots"
 REBOOT_MARK_FILE = "reboot-requested"  # the kernel boot id when a reboot into a trial was asked for
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 HEALTH_GRACE_S = 1.0
