@@ -65,3 +65,27 @@ def test_the_features_contract_forbids_every_private_transport_module() -> None:
     assert private and private <= set(contract["forbidden_modules"])
     features = {"agent.leader.rollout", "agent.leader.northbound", "agent.worker.updater_actor"}
     assert features <= set(contract["forbidden_modules"])
+
+
+# Each table of the leader's database, and the one module whose store owns it (reads included).
+TABLE_OWNERS = {
+    "devices": "agent/leader/registry.py",
+    "telemetry_last": "agent/leader/registry.py",
+    "registry_meta": "agent/leader/registry.py",
+    "rejects": "agent/leader/rejects.py",
+    "jobs": "agent/leader/jobs.py",
+    "jobqueue_meta": "agent/leader/jobs.py",
+    "rollouts": "firmware_rollout/orchestration/store.py",
+    "rollout_devices": "firmware_rollout/orchestration/store.py",
+}
+
+
+def test_sql_on_a_leader_table_is_only_in_the_store_that_owns_it() -> None:
+    pattern = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE)\s+(" + "|".join(TABLE_OWNERS) + r")\b")
+    found = []
+    for path in [*(REPO / "agent").rglob("*.py"), *(REPO / "firmware_rollout").rglob("*.py")]:
+        relative = str(path.relative_to(REPO))
+        for table in pattern.findall(path.read_text()):
+            if TABLE_OWNERS[table] != relative:
+                found.append(f"{relative} queries {table} (owned by {TABLE_OWNERS[table]})")
+    assert not found, "\n".join(found)

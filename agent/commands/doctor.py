@@ -377,7 +377,7 @@ def _leader_db(path: Path) -> Outcome:
         problem = damage_report(path)
         if problem is None:
             with open_leader_db(path) as db:
-                (devices,) = db.conn.execute("SELECT COUNT(*) FROM devices").fetchone()
+                devices = db.registry.count()
     except EdgeAgentError as exc:
         problem = str(exc)
     if problem is not None:

@@ -37,18 +37,17 @@ def main(args: argparse.Namespace) -> int:
     import msgspec
 
     from agent.leader.readonly import open_leader_db
-    from agent.leader.reject_view import reject_by_id, reject_counts, reject_rows
 
     with open_leader_db(args.db) as db:
         if args.action == "show":
-            row = reject_by_id(db, args.id)
+            row = db.rejects.get(args.id)
             if row is None:
                 print(f"edge-agent rejects: {args.db}: no reject {args.id}", file=sys.stderr)
                 return 1
             print(msgspec.json.encode(row).decode() if args.json else format_reject(row))
             return 0
-        counts = reject_counts(db, device=args.device)
-        rows = reject_rows(db, device=args.device, limit=args.limit)
+        counts = db.rejects.counts(device=args.device)
+        rows = db.rejects.newest(device=args.device, limit=args.limit)
     if args.json:
         print(msgspec.json.encode({"counts": counts, "rows": rows}).decode())
     else:

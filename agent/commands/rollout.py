@@ -30,7 +30,7 @@ from typing import Any
 
 from agent.commands.arguments import aligned, positive_seconds
 from agent.core.clock import SystemClock
-from agent.core.errors import ArtifactError, ConfigError, RolloutError
+from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
 
 EXIT_NOT_APPLIED = 3  # a control queued, the leader not running to apply it
 LEADER_QUIET_S = 10.0  # two heartbeat intervals (5 s) without a write of the leader: the view is stale
@@ -210,11 +210,26 @@ def _await_control(store: Any, control_id: int, no_wait: bool, timeout_s: float 
             print(row.result)
             return 0
         time.sleep(0.2)
-    seen = store.leader_last_seen_ms()
+    seen = _leader_last_seen(store)
     since = "never" if seen is None else time.strftime("%H:%M:%S", time.localtime(seen / 1000))
     print(f"edge-agent rollout: not applied yet: the leader has not run since {since} (its last write to"
           f" {store.path}); it applies control {control_id} when it starts", file=sys.stderr)
     return EXIT_NOT_APPLIED
+
+
+def _leader_last_seen(store: Any) -> int | None:
+    """When the leader last wrote to its database: the newest rollout step or control it
+    answered (the rollout tables) or heartbeat it applied (the registry)."""
+    from agent.leader.readonly import open_leader_db
+
+    seen = [store.leader_last_seen_ms()]
+    try:
+        with open_leader_db(store.path) as db:
+            seen.append(db.registry.last_heartbeat_ms())
+    except EdgeAgentError:
+        pass  # a database without a registry: the rollout tables are the only sign
+    found = [s for s in seen if s is not None]
+    return max(found) if found else None
 
 
 def _status(store: Any, args: argparse.Namespace) -> int:
@@ -228,7 +243,7 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         rid = latest.id
     def load() -> dict[str, Any]:
         data = describe(store, rid)
-        seen = store.leader_last_seen_ms()
+        seen = _leader_last_seen(store)
         data["leader_last_seen_ms"] = seen
         # a running rollout's leader writes every few seconds (heartbeats, ticks): silence means
         # what is shown may no longer be true

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from agent.commands.arguments import aligned, positive_seconds, whole_number
-from agent.leader.fleet_view import ago
+from agent.core.durations import ago
 
 if TYPE_CHECKING:
     from agent.leader.fleet_view import DeviceDetail, DevicePage

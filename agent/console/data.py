@@ -9,8 +9,8 @@ from typing import Any
 from agent.core.clock import SystemClock
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
 from agent.leader.readonly import open_leader_db
-from agent.leader.reject_view import RejectCount, RejectRow, reject_counts, reject_rows
-from agent.leader.status import FleetStatus, summarize
+from agent.leader.reject_view import RejectCount, RejectRow
+from agent.leader.status import FleetStatus, fleet_status
 
 PAGE = 50
 
@@ -23,9 +23,8 @@ class Fleet:
 
 
 def fleet(db: Path, flt: DeviceFilter) -> Fleet:
-    summary = summarize(db, stale_limit=0)
     with open_leader_db(db) as leader:
-        return Fleet(summary, list_devices(leader, flt), flt)
+        return Fleet(fleet_status(leader, SystemClock().now_ms(), stale_limit=0), list_devices(leader, flt), flt)
 
 
 def device(db: Path, device_id: str) -> DeviceDetail | None:
@@ -41,12 +40,12 @@ class Rejects:
 
 def rejects(db: Path, device_id: str | None) -> Rejects:
     with open_leader_db(db) as leader:
-        return Rejects(reject_counts(leader, device=device_id), reject_rows(leader, device=device_id, limit=100))
+        return Rejects(leader.rejects.counts(device=device_id), leader.rejects.newest(device=device_id, limit=100))
 
 
 def _has_rollouts(db: Path) -> bool:
     with open_leader_db(db) as leader:
-        return "rollouts" in leader.tables
+        return leader.rollouts.present
 
 
 def rollouts(db: Path) -> list[dict[str, Any]]:

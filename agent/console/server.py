@@ -24,8 +24,9 @@ import jinja2
 import msgspec
 
 from agent.console import data
+from agent.core.durations import ago
 from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
-from agent.leader.fleet_view import DeviceFilter, ago
+from agent.leader.fleet_view import DeviceFilter
 from agent.leader.reject_view import printable
 
 log = logging.getLogger(__name__)

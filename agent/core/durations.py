@@ -1,4 +1,5 @@
-"""Durations as people write them: `90`, `90s`, `10m`, `1.5h`, `7d`, `250ms` (seconds)."""
+"""Durations as people write them (`90`, `90s`, `10m`, `1.5h`, `7d`, `250ms`: `parse_seconds`)
+and as the product prints them (`format_age`: `45s`, `2m05s`, `3h07m`, `12d04h`; `ago`)."""
 
 from __future__ import annotations
 
@@ -16,4 +17,21 @@ def parse_seconds(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-__all__ = ["parse_seconds"]
+def format_age(seconds: float) -> str:
+    """A duration for a person, in its two largest units: `45s`, `2m05s`, `3h07m`, `12d04h`."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def ago(now_ms: int, at_ms: int | None) -> str:
+    """How long before `now_ms` the moment `at_ms` was: `2m05s ago`, or `never`."""
+    return "never" if at_ms is None else f"{format_age((now_ms - at_ms) / 1000)} ago"
+
+
+__all__ = ["ago", "format_age", "parse_seconds"]

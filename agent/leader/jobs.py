@@ -41,6 +41,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
 from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
@@ -482,11 +484,39 @@ class JobQueue(SqliteStore):
         return cur.rowcount
 
 
+class JobCounts(msgspec.Struct, kw_only=True, frozen=True):
+    pending: int = 0
+    confirmed: int = 0
+    failed: int = 0  # confirmed with ok=False
+    epoch: int = 0
+
+
+class JobReads:
+    """The job queue's reads for the views (`status`), on any connection to the leader's
+    database; None from `counts` when the queue was never opened there."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def counts(self) -> JobCounts | None:
+        present = {str(r[0]) for r in self._conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('jobs', 'jobqueue_meta')")}
+        if present != {"jobs", "jobqueue_meta"}:
+            return None
+        counts = dict(self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        (failed,) = self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'confirmed' AND ok = 0").fetchone()
+        row = self._conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
+        return JobCounts(pending=int(counts.get("pending", 0)), confirmed=int(counts.get("confirmed", 0)),
+                         failed=int(failed), epoch=int(row[0]) if row else 0)
+
+
 __all__ = [
     "COMPONENT",
     "DemandOutcome",
     "Dispatch",
+    "JobCounts",
     "JobQueue",
+    "JobReads",
     "JobRecord",
     "QueueFenced",
     "QueueStats",

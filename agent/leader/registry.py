@@ -28,6 +28,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -491,4 +492,139 @@ class DeviceRegistry(SqliteStore):
             return int(self._conn.execute("SELECT COUNT(*) FROM processed_messages").fetchone()[0])
 
 
-__all__ = ["COMPONENT", "DeviceRecord", "DeviceRegistry", "OfflineCallback"]
+class DeviceLine(NamedTuple):
+    """A device as the fleet's tables list it (`RegistryReads.page`)."""
+
+    device_id: str
+    online: bool
+    offline_reason: str | None
+    last_seen_ms: int | None
+    firmware_version: str
+    tags: list[str]
+
+
+class DeviceState(NamedTuple):
+    """Everything the registry keeps about one device (`RegistryReads.device`)."""
+
+    line: DeviceLine
+    hb_seq: int | None
+    hb_at_ms: int | None
+    uptime_s: float | None
+    boot: str
+    first_seen_ms: int
+    changed_ms: int
+    telemetry_count: int
+    telemetry_names: int
+    outbox_pending: int | None
+    sample: SystemSample | None
+
+
+_LINE = "device_id, online, offline_reason, last_seen_ms, firmware_version, tags"
+
+
+def _line(values: tuple[Any, ...]) -> DeviceLine:
+    device_id, online, reason, last_seen, version, tags = values
+    try:
+        tag_list = _tags_decoder.decode(tags if isinstance(tags, bytes | str) else "[]")
+    except msgspec.DecodeError:
+        tag_list = []
+    return DeviceLine(str(device_id), bool(online), None if reason is None else str(reason),
+                      None if last_seen is None else int(last_seen), str(version), tag_list)
+
+
+class RegistryReads:
+    """The registry's reads for the views (`status`, the console, `doctor`), on any connection to
+    its database: a read-only one while the leader runs. The one place the devices' table is
+    queried outside `DeviceRegistry`."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def present(self) -> bool:
+        """Whether the database holds a device registry at all."""
+        names = {str(r[0]) for r in self._conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('devices', 'registry_meta')")}
+        return names == {"devices", "registry_meta"}
+
+    def heartbeat_deadline_s(self) -> float | None:
+        """The deadline the running leader was configured with, if it stored one."""
+        row = self._conn.execute("SELECT value FROM registry_meta WHERE key = 'heartbeat_deadline_ms'").fetchone()
+        return row[0] / 1000.0 if row else None
+
+    def count(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0])
+
+    def online_count(self) -> tuple[int, int]:
+        """(all, online) devices."""
+        total, online = self._conn.execute("SELECT COUNT(*), COALESCE(SUM(online), 0) FROM devices").fetchone()
+        return int(total), int(online)
+
+    def versions(self) -> dict[str, int]:
+        """Devices by the firmware version they report, the most common first."""
+        return {(str(v) or "unknown"): int(n) for v, n in self._conn.execute(
+            "SELECT firmware_version, COUNT(*) FROM devices GROUP BY firmware_version"
+            " ORDER BY COUNT(*) DESC, firmware_version")}
+
+    def stale(self, seen_before_ms: int, *, limit: int) -> tuple[int, list[tuple[str, int | None, bool]]]:
+        """How many devices were last heard of before `seen_before_ms` (or never), and the
+        `limit` longest silent of them: (device id, last seen, online)."""
+        where = "last_seen_ms IS NULL OR last_seen_ms <= ?"
+        (count,) = self._conn.execute(f"SELECT COUNT(*) FROM devices WHERE {where}", (seen_before_ms,)).fetchone()
+        rows = [(str(d), seen, bool(on)) for d, seen, on in self._conn.execute(
+            f"SELECT device_id, last_seen_ms, online FROM devices WHERE {where}"
+            " ORDER BY last_seen_ms IS NOT NULL, last_seen_ms, device_id LIMIT ?", (seen_before_ms, limit))]
+        return int(count), rows
+
+    def page(self, *, online: bool | None = None, version: str | None = None, tag: str | None = None,
+             among: Sequence[str] | None = None, limit: int = 50, offset: int = 0) -> tuple[int, list[DeviceLine]]:
+        """(how many devices pass every given condition, one page of them by device id); `among`:
+        only these device ids; `limit` 0 for all."""
+        clauses: list[str] = []
+        params: list[object] = []
+        if online is not None:
+            clauses.append("online = ?")
+            params.append(1 if online else 0)
+        if version is not None:
+            clauses.append("firmware_version = ?")
+            params.append(version)
+        if tag is not None:
+            clauses.append("EXISTS (SELECT 1 FROM json_each(devices.tags) WHERE json_each.value = ?)")
+            params.append(tag)
+        if among is not None:
+            clauses.append("device_id IN (SELECT value FROM json_each(?))")
+            params.append(_json_encode(list(among)).decode())
+        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        (matching,) = self._conn.execute(f"SELECT COUNT(*) FROM devices{where}", params).fetchone()
+        page = f" LIMIT {int(limit) or -1} OFFSET {int(offset)}"
+        lines = [_line(v) for v in self._conn.execute(
+            f"SELECT {_LINE} FROM devices{where} ORDER BY device_id{page}", params)]
+        return int(matching), lines
+
+    def device(self, device_id: str) -> DeviceState | None:
+        """Everything kept about one device; None if it has never been heard of."""
+        found = self._conn.execute(
+            f"SELECT {_LINE}, hb_seq, hb_at_ms, uptime_s, boot, first_seen_ms, changed_ms, telemetry_count, sample,"
+            " outbox_pending FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+        if found is None:
+            return None
+        hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending = found[6:]
+        (names,) = self._conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
+                                      (device_id,)).fetchone()
+        sample = None
+        if isinstance(blob, bytes):
+            try:
+                sample = decode(blob, SystemSample)
+            except CodecError:
+                sample = None
+        return DeviceState(_line(found[:6]), None if hb_seq < 0 else int(hb_seq), hb_at, uptime, str(boot),
+                           int(first_seen), int(changed), int(telemetry), int(names),
+                           None if pending is None else int(pending), sample)
+
+    def last_heartbeat_ms(self) -> int | None:
+        """When the leader applied its newest heartbeat (None: never)."""
+        (newest,) = self._conn.execute("SELECT MAX(hb_at_ms) FROM devices").fetchone()
+        return None if newest is None else int(newest)
+
+
+__all__ = ["COMPONENT", "DeviceLine", "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback",
+           "RegistryReads"]

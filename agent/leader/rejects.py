@@ -13,6 +13,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from agent.core.clock import Clock
 from agent.core.sqlite import SqliteStore, store_errors
 
@@ -94,17 +96,69 @@ class RejectLog(SqliteStore):
 
     def list(self, limit: int = 100, offset: int = 0) -> list[Reject]:
         with store_errors("list rejects"):
-            rows = self._conn.execute(
-                "SELECT id, at_ms, topic, sender, msg_id, kind, size, reason, head FROM rejects"
-                " ORDER BY id DESC LIMIT ? OFFSET ?",
-                (limit, offset),
-            ).fetchall()
-        return [Reject(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bytes(r[8])) for r in rows]
+            rows = self._conn.execute(f"SELECT {_COLUMNS} FROM rejects ORDER BY id DESC LIMIT ? OFFSET ?",
+                                      (limit, offset)).fetchall()
+        return [_reject(r) for r in rows]
 
     def total(self) -> int:
         with store_errors("count rejects"):
             return int(self._conn.execute("SELECT COUNT(*) FROM rejects").fetchone()[0])
 
 
+class RejectCount(msgspec.Struct, kw_only=True, frozen=True):
+    sender: str | None
+    reason: str
+    count: int
+    last_ms: int
 
-__all__ = ["Reject", "RejectLog"]
+
+_COLUMNS = "id, at_ms, topic, sender, msg_id, kind, size, reason, head"
+
+
+def _reject(values: tuple[object, ...]) -> Reject:
+    id_, at, topic, sender, msg_id, kind, size, reason, head = values
+    return Reject(int(str(id_)), int(str(at)), str(topic), None if sender is None else str(sender),
+                  None if msg_id is None else str(msg_id), None if kind is None else str(kind), int(str(size)),
+                  str(reason), head if isinstance(head, bytes) else b"")
+
+
+class RejectReads:
+    """The refusals' reads for the views (`rejects`, `status --device`, the console), on any
+    connection to the leader's database (a read-only one while the leader runs); a database that
+    never refused anything has no table yet, and no refusals."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._present = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rejects'").fetchone() is not None
+
+    @staticmethod
+    def _sender(device: str | None) -> tuple[str, tuple[str, ...]]:
+        return (" WHERE sender = ?", (device,)) if device is not None else ("", ())
+
+    def counts(self, *, device: str | None = None) -> list[RejectCount]:
+        """Refusals kept, grouped by sender and reason, the most frequent first."""
+        if not self._present:
+            return []
+        where, params = self._sender(device)
+        return [RejectCount(sender=sender, reason=str(reason), count=int(n), last_ms=int(last))
+                for sender, reason, n, last in self._conn.execute(
+                    f"SELECT sender, reason, COUNT(*), MAX(at_ms) FROM rejects{where}"
+                    " GROUP BY sender, reason ORDER BY COUNT(*) DESC, MAX(at_ms) DESC", params)]
+
+    def newest(self, *, device: str | None = None, limit: int = 50) -> list[Reject]:
+        """The newest refusals first; `limit` 0 for all."""
+        if not self._present:
+            return []
+        where, params = self._sender(device)
+        return [_reject(v) for v in self._conn.execute(
+            f"SELECT {_COLUMNS} FROM rejects{where} ORDER BY id DESC LIMIT {int(limit) or -1}", params)]
+
+    def get(self, reject_id: int) -> Reject | None:
+        if not self._present:
+            return None
+        found = self._conn.execute(f"SELECT {_COLUMNS} FROM rejects WHERE id = ?", (reject_id,)).fetchone()
+        return None if found is None else _reject(found)
+
+
+__all__ = ["Reject", "RejectCount", "RejectLog", "RejectReads"]

@@ -9,14 +9,15 @@ exit 2).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
 import msgspec
 
 from agent.core.clock import Clock, SystemClock
-from agent.leader.readonly import open_leader_db
+from agent.core.durations import format_age
+from agent.leader.jobs import JobCounts
+from agent.leader.readonly import LeaderDb, open_leader_db
 
 DEFAULT_STALE_AFTER_S = 30.0
 
@@ -26,13 +27,6 @@ class StaleDevice(msgspec.Struct, kw_only=True, frozen=True):
     last_seen_ms: int | None
     age_s: float | None
     online: bool
-
-
-class JobCounts(msgspec.Struct, kw_only=True, frozen=True):
-    pending: int = 0
-    confirmed: int = 0
-    failed: int = 0  # confirmed with ok=False
-    epoch: int = 0
 
 
 class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
@@ -65,79 +59,22 @@ def summarize(
     """
     now = (clock or SystemClock()).now_ms()
     with open_leader_db(db_path) as db:
-        return _summarize(db.conn, set(db.tables), now, stale_after_s, stale_limit)
+        return fleet_status(db, now, stale_after_s=stale_after_s, stale_limit=stale_limit)
 
 
-def _summarize(conn: sqlite3.Connection, tables: set[str], now: int, stale_after_s: float | None,
-               stale_limit: int) -> FleetStatus:
+def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, stale_limit: int = 50) -> FleetStatus:
+    """The summary, from the registry's and the job queue's reads."""
+    registry = db.registry
     if stale_after_s is None:
-        row = conn.execute(
-            "SELECT value FROM registry_meta WHERE key = 'heartbeat_deadline_ms'"
-        ).fetchone()
-        stale_after_s = row[0] / 1000.0 if row else DEFAULT_STALE_AFTER_S
-    stale_ms = int(stale_after_s * 1000)
-    total, online = conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(online), 0) FROM devices"
-    ).fetchone()
-    versions = {
-        (str(v) or "unknown"): int(n)
-        for v, n in conn.execute(
-            "SELECT firmware_version, COUNT(*) FROM devices GROUP BY firmware_version"
-            " ORDER BY COUNT(*) DESC, firmware_version"
-        )
-    }
-    stale_where = "last_seen_ms IS NULL OR last_seen_ms <= ?"
-    (stale_count,) = conn.execute(
-        f"SELECT COUNT(*) FROM devices WHERE {stale_where}", (now - stale_ms,)
-    ).fetchone()
-    stale = [
-        StaleDevice(
-            device_id=str(device_id),
-            last_seen_ms=last_seen,
-            age_s=None if last_seen is None else round((now - last_seen) / 1000.0, 3),
-            online=bool(is_online),
-        )
-        for device_id, last_seen, is_online in conn.execute(
-            f"SELECT device_id, last_seen_ms, online FROM devices WHERE {stale_where}"
-            " ORDER BY last_seen_ms IS NOT NULL, last_seen_ms, device_id LIMIT ?",
-            (now - stale_ms, stale_limit),
-        )
-    ]
-    jobs = None
-    if "jobs" in tables and "jobqueue_meta" in tables:
-        counts = dict(conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
-        (failed,) = conn.execute(
-            "SELECT COUNT(*) FROM jobs WHERE state = 'confirmed' AND ok = 0"
-        ).fetchone()
-        row = conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
-        jobs = JobCounts(
-            pending=int(counts.get("pending", 0)),
-            confirmed=int(counts.get("confirmed", 0)),
-            failed=int(failed),
-            epoch=int(row[0]) if row else 0,
-        )
-    return FleetStatus(
-        generated_ms=now,
-        total=int(total),
-        online=int(online),
-        offline=int(total) - int(online),
-        versions=versions,
-        stale_after_s=stale_after_s,
-        stale_count=int(stale_count),
-        stale=stale,
-        jobs=jobs,
-    )
-
-
-def _age(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+        stale_after_s = registry.heartbeat_deadline_s() or DEFAULT_STALE_AFTER_S
+    total, online = registry.online_count()
+    stale_count, stale_rows = registry.stale(now - int(stale_after_s * 1000), limit=stale_limit)
+    stale = [StaleDevice(device_id=device_id, last_seen_ms=last_seen,
+                         age_s=None if last_seen is None else round((now - last_seen) / 1000.0, 3), online=is_online)
+             for device_id, last_seen, is_online in stale_rows]
+    return FleetStatus(generated_ms=now, total=total, online=online, offline=total - online,
+                       versions=registry.versions(), stale_after_s=stale_after_s, stale_count=stale_count, stale=stale,
+                       jobs=db.jobs.counts())
 
 
 def _when(ms: int) -> str:
@@ -152,11 +89,11 @@ def format_status(summary: FleetStatus) -> str:
     ]
     if summary.versions:
         lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
-    lines.append(f"stale (not heard from for {_age(summary.stale_after_s)}): {summary.stale_count}")
+    lines.append(f"stale (not heard from for {format_age(summary.stale_after_s)}): {summary.stale_count}")
     width = max((len(d.device_id) for d in summary.stale), default=0)
     for dev in summary.stale:
         seen = "never" if dev.last_seen_ms is None else (
-            f"{_when(dev.last_seen_ms)} ({_age(dev.age_s or 0.0)} ago)")
+            f"{_when(dev.last_seen_ms)} ({format_age(dev.age_s or 0.0)} ago)")
         state = "online" if dev.online else "offline"
         lines.append(f"  {dev.device_id:<{width}}  last seen {seen}  {state}")
     if summary.stale and summary.stale_count > len(summary.stale):

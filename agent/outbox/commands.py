@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.clock import SystemClock
+from agent.core.durations import format_age
 from agent.core.errors import StoreError
 from agent.outbox.engine import Engine
 from agent.outbox.schema import (
@@ -166,16 +167,7 @@ def _stats(conn: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
 
 
 def _age(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    s = ms // 1000
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
+    return "-" if ms is None else format_age(ms / 1000)
 
 
 def outbox_stats(db: str, as_json: bool) -> int:

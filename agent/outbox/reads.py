@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from agent.outbox.types import OutboxRow
@@ -331,7 +332,29 @@ class Reader:
         return None
 
 
+class FileReads:
+    """Counts read from an outbox file on a read-only connection of the caller's own: no await
+    and nothing queued behind the writer, so a display that calls them never reorders the run
+    it shows (the simulator's progress)."""
+
+    def __init__(self, path: Path) -> None:
+        self._conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+
+    def pending(self) -> int:
+        """Rows pending, every class."""
+        return int(self._conn.execute("SELECT COALESCE(SUM(pending), 0) FROM outbox_classes").fetchone()[0])
+
+    def owners_pending(self, kind: str) -> set[str]:
+        """The owners with a row of `kind` pending."""
+        return {str(owner) for (owner,) in self._conn.execute(
+            "SELECT DISTINCT owner FROM outbox WHERE kind = ? AND status = 'pending'", (kind,))}
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 __all__ = [
+    "FileReads",
     "FIFO_HEAD",
     "ROW_COLUMNS",
     "Flight",

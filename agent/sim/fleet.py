@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import random
-import sqlite3
 import zlib
 from collections import OrderedDict
 from pathlib import Path
@@ -31,6 +30,7 @@ from agent.core.errors import Transient
 from agent.core.gate import Gate
 from agent.leader.agent import LeaderAgent
 from agent.leader.env import GatewayEnv
+from agent.outbox.reads import FileReads
 from agent.outbox.relay import Relay
 from agent.outbox.retry import RetryPolicy
 from agent.outbox.settings import outbox_classes
@@ -186,7 +186,7 @@ class SimFleet:
         self.down: set[str] = set()  # crashed, not restarted yet
         self._delivered: OrderedDict[str, None] = OrderedDict()
         self.redeliveries_suppressed = 0
-        self._readers: list[sqlite3.Connection] = []  # `pending_rows`
+        self._readers: list[FileReads] = []  # `pending_rows`
 
     def _transport(self, config: AgentConfig, name: str) -> Transport:
         rng = cast(random.Random, _LazyRandom(self.opts.seed, f"transport:{name}"))
@@ -299,8 +299,8 @@ class SimFleet:
             await relay.stop()
         if self.leader_app is not None:
             await self.leader_app.stop()
-        for conn in self._readers:
-            conn.close()
+        for reads in self._readers:
+            reads.close()
         self._readers = []
         for store in self.stores:
             await store.close()
@@ -371,19 +371,16 @@ class SimFleet:
     def pending_rows(self) -> int:
         """Rows pending in the devices' outbox files now, read on read-only connections of the
         fleet's own: no await, so a progress display calling it never reorders the run."""
-        return sum(int(conn.execute("SELECT COALESCE(SUM(pending), 0) FROM outbox_classes").fetchone()[0])
-                   for conn in self._file_readers())
+        return sum(reads.pending() for reads in self._file_readers())
 
     def held_heartbeats(self) -> set[str]:
         """The devices whose newest heartbeat is still held in their outbox file (OVERWRITE keeps
         one row per device, always the newest made): a device stopped before it was delivered."""
-        return {str(owner) for conn in self._file_readers() for (owner,) in conn.execute(
-            "SELECT DISTINCT owner FROM outbox WHERE kind = ? AND status = 'pending'", (KIND_HEARTBEAT,))}
+        return {owner for reads in self._file_readers() for owner in reads.owners_pending(KIND_HEARTBEAT)}
 
-    def _file_readers(self) -> list[sqlite3.Connection]:
+    def _file_readers(self) -> list[FileReads]:
         if len(self._readers) != len(self.stores):
-            self._readers = [sqlite3.connect(store.path.resolve().as_uri() + "?mode=ro", uri=True)
-                             for store in self.stores]
+            self._readers = [FileReads(store.path) for store in self.stores]
         return self._readers
 
     async def pending_of(self, message_class: str) -> int:

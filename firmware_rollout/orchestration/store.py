@@ -16,6 +16,7 @@ event loop, one transaction per transition, as the registry is. sqlite3 errors b
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -586,11 +587,10 @@ class RolloutStore(SqliteStore):
         return dict(zip(names, rows[0], strict=True)) if rows else dict.fromkeys(names, 0)
 
     def leader_last_seen_ms(self) -> int | None:
-        """When the leader last wrote to its database, as far as its tables tell: the newest
-        heartbeat it applied, control it answered or rollout it moved on (None: no sign)."""
+        """When the leader last moved a rollout, as far as the rollout tables tell: the newest
+        control it answered or rollout it moved on (None: no sign). The registry's newest
+        heartbeat is the other sign (`RegistryReads.last_heartbeat_ms`)."""
         sources = ["SELECT MAX(applied_ms) FROM rollout_controls", "SELECT MAX(updated_ms) FROM rollouts"]
-        if self._q("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'devices'"):
-            sources.append("SELECT MAX(hb_at_ms) FROM devices")
         seen = [row[0][0] for row in (self._q(sql) for sql in sources) if row and row[0][0] is not None]
         return max(seen) if seen else None
 
@@ -621,6 +621,52 @@ class RolloutStore(SqliteStore):
         )
 
 
+class RolloutReads:
+    """The rollout tables' reads for the fleet views (`status`, the console), on any connection
+    to the leader's database; a database whose leader never opened the rollout tables has no
+    rollouts. Device ids go in and come out as values: the views join them with the registry's."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.present = {str(r[0]) for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('rollouts', 'rollout_devices')")} == {
+            "rollouts", "rollout_devices"}
+
+    def devices_in(self, rollout_id: str) -> list[str]:
+        """The devices a rollout includes."""
+        if not self.present:
+            return []
+        return [str(d) for (d,) in self._conn.execute(
+            "SELECT device_id FROM rollout_devices WHERE rollout_id = ?", (rollout_id,))]
+
+    def newest_of(self, device_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """Of each device, (rollout id, its state there) in the newest rollout that includes it."""
+        if not self.present or not device_ids:
+            return {}
+        newest: dict[str, tuple[str, str]] = {}
+        for device_id, rollout_id, state in self._conn.execute(
+            "SELECT d.device_id, d.rollout_id, d.state FROM rollout_devices AS d JOIN rollouts AS r"
+            " ON r.id = d.rollout_id WHERE d.device_id IN (SELECT value FROM json_each(?)) ORDER BY r.seq DESC",
+            (json.dumps(list(device_ids)),),
+        ):
+            newest.setdefault(str(device_id), (str(rollout_id), str(state)))
+        return newest
+
+    def of_device(self, device_id: str) -> list[tuple[str, str, str, str, int, str, str, int]]:
+        """Every rollout that includes the device, newest first: (rollout id, name, version,
+        rollout state, wave, the device's state, its detail, when it changed)."""
+        if not self.present:
+            return []
+        try:
+            rows = self._conn.execute(
+                "SELECT r.id, r.name, r.version, r.state, d.wave, d.state, d.detail, d.updated_ms"
+                " FROM rollout_devices AS d JOIN rollouts AS r ON r.id = d.rollout_id WHERE d.device_id = ?"
+                " ORDER BY r.seq DESC", (device_id,)).fetchall()
+        except sqlite3.OperationalError:  # a rollout schema this version does not know
+            return []
+        return [(str(a), str(b), str(c), str(d), int(e), str(f), str(g), int(h)) for a, b, c, d, e, f, g, h in rows]
+
+
 __all__ = [
     "CONTROLS",
     "DEVICE_STATES",
@@ -634,6 +680,7 @@ __all__ = [
     "WAVE_STATES",
     "ControlRow",
     "DeviceRow",
+    "RolloutReads",
     "RolloutRow",
     "RolloutStore",
     "WaveRow",
