@@ -1,4 +1,5 @@
-"""A client of the worker's local API for Python applications on the device (stdlib only).
+"""A client of the worker's local API for Python applications on the device (h11 frames HTTP, as
+the agent's own servers do; nothing else beyond the standard library).
 
     from agent.client import Client
 
@@ -15,13 +16,14 @@ the wrong field and, for a full class (429), `retry_after_s`; an agent that is n
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
+
+import h11
 
 from agent.core.config import load_config, local_api_socket
 
@@ -73,20 +75,44 @@ def _answer(status: int, headers: Mapping[str, str], body: bytes) -> dict[str, A
     return dict(doc)
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
+class _Exchange:
+    """One request and its response on an h11 connection, sans I/O: `request()` gives the bytes
+    to send, `feed()` takes what came back until it returns (status, headers, body)."""
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    def __init__(self, conn: h11.Connection) -> None:
+        self._conn = conn
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._body = bytearray()
+
+    def request(self, method: str, path: str, body: bytes, ctype: str, *, close: bool) -> bytes:
+        conn = self._conn
+        headers = [("Host", "localhost"), ("Content-Length", str(len(body)))]
+        if ctype:
+            headers.append(("Content-Type", ctype))
+        if close:
+            headers.append(("Connection", "close"))
+        out = conn.send(h11.Request(method=method, target=path, headers=headers)) or b""
+        if body:
+            out += conn.send(h11.Data(data=body)) or b""
+        return out + (conn.send(h11.EndOfMessage()) or b"")
+
+    def feed(self, data: bytes) -> tuple[int, dict[str, str], bytes] | None:
+        conn = self._conn
+        conn.receive_data(data)
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                return None
+            if isinstance(event, h11.Response):
+                self._status = event.status_code
+                self._headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                self._body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return self._status, self._headers, bytes(self._body)
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError("the agent closed the connection before it answered")
 
 
 class Client:
@@ -95,7 +121,8 @@ class Client:
     def __init__(self, socket_path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.socket_path = str(socket_path)
         self._timeout_s = timeout_s
-        self._conn: _UnixConnection | None = None
+        self._sock: socket.socket | None = None
+        self._conn: h11.Connection | None = None
 
     @classmethod
     def from_config(cls, config_path: str | Path, **kwargs: float) -> Client:
@@ -115,16 +142,28 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status", b"", "")
 
+    def _connect(self) -> tuple[socket.socket, h11.Connection]:
+        if self._sock is None or self._conn is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self._timeout_s)
+            try:
+                sock.connect(self.socket_path)
+            except OSError:
+                sock.close()
+                raise
+            self._sock, self._conn = sock, h11.Connection(h11.CLIENT)
+        return self._sock, self._conn
+
     def _call(self, method: str, path: str, body: bytes, ctype: str) -> dict[str, Any]:
         for attempt in (1, 2):  # a kept-alive connection the agent closed meanwhile: once more, anew
-            if self._conn is None:
-                self._conn = _UnixConnection(self.socket_path, self._timeout_s)
-            headers = {"Content-Type": ctype} if ctype else {}
             try:
-                self._conn.request(method, path, body=body, headers=headers)
-                response = self._conn.getresponse()
-                data = response.read()
-            except (ConnectionError, http.client.RemoteDisconnected, BrokenPipeError) as exc:
+                sock, conn = self._connect()
+                exchange = _Exchange(conn)
+                sock.sendall(exchange.request(method, path, body, ctype, close=False))
+                answer = None
+                while answer is None:
+                    answer = exchange.feed(sock.recv(65536))
+            except (ConnectionError, h11.ProtocolError) as exc:
                 self.close()
                 if attempt == 2:
                     raise AgentUnavailable(f"{self.socket_path}: {exc}") from None
@@ -132,15 +171,18 @@ class Client:
             except OSError as exc:
                 self.close()
                 raise AgentUnavailable(f"{self.socket_path}: {exc.strerror or exc}") from None
-            if response.getheader("connection", "").lower() == "close":
+            status, headers, data = answer
+            if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+                conn.start_next_cycle()
+            else:
                 self.close()
-            return _answer(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
+            return _answer(status, headers, data)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._conn = None
 
     def __enter__(self) -> Client:
         return self
@@ -184,26 +226,17 @@ class AsyncClient:
         except OSError as exc:
             raise AgentUnavailable(f"{self.socket_path}: {exc.strerror or exc}") from None
         try:
-            head = [f"{method} {path} HTTP/1.1", "Host: localhost", f"Content-Length: {len(body)}",
-                    "Connection: close"]
-            if ctype:
-                head.append(f"Content-Type: {ctype}")
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+            exchange = _Exchange(h11.Connection(h11.CLIENT))
+            writer.write(exchange.request(method, path, body, ctype, close=True))
             await writer.drain()
-            raw = await reader.readuntil(b"\r\n\r\n")
-            lines = raw.decode("latin-1").split("\r\n")
-            status = int(lines[0].split(" ")[1])
-            headers = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if sep:
-                    headers[name.strip().lower()] = value.strip()
-            data = await reader.readexactly(int(headers.get("content-length", "0")))
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            answer = None
+            while answer is None:
+                answer = exchange.feed(await reader.read(65536))
+        except (ConnectionError, h11.ProtocolError) as exc:
             raise AgentUnavailable(f"{self.socket_path}: {exc}") from None
         finally:
             writer.close()
-        return _answer(status, headers, data)
+        return _answer(*answer)
 
 
 __all__ = ["AgentUnavailable", "AsyncClient", "Client", "LocalApiError"]

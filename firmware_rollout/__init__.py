@@ -1,7 +1,8 @@
 """Firmware rollouts: a library in three rooms over a shared artifact format.
 
-Layer 4: imports `agent.core`, `agent.actors`, `agent.outbox` and `agent.transport`, never the
-worker, leader, simulator or CLI (the import contracts in `pyproject.toml` say so).
+Layer 4: imports `agent.core`, `agent.actors`, `agent.outbox`, `agent.transport` and
+`agent.service` (the HTTP layer), never the worker, leader, simulator or CLI (the import
+contracts in `pyproject.toml` say so).
 
     messages, errors, windows, _fs   shared: the wire messages, the error tree, maintenance
                                      windows, durable file helpers

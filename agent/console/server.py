@@ -9,13 +9,15 @@ small: a body over 4 KiB is refused.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
-import http.server
 import logging
+import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from agent.core.durations import ago
 from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
 from agent.leader.fleet_view import DeviceFilter
 from agent.leader.reject_view import printable
+from agent.service.http import HttpServer, Limits, Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +81,12 @@ class Console:
         values.setdefault("error", "")
         return self.env.get_template(f"{name}.html").render(**values).encode()
 
-    def authorized(self, headers: Any) -> bool:
-        auth = headers.get("Authorization", "")
+    def authorized(self, headers: Mapping[str, str]) -> bool:
+        """`headers`: names in lower case."""
+        auth = headers.get("authorization", "")
         if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), self.config.token.encode()):
             return True
-        for part in headers.get("Cookie", "").split(";"):
+        for part in headers.get("cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
             if name == COOKIE and hmac.compare_digest(value.encode(), self.session.encode()):
                 return True
@@ -162,98 +166,119 @@ class Console:
             {"message": f"{action} queued as control {control_id}: the leader applies it on its next tick"})
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: ConsoleServer
-    protocol_version = "HTTP/1.1"
+HEADERS = (("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"),
+           ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"))
+MAX_CONNECTIONS = 64
+LIMITS = Limits(max_body_bytes=MAX_BODY, head_timeout_s=10.0, body_timeout_s=10.0, idle_timeout_s=30.0,
+                max_connections=MAX_CONNECTIONS)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Frame-Options", "DENY")
-        self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+def _page(status: int, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, body, "text/html; charset=utf-8", headers=(*HEADERS, *headers))
 
-    def _redirect(self, where: str, headers: dict[str, str] | None = None) -> None:
-        self._send(303, b"", {"Location": where, **(headers or {})})
 
-    def _form(self) -> dict[str, str] | None:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            return None
-        if not 0 <= length <= MAX_BODY:
-            return None
-        body = self.rfile.read(length).decode("utf-8", "replace")
-        return dict(urllib.parse.parse_qsl(body, keep_blank_values=True))
+def _refusal(status: int, reason: str) -> Response:
+    return Response(status, (reason + "\n").encode(), headers=HEADERS)
 
-    def _unauthorized(self) -> None:
-        console = self.server.console
-        self._send(401, console.render("login", title="sign in"), {"WWW-Authenticate": 'Bearer realm="edge-agent"'})
 
-    def do_GET(self) -> None:
-        console = self.server.console
-        url = urllib.parse.urlsplit(self.path)
-        if url.path == "/login":
-            self._send(200, console.render("login", title="sign in"))
-            return
-        if not console.authorized(self.headers):
-            self._unauthorized()
-            return
-        query = dict(urllib.parse.parse_qsl(url.query))
-        try:
-            status, body = console.page(url.path, query)
-        except EdgeAgentError as exc:
-            status, body = 503, console.render("not_found", title="unavailable", what=str(exc))
-        self._send(status, body)
+class ConsoleHttp:
+    """The console's requests, on the product's HTTP layer: rendering reads SQLite and runs
+    Jinja2, so it runs in a worker thread and the server answers other requests meanwhile."""
 
-    do_HEAD = do_GET
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.http = HttpServer(self.handle, name="console", limits=LIMITS, refusal=_refusal)
 
-    def do_POST(self) -> None:
-        console = self.server.console
-        url = urllib.parse.urlsplit(self.path)
-        form = self._form()
-        if form is None:
-            self._send(413, b"request too large")
-            return
-        if url.path == "/login":
-            if hmac.compare_digest(form.get("token", "").strip().encode(), console.config.token.encode()):
-                self._redirect("/", {"Set-Cookie": f"{COOKIE}={console.session}; HttpOnly; SameSite=Strict; Path=/"})
-            else:
-                self._unauthorized()
-            return
-        if not console.authorized(self.headers):
-            self._unauthorized()
-            return
-        if url.path.startswith("/rollouts/") and url.path.endswith("/control"):
-            bearer = self.headers.get("Authorization", "").startswith("Bearer ")
+    async def handle(self, request: Request) -> Response:
+        return await asyncio.to_thread(self._answer, request)
+
+    def _answer(self, request: Request) -> Response:
+        console = self.console
+        if request.method in ("GET", "HEAD"):
+            if request.path == "/login":
+                return _page(200, console.render("login", title="sign in"))
+            if not console.authorized(request.headers):
+                return self._unauthorized()
+            query = {k: v[-1] for k, v in request.query.items()}
             try:
-                self._redirect(console.control(url.path, form, bearer))
+                status, body = console.page(request.path, query)
             except EdgeAgentError as exc:
-                self._send(503, console.render("not_found", title="unavailable", what=str(exc)))
-            return
-        self._send(404, console.render("not_found", what=f"no form at {url.path}"))
+                status, body = 503, console.render("not_found", title="unavailable", what=str(exc))
+            return _page(status, body)
+        if request.method != "POST":
+            return _page(405, b"", (("Allow", "GET, HEAD, POST"),))
+        form = dict(urllib.parse.parse_qsl(request.body.decode("utf-8", "replace"), keep_blank_values=True))
+        if request.path == "/login":
+            if hmac.compare_digest(form.get("token", "").strip().encode(), console.config.token.encode()):
+                cookie = f"{COOKIE}={console.session}; HttpOnly; SameSite=Strict; Path=/"
+                return _page(303, b"", (("Location", "/"), ("Set-Cookie", cookie)))
+            return self._unauthorized()
+        if not console.authorized(request.headers):
+            return self._unauthorized()
+        if request.path.startswith("/rollouts/") and request.path.endswith("/control"):
+            bearer = request.headers.get("authorization", "").startswith("Bearer ")
+            try:
+                return _page(303, b"", (("Location", console.control(request.path, form, bearer)),))
+            except EdgeAgentError as exc:
+                return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
+        return _page(404, console.render("not_found", what=f"no form at {request.path}"))
+
+    def _unauthorized(self) -> Response:
+        return _page(401, self.console.render("login", title="sign in"),
+                     (("WWW-Authenticate", 'Bearer realm="edge-agent"'),))
 
 
-class ConsoleServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+class ConsoleServer:
+    """The console on `address`: bound at once (an address in use is an `OSError` here), served
+    by `serve_forever()` (or `serve_in_thread()`), ended by `shutdown()` from another thread."""
 
     def __init__(self, address: tuple[str, int], console: Console) -> None:
         self.console = console
-        super().__init__(address, _Handler)
+        self._http = ConsoleHttp(console)
+        self._socket = socket.create_server(address, backlog=self._http.http.backlog)
+        self.server_address: tuple[str, int] = self._socket.getsockname()[:2]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    async def serve(self) -> None:
+        """Serve until `shutdown()`."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._http.http.connection, sock=self._socket)
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            await self._http.http.close()
+            await server.wait_closed()
+
+    def serve_forever(self) -> None:
+        asyncio.run(self.serve())
 
     def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="console", daemon=True)
-        thread.start()
-        return thread
+        started = threading.Event()
+
+        async def serving() -> None:
+            task = asyncio.ensure_future(self.serve())
+            await asyncio.sleep(0)
+            started.set()
+            await task
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(serving()), name="console", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        return self._thread
+
+    def shutdown(self) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def server_close(self) -> None:
+        self._socket.close()
 
 
 __all__ = ["Console", "ConsoleConfig", "ConsoleServer"]

@@ -5,10 +5,10 @@
   200 when all pass, 503 otherwise.
 * `/metrics` renders the injected collectors in Prometheus text format. A collector that raises
   is skipped and counted in `ea_metrics_collector_errors_total{collector=...}`.
-* Anything else: 404 for an unknown path, 405 for a method other than GET/HEAD, 400 for a
-  malformed request, 431 for a request head over `max_request_bytes`, 408 when the head does
-  not arrive within `request_timeout_s`. One request per connection (`Connection: close`), at
-  most `max_connections` at a time.
+* Anything else: 404 for an unknown path, 405 for a method other than GET/HEAD; the HTTP layer
+  (`agent.service.http`) answers 400 for a malformed request, 431 for a request head over
+  `max_request_bytes`, 408 when the head does not arrive within `request_timeout_s`. One request
+  per connection (`Connection: close`), at most `max_connections` at a time.
 
 It listens on a loopback address (`metrics.listen`, e.g. "127.0.0.1:9100"); empty means off.
 """
@@ -16,7 +16,6 @@ It listens on a loopback address (`metrics.listen`, e.g. "127.0.0.1:9100"); empt
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import json
 import logging
@@ -26,35 +25,10 @@ from typing import Any
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
 from agent.service.checks import Check, CheckResult
+from agent.service.http import HttpServer, Limits, Request, Response, text
 from agent.service.prom import CONTENT_TYPE, Collector, MetricFamily, collect, family, render
 
 log = logging.getLogger(__name__)
-
-REASONS = {
-    200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-    408: "Request Timeout", 411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
-    429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-
-
-def response_head(status: int, content_type: str, length: int, *, close: bool,
-                  extra: Sequence[tuple[str, str]] = ()) -> bytes:
-    """The status line and headers of an HTTP/1.1 response (this server's and the local API's)."""
-    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Type: {content_type}",
-             f"Content-Length: {length}", *(f"{k}: {v}" for k, v in extra)]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def request_line(head: bytes) -> tuple[str, str] | None:
-    """(method, target) of a request head's first line, or None when it is not HTTP/1.x."""
-    parts = head.split(b"\r\n", 1)[0].split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        return None
-    return parts[0].decode("latin-1"), parts[1].decode("latin-1")
-
 
 def parse_listen(value: str, *, allow_remote: bool = False, min_port: int = 0,
                  key: str = "metrics.listen") -> tuple[str, int] | None:
@@ -109,15 +83,16 @@ class HealthServer:
         else:
             self._collectors = {f"collector{i}": c for i, c in enumerate(collectors)}
         self._clock = clock or SystemClock()
-        self._max_request = max_request_bytes
-        self._request_timeout_s = request_timeout_s
         self._check_timeout_s = check_timeout_s
-        self._max_connections = max_connections
-        self._active = 0
+        self._http = HttpServer(self._handle, name="health endpoint", limits=Limits(
+            max_head_bytes=max_request_bytes, head_timeout_s=request_timeout_s, body_timeout_s=request_timeout_s,
+            send_timeout_s=4 * request_timeout_s, max_connections=max_connections, keep_alive=False))
         self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
         self.collector_errors: dict[str, int] = {}
-        self.requests = 0
+
+    @property
+    def requests(self) -> int:
+        return self._http.stats.requests
 
     @property
     def enabled(self) -> bool:
@@ -143,9 +118,8 @@ class HealthServer:
             return
         host, port = self._address
         try:
-            self._server = await asyncio.start_server(
-                self._on_connect, host, port, limit=self._max_request, reuse_address=True
-            )
+            self._server = await asyncio.start_server(self._http.connection, host, port, reuse_address=True,
+                                                      backlog=self._http.backlog)
         except OSError as exc:
             raise ConfigError(
                 "config", "metrics.listen", f"cannot listen on {host}:{port}: {exc.strerror}"
@@ -159,10 +133,7 @@ class HealthServer:
         if server is None:
             return
         server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        if self._handlers:
-            await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._http.close()
         await server.wait_closed()
 
     async def __aenter__(self) -> HealthServer:
@@ -211,77 +182,18 @@ class HealthServer:
         return render(families)
 
     # -- HTTP ------------------------------------------------------------------------------------
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        self._active += 1
-        try:
-            if self._active > self._max_connections:
-                await self._respond(writer, 503, b"too many connections\n", "text/plain")
-                return
-            await self._clock.wait_for(self._serve(reader, writer), self._request_timeout_s * 2)
-        except (TimeoutError, ConnectionError):
-            pass
-        except Exception:
-            log.exception("health endpoint request failed")
-        finally:
-            self._active -= 1
-            self._handlers.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await self._clock.wait_for(reader.readuntil(b"\r\n\r\n"), self._request_timeout_s)
-        except TimeoutError:
-            await self._respond(writer, 408, b"request timeout\n", "text/plain")
-            return
-        except asyncio.LimitOverrunError:
-            await self._respond(writer, 431, b"request head too large\n", "text/plain")
-            return
-        except asyncio.IncompleteReadError:
-            return  # the client went away before finishing its request
-        self.requests += 1
-        line = request_line(head)
-        if line is None:
-            await self._respond(writer, 400, b"bad request\n", "text/plain")
-            return
-        method, target = line
-        path = target.split("?", 1)[0]
-        head_only = method == "HEAD"
+    async def _handle(self, request: Request) -> Response:
+        path = request.path
         if path not in ("/healthz", "/metrics"):
-            await self._respond(writer, 404, b"not found\n", "text/plain", head_only=head_only)
-            return
-        if method not in ("GET", "HEAD"):
-            await self._respond(writer, 405, b"method not allowed\n", "text/plain",
-                                extra=(("Allow", "GET, HEAD"),))
-            return
+            return text(404, "not found")
+        if request.method not in ("GET", "HEAD"):
+            return text(405, "method not allowed", headers=(("Allow", "GET, HEAD"),))
+        no_store = (("Cache-Control", "no-store"),)
         if path == "/healthz":
             healthy, body = await self.health()
             payload = (json.dumps(body, sort_keys=True) + "\n").encode()
-            await self._respond(writer, 200 if healthy else 503, payload, "application/json",
-                                head_only=head_only)
-        else:
-            text = await self.metrics_text()
-            await self._respond(writer, 200, text.encode(), CONTENT_TYPE, head_only=head_only)
-
-    async def _respond(
-        self,
-        writer: asyncio.StreamWriter,
-        status: int,
-        body: bytes,
-        content_type: str,
-        *,
-        head_only: bool = False,
-        extra: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        writer.write(response_head(status, content_type, len(body), close=True,
-                                   extra=(("Cache-Control", "no-store"), *extra)))
-        if not head_only:
-            writer.write(body)
-        await writer.drain()
+            return Response(200 if healthy else 503, payload, "application/json", headers=no_store)
+        return Response(200, (await self.metrics_text()).encode(), CONTENT_TYPE, headers=no_store)
 
 
-__all__ = ["REASONS", "HealthServer", "parse_listen", "request_line", "response_head"]
+__all__ = ["HealthServer", "parse_listen"]

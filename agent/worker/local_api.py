@@ -2,7 +2,8 @@
 
 HTTP/1.1 on a Unix socket (mode 0660, group `[local_api] group`: only that group's processes may
 connect; the peer's credentials are checked again on accept), and optionally on a loopback TCP
-port. A small asyncio server of our own: no framework, nothing more resident than its code.
+port, served by the product's one HTTP layer (`agent.service.http`: its limits, timeouts and
+connection bound).
 
     POST /v1/messages            JSON or msgpack: {"class", "payload" (any JSON value) or
                                  "payload_base64", "content_type", "key", "ttl"} or
@@ -29,24 +30,24 @@ import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
 from agent.core.clock import Clock
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
-from agent.service.healthhttp import parse_listen, request_line, response_head
+from agent.service.healthhttp import parse_listen
+from agent.service.http import HttpServer, Limits, Request, Response
 from agent.service.parts import PartBase
 from agent.worker.messages import Accepted, MessageIntake, Refusal, Submission
 
 log = logging.getLogger(__name__)
 
 HEAD_MAX = 16 * 1024
-IDLE_TIMEOUT_S = 60.0
+HEAD_TIMEOUT_S = 10.0  # a request head, from its first byte (and a new connection's first request)
+IDLE_TIMEOUT_S = 60.0  # a kept-alive connection between requests; a request body
 _JSON_TYPES = ("application/json",)
 _MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 
@@ -61,15 +62,6 @@ class HttpError(Exception):
         self.field = field
         self.headers = headers
         super().__init__(error)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    headers: dict[str, str]
-    body: bytes
 
 
 def _peer_allowed(sock: socket.socket, gid: int | None) -> bool:
@@ -127,15 +119,24 @@ class LocalApi(PartBase):
         self.socket_path = socket_path
         self._group = group
         self._address = parse_listen(listen, key="local_api.listen") if listen else None
-        self._max_body = max_body_bytes
         self._max_batch = max_batch
-        self._max_connections = max_connections
+        self._http = HttpServer(self._handle, name="local API", admit=self._admit,
+                                refusal=lambda status, reason: _json(status, {"error": reason}), limits=Limits(
+            max_head_bytes=HEAD_MAX, max_body_bytes=max_body_bytes, head_timeout_s=HEAD_TIMEOUT_S,
+            body_timeout_s=IDLE_TIMEOUT_S, idle_timeout_s=IDLE_TIMEOUT_S, max_connections=max_connections))
         self._servers: list[asyncio.Server] = []
-        self._handlers: set[asyncio.Task[None]] = set()
         self._gid: int | None = None
-        self.requests = 0
-        self.bad_requests = 0
+        self._refused = 0  # requests this API refused (4xx of its own)
         self.refused_peers = 0
+
+    @property
+    def requests(self) -> int:
+        return self._http.stats.requests
+
+    @property
+    def bad_requests(self) -> int:
+        """Requests refused as wrong: by the HTTP layer (malformed, too large) or by the API."""
+        return self._http.stats.bad_requests + self._refused
 
     @property
     def tcp_address(self) -> tuple[str, int] | None:
@@ -153,7 +154,7 @@ class LocalApi(PartBase):
             host, port = self._address
             try:
                 self._servers.append(await asyncio.start_server(
-                    self._on_tcp, host, port, limit=HEAD_MAX, reuse_address=True))
+                    self._http.connection, host, port, reuse_address=True, backlog=self._http.backlog))
             except OSError as exc:
                 raise ConfigError("config", "local_api.listen",
                                   f"cannot listen on {host}:{port}: {exc.strerror}") from exc
@@ -170,7 +171,8 @@ class LocalApi(PartBase):
                 path.unlink()  # a socket left by an agent that died
             old = os.umask(0o117)  # created 0660 at once: no moment with wider access
             try:
-                server = await asyncio.start_unix_server(self._on_unix, path=str(path), limit=HEAD_MAX)
+                server = await asyncio.start_unix_server(self._http.connection, path=str(path),
+                                                         backlog=self._http.backlog)
             finally:
                 os.umask(old)
             os.chmod(path, 0o660)
@@ -190,10 +192,7 @@ class LocalApi(PartBase):
         servers, self._servers = self._servers, []
         for server in servers:
             server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        if self._handlers:
-            await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._http.close()
         for server in servers:
             await server.wait_closed()
         if self.socket_path is not None:
@@ -202,99 +201,21 @@ class LocalApi(PartBase):
                     self.socket_path.unlink()
 
     # -- connections -------------------------------------------------------------------------
-    async def _on_unix(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _admit(self, writer: asyncio.StreamWriter) -> Response | None:
+        """A peer on the Unix socket must be this agent's user, root or in the API's group."""
         sock = writer.get_extra_info("socket")
-        if sock is None or not _peer_allowed(sock, self._gid):
-            self.refused_peers += 1
-            await self._serve_refusal(writer)
-            return
-        await self._connection(reader, writer)
-
-    async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._connection(reader, writer)
-
-    async def _serve_refusal(self, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._respond(writer, 403, {"error": "not a member of the local API's group"}, close=True)
-        writer.close()
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            if len(self._handlers) > self._max_connections:
-                await self._respond(writer, 503, {"error": "too many connections"}, close=True,
-                                    headers=(("Retry-After", "1"),))
-                return
-            while True:
-                try:
-                    request = await self._read(reader)
-                except HttpError as exc:
-                    self.bad_requests += 1
-                    await self._respond(writer, exc.status, _error_body(exc), close=True, headers=exc.headers)
-                    return
-                if request is None:
-                    return
-                self.requests += 1
-                close = request.headers.get("connection", "").lower() == "close"
-                try:
-                    status, body, headers = await self._route(request)
-                except HttpError as exc:
-                    self.bad_requests += 1
-                    status, body, headers = exc.status, _error_body(exc), exc.headers
-                await self._respond(writer, status, body, close=close, headers=headers)
-                if close:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except Exception:
-            log.exception("local API request failed")
-        finally:
-            self._handlers.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _read(self, reader: asyncio.StreamReader) -> Request | None:
-        try:
-            head = await self._clock.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
-        except TimeoutError:
+        if sock is None or sock.family != socket.AF_UNIX or _peer_allowed(sock, self._gid):
             return None
-        except asyncio.LimitOverrunError:
-            raise HttpError(431, "request head too large") from None
-        except asyncio.IncompleteReadError:
-            return None
-        first = request_line(head)
-        if first is None:
-            raise HttpError(400, "malformed request line")
-        method, target = first
-        lines = head.decode("latin-1").split("\r\n")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if not line:
-                continue
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise HttpError(400, f"malformed header line {line[:40]!r}")
-            headers[name.strip().lower()] = value.strip()
-        if "transfer-encoding" in headers:
-            raise HttpError(411, "send a Content-Length (chunked bodies are not taken)")
-        length_text = headers.get("content-length", "0")
-        if not length_text.isdigit():
-            raise HttpError(400, "Content-Length is not a number")
-        length = int(length_text)
-        if length > self._max_body:
-            raise HttpError(413, f"body of {length} bytes, over local_api.max_body_bytes {self._max_body}")
-        body = await self._clock.wait_for(reader.readexactly(length), IDLE_TIMEOUT_S) if length else b""
-        url = urlsplit(target)
-        return Request(method, unquote(url.path), parse_qs(url.query), headers, body)
+        self.refused_peers += 1
+        return _json(403, {"error": "not a member of the local API's group"})
 
-    async def _respond(self, writer: asyncio.StreamWriter, status: int, body: dict[str, Any], *, close: bool,
-                       headers: tuple[tuple[str, str], ...] = ()) -> None:
-        data = (json.dumps(body, sort_keys=True) + "\n").encode()
-        writer.write(response_head(status, "application/json", len(data), close=close, extra=headers) + data)
-        await writer.drain()
+    async def _handle(self, request: Request) -> Response:
+        try:
+            status, body, headers = await self._route(request)
+        except HttpError as exc:
+            self._refused += 1
+            status, body, headers = exc.status, _error_body(exc), exc.headers
+        return _json(status, body, headers)
 
     # -- the API -----------------------------------------------------------------------------
     async def _route(self, req: Request) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
@@ -345,6 +266,10 @@ class LocalApi(PartBase):
             done = await self._intake.submit_many(subs)
             return 202, {"ids": [a.msg_id for a in done], "path": "outbox"}, ()
         return _accepted(await self._intake.submit(_submission(doc, "")))
+
+
+def _json(status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, (json.dumps(body, sort_keys=True) + "\n").encode(), "application/json", headers=headers)
 
 
 def _accepted(done: Accepted) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:

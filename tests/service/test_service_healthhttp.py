@@ -129,7 +129,7 @@ async def test_a_broken_collector_is_skipped_and_counted(server: HealthServer) -
 
 
 async def test_head_answers_without_a_body(server: HealthServer) -> None:
-    status, headers, body = await request(server, b"HEAD /healthz HTTP/1.1\r\n\r\n")
+    status, headers, body = await request(server, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert status == 200 and body == b"" and int(headers["content-length"]) > 0
 
 
@@ -138,11 +138,11 @@ async def test_head_answers_without_a_body(server: HealthServer) -> None:
     [
         (get("/"), 404),
         (get("/healthz/../etc/passwd"), 404),
-        (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
-        (b"DELETE /healthz HTTP/1.1\r\n\r\n", 405),
+        (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405),
+        (b"DELETE /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 405),
         (b"GET /healthz\r\n\r\n", 400),
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),
-        (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 4000 + b"\r\n\r\n", 431),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4000 + b"\r\n\r\n", 431),
     ],
 )
 async def test_error_statuses(server: HealthServer, raw: bytes, expected: int) -> None:

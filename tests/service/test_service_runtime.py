@@ -18,7 +18,7 @@ from agent.service.runtime import ServiceRuntime
 
 async def http_get(address: tuple[str, int], path: str) -> tuple[int, bytes]:
     reader, writer = await asyncio.open_connection(*address)
-    writer.write(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     data = await asyncio.wait_for(reader.read(), 30)
     writer.close()
     await writer.wait_closed()

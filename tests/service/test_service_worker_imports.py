@@ -50,8 +50,8 @@ FORBIDDEN = (
     "agent.transport._memory_broker",
     "firmware_rollout",
     "rich",
-    # the local API is served by our own asyncio code: no HTTP server library, no client side
-    # (paho itself loads http.client, for proxies)
+    # the local API's HTTP layer loads h11 with its first connection, and nothing of the client
+    # side (paho itself loads http.client, for proxies)
     "agent.client",
     "http.server",
     "aiohttp",

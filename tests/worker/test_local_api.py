@@ -146,11 +146,11 @@ async def test_bad_requests_name_the_field_and_the_api_keeps_serving(offline: Se
         (_post("/v1/messages/tiny", b"x" * 65, "text/plain"), 413, "payload"),
         (_post("/v1/messages", b"[1, 2]"), 400, None),
         (_post("/v1/messages", b"x=1", "application/x-www-form-urlencoded"), 415, None),
-        (b"GET /v1/messages HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405, None),
-        (b"GET /nowhere HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 404, None),
+        (b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, None),
+        (b"GET /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 404, None),
         (b"BLAH\r\n\r\n", 400, None),
-        (b"POST /v1/messages HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 413, None),
-        (b"POST /v1/messages HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411, None),
+        (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 999999\r\n\r\n", 413, None),
+        (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 411, None),
     ]
     for request, want, field in cases:
         status, _, body = await _raw(sock, request)
@@ -158,7 +158,7 @@ async def test_bad_requests_name_the_field_and_the_api_keeps_serving(offline: Se
         assert body.get("field") == field, (request[:60], body)
     stats = await offline.device.outbox.stats()
     assert not [k for k in stats.by_class if k.startswith("app.")]  # the refused batch stored none
-    status, _, body = await _raw(sock, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    status, _, body = await _raw(sock, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 200 and body["device_id"] == "pi-1"
     assert offline.device.system.problem() is None
 
@@ -190,7 +190,7 @@ except OSError as exc:
     print("unavailable", exc.strerror); sys.exit(4)
 body = b'{"class": "telemetry", "payload": 1}'
 try:
-    s.sendall(b"POST /v1/messages HTTP/1.1\\r\\nContent-Type: application/json\\r\\nContent-Length: "
+    s.sendall(b"POST /v1/messages HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: "
               + str(len(body)).encode() + b"\\r\\nConnection: close\\r\\n\\r\\n" + body)
 except OSError:
     pass  # answered (403) and closed before the request was read
@@ -271,7 +271,7 @@ async def test_any_bytes_on_the_socket_leave_the_api_serving(offline: Setup, req
     if answer:
         status = int(answer.split(b" ", 2)[1])
         assert status in (200, 202, 400, 404, 405, 408, 411, 413, 415, 431), answer[:200]
-    status, _, body = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    status, _, body = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 200 and body["device_id"] == "pi-1"
 
 
@@ -305,7 +305,7 @@ async def test_a_second_agent_on_the_same_socket_is_refused_and_a_stale_one_is_r
                      socket_path=offline.socket)
     with pytest.raises(ConfigError, match="another agent listens on"):
         await other.start()
-    status, _, _ = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    status, _, _ = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 200  # the first one still serves
     import socket as sockets
 
@@ -316,7 +316,7 @@ async def test_a_second_agent_on_the_same_socket_is_refused_and_a_stale_one_is_r
     api = LocalApi(offline.device.messages, offline.device.message_status, clock=SystemClock(), socket_path=stale)
     await api.start()
     try:
-        status, _, _ = await _raw(stale, b"GET /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        status, _, _ = await _raw(stale, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         assert status == 200
     finally:
         await api.stop()

@@ -67,7 +67,7 @@ async def test_what_is_not_an_artifact_is_refused(served: tuple[ArtifactServer, 
     writer.close()
     await writer.wait_closed()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET / HTTP/1.1\r\n" + b"X-Long: " + b"a" * 10_000 + b"\r\n\r\n")
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 10_000 + b"\r\n\r\n")
     await writer.drain()
     assert (await reader.read()).startswith(b"HTTP/1.1 431 ")
     writer.close()

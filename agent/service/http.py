@@ -1,0 +1,456 @@
+"""One HTTP/1.1 layer for every server of the product: the health endpoint, the local API, the
+artifact server and the console. h11 parses and frames (bytes in, events out); this module owns
+the sockets, the limits and the timeouts, so each server is a handler and nothing else:
+
+    server = HttpServer(handler, limits=Limits(max_body_bytes=4096), name="console")
+    await asyncio.start_server(server.connection, host, port, backlog=server.backlog)
+
+    async def handler(request: Request) -> Response: ...
+
+Limits, one set per server (`Limits`):
+
+    head        `max_head_bytes` for the request line and headers (431), at most `max_headers`
+                headers (431), all within `head_timeout_s` of the first byte (408)
+    body        a Content-Length over `max_body_bytes` is answered 413 before a byte of it is
+                read; a chunked body is 411 unless `chunked_bodies` (then counted as it comes);
+                the whole body within `body_timeout_s`
+    idle        a connection waiting for its first request, or for the next one on a kept-alive
+                connection, is closed after `idle_timeout_s` (the first: `head_timeout_s`)
+    connections at most `max_connections` at once; when a new one comes at the bound, the
+                connection that has waited longest without sending a byte (at least
+                `EVICT_IDLE_AFTER_S`: a new client's request may be on its way) is closed to make
+                room, and only when there is none is the newcomer answered 503: opening idle
+                connections cannot lock a legitimate client out. (A kept-alive connection
+                between two requests is not closed for it: its client may be sending its next
+                request right then; `idle_timeout_s` ends it.)
+    sending     every response within `send_timeout_s` (a file body: `send_timeout_s` too)
+
+A malformed request is answered with its 4xx and the connection closed; a peer that goes away is
+nothing to answer. Neither is logged with a traceback; a handler's own failure is a 500 and one
+rate-limited line. A file body (`FileRange`) goes out with `sendfile(2)` on plain sockets (under
+uvloop, which has no `loop.sendfile`, through a duplicate of the socket's descriptor) and in
+1 MiB blocks through TLS. h11 is imported with the first connection: an agent nobody asks
+anything loads none of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+import os
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from urllib.parse import parse_qs, unquote, urlsplit
+
+if TYPE_CHECKING:
+    import h11
+
+log = logging.getLogger(__name__)
+
+COPY_BLOCK = 1024 * 1024  # where the loop cannot sendfile
+READ_BLOCK = 64 * 1024
+ERROR_LOG_INTERVAL_S = 60.0
+EVICT_IDLE_AFTER_S = 1.0
+NO_CHUNKED = "send a Content-Length (no Transfer-Encoding is taken)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    max_head_bytes: int = 16 * 1024
+    max_headers: int = 64
+    max_body_bytes: int = 0  # 0: no request body is taken
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 30.0
+    send_timeout_s: float = 60.0
+    max_connections: int = 32
+    keep_alive: bool = True  # False: one request per connection
+    chunked_bodies: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    target: str
+    path: str  # percent-decoded, without the query
+    query: dict[str, list[str]]
+    headers: dict[str, str]  # names in lower case; a repeated header: its last value
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FileRange:
+    """`length` bytes of an open file from `start`: a response body sent by the kernel."""
+
+    handle: BinaryIO
+    start: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: Sequence[tuple[str, str]] = ()
+    file: FileRange | None = None  # instead of `body`
+    close: bool = False  # close the connection after this response
+    # told whether the response went out whole (a file body: the download's own bookkeeping)
+    sent: Callable[[bool], None] | None = None
+
+
+def text(status: int, message: str, *, headers: Sequence[tuple[str, str]] = (), close: bool = False) -> Response:
+    return Response(status, (message + "\n").encode(), headers=headers, close=close)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+#: Decides on a new connection before anything is read: None admits it, a Response refuses it.
+Admit = Callable[[asyncio.StreamWriter], Response | None]
+#: How a server words the refusals this layer makes (status, reason): text by default.
+Refusal = Callable[[int, str], Response]
+
+
+@dataclass
+class HttpStats:
+    connections: int = 0  # open now
+    requests: int = 0
+    bad_requests: int = 0  # answered 4xx by this layer (malformed, too large, too slow)
+    busy: int = 0  # answered 503 at the connection bound
+    evicted: int = 0  # idle connections closed to make room for a new one
+    errors: int = 0  # handlers that raised (answered 500)
+
+
+@dataclass(eq=False)
+class _Slot:
+    writer: asyncio.StreamWriter
+    idle: bool = True  # no byte of the next request yet
+    fresh: bool = True  # no request yet: evictable while idle
+    since: float = field(default_factory=time.monotonic)
+    fed: int = 0  # bytes handed to h11 since this request began
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class HttpServer:
+    def __init__(self, handler: Handler, *, limits: Limits, name: str, admit: Admit | None = None,
+                 refusal: Refusal = text) -> None:
+        self._handler = handler
+        self.limits = limits
+        self.name = name
+        self._admit = admit
+        self._refusal = refusal
+        self._slots: set[_Slot] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_error_log = -ERROR_LOG_INTERVAL_S
+        self.stats = HttpStats()
+
+    @property
+    def backlog(self) -> int:
+        """The listen backlog to give the socket: a burst of connections queues instead of
+        being refused by the kernel, and this layer answers each."""
+        return max(128, 2 * self.limits.max_connections)
+
+    async def close(self) -> None:
+        """End every connection (after the listening socket was closed)."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- one connection ------------------------------------------------------------------------
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The `client_connected_cb` of `asyncio.start_server` / `start_unix_server`."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        slot: _Slot | None = None
+        try:
+            refusal = self._admit(writer) if self._admit is not None else None
+            if refusal is not None:
+                await self._send_alone(writer, refusal)
+                return
+            if len(self._slots) >= self.limits.max_connections and not self._evict_idle():
+                self.stats.busy += 1
+                busy = self._refusal(503, f"more than {self.limits.max_connections} connections")
+                busy.headers = (*busy.headers, ("Retry-After", "1"))
+                await self._send_alone(writer, busy)
+                return
+            slot = _Slot(writer)
+            self._slots.add(slot)
+            self.stats.connections = len(self._slots)
+            await self._serve(reader, writer, slot)
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
+            pass  # the peer went away or stalled: nothing to answer
+        except Exception:
+            self._log_error("connection failed")
+        finally:
+            if slot is not None:
+                self._slots.discard(slot)
+                self.stats.connections = len(self._slots)
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _evict_idle(self) -> bool:
+        quiet_since = time.monotonic() - EVICT_IDLE_AFTER_S
+        idle = [s for s in self._slots if s.idle and s.fresh and s.since <= quiet_since]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda s: s.since)
+        self._slots.discard(oldest)
+        self.stats.evicted += 1
+        oldest.writer.transport.abort()  # its task sees the connection end and cleans up
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: _Slot) -> None:
+        import h11
+
+        lim = self.limits
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=lim.max_head_bytes)
+        first = True
+        while True:
+            slot.idle, slot.since, slot.fed = True, time.monotonic(), len(conn.trailing_data[0])
+            try:
+                event = await self._next(conn, reader, slot, idle_s=lim.head_timeout_s if first else lim.idle_timeout_s,
+                                         busy_s=lim.head_timeout_s, block=lim.max_head_bytes)
+                if event is None or isinstance(event, h11.ConnectionClosed):
+                    return
+                if not isinstance(event, h11.Request):
+                    raise _Refused(400, "expected a request")
+                if slot.fed - len(conn.trailing_data[0]) > lim.max_head_bytes:
+                    raise _Refused(431, f"a request head over {lim.max_head_bytes} bytes")
+                request = await self._request(conn, reader, slot, event)
+            except TimeoutError:
+                if not slot.idle:
+                    await self._refuse(conn, writer, 408, "the request did not arrive in time")
+                return
+            except h11.RemoteProtocolError as exc:
+                status, reason = exc.error_status_hint, str(exc) or "malformed request"
+                if status == 501 and not lim.chunked_bodies:  # a transfer coding h11 does not know
+                    status, reason = 411, NO_CHUNKED
+                await self._refuse(conn, writer, status, reason)
+                return
+            except _Refused as exc:
+                await self._refuse(conn, writer, exc.status, str(exc))
+                return
+            first = slot.fresh = False
+            self.stats.requests += 1
+            response = await self._answer(request)
+            keep = lim.keep_alive and not response.close
+            await self._send(conn, writer, response, head_only=request.method == "HEAD", keep=keep)
+            if not keep or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                return
+            conn.start_next_cycle()
+
+    async def _next(self, conn: h11.Connection, reader: asyncio.StreamReader, slot: _Slot, *, idle_s: float,
+                    busy_s: float, block: int = READ_BLOCK) -> Any:
+        """The next h11 event, reading `block` bytes at a time as it needs: within `idle_s` while
+        no byte of it came, then within `busy_s` of the first one. None when the peer closed
+        before a request."""
+        import h11
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (idle_s if slot.idle else busy_s)
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            data = await asyncio.wait_for(reader.read(block), left)
+            if not data and slot.idle and conn.their_state is h11.IDLE:
+                return None  # closed between requests: nothing to answer
+            if slot.idle:
+                slot.idle = False
+                deadline = loop.time() + busy_s
+            slot.fed += len(data)
+            conn.receive_data(data)
+
+    async def _request(self, conn: h11.Connection, reader: asyncio.StreamReader, slot: _Slot,
+                       event: h11.Request) -> Request:
+        import h11
+
+        lim = self.limits
+        if len(event.headers) > lim.max_headers:
+            raise _Refused(431, f"more than {lim.max_headers} headers")
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
+        if "transfer-encoding" in headers and not lim.chunked_bodies:
+            raise _Refused(411, NO_CHUNKED)
+        length_text = headers.get("content-length")
+        if length_text is not None and int(length_text) > lim.max_body_bytes:
+            raise _Refused(413, f"a body of {length_text} bytes, over {lim.max_body_bytes}")
+        body = bytearray()
+        while True:
+            part = await self._next(conn, reader, slot, idle_s=lim.body_timeout_s, busy_s=lim.body_timeout_s)
+            if part is None or isinstance(part, h11.ConnectionClosed):
+                raise ConnectionError("closed in the middle of a request")
+            if isinstance(part, h11.EndOfMessage):
+                break
+            if isinstance(part, h11.Data):
+                body += part.data
+                if len(body) > lim.max_body_bytes:
+                    raise _Refused(413, f"a body over {lim.max_body_bytes} bytes")
+        target = event.target.decode("latin-1")
+        url = urlsplit(target)
+        return Request(event.method.decode("latin-1"), target, unquote(url.path), parse_qs(url.query), headers,
+                       bytes(body))
+
+    async def _answer(self, request: Request) -> Response:
+        try:
+            return await self._handler(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.stats.errors += 1
+            self._log_error(f"{request.method} {request.path[:80]} failed")
+            failed = self._refusal(500, "internal error")
+            failed.close = True
+            return failed
+
+    async def _refuse(self, conn: h11.Connection, writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+        import h11
+
+        self.stats.requests += 1
+        self.stats.bad_requests += 1
+        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            refusal = self._refusal(status, reason)
+            refusal.close = True
+            with contextlib.suppress(h11.LocalProtocolError):
+                await self._send(conn, writer, refusal, head_only=False, keep=False)
+
+    async def _send_alone(self, writer: asyncio.StreamWriter, response: Response) -> None:
+        """A response before any request was read (a refused peer, the connection bound)."""
+        import h11
+
+        conn = h11.Connection(h11.SERVER)
+        conn.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # h11 answers requests only
+        conn.next_event()
+        response.close = True
+        await self._send(conn, writer, response, head_only=False, keep=False)
+
+    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, response: Response, *,
+                    head_only: bool, keep: bool) -> None:
+        import h11
+
+        body: bytes | FileRange = response.file if response.file is not None else response.body
+        headers = [("Content-Type", response.content_type), ("Content-Length", str(len(body))),
+                   *response.headers]
+        if not keep:
+            headers.append(("Connection", "close"))
+        ok = False
+        try:
+            writer.write(conn.send(h11.Response(status_code=response.status, headers=headers,
+                                                reason=_reason(response.status))))
+            if body and not head_only:
+                if isinstance(body, FileRange):
+                    await asyncio.wait_for(self._send_file(conn, writer, body), self.limits.send_timeout_s)
+                else:
+                    writer.write(conn.send(h11.Data(data=body)))
+            writer.write(conn.send(h11.EndOfMessage()))
+            await asyncio.wait_for(writer.drain(), self.limits.send_timeout_s)
+            ok = True
+        finally:
+            if response.sent is not None:
+                response.sent(ok)
+
+    async def _send_file(self, conn: h11.Connection, writer: asyncio.StreamWriter, body: FileRange) -> None:
+        import h11
+
+        # h11 frames what it is handed without reading it (its "passthrough"): the range comes
+        # back as itself, for the kernel to send
+        for piece in conn.send_with_data_passthrough(h11.Data(data=cast("bytes", body))) or ():
+            if isinstance(piece, FileRange):
+                await send_file(writer, piece)
+            else:
+                writer.write(piece)
+
+    def _log_error(self, what: str) -> None:
+        """One line with the traceback at most once a minute: a client that makes a handler fail
+        on purpose must not flood the journal."""
+        now = time.monotonic()
+        if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
+            self._last_error_log = now
+            log.exception("%s: %s", self.name, what)
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+async def send_file(writer: asyncio.StreamWriter, body: FileRange) -> None:
+    """Send a file range on the connection: the kernel copies it on a plain socket, blocks go
+    through TLS."""
+    await writer.drain()
+    if writer.get_extra_info("sslcontext") is None and writer.get_extra_info("socket") is not None:
+        try:
+            await asyncio.get_running_loop().sendfile(writer.transport, body.handle, body.start, body.length,
+                                                      fallback=False)
+            return
+        except NotImplementedError:  # uvloop has no loop.sendfile
+            await _sendfile_beside(writer, body.handle, body.start, body.length)
+            return
+    body.handle.seek(body.start)
+    left = body.length
+    while left:
+        block = body.handle.read(min(COPY_BLOCK, left))
+        if not block:
+            raise ConnectionError("the file shrank while it was sent")
+        writer.write(block)
+        left -= len(block)
+        await writer.drain()
+
+
+async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start: int, length: int) -> None:
+    """`sendfile(2)` of `length` bytes at `start` to the connection's socket, through a duplicate
+    of its descriptor (the transport keeps the original and has nothing buffered: drained), waiting
+    for the socket to take more with `add_writer` on the duplicate: a loop without `loop.sendfile`
+    (uvloop) still lets the kernel copy."""
+    loop = asyncio.get_running_loop()
+    fd = os.dup(writer.get_extra_info("socket").fileno())
+    try:
+        offset, left = start, length
+        while left:
+            try:
+                sent = os.sendfile(fd, handle.fileno(), offset, min(left, 1 << 30))
+            except BlockingIOError:
+                sent = -1
+            if sent == 0:
+                raise ConnectionError("the file ended early or the peer went away")
+            if sent > 0:
+                offset += sent
+                left -= sent
+                continue
+            writable: asyncio.Future[None] = loop.create_future()
+
+            def ready(waiter: asyncio.Future[None] = writable) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            loop.add_writer(fd, ready)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["Admit", "FileRange", "Handler", "HttpServer", "HttpStats", "Limits", "Refusal", "Request", "Response",
+           "send_file", "text"]
