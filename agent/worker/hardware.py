@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from agent.worker.updater_actor import MirrorSettings
+    from firmware_rollout.device.download import MirrorSettings
     from firmware_rollout.device.updater import ReportSink, Updater
 
 log = logging.getLogger(__name__)

@@ -46,11 +46,9 @@ from agent.worker.actors import LEADER, Outbox
 from agent.worker.hardware import InProcessRebooter, OpenUpdater, UpdaterHardware, system_utc_offset_s
 from agent.worker.installers import firmware_state_dir, installer_from_config, rebooter_for
 from firmware_rollout.artifact.keys import load_verify_key
-from firmware_rollout.artifact.manifest import parse_signed_manifest
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
-from firmware_rollout.device.fallback import DEFAULT_RETRY_BUDGET, FallbackSource
+from firmware_rollout.device.download import DownloadSource, MirrorSettings, download_source
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
-from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.updater import CANCELABLE_STATES, ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import (
@@ -64,35 +62,6 @@ from firmware_rollout.messages import (
 from firmware_rollout.windows import DAY_S, parse_window, seconds_until_window
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True, slots=True)
-class MirrorSettings:
-    """How a download uses HTTP(S) mirrors (`[firmware]` mirror_timeout_s, mirror_ca, retry_budget)."""
-
-    timeout_s: float = 10.0
-    ca: str = ""  # a CA bundle for https mirrors; empty: the system's
-    retry_budget: int = DEFAULT_RETRY_BUDGET
-
-
-class DownloadSource(ChunkSource, Protocol):
-    async def aclose(self) -> None: ...
-
-
-class _MqttOnly:
-    """The leader's ConfigServers alone (an offer without mirrors)."""
-
-    def __init__(self, source: RemoteChunkSource) -> None:
-        self._source = source
-
-    def plan(self, indices: Sequence[int]) -> None:
-        self._source.plan(indices)
-
-    async def fetch(self, index: int) -> bytes:
-        return await self._source.fetch(index)
-
-    async def aclose(self) -> None:
-        self._source.close()
-
 
 @dataclass(frozen=True, slots=True)
 class Resume:
@@ -243,33 +212,17 @@ class UpdaterActor(Actor):
 
     def _source(self, rollout_id: str, signed_manifest: bytes | None, chunk_size: int,
                 mirrors: Sequence[str]) -> DownloadSource:
-        """MQTT chunks alone, or the mirrors (the offer's, then the signed manifest's) first with
-        MQTT chunks as the last resort."""
+        """The download's source (`download_source`), planned from the manifest the updater
+        checked (and keeps for the update: it is not decoded again)."""
         manifest = None
-        if signed_manifest is not None:
+        if signed_manifest is not None and self.updater is not None:
             try:
-                manifest = parse_signed_manifest(signed_manifest).manifest
+                manifest = self.updater.checked(signed_manifest)
             except ArtifactError:
                 manifest = None  # the updater refuses it with the reason
         mqtt = RemoteChunkSource(self._chunks, rollout_id=rollout_id, manifest=manifest, piece_size=chunk_size,
                                  window_initial=self._window[0], window_max=self._window[1])
-        urls = list(dict.fromkeys([*mirrors, *(manifest.mirrors if manifest is not None else ())]))
-        urls = [u for u in urls if u.startswith(("http://", "https://"))]
-        if manifest is None or not urls:
-            return _MqttOnly(mqtt)
-        from firmware_rollout.device.http_source import MirrorSource, make_client  # httpx: only when updating
-
-        settings = self._mirrors
-        client = make_client(timeout_s=settings.timeout_s, ca=settings.ca)
-        layout = manifest.layout()
-        sources = [MirrorSource(client, url, manifest, layout) for url in urls]
-
-        async def close_mqtt() -> None:
-            mqtt.close()
-
-        return FallbackSource([*((s.mirror, s) for s in sources), ("mqtt", mqtt)], manifest, layout=layout,
-                              retry_budget=settings.retry_budget,
-                              closers=[*(s.close for s in sources), client.aclose, close_mqtt])
+        return download_source(manifest, mirrors=mirrors, mqtt=mqtt, settings=self._mirrors)
 
     async def _boot_and_resume(self, ctx: Context) -> None:
         """Resume an update in progress; after an in-process reboot, boot again and resume."""
@@ -421,8 +374,6 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
 
 
 __all__ = [
-    "DownloadSource",
-    "MirrorSettings",
     "Resume",
     "UpdateCancels",
     "UpdaterActor",

@@ -191,6 +191,7 @@ class SlotImages:
         self._manifests: dict[str, Manifest] = {}
         self._layouts: dict[str, ChunkLayout] = {}
         self._checked: dict[str, bytes] = {}  # slot -> the manifest's image hash it was checked against
+        self._opened: dict[str, tuple[bytes, Manifest]] = {}  # slot -> the signed manifest it was opened for
 
     def target(self, slot: str) -> SlotTarget:
         try:
@@ -202,9 +203,12 @@ class SlotImages:
         """Take the manifest of the image `slot` is to receive; idempotent (a resumed download
         opens the slot again). Raises `ArtifactError` for a manifest the key does not vouch for."""
         target = self.target(slot)
-        signed = (verify_signed_manifest(signed_manifest, self._key) if self._key is not None
-                  else parse_signed_manifest(signed_manifest))
-        manifest = signed.manifest
+        opened = self._opened.get(slot)
+        if opened is not None and opened[0] == signed_manifest:  # checked when this slot was opened for it
+            manifest = opened[1]
+        else:
+            manifest = (verify_signed_manifest(signed_manifest, self._key) if self._key is not None
+                        else parse_signed_manifest(signed_manifest)).manifest
         try:
             target.prepare()
             capacity = target.capacity()
@@ -217,6 +221,7 @@ class SlotImages:
             self._checked.pop(slot, None)
             self._layouts[slot] = manifest.layout()
         self._manifests[slot] = manifest
+        self._opened[slot] = (signed_manifest, manifest)
         return manifest
 
     def manifest(self, slot: str) -> Manifest:

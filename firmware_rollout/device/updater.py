@@ -18,6 +18,12 @@ offset, each fsynced before the progress row moves (no second copy of the image:
 no room for one); the slot is read back and verified whole before it is armed. Reports
 are stored first and handed to `on_report` (the agent's outbox) in order, at least once.
 
+The work of each state is a step of its own (`firmware_rollout.device.steps`: one class per
+state, the table `STEPS`); this class keeps the record and the reports, accounts for boots, and
+answers offers, cancels and the operator. The offer's signed manifest is verified once
+(`checked`) and the checked manifest carried from there on: the download plan, the status and
+every step use it; the installer checks it once more for itself.
+
 Driving it (an actor does this): `await Updater.open(...)` at process start (that is "a boot"),
 then `await updater.resume(source)` to carry on whatever was in progress, and
 `await updater.offer(UpdateOffer, source)` for each offer from the leader.
@@ -27,9 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,26 +41,24 @@ from pathlib import Path
 from agent.core.clock import Clock
 from agent.core.errors import (
     ArtifactError,
-    Capacity,
     EdgeAgentError,
-    Permanent,
 )
 from firmware_rollout._fs import atomic_write, in_thread
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.artifact.manifest import (
-    ChunkLayout,
     Manifest,
     check_policy,
-    parse_signed_manifest,
     verify_signed_manifest,
 )
 from firmware_rollout.artifact.version import Version
+from firmware_rollout.device.delta import Delta, find_delta
 from firmware_rollout.device.health import HealthCheck, HealthResult
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import SLOTS_DIR, DirectoryInstaller, Installer, other_slot
 from firmware_rollout.device.sources import ChunkSource
+from firmware_rollout.device.steps import STEPS, StopUpdate
 from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
-from firmware_rollout.errors import ChunkMismatch, InstallError, UpdaterError
+from firmware_rollout.errors import InstallError, UpdaterError
 from firmware_rollout.messages import TERMINAL_STATES, DownloadProgress, UpdateOffer, UpdateReport
 
 ReportSink = Callable[[UpdateReport], Awaitable[None]]
@@ -64,13 +66,8 @@ DB_FILE = "updater.db"
 LEGACY_STAGING_FILE = "staging.img"  # where downloads went before they streamed into the slot
 REBOOT_MARK_FILE = "reboot-requested"  # the kernel boot id when a reboot into a trial was asked for
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-HEALTH_GRACE_S = 1.0
+CHECKED_KEPT = 4  # checked manifests kept: the update's, the active slot's, a repeated offer's
 log = logging.getLogger(__name__)
-
-PROGRESS_EVERY_S = 5.0  # a download reports how far it got at least this often...
-PROGRESS_STEP = 0.1  # ...and at every tenth of the image
-LOCK_POLL_S = 5.0  # how often a held update lock is tried again
-LOCK_REPORT_EVERY_S = 60.0  # and the leader told that the device still waits (its timeout restarts)
 
 
 #: What a cancel can still stop: the new slot has not booted (on its trial boot the health check decides).
@@ -117,10 +114,6 @@ class UpdaterStatus:
     mirrors: tuple[str, ...] = ()  # the ones its offer named
 
 
-class _Stop(Exception):
-    """The current step ended the update (the state is already recorded)."""
-
-
 class Updater:
     """One device's updater. Make it with `await Updater.open(...)`; not safe to share between
     processes (one state directory, one updater)."""
@@ -162,6 +155,7 @@ class Updater:
         self._lock = asyncio.Lock()
         self._closed = False
         self._last_report: UpdateReport | None = None
+        self._checked: dict[bytes, Manifest] = {}  # signed manifest -> its checked manifest (`checked`)
 
     # -- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -249,7 +243,7 @@ class Updater:
         total = 0
         if r.signed_manifest is not None and r.state not in ("idle", "rejected"):
             with contextlib.suppress(ArtifactError):
-                total = parse_signed_manifest(r.signed_manifest).manifest.chunk_count
+                total = self.checked(r.signed_manifest).chunk_count
         return UpdaterStatus(
             state=r.state,
             rollout_id=r.rollout_id,
@@ -285,7 +279,7 @@ class Updater:
                     await self._drive(source)
                     return self._latest()
                 self._last_report = await self._store.add_report(self._report_about(
-                    offer.rollout_id, _offered_version(offer), "rejected",
+                    offer.rollout_id, self._offered_version(offer), "rejected",
                     f"busy with rollout {r.rollout_id} ({r.state})", phase="rejected"))
                 await self._flush()
                 return self._last_report
@@ -347,7 +341,7 @@ class Updater:
         so its timeout runs from the window, not from the offer."""
         async with self._lock:
             self._check_open()
-            fields = self._report_about(offer.rollout_id, _offered_version(offer), "waiting_window", detail)
+            fields = self._report_about(offer.rollout_id, self._offered_version(offer), "waiting_window", detail)
             fields["until_ms"] = max(0, until_ms)
             self._last_report = await self._store.add_report(fields)
             await self._flush()
@@ -379,6 +373,14 @@ class Updater:
             await self.installer.revert(r.from_slot)
             await self._flush()
             return self.status()
+
+    def _offered_version(self, offer: UpdateOffer) -> str:
+        """The version an offer names, for a report about an offer that was not taken up ("" for
+        one whose manifest the key does not vouch for)."""
+        try:
+            return self.checked(offer.signed_manifest).version
+        except ArtifactError:
+            return ""
 
     def _report_about(self, rollout_id: str, version: str, state: str, detail: str, *,
                       phase: str | None = None) -> dict[str, object]:
@@ -479,11 +481,10 @@ class Updater:
             stage_only=offer.download_only, mirrors="\n".join(offer.mirrors),
         )
         try:
-            signed = verify_signed_manifest(offer.signed_manifest, self._key)
+            manifest = self.checked(offer.signed_manifest)
         except ArtifactError as exc:
             await self._set(base.but(state="rejected", detail=str(exc)))
             return
-        manifest = signed.manifest
         base = base.but(version=manifest.version)
         try:
             check_policy(manifest, hardware=self._hardware, installed_version=active, image=self._image)
@@ -502,241 +503,102 @@ class Updater:
         )
 
     async def _drive(self, source: ChunkSource | None) -> None:
+        """Run the step of each state the update reaches (`STEPS`) until it ends or waits."""
         try:
             while not self._closed:
-                state = self._record.state
-                if state == "downloading":
-                    if source is None:
-                        break
-                    await self._download(source)
-                elif state == "verifying":
-                    await self._verify_slot()
-                elif state == "installing":
-                    await self._install()
-                elif state == "rebooting":
-                    r = self._record
-                    await self._wait_for_update_lock()
-                    await self._reboot(f"trying version {r.version} in slot {r.to_slot}", trial=True)
-                elif state == "verifying_health":
-                    await self._check_health()
-                elif state == "rolled_back" and self.installer.booted_slot() != self._record.from_slot:
-                    await self._reboot(f"back to slot {self._record.from_slot} after a rollback")
-                else:
+                step = STEPS.get(self._record.state)
+                if step is None or not step.due(self, source):
                     break
-        except _Stop:
+                await step.run(self, source)
+        except StopUpdate:
             pass
         if not self._closed:
             await self._flush()
 
-    def _manifest(self) -> Manifest:
+    # -- the steps' view (`UpdateContext`) ---------------------------------------------------
+    @property
+    def record(self) -> UpdateRecord:
+        return self._record
+
+    @property
+    def health(self) -> HealthCheck:
+        return self._health
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def max_boots(self) -> int:
+        return self.settings.max_boots
+
+    @property
+    def health_timeout_s(self) -> float:
+        return self.settings.health_timeout_s
+
+    @property
+    def fetch_timeout_s(self) -> float:
+        return self.settings.fetch_timeout_s
+
+    @property
+    def fetch_attempts(self) -> int:
+        return self.settings.fetch_attempts
+
+    @property
+    def fetch_backoff_s(self) -> tuple[float, float]:
+        return self.settings.fetch_backoff_base_s, self.settings.fetch_backoff_cap_s
+
+    @property
+    def max_download_kbps(self) -> int:
+        return self.settings.max_download_kbps
+
+    @property
+    def update_lock(self) -> str:
+        return self.settings.update_lock
+
+    def manifest(self) -> Manifest:
+        """The checked manifest of the recorded update's image (checked once, kept after)."""
         assert self._record.signed_manifest is not None
-        return parse_signed_manifest(self._record.signed_manifest).manifest
+        return self.checked(self._record.signed_manifest)
 
-    async def _download(self, source: ChunkSource) -> None:
-        manifest = self._manifest()
-        layout = manifest.layout()
+    def checked(self, signed_manifest: bytes) -> Manifest:
+        """`signed_manifest` verified against the pinned key and decoded, once per updater: the
+        offer's manifest is checked before anything of it is used, and the checked one carried
+        on (the source's plan, the status, the steps). Raises `ArtifactError`."""
+        found = self._checked.get(signed_manifest)
+        if found is None:
+            found = verify_signed_manifest(signed_manifest, self._key).manifest
+            if len(self._checked) >= CHECKED_KEPT:
+                self._checked.pop(next(iter(self._checked)))
+            self._checked[signed_manifest] = found
+        return found
+
+    async def save(self, record: UpdateRecord, *, report: bool = True, slots: dict[str, str] | None = None,
+                   manifests: dict[str, bytes | None] | None = None, progress: DownloadProgress | None = None) -> None:
+        await self._set(record, report=report, slots=slots, manifests=manifests, progress=progress)
+
+    async def report_about(self, state: str, detail: str) -> None:
         r = self._record
-        try:
-            await self.installer.open_slot(r.to_slot, self._signed_manifest())
-        except (InstallError, ArtifactError, OSError) as exc:
-            await self._fail(f"install failed: slot {r.to_slot} cannot take the image: {exc}")
-        done = r.chunks_done
-        delta = await self._delta(manifest)
-        to_fetch = sum(layout.length(i) for i in range(manifest.chunk_count) if i not in delta.copies)
-        fetched = sum(layout.length(i) for i in range(done) if i not in delta.copies)
-        progress = _Progress(self._clock, manifest, layout, done, to_fetch=to_fetch, fetched=fetched)
-        source.plan([i for i in range(done, manifest.chunk_count) if i not in delta.copies])
-        if done:
-            log.info("update %s: resuming the download of version %s at chunk %d of %d", self._record.rollout_id,
-                     manifest.version, done + 1, manifest.chunk_count)
-        if delta.copies:
-            log.info("update %s: %d of %d chunks are in the active slot; %d of %d bytes to download",
-                     r.rollout_id, len(delta.copies), manifest.chunk_count, to_fetch, manifest.size)
-        throttle = _Throttle(self._clock, self.settings.max_download_kbps)
-        for index in range(done, manifest.chunk_count):
-            if not await self._copy(delta, index):
-                data = await self._fetch(source, index)
-                progress.fetched += len(data)
-                await throttle.spent(len(data))
-                await self._write(index, data, manifest)
-            snapshot = progress.after(index + 1)
-            if snapshot is None:
-                await self._set(self._record.but(chunks_done=index + 1), report=False)
-                continue
-            await self._set(self._record.but(chunks_done=index + 1, detail=progress.text(snapshot)), progress=snapshot)
-            await self._flush()
-            if progress.milestone(snapshot):
-                log.info("update %s: downloading %s", self._record.rollout_id, progress.text(snapshot))
-        await self._set(self._record.but(state="verifying", detail="download complete"))
+        self._last_report = await self._store.add_report(self._report_about(r.rollout_id, r.version, state, detail))
 
-    async def _copy(self, delta: _Delta, index: int) -> bool:
-        """Chunk `index` copied from the active slot into the new one; False: download it (it is
-        not there, or the slot changed under us: a bad sector, a local modification). The
-        installer's check against the signed manifest is the one check a copy needs."""
-        data = await delta.read(index)
-        if data is None:
-            return False
-        r = self._record
-        try:
-            await self.installer.write_chunk(r.to_slot, index, data)
-        except ChunkMismatch:
-            log.warning("delta: chunk %d in the active slot %s does not match its hash: downloading it",
-                        index, delta.slot)
-            return False
-        except (InstallError, ArtifactError, OSError) as exc:
-            await self._fail(f"install failed: chunk {index} not written into slot {r.to_slot}: {exc}")
-        return True
+    async def flush(self) -> int:
+        return await self._flush()
 
-    async def _write(self, index: int, data: bytes, manifest: Manifest) -> None:
-        r = self._record
-        try:  # the installer checks the chunk against the signed manifest before it writes it
-            await self.installer.write_chunk(r.to_slot, index, data)
-        except ChunkMismatch:
-            await self._set(
-                self._record.but(
-                    state="rejected",
-                    detail=f"tampered chunk: chunk {index} of {manifest.chunk_count} "
-                    "from the source does not match the signed manifest",
-                )
-            )
-            raise _Stop from None
-        except (InstallError, ArtifactError, OSError) as exc:
-            await self._fail(f"install failed: chunk {index} not written into slot {r.to_slot}: {exc}")
+    async def delta(self, manifest: Manifest) -> Delta:
+        return await find_delta(self.installer, manifest, active_version=self.active_version,
+                                active_manifest=self._slot_manifest)
 
-    async def _delta(self, manifest: Manifest) -> _Delta:
-        """The chunks of `manifest` the active slot already holds (by their sha256 in the signed
-        manifest of the image the updater installed there)."""
-        booted = self.installer.booted_slot()
+    async def _slot_manifest(self, slot: str) -> Manifest | None:
+        """The checked manifest of the image the updater installed in `slot` (None: unknown or unusable)."""
         try:
-            raw = await self._store.slot_manifest(booted)
-            if raw is None:
-                return _Delta.none()
-            active = verify_signed_manifest(raw, self._key).manifest
+            raw = await self._store.slot_manifest(slot)
+            return None if raw is None else self.checked(raw)
         except (ArtifactError, EdgeAgentError) as exc:
             log.warning("no delta: the active slot's manifest is unusable: %s", exc)
-            return _Delta.none()
-        if active.version != self.active_version:
-            return _Delta.none()
-        active_layout = active.layout()
-        where = active_layout.by_hash()
-        copies: dict[int, tuple[int, int]] = {}
-        for index, digest in enumerate(manifest.chunks):
-            source = where.get(digest)
-            if source is not None:
-                copies[index] = (active_layout.offset(source), active_layout.length(source))
-        return _Delta(self.installer, booted, copies)
+            return None
 
-    async def _fetch(self, source: ChunkSource, index: int) -> bytes:
-        settings = self.settings
-        attempt = 0
-        while True:
-            try:
-                return await self._clock.wait_for(source.fetch(index), settings.fetch_timeout_s)
-            except Capacity as exc:  # busy: wait as asked, the attempt is not spent
-                await self._clock.sleep(max(exc.retry_after_ms / 1000, settings.fetch_backoff_base_s))
-                continue
-            except (Permanent, ArtifactError) as exc:
-                await self._fail(f"download of chunk {index} refused by the source: {exc}")
-            except Exception as exc:  # timeout, transient, connection trouble, an odd source: retry
-                attempt += 1
-                if attempt >= settings.fetch_attempts:
-                    await self._fail(f"download of chunk {index} failed after {attempt} attempts: {exc!r}")
-                delay = min(settings.fetch_backoff_cap_s, settings.fetch_backoff_base_s * 2 ** (attempt - 1))
-                await self._clock.sleep(delay)
-
-    async def _fail(self, detail: str) -> None:
-        await self._set(self._record.but(state="failed", detail=detail))
-        raise _Stop
-
-    def _signed_manifest(self) -> bytes:
-        assert self._record.signed_manifest is not None
-        return self._record.signed_manifest
-
-    async def _check_slot(self) -> None:
-        """Open the slot for the recorded image and read it back whole (cached by the installer
-        until the slot is written again)."""
-        r = self._record
-        try:
-            await self.installer.open_slot(r.to_slot, self._signed_manifest())
-            await self.installer.check_slot(r.to_slot)
-        except (ArtifactError, InstallError, OSError) as exc:
-            await self._fail(f"install failed: the image read back from slot {r.to_slot} is not the signed one: {exc}")
-
-    async def _verify_slot(self) -> None:
-        await self._check_slot()
-        if self._record.stage_only:
-            await self._set(self._record.but(state="staged", detail="downloaded and verified; installed on the"
-                                                                     " leader's go-ahead"))
-            return
-        await self._set(self._record.but(state="installing", detail=f"writing slot {self._record.to_slot}"))
-
-    async def _install(self) -> None:
-        r = self._record
-        await self._check_slot()
-        try:
-            await self.installer.mark_trial(r.to_slot)
-        except (InstallError, OSError) as exc:
-            with contextlib.suppress(InstallError, OSError):
-                await self.installer.revert(r.from_slot)
-            await self._fail(f"install failed: {exc}")
-        await self._set(
-            r.but(state="rebooting", boot_count=0, detail=f"slot {r.to_slot} marked for a trial boot"),
-            slots={r.to_slot: r.version}, manifests={r.to_slot: r.signed_manifest},
-        )
-
-    async def _check_health(self) -> None:
-        r = self._record
-        if r.boot_count > self.settings.max_boots:
-            await self._roll_back(
-                f"crash loop: slot {r.to_slot} booted {r.boot_count} times without a commit "
-                f"(limit {self.settings.max_boots})"
-            )
-            return
-        remaining = (r.health_deadline_ms - self._clock.now_ms()) / 1000
-        if remaining <= 0:
-            result = HealthResult(False, "health deadline passed before the check ran")
-        else:
-            try:
-                # The check decides within `remaining` itself; the outer limit only stops a check that hangs.
-                check = self._health.check(self._clock, remaining)
-                result = await self._clock.wait_for(check, remaining + HEALTH_GRACE_S)
-            except TimeoutError:
-                result = HealthResult(False, f"no health result within {remaining:g}s")
-            except Exception as exc:  # a broken check is a failed check, never a stuck update
-                result = HealthResult(False, f"health check raised {exc!r}")
-        if not result.ok:
-            await self._roll_back(f"health check failed: {result.detail}")
-            return
-        await self.installer.commit(r.to_slot)
-        await self._set(r.but(state="committed", detail=result.detail or "healthy"), slots={r.to_slot: r.version})
-
-    async def _roll_back(self, detail: str) -> None:
-        r = self._record
-        await self._set(r.but(state="rolled_back", detail=detail))
-        await self.installer.revert(r.from_slot)
-
-    async def _wait_for_update_lock(self) -> None:
-        """While an application holds the update lock, the new slot waits (installed and armed)
-        and the leader hears `waiting_lock` every LOCK_REPORT_EVERY_S."""
-        path = self.settings.update_lock
-        told_at: float | None = None
-        while path:
-            held: bool = await in_thread(self._clock, update_lock_held, path)
-            if not held:
-                if told_at is not None:  # the leader heard waiting_lock: say it goes on
-                    await self._set(self._record.but(detail=f"the update lock {path} is free: rebooting"))
-                    await self._flush()
-                return
-            now = self._clock.monotonic()
-            if told_at is None or now - told_at >= LOCK_REPORT_EVERY_S:
-                if told_at is None:
-                    log.info("update %s: waiting for the update lock %s", self._record.rollout_id, path)
-                r = self._record
-                self._last_report = await self._store.add_report(self._report_about(
-                    r.rollout_id, r.version, "waiting_lock", f"an application holds the update lock {path}"))
-                await self._flush()
-                told_at = now
-            await self._clock.sleep(LOCK_POLL_S)
+    async def reboot(self, reason: str, *, trial: bool = False) -> None:
+        await self._reboot(reason, trial=trial)
 
     async def _reboot(self, reason: str, *, trial: bool = False) -> None:
         """Reboot into the armed slot. A reboot command that fails, or returns and the device
@@ -754,12 +616,12 @@ class Updater:
             r = self._record
             if r.state != "rebooting":  # a reboot back after a rollback: the flags already say the old slot
                 log.error("update %s: %s; the old slot boots next time", r.rollout_id, exc)
-                raise _Stop from None  # (tried again on the next resume, not in a loop)
+                raise StopUpdate from None  # (tried again on the next resume, not in a loop)
             with contextlib.suppress(InstallError, OSError):
                 await self.installer.revert(r.from_slot)
             await self._set(r.but(state="failed", detail=f"reboot failed: {exc}; the trial of slot {r.to_slot} "
                                                          "is disarmed"))
-            raise _Stop from None
+            raise StopUpdate from None
 
     # -- the reboot mark: did the kernel boot again since the reboot was asked for? ---------------
     def _boot_id(self) -> str:
@@ -838,25 +700,6 @@ class Updater:
             raise UpdaterError("updater is closed (rebooting); open a new one")
 
 
-def update_lock_held(path: str) -> bool:
-    """Another process holds flock(2) on `path` (a missing file is no lock)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # there, but not ours to try: treat as held rather than reboot under it
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
 def _made(state_dir: str | Path) -> Path:
     """The updater's state directory, created if it is not there yet."""
     path = Path(state_dir)
@@ -875,116 +718,6 @@ class _NoHealthCheck:
 class _NoReboot:
     async def reboot(self, reason: str, *, trial: bool = False) -> None:
         raise UpdaterError("opened to read only")
-
-
-class _Progress:
-    """When a download reports how far it got (every PROGRESS_EVERY_S or PROGRESS_STEP of the
-    image, and at its end), and what it says."""
-
-    def __init__(self, clock: Clock, manifest: Manifest, layout: ChunkLayout, done: int, *, to_fetch: int,
-                 fetched: int) -> None:
-        self._clock = clock
-        self._manifest = manifest
-        self._layout = layout
-        self.to_fetch = to_fetch  # bytes the download fetches over the network (the rest it copies)
-        self.fetched = fetched
-        self._t0 = clock.monotonic()
-        self._start_bytes = self._bytes(done)
-        self._last_t = self._t0
-        self._last_step = self._step(done)
-        self._logged: set[int] = set()
-
-    def _bytes(self, chunks: int) -> int:
-        return self._manifest.size if chunks >= self._manifest.chunk_count else self._layout.offset(chunks)
-
-    def _step(self, chunks: int) -> int:
-        return int(chunks / max(1, self._manifest.chunk_count) / PROGRESS_STEP)
-
-    def after(self, chunks: int) -> DownloadProgress | None:
-        """The progress to report after `chunks` chunks, or None while none is due."""
-        now = self._clock.monotonic()
-        step = self._step(chunks)
-        if chunks < self._manifest.chunk_count and step == self._last_step and now - self._last_t < PROGRESS_EVERY_S:
-            return None
-        self._last_t, self._last_step = now, step
-        done = self._bytes(chunks)
-        elapsed = now - self._t0
-        rate = (done - self._start_bytes) / elapsed if elapsed > 0 else 0.0
-        return DownloadProgress(chunks_done=chunks, chunks_total=self._manifest.chunk_count, bytes_done=done,
-                                bytes_total=self._manifest.size, rate_bytes_per_s=round(rate, 1),
-                                bytes_to_fetch=self.to_fetch, bytes_fetched=self.fetched)
-
-    @staticmethod
-    def text(p: DownloadProgress) -> str:
-        pct = 100 * p.bytes_done // max(1, p.bytes_total)
-        rate = f", {p.rate_bytes_per_s / 1024:.1f} KiB/s" if p.rate_bytes_per_s else ""
-        fetch = (f"; {p.bytes_fetched} of the {p.bytes_to_fetch} bytes to download (the rest copied from the"
-                 " active slot)" if p.bytes_to_fetch < p.bytes_total else "")
-        return (f"{pct}%: chunk {p.chunks_done} of {p.chunks_total}, {p.bytes_done} of {p.bytes_total} bytes"
-                f"{rate}{fetch}")
-
-    def milestone(self, p: DownloadProgress) -> bool:
-        """Once each past 10 %, 50 % and at 100 %: logged at INFO (the other reports only go to
-        the leader)."""
-        pct = 100 * p.bytes_done // max(1, p.bytes_total)
-        mark = 100 if p.chunks_done == p.chunks_total else 50 if pct >= 50 else 10 if pct >= 10 else 0
-        if mark == 0 or mark in self._logged:
-            return False
-        self._logged.add(mark)
-        return True
-
-
-class _Delta:
-    """Chunks the active slot holds: index in the new image -> (offset, length) in the active one."""
-
-    def __init__(self, installer: Installer | None, slot: str, copies: dict[int, tuple[int, int]]) -> None:
-        self._installer = installer
-        self.slot = slot
-        self.copies = copies
-
-    @classmethod
-    def none(cls) -> _Delta:
-        return cls(None, "", {})
-
-    async def read(self, index: int) -> bytes | None:
-        """Chunk `index` as the active slot holds it, unchecked (the installer checks it as it
-        writes it), or None: it is not there, or the slot cannot be read (then no chunk is)."""
-        where = self.copies.get(index)
-        if where is None or self._installer is None:
-            return None
-        try:
-            return await self._installer.read_slot(self.slot, *where)
-        except (InstallError, OSError) as exc:
-            log.warning("delta: cannot read slot %s (%s): downloading every chunk", self.slot, exc)
-            self.copies.clear()
-            return None
-
-
-class _Throttle:
-    """Keeps a download's average rate within `kbps` kilobits per second (0: no cap) by sleeping
-    after each chunk; the sender is slowed by TCP's flow control meanwhile."""
-
-    def __init__(self, clock: Clock, kbps: int) -> None:
-        self._clock = clock
-        self._rate = kbps * 1000 / 8  # bytes per second
-        self._t0 = clock.monotonic()
-        self._bytes = 0
-
-    async def spent(self, n: int) -> None:
-        if self._rate <= 0:
-            return
-        self._bytes += n
-        ahead = self._bytes / self._rate - (self._clock.monotonic() - self._t0)
-        if ahead > 0:
-            await self._clock.sleep(ahead)
-
-
-def _offered_version(offer: UpdateOffer) -> str:
-    """The version an offer names, for a report about an offer that was not taken up."""
-    try:
-        return parse_signed_manifest(offer.signed_manifest).manifest.version
-    except ArtifactError:
-        return ""
 
 
 __all__ = [

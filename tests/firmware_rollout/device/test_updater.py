@@ -356,3 +356,29 @@ async def test_max_download_kbps_keeps_the_download_within_its_rate_on_virtual_t
     await clock.advance(1.0)
     assert (await task).state == "rebooting"
     await updater.close()
+
+
+async def test_an_offer_s_manifest_is_decoded_once_by_the_updater_and_once_by_its_installer(
+        tmp_path: Path, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The updater checks the offer's signed manifest once and carries the checked one (the
+    download plan, the status, every step); the installer checks it once more for itself (the
+    root helper's installer trusts nothing the agent says)."""
+    import firmware_rollout.artifact.manifest as manifest_module
+
+    artifact, _ = make_artifact(tmp_path, keys.signing, version="1.1.0", hardware=["rpi4"])
+    device = Device(tmp_path / "dev", keys)
+    source = CountingSource(artifact)
+    updater = await device.boot()
+    decoded = []
+    real = manifest_module.decode_manifest
+
+    def counting(data: bytes) -> object:
+        decoded.append(data)
+        return real(data)
+
+    monkeypatch.setattr(manifest_module, "decode_manifest", counting)
+    offer = offer_for(source)
+    manifest = updater.checked(offer.signed_manifest)  # what the worker plans its download source with
+    report = await updater.offer(offer, source)
+    assert report.state == "rebooting" and updater.status().chunks_total == manifest.chunk_count
+    assert len(decoded) == 2
