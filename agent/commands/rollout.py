@@ -137,7 +137,7 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     from agent.core.config import HeartbeatSection
     from firmware_rollout.artifact.files import read_signed_manifest
     from firmware_rollout.orchestration.orchestrator import rollout_id_for
-    from firmware_rollout.orchestration.spec import load_spec, soak_warning
+    from firmware_rollout.orchestration.spec import StartControl, load_spec, soak_warning
 
     spec = load_spec(args.spec)
     # The workers' own configs are not at hand here: warn against their default interval.
@@ -151,27 +151,25 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
     if store.get(rid) is not None:
         raise RolloutError(f"rollout {rid!r} exists already")
-    _check_plan(spec, signed.manifest.version, Path(store.path))
-    control = store.add_control(rid, "start", spec.to_json().decode())
+    waves = _plan(spec, signed.manifest.version, Path(store.path))
+    control = store.add_control(rid, "start", StartControl(spec=spec, waves=waves).to_json().decode())
     print(f"rollout {rid}: version {signed.manifest.version} from {spec.rollout.artifact}")
     return _await_control(store, control, args.no_wait, args.wait)
 
 
-def _check_plan(spec: Any, version: str, db: Path) -> None:
-    """Plan against the devices the leader knows now, so a spec that cannot be planned (no
-    device matches, a wave rounding to 0 devices) is refused here; the leader plans again when
-    it starts the rollout."""
-    from agent.leader.registry import DeviceRegistry
-    from firmware_rollout.orchestration.plan import DeviceInfo, select_targets, wave_sizes
-
-    registry = DeviceRegistry.open(db, clock=SystemClock())
-    try:
-        devices = [DeviceInfo(d.device_id, d.firmware_version, d.tags, d.online, d.last_seen_ms, d.first_seen_ms)
-                   for d in registry.devices()]
-    finally:
-        registry.close()
+def _plan(spec: Any, version: str, db: Path) -> list[list[str]]:
+    """The waves, planned once, here, against the devices the leader's registry holds now: a
+    spec that cannot be planned (no device matches, a wave rounding to 0 devices) is refused
+    before the leader hears of it, and the leader starts the rollout on these very waves."""
     from collections import Counter
 
+    from agent.leader.readonly import open_leader_db
+    from firmware_rollout.orchestration.plan import DeviceInfo, plan_waves, select_targets
+
+    with open_leader_db(db) as leader:
+        _, lines = leader.registry.page(limit=0)
+        devices = [DeviceInfo(line.device_id, line.firmware_version, tuple(line.tags), line.online, line.last_seen_ms)
+                   for line in lines]
     targets = select_targets(spec, devices, target_version=version)
     seen = ", ".join(f"{v or 'unknown'} x{n}" for v, n in Counter(d.firmware_version for d in devices).most_common())
     known = f"the leader knows {len(devices)} devices ({seen})" if devices else "the leader knows no device yet"
@@ -179,7 +177,7 @@ def _check_plan(spec: Any, version: str, db: Path) -> None:
         raise RolloutError(f"no device matches the rollout's targets: {known}; "
                            f"devices already running {version} are skipped")
     try:
-        wave_sizes(spec.waves, len(targets))
+        return plan_waves(spec, targets)
     except RolloutError as exc:
         # a device seen only by its presence has no version until its first heartbeat
         raise RolloutError(f"{exc} [{len(targets)} of the {len(devices)} devices the leader knows are targeted; "
@@ -204,8 +202,8 @@ def _await_control(store: Any, control_id: int, no_wait: bool, timeout_s: float 
     while time.monotonic() < deadline:
         row = store.control(control_id)
         if row is not None and row.applied_ms is not None:
-            if row.result.startswith("error:"):
-                print(f"edge-agent rollout: the leader refused it: {row.result[6:].strip()}", file=sys.stderr)
+            if row.refused:
+                print(f"edge-agent rollout: the leader refused it: {row.result}", file=sys.stderr)
                 return 1
             print(row.result)
             return 0

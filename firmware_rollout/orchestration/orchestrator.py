@@ -37,16 +37,17 @@ from typing import Any, Protocol
 import msgspec
 
 from agent.core.clock import Clock
-from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
+from agent.core.errors import ArtifactError, EdgeAgentError, RolloutError
 from firmware_rollout.artifact.files import read_signed_manifest
 from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.gates import WaveGates, finished_failed
 from firmware_rollout.orchestration.plan import DeviceInfo, matches, plan_waves, select_targets
-from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
+from firmware_rollout.orchestration.spec import RolloutSpec, start_control_from_json
 from firmware_rollout.orchestration.status import describe
 from firmware_rollout.orchestration.store import (
     TERMINAL,
+    ControlOutcome,
     DeviceRow,
     RolloutRow,
     RolloutStore,
@@ -125,8 +126,11 @@ class Orchestrator:
             return await self._start(spec, rollout_id=rollout_id, devices=devices, rollback_of=rollback_of)
 
     async def _start(
-        self, spec: RolloutSpec, *, rollout_id: str | None, devices: Sequence[str] | None, rollback_of: str
+        self, spec: RolloutSpec, *, rollout_id: str | None, devices: Sequence[str] | None, rollback_of: str,
+        waves: Sequence[Sequence[str]] | None = None,
     ) -> str:
+        """Start a rollout of `spec`: on its `waves` as planned already (`rollout start`), else on
+        `devices`, else on the registry's devices its targets select, planned here."""
         artifact = spec.rollout.artifact
         if self.artifacts is not None:
             undone = self.store.get(rollback_of) if rollback_of else None
@@ -140,13 +144,16 @@ class Orchestrator:
                 raise RolloutError(f"artifact {artifact}: {exc}") from exc
         version = signed.manifest.version
         infos = {d.device_id: d for d in self.port.devices()}
-        if devices is None:
+        if waves is not None:
+            targets = sorted({d for wave in waves for d in wave})
+        elif devices is None:
             targets = select_targets(spec, list(infos.values()), target_version=version)
         else:
             targets = sorted(set(devices))
         rid = rollout_id or rollout_id_for(spec, self.clock.now_ms())
         superseded = self._claim_devices(rid, targets, spec.rollout.supersede, rollback_of=rollback_of)
-        waves = plan_waves(spec, targets)
+        if waves is None:
+            waves = plan_waves(spec, targets)
         from_versions = {d: infos[d].firmware_version for d in targets if d in infos}
         self.store.create_rollout(
             rid,
@@ -210,8 +217,9 @@ class Orchestrator:
 
     async def _apply(self, rollout_id: str, action: str, arg: str) -> str:
         if action == "start":
-            spec = spec_from_json(arg.encode(), source="start control")
-            rid = await self._start(spec, rollout_id=rollout_id or None, devices=None, rollback_of="")
+            start = start_control_from_json(arg.encode())
+            rid = await self._start(start.spec, rollout_id=rollout_id or None, devices=None, rollback_of="",
+                                    waves=start.waves or None)
             return f"started {rid}"
         r = self.store.find(rollout_id)
         if r is None:
@@ -307,15 +315,15 @@ class Orchestrator:
         """Apply the controls the CLI wrote; each gets its result recorded. Returns how many."""
         pending = self.store.pending_controls()
         for c in pending:
+            outcome: ControlOutcome = "applied"
             try:
                 result = await self._apply(c.rollout_id, c.action, c.arg)
-            except (RolloutError, ConfigError) as exc:
-                result = f"error: {exc}"
-            except EdgeAgentError as exc:
-                result = f"error: {exc}"
+            except EdgeAgentError as exc:  # a RolloutError, a ConfigError of its spec, a store failure
+                result, outcome = str(exc), "refused"
             with self.store.atomic():
-                self.store.finish_control(c.id, result)
-            log.info("control %s %s: %s", c.action, c.rollout_id, result)
+                self.store.finish_control(c.id, result, outcome)
+            log.info("control %s %s: %s%s", c.action, c.rollout_id, "refused: " if outcome == "refused" else "",
+                     result)
         return len(pending)
 
     # -- device reports --------------------------------------------------------------------

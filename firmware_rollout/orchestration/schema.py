@@ -139,6 +139,14 @@ def _v9(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE rollout_devices ADD COLUMN {column}")
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
+def _v10(conn: sqlite3.Connection) -> None:
+    # A control's outcome as a value ('applied' or 'refused'), not a prefix of its result text.
+    conn.execute("ALTER TABLE rollout_controls ADD COLUMN outcome TEXT")
+    conn.execute("UPDATE rollout_controls SET outcome = 'refused', result = ltrim(substr(result, 7))"
+                 " WHERE applied_ms IS NOT NULL AND result LIKE 'error:%'")
+    conn.execute("UPDATE rollout_controls SET outcome = 'applied' WHERE applied_ms IS NOT NULL AND outcome IS NULL")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
 
 __all__ = ["MIGRATIONS"]

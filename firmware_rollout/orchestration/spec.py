@@ -258,11 +258,35 @@ def spec_from_dict(data: dict[str, object], *, source: str = "spec") -> RolloutS
 
 
 def spec_from_json(data: bytes, *, source: str = "stored spec") -> RolloutSpec:
+    """A spec stored as JSON (`RolloutSpec.to_json`), decoded straight into the struct."""
     try:
-        raw = msgspec.json.decode(data)
+        spec = msgspec.json.decode(data, type=RolloutSpec)
+    except msgspec.ValidationError:  # name the key, as a spec file's mistake is named
+        return spec_from_dict(msgspec.json.decode(data), source=source)
     except msgspec.DecodeError as exc:
         raise ConfigError(source, None, f"not JSON: {exc}") from None
-    return spec_from_dict(raw, source=source)
+    return check_spec(spec, source=source)
+
+
+class StartControl(msgspec.Struct, kw_only=True, frozen=True):
+    """What `rollout start` asks of the running leader: the spec, and the waves planned from the
+    devices the leader's registry held then (planned once, by the command that checked them)."""
+
+    spec: RolloutSpec
+    waves: list[list[str]]
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self)
+
+
+def start_control_from_json(data: bytes, *, source: str = "start control") -> StartControl:
+    """A start control as the command wrote it; one written by an earlier version holds the spec
+    alone (its waves are planned by the leader)."""
+    try:
+        control = msgspec.json.decode(data, type=StartControl)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return StartControl(spec=spec_from_json(data, source=source), waves=[])
+    return StartControl(spec=check_spec(control.spec, source=source), waves=control.waves)
 
 
 __all__ = [
@@ -272,6 +296,7 @@ __all__ = [
     "Ramp",
     "RolloutSection",
     "RolloutSpec",
+    "StartControl",
     "TargetsSection",
     "WavesSection",
     "check_spec",
@@ -279,4 +304,5 @@ __all__ = [
     "soak_warning",
     "spec_from_dict",
     "spec_from_json",
+    "start_control_from_json",
 ]

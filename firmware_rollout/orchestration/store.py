@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
@@ -151,8 +151,16 @@ class ControlRow:
     arg: str
     created_ms: int
     applied_ms: int | None
-    result: str
+    result: str  # what the leader did, or why it refused
+    outcome: ControlOutcome | None  # None: not applied yet
 
+    @property
+    def refused(self) -> bool:
+        return self.outcome == "refused"
+
+
+#: What the leader made of a control: done as asked, or refused with the reason.
+ControlOutcome = Literal["applied", "refused"]
 
 _R_COLS = (
     "id, seq, name, state, spec, artifact, version, signed_manifest, current_wave, wave_count, detail,"
@@ -165,7 +173,7 @@ _D_COLS = (
     " report_seq, from_version, updated_ms, bytes_done, bytes_total, rate_bytes_per_s, progress_reports,"
     " bytes_to_fetch, bytes_fetched"
 )
-_C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result"
+_C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result, outcome"
 _SETTABLE = {
     "rollouts": frozenset(c.strip() for c in _R_COLS.split(",")) - {"id", "seq", "spec"},
     "rollout_waves": frozenset(c.strip() for c in _W_COLS.split(",")) - {"rollout_id", "idx"},
@@ -614,10 +622,11 @@ class RolloutStore(SqliteStore):
         rows = self._q(f"SELECT {_C_COLS} FROM rollout_controls WHERE id = ?", (control_id,))
         return ControlRow(*rows[0]) if rows else None
 
-    def finish_control(self, control_id: int, result: str) -> None:
+    def finish_control(self, control_id: int, result: str, outcome: ControlOutcome = "applied") -> None:
+        """The control applied (`result` says what it did), or refused (`result` says why)."""
         self._q(
-            "UPDATE rollout_controls SET applied_ms = ?, result = ? WHERE id = ?",
-            (self._clock.now_ms(), result, control_id),
+            "UPDATE rollout_controls SET applied_ms = ?, result = ?, outcome = ? WHERE id = ?",
+            (self._clock.now_ms(), result, outcome, control_id),
         )
 
 
@@ -678,6 +687,7 @@ __all__ = [
     "ROLLOUT_STATES",
     "TERMINAL",
     "WAVE_STATES",
+    "ControlOutcome",
     "ControlRow",
     "DeviceRow",
     "RolloutReads",

@@ -191,7 +191,7 @@ async def test_controls_written_to_the_database_are_applied_on_the_tick(tmp_path
         assert row is not None and row.applied_ms is not None and row.result == "paused r1"
         bad = h.store.add_control(h.rid, "approve")
         await h.clock.advance(1.1)
-        assert h.store.control(bad).result.startswith("error:")  # type: ignore[union-attr]
+        assert h.store.control(bad).refused  # type: ignore[union-attr]
         start = h.store.add_control("r2", "start", h.spec.to_json().decode())
         await h.clock.advance(1.1)
         refused = h.store.control(start)  # r1 is paused, not finished: it still owns its devices
@@ -292,3 +292,43 @@ async def test_unknown_rollout_and_bad_artifact_are_typed_errors(tmp_path: Path)
         h.artifact.write_bytes(b"garbage")
         with pytest.raises(RolloutError, match="artifact"):
             await h.start()
+
+
+async def test_a_start_control_s_waves_are_the_rollout_s_waves_planned_once(tmp_path: Path) -> None:
+    """`rollout start` plans the waves against the registry and writes them with the spec; the
+    leader starts the rollout on exactly those, and plans nothing again."""
+    from firmware_rollout.orchestration.spec import StartControl
+
+    async with Harness(tmp_path) as h:
+        waves = [["d03"], ["d07", "d01"]]  # not what the leader's own plan of 10 devices would give
+        start = h.store.add_control("r9", "start", StartControl(spec=h.spec, waves=waves).to_json().decode())
+        await h.clock.advance(1.1)
+        row = h.store.control(start)
+        assert row is not None and row.outcome == "applied" and row.result == "started r9"
+        h.rid = "r9"
+        assert [sorted(h.wave_members(i)) for i in range(2)] == [["d03"], ["d01", "d07"]]
+        assert sorted(d.device_id for d in h.store.devices("r9")) == ["d01", "d03", "d07"]
+
+
+def test_controls_refused_before_the_outcome_column_read_as_refused(tmp_path: Path) -> None:
+    from agent.core.clock import VirtualClock
+    from agent.core.sqlite import connect, migrate
+    from firmware_rollout.orchestration.schema import MIGRATIONS
+    from firmware_rollout.orchestration.store import COMPONENT, RolloutStore
+
+    db = tmp_path / "leader.db"
+    conn = connect(db)
+    migrate(conn, COMPONENT, MIGRATIONS[:-1])  # a leader.db of the version before
+    with conn:
+        conn.execute("INSERT INTO rollout_controls (rollout_id, action, arg, created_ms, applied_ms, result)"
+                     " VALUES ('r1', 'approve', '', 1, 2, 'error: rollout r1 is paused'),"
+                     " ('r1', 'pause', '', 1, 2, 'paused r1'), ('r1', 'cancel', '', 3, NULL, '')")
+    conn.close()
+    store = RolloutStore.open(db, clock=VirtualClock())
+    try:
+        refused, applied, pending = (store.control(n) for n in (1, 2, 3))
+        assert refused is not None and refused.refused and refused.result == "rollout r1 is paused"
+        assert applied is not None and applied.outcome == "applied" and applied.result == "paused r1"
+        assert pending is not None and pending.outcome is None and not pending.refused
+    finally:
+        store.close()
