@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--heartbeat", metavar="TIME", help="heartbeat interval of every device (default 5s)")
     add("--leader-interval", metavar="TIME", help="the leader applies heartbeats at this pace (default 30s)")
     add("--telemetry", metavar="TIME", help="telemetry interval per device; 0 for none (default 30s)")
+    add("--app-every", default="0", metavar="TIME",
+        help="each device's application hands its agent's local API a message this often, e.g. 30s;"
+             " 0 for none (default 0)")
     add("--offline-rate", type=float, metavar="FRACTION",
         help="fraction of devices losing their uplink once, 0-1 (default 0)")
     add("--offline-duration", metavar="TIME", help="how long such a device stays offline (default 2m)")
@@ -180,6 +183,7 @@ def options_from(args: argparse.Namespace):
         heartbeat_s=duration("heartbeat", "heartbeat"),
         leader_interval_s=duration("leader_interval", "leader-interval"),
         telemetry_s=duration("telemetry", "telemetry"),
+        app_every_s=parse_duration(getattr(args, "app_every", None) or "0", name="app-every"),
         offline_rate=offline_rate, offline_duration_s=duration("offline_duration", "offline-duration"),
         broker_outage=outage, jobs=_value(args, "jobs", preset), job_window=_value(args, "job_window", preset),
         leader_mailbox=_value(args, "leader_mailbox", preset), files=args.files,

@@ -47,6 +47,7 @@ from agent.worker.agent import WorkerAgent
 from agent.worker.env import DeviceEnv, SharedStores
 from agent.worker.hardware import UpdaterHardware
 from agent.worker.jobs import JobLedger
+from agent.worker.local_api import LocalApi
 from firmware_rollout.orchestration.chunk_server import ConfigServerPool
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.store import RolloutStore
@@ -112,8 +113,8 @@ def _worker_template(opts: SimOptions, firmware_key: str) -> AgentConfig:
             "agent": {"role": "worker", "device_id": device_name(0), "fleet": FLEET, "data_dir": ".",
                       "firmware_version": opts.base_version},
             "firmware": {"public_key": firmware_key},
-            # no application on a simulated device talks to it yet: no socket for each of them
-            "local_api": {"enabled": False},
+            # on when the devices' applications send (`app_every_s`), and then served in process
+            "local_api": {"enabled": opts.app_every_s > 0},
             "mailbox": {"capacity": 64},
             "heartbeat": {"interval_s": opts.heartbeat_s},
             "jobs": {"demand_window": opts.job_window},
@@ -238,7 +239,7 @@ class SimFleet:
         suffix = "" if incarnation == self._first_incarnation else f":{incarnation}"
         env = DeviceEnv(rng=rng_for(self.opts.seed, device + suffix), sample_system=False, job_handler=self._job,
                         stores=SharedStores(outbox=self.stores[k], ledger=self.ledgers[k], incarnation=incarnation),
-                        updater_hardware=self._hardware)
+                        updater_hardware=self._hardware, api_sockets=False)
         app = await assemble(cfg, transport=self._transport(cfg, device + suffix), clock=self.clock,
                              base=self.device_dir(device), env=AppEnv(device=env))
         self.apps[device] = app
@@ -283,6 +284,13 @@ class SimFleet:
         """Start a device's agent and its parts (with firmware, a boot: the updater resumes what
         its database says was in progress)."""
         await self.apps[device].start()
+
+    def local_api(self, device: str) -> LocalApi | None:
+        """The local API of the device's current incarnation (None: off, or the device is down)."""
+        if device in self.down:
+            return None
+        api = self.apps[device].part(LocalApi.name)
+        return api if isinstance(api, LocalApi) else None
 
     def device_dir(self, device: str) -> Path:
         """A simulated device's own files (its updater database and slots)."""

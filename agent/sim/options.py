@@ -39,6 +39,7 @@ def parse_outage(text: str) -> tuple[float, float]:
 
 
 MAX_PROCESSES = 64
+APP_CLASS = "events"  # the class a simulated device's application sends (`app_every_s`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +50,7 @@ class SimOptions:
     heartbeat_s: float = 5.0
     leader_interval_s: float = 30.0
     telemetry_s: float = 30.0  # per device; 0 = none
+    app_every_s: float = 0.0  # per device: its application hands the local API a message this often; 0 = none
     offline_rate: float = 0.0  # fraction of devices that lose their uplink once during the run
     offline_duration_s: float = 120.0
     broker_outage: tuple[float, float] | None = None  # (at, for)
@@ -80,6 +82,7 @@ class SimOptions:
             ("heartbeat", self.heartbeat_s > 0, "must be > 0"),
             ("leader-interval", self.leader_interval_s >= 0, "must be >= 0"),
             ("telemetry", self.telemetry_s >= 0, "must be >= 0"),
+            ("app-every", self.app_every_s >= 0, "must be >= 0"),
             ("offline-rate", 0.0 <= self.offline_rate <= 1.0, "must be between 0 and 1"),
             ("offline-duration", self.offline_duration_s > 0, "must be > 0"),
             ("jobs", self.jobs >= 0, "must be >= 0"),
@@ -115,4 +118,4 @@ class SimOptions:
         return self.leader_mailbox if self.leader_mailbox is not None else max(1024, self.devices + 64)
 
 
-__all__ = ["MAX_PROCESSES", "SimOptions", "parse_duration", "parse_outage", "parse_shard"]
+__all__ = ["APP_CLASS", "MAX_PROCESSES", "SimOptions", "parse_duration", "parse_outage", "parse_shard"]

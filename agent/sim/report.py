@@ -27,6 +27,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from agent.actors import MailboxStatistics
+from agent.sim.options import APP_CLASS
 
 if TYPE_CHECKING:
     from agent.sim.options import SimOptions
@@ -102,13 +103,20 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
                     and all(_mailbox_ok(m) for m in mailboxes.values()))
     conservation = conservation and tel_lost == 0
 
+    app_accepted = totals.app_direct + totals.app_stored
+    app_applied = (leader.sinks.stats.snapshot().get(APP_CLASS, {}).get("applied", 0)
+                   if leader.sinks is not None else 0)
+    # (with --shard the leader stores the whole fleet's messages, this shard's applications sent their own)
+    app_lost = 0 if opts.shard else app_accepted - app_applied - totals.app_pending - totals.app_dead
+    conservation = conservation and app_lost == 0
+
     broker = totals.broker
-    lost = tel_lost + jobs_lost
+    lost = tel_lost + jobs_lost + app_lost
     report: Report = {
         "scenario": {
             "name": opts.scenario, "devices": opts.devices, "duration_s": opts.duration_s, "seed": opts.seed,
             "heartbeat_s": opts.heartbeat_s, "leader_interval_s": opts.leader_interval_s,
-            "telemetry_s": opts.telemetry_s, "offline_rate": opts.offline_rate,
+            "telemetry_s": opts.telemetry_s, "app_every_s": opts.app_every_s, "offline_rate": opts.offline_rate,
             "offline_duration_s": opts.offline_duration_s, "crash_rate": opts.crash_rate,
             "crash_downtime_s": opts.crash_downtime_s, "tick_s": opts.tick_s,
             "broker_outage": list(opts.broker_outage) if opts.broker_outage else None,
@@ -151,6 +159,12 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             "applied_by_leader": tel_applied, "duplicates_ignored": actor.stats.telemetry_duplicate if actor else 0,
             "dead_lettered": tel_dead, "pending": tel_pending, "refused_at_source": totals.telemetry_refused,
             "lost": tel_lost,
+        },
+        "applications": {
+            "sent": totals.app_sent, "accepted": app_accepted, "direct": totals.app_direct,
+            "via_outbox": totals.app_stored, "refused": totals.app_refused,
+            "refused_at_source": totals.app_refused_at_source, "applied_by_leader": app_applied,
+            "pending": totals.app_pending, "dead_lettered": totals.app_dead, "lost": app_lost,
         },
         "jobs": {
             "submitted": sim.jobs_submitted, "confirmed": jobs.get("confirmed", 0),
@@ -258,6 +272,11 @@ def summary(report: Report) -> str:
         f" {report['leader']['busy_answers']} busy answers, relay capacity rejections"
         f" {report['relay']['capacity_rejections']}",
     ]
+    apps = report["applications"]
+    if apps["sent"] or apps["refused_at_source"]:
+        lines.append(f"applications: {apps['sent']} messages through the local API ({apps['direct']} direct,"
+                     f" {apps['via_outbox']} via outbox, {apps['refused']} refused), {apps['applied_by_leader']}"
+                     " stored by the leader")
     if jobs["submitted"]:
         lines.append(f"jobs: {jobs['confirmed']}/{jobs['submitted']} confirmed, {jobs['requeued']} requeued,"
                      f" confirmed twice: {jobs['confirmed_more_than_once']}")

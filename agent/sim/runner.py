@@ -23,6 +23,7 @@ import asyncio
 import gc
 import heapq
 import itertools
+import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -33,10 +34,11 @@ from typing import Any
 from agent.core.clock import Clock, SystemClock, VirtualClock
 from agent.core.errors import EdgeAgentError
 from agent.protocol import JobSubmit
+from agent.service.http import Request, Response
 from agent.sim.clock import SimClock
 from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet, device_name, rng_for
-from agent.sim.options import SimOptions
+from agent.sim.options import APP_CLASS, SimOptions
 from agent.sim.part import FleetPart, split
 from agent.sim.report import Report, collect_report
 from agent.sim.totals import DevicesNow, DeviceTotals, device_totals, devices_now, telemetry_sending
@@ -77,6 +79,42 @@ def keep_out_of_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+APP_PATH = f"/v1/messages/{APP_CLASS}"
+APP_HEADERS = {"content-type": "application/json"}
+
+
+class AppLoad:
+    """What the devices' applications sent and how the local API answered each."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.direct = 0  # 202: the leader holds it
+        self.stored = 0  # 202: the device's outbox holds it
+        self.refused = 0  # 4xx or 5xx
+        self.refused_at_source = 0  # its device was down
+        self.in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, loop: asyncio.AbstractEventLoop, answer: Awaitable[Response]) -> None:
+        self.sent += 1
+        self.in_flight += 1
+        task = loop.create_task(self._count(answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _count(self, answer: Awaitable[Response]) -> None:
+        try:
+            response = await answer
+        finally:
+            self.in_flight -= 1
+        if response.status != 202:
+            self.refused += 1
+        elif json.loads(response.body)["path"] == "direct":
+            self.direct += 1
+        else:
+            self.stored += 1
+
+
 class Simulation:
     """The fleet run: the timeline for `duration_s`, then heal, drain and report. A subclass
     gives the run another mission (`_mission`) and report (`_report`): `agent.sim.rollout`."""
@@ -94,6 +132,7 @@ class Simulation:
         self._t0 = 0.0
         self._generating = True
         self.telemetry_refused = 0
+        self.apps = AppLoad()  # the devices' applications, through their agents' local API
         self.jobs_submitted = 0
         self.offline_episodes: list[tuple[str, float, float]] = []
         self.crash_episodes: list[tuple[str, float, float]] = []
@@ -181,8 +220,8 @@ class Simulation:
 
     async def _unsettled(self) -> int:
         """Rows pending in every outbox of the fleet (the leader's included), and telemetry records
-        sent directly and not answered yet: the drain ends when there are none."""
-        return await self.fleet.outbox_pending() + telemetry_sending(self.fleet)
+        sent directly and application messages not answered yet: the drain ends when there are none."""
+        return await self.fleet.outbox_pending() + telemetry_sending(self.fleet) + self.apps.in_flight
 
     async def _sample(self) -> None:
         sample = await self.snapshot()
@@ -208,6 +247,9 @@ class Simulation:
             if opts.telemetry_s > 0:
                 offset = phase + boot.random() * opts.telemetry_s
                 self._telemetry_loop(device, offset, rng_for(opts.seed, f"telemetry:{device}"))
+            if opts.app_every_s > 0:  # (its own generator: the plan of a run without applications is unchanged)
+                app = rng_for(opts.seed, f"app:{device}")
+                self._app_loop(device, phase + app.random() * opts.app_every_s, app)
         if fleet.broker is not None:
             self.offline_episodes = self.offline_plan()
             for device, start, span in self.offline_episodes:
@@ -270,6 +312,26 @@ class Simulation:
                     worker.telemetry.tell(RecordTelemetry("temperature", round(20 + 10 * rng.random(), 3)))
                 except EdgeAgentError:
                     self.telemetry_refused += 1
+            self.clock.call_later(interval, fire)
+
+        self.clock.call_later(first, fire)
+
+    def _app_loop(self, device: str, first: float, rng: random.Random) -> None:
+        """The device's application: every `app_every_s` one reading POSTed to its agent's local
+        API, answered as on the socket (202 once the leader or the outbox holds it)."""
+        fleet = self.fleet
+        interval = self.opts.app_every_s
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            if not self._generating:
+                return
+            api = fleet.local_api(device)
+            if api is None:
+                self.apps.refused_at_source += 1  # a crashed device's application has no agent
+            else:
+                body = b'{"door": %d}' % rng.randrange(2)
+                self.apps.start(loop, api.serve(Request("POST", APP_PATH, APP_PATH, {}, APP_HEADERS, body)))
             self.clock.call_later(interval, fire)
 
         self.clock.call_later(first, fire)

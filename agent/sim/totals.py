@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from agent.protocol import app_kind
+from agent.sim.options import APP_CLASS
 from agent.sim.report import peak_rss_mb
 
 if TYPE_CHECKING:
@@ -85,6 +87,13 @@ class DeviceTotals:
     telemetry_direct: int = 0
     telemetry_stored: int = 0
     telemetry_refused: int = 0
+    app_sent: int = 0  # the devices' applications, through the local API
+    app_direct: int = 0
+    app_stored: int = 0
+    app_refused: int = 0
+    app_refused_at_source: int = 0
+    app_pending: int = 0  # in the outbox files
+    app_dead: int = 0
     newest_seq: dict[str, int] = field(default_factory=dict)  # device -> seq of its newest beat (sent any)
     holding: set[str] = field(default_factory=set)  # devices whose newest beat waits in their outbox
     relay: dict[str, int] = field(default_factory=dict)
@@ -105,6 +114,8 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
     fleet = sim.fleet
     stats = [await store.stats() for store in fleet.stores]
     telemetry = [c for c in (s.by_class.get("telemetry") for s in stats) if c is not None]
+    apps = [c for c in (s.by_class.get(app_kind(APP_CLASS)) for s in stats) if c is not None]
+    load = sim.apps
     workers = fleet.all_workers()
     newest: dict[str, int] = {}
     for w in fleet.workers.values():  # the newest incarnation of each device
@@ -123,7 +134,10 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
         heartbeats_coalesced=sum(w.heartbeat_actor.coalesced for w in workers if w.heartbeat_actor),
         telemetry_direct=sum(w.telemetry_actor.direct for w in workers if w.telemetry_actor),
         telemetry_stored=sum(w.telemetry_actor.stored for w in workers if w.telemetry_actor),
-        telemetry_refused=sim.telemetry_refused, newest_seq=newest, holding=fleet.held_heartbeats(),
+        telemetry_refused=sim.telemetry_refused,
+        app_sent=load.sent, app_direct=load.direct, app_stored=load.stored, app_refused=load.refused,
+        app_refused_at_source=load.refused_at_source, app_pending=sum(c.pending for c in apps),
+        app_dead=sum(c.dead for c in apps), newest_seq=newest, holding=fleet.held_heartbeats(),
         relay={name: sum(int(getattr(r, name)) for r in relays) for name in RELAY_FIELDS},
         redeliveries_suppressed=fleet.redeliveries_suppressed,
         broker=None if broker is None else {name: int(getattr(broker, name)) for name in BROKER_FIELDS},

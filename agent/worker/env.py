@@ -38,6 +38,9 @@ class DeviceEnv:
     sample_system: bool = True  # psutil's reading of this host on heartbeats and the system source
     job_handler: JobHandler | None = None  # default: `default_job_handler`
     stores: SharedStores | None = None  # default: the worker opens its own under the data dir
+    # False: the local API listens on no socket; its applications call it in this process
+    # (`LocalApi.serve`: the simulator's, 10,000 devices need no 10,000 sockets)
+    api_sockets: bool = True
     # the installer, health check and reboot of this device (default: what `[firmware]` names)
     updater_hardware: Callable[[WorkerAgent], UpdaterHardware] | None = None
 

@@ -209,6 +209,11 @@ class LocalApi(PartBase):
         self.refused_peers += 1
         return _json(403, {"error": "not a member of the local API's group"})
 
+    async def serve(self, request: Request) -> Response:
+        """One request, answered as on the socket: the HTTP layer's handler (and a simulated
+        device's application's way in)."""
+        return await self._handle(request)
+
     async def _handle(self, request: Request) -> Response:
         try:
             status, body, headers = await self._route(request)

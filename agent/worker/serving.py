@@ -26,9 +26,11 @@ async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
     api = config.local_api
     if not api.enabled:
         return None
+    sockets = env.api_sockets
     return LocalApi(agent.messages, agent.message_status, clock=agent.clock,
-                    socket_path=local_api_socket(config, data_dir=_base(agent)), group=api.group, listen=api.listen,
-                    max_body_bytes=api.max_body_bytes, max_batch=api.max_batch, max_connections=api.max_connections)
+                    socket_path=local_api_socket(config, data_dir=_base(agent)) if sockets else None,
+                    group=api.group, listen=api.listen if sockets else "", max_body_bytes=api.max_body_bytes,
+                    max_batch=api.max_batch, max_connections=api.max_connections)
 
 
 async def sources_part(agent: WorkerAgent, env: DeviceEnv) -> Sources | None:
