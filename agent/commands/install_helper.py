@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from agent.worker.installers import installer_from_config, rebooter_from_config
     from firmware_rollout.artifact.keys import load_verify_key
+    from firmware_rollout.device.backends import InstallerContext, configured_backend, rebooter_from_config
     from firmware_rollout.device.helper import InstallHelper, listening_socket
 
     config = load_config(args.config)
@@ -40,8 +40,8 @@ async def _serve(args: argparse.Namespace) -> int:
     clock = SystemClock()
     state_dir = Path(fw.helper_state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    installer = installer_from_config(fw, state_dir, clock=clock, verify_key=load_verify_key(fw.public_key),
-                                      in_helper=True)
+    installer = configured_backend(fw, source=str(args.config)).build(
+        InstallerContext(state_dir, clock, load_verify_key(fw.public_key)))
     gids: frozenset[int] = frozenset()
     try:
         gids = frozenset({grp.getgrnam(fw.helper_group).gr_gid})
@@ -51,7 +51,7 @@ async def _serve(args: argparse.Namespace) -> int:
     sock = listening_socket(args.socket or (Path(fw.helper_socket) if fw.helper_socket else None))
     if args.socket is not None and gids:
         os.chown(args.socket, 0, next(iter(gids)))
-    helper = InstallHelper(installer, rebooter_from_config(fw, clock=clock), allowed_gids=gids)
+    helper = InstallHelper(installer, rebooter_from_config(fw, clock=clock, source=str(args.config)), allowed_gids=gids)
     logging.getLogger(__name__).info("install helper for the %s installer: slots %s, booted %s", installer.name,
                                      "/".join(installer.slots), installer.booted_slot())
     await helper.serve(sock)

@@ -32,6 +32,7 @@ from agent.core.clock import Clock
 from agent.core.config import FirmwareSection, convert
 from agent.core.errors import ConfigError
 from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
 
 if TYPE_CHECKING:
     from firmware_rollout.device.slots import Installer
@@ -138,6 +139,17 @@ def configured_backend(fw: FirmwareSection, *, source: str = "config") -> Config
     return ConfiguredBackend(backend, settings, source)
 
 
+def rebooter_from_config(fw: FirmwareSection, *, clock: Clock, source: str = "config") -> Rebooter:
+    """`reboot_command`; empty: restart the agent in place for a backend whose updates need no
+    reboot (the directory's "slots") and `systemctl reboot` for a real one. A backend may boot
+    its trial slot only through its own command (tryboot: `reboot "0 tryboot"`)."""
+    backend = configured_backend(fw, source=source)
+    argv = fw.reboot_command or (["systemctl", "reboot"] if backend.backend.reboots else [])
+    if not argv:
+        return ExecRebooter()
+    return CommandRebooter(argv, trial_argv=backend.trial_reboot_command(), clock=clock, settle_s=fw.reboot_timeout_s)
+
+
 def _failing(source: str, name: str) -> Fail:
     def fail(key: str, reason: str) -> NoReturn:
         raise ConfigError(source, f"firmware.{name}.{key}", reason)
@@ -154,4 +166,5 @@ __all__ = [
     "InstallerContext",
     "backend_named",
     "configured_backend",
+    "rebooter_from_config",
 ]
