@@ -68,15 +68,14 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
 
 async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path,
                        env: DeviceEnv) -> WorkerAgent:
-    from agent.worker.agent import WorkerAgent
+    from agent.worker.agent import WorkerAgent, WorkerOptions
 
     shared = env.stores
     if shared is None:
-        if env.sample_system:
-            return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=base, rng=env.rng,
-                                          job_handler=env.job_handler)
-        return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=base, rng=env.rng,
-                                      job_handler=env.job_handler, sampler=None)
+        options: WorkerOptions = {"rng": env.rng, "job_handler": env.job_handler}
+        if not env.sample_system:
+            options["sampler"] = None
+        return await WorkerAgent.open(config, transport=transport, clock=clock, data_dir=base, **options)
     agent = WorkerAgent(config, transport=transport, clock=clock, outbox=shared.outbox, ledger=shared.ledger,
                         incarnation=shared.incarnation, owns_stores=False, rng=env.rng, sampler=None,
                         job_handler=env.job_handler, relay=False)
@@ -114,7 +113,7 @@ async def _parts(agent: H, env: E, plan: Sequence[str | Feature[H, E]]) -> App[H
             if part is not None:
                 parts.append(part)
     except BaseException:
-        await App(agent, parts).discard()
+        await App(agent, parts if agent in parts else [agent, *parts]).discard()  # the agent's stores too
         raise
     return App(agent, parts)
 
