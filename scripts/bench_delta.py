@@ -227,18 +227,16 @@ class Leader:
             time.sleep(0.2)
 
     def _registered(self) -> int:
-        import sqlite3
+        from agent.core.errors import StoreError
+        from agent.leader.readonly import open_leader_db
 
         db = self.work / "gw" / "leader.db"
         if not db.exists():
             return 0
         try:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-            try:
-                return int(conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0])
-            finally:
-                conn.close()
-        except sqlite3.Error:
+            with open_leader_db(db) as leader:
+                return leader.registry.count()
+        except StoreError:
             return 0
 
     def roll_out(self, artifact: Path, rollout_id: str) -> None:

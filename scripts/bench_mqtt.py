@@ -472,12 +472,11 @@ def idle_worker(port: int, seconds: float, workdir: Path, warmup_s: float = 10.0
         beats = 0
         db = workdir / "idle-leader" / "leader.db"
         if db.exists():
-            import sqlite3
+            from agent.leader.readonly import open_leader_db
 
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            row = conn.execute("SELECT hb_seq FROM devices WHERE device_id = 'pi-0001'").fetchone()
-            conn.close()
-            beats = int(row[0]) % 1_000_000_000 if row else 0
+            with open_leader_db(db) as leader:
+                state = leader.registry.device("pi-0001")
+            beats = (state.hb_seq or 0) % 1_000_000_000 if state is not None else 0
     finally:
         for p in (worker, leader):
             if p.poll() is None:

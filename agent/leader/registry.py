@@ -620,6 +620,10 @@ class RegistryReads:
                            int(first_seen), int(changed), int(telemetry), int(names),
                            None if pending is None else int(pending), sample)
 
+    def telemetry_counts(self) -> dict[str, int]:
+        """Per device, the telemetry records the leader applied (each once)."""
+        return {str(d): int(n) for d, n in self._conn.execute("SELECT device_id, telemetry_count FROM devices")}
+
     def last_heartbeat_ms(self) -> int | None:
         """When the leader applied its newest heartbeat (None: never)."""
         (newest,) = self._conn.execute("SELECT MAX(hb_at_ms) FROM devices").fetchone()

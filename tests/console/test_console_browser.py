@@ -18,7 +18,11 @@ from pathlib import Path
 import pytest
 from mosquitto import Mosquitto, free_port
 
+from agent.core.clock import SystemClock
+from agent.core.errors import StoreError
+from agent.leader.readonly import open_leader_db
 from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.orchestration.store import RolloutStore
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "console"
@@ -37,6 +41,24 @@ def agent_config(work: Path, name: str, role: str, url: str, extra: str = "") ->
                     f'firmware_version = "1.0.0"\nuse_uvloop = false\n[mqtt]\nurl = "{url}"\n'
                     '[heartbeat]\ninterval_s = 1.0\n' + extra)
     return path
+
+
+def online(db: Path) -> int:
+    """Devices the leader's registry holds online (0 while it has none yet)."""
+    try:
+        with open_leader_db(db) as leader:
+            return leader.registry.online_count()[1]
+    except StoreError:
+        return 0
+
+
+def rollout_state(db: Path, rollout_id: str) -> str | None:
+    try:
+        with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
+            found = store.get(rollout_id)
+    except StoreError:
+        return None
+    return found.state if found is not None else None
 
 
 def query(db: Path, sql: str) -> list[tuple[object, ...]]:
@@ -96,7 +118,7 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
     token.chmod(0o600)
     port = free_port()
     try:
-        wait_for("the workers registered", lambda: query(db, "SELECT COUNT(*) FROM devices WHERE online = 1") == [(2,)])
+        wait_for("the workers registered", lambda: online(db) == 2)
         spec = tmp_path / "spec.toml"
         spec.write_text(f'[rollout]\nname = "lab"\nartifact = "{artifact}"\n[waves]\ncanary = 1\ncounts = [1]\n'
                         '[device]\ntimeout_s = 3600\n')
@@ -135,13 +157,13 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
             browser.find_element(By.ID, "confirm").click()
             wait.until(lambda d: "queued as control" in d.page_source)
             wait_for(f"the leader applied {action}",
-                     lambda s=state: query(db, "SELECT state FROM rollouts WHERE id = 'lab-1'") == [(s,)])
+                     lambda s=state: rollout_state(db, "lab-1") == s)
             browser.refresh()
             wait.until(lambda d, s=state: d.find_element(By.ID, "state").text == s)
             browser.save_screenshot(str(ARTIFACTS / f"rollout-{state}.png"))
-        controls = query(db, "SELECT action, result FROM rollout_controls ORDER BY id")
-        assert [a for a, _ in controls] == ["start", "pause", "resume"]  # `rollout start`'s, then the browser's
-        assert all(result and not str(result).startswith("error") for _, result in controls)
+        controls = query(db, "SELECT action, result, outcome FROM rollout_controls ORDER BY id")
+        assert [a for a, _, _ in controls] == ["start", "pause", "resume"]  # `rollout start`'s, then the browser's
+        assert all(result and outcome == "applied" for _, result, outcome in controls)
     finally:
         for proc in procs:
             proc.terminate()

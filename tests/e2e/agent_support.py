@@ -20,6 +20,7 @@ from agent.app import make_transport
 from agent.core.clock import Clock, VirtualClock
 from agent.core.config import AgentConfig, convert
 from agent.leader.agent import LeaderAgent
+from agent.leader.readonly import open_leader_db
 from agent.transport.memory import MemoryBroker
 from agent.worker.agent import WorkerAgent
 
@@ -93,11 +94,8 @@ async def pending(agent: WorkerAgent | LeaderAgent, kind: str | None = None) -> 
 
 def telemetry_counts(db: Path) -> dict[str, int]:
     """device -> telemetry records applied, read from a leader database file."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return {d: n for d, n in conn.execute("SELECT device_id, telemetry_count FROM devices")}
-    finally:
-        conn.close()
+    with open_leader_db(db) as leader:
+        return leader.registry.telemetry_counts()
 
 
 def job_rows(db: Path) -> list[tuple[str, str, str | None]]:

@@ -23,13 +23,16 @@ from e2e.agent_support import (
     pending,
     spawn_agent,
     stop_all,
+    telemetry_counts,
     until,
     worker,
 )
 
 from agent.core.clock import SystemClock
 from agent.core.codec import Envelope, decode_reply, encode
+from agent.core.errors import StoreError
 from agent.leader.agent import LEADER_DB
+from agent.leader.readonly import open_leader_db
 from agent.protocol import Heartbeat, JobSubmit
 from agent.transport import topics
 from agent.transport.mqtt import MqttTransport
@@ -43,8 +46,26 @@ LEADER = {"leader": {"heartbeat_deadline_s": 3.0}}
 
 
 def _telemetry_total(db: Path) -> int:
-    rows = db_query(db, "SELECT COALESCE(SUM(telemetry_count), 0) FROM devices")
-    return int(rows[0][0]) if rows else 0
+    try:
+        return sum(telemetry_counts(db).values())
+    except StoreError:
+        return 0
+
+
+def _online(db: Path) -> int:
+    try:
+        with open_leader_db(db) as leader:
+            return leader.registry.online_count()[1]
+    except StoreError:  # not there, or not a leader database yet
+        return 0
+
+
+def _known(db: Path) -> int:
+    try:
+        with open_leader_db(db) as leader:
+            return leader.registry.count()
+    except StoreError:
+        return 0
 
 
 async def test_broker_outage_mid_stream(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -102,7 +123,7 @@ async def test_leader_sigkill_and_restart(mosquitto, tmp_path: Path) -> None:  #
     workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections={**FAST, **jobs})
                for i in range(3)]
     try:
-        await until(clock, lambda: len(db_query(db, "SELECT 1 FROM devices WHERE online = 1")) == 3, limit_s=30,
+        await until(clock, lambda: _online(db) == 3, limit_s=30,
                     step_s=0.1, what="leader sees 3 workers")
         submitter = workers[0]
         for n in range(50):
@@ -199,7 +220,7 @@ async def test_two_leaders_on_a_shared_subscription(mosquitto, tmp_path: Path) -
     other_db = tmp_path / "gw2" / LEADER_DB
     workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(4)]
     try:
-        await until(clock, lambda: other_db.exists() and len(db_query(other_db, "SELECT 1 FROM devices")) > 0,
+        await until(clock, lambda: _known(other_db) > 0,
                     limit_s=30, step_s=0.1, what="second leader receiving")
         sent = 0
         for n in range(30):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 from mosquitto import Mosquitto
 
+from agent.core.errors import StoreError
+from agent.leader.readonly import open_leader_db
 from firmware_rollout.artifact.fixture import make_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,12 +38,9 @@ def registered(db: Path) -> int:
     if not db.exists():
         return 0
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
-        try:
-            return int(conn.execute("SELECT COUNT(*) FROM devices WHERE online = 1").fetchone()[0])
-        finally:
-            conn.close()
-    except sqlite3.Error:
+        with open_leader_db(db) as leader:
+            return leader.registry.online_count()[1]
+    except StoreError:  # not a leader database yet: the leader is creating it
         return 0
 
 

@@ -14,7 +14,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from agent.core.clock import SystemClock
+from agent.core.errors import StoreError
 from firmware_rollout.messages import UpdateReport
+from firmware_rollout.orchestration.store import RolloutStore
 
 CHILD = Path(__file__).with_name("rollout_child.py")
 DEVICES = 60
@@ -32,18 +35,17 @@ def mid_wave(db: Path) -> bool:
     if not db.exists():
         return False
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
-        try:
-            rows = conn.execute("SELECT state, COUNT(*) FROM rollout_devices WHERE wave = 1 GROUP BY state").fetchall()
-            wave = conn.execute("SELECT state FROM rollout_waves WHERE idx = 1").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
+        with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
+            rollout = store.latest()
+            if rollout is None:
+                return False
+            states = store.counts(rollout.id).get(1, {})
+            wave = store.wave(rollout.id, 1)
+    except StoreError:  # the rollout tables are not there yet
         return False
-    states = dict(rows)
     busy = sum(states.get(s, 0) for s in ("downloading", "installing", "rebooting", "verifying"))
     waiting = sum(states.get(s, 0) for s in ("queued", "notified", "downloading"))
-    return wave is not None and wave[0] == "running" and busy > 0 and waiting > 0
+    return wave is not None and wave.state == "running" and busy > 0 and waiting > 0
 
 
 def committed_at(work: Path, device: str) -> int | None:

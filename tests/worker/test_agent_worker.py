@@ -173,8 +173,8 @@ def _reported(gw: LeaderAgent) -> int | None:
     from agent.leader.readonly import open_leader_db
 
     with open_leader_db(gw.registry.path) as db:
-        row = db.conn.execute("SELECT outbox_pending FROM devices WHERE device_id = 'w0'").fetchone()
-    return int(row[0]) if row is not None and row[0] else None
+        state = db.registry.device("w0")
+    return state.outbox_pending if state is not None and state.outbox_pending else None
 
 
 async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
