@@ -330,31 +330,19 @@ class LeaderAgent(PartBase):
         return {"actors": (self.system.problem, "all actors running")}
 
     def checks(self) -> Checks:
-        from agent.service.checks import disk_space_check, gate_check, predicate_check, sqlite_writable_check
+        from agent.service.checks import agent_checks
 
         relay = self.relay
-        found = {"transport": gate_check(self.transport.connected),
-                 "database": sqlite_writable_check(self.outbox.path, clock=self.clock),
-                 "relay": predicate_check(lambda: relay.running, up="running", down="stopped")}
-        if self.data_dir is not None:
-            found["disk"] = disk_space_check(self.data_dir)
-        return found
+        return agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
+                            data_dir=self.data_dir, relay_running=lambda: relay.running)
 
     def collectors(self) -> Collectors:
-        from agent.service.collectors import (
-            mailbox_collector,
-            outbox_collector,
-            per_class_collector,
-            relay_collector,
-            snapshot_collector,
-        )
+        from agent.service.collectors import agent_collectors, per_class_collector, snapshot_collector
 
-        found = {"relay": relay_collector(self.relay.metrics),
-                 "mailbox": mailbox_collector(self.system.statistics),
-                 "outbox": outbox_collector(self.outbox.stats)}
-        if self.housekeeping is not None:
-            found["housekeeping"] = snapshot_collector(
-                "ea_housekeeping", self.housekeeping.metrics, counters=("pruned", "rounds", "errors"), label="table")
+        found = agent_collectors(
+            relay_metrics=self.relay.metrics, mailbox_statistics=self.system.statistics,
+            outbox_stats=self.outbox.stats,
+            housekeeping_metrics=self.housekeeping.metrics if self.housekeeping is not None else None)
         found["jobs"] = snapshot_collector("ea_jobs", self.jobs_queue.stats)
         found["leader"] = snapshot_collector("ea_leader", lambda: {
             "busy_answers": self.busy_answers, "refused_forged": self.refused_forged,

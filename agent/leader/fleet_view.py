@@ -31,13 +31,9 @@ class DeviceFilter(msgspec.Struct, kw_only=True, frozen=True):
     offset: NonNegative = 0
 
 
-class DeviceRow(msgspec.Struct, kw_only=True, frozen=True):
-    device_id: str
-    online: bool
-    offline_reason: str | None
-    last_seen_ms: int | None
-    firmware_version: str
-    tags: list[str]
+class DeviceRow(DeviceLine, kw_only=True, frozen=True):
+    """A device as the registry lists it, with the newest rollout that includes it."""
+
     rollout_id: str | None = None  # the newest rollout that includes the device
     rollout_state: str | None = None  # the device's state in it
 
@@ -97,9 +93,7 @@ def _rows(db: LeaderDb, lines: list[DeviceLine]) -> list[DeviceRow]:
     rows = []
     for line in lines:
         rollout_id, rollout_state = newest.get(line.device_id, (None, None))
-        rows.append(DeviceRow(device_id=line.device_id, online=line.online, offline_reason=line.offline_reason,
-                              last_seen_ms=line.last_seen_ms, firmware_version=line.firmware_version, tags=line.tags,
-                              rollout_id=rollout_id, rollout_state=rollout_state))
+        rows.append(DeviceRow(**msgspec.structs.asdict(line), rollout_id=rollout_id, rollout_state=rollout_state))
     return rows
 
 

@@ -492,8 +492,8 @@ class DeviceRegistry(SqliteStore):
             return int(self._conn.execute("SELECT COUNT(*) FROM processed_messages").fetchone()[0])
 
 
-class DeviceLine(NamedTuple):
-    """A device as the fleet's tables list it (`RegistryReads.page`)."""
+class DeviceLine(msgspec.Struct, kw_only=True, frozen=True):
+    """A device as the fleet's tables list it (`RegistryReads.page`; the views add to it)."""
 
     device_id: str
     online: bool
@@ -528,8 +528,10 @@ def _line(values: tuple[Any, ...]) -> DeviceLine:
         tag_list = _tags_decoder.decode(tags if isinstance(tags, bytes | str) else "[]")
     except msgspec.DecodeError:
         tag_list = []
-    return DeviceLine(str(device_id), bool(online), None if reason is None else str(reason),
-                      None if last_seen is None else int(last_seen), str(version), tag_list)
+    return DeviceLine(device_id=str(device_id), online=bool(online),
+                      offline_reason=None if reason is None else str(reason),
+                      last_seen_ms=None if last_seen is None else int(last_seen), firmware_version=str(version),
+                      tags=tag_list)
 
 
 class RegistryReads:

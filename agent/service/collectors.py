@@ -244,7 +244,26 @@ def snapshot_collector(
     return collect
 
 
+def agent_collectors(
+    *,
+    relay_metrics: Callable[[], RelayMetrics] | None,
+    mailbox_statistics: Callable[[], Iterable[MailboxStatistics]],
+    outbox_stats: Callable[[], Awaitable[OutboxStats] | OutboxStats],
+    housekeeping_metrics: Callable[[], Any] | None,
+) -> dict[str, Collector]:
+    """What every agent's core part exports: its relay (when it runs one), mailboxes, outbox and
+    housekeeping (when it prunes its stores)."""
+    found = {"relay": relay_collector(relay_metrics)} if relay_metrics is not None else {}
+    found["mailbox"] = mailbox_collector(mailbox_statistics)
+    found["outbox"] = outbox_collector(outbox_stats)
+    if housekeeping_metrics is not None:
+        found["housekeeping"] = snapshot_collector("ea_housekeeping", housekeeping_metrics,
+                                                   counters=("pruned", "rounds", "errors"), label="table")
+    return found
+
+
 __all__ = [
+    "agent_collectors",
     "mailbox_collector",
     "outbox_collector",
     "per_class_collector",

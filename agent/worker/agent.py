@@ -415,32 +415,20 @@ class WorkerAgent(PartBase):
         return {"actors": (self.system.problem, "all actors running")}
 
     def checks(self) -> Checks:
-        from agent.service.checks import disk_space_check, gate_check, predicate_check, sqlite_writable_check
+        from agent.service.checks import agent_checks
 
-        found = {"transport": gate_check(self.transport.connected),
-                 "database": sqlite_writable_check(self.outbox.path, clock=self.clock)}
-        if self.data_dir is not None:
-            found["disk"] = disk_space_check(self.data_dir)
         relay = self.relay
-        if relay is not None:
-            found["relay"] = predicate_check(lambda: relay.running, up="running", down="stopped")
-        return found
+        running = (lambda: relay.running) if relay is not None else None
+        return agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
+                            data_dir=self.data_dir, relay_running=running)
 
     def collectors(self) -> Collectors:
-        from agent.service.collectors import (
-            mailbox_collector,
-            outbox_collector,
-            per_class_collector,
-            relay_collector,
-            snapshot_collector,
-        )
+        from agent.service.collectors import agent_collectors, per_class_collector, snapshot_collector
 
-        found = {"relay": relay_collector(self.relay.metrics)} if self.relay is not None else {}
-        found["mailbox"] = mailbox_collector(self.system.statistics)
-        found["outbox"] = outbox_collector(self.outbox.stats)
-        if self.housekeeping is not None:
-            found["housekeeping"] = snapshot_collector(
-                "ea_housekeeping", self.housekeeping.metrics, counters=("pruned", "rounds", "errors"), label="table")
+        found = agent_collectors(
+            relay_metrics=self.relay.metrics if self.relay is not None else None,
+            mailbox_statistics=self.system.statistics, outbox_stats=self.outbox.stats,
+            housekeeping_metrics=self.housekeeping.metrics if self.housekeeping is not None else None)
         # 1 after a damaged worker.db was moved aside at this start (its job ledger was lost)
         found["worker"] = snapshot_collector(
             "ea_worker", lambda: {"state_recovered": 1 if self.recovered_from else 0}, label="state")
