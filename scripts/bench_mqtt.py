@@ -475,8 +475,8 @@ def idle_worker(port: int, seconds: float, workdir: Path, warmup_s: float = 10.0
             from agent.leader.readonly import open_leader_db
 
             with open_leader_db(db) as leader:
-                state = leader.registry.device("pi-0001")
-            beats = (state.hb_seq or 0) % 1_000_000_000 if state is not None else 0
+                found = leader.registry.device("pi-0001")
+            beats = (found[1].heartbeat_seq or 0) % 1_000_000_000 if found is not None else 0
     finally:
         for p in (worker, leader):
             if p.poll() is None:

@@ -14,8 +14,7 @@ from typing import Annotated
 import msgspec
 
 from agent.leader.readonly import LeaderDb
-from agent.leader.registry import DeviceLine
-from agent.protocol import SystemSample
+from agent.leader.registry import DeviceLine, DeviceState
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -63,18 +62,10 @@ class DeviceRollout(msgspec.Struct, kw_only=True, frozen=True):
     updated_ms: int
 
 
-class DeviceDetail(msgspec.Struct, kw_only=True, frozen=True):
+class DeviceDetail(DeviceState, kw_only=True, frozen=True):
+    """One device in full: the registry's state of it, its row, its recent refusals, its rollouts."""
+
     device: DeviceRow
-    heartbeat_seq: int | None
-    heartbeat_at_ms: int | None
-    uptime_s: float | None
-    boot: str
-    first_seen_ms: int
-    changed_ms: int
-    telemetry_count: int
-    telemetry_names: int
-    outbox_pending: int | None  # as its newest heartbeat reported; None: not reported
-    sample: SystemSample | None
     rejects: list[DeviceReject]
     rollouts: list[DeviceRollout]
 
@@ -99,18 +90,16 @@ def _rows(db: LeaderDb, lines: list[DeviceLine]) -> list[DeviceRow]:
 
 def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10) -> DeviceDetail | None:
     """Everything the leader keeps about one device; None if it has never been heard of."""
-    state = db.registry.device(device_id)
-    if state is None:
+    found = db.registry.device(device_id)
+    if found is None:
         return None
+    line, state = found
     recent = [DeviceReject(at_ms=r.at_ms, kind=r.kind, msg_id=r.msg_id, size=r.size, reason=r.reason)
               for r in db.rejects.newest(device=device_id, limit=rejects)]
     rollouts = [DeviceRollout(rollout_id=a, name=b, version=c, rollout_state=d, wave=e, state=f, detail=g, updated_ms=h)
                 for a, b, c, d, e, f, g, h in db.rollouts.of_device(device_id)]
-    return DeviceDetail(
-        device=_rows(db, [state.line])[0], heartbeat_seq=state.hb_seq, heartbeat_at_ms=state.hb_at_ms,
-        uptime_s=state.uptime_s, boot=state.boot, first_seen_ms=state.first_seen_ms, changed_ms=state.changed_ms,
-        telemetry_count=state.telemetry_count, telemetry_names=state.telemetry_names,
-        outbox_pending=state.outbox_pending, sample=state.sample, rejects=recent, rollouts=rollouts)
+    return DeviceDetail(**msgspec.structs.asdict(state), device=_rows(db, [line])[0], rejects=recent,
+                        rollouts=rollouts)
 
 
 __all__ = ["DeviceDetail", "DeviceFilter", "DevicePage", "DeviceReject", "DeviceRollout", "DeviceRow",

@@ -28,7 +28,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -503,19 +503,18 @@ class DeviceLine(msgspec.Struct, kw_only=True, frozen=True):
     tags: list[str]
 
 
-class DeviceState(NamedTuple):
-    """Everything the registry keeps about one device (`RegistryReads.device`)."""
+class DeviceState(msgspec.Struct, kw_only=True, frozen=True):
+    """What the registry keeps about one device beyond its line (`RegistryReads.device`)."""
 
-    line: DeviceLine
-    hb_seq: int | None
-    hb_at_ms: int | None
+    heartbeat_seq: int | None
+    heartbeat_at_ms: int | None
     uptime_s: float | None
     boot: str
     first_seen_ms: int
     changed_ms: int
     telemetry_count: int
     telemetry_names: int
-    outbox_pending: int | None
+    outbox_pending: int | None  # as its newest heartbeat reported; None: not reported
     sample: SystemSample | None
 
 
@@ -602,7 +601,7 @@ class RegistryReads:
             f"SELECT {_LINE} FROM devices{where} ORDER BY device_id{page}", params)]
         return int(matching), lines
 
-    def device(self, device_id: str) -> DeviceState | None:
+    def device(self, device_id: str) -> tuple[DeviceLine, DeviceState] | None:
         """Everything kept about one device; None if it has never been heard of."""
         found = self._conn.execute(
             f"SELECT {_LINE}, hb_seq, hb_at_ms, uptime_s, boot, first_seen_ms, changed_ms, telemetry_count, sample,"
@@ -618,9 +617,10 @@ class RegistryReads:
                 sample = decode(blob, SystemSample)
             except CodecError:
                 sample = None
-        return DeviceState(_line(found[:6]), None if hb_seq < 0 else int(hb_seq), hb_at, uptime, str(boot),
-                           int(first_seen), int(changed), int(telemetry), int(names),
-                           None if pending is None else int(pending), sample)
+        return _line(found[:6]), DeviceState(
+            heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime, boot=str(boot),
+            first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),
+            telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=sample)
 
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""

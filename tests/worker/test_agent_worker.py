@@ -173,8 +173,8 @@ def _reported(gw: LeaderAgent) -> int | None:
     from agent.leader.readonly import open_leader_db
 
     with open_leader_db(gw.registry.path) as db:
-        state = db.registry.device("w0")
-    return state.outbox_pending if state is not None and state.outbox_pending else None
+        found = db.registry.device("w0")
+    return found[1].outbox_pending if found is not None and found[1].outbox_pending else None
 
 
 async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
