@@ -142,7 +142,12 @@ async def test_the_example_spec_through_the_rollout_cli(tmp_path: Path, capsys: 
     assert "canary wave (5) would take all 2 targeted devices" in err
     assert "[2 of the 4 devices the leader knows are targeted; versions: 1.0.0 x2, 1.1.0 x1, unknown x1]" in err
 
+    # The fleet the leader knows: its registry and its port hold the same 40 devices (the command
+    # plans the waves against the registry, the leader starts them as planned).
     fleet = {f"cam-{i:03d}": "1.0.0" for i in range(40)}
+    db = tmp_path / "fleet" / "leader.db"
+    db.parent.mkdir()
+    RolloutStore.open(db, clock=VirtualClock()).close()
     register(db, fleet)
     rid = "camera-1.1.0-with-a-long-id"
     assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", rid, "--no-wait"]) == 0
