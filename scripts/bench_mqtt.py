@@ -474,8 +474,8 @@ def idle_worker(port: int, seconds: float, workdir: Path, warmup_s: float = 10.0
         if db.exists():
             from agent.leader.readonly import open_leader_db
 
-            with open_leader_db(db) as leader:
-                found = leader.registry.device("pi-0001")
+            with open_leader_db(db) as view:
+                found = view.registry.device("pi-0001")
             beats = (found[1].heartbeat_seq or 0) % 1_000_000_000 if found is not None else 0
     finally:
         for p in (worker, leader):
