@@ -271,7 +271,8 @@ class HttpServer:
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError
-            data = await asyncio.wait_for(reader.read(block), left)
+            async with asyncio.timeout(left):  # (not wait_for: no task per read)
+                data = await reader.read(block)
             if not data and slot.idle and conn.their_state is h11.IDLE:
                 return None  # closed between requests: nothing to answer
             if slot.idle:
@@ -357,11 +358,13 @@ class HttpServer:
                                                 reason=_reason(response.status))))
             if body and not head_only:
                 if isinstance(body, FileRange):
-                    await asyncio.wait_for(self._send_file(conn, writer, body), self.limits.send_timeout_s)
+                    async with asyncio.timeout(self.limits.send_timeout_s):
+                        await self._send_file(conn, writer, body)
                 else:
                     writer.write(conn.send(h11.Data(data=body)))
             writer.write(conn.send(h11.EndOfMessage()))
-            await asyncio.wait_for(writer.drain(), self.limits.send_timeout_s)
+            async with asyncio.timeout(self.limits.send_timeout_s):
+                await writer.drain()
             ok = True
         finally:
             if response.sent is not None:
