@@ -18,7 +18,7 @@ Limits, one set per server (`Limits`):
                 connection, is closed after `idle_timeout_s` (the first: `head_timeout_s`)
     connections at most `max_connections` at once; when a new one comes at the bound, the
                 connection that has waited longest without sending a byte (at least
-                `EVICT_IDLE_AFTER_S`: a new client's request may be on its way) is closed to make
+                `evict_after_s`: a new client's request may be on its way) is closed to make
                 room, and only when there is none is the newcomer answered 503: opening idle
                 connections cannot lock a legitimate client out. (A kept-alive connection
                 between two requests is not closed for it: its client may be sending its next
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 COPY_BLOCK = 1024 * 1024  # where the loop cannot sendfile
 READ_BLOCK = 64 * 1024
 ERROR_LOG_INTERVAL_S = 60.0
-EVICT_IDLE_AFTER_S = 1.0
+LINGER_S, LINGER_BYTES = 1.0, 64 * 1024  # how long and how much a refused connection is read before it closes
 NO_CHUNKED = "send a Content-Length (no Transfer-Encoding is taken)"
 
 
@@ -71,6 +71,7 @@ class Limits:
     max_connections: int = 32
     keep_alive: bool = True  # False: one request per connection
     chunked_bodies: bool = False
+    evict_after_s: float = 1.0  # a connection this long without a byte may make room for a new one
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,7 @@ class HttpServer:
         self._refusal = refusal
         self._slots: set[_Slot] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._last_error_log = -ERROR_LOG_INTERVAL_S
         self.stats = HttpStats()
 
@@ -164,6 +166,7 @@ class HttpServer:
 
     async def close(self) -> None:
         """End every connection (after the listening socket was closed)."""
+        self._closing = True
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -179,13 +182,13 @@ class HttpServer:
         try:
             refusal = self._admit(writer) if self._admit is not None else None
             if refusal is not None:
-                await self._send_alone(writer, refusal)
+                await self._send_alone(reader, writer, refusal)
                 return
             if len(self._slots) >= self.limits.max_connections and not self._evict_idle():
                 self.stats.busy += 1
                 busy = self._refusal(503, f"more than {self.limits.max_connections} connections")
                 busy.headers = (*busy.headers, ("Retry-After", "1"))
-                await self._send_alone(writer, busy)
+                await self._send_alone(reader, writer, busy)
                 return
             slot = _Slot(writer)
             self._slots.add(slot)
@@ -193,6 +196,11 @@ class HttpServer:
             await self._serve(reader, writer, slot)
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
             pass  # the peer went away or stalled: nothing to answer
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise
+            # ended by `close`: the task ends as done, not cancelled, so asyncio's stream
+            # callback (3.11) does not log the cancellation as an error
         except Exception:
             self._log_error("connection failed")
         finally:
@@ -205,7 +213,7 @@ class HttpServer:
                 await writer.wait_closed()
 
     def _evict_idle(self) -> bool:
-        quiet_since = time.monotonic() - EVICT_IDLE_AFTER_S
+        quiet_since = time.monotonic() - self.limits.evict_after_s
         idle = [s for s in self._slots if s.idle and s.fresh and s.since <= quiet_since]
         if not idle:
             return False
@@ -333,8 +341,11 @@ class HttpServer:
             with contextlib.suppress(h11.LocalProtocolError):
                 await self._send(conn, writer, refusal, head_only=False, keep=False)
 
-    async def _send_alone(self, writer: asyncio.StreamWriter, response: Response) -> None:
-        """A response before any request was read (a refused peer, the connection bound)."""
+    async def _send_alone(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          response: Response) -> None:
+        """A response before any request was read (a refused peer, the connection bound), then
+        a lingering close: what the client sent meanwhile is read and dropped (a little, for a
+        moment), so the kernel does not answer it with a reset that would destroy the response."""
         import h11
 
         conn = h11.Connection(h11.SERVER)
@@ -342,6 +353,13 @@ class HttpServer:
         conn.next_event()
         response.close = True
         await self._send(conn, writer, response, head_only=False, keep=False)
+        if writer.can_write_eof():
+            writer.write_eof()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                left = LINGER_BYTES
+                while left > 0 and (data := await reader.read(left)):
+                    left -= len(data)
 
     async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, response: Response, *,
                     head_only: bool, keep: bool) -> None:
