@@ -208,10 +208,15 @@ def _running_agent(config: AgentConfig, skip: set[str]) -> Iterator[Outcome]:
         yield Outcome("credentials", False, f"the running agent's /healthz at {listen} does not answer: {exc}",
                       "see `journalctl -u edge-agent`")
         return
-    transport = body.get("checks", {}).get("transport", {})
+    checks = body.get("checks", {})
+    transport = checks.get("transport", {})
     ok = bool(transport.get("ok"))
     yield Outcome("credentials", ok, f"the running agent reports its broker connection: {transport.get('detail', '?')}",
                   "" if ok else "see `journalctl -u edge-agent -p warning` for why it cannot connect")
+    for name, check in sorted(checks.items()):  # what else it reports failing (an artifact port taken, ...)
+        if name != "transport" and isinstance(check, dict) and check.get("ok") is False:
+            yield Outcome(name, False, f"the running agent reports: {check.get('detail', '?')}",
+                          "see `journalctl -u edge-agent -p warning`")
 
 
 def _session(config: AgentConfig, address: BrokerAddress, tls: TlsSettings | None, timeout_s: float,

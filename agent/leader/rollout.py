@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,9 @@ from agent.leader.agent import LEADER_DB, LeaderAgent, Route
 from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
+from agent.service.checks import problem_check
 from agent.service.files import artifact_tls
-from agent.service.parts import Collectors, PartBase
+from agent.service.parts import Checks, Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
@@ -66,6 +68,7 @@ from firmware_rollout.orchestration.store import RolloutStore
 log = logging.getLogger(__name__)
 
 REPORT_BUSY_MS = 500
+HTTP_RETRY_S = 5.0  # how often a leader whose artifact port is taken tries it again
 
 
 @dataclass(slots=True)
@@ -195,6 +198,8 @@ class RolloutService(PartBase):
         self._intake_ref: ActorRef | None = None
         self._task: asyncio.Task[None] | None = None
         self._serving_task: asyncio.Task[None] | None = None
+        self._bind_task: asyncio.Task[None] | None = None
+        self.http_problem: str | None = None  # why the artifact server does not listen (it retries)
         self._serving_poll_s = poll_s
         self._serving_seen: dict[str, dict[str, int]] = {}  # per pool: the counts already stored
         self.owns_store = False  # `attach_rollout` opened it: `stop` closes it
@@ -220,9 +225,11 @@ class RolloutService(PartBase):
         """Serve artifacts over HTTP (when `[artifacts] listen` is set) and run the orchestrator."""
         if self._intake_ref is None:
             self.register()
-        if self._serve_http:
-            await self._start_http()
         loop = asyncio.get_running_loop()
+        if self._serve_http:
+            tls = artifact_tls(self.leader.config)  # files that do not load: a mistake, refused at once
+            if not await self._bind_http(tls, first=True):
+                self._bind_task = loop.create_task(self._bind_http_until_bound(tls), name="artifact-server-bind")
         self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
         self._serving_task = loop.create_task(self._store_serving_every_tick(), name="rollout-serving")
 
@@ -231,15 +238,41 @@ class RolloutService(PartBase):
         arrive are answered busy: the device keeps them and sends them to the next leader."""
         self._stopped = True
         self.orchestrator.stop()
-        for task in (self._task, self._serving_task):
+        for task in (self._task, self._serving_task, self._bind_task):
             await cancel_and_wait(task)
-        self._task = self._serving_task = None
+        self._task = self._serving_task = self._bind_task = None
         self.store_serving()
         if self.http is not None:
             await self.http.stop()
             self.http = None
         if self.owns_store:
             self.store.close()
+
+    def checks(self) -> Checks:
+        if not self._serve_http:
+            return {}
+        return {"artifact server": problem_check(lambda: self.http_problem, up="listening")}
+
+    async def _bind_http(self, tls: ssl.SSLContext | None, *, first: bool) -> bool:
+        """Listen for artifact downloads; a port taken (or an address not this host's) is no
+        reason to stop leading: it is reported in /healthz and tried again every HTTP_RETRY_S,
+        and devices download over their mirrors and MQTT chunks meanwhile."""
+        try:
+            await self._start_http(tls)
+        except ConfigError as exc:
+            if first:
+                log.error("%s; trying again every %gs (devices download over their mirrors and MQTT meanwhile)",
+                          exc, HTTP_RETRY_S)
+            self.http_problem = f"{exc.reason} (trying again every {HTTP_RETRY_S:g}s)"
+            return False
+        self.http_problem = None
+        return True
+
+    async def _bind_http_until_bound(self, tls: ssl.SSLContext | None) -> None:
+        while True:
+            await self.clock.sleep(HTTP_RETRY_S)
+            if await self._bind_http(tls, first=False):
+                return
 
     def collectors(self) -> Collectors:
         found = {"rollouts": rollout_collector(self.store)}
@@ -325,11 +358,10 @@ class RolloutService(PartBase):
         self.pools[rollout_id] = pool
         return pool
 
-    async def _start_http(self) -> None:
+    async def _start_http(self, tls: ssl.SSLContext | None) -> None:
         a = self.leader.config.artifacts
         host, _, port = a.listen.rpartition(":")
         host = host.strip("[]")
-        tls = artifact_tls(self.leader.config)
         server = ArtifactServer(self._artifact_by_image, host=host, port=int(port), max_downloads=a.max_downloads,
                                 retry_after_s=a.retry_after_s, tls=tls)
         try:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from agent.app import make_transport
 from agent.core.clock import Clock, VirtualClock
@@ -31,6 +34,9 @@ from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.device.health import HealthResult
 from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
 from firmware_rollout.orchestration.spec import spec_from_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from e2e.agent_support import until
 
 
 class GatedHealth:
@@ -259,33 +265,49 @@ async def test_a_download_only_rollout_installs_on_approval(tmp_path: Path) -> N
         await f.stop()
 
 
-async def test_the_artifact_server_serves_what_a_rollout_admitted_and_a_taken_port_is_one_error(
-        tmp_path: Path) -> None:
+async def test_the_artifact_server_serves_what_a_rollout_admitted_and_a_taken_port_does_not_stop_the_leader(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A taken artifact port is one ERROR line and an unhealthy check, not a leader that refuses
+    to start: the rollouts run (devices download over MQTT and their mirrors), and the server
+    listens once the port is free."""
     import socket
 
     import httpx
     import msgspec
-    import pytest
 
     from agent.core.config import ArtifactsSection
-    from agent.core.errors import ConfigError
+    from agent.leader.rollout import HTTP_RETRY_S
     from firmware_rollout.artifact.files import read_signed_manifest
 
     artifact, public = make_artifact(tmp_path, size=50_000, chunk_size=4096)
     clock = VirtualClock()
     broker = MemoryBroker(clock=clock)
     base = config("gw", "leader", tmp_path, public_key=str(public))
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        busy_cfg = msgspec.structs.replace(base, artifacts=ArtifactsSection(listen=f"127.0.0.1:{port}"))
-        leader = await LeaderAgent.open(busy_cfg, transport=make_transport(busy_cfg, clock=clock, memory_broker=broker),
-                                        clock=clock)
-        taking = await rollout_part(leader, GatewayEnv(rollout_poll_s=1.0))
-        with pytest.raises(ConfigError) as err:
-            await taking.start()
-        assert err.value.key == "artifacts.listen" and "cannot listen" in err.value.reason
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    busy_cfg = msgspec.structs.replace(base, artifacts=ArtifactsSection(listen=f"127.0.0.1:{port}"))
+    leader = await LeaderAgent.open(busy_cfg, transport=make_transport(busy_cfg, clock=clock, memory_broker=broker),
+                                    clock=clock)
+    taking = await rollout_part(leader, GatewayEnv(rollout_poll_s=1.0))
+    try:
+        await taking.start()  # it leads all the same
+        check = taking.checks()["artifact server"]
+        ok, detail = await check()
+        assert not ok and f"cannot listen on 127.0.0.1:{port}" in detail and "trying again" in detail
+        assert taking.http is None and not taking.orchestrator.own_mirror  # offers name no leader mirror
+        errors = [r for r in caplog.records if r.levelname == "ERROR" and "artifacts.listen" in r.getMessage()]
+        assert len(errors) == 1 and errors[0].exc_info is None
+        await clock.advance(HTTP_RETRY_S)  # still taken: still unhealthy, nothing more logged
+        assert not (await check())[0]
+        taken.close()
+        await until(clock, lambda: taking.http is not None, step_s=HTTP_RETRY_S, what="the artifact server listening")
+        assert await check() == (True, "listening")
+        assert taking.orchestrator.own_mirror == f"http://127.0.0.1:{port}/artifacts"
+        assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+    finally:
+        taken.close()
         await taking.stop()
         await leader.stop()
 

@@ -173,3 +173,54 @@ def test_the_local_api_check_names_a_missing_group_and_finds_the_socket(
     config = worker_config(tmp_path, broker, pki)
     _, checks = doctor(capsys, config, "--skip", "leader")
     assert checks["local api"]["ok"] is None and "not there" in str(checks["local api"]["text"])
+
+
+def test_a_running_leader_whose_artifact_port_is_taken_leads_and_doctor_names_it(
+        broker: ExampleBroker, pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The leader starts all the same (no crash loop over a secondary server); /healthz and
+    `doctor` say the artifact server cannot listen."""
+    import socket
+
+    secret = tmp_path / "gw.password"
+    secret.write_text("leader-secret\n")
+    secret.chmod(0o600)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    metrics = free_port()
+    config = tmp_path / "leader.toml"
+    config.write_text(f"""[agent]
+role = "leader"
+device_id = "gateway-01"
+fleet = "default"
+data_dir = "{tmp_path / 'gw'}"
+[mqtt]
+url = "mqtts://localhost:{broker.port}"
+username = "gateway-01"
+password_file = "{secret}"
+tls_ca = "{pki.ca_cert}"
+[metrics]
+listen = "127.0.0.1:{metrics}"
+[artifacts]
+listen = "127.0.0.1:{taken.getsockname()[1]}"
+""")
+    log = tmp_path / "leader.log"
+    with log.open("wb") as out:
+        child = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                                 stdout=out, stderr=out, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the running leader answers on /healthz
+            assert child.poll() is None, log.read_text()
+            code, checks = doctor(capsys, config, "--skip", "leader")
+            if "artifact server" in checks or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert code == 1 and checks["artifact server"]["ok"] is False, checks
+        assert "cannot listen on 127.0.0.1:" in str(checks["artifact server"]["text"])
+        assert child.poll() is None  # it leads all the same
+        assert "Traceback" not in log.read_text()
+    finally:
+        taken.close()
+        child.terminate()
+        child.wait(30)
