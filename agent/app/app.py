@@ -12,7 +12,6 @@ parts gather (`collectors`, `checks`, `liveness`) with `/metrics` and `/healthz`
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -21,7 +20,6 @@ from agent.service.checks import Check
 from agent.service.parts import Part
 from agent.service.prom import Collector
 
-log = logging.getLogger(__name__)
 
 class AgentPart(Part, Protocol):
     """A role's own agent (`WorkerAgent`, `LeaderAgent`): the first of its parts to be built."""

@@ -203,7 +203,7 @@ class LeaderAgent(PartBase):
         self._reject_log = RateLimitedLog(log, clock, REJECT_LOG_INTERVAL_S)
         self.rates = DeviceRates(clock, rate_per_s=lc.device_rate_per_s, burst=lc.device_burst) \
             if lc.device_rate_per_s > 0 else None
-        self.data_dir: Path | None = None  # where `open` opened its databases (None: stores handed in)
+        self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
 
     @classmethod
     async def open(

@@ -155,8 +155,7 @@ async def northbound_part(leader: LeaderAgent, env: GatewayEnv) -> Northbound | 
     if (not config.northbound.url and env.northbound_transport is None) or leader.sinks is None:
         return None
     link = env.northbound_transport or northbound_transport(config, clock=leader.clock)
-    base = leader.data_dir if leader.data_dir is not None else Path(config.agent.data_dir)
-    northbound = await Northbound.open(config, base, transport=link, clock=leader.clock)
+    northbound = await Northbound.open(config, leader.data_dir, transport=link, clock=leader.clock)
     leader.sinks.add_forwarder(northbound)
     return northbound
 

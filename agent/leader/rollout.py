@@ -475,8 +475,7 @@ async def rollout_part(leader: LeaderAgent, env: GatewayEnv) -> RolloutService:
     artifacts against `[firmware] public_key` (none set: every start is refused, saying so) and
     serves them over HTTP when `[artifacts] listen` is set. Reports and chunk requests are routed
     from here on; `start` runs the orchestrator."""
-    base = leader.data_dir if leader.data_dir is not None else Path(leader.config.agent.data_dir)
-    store = RolloutStore.open(base / LEADER_DB, clock=leader.clock)
+    store = RolloutStore.open(leader.data_dir / LEADER_DB, clock=leader.clock)
     config = leader.config
     service = RolloutService(leader, store, poll_s=env.rollout_poll_s, serve_http=bool(config.artifacts.listen),
                              report_capacity=config.mailbox.capacity)  # as the leader's other intake mailboxes

@@ -115,13 +115,12 @@ def sqlite_writable_check(path: str | Path, *, clock: Clock, timeout_s: float = 
     return check
 
 
-def agent_checks(*, connected: Gate, database: str | Path, clock: Clock, data_dir: Path | None,
+def agent_checks(*, connected: Gate, database: str | Path, clock: Clock, data_dir: Path,
                  relay_running: Callable[[], bool] | None) -> dict[str, Check]:
     """What every agent's core part reports on `/healthz`: the broker connection, its database
     writable, room on the disk of its data directory, its relay running (when it runs one)."""
-    found = {"transport": gate_check(connected), "database": sqlite_writable_check(database, clock=clock)}
-    if data_dir is not None:
-        found["disk"] = disk_space_check(data_dir)
+    found = {"transport": gate_check(connected), "database": sqlite_writable_check(database, clock=clock),
+             "disk": disk_space_check(data_dir)}
     if relay_running is not None:
         found["relay"] = predicate_check(relay_running, up="running", down="stopped")
     return found

@@ -243,7 +243,7 @@ class WorkerAgent(PartBase):
             connected=transport.connected, ids=self.ids, clock=clock,
             seq_base=incarnation * 1_000_000_000, direct_timeout_s=config.local_api.direct_timeout_s)
         self.recovered_from: str | None = None  # where a damaged worker.db was moved at open
-        self.data_dir: Path | None = None  # where `open` opened its databases (None: stores handed in)
+        self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
         if owns_stores if housekeeping is None else housekeeping:

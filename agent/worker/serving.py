@@ -6,18 +6,12 @@ intake they feed (`WorkerAgent.messages`) is there either way.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from agent.core.config import local_api_socket
 from agent.telemetry import SystemSampler
 from agent.worker.agent import WORKER_DB, WorkerAgent
 from agent.worker.env import DeviceEnv
 from agent.worker.local_api import LocalApi
 from agent.worker.sources import CommandSource, FileSource, Source, SourceOffsets, Sources, SystemSource
-
-
-def _base(agent: WorkerAgent) -> Path:
-    return agent.data_dir if agent.data_dir is not None else Path(agent.config.agent.data_dir)
 
 
 async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
@@ -28,7 +22,7 @@ async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
         return None
     sockets = env.api_sockets
     return LocalApi(agent.messages, agent.message_status, clock=agent.clock,
-                    socket_path=local_api_socket(config, data_dir=_base(agent)) if sockets else None,
+                    socket_path=local_api_socket(config, data_dir=agent.data_dir) if sockets else None,
                     group=api.group, listen=api.listen if sockets else "", max_body_bytes=api.max_body_bytes,
                     max_batch=api.max_batch, max_connections=api.max_connections)
 
@@ -38,7 +32,7 @@ async def sources_part(agent: WorkerAgent, env: DeviceEnv) -> Sources | None:
     s = agent.config.sources
     if s.system is None and not s.command and not s.file:
         return None
-    base = _base(agent)
+    base = agent.data_dir
     found: list[Source] = []
     if s.system is not None:
         sample = agent.sampler if agent.sampler is not None else SystemSampler(base, clock=agent.clock).sample

@@ -293,7 +293,7 @@ class UpdaterHost(Protocol):
     @property
     def outbox(self) -> Outbox: ...
     @property
-    def data_dir(self) -> Path | None: ...
+    def data_dir(self) -> Path: ...
 
     #: What the heartbeat reports as running; the updater answers with its active slot's version.
     firmware_version: Callable[[], str]
@@ -349,8 +349,7 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
     config = worker.config
     fw = config.firmware
     key = load_verify_key(fw.public_key)
-    base = worker.data_dir if worker.data_dir is not None else Path(config.agent.data_dir)
-    state_dir = firmware_state_dir(fw, base)
+    state_dir = firmware_state_dir(fw, worker.data_dir)
     clock = worker.clock
     installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)
     health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered)
