@@ -177,18 +177,17 @@ def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
 
 
 class RolloutService(PartBase):
-    """The leader's rollout feature, one part of it (`agent.service.parts`)."""
+    """The leader's rollout feature, one part of it (`agent.service.parts`); it owns `store`
+    (closed at stop) and checks artifacts against `[firmware] public_key`."""
 
     name = "rollouts"
 
     def __init__(self, leader: RolloutHost, store: RolloutStore, *, poll_s: float = 2.0,
-                 report_capacity: int = 256, artifacts: ArtifactStore | None = None,
-                 serve_http: bool = False) -> None:
+                 report_capacity: int = 256, serve_http: bool = False) -> None:
         self.leader = leader
         self.store = store
         self.clock = leader.clock
-        if artifacts is None:
-            artifacts = artifact_store(leader.config, Path(store.path).parent / ARTIFACTS_DIR)
+        artifacts = artifact_store(leader.config, Path(store.path).parent / ARTIFACTS_DIR)
         self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s,
                                          artifacts=artifacts)
         self._report_capacity = report_capacity
@@ -202,7 +201,6 @@ class RolloutService(PartBase):
         self.http_problem: str | None = None  # why the artifact server does not listen (it retries)
         self._serving_poll_s = poll_s
         self._serving_seen: dict[str, dict[str, int]] = {}  # per pool: the counts already stored
-        self.owns_store = False  # `attach_rollout` opened it: `stop` closes it
         self._serve_http = serve_http
         self.http: ArtifactServer | None = None
         self._by_image: dict[str, Path] = {}  # image sha256 (hex) -> the store's copy
@@ -245,8 +243,7 @@ class RolloutService(PartBase):
         if self.http is not None:
             await self.http.stop()
             self.http = None
-        if self.owns_store:
-            self.store.close()
+        self.store.close()
 
     def checks(self) -> Checks:
         if not self._serve_http:
@@ -479,7 +476,6 @@ async def rollout_part(leader: LeaderAgent, env: GatewayEnv) -> RolloutService:
     config = leader.config
     service = RolloutService(leader, store, poll_s=env.rollout_poll_s, serve_http=bool(config.artifacts.listen),
                              report_capacity=config.mailbox.capacity)  # as the leader's other intake mailboxes
-    service.owns_store = True
     service.register()
     return service
 

@@ -321,8 +321,6 @@ class HttpServer:
     async def _answer(self, request: Request) -> Response:
         try:
             return await self._handler(request)
-        except asyncio.CancelledError:
-            raise
         except Exception:
             self.stats.errors += 1
             self._log_error(f"{request.method} {request.path[:80]} failed")
