@@ -16,7 +16,7 @@ go-ahead or a cancel: no step runs. `STEPS` is the table `Updater` follows. A st
 the update raises `StopUpdate` after saving the state that says how.
 
 A step sees the updater only through `UpdateContext`: the record and the checked manifest of
-its image, the installer, the health check, the settings, and the few acts that move it on.
+its image, the installer, the health check, its settings, and the few acts that move it on.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from typing import ClassVar, NoReturn, Protocol
+from typing import TYPE_CHECKING, ClassVar, NoReturn, Protocol
 
 from agent.core.clock import Clock
 from agent.core.errors import ArtifactError, Capacity, Permanent
@@ -39,6 +39,9 @@ from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.store import UpdateRecord
 from firmware_rollout.errors import ChunkMismatch, InstallError
 from firmware_rollout.messages import DownloadProgress, UpdaterState
+
+if TYPE_CHECKING:  # (the updater imports this module)
+    from firmware_rollout.device.updater import UpdaterSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +66,7 @@ class UpdateContext(Protocol):
     @property
     def clock(self) -> Clock: ...
     @property
-    def max_boots(self) -> int: ...
-    @property
-    def health_timeout_s(self) -> float: ...
-    @property
-    def fetch_timeout_s(self) -> float: ...
-    @property
-    def fetch_attempts(self) -> int: ...
-    @property
-    def fetch_backoff_s(self) -> tuple[float, float]: ...
-    @property
-    def max_download_kbps(self) -> int: ...
-    @property
-    def update_lock(self) -> str: ...
+    def settings(self) -> UpdaterSettings: ...
 
     def manifest(self) -> Manifest:
         """The checked manifest of the recorded update's image."""
@@ -173,7 +164,7 @@ class Download:
         if delta.copies:
             log.info("update %s: %d of %d chunks are in the active slot; %d of %d bytes to download",
                      r.rollout_id, len(delta.copies), manifest.chunk_count, to_fetch, manifest.size)
-        throttle = Throttle(u.clock, u.max_download_kbps)
+        throttle = Throttle(u.clock, u.settings.max_download_kbps)
         for index in range(done, manifest.chunk_count):
             if not await self._copy(u, delta, index):
                 data = await self._fetch(u, source, index)
@@ -224,11 +215,12 @@ class Download:
     @staticmethod
     async def _fetch(u: UpdateContext, source: ChunkSource, index: int) -> bytes:
         clock = u.clock
-        base_s, cap_s = u.fetch_backoff_s
+        settings = u.settings
+        base_s, cap_s = settings.fetch_backoff_base_s, settings.fetch_backoff_cap_s
         attempt = 0
         while True:
             try:
-                return await clock.wait_for(source.fetch(index), u.fetch_timeout_s)
+                return await clock.wait_for(source.fetch(index), settings.fetch_timeout_s)
             except Capacity as exc:  # busy: wait as asked, the attempt is not spent
                 await clock.sleep(max(exc.retry_after_ms / 1000, base_s))
                 continue
@@ -236,7 +228,7 @@ class Download:
                 await fail(u, f"download of chunk {index} refused by the source: {exc}")
             except Exception as exc:  # timeout, transient, connection trouble, an odd source: retry
                 attempt += 1
-                if attempt >= u.fetch_attempts:
+                if attempt >= settings.fetch_attempts:
                     await fail(u, f"download of chunk {index} failed after {attempt} attempts: {exc!r}")
                 await clock.sleep(min(cap_s, base_s * 2 ** (attempt - 1)))
 
@@ -296,7 +288,7 @@ class RebootIntoTrial:
     async def _wait_for_update_lock(u: UpdateContext) -> None:
         """While an application holds the update lock, the new slot waits (installed and armed)
         and the leader hears `waiting_lock` every LOCK_REPORT_EVERY_S."""
-        path = u.update_lock
+        path = u.settings.update_lock
         told_at: float | None = None
         while path:
             held: bool = await in_thread(u.clock, update_lock_held, path)
@@ -325,9 +317,9 @@ class CheckHealth:
 
     async def run(self, u: UpdateContext, source: ChunkSource | None) -> None:
         r = u.record
-        if r.boot_count > u.max_boots:
+        if r.boot_count > u.settings.max_boots:
             await roll_back(u, f"crash loop: slot {r.to_slot} booted {r.boot_count} times without a commit "
-                               f"(limit {u.max_boots})")
+                               f"(limit {u.settings.max_boots})")
             return
         clock = u.clock
         remaining = (r.health_deadline_ms - clock.now_ms()) / 1000

@@ -528,34 +528,6 @@ class Updater:
     def clock(self) -> Clock:
         return self._clock
 
-    @property
-    def max_boots(self) -> int:
-        return self.settings.max_boots
-
-    @property
-    def health_timeout_s(self) -> float:
-        return self.settings.health_timeout_s
-
-    @property
-    def fetch_timeout_s(self) -> float:
-        return self.settings.fetch_timeout_s
-
-    @property
-    def fetch_attempts(self) -> int:
-        return self.settings.fetch_attempts
-
-    @property
-    def fetch_backoff_s(self) -> tuple[float, float]:
-        return self.settings.fetch_backoff_base_s, self.settings.fetch_backoff_cap_s
-
-    @property
-    def max_download_kbps(self) -> int:
-        return self.settings.max_download_kbps
-
-    @property
-    def update_lock(self) -> str:
-        return self.settings.update_lock
-
     def manifest(self) -> Manifest:
         """The checked manifest of the recorded update's image (checked once, kept after)."""
         assert self._record.signed_manifest is not None
