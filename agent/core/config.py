@@ -9,6 +9,7 @@ Durations carry their unit in the name (`interval_s`, `retry_after_ms`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -30,6 +31,10 @@ DeviceName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r
 MailboxPolicy = Literal["reject", "drop_oldest", "drop_newest"]
 FullPolicy = Literal["reject", "drop_oldest"]
 Synchronous = Literal["NORMAL", "FULL"]
+# What an acknowledgement promises: "power" (the message survives a power cut: its commit is
+# synced to the disk), "crash" (it survives the agent's crash, not a power cut: the last
+# seconds may be lost; for high-rate telemetry that can spare them).
+Durability = Literal["power", "crash"]
 
 
 class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -88,11 +93,16 @@ class OutboxClassSection(_Section, kw_only=True, frozen=True, forbid_unknown_fie
     full_policy: FullPolicy = "drop_oldest"
     ttl_s: NonNegativeFloat = 0.0
     fifo: bool = False
+    durability: Durability | None = None  # unset: the outbox's
 
 
 class OutboxSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     path: str = "outbox.db"
-    synchronous: Synchronous = "NORMAL"
+    # The durability of every class that does not name its own (see `Durability`).
+    durability: Durability = "power"
+    # Before `durability`: NORMAL or FULL. Still read (FULL is "power", NORMAL "crash") when
+    # `durability` is not given, with a warning; see `deprecated_keys`.
+    synchronous: Synchronous | None = None
     max_attempts: Positive = 20
     backoff_base_s: PositiveFloat = 1.0
     backoff_cap_s: PositiveFloat = 300.0
@@ -202,6 +212,7 @@ class MessageClassSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     full_policy: FullPolicy = "reject"  # reject: the application is told 429; drop_oldest: oldest go
     max_payload_bytes: Annotated[int, msgspec.Meta(ge=1, le=1024 * 1024)] = 64 * 1024
     fifo: bool = False
+    durability: Durability | None = None  # unset: the outbox's (`[outbox] durability`)
 
 
 def default_classes() -> dict[str, MessageClassSection]:
@@ -496,10 +507,27 @@ def _check_artifacts(config: AgentConfig, source: str) -> None:
         raise ConfigError(source, "firmware.mirror_ca", "must be an absolute path")
 
 
+def _deprecated_synchronous(config: AgentConfig, data: dict[str, Any], source: str) -> AgentConfig:
+    """`[outbox] synchronous`, the key before `durability`: FULL reads as "power", NORMAL as
+    "crash" when `durability` is not given (one WARNING either way)."""
+    outbox = config.outbox
+    if outbox.synchronous is None:
+        return config
+    given = isinstance(data.get("outbox"), dict) and "durability" in data["outbox"]
+    durability: Durability = outbox.durability if given else ("power" if outbox.synchronous == "FULL" else "crash")
+    logging.getLogger("agent.config").warning(
+        "%s: outbox.synchronous is deprecated: write durability = %r instead (%s)", source, durability,
+        "durability is given and wins" if given else f"read as durability = {durability!r}")
+    return msgspec.structs.replace(config, outbox=msgspec.structs.replace(outbox, durability=durability,
+                                                                          synchronous=None))
+
+
 def load_config(path: str | Path) -> AgentConfig:
     """Load and check an agent config file. The installer's own table is the backend's to check
     (`firmware_rollout.device.backends`: `preflight` and `config check` do)."""
-    config = convert(_installer_table(read_toml(path)), AgentConfig, source=str(path))
+    data = read_toml(path)
+    config = _deprecated_synchronous(convert(_installer_table(data), AgentConfig, source=str(path)), data,
+                                     str(path))
     relay = config.relay
     if not relay.aimd_min <= relay.aimd_initial <= relay.aimd_max:
         raise ConfigError(str(path), "relay.aimd_initial", "must lie between aimd_min and aimd_max")

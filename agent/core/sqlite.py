@@ -54,7 +54,7 @@ def store_errors(what: str) -> Iterator[None]:
 def connect(
     path: str | Path,
     *,
-    synchronous: Synchronous = "NORMAL",
+    synchronous: Synchronous = "FULL",
     busy_timeout_ms: int = 5_000,
     wal: bool = True,
 ) -> sqlite3.Connection:
@@ -147,7 +147,7 @@ def migrate(conn: sqlite3.Connection, component: str, steps: Sequence[Migration]
 
 
 def open_migrated(
-    path: str | Path, component: str, steps: Sequence[Migration], *, synchronous: Synchronous = "NORMAL"
+    path: str | Path, component: str, steps: Sequence[Migration], *, synchronous: Synchronous = "FULL"
 ) -> sqlite3.Connection:
     """`connect` and `migrate` in one step; the connection is closed if the migration fails."""
     conn = connect(path, synchronous=synchronous)
@@ -290,9 +290,30 @@ class SqliteStore:
         self._closed = False
 
     @classmethod
-    def connect_migrated(cls, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> sqlite3.Connection:
-        """A connection to `path` with this store's tables at their newest version."""
+    def connect_migrated(cls, path: str | Path, *, synchronous: Synchronous = "FULL") -> sqlite3.Connection:
+        """A connection to `path` with this store's tables at their newest version. FULL (the
+        default): every commit is synced, it survives a power cut; see `unsynced` for the
+        writes that may lose their last seconds."""
         return open_migrated(path, cls.COMPONENT, cls.MIGRATIONS, synchronous=synchronous)
+
+    @contextlib.contextmanager
+    def unsynced(self, really: bool = True) -> Iterator[None]:
+        """Commits inside the block are not synced when `really` (synchronous NORMAL: they survive
+        the agent's crash, not a power cut); the connection's own setting is back after it. For
+        writes worth less than an fsync each: heartbeats, classes of durability "crash"."""
+        if not really:
+            yield
+            return
+        before = int(self._conn.execute("PRAGMA synchronous").fetchone()[0])
+        if before <= 1:  # OFF or NORMAL already
+            yield
+            return
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute(f"PRAGMA synchronous = {before}")
 
     @classmethod
     def connect_readonly(cls, path: str | Path) -> sqlite3.Connection:

@@ -54,7 +54,7 @@ from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.leader.sinks import MessageSinks
 from agent.outbox.relay import Relay
-from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
+from agent.outbox.settings import aimd_settings, crash_classes, durability, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxMessage
 from agent.protocol import (
@@ -221,14 +221,17 @@ class LeaderAgent(PartBase):
             raise StoreError(f"{db} is damaged ({problem}): start once with `edge-agent run --recover` to move it"
                              " aside and start with an empty registry, job queue and rollout history")
         registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s,
-                                       telemetry_names_max=config.leader.telemetry_names_max)
+                                       telemetry_names_max=config.leader.telemetry_names_max,
+                                       telemetry_durable=durability(config, KIND_TELEMETRY) == "power")
         jobs = rejects = messages = None
         try:
-            jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max)
+            jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max,
+                                 synchronous="FULL" if config.outbox.durability == "power" else "NORMAL")
             rejects = RejectLog.open(db, clock=clock)
-            messages = MessageLog.open(db, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device)
+            messages = MessageLog.open(db, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device,
+                                       crash_classes=crash_classes(config))
             outbox = await OutboxStore.open(
-                resolve(base, config.outbox.path), clock=clock, synchronous=config.outbox.synchronous,
+                resolve(base, config.outbox.path), clock=clock, durability=config.outbox.durability,
                 max_attempts=config.outbox.max_attempts, classes=outbox_classes(config),
             )
         except BaseException:

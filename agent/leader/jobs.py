@@ -165,7 +165,7 @@ class JobQueue(SqliteStore):
         *,
         clock: Clock,
         window_max: int = 64,
-        synchronous: Synchronous = "NORMAL",
+        synchronous: Synchronous = "FULL",
     ) -> JobQueue:
         """Open the queue, take a new epoch and reload every accepted, unconfirmed job."""
         if window_max < 1:

@@ -81,17 +81,20 @@ class MessageLog(SqliteStore):
     WHAT = "message store"
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock, path: str,
-                 max_bytes_per_device: int = MAX_BYTES_PER_DEVICE) -> None:
+                 max_bytes_per_device: int = MAX_BYTES_PER_DEVICE, crash_classes: frozenset[str] = frozenset()) -> None:
         super().__init__(conn, path=path)
+        self.crash_classes = crash_classes  # classes of durability "crash": their commits are not synced
         self._clock = clock
         self._budget = max_bytes_per_device
         self.trimmed = 0  # rows deleted to keep a device within its budget
 
     @classmethod
-    def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "NORMAL",
-             max_bytes_per_device: int = MAX_BYTES_PER_DEVICE) -> MessageLog:
+    def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "FULL",
+             max_bytes_per_device: int = MAX_BYTES_PER_DEVICE,
+             crash_classes: frozenset[str] = frozenset()) -> MessageLog:
         conn = cls.connect_migrated(path, synchronous=synchronous)
-        return cls(conn, clock=clock, path=str(path), max_bytes_per_device=max_bytes_per_device)
+        return cls(conn, clock=clock, path=str(path), max_bytes_per_device=max_bytes_per_device,
+                   crash_classes=crash_classes)
 
     def known(self, msg_ids: Sequence[str]) -> set[str]:
         """Which of `msg_ids` are stored already (a redelivery)."""
@@ -106,13 +109,15 @@ class MessageLog(SqliteStore):
 
     def apply_batch(self, batch: Sequence[tuple[str, AppMessage]]) -> list[bool]:
         """Store (envelope id, message) pairs in one transaction; per pair, True if it was new
-        (stored, or replaced an older value of its key), False for a duplicate or stale one."""
+        (stored, or replaced an older value of its key), False for a duplicate or stale one. The
+        commit is synced (it survives a power cut) unless every message is of a "crash" class."""
         self.check_open()
         now = self._clock.now_ms()
         out: list[bool] = []
         grown: dict[str, int] = {}
         execute = self._conn.execute
-        with atomic(self._conn):
+        crash = self.crash_classes
+        with self.unsynced(bool(crash) and all(m.cls in crash for _, m in batch)), atomic(self._conn):
             for msg_id, m in batch:
                 if execute("SELECT 1 FROM app_messages WHERE msg_id = ?", (msg_id,)).fetchone() is not None:
                     out.append(False)

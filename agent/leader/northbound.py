@@ -79,7 +79,7 @@ class Northbound(PartBase):
         nb = config.northbound
         policy = ClassPolicy(max_messages=nb.max_messages, max_bytes=nb.max_bytes, full_policy="reject")
         outbox = await OutboxStore.open(
-            resolve(base, nb.outbox), clock=clock, synchronous=config.outbox.synchronous,
+            resolve(base, nb.outbox), clock=clock, durability=config.outbox.durability,
             max_attempts=1_000_000,  # the cloud may be away for days: never dead-letter for that
             classes={app_kind(name): policy for name in config.classes}, default_class=policy)
         return cls(config, outbox=outbox, transport=transport, clock=clock, rng=rng)

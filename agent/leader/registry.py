@@ -16,8 +16,10 @@ Guarantees:
 
 Threading choice: the registry is synchronous and meant to be called on the event loop. Every
 call is one short transaction over a batch (the leader drains its coalescing mailbox and calls
-`apply_heartbeats(batch)` once), the database runs in WAL with `synchronous=NORMAL`, so a commit
-does not fsync; only WAL checkpoints do, and `checkpoint()` lets the caller run one off the loop.
+`apply_heartbeats(batch)` once), the database runs in WAL. A telemetry record is acknowledged
+once its commit is synced (unless `telemetry_durable` is off: durability "crash"); heartbeats,
+deadline marks and pruning commit unsynced (a power cut takes seconds a device resends), so the
+intake pays no fsync; `checkpoint()` lets the caller run a checkpoint off the loop.
 sqlite3 errors never leave this module: they become `StoreError`.
 """
 
@@ -187,8 +189,9 @@ class DeviceRegistry(SqliteStore):
     WHAT = "device registry"
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
-                 path: str, telemetry_names_max: int = TELEMETRY_NAMES_MAX) -> None:
+                 path: str, telemetry_names_max: int = TELEMETRY_NAMES_MAX, telemetry_durable: bool = True) -> None:
         super().__init__(conn, path=path)
+        self.telemetry_durable = telemetry_durable  # a telemetry record's commit is synced
         self._clock = clock
         self._names_max = telemetry_names_max
         self._deadline_ms = int(round(heartbeat_deadline_s * 1000))
@@ -202,8 +205,9 @@ class DeviceRegistry(SqliteStore):
         *,
         clock: Clock,
         heartbeat_deadline_s: float = 30.0,
-        synchronous: Synchronous = "NORMAL",
+        synchronous: Synchronous = "FULL",
         telemetry_names_max: int = TELEMETRY_NAMES_MAX,
+        telemetry_durable: bool = True,
     ) -> DeviceRegistry:
         if heartbeat_deadline_s <= 0:
             raise ValueError("heartbeat_deadline_s must be > 0")
@@ -219,7 +223,7 @@ class DeviceRegistry(SqliteStore):
             close_quietly(conn)
             raise
         return cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path),
-                   telemetry_names_max=telemetry_names_max)
+                   telemetry_names_max=telemetry_names_max, telemetry_durable=telemetry_durable)
 
     def _note_boot(self, hb: Heartbeat) -> None:
         """Log once when a device starts again under a new boot id (a restart, or a device whose
@@ -248,7 +252,9 @@ class DeviceRegistry(SqliteStore):
         now = self._clock.now_ms()
         applied: list[bool] = []
         execute = self._conn.execute
-        with atomic(self._conn):
+        # Unsynced: a power cut may take the last seconds of heartbeats, which every device
+        # sends again within its interval; an fsync per batch would cost the intake its rate.
+        with self.unsynced(), atomic(self._conn):
             for hb in heartbeats:
                 sample = encode(hb.sample) if hb.sample is not None else None
                 tags = _json_encode(list(hb.tags))
@@ -279,7 +285,7 @@ class DeviceRegistry(SqliteStore):
         self.check_open()
         now = self._clock.now_ms()
         new: list[bool | DeviceLimitReached] = []
-        with atomic(self._conn):
+        with self.unsynced(not self.telemetry_durable), atomic(self._conn):
             for msg_id, record in batch:
                 new.append(self._apply_one_telemetry(msg_id, record, now))
         return new
@@ -355,7 +361,7 @@ class DeviceRegistry(SqliteStore):
         """Mark offline every online device not heard from within the deadline; their ids."""
         self.check_open()
         now = self._clock.now_ms()
-        with atomic(self._conn):
+        with self.unsynced(), atomic(self._conn):  # found again after a power cut
             rows = self._conn.execute(
                 "UPDATE devices SET online = 0, offline_reason = 'deadline', changed_ms = ?"
                 " WHERE online = 1 AND last_seen_ms <= ? RETURNING device_id",
@@ -420,7 +426,7 @@ class DeviceRegistry(SqliteStore):
                 "SELECT 1 FROM processed_messages WHERE at_ms < ? LIMIT 1", (cutoff,)
             ).fetchone() is None:
                 return 0  # nothing due: no write transaction (an idle leader writes nothing)
-        with atomic(self._conn):
+        with self.unsynced(), atomic(self._conn):  # found again after a power cut
             cur = self._conn.execute(
                 "DELETE FROM processed_messages WHERE msg_id IN (SELECT msg_id FROM processed_messages"
                 " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",

@@ -70,8 +70,10 @@ class RejectLog(SqliteStore):
 
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock, max_rows: int = 10_000, max_per_sender: int = 100) -> RejectLog:
-        return cls(cls.connect_migrated(path), clock=clock, max_rows=max_rows, max_per_sender=max_per_sender,
-                   path=str(path))
+        # Unsynced: a reject row is evidence for an operator, never what an acknowledgement rests on,
+        # and a hostile device must not buy an fsync per junk message.
+        return cls(cls.connect_migrated(path, synchronous="NORMAL"), clock=clock, max_rows=max_rows,
+                   max_per_sender=max_per_sender, path=str(path))
 
     def record(self, *, topic: str, reason: str, payload: bytes = b"", sender: str | None = None,
                msg_id: str | None = None, kind: str | None = None, size: int | None = None) -> int:

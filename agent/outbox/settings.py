@@ -1,4 +1,5 @@
-"""The outbox and relay settings an agent's config asks for, as the outbox's own value objects.
+"""The outbox and relay settings an agent's config asks for, as the outbox's own value objects,
+and what each kind's acknowledgement promises (`durability`).
 
 Both agents build their outbox and relay from the same `[outbox]` and `[relay]` sections; this
 is the one translation from config to `ClassPolicy`, `RetryPolicy` and `AimdSettings`.
@@ -9,8 +10,9 @@ from __future__ import annotations
 from agent.core.config import AgentConfig
 from agent.outbox.engine import ClassPolicy
 from agent.outbox.limiter import AimdSettings
+from agent.outbox.policy import Durability
 from agent.outbox.retry import RetryPolicy
-from agent.protocol import app_kind
+from agent.protocol import APP_KIND_PREFIX, app_kind
 
 
 def outbox_classes(config: AgentConfig) -> dict[str, ClassPolicy]:
@@ -19,16 +21,30 @@ def outbox_classes(config: AgentConfig) -> dict[str, ClassPolicy]:
     policies = {
         name: ClassPolicy(
             max_messages=c.max_messages, max_bytes=c.max_bytes, full_policy=c.full_policy,
-            ttl_ms=int(c.ttl_s * 1000), fifo=c.fifo,
+            ttl_ms=int(c.ttl_s * 1000), fifo=c.fifo, durability=c.durability,
         )
         for name, c in config.outbox.classes.items()
     }
     for name, a in config.classes.items():
         policies[app_kind(name)] = ClassPolicy(
             max_messages=a.max_messages, max_bytes=a.max_bytes, full_policy=a.full_policy,
-            ttl_ms=int(a.ttl_s * 1000), fifo=a.fifo,
+            ttl_ms=int(a.ttl_s * 1000), fifo=a.fifo, durability=a.durability,
         )
     return policies
+
+
+def durability(config: AgentConfig, kind: str) -> Durability:
+    """What an acknowledgement of `kind` promises under this config: its class's durability
+    (`[outbox.classes.KIND]`, or `[classes.NAME]` for "app.NAME"), else `[outbox] durability`."""
+    cls = config.classes.get(kind.removeprefix(APP_KIND_PREFIX)) if kind.startswith(APP_KIND_PREFIX) \
+        else config.outbox.classes.get(kind)
+    chosen = cls.durability if cls is not None else None
+    return chosen if chosen is not None else config.outbox.durability
+
+
+def crash_classes(config: AgentConfig) -> frozenset[str]:
+    """The application classes (`[classes.NAME]`) of durability "crash"."""
+    return frozenset(name for name in config.classes if durability(config, app_kind(name)) == "crash")
 
 
 def retry_policy(config: AgentConfig) -> RetryPolicy:
@@ -43,4 +59,4 @@ def aimd_settings(config: AgentConfig) -> AimdSettings:
     return AimdSettings(initial=r.aimd_initial, min=r.aimd_min, max=r.aimd_max)
 
 
-__all__ = ["aimd_settings", "outbox_classes", "retry_policy"]
+__all__ = ["aimd_settings", "crash_classes", "durability", "outbox_classes", "retry_policy"]

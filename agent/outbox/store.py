@@ -2,7 +2,10 @@
 
 Writes are handed to the single writer thread (`agent.outbox.writer`) and awaited, so the loop
 never waits on a lock or an fsync. Writes from concurrent callers share one transaction (group
-commit); `enqueue` returns once its message is committed.
+commit); `enqueue` returns once its message is committed, and, for a class of durability
+"power" (the default), once that commit is synced to the disk: it survives a power cut. Acks,
+nacks and the other bookkeeping commit unsynced (a power cut may deliver a message again, which
+the receiver's dedup absorbs; it never loses one).
 
 The relay's view (`take_ready`, `ack`, `nack`, `release`, `dead_letter`, `next_due_ms`,
 `wait_for_change`) follows `agent.outbox.types.OutboxReader`. Its polls (`take_ready`,
@@ -24,9 +27,9 @@ from typing import Any, TypeVar
 from agent.core.clock import Clock, SystemClock, TimerHandle
 from agent.core.errors import StoreClosed
 from agent.outbox.engine import Engine
-from agent.outbox.policy import DEFAULT_CLASS, ClassPolicy
+from agent.outbox.policy import DEFAULT_CLASS, DURABILITIES, ClassPolicy, Durability
 from agent.outbox.reads import Reader
-from agent.outbox.schema import PAGE_SIZE, PAGE_SIZES, Synchronous, open_database
+from agent.outbox.schema import PAGE_SIZE, PAGE_SIZES, open_database
 from agent.outbox.settle import NACK_OUTCOMES, NackOutcome
 from agent.outbox.types import EnqueueResult, OutboxMessage, OutboxRow, OutboxStats
 from agent.outbox.writer import Writer, translate
@@ -58,6 +61,8 @@ class OutboxStore:
         reader: Reader,
         recovered_from: str | None,
         ack_delay_ms: int = 0,
+        durability: Durability = "power",
+        classes: Mapping[str, ClassPolicy] | None = None,
     ) -> None:
         self.path = path
         self._clock = clock
@@ -80,6 +85,10 @@ class OutboxStore:
         self._ack_delay_s = ack_delay_ms / 1000.0
         # SystemClock.busy() is a no-op: skip building a context manager per call.
         self._plain_clock = type(clock) is SystemClock
+        # Durability: the store's, and the classes that name another one.
+        self.durability: Durability = durability
+        self._other = frozenset(k for k, c in (classes or {}).items()
+                                if c.durability is not None and c.durability != durability)
 
     @classmethod
     async def open(
@@ -87,7 +96,7 @@ class OutboxStore:
         path: str | Path,
         *,
         clock: Clock,
-        synchronous: Synchronous = "NORMAL",
+        durability: Durability = "power",
         max_attempts: int = 20,
         classes: Mapping[str, ClassPolicy] | None = None,
         default_class: ClassPolicy = DEFAULT_CLASS,
@@ -102,14 +111,16 @@ class OutboxStore:
         `ack_delay_ms`: how long the commit of an OVERWRITE row's ack may wait to share a
         transaction with the next write (see `ack`); 0 commits every ack at once.
         `page_size` (bytes, a power of two) applies when the file is created: small pages wear
-        an SD card less, large ones drain big backlogs faster (see `schema.PAGE_SIZE`)."""
+        an SD card less, large ones drain big backlogs faster (see `schema.PAGE_SIZE`).
+        `durability`: what `enqueue` promises for a class whose policy names none ("power": the
+        commit is synced before it returns; "crash": committed, not synced; see `Writer`)."""
         p = Path(path)
         if ack_delay_ms < 0:
             raise ValueError(f"ack_delay_ms must be >= 0, got {ack_delay_ms}")
         if page_size not in PAGE_SIZES:
             raise ValueError(f"page_size must be a power of two from 512 to 65536: {page_size!r}")
-        if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+        if durability not in DURABILITIES:
+            raise ValueError(f"durability must be power or crash, got {durability!r}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         recovered: list[str | None] = [None]
@@ -117,8 +128,9 @@ class OutboxStore:
         now_ms = clock.now_ms()
 
         def factory() -> Engine:
+            # FULL while the tables are made: a power cut must not take a store's tables away.
             conn, recovered[0] = open_database(
-                p, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, now_ms=now_ms,
+                p, synchronous="FULL", busy_timeout_ms=busy_timeout_ms, now_ms=now_ms,
                 page_size=page_size,
             )
             rconn: sqlite3.Connection | None = None
@@ -176,18 +188,19 @@ class OutboxStore:
             await writer.start()
         store = cls(
             path=p, clock=clock, writer=writer, reader=readers[0], recovered_from=recovered[0],
-            ack_delay_ms=ack_delay_ms,
+            ack_delay_ms=ack_delay_ms, durability=durability, classes=classes,
         )
         holder.append(store)
         return store
 
     # -- plumbing --------------------------------------------------------------------------
-    async def _call(self, fn: Callable[[Engine], T], *, write: bool, wakes: bool = False) -> T:
+    async def _call(self, fn: Callable[[Engine], T], *, write: bool, wakes: bool = False,
+                    durable: bool = False) -> T:
         if self._closed:
             raise StoreClosed("the outbox store is closed")
         if self._acks:  # deferred acks go first, in the same round: every read sees them
             self._flush_acks()
-        fut = self._writer.submit(fn, write=write, wakes=wakes)
+        fut = self._writer.submit(fn, write=write, wakes=wakes, durable=durable)
         if self._plain_clock:
             return await fut
         with self._clock.busy():
@@ -214,6 +227,24 @@ class OutboxStore:
         """Write transactions committed by this store since it was opened."""
         engine = self._writer.engine
         return engine.books.write_transactions if engine is not None else 0
+
+    def durability_of(self, kind: str) -> Durability:
+        """What an enqueue of `kind` promises once it returns."""
+        if kind in self._other:
+            return "crash" if self.durability == "power" else "power"
+        return self.durability
+
+    def _durable(self, kinds: Sequence[str]) -> bool:
+        """Whether a write of messages of these kinds must be synced before it is answered."""
+        if self.durability == "power":
+            other = self._other
+            return not other or any(k not in other for k in kinds)
+        return any(k in self._other for k in kinds)
+
+    @property
+    def synced_commits(self) -> int:
+        """Commits synced to the disk (durable rounds) since the store was opened."""
+        return self._writer.synced_commits
 
     @property
     def pending(self) -> int:
@@ -256,8 +287,9 @@ class OutboxStore:
         try:
             if self._acks:  # one transaction: the delivered heartbeat out, the next one in
                 self._flush_acks()
+            durable = self._durable([m.kind for m, _, _ in items])
             self._writer.submit_fanout(
-                lambda e: e.enqueue_each(items), futs, write=True, wakes=True
+                lambda e: e.enqueue_each(items), futs, write=True, wakes=True, durable=durable
             )
         except StoreClosed as exc:
             for f in futs:
@@ -282,7 +314,8 @@ class OutboxStore:
         now = self._clock.now_ms()
         batch = list(msgs)
         return await self._call(
-            lambda e: e.enqueue(batch, now, delay_ms), write=True, wakes=True
+            lambda e: e.enqueue(batch, now, delay_ms), write=True, wakes=True,
+            durable=self._durable([m.kind for m in batch]),
         )
 
     # -- the relay's view (OutboxReader) ---------------------------------------------------

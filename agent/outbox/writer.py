@@ -11,6 +11,12 @@ operations run on the loop itself, in a callback scheduled by the first submit o
 still as one group commit. Nothing then depends on thread timing, so a simulated run with a
 seed is reproducible, and no loop turn is spent waiting for another thread.
 
+Durability is chosen per transaction: a round of writes commits at `synchronous = NORMAL` (the
+commit is not synced: it survives a crash of the agent, not a power cut) unless it holds a write
+submitted `durable=True`; then it commits at FULL (the WAL is synced before the commit returns, which
+makes every earlier commit durable too). One fsync per round is the whole price of group
+commit: a hundred durable enqueues in one round share it.
+
 If a grouped transaction fails in SQLite (disk full, I/O error), it is rolled back and each of
 its operations is retried alone, so one failing enqueue does not fail the acks next to it.
 SQLite errors become `StoreError`; no sqlite3 exception reaches the caller.
@@ -41,13 +47,14 @@ class _Op:
     """One operation. `fut` is a future, or a list of futures when `fn` serves several callers
     at once and returns one (value, error) pair per future."""
 
-    __slots__ = ("fn", "write", "wakes", "fut")
+    __slots__ = ("fn", "write", "wakes", "fut", "durable")
 
-    def __init__(self, fn: OpFn, write: bool, wakes: bool, fut: Any) -> None:
+    def __init__(self, fn: OpFn, write: bool, wakes: bool, fut: Any, durable: bool = False) -> None:
         self.fn = fn
         self.write = write
         self.wakes = wakes
         self.fut = fut
+        self.durable = durable
 
 
 class _Close:
@@ -90,6 +97,8 @@ class Writer:
         self._opened: asyncio.Future[Engine] = loop.create_future()
         self.engine: Engine | None = None
         self.rounds = 0
+        self.synced_commits = 0  # commits made at FULL (each one fsync of the WAL)
+        self._full = True  # the connection's synchronous setting is FULL (as the store opens it)
         self.closed = False
         self.inline = inline
 
@@ -121,22 +130,24 @@ class Writer:
         if engine is not None:
             self._drain_queue(engine)
 
-    def submit(self, fn: OpFn, *, write: bool, wakes: bool = False) -> asyncio.Future[Any]:
+    def submit(self, fn: OpFn, *, write: bool, wakes: bool = False, durable: bool = False) -> asyncio.Future[Any]:
+        """Queue `fn`; `durable`: its commit must survive a power cut before the answer."""
         if self.closed:
             raise StoreClosed("the outbox store is closed")
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._ops.append(_Op(fn, write, wakes, fut))
+        self._ops.append(_Op(fn, write, wakes, fut, durable))
         if not self._signalled:
             self._signal()
         return fut
 
     def submit_fanout(
-        self, fn: OpFn, futs: list[asyncio.Future[Any]], *, write: bool, wakes: bool = False
+        self, fn: OpFn, futs: list[asyncio.Future[Any]], *, write: bool, wakes: bool = False,
+        durable: bool = False,
     ) -> None:
         """Like `submit`, for an `fn` returning a list of (value, error), one per future."""
         if self.closed:
             raise StoreClosed("the outbox store is closed")
-        self._ops.append(_Op(fn, write, wakes, futs))
+        self._ops.append(_Op(fn, write, wakes, futs, durable))
         if not self._signalled:
             self._signal()
 
@@ -235,6 +246,10 @@ class Writer:
     ) -> list[tuple[_Op, Any, BaseException | None]]:
         out: list[tuple[_Op, Any, BaseException | None]] = []
         try:
+            full = any(op.durable for op in writes)
+            if full != self._full:  # outside any transaction: SQLite applies it to the next commit
+                engine.books.conn.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
+                self._full = full
             engine.books.begin()
             for op in writes:
                 try:
@@ -243,6 +258,8 @@ class Writer:
                     # Refused before it changed anything (or rolled back to its savepoint).
                     out.append((op, None, exc))
             engine.books.commit()
+            if full:
+                self.synced_commits += 1
             return out
         except sqlite3.Error as exc:
             engine.books.rollback()

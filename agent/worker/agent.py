@@ -269,11 +269,12 @@ class WorkerAgent(PartBase):
         recovered = recover_damaged(base / WORKER_DB, now_ms=clock.now_ms(), what="worker")
         incarnation = next_incarnation(base / WORKER_DB)
         outbox = await OutboxStore.open(
-            resolve(base, config.outbox.path), clock=clock, synchronous=config.outbox.synchronous,
+            resolve(base, config.outbox.path), clock=clock, durability=config.outbox.durability,
             max_attempts=config.outbox.max_attempts, classes=outbox_classes(config),
         )
         try:
-            ledger = JobLedger.open(base / WORKER_DB, clock=clock)
+            ledger = JobLedger.open(base / WORKER_DB, clock=clock,
+                                    synchronous="FULL" if config.outbox.durability == "power" else "NORMAL")
         except BaseException:
             await outbox.close()
             raise

@@ -84,7 +84,7 @@ class JobLedger(SqliteStore):
 
     @classmethod
     def open(cls, path: str | Path, *, clock: Clock,
-             synchronous: Synchronous = "NORMAL") -> JobLedger:
+             synchronous: Synchronous = "FULL") -> JobLedger:
         return cls(cls.connect_migrated(path, synchronous=synchronous), clock=clock, path=str(path))
 
     def lookup(self, job_id: str) -> LedgerEntry | None:

@@ -58,7 +58,7 @@ class SourceOffsets(SqliteStore):
     MIGRATIONS = (_v1,)
 
     @classmethod
-    def open(cls, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> SourceOffsets:
+    def open(cls, path: str | Path, *, synchronous: Synchronous = "FULL") -> SourceOffsets:
         return cls(cls.connect_migrated(path, synchronous=synchronous), path=str(path))
 
     def get(self, name: str) -> tuple[int, int, int] | None:

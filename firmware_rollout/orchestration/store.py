@@ -201,7 +201,7 @@ class RolloutStore(SqliteStore):
         self._clock = clock
 
     @classmethod
-    def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "NORMAL") -> RolloutStore:
+    def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "FULL") -> RolloutStore:
         return cls(cls.connect_migrated(path, synchronous=synchronous), clock=clock, path=str(path))
 
     @classmethod

@@ -1,3 +1,4 @@
+import logging
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
     path.write_text('[agent]\ndevice_id = "pi-7"\n')
     config = load_config(path)
     assert config.mailbox.capacity == 256
-    assert config.outbox.synchronous == "NORMAL"
+    assert config.outbox.durability == "power"  # an acknowledgement survives a power cut
     assert config.relay.aimd_max == 50
 
 
@@ -132,3 +133,31 @@ def test_commented_housekeeping_keys_show_the_defaults(tmp_path: Path, name: str
     path = tmp_path / name
     path.write_text(text.replace(section, "\n".join(shown) + "\n"))
     assert load_config(path).housekeeping == load_config(CONFIGS[0].parent / name).housekeeping
+
+
+@pytest.mark.parametrize(("given", "read_as"), [("FULL", "power"), ("NORMAL", "crash")])
+def test_the_deprecated_synchronous_key_is_read_as_durability_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, given: str, read_as: str) -> None:
+    path = tmp_path / "old.toml"
+    path.write_text(f'[agent]\ndevice_id = "pi-7"\n[outbox]\nsynchronous = "{given}"\n')
+    with caplog.at_level(logging.WARNING, logger="agent.config"):
+        config = load_config(path)
+    assert config.outbox.durability == read_as
+    assert config.outbox.synchronous is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: outbox.synchronous is deprecated: write durability = {read_as!r} instead"
+        f" (read as durability = {read_as!r})"]
+
+
+def test_durability_given_wins_over_the_deprecated_key(tmp_path: Path) -> None:
+    path = tmp_path / "both.toml"
+    path.write_text('[agent]\ndevice_id = "pi-7"\n[outbox]\nsynchronous = "NORMAL"\ndurability = "power"\n')
+    assert load_config(path).outbox.durability == "power"
+
+
+def test_a_class_durability_is_checked_and_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[agent]\ndevice_id = "pi-7"\n[classes.readings]\ndurability = "battery"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: classes.readings.durability: invalid enum value 'battery'")
