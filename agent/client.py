@@ -11,6 +11,11 @@ the agent's own servers do; nothing else beyond the standard library).
 `AsyncClient` is the same for asyncio. A refusal raises `LocalApiError` with the HTTP status,
 the wrong field and, for a full class (429), `retry_after_s`; an agent that is not there raises
 `AgentUnavailable`.
+
+Every message is named (`app_id`: given, or made here, one per call): a POST whose answer was
+lost (the connection broke, the agent restarted) is sent again under the same name, and the
+agent answers the copy as the duplicate it is instead of storing it twice. A POST is never sent
+again without its name. `submit` returns the whole answer (`Receipt`); `send` its id.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode
 
 import h11
@@ -46,14 +52,30 @@ class AgentUnavailable(Exception):
     """No agent answers on the socket (not running, no permission, wrong path)."""
 
 
+class Receipt(NamedTuple):
+    """The agent's answer to one message: its `id`, the `path` that took it ("direct": the leader
+    holds it; "outbox": this device's outbox does), whether it was a `duplicate` of one taken
+    before under the same `app_id` (then id and path are the first one's)."""
+
+    id: str
+    path: str
+    duplicate: bool
+    app_id: str
+
+
+def new_app_id() -> str:
+    """A name for one message, unique without coordination (what `send` uses when given none)."""
+    return uuid.uuid4().hex
+
+
 def _request(cls: str, payload: bytes | JsonValue, *, key: str | None, ttl: float | str | None,
-             content_type: str | None) -> tuple[str, bytes, str]:
+             content_type: str | None, app_id: str) -> tuple[str, bytes, str]:
     """(path, body, content type) of one message."""
     if isinstance(payload, bytes | bytearray | memoryview):
-        query = {k: str(v) for k, v in (("key", key), ("ttl", ttl)) if v is not None}
+        query = {k: str(v) for k, v in (("key", key), ("ttl", ttl), ("app_id", app_id)) if v is not None}
         path = f"/v1/messages/{quote(cls, safe='')}" + (f"?{urlencode(query)}" if query else "")
         return path, bytes(payload), content_type or "application/octet-stream"
-    doc: dict[str, Any] = {"class": cls, "payload": payload}
+    doc: dict[str, Any] = {"class": cls, "payload": payload, "app_id": app_id}
     if key is not None:
         doc["key"] = key
     if ttl is not None:
@@ -73,6 +95,15 @@ def _answer(status: int, headers: Mapping[str, str], body: bytes) -> dict[str, A
         raise LocalApiError(status, str(doc.get("error", "")), doc.get("field"),
                             float(retry) if retry and retry.isdigit() else None)
     return dict(doc)
+
+
+def _receipt(doc: Mapping[str, Any], app_id: str) -> Receipt:
+    return Receipt(str(doc["id"]), str(doc.get("path", "")), bool(doc.get("duplicate", False)), app_id)
+
+
+def _named(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The batch's messages, each with an app_id (made here when it has none)."""
+    return [{**m, "app_id": m.get("app_id") or new_app_id()} for m in messages]
 
 
 class _Exchange:
@@ -129,18 +160,26 @@ class Client:
         return cls(local_api_socket(load_config(config_path)), **kwargs)
 
     def send(self, cls: str, payload: bytes | JsonValue, *, key: str | None = None, ttl: float | str | None = None,
-             content_type: str | None = None) -> str:
+             content_type: str | None = None, app_id: str | None = None) -> str:
         """Hand over one message; returns its id once the agent holds it durably."""
-        path, body, ctype = _request(cls, payload, key=key, ttl=ttl, content_type=content_type)
-        return str(self._call("POST", path, body, ctype)["id"])
+        return self.submit(cls, payload, key=key, ttl=ttl, content_type=content_type, app_id=app_id).id
+
+    def submit(self, cls: str, payload: bytes | JsonValue, *, key: str | None = None,
+               ttl: float | str | None = None, content_type: str | None = None,
+               app_id: str | None = None) -> Receipt:
+        """`send`, answering the whole `Receipt`. `app_id`: the message's name (made when None);
+        give the same one to send the same message again after an `AgentUnavailable`."""
+        name = app_id or new_app_id()
+        path, body, ctype = _request(cls, payload, key=key, ttl=ttl, content_type=content_type, app_id=name)
+        return _receipt(self._call("POST", path, body, ctype, again=True), name)
 
     def send_many(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
         """Several messages (each {"class", "payload", ...}) in one transaction, all or none."""
-        body = json.dumps({"messages": list(messages)}).encode()
-        return [str(i) for i in self._call("POST", "/v1/messages", body, "application/json")["ids"]]
+        body = json.dumps({"messages": _named(messages)}).encode()
+        return [str(i) for i in self._call("POST", "/v1/messages", body, "application/json", again=True)["ids"]]
 
     def status(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/status", b"", "")
+        return self._call("GET", "/v1/status", b"", "", again=True)
 
     def _connect(self) -> tuple[socket.socket, h11.Connection]:
         if self._sock is None or self._conn is None:
@@ -154,8 +193,10 @@ class Client:
             self._sock, self._conn = sock, h11.Connection(h11.CLIENT)
         return self._sock, self._conn
 
-    def _call(self, method: str, path: str, body: bytes, ctype: str) -> dict[str, Any]:
-        for attempt in (1, 2):  # a kept-alive connection the agent closed meanwhile: once more, anew
+    def _call(self, method: str, path: str, body: bytes, ctype: str, *, again: bool) -> dict[str, Any]:
+        """One request. A kept-alive connection the agent closed meanwhile is tried once more on
+        a new one when `again` (a GET, or a POST whose messages are all named)."""
+        for attempt in (1, 2) if again else (2,):
             try:
                 sock, conn = self._connect()
                 exchange = _Exchange(conn)
@@ -203,12 +244,18 @@ class AsyncClient:
         return cls(local_api_socket(load_config(config_path)), **kwargs)
 
     async def send(self, cls: str, payload: bytes | JsonValue, *, key: str | None = None,
-                   ttl: float | str | None = None, content_type: str | None = None) -> str:
-        path, body, ctype = _request(cls, payload, key=key, ttl=ttl, content_type=content_type)
-        return str((await self._call("POST", path, body, ctype))["id"])
+                   ttl: float | str | None = None, content_type: str | None = None, app_id: str | None = None) -> str:
+        return (await self.submit(cls, payload, key=key, ttl=ttl, content_type=content_type, app_id=app_id)).id
+
+    async def submit(self, cls: str, payload: bytes | JsonValue, *, key: str | None = None,
+                     ttl: float | str | None = None, content_type: str | None = None,
+                     app_id: str | None = None) -> Receipt:
+        name = app_id or new_app_id()
+        path, body, ctype = _request(cls, payload, key=key, ttl=ttl, content_type=content_type, app_id=name)
+        return _receipt(await self._call("POST", path, body, ctype), name)
 
     async def send_many(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
-        body = json.dumps({"messages": list(messages)}).encode()
+        body = json.dumps({"messages": _named(messages)}).encode()
         return [str(i) for i in (await self._call("POST", "/v1/messages", body, "application/json"))["ids"]]
 
     async def status(self) -> dict[str, Any]:
@@ -239,4 +286,4 @@ class AsyncClient:
         return _answer(*answer)
 
 
-__all__ = ["AgentUnavailable", "AsyncClient", "Client", "LocalApiError"]
+__all__ = ["AgentUnavailable", "AsyncClient", "Client", "LocalApiError", "Receipt", "new_app_id"]

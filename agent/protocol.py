@@ -56,6 +56,9 @@ KIND_PING = "ping"
 # A device application's message travels as kind "app." + its class, so each class is its own
 # class in the outbox (caps, TTL, counters) and can never be taken for one of the agent's own.
 APP_KIND_PREFIX = "app."
+# The reason of an `accepted` reply to a durable message the leader held already (a redelivery,
+# an application's retry under the same app_id): nothing was stored twice.
+ALREADY_STORED = "already stored"
 ClassName = Annotated[str, msgspec.Meta(min_length=1, max_length=48, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
 MessageKey = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 ContentType = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
@@ -248,6 +251,7 @@ def decode_as(data: bytes | bytearray | memoryview, type_: type[msgspec.Struct])
 
 
 __all__ = [
+    "ALREADY_STORED",
     "APP_KIND_PREFIX",
     "APP_PAYLOAD_MAX",
     "AppMessage",

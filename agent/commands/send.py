@@ -6,8 +6,11 @@ message from a shell script, through the local API of the worker running on this
     edge-agent send state --key door --json '"open"' --socket /run/edge-agent/api.sock
 
 It prints the message id and exits 0 once the message is durable (the leader or this device's
-outbox holds it). Exit status: 2 a usage error or a message the agent refuses as wrong (unknown
-class, bad field, too large); 3 not taken now, try again later (the class is full: 429, or the
+outbox holds it). `--app-id ID` names the message: a script that runs the same command again
+(after exit status 3 or 4, or a reboot) with the same name gets the first message's id back
+(printed with "duplicate" on standard error), never a second copy.
+Exit status: 2 a usage error or a message the agent refuses as wrong (unknown class, bad field,
+too large); 3 not taken now, try again later (the class is full: 429, or the
 outbox cannot store: 503); 4 no agent answers on the socket.
 """
 
@@ -34,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("stdin", nargs="?", choices=["-"], help="- : the payload from standard input")
     parser.add_argument("--key", metavar="K", help="the message key (required by an overwrite class)")
     parser.add_argument("--ttl", metavar="DURATION", help="drop it undelivered after this long, e.g. 1h")
+    parser.add_argument("--app-id", metavar="ID", help="the message's own name (1-128 of A-Z a-z 0-9 . _ : -):"
+                        " sent again under it, it is not stored twice")
     parser.add_argument("--content-type", metavar="TYPE", help="of a --file or stdin payload"
                         " (default application/octet-stream; --json sends application/json)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="wait this long at most")
@@ -77,12 +82,15 @@ def main(args: argparse.Namespace) -> int:
     socket_path = args.socket or str(local_api_socket(load_config(args.config)))
     try:
         with Client(socket_path, timeout_s=args.timeout) as client:
-            msg_id = client.send(args.cls, payload, key=args.key, ttl=args.ttl, content_type=args.content_type)
+            receipt = client.submit(args.cls, payload, key=args.key, ttl=args.ttl, content_type=args.content_type,
+                                    app_id=args.app_id)
     except LocalApiError as exc:
         code = EXIT_LATER if exc.status in (429, 503) else EXIT_REFUSED
         later = f" (retry after {exc.retry_after_s:g} s)" if exc.retry_after_s else ""
         return _fail(code, f"refused ({exc.status}): {exc.field + ': ' if exc.field else ''}{exc.error}{later}")
     except AgentUnavailable as exc:
         return _fail(EXIT_UNAVAILABLE, f"no agent answers: {exc}")
-    print(msg_id)
+    if receipt.duplicate:
+        print(f"edge-agent send: duplicate: {args.app_id} was taken before (path {receipt.path})", file=sys.stderr)
+    print(receipt.id)
     return EXIT_OK

@@ -58,6 +58,7 @@ from agent.outbox.settings import aimd_settings, crash_classes, durability, outb
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxMessage
 from agent.protocol import (
+    ALREADY_STORED,
     APP_KIND_PREFIX,
     KIND_HEARTBEAT,
     KIND_JOB_DEMAND,
@@ -413,7 +414,8 @@ class LeaderAgent(PartBase):
 
     def _app_message(self, env: Envelope, message: msgspec.Struct) -> Reply | Awaitable[Reply]:
         """Stored once it is in the sinks."""
-        return self._not_far_ahead(env, message) or self._durable(env, message, self._leader_actor.app_messages)
+        return self._not_far_ahead(env, message) or self._durable(env, message, self._leader_actor.app_messages,
+                                                                  held=ALREADY_STORED)
 
     def _not_far_ahead(self, env: Envelope, message: msgspec.Struct) -> Reply | None:
         """A record's own timestamp (`ts_ms`) must not be too far ahead (see MAX_AHEAD_MS)."""
@@ -447,8 +449,10 @@ class LeaderAgent(PartBase):
                                      f" device {env.sender!r}")
         return None
 
-    def _durable(self, env: Envelope, message: msgspec.Struct, kind: DurableKind[Any]) -> Reply | Awaitable[Reply]:
-        """Told to the LeaderActor now; answered `accepted` once its batch is committed."""
+    def _durable(self, env: Envelope, message: msgspec.Struct, kind: DurableKind[Any], *,
+                 held: str = "") -> Reply | Awaitable[Reply]:
+        """Told to the LeaderActor now; answered `accepted` once its batch is committed (with the
+        reason `held` when it changed nothing: a message held before)."""
         assert self.leader is not None
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
@@ -458,9 +462,9 @@ class LeaderAgent(PartBase):
             return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
         except EdgeAgentError as exc:
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
-        return self._committed(env, done)
+        return self._committed(env, done, held)
 
-    async def _committed(self, env: Envelope, done: asyncio.Future[bool]) -> Reply:
+    async def _committed(self, env: Envelope, done: asyncio.Future[bool], held: str) -> Reply:
         try:
             await self.clock.wait_for(asyncio.shield(done), self.config.mqtt.reply_timeout_s)
         except TimeoutError:
@@ -470,7 +474,7 @@ class LeaderAgent(PartBase):
         except StoreError as exc:
             log.warning("message %s from %s not applied: %s", env.id, env.sender, exc)
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
-        return Reply(id=env.id, status="accepted")
+        return Reply(id=env.id, status="accepted", reason="" if done.result() else held)
 
     def _refuse(self, env: Envelope, reason: str) -> Reply:
         if self.sinks is not None and env.kind.startswith(APP_KIND_PREFIX):

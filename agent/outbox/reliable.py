@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from agent.core.errors import EdgeAgentError
 from agent.outbox.types import EnqueueResult, OutboxMessage
@@ -18,6 +18,15 @@ from agent.outbox.types import EnqueueResult, OutboxMessage
 log = logging.getLogger(__name__)
 
 TellPath = Literal["direct", "outbox"]
+
+
+class Told(NamedTuple):
+    """Which path took a message; what the outbox made of it (that path), or what the direct
+    `tell` returned (the receiver's answer, when it gives one)."""
+
+    path: TellPath
+    stored: EnqueueResult | None
+    answer: object = None
 
 
 class TellTarget(Protocol):
@@ -44,9 +53,10 @@ async def tell_reliable(
 
 async def tell_reliable_result(
     ref: TellTarget, message: object, *, outbox: OutboxWriter, msg: OutboxMessage
-) -> tuple[TellPath, EnqueueResult | None]:
-    """`tell_reliable`, with what the outbox made of the message when it took it."""
-    """Try `ref.tell(message)`; on an `EdgeAgentError` store `msg` in `outbox` instead.
+) -> Told:
+    """`tell_reliable`, with what the outbox made of the message when it took it.
+
+    Try `ref.tell(message)`; on an `EdgeAgentError` store `msg` in `outbox` instead.
 
     `msg` is the durable form of the same message (its receiver, class, encoded payload, key).
     An OVERWRITE message passes its key as the mailbox's coalescing key, so the direct path
@@ -56,15 +66,15 @@ async def tell_reliable_result(
     try:
         result = ref.tell(message, coalesce_key=coalesce_key, seq=msg.seq)
         if inspect.isawaitable(result):
-            await result
+            result = await result
     except EdgeAgentError as tell_error:
         log.debug("tell to %s failed (%s); storing %s in the outbox", msg.receiver, tell_error, msg.msg_id)
         try:
             stored = await outbox.enqueue(msg)
         except EdgeAgentError as store_error:
             raise store_error from tell_error
-        return "outbox", stored
-    return "direct", None
+        return Told("outbox", stored)
+    return Told("direct", None, result)
 
 
 class DirectFirst:
@@ -81,13 +91,13 @@ class DirectFirst:
         self._direct_after = 0.0
 
     async def send(self, ref: TellTarget, message: object, *, outbox: OutboxWriter,
-                   msg: OutboxMessage) -> tuple[TellPath, EnqueueResult | None]:
+                   msg: OutboxMessage) -> Told:
         if self._clock.monotonic() < self._direct_after:
-            return "outbox", await outbox.enqueue(msg)
-        path, stored = await tell_reliable_result(ref, message, outbox=outbox, msg=msg)
-        if path == "outbox":
+            return Told("outbox", await outbox.enqueue(msg))
+        told = await tell_reliable_result(ref, message, outbox=outbox, msg=msg)
+        if told.path == "outbox":
             self._direct_after = self._clock.monotonic() + self._backoff_s
-        return path, stored
+        return told
 
 
-__all__ = ["DirectFirst", "TellPath", "TellTarget", "tell_reliable", "tell_reliable_result"]
+__all__ = ["DirectFirst", "TellPath", "TellTarget", "Told", "tell_reliable", "tell_reliable_result"]

@@ -163,8 +163,10 @@ class EnvelopeSender:
 
         return deliver
 
-    async def deliver(self, envelope: Envelope, topic: str) -> None:
-        """Send one envelope and wait for its reply; raises Capacity, Permanent or Transient."""
+    async def deliver(self, envelope: Envelope, topic: str) -> str:
+        """Send one envelope and wait for its reply: the accepted reply's reason ("" mostly; the
+        leader says `ALREADY_STORED` of a message it held before); raises Capacity, Permanent
+        or Transient."""
         if not self._started:
             raise Transient("sender is not started")
         data = encode(envelope)
@@ -227,7 +229,7 @@ class EnvelopeSender:
             self.stats.accepted += 1
             if not self.answered.is_open:
                 self.answered.open()
-            return
+            return outcome.reason
         if outcome.status == "busy":
             self.stats.busy += 1
             raise Capacity(outcome.reason or f"{envelope.receiver} is busy", outcome.retry_after_ms)

@@ -65,7 +65,7 @@ class KeyedOutbox(Outbox, Protocol):
 class DirectLink(Protocol):
     """Non-durable, acknowledged sending to the leader (see `agent.worker.agent.LeaderLink`)."""
 
-    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[None]: ...
+    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[object]: ...
 
     async def send(self, message: msgspec.Struct) -> None: ...
 
@@ -196,7 +196,7 @@ class HeartbeatActor(Actor):
         if isinstance(message, BeatNow):  # connected again: no need to wait out the back-off
             self._direct.reset()
         try:
-            path, result = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox,
+            path, result, _ = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox,
                                                    msg=msg)
         except StoreError as exc:  # disk full, I/O: the next beat tries again
             self.failed += 1
@@ -252,7 +252,7 @@ class TelemetryActor(Actor):
             self._direct = DirectFirst(ctx.clock, backoff_s=self._backoff_s)
         self.sending += 1
         try:
-            path, _ = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox, msg=msg)
+            path, _, _ = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox, msg=msg)
         except EdgeAgentError as exc:
             self.failed += 1
             log.warning("telemetry %s lost: direct and outbox both failed: %s", msg.msg_id, exc)

@@ -140,7 +140,8 @@ class LeaderLink:
         self._ids = ids
         self._clock = clock
 
-    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[None]:
+    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[str]:
+        """Deliver one envelope; the leader's accepted answer's reason (see `EnvelopeSender.deliver`)."""
         if not getattr(self._gate, "is_open", False):
             raise NotConnected("no connection to the broker")
         if not isinstance(message, Envelope):

@@ -6,16 +6,20 @@ port, served by the product's one HTTP layer (`agent.service.http`: its limits, 
 connection bound).
 
     POST /v1/messages            JSON or msgpack: {"class", "payload" (any JSON value) or
-                                 "payload_base64", "content_type", "key", "ttl"} or
+                                 "payload_base64", "content_type", "key", "ttl", "app_id"} or
                                  {"messages": [that, ...]} (one transaction, all or none)
     POST /v1/messages/CLASS      the raw body is the payload (its Content-Type kept);
-                                 ?key=K&ttl=1h
+                                 ?key=K&ttl=1h&app_id=ID
     GET  /v1/status              connected, outbox depth per class, oldest pending age
 
-Answers: 202 {"id", "path"} (or {"ids": [...]}) once the message is durable: the leader
-accepted it, or the outbox holds it. 400 {"error", "field"} for a wrong field, 413 for a body or
-payload too large, 429 with Retry-After when the class is full under `reject`, 503 when the
-outbox cannot store. A bad request never stops the server.
+Answers: 202 {"id", "path", "duplicate"} (a batch: {"ids": [...], "path": "outbox", "messages":
+[{"id", "path", "duplicate"}, ...]}) once the message is durable: the leader accepted it, or the
+outbox holds it. `app_id` (1-128 of A-Z a-z 0-9 . _ : -) is the application's own name of the
+message: sent again, it is answered `"duplicate": true` with the first answer's id and path and
+not stored twice (`agent.worker.messages`), so a retry after a lost answer is safe.
+400 {"error", "field"} for a wrong field, 413 for a body or payload too large, 429 with
+Retry-After when the class is full under `reject`, 503 with Retry-After when the outbox cannot
+store (a full disk). A bad request never stops the server.
 """
 
 from __future__ import annotations
@@ -243,7 +247,8 @@ class LocalApi(PartBase):
     async def _post_raw(self, req: Request, cls: str) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
         sub = Submission(cls=cls, payload=req.body,
                          content_type=req.headers.get("content-type", "application/octet-stream"),
-                         key=_one(req.query, "key"), ttl_s=_ttl(_one(req.query, "ttl"), "ttl"))
+                         key=_one(req.query, "key"), ttl_s=_ttl(_one(req.query, "ttl"), "ttl"),
+                         app_id=_one(req.query, "app_id"))
         return _accepted(await self._intake.submit(sub))
 
     async def _post_messages(self, req: Request) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
@@ -269,7 +274,8 @@ class LocalApi(PartBase):
                                 field="messages")
             subs = [_submission(item, f"messages.{i}.") for i, item in enumerate(items)]
             done = await self._intake.submit_many(subs)
-            return 202, {"ids": [a.msg_id for a in done], "path": "outbox"}, ()
+            return 202, {"ids": [a.msg_id for a in done], "path": "outbox",
+                         "messages": [_answer(a) for a in done]}, ()
         return _accepted(await self._intake.submit(_submission(doc, "")))
 
 
@@ -277,8 +283,12 @@ def _json(status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...
     return Response(status, (json.dumps(body, sort_keys=True) + "\n").encode(), "application/json", headers=headers)
 
 
+def _answer(done: Accepted) -> dict[str, Any]:
+    return {"id": done.msg_id, "path": done.path, "duplicate": done.duplicate}
+
+
 def _accepted(done: Accepted) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
-    return 202, {"id": done.msg_id, "path": done.path}, ()
+    return 202, _answer(done), ()
 
 
 def _error_body(exc: HttpError) -> dict[str, Any]:
@@ -306,7 +316,7 @@ def _ttl(value: object, field: str) -> float | None:
         raise HttpError(400, str(exc), field=field) from None
 
 
-_FIELDS = {"class", "payload", "payload_base64", "content_type", "key", "ttl"}
+_FIELDS = {"class", "payload", "payload_base64", "content_type", "key", "ttl", "app_id"}
 
 
 def _submission(item: object, prefix: str) -> Submission:
@@ -326,6 +336,9 @@ def _submission(item: object, prefix: str) -> Submission:
     ctype = item.get("content_type")
     if ctype is not None and not isinstance(ctype, str):
         raise HttpError(400, "must be a string", field=f"{prefix}content_type")
+    app_id = item.get("app_id")
+    if app_id is not None and not isinstance(app_id, str):
+        raise HttpError(400, "must be a string", field=f"{prefix}app_id")
     if "payload_base64" in item:
         if "payload" in item:
             raise HttpError(400, "give payload or payload_base64, not both", field=f"{prefix}payload")
@@ -347,7 +360,7 @@ def _submission(item: object, prefix: str) -> Submission:
     else:
         raise HttpError(400, "required (or payload_base64)", field=f"{prefix}payload")
     return Submission(cls=cls, payload=payload, content_type=ctype, key=key,
-                      ttl_s=_ttl(item.get("ttl"), f"{prefix}ttl"))
+                      ttl_s=_ttl(item.get("ttl"), f"{prefix}ttl"), app_id=app_id)
 
 
 __all__ = ["LocalApi"]

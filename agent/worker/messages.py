@@ -10,13 +10,26 @@ local API answers (400 a wrong field, 413 too large, 429 the class is full under
 503 the outbox cannot store), counted per class and reason. Counters per class since start:
 accepted, direct, stored, duplicates, refused by reason (`IntakeStats`); what became of the
 stored ones is the outbox's per-class flows.
+
+An application may name its message (`app_id`): the same (class, app_id) again is the same
+message, answered `duplicate` with the first answer's id and path and never stored twice. Its
+envelope id is derived from (device, class, app_id), so every copy carries the same id and the
+leader keeps one (its message store's dedup by id, for `[messages] retention_s`); the copy
+still pending in the outbox is found by its key; and this process remembers the last
+`RECENT_APP_IDS` answers, and waits for a copy still being stored, so a retry racing the first
+try gets the first's answer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import logging
+import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, TypeVar
 
 from agent.core.clock import Clock
@@ -26,14 +39,16 @@ from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
 from agent.outbox.reliable import DirectFirst
 from agent.outbox.types import ClassStats, EnqueueResult, OutboxMessage
-from agent.protocol import AppMessage, app_kind, encode_message
+from agent.protocol import ALREADY_STORED, AppMessage, app_kind, encode_message
 from agent.worker.actors import LEADER, envelope_of
 
 log = logging.getLogger(__name__)
 
 RefusalReason = Literal["invalid", "unknown_class", "too_large", "full", "unavailable"]
-Path = Literal["direct", "outbox", "duplicate"]
+Path = Literal["direct", "outbox"]
 KEY_MAX = 256
+APP_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # an application's own id of a message
+RECENT_APP_IDS = 10_000
 CONTENT_TYPE_MAX = 128
 TTL_MAX_S = 365 * 86_400.0
 FULL_RETRY_AFTER_S = 5
@@ -67,12 +82,17 @@ class Submission:
     key: str | None = None
     ttl_s: float | None = None
     msg_id: str | None = None
+    app_id: str | None = None  # the application's own name of the message (see the module's doc)
 
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
+    """Where a message went: straight to the leader, or into the outbox; `duplicate`: it was
+    taken before (a source's line read again, an application's retry), nothing was stored."""
+
     msg_id: str
     path: Path
+    duplicate: bool = False
 
 
 @dataclass(slots=True)
@@ -91,7 +111,7 @@ class Outbox(Protocol):
 
 
 class Link(Protocol):
-    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[None]: ...
+    def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> Awaitable[object]: ...
 
 
 class _TimedLink:
@@ -103,9 +123,10 @@ class _TimedLink:
         self._clock = clock
         self._timeout_s = timeout_s
 
-    async def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> None:
+    async def tell(self, message: object, *, coalesce_key: str | None = None, seq: int = 0) -> object:
         try:
-            await self._clock.wait_for(self._link.tell(message, coalesce_key=coalesce_key, seq=seq), self._timeout_s)
+            return await self._clock.wait_for(self._link.tell(message, coalesce_key=coalesce_key, seq=seq),
+                                              self._timeout_s)
         except TimeoutError:
             raise Transient(f"the leader did not answer within {self._timeout_s:g}s") from None
 
@@ -130,6 +151,9 @@ class MessageIntake:
         self.refused_unknown = 0  # refusals of a class that does not exist (not counted per name)
         # The outbox's per-class figures when the agent started: the audit counts from there.
         self.baseline: dict[str, ClassStats] = {}
+        # (class, app_id) -> the first answer, newest last; and the ones still being stored
+        self._recent: OrderedDict[tuple[str, str], Accepted] = OrderedDict()
+        self._storing: dict[tuple[str, str], asyncio.Future[Accepted]] = {}
 
     # -- checks ------------------------------------------------------------------------------
     def _refuse(self, cls: str, refusal: Refusal) -> Refusal:
@@ -168,35 +192,116 @@ class MessageIntake:
                 raise self._refuse(sub.cls, Refusal("invalid", f"must be > 0 and at most {TTL_MAX_S:g} s",
                                                     field=f"{prefix}ttl"))
             ttl_ms = max(1, int(sub.ttl_s * 1000))
+        app_id = sub.app_id
+        if app_id is not None and not APP_ID.match(app_id):
+            raise self._refuse(sub.cls, Refusal("invalid", "must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+                                                field=f"{prefix}app_id"))
         self._seq += 1
-        msg_id = sub.msg_id or self._ids.next()
+        msg_id = sub.msg_id or (self._app_msg_id(sub.cls, app_id) if app_id is not None else self._ids.next())
         record = AppMessage(device_id=self.device_id, cls=sub.cls, payload=sub.payload, content_type=ctype,
                             key=key, overwrite=overwrite, seq=self._seq, ts_ms=self._clock.now_ms())
-        # an append message's key (or a source's own id) is its idempotency key in the outbox
-        outbox_key = key if key is not None else sub.msg_id
+        # an append message's key (or a source's or application's own id) is its idempotency key
+        # in the outbox
+        outbox_key = key if key is not None else (sub.msg_id or (msg_id if app_id is not None else None))
         return OutboxMessage(msg_id=msg_id, owner=self.device_id, receiver=LEADER, kind=app_kind(sub.cls),
                              payload=encode_message(record), key=outbox_key,
                              conflict="overwrite" if overwrite else "append", seq=self._seq, ttl_ms=ttl_ms)
 
+    def _app_msg_id(self, cls: str, app_id: str) -> str:
+        """The envelope id of an application's named message: the same for every copy."""
+        digest = hashlib.blake2b(f"{self.device_id}\0{cls}\0{app_id}".encode(), digest_size=16)
+        return "a" + digest.hexdigest()
+
     # -- taking messages -----------------------------------------------------------------------
     async def submit(self, sub: Submission) -> Accepted:
+        if sub.app_id is None:
+            return await self._submit(self.message(sub))
+        named = (sub.cls, sub.app_id)
+        while True:
+            first = self._first_answer(named)
+            if first is not None:
+                return first
+            storing = self._storing.get(named)
+            if storing is None:
+                break
+            with contextlib.suppress(Exception):  # the first try failed: this one tries anew
+                await asyncio.shield(storing)
         msg = self.message(sub)
+        storing = self._storing[named] = asyncio.get_running_loop().create_future()
+        try:
+            done = await self._submit(msg)
+        except BaseException as exc:
+            storing.set_exception(exc)
+            storing.exception()  # retrieved: a failure nobody else waited for is not an error
+            raise
+        finally:
+            del self._storing[named]
+        self._remember(named, done)
+        if not storing.done():
+            storing.set_result(done)
+        return done
+
+    def _first_answer(self, named: tuple[str, str]) -> Accepted | None:
+        """The answer a named message got before, as a duplicate (counted), or None."""
+        first = self._recent.get(named)
+        if first is None:
+            return None
+        self._recent.move_to_end(named)
+        self.stats[named[0]].duplicates += 1
+        return replace(first, duplicate=True)
+
+    def _remember(self, named: tuple[str, str], done: Accepted) -> None:
+        recent = self._recent
+        if named not in recent:
+            recent[named] = replace(done, duplicate=False)
+            if len(recent) > RECENT_APP_IDS:
+                recent.popitem(last=False)
+
+    async def _submit(self, msg: OutboxMessage) -> Accepted:
+        cls = msg.kind.removeprefix("app.")
         if not self._connected.is_open:
-            return (await self._store(sub.cls, [msg]))[0]
-        _, stored = await self._refusing(sub.cls, self._direct.send(
+            return (await self._store(cls, [msg]))[0]
+        _, stored, answer = await self._refusing(cls, self._direct.send(
             self._timed_link, envelope_of(msg, self._clock), outbox=self._outbox, msg=msg))
         if stored is None:  # the leader answered
-            counts = self.stats[sub.cls]
+            counts = self.stats[cls]
+            if answer == ALREADY_STORED:  # it held this message before: a retry of a named one
+                counts.duplicates += 1
+                return Accepted(msg.msg_id, "direct", duplicate=True)
             counts.accepted += 1
             counts.direct += 1
             return Accepted(msg.msg_id, "direct")
-        return self._accepted([msg], [sub.cls], [stored])[0]
+        return self._accepted([msg], [cls], [stored])[0]
 
     async def submit_many(self, subs: Sequence[Submission]) -> list[Accepted]:
-        msgs = [self.message(sub, prefix=f"messages.{i}.") for i, sub in enumerate(subs)]
-        if not msgs:
-            return []
-        return await self._store(subs[0].cls, msgs, classes=[s.cls for s in subs])
+        """Into the outbox in one transaction, all or none; a named message taken before is
+        answered as the duplicate it is, and not stored again."""
+        answers: list[Accepted | None] = [None] * len(subs)
+        fresh: list[int] = []
+        msgs: list[OutboxMessage] = []
+        seen: set[tuple[str, str]] = set()
+        for i, sub in enumerate(subs):
+            msg = self.message(sub, prefix=f"messages.{i}.")
+            named = (sub.cls, sub.app_id) if sub.app_id is not None else None
+            if named is not None and (named in seen or named in self._storing):
+                raise self._refuse(sub.cls, Refusal("invalid", "this app_id is in this batch twice, or being"
+                                                    " stored by another request", field=f"messages.{i}.app_id"))
+            first = self._first_answer(named) if named is not None else None
+            if first is not None:
+                answers[i] = first
+                continue
+            if named is not None:
+                seen.add(named)
+            fresh.append(i)
+            msgs.append(msg)
+        if msgs:
+            stored = await self._store(subs[fresh[0]].cls, msgs, classes=[subs[i].cls for i in fresh])
+            for i, done in zip(fresh, stored, strict=True):
+                answers[i] = done
+                app_id = subs[i].app_id
+                if app_id is not None:
+                    self._remember((subs[i].cls, app_id), done)
+        return [a for a in answers if a is not None]
 
     async def _store(self, cls: str, msgs: list[OutboxMessage], *,
                      classes: Sequence[str] | None = None) -> list[Accepted]:
@@ -225,7 +330,7 @@ class MessageIntake:
             counts = self.stats[name]
             if result.outcome == "duplicate":
                 counts.duplicates += 1
-                out.append(Accepted(msg.msg_id, "duplicate"))
+                out.append(Accepted(msg.msg_id, "outbox", duplicate=True))
             else:
                 counts.accepted += 1
                 counts.stored += 1

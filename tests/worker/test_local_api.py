@@ -104,7 +104,7 @@ async def test_a_message_is_answered_after_the_leader_stored_it(online: Setup) -
     status = await client.status()
     counts = status["classes"]["telemetry"]
     assert (counts["accepted"], counts["direct"], counts["delivered"]) == (1, 1, 1)
-    assert status["connected"] is True and isinstance(msg_id, str) and len(msg_id) == 26
+    assert status["connected"] is True and isinstance(msg_id, str) and len(msg_id) == 33
 
 
 async def test_an_overwrite_class_keeps_the_newest_value_per_key(online: Setup) -> None:
@@ -129,7 +129,7 @@ async def test_offline_messages_wait_in_the_outbox_and_a_full_class_answers_429(
     assert stats.by_class["app.tiny"].pending == 2  # what was acknowledged is stored; nothing else
     audit = (await client.status())["classes"]["tiny"]
     assert (audit["accepted"], audit["stored"], audit["refused"]) == (2, 2, {"full": 1})
-    assert len(first) == 26
+    assert len(first) == 33
 
 
 async def test_bad_requests_name_the_field_and_the_api_keeps_serving(offline: Setup) -> None:
@@ -360,7 +360,7 @@ async def test_send_takes_a_file_or_standard_input_and_says_why_not_in_its_exit_
     reading = tmp_path / "reading.bin"
     reading.write_bytes(b"\x01\x02")
     code, out, err = await send("telemetry", "--file", str(reading), "--content-type", "application/x-reading")
-    assert code == 0 and len(out.strip()) == 26, err
+    assert code == 0 and len(out.strip()) == 33, err
     code, out, _ = await send("state", "--key", "door", "--ttl", "1h", "-", stdin=b"open")
     assert code == 0
     code, _, err = await send("state", "-", stdin=b"open")
