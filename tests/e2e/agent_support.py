@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,30 @@ def write_config(path: Path, role: str, device: str, **sections: dict[str, Any])
         _toml_tables(section, values, lines)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def shipped_config(path: Path, shipped: str, **sections: dict[str, Any]) -> Path:
+    """A config for `edge-agent run`: the shipped `configs/{shipped}` as it is, with `sections`'
+    keys set over it (a test's data dir, broker, socket)."""
+    data = tomllib.loads((REPO / "configs" / shipped).read_text())
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    lines: list[str] = []
+    for section, values in data.items():
+        _toml_tables(section, values, lines)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_agent(config_path: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`python -m agent.cli run --config FILE`, logging to `log`."""
+    out = open(log, "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config_path)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO),
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        out.close()
 
 
 def spawn_agent(tmp: Path, role: str, device: str, url: str, **sections: dict[str, Any]) -> subprocess.Popen[bytes]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -165,6 +166,32 @@ def test_every_acknowledged_message_reaches_the_leader_once_across_outage_kill_a
                                      + c["overwritten"] + pending - at_start - c["replayed"])
             assert at_start == held and pending == 0  # those written before the SIGKILL were held, then sent
             assert c["delivered"] == c["direct"] + c["delivered_from_outbox"] == 20 + held
+        finally:
+            agents.stop()
+
+
+def test_a_retry_after_the_worker_died_before_its_answer_is_stored_once(tmp_path: Path) -> None:
+    """The worker is SIGKILLed once the leader has committed the message, before the application
+    read an answer; the application sends it again, under its name, to the restarted worker."""
+    with Mosquitto(tmp_path / "broker") as broker:
+        agents = Agents(tmp_path, broker.url)
+        try:
+            agents.start_leader()
+            agents.start_worker()
+            body = json.dumps({"class": "events", "payload": {"order": 4711}, "app_id": "order-4711"}).encode()
+            app = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            app.connect(str(agents.socket))
+            app.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            wait_for(lambda: stored_ids(agents.leader_db), "the leader committed the message")
+            assert agents.worker is not None
+            kill(agents.worker)  # the answer, if it was on its way, dies with the worker
+            app.close()
+            agents.start_worker()
+            with Client(agents.socket, timeout_s=60) as client:
+                receipt = client.submit("events", {"order": 4711}, app_id="order-4711")
+            assert (receipt.path, receipt.duplicate) == ("direct", True), agents.logs()
+            assert stored_ids(agents.leader_db) == {receipt.id: 1}  # one row, the first copy's id
         finally:
             agents.stop()
 
