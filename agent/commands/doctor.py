@@ -119,6 +119,11 @@ def _data_dir(path: Path) -> Outcome:
             return Outcome("data dir", False, f"{path}: not writable by this user",
                            "run doctor as the agent's user, or fix the directory's owner and mode")
         free = f"{usage.free // (1024 * 1024):,} MiB free"
+        from agent.core.reserve import DiskReserve
+
+        if DiskReserve(path).full(usage.free):
+            return Outcome("data dir", False, DiskReserve(path).disk_state(min_free_bytes=MIN_FREE_BYTES)[1],
+                           "free space on that file system: the agent answers 503 for what it cannot store until then")
         if usage.free < MIN_FREE_BYTES:
             return Outcome("data dir", False, f"{path}: only {free}", "free space on that file system")
         return Outcome("data dir", True, f"{path}: writable, {free}")
@@ -161,6 +166,8 @@ def _network(config: AgentConfig, args: argparse.Namespace, skip: set[str], *, r
         except OSError as exc:
             yield Outcome("broker", False, f"cannot reach {where}: {exc.strerror or exc}",
                           "check mqtt.url, that the broker runs, and the network and firewall between")
+            if running:  # what else the running agent reports failing (a full disk, ...)
+                yield from _running_agent(config, skip)
             return
         yield Outcome("broker", True, f"{where} reached in {rtt * 1000:.0f} ms")
     m = config.mqtt

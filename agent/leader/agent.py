@@ -34,6 +34,7 @@ from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError, UnstorableValue
 from agent.core.ids import IdGenerator
 from agent.core.ratelog import RateLimitedLog
+from agent.core.reserve import DiskReserve
 from agent.core.sqlite import damage_report, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
@@ -205,6 +206,8 @@ class LeaderAgent(PartBase):
         self.rates = DeviceRates(clock, rate_per_s=lc.device_rate_per_s, burst=lc.device_burst) \
             if lc.device_rate_per_s > 0 else None
         self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
+        self.reserve: DiskReserve | None = None  # the disk room kept for a full disk (`open` sets it)
+        self._reserve_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -214,6 +217,8 @@ class LeaderAgent(PartBase):
     ) -> LeaderAgent:
         base = Path(data_dir if data_dir is not None else config.agent.data_dir)
         base.mkdir(parents=True, exist_ok=True)
+        reserve = DiskReserve(base)
+        reserve.release_if_full()  # a full disk: room to open the stores and answer busy
         db = base / LEADER_DB
         # The fleet's registry, job queue and rollout history: never dropped without being asked.
         if recover:
@@ -247,6 +252,9 @@ class LeaderAgent(PartBase):
         leader = cls(config, transport=transport, clock=clock, outbox=outbox, registry=registry, jobs=jobs,
                      rejects=rejects, messages=messages, **kwargs)
         leader.data_dir = base
+        leader.reserve = reserve
+        if not reserve.released:
+            reserve.restore()  # made at the first start (or after it was deleted by hand)
         return leader
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -274,6 +282,8 @@ class LeaderAgent(PartBase):
             self.registry.watch_deadlines(self._on_deadline), name=f"deadlines:{self.device_id}")
         if self.housekeeping is not None:
             await self.housekeeping.start()
+        if self.reserve is not None and self.reserve.released:
+            self._reserve_task = asyncio.create_task(self.reserve.keep(self.clock), name="disk-reserve")
 
     async def stop(self) -> None:
         """Stop taking work, hand untried rows back, disconnect, flush and close the stores (a
@@ -291,6 +301,7 @@ class LeaderAgent(PartBase):
                 self.messages.close()
 
     async def _stop_running(self) -> None:
+        await cancel_and_wait(self._reserve_task)
         if self.housekeeping is not None:
             await self.housekeeping.stop()
         if self._reports is not None:
@@ -338,7 +349,7 @@ class LeaderAgent(PartBase):
 
         relay = self.relay
         return agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
-                            data_dir=self.data_dir, relay_running=lambda: relay.running)
+                            data_dir=self.data_dir, relay_running=lambda: relay.running, reserve=self.reserve)
 
     def collectors(self) -> Collectors:
         from agent.service.collectors import agent_collectors, per_class_collector, snapshot_collector

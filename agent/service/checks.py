@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agent.core.clock import Clock
 from agent.core.gate import Gate
+from agent.core.reserve import DiskReserve
 
 CheckResult = tuple[bool, str]
 Check = Callable[[], Awaitable[CheckResult]]
@@ -87,6 +88,15 @@ def disk_space_check(path: str | Path, *, min_free_bytes: int = 64 * 1024 * 1024
     return check
 
 
+def reserve_disk_check(reserve: DiskReserve, *, min_free_bytes: int = 64 * 1024 * 1024) -> Check:
+    """`disk_space_check` that also says "disk full" while the agent's reserve is given back."""
+
+    async def check() -> CheckResult:
+        return reserve.disk_state(min_free_bytes=min_free_bytes)
+
+    return check
+
+
 def _try_write_lock(path: str, timeout_s: float) -> CheckResult:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=timeout_s,
@@ -116,11 +126,12 @@ def sqlite_writable_check(path: str | Path, *, clock: Clock, timeout_s: float = 
 
 
 def agent_checks(*, connected: Gate, database: str | Path, clock: Clock, data_dir: Path,
-                 relay_running: Callable[[], bool] | None) -> dict[str, Check]:
+                 relay_running: Callable[[], bool] | None, reserve: DiskReserve | None = None) -> dict[str, Check]:
     """What every agent's core part reports on `/healthz`: the broker connection, its database
-    writable, room on the disk of its data directory, its relay running (when it runs one)."""
+    writable, room on the disk of its data directory ("disk full" while its reserve is given
+    back), its relay running (when it runs one)."""
     found = {"transport": gate_check(connected), "database": sqlite_writable_check(database, clock=clock),
-             "disk": disk_space_check(data_dir)}
+             "disk": reserve_disk_check(reserve) if reserve is not None else disk_space_check(data_dir)}
     if relay_running is not None:
         found["relay"] = predicate_check(relay_running, up="running", down="stopped")
     return found
@@ -134,6 +145,7 @@ __all__ = [
     "gate_check",
     "predicate_check",
     "problem_check",
+    "reserve_disk_check",
     "sqlite_writable_check",
     "task_check",
 ]

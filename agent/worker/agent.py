@@ -34,7 +34,9 @@ from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, NotConnected
 from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
+from agent.core.reserve import DiskReserve
 from agent.core.sqlite import atomic, close_quietly, connect, migrate, recover_damaged
+from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper, limited
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
@@ -244,6 +246,8 @@ class WorkerAgent(PartBase):
             connected=transport.connected, ids=self.ids, clock=clock,
             seq_base=incarnation * 1_000_000_000, direct_timeout_s=config.local_api.direct_timeout_s)
         self.recovered_from: str | None = None  # where a damaged worker.db was moved at open
+        self.reserve: DiskReserve | None = None  # the disk room kept for a full disk (`open` sets it)
+        self._reserve_task: asyncio.Task[None] | None = None
         self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
@@ -265,6 +269,8 @@ class WorkerAgent(PartBase):
         """Open the worker's databases under `data_dir` (default: the config's) and build it."""
         base = Path(data_dir if data_dir is not None else config.agent.data_dir)
         base.mkdir(parents=True, exist_ok=True)
+        reserve = DiskReserve(base)
+        reserve.release_if_full()  # a full disk: room to open the databases and answer 503
         # A damaged worker.db (the job ledger, the start counter) must not keep the device down:
         # it is moved aside and started afresh, as the outbox is.
         recovered = recover_damaged(base / WORKER_DB, now_ms=clock.now_ms(), what="worker")
@@ -285,6 +291,9 @@ class WorkerAgent(PartBase):
                     incarnation=incarnation, **kwargs)
         agent.recovered_from = recovered
         agent.data_dir = base
+        agent.reserve = reserve
+        if not reserve.released:
+            reserve.restore()  # made at the first start (or after it was deleted by hand)
         return agent
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -333,6 +342,8 @@ class WorkerAgent(PartBase):
             await self.relay.start()
         if self.housekeeping is not None:
             await self.housekeeping.start()
+        if self.reserve is not None and self.reserve.released:
+            self._reserve_task = asyncio.create_task(self.reserve.keep(self.clock), name="disk-reserve")
 
     def _on_connection(self, is_open: bool) -> None:
         if not is_open:
@@ -355,6 +366,7 @@ class WorkerAgent(PartBase):
             self.ledger.close()
 
     async def _stop_running(self) -> None:
+        await cancel_and_wait(self._reserve_task)
         if self.housekeeping is not None:
             await self.housekeeping.stop()
         self.transport.connected.remove_listener(self._on_connection)
@@ -422,7 +434,7 @@ class WorkerAgent(PartBase):
         relay = self.relay
         running = (lambda: relay.running) if relay is not None else None
         return agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
-                            data_dir=self.data_dir, relay_running=running)
+                            data_dir=self.data_dir, relay_running=running, reserve=self.reserve)
 
     def collectors(self) -> Collectors:
         from agent.service.collectors import agent_collectors, per_class_collector, snapshot_collector

@@ -1,7 +1,7 @@
 """Acknowledged means durable, through a power cut: `edge-agent run` with the shipped configs,
 its data directory on a loop-mounted ext4 image, applications sending through the local API
 as fast as they are answered; the agent is SIGKILLed and the image copied at that moment
-(tests/powercut.py). Every message answered 202 before the cut must be in the copy: on the
+(tests/disks.py). Every message answered 202 before the cut must be in the copy: on the
 device (its outbox, offline) and on the gateway (leader.db, for the direct path's 202)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from disks import LoopDisk
 from e2e.agent_support import FLEET, db_query, kill, run_agent, shipped_config, spawn_agent
 from e2e.test_local_api_mqtt import api_status, wait_for
 from mosquitto import Mosquitto, free_port
-from powercut import LoopDisk
 
 from agent.client import AgentUnavailable, Client, LocalApiError, Receipt
 

@@ -1,4 +1,7 @@
-"""The power-cut approximation: an ext4 file system on a loop-mounted image file.
+"""File systems for the tests that a disk decides: the power-cut approximation (`LoopDisk`) and
+a small tmpfs to fill up (`Tmpfs`).
+
+The power-cut approximation: an ext4 file system on a loop-mounted image file.
 
 A process writes to files on it; the test SIGKILLs the process and at once copies the image
 file (`cut`): the copy holds what the block device held at that moment, without the file
@@ -84,3 +87,36 @@ class LoopDisk:
             if _run("umount", str(at)).returncode != 0:
                 _run("umount", "-l", str(at))  # a process of the test still holds it: detach
         self._mounted.clear()  # (the images went with the tmpfs)
+
+
+class Tmpfs:
+    """`with Tmpfs(path, size_mb) as disk:` a small file system of its own at `disk.at`, to fill up."""
+
+    def __init__(self, at: Path, size_mb: int) -> None:
+        self.at = at
+        self.size_mb = size_mb
+
+    def __enter__(self) -> Tmpfs:
+        if os.geteuid() != 0:
+            pytest.skip("a file system to fill up is a tmpfs mount: needs root")
+        self.at.mkdir(parents=True, exist_ok=True)
+        done = _run("mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.at))
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        return self
+
+    def fill(self, name: str = "filler") -> Path:
+        """Write a file until the file system is full; its path."""
+        filler = self.at / name
+        chunk = b"\0" * 65536
+        with filler.open("ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(chunk)
+            except OSError:
+                pass
+        return filler
+
+    def __exit__(self, *exc: object) -> None:
+        if _run("umount", str(self.at)).returncode != 0:
+            _run("umount", "-l", str(self.at))
