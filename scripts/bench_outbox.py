@@ -116,7 +116,7 @@ def _insert_then_drain(
 
 def bench_raw(path: Path, n: int, synchronous: str) -> dict[str, float]:
     """The outbox's schema (see the module docstring), driven by hand."""
-    conn, _ = open_database(path, synchronous=synchronous)  # type: ignore[arg-type]
+    conn, _, _ = open_database(path, synchronous=synchronous)  # type: ignore[arg-type]
     try:
         now = int(time.time() * 1000)
         rows: list[tuple[object, ...]] = [

@@ -321,10 +321,33 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         yield _leader_db(data_dir / "leader.db")
     if "dead letters" not in skip:
         yield _dead_letters(data_dir / "outbox.db")
+    if "kept state" not in skip:
+        yield _kept_state(data_dir)
     if "housekeeping" not in skip:
         h = config.housekeeping
         yield Outcome("housekeeping", True, f"every {h.interval_s:g}s; message ids kept"
                                             f" {h.processed_retention_s / 86400:g} days")
+
+
+def _without_sides(name: str) -> str:
+    """A database's name without the suffix of its -wal, -shm, -journal or .mark beside it."""
+    for side in ("-wal", "-shm", "-journal", ".mark"):
+        name = name.removesuffix(side)
+    return name
+
+
+def _kept_state(data_dir: Path) -> Outcome:
+    """Databases the agent moved aside as evidence: damaged (`.corrupt-`) or holding less than
+    it had committed (`.lost-`, see `agent.core.marks`)."""
+    if not data_dir.is_dir():
+        return Outcome("kept state", None, f"{data_dir}: not there yet")
+    kept = sorted({_without_sides(p.name) for p in data_dir.iterdir() if ".corrupt-" in p.name or ".lost-" in p.name})
+    if not kept:
+        return Outcome("kept state", True, "no database was moved aside")
+    lost = [k for k in kept if ".lost-" in k]
+    what = f"{len(lost)} lost state, {len(kept) - len(lost)} damaged" if lost else "damaged"
+    return Outcome("kept state", False, f"moved aside as evidence ({what}): {', '.join(kept)}",
+                   "what they held was not delivered from there: look into them, then delete them")
 
 
 def _installer(config: AgentConfig, data_dir: Path) -> Outcome:

@@ -215,15 +215,21 @@ def _check_with(target: str, busy_timeout_ms: int) -> str | None:
         conn.close()
 
 
-def move_aside(path: Path, now_ms: int) -> Path:
-    """Rename a damaged database (and its -wal, -shm, -journal) out of the way; returns the
-    new path. The evidence is kept, never deleted."""
+def aside_name(path: Path, now_ms: int, why: str = "corrupt") -> Path:
+    """Where `move_aside` puts `path`: `NAME.{why}-{UTC time}` (numbered when taken)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_ms / 1000))
-    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
+    dest = path.with_name(f"{path.name}.{why}-{stamp}")
     n = 1
     while dest.exists():
-        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        dest = path.with_name(f"{path.name}.{why}-{stamp}-{n}")
         n += 1
+    return dest
+
+
+def move_aside(path: Path, now_ms: int, why: str = "corrupt") -> Path:
+    """Rename a damaged database (and its -wal, -shm, -journal) out of the way; returns the
+    new path (`aside_name`: `why` is "corrupt" or "lost"). The evidence is kept, never deleted."""
+    dest = aside_name(path, now_ms, why)
     os.replace(path, dest)
     for suffix in ("-wal", "-shm", "-journal"):
         side = Path(str(path) + suffix)
@@ -372,6 +378,7 @@ class SqliteStore:
 
 __all__ = [
     "Migration",
+    "aside_name",
     "SqliteStore",
     "Synchronous",
     "atomic",

@@ -33,9 +33,10 @@ from agent.core.codec import Envelope, Reply
 from agent.core.config import AgentConfig, resolve
 from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError, UnstorableValue
 from agent.core.ids import IdGenerator
+from agent.core.marks import StoreMark
 from agent.core.ratelog import RateLimitedLog
 from agent.core.reserve import DiskReserve
-from agent.core.sqlite import damage_report, recover_damaged
+from agent.core.sqlite import aside_name, damage_report, move_aside, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
 from agent.leader.actors import (
@@ -220,12 +221,21 @@ class LeaderAgent(PartBase):
         reserve = DiskReserve(base)
         reserve.release_if_full()  # a full disk: room to open the stores and answer busy
         db = base / LEADER_DB
+        mark = StoreMark(db)  # the job queue's epoch at the last start (`agent.core.marks`)
         # The fleet's registry, job queue and rollout history: never dropped without being asked.
         if recover:
-            recover_damaged(db, now_ms=clock.now_ms(), what="leader")
+            if (damaged := recover_damaged(db, now_ms=clock.now_ms(), what="leader")) is not None:
+                mark.set_aside(Path(damaged))
         elif (problem := damage_report(db)) is not None:
             raise StoreError(f"{db} is damaged ({problem}): start once with `edge-agent run --recover` to move it"
                              " aside and start with an empty registry, job queue and rollout history")
+        if (lost := mark.lost_state("epoch", JobQueue.epoch_in(db))) is not None:
+            if not recover:
+                raise StoreError(f"{db} lost state: {lost}: start once with `edge-agent run --recover` to move it"
+                                 " aside and start with an empty registry, job queue and rollout history")
+            dest = move_aside(db, clock.now_ms(), "lost") if db.exists() else aside_name(db, clock.now_ms(), "lost")
+            mark.set_aside(dest)
+            log.error("leader: %s lost state (%s); moved aside to %s and started afresh", db, lost, dest)
         registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s,
                                        telemetry_names_max=config.leader.telemetry_names_max,
                                        telemetry_durable=durability(config, KIND_TELEMETRY) == "power")
@@ -233,6 +243,7 @@ class LeaderAgent(PartBase):
         try:
             jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max,
                                  synchronous="FULL" if config.outbox.durability == "power" else "NORMAL")
+            mark.write("epoch", jobs.epoch)  # its commit was synced
             rejects = RejectLog.open(db, clock=clock)
             messages = MessageLog.open(db, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device,
                                        crash_classes=crash_classes(config))

@@ -45,7 +45,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
+from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, connect_readonly_file, store_errors
 from agent.leader.job_types import (
     DemandOutcome,
     Dispatch,
@@ -158,6 +158,20 @@ class JobQueue(SqliteStore):
         self._ring: deque[_Binding] = deque()  # bindings with free demand, round-robin order
         self._submitted = self._confirmed = self._requeued = self._violations = 0
 
+    @staticmethod
+    def epoch_in(path: Path) -> int | None:
+        """The epoch the queue's file holds (read-only), None if the file or its tables are gone."""
+        if not path.exists():
+            return None
+        conn = connect_readonly_file(path)
+        try:
+            row = conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
+        except sqlite3.Error:  # no such table (or not a database: damage is checked elsewhere)
+            return None
+        finally:
+            close_quietly(conn)
+        return int(row[0]) if row is not None else None
+
     @classmethod
     def open(
         cls,
@@ -167,10 +181,11 @@ class JobQueue(SqliteStore):
         window_max: int = 64,
         synchronous: Synchronous = "FULL",
     ) -> JobQueue:
-        """Open the queue, take a new epoch and reload every accepted, unconfirmed job."""
+        """Open the queue, take a new epoch (a synced commit: the leader's mark records it) and
+        reload every accepted, unconfirmed job. `synchronous` is for the commits after that."""
         if window_max < 1:
             raise ValueError("window_max must be >= 1")
-        conn = cls.connect_migrated(path, synchronous=synchronous)
+        conn = cls.connect_migrated(path, synchronous="FULL")
         try:
             with atomic(conn):
                 row = conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
@@ -184,6 +199,7 @@ class JobQueue(SqliteStore):
                     "SELECT job_id, kind, payload, store_seq FROM jobs WHERE state = 'pending'"
                     " ORDER BY store_seq"
                 ).fetchall()
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
         except BaseException:
             close_quietly(conn)
             raise

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Literal
 
 from agent.core.errors import StoreError
-from agent.core.sqlite import damage_of, describe, is_corruption, move_aside
+from agent.core.marks import StoreMark
+from agent.core.sqlite import aside_name, damage_of, describe, is_corruption, move_aside
 from agent.outbox.types import ClassStats
 
 log = logging.getLogger("agent.outbox")
@@ -318,6 +319,26 @@ def migrate(conn: sqlite3.Connection) -> int:
 MIN_SQLITE = (3, 35, 0)  # RETURNING
 
 
+MARK_COUNTER = "enqueued"  # what the outbox's mark (`agent.core.marks`) records: it only grows
+
+
+def enqueued_in(path: Path, busy_timeout_ms: int = 5_000) -> int | None:
+    """The outbox's `enqueued` counter as the file holds it, None if the file or its tables are
+    gone (read-only: nothing is created or changed)."""
+    if not path.exists():
+        return None
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        try:
+            row = conn.execute("SELECT value FROM outbox_tally WHERE name = ?", (MARK_COUNTER,)).fetchone()
+        except sqlite3.OperationalError:  # no such table
+            return None
+        return int(row[0]) if row is not None else None
+    finally:
+        conn.close()
+
+
 def open_database(
     path: str | Path,
     *,
@@ -325,10 +346,11 @@ def open_database(
     busy_timeout_ms: int = 5_000,
     now_ms: int | None = None,
     page_size: int = PAGE_SIZE,
-) -> tuple[sqlite3.Connection, str | None]:
+) -> tuple[sqlite3.Connection, str | None, str | None]:
     """Open (creating if needed) the outbox at `path`; returns the connection (autocommit mode,
-    usable from one other thread) and the path a damaged file was moved to, if any.
-    `page_size` applies to a new file only (an existing file keeps its own).
+    usable from one other thread), the path a damaged file was moved to and the path a file
+    that lost state was moved to (see `agent.core.marks`), if any. `page_size` applies to a
+    new file only (an existing file keeps its own).
 
     Raises `StoreError`; no sqlite3 exception leaves this function.
     """
@@ -339,14 +361,25 @@ def open_database(
         need = ".".join(map(str, MIN_SQLITE))
         raise StoreError(f"the outbox needs SQLite >= {need}, this Python has {sqlite3.sqlite_version}")
     recovered: str | None = None
+    lost: str | None = None
+    mark = StoreMark(p)
+    when = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     try:
         if p.exists() and p.stat().st_size > 0:
             problem = damage_of(p, busy_timeout_ms)
             if problem is not None:
-                when = time.time_ns() // 1_000_000 if now_ms is None else now_ms
                 dest = move_aside(p, when)
+                mark.set_aside(dest)
                 recovered = str(dest)
                 log.error("outbox: %s is damaged (%s); moved aside to %s", p, problem, dest)
+        if recovered is None and mark.path.exists():
+            why = mark.lost_state(MARK_COUNTER, enqueued_in(p, busy_timeout_ms))
+            if why is not None:
+                dest = move_aside(p, when, "lost") if p.exists() else aside_name(p, when, "lost")
+                mark.set_aside(dest)
+                lost = str(dest)
+                log.error("outbox: %s lost state: %s; %s, and a fresh outbox started", p, why,
+                          f"moved aside to {dest}" if dest.exists() else "the file is gone")
         fresh = not p.exists() or p.stat().st_size == 0
         conn = sqlite3.connect(str(p), isolation_level=None, check_same_thread=False)
         try:
@@ -365,7 +398,7 @@ def open_database(
         raise StoreError(f"cannot open outbox {p}: {describe(exc)}") from exc
     except OSError as exc:
         raise StoreError(f"cannot open outbox {p}: {exc}") from exc
-    return conn, recovered
+    return conn, recovered, lost
 
 
 __all__ = [
@@ -383,6 +416,7 @@ __all__ = [
     "C_PENDING",
     "C_REPLAYED",
     "COUNTER_NAMES",
+    "MARK_COUNTER",
     "MIGRATIONS",
     "MIN_SQLITE",
     "NEXT_ID",
@@ -393,6 +427,7 @@ __all__ = [
     "Synchronous",
     "configure",
     "describe",
+    "enqueued_in",
     "is_corruption",
     "migrate",
     "move_aside",

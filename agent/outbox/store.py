@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from agent.core.clock import Clock, SystemClock, TimerHandle
 from agent.core.errors import StoreClosed
+from agent.core.marks import StoreMark
 from agent.outbox.engine import Engine
 from agent.outbox.policy import DEFAULT_CLASS, DURABILITIES, ClassPolicy, Durability
 from agent.outbox.reads import Reader
@@ -60,6 +61,7 @@ class OutboxStore:
         writer: Writer,
         reader: Reader,
         recovered_from: str | None,
+        lost_from: str | None = None,
         ack_delay_ms: int = 0,
         durability: Durability = "power",
         classes: Mapping[str, ClassPolicy] | None = None,
@@ -68,7 +70,8 @@ class OutboxStore:
         self._clock = clock
         self._writer = writer
         self._reader = reader
-        self.recovered_from = recovered_from
+        self.recovered_from = recovered_from  # where a damaged file was moved at open
+        self.lost_from = lost_from  # where a file that had lost state was moved at open
         self._version = 0
         self._seen: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = (
             weakref.WeakKeyDictionary()
@@ -106,7 +109,8 @@ class OutboxStore:
         page_size: int = PAGE_SIZE,
     ) -> OutboxStore:
         """Open (or create) the outbox at `path`. A damaged file is moved aside and a fresh one
-        started (`recovered_from` names where it went). `max_db_bytes` caps the file size:
+        started (`recovered_from` names where it went); so is a file that lost state since its
+        mark says otherwise (`lost_from`; see `agent.core.marks`). `max_db_bytes` caps the file size:
         beyond it writes fail with `StoreError` until space is freed or the cap raised.
         `ack_delay_ms`: how long the commit of an OVERWRITE row's ack may wait to share a
         transaction with the next write (see `ack`); 0 commits every ack at once.
@@ -123,13 +127,13 @@ class OutboxStore:
             raise ValueError(f"durability must be power or crash, got {durability!r}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        recovered: list[str | None] = [None]
+        recovered: list[str | None] = [None, None]
         readers: list[Reader] = []
         now_ms = clock.now_ms()
 
         def factory() -> Engine:
             # FULL while the tables are made: a power cut must not take a store's tables away.
-            conn, recovered[0] = open_database(
+            conn, recovered[0], recovered[1] = open_database(
                 p, synchronous="FULL", busy_timeout_ms=busy_timeout_ms, now_ms=now_ms,
                 page_size=page_size,
             )
@@ -183,11 +187,11 @@ class OutboxStore:
         # A clock may ask for store work on the loop itself (the simulator's virtual clock does,
         # so a run does not depend on thread timing): see `Writer`'s `inline`.
         inline = clock.inline_io
-        writer = Writer(factory, loop, deliver, name=f"outbox-writer:{p.name}", inline=inline)
+        writer = Writer(factory, loop, deliver, name=f"outbox-writer:{p.name}", inline=inline, mark=StoreMark(p))
         with clock.busy():
             await writer.start()
         store = cls(
-            path=p, clock=clock, writer=writer, reader=readers[0], recovered_from=recovered[0],
+            path=p, clock=clock, writer=writer, reader=readers[0], recovered_from=recovered[0], lost_from=recovered[1],
             ack_delay_ms=ack_delay_ms, durability=durability, classes=classes,
         )
         holder.append(store)

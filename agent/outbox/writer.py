@@ -28,16 +28,19 @@ import asyncio
 import logging
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from agent.core.errors import EdgeAgentError, StoreClosed, StoreError
+from agent.core.marks import StoreMark
 from agent.outbox.engine import Engine
-from agent.outbox.schema import describe
+from agent.outbox.schema import MARK_COUNTER, describe
 
 log = logging.getLogger("agent.outbox")
 
+MARK_EVERY_S = 60.0  # how often a synced commit also renews the store's mark (`agent.core.marks`)
 OpFn = Callable[[Engine], Any]
 Results = list[tuple[Any, Any, BaseException | None]]
 Deliver = Callable[[Results, bool], None]
@@ -86,8 +89,11 @@ class Writer:
         *,
         name: str = "outbox-writer",
         inline: bool = False,
+        mark: StoreMark | None = None,
     ) -> None:
         self._factory = factory
+        self._mark = mark
+        self._mark_due = 0.0  # monotonic time the next synced commit renews the mark
         self._loop = loop
         self._deliver = deliver
         self._ops: deque[_Op | _Close] = deque()
@@ -240,6 +246,10 @@ class Writer:
         if engine.books.flight.pop_freed():  # a settle let a row waiting behind another go
             wakes = True
         self._post(self._deliver, results, wakes)
+        if self._mark is not None and self._full and writes and time.monotonic() >= self._mark_due:
+            # the last commit was synced: what the counters say is on the disk
+            self._mark_due = time.monotonic() + MARK_EVERY_S
+            self._mark.write(MARK_COUNTER, engine.books.counters[MARK_COUNTER])
 
     def _write_group(
         self, engine: Engine, writes: list[_Op]
@@ -285,9 +295,12 @@ class Writer:
         except sqlite3.Error:
             pass
         try:
-            engine.books.conn.close()
+            engine.books.conn.close()  # the last connection: checkpoints and syncs
         except sqlite3.Error as exc:
             log.warning("outbox: closing the database failed: %s", describe(exc))
+        else:
+            if self._mark is not None:
+                self._mark.write(MARK_COUNTER, engine.books.counters[MARK_COUNTER])
         self._post(_succeed, closer.fut, None)
 
 

@@ -444,8 +444,11 @@ class WorkerAgent(PartBase):
             mailbox_statistics=self.system.statistics, outbox_stats=self.outbox.stats,
             housekeeping_metrics=self.housekeeping.metrics if self.housekeeping is not None else None)
         # 1 after a damaged worker.db was moved aside at this start (its job ledger was lost)
+        # and 1 after the outbox was moved aside at this start: damaged, or it had lost state
         found["worker"] = snapshot_collector(
-            "ea_worker", lambda: {"state_recovered": 1 if self.recovered_from else 0}, label="state")
+            "ea_worker", lambda: {"state_recovered": 1 if self.recovered_from else 0,
+                                  "outbox_damaged": 1 if self.outbox.recovered_from else 0,
+                                  "outbox_state_lost": 1 if self.outbox.lost_from else 0}, label="state")
         found["messages"] = per_class_collector("ea_messages", self._message_audit, counters=AUDIT_COUNTERS,
                                                 help_=AUDIT_HELP)
         return found

@@ -6,6 +6,7 @@ device (its outbox, offline) and on the gateway (leader.db, for the direct path'
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sqlite3
 import sys
@@ -22,6 +23,8 @@ from e2e.test_local_api_mqtt import api_status, wait_for
 from mosquitto import Mosquitto, free_port
 
 from agent.client import AgentUnavailable, Client, LocalApiError, Receipt
+from agent.core.clock import SystemClock
+from agent.outbox.store import OutboxStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -93,6 +96,15 @@ def test_no_message_the_device_acknowledged_is_lost_to_a_power_cut(tmp_path: Pat
         held = ids_in(root / "edge-agent" / "outbox.db", "SELECT msg_id FROM outbox")
         missing = [r.id for r in apps.acked if r.id not in held]
         assert not missing, f"{len(missing)} of {len(apps.acked)} acknowledged messages lost in the cut"
+        # and the agent, started on what the cut left, finds nothing lost (its mark agrees)
+        restarted = asyncio.run(_reopen(root / "edge-agent" / "outbox.db"))
+        assert restarted == (None, None)
+
+
+async def _reopen(db: Path) -> tuple[str | None, str | None]:
+    store = await OutboxStore.open(db, clock=SystemClock())
+    await store.close()
+    return store.recovered_from, store.lost_from
 
 
 def test_no_message_the_leader_acknowledged_is_lost_to_a_power_cut(tmp_path: Path) -> None:

@@ -75,3 +75,62 @@ async def test_recover_moves_a_damaged_leader_db_aside(tmp_path: Path) -> None:
         assert agent.registry.counts() == (0, 0)  # an empty registry, working
     finally:
         await app.discard()
+
+
+async def test_a_leader_db_that_lost_state_refuses_to_start_and_recover_moves_it_aside(tmp_path: Path) -> None:
+    """A sound file that holds less than the leader committed (an old copy put back: its job
+    queue's epoch went back) is lost state: refused in one line, moved aside with --recover."""
+    import shutil
+
+    from agent.app import AppEnv, assemble, make_transport
+    from agent.leader.env import GatewayEnv
+
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    db = tmp_path / "gw" / "leader.db"
+    await stop_all(await leader(clock, tmp_path, broker=broker), clock=clock)  # epoch 1
+    shutil.copyfile(db, tmp_path / "old.db")
+    await stop_all(await leader(clock, tmp_path, broker=broker), clock=clock)  # epoch 2
+    db.with_name("leader.db-wal").unlink(missing_ok=True)
+    shutil.copyfile(tmp_path / "old.db", db)
+    with pytest.raises(StoreError, match=r"lost state: its epoch went back to 1 \(it was 2 on .*--recover"):
+        await leader(clock, tmp_path, broker=broker)
+    cfg = config("leader", "gw")
+    app = await assemble(cfg, transport=make_transport(cfg, clock=clock, memory_broker=broker), clock=clock,
+                         base=db.parent, env=AppEnv(gateway=GatewayEnv(recover=True)))
+    try:
+        assert any(p.name.startswith("leader.db.lost-") for p in db.parent.iterdir())
+        assert app.agent.jobs_queue.epoch == 1  # afresh
+    finally:
+        await app.discard()
+
+
+async def test_a_leader_db_that_vanished_under_its_mark_refuses_to_start(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    await stop_all(await leader(clock, tmp_path, broker=broker), clock=clock)
+    for name in ("leader.db", "leader.db-wal", "leader.db-shm"):
+        (tmp_path / "gw" / name).unlink(missing_ok=True)
+    with pytest.raises(StoreError, match="lost state: its tables are gone"):
+        await leader(clock, tmp_path, broker=broker)
+
+
+async def test_a_worker_whose_outbox_lost_state_runs_on_a_fresh_one_and_says_so(tmp_path: Path) -> None:
+    from agent.commands.doctor import _kept_state
+
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    await stop_all(await worker(clock, tmp_path, "w1", broker=broker), clock=clock)
+    data = tmp_path / "w1"
+    assert _kept_state(data).ok is True
+    for name in ("outbox.db", "outbox.db-wal", "outbox.db-shm"):
+        (data / name).unlink(missing_ok=True)  # the tables gone, the mark still there
+    w = await worker(clock, tmp_path, "w1", broker=broker)
+    try:
+        assert w.outbox.lost_from is not None and ".lost-" in w.outbox.lost_from
+        families = {f.name: f for f in await w.collectors()["worker"]()}
+        assert families["ea_worker_outbox_state_lost"].samples[0].value == 1
+    finally:
+        await stop_all(w, clock=clock)
+    kept = _kept_state(data)
+    assert kept.ok is False and "lost state" in kept.text
