@@ -6,18 +6,24 @@
 Measures, on this machine, N messages of 200 bytes:
 
 * raw sqlite3: the same schema work by hand, 100 messages per transaction (insert N; then
-  select up to 100 ready rows, mark them done, commit, until none is left), WAL, at the same
-  `synchronous` as our run. "Same schema": the outbox's own file, created and configured by
-  `open_database` (AUTOINCREMENT ids, every column, the same indexes; done = deleted, as the
-  schema keeps no done rows), with all values computed before the clock starts; ours also
+  select up to 100 ready rows, mark them done, commit, until none is left), WAL, at NORMAL
+  (against our durability "crash") and at FULL (against "power", the default). "Same schema":
+  the outbox's own file, created and configured by `open_database` (AUTOINCREMENT ids, every
+  column, the same indexes; done = deleted, as the schema keeps no done rows), with all values
+  computed before the clock starts; ours also
   keeps its counters and per-class depths, the raw run does not. For reference the same loop
   also runs on a minimal table (plain rowid, ten columns, one partial index):
   `raw_sqlite_minimal_schema_msgs_per_s` and `ratio_vs_raw_minimal_schema`;
-* our outbox at NORMAL: enqueue from 100 concurrent callers (group commit), then drain through
-  the Relay to an in-process receiver that accepts at once; enqueue, drain and combined rates
-  (raw and ours alternate `--repeat` times; the best run of each is reported);
-* persist-queue's SQLiteAckQueue at its defaults (synchronous=FULL): put N, then get + ack N;
-  and our outbox again at FULL, for the comparison;
+* our outbox at durability "power" (the default: each group commit of an enqueue is synced)
+  and "crash" (not synced): enqueue from 100 concurrent callers (group commit), then drain
+  through the Relay to an in-process receiver that accepts at once; enqueue, drain and combined
+  rates (raw and ours alternate `--repeat` times; the best run of each is reported), and, for
+  "power", how many messages shared each synced commit;
+* this disk's fsyncs per second (write 1 KiB + fsync, for a second), and what the power run's
+  messages per synced commit give on a disk doing 770 fsyncs/s (an SD card's figure):
+  `power_ceiling_at_770_fsyncs_msgs_per_s` = 770 x messages per synced commit;
+* persist-queue's SQLiteAckQueue at its defaults (synchronous=FULL): put N, then get + ack N,
+  against our "power" run;
 * the relay idle (nothing to send) for `--idle-s` seconds: process CPU percent and write
   transactions (the store's counter).
 
@@ -173,10 +179,10 @@ def _messages(n: int, tag: str) -> list[OutboxMessage]:
     ]
 
 
-async def _open(path: Path, n: int, synchronous: str) -> OutboxStore:
+async def _open(path: Path, n: int, durability: str) -> OutboxStore:
     roomy = ClassPolicy(max_messages=max(100_000, 2 * n), max_bytes=max(64 << 20, 1024 * n))
     return await OutboxStore.open(
-        path, clock=SystemClock(), synchronous=synchronous, default_class=roomy  # type: ignore[arg-type]
+        path, clock=SystemClock(), durability=durability, default_class=roomy  # type: ignore[arg-type]
     )
 
 
@@ -217,22 +223,25 @@ async def _drain(store: OutboxStore, n: int) -> float:
     return elapsed
 
 
-async def bench_outbox(path: Path, n: int, synchronous: str, idle_s: float) -> dict[str, float]:
+async def bench_outbox(path: Path, n: int, durability: str, idle_s: float) -> dict[str, float]:
     """Enqueue then drain `n` messages; with `idle_s`, then watch the relay idle on the same
     store (its history of `n` delivered rows included)."""
-    store = await _open(path, n, synchronous)
+    store = await _open(path, n, durability)
     try:
         msgs = _messages(n, "m")
+        synced0 = store.synced_commits
         t_enq = await _enqueue(store, msgs)
+        synced = store.synced_commits - synced0
         t_drain = await _drain(store, n)
         out = {
             "enqueue": n / t_enq,
             "drain": n / t_drain,
             "combined": n / (t_enq + t_drain),
+            "synced_commits": synced,
         }
         log(
-            f"  {synchronous}: enqueue {out['enqueue']:,.0f}, drain {out['drain']:,.0f},"
-            f" combined {out['combined']:,.0f} msg/s"
+            f"  {durability}: enqueue {out['enqueue']:,.0f}, drain {out['drain']:,.0f},"
+            f" combined {out['combined']:,.0f} msg/s, {synced} synced commits"
         )
         if idle_s > 0:
             out.update(await _idle(store, idle_s))
@@ -262,6 +271,24 @@ async def _idle(store: OutboxStore, idle_s: float) -> dict[str, float]:
     return {"idle_cpu_percent": 100.0 * cpu / wall, "idle_write_txns": txns, "idle_s": wall}
 
 
+def fsyncs_per_s(directory: Path, seconds: float = 1.0) -> float:
+    """This disk's rate of small synced writes (what each synced commit costs at least)."""
+    path = directory / "fsync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        block = b"x" * 1024
+        count = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            os.pwrite(fd, block, (count % 64) * 1024)
+            os.fsync(fd)
+            count += 1
+        return count / (time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
 # -- persist-queue -------------------------------------------------------------------------
 def bench_persist_queue(directory: Path, n: int) -> dict[str, float]:
     from persistqueue import SQLiteAckQueue
@@ -288,35 +315,39 @@ def _best(runs: list[dict[str, float]]) -> dict[str, float]:
 async def _run_all(workdir: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Raw and ours alternate, `repeat` times each, so both see the same machine; the best
     run of each counts (other processes only ever make a run slower)."""
-    raws, minimals, normals, fulls = [], [], [], []
+    raws, raw_fulls, minimals, normals, fulls = [], [], [], [], []
     for i in range(args.repeat):
-        log(f"round {i + 1}/{args.repeat}: raw sqlite3 NORMAL, outbox NORMAL, outbox FULL")
+        log(f"round {i + 1}/{args.repeat}: raw sqlite3 NORMAL and FULL, outbox crash and power")
         raw = bench_raw(workdir / f"raw-{i}.db", args.n, "NORMAL")
+        raw_full = bench_raw(workdir / f"rawfull-{i}.db", args.n, "FULL")
         minimal = bench_raw_minimal(workdir / f"min-{i}.db", args.n, "NORMAL")
         log(
-            f"  raw: combined {raw['combined']:,.0f} msg/s"
+            f"  raw: combined NORMAL {raw['combined']:,.0f}, FULL {raw_full['combined']:,.0f} msg/s"
             f" (minimal table: {minimal['combined']:,.0f})"
         )
         raws.append(raw)
+        raw_fulls.append(raw_full)
         minimals.append(minimal)
-        normals.append(await bench_outbox(workdir / f"normal-{i}.db", args.n, "NORMAL", 0.0))
-        fulls.append(await bench_outbox(workdir / f"full-{i}.db", args.n, "FULL", 0.0))
+        normals.append(await bench_outbox(workdir / f"crash-{i}.db", args.n, "crash", 0.0))
+        fulls.append(await bench_outbox(workdir / f"power-{i}.db", args.n, "power", 0.0))
         for f in workdir.glob(f"*-{i}.db*"):
             f.unlink()
     log(f"idle relay for {args.idle_s:.0f} s (store holding the history of {args.n} rows)")
     idle = (
-        await bench_outbox(workdir / "idle.db", args.n, "NORMAL", args.idle_s)
+        await bench_outbox(workdir / "idle.db", args.n, "power", args.idle_s)
         if args.idle_s > 0
         else {}
     )
     if idle:
-        normals.append(idle)  # the idle run began with one more enqueue + drain round
+        fulls.append(idle)  # the idle run began with one more enqueue + drain round
     return {
         "raw": _best(raws),
+        "raw_full": _best(raw_fulls),
         "minimal": _best(minimals),
         "normal": _best(normals),
         "full": _best(fulls),
         "idle": idle,
+        "fsyncs_per_s": {"here": fsyncs_per_s(workdir)},
     }
 
 
@@ -344,24 +375,30 @@ def main() -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    raw = ours["raw"]
+    raw, raw_full = ours["raw"], ours["raw_full"]
     normal, full = ours["normal"], ours["full"]
+    per_sync = args.n / max(1, full["synced_commits"])
     result: dict[str, Any] = {
+        "power_msgs_per_s": round(full["combined"]),
+        "power_enqueue_msgs_per_s": round(full["enqueue"]),
+        "power_drain_msgs_per_s": round(full["drain"]),
+        "raw_sqlite_full_msgs_per_s": round(raw_full["combined"]),
+        "power_ratio_vs_raw_full": round(full["combined"] / raw_full["combined"], 3),
+        "power_msgs_per_synced_commit": round(per_sync, 1),
+        "fsyncs_per_s_here": round(ours["fsyncs_per_s"]["here"]),
+        "power_ceiling_at_770_fsyncs_msgs_per_s": round(770 * per_sync),
+        "crash_msgs_per_s": round(normal["combined"]),
+        "crash_enqueue_msgs_per_s": round(normal["enqueue"]),
+        "crash_drain_msgs_per_s": round(normal["drain"]),
         "raw_sqlite_msgs_per_s": round(raw["combined"]),
         "raw_sqlite_insert_msgs_per_s": round(raw["insert"]),
         "raw_sqlite_drain_msgs_per_s": round(raw["drain"]),
         "raw_sqlite_minimal_schema_msgs_per_s": round(ours["minimal"]["combined"]),
-        "outbox_enqueue_msgs_per_s": round(normal["enqueue"]),
-        "outbox_drain_msgs_per_s": round(normal["drain"]),
-        "outbox_combined_msgs_per_s": round(normal["combined"]),
+        "ratio_vs_raw": round(normal["combined"] / raw["combined"], 3),
+        "ratio_vs_raw_minimal_schema": round(normal["combined"] / ours["minimal"]["combined"], 3),
         "persist_queue_msgs_per_s": round(pq["combined"]),
         "persist_queue_put_msgs_per_s": round(pq["put"]),
         "persist_queue_get_ack_msgs_per_s": round(pq["get_ack"]),
-        "outbox_full_msgs_per_s": round(full["combined"]),
-        "outbox_full_enqueue_msgs_per_s": round(full["enqueue"]),
-        "outbox_full_drain_msgs_per_s": round(full["drain"]),
-        "ratio_vs_raw": round(normal["combined"] / raw["combined"], 3),
-        "ratio_vs_raw_minimal_schema": round(normal["combined"] / ours["minimal"]["combined"], 3),
         "ratio_vs_persist_queue": round(full["combined"] / pq["combined"], 1),
         "idle_cpu_percent": round(ours["idle"].get("idle_cpu_percent", 0.0), 3),
         "idle_write_txns": int(ours["idle"].get("idle_write_txns", 0)),
@@ -369,8 +406,7 @@ def main() -> int:
         "n": args.n,
         "repeat": args.repeat,
         "persist_queue_n": args.pq_n,
-        "synchronous": "NORMAL",
-        "synchronous_vs_persist_queue": "FULL",
+        "durability_vs_persist_queue": "power",
         "callers": CALLERS,
         "payload_bytes": len(PAYLOAD),
         "event_loop": "uvloop" if uvloop_factory() is not None else "asyncio",

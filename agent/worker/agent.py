@@ -41,7 +41,7 @@ from agent.housekeeping import Housekeeper, limited
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
-from agent.protocol import KIND_JOB_OFFER, JobOffer, SystemSample, agent_registry, kind_of
+from agent.protocol import KIND_JOB_OFFER, JobOffer, SystemSample, agent_registry, app_kind, kind_of
 from agent.service.parts import Checks, Collectors, Liveness, PartBase
 from agent.telemetry import SystemSampler
 from agent.transport import topics
@@ -405,13 +405,17 @@ class WorkerAgent(PartBase):
 
     async def message_status(self) -> dict[str, object]:
         """What the local API's `GET /v1/status` answers: the connection, and per application
-        class its intake and outbox figures (`class_audit`)."""
+        class its intake and outbox figures (`class_audit`) and what its 202 promises
+        (`durability`: "power", it survives a power cut; "crash", it survives the agent's crash)."""
         stats = await self.outbox.stats()
         oldest = stats.oldest_pending_age_ms
+        classes = class_audit(self.messages, stats.by_class)
+        for name, entry in classes.items():
+            entry["durability"] = self.outbox.durability_of(app_kind(name))
         return {
             "device_id": self.device_id, "connected": self.transport.connected.is_open,
             "outbox_pending": stats.pending, "oldest_pending_age_s": None if oldest is None else oldest / 1000.0,
-            "classes": class_audit(self.messages, stats.by_class),
+            "classes": classes,
         }
 
     def statistics(self) -> dict[str, object]:

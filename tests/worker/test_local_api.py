@@ -44,12 +44,13 @@ class Setup:
 
 
 async def _start(tmp: Path, broker: MemoryBroker, *, with_leader: bool, group: str = "edge-agent",
-                 socket_dir: Path | None = None) -> Setup:
+                 socket_dir: Path | None = None, classes: dict[str, dict[str, object]] | None = None) -> Setup:
     clock = SystemClock()
     gw = await leader(clock, tmp, broker=broker) if with_leader else None
     # without a leader a direct try goes unanswered: give up on it soon
     api_section = {} if with_leader else {"direct_timeout_s": 0.1}
-    device = await worker(clock, tmp, "pi-1", broker=broker, sections={"classes": CLASSES, "local_api": api_section})
+    device = await worker(clock, tmp, "pi-1", broker=broker,
+                          sections={"classes": {**CLASSES, **(classes or {})}, "local_api": api_section})
     sock = (socket_dir or tmp) / "api.sock"
     api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=sock, group=group,
                    max_body_bytes=64 * 1024, max_batch=10)

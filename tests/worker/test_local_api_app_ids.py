@@ -130,3 +130,14 @@ async def test_the_client_names_every_message_and_resends_it_on_a_new_connection
     a, b, duplicate = await asyncio.to_thread(session)
     assert a != b and len(a) == 32 and not duplicate
     assert (await offline.device.outbox.stats()).by_class["app.telemetry"].pending == 2
+
+
+async def test_the_status_says_what_each_class_promises(tmp_path: Path) -> None:
+    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False,
+                         classes={"readings": {"mode": "append", "durability": "crash"}})
+    try:
+        classes = (await AsyncClient(setup.socket).status())["classes"]
+        assert classes["telemetry"]["durability"] == "power"  # the default: a 202 survives a power cut
+        assert classes["readings"]["durability"] == "crash"
+    finally:
+        await _stop(setup)
