@@ -100,3 +100,37 @@ def test_a_worker_restarted_on_a_full_disk_answers_503_and_recovers(tmp_path: Pa
             assert "Traceback" not in (tmp_path / "worker.log").read_text()
         finally:
             kill(proc)
+
+
+def test_a_leader_restarted_on_a_full_disk_leads_and_recovers(tmp_path: Path) -> None:
+    metrics_port = free_port()
+    with Mosquitto(tmp_path / "broker") as broker, Tmpfs(tmp_path / "ssd", 80) as disk:
+        conf = shipped_config(tmp_path / "leader.toml", "leader.toml",
+                              agent={"device_id": "gw", "fleet": FLEET, "data_dir": str(disk.at / "edge-agent")},
+                              mqtt={"url": broker.url}, metrics={"listen": f"127.0.0.1:{metrics_port}"},
+                              artifacts={"listen": f"127.0.0.1:{free_port()}"})
+        leader = run_agent(conf, tmp_path / "leader.log")
+        worker = None
+        try:
+            wait_for(lambda: disk_check(metrics_port), "the leader's /healthz")
+            filler = disk.fill()
+            kill(leader)
+            leader = run_agent(conf, tmp_path / "leader.log")
+            wait_for(lambda: str(disk_check(metrics_port).get("detail", "")).startswith("disk full"),
+                     "the restarted leader saying 'disk full' on /healthz")
+            worker = spawn_agent(tmp_path, "worker", "pi-1", broker.url, classes={"telemetry": {"mode": "append"}},
+                                 agent={"data_dir": str(tmp_path / "pi-1")})
+            sock = tmp_path / "pi-1" / "api.sock"
+            wait_for(lambda: (api_status(sock) or {}).get("connected"), "the worker connected")
+            with Client(sock) as client:
+                acked = [client.send("telemetry", {"i": i, "pad": "x" * 500}) for i in range(300)]
+            assert leader.poll() is None  # it leads on the full disk
+            filler.unlink()
+            db = disk.at / "edge-agent" / "leader.db"
+            wait_for(lambda: set(acked) <= set(stored_ids(db)), "every acknowledged message stored by the leader")
+            wait_for(lambda: disk_check(metrics_port).get("ok") is True, "the disk check healthy again")
+            assert "Traceback" not in (tmp_path / "leader.log").read_text()
+        finally:
+            kill(leader)
+            if worker is not None:
+                kill(worker)
