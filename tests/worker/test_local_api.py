@@ -372,5 +372,9 @@ async def test_send_takes_a_file_or_standard_input_and_says_why_not_in_its_exit_
     assert code == 3 and "429" in err and "retry after" in err
     code, _, err = await send("telemetry", "--json", "{not json")
     assert code == 2 and "--json: not valid JSON" in err
+    # a script that runs the same send again under its --app-id gets the first id back, one copy
+    code, first, _ = await send("telemetry", "--json", '{"door": "open"}', "--app-id", "door-7")
+    code2, again, err = await send("telemetry", "--json", '{"door": "open"}', "--app-id", "door-7")
+    assert (code, code2, again) == (0, 0, first) and "duplicate: door-7 was taken before (path outbox)" in err
     stats = await offline.device.outbox.stats()
-    assert stats.by_class["app.telemetry"].pending == 1 and stats.by_class["app.state"].pending == 1
+    assert stats.by_class["app.telemetry"].pending == 2 and stats.by_class["app.state"].pending == 1
