@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,82 +17,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import leader, until, worker
+from e2e.agent_support import worker
+from local_api_support import CLASSES, Setup, post, raw, start_api, stop_api
 
 from agent.client import AgentUnavailable, AsyncClient, Client, LocalApiError
 from agent.core.clock import SystemClock
-from agent.leader.agent import LeaderAgent
 from agent.transport.memory import MemoryBroker
-from agent.worker.agent import WorkerAgent
 from agent.worker.local_api import LocalApi
-
-CLASSES = {
-    "telemetry": {"mode": "append"},
-    "state": {"mode": "overwrite"},
-    "tiny": {"mode": "append", "max_messages": 2, "full_policy": "reject", "max_payload_bytes": 64},
-}
-
-
-@dataclass
-class Setup:
-    gw: LeaderAgent | None
-    device: WorkerAgent
-    api: LocalApi
-    socket: Path
-
-
-async def _start(tmp: Path, broker: MemoryBroker, *, with_leader: bool, group: str = "edge-agent",
-                 socket_dir: Path | None = None, classes: dict[str, dict[str, object]] | None = None) -> Setup:
-    clock = SystemClock()
-    gw = await leader(clock, tmp, broker=broker) if with_leader else None
-    # without a leader a direct try goes unanswered: give up on it soon
-    api_section = {} if with_leader else {"direct_timeout_s": 0.1}
-    device = await worker(clock, tmp, "pi-1", broker=broker,
-                          sections={"classes": {**CLASSES, **(classes or {})}, "local_api": api_section})
-    sock = (socket_dir or tmp) / "api.sock"
-    api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=sock, group=group,
-                   max_body_bytes=64 * 1024, max_batch=10)
-    await api.start()
-    return Setup(gw, device, api, sock)
-
-
-async def _stop(s: Setup) -> None:
-    await s.api.stop()
-    await s.device.stop()
-    if s.gw is not None:
-        await s.gw.stop()
-
-
-@pytest.fixture
-async def online(tmp_path: Path) -> AsyncIterator[Setup]:
-    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=True)
-    await until(SystemClock(), lambda: setup.device.transport.connected.is_open, what="connected")
-    yield setup
-    await _stop(setup)
-
-
-@pytest.fixture
-async def offline(tmp_path: Path) -> AsyncIterator[Setup]:
-    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False)
-    yield setup
-    await _stop(setup)
-
-
-async def _raw(sock: Path, request: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
-    reader, writer = await asyncio.open_unix_connection(str(sock))
-    writer.write(request)
-    await writer.drain()
-    head = (await reader.readuntil(b"\r\n\r\n")).decode()
-    lines = head.split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-    body = await reader.readexactly(int(headers["content-length"]))
-    writer.close()
-    return int(lines[0].split()[1]), headers, json.loads(body)
-
-
-def _post(path: str, body: bytes, ctype: str = "application/json") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n").encode() + body
 
 
 async def test_a_message_is_answered_after_the_leader_stored_it(online: Setup) -> None:
@@ -124,7 +53,7 @@ async def test_offline_messages_wait_in_the_outbox_and_a_full_class_answers_429(
     client = AsyncClient(offline.socket)
     first = await client.send("tiny", b"a")
     await client.send("tiny", b"b")
-    status, headers, body = await _raw(offline.socket, _post("/v1/messages/tiny", b"c", "text/plain"))
+    status, headers, body = await raw(offline.socket, post("/v1/messages/tiny", b"c", "text/plain"))
     assert status == 429 and headers["retry-after"] == "5" and "full" in str(body["error"])
     stats = await offline.device.outbox.stats()
     assert stats.by_class["app.tiny"].pending == 2  # what was acknowledged is stored; nothing else
@@ -136,17 +65,17 @@ async def test_offline_messages_wait_in_the_outbox_and_a_full_class_answers_429(
 async def test_bad_requests_name_the_field_and_the_api_keeps_serving(offline: Setup) -> None:
     sock = offline.socket
     cases = [
-        (_post("/v1/messages", b"{not json"), 400, None),
-        (_post("/v1/messages", b'{"class": "telemetry"}'), 400, "payload"),
-        (_post("/v1/messages", b'{"class": "nope", "payload": 1}'), 400, "class"),
-        (_post("/v1/messages", b'{"class": "telemetry", "payload": 1, "colour": "red"}'), 400, "colour"),
-        (_post("/v1/messages", b'{"class": "telemetry", "payload": 1, "ttl": "soon"}'), 400, "ttl"),
-        (_post("/v1/messages", b'{"class": "telemetry", "payload_base64": "!!"}'), 400, "payload_base64"),
-        (_post("/v1/messages", b'{"messages": [{"class": "telemetry", "payload": 1}, {"class": "x", "payload": 2}]}'),
+        (post("/v1/messages", b"{not json"), 400, None),
+        (post("/v1/messages", b'{"class": "telemetry"}'), 400, "payload"),
+        (post("/v1/messages", b'{"class": "nope", "payload": 1}'), 400, "class"),
+        (post("/v1/messages", b'{"class": "telemetry", "payload": 1, "colour": "red"}'), 400, "colour"),
+        (post("/v1/messages", b'{"class": "telemetry", "payload": 1, "ttl": "soon"}'), 400, "ttl"),
+        (post("/v1/messages", b'{"class": "telemetry", "payload_base64": "!!"}'), 400, "payload_base64"),
+        (post("/v1/messages", b'{"messages": [{"class": "telemetry", "payload": 1}, {"class": "x", "payload": 2}]}'),
          400, "messages.1.class"),
-        (_post("/v1/messages/tiny", b"x" * 65, "text/plain"), 413, "payload"),
-        (_post("/v1/messages", b"[1, 2]"), 400, None),
-        (_post("/v1/messages", b"x=1", "application/x-www-form-urlencoded"), 415, None),
+        (post("/v1/messages/tiny", b"x" * 65, "text/plain"), 413, "payload"),
+        (post("/v1/messages", b"[1, 2]"), 400, None),
+        (post("/v1/messages", b"x=1", "application/x-www-form-urlencoded"), 415, None),
         (b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, None),
         (b"GET /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 404, None),
         (b"BLAH\r\n\r\n", 400, None),
@@ -154,12 +83,12 @@ async def test_bad_requests_name_the_field_and_the_api_keeps_serving(offline: Se
         (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 411, None),
     ]
     for request, want, field in cases:
-        status, _, body = await _raw(sock, request)
+        status, _, body = await raw(sock, request)
         assert status == want, (request[:60], status, body)
         assert body.get("field") == field, (request[:60], body)
     stats = await offline.device.outbox.stats()
     assert not [k for k in stats.by_class if k.startswith("app.")]  # the refused batch stored none
-    status, _, body = await _raw(sock, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    status, _, body = await raw(sock, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 200 and body["device_id"] == "pi-1"
     assert offline.device.system.problem() is None
 
@@ -217,7 +146,7 @@ def shared_dir() -> Iterator[Path]:
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 async def test_the_socket_refuses_a_process_outside_its_group(tmp_path: Path, shared_dir: Path) -> None:
     # the socket 0660 root:root
-    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
+    setup = await start_api(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
                          socket_dir=shared_dir)
     try:
         assert setup.socket.stat().st_mode & 0o777 == 0o660
@@ -228,12 +157,12 @@ async def test_the_socket_refuses_a_process_outside_its_group(tmp_path: Path, sh
         stats = await setup.device.outbox.stats()
         assert stats.by_class["app.telemetry"].pending == 1  # the member's message only
     finally:
-        await _stop(setup)
+        await stop_api(setup)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 async def test_a_socket_widened_by_hand_still_refuses_an_outsider(tmp_path: Path, shared_dir: Path) -> None:
-    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
+    setup = await start_api(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False, group="root",
                          socket_dir=shared_dir)
     try:
         setup.socket.chmod(0o666)  # someone "fixed" a permission problem the wrong way
@@ -243,7 +172,7 @@ async def test_a_socket_widened_by_hand_still_refuses_an_outsider(tmp_path: Path
         stats = await setup.device.outbox.stats()
         assert "app.telemetry" not in stats.by_class
     finally:
-        await _stop(setup)
+        await stop_api(setup)
 
 
 _requests = st.one_of(
@@ -272,7 +201,7 @@ async def test_any_bytes_on_the_socket_leave_the_api_serving(offline: Setup, req
     if answer:
         status = int(answer.split(b" ", 2)[1])
         assert status in (200, 202, 400, 404, 405, 408, 411, 413, 415, 431), answer[:200]
-    status, _, body = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    status, _, body = await raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 200 and body["device_id"] == "pi-1"
 
 
@@ -280,7 +209,7 @@ async def test_a_msgpack_body_carries_binary_payloads(offline: Setup) -> None:
     import msgspec
 
     body = msgspec.msgpack.encode({"class": "telemetry", "payload": b"\x00\xffraw", "ttl": 60})
-    status, _, answer = await _raw(offline.socket, _post("/v1/messages", body, "application/msgpack"))
+    status, _, answer = await raw(offline.socket, post("/v1/messages", body, "application/msgpack"))
     assert status == 202 and answer["path"] == "outbox"
     import sqlite3
 
@@ -306,7 +235,7 @@ async def test_a_second_agent_on_the_same_socket_is_refused_and_a_stale_one_is_r
                      socket_path=offline.socket)
     with pytest.raises(ConfigError, match="another agent listens on"):
         await other.start()
-    status, _, _ = await _raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    status, _, _ = await raw(offline.socket, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 200  # the first one still serves
     import socket as sockets
 
@@ -317,7 +246,7 @@ async def test_a_second_agent_on_the_same_socket_is_refused_and_a_stale_one_is_r
     api = LocalApi(offline.device.messages, offline.device.message_status, clock=SystemClock(), socket_path=stale)
     await api.start()
     try:
-        status, _, _ = await _raw(stale, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        status, _, _ = await raw(stale, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         assert status == 200
     finally:
         await api.stop()
@@ -336,7 +265,7 @@ async def test_the_loopback_port_serves_the_same_api(tmp_path: Path) -> None:
         address = api.tcp_address
         assert address is not None and address[0] == "127.0.0.1"
         reader, writer = await asyncio.open_connection(*address)
-        writer.write(_post("/v1/messages/telemetry", b"21.5", "text/plain"))
+        writer.write(post("/v1/messages/telemetry", b"21.5", "text/plain"))
         await writer.drain()
         assert (await reader.readline()).startswith(b"HTTP/1.1 202")
         writer.close()

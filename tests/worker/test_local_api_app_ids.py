@@ -8,34 +8,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.agent_support import until
-from test_local_api import Setup, _post, _raw, _start, _stop
+from local_api_support import Setup, post, raw, start_api, stop_api
 
 from agent.client import AsyncClient, Client
 from agent.core.clock import SystemClock
 from agent.transport.memory import MemoryBroker
-
-
-@pytest.fixture
-async def online(tmp_path: Path) -> AsyncIterator[Setup]:
-    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=True)
-    await until(SystemClock(), lambda: setup.device.transport.connected.is_open, what="connected")
-    yield setup
-    await _stop(setup)
-
-
-@pytest.fixture
-async def offline(tmp_path: Path) -> AsyncIterator[Setup]:
-    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False)
-    yield setup
-    await _stop(setup)
 
 
 def _forget(setup: Setup) -> None:
@@ -91,7 +74,7 @@ async def test_a_batch_answers_each_message_and_stores_only_the_new_ones(offline
     body = json.dumps({"messages": [{"class": "telemetry", "payload": 1, "app_id": "b-1"},
                                     {"class": "telemetry", "payload": 2, "app_id": "b-2"},
                                     {"class": "telemetry", "payload": 3}]}).encode()
-    status, _, doc = await _raw(offline.socket, _post("/v1/messages", body))
+    status, _, doc = await raw(offline.socket, post("/v1/messages", body))
     assert status == 202
     answers = doc["messages"]
     assert isinstance(answers, list)
@@ -110,7 +93,7 @@ async def test_a_batch_answers_each_message_and_stores_only_the_new_ones(offline
 ])
 async def test_a_wrong_app_id_is_refused_naming_it_and_nothing_is_stored(offline: Setup, body: dict[str, object],
                                                                           field: str) -> None:
-    status, _, doc = await _raw(offline.socket, _post("/v1/messages", json.dumps(body).encode()))
+    status, _, doc = await raw(offline.socket, post("/v1/messages", json.dumps(body).encode()))
     assert (status, doc["field"]) == (400, field)
     assert (await offline.device.outbox.stats()).pending == 0
 
@@ -133,11 +116,11 @@ async def test_the_client_names_every_message_and_resends_it_on_a_new_connection
 
 
 async def test_the_status_says_what_each_class_promises(tmp_path: Path) -> None:
-    setup = await _start(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False,
+    setup = await start_api(tmp_path, MemoryBroker(clock=SystemClock()), with_leader=False,
                          classes={"readings": {"mode": "append", "durability": "crash"}})
     try:
         classes = (await AsyncClient(setup.socket).status())["classes"]
         assert classes["telemetry"]["durability"] == "power"  # the default: a 202 survives a power cut
         assert classes["readings"]["durability"] == "crash"
     finally:
-        await _stop(setup)
+        await stop_api(setup)
