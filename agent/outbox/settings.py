@@ -12,19 +12,25 @@ from agent.outbox.engine import ClassPolicy
 from agent.outbox.limiter import AimdSettings
 from agent.outbox.policy import Durability
 from agent.outbox.retry import RetryPolicy
-from agent.protocol import APP_KIND_PREFIX, app_kind
+from agent.protocol import APP_KIND_PREFIX, KIND_HEARTBEAT, app_kind
+
+# The agent's own kinds whose acknowledgement needs no fsync unless the config says so: a device
+# sends its heartbeat again every interval, and the outbox keeps only the newest one anyway.
+CRASH_BY_DEFAULT = frozenset({KIND_HEARTBEAT})
 
 
 def outbox_classes(config: AgentConfig) -> dict[str, ClassPolicy]:
     """`[outbox.classes.NAME]` (the agent's own kinds) and `[classes.NAME]` (the applications'
     classes, kind "app.NAME") as the store's per-class policies."""
-    policies = {
+    policies = {kind: ClassPolicy(durability="crash") for kind in CRASH_BY_DEFAULT}
+    policies.update({
         name: ClassPolicy(
             max_messages=c.max_messages, max_bytes=c.max_bytes, full_policy=c.full_policy,
-            ttl_ms=int(c.ttl_s * 1000), fifo=c.fifo, durability=c.durability,
+            ttl_ms=int(c.ttl_s * 1000), fifo=c.fifo,
+            durability=c.durability or ("crash" if name in CRASH_BY_DEFAULT else None),
         )
         for name, c in config.outbox.classes.items()
-    }
+    })
     for name, a in config.classes.items():
         policies[app_kind(name)] = ClassPolicy(
             max_messages=a.max_messages, max_bytes=a.max_bytes, full_policy=a.full_policy,
@@ -39,6 +45,8 @@ def durability(config: AgentConfig, kind: str) -> Durability:
     cls = config.classes.get(kind.removeprefix(APP_KIND_PREFIX)) if kind.startswith(APP_KIND_PREFIX) \
         else config.outbox.classes.get(kind)
     chosen = cls.durability if cls is not None else None
+    if chosen is None and kind in CRASH_BY_DEFAULT:
+        return "crash"
     return chosen if chosen is not None else config.outbox.durability
 
 
@@ -59,4 +67,4 @@ def aimd_settings(config: AgentConfig) -> AimdSettings:
     return AimdSettings(initial=r.aimd_initial, min=r.aimd_min, max=r.aimd_max)
 
 
-__all__ = ["aimd_settings", "crash_classes", "durability", "outbox_classes", "retry_policy"]
+__all__ = ["CRASH_BY_DEFAULT", "aimd_settings", "crash_classes", "durability", "outbox_classes", "retry_policy"]

@@ -40,7 +40,9 @@ from agent.outbox.schema import MARK_COUNTER, describe
 
 log = logging.getLogger("agent.outbox")
 
-MARK_EVERY_S = 60.0  # how often a synced commit also renews the store's mark (`agent.core.marks`)
+# How often a synced commit also renews the store's mark (`agent.core.marks`): a rename and two
+# fsyncs, so rarely enough not to wear an SD card (the mark at a clean stop is always written).
+MARK_EVERY_S = 300.0
 OpFn = Callable[[Engine], Any]
 Results = list[tuple[Any, Any, BaseException | None]]
 Deliver = Callable[[Results, bool], None]

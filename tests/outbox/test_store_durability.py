@@ -70,3 +70,19 @@ async def test_an_unknown_durability_is_refused(open_store: OpenStore, bad: str)
         await open_store(durability=bad)
     with pytest.raises(ValueError, match="durability must be power or crash"):
         ClassPolicy(durability=bad)  # type: ignore[arg-type]
+
+
+def test_the_config_says_each_kind_durability_heartbeats_crash_unless_told() -> None:
+    from agent.core.config import AgentConfig, convert
+    from agent.outbox.settings import durability, outbox_classes
+
+    def cfg(**outbox: object) -> AgentConfig:
+        return convert({"agent": {"device_id": "d"}, "outbox": outbox,
+                        "classes": {"readings": {"durability": "crash"}, "orders": {}}}, AgentConfig, source="t")
+
+    plain = cfg()
+    assert outbox_classes(plain)["heartbeat"].durability == "crash"
+    assert [durability(plain, k) for k in ("heartbeat", "telemetry", "app.orders", "app.readings")] == [
+        "crash", "power", "power", "crash"]
+    told = cfg(classes={"heartbeat": {"durability": "power"}}, durability="crash")
+    assert [durability(told, k) for k in ("heartbeat", "telemetry", "app.orders")] == ["power", "crash", "crash"]
