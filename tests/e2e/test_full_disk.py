@@ -64,7 +64,7 @@ def test_a_worker_restarted_on_a_full_disk_answers_503_and_recovers(tmp_path: Pa
             # it starts on the full disk (no crash loop) and serves
             wait_for(lambda: api_status(sock), "the local API of the worker restarted on a full disk")
             assert proc.poll() is None
-            check = disk_check(metrics_port)
+            check = wait_for(lambda: disk_check(metrics_port), "the restarted worker's /healthz")
             assert check.get("ok") is False and str(check.get("detail", "")).startswith("disk full"), check
             doctor = subprocess.run([sys.executable, "-m", "agent.cli", "doctor", "--config", str(conf), "--skip",
                                      "clock", "--skip", "leader", "--json"], capture_output=True, text=True,

@@ -188,6 +188,9 @@ def test_a_retry_after_the_worker_died_before_its_answer_is_stored_once(tmp_path
             kill(agents.worker)  # the answer, if it was on its way, dies with the worker
             app.close()
             agents.start_worker()
+            # connected, so the retry goes straight to the leader (offline it would wait in the
+            # outbox, and the leader would drop the copy on delivery)
+            wait_for(lambda: (api_status(agents.socket) or {}).get("connected"), "the worker connected again")
             with Client(agents.socket, timeout_s=60) as client:
                 receipt = client.submit("events", {"order": 4711}, app_id="order-4711")
             assert (receipt.path, receipt.duplicate) == ("direct", True), agents.logs()
