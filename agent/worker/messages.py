@@ -23,7 +23,6 @@ try gets the first's answer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import re
@@ -224,8 +223,14 @@ class MessageIntake:
             storing = self._storing.get(named)
             if storing is None:
                 break
-            with contextlib.suppress(Exception):  # the first try failed: this one tries anew
+            try:
                 await asyncio.shield(storing)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this request is cancelled, not the first try
+            except Exception:  # the first try failed: this one tries anew
+                pass
         msg = self.message(sub)
         storing = self._storing[named] = asyncio.get_running_loop().create_future()
         try:

@@ -124,3 +124,30 @@ async def test_the_status_says_what_each_class_promises(tmp_path: Path) -> None:
         assert classes["readings"]["durability"] == "crash"
     finally:
         await stop_api(setup)
+
+
+async def test_a_copy_waiting_on_a_cancelled_first_try_is_stored_itself(offline: Setup,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.worker.messages import Submission
+
+    intake = offline.device.messages
+    real = intake._submit
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def slow(msg: object) -> object:
+        calls.append(str(getattr(msg, "msg_id", "")))
+        if len(calls) == 1:
+            await release.wait()
+        return await real(msg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(intake, "_submit", slow)
+    sub = Submission("telemetry", b"z", app_id="c-1")
+    first = asyncio.create_task(intake.submit(sub))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(intake.submit(sub))
+    await asyncio.sleep(0)
+    first.cancel()  # the first request goes away (its client hung up)
+    done = await second
+    assert not done.duplicate and len(calls) == 2 and first.cancelled()
+    assert (await offline.device.outbox.stats()).by_class["app.telemetry"].pending == 1
