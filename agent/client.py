@@ -171,15 +171,15 @@ class Client:
         give the same one to send the same message again after an `AgentUnavailable`."""
         name = app_id or new_app_id()
         path, body, ctype = _request(cls, payload, key=key, ttl=ttl, content_type=content_type, app_id=name)
-        return _receipt(self._call("POST", path, body, ctype, again=True), name)
+        return _receipt(self._call("POST", path, body, ctype), name)
 
     def send_many(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
         """Several messages (each {"class", "payload", ...}) in one transaction, all or none."""
         body = json.dumps({"messages": _named(messages)}).encode()
-        return [str(i) for i in self._call("POST", "/v1/messages", body, "application/json", again=True)["ids"]]
+        return [str(i) for i in self._call("POST", "/v1/messages", body, "application/json")["ids"]]
 
     def status(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/status", b"", "", again=True)
+        return self._call("GET", "/v1/status", b"", "")
 
     def _connect(self) -> tuple[socket.socket, h11.Connection]:
         if self._sock is None or self._conn is None:
@@ -193,10 +193,10 @@ class Client:
             self._sock, self._conn = sock, h11.Connection(h11.CLIENT)
         return self._sock, self._conn
 
-    def _call(self, method: str, path: str, body: bytes, ctype: str, *, again: bool) -> dict[str, Any]:
+    def _call(self, method: str, path: str, body: bytes, ctype: str) -> dict[str, Any]:
         """One request. A kept-alive connection the agent closed meanwhile is tried once more on
-        a new one when `again` (a GET, or a POST whose messages are all named)."""
-        for attempt in (1, 2) if again else (2,):
+        a new one: safe, as every request here is a GET or a POST whose messages are all named."""
+        for attempt in (1, 2):
             try:
                 sock, conn = self._connect()
                 exchange = _Exchange(conn)

@@ -121,8 +121,9 @@ def _data_dir(path: Path) -> Outcome:
         free = f"{usage.free // (1024 * 1024):,} MiB free"
         from agent.core.reserve import DiskReserve
 
-        if DiskReserve(path).full(usage.free):
-            return Outcome("data dir", False, DiskReserve(path).disk_state(min_free_bytes=MIN_FREE_BYTES)[1],
+        reserve = DiskReserve(path)
+        if reserve.full(usage.free):
+            return Outcome("data dir", False, reserve.disk_state(min_free_bytes=MIN_FREE_BYTES)[1],
                            "free space on that file system: the agent answers 503 for what it cannot store until then")
         if usage.free < MIN_FREE_BYTES:
             return Outcome("data dir", False, f"{path}: only {free}", "free space on that file system")

@@ -19,6 +19,8 @@ import os
 import time
 from pathlib import Path
 
+from agent.core.sqlite import aside_name, move_aside
+
 log = logging.getLogger(__name__)
 
 
@@ -82,6 +84,14 @@ class StoreMark:
         if found < mark[counter]:
             return f"its {counter} went back to {found} (it was {mark[counter]} on {then})"
         return None
+
+    def move_lost(self, now_ms: int) -> Path:
+        """Move the store that lost state (its file, if it is there, with its -wal and -shm) and
+        this mark aside as evidence (`NAME.lost-{UTC time}`); where it went."""
+        db = self.db
+        dest = move_aside(db, now_ms, "lost") if db.exists() else aside_name(db, now_ms, "lost")
+        self.set_aside(dest)
+        return dest
 
     def set_aside(self, dest: Path) -> None:
         """Move the mark beside a store moved aside (the evidence keeps its mark)."""

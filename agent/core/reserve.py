@@ -11,12 +11,14 @@ the disk has room again, `restore` makes the reserve anew (the agent retries eve
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
 from pathlib import Path
 
 from agent.core.clock import Clock
+from agent.core.tasks import cancel_and_wait
 
 RESERVE_FILE = "disk-reserve"
 RESERVE_BYTES = 2 * 1024 * 1024
@@ -38,6 +40,7 @@ class DiskReserve:
         self.path = data_dir / RESERVE_FILE
         self.size = size
         self.released = False
+        self._keeping: asyncio.Task[None] | None = None
 
     def free_bytes(self) -> int | None:
         """Room on the data dir's disk (for an unprivileged user), None if it cannot be read."""
@@ -97,9 +100,19 @@ class DiskReserve:
         self.released = False
         return True
 
-    async def keep(self, clock: Clock) -> None:
-        """Try `restore` every `RESTORE_EVERY_S` until the reserve is held (run as a task while
-        it is given back)."""
+    def start(self, clock: Clock) -> None:
+        """With the agent: make the reserve if it is missing (the first start, or deleted by
+        hand); when it was given back, retry that every `RESTORE_EVERY_S` until it is held."""
+        if not self.released:
+            self.restore()
+        elif self._keeping is None:
+            self._keeping = asyncio.create_task(self._keep(clock), name="disk-reserve")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._keeping)
+        self._keeping = None
+
+    async def _keep(self, clock: Clock) -> None:
         while not self.restore():
             await clock.sleep(RESTORE_EVERY_S)
 

@@ -260,6 +260,21 @@ def connect_readonly_file(path: Path, *, busy_timeout_ms: int = 2_000) -> sqlite
     return conn
 
 
+def read_int(path: Path, sql: str, params: Sequence[object] = ()) -> int | None:
+    """One integer from the database at `path`, read-only (nothing is created or changed); None
+    when the file, the table or the row is not there."""
+    if not path.exists():
+        return None
+    conn = connect_readonly_file(path)
+    try:
+        row = conn.execute(sql, tuple(params)).fetchone()
+    except sqlite3.Error:  # no such table (damage is for `damage_report` to say)
+        return None
+    finally:
+        close_quietly(conn)
+    return int(row[0]) if row is not None else None
+
+
 def damage_report(path: Path) -> str | None:
     """Why the database at `path` is damaged, or None (sound, absent or empty). `StoreError`
     when it cannot be checked (locked, unreadable)."""
@@ -391,6 +406,7 @@ __all__ = [
     "migrate",
     "move_aside",
     "open_migrated",
+    "read_int",
     "recover_damaged",
     "store_errors",
 ]

@@ -36,7 +36,7 @@ from agent.core.ids import IdGenerator
 from agent.core.marks import StoreMark
 from agent.core.ratelog import RateLimitedLog
 from agent.core.reserve import DiskReserve
-from agent.core.sqlite import aside_name, damage_report, move_aside, recover_damaged
+from agent.core.sqlite import damage_report, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
 from agent.leader.actors import (
@@ -208,7 +208,6 @@ class LeaderAgent(PartBase):
             if lc.device_rate_per_s > 0 else None
         self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
         self.reserve: DiskReserve | None = None  # the disk room kept for a full disk (`open` sets it)
-        self._reserve_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -233,8 +232,7 @@ class LeaderAgent(PartBase):
             if not recover:
                 raise StoreError(f"{db} lost state: {lost}: start once with `edge-agent run --recover` to move it"
                                  " aside and start with an empty registry, job queue and rollout history")
-            dest = move_aside(db, clock.now_ms(), "lost") if db.exists() else aside_name(db, clock.now_ms(), "lost")
-            mark.set_aside(dest)
+            dest = mark.move_lost(clock.now_ms())
             log.error("leader: %s lost state (%s); moved aside to %s and started afresh", db, lost, dest)
         registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s,
                                        telemetry_names_max=config.leader.telemetry_names_max,
@@ -264,8 +262,6 @@ class LeaderAgent(PartBase):
                      rejects=rejects, messages=messages, **kwargs)
         leader.data_dir = base
         leader.reserve = reserve
-        if not reserve.released:
-            reserve.restore()  # made at the first start (or after it was deleted by hand)
         return leader
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -293,8 +289,8 @@ class LeaderAgent(PartBase):
             self.registry.watch_deadlines(self._on_deadline), name=f"deadlines:{self.device_id}")
         if self.housekeeping is not None:
             await self.housekeeping.start()
-        if self.reserve is not None and self.reserve.released:
-            self._reserve_task = asyncio.create_task(self.reserve.keep(self.clock), name="disk-reserve")
+        if self.reserve is not None:
+            self.reserve.start(self.clock)
 
     async def stop(self) -> None:
         """Stop taking work, hand untried rows back, disconnect, flush and close the stores (a
@@ -312,7 +308,8 @@ class LeaderAgent(PartBase):
                 self.messages.close()
 
     async def _stop_running(self) -> None:
-        await cancel_and_wait(self._reserve_task)
+        if self.reserve is not None:
+            await self.reserve.stop()
         if self.housekeeping is not None:
             await self.housekeeping.stop()
         if self._reports is not None:

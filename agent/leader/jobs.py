@@ -45,7 +45,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, connect_readonly_file, store_errors
+from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, read_int, store_errors
 from agent.leader.job_types import (
     DemandOutcome,
     Dispatch,
@@ -161,16 +161,7 @@ class JobQueue(SqliteStore):
     @staticmethod
     def epoch_in(path: Path) -> int | None:
         """The epoch the queue's file holds (read-only), None if the file or its tables are gone."""
-        if not path.exists():
-            return None
-        conn = connect_readonly_file(path)
-        try:
-            row = conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
-        except sqlite3.Error:  # no such table (or not a database: damage is checked elsewhere)
-            return None
-        finally:
-            close_quietly(conn)
-        return int(row[0]) if row is not None else None
+        return read_int(path, "SELECT value FROM jobqueue_meta WHERE key = 'epoch'")
 
     @classmethod
     def open(

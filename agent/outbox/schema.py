@@ -33,7 +33,7 @@ from typing import Literal
 
 from agent.core.errors import StoreError
 from agent.core.marks import StoreMark
-from agent.core.sqlite import aside_name, damage_of, describe, is_corruption, move_aside
+from agent.core.sqlite import damage_of, describe, is_corruption, move_aside, read_int
 from agent.outbox.types import ClassStats
 
 log = logging.getLogger("agent.outbox")
@@ -322,21 +322,10 @@ MIN_SQLITE = (3, 35, 0)  # RETURNING
 MARK_COUNTER = "enqueued"  # what the outbox's mark (`agent.core.marks`) records: it only grows
 
 
-def enqueued_in(path: Path, busy_timeout_ms: int = 5_000) -> int | None:
+def enqueued_in(path: Path) -> int | None:
     """The outbox's `enqueued` counter as the file holds it, None if the file or its tables are
     gone (read-only: nothing is created or changed)."""
-    if not path.exists():
-        return None
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        try:
-            row = conn.execute("SELECT value FROM outbox_tally WHERE name = ?", (MARK_COUNTER,)).fetchone()
-        except sqlite3.OperationalError:  # no such table
-            return None
-        return int(row[0]) if row is not None else None
-    finally:
-        conn.close()
+    return read_int(path, "SELECT value FROM outbox_tally WHERE name = ?", (MARK_COUNTER,))
 
 
 def open_database(
@@ -373,10 +362,9 @@ def open_database(
                 recovered = str(dest)
                 log.error("outbox: %s is damaged (%s); moved aside to %s", p, problem, dest)
         if recovered is None and mark.path.exists():
-            why = mark.lost_state(MARK_COUNTER, enqueued_in(p, busy_timeout_ms))
+            why = mark.lost_state(MARK_COUNTER, enqueued_in(p))
             if why is not None:
-                dest = move_aside(p, when, "lost") if p.exists() else aside_name(p, when, "lost")
-                mark.set_aside(dest)
+                dest = mark.move_lost(when)
                 lost = str(dest)
                 log.error("outbox: %s lost state: %s; %s, and a fresh outbox started", p, why,
                           f"moved aside to {dest}" if dest.exists() else "the file is gone")

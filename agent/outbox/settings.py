@@ -12,7 +12,7 @@ from agent.outbox.engine import ClassPolicy
 from agent.outbox.limiter import AimdSettings
 from agent.outbox.policy import Durability
 from agent.outbox.retry import RetryPolicy
-from agent.protocol import APP_KIND_PREFIX, KIND_HEARTBEAT, app_kind
+from agent.protocol import KIND_HEARTBEAT, app_kind
 
 # The agent's own kinds whose acknowledgement needs no fsync unless the config says so: a device
 # sends its heartbeat again every interval, and the outbox keeps only the newest one anyway.
@@ -41,18 +41,20 @@ def outbox_classes(config: AgentConfig) -> dict[str, ClassPolicy]:
 
 def durability(config: AgentConfig, kind: str) -> Durability:
     """What an acknowledgement of `kind` promises under this config: its class's durability
-    (`[outbox.classes.KIND]`, or `[classes.NAME]` for "app.NAME"), else `[outbox] durability`."""
-    cls = config.classes.get(kind.removeprefix(APP_KIND_PREFIX)) if kind.startswith(APP_KIND_PREFIX) \
-        else config.outbox.classes.get(kind)
-    chosen = cls.durability if cls is not None else None
-    if chosen is None and kind in CRASH_BY_DEFAULT:
-        return "crash"
-    return chosen if chosen is not None else config.outbox.durability
+    (`outbox_classes`), else `[outbox] durability`."""
+    return _durability(config, outbox_classes(config), kind)
 
 
 def crash_classes(config: AgentConfig) -> frozenset[str]:
     """The application classes (`[classes.NAME]`) of durability "crash"."""
-    return frozenset(name for name in config.classes if durability(config, app_kind(name)) == "crash")
+    policies = outbox_classes(config)
+    return frozenset(name for name in config.classes if _durability(config, policies, app_kind(name)) == "crash")
+
+
+def _durability(config: AgentConfig, policies: dict[str, ClassPolicy], kind: str) -> Durability:
+    policy = policies.get(kind)
+    chosen = policy.durability if policy is not None else None
+    return chosen if chosen is not None else config.outbox.durability
 
 
 def retry_policy(config: AgentConfig) -> RetryPolicy:

@@ -36,7 +36,6 @@ from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
 from agent.core.reserve import DiskReserve
 from agent.core.sqlite import atomic, close_quietly, connect, migrate, recover_damaged
-from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper, limited
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
@@ -247,7 +246,6 @@ class WorkerAgent(PartBase):
             seq_base=incarnation * 1_000_000_000, direct_timeout_s=config.local_api.direct_timeout_s)
         self.recovered_from: str | None = None  # where a damaged worker.db was moved at open
         self.reserve: DiskReserve | None = None  # the disk room kept for a full disk (`open` sets it)
-        self._reserve_task: asyncio.Task[None] | None = None
         self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
@@ -292,8 +290,6 @@ class WorkerAgent(PartBase):
         agent.recovered_from = recovered
         agent.data_dir = base
         agent.reserve = reserve
-        if not reserve.released:
-            reserve.restore()  # made at the first start (or after it was deleted by hand)
         return agent
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -342,8 +338,8 @@ class WorkerAgent(PartBase):
             await self.relay.start()
         if self.housekeeping is not None:
             await self.housekeeping.start()
-        if self.reserve is not None and self.reserve.released:
-            self._reserve_task = asyncio.create_task(self.reserve.keep(self.clock), name="disk-reserve")
+        if self.reserve is not None:
+            self.reserve.start(self.clock)
 
     def _on_connection(self, is_open: bool) -> None:
         if not is_open:
@@ -366,7 +362,8 @@ class WorkerAgent(PartBase):
             self.ledger.close()
 
     async def _stop_running(self) -> None:
-        await cancel_and_wait(self._reserve_task)
+        if self.reserve is not None:
+            await self.reserve.stop()
         if self.housekeeping is not None:
             await self.housekeeping.stop()
         self.transport.connected.remove_listener(self._on_connection)

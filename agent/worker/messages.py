@@ -38,7 +38,7 @@ from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
 from agent.outbox.reliable import DirectFirst
 from agent.outbox.types import ClassStats, EnqueueResult, OutboxMessage
-from agent.protocol import ALREADY_STORED, AppMessage, app_kind, encode_message
+from agent.protocol import ALREADY_STORED, APP_KIND_PREFIX, AppMessage, app_kind, encode_message
 from agent.worker.actors import LEADER, envelope_of
 
 log = logging.getLogger(__name__)
@@ -242,8 +242,7 @@ class MessageIntake:
         finally:
             del self._storing[named]
         self._remember(named, done)
-        if not storing.done():
-            storing.set_result(done)
+        storing.set_result(done)
         return done
 
     def _first_answer(self, named: tuple[str, str]) -> Accepted | None:
@@ -263,7 +262,7 @@ class MessageIntake:
                 recent.popitem(last=False)
 
     async def _submit(self, msg: OutboxMessage) -> Accepted:
-        cls = msg.kind.removeprefix("app.")
+        cls = msg.kind.removeprefix(APP_KIND_PREFIX)
         if not self._connected.is_open:
             return (await self._store(cls, [msg]))[0]
         _, stored, answer = await self._refusing(cls, self._direct.send(
