@@ -7,7 +7,9 @@ anything it does not know or that does not validate.
 
 Direction and purpose:
 
-    worker -> leader   Heartbeat   (OVERWRITE by device: only the newest seq matters)
+    worker -> leader   Heartbeat   (OVERWRITE by device: only the newest seq matters; a short
+                                    one carries only what changed)
+    leader -> worker   HeartbeatPace (heartbeat fast for a while: a rollout's soak, an operator)
                        Telemetry   (APPEND, deduplicated by envelope id on the leader)
                        JobDemand   (register / re-register a demand window for jobs)
                        JobResult   (confirms one job, stamped with the epoch of its offer)
@@ -53,20 +55,25 @@ KIND_JOB_OFFER = "job.offer"
 KIND_JOB_DEMAND = "job.demand"
 KIND_JOB_RESULT = "job.result"
 KIND_PING = "ping"
+KIND_HEARTBEAT_PACE = "heartbeat.pace"
 # A device application's message travels as kind "app." + its class, so each class is its own
 # class in the outbox (caps, TTL, counters) and can never be taken for one of the agent's own.
 APP_KIND_PREFIX = "app."
 # The reason of an `accepted` reply to a durable message the leader held already (a redelivery,
 # an application's retry under the same app_id): nothing was stored twice.
 ALREADY_STORED = "already stored"
+# The reason of an `accepted` reply to a short heartbeat from a device the leader holds no full
+# heartbeat of (since the leader started): the worker sends its next heartbeat whole, at once.
+FULL_HEARTBEAT_WANTED = "full heartbeat wanted"
 ClassName = Annotated[str, msgspec.Meta(min_length=1, max_length=48, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
 MessageKey = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 ContentType = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
 APP_PAYLOAD_MAX = 1024 * 1024  # the transport's max_payload_bytes bounds it further
 
 
-class _Message(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
-    """Base: keyword-only, immutable. Unknown fields are ignored so a newer peer can add some."""
+class _Message(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False, omit_defaults=True):
+    """Base: keyword-only, immutable. Unknown fields are ignored so a newer peer can add some; a
+    field at its default is left off the wire (the decoder puts it back)."""
 
 
 class SystemSample(_Message, kw_only=True, frozen=True):
@@ -87,9 +94,14 @@ class SystemSample(_Message, kw_only=True, frozen=True):
 
 
 class Heartbeat(_Message, kw_only=True, frozen=True):
-    """Sent every `heartbeat.interval_s`. The leader keeps the one with the highest `seq`, so
-    `seq` must keep growing across agent restarts too: a persisted counter, or the sender's
-    `clock.now_ms()` at sending time."""
+    """Sent every `heartbeat.interval_s` (`fast_interval_s` while an update runs or the leader
+    asks). The leader keeps the one with the highest `seq`, so `seq` must keep growing across
+    agent restarts too: a persisted counter, or the sender's `clock.now_ms()` at sending time.
+
+    A full heartbeat (`full`, the default) states everything. A short one (`full=False`) carries
+    only what changed since the last full one the worker made; a field it leaves at its default
+    (None, "", ()) is unchanged, and the leader keeps what it has. Offline is seen from the
+    connection (keep-alive, last will), so an idle device's heartbeat is rare and small."""
 
     device_id: DeviceId
     seq: Seq
@@ -103,9 +115,22 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     # Messages waiting in the device's outbox when the heartbeat was made (None: not reported).
     outbox_pending: Count | None = None
     # The heartbeat's wire version: 1 (absent) from workers that register their job demand in a
-    # message of its own; 2: the demand rides here, one uplink message per interval instead of two.
+    # message of its own; 2: the demand rides here, one uplink message per interval instead of two;
+    # 3: `interval_s` and short heartbeats (`full`).
     wire: Annotated[int, msgspec.Meta(ge=1, le=65_535)] = 1
     demand: JobDemand | None = None  # wire 2: the worker's job demand window (its own device id)
+    # wire 3: seconds until this device's next heartbeat; the leader's deadline for it follows
+    interval_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
+    full: bool = True
+
+
+class HeartbeatPace(_Message, kw_only=True, frozen=True):
+    """Leader -> worker: heartbeat every `interval_s` (at most the worker's `fast_interval_s`
+    rate) for the next `for_s` seconds, starting with one heartbeat now. A rollout's soak asks
+    this of its wave's devices."""
+
+    interval_s: Annotated[float, msgspec.Meta(ge=1, le=3600)]
+    for_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)]
 
 
 class Telemetry(_Message, kw_only=True, frozen=True):
@@ -214,6 +239,7 @@ CORE_MESSAGES: tuple[tuple[str, type[msgspec.Struct]], ...] = (
     (KIND_JOB_DEMAND, JobDemand),
     (KIND_JOB_RESULT, JobResult),
     (KIND_PING, Ping),
+    (KIND_HEARTBEAT_PACE, HeartbeatPace),
 )
 
 
@@ -252,6 +278,9 @@ def decode_as(data: bytes | bytearray | memoryview, type_: type[msgspec.Struct])
 
 __all__ = [
     "ALREADY_STORED",
+    "FULL_HEARTBEAT_WANTED",
+    "HeartbeatPace",
+    "KIND_HEARTBEAT_PACE",
     "APP_KIND_PREFIX",
     "APP_PAYLOAD_MAX",
     "AppMessage",

@@ -9,6 +9,7 @@ from agent.protocol import (
     KIND_HEARTBEAT,
     KIND_JOB_OFFER,
     Heartbeat,
+    HeartbeatPace,
     JobDemand,
     JobOffer,
     JobResult,
@@ -53,6 +54,7 @@ EXAMPLES: dict[str, msgspec.Struct] = {
     "firmware.chunk": ChunkRequest(rollout_id="r-1", index=3, offset=12288, length=4096),
     "firmware.cancel": UpdateCancel(rollout_id="r-1", reason="canceled by operator"),
     "ping": Ping(sent_ms=1_700_000_000_000),
+    "heartbeat.pace": HeartbeatPace(interval_s=5.0, for_s=360.0),
 }
 
 

@@ -52,10 +52,13 @@ def make_transport(
     if url.startswith("memory://") or memory_broker is not None:
         if memory_broker is None:
             raise ConfigError("--broker", "mqtt.url", "memory:// works only inside one process (simulate)")
+        from agent.transport.linkbytes import AirModel
         from agent.transport.memory import MemoryTransport
 
+        # a worker's connection costs what the model says it would over TLS (`simulate` reports it)
+        air = AirModel(config.mqtt.keepalive_s) if config.agent.role == "worker" else None
         return MemoryTransport(memory_broker, client_id_of(config), will=will, birth=birth,
-                               max_payload_bytes=config.mqtt.max_payload_bytes, rng=rng)
+                               max_payload_bytes=config.mqtt.max_payload_bytes, rng=rng, air=air)
     if not url.startswith(("mqtt://", "mqtts://")):
         raise ConfigError("--broker", "mqtt.url", f"must start with mqtt:// or mqtts://, got {url!r}")
     from agent.transport.mqtt import MqttTransport, credentials

@@ -140,8 +140,9 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     from firmware_rollout.orchestration.spec import StartControl, load_spec, soak_warning
 
     spec = load_spec(args.spec)
-    # The workers' own configs are not at hand here: warn against their default interval.
-    soak = soak_warning(spec, heartbeat_s=HeartbeatSection().interval_s, source=args.spec, devices="workers")
+    # Through a soak the workers heartbeat at their fast pace (the soak asks them to); their own
+    # configs are not at hand here: warn against the default fast interval.
+    soak = soak_warning(spec, heartbeat_s=HeartbeatSection().fast_interval_s, source=args.spec, devices="workers")
     if soak:
         print(f"warning: {soak}", file=sys.stderr, flush=True)
     try:

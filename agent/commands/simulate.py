@@ -21,11 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agent.core.config import HeartbeatSection
 from agent.core.errors import ConfigError
 
 # Defaults of the options a scenario may preset (None on the command line = not given).
 DEFAULTS: dict[str, Any] = {
-    "devices": 50, "duration": "10m", "heartbeat": "5s", "leader_interval": "30s", "telemetry": "30s",
+    "devices": 50, "duration": "10m", "heartbeat": f"{HeartbeatSection().interval_s:g}s", "leader_interval": "30s",
+    "telemetry": "30s",
     "offline_rate": 0.0, "offline_duration": "2m", "broker_outage": None, "jobs": 0, "job_window": 2,
     "leader_mailbox": None, "crash_rate": 0.0, "crash_downtime": "15s",
 }
@@ -71,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--devices", type=int, metavar="N", help="simulated worker devices (default 50, or the scenario's)")
     add("--duration", metavar="TIME", help="fleet time to simulate, e.g. 10m, 1h (default 10m, or the scenario's)")
     add("--seed", type=int, default=1, metavar="N", help="seed of every random choice (default 1)")
-    add("--heartbeat", metavar="TIME", help="heartbeat interval of every device (default 5s)")
+    add("--heartbeat", metavar="TIME", help="idle heartbeat interval of every device (default: the shipped"
+                                              f" [heartbeat] interval_s, {HeartbeatSection().interval_s:g}s)")
     add("--leader-interval", metavar="TIME", help="the leader applies heartbeats at this pace (default 30s)")
     add("--telemetry", metavar="TIME", help="telemetry interval per device; 0 for none (default 30s)")
     add("--app-every", default="0", metavar="TIME",
@@ -226,7 +229,9 @@ def main(args: argparse.Namespace) -> int:
         from firmware_rollout.orchestration.spec import load_spec, soak_warning
 
         public_key, warning = public_key_for(args.rollout, args.public_key)
-        soak = soak_warning(load_spec(args.rollout), heartbeat_s=opts.heartbeat_s, source=args.rollout,
+        # through a soak the devices heartbeat at their fast pace (the soak asks them to)
+        fast = min(opts.heartbeat_s, HeartbeatSection().fast_interval_s)
+        soak = soak_warning(load_spec(args.rollout), heartbeat_s=fast, source=args.rollout,
                             devices="simulated devices")
         for line in (soak, warning):
             if line:

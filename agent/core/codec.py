@@ -29,9 +29,10 @@ ReplyStatus = Literal["accepted", "busy", "rejected"]
 S = TypeVar("S", bound=msgspec.Struct)
 
 
-class Envelope(msgspec.Struct, kw_only=True, frozen=True):
+class Envelope(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """One message on its way from `sender` to `receiver`. Every field is bounded: a decoder
-    refuses an envelope outside these bounds with a `CodecError` naming the field."""
+    refuses an envelope outside these bounds with a `CodecError` naming the field. A field at its
+    default is left off the wire (the decoder puts it back): bytes on a metered link are paid for."""
 
     v: Annotated[int, msgspec.Meta(ge=0, le=255)] = WIRE_VERSION
     id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
@@ -46,7 +47,7 @@ class Envelope(msgspec.Struct, kw_only=True, frozen=True):
     payload: bytes = b""
 
 
-class Reply(msgspec.Struct, kw_only=True, frozen=True):
+class Reply(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """The receiver's answer for one envelope id. `body` carries an `ask` reply's payload."""
 
     v: int = WIRE_VERSION

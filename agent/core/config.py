@@ -64,7 +64,10 @@ class MqttSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
-    keepalive_s: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 30  # MQTT carries it in 16 bits
+    # MQTT carries it in 16 bits. The broker ends a silent connection after 1.5 of it and then
+    # publishes the last will: 50 s + `will_delay_s` tells the leader within 90 s that a device is
+    # gone, for ~1,700 PINGREQ/PINGRESP pairs (~350 KB over TLS) a day.
+    keepalive_s: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 50
     reconnect_min_s: PositiveFloat = 1.0
     reconnect_max_s: PositiveFloat = 60.0
     max_payload_bytes: Positive = 256 * 1024
@@ -119,7 +122,17 @@ class RelaySection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tr
 
 
 class HeartbeatSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    interval_s: PositiveFloat = 5.0
+    """When a worker heartbeats. Offline is seen from the connection (`[mqtt] keepalive_s` and
+    the last will), so an idle device heartbeats rarely and says only what changed; it goes fast
+    while it matters (an update downloading, installing, on trial, and `fast_hold_s` after its
+    last report; or when the leader asks, as a rollout's soak does). docs/service.md, "What an
+    idle device costs"."""
+
+    interval_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 300.0
+    fast_interval_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
+    fast_hold_s: NonNegativeFloat = 900.0  # fast this long after the updater's last report
+    system_interval_s: PositiveFloat = 900.0  # the full system sample at least this often
+    sample_change_pct: Annotated[float, msgspec.Meta(gt=0, le=100)] = 10.0  # or when cpu/mem/disk moved this much
 
 
 class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

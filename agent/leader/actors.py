@@ -222,8 +222,10 @@ class LeaderActor(Actor):
     `job_submissions`, `presence`), each registered with its route by the leader."""
 
     def __init__(self, registry: DeviceRegistry, jobs: JobQueue, *, dispatch: Dispatcher,
-                 batch_max: int = DEFAULT_BATCH_MAX, sinks: MessageSinks | None = None) -> None:
+                 batch_max: int = DEFAULT_BATCH_MAX, sinks: MessageSinks | None = None,
+                 on_lost: Callable[[Sequence[str]], None] | None = None) -> None:
         self._registry = registry
+        self._on_lost = on_lost
         self._sinks = sinks
         self._jobs = jobs
         self._dispatch = dispatch
@@ -269,6 +271,8 @@ class LeaderActor(Actor):
 
     def lose_workers(self, devices: Sequence[str], reason: str) -> None:
         released = self._jobs.lose_workers(devices)  # one pass, however many workers a fleet loses
+        if self._on_lost is not None:
+            self._on_lost(devices)
         for device, jobs in released.items():
             log.info("worker %s lost (%s): %d jobs back to the pool", device, reason, len(jobs))
             self.stats.jobs_requeued += len(jobs)

@@ -62,6 +62,7 @@ from agent.outbox.types import OutboxMessage
 from agent.protocol import (
     ALREADY_STORED,
     APP_KIND_PREFIX,
+    FULL_HEARTBEAT_WANTED,
     KIND_HEARTBEAT,
     KIND_JOB_DEMAND,
     KIND_JOB_RESULT,
@@ -172,9 +173,13 @@ class LeaderAgent(PartBase):
         self.intake: ActorRef | None = None
         self.leader: ActorRef | None = None
         self._intake_actor: HeartbeatIntake | None = None
+        # devices whose full heartbeat this leader took since it started (`Heartbeat.full`): a
+        # short one from any other is answered FULL_HEARTBEAT_WANTED (a restarted leader, another
+        # leader of the group had it, it lost the worker)
+        self._full_heard: set[str] = set()
         # The durable kinds are the LeaderActor's: made here so that each is registered with its route.
         self._leader_actor = LeaderActor(registry, jobs, dispatch=self._send_offers, batch_max=intake_batch_max,
-                                         sinks=self.sinks)
+                                         sinks=self.sinks, on_lost=self._full_heard.difference_update)
         self._watcher: asyncio.Task[None] | None = None
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
         self.housekeeping: Housekeeper | None = None
@@ -453,6 +458,10 @@ class LeaderAgent(PartBase):
             return Reply(id=env.id, status="busy", retry_after_ms=exc.retry_after_ms)
         except EdgeAgentError as exc:
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
+        if message.full:
+            self._full_heard.add(message.device_id)
+        elif message.device_id not in self._full_heard:  # a short one: this leader lacks the rest
+            return Reply(id=env.id, status="accepted", reason=FULL_HEARTBEAT_WANTED)
         return Reply(id=env.id, status="accepted")
 
     def _heartbeat_refused(self, hb: Heartbeat, reason: str) -> None:

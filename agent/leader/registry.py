@@ -105,19 +105,43 @@ def _v4(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE devices ADD COLUMN outbox_pending INTEGER")
 
 
-_MIGRATIONS = (_v1, _v2, _v3, _v4)
+def _v5(conn: sqlite3.Connection) -> None:
+    """Each device's own deadline: the heartbeat interval it announced (`Heartbeat.interval_s`)
+    and when it is overdue. `open` fills `expires_ms` of the rows from before."""
+    conn.execute("ALTER TABLE devices ADD COLUMN interval_ms INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE devices ADD COLUMN expires_ms INTEGER")
+    conn.execute("DROP INDEX devices_online_seen")
+    conn.execute("CREATE INDEX devices_online_expires ON devices(expires_ms) WHERE online = 1")
+
+
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5)
+
+# A device is overdue this many of its announced intervals after it was last heard from: one
+# late heartbeat is not an outage (and the last will tells an outage sooner anyway).
+INTERVALS_TO_DEADLINE = 2.5
 
 _UPSERT_HEARTBEAT = """
 INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
-                     sample, online, offline_reason, first_seen_ms, changed_ms, boot, outbox_pending)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?)
+                     sample, online, offline_reason, first_seen_ms, changed_ms, boot, outbox_pending,
+                     interval_ms, expires_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
     tags = excluded.tags, sample = excluded.sample, online = 1, offline_reason = NULL,
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
-    boot = excluded.boot, outbox_pending = excluded.outbox_pending
+    boot = excluded.boot, outbox_pending = excluded.outbox_pending,
+    interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)
+"""
+
+# A short heartbeat (`Heartbeat.full` false): what it leaves out is unchanged.
+_APPLY_SHORT_HEARTBEAT = """
+UPDATE devices SET
+    hb_seq = ?, hb_at_ms = ?, last_seen_ms = ?, uptime_s = ?, sample = COALESCE(?, sample),
+    outbox_pending = COALESCE(?, outbox_pending), online = 1, offline_reason = NULL,
+    changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, interval_ms = ?, expires_ms = ?
+WHERE device_id = ? AND hb_seq < ?
 """
 
 _ENSURE_DEVICE = (
@@ -213,12 +237,16 @@ class DeviceRegistry(SqliteStore):
             raise ValueError("heartbeat_deadline_s must be > 0")
         conn = cls.connect_migrated(path, synchronous=synchronous)
         try:
+            deadline_ms = int(round(heartbeat_deadline_s * 1000))
             with atomic(conn):
                 conn.execute(
                     "INSERT INTO registry_meta(key, value) VALUES ('heartbeat_deadline_ms', ?)"
                     " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (int(round(heartbeat_deadline_s * 1000)),),
+                    (deadline_ms,),
                 )
+                # rows from before per-device deadlines: the leader's deadline
+                conn.execute("UPDATE devices SET expires_ms = last_seen_ms + ?"
+                             " WHERE expires_ms IS NULL AND last_seen_ms IS NOT NULL", (deadline_ms,))
         except BaseException:
             close_quietly(conn)
             raise
@@ -240,6 +268,12 @@ class DeviceRegistry(SqliteStore):
     def heartbeat_deadline_s(self) -> float:
         return self._deadline_ms / 1000.0
 
+    def deadline_ms(self, interval_ms: int) -> int:
+        """How long after it was heard from a device whose heartbeat interval is `interval_ms`
+        (0: not announced) is overdue: `INTERVALS_TO_DEADLINE` intervals, at least the leader's
+        `heartbeat_deadline_s`."""
+        return max(self._deadline_ms, int(interval_ms * INTERVALS_TO_DEADLINE))
+
 
     # -- writes --------------------------------------------------------------------------------
     def apply_heartbeat(self, heartbeat: Heartbeat) -> bool:
@@ -257,11 +291,18 @@ class DeviceRegistry(SqliteStore):
         with self.unsynced(), atomic(self._conn):
             for hb in heartbeats:
                 sample = encode(hb.sample) if hb.sample is not None else None
+                interval_ms = int(hb.interval_s * 1000) if hb.interval_s is not None else 0
+                expires = now + self.deadline_ms(interval_ms)
+                if not hb.full:
+                    cur = execute(_APPLY_SHORT_HEARTBEAT, (hb.seq, now, now, hb.uptime_s, sample, hb.outbox_pending,
+                                                           now, interval_ms, expires, hb.device_id, hb.seq))
+                    applied.append(cur.rowcount > 0)
+                    continue
                 tags = _json_encode(list(hb.tags))
                 cur = execute(
                     _UPSERT_HEARTBEAT,
                     (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
-                     sample, now, now, hb.boot, hb.outbox_pending),
+                     sample, now, now, hb.boot, hb.outbox_pending, interval_ms, expires),
                 )
                 applied.append(cur.rowcount > 0)
                 if hb.boot:
@@ -334,8 +375,9 @@ class DeviceRegistry(SqliteStore):
                 self._conn.execute(
                     "UPDATE devices SET last_seen_ms = ?, offline_reason = NULL,"
                     " changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, online = 1,"
-                    " presence_session = ? WHERE device_id = ?",
-                    (now, now, session, device_id),
+                    " presence_session = ?, expires_ms = ? + MAX(?, CAST(interval_ms * ? AS INTEGER))"
+                    " WHERE device_id = ?",
+                    (now, now, session, now, self._deadline_ms, INTERVALS_TO_DEADLINE, device_id),
                 )
                 return True
             cur = self._conn.execute(
@@ -364,8 +406,8 @@ class DeviceRegistry(SqliteStore):
         with self.unsynced(), atomic(self._conn):  # found again after a power cut
             rows = self._conn.execute(
                 "UPDATE devices SET online = 0, offline_reason = 'deadline', changed_ms = ?"
-                " WHERE online = 1 AND last_seen_ms <= ? RETURNING device_id",
-                (now, now - self._deadline_ms),
+                " WHERE online = 1 AND expires_ms <= ? RETURNING device_id",
+                (now, now),
             ).fetchall()
         return sorted(r[0] for r in rows)
 
@@ -374,9 +416,9 @@ class DeviceRegistry(SqliteStore):
         self.check_open()
         with store_errors("next deadline"):
             row = self._conn.execute(
-                "SELECT MIN(last_seen_ms) FROM devices WHERE online = 1"
+                "SELECT MIN(expires_ms) FROM devices WHERE online = 1"
             ).fetchone()
-        return None if row[0] is None else int(row[0]) + self._deadline_ms
+        return None if row[0] is None else int(row[0])
 
     async def watch_deadlines(self, on_offline: OfflineCallback | None = None) -> None:
         """Run until cancelled: mark devices offline when their deadline passes, on the Clock.
@@ -572,14 +614,20 @@ class RegistryReads:
             "SELECT firmware_version, COUNT(*) FROM devices GROUP BY firmware_version"
             " ORDER BY COUNT(*) DESC, firmware_version")}
 
-    def stale(self, seen_before_ms: int, *, limit: int) -> tuple[int, list[tuple[str, int | None, bool]]]:
+    def stale(self, seen_before_ms: int | None, *, limit: int, now_ms: int = 0,
+              ) -> tuple[int, list[tuple[str, int | None, bool]]]:
         """How many devices were last heard of before `seen_before_ms` (or never), and the
-        `limit` longest silent of them: (device id, last seen, online)."""
-        where = "last_seen_ms IS NULL OR last_seen_ms <= ?"
-        (count,) = self._conn.execute(f"SELECT COUNT(*) FROM devices WHERE {where}", (seen_before_ms,)).fetchone()
+        `limit` longest silent of them: (device id, last seen, online). With `seen_before_ms`
+        None: the devices past their own heartbeat deadline at `now_ms` (each announces its
+        interval), or never heard of."""
+        if seen_before_ms is None:
+            where, arg = "last_seen_ms IS NULL OR expires_ms IS NULL OR expires_ms <= ?", now_ms
+        else:
+            where, arg = "last_seen_ms IS NULL OR last_seen_ms <= ?", seen_before_ms
+        (count,) = self._conn.execute(f"SELECT COUNT(*) FROM devices WHERE {where}", (arg,)).fetchone()
         rows = [(str(d), seen, bool(on)) for d, seen, on in self._conn.execute(
             f"SELECT device_id, last_seen_ms, online FROM devices WHERE {where}"
-            " ORDER BY last_seen_ms IS NOT NULL, last_seen_ms, device_id LIMIT ?", (seen_before_ms, limit))]
+            " ORDER BY last_seen_ms IS NOT NULL, last_seen_ms, device_id LIMIT ?", (arg, limit))]
         return int(count), rows
 
     def page(self, *, online: bool | None = None, version: str | None = None, tag: str | None = None,

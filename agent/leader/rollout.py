@@ -40,6 +40,7 @@ from agent.leader.agent import LEADER_DB, LeaderAgent, Route
 from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
+from agent.protocol import KIND_HEARTBEAT_PACE, HeartbeatPace
 from agent.service.checks import problem_check
 from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
@@ -165,7 +166,18 @@ class LeaderPort:
         ]
         await leader.outbox.enqueue_many(msgs)
 
+    async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
+        leader = self._leader
+        pace = encode(HeartbeatPace(interval_s=SOAK_HEARTBEAT_S, for_s=min(for_s, 86_400.0)))
+        msgs = [
+            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device, kind=KIND_HEARTBEAT_PACE,
+                          payload=pace, ttl_ms=max(1, int(for_s * 1000)))  # useless once the soak is over
+            for device in devices
+        ]
+        await leader.outbox.enqueue_many(msgs)
 
+
+SOAK_HEARTBEAT_S = 5.0  # what a soak asks for (a device keeps to its own fast_interval_s at most)
 ARTIFACTS_DIR = "artifacts"  # beside leader.db: the verified copies the rollouts serve
 
 

@@ -37,7 +37,7 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     online: int
     offline: int
     versions: dict[str, int] = msgspec.field(default_factory=dict)
-    stale_after_s: float = 0.0
+    stale_after_s: float = 0.0  # asked for, or the least deadline (a device's own may be longer)
     stale_count: int = 0
     stale: list[StaleDevice] = msgspec.field(default_factory=list)
     jobs: JobCounts | None = None
@@ -55,7 +55,8 @@ def summarize(
     """Summarise the fleet in the leader database at `db_path`. Raises `StoreError`.
 
     A device is stale when it has not been heard from (heartbeat or presence `online`) for
-    `stale_after_s`; by default the registry's heartbeat deadline.
+    `stale_after_s`; by default when it is past its own deadline (`INTERVALS_TO_DEADLINE` of the
+    heartbeat interval it announced, at least the registry's heartbeat deadline).
     """
     now = (clock or SystemClock()).now_ms()
     with open_leader_db(db_path) as db:
@@ -65,10 +66,12 @@ def summarize(
 def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, stale_limit: int = 50) -> FleetStatus:
     """The summary, from the registry's and the job queue's reads."""
     registry = db.registry
+    own = stale_after_s is None  # each device's own deadline (its announced interval), at least the leader's
     if stale_after_s is None:
         stale_after_s = registry.heartbeat_deadline_s() or DEFAULT_STALE_AFTER_S
     total, online = registry.online_count()
-    stale_count, stale_rows = registry.stale(now - int(stale_after_s * 1000), limit=stale_limit)
+    stale_count, stale_rows = registry.stale(None if own else now - int(stale_after_s * 1000), limit=stale_limit,
+                                             now_ms=now)
     stale = [StaleDevice(device_id=device_id, last_seen_ms=last_seen,
                          age_s=None if last_seen is None else round((now - last_seen) / 1000.0, 3), online=is_online)
              for device_id, last_seen, is_online in stale_rows]

@@ -141,8 +141,8 @@ def leader_config(opts: SimOptions, *, firmware_key: str = "") -> AgentConfig:
             "mailbox": {"capacity": opts.leader_mailbox_capacity},
             "leader": {"process_interval_s": opts.leader_interval_s,
                        # a beat waits up to one processing interval in the mailbox before it counts
-                       "heartbeat_deadline_s": max(30.0, 3 * opts.heartbeat_s,
-                                                   2 * (opts.leader_interval_s + opts.heartbeat_s)),
+                       # (each device's own deadline follows the interval it announces)
+                       "heartbeat_deadline_s": max(30.0, 2 * (opts.leader_interval_s + min(opts.heartbeat_s, 5.0))),
                        "job_window_max": 64},
             "outbox": {"max_attempts": SIM_MAX_ATTEMPTS, "backoff_cap_s": 60.0, "durability": "crash"},
             "relay": {"partitions": 4, "reconnect_jitter_s": 2.0},

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from agent.core.config import HeartbeatSection
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
 
@@ -39,6 +41,8 @@ def parse_outage(text: str) -> tuple[float, float]:
 
 
 MAX_PROCESSES = 64
+BOOT_WINDOW_MAX_S = 60.0
+HEARTBEAT_S = HeartbeatSection().interval_s
 APP_CLASS = "events"  # the class a simulated device's application sends (`app_every_s`)
 
 
@@ -47,7 +51,7 @@ class SimOptions:
     devices: int = 50
     duration_s: float = 600.0
     seed: int = 1
-    heartbeat_s: float = 5.0
+    heartbeat_s: float = HEARTBEAT_S  # the shipped idle interval (fast while an update runs)
     leader_interval_s: float = 30.0
     telemetry_s: float = 30.0  # per device; 0 = none
     app_every_s: float = 0.0  # per device: its application hands the local API a message this often; 0 = none
@@ -113,9 +117,16 @@ class SimOptions:
                                                        " virtual time (with --broker, spread the fleet with --shard)")
 
     @property
+    def boot_window_s(self) -> float:
+        """The devices boot within this much fleet time: the heartbeat interval, or a whole
+        fraction of it no longer than a minute (a fleet at the shipped 300 s interval is up
+        within the first minute, its heartbeats then come on the tenths of that minute)."""
+        return self.heartbeat_s / math.ceil(self.heartbeat_s / BOOT_WINDOW_MAX_S)
+
+    @property
     def leader_mailbox_capacity(self) -> int:
         """The leader's mailbox bound: as given, or one heartbeat per device (at least 1024)."""
         return self.leader_mailbox if self.leader_mailbox is not None else max(1024, self.devices + 64)
 
 
-__all__ = ["APP_CLASS", "MAX_PROCESSES", "SimOptions", "parse_duration", "parse_outage", "parse_shard"]
+__all__ = ["APP_CLASS", "HEARTBEAT_S", "MAX_PROCESSES", "SimOptions", "parse_duration", "parse_outage", "parse_shard"]

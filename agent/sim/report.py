@@ -193,6 +193,12 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             "dead_lettered": relayed("dead_lettered"),
         },
         "offline_episodes": len(sim.offline_episodes),
+        # what the devices' broker connections would cost over TLS (`agent.transport.linkbytes.AirModel`):
+        # per device and day of fleet time, to price a fleet on a metered plan before deploying it
+        "air": {"bytes": totals.air_bytes,
+                "bytes_per_device_per_day": round(totals.air_bytes * 86_400 / (totals.devices * sim.now()))
+                if totals.devices and sim.now() > 0 else None,
+                "model": "MQTT v5 over TLS 1.2, TCP/IPv4 headers, keep-alive pings (docs/service.md)"},
         "broker": broker,
         "wall": {
             "seconds": round(wall_s, 3),
@@ -272,6 +278,10 @@ def summary(report: Report) -> str:
         f" {report['leader']['busy_answers']} busy answers, relay capacity rejections"
         f" {report['relay']['capacity_rejections']}",
     ]
+    per_day = report["air"]["bytes_per_device_per_day"]
+    if per_day is not None:
+        lines.append(f"on the air: {per_day / 1e6:.2f} MB per device per day over TLS (a model: docs/service.md,"
+                     " \"What an idle device costs\")")
     apps = report["applications"]
     if apps["sent"] or apps["refused_at_source"]:
         lines.append(f"applications: {apps['sent']} messages through the local API ({apps['direct']} direct,"

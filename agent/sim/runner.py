@@ -2,8 +2,9 @@
 
 The timeline (all drawn from generators seeded by `--seed`):
 
-* t=0 the leader starts; each device boots at a random phase within its first heartbeat
-  interval (quantized to tenths of it, so devices share timer deadlines as real fleets do);
+* t=0 the leader starts; each device boots at a random phase within its boot window (its first
+  heartbeat interval, or a whole fraction of it no longer than a minute: `boot_window_s`),
+  quantized to tenths of it, so devices share timer deadlines as real fleets do;
 * every device sends telemetry every `telemetry_s`, heartbeats every `heartbeat_s`;
 * `offline_rate` of the devices lose their uplink once for `offline_duration_s`;
 * the whole broker goes away for `--broker-outage AT:FOR`;
@@ -242,7 +243,7 @@ class Simulation:
                 boot.random()
         for i in local:
             device = device_name(i)
-            phase = boot.randrange(PHASE_SLOTS) * opts.heartbeat_s / PHASE_SLOTS
+            phase = boot.randrange(PHASE_SLOTS) * opts.boot_window_s / PHASE_SLOTS
             self.timeline.at(phase, f"boot {device}", partial(fleet.start_worker, device))
             if opts.telemetry_s > 0:
                 offset = phase + boot.random() * opts.telemetry_s
@@ -268,7 +269,7 @@ class Simulation:
             self.timeline.at(start, f"crash {device}", partial(fleet.crash, device))
             self.timeline.at(start + span, f"restart {device}", partial(fleet.restart, device))
         if opts.jobs > 0 and fleet.leader is not None:
-            self.timeline.at(min(2 * opts.heartbeat_s, opts.duration_s / 2), "submit jobs", self._submit_jobs)
+            self.timeline.at(min(2 * opts.boot_window_s, opts.duration_s / 2), "submit jobs", self._submit_jobs)
 
     def offline_plan(self) -> list[tuple[str, float, float]]:
         """(device, start, duration) of every uplink loss, drawn from the seed alone."""
@@ -281,7 +282,7 @@ class Simulation:
         devices = [device_name(i) for i in range(opts.devices)]
         plan = []
         for device in sorted(pick.sample(devices, count)):
-            start = float(int(pick.uniform(opts.heartbeat_s, max(opts.heartbeat_s, latest))))
+            start = float(int(pick.uniform(opts.boot_window_s, max(opts.boot_window_s, latest))))
             plan.append((device, start, opts.offline_duration_s))
         return plan
 
@@ -292,9 +293,9 @@ class Simulation:
             return []
         pick = rng_for(opts.seed, "crash")
         count = round(opts.crash_rate * opts.devices)
-        latest = max(opts.heartbeat_s, opts.duration_s - opts.crash_downtime_s)
+        latest = max(opts.boot_window_s, opts.duration_s - opts.crash_downtime_s)
         devices = [device_name(i) for i in range(opts.devices)]
-        return [(device, float(int(pick.uniform(opts.heartbeat_s, latest))), opts.crash_downtime_s)
+        return [(device, float(int(pick.uniform(opts.boot_window_s, latest))), opts.crash_downtime_s)
                 for device in sorted(pick.sample(devices, count))]
 
     def _telemetry_loop(self, device: str, first: float, rng: random.Random) -> None:
@@ -436,10 +437,11 @@ class Simulation:
 
         Devices keep beating while the held rows drain, so a new heartbeat is pending for a
         moment after every beat. The check therefore looks between the heartbeat phase slots
-        (devices boot on tenths of the interval): half a slot after one, every slot."""
+        (devices boot on tenths of the boot window, a whole fraction of the interval): half a slot
+        after one, every slot."""
         start = self.now()
         leader = self.fleet.leader
-        slot = self.opts.heartbeat_s / PHASE_SLOTS
+        slot = self.opts.boot_window_s / PHASE_SLOTS
         at = (int(self.now() / slot) + 1.5) * slot
         while self.now() - start < self.opts.drain_s:
             await self._run_until(at)

@@ -3,7 +3,9 @@
 `--scenario NAME` fills every option the user did not give from the preset; the run then checks
 the claim against its report (`check`), prints it, and fails (exit 1) when it does not hold.
 `wave-rollout` runs the rollout orchestrator's scenario (`agent.sim.rollout`) instead of the
-heartbeat/telemetry fleet.
+heartbeat/telemetry fleet. The scenarios about faults run their devices at 5 s heartbeats (the
+fast pace of an update) so that their faults fall within a few minutes of fleet time; a run without
+a scenario uses the shipped idle interval.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ SCENARIOS: dict[str, Scenario] = {
             "Devices beat every 5 s; the leader takes them every 30 s, so its mailbox keeps the newest"
             " beat per device (about 6 to 1), and a device offline for minutes holds ONE pending"
             " heartbeat in its outbox (OVERWRITE by key), not one per interval.",
-            {"devices": 200, "duration_s": 600.0, "offline_rate": 0.25, "offline_duration_s": 180.0},
+            {"devices": 200, "duration_s": 600.0, "heartbeat_s": 5.0, "offline_rate": 0.25,
+             "offline_duration_s": 180.0},
             _coalescing,
         ),
         Scenario(
@@ -105,7 +108,7 @@ SCENARIOS: dict[str, Scenario] = {
             "The broker goes away for a minute; when it returns every device reconnects at once and"
             " its relay drains what it held. The leader's mailboxes stay within their bound (busy"
             " answers instead), and AIMD halves the relays' limits until the herd has passed.",
-            {"devices": 200, "duration_s": 240.0, "leader_mailbox": 32, "leader_interval_s": 0.5,
+            {"devices": 200, "duration_s": 240.0, "heartbeat_s": 5.0, "leader_mailbox": 32, "leader_interval_s": 0.5,
              "telemetry_s": 5.0, "broker_outage": (60.0, 60.0)},
             _herd,
         ),
@@ -124,7 +127,7 @@ SCENARIOS: dict[str, Scenario] = {
             "A third of the devices lose their uplink for 10 minutes, a tenth crash and restart on"
             " their SQLite state, and the broker drops out once: everything they measured is stored"
             " and forwarded, nothing is lost, every outbox drains.",
-            {"devices": 100, "duration_s": 1200.0, "offline_rate": 0.3, "offline_duration_s": 600.0,
+            {"devices": 100, "duration_s": 1200.0, "heartbeat_s": 5.0, "offline_rate": 0.3, "offline_duration_s": 600.0,
              "crash_rate": 0.1, "crash_downtime_s": 60.0, "telemetry_s": 10.0, "broker_outage": (300.0, 60.0)},
             _store_and_forward,
         ),
@@ -133,7 +136,7 @@ SCENARIOS: dict[str, Scenario] = {
             "The leader holds a queue of jobs; workers pull them within their demand window, run each"
             " once and confirm; a device that crashes mid-job has its job offered again, and every job"
             " is confirmed exactly once.",
-            {"devices": 50, "duration_s": 600.0, "jobs": 500, "job_window": 2, "crash_rate": 0.1,
+            {"devices": 50, "duration_s": 600.0, "heartbeat_s": 5.0, "jobs": 500, "job_window": 2, "crash_rate": 0.1,
              "crash_downtime_s": 30.0},
             _work_pulling,
         ),

@@ -103,6 +103,7 @@ class DeviceTotals:
     timers_fired: int = 0
     cpu_s: float = 0.0
     peak_rss_mb: float = 0.0
+    air_bytes: int = 0  # the devices' broker connections over TLS, as `AirModel` counts them
     # one entry per process, in process order: its devices, CPU seconds and peak RSS
     by_process: list[dict[str, float]] = field(default_factory=list)
 
@@ -141,6 +142,7 @@ async def device_totals(sim: Simulation, *, cpu_s: float) -> DeviceTotals:
         relay={name: sum(int(getattr(r, name)) for r in relays) for name in RELAY_FIELDS},
         redeliveries_suppressed=fleet.redeliveries_suppressed,
         broker=None if broker is None else {name: int(getattr(broker, name)) for name in BROKER_FIELDS},
+        air_bytes=sum(c.on_air for c in (w.link_bytes() for w in workers) if c is not None),
         devices=len(fleet.workers), timers_fired=int(getattr(sim.clock, "fired", 0) or 0), cpu_s=cpu_s,
         peak_rss_mb=peak,
         by_process=[{"devices": len(fleet.workers), "cpu_seconds": round(cpu_s, 3), "peak_rss_mb": peak}])

@@ -35,6 +35,7 @@ from agent.transport._memory_broker import (
     _as_message,
 )
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
+from agent.transport.linkbytes import AirModel, TcpCounters, publish_bytes
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class MemoryTransport:
         max_payload_bytes: int | None = None,
         reconnect_jitter_s: float = 0.0,
         rng: random.Random | None = None,
+        air: AirModel | None = None,
     ) -> None:
         if not client_id:
             raise ValueError("client_id must not be empty")
@@ -75,6 +77,8 @@ class MemoryTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self.connects = 0
+        # what this client's connection would cost over TLS (`AirModel`), when the simulator asks
+        self.air = air
 
     # -- Transport protocol ----------------------------------------------------------------
     @property
@@ -107,6 +111,8 @@ class MemoryTransport:
             if self.will is not None:
                 self._broker._publish(self, _as_message(self.will))
             self._broker._disconnect(self, fire_will=False)
+            if self.air is not None:
+                self.air.ended(self._clock.monotonic())
         self._broker._waiting.pop(self._client_id, None)
         self._gate.close()
         await self._stop_dispatcher()
@@ -118,6 +124,8 @@ class MemoryTransport:
         self._started = False
         if self._gate.is_open:
             self._broker._disconnect(self, fire_will=True)
+            if self.air is not None:
+                self.air.ended(self._clock.monotonic())
         self._broker._waiting.pop(self._client_id, None)
         self._gate.close()
         await self._stop_dispatcher()
@@ -146,6 +154,8 @@ class MemoryTransport:
         expiry_s: int | None = None,  # not modelled: the in-memory broker keeps queued messages
     ) -> None:
         message = self._outbound(topic, payload, retain, response_topic, correlation, qos)
+        if self.air is not None:
+            self._count_out(message, expiry_s is not None)
         broker = self._broker
         if broker._delays:
             delay = broker.delay_of(self._client_id)
@@ -159,6 +169,8 @@ class MemoryTransport:
         """QoS 0, not retained, routed now; with a latency set, routed when it has passed (and
         lost, as QoS 0 is, if the connection broke meanwhile)."""
         message = self._outbound(topic, payload, False, None, correlation, 0)
+        if self.air is not None:
+            self._count_out(message, False)
         broker = self._broker
         delay = broker.delay_of(self._client_id) if broker._delays else 0.0
         if not delay:
@@ -171,6 +183,16 @@ class MemoryTransport:
                 broker._publish(self, message)
 
         self._clock.call_later(delay, arrive)
+
+    def _count_out(self, message: InboundMessage, expiry: bool) -> None:
+        assert self.air is not None
+        size = publish_bytes(message.topic, len(message.payload), qos=message.qos,
+                             response_topic=message.response_topic, correlation=message.correlation, expiry=expiry)
+        self.air.publish_out(self._clock.monotonic(), size, message.qos)
+
+    def link_bytes(self) -> TcpCounters | None:
+        """The modelled bytes of this client's connections (None without a model)."""
+        return None if self.air is None else self.air.total(self._clock.monotonic())
 
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         topics.validate_filter(topic_filter)
@@ -193,6 +215,8 @@ class MemoryTransport:
             return
         self._broker._connect(self)
         self.connects += 1
+        if self.air is not None:
+            self.air.connected(self._clock.monotonic())
         for topic_filter, (_, qos) in self._subs.items():
             self._broker._subscribe(self, topic_filter, qos)
         if self.birth is not None:
@@ -209,6 +233,8 @@ class MemoryTransport:
         """Called by the broker when the connection breaks under us."""
         log.debug("%s: connection lost: %s", self._client_id, reason)
         self._gate.close()
+        if self.air is not None:
+            self.air.ended(self._clock.monotonic())
         if not reconnect:
             self._started = False
             task, self._dispatcher = self._dispatcher, None
@@ -224,6 +250,10 @@ class MemoryTransport:
 
     # -- dispatch --------------------------------------------------------------------------
     def _enqueue(self, sub_filter: str, message: InboundMessage) -> None:
+        if self.air is not None:
+            size = publish_bytes(message.topic, len(message.payload), qos=message.qos,
+                                 response_topic=message.response_topic, correlation=message.correlation)
+            self.air.publish_in(self._clock.monotonic(), size, message.qos)
         self._queue.append((sub_filter, message))
         self._wake()
 

@@ -61,6 +61,7 @@ from agent.transport._mqtt_failures import classify
 from agent.transport._mqtt_settings import TlsSettings, backoff_delay, broker_address, credentials, read_password
 from agent.transport._paho_fast import FastPath, PackedProperties, PropertiesCache, unsupported
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
+from agent.transport.linkbytes import LinkCounters, TcpCounters
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ class MqttTransport:
         self._paho: Any = None  # the connected client's paho client (while the gate is open)
         self._wire: Any = None  # the paho client of the newest connection (messages arrive on it)
         self._fast: FastPath | None = None
+        self.link = LinkCounters()  # bytes and segments on the broker connections, from the kernel
         self._supervisor: asyncio.Task[None] | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         # (message, packet id to acknowledge or 0, the connection it came on)
@@ -360,6 +362,12 @@ class MqttTransport:
             raise ConnectionLost(f"{self._client_id!r}: connection lost while publishing ({info.rc})")
         await self._pubacks.wait(info.mid)
 
+    def link_bytes(self) -> TcpCounters | None:
+        """What this transport's connections moved so far, as the kernel counts it (TLS
+        included); None where the system does not say."""
+        total = self.link.total()
+        return None if total == TcpCounters() else total
+
     async def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Record the subscription; send it now if connected (else on the next connect)."""
         topics.validate_filter(topic_filter)
@@ -497,6 +505,7 @@ class MqttTransport:
                 self.connects += 1
                 self.last_error = None
                 self._paho = client._client  # noqa: SLF001
+                self.link.attach(self._paho.socket())
                 self._gate.open()
                 opened_at = self._clock.monotonic()
                 self._log_connected()
@@ -515,6 +524,7 @@ class MqttTransport:
                 self.last_error = repr(exc)
                 log.exception("%s: unexpected connection failure", self._client_id)
             finally:
+                self.link.attach(None)  # a last reading, while its socket is still open
                 self._client = None
                 self._paho = None
                 self._fast = None

@@ -1,9 +1,10 @@
 """The worker agent's actors: heartbeats, telemetry, and the job worker.
 
-    HeartbeatActor   every `interval_s` of the Clock: one Heartbeat, straight to the leader when
-                     it answers, else into the outbox with the key "heartbeat" and OVERWRITE, so
-                     an offline device holds one pending heartbeat. It carries the job worker's
-                     demand window (wire 2): one uplink message per interval, not two.
+    HeartbeatActor   every `interval_s` of the Clock (`fast_interval_s` while an update runs or the
+                     leader asks): one Heartbeat, straight to the leader when it answers, else
+                     into the outbox with the key "heartbeat" and OVERWRITE, so an offline device
+                     holds one pending heartbeat. Full when something changed, else short; it
+                     carries the job worker's demand window: one uplink message per interval.
     TelemetryActor   one record at a time through `tell_reliable`: straight to the leader when it
                      is reachable and has room, into the outbox otherwise.
     JobWorker        takes JobOffers up to its demand window (bounded mailbox; more is `busy`),
@@ -32,10 +33,12 @@ from agent.core.ids import IdGenerator
 from agent.outbox.reliable import DirectFirst
 from agent.outbox.types import EnqueueResult, OutboxMessage
 from agent.protocol import (
+    FULL_HEARTBEAT_WANTED,
     KIND_HEARTBEAT,
     KIND_JOB_RESULT,
     KIND_TELEMETRY,
     Heartbeat,
+    HeartbeatPace,
     JobDemand,
     JobOffer,
     JobResult,
@@ -51,7 +54,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_KEY = "heartbeat"
 LEADER = "leader"  # the receiver name of everything a worker sends up: whichever leader takes it
 SEQ_PER_INCARNATION = 1_000_000_000  # a heartbeat seq is incarnation * this + count
-HEARTBEAT_WIRE = 2  # heartbeats carry the job demand (`Heartbeat.wire`)
+HEARTBEAT_WIRE = 3  # the demand rides on heartbeats; interval_s and short heartbeats (`Heartbeat.wire`)
 
 
 class Outbox(Protocol):
@@ -108,16 +111,53 @@ def envelope_of(msg: OutboxMessage, clock: Clock) -> Envelope:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """When a worker heartbeats (`[heartbeat]`): every `interval_s` while idle, every
+    `fast_interval_s` while it matters (an update running, the leader asking); the system sample
+    every `system_interval_s`, or sooner when cpu, memory or disk moved `sample_change_pct`
+    points since the last one sent."""
+
+    interval_s: float = 300.0
+    fast_interval_s: float = 5.0
+    system_interval_s: float = 900.0
+    sample_change_pct: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """Heartbeat every `interval_s` (never faster than the cadence's `fast_interval_s`) for the
+    next `for_s` seconds, starting with one heartbeat now: an update is running, or the leader
+    asked (`HeartbeatPace`)."""
+
+    interval_s: float
+    for_s: float
+
+
+def _moved(sample: SystemSample, last: SystemSample | None, points: float) -> bool:
+    """Whether cpu, memory or disk use moved `points` percentage points since `last`."""
+    if last is None:
+        return True
+    for now, then in ((sample.cpu_percent, last.cpu_percent), (sample.mem_percent, last.mem_percent),
+                      (sample.disk_percent, last.disk_percent)):
+        if (now is None) != (then is None) or (now is not None and then is not None and abs(now - then) >= points):
+            return True
+    return False
+
+
 class HeartbeatActor(Actor):
-    """One heartbeat per interval (ticks scheduled on the Clock without drift), sent straight to
-    the leader when it answers (`tell_reliable`): an online device writes nothing to flash for
-    its heartbeats. When the direct send fails or is not answered in time, the heartbeat is the
-    outbox's OVERWRITE row (an offline device holds exactly one, the newest). Every beat tries
-    the leader first (one message per interval needs no back-off; `direct_backoff_s` can set one;
-    a failure while disconnected costs nothing)."""
+    """One heartbeat per interval of the `Cadence` (ticks on the Clock), sent straight to the
+    leader when it answers (`tell_reliable`): an online device writes nothing to flash for its
+    heartbeats. When the direct send fails or is not answered in time, the heartbeat is the
+    outbox's OVERWRITE row (an offline device holds exactly one, the newest).
+
+    Each heartbeat says when the next one is due (`interval_s`), so the leader's deadline follows
+    the pace. It is full (everything) at the start, after a reconnect, after one went to the
+    outbox, when its state changed (version, tags, job demand) or when the leader asks; otherwise
+    short: seq, uptime, the outbox depth if it changed, the system sample if it is due."""
 
     def __init__(
-        self, *, device_id: str, outbox: KeyedOutbox, ids: IdGenerator, interval_s: float, incarnation: int,
+        self, *, device_id: str, outbox: KeyedOutbox, ids: IdGenerator, cadence: Cadence, incarnation: int,
         firmware_version: Callable[[], str], tags: tuple[str, ...] = (),
         sampler: Callable[[], SystemSample] | None = None, boot: str = "",
         outbox_pending: Callable[[], int] | None = None, link: DirectLink, direct_backoff_s: float = 0.0,
@@ -134,30 +174,42 @@ class HeartbeatActor(Actor):
         self._outbox_pending = outbox_pending
         self._outbox = outbox
         self._ids = ids
-        self._interval_s = interval_s
+        self.cadence = cadence
         self._seq_base = incarnation * SEQ_PER_INCARNATION
         self._firmware_version = firmware_version
         self._tags = tags
         self._sampler = sampler
         self._count = 0
         self._timer: TimerHandle | None = None
+        self._tick = 0  # the generation of the one scheduled tick (a rescheduled one is dropped)
         self._started_at = 0.0
-        self._epoch = 0.0
+        self._fast_until = 0.0  # monotonic: fast until then
+        self._fast_s = cadence.fast_interval_s
+        self._full_wanted = True
+        self._stated: tuple[object, ...] | None = None  # what the last full heartbeat stated
+        self._sample: SystemSample | None = None  # the last sample sent, and when
+        self._sample_at = 0.0
+        self._pending: int | None = None  # the outbox depth last reported
         self.sent = 0
+        self.short = 0  # heartbeats sent short
         self.coalesced = 0  # enqueues that replaced (or lost to) a pending heartbeat
         self.failed = 0
 
     async def on_start(self, ctx: Context) -> None:
         self._direct = DirectFirst(ctx.clock, backoff_s=self._backoff_s)
-        self._started_at = self._epoch = ctx.clock.monotonic()
-        self._schedule(ctx, 0, 0.0)
+        self._started_at = ctx.clock.monotonic()
+        self._schedule(ctx, 0.0)
 
     async def on_stop(self, ctx: Context) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _schedule(self, ctx: Context, n: int, delay_s: float) -> None:
+    def _schedule(self, ctx: Context, delay_s: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._tick += 1
+        n = self._tick
         ref = ctx.self
 
         def fire() -> None:
@@ -173,44 +225,91 @@ class HeartbeatActor(Actor):
         """Seq of the newest heartbeat made (the base of this incarnation before the first)."""
         return self._seq_base + self._count
 
-    def heartbeat(self, clock: Clock) -> Heartbeat:
+    def next_interval_s(self, clock: Clock) -> float:
+        """Seconds to the next heartbeat: the pace's while one holds, else the idle interval."""
+        if self._fast_until > clock.monotonic():
+            return min(self._fast_s, self.cadence.interval_s)
+        return self.cadence.interval_s
+
+    def heartbeat(self, clock: Clock, *, next_s: float | None = None) -> Heartbeat:
+        """The next heartbeat: full or short (see the class), announcing `next_s`."""
         self._count += 1
-        return Heartbeat(
-            device_id=self.device_id, seq=self._seq_base + self._count,
-            uptime_s=max(0.0, clock.monotonic() - self._started_at),
-            firmware_version=self._firmware_version(), tags=self._tags,
-            sample=self._sampler() if self._sampler is not None else None, boot=self.boot,
-            outbox_pending=self._outbox_pending() if self._outbox_pending is not None else None,
-            wire=HEARTBEAT_WIRE, demand=self._demand() if self._demand is not None else None,
-        )
+        now = clock.monotonic()
+        firmware = self._firmware_version()
+        demand = self._demand() if self._demand is not None else None
+        stated = (firmware, self._tags, self.boot, demand)
+        pending = self._outbox_pending() if self._outbox_pending is not None else None
+        sample = self._sampler() if self._sampler is not None else None
+        full = self._full_wanted or stated != self._stated
+        due = sample is not None and (full or now - self._sample_at >= self.cadence.system_interval_s
+                                      or _moved(sample, self._sample, self.cadence.sample_change_pct))
+        if due:
+            self._sample, self._sample_at = sample, now
+        seq = self._seq_base + self._count
+        uptime = max(0.0, now - self._started_at)
+        interval = next_s if next_s is not None else self.next_interval_s(clock)
+        if full:
+            self._stated, self._pending = stated, pending
+            return Heartbeat(
+                device_id=self.device_id, seq=seq, uptime_s=uptime, firmware_version=firmware, tags=self._tags,
+                sample=sample, boot=self.boot, outbox_pending=pending, wire=HEARTBEAT_WIRE, demand=demand,
+                interval_s=interval,
+            )
+        changed = pending if pending != self._pending else None
+        self._pending = pending
+        return Heartbeat(device_id=self.device_id, seq=seq, uptime_s=uptime, sample=sample if due else None,
+                         outbox_pending=changed, wire=HEARTBEAT_WIRE, interval_s=interval, full=False)
 
     async def receive(self, message: object, ctx: Context) -> object | None:
         if isinstance(message, _Tick):
-            n = message.n + 1
-            self._schedule(ctx, n, max(0.0, self._epoch + n * self._interval_s - ctx.clock.monotonic()))
-        elif not isinstance(message, BeatNow):
+            if message.n != self._tick:
+                return None  # rescheduled since: a newer tick is on its way
+        elif isinstance(message, (Pace, HeartbeatPace)):
+            fast = max(message.interval_s, self.cadence.fast_interval_s)
+            until = ctx.clock.monotonic() + message.for_s
+            if self._fast_until > ctx.clock.monotonic():  # a pace holds: the faster, the longer
+                fast = min(fast, self._fast_s)
+                until = max(until, self._fast_until)
+            was = self.next_interval_s(ctx.clock)
+            self._fast_s, self._fast_until = fast, until
+            if isinstance(message, Pace) and was <= self.next_interval_s(ctx.clock):
+                return None  # the updater's, already this fast: the next beat comes on time
+            # the leader's ask is answered with a beat now (a soak hears from the device after it began)
+        elif isinstance(message, BeatNow):
+            self._full_wanted = True
+        else:
             return None
-        hb = self.heartbeat(ctx.clock)
+        next_s = self.next_interval_s(ctx.clock)
+        self._schedule(ctx, next_s)
+        hb = self.heartbeat(ctx.clock, next_s=next_s)
+        if not hb.full:
+            self.short += 1
         msg = outbox_message(self._ids, self.device_id, hb, key=HEARTBEAT_KEY, overwrite=True, seq=hb.seq)
         assert self._direct is not None  # (made on start)
         if isinstance(message, BeatNow):  # connected again: no need to wait out the back-off
             self._direct.reset()
         try:
-            path, result, _ = await self._direct.send(self._link, envelope_of(msg, ctx.clock), outbox=self._outbox,
-                                                   msg=msg)
+            path, result, answer = await self._direct.send(self._link, envelope_of(msg, ctx.clock),
+                                                           outbox=self._outbox, msg=msg)
         except StoreError as exc:  # disk full, I/O: the next beat tries again
             self.failed += 1
+            self._full_wanted = True
             log.warning("heartbeat %d not stored: %s", hb.seq, exc)
             return None
         self.sent += 1
         if path == "direct":
             self.direct += 1
+            self._full_wanted = False
+            if answer == FULL_HEARTBEAT_WANTED:  # the leader holds no full one of ours (it restarted)
+                self._full_wanted = True
+                self._schedule(ctx, 0.0)
             if self._held:  # the one the outbox holds is older than what the leader just took
                 self._held = False
                 with contextlib.suppress(StoreError):
                     self.coalesced += await self._outbox.supersede(self.device_id, LEADER, HEARTBEAT_KEY, hb.seq)
         else:
             self._held = True
+            self._full_wanted = True  # a later short one would replace this one in the outbox
             if result is not None and result.outcome in ("overwritten", "stale"):
                 self.coalesced += 1
         return None
@@ -330,12 +429,14 @@ __all__ = [
     "LEADER",
     "SEQ_PER_INCARNATION",
     "BeatNow",
+    "Cadence",
     "DirectLink",
     "HeartbeatActor",
     "JobHandler",
     "KeyedOutbox",
     "JobWorker",
     "Outbox",
+    "Pace",
     "RecordTelemetry",
     "TelemetryActor",
     "envelope_of",

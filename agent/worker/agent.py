@@ -18,6 +18,7 @@ the outbox), disconnects, flushes the outbox and closes the databases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import sqlite3
@@ -40,18 +41,30 @@ from agent.housekeeping import Housekeeper, limited
 from agent.outbox.relay import Relay
 from agent.outbox.settings import aimd_settings, outbox_classes, retry_policy
 from agent.outbox.store import OutboxStore
-from agent.protocol import KIND_JOB_OFFER, JobOffer, SystemSample, agent_registry, app_kind, kind_of
+from agent.protocol import (
+    KIND_HEARTBEAT_PACE,
+    KIND_JOB_OFFER,
+    HeartbeatPace,
+    JobOffer,
+    SystemSample,
+    agent_registry,
+    app_kind,
+    kind_of,
+)
 from agent.service.parts import Checks, Collectors, Liveness, PartBase
 from agent.telemetry import SystemSampler
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
+from agent.transport.linkbytes import TcpCounters
 from agent.worker.actors import (
     LEADER,
     BeatNow,
+    Cadence,
     HeartbeatActor,
     JobHandler,
     JobWorker,
+    Pace,
     RecordTelemetry,
     TelemetryActor,
 )
@@ -239,6 +252,7 @@ class WorkerAgent(PartBase):
         self.telemetry: ActorRef | None = None
         self.jobs: ActorRef | None = None
         self.rejected = 0
+        self._started_at = clock.monotonic()  # (again at start) what the link's hourly figure divides by
         # Device applications' messages (the local API and the built-in sources hand them here).
         self.messages = MessageIntake(
             device_id=self.device_id, classes=config.classes, outbox=outbox, link=self.link,
@@ -300,6 +314,7 @@ class WorkerAgent(PartBase):
         if self._started:
             return
         self._started = True
+        self._started_at = self.clock.monotonic()
         cfg = self.config
         await self.system.start()
         if self._owns_stores:  # (a shared outbox's figures are every device's: no audit then)
@@ -320,8 +335,11 @@ class WorkerAgent(PartBase):
             self.telemetry_actor, name="telemetry", capacity=cfg.mailbox.capacity, policy=cfg.mailbox.policy,
             stall_s=cfg.mailbox.stall_s,
         )
+        hb = cfg.heartbeat
         self.heartbeat_actor = HeartbeatActor(
-            device_id=self.device_id, outbox=self.outbox, ids=self.ids, interval_s=cfg.heartbeat.interval_s,
+            device_id=self.device_id, outbox=self.outbox, ids=self.ids,
+            cadence=Cadence(interval_s=hb.interval_s, fast_interval_s=hb.fast_interval_s,
+                            system_interval_s=hb.system_interval_s, sample_change_pct=hb.sample_change_pct),
             incarnation=self.incarnation, firmware_version=lambda: self.firmware_version(),
             tags=tuple(cfg.agent.tags), sampler=self.sampler, boot=self.boot, link=self.link,
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
@@ -330,6 +348,7 @@ class WorkerAgent(PartBase):
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )
+        self.register_command(KIND_HEARTBEAT_PACE, HeartbeatPace, self.heartbeat)
         self.transport.connected.add_listener(self._on_connection)
         await self.sender.start()
         await self.inbox.start()
@@ -386,6 +405,14 @@ class WorkerAgent(PartBase):
         """Open once the leader accepted a message this process sent (the trial boot's health)."""
         return self.sender.answered
 
+    def beat_fast(self, for_s: float) -> None:
+        """Heartbeat at `[heartbeat] fast_interval_s` for the next `for_s` seconds (the updater
+        while an update runs: the rollout's gates see the device as fast as they did)."""
+        if self.heartbeat is None or for_s <= 0:
+            return
+        with contextlib.suppress(EdgeAgentError):  # a full mailbox: a pace is already on its way
+            self.heartbeat.tell(Pace(self.config.heartbeat.fast_interval_s, for_s), coalesce_key="pace", seq=0)
+
     def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None:
         """Decode envelopes of `kind` arriving on the down topic as `type_` and route them to
         `ref`: the one way to give a worker a new command."""
@@ -434,8 +461,19 @@ class WorkerAgent(PartBase):
 
         relay = self.relay
         running = (lambda: relay.running) if relay is not None else None
-        return agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
-                            data_dir=self.data_dir, relay_running=running, reserve=self.reserve)
+        found = agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
+                             data_dir=self.data_dir, relay_running=running, reserve=self.reserve)
+        connected = found["transport"]
+
+        async def transport() -> tuple[bool, str]:  # `doctor` shows this line: the budget with it
+            ok, detail = await connected()
+            per_hour = self.link_usage().get("bytes_per_hour")
+            if per_hour is not None:
+                detail += f"; {per_hour / 1000:.1f} KB an hour on the air (TLS and TCP/IP headers included)"
+            return ok, detail
+
+        found["transport"] = transport
+        return found
 
     def collectors(self) -> Collectors:
         from agent.service.collectors import agent_collectors, per_class_collector, snapshot_collector
@@ -452,7 +490,28 @@ class WorkerAgent(PartBase):
                                   "outbox_state_lost": 1 if self.outbox.lost_from else 0}, label="state")
         found["messages"] = per_class_collector("ea_messages", self._message_audit, counters=AUDIT_COUNTERS,
                                                 help_=AUDIT_HELP)
+        found["broker_link"] = snapshot_collector(
+            "ea_worker_broker", self.link_usage, counters=("bytes_sent", "bytes_received", "segments"),
+            help_={"bytes_sent": "bytes the kernel sent on the broker connections (TLS included)",
+                   "bytes_received": "bytes the kernel received on the broker connections (TLS included)",
+                   "segments": "TCP segments both ways on the broker connections (each carries 52 header bytes)",
+                   "bytes_per_hour": "bytes on the air per hour since the agent started (headers included)"})
         return found
+
+    def link_bytes(self) -> TcpCounters | None:
+        """What the broker connections moved: the kernel's counters (`agent.transport.linkbytes`),
+        the simulator's model of them, or None where neither is kept."""
+        reader = getattr(self.transport, "link_bytes", None)
+        return reader() if reader is not None else None
+
+    def link_usage(self) -> dict[str, float]:
+        """The broker connection's cost (`link_bytes`) as `/metrics` and `/healthz` show it."""
+        counters = self.link_bytes()
+        if counters is None:
+            return {}
+        hours = max(1e-9, (self.clock.monotonic() - self._started_at) / 3600.0)
+        return {"bytes_sent": counters.bytes_sent, "bytes_received": counters.bytes_received,
+                "segments": counters.segs_out + counters.segs_in, "bytes_per_hour": round(counters.on_air / hours)}
 
     async def _message_audit(self) -> dict[str, dict[str, object]]:
         classes = (await self.message_status())["classes"]

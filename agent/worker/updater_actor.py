@@ -82,8 +82,10 @@ class UpdaterActor(Actor):
         window_initial: int = 2,
         window_max: int = 4,
         mirrors: MirrorSettings | None = None,
+        beat_fast: Callable[[], None] | None = None,
     ) -> None:
         self.device_id = device_id
+        self._beat_fast = beat_fast
         self._mirrors = mirrors or MirrorSettings()
         self._open = open_updater
         self._chunks = chunks
@@ -177,6 +179,8 @@ class UpdaterActor(Actor):
             return
         await self._wait_for_window(message, ctx.clock)
         log.info("update %s offered", message.rollout_id)
+        if self._beat_fast is not None:
+            self._beat_fast()
         source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size, message.mirrors)
         try:
             await updater.offer(message, source)
@@ -253,7 +257,10 @@ class UpdaterActor(Actor):
                 return
 
     async def _report(self, report: UpdateReport) -> None:
-        """The updater's report sink: into the outbox, newest report per device wins."""
+        """The updater's report sink: into the outbox, newest report per device wins. Each
+        report keeps the heartbeat fast a while longer (downloading, on trial, soaking)."""
+        if self._beat_fast is not None:
+            self._beat_fast()
         await self._outbox.enqueue(report_message(report, msg_id=self._ids.next(), receiver=LEADER))
         self.reports_sent += 1
 
@@ -303,6 +310,8 @@ class UpdaterHost(Protocol):
 
     def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None: ...
 
+    def beat_fast(self, for_s: float) -> None: ...
+
 
 class UpdaterPart(PartBase):
     """The worker's updater feature: an UpdaterActor spawned into the started worker, firmware
@@ -324,7 +333,8 @@ class UpdaterPart(PartBase):
                              ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)
         actor = self.actor = UpdaterActor(
             device_id=worker.device_id, open_updater=hw.open_updater, chunks=chunks, outbox=worker.outbox,
-            ids=worker.ids, rebooter=hw.rebooter, utc_offset_s=hw.utc_offset_s, mirrors=hw.mirrors)
+            ids=worker.ids, rebooter=hw.rebooter, utc_offset_s=hw.utc_offset_s, mirrors=hw.mirrors,
+            beat_fast=lambda: worker.beat_fast(worker.config.heartbeat.fast_hold_s))
         self.ref = worker.system.spawn(actor, name="updater", capacity=self._capacity, policy="reject")
         worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, self.ref)
         cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",

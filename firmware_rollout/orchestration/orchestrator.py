@@ -76,6 +76,10 @@ class RolloutPort(Protocol):
         """Durably queue one cancel per (device, cancel): it reaches a device offline for days
         when it is back; raise `EdgeAgentError` when it cannot."""
 
+    async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
+        """Ask `devices` to heartbeat at their fast pace for the next `for_s` seconds (a soak
+        reads their heartbeats); raise `EdgeAgentError` when it cannot."""
+
 
 def rollout_id_for(spec: RolloutSpec, now_ms: int) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", spec.rollout.name.lower()).strip("-")[:40] or "rollout"
@@ -105,6 +109,7 @@ class Orchestrator:
         self.port = port
         self.poll_s = poll_s
         self._on_change = on_change
+        self._paced: set[tuple[str, int]] = set()  # soaking waves whose devices were asked for fast heartbeats
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._stopped = False
@@ -506,6 +511,24 @@ class Orchestrator:
             r = self._get(rid)
             if r.state != "running" or not self.gates.wave_gates(r, infos):
                 break
+        await self._pace_soak(rid)
+
+    async def _pace_soak(self, rid: str) -> None:
+        """A wave that began its soak asks its updated devices for fast heartbeats until the soak
+        ends (and a minute more): the gate hears from each while it lasts. Once per wave and run of
+        the leader; a device that misses it still heartbeats at its idle pace."""
+        now = self.clock.now_ms()
+        for wave in self.store.waves(rid):
+            if wave.state != "soaking" or (rid, wave.idx) in self._paced or wave.soak_until_ms is None:
+                continue
+            self._paced.add((rid, wave.idx))
+            devices = [d.device_id for d in self.store.devices(rid, wave=wave.idx, states=("succeeded",))]
+            if not devices:
+                continue
+            try:
+                await self.port.ask_fast_heartbeats(devices, for_s=max(1.0, (wave.soak_until_ms - now) / 1000 + 60))
+            except EdgeAgentError as exc:
+                log.warning("rollout %s: could not ask wave %d for fast heartbeats: %s", rid, wave.idx, exc)
 
     def _include_new(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> None:
         last = r.wave_count - 1

@@ -17,7 +17,7 @@ from firmware_rollout.artifact.fixture import make_artifact
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.store import RolloutStore
 
-HEARTBEAT_DEFAULT_S = HeartbeatSection().interval_s  # a worker beats this often unless configured
+HEARTBEAT_DEFAULT_S = HeartbeatSection().fast_interval_s  # a worker beats this often through a soak
 
 SPEC = """
 [rollout]

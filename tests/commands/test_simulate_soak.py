@@ -1,7 +1,7 @@
 """`edge-agent simulate --rollout SPEC.toml` warns, in one line naming the file and the key, about
-a soak shorter than the simulated devices' 30 s heartbeat (a device whose next beat comes after
-the soak ends counts as failed: here the canary), and runs anyway; a soak covering a heartbeat
-gets no warning."""
+a soak shorter than the simulated devices' heartbeat interval through a soak (their fast 5 s: a
+device whose next beat comes after the soak ends counts as failed), and runs anyway; a soak
+covering a heartbeat gets no warning."""
 
 from __future__ import annotations
 
@@ -44,9 +44,9 @@ def test_a_soak_shorter_than_the_heartbeat_is_one_warning_line(tmp_path: Path,
     code, out, err = run(tmp_path, 2, capsys)
     spec = tmp_path / "soak-2.toml"
     assert err.splitlines() == [
-        f"warning: {spec}: gates.soak_s = 2 is shorter than the simulated devices' heartbeat interval (30 s):"
+        f"warning: {spec}: gates.soak_s = 2 is shorter than the simulated devices' heartbeat interval (5 s):"
         " the soak can end before a device's next heartbeat, and the device then counts as failed;"
-        " make soak_s at least 30"
+        " make soak_s at least 5"
     ]
     # a warning, not a refusal: the run happens, and shows what the warning says
     assert code == 0

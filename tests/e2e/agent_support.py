@@ -59,8 +59,9 @@ async def worker(clock: Clock, tmp: Path, name: str, *, broker: MemoryBroker | N
     rng = kwargs.pop("rng", None) or random.Random(name)
     cfg = config("worker", name, **sections)
     transport = make_transport(cfg, clock=clock, memory_broker=broker, broker_url=url, rng=random.Random(name))
+    sampler = kwargs.pop("sampler", None)
     agent = await WorkerAgent.open(cfg, transport=transport, clock=clock, data_dir=tmp / name,
-                                   rng=rng, sampler=None, **kwargs)
+                                   rng=rng, sampler=sampler, **kwargs)
     if start:
         await agent.start()
     return agent

@@ -30,6 +30,7 @@ class FakePort:
         }
         self.offers: list[tuple[int, str, str]] = []  # (at_ms, device, rollout)
         self.cancels: list[tuple[str, str]] = []  # (device, rollout)
+        self.paces: list[tuple[int, tuple[str, ...], float]] = []  # (at_ms, devices, for_s)
 
     def devices(self) -> list[DeviceInfo]:
         return list(self.infos.values())
@@ -40,6 +41,9 @@ class FakePort:
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         self.cancels += [(device, cancel.rollout_id) for device, cancel in cancels]
+
+    async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
+        self.paces.append((self.clock.now_ms(), tuple(devices), for_s))
 
     def offered(self, device: str | None = None) -> list[str]:
         return [d for _, d, _ in self.offers if device is None or d == device]

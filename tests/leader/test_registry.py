@@ -188,6 +188,10 @@ def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Pa
     reg.apply_heartbeat(hb("pi-1", 3))
     reg.close()
     with sqlite3.connect(db) as conn:  # back to schema 2: as a leader before sessions left it
+        conn.execute("DROP INDEX devices_online_expires")
+        conn.execute("ALTER TABLE devices DROP COLUMN expires_ms")
+        conn.execute("ALTER TABLE devices DROP COLUMN interval_ms")
+        conn.execute("CREATE INDEX devices_online_seen ON devices(last_seen_ms) WHERE online = 1")
         conn.execute("ALTER TABLE devices DROP COLUMN presence_session")
         conn.execute("ALTER TABLE devices DROP COLUMN outbox_pending")
         conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")

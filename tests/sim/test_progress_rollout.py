@@ -69,7 +69,7 @@ def test_the_live_panel_shows_every_wave_with_its_counts() -> None:
 
 async def test_a_small_rollout_prints_its_waves_and_states(tmp_path: Path) -> None:
     stream = io.StringIO()
-    opts = SimOptions(devices=20, seed=3, progress=False)
+    opts = SimOptions(devices=20, seed=3, heartbeat_s=5.0, progress=False)
     with ProgressDisplay(duration_s=None, stream=stream, live=False) as display:
         report = await run_rollout(opts, workdir=tmp_path / "shown", progress=display, progress_every_s=30.0,
                                    progress_idle_s=300.0)
@@ -102,7 +102,7 @@ async def test_a_small_rollout_prints_its_waves_and_states(tmp_path: Path) -> No
 async def test_an_aborted_rollout_shows_the_failed_wave(tmp_path: Path) -> None:
     stream = io.StringIO()
     with ProgressDisplay(duration_s=None, stream=stream, live=False) as display:
-        report = await run_rollout(SimOptions(devices=40, seed=3, progress=False), workdir=tmp_path,
+        report = await run_rollout(SimOptions(devices=40, seed=3, heartbeat_s=5.0, progress=False), workdir=tmp_path,
                                    fail_rate=0.2, progress=display)
     assert report["rollout"]["state"] == "aborted"
     last = stream.getvalue().splitlines()[-1]

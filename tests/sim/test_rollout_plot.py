@@ -12,7 +12,7 @@ from agent.sim.rollout import run_rollout
 
 
 async def test_the_report_has_the_rollout_over_fleet_time(tmp_path: Path) -> None:
-    report = await run_rollout(SimOptions(devices=20, seed=3, progress=False), workdir=tmp_path)
+    report = await run_rollout(SimOptions(devices=20, seed=3, heartbeat_s=5.0, progress=False), workdir=tmp_path)
     series = report["timeseries"]
     assert series[0]["state"] == "not-started" and series[0]["wave"] == 0
     assert [p["t"] for p in series] == sorted(p["t"] for p in series)

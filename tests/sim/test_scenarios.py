@@ -15,6 +15,7 @@ from agent.sim.scenarios import SCENARIOS, check, get
 
 
 async def _run(tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
+    kwargs.setdefault("heartbeat_s", 5.0)  # the scenarios' fast pace (their presets)
     return await Simulation(SimOptions(progress=False, **kwargs), workdir=tmp_path).run()
 
 
@@ -60,7 +61,7 @@ async def test_work_pulling_confirms_every_job_once_across_crashes(tmp_path: Pat
 
 @pytest.mark.slow
 async def test_wave_rollout_succeeds_and_aborts_at_the_failure_threshold(tmp_path: Path) -> None:
-    opts = SimOptions(devices=60, seed=3, progress=False)
+    opts = SimOptions(devices=60, seed=3, heartbeat_s=5.0, progress=False)
     clean = await run_rollout(opts, workdir=tmp_path / "clean")
     assert clean["rollout"]["state"] == "succeeded" and clean["lost"] == 0 and clean["conservation_ok"]
     assert check("wave-rollout", clean) == []
@@ -73,7 +74,7 @@ async def test_wave_rollout_succeeds_and_aborts_at_the_failure_threshold(tmp_pat
 
 
 async def test_a_cancel_mid_rollout_stops_the_fleet(tmp_path: Path) -> None:
-    opts = SimOptions(devices=60, seed=3, progress=False)
+    opts = SimOptions(devices=60, seed=3, heartbeat_s=5.0, progress=False)
     plain = await run_rollout(opts, workdir=tmp_path / "plain")
     assert plain["rollout"]["progress_reports"] > 0  # the devices said how far their downloads got
     canceled = await run_rollout(opts, workdir=tmp_path / "canceled", cancel_at_s=90.0)

@@ -16,6 +16,7 @@ from agent.sim.progress import ProgressDisplay, plain_line
 
 
 async def _run(tmp_path: Path, **kwargs: object) -> dict:  # type: ignore[type-arg]
+    kwargs.setdefault("heartbeat_s", 5.0)  # written for 5 s heartbeats (the shipped default is 300 s)
     opts = SimOptions(progress=False, **kwargs)  # type: ignore[arg-type]
     return await Simulation(opts, workdir=tmp_path).run()
 
@@ -40,9 +41,9 @@ async def test_same_seed_same_report(tmp_path: Path) -> None:
 
 
 async def test_different_seeds_give_different_offline_patterns(tmp_path: Path) -> None:
-    a = Simulation(SimOptions(devices=30, duration_s=300, seed=1, offline_rate=0.3, progress=False),
+    a = Simulation(SimOptions(devices=30, duration_s=300, seed=1, offline_rate=0.3, heartbeat_s=5.0, progress=False),
                    workdir=tmp_path / "a")
-    b = Simulation(SimOptions(devices=30, duration_s=300, seed=2, offline_rate=0.3, progress=False),
+    b = Simulation(SimOptions(devices=30, duration_s=300, seed=2, offline_rate=0.3, heartbeat_s=5.0, progress=False),
                    workdir=tmp_path / "b")
     assert a.offline_plan() and len(a.offline_plan()) == 9
     assert a.offline_plan() == a.offline_plan()
@@ -139,7 +140,7 @@ async def test_a_beat_held_by_a_device_stopped_before_it_went_out_is_held_not_lo
             self.fleet.cut("dev-00002")  # its next beats cannot go out
             await self._advance_to(self.now() + 2 * self.opts.heartbeat_s)
 
-    sim = CutBeforeStop(SimOptions(devices=5, duration_s=60, seed=2, progress=False), workdir=tmp_path)
+    sim = CutBeforeStop(SimOptions(devices=5, duration_s=60, seed=2, heartbeat_s=5.0, progress=False), workdir=tmp_path)
     report = await sim.run()
     assert report["heartbeats"]["held_in_outboxes"] == 1
     assert report["heartbeats"]["stale_devices"] == 0
@@ -158,8 +159,23 @@ async def test_a_beat_still_on_its_way_at_the_end_is_stale_not_lost(tmp_path: Pa
             assert w.heartbeat_actor is not None
             w.heartbeat_actor.heartbeat(self.clock)  # made, never sent: still on its way at the stop
 
-    sim = BeatOnItsWay(SimOptions(devices=5, duration_s=60, seed=2, progress=False), workdir=tmp_path)
+    sim = BeatOnItsWay(SimOptions(devices=5, duration_s=60, seed=2, heartbeat_s=5.0, progress=False), workdir=tmp_path)
     report = await sim.run()
     assert report["heartbeats"]["stale_devices"] == 1
     assert report["lost"] == 0 and report["conservation_ok"] is True
     assert "stale heartbeats: 1" in summary(report)
+
+
+async def test_the_report_prices_a_fleet_on_the_air_at_the_shipped_defaults(tmp_path: Path) -> None:
+    """At the shipped heartbeat an idle device costs under 1 MB a day over TLS (the keep-alive's
+    pings are most of it); telemetry every 30 s costs several times that. Both from the model."""
+    from agent.sim.options import HEARTBEAT_S
+
+    idle = await _run(tmp_path / "idle", devices=20, duration_s=1800, seed=3, heartbeat_s=HEARTBEAT_S, telemetry_s=0)
+    busy = await _run(tmp_path / "busy", devices=20, duration_s=1800, seed=3, heartbeat_s=HEARTBEAT_S,
+                      telemetry_s=30)
+    assert idle["lost"] == busy["lost"] == 0
+    assert idle["leader"]["devices_online"] == 20
+    pings_alone = 86_400 / 50 * (2 * (2 + 29) + 3 * 52)  # a PINGREQ/PINGRESP pair each keep-alive
+    assert pings_alone < idle["air"]["bytes_per_device_per_day"] < 1_000_000
+    assert busy["air"]["bytes_per_device_per_day"] > 2 * idle["air"]["bytes_per_device_per_day"]

@@ -225,7 +225,11 @@ async def test_soak_fails_devices_that_stop_heartbeating(tmp_path: Path) -> None
         await h.succeed(*canary)
         await h.clock.advance(2)
         assert h.wave_state(0) == "soaking"
+        # the soak asked the wave's updated devices, once, for fast heartbeats until it ends (and a minute)
+        paced = [(set(devices), for_s) for _, devices, for_s in h.port.paces]
+        assert paced == [(set(canary), pytest.approx(120, abs=3))]
         await h.clock.advance(30)
+        assert len(h.port.paces) == 1
         h.port.heartbeat(canary[0])  # the other one went quiet
         await h.clock.advance(35)
         assert h.state(canary[1]) == "failed"

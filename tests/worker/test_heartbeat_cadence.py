@@ -1,0 +1,168 @@
+"""The heartbeat's cadence on virtual time: rare and short while idle, full when something
+changed or the leader lacks it, fast while it matters, and the leader's deadline following the
+interval each heartbeat announces."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.agent_support import FLEET, leader, stop_all, until, worker
+
+from agent.core.clock import VirtualClock
+from agent.core.codec import decode, decode_envelope
+from agent.protocol import KIND_HEARTBEAT, Heartbeat, HeartbeatPace, SystemSample
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker, MemoryTransport
+
+IDLE = {"heartbeat": {"interval_s": 300.0, "fast_interval_s": 5.0, "system_interval_s": 900.0}}
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def broker(clock: VirtualClock) -> MemoryBroker:
+    return MemoryBroker(clock=clock)
+
+
+class Uplink:
+    """Every heartbeat a device sends, with the virtual time it was sent at."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.beats: list[tuple[float, Heartbeat]] = []
+
+    async def handler(self, message: InboundMessage) -> None:
+        envelope = decode_envelope(message.payload)
+        if envelope.kind == KIND_HEARTBEAT:
+            self.beats.append((self.clock.monotonic(), decode(envelope.payload, Heartbeat)))
+
+    def gaps(self, since: float = 0.0) -> list[float]:
+        times = [t for t, _ in self.beats if t >= since]
+        return [round(b - a, 1) for a, b in zip(times, times[1:], strict=False)]
+
+
+async def listen(broker: MemoryBroker, clock: VirtualClock, device: str) -> tuple[Uplink, MemoryTransport]:
+    uplink = Uplink(clock)
+    spy = MemoryTransport(broker, "spy")
+    await spy.subscribe(topics.up(FLEET, device), uplink.handler)
+    await spy.start()
+    return uplink, spy
+
+
+class Samples:
+    """A sampler whose cpu reading a test sets."""
+
+    def __init__(self) -> None:
+        self.cpu = 5.0
+
+    def __call__(self) -> SystemSample:
+        return SystemSample(cpu_percent=self.cpu, mem_percent=20.0, disk_percent=30.0)
+
+
+async def test_an_idle_device_beats_rarely_and_short_and_the_leader_keeps_what_it_left_out(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    uplink, spy = await listen(broker, clock, "w1")
+    samples = Samples()
+    w = await worker(clock, tmp_path, "w1", broker=broker, sections=IDLE, sampler=samples)
+    try:
+        await until(clock, lambda: len(uplink.beats) >= 4, limit_s=1200, step_s=5, what="four heartbeats")
+        first, *rest = [hb for _, hb in uplink.beats]
+        assert first.full and first.firmware_version and first.demand is not None and first.sample is not None
+        assert first.interval_s == 300.0
+        assert all(not hb.full and hb.firmware_version == "" and hb.demand is None for hb in rest)
+        assert all(hb.sample is None for hb in rest[:2])  # not due: 900 s, and nothing moved
+        assert uplink.gaps() == [300.0, 300.0, 300.0]
+        record = gw.registry.device("w1")
+        assert record is not None and record.online and record.firmware_version == first.firmware_version
+        assert record.hb_seq == rest[-1].seq and record.sample is not None  # kept from the full one
+
+        samples.cpu = 60.0  # moved more than sample_change_pct: the next beat carries the sample
+        count = len(uplink.beats)
+        await until(clock, lambda: len(uplink.beats) > count, limit_s=400, step_s=5, what="the next beat")
+        assert uplink.beats[-1][1].sample == samples()
+    finally:
+        await stop_all(w, gw, clock=clock)
+        await spy.stop()
+
+
+async def test_a_leader_without_the_full_heartbeat_asks_for_it_and_gets_it_at_once(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    uplink, spy = await listen(broker, clock, "w1")
+    w = await worker(clock, tmp_path, "w1", broker=broker, sections=IDLE)
+    try:
+        await until(clock, lambda: len(uplink.beats) >= 2, limit_s=700, step_s=5, what="a short heartbeat")
+        assert not uplink.beats[-1][1].full
+        gw._full_heard.clear()  # as after a restart of the leader
+        count = len(uplink.beats)
+        await until(clock, lambda: len(uplink.beats) >= count + 2, limit_s=400, step_s=1, what="two more")
+        (t_short, short), (t_full, full) = uplink.beats[count:count + 2]
+        assert not short.full and full.full and full.demand is not None
+        assert t_full - t_short < 5.0  # at once, not an interval later
+    finally:
+        await stop_all(w, gw, clock=clock)
+        await spy.stop()
+
+
+async def test_fast_while_the_leader_asks_or_an_update_runs_then_idle_again(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker)
+    uplink, spy = await listen(broker, clock, "w1")
+    w = await worker(clock, tmp_path, "w1", broker=broker, sections=IDLE)
+    try:
+        await until(clock, lambda: len(uplink.beats) >= 2, limit_s=700, step_s=5, what="idle beats")
+        before = len(uplink.beats)
+        asked = clock.monotonic()
+        assert w.heartbeat is not None
+        w.heartbeat.tell(HeartbeatPace(interval_s=1.0, for_s=60.0))  # as the leader's command arrives
+        await clock.advance(1.0)
+        assert len(uplink.beats) == before + 1 and uplink.beats[-1][0] == asked  # one at once
+        assert uplink.beats[-1][1].interval_s == 5.0  # never faster than fast_interval_s
+        await clock.advance(360.0)
+        paced = uplink.beats[before:]
+        gaps = [round(b[0] - a[0], 1) for a, b in zip(paced, paced[1:], strict=False)]
+        assert gaps[:11] == [5.0] * 11 and gaps[-1] == 300.0  # fast for the minute asked, then idle
+        assert paced[-2][1].interval_s == 300.0  # the last fast one announced the idle wait
+
+        before = len(uplink.beats)
+        w.beat_fast(30.0)  # what the updater does at each report
+        await clock.advance(40.0)
+        fast = uplink.beats[before:]
+        assert [round(b[0] - a[0], 1) for a, b in zip(fast, fast[1:], strict=False)][:5] == [5.0] * 5
+    finally:
+        await stop_all(w, gw, clock=clock)
+        await spy.stop()
+
+
+async def test_the_leader_deadline_follows_the_announced_interval(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    gw = await leader(clock, tmp_path, broker=broker, leader={"heartbeat_deadline_s": 30.0})
+    w = await worker(clock, tmp_path, "w1", broker=broker, sections=IDLE)
+    try:
+        await until(clock, lambda: (d := gw.registry.device("w1")) is not None and d.online, what="online")
+        await clock.advance(600.0)  # twenty leader deadlines, two device intervals: still online
+        record = gw.registry.device("w1")
+        assert record is not None and record.online
+        assert gw.registry.next_deadline_ms() is not None
+        assert gw.registry.next_deadline_ms() - clock.now_ms() > 30_000  # type: ignore[operator]
+    finally:
+        await stop_all(w, clock=clock)
+    # a device that falls silent without a last will is overdue after 2.5 of its announced intervals
+    hb = Heartbeat(device_id="w9", seq=1, uptime_s=1.0, interval_s=100.0, wire=3)
+    assert gw.registry.apply_heartbeat(hb)
+    await clock.advance(200.0)
+    assert gw.registry.device("w9").online  # type: ignore[union-attr]
+    await clock.advance(60.0)  # the leader's deadline watcher
+    silent = gw.registry.device("w9")
+    assert silent is not None and not silent.online and silent.offline_reason == "deadline"
+    await stop_all(gw, clock=clock)
