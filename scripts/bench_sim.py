@@ -6,13 +6,16 @@
     python scripts/bench_sim.py --budget 300     # wall-time budget per full run (default 300 s)
     python scripts/bench_sim.py --only 10k-devices-1h --budget 900   # one of the full runs
     python scripts/bench_sim.py --processes 1     # every run in one process (default: this machine's cores)
+    python scripts/bench_sim.py --only 10k-devices-1h --heartbeat 5   # the same fleet at another interval
 
 Each configuration runs in a child process of its own (so its peak RSS is its own):
 
-* quick: 1,000 devices, 10 minutes of fleet time, 5 s heartbeats, 30 s telemetry, run in one process
+* quick: 1,000 devices, 10 minutes of fleet time, 5 s heartbeats (the fast pace, to keep the
+  figures comparable across rounds), 30 s telemetry, run in one process
   and again spread over `--processes` (its `scaling` compares the two: device-seconds per wall
   second with N processes over N times the figure with one; the target is 0.8 or more);
-* full: 10,000 devices for 1 hour, and 1,000 devices for 24 hours (5 s heartbeats), plus the
+* full: 10,000 devices for 1 hour, and 1,000 devices for 24 hours (the shipped heartbeat settings,
+  telemetry every 30 s; `--heartbeat S` runs them at another interval, e.g. the 5 s of before), plus the
   wave-rollout scenario with 1,000 devices, and 100,000 devices for 10 minutes. A run that
   exceeds `--budget` seconds of wall time stops generating load where it is (its
   `fleet_seconds` says how far it got) and drains.
@@ -49,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-QUICK = {"name": "quick", "devices": 1000, "duration_s": 600.0}
+QUICK = {"name": "quick", "devices": 1000, "duration_s": 600.0, "heartbeat_s": 5.0}
 FULL = [
     {"name": "10k-devices-1h", "devices": 10_000, "duration_s": 3600.0},
     {"name": "1k-devices-24h", "devices": 1000, "duration_s": 86_400.0},
@@ -140,8 +143,9 @@ def child(cfg: dict[str, Any], budget_s: float | None) -> dict[str, Any]:
     sampler = Sampler() if cfg.get("breakdown") else None
     before = _rss_mb()
     processes = 1 if cfg.get("rollout") or sampler is not None else cfg.get("processes", 1)
+    shipped = {"heartbeat_s": cfg["heartbeat_s"]} if cfg.get("heartbeat_s") else {}  # else the shipped interval
     opts = SimOptions(devices=cfg["devices"], duration_s=cfg.get("duration_s", 600.0), seed=7,
-                      progress=False, max_wall_s=budget_s, samples=24, processes=processes)
+                      progress=False, max_wall_s=budget_s, samples=24, processes=processes, **shipped)
     with tempfile.TemporaryDirectory(prefix="bench-sim-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
         wall0 = time.perf_counter()
         cpu0 = time.process_time()
@@ -187,7 +191,8 @@ def _run(cfg: dict[str, Any], opts: Any, workdir: Path, run_rollout: Any, simula
     extra = {"truncated_at_s": report["truncated_at_s"], "messages_sent": report["messages"]["sent"],
              "heartbeats": report["heartbeats"]["generated"],
              "coalescing_ratio": report["heartbeats"]["coalescing_ratio"],
-             "target_fleet_seconds": opts.duration_s}
+             "target_fleet_seconds": opts.duration_s, "heartbeat_s": opts.heartbeat_s,
+             "air_bytes_per_device_per_day": report["air"]["bytes_per_device_per_day"]}
     return report, report["fleet_seconds"], events, extra
 
 
@@ -218,12 +223,15 @@ def main() -> int:
 
     parser.add_argument("--processes", type=int, default=available_cores(),
                         help="spread each fleet over this many processes (default: this machine's cores)")
+    parser.add_argument("--heartbeat", type=float, default=None,
+                        help="the full runs' heartbeat interval in seconds (default: the shipped one)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child), args.budget)))
         return 0
     extra: dict[str, Any] = {"breakdown": True} if args.breakdown else {"processes": args.processes}
+    full_extra = {**extra, **({"heartbeat_s": args.heartbeat} if args.heartbeat else {})}
     if args.quick:
         one = run_child({**QUICK, **extra, "processes": 1}, args.budget or 240.0)
         result = one
@@ -238,7 +246,7 @@ def main() -> int:
         print(json.dumps(result))
         return 0 if result["lost"] == 0 and one["lost"] == 0 else 1
     budget = args.budget or 300.0
-    runs = [run_child({**cfg, **extra}, budget) for cfg in FULL if not args.only or cfg["name"] in args.only]
+    runs = [run_child({**cfg, **full_extra}, budget) for cfg in FULL if not args.only or cfg["name"] in args.only]
     print(json.dumps({**runs[0], "runs": runs}))
     return 0 if all(r["lost"] == 0 for r in runs) else 1
 

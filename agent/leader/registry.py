@@ -46,6 +46,7 @@ TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refus
 
 log = logging.getLogger(__name__)
 _BOOTS_REMEMBERED = 1_000_000
+_NAMES_CACHED_DEVICES = 100_000  # devices whose telemetry names are kept in memory (beyond: read again)
 
 _json_encode = msgspec.json.Encoder().encode
 _tags_decoder = msgspec.json.Decoder(list[str])
@@ -218,6 +219,10 @@ class DeviceRegistry(SqliteStore):
         self.telemetry_durable = telemetry_durable  # a telemetry record's commit is synced
         self._clock = clock
         self._names_max = telemetry_names_max
+        # per device, the telemetry names telemetry_last holds (read once, then kept: the rows are
+        # never deleted); after a rolled-back batch it may hold a name the table lacks, which only
+        # counts against the device's cap sooner
+        self._names: dict[str, set[str]] = {}
         self._deadline_ms = int(round(heartbeat_deadline_s * 1000))
         self._boots: dict[str, str] = {}  # device -> boot id last seen by this process
         self._late_wills = RateLimitedLog(log, clock, 60.0)  # a device may publish its presence at will
@@ -333,21 +338,24 @@ class DeviceRegistry(SqliteStore):
 
     def _apply_one_telemetry(self, msg_id: str, record: Telemetry, now: int) -> bool | DeviceLimitReached:
         execute = self._conn.execute
-        known = execute("SELECT 1 FROM telemetry_last WHERE device_id = ? AND name = ?",
-                        (record.device_id, record.name)).fetchone()
-        if known is None:
-            (names,) = execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
-                               (record.device_id,)).fetchone()
-            if names >= self._names_max:
-                return DeviceLimitReached(f"{record.device_id} already has {names} telemetry names"
-                                          f" (the leader's telemetry_names_max)")
+        names = self._names.get(record.device_id)
+        if names is None:
+            if len(self._names) >= _NAMES_CACHED_DEVICES:
+                self._names.clear()
+            names = self._names[record.device_id] = {
+                str(n) for (n,) in execute("SELECT name FROM telemetry_last WHERE device_id = ?", (record.device_id,))}
+        if record.name not in names and len(names) >= self._names_max:
+            return DeviceLimitReached(f"{record.device_id} already has {len(names)} telemetry names"
+                                      f" (the leader's telemetry_names_max)")
         if not self._claim(msg_id, now):
             return False
-        execute(_ENSURE_DEVICE, (record.device_id, now, now))
-        execute(
-            "UPDATE devices SET telemetry_count = telemetry_count + 1 WHERE device_id = ?",
-            (record.device_id,),
-        )
+        bumped = execute("UPDATE devices SET telemetry_count = telemetry_count + 1 WHERE device_id = ?",
+                         (record.device_id,))
+        if bumped.rowcount == 0:  # a device first heard of by its telemetry
+            execute(_ENSURE_DEVICE, (record.device_id, now, now))
+            execute("UPDATE devices SET telemetry_count = telemetry_count + 1 WHERE device_id = ?",
+                    (record.device_id,))
+        names.add(record.name)
         execute(
             "INSERT INTO telemetry_last (device_id, name, seq, ts_ms, record) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (device_id, name) DO UPDATE SET seq = excluded.seq,"

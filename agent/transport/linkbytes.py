@@ -117,12 +117,13 @@ def publish_bytes(topic: str, payload: int, *, qos: int, response_topic: str | N
     """The size of one MQTT v5 PUBLISH packet."""
     props = 0
     if response_topic is not None:
-        props += 3 + len(response_topic.encode())
+        props += 3 + (len(response_topic) if response_topic.isascii() else len(response_topic.encode()))
     if correlation is not None:
         props += 3 + len(correlation)
     if expiry:
         props += 5
-    rest = 2 + len(topic.encode()) + (2 if qos else 0) + _varint_len(props) + props + payload
+    topic_len = len(topic) if topic.isascii() else len(topic.encode())
+    rest = 2 + topic_len + (2 if qos else 0) + (1 if props < 128 else _varint_len(props)) + props + payload
     return 1 + _varint_len(rest) + rest
 
 
