@@ -316,3 +316,26 @@ async def test_a_late_will_of_an_earlier_session_leaves_a_live_worker_online(  #
             assert device is not None and not device.online and device.offline_reason == "presence"
     finally:
         await stop_all(w, gw)
+
+
+async def test_the_worker_reports_what_its_broker_connection_moved(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The kernel's counters of the real connection, on /metrics and in the /healthz line doctor prints."""
+    from agent.service.prom import collect, render
+
+    clock = SystemClock()
+    gw = await leader(clock, tmp_path, url=mosquitto.url, **LEADER)
+    w = await worker(clock, tmp_path, "w1", url=mosquitto.url, sections=FAST)
+    try:
+        await until(clock, lambda: gw.registry.counts()[0] == 1, limit_s=20, step_s=0.1, what="online")
+        before = w.link_bytes()
+        assert before is not None and before.bytes_sent > 0 and before.bytes_received > 0
+        await w.send_telemetry("t", 1.0)
+        await until(clock, lambda: (w.link_bytes() or before).bytes_sent > before.bytes_sent, limit_s=20,
+                    step_s=0.1, what="the telemetry counted")
+        ok, detail = await w.checks()["transport"]()
+        assert ok and detail.startswith("connected; ") and "KB an hour on the air" in detail
+        text = render([family for c in w.collectors().values() for family in await collect(c)])
+        assert "ea_worker_broker_bytes_sent_total " in text and "ea_worker_broker_segments_total " in text
+        assert "ea_worker_broker_bytes_per_hour " in text
+    finally:
+        await stop_all(w, gw)
