@@ -38,6 +38,7 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     offline: int
     versions: dict[str, int] = msgspec.field(default_factory=dict)
     stale_after_s: float = 0.0  # asked for, or the least deadline (a device's own may be longer)
+    stale_by_deadline: bool = False  # stale: past each device's own deadline (its announced interval)
     stale_count: int = 0
     stale: list[StaleDevice] = msgspec.field(default_factory=list)
     jobs: JobCounts | None = None
@@ -76,7 +77,8 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                          age_s=None if last_seen is None else round((now - last_seen) / 1000.0, 3), online=is_online)
              for device_id, last_seen, is_online in stale_rows]
     return FleetStatus(generated_ms=now, total=total, online=online, offline=total - online,
-                       versions=registry.versions(), stale_after_s=stale_after_s, stale_count=stale_count, stale=stale,
+                       versions=registry.versions(), stale_after_s=stale_after_s, stale_by_deadline=own,
+                       stale_count=stale_count, stale=stale,
                        jobs=db.jobs.counts())
 
 
@@ -92,7 +94,11 @@ def format_status(summary: FleetStatus) -> str:
     ]
     if summary.versions:
         lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
-    lines.append(f"stale (not heard from for {format_age(summary.stale_after_s)}): {summary.stale_count}")
+    if summary.stale_by_deadline:
+        lines.append(f"stale (past their heartbeat deadline: 2.5 of their intervals, at least"
+                     f" {format_age(summary.stale_after_s)}): {summary.stale_count}")
+    else:
+        lines.append(f"stale (not heard from for {format_age(summary.stale_after_s)}): {summary.stale_count}")
     width = max((len(d.device_id) for d in summary.stale), default=0)
     for dev in summary.stale:
         seen = "never" if dev.last_seen_ms is None else (

@@ -66,7 +66,9 @@ def test_format_status_text(fleet_db: tuple[Path, VirtualClock]) -> None:
     text = format_status(summarize(path, clock=clock))
     assert text.splitlines()[0].startswith("fleet: 5 devices, 1 online, 4 offline")
     assert "versions: 1.1.0 x3, unknown x1, 1.0.0 x1" in text
-    assert "stale (not heard from for 1m00s): 3" in text
+    assert "stale (past their heartbeat deadline: 2.5 of their intervals, at least 1m00s): 3" in text
+    fixed = format_status(summarize(path, clock=clock, stale_after_s=60))
+    assert "stale (not heard from for 1m00s): 3" in fixed
     assert "pi-none  last seen never  offline" in text
     assert "(2m00s ago)" in text
     assert "jobs: 1 pending, 2 confirmed (1 failed), queue epoch 1" in text
