@@ -306,3 +306,56 @@ async def test_deadline_watch_survives_a_store_error_and_ends_on_close(
     registry.close()
     await clock.advance(60)
     assert watcher.done() and watcher.exception() is None
+
+
+# A heartbeat as the property test draws it: (seq, full, firmware, cpu or None, outbox depth or None).
+_beats = st.lists(
+    st.tuples(st.booleans(), st.sampled_from(["1.0.0", "1.1.0", "2.0.0"]),
+              st.none() | st.floats(min_value=0, max_value=100), st.none() | st.integers(min_value=0, max_value=50)),
+    min_size=1, max_size=12)
+
+
+@settings(deadline=None, max_examples=60)
+@given(drawn=_beats, order=st.randoms(use_true_random=False))
+def test_short_heartbeats_leave_what_they_do_not_carry_in_any_arrival_order(
+        tmp_path_factory: pytest.TempPathFactory, drawn: list[tuple[bool, str, float | None, int | None]],
+        order: object) -> None:
+    """Whatever order full and short heartbeats arrive in, the record is the newest full one's
+    state with every newer short one's sample and outbox depth over it (an older beat changes
+    nothing), and the first beat to arrive may be short only once a full one is known."""
+    import random
+
+    assert isinstance(order, random.Random)
+    beats = []
+    for seq, (full, version, cpu, pending) in enumerate(drawn, start=1):
+        sample = None if cpu is None else SystemSample(cpu_percent=cpu)
+        if full or seq == 1:  # a device's first heartbeat is full
+            beats.append(Heartbeat(device_id="pi-1", seq=seq, uptime_s=float(seq), firmware_version=version,
+                                   tags=(version,), sample=sample, outbox_pending=pending, wire=3, interval_s=300.0))
+        else:
+            beats.append(Heartbeat(device_id="pi-1", seq=seq, uptime_s=float(seq), sample=sample,
+                                   outbox_pending=pending, wire=3, interval_s=300.0, full=False))
+    arrival = [beats[0], *order.sample(beats[1:], len(beats) - 1)]
+    path = tmp_path_factory.mktemp("reg") / "leader.db"
+    with DeviceRegistry.open(path, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats(arrival)
+        expected: dict[str, object] = {}
+        newest = 0
+        for beat in arrival:  # the model: a beat newer than every one applied is applied
+            if beat.seq <= newest:
+                continue
+            newest = beat.seq
+            if beat.full:
+                expected = {"version": beat.firmware_version, "tags": beat.tags, "sample": beat.sample,
+                            "pending": beat.outbox_pending}
+            else:
+                if beat.sample is not None:
+                    expected["sample"] = beat.sample
+                if beat.outbox_pending is not None:
+                    expected["pending"] = beat.outbox_pending
+        dev = reg.device("pi-1")
+        assert dev is not None and dev.hb_seq == newest == len(beats)
+        assert (dev.firmware_version, dev.tags, dev.sample) == (expected["version"], expected["tags"],
+                                                               expected["sample"])
+        (pending,) = reg._conn.execute("SELECT outbox_pending FROM devices WHERE device_id = 'pi-1'").fetchone()
+        assert pending == expected["pending"]
