@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for extra in (ROOT, ROOT / "tests", ROOT / "tests" / "service"):
+for extra in (ROOT, ROOT / "scripts", ROOT / "tests", ROOT / "tests" / "service"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
+
+from bench_mqtt import spawn_agent, stop_processes  # noqa: E402 - the path above first
 
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
 DAY_S = 86_400.0
@@ -80,12 +82,6 @@ def connection_counters(pid: int, broker_port: int) -> Counters | None:
         return Counters(local, fields.get("bytes_sent", 0), fields.get("bytes_received", 0),
                         fields.get("segs_out", 0), fields.get("segs_in", 0))
     return None
-
-
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "agent.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def _config(shipped: str, workdir: Path, user: str, port: int, ca: Path) -> Path:
@@ -180,9 +176,9 @@ def main() -> None:
             leader_conf = _config("leader.toml", workdir, LEADER, broker.port, pki.ca_cert)
             worker_conf = _config("worker.toml", workdir, DEVICE, broker.port, pki.ca_cert)
             config = decode_toml(worker_conf, AgentConfig)
-            leader = _spawn(["run", "--config", str(leader_conf), "--data-dir", str(workdir / "leader")],
+            leader = spawn_agent(["run", "--config", str(leader_conf), "--data-dir", str(workdir / "leader")],
                             workdir / "leader.log")
-            worker = _spawn(["run", "--config", str(worker_conf), "--data-dir", str(workdir / "worker")],
+            worker = spawn_agent(["run", "--config", str(worker_conf), "--data-dir", str(workdir / "worker")],
                             workdir / "worker.log")
             db = workdir / "leader" / "leader.db"
             try:
@@ -201,16 +197,7 @@ def main() -> None:
                 rss_mb = _rss_mb(worker.pid)
                 offline_s = None if args.skip_cut else _offline_after_freeze(worker, db)
             finally:
-                for p in (worker, leader):
-                    if p.poll() is None:
-                        os.kill(p.pid, signal.SIGCONT)
-                        p.send_signal(signal.SIGTERM)
-                for p in (worker, leader):
-                    try:
-                        p.wait(15)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-                        p.wait()
+                stop_processes(worker, leader)
             ping = ping_exchange_bytes(broker.port, pki.ca_cert)
     air = end.on_air - start.on_air
     per_day = air * DAY_S / elapsed

@@ -410,10 +410,25 @@ async def leader_intake(
 
 
 # -- 4. an idle worker in its own process ---------------------------------------------------------
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def spawn_agent(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "agent.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def stop_processes(*procs: subprocess.Popen[bytes]) -> None:
+    """SIGTERM each (a stopped one is continued first), then SIGKILL what lingers 15 s."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _write_bytes(pid: int) -> int:
@@ -446,10 +461,10 @@ def idle_worker(port: int, seconds: float, workdir: Path, warmup_s: float = 10.0
     leader_conf = workdir / "idle-leader.toml"
     leader_conf.write_text((ROOT / "configs" / "leader.toml").read_text().replace(
         'listen = "127.0.0.1:9100"', 'listen = ""'))
-    leader = _spawn(["run", "--config", str(leader_conf), "--broker", url, "--data-dir", str(workdir / "idle-leader")],
-                    workdir / "idle-leader.log")
-    worker = _spawn(["run", "--config", str(ROOT / "configs" / "worker.toml"), "--broker", url,
-                     "--data-dir", str(workdir / "idle-worker")], workdir / "idle-worker.log")
+    leader = spawn_agent(["run", "--config", str(leader_conf), "--broker", url,
+                          "--data-dir", str(workdir / "idle-leader")], workdir / "idle-leader.log")
+    worker = spawn_agent(["run", "--config", str(ROOT / "configs" / "worker.toml"), "--broker", url,
+                          "--data-dir", str(workdir / "idle-worker")], workdir / "idle-worker.log")
     try:
         time.sleep(warmup_s)
         if worker.poll() is not None:
@@ -478,15 +493,7 @@ def idle_worker(port: int, seconds: float, workdir: Path, warmup_s: float = 10.0
                 found = view.registry.device("pi-0001")
             beats = (found[1].heartbeat_seq or 0) % 1_000_000_000 if found is not None else 0
     finally:
-        for p in (worker, leader):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (worker, leader):
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(worker, leader)
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return {
         "idle_worker_rss_mb": rss / (1024 * 1024),
