@@ -214,6 +214,9 @@ def main() -> None:
         "bytes_per_day": round(per_day),
         "baseline_pings_only_bytes_per_day": round(floor),
         "ping_exchange_bytes": ping,
+        # a connection's start as the worker's first reading found it: the TLS handshake, CONNECT,
+        # the subscriptions, the birth, the first (full) heartbeat and their answers
+        "connection_start_bytes": first.on_air,
         "vs_pings_only": round(per_day / floor, 2) if floor else None,
         "offline_seen_after_s": None if offline_s is None else round(offline_s, 1),
         "worker_rss_mb": round(rss_mb, 2),
