@@ -42,6 +42,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
+from agent.core.ratelog import RateLimitedLog
 from agent.service.healthhttp import parse_listen
 from agent.service.http import HttpServer, Limits, Request, Response
 from agent.service.parts import PartBase
@@ -120,6 +121,7 @@ class LocalApi(PartBase):
         self._intake = intake
         self._status = status
         self._clock = clock
+        self._refusals = RateLimitedLog(log, clock, 60.0)  # undecodable bodies: one line a minute
         self.socket_path = socket_path
         self._group = group
         self._address = parse_listen(listen, key="local_api.listen") if listen else None
@@ -244,6 +246,11 @@ class LocalApi(PartBase):
                 raise HttpError(exc.status, exc.detail, field=exc.field, headers=headers) from None
         raise HttpError(404, f"no such endpoint {req.path[:80]!r} (POST /v1/messages, GET /v1/status)")
 
+    def _log_refusal(self, exc: HttpError) -> HttpError:
+        """A body an application could not have meant: logged (once a minute), then answered."""
+        self._refusals.log(logging.WARNING, "body", f"local API: refused a request: {exc.error}"[:300])
+        return exc
+
     async def _post_raw(self, req: Request, cls: str) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
         sub = Submission(cls=cls, payload=req.body,
                          content_type=req.headers.get("content-type", "application/octet-stream"),
@@ -255,14 +262,16 @@ class LocalApi(PartBase):
         ctype = req.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         try:
             if ctype in _JSON_TYPES:
-                doc = json.loads(req.body)
+                doc = json.loads(req.body, parse_constant=_no_constant, parse_float=_finite)
             elif ctype in _MSGPACK_TYPES:
                 doc = msgspec.msgpack.decode(req.body)
             else:
                 raise HttpError(415, f"Content-Type {ctype!r}: send application/json or application/msgpack,"
                                      " or POST the raw payload to /v1/messages/CLASS")
+        except RecursionError:
+            raise self._log_refusal(HttpError(400, f"body is not valid {ctype}: nested too deeply")) from None
         except (ValueError, msgspec.DecodeError) as exc:
-            raise HttpError(400, f"body is not valid {ctype}: {exc}") from None
+            raise self._log_refusal(HttpError(400, f"body is not valid {ctype}: {exc}")) from None
         if not isinstance(doc, dict):
             raise HttpError(400, "body must be an object")
         if "messages" in doc:
@@ -319,6 +328,43 @@ def _ttl(value: object, field: str) -> float | None:
 _FIELDS = {"class", "payload", "payload_base64", "content_type", "key", "ttl", "app_id"}
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is not a JSON number (out of range)")
+    return value
+
+
+def _json_payload(value: object, field: str) -> bytes:
+    """A JSON payload as it is stored and forwarded: valid UTF-8, finite numbers only."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except UnicodeEncodeError:
+        raise HttpError(400, "not valid Unicode (a lone surrogate)", field=field) from None
+    except ValueError:  # a NaN or an infinity (from msgpack: JSON has neither)
+        raise HttpError(400, "NaN or Infinity is not a JSON number", field=field) from None
+    except RecursionError:
+        raise HttpError(400, "nested too deeply", field=field) from None
+
+
+def _text(item: dict[str, Any], name: str, prefix: str) -> str | None:
+    """A string field of a message, or None; 400 naming it when it is not a valid UTF-8 string."""
+    value = item.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise HttpError(400, "must be a string", field=f"{prefix}{name}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise HttpError(400, "not valid Unicode (a lone surrogate)", field=f"{prefix}{name}") from None
+    return value
+
+
 def _submission(item: object, prefix: str) -> Submission:
     """One message object of a request body."""
     if not isinstance(item, dict):
@@ -330,15 +376,9 @@ def _submission(item: object, prefix: str) -> Submission:
     cls = item.get("class")
     if not isinstance(cls, str) or not cls:
         raise HttpError(400, "required, a class name", field=f"{prefix}class")
-    key = item.get("key")
-    if key is not None and not isinstance(key, str):
-        raise HttpError(400, "must be a string", field=f"{prefix}key")
-    ctype = item.get("content_type")
-    if ctype is not None and not isinstance(ctype, str):
-        raise HttpError(400, "must be a string", field=f"{prefix}content_type")
-    app_id = item.get("app_id")
-    if app_id is not None and not isinstance(app_id, str):
-        raise HttpError(400, "must be a string", field=f"{prefix}app_id")
+    key = _text(item, "key", prefix)
+    ctype = _text(item, "content_type", prefix)
+    app_id = _text(item, "app_id", prefix)
     if "payload_base64" in item:
         if "payload" in item:
             raise HttpError(400, "give payload or payload_base64, not both", field=f"{prefix}payload")
@@ -355,7 +395,7 @@ def _submission(item: object, prefix: str) -> Submission:
         if isinstance(value, bytes):  # msgpack bin
             payload, ctype = value, ctype or "application/octet-stream"
         else:
-            payload = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+            payload = _json_payload(value, f"{prefix}payload")
             ctype = ctype or "application/json"
     else:
         raise HttpError(400, "required (or payload_base64)", field=f"{prefix}payload")
