@@ -101,11 +101,12 @@ async def test_a_device_cannot_publish_as_another_device(
     device = await connect(broker, pki, tmp_path, "pi-0001")
     try:
         inbox = Inbox()
-        topic_filter = f"ea/v1/{FLEET}/+/up"
+        topic_filter = "ea/v1/+/+/up"  # every fleet's uplinks, as the leader user may read them
         await leader.subscribe(f"$share/leaders/{topic_filter}" if shared else topic_filter,
                                inbox.handler)
         await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"own")
         await device.publish(f"ea/v1/{FLEET}/pi-0002/up", b"forged")  # refused by the ACL
+        await device.publish("ea/v1/otherfleet/pi-0001/up", b"other fleet", retain=True)  # refused too
         await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"marker")
         # the broker keeps one publisher's order: once "marker" is in, "forged" would be too
         await inbox.wait_for(b"marker")
@@ -113,6 +114,13 @@ async def test_a_device_cannot_publish_as_another_device(
             (f"ea/v1/{FLEET}/pi-0001/up", b"own"),
             (f"ea/v1/{FLEET}/pi-0001/up", b"marker"),
         ]
+        if not shared:  # nothing was kept in another fleet's namespace either (retained)
+            await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"retained marker", retain=True)
+            late = Inbox()
+            await leader.subscribe("ea/v1/+/pi-0001/up", late.handler)
+            await late.wait_for(b"retained marker")
+            assert b"other fleet" not in [payload for _, payload in late.messages]
+            await device.publish(f"ea/v1/{FLEET}/pi-0001/up", b"", retain=True)  # (cleared)
     finally:
         await device.stop()
         await leader.stop()
