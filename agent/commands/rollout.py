@@ -152,20 +152,23 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
     if store.get(rid) is not None:
         raise RolloutError(f"rollout {rid!r} exists already")
-    waves = _plan(spec, signed.manifest.version, Path(store.path))
+    waves = _plan(spec, signed.manifest, Path(store.path))
     control = store.add_control(rid, "start", StartControl(spec=spec, waves=waves).to_json().decode())
     print(f"rollout {rid}: version {signed.manifest.version} from {spec.rollout.artifact}")
     return _await_control(store, control, args.no_wait, args.wait)
 
 
-def _plan(spec: Any, version: str, db: Path) -> list[list[str]]:
+def _plan(spec: Any, manifest: Any, db: Path) -> list[list[str]]:
     """The waves, planned once, here, against the devices the leader's registry holds now: a
-    spec that cannot be planned (no device matches, a wave rounding to 0 devices) is refused
-    before the leader hears of it, and the leader starts the rollout on these very waves."""
+    spec that cannot be planned (no device matches, a wave rounding to 0 devices, an image older
+    than every target that is not signed as a rollback) is refused before the leader hears of
+    it, and the leader starts the rollout on these very waves."""
     from collections import Counter
 
     from agent.leader.readonly import open_leader_db
     from firmware_rollout.orchestration.plan import DeviceInfo, plan_waves, select_targets
+
+    version = manifest.version
 
     with open_leader_db(db) as leader:
         _, lines = leader.registry.page(limit=0)
@@ -177,12 +180,43 @@ def _plan(spec: Any, version: str, db: Path) -> list[list[str]]:
     if not targets:
         raise RolloutError(f"no device matches the rollout's targets: {known}; "
                            f"devices already running {version} are skipped")
+    by_id = {d.device_id: d for d in devices}
+    _check_downgrade(spec, manifest, [by_id[t] for t in targets if t in by_id])
     try:
         return plan_waves(spec, targets)
     except RolloutError as exc:
         # a device seen only by its presence has no version until its first heartbeat
         raise RolloutError(f"{exc} [{len(targets)} of the {len(devices)} devices the leader knows are targeted; "
                            f"versions: {seen}]") from None
+
+
+def _check_downgrade(spec: Any, manifest: Any, targets: list[Any]) -> None:
+    """Every device refuses an image older than the one it runs unless it is signed as a
+    rollback: a rollout of one to targets that all run newer versions could only fail (refused);
+    to some of them, it is one warning line naming how many will refuse it."""
+    from firmware_rollout.artifact.version import Version
+    from firmware_rollout.errors import InvalidVersion
+
+    if manifest.rollback:
+        return
+    image = manifest.parsed_version()
+    newer = []
+    for target in targets:
+        try:
+            if Version.parse(target.firmware_version) > image:
+                newer.append(target)
+        except InvalidVersion:  # a version the device reports that is not one: it decides itself
+            continue
+    if not newer:
+        return
+    what = f"artifact {spec.rollout.artifact} is version {manifest.version}"
+    if len(newer) == len(targets):
+        running = ", ".join(sorted({d.firmware_version for d in newer}))
+        raise RolloutError(f"{what}, older than every targeted device ({running}): each would refuse it as a"
+                           " downgrade; to go back, sign it as a rollback"
+                           " (`edge-agent firmware build --rollback --rollback-from VERSION`)")
+    print(f"warning: {what}, older than {len(newer)} of the {len(targets)} targeted devices: they will refuse it as a"
+          " downgrade (failures that count against the rollout's gates)", file=sys.stderr, flush=True)
 
 
 def _control(store: Any, args: argparse.Namespace) -> int:

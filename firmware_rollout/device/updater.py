@@ -482,14 +482,14 @@ class Updater:
         )
         try:
             manifest = self.checked(offer.signed_manifest)
-        except ArtifactError as exc:
-            await self._set(base.but(state="rejected", detail=str(exc)))
+        except ArtifactError as exc:  # a bad signature, a manifest that is not one
+            await self._refuse(base, exc)
             return
         base = base.but(version=manifest.version)
         try:
             check_policy(manifest, hardware=self._hardware, installed_version=active, image=self._image)
         except ArtifactError as exc:
-            await self._set(base.but(state="rejected", detail=str(exc)))
+            await self._refuse(base, exc)
             return
         if manifest.parsed_version() == Version.parse(active):
             await self._set(base.but(state="committed", to_slot=booted, detail=f"already running version {active}"))
@@ -628,6 +628,12 @@ class Updater:
         await in_thread(self._clock, legacy.unlink, True)
 
     # -- helpers ---------------------------------------------------------------------------
+    async def _refuse(self, base: UpdateRecord, exc: ArtifactError) -> None:
+        """An offer refused before anything is written: one WARNING line each time (a forged or
+        mis-signed image is something to see on the device too), and the `rejected` report."""
+        log.warning("update %s refused: %s", base.rollout_id or "-", exc)
+        await self._set(base.but(state="rejected", detail=str(exc)))
+
     async def _set(self, record: UpdateRecord, *, report: bool = True, slots: dict[str, str] | None = None,
                    manifests: dict[str, bytes | None] | None = None, progress: DownloadProgress | None = None) -> None:
         record = record.but(updated_ms=self._clock.now_ms())
@@ -639,7 +645,7 @@ class Updater:
             fields = report_fields(record, device=self.device_id, ts_ms=record.updated_ms, active_version=active)
             if progress is not None:
                 fields["progress"] = progress
-            elif record.state != self._record.state:
+            elif record.state != self._record.state and record.state != "rejected":  # (`_refuse` logs those)
                 log.info("update %s: %s%s", record.rollout_id or "-", record.state,
                          f" ({record.detail})" if record.detail else "")
         made = await self._store.save(record, report=fields, slots=slots, manifests=manifests)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,8 @@ async def test_tampered_chunk_from_source_is_refused(tmp_path: Path, keys: Keys)
 
 
 @pytest.mark.parametrize("case", ["wrong key", "bad signature", "downgrade", "hardware", "malformed", "image"])
-async def test_refusals_before_any_download(tmp_path: Path, keys: Keys, case: str) -> None:
+async def test_refusals_before_any_download(tmp_path: Path, keys: Keys, case: str,
+                                            caplog: pytest.LogCaptureFixture) -> None:
     key = SigningKey.generate() if case == "wrong key" else keys.signing
     version = "0.9.0" if case == "downgrade" else "1.1.0"
     hardware = ["rpi3"] if case == "hardware" else []
@@ -145,6 +147,11 @@ async def test_refusals_before_any_download(tmp_path: Path, keys: Keys, case: st
     assert report.state == "rejected" and expected in report.detail
     assert source.fetched == [] and device.rebooter.reasons == []
     assert updater.status().state == "rejected" and updater.active_version == "1.0.0"
+    # every refusal is one WARNING line on the device, a second offer's too (the state was "rejected" already)
+    await updater.offer(UpdateOffer(rollout_id="r2", signed_manifest=bytes(manifest)), source)
+    refusals = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "refused" in r.getMessage()]
+    assert len(refusals) == 2 and all(expected in line for line in refusals), refusals
+    assert refusals[1].startswith("update r2 refused: ")
     await updater.close()
 
 
