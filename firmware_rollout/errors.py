@@ -16,7 +16,7 @@ UpdaterError                        the device-side updater cannot proceed
 
 from __future__ import annotations
 
-from agent.core.errors import ArtifactError, BadSignature, Downgrade, EdgeAgentError
+from agent.core.errors import ArtifactError, BadSignature, Downgrade, EdgeAgentError, RolloutError
 
 
 class MalformedArtifact(ArtifactError):
@@ -55,6 +55,11 @@ class InstallError(UpdaterError):
     """Writing the inactive slot or changing the boot target failed."""
 
 
+class ReportRefused(RolloutError):
+    """A device's report about a rollout it is not in, or one that offered it nothing yet: it
+    changes nothing, and the device is answered `rejected` with the reason."""
+
+
 __all__ = [
     "ArtifactError",
     "BadSignature",
@@ -65,6 +70,7 @@ __all__ = [
     "InvalidVersion",
     "KeyFileError",
     "MalformedArtifact",
+    "ReportRefused",
     "Unsigned",
     "UpdaterError",
     "WrongKey",

@@ -47,6 +47,7 @@ from agent.service.parts import Checks, Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
+from firmware_rollout.errors import ReportRefused
 from firmware_rollout.messages import (
     KIND_CHUNK_REQUEST,
     KIND_UPDATE_CANCEL,
@@ -336,6 +337,8 @@ class RolloutService(PartBase):
             return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason=str(exc))
         try:
             await self.clock.wait_for(asyncio.shield(done), 30.0)
+        except ReportRefused as exc:  # a rollout it is not in, or that offered it nothing yet
+            return Reply(id=env.id, status="rejected", reason=str(exc))
         except TimeoutError:
             return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason="not committed in time")
         except StoreError as exc:

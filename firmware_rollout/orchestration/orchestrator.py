@@ -39,6 +39,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.errors import ArtifactError, EdgeAgentError, RolloutError
 from firmware_rollout.artifact.files import read_signed_manifest
+from firmware_rollout.errors import ReportRefused
 from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.gates import WaveGates, finished_failed
@@ -334,7 +335,8 @@ class Orchestrator:
     # -- device reports --------------------------------------------------------------------
     async def on_report(self, msg_id: str, report: UpdateReport) -> bool:
         """Apply one report (at most once per `msg_id`, newest `seq` wins). True when it changed
-        the device's state."""
+        the device's state; `ReportRefused` about a rollout the device is not in or that offered
+        it nothing."""
         async with self._lock:
             changed = self._apply_report(msg_id, report)
         if changed:
@@ -347,7 +349,11 @@ class Orchestrator:
             if not self.store.claim(msg_id):
                 return False
             d = self.store.device(report.rollout_id, report.device)
-            if d is None or report.seq <= d.report_seq:
+            if d is None:  # (the claim is undone with the transaction)
+                raise ReportRefused(f"{report.device} is not in a rollout {report.rollout_id!r}")
+            if d.offers == 0:
+                raise ReportRefused(f"rollout {report.rollout_id!r} has offered {report.device} nothing yet")
+            if report.seq <= d.report_seq:
                 return False
             r = self._get(report.rollout_id)
             state = report.state

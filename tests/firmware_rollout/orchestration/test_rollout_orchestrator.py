@@ -8,6 +8,7 @@ import pytest
 from rollout_support import Harness
 
 from agent.core.errors import RolloutError
+from firmware_rollout.messages import UpdateReport
 from firmware_rollout.orchestration.status import describe
 
 
@@ -336,3 +337,22 @@ def test_controls_refused_before_the_outcome_column_read_as_refused(tmp_path: Pa
         assert pending is not None and pending.outcome is None and not pending.refused
     finally:
         store.close()
+
+
+async def test_a_report_about_a_rollout_that_offered_nothing_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    from firmware_rollout.errors import ReportRefused
+
+    async with Harness(tmp_path) as h:
+        await h.start()
+        later = h.wave_members(1)[0]  # in the rollout, not offered anything yet
+        before = h.store.device(h.rid, later)
+        assert before is not None and before.offers == 0
+        with pytest.raises(ReportRefused, match="has offered .* nothing yet"):
+            await h.report(later, "succeeded", msg_id="early")
+        assert h.store.device(h.rid, later) == before
+        with pytest.raises(ReportRefused, match="is not in a rollout 'no-such'"):
+            await h.orch.on_report("stray", UpdateReport(device=later, rollout_id="no-such", version="1.1.0",
+                                                          state="succeeded", phase="done", ts_ms=0, seq=9))
+        await h.clock.advance(1.5)
+        canary = h.wave_members(0)[0]  # offered: its reports count
+        assert await h.report(canary, "downloading", msg_id="d1")

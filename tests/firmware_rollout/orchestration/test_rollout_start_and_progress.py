@@ -159,6 +159,7 @@ async def test_a_rollback_no_device_took_ends_failed_not_succeeded(tmp_path: Pat
                                   rollback_from=("1.1.0",))
         await h.orch.control(h.rid, "rollback", str(signed))
         h.rid = "r1-rollback"
+        await h.clock.advance(1.5)  # offered
         for device in canary:  # every device refuses it
             await h.report(device, "rejected", detail="downgrade refused")
         await h.clock.advance(5)
