@@ -273,6 +273,7 @@ class InboxStats:
     rejected: int = 0
     handler_errors: int = 0
     reply_failures: int = 0
+    retained_ignored: int = 0  # requests the broker kept retained from before the subscription
 
 
 class EnvelopeInbox:
@@ -369,6 +370,12 @@ class EnvelopeInbox:
         dead letters, an answer while disconnected) is returned for the transport to await in
         order, or, with `concurrency` > 1, queued for the workers (backpressure when full)."""
         self.stats.received += 1
+        if message.retain:
+            # Delivered with the retain flag: the broker kept it from before this subscription
+            # (a live publish arrives without it). No request is meant to be retained, and one
+            # kept (a device's junk on its own uplink) would be taken again at every start.
+            self.stats.retained_ignored += 1
+            return None
         checked = self._check(message)
         if not isinstance(checked, Envelope):
             return checked

@@ -339,3 +339,28 @@ async def test_the_worker_reports_what_its_broker_connection_moved(mosquitto, tm
         assert "ea_worker_broker_bytes_per_hour " in text
     finally:
         await stop_all(w, gw)
+
+
+async def test_junk_a_device_left_retained_on_its_uplink_is_taken_once_not_at_every_start(  # type: ignore[no-untyped-def]
+        mosquitto, tmp_path: Path) -> None:
+    """The live publish is refused and recorded once; the copy the broker keeps retained is handed
+    to every new subscription with the retain flag, and a restarted leader ignores it."""
+    clock = SystemClock()
+    gw = await leader(clock, tmp_path, url=mosquitto.url)
+    try:
+        await until(clock, lambda: gw.transport.connected.is_open, limit_s=10, step_s=0.05, what="leader up")
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="w1",
+                                  protocol=aiomqtt.ProtocolVersion.V5) as device:
+            await device.publish(topics.up("t", "w1"), b"\xc1 junk", qos=1, retain=True)
+        await until(clock, lambda: len(gw.rejects.list()) == 1, limit_s=10, step_s=0.05, what="refused once")
+    finally:
+        await stop_all(gw)
+    for _ in range(2):  # two more starts of the leader on the same state
+        again = await leader(clock, tmp_path, url=mosquitto.url)
+        try:
+            inbox = again.inbox
+            await until(clock, lambda: inbox.stats.retained_ignored >= 1, limit_s=10, step_s=0.05,  # noqa: B023
+                        what="the retained copy handed over")
+            assert len(again.rejects.list()) == 1  # not recorded again
+        finally:
+            await stop_all(again)
