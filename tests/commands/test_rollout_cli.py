@@ -44,12 +44,14 @@ def leader(tmp_path: Path) -> tuple[Path, Path]:
     return db, spec
 
 
-def register(db: Path, devices: list[str]) -> None:
-    """Devices as the leader's registry has them (the CLI plans against it)."""
+def register(db: Path, devices: list[str] | dict[str, str]) -> None:
+    """Devices as the leader's registry has them (the CLI plans against it): at 1.0.0, or at the
+    version given for each."""
+    versions = devices if isinstance(devices, dict) else dict.fromkeys(devices, "1.0.0")
     registry = DeviceRegistry.open(db, clock=VirtualClock())
     try:
-        registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0")
-                                   for d in devices])
+        registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version=v)
+                                   for d, v in versions.items()])
     finally:
         registry.close()
 
@@ -230,21 +232,12 @@ def test_reading_a_leaders_rollouts_writes_nothing(leader: tuple[Path, Path],
     assert _fingerprint(db) == before
 
 
-def _register_at(db: Path, versions: dict[str, str]) -> None:
-    registry = DeviceRegistry.open(db, clock=VirtualClock())
-    try:
-        registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version=v)
-                                   for d, v in versions.items()])
-    finally:
-        registry.close()
-
-
 def test_start_refuses_an_image_older_than_every_target_unless_signed_as_a_rollback(
         leader: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """Every device would refuse it as a downgrade: the rollout could only fail. Signed as a
     rollback, it starts; older than some targets only, it starts with one warning line."""
     db, spec = leader
-    _register_at(db, {"a": "1.2.0", "b": "2.0.0", "c": "1.3.1"})
+    register(db, {"a": "1.2.0", "b": "2.0.0", "c": "1.3.1"})
     assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 2
     err = capsys.readouterr().err
     assert "is version 1.1.0, older than every targeted device (1.2.0, 1.3.1, 2.0.0)" in err
@@ -257,7 +250,7 @@ def test_start_refuses_an_image_older_than_every_target_unless_signed_as_a_rollb
 def test_start_warns_when_some_targets_run_a_newer_version(leader: tuple[Path, Path],
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     db, spec = leader
-    _register_at(db, {"a": "1.0.0", "b": "2.0.0", "c": "1.0.0"})
+    register(db, {"a": "1.0.0", "b": "2.0.0", "c": "1.0.0"})
     assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
     assert warnings == [f"warning: artifact {spec.parent / 'fw-1.1.0.eafw'} is version 1.1.0, older than 1 of the 3"
