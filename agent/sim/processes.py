@@ -38,7 +38,7 @@ from typing import Any
 import agent
 from agent.core.errors import EdgeAgentError
 from agent.sim.options import SimOptions
-from agent.sim.part import FleetPart, leader_load, split
+from agent.sim.part import FleetPart, split
 from agent.sim.runner import Progress, Simulation, keep_out_of_gc
 from agent.sim.totals import DevicesNow, DeviceTotals, devices_now
 from agent.transport.rounds import FilterChange, RoundBroker, RoundOutput, WireMessage
@@ -162,7 +162,7 @@ class SpreadSimulation(Simulation):
     """A fleet run over `opts.processes` processes (see the module docstring); this is process 0."""
 
     def __init__(self, opts: SimOptions, *, workdir: Path, progress: Progress | None = None) -> None:
-        parts = split(opts.devices, opts.processes, load=leader_load(opts.heartbeat_s, opts.telemetry_s))
+        parts = split(opts.devices, opts.processes)
         super().__init__(opts, workdir=workdir, progress=progress, part=parts[0])
         self._parts = parts
         self._links: list[HostLink] = []

@@ -40,7 +40,7 @@ from agent.sim.clock import SimClock
 from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet, device_name, rng_for
 from agent.sim.options import APP_CLASS, SimOptions
-from agent.sim.part import FleetPart, leader_load, split
+from agent.sim.part import FleetPart, split
 from agent.sim.report import Report, collect_report
 from agent.sim.totals import DevicesNow, DeviceTotals, device_totals, devices_now, telemetry_sending
 from agent.worker.actors import RecordTelemetry
@@ -126,8 +126,7 @@ class Simulation:
         self.workdir = workdir
         self.clock: Clock = SystemClock() if (opts.realtime or opts.broker_url) else SimClock(tick_s=opts.tick_s)
         if part is None and opts.shard is not None:
-            part = split(opts.devices, opts.shard[1],
-                         load=leader_load(opts.heartbeat_s, opts.telemetry_s))[opts.shard[0] - 1]
+            part = split(opts.devices, opts.shard[1])[opts.shard[0] - 1]
         self.fleet = SimFleet(opts, clock=self.clock, workdir=workdir, firmware=firmware, part=part)
         self.timeline = Timeline()
         self._progress = progress
