@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ for path in (ROOT, ROOT / "scripts"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from bench_mqtt import _spawn, mosquitto  # noqa: E402
+from bench_mqtt import mosquitto, spawn_agent, stop_processes  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -98,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             leader_conf = workdir / "leader.toml"
             leader_conf.write_text((ROOT / "configs" / "leader.toml").read_text().replace(
                 'listen = "127.0.0.1:9100"', 'listen = ""'))
-            procs = [_spawn(["run", "--config", str(leader_conf), "--broker", url, "--data-dir",
-                             str(workdir / "leader")], workdir / "leader.log")]
-            with_api = _spawn(["run", "--config", str(_worker_config(workdir, "with-api", port, local_api=True))],
-                              workdir / "with-api.log")
-            without = _spawn(["run", "--config", str(_worker_config(workdir, "without-api", port, local_api=False))],
-                             workdir / "without-api.log")
+            procs = [spawn_agent(["run", "--config", str(leader_conf), "--broker", url, "--data-dir",
+                                  str(workdir / "leader")], workdir / "leader.log")]
+            api_on = _worker_config(workdir, "with-api", port, local_api=True)
+            api_off = _worker_config(workdir, "without-api", port, local_api=False)
+            with_api = spawn_agent(["run", "--config", str(api_on)], workdir / "with-api.log")
+            without = spawn_agent(["run", "--config", str(api_off)], workdir / "without-api.log")
             procs += [with_api, without]
             try:
                 sock = workdir / "with-api" / "api.sock"
@@ -142,15 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                     result["batch_msgs_per_s"] = _rate(n // 100 * 100, batches)
                     result["status_after"] = client.status()["classes"]["telemetry"]
             finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGTERM)
-                for proc in procs:
-                    try:
-                        proc.wait(30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                stop_processes(*procs, wait_s=30.0)
     result["direct_vs_refused"] = float(result["direct_msgs_per_s"]) / float(result["refused_requests_per_s"])  # type: ignore[arg-type]
     result["targets"] = {"local_api_rss_cost_mb<=3": float(result["local_api_rss_cost_mb"]) <= 3.0}  # type: ignore[arg-type]
     log(f"local API: {result['local_api_rss_cost_mb']:.2f} MB RSS, direct {result['direct_msgs_per_s']:.0f} msg/s,"

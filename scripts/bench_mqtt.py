@@ -416,8 +416,8 @@ def spawn_agent(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
                                 stdin=subprocess.DEVNULL, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def stop_processes(*procs: subprocess.Popen[bytes]) -> None:
-    """SIGTERM each (a stopped one is continued first), then SIGKILL what lingers 15 s."""
+def stop_processes(*procs: subprocess.Popen[bytes], wait_s: float = 15.0) -> None:
+    """SIGTERM each (a stopped one is continued first), then SIGKILL what lingers `wait_s`."""
     for p in procs:
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -425,7 +425,7 @@ def stop_processes(*procs: subprocess.Popen[bytes]) -> None:
             p.send_signal(signal.SIGTERM)
     for p in procs:
         try:
-            p.wait(15)
+            p.wait(wait_s)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
