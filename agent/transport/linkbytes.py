@@ -92,8 +92,6 @@ class LinkCounters:
         return self._ended + self._last
 
 
-
-
 # -- the simulator's model of the same counters -------------------------------------------------
 TLS_RECORD_BYTES = 29  # TLS 1.2 AES-GCM: 5 header + 8 explicit nonce + 16 tag (the shipped broker's)
 PUBACK_BYTES = 4  # MQTT v5, success without properties

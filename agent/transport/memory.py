@@ -40,6 +40,12 @@ from agent.transport.linkbytes import AirModel, TcpCounters, publish_bytes
 log = logging.getLogger(__name__)
 
 
+def _packet_bytes(message: InboundMessage, expiry: bool = False) -> int:
+    """The MQTT v5 PUBLISH that would carry `message` (for the `AirModel`)."""
+    return publish_bytes(message.topic, len(message.payload), qos=message.qos, response_topic=message.response_topic,
+                         correlation=message.correlation, expiry=expiry)
+
+
 class MemoryTransport:
     """A client of a `MemoryBroker`, implementing the `Transport` protocol."""
 
@@ -186,9 +192,7 @@ class MemoryTransport:
 
     def _count_out(self, message: InboundMessage, expiry: bool) -> None:
         assert self.air is not None
-        size = publish_bytes(message.topic, len(message.payload), qos=message.qos,
-                             response_topic=message.response_topic, correlation=message.correlation, expiry=expiry)
-        self.air.publish_out(self._clock.monotonic(), size, message.qos)
+        self.air.publish_out(self._clock.monotonic(), _packet_bytes(message, expiry), message.qos)
 
     def link_bytes(self) -> TcpCounters | None:
         """The modelled bytes of this client's connections (None without a model)."""
@@ -251,9 +255,7 @@ class MemoryTransport:
     # -- dispatch --------------------------------------------------------------------------
     def _enqueue(self, sub_filter: str, message: InboundMessage) -> None:
         if self.air is not None:
-            size = publish_bytes(message.topic, len(message.payload), qos=message.qos,
-                                 response_topic=message.response_topic, correlation=message.correlation)
-            self.air.publish_in(self._clock.monotonic(), size, message.qos)
+            self.air.publish_in(self._clock.monotonic(), _packet_bytes(message), message.qos)
         self._queue.append((sub_filter, message))
         self._wake()
 

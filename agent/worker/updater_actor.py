@@ -179,8 +179,6 @@ class UpdaterActor(Actor):
             return
         await self._wait_for_window(message, ctx.clock)
         log.info("update %s offered", message.rollout_id)
-        if self._beat_fast is not None:
-            self._beat_fast()
         source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size, message.mirrors)
         try:
             await updater.offer(message, source)
