@@ -1,5 +1,5 @@
-"""Fixtures of the local API tests: the API in front of a worker with a leader (`online`) or
-without one (`offline`)."""
+"""Fixtures of the worker tests: virtual time and an in-memory broker on it (`clock`, `broker`);
+the local API in front of a worker with a leader (`online`) or without one (`offline`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from e2e.agent_support import until
 from local_api_support import Setup, start_api, stop_api
 
-from agent.core.clock import SystemClock
+from agent.core.clock import SystemClock, VirtualClock
 from agent.transport.memory import MemoryBroker
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def broker(clock: VirtualClock) -> MemoryBroker:
+    return MemoryBroker(clock=clock)
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ import asyncio
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e.agent_support import leader, pending, stop_all, until, worker
@@ -19,16 +17,6 @@ from agent.protocol import KIND_JOB_OFFER, JobOffer, encode_message
 from agent.transport.base import InboundMessage
 from agent.transport.memory import MemoryBroker
 from agent.worker.actors import SEQ_PER_INCARNATION
-
-
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-def broker(clock: VirtualClock) -> MemoryBroker:
-    return MemoryBroker(clock=clock)
 
 
 async def test_broker_outage_keeps_one_heartbeat_row_and_all_telemetry(

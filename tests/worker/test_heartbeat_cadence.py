@@ -7,8 +7,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e.agent_support import FLEET, leader, stop_all, until, worker
@@ -23,16 +21,6 @@ from agent.transport.memory import MemoryBroker, MemoryTransport
 from agent.worker.agent import WorkerAgent
 
 IDLE = {"heartbeat": {"interval_s": 300.0, "fast_interval_s": 5.0, "system_interval_s": 900.0}}
-
-
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-def broker(clock: VirtualClock) -> MemoryBroker:
-    return MemoryBroker(clock=clock)
 
 
 class Uplink:
