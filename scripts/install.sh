@@ -24,6 +24,7 @@ set -euo pipefail
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PROG="install.sh"
 USER_NAME="edge-agent"
+HELPER_GROUP="edge-agent-installer"  # the install helper's socket: the agent's user alone
 MIN_PYTHON="3.11"
 
 ROLE="worker"
@@ -207,6 +208,9 @@ trap 'rm -rf "$tmp"' EXIT
 printf '%s\n' \
     "# edge-agent service user (scripts/install.sh); systemd-sysusers creates it if missing" \
     "u $USER_NAME - \"edge-agent service\" /var/lib/edge-agent /usr/sbin/nologin" > "$tmp/sysusers"
+if [ "$ROLE" = worker ]; then
+    printf '%s\n' "g $HELPER_GROUP -" "m $USER_NAME $HELPER_GROUP" >> "$tmp/sysusers"
+fi
 put_file "$tmp/sysusers" "$SYSUSERS" 0644
 if [ "$STAGING" = 1 ]; then
     say "staging root: not creating user $USER_NAME (recorded in $SYSUSERS for systemd-sysusers)"
@@ -216,6 +220,16 @@ else
     useradd --system --user-group --home-dir /var/lib/edge-agent --no-create-home \
         --shell /usr/sbin/nologin --comment "edge-agent service" "$USER_NAME"
     say "created system user $USER_NAME"
+fi
+if [ "$ROLE" = worker ] && [ "$STAGING" = 0 ]; then
+    if ! getent group "$HELPER_GROUP" >/dev/null; then
+        groupadd --system "$HELPER_GROUP"
+        say "created group $HELPER_GROUP (the install helper's socket)"
+    fi
+    if ! id -nG "$USER_NAME" | tr ' ' '\n' | grep -qx "$HELPER_GROUP"; then
+        usermod -a -G "$HELPER_GROUP" "$USER_NAME"
+        say "added $USER_NAME to $HELPER_GROUP"
+    fi
 fi
 
 # -- virtual environment and package --------------------------------------------------------------

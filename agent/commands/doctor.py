@@ -371,8 +371,34 @@ def _installer(config: AgentConfig, data_dir: Path) -> Outcome:
         booting = " or ".join(f'"{name}"' for name, _ in sorted(BACKENDS.items()) if name != installer.name)
         return Outcome("installer", True, f"{installer.name} ({where}): updates change nothing this device boots",
                        f"set [firmware] installer = {booting} on a real device")
-    via = " through the install helper" if fw.helper_socket else ""
-    return Outcome("installer", True, f"{installer.name}{via}: {where}")
+    if not fw.helper_socket:
+        return Outcome("installer", True, f"{installer.name}: {where}")
+    door = _helper_door(Path(fw.helper_socket), fw.helper_group, fw.helper_user)
+    if door:
+        return Outcome("installer", False, f"{installer.name} through the install helper ({where}): {door}",
+                       f"the socket's group is {fw.helper_group!r} with the agent's user {fw.helper_user!r} alone "
+                       "(install.sh makes it so; edge-agent-installer.socket's SocketGroup=)")
+    return Outcome("installer", True, f"{installer.name} through the install helper: {where}")
+
+
+def _helper_door(sock: Path, group: str, user: str) -> str:
+    """What is wrong with who may open the install helper's socket ("" when nothing)."""
+    import grp
+
+    try:
+        gid = sock.stat().st_gid
+    except OSError:
+        return ""  # not there yet: the socket unit makes it; `config check` says so
+    try:
+        found = grp.getgrgid(gid)
+    except KeyError:
+        return f"{sock} belongs to group {gid}, which has no name"
+    if found.gr_name != group:
+        return f"{sock} belongs to group {found.gr_name!r}, not {group!r}"
+    others = sorted(set(found.gr_mem) - {user})
+    if others:
+        return f"group {group!r} also holds {', '.join(others)}: they may open the socket (the helper refuses them)"
+    return ""
 
 
 def _local_api(config: AgentConfig, data_dir: Path) -> Outcome:

@@ -4,7 +4,9 @@ switches the boot target and reboots for an unprivileged agent (`firmware_rollou
 Started by `edge-agent-installer.socket` (systemd hands it the listening socket) or with
 `--socket` by hand. It builds the backend `[firmware] installer` names with `helper_state_dir`
 and checks everything with the key `[firmware] public_key` names, read by itself: keep the
-config and the key root-owned and not writable by the agent's user.
+config and the key root-owned and not writable by the agent's user. It answers root and the
+uid of `[firmware] helper_user` only; `[agent] firmware_version` is the version of the image
+the device was made with, the floor below which it takes no image until it wrote one itself.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import grp
 import logging
 import os
+import pwd
 import sys
 from pathlib import Path
 
@@ -40,20 +43,25 @@ async def _serve(args: argparse.Namespace) -> int:
     clock = SystemClock()
     state_dir = Path(fw.helper_state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    installer = configured_backend(fw, source=str(args.config)).build(
-        InstallerContext(state_dir, clock, load_verify_key(fw.public_key)))
-    gids: frozenset[int] = frozenset()
+    key = load_verify_key(fw.public_key)
+    installer = configured_backend(fw, source=str(args.config)).build(InstallerContext(state_dir, clock, key))
+    log = logging.getLogger(__name__)
     try:
-        gids = frozenset({grp.getgrnam(fw.helper_group).gr_gid})
+        uids = frozenset({pwd.getpwnam(fw.helper_user).pw_uid})
     except KeyError:
-        logging.getLogger(__name__).warning("group %r does not exist: only the socket's mode decides who asks",
-                                            fw.helper_group)
+        uids = frozenset({0})
+        log.warning("firmware.helper_user: no user %r: only root may ask the helper", fw.helper_user)
     sock = listening_socket(args.socket or (Path(fw.helper_socket) if fw.helper_socket else None))
-    if args.socket is not None and gids:
-        os.chown(args.socket, 0, next(iter(gids)))
-    helper = InstallHelper(installer, rebooter_from_config(fw, clock=clock, source=str(args.config)), allowed_gids=gids)
-    logging.getLogger(__name__).info("install helper for the %s installer: slots %s, booted %s", installer.name,
-                                     "/".join(installer.slots), installer.booted_slot())
+    if args.socket is not None:
+        try:
+            os.chown(args.socket, 0, grp.getgrnam(fw.helper_group).gr_gid)
+        except KeyError:
+            log.warning("firmware.helper_group: no group %r: the socket stays root's", fw.helper_group)
+    helper = InstallHelper(installer, rebooter_from_config(fw, clock=clock, source=str(args.config)),
+                           verify_key=key, state_dir=state_dir, made_with=config.agent.firmware_version,
+                           allowed_uids=uids, image=fw.image or None, hardware=fw.hardware or None)
+    log.info("install helper for the %s installer: slots %s, booted %s (version %s)", installer.name,
+             "/".join(installer.slots), installer.booted_slot(), helper.records.booted_version)
     await helper.serve(sock)
     return 0
 

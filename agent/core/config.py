@@ -186,7 +186,10 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     # itself, and the helper runs the backend `installer` names with its own state directory.
     helper_socket: str = ""
     helper_state_dir: str = "/var/lib/edge-agent-installer"
-    helper_group: str = "edge-agent"  # who may ask the helper (besides root)
+    # the socket's group: holds only the agent's user (not `edge-agent`, which applications join
+    # for the local API); the helper itself answers only root and the uid of `helper_user`
+    helper_group: str = "edge-agent-installer"
+    helper_user: str = "edge-agent"
     # Downloads. A cap on the average rate (kilobits per second; 0: none), how many permanent
     # errors (a 404, a bad chunk, a file that is not the artifact) a download may meet before the
     # device gives up and reports `failed`, how long a mirror may take to answer, and the CA

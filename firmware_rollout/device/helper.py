@@ -2,8 +2,9 @@
 boot target and reboots, so the agent itself stays unprivileged and sandboxed.
 
 The helper runs as root (`edge-agent-installer.service`, socket-activated on a Unix socket only
-the `edge-agent` group may open) around one installer backend built from the device's config
-with its own copy of the pinned key. It performs exactly the installer's steps and a reboot:
+the `edge-agent-installer` group may open, and answering only root and the agent's uid) around
+one installer backend built from its own root-owned config with its own copy of the pinned key.
+It performs exactly the installer's steps and a reboot:
 
     describe                        the backend's view: slots, booted, default, trial, fell back
     open_slot SLOT SIGNED_MANIFEST  the signature checked against the helper's key
@@ -14,8 +15,10 @@ with its own copy of the pinned key. It performs exactly the installer's steps a
     reboot TRIAL
 
 and refuses anything else: an unknown request, a slot it does not manage, the booted slot, a
-chunk the manifest does not vouch for, arming a slot whose image it has not read back. So a
-compromised agent cannot write arbitrary bytes to a block device.
+chunk the manifest does not vouch for, arming a slot whose image it has not read back, an image
+older than the booted one (unless signed as a rollback naming the booted version), making the
+default a slot it did not read back and check (except the booted one). So a compromised agent can
+neither write arbitrary bytes to a block device nor downgrade the device.
 
 Frames both ways: a 4-byte big-endian length, then a msgpack map (`HelperRequest`, `HelperReply`).
 """
@@ -28,6 +31,8 @@ import logging
 import os
 import socket
 import struct
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -35,11 +40,23 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import EdgeAgentError
+from agent.core.ratelog import RateLimitedLog
 from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.manifest import HEADER_SIZE, MAX_CHUNK_SIZE, MAX_MANIFEST_SIZE, SIGNATURE_BLOCK_SIZE
+from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.manifest import (
+    HEADER_SIZE,
+    MAX_CHUNK_SIZE,
+    MAX_MANIFEST_SIZE,
+    SIGNATURE_BLOCK_SIZE,
+    Manifest,
+    check_policy,
+    verify_signed_manifest,
+)
+from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.reboot import Rebooter
+from firmware_rollout.device.slot_records import SlotRecords
 from firmware_rollout.device.slots import Installer, SlotView
-from firmware_rollout.errors import ChunkMismatch, InstallError, UpdaterError
+from firmware_rollout.errors import ChunkMismatch, Downgrade, InstallError, UpdaterError
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +67,9 @@ MAX_FRAME = MAX_CHUNK_SIZE + 64 * 1024  # one chunk and its envelope
 MAX_MANIFEST = HEADER_SIZE + MAX_MANIFEST_SIZE + SIGNATURE_BLOCK_SIZE  # the largest signed manifest
 _LENGTH = struct.Struct(">I")
 REBOOT_REPLY_TIMEOUT_S = 900.0  # a reboot that returns takes the reboot command's settle time
-MAX_CONNECTIONS = 4  # the agent needs one; a client holding more gets refused
-IDLE_TIMEOUT_S = 600.0  # a connection that sends nothing for this long is closed
+MAX_PER_PEER = 4  # connections per uid: the agent needs one
+IDLE_TIMEOUT_S = 60.0  # a connection that sends no request for this long is closed (the agent reconnects)
+FRAME_TIMEOUT_S = 30.0  # the rest of a request, once its first bytes came
 
 
 class HelperRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -99,61 +117,123 @@ def state_of(installer: Installer) -> HelperState:
                        fell_back=installer.fell_back(), view=dict(installer.describe()))
 
 
+@dataclass(eq=False)
+class _Peer:
+    """One open connection: whose it is, and whether a request of it is being read or run."""
+
+    uid: int
+    writer: asyncio.StreamWriter
+    busy: bool = False
+    since: float = field(default_factory=time.monotonic)
+
+
 class InstallHelper:
     """Serves one installer and one rebooter on a listening Unix socket; requests of all
-    connections run one at a time."""
+    connections run one at a time.
 
-    def __init__(self, installer: Installer, rebooter: Rebooter, *, allowed_gids: frozenset[int] = frozenset()) -> None:
+    It decides for itself what a compromised agent could abuse: it keeps its own record of what
+    each slot holds (`SlotRecords` in `state_dir`), refuses an image older than the booted one
+    unless the signed manifest is a rollback that names the booted version, and makes the
+    default only a slot it read back and checked, or the booted one. `allowed_uids`: who besides
+    root may connect (the agent's user; empty: whoever the socket's mode lets in); a refused
+    peer gets the reason as a reply. At most `MAX_PER_PEER` connections per uid: a newcomer at
+    the bound closes that uid's longest-idle connection, so idle connections cannot lock the
+    agent out of its helper."""
+
+    def __init__(self, installer: Installer, rebooter: Rebooter, *, verify_key: VerifyKey, state_dir: Path,
+                 made_with: str, allowed_uids: frozenset[int] = frozenset(), image: str | None = None,
+                 hardware: str | None = None) -> None:
         self._installer = installer
         self._rebooter = rebooter
-        self._allowed_gids = allowed_gids  # empty: whoever the socket's mode lets in
+        self._key = verify_key
+        self._image = image
+        self._hardware = hardware
+        self._allowed_uids = allowed_uids
+        self.records = SlotRecords(state_dir, slots=installer.slots, booted=installer.booted_slot(),
+                                   made_with=made_with)
+        self._manifests: dict[str, Manifest] = {}  # slot -> the manifest it was opened for
         self._lock = asyncio.Lock()
-        self._connections = 0
+        self._rebooting = False
+        self._peers: set[_Peer] = set()
+        self._refusals = RateLimitedLog(log, SystemClock(), interval_s=60.0)
         self.refused = 0
+        self.evicted = 0
 
     async def serve(self, sock: socket.socket) -> None:
         server = await asyncio.start_unix_server(self._connection, sock=sock)
         async with server:
             await server.serve_forever()
 
-    def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
-        if not self._allowed_gids:
-            return True
+    def _peer_uid(self, writer: asyncio.StreamWriter) -> tuple[int, int]:
         sock = writer.get_extra_info("socket")
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, gid = struct.unpack("3i", creds)
-        return uid == 0 or gid in self._allowed_gids
+        pid, uid, _gid = struct.unpack("3i", creds)
+        return pid, uid
+
+    def _admit(self, uid: int) -> str:
+        """Why a connection of `uid` is refused ("" when it is taken)."""
+        if self._allowed_uids and uid != 0 and uid not in self._allowed_uids:
+            return f"refused: uid {uid} is not the agent's user: only it and root may ask the install helper"
+        mine = [p for p in self._peers if p.uid == uid]
+        if len(mine) < MAX_PER_PEER:
+            return ""
+        idle = [p for p in mine if not p.busy]
+        if not idle:
+            return f"refused: uid {uid} has {MAX_PER_PEER} connections with requests under way"
+        oldest = min(idle, key=lambda p: p.since)
+        self._peers.discard(oldest)
+        self.evicted += 1
+        oldest.writer.transport.abort()  # its task sees the connection end
+        return ""
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._connections += 1
+        peer: _Peer | None = None
         try:
-            if not self._peer_allowed(writer):
-                log.warning("refused a connection from a process outside the allowed groups")
+            pid, uid = self._peer_uid(writer)
+            refusal = self._admit(uid)
+            if refusal:
+                self.refused += 1
+                self._refusals.warning(f"uid-{uid}", f"install helper: {refusal} (pid {pid})")
+                await self._refuse_connection(reader, writer, refusal)
                 return
-            if self._connections > MAX_CONNECTIONS:
-                log.warning("refused a connection: %d are open already", MAX_CONNECTIONS)
-                return
+            peer = _Peer(uid, writer)
+            self._peers.add(peer)
             while True:
+                peer.busy, peer.since = False, time.monotonic()
                 try:
                     head = await asyncio.wait_for(reader.readexactly(_LENGTH.size), IDLE_TIMEOUT_S)
                 except (asyncio.IncompleteReadError, TimeoutError):
                     return
+                peer.busy = True
                 (length,) = _LENGTH.unpack(head)
                 if length > MAX_FRAME:
                     writer.write(frame(_encode(HelperReply(ok=False, error=f"request of {length} bytes is over "
                                                                           f"the {MAX_FRAME} limit"))))
                     await writer.drain()
                     return
-                reply = await self.handle(await asyncio.wait_for(reader.readexactly(length), IDLE_TIMEOUT_S))
+                reply = await self.handle(await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S))
                 writer.write(frame(_encode(reply)))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             return
         finally:
-            self._connections -= 1
+            if peer is not None:
+                self._peers.discard(peer)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+    async def _refuse_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                 reason: str) -> None:
+        """The reason as the answer to the peer's first request (read first, so its client
+        reads the answer instead of a reset)."""
+        with contextlib.suppress(asyncio.IncompleteReadError, TimeoutError):
+            head = await asyncio.wait_for(reader.readexactly(_LENGTH.size), FRAME_TIMEOUT_S)
+            (length,) = _LENGTH.unpack(head)
+            if length <= MAX_FRAME:
+                await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S)
+        writer.write(frame(_encode(HelperReply(ok=False, error=reason))))
+        await writer.drain()
 
     async def handle(self, payload: bytes) -> HelperReply:
         try:
@@ -161,40 +241,70 @@ class InstallHelper:
         except msgspec.DecodeError as exc:  # ValidationError is one
             self.refused += 1
             return HelperReply(ok=False, error=f"refused: not a request ({exc})")
-        async with self._lock:
-            try:
+        try:
+            if request.op == "describe":
+                return HelperReply(ok=True, state=self._state())
+            if self._rebooting:
+                raise InstallError("a reboot is under way")
+            if request.op == "reboot":
+                await self._reboot(request)
+                return HelperReply(ok=True, state=self._state())
+            async with self._lock:
                 data = await self._do(request)
-            except (EdgeAgentError, OSError) as exc:
-                self.refused += 1
-                log.warning("refused %s of slot %s: %s", request.op, request.slot or "-", exc)
-                return HelperReply(ok=False, error=str(exc), mismatch=isinstance(exc, ChunkMismatch),
-                                   state=state_of(self._installer))
-            return HelperReply(ok=True, state=state_of(self._installer), data=data)
+        except (EdgeAgentError, OSError) as exc:
+            self.refused += 1
+            log.warning("refused %s of slot %s: %s", request.op, request.slot or "-", exc)
+            return HelperReply(ok=False, error=str(exc), mismatch=isinstance(exc, ChunkMismatch),
+                               state=self._state())
+        return HelperReply(ok=True, state=self._state(), data=data)
+
+    def _state(self) -> HelperState:
+        state = state_of(self._installer)
+        return msgspec.structs.replace(state, view={**state.view, "helper_records": self.records.describe()})
+
+    async def _reboot(self, r: HelperRequest) -> None:
+        """Runs the reboot command once no slot step is under way; the wait for the system to go
+        down holds no lock (`describe` is still answered, every other step refused)."""
+        async with self._lock:
+            if self._rebooting:
+                raise InstallError("a reboot is under way")
+            self._rebooting = True
+        log.info("reboot%s asked for: %s", " into the trial" if r.trial else "", r.reason)
+        try:
+            await self._rebooter.reboot(r.reason or "asked by the agent", trial=r.trial)
+        finally:
+            self._rebooting = False
 
     async def _do(self, r: HelperRequest) -> bytes:
         installer = self._installer
-        if r.op == "describe":
-            return b""
-        if r.op == "reboot":
-            log.info("reboot%s asked for: %s", " into the trial" if r.trial else "", r.reason)
-            await self._rebooter.reboot(r.reason or "asked by the agent", trial=r.trial)
-            return b""
         if r.slot not in installer.slots:
             raise InstallError(f"no slot {r.slot!r} here (this helper manages {', '.join(installer.slots)})")
         if r.op == "open_slot":
+            manifest = verify_signed_manifest(r.signed_manifest, self._key).manifest
+            check_policy(manifest, hardware=self._hardware, image=self._image,
+                         installed_version=self.records.booted_version)
+            if manifest.rollback and manifest.parsed_version() < Version.parse(self.records.booted_version) \
+                    and not manifest.rollback_from:
+                raise Downgrade(f"rollback refused: the rollback to {manifest.version} does not name the versions it "
+                                f"replaces, and this device runs {self.records.booted_version}")
             await installer.open_slot(r.slot, r.signed_manifest)
+            self.records.opening(r.slot, manifest)
+            self._manifests[r.slot] = manifest
         elif r.op == "write_chunk":
             await installer.write_chunk(r.slot, r.index, r.data)
         elif r.op == "check_slot":
             await installer.check_slot(r.slot)
+            opened = self._manifests.get(r.slot)
+            if opened is None:
+                raise InstallError(f"slot {r.slot} was not opened for an image")
+            self.records.checked(r.slot, opened)
         elif r.op == "read_slot":
             return await installer.read_slot(r.slot, r.offset, r.length)
         elif r.op == "mark_trial":
             await installer.mark_trial(r.slot)
-        elif r.op == "commit":
-            await installer.commit(r.slot)
-        else:
-            await installer.revert(r.slot)
+        else:  # commit, revert: the slot becomes the default
+            self.records.refuse_default(r.slot)
+            await (installer.commit(r.slot) if r.op == "commit" else installer.revert(r.slot))
         return b""
 
 
@@ -228,18 +338,15 @@ class HelperInstaller:
         return self._sock
 
     def _call(self, request: HelperRequest, *, timeout_s: float | None = None) -> HelperReply:
-        sock = self._connect()
+        """One request and its reply. A kept connection the helper closed meanwhile (idle, or to
+        make room) is opened again and the request sent once more: every step is idempotent."""
+        reused = self._sock is not None
         try:
-            sock.settimeout(timeout_s or self._timeout_s)
-            sock.sendall(frame(_encode(request)))
-            head = _recv_exact(sock, _LENGTH.size)
-            (length,) = _LENGTH.unpack(head)
-            if length > MAX_FRAME:
-                raise HelperError(f"the install helper answered {length} bytes")
-            reply = _decode_reply(_recv_exact(sock, length))
-        except (OSError, msgspec.DecodeError, HelperError) as exc:
-            self.close()
-            raise HelperError(f"install helper at {self._path}: {exc}") from None
+            reply = self._exchange(request, timeout_s)
+        except _Closed as exc:
+            if not reused:
+                raise HelperError(f"install helper at {self._path}: {exc}") from None
+            reply = self._exchange(request, timeout_s)
         if reply.state is not None:
             self._state = reply.state
         if not reply.ok:
@@ -247,6 +354,26 @@ class HelperInstaller:
                 raise ChunkMismatch(f"the install helper refused {request.op}: {reply.error}")
             raise HelperError(f"the install helper refused {request.op}: {reply.error}")
         return reply
+
+    def _exchange(self, request: HelperRequest, timeout_s: float | None) -> HelperReply:
+        sock = self._connect()
+        try:
+            sock.settimeout(timeout_s or self._timeout_s)
+            try:
+                sock.sendall(frame(_encode(request)))
+                head = _recv_exact(sock, _LENGTH.size)
+            except (BrokenPipeError, ConnectionResetError, _Closed) as exc:
+                raise _Closed(str(exc) or "the install helper closed the connection") from None
+            (length,) = _LENGTH.unpack(head)
+            if length > MAX_FRAME:
+                raise HelperError(f"the install helper answered {length} bytes")
+            return _decode_reply(_recv_exact(sock, length))
+        except _Closed:
+            self.close()
+            raise
+        except (OSError, msgspec.DecodeError, HelperError) as exc:
+            self.close()
+            raise HelperError(f"install helper at {self._path}: {exc}") from None
 
     async def _ask(self, request: HelperRequest, *, timeout_s: float | None = None) -> bytes:
         return await in_thread(self._clock, self._do_call, request, timeout_s)
@@ -314,12 +441,16 @@ class HelperInstaller:
             raise UpdaterError(str(exc)) from None
 
 
+class _Closed(Exception):
+    """The helper closed the connection before answering."""
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         part = sock.recv(n - len(buf))
         if not part:
-            raise HelperError("the install helper closed the connection")
+            raise _Closed("the install helper closed the connection")
         buf += part
     return bytes(buf)
 

@@ -174,8 +174,8 @@ class UBootInstaller(StreamingInstaller):
     async def revert(self, slot: str) -> None:
         other = self.other(slot)
         changes = {"BOOT_ORDER": f"{slot} {other}", f"BOOT_{slot}_LEFT": str(self._attempts), TRIAL_VAR: ""}
-        if self.trial_slot() == other or self.default_slot() == other:
-            changes[f"BOOT_{other}_LEFT"] = "0"  # what RAUC's mark-bad does
+        if self.trial_slot() == other:  # the failed trial: what RAUC's mark-bad does
+            changes[f"BOOT_{other}_LEFT"] = "0"  # (a committed slot keeps its attempts: it may be the good one)
         await self._set(changes)
 
     def describe(self) -> SlotView:

@@ -224,3 +224,23 @@ listen = "127.0.0.1:{taken.getsockname()[1]}"
         taken.close()
         child.terminate()
         child.wait(30)
+
+
+def test_doctor_names_a_helper_socket_others_may_open(tmp_path: Path) -> None:
+    """The install helper's socket belongs to its own group with the agent's user alone: doctor
+    names the wrong group, or the other members of the right one."""
+    import socket
+
+    from agent.commands.doctor import _helper_door
+
+    path = tmp_path / "installer.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(path))
+        group = grp.getgrgid(path.stat().st_gid)
+        assert _helper_door(path, "edge-agent-installer", "edge-agent") == (
+            f"{path} belongs to group {group.gr_name!r}, not 'edge-agent-installer'")
+        others = sorted(set(group.gr_mem) - {"edge-agent"})
+        assert _helper_door(path, group.gr_name, "edge-agent") == (
+            f"group {group.gr_name!r} also holds {', '.join(others)}: they may open the socket (the helper refuses "
+            "them)" if others else "")
+    assert _helper_door(tmp_path / "absent.sock", "edge-agent-installer", "edge-agent") == ""

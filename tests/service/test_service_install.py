@@ -94,6 +94,7 @@ def test_install_into_a_temporary_root_is_complete_and_idempotent(
     assert mode(root / "etc/edge-agent/installer.toml") == 0o600
     sysusers = (root / "etc/sysusers.d/edge-agent.conf").read_text()
     assert "u edge-agent -" in sysusers
+    assert "g edge-agent-installer -" in sysusers and "m edge-agent edge-agent-installer" in sysusers
     assert not (units / "edge-agent.service.d").exists()  # no back-off drop-in for systemd 252
 
     before = manifest(root)

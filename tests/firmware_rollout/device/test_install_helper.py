@@ -5,22 +5,28 @@ unchanged."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from fwhelpers import CountingSource, Keys, RecordingRebooter, ScriptedHealth, make_artifact
 from test_uboot import REPO, Board
 
 from agent.core.clock import SystemClock
 from firmware_rollout.artifact.files import read_image_chunk, read_signed_manifest
-from firmware_rollout.device.helper import HelperError, HelperInstaller, HelperRequest, frame
+from firmware_rollout.artifact.manifest import SignedManifest
+from firmware_rollout.device.helper import HelperError, HelperInstaller, HelperReply, HelperRequest, frame
 from firmware_rollout.device.updater import Updater
 from firmware_rollout.errors import ChunkMismatch, UpdaterError
 from firmware_rollout.messages import UpdateOffer
@@ -29,9 +35,11 @@ pytestmark = pytest.mark.skipif(not Path("/usr/bin/fw_setenv").exists(), reason=
 
 
 class Helper:
-    def __init__(self, tmp: Path, keys: Keys) -> None:
+    def __init__(self, tmp: Path, keys: Keys, *, made_with: str = "1.0.0", reboot_timeout_s: float = 0.5,
+                 helper_user: str = "edge-agent", socket_dir: Path | None = None) -> None:
+        self.tmp = tmp
         self.board = Board(tmp / "board")
-        self.socket = tmp / "installer.sock"
+        self.socket = (socket_dir or tmp) / "installer.sock"
         self.rebooted = tmp / "rebooted"
         self.config = tmp / "device.toml"
         self.log = tmp / "helper.log"
@@ -40,14 +48,16 @@ class Helper:
 [agent]
 device_id = "pi-1"
 data_dir = "{tmp / 'data'}"
+firmware_version = "{made_with}"
 
 [firmware]
 public_key = "{keys.public_path}"
 installer = "uboot"
 helper_state_dir = "{tmp / 'helper-state'}"
 helper_group = "no-such-group-here"
+helper_user = "{helper_user}"
 reboot_command = {json.dumps(reboot)}
-reboot_timeout_s = 0.5
+reboot_timeout_s = {reboot_timeout_s}
 
 [firmware.uboot]
 fw_env_config = "{self.board.config}"
@@ -55,7 +65,10 @@ slot_a = "{self.board.slots['A']}"
 slot_b = "{self.board.slots['B']}"
 cmdline_path = "{self.board.cmdline}"
 """)
-        with self.log.open("wb") as log:  # (the child keeps its own copy of the descriptor)
+        self.start()
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:  # (the child keeps its own copy of the descriptor)
             self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "install-helper", "--config",
                                           str(self.config), "--socket", str(self.socket)],
                                          env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=log)
@@ -165,26 +178,191 @@ async def test_the_helper_refuses_what_a_compromised_agent_could_ask(tmp_path: P
     assert helper.untouched() == before  # not a byte of a slot, not a variable of the environment
     installer.close()
     # what is not a request at all, on the raw socket
-    import msgspec
-
     assert b"refused: not a request" in ask(helper.socket, b"\x81\xa2op\xa4wipe")
     assert b"refused: not a request" in ask(helper.socket, msgspec.msgpack.encode({"op": "write_chunk", "x": 1}))
     assert b"ok" in ask(helper.socket, msgspec.msgpack.encode(HelperRequest(op="describe")))
     assert helper.untouched() == before
-    # a client hoarding connections gets no more than the bound, and the agent's next one works again
-    hoard = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(8)]
-    for s in hoard:
-        s.connect(str(helper.socket))
-    with pytest.raises(HelperError):
-        HelperInstaller(helper.socket)
-    for s in hoard:
-        s.close()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            HelperInstaller(helper.socket).close()
-            break
-        except HelperError:
-            assert time.monotonic() < deadline, "the helper did not free its connections"
-            time.sleep(0.05)
     assert helper.proc.poll() is None  # and it is still serving
+
+
+def versioned(tmp: Path, keys: Keys, version: str, label: str = "", **kwargs: object) -> tuple[Path, SignedManifest]:
+    where = tmp / f"artifact-{version}{label}"
+    where.mkdir()
+    return make_artifact(where, keys.signing, version=version, **kwargs)
+
+
+async def write_and_check(installer: HelperInstaller, artifact: Path, signed: SignedManifest, slot: str) -> None:
+    await installer.open_slot(slot, signed.raw)
+    for index in range(signed.manifest.chunk_count):
+        await installer.write_chunk(slot, index, read_image_chunk(artifact, signed, index))
+    await installer.check_slot(slot)
+
+
+async def test_the_helper_refuses_an_older_image_unless_a_signed_rollback_names_the_booted_version(
+        tmp_path: Path, keys: Keys, helper: Helper) -> None:
+    """H1. A compromised agent skips the updater's own version check and asks the helper directly:
+    on a device made with 1.0.0, a correctly signed 0.9.0 is refused, and so is a rollback signed
+    for another version or for none; a rollback signed to replace 1.0.0 is taken."""
+    before = helper.untouched()
+    installer = HelperInstaller(helper.socket)
+    try:
+        _, older = versioned(tmp_path, keys, "0.9.0")
+        with pytest.raises(HelperError, match="downgrade refused: image version 0.9.0 is lower than installed 1.0.0"):
+            await installer.open_slot("B", older.raw)
+        _, elsewhere = versioned(tmp_path, keys, "0.9.0", "-r1", rollback=True, rollback_from=["0.9.5"])
+        with pytest.raises(HelperError, match="replaces only version 0.9.5, this device runs 1.0.0"):
+            await installer.open_slot("B", elsewhere.raw)
+        _, unnamed = versioned(tmp_path, keys, "0.9.0", "-r2", rollback=True)
+        with pytest.raises(HelperError, match="does not name the versions it replaces"):
+            await installer.open_slot("B", unnamed.raw)
+        assert helper.untouched() == before
+        artifact, allowed = versioned(tmp_path, keys, "0.9.0", "-r3", rollback=True, rollback_from=["1.0.0"])
+        await write_and_check(installer, artifact, allowed, "B")
+        assert installer.describe()["helper_records"] == {"A": {"state": "booted", "version": "1.0.0"},
+                                                          "B": {"state": "checked", "version": "0.9.0"}}
+    finally:
+        installer.close()
+    assert "refused open_slot of slot B: downgrade refused" in helper.log.read_text()
+
+
+async def test_the_helper_takes_the_booted_version_from_what_it_wrote_not_from_the_agent(
+        tmp_path: Path, keys: Keys, helper: Helper) -> None:
+    """After a trial boot into 1.1.0 the helper's floor is 1.1.0, whatever config says the device
+    was made with: 1.0.5 is refused for the other slot."""
+    artifact, newer = versioned(tmp_path, keys, "1.1.0")
+    installer = HelperInstaller(helper.socket)
+    await write_and_check(installer, artifact, newer, "B")
+    await installer.mark_trial("B")
+    installer.close()
+    helper.stop()
+    assert helper.board.boot() == "B"
+    helper.start()
+    installer = HelperInstaller(helper.socket)
+    try:
+        assert installer.booted_slot() == "B"
+        assert installer.describe()["helper_records"] == {"A": {"state": "booted", "version": "1.0.0"},
+                                                          "B": {"state": "booted", "version": "1.1.0"}}
+        _, between = versioned(tmp_path, keys, "1.0.5")
+        with pytest.raises(HelperError, match="lower than installed 1.1.0"):
+            await installer.open_slot("A", between.raw)
+        await installer.revert("A")  # the slot it booted before: a known image, may be the default again
+    finally:
+        installer.close()
+
+
+async def test_the_helper_makes_the_default_only_a_checked_or_the_booted_slot(tmp_path: Path, keys: Keys,
+                                                                              helper: Helper) -> None:
+    """H2. `revert` or `commit` of a slot never written, or written and not read back, is refused
+    with the environment untouched; the booted slot and a checked one are taken; a U-Boot revert
+    leaves a committed slot's boot attempts alone."""
+    env = helper.board.printenv()
+    installer = HelperInstaller(helper.socket)
+    try:
+        with pytest.raises(HelperError, match="refusing to make slot B the default: this helper never wrote"):
+            await installer.revert("B")
+        with pytest.raises(HelperError, match="refusing to make slot B the default"):
+            await installer.commit("B")
+        artifact, newer = versioned(tmp_path, keys, "1.1.0")
+        await installer.open_slot("B", newer.raw)
+        await installer.write_chunk("B", 0, read_image_chunk(artifact, newer, 0))
+        with pytest.raises(HelperError, match=r"its image \(1.1.0\) was not read back and checked"):
+            await installer.commit("B")
+        assert helper.board.printenv() == env
+        await installer.commit("A")  # the booted slot: always
+        await write_and_check(installer, artifact, newer, "B")
+        await installer.commit("B")
+        assert (helper.board.printenv()["BOOT_ORDER"], helper.board.printenv()["BOOT_B_LEFT"]) == ("B A", "3")
+        await installer.revert("A")
+        after = helper.board.printenv()
+        assert (after["BOOT_ORDER"], after["BOOT_A_LEFT"], after["BOOT_B_LEFT"]) == ("A B", "3", "3")
+    finally:
+        installer.close()
+
+
+async def test_idle_connections_do_not_lock_the_agent_out_of_its_helper(helper: Helper) -> None:
+    """M5. Eight idle connections of the agent's user: each newcomer at the bound closes that user's
+    longest-idle one; the agent's kept connection, closed so, is opened again for its next step."""
+    installer = HelperInstaller(helper.socket)
+    hoard = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(8)]
+    try:
+        for s in hoard:
+            s.connect(str(helper.socket))
+        assert await installer.read_slot("A", 0, 4) == bytes(4)
+        HelperInstaller(helper.socket).close()
+        assert b"ok" in ask(helper.socket, msgspec.msgpack.encode(HelperRequest(op="describe")))
+    finally:
+        installer.close()
+        for s in hoard:
+            s.close()
+
+
+async def test_a_reboot_under_way_holds_no_lock(tmp_path: Path, keys: Keys) -> None:
+    """M5. While the reboot command settles, `describe` is answered and every slot step refused
+    with the reason (before, the helper's lock was held for the whole settle time)."""
+    h = Helper(tmp_path, keys, reboot_timeout_s=600)
+    rebooting = HelperInstaller(h.socket)
+    task = asyncio.create_task(rebooting.reboot("trying version 1.1.0 in slot B", trial=True))
+    try:
+        deadline = time.monotonic() + 60
+        while not h.rebooted.exists():
+            assert time.monotonic() < deadline and not task.done(), "the reboot command did not run"
+            await asyncio.sleep(0.02)
+        other = HelperInstaller(h.socket)
+        assert other.booted_slot() == "A"
+        with pytest.raises(HelperError, match="a reboot is under way"):
+            await other.commit("A")
+        other.close()
+    finally:
+        h.stop()
+        with contextlib.suppress(UpdaterError):
+            await task
+        rebooting.close()
+
+
+def ask_as(uid: int, path: Path, payload: bytes) -> bytes:
+    """`ask` from a child process that runs as `uid` (and its group, no other)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no Python of its own to start (the venv may sit in root's home)
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = ask(path, payload)
+        except BaseException as exc:
+            out = f"child failed: {exc!r}".encode()
+        os.write(write_end, out)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        out = pipe.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory any user may enter (pytest's own are root's alone)."""
+    where = Path(tempfile.mkdtemp(prefix="ea-helper-"))
+    where.chmod(0o755)
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another user")
+def test_a_process_of_another_user_gets_the_reason_not_a_reset(tmp_path: Path, keys: Keys, open_dir: Path) -> None:
+    """M4. The helper answers root and the agent's user (here `daemon`) only, whatever group a
+    process is in: one of another user that can open the socket is told why it is refused."""
+    h = Helper(tmp_path, keys, helper_user="daemon", socket_dir=open_dir)
+    try:
+        h.socket.chmod(0o666)  # as if the process were in the socket's group
+        reply = msgspec.msgpack.decode(ask_as(65534, h.socket, msgspec.msgpack.encode(HelperRequest(op="describe"))),
+                                       type=HelperReply)
+        assert not reply.ok and reply.error.startswith("refused: uid 65534 is not the agent's user"), reply
+        HelperInstaller(h.socket).close()  # root is answered
+    finally:
+        h.stop()
+    assert "uid 65534 is not the agent's user" in h.log.read_text()

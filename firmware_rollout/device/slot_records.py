@@ -1,0 +1,113 @@
+"""What the root helper knows of each slot by itself: the version and image it wrote and read back
+there, or that the running system booted from it. Kept in the helper's own root-owned state
+directory, so nothing the agent says decides which image is older or which slot may become the
+default:
+
+    writing   the helper opened the slot for an image and has not read it back whole yet
+    checked   the helper read the whole image back and it matched its signed manifest
+    booted    the running system came from this slot (its version: the checked image's, else the
+              config's `[agent] firmware_version`, the image the device was made with)
+
+A slot with no record, or one being written, is never made the default.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from firmware_rollout._fs import atomic_write
+from firmware_rollout.artifact.manifest import Manifest
+from firmware_rollout.errors import InstallError
+
+log = logging.getLogger(__name__)
+
+RECORDS_FILE = "slots.json"
+SlotState = Literal["writing", "checked", "booted"]
+
+
+class SlotRecord(msgspec.Struct, kw_only=True, frozen=True):
+    state: SlotState
+    version: str
+    image: str = ""  # the signed manifest's image sha256 (hex); "" for the image the device was made with
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(dict[str, SlotRecord]).decode
+
+
+class SlotRecords:
+    """The records of one helper's slots in `state_dir/slots.json`; every change is written
+    (atomically, fsynced) before the step it describes goes on."""
+
+    def __init__(self, state_dir: Path, *, slots: tuple[str, str], booted: str, made_with: str) -> None:
+        self._path = state_dir / RECORDS_FILE
+        self._slots = slots
+        self._booted = booted
+        self._records = self._load()
+        found = self._records.get(booted)
+        if found is None or found.state == "writing":  # nothing the helper checked: the image it was made with
+            self._save(booted, SlotRecord(state="booted", version=made_with))
+        elif found.state == "checked":
+            self._save(booted, SlotRecord(state="booted", version=found.version, image=found.image))
+
+    def _load(self) -> dict[str, SlotRecord]:
+        try:
+            records = _decode(self._path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, msgspec.DecodeError) as exc:
+            # unreadable: start from what the helper can see (the booted slot); the other slot
+            # gets no record, so it cannot become the default until written and checked again
+            log.warning("%s: unreadable slot records (%s): starting afresh", self._path, exc)
+            return {}
+        return {slot: r for slot, r in records.items() if slot in self._slots}
+
+    def _save(self, slot: str, record: SlotRecord | None) -> None:
+        records = dict(self._records)
+        if record is None:
+            records.pop(slot, None)
+        else:
+            records[slot] = record
+        try:
+            atomic_write(self._path, _encode(records))
+        except OSError as exc:
+            raise InstallError(f"cannot record slot {slot} in {self._path}: {exc.strerror or exc}") from exc
+        self._records = records
+
+    @property
+    def booted_version(self) -> str:
+        return self._records[self._booted].version
+
+    def get(self, slot: str) -> SlotRecord | None:
+        return self._records.get(slot)
+
+    def opening(self, slot: str, manifest: Manifest) -> None:
+        """The slot is about to be written: whatever it held is gone."""
+        current = self._records.get(slot)
+        if current is None or current.state != "writing" or current.image != manifest.sha256.hex():
+            self._save(slot, SlotRecord(state="writing", version=manifest.version, image=manifest.sha256.hex()))
+
+    def checked(self, slot: str, manifest: Manifest) -> None:
+        self._save(slot, SlotRecord(state="checked", version=manifest.version, image=manifest.sha256.hex()))
+
+    def refuse_default(self, slot: str) -> None:
+        """An `InstallError` unless `slot` is the booted one or holds an image read back and checked."""
+        if slot == self._booted:
+            return
+        record = self._records.get(slot)
+        if record is None:
+            raise InstallError(f"refusing to make slot {slot} the default: this helper never wrote and checked an "
+                               "image there and the system did not boot from it")
+        if record.state == "writing":
+            raise InstallError(f"refusing to make slot {slot} the default: its image ({record.version}) was not "
+                               "read back and checked since it was written")
+
+    def describe(self) -> dict[str, object]:
+        return {slot: {"state": r.state, "version": r.version} for slot, r in sorted(self._records.items())}
+
+
+__all__ = ["RECORDS_FILE", "SlotRecord", "SlotRecords", "SlotState"]
