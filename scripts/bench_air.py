@@ -94,7 +94,7 @@ def _config(shipped: str, workdir: Path, user: str, port: int, ca: Path) -> Path
     mqtt = (f'url = "mqtts://127.0.0.1:{port}"\nusername = "{user}"\npassword_file = "{secret}"\n'
             f'tls_ca = "{ca}"')
     text = text.replace('url = "mqtt://127.0.0.1:1883"', mqtt, 1)
-    text = text.replace('listen = "127.0.0.1:9100"', 'listen = ""').replace('listen = "0.0.0.0:8093"', 'listen = ""')
+    text = text.replace('listen = "127.0.0.1:9100"', 'listen = ""').replace('listen = "127.0.0.1:8093"', 'listen = ""')
     path = workdir / shipped
     path.write_text(text)
     return path

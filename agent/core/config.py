@@ -315,13 +315,20 @@ class ArtifactsSection(_Section, kw_only=True, frozen=True, forbid_unknown_field
     """`[artifacts]`: the leader's artifact HTTP server, from which devices fetch the chunks of
     the images it rolls out with range requests (MQTT chunks stay the fallback)."""
 
-    listen: str = "0.0.0.0:8093"  # empty: off (devices download over mirrors or MQTT only)
+    listen: str = "127.0.0.1:8093"  # the address devices reach; empty: off (devices download over mirrors or MQTT)
     # what the leader tells devices to fetch from (empty: http(s)://{this host's name}:{port})
     url: Annotated[str, msgspec.Meta(max_length=400)] = ""
     max_downloads: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 32  # answered at once; beyond: 503
     retry_after_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 2
     tls_cert: str = ""  # both set: https, as the broker's listener
     tls_key: str = ""
+    # set (with tls_cert): only clients with a certificate this CA signed are served (the
+    # broker's CA, which signed the devices' own certificates: mutual TLS)
+    client_ca: str = ""
+    # one address's downloads at once (0: a quarter of max_downloads); a download slower than
+    # min_rate_kbps is ended (keep it below the slowest device's [firmware] max_download_kbps)
+    max_downloads_per_address: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 0
+    min_rate_kbps: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 64
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -519,6 +526,9 @@ def _check_artifacts(config: AgentConfig, source: str) -> None:
     if bool(a.tls_cert) != bool(a.tls_key):
         raise ConfigError(source, "artifacts.tls_key" if a.tls_cert else "artifacts.tls_cert",
                           "tls_cert and tls_key go together")
+    if a.client_ca and not a.tls_cert:
+        raise ConfigError(source, "artifacts.client_ca", "needs tls_cert and tls_key: client certificates are a TLS "
+                                                         "matter")
     if config.firmware.mirror_ca and not Path(config.firmware.mirror_ca).is_absolute():
         raise ConfigError(source, "firmware.mirror_ca", "must be an absolute path")
 

@@ -375,7 +375,8 @@ class RolloutService(PartBase):
         host, _, port = a.listen.rpartition(":")
         host = host.strip("[]")
         server = ArtifactServer(self._artifact_by_image, host=host, port=int(port), max_downloads=a.max_downloads,
-                                retry_after_s=a.retry_after_s, tls=tls)
+                                max_downloads_per_peer=a.max_downloads_per_address, retry_after_s=a.retry_after_s,
+                                tls=tls, min_rate_bps=a.min_rate_kbps * 1000 // 8)
         try:
             await server.start()
         except OSError as exc:

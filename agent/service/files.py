@@ -160,8 +160,9 @@ def check_mqtt_credentials(section: MqttSection) -> None:
 
 
 def artifact_tls(config: AgentConfig, *, source: str = "config") -> ssl.SSLContext | None:
-    """The artifact server's TLS context from `[artifacts] tls_cert/tls_key` (None: plain HTTP);
-    a `ConfigError` on `artifacts.tls_cert` when they do not load. `preflight` checks with it."""
+    """The artifact server's TLS context from `[artifacts] tls_cert/tls_key` (None: plain HTTP),
+    requiring a client certificate signed by `client_ca` when that is set; a `ConfigError` on
+    the key whose file does not load. `preflight` checks with it."""
     a = config.artifacts
     if not a.tls_cert:
         return None
@@ -170,6 +171,12 @@ def artifact_tls(config: AgentConfig, *, source: str = "config") -> ssl.SSLConte
         tls.load_cert_chain(a.tls_cert, a.tls_key)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(source, "artifacts.tls_cert", f"cannot load {a.tls_cert} with {a.tls_key}: {exc}") from None
+    if a.client_ca:
+        try:
+            tls.load_verify_locations(cafile=a.client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(source, "artifacts.client_ca", f"cannot load {a.client_ca}: {exc}") from None
+        tls.verify_mode = ssl.CERT_REQUIRED
     return tls
 
 

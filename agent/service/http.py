@@ -16,14 +16,18 @@ Limits, one set per server (`Limits`):
                 the whole body within `body_timeout_s`
     idle        a connection waiting for its first request, or for the next one on a kept-alive
                 connection, is closed after `idle_timeout_s` (the first: `head_timeout_s`)
-    connections at most `max_connections` at once; when a new one comes at the bound, the
+    connections at most `max_connections` at once and `max_per_peer` from one peer (its
+                uid on a Unix socket, its address on TCP); when a new one comes at a bound, the
                 connection that has waited longest without sending a byte (at least
                 `evict_after_s`: a new client's request may be on its way) is closed to make
-                room, and only when there is none is the newcomer answered 503: opening idle
-                connections cannot lock a legitimate client out. (A kept-alive connection
-                between two requests is not closed for it: its client may be sending its next
-                request right then; `idle_timeout_s` ends it.)
-    sending     every response within `send_timeout_s` (a file body: `send_timeout_s` too)
+                room (at the peer's bound: one of that peer's; at the total: one of the peer
+                holding most), and only when there is none is the newcomer answered 503: one
+                client opening idle or slow connections cannot lock the others out. (A
+                kept-alive connection between two requests is not closed for it: its client
+                may be sending its next request right then; `idle_timeout_s` ends it.)
+    sending     every response within `send_timeout_s`; a file body also at `min_send_bps`
+                at least (in pieces of `SEND_PIECE` bytes, each within `send_grace_s` plus what
+                that rate allows): a client that stops reading gives its slot back in seconds
 
 A malformed request is answered with its 4xx and the connection closed; a peer that goes away is
 nothing to answer. Neither is logged with a traceback; a handler's own failure is a 500 and one
@@ -40,9 +44,12 @@ import contextlib
 import http
 import logging
 import os
+import socket
 import ssl
+import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -56,6 +63,7 @@ COPY_BLOCK = 1024 * 1024  # where the loop cannot sendfile
 READ_BLOCK = 64 * 1024
 ERROR_LOG_INTERVAL_S = 60.0
 LINGER_S, LINGER_BYTES = 1.0, 64 * 1024  # how long and how much a refused connection is read before it closes
+SEND_PIECE = 64 * 1024  # a file body goes out in pieces of this size when a minimum rate is set
 NO_CHUNKED = "send a Content-Length (no Transfer-Encoding is taken)"
 
 
@@ -72,6 +80,13 @@ class Limits:
     keep_alive: bool = True  # False: one request per connection
     chunked_bodies: bool = False
     evict_after_s: float = 1.0  # a connection this long without a byte may make room for a new one
+    max_per_peer: int = 0  # connections from one uid or address; 0: a quarter of max_connections (at least 1)
+    min_send_bps: int = 0  # a file body slower than this (bytes a second) is ended; 0: only send_timeout_s
+    send_grace_s: float = 10.0  # each piece of a file body may take this long beyond what min_send_bps allows
+
+    @property
+    def per_peer(self) -> int:
+        return self.max_per_peer or max(1, self.max_connections // 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +97,7 @@ class Request:
     query: dict[str, list[str]]
     headers: dict[str, str]  # names in lower case; a repeated header: its last value
     body: bytes
+    peer: str = ""  # `peer_of` its connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +142,15 @@ class HttpStats:
     bad_requests: int = 0  # answered 4xx by this layer (malformed, too large, too slow)
     busy: int = 0  # answered 503 at the connection bound
     evicted: int = 0  # idle connections closed to make room for a new one
+    peer_busy: int = 0  # of `busy`: answered 503 at the bound of one peer
+    slow: int = 0  # file bodies ended below the minimum rate
     errors: int = 0  # handlers that raised (answered 500)
 
 
 @dataclass(eq=False)
 class _Slot:
     writer: asyncio.StreamWriter
+    peer: str  # `peer_of`
     idle: bool = True  # no byte of the next request yet
     fresh: bool = True  # no request yet: evictable while idle
     since: float = field(default_factory=time.monotonic)
@@ -184,13 +203,15 @@ class HttpServer:
             if refusal is not None:
                 await self._send_alone(reader, writer, refusal)
                 return
-            if len(self._slots) >= self.limits.max_connections and not self._evict_idle():
+            peer = peer_of(writer)
+            busy = self._no_room(peer)
+            if busy:
                 self.stats.busy += 1
-                busy = self._refusal(503, f"more than {self.limits.max_connections} connections")
-                busy.headers = (*busy.headers, ("Retry-After", "1"))
-                await self._send_alone(reader, writer, busy)
+                refusal = self._refusal(503, busy)
+                refusal.headers = (*refusal.headers, ("Retry-After", "1"))
+                await self._send_alone(reader, writer, refusal)
                 return
-            slot = _Slot(writer)
+            slot = _Slot(writer, peer)
             self._slots.add(slot)
             self.stats.connections = len(self._slots)
             await self._serve(reader, writer, slot)
@@ -212,15 +233,30 @@ class HttpServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _evict_idle(self) -> bool:
+    def _no_room(self, peer: str) -> str:
+        """Why a new connection of `peer` finds no room ("" when it has one, maybe made by
+        closing an idle connection)."""
+        lim = self.limits
+        mine = [s for s in self._slots if s.peer == peer]
+        if len(mine) >= lim.per_peer and not self._evict_idle(mine):
+            self.stats.peer_busy += 1
+            return f"more than {lim.per_peer} connections from one client"
+        if len(self._slots) >= lim.max_connections and not self._evict_idle(self._slots):
+            return f"more than {lim.max_connections} connections"
+        return ""
+
+    def _evict_idle(self, among: Collection[_Slot]) -> bool:
+        """Close the connection of `among` that has waited longest without a byte of a first
+        request, of the peer holding most connections; False when there is none."""
         quiet_since = time.monotonic() - self.limits.evict_after_s
-        idle = [s for s in self._slots if s.idle and s.fresh and s.since <= quiet_since]
+        idle = [s for s in among if s.idle and s.fresh and s.since <= quiet_since]
         if not idle:
             return False
-        oldest = min(idle, key=lambda s: s.since)
-        self._slots.discard(oldest)
+        held = Counter(s.peer for s in self._slots)
+        victim = min(idle, key=lambda s: (-held[s.peer], s.since))
+        self._slots.discard(victim)
         self.stats.evicted += 1
-        oldest.writer.transport.abort()  # its task sees the connection end and cleans up
+        victim.writer.transport.abort()  # its task sees the connection end and cleans up
         return True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: _Slot) -> None:
@@ -316,7 +352,7 @@ class HttpServer:
         target = event.target.decode("latin-1")
         url = urlsplit(target)
         return Request(event.method.decode("latin-1"), target, unquote(url.path), parse_qs(url.query), headers,
-                       bytes(body))
+                       bytes(body), slot.peer)
 
     async def _answer(self, request: Request) -> Response:
         try:
@@ -393,9 +429,27 @@ class HttpServer:
         # back as itself, for the kernel to send
         for piece in conn.send_with_data_passthrough(h11.Data(data=cast("bytes", body))) or ():
             if isinstance(piece, FileRange):
-                await send_file(writer, piece)
+                await self._send_range(writer, piece)
             else:
                 writer.write(piece)
+
+    async def _send_range(self, writer: asyncio.StreamWriter, body: FileRange) -> None:
+        """The range at `min_send_bps` at least: piece by piece, each within the time that rate
+        allows plus `send_grace_s`."""
+        rate = self.limits.min_send_bps
+        if rate <= 0:
+            await send_file(writer, body)
+            return
+        done = 0
+        while done < body.length:
+            size = min(SEND_PIECE, body.length - done)
+            try:
+                async with asyncio.timeout(self.limits.send_grace_s + size / rate):
+                    await send_file(writer, FileRange(body.handle, body.start + done, size))
+            except TimeoutError:
+                self.stats.slow += 1
+                raise
+            done += size
 
     def _log_error(self, what: str) -> None:
         """One line with the traceback at most once a minute: a client that makes a handler fail
@@ -404,6 +458,20 @@ class HttpServer:
         if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
             self._last_error_log = now
             log.exception("%s: %s", self.name, what)
+
+
+_CREDS = struct.Struct("3i")
+
+
+def peer_of(writer: asyncio.StreamWriter) -> str:
+    """Who a connection is from, for the per-peer bound: `uid:N` on a Unix socket (its owner's
+    processes are one client), the address on TCP (its ports are one client)."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        _pid, uid, _gid = _CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size))
+        return f"uid:{uid}"
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
 
 
 def _reason(status: int) -> bytes:
@@ -472,4 +540,4 @@ async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start
 
 
 __all__ = ["Admit", "FileRange", "Handler", "HttpServer", "HttpStats", "Limits", "Refusal", "Request", "Response",
-           "send_file", "text"]
+           "peer_of", "send_file", "text"]

@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 HEAD_MAX = 16 * 1024
 HEAD_TIMEOUT_S = 10.0  # a request head, from its first byte (and a new connection's first request)
-IDLE_TIMEOUT_S = 60.0  # a kept-alive connection between requests; a request body
+IDLE_TIMEOUT_S = 15.0  # a kept-alive connection between requests (the client opens a new one)
+BODY_TIMEOUT_S = 30.0  # a request body
 _JSON_TYPES = ("application/json",)
 _MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 
@@ -129,7 +130,7 @@ class LocalApi(PartBase):
         self._http = HttpServer(self._handle, name="local API", admit=self._admit,
                                 refusal=lambda status, reason: _json(status, {"error": reason}), limits=Limits(
             max_head_bytes=HEAD_MAX, max_body_bytes=max_body_bytes, head_timeout_s=HEAD_TIMEOUT_S,
-            body_timeout_s=IDLE_TIMEOUT_S, idle_timeout_s=IDLE_TIMEOUT_S, max_connections=max_connections))
+            body_timeout_s=BODY_TIMEOUT_S, idle_timeout_s=IDLE_TIMEOUT_S, max_connections=max_connections))
         self._servers: list[asyncio.Server] = []
         self._gid: int | None = None
         self._refused = 0  # requests this API refused (4xx of its own)

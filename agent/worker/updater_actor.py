@@ -376,7 +376,8 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
                                                            max_download_kbps=fw.max_download_kbps),
                                   on_report=sink)
 
-    mirrors = MirrorSettings(timeout_s=fw.mirror_timeout_s, ca=fw.mirror_ca, retry_budget=fw.retry_budget)
+    mirrors = MirrorSettings(timeout_s=fw.mirror_timeout_s, ca=fw.mirror_ca, retry_budget=fw.retry_budget,
+                             client_cert=config.mqtt.tls_cert, client_key=config.mqtt.tls_key)
     return UpdaterHardware(open_updater=open_updater, mirrors=mirrors)
 
 

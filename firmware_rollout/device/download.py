@@ -26,6 +26,10 @@ class MirrorSettings:
 
     timeout_s: float = 10.0
     ca: str = ""  # a CA bundle for https mirrors; empty: the system's
+    # the certificate and key shown to https mirrors that ask for one (the device's broker
+    # credentials, `[mqtt] tls_cert/tls_key`: the leader's artifact server may require them)
+    client_cert: str = ""
+    client_key: str = ""
     retry_budget: int = DEFAULT_RETRY_BUDGET
 
 
@@ -59,7 +63,8 @@ def download_source(manifest: Manifest | None, *, mirrors: Sequence[str], mqtt: 
         return MqttOnly(mqtt)
     from firmware_rollout.device.http_source import MirrorSource, make_client  # httpx: only when updating
 
-    client = make_client(timeout_s=settings.timeout_s, ca=settings.ca)
+    client = make_client(timeout_s=settings.timeout_s, ca=settings.ca, client_cert=settings.client_cert,
+                         client_key=settings.client_key)
     layout = manifest.layout()
     sources = [MirrorSource(client, url, manifest, layout) for url in urls]
 

@@ -346,7 +346,10 @@ class HelperInstaller:
         except _Closed as exc:
             if not reused:
                 raise HelperError(f"install helper at {self._path}: {exc}") from None
-            reply = self._exchange(request, timeout_s)
+            try:
+                reply = self._exchange(request, timeout_s)
+            except _Closed as again:
+                raise HelperError(f"install helper at {self._path}: {again}") from None
         if reply.state is not None:
             self._state = reply.state
         if not reply.ok:

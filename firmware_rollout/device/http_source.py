@@ -37,10 +37,16 @@ DEFAULT_RETRY_AFTER_MS = 1000
 MAX_RETRY_AFTER_MS = 600_000
 
 
-def make_client(*, timeout_s: float = 10.0, ca: str = "") -> httpx.AsyncClient:
+def make_client(*, timeout_s: float = 10.0, ca: str = "", client_cert: str = "",
+                client_key: str = "") -> httpx.AsyncClient:
     """One client for every mirror of a download (a keep-alive pool per host); https mirrors are
-    checked against the CA bundle `ca` (empty: the system's)."""
-    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+    checked against the CA bundle `ca` (empty: the system's) and shown `client_cert` when they
+    ask for a client certificate."""
+    verify: ssl.SSLContext | bool = True
+    if ca or client_cert:
+        verify = ssl.create_default_context(cafile=ca or None)
+        if client_cert:
+            verify.load_cert_chain(client_cert, client_key or None)
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), verify=verify, follow_redirects=True,
                              limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
                              headers={"User-Agent": "edge-agent"})

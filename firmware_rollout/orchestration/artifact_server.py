@@ -8,12 +8,16 @@ chunk against its signed manifest, so this server is not trusted with anything: 
 leader's verified copies and nothing else (no directory listing, no other path, GET and HEAD
 only, one range per request).
 
-It keeps the seed's bound: at most `max_downloads` requests are answered at once; beyond that
-it answers `503` with `Retry-After`, which a device treats exactly as a ConfigServer's `busy`
-(AIMD halves its window, it backs off at least that long). The product's HTTP layer
-(`agent.service.http`) bounds the rest: connections (`max_connections`; idle ones make room for
-new ones, else `503`), a request head within `header_timeout_s` and `MAX_HEAD` bytes, an idle
-keep-alive connection closed after `idle_timeout_s`, a body sent within `send_timeout_s`. Bodies
+It keeps the seed's bound: at most `max_downloads` requests are answered at once, and at most
+`max_downloads_per_peer` for one address; beyond that it answers `503` with `Retry-After`,
+which a device treats exactly as a ConfigServer's `busy` (AIMD halves its window, it backs off
+at least that long). The product's HTTP layer (`agent.service.http`) bounds the rest:
+connections (`max_connections`, a quarter of them per address; idle ones make room for new
+ones, else `503`), a request head within `header_timeout_s` and `MAX_HEAD` bytes, an idle
+keep-alive connection closed after `idle_timeout_s`, a body sent within `send_timeout_s` and at
+`min_rate_bps` at least: a client that does not read gives its download slot back in seconds.
+With `tls` that requires client certificates (`[artifacts] client_ca`), only devices holding a
+certificate of the fleet's CA get past the handshake. Bodies
 go out with `sendfile(2)` on plain TCP (the kernel copies) and in 1 MiB blocks through TLS: a
 small fraction of the leader's CPU per GB that MQTT chunks cost (`scripts/bench_delta.py`).
 """
@@ -24,6 +28,7 @@ import asyncio
 import os
 import re
 import ssl
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +51,7 @@ class ServerStats:
     served: int = 0  # 200 and 206 answers
     bytes_served: int = 0
     busy: int = 0  # 503 answers for the concurrency or connection bound
+    slow: int = 0  # downloads ended below the minimum rate
     refused: int = 0  # 4xx answers
     in_flight: int = 0
     max_concurrent: int = 0
@@ -55,22 +61,26 @@ class ServerStats:
 class ArtifactServer:
     """Serves `lookup`'s artifacts on `host:port` (port 0: any free one, see `port`)."""
 
-    def __init__(self, lookup: ArtifactByImage, *, host: str = "0.0.0.0", port: int = 8093,
-                 max_downloads: int = 32, max_connections: int = 0, retry_after_s: int = 2,
-                 tls: ssl.SSLContext | None = None, header_timeout_s: float = 10.0,
-                 idle_timeout_s: float = 30.0, send_timeout_s: float = 300.0) -> None:
+    def __init__(self, lookup: ArtifactByImage, *, host: str = "127.0.0.1", port: int = 8093,
+                 max_downloads: int = 32, max_downloads_per_peer: int = 0, max_connections: int = 0,
+                 retry_after_s: int = 2, tls: ssl.SSLContext | None = None, header_timeout_s: float = 10.0,
+                 idle_timeout_s: float = 30.0, send_timeout_s: float = 300.0, min_rate_bps: int = 8 * 1024,
+                 stall_grace_s: float = 10.0) -> None:
         if max_downloads < 1:
             raise ValueError("max_downloads must be at least 1")
         self._lookup = lookup
         self._host = host
         self._port = port
         self.max_downloads = max_downloads
+        self.max_downloads_per_peer = max_downloads_per_peer or max(1, max_downloads // 4)
+        self._downloads: Counter[str] = Counter()  # address -> downloads under way
         self.max_connections = max_connections or 4 * max_downloads
         self.retry_after_s = max(1, retry_after_s)
         self._tls = tls
         self._http = HttpServer(self._handle, name="artifact server", limits=Limits(
             max_head_bytes=MAX_HEAD, max_headers=MAX_HEADERS, max_body_bytes=MAX_BODY, head_timeout_s=header_timeout_s,
-            idle_timeout_s=idle_timeout_s, send_timeout_s=send_timeout_s, max_connections=self.max_connections))
+            idle_timeout_s=idle_timeout_s, send_timeout_s=send_timeout_s, max_connections=self.max_connections,
+            min_send_bps=min_rate_bps, send_grace_s=stall_grace_s))
         self._server: asyncio.Server | None = None
         self._stats = ServerStats()
 
@@ -80,7 +90,7 @@ class ArtifactServer:
         layer = self._http.stats
         own = self._stats
         return ServerStats(requests=layer.requests, served=own.served, bytes_served=own.bytes_served,
-                           busy=own.busy + layer.busy, refused=own.refused + layer.bad_requests,
+                           busy=own.busy + layer.busy, slow=layer.slow, refused=own.refused + layer.bad_requests,
                            in_flight=own.in_flight, max_concurrent=own.max_concurrent, connections=layer.connections)
 
     @property
@@ -116,6 +126,11 @@ class ArtifactServer:
             stats.busy += 1
             return text(503, f"{self.max_downloads} downloads at once",
                         headers=(("Retry-After", str(self.retry_after_s)),))
+        peer = request.peer
+        if self._downloads[peer] >= self.max_downloads_per_peer:
+            stats.busy += 1
+            return text(503, f"{self.max_downloads_per_peer} downloads at once from one address",
+                        headers=(("Retry-After", str(self.retry_after_s)),))
         try:
             handle = artifact.open("rb")
         except OSError:
@@ -138,6 +153,7 @@ class ArtifactServer:
         if status == 206:
             headers.append(("Content-Range", f"bytes {start}-{end - 1}/{size}"))
         stats.in_flight += 1
+        self._downloads[peer] += 1
         stats.max_concurrent = max(stats.max_concurrent, stats.in_flight)
         length = end - start
         head_only = request.method == "HEAD"
@@ -145,6 +161,9 @@ class ArtifactServer:
         def sent(whole: bool) -> None:
             handle.close()
             stats.in_flight -= 1
+            self._downloads[peer] -= 1
+            if not self._downloads[peer]:
+                del self._downloads[peer]
             if whole and not head_only:
                 stats.served += 1
                 stats.bytes_served += length

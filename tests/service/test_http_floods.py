@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,7 @@ from e2e.agent_support import worker
 
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 LEGIT_DEADLINE_S = 60.0  # the legitimate client retries a 503 or a refused connect until then
+NOBODY = 65534  # uid and gid (nogroup) of the other client of the local API
 
 
 @dataclass
@@ -34,6 +39,8 @@ class Target:
     connect: Connect
     legit: bytes  # a request the server answers 2xx
     post_path: str
+    # the status a legitimate request of another client (address or uid) gets, 503s retried
+    elsewhere: Callable[[], Awaitable[int]] | None = None
 
 
 async def _status_of(connect: Connect, request: bytes) -> int | None:
@@ -70,26 +77,68 @@ def _get(path: str) -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
 
 
+def _from_elsewhere(target: Target, host: str, port: int) -> Callable[[], Awaitable[int]]:
+    """The legitimate client on another loopback address (Linux routes all of 127/8 to lo): the
+    status of its first attempt (0: none)."""
+    async def once() -> int:
+        return await _status_of(lambda: asyncio.open_connection(host, port, local_addr=("127.0.0.2", 0)),
+                                target.legit) or 0
+
+    return once
+
+
+def _status_as(uid: int, path: Path, request: bytes) -> int:
+    """In a child process running as `uid` (its group, no other): the status `request` on the
+    Unix socket at `path` is answered with (0: none)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 0
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(30)
+                sock.connect(str(path))
+                sock.sendall(request)
+                line = sock.makefile("rb").readline()
+            status = int(line.split(b" ", 2)[1]) if line.startswith(b"HTTP/1.1 ") else 0
+        finally:
+            os.write(write_end, str(status).encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        out = pipe.read()
+    os.waitpid(pid, 0)
+    return int(out or b"0")
+
+
 @asynccontextmanager
-async def serving(name: str, tmp_path: Path) -> AsyncIterator[Target]:
+async def serving(name: str, tmp_path: Path, *, open_dir: Path | None = None) -> AsyncIterator[Target]:
     if name == "health":
         health = HealthServer("127.0.0.1:0", {"ok": _ok})
         await health.start()
         address = health.address
         assert address is not None
         try:
-            yield Target(name, lambda: asyncio.open_connection(*address), _get("/healthz"), "/metrics")
+            target = Target(name, lambda: asyncio.open_connection(*address), _get("/healthz"), "/metrics")
+            target.elsewhere = _from_elsewhere(target, *address)
+            yield target
         finally:
             await health.stop()
     elif name == "local API":
         clock = SystemClock()
         device = await worker(clock, tmp_path, "pi-1", broker=MemoryBroker(clock=clock), relay=False)
-        sock = tmp_path / "api.sock"
-        api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=sock)
+        sock = (open_dir or tmp_path) / "api.sock"
+        api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=sock, group="nogroup")
         await api.start()
         try:
-            yield Target(name, lambda: asyncio.open_unix_connection(str(sock)), _get("/v1/status"),
-                         "/v1/messages")
+            target = Target(name, lambda: asyncio.open_unix_connection(str(sock)), _get("/v1/status"),
+                            "/v1/messages")
+            target.elsewhere = lambda: asyncio.to_thread(_status_as, NOBODY, sock, target.legit)
+            yield target
         finally:
             await api.stop()
             await device.stop()
@@ -103,9 +152,11 @@ async def serving(name: str, tmp_path: Path) -> AsyncIterator[Target]:
         await server.start()
         port = server.port
         try:
-            yield Target(name, lambda: asyncio.open_connection("127.0.0.1", port),
-                         f"GET /artifacts/{sha}.eafw HTTP/1.1\r\nHost: x\r\nRange: bytes=0-99\r\n"
-                         "Connection: close\r\n\r\n".encode(), f"/artifacts/{sha}.eafw")
+            target = Target(name, lambda: asyncio.open_connection("127.0.0.1", port),
+                            f"GET /artifacts/{sha}.eafw HTTP/1.1\r\nHost: x\r\nRange: bytes=0-99\r\n"
+                            "Connection: close\r\n\r\n".encode(), f"/artifacts/{sha}.eafw")
+            target.elsewhere = _from_elsewhere(target, "127.0.0.1", port)
+            yield target
         finally:
             await server.stop()
     else:
@@ -119,7 +170,9 @@ async def serving(name: str, tmp_path: Path) -> AsyncIterator[Target]:
         console.serve_in_thread()
         host, port = console.server_address
         try:
-            yield Target(name, lambda: asyncio.open_connection(host, port), _get("/login"), "/login")
+            target = Target(name, lambda: asyncio.open_connection(host, port), _get("/login"), "/login")
+            target.elsewhere = _from_elsewhere(target, host, port)
+            yield target
         finally:
             console.shutdown()
             console.server_close()
@@ -184,3 +237,46 @@ async def test_a_server_answers_a_legitimate_request_through_every_flood(name: s
                 writer.close()
     tracebacks = [r for r in caplog.records if r.exc_info and r.name.startswith(("agent", "firmware_rollout"))]
     assert not tracebacks, [r.getMessage() for r in tracebacks]
+
+
+async def _slow_heads(target: Target, n: int) -> list[asyncio.StreamWriter]:
+    """`n` connections each sending the start of a request head and nothing more: a connection
+    in the middle of a request is never closed to make room (its head timeout ends it)."""
+    held = []
+    for _ in range(n):
+        try:
+            _, writer = await target.connect()
+        except OSError:
+            continue
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        held.append(writer)
+    return held
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory any user may enter, for a socket another uid connects to."""
+    where = Path(tempfile.mkdtemp(prefix="ea-floods-"))
+    where.chmod(0o755)
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the local API's other client runs as another user")
+@pytest.mark.parametrize("name", SERVERS)
+async def test_one_client_holding_connections_does_not_starve_another(name: str, tmp_path: Path,
+                                                                      open_dir: Path) -> None:
+    """M1-M3. One client (an address, a uid) opens 300 connections that each start a request and
+    stall (none of them may be closed to make room, only its head timeout ends one): it holds its
+    own share of the server's connections only, and another client's first request is answered."""
+    async with serving(name, tmp_path, open_dir=open_dir) as target:
+        held = await _slow_heads(target, 300)
+        try:
+            assert target.elsewhere is not None
+            assert 200 <= await target.elsewhere() < 300
+        finally:
+            for writer in held:
+                writer.close()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from agent.service.http import HttpServer, Limits, Request, Response, text
+from agent.service.http import FileRange, HttpServer, Limits, Request, Response, text
 
 
 async def echo(request: Request) -> Response:
@@ -19,7 +20,7 @@ async def echo(request: Request) -> Response:
 async def served() -> AsyncIterator[tuple[HttpServer, int]]:
     layer = HttpServer(echo, name="test", limits=Limits(max_head_bytes=1024, max_headers=8, max_body_bytes=100,
                                                         head_timeout_s=0.5, idle_timeout_s=5.0, max_connections=4,
-                                                        evict_after_s=0.0))
+                                                        max_per_peer=4, evict_after_s=0.0))
     server = await asyncio.start_server(layer.connection, "127.0.0.1", 0, backlog=layer.backlog)
     try:
         yield layer, server.sockets[0].getsockname()[1]
@@ -116,3 +117,76 @@ async def test_at_the_bound_connections_sending_a_request_are_kept_and_the_newco
         assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 408 ")
         writer.close()
     assert (await exchange(port, get()))[0] == 200
+
+
+async def kept_alive(port: int, local: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+    """A connection from address `local` that made one keep-alive request; its status (it stays open)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(local, 0))
+    writer.write(b"GET /k HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    return reader, writer, int(head.split(b" ", 2)[1])
+
+
+async def test_one_client_holds_at_most_its_share_and_another_is_served_at_once() -> None:
+    """M2, M3. Connections kept alive after a request are not closed for newcomers (their client may
+    be sending the next request): one address holding them reaches its own bound, 503 beyond it,
+    and a client from another address finds room without waiting for any timeout."""
+    layer = HttpServer(echo, name="test", limits=Limits(idle_timeout_s=60.0, max_connections=8, max_per_peer=2))
+    server = await asyncio.start_server(layer.connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    held = []
+    try:
+        for _ in range(2):
+            held.append(await kept_alive(port, "127.0.0.1"))
+        assert [status for *_, status in held] == [200, 200]
+        status, body = await exchange(port, get())
+        assert status == 503 and b"more than 2 connections from one client" in body
+        for _ in range(2):  # another address: its own share
+            held.append(await kept_alive(port, "127.0.0.2"))
+        assert [status for *_, status in held] == [200] * 4
+        assert layer.stats.peer_busy == 1 and layer.stats.evicted == 0
+    finally:
+        for _, writer, _ in held:
+            writer.close()
+        server.close()
+        await layer.close()
+        await server.wait_closed()
+
+
+async def test_a_client_that_stops_reading_a_file_gives_its_slot_back(tmp_path: Path) -> None:
+    """M1. A download whose client never reads ends once the kernel's buffers are full and the
+    minimum rate is not met (`stats.slow`), not at `send_timeout_s`; a reading client gets it all."""
+    blob = tmp_path / "blob"
+    blob.write_bytes(bytes(range(256)) * (256 * 1024))  # 64 MiB: more than the socket buffers hold
+    sent: list[bool] = []
+
+    async def download(request: Request) -> Response:
+        handle = blob.open("rb")
+
+        def done(whole: bool) -> None:
+            handle.close()
+            sent.append(whole)
+
+        return Response(200, file=FileRange(handle, 0, blob.stat().st_size), sent=done)
+
+    layer = HttpServer(download, name="test", limits=Limits(send_timeout_s=3600.0, min_send_bps=1024 * 1024,
+                                                            send_grace_s=0.5))
+    server = await asyncio.start_server(layer.connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get())
+        await writer.drain()
+        while not sent:  # the server ends it: nothing is read here
+            await asyncio.sleep(0.05)
+        assert sent == [False] and layer.stats.slow == 1 and layer.stats.connections == 0
+        writer.close()
+        status, body = await exchange(port, get())
+        assert status == 200 and len(body) == blob.stat().st_size and sent == [False, True]
+    finally:
+        server.close()
+        await layer.close()
+        await server.wait_closed()

@@ -102,10 +102,11 @@ def test_service_contract(unit: Path) -> None:
     assert "RestartSteps" not in d and "RestartMaxDelaySec" not in d
 
 
-def test_the_install_helper_listens_for_root_and_the_agent_group_only() -> None:
+def test_the_install_helper_listens_for_root_and_its_own_group_only() -> None:
+    """M4: not `edge-agent`, the group applications join for the local API."""
     socket_unit = {k: v[-1] for k, v in directives(HELPER_UNITS[0]).items()}
     assert (socket_unit["SocketUser"], socket_unit["SocketGroup"], socket_unit["SocketMode"]) == (
-        "root", "edge-agent", "0660")
+        "root", "edge-agent-installer", "0660")
     assert socket_unit["ListenStream"] == "/run/edge-agent-installer.sock"
     service = {k: v[-1] for k, v in directives(HELPER_UNITS[1]).items()}
     assert service["ExecStart"].split()[1:] == ["/opt/edge-agent/bin/edge-agent", "install-helper", "--config",
