@@ -12,8 +12,8 @@ It keeps the seed's bound: at most `max_downloads` requests are answered at once
 `max_downloads_per_peer` for one address; beyond that it answers `503` with `Retry-After`,
 which a device treats exactly as a ConfigServer's `busy` (AIMD halves its window, it backs off
 at least that long). The product's HTTP layer (`agent.service.http`) bounds the rest:
-connections (`max_connections`, a quarter of them per address; idle ones make room for new
-ones, else `503`), a request head within `header_timeout_s` and `MAX_HEAD` bytes, an idle
+connections (`max_connections`, per address twice its downloads and at least 8; idle ones make
+room for new ones, else `503`), a request head within `header_timeout_s` and `MAX_HEAD` bytes, an idle
 keep-alive connection closed after `idle_timeout_s`, a body sent within `send_timeout_s` and at
 `min_rate_bps` at least: a client that does not read gives its download slot back in seconds.
 With `tls` that requires client certificates (`[artifacts] client_ca`), only devices holding a
@@ -80,6 +80,8 @@ class ArtifactServer:
         self._http = HttpServer(self._handle, name="artifact server", limits=Limits(
             max_head_bytes=MAX_HEAD, max_headers=MAX_HEADERS, max_body_bytes=MAX_BODY, head_timeout_s=header_timeout_s,
             idle_timeout_s=idle_timeout_s, send_timeout_s=send_timeout_s, max_connections=self.max_connections,
+            # room for a device's keep-alive pool and for the 503s of its downloads beyond its share
+            max_per_peer=min(self.max_connections, max(8, 2 * self.max_downloads_per_peer)),
             min_send_bps=min_rate_bps, send_grace_s=stall_grace_s))
         self._server: asyncio.Server | None = None
         self._stats = ServerStats()

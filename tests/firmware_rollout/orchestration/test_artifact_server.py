@@ -180,3 +180,76 @@ async def test_over_tls_a_device_checks_the_servers_certificate(tmp_path: Path) 
                 await MirrorSource(client, mirror, manifest, manifest.layout()).fetch(0)
     finally:
         await server.stop()
+
+
+async def test_with_client_ca_only_a_device_with_the_fleets_certificate_is_served(tmp_path: Path) -> None:
+    """M1, M2. `[artifacts] client_ca`: mutual TLS with the broker's CA. A worker shows its own
+    `[mqtt]` certificate and downloads; a client without one, or with one of another CA, gets no
+    byte (the handshake fails)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "service"))
+    from svc_broker import make_pki
+
+    from agent.core.config import AgentConfig, AgentSection, ArtifactsSection
+    from agent.core.errors import Transient
+    from agent.service.files import artifact_tls
+    from firmware_rollout.artifact.files import read_signed_manifest
+    from firmware_rollout.artifact.fixture import make_artifact
+    from firmware_rollout.device.http_source import MirrorSource, make_client
+
+    pki = make_pki(tmp_path / "pki", "dev-1")
+    rogue = make_pki(tmp_path / "rogue", "dev-1")  # a whole other CA, and a device certificate of it
+    artifact, _ = make_artifact(tmp_path, size=40_000, chunk_size=4096)
+    signed = read_signed_manifest(artifact)
+    config = AgentConfig(agent=AgentSection(device_id="gw", role="leader"), artifacts=ArtifactsSection(
+        tls_cert=str(pki.server_cert), tls_key=str(pki.server_key), client_ca=str(pki.ca_cert)))
+    server = ArtifactServer(lambda sha: artifact, host="127.0.0.1", port=0, tls=artifact_tls(config))
+    await server.start()
+    try:
+        mirror = f"https://127.0.0.1:{server.port}/artifacts"
+        manifest = signed.manifest
+        async with make_client(ca=str(pki.ca_cert), client_cert=str(pki.client_cert),
+                               client_key=str(pki.client_key)) as client:
+            source = MirrorSource(client, mirror, manifest, manifest.layout())
+            data = b"".join([await source.fetch(i) for i in range(manifest.chunk_count)])
+            await source.close()
+        assert data == artifact.read_bytes()[signed.size:]
+        for cert, key in (("", ""), (str(rogue.client_cert), str(rogue.client_key))):
+            async with make_client(ca=str(pki.ca_cert), client_cert=cert, client_key=key) as client:
+                with pytest.raises(Transient):
+                    await MirrorSource(client, mirror, manifest, manifest.layout()).fetch(0)
+    finally:
+        await server.stop()
+
+
+async def test_one_address_gets_its_share_of_downloads_and_one_that_does_not_read_is_ended(tmp_path: Path) -> None:
+    """M1. 32 downloads from one address that never read: that address holds its share of the
+    download slots (here 2 of 8), the rest are 503; a device at another address is served at once;
+    each stalled download is ended below the minimum rate and its slot given back."""
+    big = tmp_path / "big.eafw"
+    with big.open("wb") as f:
+        f.truncate(256 * 1024 * 1024)  # more than the socket buffers hold
+    server = ArtifactServer(lambda sha: big, host="127.0.0.1", port=0, max_downloads=8, min_rate_bps=1024 * 1024,
+                            stall_grace_s=0.5)
+    await server.start()
+    hoard: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        statuses = []
+        for _ in range(32):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(f"GET /artifacts/{SHA}.eafw HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await writer.drain()
+            statuses.append((await reader.readline()).split(b" ")[1])
+            hoard.append((reader, writer))
+        assert statuses.count(b"200") == 2 and statuses.count(b"503") == 30
+        async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2")) as client:
+            r = await client.get(_url(server), headers={"Range": "bytes=0-99"})
+        assert r.status_code == 206 and r.content == bytes(100)
+        while server.stats.in_flight:  # the two that do not read are ended: their slots come back
+            await asyncio.sleep(0.05)
+        assert server.stats.slow == 2
+    finally:
+        for _, writer in hoard:
+            writer.close()
+        await server.stop()
