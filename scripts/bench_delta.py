@@ -201,7 +201,9 @@ class Leader:
             f'[agent]\nrole = "leader"\ndevice_id = "gw"\nfleet = "bench"\ndata_dir = "{work / "gw"}"\n'
             f'[mqtt]\nurl = "mqtt://127.0.0.1:{broker}"\n[metrics]\nlisten = "127.0.0.1:{self.metrics_port}"\n'
             f'[firmware]\npublic_key = "{public}"\n'
-            f'[artifacts]\nlisten = "127.0.0.1:{self.http_port}"\nmax_downloads = {max_downloads}\nretry_after_s = 1\n')
+            f'[artifacts]\nlisten = "127.0.0.1:{self.http_port}"\nmax_downloads = {max_downloads}\nretry_after_s = 1\n'
+            # every simulated device is on 127.0.0.1: one address, given the whole bound
+            f'max_downloads_per_address = {max_downloads}\n')
         out = (work / "leader.log").open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(self.config)],
                                      stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,

@@ -26,8 +26,8 @@ Limits, one set per server (`Limits`):
                 kept-alive connection between two requests is not closed for it: its client
                 may be sending its next request right then; `idle_timeout_s` ends it.)
     sending     every response within `send_timeout_s`; a file body also at `min_send_bps`
-                at least (in pieces of `SEND_PIECE` bytes, each within `send_grace_s` plus what
-                that rate allows): a client that stops reading gives its slot back in seconds
+                at least in every window of `send_grace_s` (`Pace`): a client that stops
+                reading gives its slot back in seconds, not at the timeout
 
 A malformed request is answered with its 4xx and the connection closed; a peer that goes away is
 nothing to answer. Neither is logged with a traceback; a handler's own failure is a 500 and one
@@ -63,7 +63,6 @@ COPY_BLOCK = 1024 * 1024  # where the loop cannot sendfile
 READ_BLOCK = 64 * 1024
 ERROR_LOG_INTERVAL_S = 60.0
 LINGER_S, LINGER_BYTES = 1.0, 64 * 1024  # how long and how much a refused connection is read before it closes
-SEND_PIECE = 64 * 1024  # a file body goes out in pieces of this size when a minimum rate is set
 NO_CHUNKED = "send a Content-Length (no Transfer-Encoding is taken)"
 
 
@@ -82,7 +81,7 @@ class Limits:
     evict_after_s: float = 1.0  # a connection this long without a byte may make room for a new one
     max_per_peer: int = 0  # connections from one uid or address; 0: a quarter of max_connections (at least 1)
     min_send_bps: int = 0  # a file body slower than this (bytes a second) is ended; 0: only send_timeout_s
-    send_grace_s: float = 10.0  # each piece of a file body may take this long beyond what min_send_bps allows
+    send_grace_s: float = 10.0  # the window that rate is measured over
 
     @property
     def per_peer(self) -> int:
@@ -434,22 +433,13 @@ class HttpServer:
                 writer.write(piece)
 
     async def _send_range(self, writer: asyncio.StreamWriter, body: FileRange) -> None:
-        """The range at `min_send_bps` at least: piece by piece, each within the time that rate
-        allows plus `send_grace_s`."""
-        rate = self.limits.min_send_bps
-        if rate <= 0:
-            await send_file(writer, body)
-            return
-        done = 0
-        while done < body.length:
-            size = min(SEND_PIECE, body.length - done)
-            try:
-                async with asyncio.timeout(self.limits.send_grace_s + size / rate):
-                    await send_file(writer, FileRange(body.handle, body.start + done, size))
-            except TimeoutError:
-                self.stats.slow += 1
-                raise
-            done += size
+        """The range, at `min_send_bps` at least when that is set (`Pace`)."""
+        lim = self.limits
+        try:
+            await send_file(writer, body, pace=Pace(lim.min_send_bps, lim.send_grace_s) if lim.min_send_bps else None)
+        except TooSlow:
+            self.stats.slow += 1
+            raise
 
     def _log_error(self, what: str) -> None:
         """One line with the traceback at most once a minute: a client that makes a handler fail
@@ -481,18 +471,48 @@ def _reason(status: int) -> bytes:
         return b""
 
 
-async def send_file(writer: asyncio.StreamWriter, body: FileRange) -> None:
+class Pace:
+    """A minimum sending rate: every window of `window_s` seconds must see `min_bps x window_s`
+    bytes go out. Measured per window, not since the start: a client cannot bank the megabytes
+    the kernel's buffers took at once and then stop reading."""
+
+    def __init__(self, min_bps: int, window_s: float) -> None:
+        self._need = min_bps * window_s
+        self._window_s = window_s
+        self._began = time.monotonic()
+        self._sent = 0
+
+    def sent(self, n: int) -> None:
+        self._sent += n
+
+    def wait_s(self) -> float:
+        """How long the sender may wait for the socket now; `TooSlow` when a window ended short."""
+        now = time.monotonic()
+        if now - self._began >= self._window_s:
+            if self._sent < self._need:
+                raise TooSlow(f"{self._sent} bytes in {now - self._began:.1f}s, under the minimum rate")
+            self._began, self._sent = now, 0
+        return self._began + self._window_s - now
+
+
+class TooSlow(TimeoutError):
+    """A body went out below the minimum rate: its client stopped reading."""
+
+
+async def send_file(writer: asyncio.StreamWriter, body: FileRange, *, pace: Pace | None = None) -> None:
     """Send a file range on the connection: the kernel copies it on a plain socket, blocks go
-    through TLS."""
+    through TLS; with `pace`, a client reading below its rate ends it (`TooSlow`)."""
     await writer.drain()
     if writer.get_extra_info("sslcontext") is None and writer.get_extra_info("socket") is not None:
-        try:
-            await asyncio.get_running_loop().sendfile(writer.transport, body.handle, body.start, body.length,
-                                                      fallback=False)
-            return
-        except NotImplementedError:  # uvloop has no loop.sendfile
-            await _sendfile_beside(writer, body.handle, body.start, body.length)
-            return
+        if pace is None:
+            try:
+                await asyncio.get_running_loop().sendfile(writer.transport, body.handle, body.start, body.length,
+                                                          fallback=False)
+                return
+            except (NotImplementedError, asyncio.SendfileNotAvailableError):
+                pass  # uvloop has no loop.sendfile; a first sendfile(2) that failed (the peer went away)
+        await _sendfile_beside(writer, body.handle, body.start, body.length, pace)
+        return
     body.handle.seek(body.start)
     left = body.length
     while left:
@@ -501,14 +521,27 @@ async def send_file(writer: asyncio.StreamWriter, body: FileRange) -> None:
             raise ConnectionError("the file shrank while it was sent")
         writer.write(block)
         left -= len(block)
-        await writer.drain()
+        if pace is None:
+            await writer.drain()
+            continue
+        while True:
+            try:
+                async with asyncio.timeout(pace.wait_s()):
+                    await writer.drain()
+                break
+            except TooSlow:
+                raise
+            except TimeoutError:
+                continue  # a window ended: `wait_s` judges it
+        pace.sent(len(block))
 
 
-async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start: int, length: int) -> None:
+async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start: int, length: int,
+                           pace: Pace | None = None) -> None:
     """`sendfile(2)` of `length` bytes at `start` to the connection's socket, through a duplicate
     of its descriptor (the transport keeps the original and has nothing buffered: drained), waiting
     for the socket to take more with `add_writer` on the duplicate: a loop without `loop.sendfile`
-    (uvloop) still lets the kernel copy."""
+    (uvloop) still lets the kernel copy, and every call's progress is seen (`pace`)."""
     loop = asyncio.get_running_loop()
     fd = os.dup(writer.get_extra_info("socket").fileno())
     try:
@@ -523,6 +556,8 @@ async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start
             if sent > 0:
                 offset += sent
                 left -= sent
+                if pace is not None:
+                    pace.sent(sent)
                 continue
             writable: asyncio.Future[None] = loop.create_future()
 
@@ -532,12 +567,22 @@ async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start
 
             loop.add_writer(fd, ready)
             try:
-                await writable
+                if pace is None:
+                    await writable
+                    continue
+                while not writable.done():
+                    try:
+                        async with asyncio.timeout(pace.wait_s()):
+                            await asyncio.shield(writable)
+                    except TooSlow:
+                        raise
+                    except TimeoutError:
+                        continue  # a window ended: `wait_s` judges it
             finally:
                 loop.remove_writer(fd)
     finally:
         os.close(fd)
 
 
-__all__ = ["Admit", "FileRange", "Handler", "HttpServer", "HttpStats", "Limits", "Refusal", "Request", "Response",
-           "peer_of", "send_file", "text"]
+__all__ = ["Admit", "FileRange", "Handler", "HttpServer", "HttpStats", "Limits", "Pace", "Refusal", "Request",
+           "Response", "TooSlow", "peer_of", "send_file", "text"]
