@@ -5,7 +5,8 @@
 # (the U-Boot installer's fw_setenv), rauc with squashfs-tools and dbus (the RAUC installer),
 # nginx (a static HTTP mirror for range downloads), casync and xdelta3 (the delta benchmark's
 # baselines), checks the import contracts (lint-imports: the layers of docs/architecture.md),
-# then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too.
+# then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too and
+# the suite is spread over every core.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
@@ -48,4 +49,9 @@ if [ $# -eq 0 ]; then
 fi
 echo "lint-imports: the layers" >&2
 "$VENV/bin/lint-imports" --no-cache --no-logo >&2
+if [ $# -eq 0 ]; then
+    # the whole suite on every core (pytest-xdist): each test runs its own brokers and processes
+    # on free loopback ports, so tests of two workers never meet
+    exec "$VENV/bin/python" -m pytest -n auto
+fi
 exec "$VENV/bin/python" -m pytest "$@"
