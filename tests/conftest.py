@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "firmware_rollout"))
 
 from mosquitto import Mosquitto, MosquittoMissing
 from nginx_mirror import NginxMirror, NginxMissing
+from otheruser import open_directory
 
 
 def _broker(workdir: Path, **kwargs: object) -> Mosquitto:
@@ -21,6 +22,13 @@ def _broker(workdir: Path, **kwargs: object) -> Mosquitto:
         return Mosquitto(workdir, **kwargs)  # type: ignore[arg-type]
     except MosquittoMissing as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory any user may enter (pytest's own are root's alone)."""
+    with open_directory() as where:
+        yield where
 
 
 @pytest.fixture

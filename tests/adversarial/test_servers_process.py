@@ -7,13 +7,10 @@ its reason, and the agent logs no traceback and stays healthy."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e.agent_support import REPO, kill, spawn_agent
 from mosquitto import free_port
+from otheruser import NOBODY, unix_status, unix_status_as
 
 from agent.core.errors import StoreError
 from agent.leader.readonly import open_leader_db
@@ -31,7 +29,6 @@ from firmware_rollout.artifact.fixture import make_artifact
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="the other application runs as another user")]
 
-NOBODY = 65534  # uid and gid (nogroup): the other application
 FLOOD = 300
 
 
@@ -41,38 +38,9 @@ def status_of(sock: socket.socket, request: bytes) -> int:
     return int(line.split(b" ", 2)[1]) if line.startswith(b"HTTP/1.1 ") else 0
 
 
-def unix_status(path: Path, request: bytes) -> int:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(30)
-        sock.connect(str(path))
-        return status_of(sock, request)
-
-
 def tcp_status(port: int, request: bytes, *, source: str = "127.0.0.1") -> int:
     with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as sock:
         return status_of(sock, request)
-
-
-def status_as(uid: int, path: Path, request: bytes) -> int:
-    """`unix_status` from a child process running as `uid` (its group, no other); 0: none."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 0
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            status = unix_status(path, request)
-        finally:
-            os.write(write_end, str(status).encode())
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        out = pipe.read()
-    os.waitpid(pid, 0)
-    return int(out or b"0")
 
 
 def until(what: str, predicate: object, proc: subprocess.Popen[bytes], log: Path, limit_s: float = 60) -> None:
@@ -104,17 +72,6 @@ def slow_heads(connect: object, n: int) -> list[socket.socket]:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
         held.append(sock)
     return held
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory any user may enter, for the socket the other application connects to."""
-    where = Path(tempfile.mkdtemp(prefix="ea-adversarial-"))
-    where.chmod(0o755)
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
 
 
 def test_one_application_flooding_the_local_api_starves_no_other(mosquitto, tmp_path: Path,  # type: ignore[no-untyped-def]
@@ -155,7 +112,7 @@ def test_one_application_flooding_the_local_api_starves_no_other(mosquitto, tmp_
             held.append(sock)
             sock.settimeout(30)
             sock.sendall(get("/v1/status", keep=True))
-        assert status_as(NOBODY, api, get("/v1/status")) == 200  # the other application, first attempt
+        assert unix_status_as(NOBODY, api, get("/v1/status")) == 200  # the other application, first attempt
         assert tcp_status(port, get("/healthz")) == 200
     finally:
         for sock in held:

@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
-import socket
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +24,10 @@ from agent.worker.local_api import LocalApi
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from e2e.agent_support import worker
+from otheruser import NOBODY, unix_status_as
 
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 LEGIT_DEADLINE_S = 60.0  # the legitimate client retries a 503 or a refused connect until then
-NOBODY = 65534  # uid and gid (nogroup) of the other client of the local API
 
 
 @dataclass
@@ -87,34 +84,6 @@ def _from_elsewhere(target: Target, host: str, port: int) -> Callable[[], Awaita
     return once
 
 
-def _status_as(uid: int, path: Path, request: bytes) -> int:
-    """In a child process running as `uid` (its group, no other): the status `request` on the
-    Unix socket at `path` is answered with (0: none)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 0
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(30)
-                sock.connect(str(path))
-                sock.sendall(request)
-                line = sock.makefile("rb").readline()
-            status = int(line.split(b" ", 2)[1]) if line.startswith(b"HTTP/1.1 ") else 0
-        finally:
-            os.write(write_end, str(status).encode())
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        out = pipe.read()
-    os.waitpid(pid, 0)
-    return int(out or b"0")
-
-
 @asynccontextmanager
 async def serving(name: str, tmp_path: Path, *, open_dir: Path | None = None) -> AsyncIterator[Target]:
     if name == "health":
@@ -137,7 +106,7 @@ async def serving(name: str, tmp_path: Path, *, open_dir: Path | None = None) ->
         try:
             target = Target(name, lambda: asyncio.open_unix_connection(str(sock)), _get("/v1/status"),
                             "/v1/messages")
-            target.elsewhere = lambda: asyncio.to_thread(_status_as, NOBODY, sock, target.legit)
+            target.elsewhere = lambda: asyncio.to_thread(unix_status_as, NOBODY, sock, target.legit)
             yield target
         finally:
             await api.stop()
@@ -189,13 +158,16 @@ async def _many_connections(target: Target, n: int) -> None:
     await asyncio.gather(*(one() for _ in range(n)))
 
 
-async def _idle_connections(target: Target, n: int) -> list[asyncio.StreamWriter]:
+async def _idle_connections(target: Target, n: int, *, first: bytes = b"") -> list[asyncio.StreamWriter]:
+    """`n` connections that send `first` and then nothing (the start of a request head: a
+    connection in the middle of a request is never closed to make room, its head timeout ends it)."""
     held = []
     for _ in range(n):
         try:
             _, writer = await target.connect()
         except OSError:
             continue
+        writer.write(first)
         held.append(writer)
     return held
 
@@ -239,31 +211,6 @@ async def test_a_server_answers_a_legitimate_request_through_every_flood(name: s
     assert not tracebacks, [r.getMessage() for r in tracebacks]
 
 
-async def _slow_heads(target: Target, n: int) -> list[asyncio.StreamWriter]:
-    """`n` connections each sending the start of a request head and nothing more: a connection
-    in the middle of a request is never closed to make room (its head timeout ends it)."""
-    held = []
-    for _ in range(n):
-        try:
-            _, writer = await target.connect()
-        except OSError:
-            continue
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
-        held.append(writer)
-    return held
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory any user may enter, for a socket another uid connects to."""
-    where = Path(tempfile.mkdtemp(prefix="ea-floods-"))
-    where.chmod(0o755)
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the local API's other client runs as another user")
 @pytest.mark.parametrize("name", SERVERS)
@@ -273,7 +220,7 @@ async def test_one_client_holding_connections_does_not_starve_another(name: str,
     stall (none of them may be closed to make room, only its head timeout ends one): it holds its
     own share of the server's connections only, and another client's first request is answered."""
     async with serving(name, tmp_path, open_dir=open_dir) as target:
-        held = await _slow_heads(target, 300)
+        held = await _idle_connections(target, 300, first=b"GET / HTTP/1.1\r\nHost: x\r\n")
         try:
             assert target.elsewhere is not None
             assert 200 <= await target.elsewhere() < 300

@@ -9,11 +9,9 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from fwhelpers import CountingSource, Keys, RecordingRebooter, ScriptedHealth, make_artifact
+from otheruser import NOBODY, as_user
 from test_uboot import REPO, Board
 
 from agent.core.clock import SystemClock
@@ -319,39 +318,6 @@ async def test_a_reboot_under_way_holds_no_lock(tmp_path: Path, keys: Keys) -> N
         rebooting.close()
 
 
-def ask_as(uid: int, path: Path, payload: bytes) -> bytes:
-    """`ask` from a child process that runs as `uid` (and its group, no other)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no Python of its own to start (the venv may sit in root's home)
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            out = ask(path, payload)
-        except BaseException as exc:
-            out = f"child failed: {exc!r}".encode()
-        os.write(write_end, out)
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        out = pipe.read()
-    os.waitpid(pid, 0)
-    return out
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory any user may enter (pytest's own are root's alone)."""
-    where = Path(tempfile.mkdtemp(prefix="ea-helper-"))
-    where.chmod(0o755)
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another user")
 def test_a_process_of_another_user_gets_the_reason_not_a_reset(tmp_path: Path, keys: Keys, open_dir: Path) -> None:
     """M4. The helper answers root and the agent's user (here `daemon`) only, whatever group a
@@ -359,8 +325,8 @@ def test_a_process_of_another_user_gets_the_reason_not_a_reset(tmp_path: Path, k
     h = Helper(tmp_path, keys, helper_user="daemon", socket_dir=open_dir)
     try:
         h.socket.chmod(0o666)  # as if the process were in the socket's group
-        reply = msgspec.msgpack.decode(ask_as(65534, h.socket, msgspec.msgpack.encode(HelperRequest(op="describe"))),
-                                       type=HelperReply)
+        describe = msgspec.msgpack.encode(HelperRequest(op="describe"))
+        reply = msgspec.msgpack.decode(as_user(NOBODY, lambda: ask(h.socket, describe)), type=HelperReply)
         assert not reply.ok and reply.error.startswith("refused: uid 65534 is not the agent's user"), reply
         HelperInstaller(h.socket).close()  # root is answered
     finally:
