@@ -2,9 +2,14 @@
 
 Every request needs the token: `Authorization: Bearer TOKEN`, or the session cookie a browser
 gets by signing in with it on `/login` (HttpOnly, SameSite=Strict; it is an HMAC of the token,
-not the token). Without either, 401 and the sign-in form. A control is a POST from the
-confirmation page and carries a CSRF value derived from the token the same way. Requests are
-small: a body over 4 KiB is refused.
+not the token). Without either, 401 and the sign-in form. Wrong tokens (on `/login` or in a
+Bearer header) are limited per address and in total (`SignInLimiter`): beyond, 429 with
+Retry-After and the token is not even compared. A control is a POST from the confirmation page
+and carries a CSRF value derived from the token the same way; only a request that proves the
+token itself (a valid Bearer header) goes without it, whatever other headers come along. No page
+shows text taken from the URL as the console's own words: a queued control is named by its id,
+a refused one is answered with the page and the reason, not a redirect. Requests are small: a
+body over 4 KiB is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 import msgspec
@@ -45,6 +50,53 @@ CONTROL_HELP = {
     "approve": "The next wave, waiting for approval, starts.",
     "rollback": "The devices this rollout updated are offered the rollout's rollback artifact.",
 }
+
+
+SIGN_IN_WINDOW_S = 60.0
+SIGN_IN_PER_ADDRESS = 5  # wrong tokens from one address within the window
+SIGN_IN_TOTAL = 30  # from every address together
+
+
+class SignInLimiter:
+    """Wrong tokens within the last `window_s`, per address and in total: `refuse` says how long
+    to wait before another try is even compared (0: go on). Thread-safe (pages render in threads)."""
+
+    def __init__(self, *, per_address: int = SIGN_IN_PER_ADDRESS, total: int = SIGN_IN_TOTAL,
+                 window_s: float = SIGN_IN_WINDOW_S, max_addresses: int = 10_000) -> None:
+        self._per_address = per_address
+        self._total = total
+        self._window_s = window_s
+        self._max_addresses = max_addresses
+        self._failed: dict[str, list[float]] = {}
+        self._all: list[float] = []
+        self._lock = threading.Lock()
+
+    def refuse(self, address: str) -> float:
+        now = time.monotonic()
+        with self._lock:
+            since = now - self._window_s
+            self._all = [t for t in self._all if t > since]
+            mine = [t for t in self._failed.get(address, ()) if t > since]
+            if mine:
+                self._failed[address] = mine
+            else:
+                self._failed.pop(address, None)
+            if len(mine) >= self._per_address:
+                return mine[0] + self._window_s - now
+            if len(self._all) >= self._total:
+                return self._all[0] + self._window_s - now
+            return 0.0
+
+    def failed(self, address: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if address not in self._failed and len(self._failed) >= self._max_addresses:
+                self._failed.clear()  # addresses come from peers: bounded
+            self._failed.setdefault(address, []).append(now)
+            self._all.append(now)
+
+
+Proof = Literal["token", "cookie", ""]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,22 +133,22 @@ class Console:
         values.setdefault("error", "")
         return self.env.get_template(f"{name}.html").render(**values).encode()
 
-    def authorized(self, headers: Mapping[str, str]) -> bool:
-        """`headers`: names in lower case."""
+    def authorized(self, headers: Mapping[str, str]) -> Proof:
+        """How the request proves the token: a Bearer header with it, the session cookie, or
+        not at all (""). `headers`: names in lower case."""
         auth = headers.get("authorization", "")
         if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), self.config.token.encode()):
-            return True
+            return "token"
         for part in headers.get("cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
             if name == COOKIE and hmac.compare_digest(value.encode(), self.session.encode()):
-                return True
-        return False
+                return "cookie"
+        return ""
 
     # -- pages ------------------------------------------------------------------------------
     def page(self, path: str, query: dict[str, str]) -> tuple[int, bytes]:
-        message, error = query.get("message", ""), query.get("error", "")
         if path == "/":
-            return 200, self._fleet(query, message)
+            return 200, self._fleet(query)
         if path.startswith("/devices/"):
             device_id = urllib.parse.unquote(path[len("/devices/"):])
             detail = data.device(self.config.db, device_id)
@@ -107,7 +159,7 @@ class Console:
             return 200, self.render("device", title=device_id, x=detail, sample=sample, refresh=REFRESH_S)
         if path == "/rollouts":
             return 200, self.render("rollouts", title="rollouts", rollouts=data.rollouts(self.config.db),
-                                    refresh=REFRESH_S, message=message)
+                                    refresh=REFRESH_S)
         if path.startswith("/rollouts/") and path.endswith("/confirm"):
             rollout_id = urllib.parse.unquote(path[len("/rollouts/"):-len("/confirm")])
             action = query.get("action", "")
@@ -116,13 +168,10 @@ class Console:
             return 200, self.render("confirm", title=f"{action} {rollout_id}", rollout_id=rollout_id, action=action,
                                     help=CONTROL_HELP[action], csrf=self.csrf)
         if path.startswith("/rollouts/"):
-            rollout_id = urllib.parse.unquote(path[len("/rollouts/"):])
-            found = data.rollout(self.config.db, rollout_id)
-            if found is None:
-                return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
-            described, actions = found
-            return 200, self.render("rollout", title=rollout_id, r=described, actions=actions, refresh=REFRESH_S,
-                                    message=message, error=error)
+            queued = query.get("queued", "")
+            message = (f"queued as control {int(queued)}: the leader applies it on its next tick"
+                       if queued.isdigit() and len(queued) <= 18 else "")
+            return self.rollout_page(urllib.parse.unquote(path[len("/rollouts/"):]), message=message)
         if path == "/dead-letters":
             total, rows = data.dead_letters(self.config.outbox)
             return 200, self.render("dead", title="dead letters", total=total, rows=rows,
@@ -132,7 +181,16 @@ class Console:
                                     refresh=REFRESH_S)
         return 404, self.render("not_found", what=f"no page {path}")
 
-    def _fleet(self, query: dict[str, str], message: str) -> bytes:
+    def rollout_page(self, rollout_id: str, *, message: str = "", error: str = "") -> tuple[int, bytes]:
+        """A rollout's page; `message` and `error` are the console's own words, never the URL's."""
+        found = data.rollout(self.config.db, rollout_id)
+        if found is None:
+            return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
+        described, actions = found
+        return 200, self.render("rollout", title=rollout_id, r=described, actions=actions, refresh=REFRESH_S,
+                                message=message, error=error)
+
+    def _fleet(self, query: dict[str, str]) -> bytes:
         state = query.get("state", "")
         try:
             offset = max(0, int(query.get("offset", "0") or 0))
@@ -148,22 +206,26 @@ class Console:
             return "/?" + urllib.parse.urlencode({**kept, "offset": max(0, at)})
 
         return self.render("fleet", title="fleet", s=fleet.summary, page=fleet.page, f=flt, state=state, link=link,
-                           per_page=data.PAGE, refresh=REFRESH_S, message=message)
+                           per_page=data.PAGE, refresh=REFRESH_S)
 
-    def control(self, path: str, form: dict[str, str], bearer: bool) -> str:
-        """A POST to /rollouts/ID/control: where to send the browser next."""
+    def control(self, path: str, form: dict[str, str], proof: Proof) -> tuple[int, bytes, str]:
+        """A POST to /rollouts/ID/control: (303, b"", where to send the browser) when it was
+        queued, else the rollout's page with the reason (403: the form's CSRF value is wrong;
+        409: the control does not apply)."""
         rollout_id = urllib.parse.unquote(path[len("/rollouts/"):-len("/control")])
         back = f"/rollouts/{urllib.parse.quote(rollout_id, safe='')}"
-        if not bearer and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
-            return back + "?" + urllib.parse.urlencode({"error": "the form has expired: open the control again"})
+        if proof != "token" and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
+            expired = "the form has expired: open the control again"
+            status, body = self.rollout_page(rollout_id, error=expired)
+            return 403, body if status == 200 else self.render("not_found", what=expired), ""
         action = form.get("action", "")
         try:
             control_id = data.control(self.config.db, rollout_id, action)
         except (RolloutError, ConfigError) as exc:
-            return back + "?" + urllib.parse.urlencode({"error": str(exc)})
+            status, body = self.rollout_page(rollout_id, error=str(exc))
+            return (409 if status == 200 else status), body, ""
         log.info("control queued", extra={"kv": {"rollout": rollout_id, "action": action, "control": control_id}})
-        return back + "?" + urllib.parse.urlencode(
-            {"message": f"{action} queued as control {control_id}: the leader applies it on its next tick"})
+        return 303, b"", back + "?" + urllib.parse.urlencode({"queued": control_id})
 
 
 HEADERS = (("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"),
@@ -188,42 +250,53 @@ class ConsoleHttp:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.http = HttpServer(self.handle, name="console", limits=LIMITS, refusal=_refusal)
+        self.sign_in = SignInLimiter()
 
     async def handle(self, request: Request) -> Response:
         return await asyncio.to_thread(self._answer, request)
 
     def _answer(self, request: Request) -> Response:
         console = self.console
+        if request.path == "/login" and request.method in ("GET", "HEAD"):
+            return _page(200, console.render("login", title="sign in"))
+        if request.method not in ("GET", "HEAD", "POST"):
+            return _page(405, b"", (("Allow", "GET, HEAD, POST"),))
+        form = dict(urllib.parse.parse_qsl(request.body.decode("utf-8", "replace"), keep_blank_values=True))
+        signing_in = request.method == "POST" and request.path == "/login"
+        offered = signing_in or request.headers.get("authorization", "").startswith("Bearer ")
+        if offered:
+            wait_s = self.sign_in.refuse(request.peer)
+            if wait_s > 0:
+                return _page(429, console.render("login", title="sign in",
+                                                 error="too many wrong tokens: wait a minute before the next try"),
+                             (("Retry-After", str(max(1, round(wait_s)))),))
+        if signing_in:
+            if hmac.compare_digest(form.get("token", "").strip().encode(), console.config.token.encode()):
+                cookie = f"{COOKIE}={console.session}; HttpOnly; SameSite=Strict; Path=/"
+                return _page(303, b"", (("Location", "/"), ("Set-Cookie", cookie)))
+            return self._unauthorized(request)
+        proof = console.authorized(request.headers)
+        if not proof:
+            return self._unauthorized(request, offered=offered)
         if request.method in ("GET", "HEAD"):
-            if request.path == "/login":
-                return _page(200, console.render("login", title="sign in"))
-            if not console.authorized(request.headers):
-                return self._unauthorized()
             query = {k: v[-1] for k, v in request.query.items()}
             try:
                 status, body = console.page(request.path, query)
             except EdgeAgentError as exc:
                 status, body = 503, console.render("not_found", title="unavailable", what=str(exc))
             return _page(status, body)
-        if request.method != "POST":
-            return _page(405, b"", (("Allow", "GET, HEAD, POST"),))
-        form = dict(urllib.parse.parse_qsl(request.body.decode("utf-8", "replace"), keep_blank_values=True))
-        if request.path == "/login":
-            if hmac.compare_digest(form.get("token", "").strip().encode(), console.config.token.encode()):
-                cookie = f"{COOKIE}={console.session}; HttpOnly; SameSite=Strict; Path=/"
-                return _page(303, b"", (("Location", "/"), ("Set-Cookie", cookie)))
-            return self._unauthorized()
-        if not console.authorized(request.headers):
-            return self._unauthorized()
         if request.path.startswith("/rollouts/") and request.path.endswith("/control"):
-            bearer = request.headers.get("authorization", "").startswith("Bearer ")
             try:
-                return _page(303, b"", (("Location", console.control(request.path, form, bearer)),))
+                status, body, location = console.control(request.path, form, proof)
             except EdgeAgentError as exc:
                 return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
+            return _page(status, body, (("Location", location),) if location else ())
         return _page(404, console.render("not_found", what=f"no form at {request.path}"))
 
-    def _unauthorized(self) -> Response:
+    def _unauthorized(self, request: Request, *, offered: bool = True) -> Response:
+        """401 and the sign-in form; a wrong token offered counts against its address."""
+        if offered:
+            self.sign_in.failed(request.peer)
         return _page(401, self.console.render("login", title="sign in"),
                      (("WWW-Authenticate", 'Bearer realm="edge-agent"'),))
 
@@ -281,4 +354,4 @@ class ConsoleServer:
         self._socket.close()
 
 
-__all__ = ["Console", "ConsoleConfig", "ConsoleServer"]
+__all__ = ["Console", "ConsoleConfig", "ConsoleServer", "SignInLimiter"]

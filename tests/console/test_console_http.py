@@ -41,8 +41,8 @@ def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
 
 
 def request(address: tuple[str, int], method: str, path: str, *, headers: dict[str, str] | None = None,
-            body: str | None = None) -> tuple[int, dict[str, str], str]:
-    conn = http.client.HTTPConnection(*address, timeout=30)
+            body: str | None = None, source: str = "127.0.0.1") -> tuple[int, dict[str, str], str]:
+    conn = http.client.HTTPConnection(*address, timeout=30, source_address=(source, 0))
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
@@ -55,11 +55,12 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_every_page_needs_the_token(server: tuple[str, int]) -> None:
-    for path in ("/", "/rollouts", "/dead-letters", "/rejects", "/devices/pi-0001"):
+    for n, path in enumerate(("/", "/rollouts", "/dead-letters", "/rejects", "/devices/pi-0001")):
         status, headers, body = request(server, "GET", path)
         assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer") and 'name="token"' in body
         assert "pi-0001" not in body
-        status, _, _ = request(server, "GET", path, headers={"Authorization": "Bearer wrong-token-0123456789"})
+        status, _, _ = request(server, "GET", path, headers={"Authorization": "Bearer wrong-token-0123456789"},
+                               source=f"127.0.1.{n}")  # (wrong tokens are limited per address)
         assert status == 401
         status, _, _ = request(server, "GET", path, headers=BEARER)
         assert status == 200, path
@@ -94,9 +95,11 @@ def test_a_control_without_the_forms_csrf_value_is_refused(server: tuple[str, in
     _, headers, _ = request(server, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}),
                             headers={"Content-Type": "application/x-www-form-urlencoded"})
     cookie = headers["Set-Cookie"].split(";")[0]
-    status, headers, _ = request(server, "POST", "/rollouts/r1/control", body="action=pause&csrf=forged",
-                                 headers={"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"})
-    assert status == 303 and "the+form+has+expired" in headers["Location"]
+    for extra in ({}, {"Authorization": "Bearer not-the-token"}):  # a Bearer header that proves nothing
+        status, headers, body = request(server, "POST", "/rollouts/r1/control", body="action=pause&csrf=forged",
+                                        headers={"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded",
+                                                 **extra})
+        assert status == 403 and "Location" not in headers and "the form has expired" in body
     status, _, _ = request(server, "POST", "/rollouts/r1/control", body="x" * 5000, headers=BEARER)
     assert status == 413
 
@@ -115,3 +118,49 @@ def test_the_command_refuses_a_readable_token_and_a_bad_listen_address(tmp_path:
     assert "port 0 is not 1-65535" in capsys.readouterr().err
     assert cli(["console", "--db", str(tmp_path / "none.db"), "--token-file", str(token)]) == 2
     assert "none.db: no such file" in capsys.readouterr().err
+
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_wrong_tokens_are_limited_per_address(server: tuple[str, int]) -> None:
+    """Five wrong tokens from one address (on /login or as a Bearer header) within a minute: the
+    next try from it is 429 with Retry-After, the right token included; another address signs in."""
+    for n in range(5):
+        if n % 2:
+            status, _, _ = request(server, "GET", "/", headers={"Authorization": f"Bearer guess-{n}"})
+        else:
+            status, _, _ = request(server, "POST", "/login", body=f"token=guess-{n}", headers=FORM)
+        assert status == 401
+    status, headers, body = request(server, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}),
+                                    headers=FORM)
+    assert status == 429 and 1 <= int(headers["Retry-After"]) <= 60 and "too many wrong tokens" in body
+    assert "Set-Cookie" not in headers
+    status, _, _ = request(server, "GET", "/", headers=BEARER)
+    assert status == 429
+    status, headers, _ = request(server, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}),
+                                 headers=FORM, source="127.0.0.2")
+    assert status == 303 and headers["Set-Cookie"].startswith(f"{COOKIE}=")
+    status, _, _ = request(server, "GET", "/", source="127.0.0.2")
+    assert status == 401  # no token offered: not a guess, nothing counted
+
+
+def test_no_page_shows_text_from_the_url_as_its_own(server: tuple[str, int]) -> None:
+    fake = "Your session expired: sign in again at evil.example"
+    for path in ("/", "/rollouts", "/rollouts/r1", "/devices/pi-0001"):
+        query = urllib.parse.urlencode({"message": fake, "error": fake, "queued": fake})
+        _, _, body = request(server, "GET", f"{path}?{query}", headers=BEARER)
+        assert "evil.example" not in body, path
+
+
+def test_the_sign_in_limiter_counts_within_its_window() -> None:
+    from agent.console.server import SignInLimiter
+
+    limiter = SignInLimiter(per_address=2, total=3, window_s=3600)
+    assert limiter.refuse("a") == 0
+    limiter.failed("a")
+    limiter.failed("a")
+    assert limiter.refuse("a") > 0 and limiter.refuse("b") == 0
+    limiter.failed("b")
+    assert limiter.refuse("c") > 0  # three in all
+    assert SignInLimiter(per_address=1, window_s=0.0).refuse("a") == 0
