@@ -153,7 +153,7 @@ class Orchestrator:
         if waves is not None:
             targets = sorted({d for wave in waves for d in wave})
         elif devices is None:
-            targets = select_targets(spec, list(infos.values()), target_version=version)
+            targets = select_targets(spec, list(infos.values()), target_version=version, now_ms=self.clock.now_ms())
         else:
             targets = sorted(set(devices))
         rid = rollout_id or rollout_id_for(spec, self.clock.now_ms())
@@ -545,7 +545,7 @@ class Orchestrator:
         for info in infos.values():
             if info.device_id in known or info.first_seen_ms < r.created_ms:
                 continue
-            if matches(r.spec, info) and info.firmware_version != r.version:
+            if matches(r.spec, info, now_ms=self.clock.now_ms()) and info.firmware_version != r.version:
                 if self.store.add_device(r.id, info.device_id, last, from_version=info.firmware_version):
                     if wave.state == "running":
                         self.store.set_device(

@@ -27,20 +27,39 @@ class DeviceInfo:
     first_seen_ms: int = 0
 
 
-def matches(spec: RolloutSpec, device: DeviceInfo) -> bool:
-    """Whether the spec's target selector takes `device`."""
-    targets = spec.targets
-    if targets.select == "tags":
-        return bool(set(targets.tags) & set(device.tags))
-    if targets.select == "versions":
-        return device.firmware_version in targets.versions
-    return True
+def exclusion(spec: RolloutSpec, device: DeviceInfo, *, target_version: str | None,
+              now_ms: int | None = None) -> str:
+    """Why the rollout leaves `device` out, in a few words ("" when it takes it). `now_ms`: the
+    leader clock's now, for `seen_within_s`; None skips that check, as `target_version` None
+    skips the version's."""
+    t = spec.targets
+    if t.select == "tags" and not set(t.tags) & set(device.tags):
+        return f"no tag of {', '.join(t.tags)}"
+    if t.select == "versions" and device.firmware_version not in t.versions:
+        return f"runs {device.firmware_version or 'an unknown version'}, not {', '.join(t.versions)}"
+    if t.select == "devices" and device.device_id not in t.devices:
+        return "not in the list"
+    if t.online is not None and device.online != t.online:
+        return "offline" if t.online else "online"
+    if t.seen_within_s is not None and now_ms is not None and (
+            device.last_seen_ms is None or now_ms - device.last_seen_ms > t.seen_within_s * 1000):
+        return f"not heard from within {t.seen_within_s:g} s"
+    if target_version is not None and device.firmware_version == target_version:
+        return f"already on {target_version}"
+    return ""
 
 
-def select_targets(spec: RolloutSpec, devices: Sequence[DeviceInfo], *, target_version: str) -> list[str]:
-    """Ids of the devices the rollout updates: matching the selector and not already running
+def matches(spec: RolloutSpec, device: DeviceInfo, *, now_ms: int | None = None) -> bool:
+    """Whether the spec's targets take `device` (its version aside)."""
+    return not exclusion(spec, device, target_version=None, now_ms=now_ms)
+
+
+def select_targets(spec: RolloutSpec, devices: Sequence[DeviceInfo], *, target_version: str,
+                   now_ms: int | None = None) -> list[str]:
+    """Ids of the devices the rollout updates: taken by the targets and not already running
     `target_version`, sorted."""
-    return sorted(d.device_id for d in devices if matches(spec, d) and d.firmware_version != target_version)
+    return sorted(d.device_id for d in devices
+                  if not exclusion(spec, d, target_version=target_version, now_ms=now_ms))
 
 
 def wave_sizes(waves: WavesSection, total: int) -> list[int]:

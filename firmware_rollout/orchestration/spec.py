@@ -6,9 +6,13 @@
     seed = 7                            # wave assignment is deterministic for a seed
 
     [targets]
-    select = "all"                      # all | tags | versions
+    select = "all"                      # all | tags | versions | devices
     tags = ["cam"]                      # select = "tags": devices carrying any of these tags
     versions = ["1.1.0"]                # select = "versions": devices running one of these
+    devices = ["pi-0001", "pi-0002"]    # select = "devices": exactly these...
+    devices_file = "bench-boards.txt"   # ...and/or the ids of this file (one a line, # comments)
+    online = true                       # only devices online (true) or offline (false) when planned
+    seen_within_s = 3600                # only devices heard from within this long
     include_new = false                 # devices registering during the rollout join the last open wave
 
     [waves]
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -75,10 +80,19 @@ class RolloutSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     download_only: bool = False
 
 
+TargetId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+MAX_LISTED_DEVICES = 100_000
+
+
 class TargetsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    select: Literal["all", "tags", "versions"] = "all"
+    select: Literal["all", "tags", "versions", "devices"] = "all"
     tags: list[str] = msgspec.field(default_factory=list)
     versions: list[str] = msgspec.field(default_factory=list)
+    devices: Annotated[list[TargetId], msgspec.Meta(max_length=MAX_LISTED_DEVICES)] = msgspec.field(
+        default_factory=list)
+    devices_file: str = ""  # read into `devices` when the spec is loaded (kept as an absolute path)
+    online: bool | None = None
+    seen_within_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86_400)] | None = None
     include_new: bool = False
 
 
@@ -211,9 +225,15 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
     if spec.gates.on_abort == "rollback" and not spec.rollout.rollback_artifact:
         raise ConfigError(source, "gates.on_abort", '"rollback" needs rollout.rollback_artifact')
     t = spec.targets
-    for key, given in (("tags", t.tags), ("versions", t.versions)):
-        if given and t.select != key:
-            raise ConfigError(source, f"targets.{key}", f'applies with select = "{key}" (select is "{t.select}")')
+    given_keys: tuple[tuple[str, str, bool], ...] = (
+        ("tags", "tags", bool(t.tags)), ("versions", "versions", bool(t.versions)),
+        ("devices", "devices", bool(t.devices)), ("devices_file", "devices", bool(t.devices_file)))
+    for key, select, present in given_keys:
+        if present and t.select != select:
+            raise ConfigError(source, f"targets.{key}", f'applies with select = "{select}" (select is "{t.select}")')
+    if t.select == "devices" and not t.devices and not t.devices_file:
+        raise ConfigError(source, "targets.devices", 'select = "devices" needs the devices\' ids (devices or '
+                                                     'devices_file)')
     for i, mirror in enumerate(spec.download.mirrors):
         if not mirror.startswith(("http://", "https://")):
             raise ConfigError(source, f"download.mirrors.{i}", f"{mirror!r} is not an http:// or https:// URL")
@@ -247,9 +267,39 @@ def load_spec(path: str | Path) -> RolloutSpec:
     section = spec.rollout
     artifact = str((base / section.artifact).resolve())
     rollback = str((base / section.rollback_artifact).resolve()) if section.rollback_artifact else ""
+    targets = spec.targets
+    if targets.devices_file:
+        listed = base / targets.devices_file
+        ids = list(dict.fromkeys([*targets.devices, *read_device_list(listed, key="targets.devices_file")]))
+        if len(ids) > MAX_LISTED_DEVICES:
+            raise ConfigError(str(path), "targets.devices", f"{len(ids)} devices, over {MAX_LISTED_DEVICES}")
+        targets = msgspec.structs.replace(targets, devices=ids, devices_file=str(listed.resolve()))
     return msgspec.structs.replace(
-        spec, rollout=msgspec.structs.replace(section, artifact=artifact, rollback_artifact=rollback)
+        spec, rollout=msgspec.structs.replace(section, artifact=artifact, rollback_artifact=rollback),
+        targets=targets,
     )
+
+
+_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def read_device_list(path: Path, *, key: str) -> list[str]:
+    """Device ids, one a line (blank lines and `#` comments skipped); a `ConfigError` naming the
+    file and the line of one that is not an id."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), key, f"cannot read the device list: {getattr(exc, 'strerror', None) or exc}"
+                          ) from None
+    ids = []
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        if not _ID.match(entry):
+            raise ConfigError(f"{path}:{number}", key, f"{entry[:60]!r} is not a device id")
+        ids.append(entry)
+    return ids
 
 
 def spec_from_dict(data: dict[str, object], *, source: str = "spec") -> RolloutSpec:

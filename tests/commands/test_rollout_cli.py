@@ -256,3 +256,63 @@ def test_start_warns_when_some_targets_run_a_newer_version(leader: tuple[Path, P
     assert warnings == [f"warning: artifact {spec.parent / 'fw-1.1.0.eafw'} is version 1.1.0, older than 1 of the 3"
                         " targeted devices: they will refuse it as a downgrade (failures that count against the"
                         " rollout's gates)"]
+
+
+def test_a_dry_run_shows_the_plan_device_by_device_and_starts_nothing(leader: tuple[Path, Path], tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Explicit targets (a list and a file of ids), and `--dry-run`: each wave's devices, who is
+    left out and why; nothing is written. The real start prints the same plan's summary."""
+    db, spec = leader
+    register(db, {"a": "1.0.0", "b": "1.0.0", "c": "1.1.0", "d": "1.0.0", "e": "1.0.0"})
+    (tmp_path / "bench.txt").write_text("# the bench boards\nb\n\ne  # the spare\nzz\n")
+    spec.write_text(SPEC.replace("[waves]", '[targets]\nselect = "devices"\ndevices = ["a", "c"]\n'
+                                            'devices_file = "bench.txt"\n\n[waves]').replace("counts = [2]",
+                                                                                            "counts = [1]"))
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout r1 (dry run, nothing started)" in out
+    waves = [line for line in out.splitlines() if line.startswith("wave ")]
+    assert len(waves) == 3 and waves[0].startswith("wave 1 (canary): 1 device: ")
+    planned = sorted(w.split(": ", 2)[2] for w in waves)
+    assert planned == ["a", "b", "e"]
+    assert "  c  already on 1.1.0" in out and "  d  not in the list" in out and "  zz  unknown to the leader" in out
+    assert "plan: 3 devices in 3 waves (1, 1, 1); left out 3: " in out
+    assert cli(["rollout", "list", "--db", str(db)]) == 0 and "no rollouts" in capsys.readouterr().out
+    store = RolloutStore.open(db, clock=VirtualClock())
+    try:
+        assert store.pending_controls() == []
+    finally:
+        store.close()
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    assert "plan: 3 devices in 3 waves (1, 1, 1); left out 3: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("targets", "key", "message"), [
+    ('select = "all"\ndevices = ["a"]', "targets.devices", 'applies with select = "devices"'),
+    ('select = "devices"', "targets.devices", "needs the devices' ids"),
+    ('select = "devices"\ndevices = ["a b"]', "targets.devices", ""),
+    ('select = "devices"\ndevices_file = "ids.txt"', "targets.devices_file", "'not an id!' is not a device id"),
+    ('select = "devices"\ndevices_file = "missing.txt"', "targets.devices_file", "cannot read the device list"),
+])
+def test_a_wrong_target_list_is_one_line_naming_the_key(leader: tuple[Path, Path], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str], targets: str, key: str,
+                                                        message: str) -> None:
+    db, spec = leader
+    register(db, ["a"])
+    (tmp_path / "ids.txt").write_text("a\nnot an id!\n")
+    spec.write_text(SPEC.replace("[waves]", f"[targets]\n{targets}\n\n[waves]"))
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and message in err and len(err.strip().splitlines()) == 1, err
+    if "ids.txt" in targets:
+        assert "ids.txt:2" in err
+
+
+def test_a_filter_on_when_devices_were_heard_from_leaves_out_the_silent(leader: tuple[Path, Path],
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The registry here was written on a virtual clock long past: every device is silent."""
+    db, spec = leader
+    register(db, ["a", "b", "c"])
+    spec.write_text(SPEC.replace("[waves]", "[targets]\nseen_within_s = 60\n\n[waves]"))
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--dry-run"]) == 2
+    assert "left out: 3 not heard from within 60 s" in capsys.readouterr().err
