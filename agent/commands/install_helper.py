@@ -19,14 +19,21 @@ import os
 import pwd
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.core.clock import SystemClock
-from agent.core.config import load_config
+from agent.core.config import FirmwareSection, load_config
 from agent.core.errors import EdgeAgentError
+
+if TYPE_CHECKING:
+    from firmware_rollout.device.slots import Installer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, type=Path, metavar="CONFIG", help="the device's agent config")
+    parser.add_argument("--config", required=True, type=Path, metavar="CONFIG",
+                        help="the helper's own config (/etc/edge-agent/installer.toml: root-owned, not the agent's)")
+    parser.add_argument("--check", action="store_true",
+                        help="check the config, its key, its backend and who may ask, then exit (nothing served)")
     parser.add_argument("--socket", type=Path, metavar="PATH",
                         help="listen here (default: the socket systemd passes, else [firmware] helper_socket)")
 
@@ -51,6 +58,8 @@ async def _serve(args: argparse.Namespace) -> int:
     except KeyError:
         uids = frozenset({0})
         log.warning("firmware.helper_user: no user %r: only root may ask the helper", fw.helper_user)
+    if args.check:
+        return _check(args.config, fw, installer, uids)
     sock = listening_socket(args.socket or (Path(fw.helper_socket) if fw.helper_socket else None))
     if args.socket is not None:
         try:
@@ -64,6 +73,31 @@ async def _serve(args: argparse.Namespace) -> int:
              "/".join(installer.slots), installer.booted_slot(), helper.records.booted_version)
     await helper.serve(sock)
     return 0
+
+
+def _check(path: Path, fw: FirmwareSection, installer: Installer, uids: frozenset[int]) -> int:
+    """`--check`: what the helper would run, and who could ask it; 1 when someone it needs is missing."""
+    print(f"config: {path} (the install helper's own)")
+    print(f"key: {fw.public_key}")
+    print(f"backend: {installer.name}: slots {'/'.join(installer.slots)}, booted {installer.booted_slot()}, "
+          f"default {installer.default_slot()}")
+    problems = 0
+    agent = [pwd.getpwuid(uid).pw_name for uid in sorted(uids - {0})]
+    if agent:
+        print(f"answers: root and {', '.join(agent)} (uid {', '.join(str(u) for u in sorted(uids - {0}))})")
+    else:
+        print(f"answers: root only: no user {fw.helper_user!r} (firmware.helper_user)")
+        problems += 1
+    try:
+        group = grp.getgrnam(fw.helper_group)
+    except KeyError:
+        print(f"socket group: no group {fw.helper_group!r} (firmware.helper_group; install.sh creates it)")
+        problems += 1
+    else:
+        others = sorted(set(group.gr_mem) - {fw.helper_user})
+        print(f"socket group: {group.gr_name}: {', '.join(group.gr_mem) or 'no members'}"
+              + (f" (also {', '.join(others)}: the helper refuses them)" if others else ""))
+    return 1 if problems else 0
 
 
 def main(args: argparse.Namespace) -> int:

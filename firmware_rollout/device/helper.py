@@ -332,8 +332,8 @@ class HelperInstaller:
                 sock.connect(self._path)
             except OSError as exc:
                 sock.close()
-                raise HelperError(f"the install helper at {self._path} does not answer: {exc.strerror or exc}"
-                                  ) from None
+                raise HelperError(f"the install helper at {self._path} does not answer ({exc.strerror or exc}): "
+                                  f"{_connect_hint(exc)}") from None
             self._sock = sock
         return self._sock
 
@@ -442,6 +442,13 @@ class HelperInstaller:
                             timeout_s=REBOOT_REPLY_TIMEOUT_S)
         except HelperError as exc:
             raise UpdaterError(str(exc)) from None
+
+
+def _connect_hint(exc: OSError) -> str:
+    """What to look at when the helper's socket cannot be opened."""
+    if isinstance(exc, PermissionError):
+        return "is the agent's user in the socket's group (edge-agent-installer)?"
+    return "is edge-agent-installer.socket enabled? (systemctl enable --now edge-agent-installer.socket)"
 
 
 class _Closed(Exception):

@@ -332,3 +332,23 @@ def test_a_process_of_another_user_gets_the_reason_not_a_reset(tmp_path: Path, k
     finally:
         h.stop()
     assert "uid 65534 is not the agent's user" in h.log.read_text()
+
+
+def test_a_helper_that_does_not_answer_is_named_with_what_to_look_at(tmp_path: Path) -> None:
+    with pytest.raises(HelperError, match=r"the install helper at .*absent.sock does not answer \(No such file or "
+                                          r"directory\): is edge-agent-installer.socket enabled\?"):
+        HelperInstaller(tmp_path / "absent.sock")
+
+
+def test_install_helper_check_says_what_it_would_run_and_who_may_ask(tmp_path: Path, keys: Keys) -> None:
+    """`install-helper --check` on the helper's own config: its backend read from the board, the
+    one user it answers besides root, and a missing socket group named (exit 1); nothing served."""
+    h = Helper(tmp_path, keys, helper_user="daemon")
+    h.stop()
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "install-helper", "--config", str(h.config), "--check"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+                          check=False)
+    assert done.returncode == 1, done.stderr
+    assert "backend: uboot: slots A/B, booted A, default A" in done.stdout
+    assert "answers: root and daemon (uid 1)" in done.stdout
+    assert "socket group: no group 'no-such-group-here'" in done.stdout
