@@ -34,9 +34,9 @@ from typing import Any
 from agent.commands.arguments import aligned, positive_seconds
 from agent.core.clock import SystemClock
 from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
+from agent.leader.registry import LEADER_QUIET_S
 
 EXIT_NOT_APPLIED = 3  # a control queued, the leader not running to apply it
-LEADER_QUIET_S = 10.0  # two heartbeat intervals (5 s) without a write of the leader: the view is stale
 CONTROL_ACTIONS = ("pause", "resume", "cancel", "next", "approve")
 CONTROL_HELP = {
     "pause": "stop offering the image; devices mid-update finish and report",
@@ -313,14 +313,14 @@ def _await_control(store: Any, control_id: int, no_wait: bool, timeout_s: float 
 
 
 def _leader_last_seen(store: Any) -> int | None:
-    """When the leader last wrote to its database: the newest rollout step or control it
-    answered (the rollout tables) or heartbeat it applied (the registry)."""
+    """When the leader last wrote to its database: its own alive mark (every 30 s while it
+    runs), the newest rollout step or control it answered, or heartbeat it applied."""
     from agent.leader.readonly import open_leader_db
 
     seen = [store.leader_last_seen_ms()]
     try:
         with open_leader_db(store.path) as db:
-            seen.append(db.registry.last_heartbeat_ms())
+            seen += [db.registry.last_heartbeat_ms(), db.registry.leader_alive_ms()]
     except EdgeAgentError:
         pass  # a database without a registry: the rollout tables are the only sign
     found = [s for s in seen if s is not None]
@@ -343,7 +343,7 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         # a running rollout's leader writes every few seconds (heartbeats, ticks): silence means
         # what is shown may no longer be true
         data["stale"] = data["state"] in ("scheduled", "running", "paused") and (
-            seen is None or SystemClock().now_ms() - seen > LEADER_QUIET_S * 1000)
+            seen is None or SystemClock().now_ms() - seen > LEADER_QUIET_S * 1000)  # (3 missed alive marks)
         if args.devices:
             data["device_list"] = [
                 {"device": d.device_id, "wave": d.wave, "state": d.state, "attempts": d.attempts,

@@ -13,6 +13,9 @@ Guarantees:
 * Online/offline comes from presence (birth message / last will) and from a heartbeat deadline:
   a device not heard from for `heartbeat_deadline_s` of the `Clock` is marked offline by
   `expire_overdue()` (or the `watch_deadlines()` loop).
+* The running leader marks itself alive (`registry_meta` `leader_alive_ms`) from that loop every
+  `LEADER_ALIVE_EVERY_S`, so a reader of the file (`status`, `rollout status`) tells a leader
+  that stopped from a fleet that is merely quiet (idle devices beat every 5 minutes).
 
 Threading choice: the registry is synchronous and meant to be called on the event loop. Every
 call is one short transaction over a batch (the leader drains its coalescing mailbox and calls
@@ -116,6 +119,9 @@ def _v5(conn: sqlite3.Connection) -> None:
 
 
 _MIGRATIONS = (_v1, _v2, _v3, _v4, _v5)
+
+LEADER_ALIVE_EVERY_S = 30.0  # how often the running leader marks itself alive in the registry
+LEADER_QUIET_S = 3 * LEADER_ALIVE_EVERY_S  # no mark for this long: the leader is not running
 
 # A device is overdue this many of its announced intervals after it was last heard from: one
 # late heartbeat is not an outage (and the last will tells an outage sooner anyway).
@@ -226,6 +232,7 @@ class DeviceRegistry(SqliteStore):
         self._deadline_ms = int(round(heartbeat_deadline_s * 1000))
         self._boots: dict[str, str] = {}  # device -> boot id last seen by this process
         self._late_wills = RateLimitedLog(log, clock, 60.0)  # a device may publish its presence at will
+        self._alive_marked_ms: int | None = None
 
     @classmethod
     def open(
@@ -436,9 +443,11 @@ class DeviceRegistry(SqliteStore):
         `StoreError` is logged and retried; the loop returns once the registry is closed.
         """
         retry_ms = min(self._deadline_ms, 1_000)
+        alive_ms = int(LEADER_ALIVE_EVERY_S * 1000)
         failed = False
         while True:
             try:
+                self.mark_alive()
                 nxt = self.next_deadline_ms()
                 wait_ms = self._deadline_ms if nxt is None else nxt - self._clock.now_ms()
             except StoreError as exc:
@@ -449,7 +458,7 @@ class DeviceRegistry(SqliteStore):
             if failed:  # back off after a failure instead of spinning on it
                 wait_ms = retry_ms
                 failed = False
-            await self._clock.sleep(max(0.0, min(wait_ms, self._deadline_ms)) / 1000.0)
+            await self._clock.sleep(max(0.0, min(wait_ms, self._deadline_ms, alive_ms)) / 1000.0)
             try:
                 expired = self.expire_overdue()
             except StoreError as exc:
@@ -462,6 +471,17 @@ class DeviceRegistry(SqliteStore):
                 outcome = on_offline(expired)
                 if outcome is not None:
                     await outcome
+
+    def mark_alive(self) -> None:
+        """Write `leader_alive_ms` (now) when the last mark is `LEADER_ALIVE_EVERY_S` old."""
+        self.check_open()
+        now = self._clock.now_ms()
+        if self._alive_marked_ms is not None and now - self._alive_marked_ms < LEADER_ALIVE_EVERY_S * 1000:
+            return
+        with store_errors("mark the leader alive"), atomic(self._conn):
+            self._conn.execute("INSERT INTO registry_meta(key, value) VALUES ('leader_alive_ms', ?)"
+                               " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (now,))
+        self._alive_marked_ms = now
 
     def prune_processed(self, older_than_s: float, *, limit: int | None = None) -> int:
         """Forget processed message ids older than `older_than_s`, oldest first, at most `limit`
@@ -608,6 +628,11 @@ class RegistryReads:
         row = self._conn.execute("SELECT value FROM registry_meta WHERE key = 'heartbeat_deadline_ms'").fetchone()
         return row[0] / 1000.0 if row else None
 
+    def leader_alive_ms(self) -> int | None:
+        """When the running leader last marked itself alive (None: no leader ever did)."""
+        row = self._conn.execute("SELECT value FROM registry_meta WHERE key = 'leader_alive_ms'").fetchone()
+        return int(row[0]) if row else None
+
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0])
 
@@ -694,5 +719,5 @@ class RegistryReads:
         return None if newest is None else int(newest)
 
 
-__all__ = ["COMPONENT", "DeviceLine", "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback",
-           "RegistryReads"]
+__all__ = ["COMPONENT", "LEADER_ALIVE_EVERY_S", "LEADER_QUIET_S", "DeviceLine", "DeviceRecord", "DeviceRegistry",
+           "DeviceState", "OfflineCallback", "RegistryReads"]

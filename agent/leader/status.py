@@ -18,6 +18,7 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.durations import format_age
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
+from agent.leader.registry import LEADER_QUIET_S
 
 DEFAULT_STALE_AFTER_S = 30.0
 
@@ -42,6 +43,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     stale_count: int = 0
     stale: list[StaleDevice] = msgspec.field(default_factory=list)
     jobs: JobCounts | None = None
+    leader_alive_ms: int | None = None  # the running leader's newest alive mark (None: none)
+    leader_stale: bool = False  # no mark for LEADER_QUIET_S: the leader is not running, the view is old
 
 
 
@@ -76,10 +79,12 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
     stale = [StaleDevice(device_id=device_id, last_seen_ms=last_seen,
                          age_s=None if last_seen is None else round((now - last_seen) / 1000.0, 3), online=is_online)
              for device_id, last_seen, is_online in stale_rows]
+    alive = registry.leader_alive_ms()
     return FleetStatus(generated_ms=now, total=total, online=online, offline=total - online,
                        versions=registry.versions(), stale_after_s=stale_after_s, stale_by_deadline=own,
                        stale_count=stale_count, stale=stale,
-                       jobs=db.jobs.counts())
+                       jobs=db.jobs.counts(), leader_alive_ms=alive,
+                       leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000)
 
 
 def _when(ms: int) -> str:
@@ -92,6 +97,10 @@ def format_status(summary: FleetStatus) -> str:
         f"fleet: {summary.total} devices, {summary.online} online, {summary.offline} offline"
         f" (as of {_when(summary.generated_ms)})"
     ]
+    if summary.leader_stale and summary.leader_alive_ms is not None:
+        age = format_age((summary.generated_ms - summary.leader_alive_ms) / 1000.0)
+        lines.insert(0, f"STALE: the leader last marked itself alive at {_when(summary.leader_alive_ms)} ({age} ago):"
+                        " is it running? Online and offline below are as it last knew them")
     if summary.versions:
         lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
     if summary.stale_by_deadline:

@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,7 +46,7 @@ from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.gates import WaveGates, finished_failed
 from firmware_rollout.orchestration.plan import DeviceInfo, matches, plan_waves, select_targets
 from firmware_rollout.orchestration.spec import RolloutSpec, start_control_from_json
-from firmware_rollout.orchestration.status import describe
+from firmware_rollout.orchestration.status import describe, wave_number
 from firmware_rollout.orchestration.store import (
     TERMINAL,
     ControlOutcome,
@@ -398,7 +399,10 @@ class Orchestrator:
         self._wake.set()
 
     async def run(self) -> None:
-        """Tick until `stop()`: on a wake-up, at the next stored deadline, and every `poll_s`."""
+        """Tick until `stop()`: on a wake-up, at the next stored deadline, and every `poll_s`.
+        First, one line for each unfinished rollout it takes up (a restarted leader says what it
+        resumes)."""
+        self.log_resumed()
         while not self._stopped:
             self._wake.clear()
             try:
@@ -414,6 +418,20 @@ class Orchestrator:
             if not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     await self.clock.wait_for(self._wake.wait(), max(delay, 0.001))
+
+    def log_resumed(self) -> None:
+        try:
+            active = self.store.rollouts(active_only=True)
+        except EdgeAgentError as exc:
+            log.error("cannot read the unfinished rollouts: %s", exc)
+            return
+        for r in active:
+            states = Counter[str]()
+            for per_wave in self.store.counts(r.id).values():
+                states.update(per_wave)
+            log.info("rollout %s of version %s taken up %s: wave %d of %d; devices: %s", r.id, r.version, r.state,
+                     wave_number(r.current_wave), r.wave_count,
+                     ", ".join(f"{state} {n}" for state, n in states.most_common()) or "none")
 
     async def tick(self) -> None:
         """One pass: controls, timers, gates, waves, offers."""

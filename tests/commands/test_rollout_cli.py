@@ -316,3 +316,43 @@ def test_a_filter_on_when_devices_were_heard_from_leaves_out_the_silent(leader: 
     spec.write_text(SPEC.replace("[waves]", "[targets]\nseen_within_s = 60\n\n[waves]"))
     assert cli(["rollout", "start", str(spec), "--db", str(db), "--dry-run"]) == 2
     assert "left out: 3 not heard from within 60 s" in capsys.readouterr().err
+
+
+async def test_a_restarted_leader_says_which_rollouts_it_takes_up(leader: tuple[Path, Path],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    db, spec = leader
+    clock = VirtualClock()
+    port = FakePort(clock, ["a", "b", "c", "d"])
+    register(db, ["a", "b", "c", "d"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    await tick(db, clock, port)
+    caplog.set_level("INFO", logger="firmware_rollout.orchestration.orchestrator")
+    store = RolloutStore.open(db, clock=clock)
+    try:
+        Orchestrator(store, clock=clock, port=port).log_resumed()
+    finally:
+        store.close()
+    assert "rollout r1 of version 1.1.0 taken up running: wave 1 of 3; devices: queued 3, notified 1" in caplog.text
+
+
+async def test_rollout_status_is_stale_only_when_the_leader_stopped_marking_itself_alive(
+        leader: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Idle devices beat every 5 minutes: an old newest heartbeat or rollout step is no sign of
+    a stopped leader; the leader's own alive mark (every 30 s) is."""
+    from agent.core.clock import SystemClock
+
+    db, spec = leader
+    clock = VirtualClock()  # the heartbeats and the rollout's steps: long past
+    register(db, ["a", "b", "c", "d"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    await tick(db, clock, FakePort(clock, ["a", "b", "c", "d"]))
+    capsys.readouterr()
+    assert cli(["rollout", "status", "r1", "--db", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stale"] is True
+    registry = DeviceRegistry.open(db, clock=SystemClock())
+    try:
+        registry.mark_alive()  # the running leader, now
+    finally:
+        registry.close()
+    assert cli(["rollout", "status", "r1", "--db", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stale"] is False

@@ -114,3 +114,27 @@ def test_bad_file_is_one_line_on_stderr_exit_2(tmp_path: Path, case: str,
     with pytest.raises(StoreError):
         summarize(path)
     assert not (tmp_path / "missing.db").exists()  # read-only: never creates a database
+
+
+async def test_the_running_leader_marks_itself_alive_and_status_says_when_it_stopped(tmp_path: Path) -> None:
+    """Every 30 s of the leader's clock at most one write; `status` shows a STALE banner once 90 s
+    passed without one, and none while the leader marks."""
+    clock = VirtualClock(start_ms=1_700_000_000_000)
+    path = tmp_path / "leader.db"
+    with DeviceRegistry.open(path, clock=clock) as reg:
+        reg.apply_heartbeats([hb("pi-a", 1, "1.0.0")])
+        assert summarize(path, clock=clock).leader_alive_ms is None  # no leader ever ran: no banner
+        reg.mark_alive()
+        await clock.advance(20)
+        reg.mark_alive()  # within 30 s: nothing written
+        assert summarize(path, clock=clock).leader_alive_ms == 1_700_000_000_000
+        await clock.advance(15)
+        reg.mark_alive()
+        assert summarize(path, clock=clock).leader_alive_ms == 1_700_000_035_000
+    fresh = summarize(path, clock=clock)
+    assert not fresh.leader_stale and "STALE" not in format_status(fresh)
+    await clock.advance(91)
+    old = summarize(path, clock=clock)
+    assert old.leader_stale
+    assert format_status(old).splitlines()[0].startswith(
+        "STALE: the leader last marked itself alive at 2023-11-14T22:13:55Z (1m31s ago): is it running?")
