@@ -171,6 +171,9 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     hardware: str = ""  # this device's hardware name, checked against the manifest
     image: str = ""  # the image this device runs (the manifest's name, e.g. "camera"); empty: any
     health_timeout_s: PositiveFloat = 120.0
+    # on a trial boot, a leader that announced itself offline (its last will) is waited for this
+    # long instead of reverting the image: the leader's outage is not the image's fault
+    leader_wait_s: PositiveFloat = 3600.0
     health_command: list[str] = msgspec.field(default_factory=list)  # must exit 0 after a trial boot
     reboot_command: list[str] = msgspec.field(default_factory=list)  # empty: restart the agent in place
     # a reboot command that returned and the device still up this long later failed (trial disarmed)

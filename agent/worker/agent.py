@@ -252,6 +252,7 @@ class WorkerAgent(PartBase):
         self.telemetry: ActorRef | None = None
         self.jobs: ActorRef | None = None
         self.rejected = 0
+        self.leader_id: str | None = None  # the sender of the newest command taken: the leader
         self._started_at = clock.monotonic()  # (again at start) what the link's hourly figure divides by
         # Device applications' messages (the local API and the built-in sources hand them here).
         self.messages = MessageIntake(
@@ -533,6 +534,7 @@ class WorkerAgent(PartBase):
             return Reply(id=envelope.id, status="busy", retry_after_ms=exc.retry_after_ms)
         except EdgeAgentError as exc:
             return Reply(id=envelope.id, status="busy", retry_after_ms=1000, reason=str(exc))
+        self.leader_id = envelope.sender
         return Reply(id=envelope.id, status="accepted")
 
     def _on_rejected(self, reason: str, _payload: bytes, topic: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from agent.worker.leader_watch import LeaderWatch
     from firmware_rollout.device.download import MirrorSettings
     from firmware_rollout.device.updater import ReportSink, Updater
 
@@ -59,6 +60,7 @@ class UpdaterHardware:
     rebooter: InProcessRebooter | None = None
     utc_offset_s: Callable[[], float] = system_utc_offset_s
     mirrors: MirrorSettings | None = None
+    leader_watch: LeaderWatch | None = None  # the leader's presence, for a trial boot (None: not watched)
 
 
 __all__ = ["InProcessRebooter", "OpenUpdater", "UpdaterHardware", "system_utc_offset_s"]

@@ -45,6 +45,7 @@ from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
 from agent.worker.hardware import InProcessRebooter, OpenUpdater, UpdaterHardware, system_utc_offset_s
 from agent.worker.installers import firmware_state_dir, installer_from_config, rebooter_for
+from agent.worker.leader_watch import LeaderWatch
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
 from firmware_rollout.device.download import DownloadSource, MirrorSettings, download_source
@@ -83,9 +84,11 @@ class UpdaterActor(Actor):
         window_max: int = 4,
         mirrors: MirrorSettings | None = None,
         beat_fast: Callable[[], None] | None = None,
+        offered: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.device_id = device_id
         self._beat_fast = beat_fast
+        self._offered = offered  # told of each offer taken (the leader's id is kept then)
         self._mirrors = mirrors or MirrorSettings()
         self._open = open_updater
         self._chunks = chunks
@@ -177,6 +180,8 @@ class UpdaterActor(Actor):
             with contextlib.suppress(UpdaterError):
                 await updater.flush_reports()
             return
+        if self._offered is not None:
+            await self._offered()
         await self._wait_for_window(message, ctx.clock)
         log.info("update %s offered", message.rollout_id)
         source = self._source(message.rollout_id, message.signed_manifest, message.chunk_size, message.mirrors)
@@ -306,6 +311,9 @@ class UpdaterHost(Protocol):
     @property
     def leader_answered(self) -> Gate: ...
 
+    #: The sender of the newest command taken (the leader), None before any.
+    leader_id: str | None
+
     def register_command(self, kind: str, type_: type[msgspec.Struct], ref: ActorRef) -> None: ...
 
     def beat_fast(self, for_s: float) -> None: ...
@@ -329,10 +337,18 @@ class UpdaterPart(PartBase):
         hw = self._hardware
         chunks = ChunkClient(worker.transport, clock=worker.clock, fleet=worker.fleet, device_id=worker.device_id,
                              ids=worker.ids, timeout_s=worker.config.mqtt.reply_timeout_s)
+        watch = hw.leader_watch
+        if watch is not None:
+            await watch.start(worker.transport)
+
+        async def offered() -> None:
+            if watch is not None:
+                await watch.learn(worker.leader_id)
+
         actor = self.actor = UpdaterActor(
             device_id=worker.device_id, open_updater=hw.open_updater, chunks=chunks, outbox=worker.outbox,
             ids=worker.ids, rebooter=hw.rebooter, utc_offset_s=hw.utc_offset_s, mirrors=hw.mirrors,
-            beat_fast=lambda: worker.beat_fast(worker.config.heartbeat.fast_hold_s))
+            beat_fast=lambda: worker.beat_fast(worker.config.heartbeat.fast_hold_s), offered=offered)
         self.ref = worker.system.spawn(actor, name="updater", capacity=self._capacity, policy="reject")
         worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, self.ref)
         cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
@@ -360,7 +376,9 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
     state_dir = firmware_state_dir(fw, worker.data_dir)
     clock = worker.clock
     installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)
-    health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered)
+    watch = LeaderWatch(state_dir, fleet=worker.fleet, clock=clock)
+    health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered,
+                                            leader_down=watch.down_since)
     if fw.health_command:
         health = AllChecks(health, CommandCheck(fw.health_command, timeout_s=fw.health_timeout_s))
     rebooter = rebooter_for(installer, fw, clock=clock)
@@ -372,13 +390,14 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
                                   image=fw.image or None,
                                   initial_version=config.agent.firmware_version,
                                   settings=UpdaterSettings(health_timeout_s=fw.health_timeout_s,
+                                                           leader_wait_s=fw.leader_wait_s,
                                                            update_lock=fw.update_lock,
                                                            max_download_kbps=fw.max_download_kbps),
                                   on_report=sink)
 
     mirrors = MirrorSettings(timeout_s=fw.mirror_timeout_s, ca=fw.mirror_ca, retry_budget=fw.retry_budget,
                              client_cert=config.mqtt.tls_cert, client_key=config.mqtt.tls_key)
-    return UpdaterHardware(open_updater=open_updater, mirrors=mirrors)
+    return UpdaterHardware(open_updater=open_updater, mirrors=mirrors, leader_watch=watch)
 
 
 __all__ = [

@@ -3,13 +3,18 @@
 `ConnectivityCheck` waits until the agent is connected to the broker and has heard from the
 leader (two `Gate`s the worker owns); `CommandCheck` runs a user command and passes on exit 0;
 `AllChecks` runs several in order within one deadline.
+
+A leader that announced itself down (its last will, retained on its presence topic) is no fault
+of the new image: `ConnectivityCheck` then answers `wait` instead of failing, and the updater
+keeps the trial (up to `leader_wait_s`) instead of reverting a good image. Its own failures (no
+broker, a failed health command) still fail at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -21,6 +26,7 @@ from agent.core.gate import Gate
 class HealthResult:
     ok: bool
     detail: str = ""
+    wait: bool = False  # not ok, but nothing this device did: the leader announced itself down
 
 
 @runtime_checkable
@@ -32,9 +38,12 @@ class HealthCheck(Protocol):
 class ConnectivityCheck:
     """Passes once `broker` and then `leader` are open, each within the remaining time."""
 
-    def __init__(self, broker: Gate, leader: Gate) -> None:
+    def __init__(self, broker: Gate, leader: Gate, *,
+                 leader_down: Callable[[float], bool] = lambda since: False) -> None:
         self._broker = broker
         self._leader = leader
+        # the leader's own presence said offline at some time since the clock's monotonic `since`
+        self._leader_down = leader_down
 
     async def check(self, clock: Clock, timeout_s: float) -> HealthResult:
         start = clock.monotonic()
@@ -47,6 +56,8 @@ class ConnectivityCheck:
             try:
                 await clock.wait_for(gate.wait_open(), remaining)
             except TimeoutError:
+                if gate is self._leader and self._leader_down(start):
+                    return HealthResult(False, "the leader announced itself offline: waiting for it", wait=True)
                 return HealthResult(False, f"{name} not reached within {timeout_s:g}s")
         return HealthResult(True, "connected to broker and leader")
 
@@ -93,17 +104,23 @@ class AllChecks:
         self._checks = checks
 
     async def check(self, clock: Clock, timeout_s: float) -> HealthResult:
+        """The first failure; a `wait` result only when every other check passed (a failure of
+        this device's own decides at once)."""
         start = clock.monotonic()
         details = []
+        waiting: HealthResult | None = None
         for check in self._checks:
             remaining = timeout_s - (clock.monotonic() - start)
-            if remaining <= 0:
+            if remaining <= 0 and waiting is None:
                 return HealthResult(False, f"health checks did not finish within {timeout_s:g}s")
-            result = await check.check(clock, remaining)
+            result = await check.check(clock, max(remaining, 1.0) if waiting is not None else remaining)
+            if result.wait:
+                waiting = waiting or result
+                continue
             if not result.ok:
                 return result
             details.append(result.detail)
-        return HealthResult(True, "; ".join(d for d in details if d))
+        return waiting or HealthResult(True, "; ".join(d for d in details if d))
 
 
 __all__ = ["AllChecks", "CommandCheck", "ConnectivityCheck", "HealthCheck", "HealthResult"]

@@ -322,22 +322,45 @@ class CheckHealth:
                                f"(limit {u.settings.max_boots})")
             return
         clock = u.clock
-        remaining = (r.health_deadline_ms - clock.now_ms()) / 1000
-        if remaining <= 0:
-            result = HealthResult(False, "health deadline passed before the check ran")
-        else:
-            try:
-                # The check decides within `remaining` itself; the outer limit only stops a check that hangs.
-                result = await clock.wait_for(u.health.check(clock, remaining), remaining + HEALTH_GRACE_S)
-            except TimeoutError:
-                result = HealthResult(False, f"no health result within {remaining:g}s")
-            except Exception as exc:  # a broken check is a failed check, never a stuck update
-                result = HealthResult(False, f"health check raised {exc!r}")
+        began = clock.monotonic()
+        told = False
+        while True:
+            result = await _check_once(u)
+            if not result.wait:
+                break
+            waited = clock.monotonic() - began
+            if waited >= u.settings.leader_wait_s:
+                result = HealthResult(False, f"{result.detail}: the leader was still offline after {waited:g}s")
+                break
+            if not told:
+                told = True
+                log.warning("trial boot of slot %s: %s (up to %gs) instead of reverting", r.to_slot, result.detail,
+                            u.settings.leader_wait_s)
+            # the deadline moves on: a power loss meanwhile starts the wait again (max_boots bounds that)
+            r = r.but(health_deadline_ms=clock.now_ms() + int(u.settings.health_timeout_s * 1000),
+                      detail=f"waiting for the leader, which announced itself offline (up to "
+                             f"{u.settings.leader_wait_s:g}s)")
+            await u.save(r)
         if not result.ok:
             await roll_back(u, f"health check failed: {result.detail}")
             return
         await u.installer.commit(r.to_slot)
         await u.save(r.but(state="committed", detail=result.detail or "healthy"), slots={r.to_slot: r.version})
+
+
+async def _check_once(u: UpdateContext) -> HealthResult:
+    """The health check within what is left of the record's deadline."""
+    clock = u.clock
+    remaining = (u.record.health_deadline_ms - clock.now_ms()) / 1000
+    if remaining <= 0:
+        return HealthResult(False, "health deadline passed before the check ran")
+    try:
+        # The check decides within `remaining` itself; the outer limit only stops a check that hangs.
+        return await clock.wait_for(u.health.check(clock, remaining), remaining + HEALTH_GRACE_S)
+    except TimeoutError:
+        return HealthResult(False, f"no health result within {remaining:g}s")
+    except Exception as exc:  # a broken check is a failed check, never a stuck update
+        return HealthResult(False, f"health check raised {exc!r}")
 
 
 async def roll_back(u: UpdateContext, detail: str) -> None:

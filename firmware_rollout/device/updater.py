@@ -78,6 +78,8 @@ CANCELABLE_STATES: frozenset[str] = frozenset({"downloading", "verifying", "stag
 class UpdaterSettings:
     max_boots: int = 3  # boots of a new slot without a commit before it counts as a crash loop
     health_timeout_s: float = 120.0  # per boot of the new slot
+    # a leader announced offline is waited for this long on a trial boot (not a failure of the image)
+    leader_wait_s: float = 3600.0
     fetch_timeout_s: float = 30.0
     fetch_attempts: int = 8  # per chunk; `Capacity` (busy) answers do not count
     fetch_backoff_base_s: float = 1.0

@@ -163,3 +163,67 @@ def test_a_cancel_mid_download_over_mosquitto_reaches_every_device(tmp_path: Pat
             assert not bootenv.exists() or json.loads(bootenv.read_text()) == {"default": "a", "trial": None}
     finally:
         stop(procs)
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_a_leader_down_during_a_trial_boot_does_not_revert_a_good_image(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """The leader goes down (SIGKILL: the broker publishes its retained will) while a device waits
+    to reboot into the new image (an application holds the update lock). On the trial boot the
+    broker answers and the leader does not, past `health_timeout_s`: the device keeps the
+    trial because the leader announced itself offline, and commits when the leader is back."""
+    import fcntl
+
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    artifact, public = make_artifact(tmp_path, chunk_size=4096, size=20_000)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    lock = tmp_path / "update.lock"
+    lock.touch()
+    leader_config = agent_config(tmp_path, "gw", "leader", url, f'[firmware]\npublic_key = "{public}"\n')
+    # the broker publishes the leader's will as soon as its connection ends
+    leader_config.write_text(leader_config.read_text().replace(f'url = "{url}"\n',
+                                                               f'url = "{url}"\nwill_delay_s = 0\n'))
+    worker_config = agent_config(tmp_path, "pi-0", "worker", url,
+                                 f'[firmware]\npublic_key = "{public}"\nhealth_timeout_s = 10.0\n'
+                                 f'update_lock = "{lock}"\n')
+
+    def run(config: Path, log: Path) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    db = tmp_path / "gw" / "leader.db"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[rollout]\nname = "lab"\nartifact = "{artifact}"\n[waves]\ncounts = [1]\n'
+                    '[device]\ntimeout_s = 600\n')
+    cli = [sys.executable, "-m", "agent.cli", "rollout"]
+    worker_log = tmp_path / "pi-0.log"
+    held = os.open(lock, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the application: not now
+    procs = [run(leader_config, tmp_path / "gw.log"), run(worker_config, worker_log)]
+
+    def until(what: str, predicate: Any, limit_s: float = 60) -> None:
+        deadline = time.monotonic() + limit_s
+        while not predicate():
+            assert time.monotonic() < deadline, f"{what}: not within {limit_s}s\n{worker_log.read_text()[-3000:]}"
+            time.sleep(0.1)
+
+    try:
+        until("the worker registered", lambda: registered(db) >= 1)
+        started = subprocess.run(cli + ["start", str(spec), "--db", str(db), "--id", "lab-1"],
+                                 capture_output=True, text=True, env=env, timeout=60)
+        assert started.returncode == 0, started.stderr
+        until("the device waiting for the update lock", lambda: "waiting for the update lock" in worker_log.read_text())
+        procs[0].kill()  # the leader goes down hard; the broker publishes its will at once
+        procs[0].wait(30)
+        fcntl.flock(held, fcntl.LOCK_UN)  # the device reboots into the trial now
+        until("the trial waiting for the leader", lambda: "instead of reverting" in worker_log.read_text())
+        text = worker_log.read_text()
+        assert "the leader announced itself offline: waiting for it" in text and "rolled_back" not in text
+        procs[0] = run(leader_config, tmp_path / "gw.log")  # the leader is back
+        bootenv = tmp_path / "pi-0" / "firmware" / "slots" / "bootenv.json"
+        until("the trial committed", lambda: json.loads(bootenv.read_text()) == {"default": "b", "trial": None})
+        assert "rolled_back" not in worker_log.read_text()
+    finally:
+        os.close(held)
+        stop(procs)

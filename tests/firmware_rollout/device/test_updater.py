@@ -389,3 +389,82 @@ async def test_an_offer_s_manifest_is_decoded_once_by_the_updater_and_once_by_it
     report = await updater.offer(offer, source)
     assert report.state == "rebooting" and updater.status().chunks_total == manifest.chunk_count
     assert len(decoded) == 2
+
+
+async def test_a_leader_announced_offline_is_waited_for_instead_of_reverting(tmp_path: Path, keys: Keys) -> None:
+    """On the trial boot the broker is there and the leader is not: when the leader announced
+    itself offline (its last will) the trial waits for it past the health timeout and commits
+    once it answers; the wait is bounded by `leader_wait_s`."""
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    clock = VirtualClock()
+    broker, leader = Gate(), Gate()
+    down = True
+    device = Device(tmp_path / "dev", keys, clock=clock,
+                    health=ConnectivityCheck(broker, leader, leader_down=lambda since: down),
+                    settings=UpdaterSettings(health_timeout_s=30, leader_wait_s=600))
+    source = CountingSource(artifact, clock=clock)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    updater = await device.boot()
+    broker.open()
+    task = asyncio.create_task(updater.resume())
+    await clock.advance(250)  # far past the health timeout: still on trial, waiting
+    assert not task.done()
+    assert updater.status().state == "verifying_health" and "waiting for the leader" in updater.status().detail
+    leader.open()  # the leader is back and answers
+    await clock.advance(1)
+    status = await task
+    assert status.state == "committed" and status.active_version == "1.1.0"
+    await updater.close()
+
+
+async def test_a_leader_that_stays_offline_or_a_device_of_its_own_failing_still_reverts(tmp_path: Path,
+                                                                                         keys: Keys) -> None:
+    artifact, _ = make_artifact(tmp_path, keys.signing)
+    clock = VirtualClock()
+    broker, leader = Gate(), Gate()
+    device = Device(tmp_path / "dev", keys, clock=clock,
+                    health=ConnectivityCheck(broker, leader, leader_down=lambda since: True),
+                    settings=UpdaterSettings(health_timeout_s=30, leader_wait_s=100))
+    source = CountingSource(artifact, clock=clock)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    updater = await device.boot()
+    broker.open()
+    task = asyncio.create_task(updater.resume())
+    await clock.advance(131)
+    status = await task
+    assert status.state == "rolled_back" and "the leader was still offline after" in status.detail
+    await updater.close()
+    # no broker at all is this device's own failure: no wait, whatever the leader announced
+    (tmp_path / "b").mkdir()
+    artifact2, _ = make_artifact(tmp_path / "b", keys.signing)
+    device2 = Device(tmp_path / "dev2", keys, clock=clock,
+                     health=ConnectivityCheck(Gate(), Gate(), leader_down=lambda since: True),
+                     settings=UpdaterSettings(health_timeout_s=30, leader_wait_s=100))
+    source2 = CountingSource(artifact2, clock=clock)
+    updater = await device2.boot()
+    await updater.offer(offer_for(source2), source2)
+    updater = await device2.boot()
+    task = asyncio.create_task(updater.resume())
+    await clock.advance(31)
+    status = await task
+    assert status.state == "rolled_back" and "broker not reached within 30s" in status.detail
+    await updater.close()
+
+
+async def test_a_failing_health_command_decides_even_while_the_leader_is_announced_offline() -> None:
+    from firmware_rollout.device.health import AllChecks, HealthResult
+
+    class Fixed:
+        def __init__(self, result: HealthResult) -> None:
+            self.result = result
+
+        async def check(self, clock: object, timeout_s: float) -> HealthResult:
+            return self.result
+
+    clock = VirtualClock()
+    waiting = HealthResult(False, "the leader announced itself offline: waiting for it", wait=True)
+    failed = HealthResult(False, "health command exited 1")
+    assert await AllChecks(Fixed(waiting), Fixed(failed)).check(clock, 10) == failed
+    assert await AllChecks(Fixed(waiting), Fixed(HealthResult(True, "fine"))).check(clock, 10) == waiting
