@@ -246,6 +246,8 @@ def main(args: argparse.Namespace) -> int:
     except EdgeAgentError as exc:
         print(f"edge-agent firmware {args.action}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # piped into `head`: the command line ends quietly (agent.cli)
     except OSError as exc:  # a file the helpers did not translate: still one line, no traceback
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"edge-agent firmware {args.action}: {where}{exc.strerror or exc}", file=sys.stderr)

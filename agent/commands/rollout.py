@@ -38,6 +38,7 @@ from agent.leader.registry import LEADER_QUIET_S
 
 EXIT_NOT_APPLIED = 3  # a control queued, the leader not running to apply it
 CONTROL_ACTIONS = ("pause", "resume", "cancel", "next", "approve")
+PIPED_WIDTH = 250  # columns of `status` written to a pipe or a file
 CONTROL_HELP = {
     "pause": "stop offering the image; devices mid-update finish and report",
     "resume": "go on with a paused rollout (the failure threshold counts afresh)",
@@ -362,7 +363,8 @@ def _status(store: Any, args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    console = Console()
+    # piped or redirected, rich would cut every line at 80 columns: a pipe gets whole lines
+    console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
     if not args.watch:
         console.print(render_status(data))
         return 0

@@ -356,3 +356,21 @@ async def test_rollout_status_is_stale_only_when_the_leader_stopped_marking_itse
         registry.close()
     assert cli(["rollout", "status", "r1", "--db", str(db), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stale"] is False
+
+
+async def test_piped_screens_keep_whole_lines_and_count_waves_from_one(leader: tuple[Path, Path],
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    db, spec = leader
+    clock = VirtualClock()
+    register(db, ["a", "b", "c", "d"])
+    assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1-with-a-name-long-enough-for-a-wide-line",
+                "--no-wait"]) == 0
+    await tick(db, clock, FakePort(clock, ["a", "b", "c", "d"]))
+    capsys.readouterr()
+    assert cli(["rollout", "status", "r1-with-a-name-long-enough-for-a-wide-line", "--db", str(db), "--devices"]) == 0
+    out = capsys.readouterr().out  # (a pipe here: rich would cut at 80 columns)
+    assert max(len(line) for line in out.splitlines()) > 80 and "…" not in out
+    assert cli(["status", "--db", str(db), "--device", "a"]) == 0
+    shown = capsys.readouterr().out
+    assert "r1-with-a-name-long-enough-for-a-wide-line cli test -> 1.1.0 [running]: wave " in shown
+    assert ": wave 0," not in shown
