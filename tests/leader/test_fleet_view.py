@@ -96,7 +96,7 @@ def test_the_status_command_lists_pages_and_says_how_to_go_on(leader_db: Path,
                                                                       ("pi-04", False)]
     assert cli(["status", "--db", str(leader_db), "--device", "pi-05"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("device pi-05: online") and "r1 " in out and "wave 0, queued" in out
+    assert out.startswith("device pi-05: online") and "r1 " in out and "wave 1, queued" in out
     assert "outbox: 12 pending" in out
     assert cli(["status", "--db", str(leader_db), "--device", "pi-99"]) == 1
     assert "no device 'pi-99'" in capsys.readouterr().err
