@@ -13,7 +13,7 @@ from agent.core.errors import Capacity, Permanent, Transient
 from agent.core.gate import Gate
 from firmware_rollout.artifact.keys import SigningKey
 from firmware_rollout.device.health import ConnectivityCheck
-from firmware_rollout.device.updater import UpdaterSettings
+from firmware_rollout.device.updater import Updater, UpdaterSettings
 from firmware_rollout.messages import UpdateOffer
 
 
@@ -391,21 +391,27 @@ async def test_an_offer_s_manifest_is_decoded_once_by_the_updater_and_once_by_it
     assert len(decoded) == 2
 
 
+async def on_trial_boot(where: Path, keys: Keys, clock: VirtualClock, health: ConnectivityCheck, *,
+                        leader_wait_s: float) -> Updater:
+    """A device that took an update and booted the new slot (health timeout 30 s): its updater."""
+    where.mkdir()
+    artifact, _ = make_artifact(where, keys.signing)
+    device = Device(where / "dev", keys, clock=clock, health=health,
+                    settings=UpdaterSettings(health_timeout_s=30, leader_wait_s=leader_wait_s))
+    source = CountingSource(artifact, clock=clock)
+    updater = await device.boot()
+    await updater.offer(offer_for(source), source)
+    return await device.boot()
+
+
 async def test_a_leader_announced_offline_is_waited_for_instead_of_reverting(tmp_path: Path, keys: Keys) -> None:
     """On the trial boot the broker is there and the leader is not: when the leader announced
     itself offline (its last will) the trial waits for it past the health timeout and commits
     once it answers; the wait is bounded by `leader_wait_s`."""
-    artifact, _ = make_artifact(tmp_path, keys.signing)
     clock = VirtualClock()
     broker, leader = Gate(), Gate()
-    down = True
-    device = Device(tmp_path / "dev", keys, clock=clock,
-                    health=ConnectivityCheck(broker, leader, leader_down=lambda since: down),
-                    settings=UpdaterSettings(health_timeout_s=30, leader_wait_s=600))
-    source = CountingSource(artifact, clock=clock)
-    updater = await device.boot()
-    await updater.offer(offer_for(source), source)
-    updater = await device.boot()
+    updater = await on_trial_boot(tmp_path / "a", keys, clock,
+                                  ConnectivityCheck(broker, leader, leader_down=lambda since: True), leader_wait_s=600)
     broker.open()
     task = asyncio.create_task(updater.resume())
     await clock.advance(250)  # far past the health timeout: still on trial, waiting
@@ -420,16 +426,10 @@ async def test_a_leader_announced_offline_is_waited_for_instead_of_reverting(tmp
 
 async def test_a_leader_that_stays_offline_or_a_device_of_its_own_failing_still_reverts(tmp_path: Path,
                                                                                          keys: Keys) -> None:
-    artifact, _ = make_artifact(tmp_path, keys.signing)
     clock = VirtualClock()
-    broker, leader = Gate(), Gate()
-    device = Device(tmp_path / "dev", keys, clock=clock,
-                    health=ConnectivityCheck(broker, leader, leader_down=lambda since: True),
-                    settings=UpdaterSettings(health_timeout_s=30, leader_wait_s=100))
-    source = CountingSource(artifact, clock=clock)
-    updater = await device.boot()
-    await updater.offer(offer_for(source), source)
-    updater = await device.boot()
+    broker = Gate()
+    updater = await on_trial_boot(tmp_path / "a", keys, clock,
+                                  ConnectivityCheck(broker, Gate(), leader_down=lambda since: True), leader_wait_s=100)
     broker.open()
     task = asyncio.create_task(updater.resume())
     await clock.advance(131)
@@ -437,15 +437,8 @@ async def test_a_leader_that_stays_offline_or_a_device_of_its_own_failing_still_
     assert status.state == "rolled_back" and "the leader was still offline after" in status.detail
     await updater.close()
     # no broker at all is this device's own failure: no wait, whatever the leader announced
-    (tmp_path / "b").mkdir()
-    artifact2, _ = make_artifact(tmp_path / "b", keys.signing)
-    device2 = Device(tmp_path / "dev2", keys, clock=clock,
-                     health=ConnectivityCheck(Gate(), Gate(), leader_down=lambda since: True),
-                     settings=UpdaterSettings(health_timeout_s=30, leader_wait_s=100))
-    source2 = CountingSource(artifact2, clock=clock)
-    updater = await device2.boot()
-    await updater.offer(offer_for(source2), source2)
-    updater = await device2.boot()
+    updater = await on_trial_boot(tmp_path / "b", keys, clock,
+                                  ConnectivityCheck(Gate(), Gate(), leader_down=lambda since: True), leader_wait_s=100)
     task = asyncio.create_task(updater.resume())
     await clock.advance(31)
     status = await task
