@@ -70,6 +70,10 @@ CHECKED_KEPT = 4  # checked manifests kept: the update's, the active slot's, a r
 log = logging.getLogger(__name__)
 
 
+#: What `slot_versions` says of a slot whose new image is being written (or was left half written
+#: by a cancel or a failure): not the version it held before, not the new one yet.
+PARTIAL_SLOT = "partial"
+
 #: What a cancel can still stop: the new slot has not booted (on its trial boot the health check decides).
 CANCELABLE_STATES: frozenset[str] = frozenset({"downloading", "verifying", "staged", "installing", "rebooting"})
 
@@ -502,6 +506,7 @@ class Updater:
             base.but(state="downloading", to_slot=to_slot,
                      detail=f"{manifest.chunk_count} {chunking} {manifest.chunk_size} bytes"),
             manifests={to_slot: None},  # it is about to be overwritten: no delta copies from it
+            slots={to_slot: PARTIAL_SLOT},  # until its image is checked whole: not the version it held
         )
 
     async def _drive(self, source: ChunkSource | None) -> None:
@@ -701,6 +706,7 @@ class _NoReboot:
 
 
 __all__ = [
+    "PARTIAL_SLOT",
     "ReportSink",
     "Updater",
     "UpdaterSettings",

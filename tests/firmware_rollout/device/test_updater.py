@@ -301,6 +301,7 @@ async def test_a_cancel_mid_download_discards_the_staging_and_reports_canceled(t
         await task
     status = await updater.cancel("r1", "canceled by operator")
     assert status.state == "canceled" and status.active_version == "1.0.0"
+    assert updater.slot_versions() == {"a": "1.0.0", "b": "partial"}  # b was written in part
     assert not (device.root / "staging.img").exists()
     assert device.sent[-1].state == "canceled" and "canceled by operator" in device.sent[-1].detail
     # never started here: still answered, so the leader hears back
@@ -309,7 +310,7 @@ async def test_a_cancel_mid_download_discards_the_staging_and_reports_canceled(t
     # a new offer is taken afresh
     again = CountingSource(artifact)
     report = await updater.offer(offer_for(again, rollout="r2"), again)
-    assert report.state == "rebooting"
+    assert report.state == "rebooting" and updater.slot_versions() == {"a": "1.0.0", "b": "1.1.0"}
     await updater.close()
 
 
