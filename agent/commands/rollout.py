@@ -34,6 +34,7 @@ from typing import Any
 from agent.commands.arguments import aligned, positive_seconds
 from agent.core.clock import SystemClock
 from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
+from agent.core.sizes import format_bytes
 from agent.leader.registry import LEADER_QUIET_S
 
 EXIT_NOT_APPLIED = 3  # a control queued, the leader not running to apply it
@@ -408,18 +409,21 @@ def render_status(data: dict[str, Any]) -> Any:
         if total_bytes:
             rate = float(dl.get("rate_bytes_per_s", 0.0))
             to_fetch = int(dl.get("bytes_to_fetch", 0))
-            fetch = f" delta {to_fetch / 2**20:.1f}" if 0 < to_fetch < total_bytes else ""
+            done_bytes = int(dl.get("bytes_done", 0))
+            # assembled (copied from the active slot or fetched) of the images' size; a delta
+            # says how much of that is fetched at all
+            fetch = f", {format_bytes(to_fetch)} to fetch (delta)" if 0 < to_fetch < total_bytes else ""
             download = Table.grid(padding=(0, 1))
-            download.add_row(ProgressBar(total=total_bytes, completed=int(dl.get("bytes_done", 0)), width=16),
-                             Text(f"{int(dl.get('bytes_done', 0)) / 2**20:.1f}/{total_bytes / 2**20:.1f} MiB" + fetch
-                                  + (f" {rate / 1024:.0f} KiB/s" if rate else ""), style="dim"))
+            download.add_row(ProgressBar(total=total_bytes, completed=done_bytes, width=16),
+                             Text(f"{format_bytes(done_bytes)} of {format_bytes(total_bytes)} assembled" + fetch
+                                  + (f", {format_bytes(rate)}/s" if rate else ""), style="dim"))
         table.add_row(name, str(w["size"]), w["state"], ProgressBar(total=max(1, w["size"]), completed=done, width=20),
                       f"{w['succeeded']}/{w['size']} ok", download, counts)
     totals = "  ".join(f"{k}: {v}" for k, v in data["counts"].items())
     served = data.get("serving") or {}
     lines: list[Text | Table] = [head, Text(data["detail"], style="dim"), table,
              Text(f"devices {data['devices']}   {totals}   offers {data['offers']}"),
-             Text(f"MQTT chunks served {served.get('chunks', 0)}, {served.get('bytes', 0) / 2**20:.1f} MiB;"
+             Text(f"MQTT chunks served {served.get('chunks', 0)} ({format_bytes(served.get('bytes', 0))});"
                   f" {served.get('busy', 0)} busy answers; at most {served.get('max_concurrent', 0)} downloads at once",
                   style="dim")]
     if data["rollback_of"]:
@@ -433,11 +437,11 @@ def render_status(data: dict[str, Any]) -> Any:
         lines.insert(1, Text(f"STALE: the leader has written nothing since {when}; is it running?", style="bold red"))
     if "device_list" in data:
         devices = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for column in ("device", "wave", "state", "attempts", "fetches", "detail"):
+        for column in ("device", "wave", "state", "attempts", "to fetch", "detail"):
             devices.add_column(column, no_wrap=column != "detail")
         for d in data["device_list"]:
             size, to_fetch = int(d.get("image_bytes", 0)), int(d.get("bytes_to_fetch", 0))
-            fetches = f"{to_fetch / 2**20:.1f} of {size / 2**20:.1f} MiB" if size and to_fetch else "-"
+            fetches = f"{format_bytes(to_fetch)} of a {format_bytes(size)} image" if size and to_fetch else "-"
             devices.add_row(d["device"], str(d["wave"] + 1), d["state"], str(d["attempts"]), fetches, d["detail"])
         lines.append(devices)
     return Group(*lines)

@@ -374,3 +374,26 @@ async def test_piped_screens_keep_whole_lines_and_count_waves_from_one(leader: t
     shown = capsys.readouterr().out
     assert "r1-with-a-name-long-enough-for-a-wide-line cli test -> 1.1.0 [running]: wave " in shown
     assert ": wave 0," not in shown
+
+
+def test_each_figure_says_what_it_counts_in_a_unit_that_keeps_it_readable() -> None:
+    from rich.console import Console
+
+    from agent.commands.rollout import render_status
+    from agent.core.sizes import format_bytes
+
+    assert [format_bytes(n) for n in (0, 812, 3300, 16_000_000, 1_288_490_189)] == [
+        "0 B", "812 B", "3.2 KiB", "15.3 MiB", "1.20 GiB"]
+    wave = {"number": 1, "canary": False, "counts": {"downloading": 1}, "finished": 0, "size": 1, "state": "running",
+            "succeeded": 0, "download": {"bytes_total": 16_000_000, "bytes_done": 8_000_000, "bytes_to_fetch": 30_000,
+                                          "rate_bytes_per_s": 2048.0}}
+    data = {"id": "r1", "name": "camera", "version": "1.2.0", "state": "running", "detail": "", "waves": [wave],
+            "counts": {"downloading": 1}, "devices": 1, "offers": 1, "serving": {"chunks": 3, "bytes": 3300},
+            "rollback_of": "", "device_list": [{"device": "pi-1", "wave": 0, "state": "downloading", "attempts": 1,
+                                                "image_bytes": 16_000_000, "bytes_to_fetch": 30_000, "detail": ""}]}
+    console = Console(record=True, width=250)
+    console.print(render_status(data))
+    text = console.export_text()
+    assert "7.6 MiB of 15.3 MiB assembled, 29.3 KiB to fetch (delta), 2.0 KiB/s" in text
+    assert "MQTT chunks served 3 (3.2 KiB)" in text
+    assert "to fetch" in text.splitlines()[-2] and "29.3 KiB of a 15.3 MiB image" in text
