@@ -392,8 +392,9 @@ def render_status(data: dict[str, Any]) -> Any:
     colour = {"scheduled": "blue", "running": "cyan", "paused": "yellow", "succeeded": "green", "aborted": "red",
               "failed": "red", "stopped": "magenta",
               "canceled": "magenta"}.get(data["state"], "white")
+    sources = ", ".join(data.get("from_versions") or {}) or "?"
     head = Text.assemble(
-        ("rollout ", "bold"), (data["id"], "bold"), f"  {data['name']}  version {data['version']}  ",
+        ("rollout ", "bold"), (data["id"], "bold"), f"  ({data['name']})  {sources} → {data['version']}  ",
         (data["state"].upper(), f"bold {colour}"),
     )
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
@@ -437,12 +438,16 @@ def render_status(data: dict[str, Any]) -> Any:
         lines.insert(1, Text(f"STALE: the leader has written nothing since {when}; is it running?", style="bold red"))
     if "device_list" in data:
         devices = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for column in ("device", "wave", "state", "attempts", "to fetch", "detail"):
+        for column in ("device", "wave", "versions", "state", "attempts", "fetched", "detail"):
             devices.add_column(column, no_wrap=column != "detail")
         for d in data["device_list"]:
             size, to_fetch = int(d.get("image_bytes", 0)), int(d.get("bytes_to_fetch", 0))
-            fetches = f"{format_bytes(to_fetch)} of a {format_bytes(size)} image" if size and to_fetch else "-"
-            devices.add_row(d["device"], str(d["wave"] + 1), d["state"], str(d["attempts"]), fetches, d["detail"])
+            fetched = int(d.get("bytes_fetched", 0))
+            fetches = (f"{format_bytes(fetched)} of {format_bytes(to_fetch)} to fetch ({format_bytes(size)} image)"
+                       if size and to_fetch else "-")
+            versions = f"{d.get('from_version') or '?'} → {data['version']}"
+            devices.add_row(d["device"], str(d["wave"] + 1), versions, d["state"], str(d["attempts"]), fetches,
+                            d["detail"])
         lines.append(devices)
     return Group(*lines)
 

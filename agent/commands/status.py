@@ -134,7 +134,8 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
         lines.append("  system: " + ", ".join(p for p in parts if p))
     if detail.rollouts:
         lines.append("  rollouts (newest first):")
-        lines += [f"    {r.rollout_id} {r.name} -> {r.version} [{r.rollout_state}]: wave {r.wave + 1}, {r.state}"
+        lines += [f"    {r.rollout_id} ({r.name}): {r.from_version or '?'} → {r.version} [{r.rollout_state}]:"
+                  f" wave {r.wave + 1}, {r.state}"
                   + (f" ({r.detail})" if r.detail else "") for r in detail.rollouts]
     if detail.rejects:
         lines.append(f"  recent rejects ({len(detail.rejects)}):")

@@ -60,6 +60,7 @@ class DeviceRollout(msgspec.Struct, kw_only=True, frozen=True):
     state: str  # the device's
     detail: str
     updated_ms: int
+    from_version: str = ""  # what the device ran when the rollout took it ("": not known)
 
 
 class DeviceDetail(DeviceState, kw_only=True, frozen=True):
@@ -96,8 +97,9 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10) -> DeviceD
     line, state = found
     recent = [DeviceReject(at_ms=r.at_ms, kind=r.kind, msg_id=r.msg_id, size=r.size, reason=r.reason)
               for r in db.rejects.newest(device=device_id, limit=rejects)]
-    rollouts = [DeviceRollout(rollout_id=a, name=b, version=c, rollout_state=d, wave=e, state=f, detail=g, updated_ms=h)
-                for a, b, c, d, e, f, g, h in db.rollouts.of_device(device_id)]
+    rollouts = [DeviceRollout(rollout_id=a, name=b, version=c, rollout_state=d, wave=e, state=f, detail=g, updated_ms=h,
+                              from_version=i)
+                for a, b, c, d, e, f, g, h, i in db.rollouts.of_device(device_id)]
     return DeviceDetail(**msgspec.structs.asdict(state), device=_rows(db, [line])[0], rejects=recent,
                         rollouts=rollouts)
 

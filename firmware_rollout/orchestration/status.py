@@ -67,6 +67,7 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "name": r.name,
         "state": r.state,
         "version": r.version,
+        "from_versions": {v or "?": n for v, n in store.from_versions(r.id).items()},
         "artifact": r.artifact,
         "current_wave": r.current_wave,
         "current_wave_number": wave_number(r.current_wave),

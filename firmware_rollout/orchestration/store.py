@@ -376,6 +376,13 @@ class RolloutStore(SqliteStore):
             out.setdefault(wave, {})[state] = n
         return out
 
+    def from_versions(self, rollout_id: str) -> dict[str, int]:
+        """The versions the rollout's devices ran when it took them -> how many, most first
+        ("" for a device whose version was not known then)."""
+        rows = self._q("SELECT from_version, COUNT(*) AS n FROM rollout_devices WHERE rollout_id = ?"
+                       " GROUP BY from_version ORDER BY n DESC, from_version", (rollout_id,))
+        return {str(v or ""): int(n) for v, n in rows}
+
     def progress(self, rollout_id: str) -> dict[int, dict[str, float]]:
         """wave -> the image bytes its devices have of what they were offered, what they fetch
         over the network of it (the rest is copied from their active slots) and fetched so far,
@@ -661,19 +668,21 @@ class RolloutReads:
             newest.setdefault(str(device_id), (str(rollout_id), str(state)))
         return newest
 
-    def of_device(self, device_id: str) -> list[tuple[str, str, str, str, int, str, str, int]]:
+    def of_device(self, device_id: str) -> list[tuple[str, str, str, str, int, str, str, int, str]]:
         """Every rollout that includes the device, newest first: (rollout id, name, version,
-        rollout state, wave, the device's state, its detail, when it changed)."""
+        rollout state, wave, the device's state, its detail, when it changed, the version it ran
+        when the rollout took it)."""
         if not self.present:
             return []
         try:
             rows = self._conn.execute(
-                "SELECT r.id, r.name, r.version, r.state, d.wave, d.state, d.detail, d.updated_ms"
+                "SELECT r.id, r.name, r.version, r.state, d.wave, d.state, d.detail, d.updated_ms, d.from_version"
                 " FROM rollout_devices AS d JOIN rollouts AS r ON r.id = d.rollout_id WHERE d.device_id = ?"
                 " ORDER BY r.seq DESC", (device_id,)).fetchall()
         except sqlite3.OperationalError:  # a rollout schema this version does not know
             return []
-        return [(str(a), str(b), str(c), str(d), int(e), str(f), str(g), int(h)) for a, b, c, d, e, f, g, h in rows]
+        return [(str(a), str(b), str(c), str(d), int(e), str(f), str(g), int(h), str(i or ""))
+                for a, b, c, d, e, f, g, h, i in rows]
 
 
 __all__ = [

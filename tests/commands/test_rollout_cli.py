@@ -372,7 +372,7 @@ async def test_piped_screens_keep_whole_lines_and_count_waves_from_one(leader: t
     assert max(len(line) for line in out.splitlines()) > 80 and "…" not in out
     assert cli(["status", "--db", str(db), "--device", "a"]) == 0
     shown = capsys.readouterr().out
-    assert "r1-with-a-name-long-enough-for-a-wide-line cli test -> 1.1.0 [running]: wave " in shown
+    assert "r1-with-a-name-long-enough-for-a-wide-line (cli test): 1.0.0 → 1.1.0 [running]: wave " in shown
     assert ": wave 0," not in shown
 
 
@@ -389,11 +389,16 @@ def test_each_figure_says_what_it_counts_in_a_unit_that_keeps_it_readable() -> N
                                           "rate_bytes_per_s": 2048.0}}
     data = {"id": "r1", "name": "camera", "version": "1.2.0", "state": "running", "detail": "", "waves": [wave],
             "counts": {"downloading": 1}, "devices": 1, "offers": 1, "serving": {"chunks": 3, "bytes": 3300},
-            "rollback_of": "", "device_list": [{"device": "pi-1", "wave": 0, "state": "downloading", "attempts": 1,
-                                                "image_bytes": 16_000_000, "bytes_to_fetch": 30_000, "detail": ""}]}
+            "rollback_of": "", "from_versions": {"1.0.0": 1},
+            "device_list": [{"device": "pi-1", "wave": 0, "state": "downloading", "attempts": 1,
+                             "from_version": "1.0.0", "image_bytes": 16_000_000, "bytes_to_fetch": 30_000,
+                             "bytes_fetched": 0, "detail": ""}]}
     console = Console(record=True, width=250)
     console.print(render_status(data))
     text = console.export_text()
     assert "7.6 MiB of 15.3 MiB assembled, 29.3 KiB to fetch (delta), 2.0 KiB/s" in text
     assert "MQTT chunks served 3 (3.2 KiB)" in text
-    assert "to fetch" in text.splitlines()[-2] and "29.3 KiB of a 15.3 MiB image" in text
+    header = next(line for line in text.splitlines() if line.startswith("device "))
+    assert header.split() == ["device", "wave", "versions", "state", "attempts", "fetched", "detail"]
+    assert "0 B of 29.3 KiB to fetch (15.3 MiB image)" in text
+    assert "1.0.0 → 1.2.0" in text and "(camera)  1.0.0 → 1.2.0" in text
