@@ -43,7 +43,9 @@ class Delta:
 async def find_delta(installer: Installer, manifest: Manifest, *, active_version: str,
                      active_manifest: Callable[[str], Awaitable[Manifest | None]]) -> Delta:
     """The chunks of `manifest` the booted slot holds; `active_manifest(slot)` is the checked
-    manifest of the image installed there (None: unknown, no delta)."""
+    manifest of the image installed there (None: unknown, no delta). A slot the installer cannot
+    read (a backend without `read_slot`, a helper refusing it) gives no delta: the plan the
+    device reports is the download it makes."""
     booted = installer.booted_slot()
     active = await active_manifest(booted)
     if active is None or active.version != active_version:
@@ -55,6 +57,12 @@ async def find_delta(installer: Installer, manifest: Manifest, *, active_version
         source = where.get(digest)
         if source is not None:
             copies[index] = (active_layout.offset(source), active_layout.length(source))
+    if copies:
+        try:  # a backend (or helper) that cannot read its slots plans no delta it cannot make
+            await installer.read_slot(booted, 0, 1)
+        except (InstallError, OSError) as exc:
+            log.warning("no delta: slot %s cannot be read (%s): every chunk is downloaded", booted, exc)
+            return Delta.none()
     return Delta(installer, booted, copies)
 
 

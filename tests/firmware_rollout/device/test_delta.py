@@ -6,11 +6,14 @@ import os
 import random
 from pathlib import Path
 
+import pytest
 from fwhelpers import CountingSource, Device, Keys
 
 from firmware_rollout.artifact.files import ContentDefined, build_artifact
 from firmware_rollout.artifact.manifest import SignedManifest
+from firmware_rollout.device.slots import DirectoryInstaller, Installer
 from firmware_rollout.device.updater import Updater
+from firmware_rollout.errors import InstallError
 from firmware_rollout.messages import UpdateOffer
 
 SMALL = ContentDefined(min_size=1024, avg_size=4096, max_size=16384)
@@ -94,3 +97,31 @@ async def test_a_chunk_the_active_slot_holds_corrupted_is_downloaded_instead(tmp
     corrupted = [i for i, d in enumerate(s2.manifest.chunks) if d == s1.manifest.chunks[victim]]
     assert corrupted and set(second.fetched) == set(missing) | set(corrupted)  # detected, not copied
     assert (device.root / "slots" / "a" / "image").read_bytes() == v2
+
+
+class _Unreadable(DirectoryInstaller):
+    """A backend (or a helper) that cannot read its slots back, as a RAUC bundle slot."""
+
+    async def read_slot(self, slot: str, offset: int, length: int) -> bytes:
+        raise InstallError(f"cannot read slot {slot} here")
+
+
+class _UnreadableDevice(Device):
+    def installer(self) -> Installer:
+        return _Unreadable(self.root / "slots", clock=self.clock)
+
+
+async def test_a_slot_that_cannot_be_read_plans_no_delta(tmp_path: Path, keys: Keys,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The plan a device reports is the download it makes: when the active slot cannot be read
+    no chunk is counted as copied (before, the plan said a delta and every chunk came anyway)."""
+    v1, v2 = _versions()
+    a1, _ = _artifact(tmp_path, keys, v1, "1.1.0")
+    a2, s2 = _artifact(tmp_path, keys, v2, "1.2.0")
+    device = _UnreadableDevice(tmp_path / "dev", keys)
+    await _install(device, await device.boot(), a1, "r1")
+    second = await _install(device, await device.boot(), a2, "r2")
+    assert sorted(second.fetched) == list(range(s2.manifest.chunk_count))
+    progress = [r.progress for r in device.sent if r.rollout_id == "r2" and r.progress is not None]
+    assert progress[-1].bytes_to_fetch == progress[-1].bytes_total == len(v2)
+    assert "no delta: slot b cannot be read (cannot read slot b here)" in caplog.text
