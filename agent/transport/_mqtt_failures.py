@@ -6,6 +6,9 @@ A connection attempt fails, or a connection ends, for reasons that need differen
                  every second will not help, so the next attempt waits the longest backoff
     protocol     CONNACK 0x84 (or v3 code 1): the broker does not speak MQTT v5; ERROR,
                  longest backoff
+    no answer    the broker took the connection and never answered the MQTT 5 CONNECT (what
+                 a broker that speaks only 3.1.1, such as amqtt, does): WARNING naming MQTT 5
+                 and brokers that speak it, then at most once a minute
     tls          the TLS handshake failed (certificate, name, trust): ERROR with the fix,
                  longest backoff
     takeover     DISCONNECT 0x8E: another client connected with our client id (two agents
@@ -31,6 +34,16 @@ class Failure:
     permanent: bool  # wait the longest backoff before the next attempt
 
 
+MQTT5_BROKERS = "mosquitto 1.6 or later, EMQX, HiveMQ, VerneMQ, NanoMQ"
+
+
+def no_connack(broker: str, timeout_s: float) -> str:
+    """What a CONNECT left unanswered most likely means."""
+    return (f"the broker at {broker} took the connection but did not answer our MQTT 5 CONNECT within {timeout_s:g}s:"
+            f" edge-agent speaks MQTT 5 only, and a broker that speaks only 3.1.1 (amqtt, mosquitto before 1.6)"
+            f" never answers it; brokers that speak MQTT 5: {MQTT5_BROKERS}")
+
+
 def classify(error: str, *, code: int | None, disconnect_code: int | None, broker: str,
              username: str | None) -> Failure:
     """`error`: the exception's text; `code`: a CONNACK reason code, if the broker sent one;
@@ -50,4 +63,4 @@ def classify(error: str, *, code: int | None, disconnect_code: int | None, broke
     return Failure(logging.INFO, f"connection ended: {error}", False)
 
 
-__all__ = ["Failure", "classify"]
+__all__ = ["MQTT5_BROKERS", "Failure", "classify", "no_connack"]

@@ -57,13 +57,14 @@ from agent.core.gate import Gate
 from agent.transport import topics
 from agent.transport._mqtt_acks import FAILURE as _FAILURE
 from agent.transport._mqtt_acks import PubackTracker
-from agent.transport._mqtt_failures import classify
+from agent.transport._mqtt_failures import classify, no_connack
 from agent.transport._mqtt_settings import TlsSettings, backoff_delay, broker_address, credentials, read_password
 from agent.transport._paho_fast import FastPath, PackedProperties, PropertiesCache, unsupported
 from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 from agent.transport.linkbytes import LinkCounters, TcpCounters
 
 log = logging.getLogger(__name__)
+_CONNECT_TIMED_OUT = "Operation timed out"  # aiomqtt's error when no CONNACK came in time
 
 DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
 FAILURE_LOG_INTERVAL_S = 60.0
@@ -513,10 +514,14 @@ class MqttTransport:
                     pass
             except aiomqtt.MqttError as exc:
                 self.last_error = str(exc)
-                failure = classify(str(exc), code=reason_code_of(exc), disconnect_code=self._disconnect_code,
-                                   broker=f"{self._host}:{self._port}", username=self._username)
-                permanent = failure.permanent
-                self._log_failure(failure.level, failure.text)
+                broker = f"{self._host}:{self._port}"
+                if opened_at is None and str(exc) == _CONNECT_TIMED_OUT and self._tcp_open(client):
+                    self._log_failure(logging.WARNING, no_connack(broker, self._timeout_s))
+                else:
+                    failure = classify(str(exc), code=reason_code_of(exc), disconnect_code=self._disconnect_code,
+                                       broker=broker, username=self._username)
+                    permanent = failure.permanent
+                    self._log_failure(failure.level, failure.text)
             except TransportError as exc:
                 self.last_error = str(exc)
                 self._log_failure(logging.WARNING, str(exc))
@@ -601,6 +606,12 @@ class MqttTransport:
                         " is another client connected with this client id (a second agent with the same"
                         " device id or the same credentials)?", self._client_id, self._host, self._port,
                         self._short_lived, SHORT_LIVED_S)
+
+    @staticmethod
+    def _tcp_open(client: aiomqtt.Client | None) -> bool:
+        """Whether the attempt got as far as a TCP connection (paho holds its socket)."""
+        paho_client = getattr(client, "_client", None)
+        return paho_client is not None and paho_client.socket() is not None
 
     def _log_failure(self, level: int, text: str) -> None:
         """The first failure in a row and then one per FAILURE_LOG_INTERVAL_S at `level`; the

@@ -24,7 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.transport._mqtt_failures import Failure, classify
+from agent.transport._mqtt_failures import Failure, classify, no_connack
 from agent.transport._mqtt_settings import BrokerAddress, TlsSettings, broker_address
 
 
@@ -117,8 +117,8 @@ def probe_session(address: BrokerAddress, req: SessionRequest, timeout_s: float)
     client.loop_start()
     try:
         if not connected.wait(timeout_s):
-            return SessionProbe(failure=Failure(logging.ERROR, f"no CONNACK from {address.host}:{address.port} within"
-                                                    f" {timeout_s:g}s", False))
+            return SessionProbe(failure=Failure(logging.ERROR, no_connack(f"{address.host}:{address.port}", timeout_s),
+                                                False))
         code = int(str(state.get("connack", 0)))
         if code >= 0x80:
             return SessionProbe(failure=classify(f"CONNACK reason {code:#x}", code=code, disconnect_code=None,

@@ -61,3 +61,45 @@ def test_paho_error_numbers_are_not_taken_for_the_brokers_answer() -> None:
     assert reason_code_of(refused) == 0x86
     assert classify(str(refused), code=0x86, disconnect_code=None, broker="b:1", username="pi").permanent
     assert reason_code_of(MqttConnectError(5)) == 5  # a v3 broker's CONNACK code, as a plain int
+
+
+async def test_a_broker_that_never_answers_the_mqtt5_connect_is_named_once(caplog) -> None:  # type: ignore[no-untyped-def]
+    """What a broker that speaks only MQTT 3.1.1 does with our v5 CONNECT (amqtt 0.12 was seen
+    to): it takes the TCP connection and never answers. Here a listener that does just that: the
+    agent says so once, at WARNING, naming MQTT 5 and brokers that speak it, and keeps trying
+    without repeating it."""
+    import asyncio
+    import socket
+    import threading
+
+    from agent.core.clock import SystemClock
+    from agent.transport.mqtt import MqttTransport
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    caplog.set_level(logging.INFO, logger="agent.transport.mqtt")
+    transport = MqttTransport(host="127.0.0.1", port=server.getsockname()[1], client_id="pi-1", clock=SystemClock(),
+                              operation_timeout_s=0.5)
+    await transport.start()
+    try:
+        while len(held) < 3:  # a third attempt: the second one failed too, and was not logged again
+            await asyncio.sleep(0.05)
+    finally:
+        await transport.stop()
+        server.close()
+        for conn in held:
+            conn.close()
+    said = [r for r in caplog.records if "did not answer our MQTT 5 CONNECT" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "speaks only 3.1.1" in said[0].getMessage() and "mosquitto 1.6 or later, EMQX" in said[0].getMessage()
+    assert not [r for r in caplog.records if "connection ended: Operation timed out" in r.getMessage()]
