@@ -59,8 +59,20 @@ def rollouts(db: Path) -> list[dict[str, Any]]:
         return [describe(store, r.id) for r in reversed(store.rollouts())]
 
 
-def rollout(db: Path, rollout_id: str) -> tuple[dict[str, Any], list[str]] | None:
-    """A rollout as `rollout status --json` describes it, and the controls that apply now."""
+DEVICES_SHOWN = 500  # devices of one rollout listed on its page
+
+
+@dataclass(frozen=True)
+class RolloutPage:
+    described: dict[str, Any]  # as `rollout status --json` describes it
+    actions: list[str]  # the controls that apply now
+    devices: list[Any]  # its devices in `state` (all: ""), by wave and id, at most DEVICES_SHOWN
+    more: bool  # more matched than are listed
+    states: list[str]  # the states its devices are in
+
+
+def rollout(db: Path, rollout_id: str, *, state: str = "") -> RolloutPage | None:
+    """A rollout's page: its description, the controls that apply now, its devices."""
     if not _has_rollouts(db):
         return None
     from firmware_rollout.orchestration.controls import allowed_actions
@@ -70,7 +82,10 @@ def rollout(db: Path, rollout_id: str) -> tuple[dict[str, Any], list[str]] | Non
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         if store.find(rollout_id) is None:
             return None
-        return describe(store, rollout_id), allowed_actions(store, rollout_id)
+        members = store.devices(rollout_id)
+        chosen = sorted((d for d in members if not state or d.state == state), key=lambda d: (d.wave, d.device_id))
+        return RolloutPage(describe(store, rollout_id), allowed_actions(store, rollout_id), chosen[:DEVICES_SHOWN],
+                           len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}))
 
 
 def control(db: Path, rollout_id: str, action: str) -> int:
@@ -93,5 +108,5 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
     return read_dead_letters(outbox, limit=100)
 
 
-__all__ = ["PAGE", "Fleet", "Rejects", "control", "dead_letters", "device", "fleet", "rejects",
-           "rollout", "rollouts"]
+__all__ = ["DEVICES_SHOWN", "PAGE", "Fleet", "Rejects", "RolloutPage", "control", "dead_letters", "device", "fleet",
+           "rejects", "rollout", "rollouts"]

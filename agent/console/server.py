@@ -28,14 +28,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
-import msgspec
 
 from agent.console import data
-from agent.core.durations import ago
+from agent.core.durations import ago, format_age
 from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
+from agent.core.sizes import format_bytes
 from agent.leader.fleet_view import DeviceFilter
 from agent.leader.reject_view import printable
+from agent.protocol import SystemSample
 from agent.service.http import HttpServer, Limits, Request, Response
+from firmware_rollout.orchestration.store import IN_PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,40 @@ def _preview(head: bytes) -> str:
     return printable(head, 32)
 
 
+#: How a wave's devices read on its bar, in this order: each kind a colour of its own (an
+#: aborted wave does not read as a full green bar).
+_OUTCOMES = (("succeeded", ("succeeded",)), ("failed", ("failed", "rejected", "timed_out")),
+             ("rolled_back", ("rolled_back",)), ("canceled", ("canceled",)), ("in_progress", tuple(IN_PROGRESS)))
+
+
+def _outcomes(wave: Mapping[str, Any]) -> list[tuple[str, int]]:
+    counts = wave["counts"]
+    found = [(kind, sum(counts.get(s, 0) for s in states)) for kind, states in _OUTCOMES]
+    return [(kind, n) for kind, n in found if n]
+
+
+def _sample_text(s: SystemSample) -> list[str]:
+    """A device's system sample as a person reads it."""
+    parts = []
+    if s.cpu_percent is not None:
+        parts.append(f"cpu {s.cpu_percent:.0f}%")
+    for what, pct, total, free in (("memory", s.mem_percent, s.mem_total_bytes, s.mem_available_bytes),
+                                   ("disk", s.disk_percent, s.disk_total_bytes, s.disk_free_bytes)):
+        if pct is not None or total is not None:
+            text = f"{what} {pct:.0f}% used" if pct is not None else what
+            if total is not None:
+                text += f" of {format_bytes(total)}" + (f" ({format_bytes(free)} free)" if free is not None else "")
+            parts.append(text)
+    if s.load_1m is not None:
+        loads = " ".join(f"{v:.2f}" for v in (s.load_1m, s.load_5m, s.load_15m) if v is not None)
+        parts.append(f"load {loads}")
+    if s.temperature_c is not None:
+        parts.append(f"{s.temperature_c:.1f} °C")
+    if s.uptime_s is not None:
+        parts.append(f"host up {format_age(s.uptime_s)}")
+    return parts
+
+
 class Console:
     """The pages, rendered from the database on each request."""
 
@@ -121,7 +157,8 @@ class Console:
         self.config = config
         self.env = jinja2.Environment(loader=jinja2.PackageLoader("agent.console", "templates"), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
-        self.env.globals.update(ago=_ago, preview=_preview, db=str(config.db))
+        self.env.globals.update(ago=_ago, preview=_preview, db=str(config.db), size=format_bytes, age=format_age,
+                                outcomes=_outcomes)
         key = config.token.encode()
         self.session = hmac.new(key, b"edge-agent console session", hashlib.sha256).hexdigest()
         self.csrf = hmac.new(key, b"edge-agent console csrf", hashlib.sha256).hexdigest()
@@ -154,8 +191,7 @@ class Console:
             detail = data.device(self.config.db, device_id)
             if detail is None:
                 return 404, self.render("not_found", what=f"no device {device_id!r}")
-            sample = {k: v for k, v in msgspec.structs.asdict(detail.sample).items() if v is not None} \
-                if detail.sample else {}
+            sample = _sample_text(detail.sample) if detail.sample else []
             return 200, self.render("device", title=device_id, x=detail, sample=sample, refresh=REFRESH_S)
         if path == "/rollouts":
             return 200, self.render("rollouts", title="rollouts", rollouts=data.rollouts(self.config.db),
@@ -171,7 +207,8 @@ class Console:
             queued = query.get("queued", "")
             message = (f"queued as control {int(queued)}: the leader applies it on its next tick"
                        if queued.isdigit() and len(queued) <= 18 else "")
-            return self.rollout_page(urllib.parse.unquote(path[len("/rollouts/"):]), message=message)
+            return self.rollout_page(urllib.parse.unquote(path[len("/rollouts/"):]), message=message,
+                                     state=query.get("state", "")[:32])
         if path == "/dead-letters":
             total, rows = data.dead_letters(self.config.outbox)
             return 200, self.render("dead", title="dead letters", total=total, rows=rows,
@@ -181,14 +218,16 @@ class Console:
                                     refresh=REFRESH_S)
         return 404, self.render("not_found", what=f"no page {path}")
 
-    def rollout_page(self, rollout_id: str, *, message: str = "", error: str = "") -> tuple[int, bytes]:
-        """A rollout's page; `message` and `error` are the console's own words, never the URL's."""
-        found = data.rollout(self.config.db, rollout_id)
+    def rollout_page(self, rollout_id: str, *, message: str = "", error: str = "",
+                     state: str = "") -> tuple[int, bytes]:
+        """A rollout's page; `message` and `error` are the console's own words, never the URL's;
+        `state`: list only its devices in that state."""
+        found = data.rollout(self.config.db, rollout_id, state=state)
         if found is None:
             return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
-        described, actions = found
-        return 200, self.render("rollout", title=rollout_id, r=described, actions=actions, refresh=REFRESH_S,
-                                message=message, error=error)
+        return 200, self.render("rollout", title=rollout_id, r=found.described, actions=found.actions,
+                                refresh=REFRESH_S, message=message, error=error, devices=found.devices,
+                                more=found.more, device_states=found.states, state=state)
 
     def _fleet(self, query: dict[str, str]) -> bytes:
         state = query.get("state", "")

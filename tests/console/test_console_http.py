@@ -164,3 +164,51 @@ def test_the_sign_in_limiter_counts_within_its_window() -> None:
     limiter.failed("b")
     assert limiter.refuse("c") > 0  # three in all
     assert SignInLimiter(per_address=1, window_s=0.0).refuse("a") == 0
+
+
+async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_reads_as_a_person_would(
+        tmp_path: Path) -> None:
+    """The rollout page: a bar segment per outcome (not one green bar for every finished device),
+    MQTT chunks named as such, its devices from -> to with a state filter; the device page's
+    system sample in units, not raw bytes and seconds."""
+    from rollout_support import FakePort
+
+    from agent.core.clock import VirtualClock
+    from agent.protocol import SystemSample
+    from firmware_rollout.artifact.fixture import make_artifact
+    from firmware_rollout.orchestration.orchestrator import Orchestrator
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    db = tmp_path / "leader.db"
+    clock = VirtualClock()
+    sample = SystemSample(mem_total_bytes=25_275_990_016, mem_available_bytes=12_000_000_000, mem_percent=52.5,
+                          uptime_s=917.713)
+    with DeviceRegistry.open(db, clock=clock) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0", sample=sample)
+                              for d in ("a", "b", "c", "d")])
+    make_artifact(tmp_path, chunk_size=1024, size=2048)
+    (tmp_path / "spec.toml").write_text('[rollout]\nname = "lab"\nartifact = "fw-1.1.0.eafw"\n'
+                                        "[waves]\ncanary = 1\ncounts = [3]\n")
+    RolloutStore.open(db, clock=clock).close()
+    assert cli(["rollout", "start", str(tmp_path / "spec.toml"), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    store = RolloutStore.open(db, clock=clock)
+    try:
+        await Orchestrator(store, clock=clock, port=FakePort(clock, ["a", "b", "c", "d"])).tick()
+    finally:
+        store.close()
+    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)))
+    console.serve_in_thread()
+    try:
+        address = console.server_address[0], console.server_address[1]
+        _, _, page = request(address, "GET", "/rollouts/r1", headers=BEARER)
+        assert "lab: 1.0.0 → 1.1.0" in page and "MQTT chunks served 0 (0 B)" in page
+        assert 'class="seg in_progress" title="in_progress 1"' in page and "0 succeeded of 1, 1 in progress" in page
+        assert page.count("1.0.0 → 1.1.0</td>") == 4 and '<option value="queued">queued</option>' in page
+        _, _, queued = request(address, "GET", "/rollouts/r1?state=queued", headers=BEARER)
+        assert queued.count("1.0.0 → 1.1.0</td>") == 3 and '<option value="queued" selected>' in queued
+        _, _, device = request(address, "GET", "/devices/a", headers=BEARER)
+        assert "memory 52% used of 23.54 GiB (11.18 GiB free)" in device and "host up 15m17s" in device
+        assert "25275990016" not in device
+    finally:
+        console.shutdown()
+        console.server_close()
