@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.clock import SystemClock
+from agent.core.errors import EdgeAgentError, RolloutError
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow
@@ -88,6 +89,50 @@ def rollout(db: Path, rollout_id: str, *, state: str = "") -> RolloutPage | None
                            len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}))
 
 
+@dataclass(frozen=True)
+class ArtifactChoice:
+    file: str  # its name in the leader's store (what the form sends back: never a path)
+    path: Path
+    name: str
+    version: str
+    rollback: bool
+    size: int  # the image's bytes
+
+
+def artifacts(directory: Path) -> list[ArtifactChoice]:
+    """The leader's verified copies (its artifact store), newest version first; a file that does
+    not parse is left out (the leader checks each again when a rollout admits it)."""
+    from firmware_rollout.artifact.files import read_signed_manifest
+    from firmware_rollout.artifact.manifest import Manifest
+
+    found = []
+    for path in sorted(directory.glob("*.eafw")) if directory.is_dir() else []:
+        try:
+            manifest: Manifest = read_signed_manifest(path).manifest
+        except EdgeAgentError:
+            continue
+        found.append(ArtifactChoice(path.name, path, manifest.name, manifest.version, manifest.rollback, manifest.size))
+    return sorted(found, key=lambda a: (a.name, a.version), reverse=True)
+
+
+def start(db: Path, rollout_id: str, start_control: str) -> int:
+    """Queue a rollout's start exactly as `edge-agent rollout start` does; the control's id."""
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open(db, clock=SystemClock()) as store:
+        if store.get(rollout_id) is not None:
+            raise RolloutError(f"rollout {rollout_id!r} exists already")
+        return store.add_control(rollout_id, "start", start_control)
+
+
+def holders(db: Path, devices: list[str]) -> dict[str, tuple[str, str]]:
+    """The devices of `devices` an unfinished rollout holds: device -> (its rollout, its state there)."""
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
+        return store.holders(devices)
+
+
 def control(db: Path, rollout_id: str, action: str) -> int:
     """Queue a control exactly as `edge-agent rollout ACTION ID` does; its id. The one write the
     console makes, and only into existing rollout tables."""
@@ -108,5 +153,5 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
     return read_dead_letters(outbox, limit=100)
 
 
-__all__ = ["DEVICES_SHOWN", "PAGE", "Fleet", "Rejects", "RolloutPage", "control", "dead_letters", "device", "fleet",
-           "rejects", "rollout", "rollouts"]
+__all__ = ["DEVICES_SHOWN", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage", "artifacts", "control",
+           "dead_letters", "device", "fleet", "holders", "rejects", "rollout", "rollouts", "start"]

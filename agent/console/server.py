@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 import socket
 import threading
 import time
@@ -30,13 +31,20 @@ from typing import Any, Literal
 import jinja2
 
 from agent.console import data
+from agent.core.clock import SystemClock
 from agent.core.durations import ago, format_age
-from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
+from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
 from agent.core.sizes import format_bytes
 from agent.leader.fleet_view import DeviceFilter
 from agent.leader.reject_view import printable
+from agent.leader.rollout import ARTIFACTS_DIR
+from agent.leader.rollout_plan import plan_rollout, render_plan
 from agent.protocol import SystemSample
 from agent.service.http import HttpServer, Limits, Request, Response
+from firmware_rollout.artifact.files import read_signed_manifest
+from firmware_rollout.artifact.manifest import Manifest
+from firmware_rollout.orchestration.orchestrator import rollout_id_for
+from firmware_rollout.orchestration.spec import RolloutSpec, StartControl, spec_from_dict
 from firmware_rollout.orchestration.store import IN_PROGRESS
 
 log = logging.getLogger(__name__)
@@ -106,6 +114,7 @@ class ConsoleConfig:
     db: Path
     outbox: Path
     token: str
+    artifacts: Path | None = None  # the leader's artifact store (default: `artifacts` beside the db)
 
 
 def _ago(ms: int | None) -> str:
@@ -196,6 +205,8 @@ class Console:
         if path == "/rollouts":
             return 200, self.render("rollouts", title="rollouts", rollouts=data.rollouts(self.config.db),
                                     refresh=REFRESH_S)
+        if path == "/rollouts/new":
+            return 200, self.new_rollout_page(NEW_ROLLOUT_DEFAULTS)
         if path.startswith("/rollouts/") and path.endswith("/confirm"):
             rollout_id = urllib.parse.unquote(path[len("/rollouts/"):-len("/confirm")])
             action = query.get("action", "")
@@ -267,6 +278,76 @@ class Console:
         return 303, b"", back + "?" + urllib.parse.urlencode({"queued": control_id})
 
 
+    # -- a new rollout: the form, its plan, the start ----------------------------------------
+    def new_rollout_page(self, form: Mapping[str, Any], *, plan: str = "", error: str = "") -> bytes:
+        store = self.config.artifacts or self.config.db.parent / ARTIFACTS_DIR
+        return self.render("new_rollout", title="start a rollout", artifacts=data.artifacts(store), store=str(store),
+                           f=form, plan=plan, error=error, csrf=self.csrf)
+
+    def new_rollout(self, form: dict[str, str], proof: Proof) -> tuple[int, bytes, str]:
+        """A POST of the form: with `step=preview` the plan as `rollout start --dry-run` prints
+        it; with `step=start` the start control `rollout start` writes (303 to the rollout). A
+        mistake is the form again with the reason (400); a wrong CSRF value, 403."""
+        fields: dict[str, Any] = {key: form.get(key, default)[:FIELD_MAX]
+                                  for key, default in NEW_ROLLOUT_DEFAULTS.items() if isinstance(default, str)}
+        fields["approval"] = form.get("approval", "") == "1"
+        if proof != "token" and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
+            return 403, self.new_rollout_page(fields, error="the form has expired: open it again"), ""
+        try:
+            spec, manifest, rid = self._new_spec(fields)
+            fields["id"] = rid  # the start uses the very id the preview showed
+            plan = plan_rollout(spec, manifest, self.config.db)
+            if form.get("step") != "start":
+                held = data.holders(self.config.db, [d for wave in plan.waves for d in wave])
+                text = render_plan(rid, spec, manifest, plan, held)
+                text += "".join(f"\nwarning: {w}" for w in plan.warnings)
+                return 200, self.new_rollout_page(fields, plan=text), ""
+            control_id = data.start(self.config.db, rid, StartControl(spec=spec, waves=plan.waves).to_json().decode())
+        except (ConfigError, RolloutError, ArtifactError) as exc:
+            return 400, self.new_rollout_page(fields, error=str(exc)), ""
+        log.info("rollout start queued from the console", extra={"kv": {"rollout": rid, "control": control_id}})
+        return 303, b"", f"/rollouts/{urllib.parse.quote(rid, safe='')}?" + urllib.parse.urlencode(
+            {"queued": control_id})
+
+    def _new_spec(self, f: Mapping[str, Any]) -> tuple[RolloutSpec, Manifest, str]:
+        """The spec the form says, checked as a spec file is (a mistake names its key)."""
+        store = self.config.artifacts or self.config.db.parent / ARTIFACTS_DIR
+        chosen = next((a for a in data.artifacts(store) if a.file == f["artifact"]), None)
+        if chosen is None:
+            raise ConfigError("the form", "artifact", "choose one of the leader's artifacts")
+        values = [v.strip() for v in str(f["values"]).split(",") if v.strip()]
+        select = str(f["select"])
+        try:
+            canary = int(str(f["canary"]) or 0)
+            counts = [int(c) for c in str(f["counts"]).replace(" ", "").split(",") if c]
+            soak_s = float(str(f["soak_s"]) or 0)
+        except ValueError:
+            raise ConfigError("the form", "waves", "canary and counts are whole numbers, soak a number of seconds"
+                              ) from None
+        targets: dict[str, Any] = {"select": select}
+        if select in ("tags", "versions", "devices"):
+            targets[select] = values
+        spec = spec_from_dict({
+            "rollout": {"name": str(f["name"]) or chosen.name, "artifact": str(chosen.path)},
+            "targets": targets,
+            "waves": {"canary": canary, **({"counts": counts} if counts else {"percents": [100.0]})},
+            "gates": {"manual_approval": bool(f["approval"]), "soak_s": soak_s},
+        }, source="the form")
+        rid = str(f["id"]) or rollout_id_for(spec, SystemClock().now_ms())
+        if not ROLLOUT_ID.match(rid):
+            raise ConfigError("the form", "id", "letters, digits, '.', '_' and '-' only, at most 64")
+        try:
+            manifest = read_signed_manifest(chosen.path).manifest
+        except ArtifactError as exc:
+            raise ConfigError(str(chosen.path), None, str(exc)) from None
+        return spec, manifest, rid
+
+
+NEW_ROLLOUT_DEFAULTS: dict[str, Any] = {"artifact": "", "name": "", "id": "", "select": "all", "values": "",
+                                        "canary": "1", "counts": "", "approval": False, "soak_s": "0"}
+FIELD_MAX = 2000  # characters of one form field
+ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
 HEADERS = (("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"),
            ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"))
 MAX_CONNECTIONS = 64
@@ -324,6 +405,12 @@ class ConsoleHttp:
             except EdgeAgentError as exc:
                 status, body = 503, console.render("not_found", title="unavailable", what=str(exc))
             return _page(status, body)
+        if request.path == "/rollouts/new":
+            try:
+                status, body, location = console.new_rollout(form, proof)
+            except EdgeAgentError as exc:
+                return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
+            return _page(status, body, (("Location", location),) if location else ())
         if request.path.startswith("/rollouts/") and request.path.endswith("/control"):
             try:
                 status, body, location = console.control(request.path, form, proof)

@@ -212,3 +212,69 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     finally:
         console.shutdown()
         console.server_close()
+
+
+def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp_path: Path) -> None:
+    """The form lists the leader's verified artifacts; `show the plan` prints what `rollout start
+    --dry-run` prints; `start it` writes the same start control as `rollout start` (with the
+    form's CSRF value); a wrong field is the form again with the key named; nothing else is
+    taken from the client (an artifact is chosen by its name in the store, never a path)."""
+    import re
+    import shutil
+
+    from agent.core.clock import VirtualClock
+    from firmware_rollout.artifact.fixture import make_artifact
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    db = tmp_path / "leader.db"
+    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0")
+                              for d in ("a", "b", "c")])
+    RolloutStore.open(db, clock=VirtualClock()).close()
+    artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=2048)
+    (tmp_path / "artifacts").mkdir()
+    shutil.copy(artifact, tmp_path / "artifacts" / "0123abcd.eafw")
+    config = ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)
+    csrf = Console(config).csrf
+    console = ConsoleServer(("127.0.0.1", 0), Console(config))
+    console.serve_in_thread()
+    try:
+        address = console.server_address[0], console.server_address[1]
+        _, _, page = request(address, "GET", "/rollouts/new", headers=BEARER)
+        assert '<option value="0123abcd.eafw">fw 1.1.0' in page
+        _, headers, _ = request(address, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}), headers=FORM)
+        browser = {"Cookie": headers["Set-Cookie"].split(";")[0], **FORM}
+        form = {"artifact": "0123abcd.eafw", "name": "lab", "id": "", "select": "devices", "values": "a, b, zz",
+                "canary": "1", "counts": "1", "soak_s": "0", "csrf": csrf}
+
+        def post(**changes: str) -> tuple[int, dict[str, str], str]:
+            return request(address, "POST", "/rollouts/new", headers=browser,
+                           body=urllib.parse.urlencode({**form, **changes}))
+
+        status, _, page = post(step="preview")
+        assert status == 200 and "wave 1 (canary): 1 device" in page and "zz  unknown to the leader" in page
+        assert "c  not in the list" in page and 'id="start"' in page
+        rid = re.search(r'name="id" id="rollout-id" value="([^"]+)"', page)
+        assert rid is not None and rid.group(1).startswith("lab-")
+        status, _, page = post(step="start", id=rid.group(1), csrf="forged")
+        assert status == 403 and "the form has expired" in page
+        status, _, page = post(step="preview", select="tags", values="")
+        assert status == 400 and "targets.tags" in page
+        status, _, page = post(step="preview", artifact="../../etc/passwd")
+        assert status == 400 and "choose one of the leader&#39;s artifacts" in page
+        store = RolloutStore.open(db, clock=VirtualClock())
+        try:
+            assert store.pending_controls() == []
+        finally:
+            store.close()
+        status, headers, _ = post(step="start", id=rid.group(1))
+        assert status == 303 and headers["Location"].startswith(f"/rollouts/{rid.group(1)}?queued=")
+        store = RolloutStore.open(db, clock=VirtualClock())
+        try:
+            [queued] = store.pending_controls()
+            assert (queued.rollout_id, queued.action) == (rid.group(1), "start")
+        finally:
+            store.close()
+    finally:
+        console.shutdown()
+        console.server_close()
