@@ -97,6 +97,7 @@ class ArtifactChoice:
     version: str
     rollback: bool
     size: int  # the image's bytes
+    replaces: tuple[str, ...] = ()  # a rollback's: the versions it may replace
 
 
 def artifacts(directory: Path) -> list[ArtifactChoice]:
@@ -111,7 +112,8 @@ def artifacts(directory: Path) -> list[ArtifactChoice]:
             manifest: Manifest = read_signed_manifest(path).manifest
         except EdgeAgentError:
             continue
-        found.append(ArtifactChoice(path.name, path, manifest.name, manifest.version, manifest.rollback, manifest.size))
+        found.append(ArtifactChoice(path.name, path, manifest.name, manifest.version, manifest.rollback, manifest.size,
+                                    manifest.rollback_from))
     return sorted(found, key=lambda a: (a.name, a.version), reverse=True)
 
 
@@ -133,14 +135,19 @@ def holders(db: Path, devices: list[str]) -> dict[str, tuple[str, str]]:
         return store.holders(devices)
 
 
-def control(db: Path, rollout_id: str, action: str) -> int:
-    """Queue a control exactly as `edge-agent rollout ACTION ID` does; its id. The one write the
-    console makes, and only into existing rollout tables."""
+def control(db: Path, rollout_id: str, action: str, *, artifact: Path | None = None) -> int:
+    """Queue a control exactly as `edge-agent rollout ACTION ID [--artifact]` does; its id.
+    Only into existing rollout tables."""
     from firmware_rollout.orchestration.controls import request_control
     from firmware_rollout.orchestration.store import RolloutStore
 
     with RolloutStore.open_existing(db, clock=SystemClock()) as store:
-        return request_control(store, rollout_id, action)
+        return request_control(store, rollout_id, action, str(artifact) if artifact is not None else None)
+
+
+def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
+    """The store's artifacts signed as a rollback of `version` (naming it among those they replace)."""
+    return [a for a in artifacts(directory) if a.rollback and version in a.replaces]
 
 
 def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
@@ -154,4 +161,4 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
 
 
 __all__ = ["DEVICES_SHOWN", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage", "artifacts", "control",
-           "dead_letters", "device", "fleet", "holders", "rejects", "rollout", "rollouts", "start"]
+           "dead_letters", "device", "fleet", "holders", "rejects", "rollback_choices", "rollout", "rollouts", "start"]

@@ -212,8 +212,9 @@ class Console:
             action = query.get("action", "")
             if action not in CONTROL_HELP:
                 return 400, self.render("not_found", what=f"no control {action!r}")
+            choices = self._rollback_choices(rollout_id) if action == "rollback" else []
             return 200, self.render("confirm", title=f"{action} {rollout_id}", rollout_id=rollout_id, action=action,
-                                    help=CONTROL_HELP[action], csrf=self.csrf)
+                                    help=CONTROL_HELP[action], csrf=self.csrf, choices=choices)
         if path.startswith("/rollouts/"):
             queued = query.get("queued", "")
             message = (f"queued as control {int(queued)}: the leader applies it on its next tick"
@@ -236,7 +237,10 @@ class Console:
         found = data.rollout(self.config.db, rollout_id, state=state)
         if found is None:
             return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
-        return 200, self.render("rollout", title=rollout_id, r=found.described, actions=found.actions,
+        actions = found.actions
+        if "rollback" not in actions and self._rollback_choices(rollout_id):
+            actions = [*actions, "rollback"]  # with an artifact of the store, picked on the confirmation page
+        return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions,
                                 refresh=REFRESH_S, message=message, error=error, devices=found.devices,
                                 more=found.more, device_states=found.states, state=state)
 
@@ -269,8 +273,15 @@ class Console:
             status, body = self.rollout_page(rollout_id, error=expired)
             return 403, body if status == 200 else self.render("not_found", what=expired), ""
         action = form.get("action", "")
+        artifact = None
+        if action == "rollback" and form.get("artifact"):
+            chosen = next((a for a in self._rollback_choices(rollout_id) if a.file == form["artifact"]), None)
+            if chosen is None:
+                status, body = self.rollout_page(rollout_id, error="choose a rollback artifact of the leader's store")
+                return (409 if status == 200 else status), body, ""
+            artifact = chosen.path
         try:
-            control_id = data.control(self.config.db, rollout_id, action)
+            control_id = data.control(self.config.db, rollout_id, action, artifact=artifact)
         except (RolloutError, ConfigError) as exc:
             status, body = self.rollout_page(rollout_id, error=str(exc))
             return (409 if status == 200 else status), body, ""
@@ -278,9 +289,17 @@ class Console:
         return 303, b"", back + "?" + urllib.parse.urlencode({"queued": control_id})
 
 
+    def _store(self) -> Path:
+        """The leader's artifact store."""
+        return self.config.artifacts or self.config.db.parent / ARTIFACTS_DIR
+
+    def _rollback_choices(self, rollout_id: str) -> list[data.ArtifactChoice]:
+        found = data.rollout(self.config.db, rollout_id)
+        return data.rollback_choices(self._store(), found.described["version"]) if found is not None else []
+
     # -- a new rollout: the form, its plan, the start ----------------------------------------
     def new_rollout_page(self, form: Mapping[str, Any], *, plan: str = "", error: str = "") -> bytes:
-        store = self.config.artifacts or self.config.db.parent / ARTIFACTS_DIR
+        store = self._store()
         return self.render("new_rollout", title="start a rollout", artifacts=data.artifacts(store), store=str(store),
                            f=form, plan=plan, error=error, csrf=self.csrf)
 
@@ -311,8 +330,7 @@ class Console:
 
     def _new_spec(self, f: Mapping[str, Any]) -> tuple[RolloutSpec, Manifest, str]:
         """The spec the form says, checked as a spec file is (a mistake names its key)."""
-        store = self.config.artifacts or self.config.db.parent / ARTIFACTS_DIR
-        chosen = next((a for a in data.artifacts(store) if a.file == f["artifact"]), None)
+        chosen = next((a for a in data.artifacts(self._store()) if a.file == f["artifact"]), None)
         if chosen is None:
             raise ConfigError("the form", "artifact", "choose one of the leader's artifacts")
         values = [v.strip() for v in str(f["values"]).split(",") if v.strip()]

@@ -278,3 +278,59 @@ def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp
     finally:
         console.shutdown()
         console.server_close()
+
+
+async def test_a_rollout_is_rolled_back_from_the_console_with_a_rollback_artifact_of_the_store(tmp_path: Path) -> None:
+    """A rollout whose spec names no rollback artifact: the console offers `rollback` when the
+    leader's store holds an artifact signed as a rollback of its version, picked on the
+    confirmation page by its name in the store; the control names that copy."""
+    import shutil
+
+    from rollout_support import FakePort
+
+    from agent.core.clock import VirtualClock
+    from firmware_rollout.artifact.fixture import make_artifact
+    from firmware_rollout.orchestration.orchestrator import Orchestrator
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    db = tmp_path / "leader.db"
+    clock = VirtualClock()
+    with DeviceRegistry.open(db, clock=clock) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0") for d in "ab"])
+    make_artifact(tmp_path, chunk_size=1024, size=2048)
+    back, _ = make_artifact(tmp_path, version="1.0.0", chunk_size=1024, size=2048, rollback=True,
+                            rollback_from=("1.1.0",))
+    (tmp_path / "artifacts").mkdir()
+    shutil.copy(back, tmp_path / "artifacts" / "feedbeef.eafw")
+    (tmp_path / "spec.toml").write_text('[rollout]\nname = "lab"\nartifact = "fw-1.1.0.eafw"\n[waves]\ncounts = [2]\n')
+    RolloutStore.open(db, clock=clock).close()
+    assert cli(["rollout", "start", str(tmp_path / "spec.toml"), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
+    store = RolloutStore.open(db, clock=clock)
+    try:
+        await Orchestrator(store, clock=clock, port=FakePort(clock, ["a", "b"])).tick()
+    finally:
+        store.close()
+    config = ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)
+    console = ConsoleServer(("127.0.0.1", 0), Console(config))
+    console.serve_in_thread()
+    try:
+        address = console.server_address[0], console.server_address[1]
+        _, _, page = request(address, "GET", "/rollouts/r1", headers=BEARER)
+        assert 'id="control-rollback"' in page
+        _, _, confirm = request(address, "GET", "/rollouts/r1/confirm?action=rollback", headers=BEARER)
+        assert '<option value="feedbeef.eafw">fw 1.0.0 (replaces 1.1.0)' in confirm
+        status, _, page = request(address, "POST", "/rollouts/r1/control", headers={**BEARER, **FORM},
+                                  body="action=rollback&artifact=..%2F..%2Fetc%2Fpasswd")
+        assert status == 409 and "choose a rollback artifact of the leader&#39;s store" in page
+        status, headers, _ = request(address, "POST", "/rollouts/r1/control", headers={**BEARER, **FORM},
+                                     body="action=rollback&artifact=feedbeef.eafw")
+        assert status == 303 and "queued=" in headers["Location"]
+    finally:
+        console.shutdown()
+        console.server_close()
+    store = RolloutStore.open(db, clock=clock)
+    try:
+        [queued] = store.pending_controls()
+        assert (queued.action, Path(queued.arg).name) == ("rollback", "feedbeef.eafw")
+    finally:
+        store.close()
