@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,15 @@ def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
     with RejectLog.open(db, clock=clock) as rejects:
         rejects.record(topic="ea/v1/t/rogue/up", reason="<img src=x onerror=alert(1)>", payload=b"<svg>",
                        sender="rogue")
-    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)))
+    with serving(db) as address:
+        yield address
+
+
+@contextmanager
+def serving(db: Path) -> Iterator[tuple[str, int]]:
+    """A console over `db` (its outbox and artifact store beside it) on a free loopback port."""
+    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, outbox=db.with_name("outbox.db"),
+                                                                    token=TOKEN)))
     console.serve_in_thread()
     try:
         yield console.server_address[0], console.server_address[1]
@@ -196,10 +205,7 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         await Orchestrator(store, clock=clock, port=FakePort(clock, ["a", "b", "c", "d"])).tick()
     finally:
         store.close()
-    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)))
-    console.serve_in_thread()
-    try:
-        address = console.server_address[0], console.server_address[1]
+    with serving(db) as address:
         _, _, page = request(address, "GET", "/rollouts/r1", headers=BEARER)
         assert "lab: 1.0.0 → 1.1.0" in page and "MQTT chunks served 0 (0 B)" in page
         assert 'class="seg in_progress" title="in_progress 1"' in page and "0 succeeded of 1, 1 in progress" in page
@@ -209,9 +215,6 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         _, _, device = request(address, "GET", "/devices/a", headers=BEARER)
         assert "memory 52% used of 23.54 GiB (11.18 GiB free)" in device and "host up 15m17s" in device
         assert "25275990016" not in device
-    finally:
-        console.shutdown()
-        console.server_close()
 
 
 def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp_path: Path) -> None:
@@ -234,12 +237,8 @@ def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp
     artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=2048)
     (tmp_path / "artifacts").mkdir()
     shutil.copy(artifact, tmp_path / "artifacts" / "0123abcd.eafw")
-    config = ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)
-    csrf = Console(config).csrf
-    console = ConsoleServer(("127.0.0.1", 0), Console(config))
-    console.serve_in_thread()
-    try:
-        address = console.server_address[0], console.server_address[1]
+    csrf = Console(ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)).csrf
+    with serving(db) as address:
         _, _, page = request(address, "GET", "/rollouts/new", headers=BEARER)
         assert '<option value="0123abcd.eafw">fw 1.1.0' in page
         _, headers, _ = request(address, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}), headers=FORM)
@@ -275,9 +274,6 @@ def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp
             assert (queued.rollout_id, queued.action) == (rid.group(1), "start")
         finally:
             store.close()
-    finally:
-        console.shutdown()
-        console.server_close()
 
 
 async def test_a_rollout_is_rolled_back_from_the_console_with_a_rollback_artifact_of_the_store(tmp_path: Path) -> None:
@@ -310,11 +306,7 @@ async def test_a_rollout_is_rolled_back_from_the_console_with_a_rollback_artifac
         await Orchestrator(store, clock=clock, port=FakePort(clock, ["a", "b"])).tick()
     finally:
         store.close()
-    config = ConsoleConfig(db=db, outbox=tmp_path / "outbox.db", token=TOKEN)
-    console = ConsoleServer(("127.0.0.1", 0), Console(config))
-    console.serve_in_thread()
-    try:
-        address = console.server_address[0], console.server_address[1]
+    with serving(db) as address:
         _, _, page = request(address, "GET", "/rollouts/r1", headers=BEARER)
         assert 'id="control-rollback"' in page
         _, _, confirm = request(address, "GET", "/rollouts/r1/confirm?action=rollback", headers=BEARER)
@@ -325,9 +317,6 @@ async def test_a_rollout_is_rolled_back_from_the_console_with_a_rollback_artifac
         status, headers, _ = request(address, "POST", "/rollouts/r1/control", headers={**BEARER, **FORM},
                                      body="action=rollback&artifact=feedbeef.eafw")
         assert status == 303 and "queued=" in headers["Location"]
-    finally:
-        console.shutdown()
-        console.server_close()
     store = RolloutStore.open(db, clock=clock)
     try:
         [queued] = store.pending_controls()
