@@ -16,12 +16,27 @@ from mosquitto import Mosquitto, MosquittoMissing
 from nginx_mirror import NginxMirror, NginxMissing
 from otheruser import open_directory
 
+from agent.core.clock import VirtualClock
+from agent.transport.memory import MemoryBroker
+
 
 def _broker(workdir: Path, **kwargs: object) -> Mosquitto:
     try:
         return Mosquitto(workdir, **kwargs)  # type: ignore[arg-type]
     except MosquittoMissing as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    """A virtual clock: time moves only when a test advances it."""
+    return VirtualClock()
+
+
+@pytest.fixture
+def broker(clock: VirtualClock) -> MemoryBroker:
+    """The in-memory broker on that clock (a module needing another broker defines its own)."""
+    return MemoryBroker(clock=clock)
 
 
 @pytest.fixture

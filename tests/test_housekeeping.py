@@ -43,11 +43,6 @@ def _settings(**overrides: float) -> HousekeepingSection:
     return msgspec.convert(values, HousekeepingSection)
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
 # -- the generic scheduler -------------------------------------------------------------------
 async def test_rounds_follow_the_clock_in_bounded_batches(clock: VirtualClock) -> None:
     rows = list(range(230))

@@ -35,11 +35,6 @@ class Flaky(Actor):
         self.events.append("stop")
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
 async def test_restart_waits_an_exponential_backoff_on_the_clock(clock: VirtualClock) -> None:
     actor = Flaky()
     policy = RestartPolicy(max_restarts=5, window_s=60.0, backoff_base_s=1.0, backoff_cap_s=3.0)

@@ -45,11 +45,6 @@ class Blocker(Actor):
         return message
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
 async def test_tell_returns_at_once_and_messages_are_processed_in_order(
     clock: VirtualClock,
 ) -> None:

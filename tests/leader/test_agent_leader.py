@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import msgspec
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -20,16 +19,6 @@ from agent.protocol import Heartbeat, JobSubmit
 from agent.transport import topics
 from agent.transport.base import InboundMessage
 from agent.transport.memory import MemoryBroker, MemoryTransport
-
-
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-def broker(clock: VirtualClock) -> MemoryBroker:
-    return MemoryBroker(clock=clock)
 
 
 def _hb(device: str, seq: int) -> bytes:

@@ -29,16 +29,6 @@ from agent.transport.memory import MemoryBroker, MemoryTransport
 BEYOND = [2**63, 2**64 - 1]
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-def broker(clock: VirtualClock) -> MemoryBroker:
-    return MemoryBroker(clock=clock)
-
-
 class Rogue:
     """A credentialed device that writes raw envelopes (any bytes) on its own up topic."""
 

@@ -26,11 +26,6 @@ def tm(device: str, seq: int, name: str = "temp", value: float = 1.0) -> Telemet
 
 
 @pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
 def registry(tmp_path: Path, clock: VirtualClock):
     reg = DeviceRegistry.open(tmp_path / "leader.db", clock=clock, heartbeat_deadline_s=30)
     yield reg

@@ -15,11 +15,6 @@ from agent.outbox.store import OutboxStore
 
 
 @pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "outbox.db"
 

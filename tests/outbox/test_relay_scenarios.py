@@ -28,11 +28,6 @@ FAST_RETRY = RetryPolicy(base_s=0.05, cap_s=2.0, transient_floor_s=0.05)
 
 
 @pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
 async def store(tmp_path: Path, clock: VirtualClock) -> AsyncIterator[OutboxStore]:
     s = await OutboxStore.open(tmp_path / "outbox.db", clock=clock, max_attempts=20)
     yield s

@@ -28,16 +28,6 @@ class Inbox:
         return [m.payload for m in self.messages]
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-def broker(clock: VirtualClock) -> MemoryBroker:
-    return MemoryBroker(clock=clock)
-
-
 async def client(broker: MemoryBroker, client_id: str, **kwargs: object) -> MemoryTransport:
     transport = MemoryTransport(broker, client_id, **kwargs)  # type: ignore[arg-type]
     await transport.start()

@@ -15,18 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from e2e.agent_support import until
 from local_api_support import Setup, start_api, stop_api
 
-from agent.core.clock import SystemClock, VirtualClock
+from agent.core.clock import SystemClock
 from agent.transport.memory import MemoryBroker
-
-
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-def broker(clock: VirtualClock) -> MemoryBroker:
-    return MemoryBroker(clock=clock)
 
 
 @pytest.fixture
