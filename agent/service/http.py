@@ -46,13 +46,14 @@ import logging
 import os
 import socket
 import ssl
-import struct
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from agent.core.peercred import peer_credentials
 
 if TYPE_CHECKING:
     import h11
@@ -450,16 +451,12 @@ class HttpServer:
             log.exception("%s: %s", self.name, what)
 
 
-_CREDS = struct.Struct("3i")
-
-
 def peer_of(writer: asyncio.StreamWriter) -> str:
     """Who a connection is from, for the per-peer bound: `uid:N` on a Unix socket (its owner's
     processes are one client), the address on TCP (its ports are one client)."""
     sock = writer.get_extra_info("socket")
     if sock is not None and sock.family == socket.AF_UNIX:
-        _pid, uid, _gid = _CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size))
-        return f"uid:{uid}"
+        return f"uid:{peer_credentials(sock).uid}"
     peer = writer.get_extra_info("peername")
     return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
 

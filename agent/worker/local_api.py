@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import socket
-import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
+from agent.core.peercred import peer_credentials
 from agent.core.ratelog import RateLimitedLog
 from agent.service.healthhttp import parse_listen
 from agent.service.http import HttpServer, Limits, Request, Response
@@ -75,10 +75,9 @@ def _peer_allowed(sock: socket.socket, gid: int | None) -> bool:
     (SO_PEERCRED, and its supplementary groups from /proc): checked again in case the socket's
     mode was widened by hand."""
     try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, pgid = peer_credentials(sock)
     except OSError:
         return False
-    pid, uid, pgid = struct.unpack("3i", creds)
     if uid in (0, os.getuid()):
         return True
     if gid is None:

@@ -40,6 +40,7 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import EdgeAgentError
+from agent.core.peercred import peer_credentials
 from agent.core.ratelog import RateLimitedLog
 from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import VerifyKey
@@ -164,12 +165,6 @@ class InstallHelper:
         async with server:
             await server.serve_forever()
 
-    def _peer_uid(self, writer: asyncio.StreamWriter) -> tuple[int, int]:
-        sock = writer.get_extra_info("socket")
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", creds)
-        return pid, uid
-
     def _admit(self, uid: int) -> str:
         """Why a connection of `uid` is refused ("" when it is taken)."""
         if self._allowed_uids and uid != 0 and uid not in self._allowed_uids:
@@ -189,7 +184,7 @@ class InstallHelper:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer: _Peer | None = None
         try:
-            pid, uid = self._peer_uid(writer)
+            pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
             refusal = self._admit(uid)
             if refusal:
                 self.refused += 1
