@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from agent.core.clock import Clock
+from agent.service.files import FileWriteError, write_private_file
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.presence import PresenceFormatError, decode_presence
@@ -64,13 +65,11 @@ class LeaderWatch:
         """The sender of a command just taken: kept (written only when it changed) and watched."""
         if leader is None or leader == self.leader or not _ID.match(leader):
             return
-        try:
+        try:  # synced: the trial boot after the next reboot reads it
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._path.with_name(self._path.name + ".tmp")
-            tmp.write_text(leader + "\n", encoding="utf-8")
-            tmp.replace(self._path)
-        except OSError as exc:
-            log.warning("cannot keep the leader's id in %s: %s", self._path, exc.strerror or exc)
+            write_private_file(self._path, leader + "\n")
+        except (OSError, FileWriteError) as exc:
+            log.warning("cannot keep the leader's id: %s", exc)
         self.leader = leader
         if self._transport is not None:
             await self._watch(leader)
