@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.clock import SystemClock
 from agent.core.errors import EdgeAgentError, RolloutError
@@ -12,6 +12,9 @@ from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, devi
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow
 from agent.leader.status import FleetStatus, fleet_status
+
+if TYPE_CHECKING:
+    from firmware_rollout.artifact.manifest import Manifest
 
 PAGE = 50
 
@@ -93,28 +96,21 @@ def rollout(db: Path, rollout_id: str, *, state: str = "") -> RolloutPage | None
 class ArtifactChoice:
     file: str  # its name in the leader's store (what the form sends back: never a path)
     path: Path
-    name: str
-    version: str
-    rollback: bool
-    size: int  # the image's bytes
-    replaces: tuple[str, ...] = ()  # a rollback's: the versions it may replace
+    manifest: Manifest  # parsed from the file, not yet trusted (the leader checks it at admission)
 
 
 def artifacts(directory: Path) -> list[ArtifactChoice]:
-    """The leader's verified copies (its artifact store), newest version first; a file that does
-    not parse is left out (the leader checks each again when a rollout admits it)."""
+    """The leader's verified copies (its artifact store), by image name, newest version first; a
+    file that does not parse is left out (the leader checks each again when a rollout admits it)."""
     from firmware_rollout.artifact.files import read_signed_manifest
-    from firmware_rollout.artifact.manifest import Manifest
 
     found = []
     for path in sorted(directory.glob("*.eafw")) if directory.is_dir() else []:
         try:
-            manifest: Manifest = read_signed_manifest(path).manifest
+            found.append(ArtifactChoice(path.name, path, read_signed_manifest(path).manifest))
         except EdgeAgentError:
             continue
-        found.append(ArtifactChoice(path.name, path, manifest.name, manifest.version, manifest.rollback, manifest.size,
-                                    manifest.rollback_from))
-    return sorted(found, key=lambda a: (a.name, a.version), reverse=True)
+    return sorted(found, key=lambda a: (a.manifest.name, a.manifest.parsed_version()), reverse=True)
 
 
 def start(db: Path, rollout_id: str, start_control: str) -> int:
@@ -147,7 +143,18 @@ def control(db: Path, rollout_id: str, action: str, *, artifact: Path | None = N
 
 def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
     """The store's artifacts signed as a rollback of `version` (naming it among those they replace)."""
-    return [a for a in artifacts(directory) if a.rollback and version in a.replaces]
+    return [a for a in artifacts(directory) if a.manifest.rollback and version in a.manifest.rollback_from]
+
+
+def rollout_version(db: Path, rollout_id: str) -> str | None:
+    """The version a rollout installs (None: no such rollout)."""
+    if not _has_rollouts(db):
+        return None
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
+        found = store.find(rollout_id)
+        return found.version if found is not None else None
 
 
 def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
@@ -161,4 +168,5 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
 
 
 __all__ = ["DEVICES_SHOWN", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage", "artifacts", "control",
-           "dead_letters", "device", "fleet", "holders", "rejects", "rollback_choices", "rollout", "rollouts", "start"]
+           "dead_letters", "device", "fleet", "holders", "rejects", "rollback_choices", "rollout", "rollout_version",
+           "rollouts", "start"]

@@ -41,7 +41,6 @@ from agent.leader.rollout import ARTIFACTS_DIR
 from agent.leader.rollout_plan import plan_rollout, render_plan
 from agent.protocol import SystemSample
 from agent.service.http import HttpServer, Limits, Request, Response
-from firmware_rollout.artifact.files import read_signed_manifest
 from firmware_rollout.artifact.manifest import Manifest
 from firmware_rollout.orchestration.orchestrator import rollout_id_for
 from firmware_rollout.orchestration.spec import RolloutSpec, StartControl, spec_from_dict
@@ -212,7 +211,8 @@ class Console:
             action = query.get("action", "")
             if action not in CONTROL_HELP:
                 return 400, self.render("not_found", what=f"no control {action!r}")
-            choices = self._rollback_choices(rollout_id) if action == "rollback" else []
+            choices = self._rollback_choices(data.rollout_version(self.config.db, rollout_id)) \
+                if action == "rollback" else []
             return 200, self.render("confirm", title=f"{action} {rollout_id}", rollout_id=rollout_id, action=action,
                                     help=CONTROL_HELP[action], csrf=self.csrf, choices=choices)
         if path.startswith("/rollouts/"):
@@ -238,7 +238,7 @@ class Console:
         if found is None:
             return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
         actions = found.actions
-        if "rollback" not in actions and self._rollback_choices(rollout_id):
+        if "rollback" not in actions and self._rollback_choices(found.described["version"]):
             actions = [*actions, "rollback"]  # with an artifact of the store, picked on the confirmation page
         return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions,
                                 refresh=REFRESH_S, message=message, error=error, devices=found.devices,
@@ -275,7 +275,8 @@ class Console:
         action = form.get("action", "")
         artifact = None
         if action == "rollback" and form.get("artifact"):
-            chosen = next((a for a in self._rollback_choices(rollout_id) if a.file == form["artifact"]), None)
+            choices = self._rollback_choices(data.rollout_version(self.config.db, rollout_id))
+            chosen = next((a for a in choices if a.file == form["artifact"]), None)
             if chosen is None:
                 status, body = self.rollout_page(rollout_id, error="choose a rollback artifact of the leader's store")
                 return (409 if status == 200 else status), body, ""
@@ -293,14 +294,17 @@ class Console:
         """The leader's artifact store."""
         return self.config.artifacts or self.config.db.parent / ARTIFACTS_DIR
 
-    def _rollback_choices(self, rollout_id: str) -> list[data.ArtifactChoice]:
-        found = data.rollout(self.config.db, rollout_id)
-        return data.rollback_choices(self._store(), found.described["version"]) if found is not None else []
+    def _rollback_choices(self, version: str | None) -> list[data.ArtifactChoice]:
+        """The store's rollback artifacts for a rollout of `version` (None: no such rollout)."""
+        return data.rollback_choices(self._store(), version) if version is not None else []
 
     # -- a new rollout: the form, its plan, the start ----------------------------------------
-    def new_rollout_page(self, form: Mapping[str, Any], *, plan: str = "", error: str = "") -> bytes:
+    def new_rollout_page(self, form: Mapping[str, Any], *, plan: str = "", error: str = "",
+                         choices: list[data.ArtifactChoice] | None = None) -> bytes:
+        """The form (`choices`: the store's artifacts, when the caller listed them already)."""
         store = self._store()
-        return self.render("new_rollout", title="start a rollout", artifacts=data.artifacts(store), store=str(store),
+        return self.render("new_rollout", title="start a rollout",
+                           artifacts=data.artifacts(store) if choices is None else choices, store=str(store),
                            f=form, plan=plan, error=error, csrf=self.csrf)
 
     def new_rollout(self, form: dict[str, str], proof: Proof) -> tuple[int, bytes, str]:
@@ -312,25 +316,26 @@ class Console:
         fields["approval"] = form.get("approval", "") == "1"
         if proof != "token" and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
             return 403, self.new_rollout_page(fields, error="the form has expired: open it again"), ""
+        choices = data.artifacts(self._store())
         try:
-            spec, manifest, rid = self._new_spec(fields)
+            spec, manifest, rid = self._new_spec(fields, choices)
             fields["id"] = rid  # the start uses the very id the preview showed
             plan = plan_rollout(spec, manifest, self.config.db)
             if form.get("step") != "start":
                 held = data.holders(self.config.db, [d for wave in plan.waves for d in wave])
                 text = render_plan(rid, spec, manifest, plan, held)
                 text += "".join(f"\nwarning: {w}" for w in plan.warnings)
-                return 200, self.new_rollout_page(fields, plan=text), ""
+                return 200, self.new_rollout_page(fields, plan=text, choices=choices), ""
             control_id = data.start(self.config.db, rid, StartControl(spec=spec, waves=plan.waves).to_json().decode())
         except (ConfigError, RolloutError, ArtifactError) as exc:
-            return 400, self.new_rollout_page(fields, error=str(exc)), ""
+            return 400, self.new_rollout_page(fields, error=str(exc), choices=choices), ""
         log.info("rollout start queued from the console", extra={"kv": {"rollout": rid, "control": control_id}})
         return 303, b"", f"/rollouts/{urllib.parse.quote(rid, safe='')}?" + urllib.parse.urlencode(
             {"queued": control_id})
 
-    def _new_spec(self, f: Mapping[str, Any]) -> tuple[RolloutSpec, Manifest, str]:
+    def _new_spec(self, f: Mapping[str, Any], choices: list[data.ArtifactChoice]) -> tuple[RolloutSpec, Manifest, str]:
         """The spec the form says, checked as a spec file is (a mistake names its key)."""
-        chosen = next((a for a in data.artifacts(self._store()) if a.file == f["artifact"]), None)
+        chosen = next((a for a in choices if a.file == f["artifact"]), None)
         if chosen is None:
             raise ConfigError("the form", "artifact", "choose one of the leader's artifacts")
         values = [v.strip() for v in str(f["values"]).split(",") if v.strip()]
@@ -346,7 +351,7 @@ class Console:
         if select in ("tags", "versions", "devices"):
             targets[select] = values
         spec = spec_from_dict({
-            "rollout": {"name": str(f["name"]) or chosen.name, "artifact": str(chosen.path)},
+            "rollout": {"name": str(f["name"]) or chosen.manifest.name, "artifact": str(chosen.path)},
             "targets": targets,
             "waves": {"canary": canary, **({"counts": counts} if counts else {"percents": [100.0]})},
             "gates": {"manual_approval": bool(f["approval"]), "soak_s": soak_s},
@@ -354,11 +359,7 @@ class Console:
         rid = str(f["id"]) or rollout_id_for(spec, SystemClock().now_ms())
         if not ROLLOUT_ID.match(rid):
             raise ConfigError("the form", "id", "letters, digits, '.', '_' and '-' only, at most 64")
-        try:
-            manifest = read_signed_manifest(chosen.path).manifest
-        except ArtifactError as exc:
-            raise ConfigError(str(chosen.path), None, str(exc)) from None
-        return spec, manifest, rid
+        return spec, chosen.manifest, rid
 
 
 NEW_ROLLOUT_DEFAULTS: dict[str, Any] = {"artifact": "", "name": "", "id": "", "select": "all", "values": "",
