@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import pwd
+import socket
 import sys
 import time
 from pathlib import Path
@@ -165,16 +168,30 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     if args.dry_run:
         print(render_plan(rid, spec, signed.manifest, plan, held))
         return 0
-    control = store.add_control(rid, "start", StartControl(spec=spec, waves=plan.waves).to_json().decode())
+    control = store.add_control(rid, "start", StartControl(spec=spec, waves=plan.waves).to_json().decode(),
+                                actor=cli_actor())
     print(f"rollout {rid}: version {signed.manifest.version} from {spec.rollout.artifact}")
     print(plan.summary())
     return _await_control(store, control, args.no_wait, args.wait)
 
 
+def cli_actor() -> str:
+    """Who runs this command, for a control's audit record: the user (and who became it through
+    sudo), the host."""
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = "?"
+    via = os.environ.get("SUDO_USER", "")
+    return (f"{user} (uid {uid}{', sudo from ' + via[:64] if via else ''}) on the CLI at "
+            f"{socket.gethostname()[:64]}")
+
+
 def _control(store: Any, args: argparse.Namespace) -> int:
     from firmware_rollout.orchestration.controls import request_control
 
-    control = request_control(store, args.id, args.action, getattr(args, "artifact", None))
+    control = request_control(store, args.id, args.action, getattr(args, "artifact", None), actor=cli_actor())
     return _await_control(store, control, args.no_wait, args.wait)
 
 
@@ -270,6 +287,9 @@ def _status(store: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+AUDIT_SHOWN = 5  # newest controls under `rollout status` (all of them: `--json`)
+
+
 def render_status(data: dict[str, Any]) -> Any:
     """The rich renderable of a rollout's status (per-wave progress bars and state counts)."""
     from rich.console import Group
@@ -324,6 +344,15 @@ def render_status(data: dict[str, Any]) -> Any:
         seen = data.get("leader_last_seen_ms")
         when = "never" if seen is None else time.strftime("%H:%M:%S", time.localtime(seen / 1000))
         lines.insert(1, Text(f"STALE: the leader has written nothing since {when}; is it running?", style="bold red"))
+    audit = data.get("audit") or []
+    if audit:
+        lines.append(Text("controls (newest last):", style="bold"))
+        for c in audit[-AUDIT_SHOWN:]:
+            asked = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["asked_ms"] / 1000))
+            outcome = c["outcome"] or "not applied yet"
+            lines.append(Text(f"  {asked}  {c['action']} by {c['actor'] or 'someone unrecorded'}: {outcome}"
+                              + (f" ({c['result']})" if c["result"] else ""),
+                              style="red" if c["outcome"] == "refused" else ""))
     if "device_list" in data:
         devices = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
         for column in ("device", "wave", "versions", "state", "attempts", "fetched", "detail"):

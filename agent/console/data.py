@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.console.charts import Series, online_series, rollout_series
 from agent.core.clock import SystemClock
 from agent.core.errors import EdgeAgentError, RolloutError
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
@@ -24,11 +25,17 @@ class Fleet:
     summary: FleetStatus
     page: DevicePage
     filter: DeviceFilter
+    online: Series  # the devices online over the last FLEET_CHART_S
+
+
+FLEET_CHART_S = 86_400  # the fleet chart's span
 
 
 def fleet(db: Path, flt: DeviceFilter) -> Fleet:
+    now_ms = SystemClock().now_ms()
     with open_leader_db(db) as leader:
-        return Fleet(fleet_status(leader, SystemClock().now_ms(), stale_limit=0), list_devices(leader, flt), flt)
+        return Fleet(fleet_status(leader, now_ms, stale_limit=0), list_devices(leader, flt), flt,
+                     online_series(leader.registry.online_history(now_ms - FLEET_CHART_S * 1000)))
 
 
 def device(db: Path, device_id: str) -> DeviceDetail | None:
@@ -73,6 +80,7 @@ class RolloutPage:
     devices: list[Any]  # its devices in `state` (all: ""), by wave and id, at most DEVICES_SHOWN
     more: bool  # more matched than are listed
     states: list[str]  # the states its devices are in
+    chart: Series  # its devices by kind over time
 
 
 def rollout(db: Path, rollout_id: str, *, state: str = "") -> RolloutPage | None:
@@ -88,8 +96,11 @@ def rollout(db: Path, rollout_id: str, *, state: str = "") -> RolloutPage | None
             return None
         members = store.devices(rollout_id)
         chosen = sorted((d for d in members if not state or d.state == state), key=lambda d: (d.wave, d.device_id))
-        return RolloutPage(describe(store, rollout_id), allowed_actions(store, rollout_id), chosen[:DEVICES_SHOWN],
-                           len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}))
+        described = describe(store, rollout_id)
+        end_ms = described["finished_ms"] or SystemClock().now_ms()
+        chart = rollout_series(described["created_ms"], end_ms, len(members), store.state_changes(rollout_id))
+        return RolloutPage(described, allowed_actions(store, rollout_id), chosen[:DEVICES_SHOWN],
+                           len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}), chart)
 
 
 @dataclass(frozen=True)
@@ -113,14 +124,14 @@ def artifacts(directory: Path) -> list[ArtifactChoice]:
     return sorted(found, key=lambda a: (a.manifest.name, a.manifest.parsed_version()), reverse=True)
 
 
-def start(db: Path, rollout_id: str, start_control: str) -> int:
+def start(db: Path, rollout_id: str, start_control: str, *, actor: str = "") -> int:
     """Queue a rollout's start exactly as `edge-agent rollout start` does; the control's id."""
     from firmware_rollout.orchestration.store import RolloutStore
 
     with RolloutStore.open(db, clock=SystemClock()) as store:
         if store.get(rollout_id) is not None:
             raise RolloutError(f"rollout {rollout_id!r} exists already")
-        return store.add_control(rollout_id, "start", start_control)
+        return store.add_control(rollout_id, "start", start_control, actor=actor)
 
 
 def holders(db: Path, devices: list[str]) -> dict[str, tuple[str, str]]:
@@ -131,14 +142,15 @@ def holders(db: Path, devices: list[str]) -> dict[str, tuple[str, str]]:
         return store.holders(devices)
 
 
-def control(db: Path, rollout_id: str, action: str, *, artifact: Path | None = None) -> int:
+def control(db: Path, rollout_id: str, action: str, *, artifact: Path | None = None, actor: str = "") -> int:
     """Queue a control exactly as `edge-agent rollout ACTION ID [--artifact]` does; its id.
     Only into existing rollout tables."""
     from firmware_rollout.orchestration.controls import request_control
     from firmware_rollout.orchestration.store import RolloutStore
 
     with RolloutStore.open_existing(db, clock=SystemClock()) as store:
-        return request_control(store, rollout_id, action, str(artifact) if artifact is not None else None)
+        return request_control(store, rollout_id, action, str(artifact) if artifact is not None else None,
+                               actor=actor)
 
 
 def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
@@ -167,6 +179,6 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
     return read_dead_letters(outbox, limit=100)
 
 
-__all__ = ["DEVICES_SHOWN", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage", "artifacts", "control",
-           "dead_letters", "device", "fleet", "holders", "rejects", "rollback_choices", "rollout", "rollout_version",
-           "rollouts", "start"]
+__all__ = ["DEVICES_SHOWN", "FLEET_CHART_S", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage",
+           "artifacts", "control", "dead_letters", "device", "fleet", "holders", "rejects", "rollback_choices",
+           "rollout", "rollout_version", "rollouts", "start"]

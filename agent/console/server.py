@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+import markupsafe
 
-from agent.console import data
+from agent.console import charts, data
 from agent.core.clock import SystemClock
 from agent.core.durations import ago, format_age
 from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
@@ -49,6 +50,8 @@ from firmware_rollout.orchestration.store import IN_PROGRESS
 log = logging.getLogger(__name__)
 
 COOKIE = "ea_console"
+OPERATOR_COOKIE = "ea_operator"  # the name given at sign-in, for the audit record, with its HMAC
+OPERATOR_NAME = re.compile(r"^[A-Za-z0-9 ._@-]{1,64}$")
 MAX_BODY = 4096
 REFRESH_S = 5
 CONTROL_HELP = {
@@ -120,6 +123,15 @@ def _ago(ms: int | None) -> str:
     return ago(int(time.time() * 1000), ms)
 
 
+def _when(ms: int) -> str:
+    """A moment as the console's clock reads it."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def _chart(series: charts.Series, label: str) -> markupsafe.Markup:
+    return markupsafe.Markup(charts.svg(series, label=label))
+
+
 def _preview(head: bytes) -> str:
     return printable(head, 32)
 
@@ -166,7 +178,7 @@ class Console:
         self.env = jinja2.Environment(loader=jinja2.PackageLoader("agent.console", "templates"), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
         self.env.globals.update(ago=_ago, preview=_preview, db=str(config.db), size=format_bytes, age=format_age,
-                                outcomes=_outcomes)
+                                outcomes=_outcomes, when=_when, chart=_chart)
         key = config.token.encode()
         self.session = hmac.new(key, b"edge-agent console session", hashlib.sha256).hexdigest()
         self.csrf = hmac.new(key, b"edge-agent console csrf", hashlib.sha256).hexdigest()
@@ -177,6 +189,24 @@ class Console:
         values.setdefault("message", "")
         values.setdefault("error", "")
         return self.env.get_template(f"{name}.html").render(**values).encode()
+
+    def operator_cookie(self, name: str) -> str:
+        """The cookie that carries the operator's name (signed: a browser cannot change it)."""
+        mac = hmac.new(self.config.token.encode(), b"operator|" + name.encode(), hashlib.sha256).hexdigest()[:32]
+        return f"{OPERATOR_COOKIE}={urllib.parse.quote(name, safe='')}.{mac}; HttpOnly; SameSite=Strict; Path=/"
+
+    def operator(self, headers: Mapping[str, str]) -> str:
+        """The name the browser signed in with ("": none, or a cookie that does not verify)."""
+        for part in headers.get("cookie", "").split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == OPERATOR_COOKIE:
+                quoted, _, mac = value.rpartition(".")
+                name = urllib.parse.unquote(quoted)
+                want = hmac.new(self.config.token.encode(), b"operator|" + name.encode(),
+                                hashlib.sha256).hexdigest()[:32]
+                if OPERATOR_NAME.match(name) and hmac.compare_digest(mac.encode(), want.encode()):
+                    return name
+        return ""
 
     def authorized(self, headers: Mapping[str, str]) -> Proof:
         """How the request proves the token: a Bearer header with it, the session cookie, or
@@ -242,7 +272,7 @@ class Console:
             actions = [*actions, "rollback"]  # with an artifact of the store, picked on the confirmation page
         return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions,
                                 refresh=REFRESH_S, message=message, error=error, devices=found.devices,
-                                more=found.more, device_states=found.states, state=state)
+                                more=found.more, device_states=found.states, state=state, series=found.chart)
 
     def _fleet(self, query: dict[str, str]) -> bytes:
         state = query.get("state", "")
@@ -260,9 +290,9 @@ class Console:
             return "/?" + urllib.parse.urlencode({**kept, "offset": max(0, at)})
 
         return self.render("fleet", title="fleet", s=fleet.summary, page=fleet.page, f=flt, state=state, link=link,
-                           per_page=data.PAGE, refresh=REFRESH_S)
+                           per_page=data.PAGE, refresh=REFRESH_S, online=fleet.online)
 
-    def control(self, path: str, form: dict[str, str], proof: Proof) -> tuple[int, bytes, str]:
+    def control(self, path: str, form: dict[str, str], proof: Proof, actor: str = "") -> tuple[int, bytes, str]:
         """A POST to /rollouts/ID/control: (303, b"", where to send the browser) when it was
         queued, else the rollout's page with the reason (403: the form's CSRF value is wrong;
         409: the control does not apply)."""
@@ -282,11 +312,12 @@ class Console:
                 return (409 if status == 200 else status), body, ""
             artifact = chosen.path
         try:
-            control_id = data.control(self.config.db, rollout_id, action, artifact=artifact)
+            control_id = data.control(self.config.db, rollout_id, action, artifact=artifact, actor=actor)
         except (RolloutError, ConfigError) as exc:
             status, body = self.rollout_page(rollout_id, error=str(exc))
             return (409 if status == 200 else status), body, ""
-        log.info("control queued", extra={"kv": {"rollout": rollout_id, "action": action, "control": control_id}})
+        log.info("control queued", extra={"kv": {"rollout": rollout_id, "action": action, "control": control_id,
+                                                 "by": actor}})
         return 303, b"", back + "?" + urllib.parse.urlencode({"queued": control_id})
 
 
@@ -307,7 +338,7 @@ class Console:
                            artifacts=data.artifacts(store) if choices is None else choices, store=str(store),
                            f=form, plan=plan, error=error, csrf=self.csrf)
 
-    def new_rollout(self, form: dict[str, str], proof: Proof) -> tuple[int, bytes, str]:
+    def new_rollout(self, form: dict[str, str], proof: Proof, actor: str = "") -> tuple[int, bytes, str]:
         """A POST of the form: with `step=preview` the plan as `rollout start --dry-run` prints
         it; with `step=start` the start control `rollout start` writes (303 to the rollout). A
         mistake is the form again with the reason (400); a wrong CSRF value, 403."""
@@ -326,10 +357,12 @@ class Console:
                 text = render_plan(rid, spec, manifest, plan, held)
                 text += "".join(f"\nwarning: {w}" for w in plan.warnings)
                 return 200, self.new_rollout_page(fields, plan=text, choices=choices), ""
-            control_id = data.start(self.config.db, rid, StartControl(spec=spec, waves=plan.waves).to_json().decode())
+            control_id = data.start(self.config.db, rid, StartControl(spec=spec, waves=plan.waves).to_json().decode(),
+                                    actor=actor)
         except (ConfigError, RolloutError, ArtifactError) as exc:
             return 400, self.new_rollout_page(fields, error=str(exc), choices=choices), ""
-        log.info("rollout start queued from the console", extra={"kv": {"rollout": rid, "control": control_id}})
+        log.info("rollout start queued from the console", extra={"kv": {"rollout": rid, "control": control_id,
+                                                                        "by": actor}})
         return 303, b"", f"/rollouts/{urllib.parse.quote(rid, safe='')}?" + urllib.parse.urlencode(
             {"queued": control_id})
 
@@ -368,7 +401,9 @@ FIELD_MAX = 2000  # characters of one form field
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 HEADERS = (("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"),
-           ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"))
+           ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'self';"
+            " connect-src 'self'; form-action 'self'"))
+LIVE_JS = (Path(__file__).parent / "static" / "live.js").read_bytes()
 MAX_CONNECTIONS = 64
 LIMITS = Limits(max_body_bytes=MAX_BODY, head_timeout_s=10.0, body_timeout_s=10.0, idle_timeout_s=30.0,
                 max_connections=MAX_CONNECTIONS)
@@ -411,12 +446,20 @@ class ConsoleHttp:
                              (("Retry-After", str(max(1, round(wait_s)))),))
         if signing_in:
             if hmac.compare_digest(form.get("token", "").strip().encode(), console.config.token.encode()):
-                cookie = f"{COOKIE}={console.session}; HttpOnly; SameSite=Strict; Path=/"
-                return _page(303, b"", (("Location", "/"), ("Set-Cookie", cookie)))
+                name = " ".join(form.get("name", "").split())
+                if name and not OPERATOR_NAME.match(name):
+                    return _page(400, console.render("login", title="sign in", error=(
+                        "name: letters, digits, spaces and . _ @ - only, at most 64")))
+                cookies = [("Set-Cookie", f"{COOKIE}={console.session}; HttpOnly; SameSite=Strict; Path=/")]
+                if name:
+                    cookies.append(("Set-Cookie", console.operator_cookie(name)))
+                return _page(303, b"", (("Location", "/"), *cookies))
             return self._unauthorized(request)
         proof = console.authorized(request.headers)
         if not proof:
             return self._unauthorized(request, offered=offered)
+        if request.method in ("GET", "HEAD") and request.path == "/static/live.js":
+            return Response(200, LIVE_JS, "text/javascript; charset=utf-8", headers=HEADERS)
         if request.method in ("GET", "HEAD"):
             query = {k: v[-1] for k, v in request.query.items()}
             try:
@@ -424,15 +467,18 @@ class ConsoleHttp:
             except EdgeAgentError as exc:
                 status, body = 503, console.render("not_found", title="unavailable", what=str(exc))
             return _page(status, body)
+        name = console.operator(request.headers) if proof == "cookie" else ""
+        actor = (f"{name or 'an operator'} via the console from {request.peer}" if proof == "cookie"
+                 else f"the console's API (Bearer token) from {request.peer}")
         if request.path == "/rollouts/new":
             try:
-                status, body, location = console.new_rollout(form, proof)
+                status, body, location = console.new_rollout(form, proof, actor)
             except EdgeAgentError as exc:
                 return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
             return _page(status, body, (("Location", location),) if location else ())
         if request.path.startswith("/rollouts/") and request.path.endswith("/control"):
             try:
-                status, body, location = console.control(request.path, form, proof)
+                status, body, location = console.control(request.path, form, proof, actor)
             except EdgeAgentError as exc:
                 return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
             return _page(status, body, (("Location", location),) if location else ())

@@ -63,12 +63,36 @@ class DeviceRollout(msgspec.Struct, kw_only=True, frozen=True):
     from_version: str = ""  # what the device ran when the rollout took it ("": not known)
 
 
+class DeviceEvent(msgspec.Struct, kw_only=True, frozen=True):
+    """A change of the device's state in a rollout."""
+
+    at_ms: int
+    rollout_id: str
+    state: str
+    detail: str
+
+
+class ControlRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """A control of a rollout: who asked what, when, and what came of it."""
+
+    asked_ms: int
+    rollout_id: str
+    action: str
+    actor: str
+    applied_ms: int | None
+    outcome: str  # "applied", "refused", "": not applied yet
+    result: str
+
+
 class DeviceDetail(DeviceState, kw_only=True, frozen=True):
-    """One device in full: the registry's state of it, its row, its recent refusals, its rollouts."""
+    """One device in full: the registry's state of it, its row, its recent refusals, its
+    rollouts, its timeline of states in them and the controls of those rollouts."""
 
     device: DeviceRow
     rejects: list[DeviceReject]
     rollouts: list[DeviceRollout]
+    timeline: list[DeviceEvent] = []
+    controls: list[ControlRecord] = []
 
 
 def list_devices(db: LeaderDb, flt: DeviceFilter) -> DevicePage:
@@ -89,7 +113,7 @@ def _rows(db: LeaderDb, lines: list[DeviceLine]) -> list[DeviceRow]:
     return rows
 
 
-def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10) -> DeviceDetail | None:
+def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10, events: int = 100) -> DeviceDetail | None:
     """Everything the leader keeps about one device; None if it has never been heard of."""
     found = db.registry.device(device_id)
     if found is None:
@@ -100,9 +124,13 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10) -> DeviceD
     rollouts = [DeviceRollout(rollout_id=a, name=b, version=c, rollout_state=d, wave=e, state=f, detail=g, updated_ms=h,
                               from_version=i)
                 for a, b, c, d, e, f, g, h, i in db.rollouts.of_device(device_id)]
+    timeline = [DeviceEvent(at_ms=a, rollout_id=b, state=c, detail=d)
+                for a, b, c, d in db.rollouts.timeline_of(device_id, limit=events)]
+    controls = [ControlRecord(asked_ms=a, rollout_id=b, action=c, actor=d, applied_ms=e, outcome=f, result=g)
+                for a, b, c, d, e, f, g in db.rollouts.controls_of([r.rollout_id for r in rollouts])]
     return DeviceDetail(**msgspec.structs.asdict(state), device=_rows(db, [line])[0], rejects=recent,
-                        rollouts=rollouts)
+                        rollouts=rollouts, timeline=timeline, controls=controls)
 
 
-__all__ = ["DeviceDetail", "DeviceFilter", "DevicePage", "DeviceReject", "DeviceRollout", "DeviceRow",
-           "device_detail", "list_devices"]
+__all__ = ["ControlRecord", "DeviceDetail", "DeviceEvent", "DeviceFilter", "DevicePage", "DeviceReject",
+           "DeviceRollout", "DeviceRow", "device_detail", "list_devices"]

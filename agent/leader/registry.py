@@ -118,7 +118,15 @@ def _v5(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX devices_online_expires ON devices(expires_ms) WHERE online = 1")
 
 
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5)
+def _v6(conn: sqlite3.Connection) -> None:
+    """How many devices were online, sampled when the leader marks itself alive (the console's
+    fleet chart); `FLEET_HISTORY_S` of them are kept."""
+    conn.execute("CREATE TABLE fleet_online (at_ms INTEGER PRIMARY KEY, devices INTEGER NOT NULL,"
+                 " online INTEGER NOT NULL)")
+
+
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6)
+FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
 
 LEADER_ALIVE_EVERY_S = 30.0  # how often the running leader marks itself alive in the registry
 LEADER_QUIET_S = 3 * LEADER_ALIVE_EVERY_S  # no mark for this long: the leader is not running
@@ -473,7 +481,8 @@ class DeviceRegistry(SqliteStore):
                     await outcome
 
     def mark_alive(self) -> None:
-        """Write `leader_alive_ms` (now) when the last mark is `LEADER_ALIVE_EVERY_S` old."""
+        """Write `leader_alive_ms` (now) and a sample of the devices online when the last mark
+        is `LEADER_ALIVE_EVERY_S` old; samples older than `FLEET_HISTORY_S` go."""
         self.check_open()
         now = self._clock.now_ms()
         if self._alive_marked_ms is not None and now - self._alive_marked_ms < LEADER_ALIVE_EVERY_S * 1000:
@@ -481,6 +490,9 @@ class DeviceRegistry(SqliteStore):
         with store_errors("mark the leader alive"), atomic(self._conn):
             self._conn.execute("INSERT INTO registry_meta(key, value) VALUES ('leader_alive_ms', ?)"
                                " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (now,))
+            self._conn.execute("INSERT OR REPLACE INTO fleet_online (at_ms, devices, online)"
+                               " SELECT ?, COUNT(*), COALESCE(SUM(online), 0) FROM devices", (now,))
+            self._conn.execute("DELETE FROM fleet_online WHERE at_ms < ?", (now - FLEET_HISTORY_S * 1000,))
         self._alive_marked_ms = now
 
     def prune_processed(self, older_than_s: float, *, limit: int | None = None) -> int:
@@ -636,6 +648,16 @@ class RegistryReads:
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0])
 
+    def online_history(self, since_ms: int) -> list[tuple[int, int, int]]:
+        """(at_ms, devices, online) sampled since `since_ms`, oldest first (none from a registry
+        older than the samples)."""
+        try:
+            rows = self._conn.execute("SELECT at_ms, devices, online FROM fleet_online WHERE at_ms >= ?"
+                                      " ORDER BY at_ms", (since_ms,)).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        return [(int(a), int(b), int(c)) for a, b, c in rows]
+
     def online_count(self) -> tuple[int, int]:
         """(all, online) devices."""
         total, online = self._conn.execute("SELECT COUNT(*), COALESCE(SUM(online), 0) FROM devices").fetchone()
@@ -719,5 +741,5 @@ class RegistryReads:
         return None if newest is None else int(newest)
 
 
-__all__ = ["COMPONENT", "LEADER_ALIVE_EVERY_S", "LEADER_QUIET_S", "DeviceLine", "DeviceRecord", "DeviceRegistry",
-           "DeviceState", "OfflineCallback", "RegistryReads"]
+__all__ = ["COMPONENT", "FLEET_HISTORY_S", "LEADER_ALIVE_EVERY_S", "LEADER_QUIET_S", "DeviceLine", "DeviceRecord",
+           "DeviceRegistry", "DeviceState", "OfflineCallback", "RegistryReads"]

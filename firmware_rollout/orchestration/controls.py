@@ -27,11 +27,13 @@ def allowed_actions(store: RolloutStore, rollout_id: str) -> list[str]:
     return out
 
 
-def request_control(store: RolloutStore, rollout_id: str, action: str, artifact: str | None = None) -> int:
-    """Queue `action` for the leader; the control's id. A control that does not apply now is a
-    `RolloutError` (or `ConfigError` for a rollback artifact that is not there) saying why."""
+def request_control(store: RolloutStore, rollout_id: str, action: str, artifact: str | None = None, *,
+                    actor: str = "") -> int:
+    """Queue `action` for the leader on behalf of `actor` (the audit record); the control's id.
+    A control that does not apply now is a `RolloutError` (or `ConfigError` for a rollback
+    artifact that is not there) saying why."""
     arg = _check(store, rollout_id, action, artifact)
-    return store.add_control(rollout_id, action, arg)
+    return store.add_control(rollout_id, action, arg, actor=actor)
 
 
 def _check(store: RolloutStore, rollout_id: str, action: str, artifact: str | None) -> str:

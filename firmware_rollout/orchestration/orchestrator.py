@@ -329,8 +329,8 @@ class Orchestrator:
                 result, outcome = str(exc), "refused"
             with self.store.atomic():
                 self.store.finish_control(c.id, result, outcome)
-            log.info("control %s %s: %s%s", c.action, c.rollout_id, "refused: " if outcome == "refused" else "",
-                     result)
+            log.info("control %s %s by %s: %s%s", c.action, c.rollout_id, c.actor or "someone unrecorded",
+                     "refused: " if outcome == "refused" else "", result)
         return len(pending)
 
     # -- device reports --------------------------------------------------------------------

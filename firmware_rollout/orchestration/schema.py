@@ -147,6 +147,24 @@ def _v10(conn: sqlite3.Connection) -> None:
     conn.execute("UPDATE rollout_controls SET outcome = 'applied' WHERE applied_ms IS NOT NULL AND outcome IS NULL")
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
+def _v11(conn: sqlite3.Connection) -> None:
+    # The audit record: who asked for each control (the console's operator and address, the
+    # CLI's user); and each device's state changes in a rollout with when (its timeline, the
+    # rollout's chart of devices by state over time).
+    conn.execute("ALTER TABLE rollout_controls ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
+    conn.execute(
+        """CREATE TABLE rollout_device_events (
+            rollout_id TEXT NOT NULL,
+            device_id TEXT NOT NULL,
+            at_ms INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            detail TEXT NOT NULL DEFAULT ''
+        )"""
+    )
+    conn.execute("CREATE INDEX rollout_device_events_rollout ON rollout_device_events(rollout_id, at_ms)")
+    conn.execute("CREATE INDEX rollout_device_events_device ON rollout_device_events(device_id, at_ms)")
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
 
 __all__ = ["MIGRATIONS"]

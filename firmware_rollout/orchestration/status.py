@@ -85,6 +85,8 @@ def describe(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "progress_reports": sum(int(p["progress_reports"]) for p in progress.values()),
         "serving": store.serving(r.id),
         "waves": waves,
+        "audit": [{"control": c.id, "action": c.action, "actor": c.actor, "asked_ms": c.created_ms,
+                   "applied_ms": c.applied_ms, "outcome": c.outcome, "result": c.result} for c in store.controls(r.id)],
     }
 
 

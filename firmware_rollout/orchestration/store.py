@@ -58,7 +58,7 @@ PRUNED_NOTE: Final = "device rows pruned"
 # What `prune_finished` deletes: (table, the key selecting one rollout's rows, the column naming a row)
 _PRUNED_TABLES: Final[tuple[tuple[str, str, str], ...]] = (
     ("rollout_offers", "rollout_id = ?", "rowid"),
-    ("rollout_controls", "rollout_id = ? AND applied_ms IS NOT NULL", "id"),
+    ("rollout_device_events", "rollout_id = ?", "rowid"),
     ("rollout_devices", "rollout_id = ?", "device_id"),
 )
 ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"scheduled", "running", "paused"})
@@ -153,6 +153,7 @@ class ControlRow:
     applied_ms: int | None
     result: str  # what the leader did, or why it refused
     outcome: ControlOutcome | None  # None: not applied yet
+    actor: str = ""  # who asked: "NAME via the console from ADDRESS", "USER (uid N) on the CLI"; "": not recorded
 
     @property
     def refused(self) -> bool:
@@ -173,7 +174,7 @@ _D_COLS = (
     " report_seq, from_version, updated_ms, bytes_done, bytes_total, rate_bytes_per_s, progress_reports,"
     " bytes_to_fetch, bytes_fetched"
 )
-_C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result, outcome"
+_C_COLS = "id, rollout_id, action, arg, created_ms, applied_ms, result, outcome, actor"
 _SETTABLE = {
     "rollouts": frozenset(c.strip() for c in _R_COLS.split(",")) - {"id", "seq", "spec"},
     "rollout_waves": frozenset(c.strip() for c in _W_COLS.split(",")) - {"rollout_id", "idx"},
@@ -363,7 +364,14 @@ class RolloutStore(SqliteStore):
         return DeviceRow(*rows[0]) if rows else None
 
     def set_device(self, rollout_id: str, device_id: str, **fields: Any) -> None:
+        """Change a device's row; a change of its state is also appended to its events."""
         fields.setdefault("updated_ms", self._clock.now_ms())
+        if "state" in fields:
+            self._q("INSERT INTO rollout_device_events (rollout_id, device_id, at_ms, state, detail)"
+                    " SELECT rollout_id, device_id, ?, ?, ? FROM rollout_devices"
+                    " WHERE rollout_id = ? AND device_id = ? AND state != ?",
+                    (fields["updated_ms"], fields["state"], str(fields.get("detail", ""))[:500], rollout_id,
+                     device_id, fields["state"]))
         self._set("rollout_devices", "rollout_id = ? AND device_id = ?", (rollout_id, device_id), fields)
 
     def counts(self, rollout_id: str) -> dict[int, dict[str, int]]:
@@ -483,11 +491,12 @@ class RolloutStore(SqliteStore):
         at most `limit` (None: all) in this one transaction, oldest rollout first; how many
         were deleted.
 
-        What goes: a finished rollout's `rollout_devices`, `rollout_offers` and applied
-        `rollout_controls` rows. They grow by about one row per device per rollout and only
-        serve the live orchestration and the recent audit trail.
+        What goes: a finished rollout's `rollout_devices`, `rollout_offers` and
+        `rollout_device_events` rows. They grow by a few rows per device per rollout and only
+        serve the live orchestration, the devices' timelines and the rollout's chart.
 
-        What stays, and why: the summary row in `rollouts` and its `rollout_waves` rows. The
+        What stays, and why: the summary row in `rollouts`, its `rollout_waves` rows and its
+        `rollout_controls` (the audit record of who asked what, one row per operator action). The
         per-device rows are the only copy of which device ended in which state, so the final
         count of devices per state is appended to the rollout's detail first (`PRUNED_NOTE`);
         `rollout status` then still shows the summary and the waves, while per-wave counts,
@@ -609,15 +618,28 @@ class RolloutStore(SqliteStore):
         seen = [row[0][0] for row in (self._q(sql) for sql in sources) if row and row[0][0] is not None]
         return max(seen) if seen else None
 
-    def add_control(self, rollout_id: str, action: str, arg: str = "") -> int:
+    def add_control(self, rollout_id: str, action: str, arg: str = "", *, actor: str = "") -> int:
+        """Queue a control; `actor` says who asked (kept as the audit record, at most 200 characters)."""
         if action not in CONTROLS:
             raise ValueError(f"unknown control {action!r}")
         with self.atomic():
             self._q(
-                "INSERT INTO rollout_controls (rollout_id, action, arg, created_ms) VALUES (?, ?, ?, ?)",
-                (rollout_id, action, arg, self._clock.now_ms()),
+                "INSERT INTO rollout_controls (rollout_id, action, arg, created_ms, actor) VALUES (?, ?, ?, ?, ?)",
+                (rollout_id, action, arg, self._clock.now_ms(), actor[:200]),
             )
             return int(self._q("SELECT last_insert_rowid()")[0][0])
+
+    def controls(self, rollout_id: str) -> list[ControlRow]:
+        """A rollout's controls, oldest first: the audit record of who asked what, and what came of it."""
+        return [ControlRow(*r) for r in self._q(
+            f"SELECT {_C_COLS} FROM rollout_controls WHERE rollout_id = ? ORDER BY id", (rollout_id,))]
+
+    def state_changes(self, rollout_id: str) -> list[tuple[int, str, str]]:
+        """(at_ms, device, its new state) of every device state change in a rollout, oldest
+        first; a device's first state ('queued', from the rollout's creation) is not among them."""
+        return [(int(at), str(d), str(s)) for at, d, s in self._q(
+            "SELECT at_ms, device_id, state FROM rollout_device_events WHERE rollout_id = ? ORDER BY at_ms, rowid",
+            (rollout_id,))]
 
     def pending_controls(self) -> list[ControlRow]:
         return [
@@ -683,6 +705,35 @@ class RolloutReads:
             return []
         return [(str(a), str(b), str(c), str(d), int(e), str(f), str(g), int(h), str(i or ""))
                 for a, b, c, d, e, f, g, h, i in rows]
+
+    def timeline_of(self, device_id: str, *, limit: int = 100) -> list[tuple[int, str, str, str]]:
+        """The device's newest state changes across rollouts, newest first: (at_ms, rollout id,
+        state, detail)."""
+        if not self.present:
+            return []
+        try:
+            rows = self._conn.execute(
+                "SELECT at_ms, rollout_id, state, detail FROM rollout_device_events WHERE device_id = ?"
+                " ORDER BY at_ms DESC, rowid DESC LIMIT ?", (device_id, limit)).fetchall()
+        except sqlite3.OperationalError:  # a rollout schema older than the events
+            return []
+        return [(int(a), str(b), str(c), str(d)) for a, b, c, d in rows]
+
+    def controls_of(self, rollout_ids: Sequence[str]) -> list[tuple[int, str, str, str, int | None, str, str]]:
+        """The controls of these rollouts, newest first: (asked at ms, rollout id, action, who
+        asked, applied at ms, outcome, result)."""
+        if not self.present or not rollout_ids:
+            return []
+        try:
+            rows = self._conn.execute(
+                "SELECT created_ms, rollout_id, action, actor, applied_ms, COALESCE(outcome, ''), result"
+                " FROM rollout_controls WHERE rollout_id IN (SELECT value FROM json_each(?))"
+                " ORDER BY id DESC LIMIT 100",
+                (json.dumps(list(rollout_ids)),)).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        return [(int(a), str(b), str(c), str(d), None if e is None else int(e), str(f), str(g))
+                for a, b, c, d, e, f, g in rows]
 
 
 __all__ = [

@@ -189,6 +189,7 @@ def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Pa
         conn.execute("CREATE INDEX devices_online_seen ON devices(last_seen_ms) WHERE online = 1")
         conn.execute("ALTER TABLE devices DROP COLUMN presence_session")
         conn.execute("ALTER TABLE devices DROP COLUMN outbox_pending")
+        conn.execute("DROP TABLE fleet_online")
         conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")
     reg = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=30)
     try:
@@ -354,3 +355,26 @@ def test_short_heartbeats_leave_what_they_do_not_carry_in_any_arrival_order(
                                                                expected["sample"])
         (pending,) = reg._conn.execute("SELECT outbox_pending FROM devices WHERE device_id = 'pi-1'").fetchone()
         assert pending == expected["pending"]
+
+
+async def test_marking_the_leader_alive_samples_the_devices_online_for_a_week(tmp_path: Path,
+                                                                              clock: VirtualClock) -> None:
+    from agent.leader.registry import FLEET_HISTORY_S, LEADER_ALIVE_EVERY_S, RegistryReads
+
+    reg = DeviceRegistry.open(tmp_path / "leader.db", clock=clock, heartbeat_deadline_s=30)
+    try:
+        reg.apply_heartbeats([hb("a", 1), hb("b", 1)])
+        reg.mark_alive()
+        reg.mark_alive()  # within LEADER_ALIVE_EVERY_S: no second sample
+        await clock.advance(LEADER_ALIVE_EVERY_S)
+        reg.apply_presence("b", False, session="")
+        reg.mark_alive()
+        reads = RegistryReads(reg._conn)
+        start = clock.now_ms() - int(LEADER_ALIVE_EVERY_S * 1000)
+        assert [(d, o) for _, d, o in reads.online_history(0)] == [(2, 2), (2, 1)]
+        assert reads.online_history(start)[0][0] == start
+        await clock.advance(FLEET_HISTORY_S)
+        reg.mark_alive()
+        assert len(reads.online_history(0)) == 2  # the first sample is a week old: gone
+    finally:
+        reg.close()

@@ -323,7 +323,7 @@ def test_controls_refused_before_the_outcome_column_read_as_refused(tmp_path: Pa
 
     db = tmp_path / "leader.db"
     conn = connect(db)
-    migrate(conn, COMPONENT, MIGRATIONS[:-1])  # a leader.db of the version before
+    migrate(conn, COMPONENT, MIGRATIONS[:9])  # a leader.db of the version before the outcome column
     with conn:
         conn.execute("INSERT INTO rollout_controls (rollout_id, action, arg, created_ms, applied_ms, result)"
                      " VALUES ('r1', 'approve', '', 1, 2, 'error: rollout r1 is paused'),"

@@ -121,13 +121,13 @@ async def test_finished_rollouts_lose_their_device_rows_in_batches(
             batches.append(n)
             if n < 5:
                 break
-        # three rollouts x (6 devices + 6 offers + 1 applied control) = 39 rows, five at a time
-        assert sum(batches) == 39 and max(batches) == 5 and batches[-1] == 4
+        # three rollouts x (6 devices + 6 offers + 6 state changes) = 54 rows, five at a time
+        assert sum(batches) == 54 and max(batches) == 5 and batches[-1] == 4
         for rid in ("r-ok", "r-abort", "r-cancel"):
-            assert _rows(store, rid)[:2] == (0, 0)
-        assert _rows(store, "r-ok")[2] == 1  # the pending control stays
+            assert _rows(store, rid)[:2] == (0, 0) and store.state_changes(rid) == []
+        assert _rows(store, "r-ok")[2] == 2  # the controls stay: the audit record, and the pending one
         assert store.pending_controls()[0].rollout_id == "r-ok"
-        assert _rows(store, "r-abort")[2] == 0
+        assert _rows(store, "r-abort")[2] == 1
         assert _rows(store, "r-paused") == (4, 4, 1)  # active: untouched however old
         assert _rows(store, "r-busy") == (3, 3, 1)  # a device mid-update: untouched
         assert _rows(store, "r-recent") == (5, 5, 1)  # finished one day ago: kept
@@ -140,8 +140,8 @@ async def test_finished_rollouts_lose_their_device_rows_in_batches(
         assert [w.size for w in store.waves("r-ok")] == [1, 5]
 
         store.set_device("r-busy", "r-busy-d1", state="failed")  # the device reported at last
-        assert store.prune_finished(5 * DAY) == 7
-        assert _rows(store, "r-busy") == (0, 0, 0)
+        assert store.prune_finished(5 * DAY) == 3 + 3 + 5  # devices, offers, state changes (3 + installing, failed)
+        assert _rows(store, "r-busy") == (0, 0, 1)  # its control stays: the audit record
     finally:
         store.close()
 
@@ -153,5 +153,6 @@ async def test_finished_rollouts_lose_their_device_rows_in_batches(
     status = json.loads(capsys.readouterr().out)
     assert status["state"] == "aborted" and status["devices"] == 0 and len(status["waves"]) == 2
     assert "device rows pruned: 6 devices" in status["detail"]
+    assert [(c["action"], c["outcome"]) for c in status["audit"]] == [("pause", "applied")]  # who did what stays
     assert cli(["rollout", "status", "r-ok", "--db", str(db), "--devices"]) == 0
     assert "SUCCEEDED" in capsys.readouterr().out
