@@ -18,6 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
                         help="where to serve (default 127.0.0.1:8080, loopback only)")
     parser.add_argument("--outbox", metavar="PATH", help="the leader's outbox (default: outbox.db beside --db)")
+    parser.add_argument("--public-key", metavar="FILE",
+                        help="the fleet's public key (the leader's [firmware] public_key): artifacts uploaded in the"
+                             " console are checked against it (without it the console takes no upload)")
+    parser.add_argument("--max-upload-mib", type=int, default=4096, metavar="MIB",
+                        help="the largest artifact the console takes (default 4096)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -42,8 +47,16 @@ def main(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError("console", None, f"needs the console extra ({exc.name} is missing):"
                                            " pip install 'edge-agent[console]'") from None
+    if args.public_key:
+        from firmware_rollout.artifact.keys import load_verify_key
+
+        load_verify_key(args.public_key)  # a KeyFileError names the file
+    if args.max_upload_mib < 1:
+        raise ConfigError("--max-upload-mib", None, "give a size of at least 1 MiB")
     db = Path(args.db)
-    config = ConsoleConfig(db=db, outbox=Path(args.outbox) if args.outbox else db.with_name("outbox.db"), token=token)
+    config = ConsoleConfig(db=db, outbox=Path(args.outbox) if args.outbox else db.with_name("outbox.db"), token=token,
+                           public_key=Path(args.public_key) if args.public_key else None,
+                           max_upload_bytes=args.max_upload_mib * 1024 * 1024)
     try:
         server = ConsoleServer(address, Console(config))
     except OSError as exc:

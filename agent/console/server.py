@@ -41,7 +41,7 @@ from agent.leader.reject_view import printable
 from agent.leader.rollout import ARTIFACTS_DIR
 from agent.leader.rollout_plan import plan_rollout, render_plan
 from agent.protocol import SystemSample
-from agent.service.http import HttpServer, Limits, Request, Response
+from agent.service.http import HttpServer, Limits, RefuseBody, Request, Response
 from firmware_rollout.artifact.manifest import Manifest
 from firmware_rollout.orchestration.orchestrator import rollout_id_for
 from firmware_rollout.orchestration.spec import RolloutSpec, StartControl, spec_from_dict
@@ -117,6 +117,8 @@ class ConsoleConfig:
     outbox: Path
     token: str
     artifacts: Path | None = None  # the leader's artifact store (default: `artifacts` beside the db)
+    public_key: Path | None = None  # the fleet's key, to check uploads against (None: no uploads)
+    max_upload_bytes: int = 4 * 1024**3
 
 
 def _ago(ms: int | None) -> str:
@@ -236,6 +238,11 @@ class Console:
                                     refresh=REFRESH_S)
         if path == "/rollouts/new":
             return 200, self.new_rollout_page(NEW_ROLLOUT_DEFAULTS)
+        if path == "/artifacts":
+            store = self._store()
+            return 200, self.render("artifacts", title="artifacts", artifacts=data.artifacts(store), store=str(store),
+                                    csrf=self.csrf, uploads=self.config.public_key is not None,
+                                    most=format_bytes(self.config.max_upload_bytes))
         if path.startswith("/rollouts/") and path.endswith("/confirm"):
             rollout_id = urllib.parse.unquote(path[len("/rollouts/"):-len("/confirm")])
             action = query.get("action", "")
@@ -329,6 +336,41 @@ class Console:
         """The store's rollback artifacts for a rollout of `version` (None: no such rollout)."""
         return data.rollback_choices(self._store(), version) if version is not None else []
 
+    # -- an artifact uploaded ---------------------------------------------------------------
+    def may_upload(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request (by its head) may send an artifact: the token proven, and from a
+        browser the CSRF value in `X-CSRF-Token`."""
+        proof = self.authorized(headers)
+        return proof == "token" or (proof == "cookie" and hmac.compare_digest(
+            headers.get("x-csrf-token", "").encode(), self.csrf.encode()))
+
+    def upload(self, body: Path | None, name: str, actor: str) -> tuple[int, str]:
+        """Check an uploaded artifact as the leader does at admission and keep the verified copy
+        in the store: (201, what it is) or (4xx, why not)."""
+        if self.config.public_key is None:
+            return 409, NO_UPLOADS
+        if body is None:
+            return 411, "send the artifact as the request body, with a Content-Length"
+        from firmware_rollout.artifact.keys import load_verify_key
+        from firmware_rollout.orchestration.artifacts import ArtifactStore
+
+        shown = printable(name.encode(), 100) or "the upload"
+        try:
+            admitted = ArtifactStore(self._store(), load_verify_key(self.config.public_key)).admit(body)
+        except EdgeAgentError as exc:
+            return 422, str(exc).replace(str(body), shown)
+        m = admitted.signed.manifest
+        log.info("artifact uploaded in the console", extra={"kv": {"file": admitted.path.name, "name": m.name,
+                                                                    "version": m.version, "by": actor}})
+        return 201, f"{shown}: {m.name} {m.version} ({format_bytes(m.size)}) verified and kept as {admitted.path.name}"
+
+    def upload_room(self) -> tuple[Path, int]:
+        """Where an upload's body goes (the store's directory: the copy is made on the same
+        filesystem) and how large it may be."""
+        store = self._store()
+        store.mkdir(parents=True, exist_ok=True, mode=0o750)
+        return store, self.config.max_upload_bytes
+
     # -- a new rollout: the form, its plan, the start ----------------------------------------
     def new_rollout_page(self, form: Mapping[str, Any], *, plan: str = "", error: str = "",
                          choices: list[data.ArtifactChoice] | None = None) -> bytes:
@@ -395,6 +437,8 @@ class Console:
         return spec, chosen.manifest, rid
 
 
+NO_UPLOADS = "this console was started without --public-key: it cannot check an artifact, so takes none"
+UPLOAD_EXPIRED = "the upload has expired: open the artifacts page again"
 NEW_ROLLOUT_DEFAULTS: dict[str, Any] = {"artifact": "", "name": "", "id": "", "select": "all", "values": "",
                                         "canary": "1", "counts": "", "approval": False, "soak_s": "0"}
 FIELD_MAX = 2000  # characters of one form field
@@ -403,7 +447,7 @@ ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 HEADERS = (("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"),
            ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'self';"
             " connect-src 'self'; form-action 'self'"))
-LIVE_JS = (Path(__file__).parent / "static" / "live.js").read_bytes()
+SCRIPTS = {name: (Path(__file__).parent / "static" / name).read_bytes() for name in ("live.js", "upload.js")}
 MAX_CONNECTIONS = 64
 LIMITS = Limits(max_body_bytes=MAX_BODY, head_timeout_s=10.0, body_timeout_s=10.0, idle_timeout_s=30.0,
                 max_connections=MAX_CONNECTIONS)
@@ -423,8 +467,30 @@ class ConsoleHttp:
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.http = HttpServer(self.handle, name="console", limits=LIMITS, refusal=_refusal)
+        self.http = HttpServer(self.handle, name="console", limits=LIMITS, refusal=_refusal, spool=self.spool)
         self.sign_in = SignInLimiter()
+
+    def spool(self, head: Request) -> tuple[Path, int] | None:
+        """An upload's body goes to a file in the store, once its head proves it may send one;
+        else it is refused before a byte of it is read (a wrong token counts as at sign-in)."""
+        if head.path != "/artifacts/upload":
+            return None
+        if head.method != "PUT":
+            raise RefuseBody(405, "an artifact is uploaded with PUT")
+        console = self.console
+        offered = head.headers.get("authorization", "").startswith("Bearer ")
+        if offered and self.sign_in.refuse(head.peer) > 0:
+            raise RefuseBody(429, "too many wrong tokens: wait a minute before the next try")
+        proof = console.authorized(head.headers)
+        if not proof:
+            if offered:
+                self.sign_in.failed(head.peer)
+            raise RefuseBody(401, "sign in first")
+        if console.config.public_key is None:
+            raise RefuseBody(409, NO_UPLOADS)
+        if not console.may_upload(head.headers):
+            raise RefuseBody(403, UPLOAD_EXPIRED)
+        return console.upload_room()
 
     async def handle(self, request: Request) -> Response:
         return await asyncio.to_thread(self._answer, request)
@@ -433,7 +499,7 @@ class ConsoleHttp:
         console = self.console
         if request.path == "/login" and request.method in ("GET", "HEAD"):
             return _page(200, console.render("login", title="sign in"))
-        if request.method not in ("GET", "HEAD", "POST"):
+        if request.method not in ("GET", "HEAD", "POST") and request.path != "/artifacts/upload":
             return _page(405, b"", (("Allow", "GET, HEAD, POST"),))
         form = dict(urllib.parse.parse_qsl(request.body.decode("utf-8", "replace"), keep_blank_values=True))
         signing_in = request.method == "POST" and request.path == "/login"
@@ -458,8 +524,10 @@ class ConsoleHttp:
         proof = console.authorized(request.headers)
         if not proof:
             return self._unauthorized(request, offered=offered)
-        if request.method in ("GET", "HEAD") and request.path == "/static/live.js":
-            return Response(200, LIVE_JS, "text/javascript; charset=utf-8", headers=HEADERS)
+        if request.method in ("GET", "HEAD") and request.path.startswith("/static/"):
+            script = SCRIPTS.get(request.path[len("/static/"):])
+            if script is not None:
+                return Response(200, script, "text/javascript; charset=utf-8", headers=HEADERS)
         if request.method in ("GET", "HEAD"):
             query = {k: v[-1] for k, v in request.query.items()}
             try:
@@ -470,6 +538,13 @@ class ConsoleHttp:
         name = console.operator(request.headers) if proof == "cookie" else ""
         actor = (f"{name or 'an operator'} via the console from {request.peer}" if proof == "cookie"
                  else f"the console's API (Bearer token) from {request.peer}")
+        if request.path == "/artifacts/upload":
+            if request.method != "PUT":
+                return _page(405, b"", (("Allow", "PUT"),))
+            if not console.may_upload(request.headers):
+                return _refusal(403, UPLOAD_EXPIRED)
+            status, said = console.upload(request.body_file, request.query.get("name", [""])[-1], actor)
+            return _refusal(status, said)
         if request.path == "/rollouts/new":
             try:
                 status, body, location = console.new_rollout(form, proof, actor)

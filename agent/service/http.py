@@ -13,7 +13,11 @@ Limits, one set per server (`Limits`):
                 headers (431), all within `head_timeout_s` of the first byte (408)
     body        a Content-Length over `max_body_bytes` is answered 413 before a byte of it is
                 read; a chunked body is 411 unless `chunked_bodies` (then counted as it comes);
-                the whole body within `body_timeout_s`
+                the whole body within `body_timeout_s`. A server that takes uploads says which
+                requests may send a large body (`Spool`, asked with the head, before a byte of
+                the body is read): that body goes to a file (`Request.body_file`, removed when
+                the handler returns), at most the size the spool allows, each read within
+                `body_timeout_s`
     idle        a connection waiting for its first request, or for the next one on a kept-alive
                 connection, is closed after `idle_timeout_s` (the first: `head_timeout_s`)
     connections at most `max_connections` at once and `max_per_peer` from one peer (its
@@ -41,15 +45,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import http
 import logging
 import os
 import socket
 import ssl
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -62,6 +69,7 @@ log = logging.getLogger(__name__)
 
 COPY_BLOCK = 1024 * 1024  # where the loop cannot sendfile
 READ_BLOCK = 64 * 1024
+SPOOL_BLOCK = 256 * 1024  # reads of a body going to a file
 ERROR_LOG_INTERVAL_S = 60.0
 LINGER_S, LINGER_BYTES = 1.0, 64 * 1024  # how long and how much a refused connection is read before it closes
 NO_CHUNKED = "send a Content-Length (no Transfer-Encoding is taken)"
@@ -98,6 +106,7 @@ class Request:
     headers: dict[str, str]  # names in lower case; a repeated header: its last value
     body: bytes
     peer: str = ""  # `peer_of` its connection
+    body_file: Path | None = None  # a spooled body (`Spool`): removed when the handler returns
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,10 @@ Handler = Callable[[Request], Awaitable[Response]]
 Admit = Callable[[asyncio.StreamWriter], Response | None]
 #: How a server words the refusals this layer makes (status, reason): text by default.
 Refusal = Callable[[int, str], Response]
+#: Asked with a request's head (its body `b""`, not read yet): where its body may be written and
+#: how large it may be, or None (the body is held in memory within `max_body_bytes`); it raises
+#: `RefuseBody` to answer the request before a byte of its body is read.
+Spool = Callable[[Request], "tuple[Path, int] | None"]
 
 
 @dataclass
@@ -163,10 +176,16 @@ class _Refused(Exception):
         self.status = status
 
 
+class RefuseBody(_Refused):
+    """Raised by a `Spool`: the request is answered `status` with `reason` (and its connection
+    closed) before its body is read."""
+
+
 class HttpServer:
     def __init__(self, handler: Handler, *, limits: Limits, name: str, admit: Admit | None = None,
-                 refusal: Refusal = text) -> None:
+                 refusal: Refusal = text, spool: Spool | None = None) -> None:
         self._handler = handler
+        self._spool = spool
         self.limits = limits
         self.name = name
         self._admit = admit
@@ -336,6 +355,13 @@ class HttpServer:
         if "transfer-encoding" in headers and not lim.chunked_bodies:
             raise _Refused(411, NO_CHUNKED)
         length_text = headers.get("content-length")
+        target = event.target.decode("latin-1")
+        url = urlsplit(target)
+        head = Request(event.method.decode("latin-1"), target, unquote(url.path), parse_qs(url.query), headers,
+                       b"", slot.peer)
+        spool = self._spool(head) if self._spool is not None and length_text not in (None, "0") else None
+        if spool is not None:
+            return await self._spooled(conn, reader, slot, head, int(length_text or 0), *spool)
         if length_text is not None and int(length_text) > lim.max_body_bytes:
             raise _Refused(413, f"a body of {length_text} bytes, over {lim.max_body_bytes}")
         body = bytearray()
@@ -349,10 +375,32 @@ class HttpServer:
                 body += part.data
                 if len(body) > lim.max_body_bytes:
                     raise _Refused(413, f"a body over {lim.max_body_bytes} bytes")
-        target = event.target.decode("latin-1")
-        url = urlsplit(target)
-        return Request(event.method.decode("latin-1"), target, unquote(url.path), parse_qs(url.query), headers,
-                       bytes(body), slot.peer)
+        return dataclasses.replace(head, body=bytes(body))
+
+    async def _spooled(self, conn: h11.Connection, reader: asyncio.StreamReader, slot: _Slot, head: Request,
+                       length: int, directory: Path, most: int) -> Request:
+        """`head` with its body written to a new file in `directory` (at most `most` bytes)."""
+        import h11
+
+        if length > most:
+            raise _Refused(413, f"a body of {length} bytes, over {most}")
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".upload-", suffix=".part")
+        path = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    part = await self._next(conn, reader, slot, idle_s=self.limits.body_timeout_s,
+                                            busy_s=self.limits.body_timeout_s, block=SPOOL_BLOCK)
+                    if part is None or isinstance(part, h11.ConnectionClosed):
+                        raise ConnectionError("closed in the middle of a request")
+                    if isinstance(part, h11.EndOfMessage):
+                        break
+                    if isinstance(part, h11.Data):
+                        out.write(part.data)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return dataclasses.replace(head, body_file=path)
 
     async def _answer(self, request: Request) -> Response:
         try:
@@ -363,6 +411,9 @@ class HttpServer:
             failed = self._refusal(500, "internal error")
             failed.close = True
             return failed
+        finally:
+            if request.body_file is not None:
+                request.body_file.unlink(missing_ok=True)
 
     async def _refuse(self, conn: h11.Connection, writer: asyncio.StreamWriter, status: int, reason: str) -> None:
         import h11
@@ -582,4 +633,4 @@ async def _sendfile_beside(writer: asyncio.StreamWriter, handle: BinaryIO, start
 
 
 __all__ = ["Admit", "FileRange", "Handler", "HttpServer", "HttpStats", "Limits", "Pace", "Refusal", "Request",
-           "Response", "TooSlow", "peer_of", "send_file", "text"]
+           "RefuseBody", "Response", "Spool", "TooSlow", "peer_of", "send_file", "text"]

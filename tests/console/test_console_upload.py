@@ -1,0 +1,99 @@
+"""An artifact uploaded in the console: the body goes to a file in the leader's store as it
+arrives (never held in memory), is checked against the fleet's key as the leader checks it, and
+only a verified copy stays; a request that may not upload never gets a byte written to disk."""
+
+from __future__ import annotations
+
+import http.client
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from test_console_http import BEARER, FORM, TOKEN, request
+
+from agent.console.server import Console, ConsoleConfig, ConsoleServer
+from agent.core.clock import VirtualClock
+from agent.leader.registry import DeviceRegistry
+from firmware_rollout.artifact.fixture import make_artifact
+
+
+@contextmanager
+def console(db: Path, *, public_key: Path | None, max_upload_bytes: int = 1 << 30) -> Iterator[tuple[str, int]]:
+    server = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(
+        db=db, outbox=db.with_name("outbox.db"), token=TOKEN, public_key=public_key,
+        max_upload_bytes=max_upload_bytes)))
+    server.serve_in_thread()
+    try:
+        yield server.server_address[0], server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def put(address: tuple[str, int], body: bytes, headers: dict[str, str], name: str = "fw.eafw") -> tuple[int, str]:
+    conn = http.client.HTTPConnection(*address, timeout=30)
+    try:
+        conn.request("PUT", f"/artifacts/upload?name={name}", body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    except (BrokenPipeError, ConnectionResetError):  # refused before the whole body was sent
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def _browser(address: tuple[str, int]) -> tuple[dict[str, str], str]:
+    """A signed-in browser's cookie and the artifacts page's CSRF value."""
+    conn = http.client.HTTPConnection(*address, timeout=30)
+    conn.request("POST", "/login", body=f"token={TOKEN}&name=alice", headers=FORM)
+    response = conn.getresponse()
+    response.read()
+    cookie = "; ".join(v.split(";")[0] for k, v in response.getheaders() if k == "Set-Cookie")
+    conn.close()
+    _, _, page = request(address, "GET", "/artifacts", headers={"Cookie": cookie})
+    found = re.search(r'data-csrf="([0-9a-f]+)"', page)
+    assert found is not None and 'id="upload-file"' in page
+    return {"Cookie": cookie}, found.group(1)
+
+
+def test_an_uploaded_artifact_is_verified_and_kept_or_refused_with_the_reason(tmp_path: Path) -> None:
+    db = tmp_path / "leader.db"
+    DeviceRegistry.open(db, clock=VirtualClock()).close()
+    artifact, public = make_artifact(tmp_path, chunk_size=4096, size=64 * 1024)
+    store = tmp_path / "artifacts"
+    good = artifact.read_bytes()
+    with console(db, public_key=public) as address:
+        browser, csrf = _browser(address)
+        status, said = put(address, good, browser)  # no CSRF header: nothing is written
+        assert status == 403 and not list(store.glob("*"))
+        status, said = put(address, good, {**browser, "X-CSRF-Token": csrf})
+        assert status == 201 and "fw.eafw: fw 1.1.0 (64.0 KiB) verified and kept as " in said
+        kept = list(store.glob("*.eafw"))
+        assert len(kept) == 1 and kept[0].read_bytes() == good
+        _, _, page = request(address, "GET", "/artifacts", headers=BEARER)
+        assert kept[0].name in page and "<td>1.1.0</td>" in page
+        _, _, form = request(address, "GET", "/rollouts/new", headers=BEARER)
+        assert f'<option value="{kept[0].name}">fw 1.1.0' in form  # a rollout can start from it at once
+
+        tampered = bytearray(good)
+        tampered[-100] ^= 0xFF
+        status, said = put(address, bytes(tampered), BEARER, name="evil.eafw")
+        assert status == 422 and said.startswith("artifact evil.eafw refused:") and ".upload-" not in said
+        status, said = put(address, b"not an artifact", BEARER, name="junk.bin")
+        assert status == 422 and "junk.bin" in said
+        assert [p.name for p in store.iterdir()] == [kept[0].name]  # no partial file, no temporary one left
+
+        wrong = {"Authorization": "Bearer wrong-token-0123456789"}
+        answers = [put(address, good, wrong)[0] for _ in range(6)]
+        assert answers == [401] * 5 + [429]  # wrong tokens count as at sign-in
+        assert [p.name for p in store.iterdir()] == [kept[0].name]
+    with console(db, public_key=public, max_upload_bytes=1024) as address:
+        status, said = put(address, good, BEARER)
+        assert status == 413 and "over 1024" in said
+    with console(db, public_key=None) as address:
+        status, said = put(address, good, BEARER)
+        assert status == 409 and "started without --public-key" in said
+        _, _, page = request(address, "GET", "/artifacts", headers=BEARER)
+        assert "started without <code>--public-key</code>" in page and 'id="upload-file"' not in page
