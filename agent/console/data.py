@@ -134,6 +134,17 @@ def start(db: Path, rollout_id: str, start_control: str, *, actor: str = "") -> 
         return store.add_control(rollout_id, "start", start_control, actor=actor)
 
 
+def start_control(db: Path, rollout_id: str) -> Any:
+    """The newest start control for `rollout_id` (a `ControlRow`), or None."""
+    if not _has_rollouts(db):
+        return None
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
+        starts = [c for c in store.controls(rollout_id) if c.action == "start"]
+        return starts[-1] if starts else None
+
+
 def holders(db: Path, devices: list[str]) -> dict[str, tuple[str, str]]:
     """The devices of `devices` an unfinished rollout holds: device -> (its rollout, its state there)."""
     from firmware_rollout.orchestration.store import RolloutStore
@@ -181,4 +192,4 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
 
 __all__ = ["DEVICES_SHOWN", "FLEET_CHART_S", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage",
            "artifacts", "control", "dead_letters", "device", "fleet", "holders", "rejects", "rollback_choices",
-           "rollout", "rollout_version", "rollouts", "start"]
+           "rollout", "rollout_version", "rollouts", "start", "start_control"]

@@ -187,6 +187,7 @@ class Console:
 
     def render(self, name: str, **values: Any) -> bytes:
         values.setdefault("title", name)
+        values.setdefault("page", name)
         values.setdefault("refresh", None)
         values.setdefault("message", "")
         values.setdefault("error", "")
@@ -273,11 +274,15 @@ class Console:
         `state`: list only its devices in that state."""
         found = data.rollout(self.config.db, rollout_id, state=state)
         if found is None:
-            return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
+            start = data.start_control(self.config.db, rollout_id)
+            if start is None:
+                return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
+            return 200, self.render("rollout_starting", title=rollout_id, rollout_id=rollout_id, c=start,
+                                    refresh=REFRESH_S, page="rollout-starting", message=message, error=error)
         actions = found.actions
         if "rollback" not in actions and self._rollback_choices(found.described["version"]):
             actions = [*actions, "rollback"]  # with an artifact of the store, picked on the confirmation page
-        return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions,
+        return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions, page="rollout",
                                 refresh=REFRESH_S, message=message, error=error, devices=found.devices,
                                 more=found.more, device_states=found.states, state=state, series=found.chart)
 

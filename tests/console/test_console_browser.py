@@ -182,3 +182,119 @@ def _listening(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser(
+        tmp_path: Path, mosquitto: Mosquitto, browser) -> None:
+    """From artifact to a canceled rollout in the console alone: upload the artifact, start a
+    rollout after reading its plan (a canary, then a wave behind an approval), watch the canary
+    succeed on a page that updates itself (no reload), cancel at the approval; the numbers on
+    screen are `rollout status --json`'s, and the audit names the operator."""
+    import json
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    shots = ARTIFACTS / "start-watch-cancel"
+    shots.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    artifact, public = make_artifact(tmp_path, chunk_size=4096, size=20_000)
+    key = f'[firmware]\npublic_key = "{public}"\n'
+    names = ("pi-0001", "pi-0002", "pi-0003")
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config",
+                               str(agent_config(tmp_path, n, r, url, key))],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+             for n, r in (("gw", "leader"), *((n, "worker") for n in names))]
+    db = tmp_path / "gw" / "leader.db"
+    token = tmp_path / "console.token"
+    token.write_text("a-long-enough-console-token-0123456789\n")
+    token.chmod(0o600)
+    port = free_port()
+
+    def status_json() -> dict:  # type: ignore[type-arg]
+        out = subprocess.run([sys.executable, "-m", "agent.cli", "rollout", "status", "lab-1", "--db", str(db),
+                              "--json"], capture_output=True, text=True, env=env, timeout=60)
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    try:
+        wait_for("the workers registered", lambda: online(db) == 3)
+        wait_for("the workers reported their versions",  # (a presence alone registers a device, version unknown)
+                 lambda: query(db, "SELECT COUNT(*) FROM devices WHERE firmware_version = '1.0.0'") == [(3,)])
+        procs.append(subprocess.Popen([sys.executable, "-m", "agent.cli", "console", "--db", str(db), "--token-file",
+                                       str(token), "--listen", f"127.0.0.1:{port}", "--public-key", str(public)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        base = f"http://127.0.0.1:{port}"
+        wait_for("the console listens", lambda: _listening(port))
+        wait = WebDriverWait(browser, 90)
+
+        browser.get(base + "/login")
+        browser.find_element(By.ID, "token").send_keys(token.read_text().strip())
+        browser.find_element(By.ID, "name").send_keys("alice")
+        browser.find_element(By.ID, "sign-in").click()
+        wait.until(lambda d: d.find_elements(By.ID, "devices"))
+
+        browser.get(base + "/artifacts")  # the store is empty: upload the artifact
+        browser.find_element(By.ID, "upload-file").send_keys(str(artifact))
+        browser.find_element(By.ID, "upload").click()
+        wait.until(lambda d: d.find_element(By.ID, "upload-result").get_attribute("data-outcome") in ("kept", "refused"))
+        result = browser.find_element(By.ID, "upload-result").text
+        assert "verified and kept as" in result, result
+        browser.save_screenshot(str(shots / "1-uploaded.png"))
+        wait.until(lambda d: "1.1.0" in d.find_element(By.ID, "artifacts").text)
+
+        browser.find_element(By.ID, "new-rollout-button").click()
+        wait.until(lambda d: d.find_elements(By.ID, "new-rollout"))
+        assert "fw 1.1.0" in Select(browser.find_element(By.ID, "artifact")).first_selected_option.text
+        browser.find_element(By.ID, "name").send_keys("lab")
+        browser.find_element(By.ID, "rollout-id").send_keys("lab-1")
+        counts = browser.find_element(By.ID, "counts")
+        counts.clear()
+        counts.send_keys("2")
+        browser.find_element(By.ID, "approval").click()
+        browser.find_element(By.ID, "preview").click()
+        wait.until(lambda d: d.find_elements(By.ID, "plan"))
+        plan = browser.find_element(By.ID, "plan").text
+        assert "wave 1 (canary): 1 device" in plan and "wave 2: 2 devices" in plan, plan
+        browser.save_screenshot(str(shots / "2-plan.png"))
+        browser.find_element(By.ID, "start").click()
+        wait.until(lambda d: "queued as control" in d.page_source)  # the leader starts it on its next tick
+        wait.until(lambda d: d.find_elements(By.ID, "state") and d.find_element(By.ID, "state").text == "running")
+        browser.execute_script("window.notReloaded = true;")  # gone if the page reloads
+        waves = lambda d: d.find_element(By.ID, "waves").text  # noqa: E731
+        wait.until(lambda d: "1 succeeded of 1" in waves(d) and "awaiting_approval" in waves(d))
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))  # live.js swapped parts
+        assert browser.execute_script("return window.notReloaded === true;")  # in place, not by a reload
+        browser.save_screenshot(str(shots / "3-canary-succeeded.png"))
+        shown = status_json()
+        assert shown["state"] == "running" and shown["counts"].get("succeeded") == 1 and shown["devices"] == 3
+        assert f"{shown['devices']} devices, {shown['offers']} offers" in browser.find_element(By.ID, "summary").text
+
+        browser.find_element(By.ID, "control-cancel").click()
+        wait.until(lambda d: d.find_elements(By.ID, "confirm"))
+        browser.find_element(By.ID, "confirm").click()
+        wait.until(lambda d: "queued as control" in d.page_source)
+        browser.execute_script("window.notReloaded = true;")
+        wait.until(lambda d: d.find_element(By.ID, "state").text == "canceled")
+        assert browser.execute_script("return window.notReloaded === true;")
+        audit = browser.find_element(By.ID, "audit").text
+        assert audit.count("alice via the console from 127.0.0.1") == 2 and "cancel" in audit and "start" in audit
+        browser.save_screenshot(str(shots / "4-canceled.png"))
+        shown = status_json()
+        assert shown["state"] == "canceled" and shown["counts"] == {"canceled": 2, "succeeded": 1}
+        assert [(c["action"], c["outcome"]) for c in shown["audit"]] == [("start", "applied"), ("cancel", "applied")]
+
+        canary = next(n for n in names if query(db, "SELECT state FROM rollout_devices WHERE device_id = "
+                                                    f"'{n}'") == [("succeeded",)])
+        browser.get(base + f"/devices/{canary}")
+        timeline = browser.find_element(By.ID, "timeline").text
+        assert "succeeded" in timeline and "lab-1" in timeline
+        browser.save_screenshot(str(shots / "5-device.png"))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,6 +1,7 @@
 // The console's live pages: every few seconds the page is fetched again and each of its
 // [data-live] parts (found by id) is swapped in, so numbers move without a reload and a form
-// being filled in is left alone. A failed fetch (the console restarting, a lost session) is
+// being filled in is left alone; a page that became another kind of page (a rollout queued to
+// start that the leader started) is loaded whole. A failed fetch (the console restarting, a lost session) is
 // tried again on the next tick; the page says when it last updated.
 (function () {
   "use strict";
@@ -12,6 +13,10 @@
       .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
       .then(function (text) {
         var doc = new DOMParser().parseFromString(text, "text/html");
+        if (doc.body.getAttribute("data-page") !== document.body.getAttribute("data-page")) {
+          location.reload();
+          return;
+        }
         document.querySelectorAll("[data-live]").forEach(function (el) {
           var fresh = doc.getElementById(el.id);
           if (fresh) { el.replaceWith(document.importNode(fresh, true)); }
