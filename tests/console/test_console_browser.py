@@ -237,7 +237,8 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         browser.get(base + "/artifacts")  # the store is empty: upload the artifact
         browser.find_element(By.ID, "upload-file").send_keys(str(artifact))
         browser.find_element(By.ID, "upload").click()
-        wait.until(lambda d: d.find_element(By.ID, "upload-result").get_attribute("data-outcome") in ("kept", "refused"))
+        wait.until(lambda d: d.find_element(By.ID, "upload-result").get_attribute("data-outcome")
+                   in ("kept", "refused"))
         result = browser.find_element(By.ID, "upload-result").text
         assert "verified and kept as" in result, result
         browser.save_screenshot(str(shots / "1-uploaded.png"))
