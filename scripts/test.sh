@@ -2,7 +2,8 @@
 # Run the whole test suite: makes .venv, installs the project with its test extra, installs
 # Debian's mosquitto when it is missing (the tests start their own broker on a free loopback
 # port), Debian's chromium + chromium-driver (the console's browser test), libubootenv-tool
-# (the U-Boot installer's fw_setenv), rauc with squashfs-tools and dbus (the RAUC installer),
+# (the U-Boot installer's fw_setenv), qemu-system-arm with u-boot-qemu (a real U-Boot deciding
+# the boots of the U-Boot tests' board), rauc with squashfs-tools and dbus (the RAUC installer),
 # nginx (a static HTTP mirror for range downloads), casync and xdelta3 (the delta benchmark's
 # baselines), checks the import contracts (lint-imports: the layers of docs/architecture.md),
 # then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too and
@@ -23,6 +24,10 @@ fi
 if ! command -v fw_setenv >/dev/null 2>&1; then
     echo "installing Debian's libubootenv-tool for the U-Boot installer tests" >&2
     apt_install libubootenv-tool || echo "warning: could not install libubootenv-tool; the U-Boot tests will be skipped" >&2
+fi
+if ! command -v qemu-system-aarch64 >/dev/null 2>&1 || [ ! -f /usr/lib/u-boot/qemu_arm64/u-boot.bin ]; then
+    echo "installing Debian's qemu-system-arm and u-boot-qemu: a real U-Boot boots the U-Boot tests' board" >&2
+    apt_install qemu-system-arm u-boot-qemu || echo "warning: could not install qemu/u-boot-qemu; the real U-Boot tests will be skipped" >&2
 fi
 if ! command -v rauc >/dev/null 2>&1 || ! command -v mksquashfs >/dev/null 2>&1 || ! command -v dbus-daemon >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
     echo "installing Debian's rauc, squashfs-tools and dbus for the RAUC installer tests" >&2

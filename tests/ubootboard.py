@@ -6,6 +6,7 @@ command line."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 from firmware_rollout.device.uboot import UBootInstaller
@@ -63,3 +64,25 @@ class Board:
         a, b = self.slots["A"], self.slots["B"]
         return (f'[firmware.uboot]\nfw_env_config = "{self.config}"\nslot_a = "{a}"\nslot_b = "{b}"\n'
                 f'cmdline_path = "{self.cmdline}"\n')
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from bench_board import UBootBench  # noqa: E402  (the operator's bench board, scripts/bench_board.py)
+
+
+class QemuBoard(Board):
+    """The bench board: the same files, but every boot is decided by Debian's real U-Boot in
+    QEMU running RAUC's boot logic from the environment (`scripts/bench_board.py`)."""
+
+    def __init__(self, root: Path) -> None:  # (not Board's: the environment lives in a flash bank)
+        self.bench = UBootBench(root)
+        self.bench.make()
+        self.root, self.config, self.slots, self.cmdline = root, self.bench.config, self.bench.slots, self.bench.cmdline
+        self.boots = self.bench.boots
+        self.consoles: list[str] = []  # what U-Boot printed at each boot
+
+    def boot(self) -> str:
+        chosen = self.bench.boot()
+        self.consoles.append(chosen.console)
+        assert chosen.slot is not None, "U-Boot found no slot with attempts left"
+        return chosen.slot

@@ -1,15 +1,14 @@
 """A rollout that changes what a device boots, end to end: a leader and a worker as `edge-agent
-run` processes over a real mosquitto, the worker's `[firmware] installer = "uboot"` on a
-file-backed board with Debian's fw_setenv. Its reboot command SIGKILLs the agent (the power goes
-as a reboot takes it); the test then boots the board as U-Boot would (the environment decides the
-slot, an attempt is spent, the command line says which) and starts the agent again, as systemd
-does after a reboot."""
+run` processes over a real mosquitto, the worker's `[firmware] installer = "uboot"` on the bench
+board (`scripts/bench_board.py`) with Debian's fw_setenv. Its reboot command SIGKILLs the agent
+(the power goes as a reboot takes it); the test then power-cycles the board, where Debian's real
+U-Boot in QEMU reads the environment our backend wrote and chooses the slot (an attempt is spent,
+the command line says which), and starts the agent again, as systemd does after a reboot."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,14 +18,14 @@ from typing import Any
 import pytest
 from mosquitto import Mosquitto
 from test_rollout_mqtt import agent_config, registered, stop
-from ubootboard import Board
+from ubootboard import QemuBoard, UBootBench
 
 from firmware_rollout.artifact.files import read_signed_manifest
 from firmware_rollout.artifact.fixture import make_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.timeout(300),
-              pytest.mark.skipif(shutil.which("fw_setenv") is None, reason="needs Debian's libubootenv-tool")]
+              pytest.mark.skipif(bool(UBootBench.missing()), reason=f"needs {UBootBench.missing()}")]
 
 
 class Fleet:
@@ -34,7 +33,7 @@ class Fleet:
         self.tmp = tmp
         self.env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.artifact, public = make_artifact(tmp, chunk_size=4096, size=40_000)
-        self.board = Board(tmp / "board")
+        self.board = QemuBoard(tmp / "board")
         health = f"health_command = {json.dumps(health_command)}\n" if health_command else ""
         self.leader_config = agent_config(tmp, "gw", "leader", url, f'[firmware]\npublic_key = "{public}"\n')
         self.worker_config = agent_config(
