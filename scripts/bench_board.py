@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.make()
             print(f"# a U-Boot A/B board in {bench.root}; add to the worker's config:\n{bench.worker_toml()}"
                   '# and make its reboot end the agent (the supervisor power-cycles the board):\n'
-                  '# reboot_command = ["sh", "-c", "kill -TERM $PPID"]   (under [firmware])')
+                  '# reboot_command = ["sh", "-c", "kill -KILL $PPID"]   (under [firmware])')
         elif args.action == "boot":
             chosen = bench.boot()
             print(f"U-Boot chose slot {chosen.slot} ({chosen.left} attempts left)" if chosen.slot
