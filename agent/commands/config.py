@@ -1,5 +1,7 @@
 """`edge-agent config check FILE...`: check each file as `run` would before it connects (the
-config, then the files, keys, addresses and commands it names); report the first error of each."""
+config, then the files, keys, addresses and commands it names); report the first error of each.
+The install helper's own config (its [firmware] sets helper_state_dir, helper_user or
+helper_group) is checked as `edge-agent install-helper` checks it at its start."""
 
 from __future__ import annotations
 
@@ -17,9 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from agent.commands.install_helper import check_config, is_helper_config
+
     status = 0
     for path in args.files:
         try:
+            if is_helper_config(path):  # the install helper's own: checked as the helper checks it
+                print(f"{path}: {check_config(path)}")
+                continue
             config = preflight(path)
         except ConfigError as exc:
             print(f"edge-agent config: {exc}", file=sys.stderr)

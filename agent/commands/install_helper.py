@@ -100,6 +100,45 @@ def _check(path: Path, fw: FirmwareSection, installer: Installer, uids: frozense
     return 1 if problems else 0
 
 
+HELPER_KEYS = ("helper_state_dir", "helper_user", "helper_group")  # set only in the helper's own config
+
+
+def is_helper_config(path: str | Path) -> bool:
+    """Whether a config file is the install helper's own: its [firmware] sets a key only the
+    helper reads (an agent's names `helper_socket` at most)."""
+    from agent.core.config import read_toml
+
+    firmware = read_toml(path).get("firmware")
+    return isinstance(firmware, dict) and any(key in firmware for key in HELPER_KEYS)
+
+
+def check_config(path: str | Path) -> str:
+    """`config check` of the helper's config: what the helper checks at its start, without
+    starting (nothing is created); a `ConfigError` naming the key, or one line saying what it runs."""
+    from agent.commands.preflight import preflight
+    from agent.core.errors import ConfigError
+
+    source = str(path)
+    config = preflight(path)  # the file, the key it names, the backend's table
+    fw = config.firmware
+    if not fw.public_key:
+        raise ConfigError(source, "firmware.public_key", "required: the helper checks every image with it")
+    if fw.installer == "helper":
+        raise ConfigError(source, "firmware.installer", "the helper runs a backend itself (uboot, tryboot, rauc,"
+                                                        " directory), not \"helper\"")
+    try:
+        pwd.getpwnam(fw.helper_user)
+    except KeyError:
+        raise ConfigError(source, "firmware.helper_user", f"no user {fw.helper_user!r} on this machine") from None
+    try:
+        grp.getgrnam(fw.helper_group)
+    except KeyError:
+        raise ConfigError(source, "firmware.helper_group", f"no group {fw.helper_group!r} on this machine"
+                                                           " (install.sh creates it)") from None
+    return (f"ok (the install helper's own config: the {fw.installer} backend, answers root and {fw.helper_user},"
+            f" socket group {fw.helper_group}, device made with {config.agent.firmware_version or '?'})")
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -352,3 +352,24 @@ def test_install_helper_check_says_what_it_would_run_and_who_may_ask(tmp_path: P
     assert "backend: uboot: slots A/B, booted A, default A" in done.stdout
     assert "answers: root and daemon (uid 1)" in done.stdout
     assert "socket group: no group 'no-such-group-here'" in done.stdout
+
+
+def test_config_check_knows_the_helpers_own_config(tmp_path: Path, keys: Keys, capsys: pytest.CaptureFixture[str]
+                                                   ) -> None:
+    """`config check installer.toml` checks it as the helper's config (its backend, its user and
+    group, its key), not as a worker's; a worker's config is still checked as a worker's."""
+    from agent.cli import main as cli
+
+    h = Helper(tmp_path, keys, helper_user="daemon")
+    h.stop()
+    text = h.config.read_text()
+    assert cli(["config", "check", str(h.config)]) == 2  # its socket group does not exist here
+    assert "firmware.helper_group: no group 'no-such-group-here'" in capsys.readouterr().err
+    h.config.write_text(text.replace('helper_group = "no-such-group-here"', 'helper_group = "daemon"'))
+    assert cli(["config", "check", str(h.config)]) == 0
+    out = capsys.readouterr().out
+    assert "ok (the install helper's own config: the uboot backend, answers root and daemon, socket group daemon" in out
+    h.config.write_text(text.replace('helper_group = "no-such-group-here"', 'helper_group = "daemon"')
+                        .replace('helper_user = "daemon"', 'helper_user = "nobody-by-that-name"'))
+    assert cli(["config", "check", str(h.config)]) == 2
+    assert "firmware.helper_user: no user 'nobody-by-that-name'" in capsys.readouterr().err
