@@ -93,6 +93,24 @@ class SystemSample(_Message, kw_only=True, frozen=True):
     uptime_s: NonNegFloat | None = None  # of the host, since boot
 
 
+SlotName = Annotated[str, msgspec.Meta(max_length=16)]
+
+
+class SlotState(_Message, kw_only=True, frozen=True):
+    """A device's A/B slots as its installer sees them, sent in a full heartbeat (a change makes
+    one): which slot booted, which boots next by default, which is on trial, the boot attempts
+    a bootloader has left for each (where it counts them) and the version each slot holds
+    ("partial": a download left it half written)."""
+
+    backend: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    booted: SlotName = ""
+    default: SlotName = ""
+    trial: SlotName = ""  # "": no trial armed
+    attempts: Annotated[dict[SlotName, Annotated[int, msgspec.Meta(ge=0, le=1000)]],
+                        msgspec.Meta(max_length=4)] = {}
+    versions: Annotated[dict[SlotName, Version], msgspec.Meta(max_length=4)] = {}
+
+
 class Heartbeat(_Message, kw_only=True, frozen=True):
     """Sent every `heartbeat.interval_s` (`fast_interval_s` while an update runs or the leader
     asks). The leader keeps the one with the highest `seq`, so `seq` must keep growing across
@@ -122,6 +140,7 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     # wire 3: seconds until this device's next heartbeat; the leader's deadline for it follows
     interval_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
     full: bool = True
+    slots: SlotState | None = None  # a device with [firmware]: its slots (a full heartbeat only)
 
 
 class HeartbeatPace(_Message, kw_only=True, frozen=True):
@@ -285,6 +304,7 @@ __all__ = [
     "APP_PAYLOAD_MAX",
     "AppMessage",
     "ClassName",
+    "SlotState",
     "app_kind",
     "decode_app_message",
     "KIND_HEARTBEAT",

@@ -42,7 +42,7 @@ from agent.core.codec import decode, encode
 from agent.core.errors import CodecError, DeviceLimitReached, StoreError
 from agent.core.ratelog import RateLimitedLog
 from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
-from agent.protocol import Heartbeat, SystemSample, Telemetry
+from agent.protocol import Heartbeat, SlotState, SystemSample, Telemetry
 
 COMPONENT = "registry"
 TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refused
@@ -125,7 +125,12 @@ def _v6(conn: sqlite3.Connection) -> None:
                  " online INTEGER NOT NULL)")
 
 
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6)
+def _v7(conn: sqlite3.Connection) -> None:
+    """The device's slots as its newest full heartbeat stated them (`Heartbeat.slots`)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN slots BLOB")
+
+
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
 
 LEADER_ALIVE_EVERY_S = 30.0  # how often the running leader marks itself alive in the registry
@@ -138,15 +143,15 @@ INTERVALS_TO_DEADLINE = 2.5
 _UPSERT_HEARTBEAT = """
 INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
                      sample, online, offline_reason, first_seen_ms, changed_ms, boot, outbox_pending,
-                     interval_ms, expires_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?)
+                     interval_ms, expires_ms, slots)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
     tags = excluded.tags, sample = excluded.sample, online = 1, offline_reason = NULL,
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
-    interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms
+    interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)
 """
 
@@ -322,7 +327,8 @@ class DeviceRegistry(SqliteStore):
                 cur = execute(
                     _UPSERT_HEARTBEAT,
                     (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
-                     sample, now, now, hb.boot, hb.outbox_pending, interval_ms, expires),
+                     sample, now, now, hb.boot, hb.outbox_pending, interval_ms, expires,
+                     encode(hb.slots) if hb.slots is not None else None),
                 )
                 applied.append(cur.rowcount > 0)
                 if hb.boot:
@@ -604,6 +610,7 @@ class DeviceState(msgspec.Struct, kw_only=True, frozen=True):
     telemetry_names: int
     outbox_pending: int | None  # as its newest heartbeat reported; None: not reported
     sample: SystemSample | None
+    slots: SlotState | None = None  # as its newest full heartbeat stated them; None: not reported
 
 
 _LINE = "device_id, online, offline_reason, last_seen_ms, firmware_version, tags"
@@ -714,10 +721,10 @@ class RegistryReads:
         """Everything kept about one device; None if it has never been heard of."""
         found = self._conn.execute(
             f"SELECT {_LINE}, hb_seq, hb_at_ms, uptime_s, boot, first_seen_ms, changed_ms, telemetry_count, sample,"
-            " outbox_pending FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+            " outbox_pending, slots FROM devices WHERE device_id = ?", (device_id,)).fetchone()
         if found is None:
             return None
-        hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending = found[6:]
+        hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob = found[6:]
         (names,) = self._conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
                                       (device_id,)).fetchone()
         sample = None
@@ -726,10 +733,17 @@ class RegistryReads:
                 sample = decode(blob, SystemSample)
             except CodecError:
                 sample = None
+        slots = None
+        if isinstance(slots_blob, bytes):
+            try:
+                slots = decode(slots_blob, SlotState)
+            except CodecError:
+                slots = None
         return _line(found[:6]), DeviceState(
             heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime, boot=str(boot),
             first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),
-            telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=sample)
+            telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=sample,
+            slots=slots)
 
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""

@@ -46,6 +46,7 @@ from agent.protocol import (
     KIND_JOB_OFFER,
     HeartbeatPace,
     JobOffer,
+    SlotState,
     SystemSample,
     agent_registry,
     app_kind,
@@ -241,6 +242,8 @@ class WorkerAgent(PartBase):
         self.sampler = sampler
         # What the heartbeat reports as running; an attached updater answers with its active slot.
         self.firmware_version: Callable[[], str] = lambda: config.agent.firmware_version
+        # What the heartbeat reports of the slots; an attached updater answers (None: no [firmware]).
+        self.slot_state: Callable[[], SlotState | None] = lambda: None
         self._job_handler = job_handler or default_job_handler(clock)
         # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
         self.kinds = agent_registry()
@@ -345,7 +348,8 @@ class WorkerAgent(PartBase):
             tags=tuple(cfg.agent.tags), sampler=self.sampler, boot=self.boot, link=self.link,
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
             outbox_pending=self._outbox_depth if self._owns_stores else None,
-            demand=self.job_worker.demand)  # a restarted leader learns it from the next heartbeat
+            demand=self.job_worker.demand,  # a restarted leader learns it from the next heartbeat
+            slots=lambda: self.slot_state())
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )

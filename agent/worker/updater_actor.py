@@ -37,9 +37,10 @@ import msgspec
 from agent.actors import Actor, ActorRef, ActorSystem, Context
 from agent.core.clock import Clock
 from agent.core.config import AgentConfig
-from agent.core.errors import ArtifactError
+from agent.core.errors import ArtifactError, EdgeAgentError
 from agent.core.gate import Gate
 from agent.core.ids import IdGenerator
+from agent.protocol import SlotState
 from agent.service.parts import PartBase
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
@@ -271,6 +272,24 @@ class UpdaterActor(Actor):
 CANCELS_KEPT = 64
 
 
+def slot_state(updater: Updater) -> SlotState | None:
+    """What the heartbeat states of the slots: read from the installer's view in memory (no
+    I/O of its own); None when the installer cannot say (the heartbeat goes without it)."""
+    installer = updater.installer
+    try:
+        view = installer.describe()
+        left = view.get("attempts_left") if isinstance(view, dict) else None
+        attempts = {str(s)[:16]: int(n) for s, n in (left or {}).items()
+                    if isinstance(n, int) and 0 <= n <= 1000} if isinstance(left, dict) else {}
+        return SlotState(backend=installer.name[:32], booted=installer.booted_slot()[:16],
+                         default=installer.default_slot()[:16], trial=(installer.trial_slot() or "")[:16],
+                         attempts=dict(list(attempts.items())[:4]),
+                         versions={s[:16]: v[:64] for s, v in list(updater.slot_versions().items())[:4]})
+    except (EdgeAgentError, OSError) as exc:
+        log.debug("slot state for the heartbeat: %s", exc)
+        return None
+
+
 class UpdateCancels(Actor):
     """Takes the leader's cancels off the down topic and hands each to the UpdaterActor directly:
     its own mailbox may hold the very update the cancel must stop."""
@@ -307,6 +326,8 @@ class UpdaterHost(Protocol):
 
     #: What the heartbeat reports as running; the updater answers with its active slot's version.
     firmware_version: Callable[[], str]
+    #: What the heartbeat states of the slots; the updater answers from its installer.
+    slot_state: Callable[[], SlotState | None]
 
     @property
     def leader_answered(self) -> Gate: ...
@@ -360,6 +381,7 @@ class UpdaterPart(PartBase):
             return actor.updater.active_version if actor.updater is not None else configured()
 
         worker.firmware_version = running_version
+        worker.slot_state = lambda: slot_state(actor.updater) if actor.updater is not None else None
 
     async def stop(self) -> None:
         """Nothing of its own: its actors stop with the worker's."""

@@ -290,6 +290,8 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         browser.get(base + f"/devices/{canary}")
         timeline = browser.find_element(By.ID, "timeline").text
         assert "succeeded" in timeline and "lab-1" in timeline
+        # the directory backend's slots a and b: the new one booted and kept (the page follows the heartbeats)
+        wait.until(lambda d: d.find_element(By.ID, "slots").text.splitlines()[1:] == ["a 1.0.0 -", "b 1.1.0 yes yes -"])
         browser.save_screenshot(str(shots / "5-device.png"))
     finally:
         for proc in procs:

@@ -184,7 +184,7 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     from rollout_support import FakePort
 
     from agent.core.clock import VirtualClock
-    from agent.protocol import SystemSample
+    from agent.protocol import SlotState, SystemSample
     from firmware_rollout.artifact.fixture import make_artifact
     from firmware_rollout.orchestration.orchestrator import Orchestrator
     from firmware_rollout.orchestration.store import RolloutStore
@@ -194,7 +194,10 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     sample = SystemSample(mem_total_bytes=25_275_990_016, mem_available_bytes=12_000_000_000, mem_percent=52.5,
                           uptime_s=917.713)
     with DeviceRegistry.open(db, clock=clock) as reg:
-        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0", sample=sample)
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0", sample=sample,
+                                        slots=SlotState(backend="uboot", booted="A", default="B", trial="B",
+                                                        attempts={"A": 3, "B": 2},
+                                                        versions={"A": "1.0.0", "B": "partial"}) if d == "a" else None)
                               for d in ("a", "b", "c", "d")])
     make_artifact(tmp_path, chunk_size=1024, size=2048)
     (tmp_path / "spec.toml").write_text('[rollout]\nname = "lab"\nartifact = "fw-1.1.0.eafw"\n'
@@ -216,6 +219,11 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         _, _, device = request(address, "GET", "/devices/a", headers=BEARER)
         assert "memory 52% used of 23.54 GiB (11.18 GiB free)" in device and "host up 15m17s" in device
         assert "25275990016" not in device
+        slots = device.split('<table id="slots" data-live>')[1].split("</table>")[0]
+        assert ("<tr><td>A</td><td>1.0.0</td><td>yes</td>\n<td></td><td></td>\n<td>3</td></tr>" in slots
+                and "<tr><td>B</td><td>partial</td><td></td>\n<td>yes</td><td>armed</td>\n<td>2</td></tr>" in slots)
+        _, _, other = request(address, "GET", "/devices/b", headers=BEARER)
+        assert 'id="slots">not reported' in other
 
 
 def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp_path: Path) -> None:

@@ -162,3 +162,43 @@ async def test_the_leader_deadline_follows_the_announced_interval(
     silent = gw.registry.device("w9")
     assert silent is not None and not silent.online and silent.offline_reason == "deadline"
     await stop_all(gw, clock=clock)
+
+
+async def test_the_slots_ride_a_full_heartbeat_when_they_change_and_the_device_page_shows_them(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    from agent.leader.readonly import open_leader_db
+    from agent.protocol import SlotState
+
+    async with IdleFleet(clock, broker, tmp_path) as (gw, w, uplink):
+        state = {"now": SlotState(backend="uboot", booted="A", default="A", attempts={"A": 3, "B": 3},
+                                  versions={"A": "1.0.0"})}
+        w.slot_state = lambda: state["now"]
+        await until(clock, lambda: len(uplink.beats) >= 2, limit_s=1200, step_s=5, what="two heartbeats")
+        beats = [hb for _, hb in uplink.beats]
+        assert beats[0].full and beats[0].slots == state["now"]
+        assert not beats[1].full and beats[1].slots is None  # unchanged: left out
+        state["now"] = SlotState(backend="uboot", booted="A", default="B", trial="B", attempts={"A": 3, "B": 3},
+                                 versions={"A": "1.0.0", "B": "1.1.0"})
+        count = len(uplink.beats)
+        await until(clock, lambda: len(uplink.beats) > count, limit_s=400, step_s=5, what="the next beat")
+        assert uplink.beats[-1][1].full and uplink.beats[-1][1].slots == state["now"]
+        await until(clock, lambda: gw.registry.device("w1") is not None and gw.registry.device("w1").hb_seq
+                    == uplink.beats[-1][1].seq, limit_s=60, step_s=1, what="the leader applied it")
+        with open_leader_db(gw.registry.path) as db:
+            found = db.registry.device("w1")
+        assert found is not None and found[1].slots == state["now"]
+
+
+def test_a_slot_state_beyond_its_bounds_is_refused_on_the_wire() -> None:
+    import msgspec
+    import pytest
+
+    from agent.protocol import SlotState
+
+    encode = msgspec.json.encode
+    too_many = encode({"device_id": "w1", "seq": 1, "uptime_s": 1.0,
+                       "slots": {"versions": {f"S{i}": "1.0" for i in range(5)}}})
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(too_many, type=Heartbeat)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(encode({"booted": "x" * 17}), type=SlotState)
