@@ -184,78 +184,131 @@ def _listening(port: int) -> bool:
         return False
 
 
+class ConsoleFleet:
+    """A leader and three workers with `[firmware]` as `edge-agent run` processes on mosquitto,
+    the console beside them (with the fleet's key: it takes uploads), and a browser signed in."""
+
+    names = ("pi-0001", "pi-0002", "pi-0003")
+
+    def __init__(self, tmp_path: Path, mosquitto: Mosquitto, browser) -> None:  # type: ignore[no-untyped-def]
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self.tmp, self.browser = tmp_path, browser
+        self.env = dict(os.environ, PYTHONPATH=str(REPO))
+        url = f"mqtt://127.0.0.1:{mosquitto.port}"
+        self.artifact, self.public = make_artifact(tmp_path, chunk_size=4096, size=20_000)
+        key = f'[firmware]\npublic_key = "{self.public}"\n'
+        self.procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config",
+                                        str(agent_config(tmp_path, n, r, url, key))],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
+                      for n, r in (("gw", "leader"), *((n, "worker") for n in self.names))]
+        self.db = tmp_path / "gw" / "leader.db"
+        self.token = tmp_path / "console.token"
+        self.token.write_text("a-long-enough-console-token-0123456789\n")
+        self.token.chmod(0o600)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.wait = WebDriverWait(browser, 90)
+
+    def __enter__(self) -> ConsoleFleet:
+        from selenium.webdriver.common.by import By
+
+        wait_for("the workers registered", lambda: online(self.db) == 3)
+        wait_for("the workers reported their versions",  # (a presence alone registers a device, version unknown)
+                 lambda: query(self.db, "SELECT COUNT(*) FROM devices WHERE firmware_version = '1.0.0'") == [(3,)])
+        self.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "console", "--db", str(self.db), "--token-file", str(self.token),
+             "--listen", f"127.0.0.1:{self.port}", "--public-key", str(self.public)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env))
+        wait_for("the console listens", lambda: _listening(self.port))
+        self.browser.get(self.base + "/login")
+        self.browser.find_element(By.ID, "token").send_keys(self.token.read_text().strip())
+        self.browser.find_element(By.ID, "name").send_keys("alice")
+        self.browser.find_element(By.ID, "sign-in").click()
+        self.wait.until(lambda d: d.find_elements(By.ID, "devices"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def status(self, rollout_id: str) -> dict:  # type: ignore[type-arg]
+        """`rollout status ID --json`, as the CLI prints it ({} while there is no such rollout)."""
+        import json
+
+        out = subprocess.run([sys.executable, "-m", "agent.cli", "rollout", "status", rollout_id, "--db",
+                              str(self.db), "--json"], capture_output=True, text=True, env=self.env, timeout=60)
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    def upload(self, artifact: Path) -> str:
+        """Upload on the artifacts page as an operator does; the console's answer."""
+        from selenium.webdriver.common.by import By
+
+        self.browser.get(self.base + "/artifacts")
+        self.browser.find_element(By.ID, "upload-file").send_keys(str(artifact))
+        self.browser.find_element(By.ID, "upload").click()
+        self.wait.until(lambda d: d.find_element(By.ID, "upload-result").get_attribute("data-outcome")
+                        in ("kept", "refused"))
+        return str(self.browser.find_element(By.ID, "upload-result").text)
+
+    def start(self, rollout_id: str, *, counts: str, approval: bool) -> str:
+        """Fill in the new-rollout form, show the plan, start it; the plan shown."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select
+
+        browser = self.browser
+        browser.get(self.base + "/rollouts/new")
+        self.wait.until(lambda d: d.find_elements(By.ID, "new-rollout"))
+        Select(browser.find_element(By.ID, "artifact")).select_by_index(0)  # newest version first
+        browser.find_element(By.ID, "name").send_keys("lab")
+        browser.find_element(By.ID, "rollout-id").send_keys(rollout_id)
+        field = browser.find_element(By.ID, "counts")
+        field.clear()
+        field.send_keys(counts)
+        if approval:
+            browser.find_element(By.ID, "approval").click()
+        browser.find_element(By.ID, "preview").click()
+        self.wait.until(lambda d: d.find_elements(By.ID, "plan"))
+        return str(browser.find_element(By.ID, "plan").text)
+
+    def control(self, action: str, *, choose: str = "") -> None:
+        """Click a control on the rollout page open now and confirm it (`choose`: the option of
+        the confirmation page's artifact list whose text holds it)."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select
+
+        self.browser.find_element(By.ID, f"control-{action}").click()
+        self.wait.until(lambda d: d.find_elements(By.ID, "confirm"))
+        if choose:
+            picker = Select(self.browser.find_element(By.ID, "artifact"))
+            picker.select_by_visible_text(next(o.text for o in picker.options if choose in o.text))
+        self.browser.find_element(By.ID, "confirm").click()
+        self.wait.until(lambda d: "queued as control" in d.page_source)
+
+
 def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser(
         tmp_path: Path, mosquitto: Mosquitto, browser) -> None:
     """From artifact to a canceled rollout in the console alone: upload the artifact, start a
     rollout after reading its plan (a canary, then a wave behind an approval), watch the canary
     succeed on a page that updates itself (no reload), cancel at the approval; the numbers on
     screen are `rollout status --json`'s, and the audit names the operator."""
-    import json
-
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     shots = ARTIFACTS / "start-watch-cancel"
     shots.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    url = f"mqtt://127.0.0.1:{mosquitto.port}"
-    artifact, public = make_artifact(tmp_path, chunk_size=4096, size=20_000)
-    key = f'[firmware]\npublic_key = "{public}"\n'
-    names = ("pi-0001", "pi-0002", "pi-0003")
-    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config",
-                               str(agent_config(tmp_path, n, r, url, key))],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-             for n, r in (("gw", "leader"), *((n, "worker") for n in names))]
-    db = tmp_path / "gw" / "leader.db"
-    token = tmp_path / "console.token"
-    token.write_text("a-long-enough-console-token-0123456789\n")
-    token.chmod(0o600)
-    port = free_port()
-
-    def status_json() -> dict:  # type: ignore[type-arg]
-        out = subprocess.run([sys.executable, "-m", "agent.cli", "rollout", "status", "lab-1", "--db", str(db),
-                              "--json"], capture_output=True, text=True, env=env, timeout=60)
-        return json.loads(out.stdout) if out.returncode == 0 else {}
-
-    try:
-        wait_for("the workers registered", lambda: online(db) == 3)
-        wait_for("the workers reported their versions",  # (a presence alone registers a device, version unknown)
-                 lambda: query(db, "SELECT COUNT(*) FROM devices WHERE firmware_version = '1.0.0'") == [(3,)])
-        procs.append(subprocess.Popen([sys.executable, "-m", "agent.cli", "console", "--db", str(db), "--token-file",
-                                       str(token), "--listen", f"127.0.0.1:{port}", "--public-key", str(public)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-        base = f"http://127.0.0.1:{port}"
-        wait_for("the console listens", lambda: _listening(port))
-        wait = WebDriverWait(browser, 90)
-
-        browser.get(base + "/login")
-        browser.find_element(By.ID, "token").send_keys(token.read_text().strip())
-        browser.find_element(By.ID, "name").send_keys("alice")
-        browser.find_element(By.ID, "sign-in").click()
-        wait.until(lambda d: d.find_elements(By.ID, "devices"))
-
-        browser.get(base + "/artifacts")  # the store is empty: upload the artifact
-        browser.find_element(By.ID, "upload-file").send_keys(str(artifact))
-        browser.find_element(By.ID, "upload").click()
-        wait.until(lambda d: d.find_element(By.ID, "upload-result").get_attribute("data-outcome")
-                   in ("kept", "refused"))
-        result = browser.find_element(By.ID, "upload-result").text
+    with ConsoleFleet(tmp_path, mosquitto, browser) as fleet:
+        wait, db = fleet.wait, fleet.db
+        result = fleet.upload(fleet.artifact)  # the leader's store is empty
         assert "verified and kept as" in result, result
         browser.save_screenshot(str(shots / "1-uploaded.png"))
         wait.until(lambda d: "1.1.0" in d.find_element(By.ID, "artifacts").text)
 
-        browser.find_element(By.ID, "new-rollout-button").click()
-        wait.until(lambda d: d.find_elements(By.ID, "new-rollout"))
-        assert "fw 1.1.0" in Select(browser.find_element(By.ID, "artifact")).first_selected_option.text
-        browser.find_element(By.ID, "name").send_keys("lab")
-        browser.find_element(By.ID, "rollout-id").send_keys("lab-1")
-        counts = browser.find_element(By.ID, "counts")
-        counts.clear()
-        counts.send_keys("2")
-        browser.find_element(By.ID, "approval").click()
-        browser.find_element(By.ID, "preview").click()
-        wait.until(lambda d: d.find_elements(By.ID, "plan"))
-        plan = browser.find_element(By.ID, "plan").text
+        plan = fleet.start("lab-1", counts="2", approval=True)
         assert "wave 1 (canary): 1 device" in plan and "wave 2: 2 devices" in plan, plan
         browser.save_screenshot(str(shots / "2-plan.png"))
         browser.find_element(By.ID, "start").click()
@@ -267,37 +320,68 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))  # live.js swapped parts
         assert browser.execute_script("return window.notReloaded === true;")  # in place, not by a reload
         browser.save_screenshot(str(shots / "3-canary-succeeded.png"))
-        shown = status_json()
+        shown = fleet.status("lab-1")
         assert shown["state"] == "running" and shown["counts"].get("succeeded") == 1 and shown["devices"] == 3
         assert f"{shown['devices']} devices, {shown['offers']} offers" in browser.find_element(By.ID, "summary").text
 
-        browser.find_element(By.ID, "control-cancel").click()
-        wait.until(lambda d: d.find_elements(By.ID, "confirm"))
-        browser.find_element(By.ID, "confirm").click()
-        wait.until(lambda d: "queued as control" in d.page_source)
+        fleet.control("cancel")
         browser.execute_script("window.notReloaded = true;")
         wait.until(lambda d: d.find_element(By.ID, "state").text == "canceled")
         assert browser.execute_script("return window.notReloaded === true;")
         audit = browser.find_element(By.ID, "audit").text
         assert audit.count("alice via the console from 127.0.0.1") == 2 and "cancel" in audit and "start" in audit
         browser.save_screenshot(str(shots / "4-canceled.png"))
-        shown = status_json()
+        shown = fleet.status("lab-1")
         assert shown["state"] == "canceled" and shown["counts"] == {"canceled": 2, "succeeded": 1}
         assert [(c["action"], c["outcome"]) for c in shown["audit"]] == [("start", "applied"), ("cancel", "applied")]
 
-        canary = next(n for n in names if query(db, "SELECT state FROM rollout_devices WHERE device_id = "
-                                                    f"'{n}'") == [("succeeded",)])
-        browser.get(base + f"/devices/{canary}")
+        canary = next(n for n in fleet.names if query(db, "SELECT state FROM rollout_devices WHERE device_id = "
+                                                          f"'{n}'") == [("succeeded",)])
+        browser.get(fleet.base + f"/devices/{canary}")
         timeline = browser.find_element(By.ID, "timeline").text
         assert "succeeded" in timeline and "lab-1" in timeline
         # the directory backend's slots a and b: the new one booted and kept (the page follows the heartbeats)
         wait.until(lambda d: d.find_element(By.ID, "slots").text.splitlines()[1:] == ["a 1.0.0 -", "b 1.1.0 yes yes -"])
         browser.save_screenshot(str(shots / "5-device.png"))
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+
+
+def test_an_operator_takes_the_fleet_to_a_new_version_and_back_in_the_browser(
+        tmp_path: Path, mosquitto: Mosquitto, browser) -> None:
+    """The whole way in the console: upload the update and its signed rollback, roll the update
+    out to every device until the rollout succeeds, roll it back with the uploaded rollback, and
+    the fleet page shows every device on the old version again, as `rollout status --json` says."""
+    from selenium.webdriver.common.by import By
+
+    shots = ARTIFACTS / "there-and-back"
+    shots.mkdir(parents=True, exist_ok=True)
+    with ConsoleFleet(tmp_path, mosquitto, browser) as fleet:
+        wait = fleet.wait
+        back, _ = make_artifact(tmp_path, version="1.0.0", chunk_size=4096, size=20_000, seed=1, rollback=True,
+                                rollback_from=("1.1.0",))
+        assert "verified and kept" in fleet.upload(fleet.artifact)
+        assert "fw 1.0.0" in fleet.upload(back)
+        plan = fleet.start("lab-2", counts="3", approval=False)
+        assert "wave 1 (canary): 1 device" in plan and "wave 2: 2 devices" in plan, plan
+        browser.find_element(By.ID, "start").click()
+        wait.until(lambda d: d.find_elements(By.ID, "state") and d.find_element(By.ID, "state").text == "succeeded")
+        shown = fleet.status("lab-2")
+        assert shown["counts"] == {"succeeded": 3}
+        waves = browser.find_element(By.ID, "waves").text
+        assert "1 succeeded of 1" in waves and "2 succeeded of 2" in waves  # what status --json counts per wave
+        assert [w["succeeded"] for w in shown["waves"]] == [1, 2]
+        browser.save_screenshot(str(shots / "1-succeeded.png"))
+
+        fleet.control("rollback", choose="fw 1.0.0 (replaces 1.1.0)")
+        wait_for("the rollback rollout exists", lambda: fleet.status("lab-2-rollback") != {})
+        browser.get(fleet.base + "/rollouts/lab-2-rollback")
+        wait.until(lambda d: d.find_element(By.ID, "state").text == "succeeded")
+        back_status = fleet.status("lab-2-rollback")
+        assert back_status["counts"] == {"succeeded": 3} and back_status["version"] == "1.0.0"
+        assert back_status["from_versions"] == {"1.1.0": 3}
+        assert "1.1.0 → 1.0.0" in browser.find_element(By.ID, "summary").text
+        browser.save_screenshot(str(shots / "2-rolled-back.png"))
+        browser.get(fleet.base + "/?version=1.0.0")
+        wait.until(lambda d: "devices 1-3 of 3" in d.page_source)
+        audit = fleet.status("lab-2")["audit"]
+        assert [(c["action"], c["outcome"]) for c in audit] == [("start", "applied"), ("rollback", "applied")]
+        assert all(c["actor"] == "alice via the console from 127.0.0.1" for c in audit)
