@@ -360,10 +360,10 @@ class Console:
         from firmware_rollout.orchestration.artifacts import ArtifactStore
 
         shown = printable(name.encode(), 100) or "the upload"
-        try:
-            admitted = ArtifactStore(self._store(), load_verify_key(self.config.public_key)).admit(body)
+        try:  # the upload was written into the store's directory: checked there and renamed, not copied
+            admitted = ArtifactStore(self._store(), load_verify_key(self.config.public_key)).take(body, shown=shown)
         except EdgeAgentError as exc:
-            return 422, str(exc).replace(str(body), shown)
+            return 422, str(exc)
         m = admitted.signed.manifest
         log.info("artifact uploaded in the console", extra={"kv": {"file": admitted.path.name, "name": m.name,
                                                                     "version": m.version, "by": actor}})

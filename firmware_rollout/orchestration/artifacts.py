@@ -50,13 +50,40 @@ class ArtifactStore:
         A rollback must also name `replaces` (the version the devices run) among the versions it
         may replace."""
         src = Path(source)
-        if self._key is None:
-            raise RolloutError(f"cannot check artifact {src}: the leader's config has no {self._key_source} (the"
-                               " fleet's public key, as the devices pin it)")
+        self._need_key(src)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
         tmp = self.directory / f".admit-{os.getpid()}-{id(self):x}.tmp"
         try:
             digest = _copy(src, tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return self._keep(src, tmp, digest, rollback=rollback, replaces=replaces)
+
+    def take(self, received: Path, *, shown: str) -> Admitted:
+        """Admit a file already written into the store's directory by its owner (an upload the
+        console received): checked where it lies and renamed into place, never copied; removed
+        when it is refused. `shown` names it in a refusal."""
+        self._need_key(Path(shown))
+        if received.parent.resolve() != self.directory.resolve():
+            raise RolloutError(f"{shown}: not in the artifact store's directory {self.directory}")
+        try:
+            os.chmod(received, 0o644)  # as a copy is made: the leader reads what the console took
+            fsync_file(received)
+        except OSError as exc:
+            received.unlink(missing_ok=True)
+            raise RolloutError(f"cannot keep {shown}: {exc.strerror or exc}") from None
+        return self._keep(Path(shown), received, _sha256(received), rollback=False, replaces="")
+
+    def _need_key(self, src: Path) -> None:
+        if self._key is None:
+            raise RolloutError(f"cannot check artifact {src}: the leader's config has no {self._key_source} (the"
+                               " fleet's public key, as the devices pin it)")
+
+    def _keep(self, src: Path, tmp: Path, digest: str, *, rollback: bool, replaces: str) -> Admitted:
+        """Check `tmp` (a file in the store's directory), rename it to its content address."""
+        assert self._key is not None
+        try:
             try:
                 signed = verify_artifact(tmp, self._key)
             except ArtifactError as exc:
@@ -78,6 +105,25 @@ class ArtifactStore:
             tmp.unlink(missing_ok=True)
         log.info("artifact %s admitted as %s (version %s)", src, final.name, signed.manifest.version)
         return Admitted(final, signed, digest)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(_COPY_BLOCK):
+                h.update(block)
+    except OSError as exc:
+        raise RolloutError(f"cannot read artifact {path}: {exc.strerror or exc}") from None
+    return h.hexdigest()
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _copy(src: Path, dst: Path) -> str:
