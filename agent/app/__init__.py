@@ -1,4 +1,4 @@
-"""Layer 6: one agent assembled from its parts (`assemble`), and its broker connection.
+"""Layer 7: one agent assembled from its parts (`assemble`), and its broker connection.
 
     transport = make_transport(config, clock=clock, broker_url="mqtt://127.0.0.1:1883")
     app = await assemble(config, transport=transport, clock=clock, base=Path("/var/lib/edge-agent"))

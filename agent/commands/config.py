@@ -1,7 +1,11 @@
 """`edge-agent config check FILE...`: check each file as `run` would before it connects (the
 config, then the files, keys, addresses and commands it names); report the first error of each.
 The install helper's own config (its [firmware] sets helper_state_dir, helper_user or
-helper_group) is checked as `edge-agent install-helper` checks it at its start."""
+helper_group) is checked as `edge-agent install-helper` checks it at its start.
+
+`edge-agent config release build NAME --version V FILE... --key PRIVATE.pem [--out F]` makes a
+signed config release of the files (`config_rollout.release`); `edge-agent config release show
+F --key PUBLIC.pem` verifies one and says what it holds."""
 
 from __future__ import annotations
 
@@ -16,10 +20,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="check config files; exit 2 on the first bad one")
     check.add_argument("files", nargs="+", metavar="FILE")
+    release = actions.add_parser("release", help="build or show a signed config release")
+    steps = release.add_subparsers(dest="step", metavar="STEP", required=True)
+    build = steps.add_parser("build", help="sign the files as a release of a configuration target")
+    build.add_argument("name", help="the configuration target it is for (e.g. app)")
+    build.add_argument("files", nargs="+", metavar="FILE", help="the documents, each kept under its file name")
+    build.add_argument("--version", required=True, help="its version (MAJOR.MINOR.PATCH): only ever increases")
+    build.add_argument("--key", required=True, metavar="PRIVATE.pem", help="the fleet's signing key")
+    build.add_argument("--out", metavar="FILE", help="where to write it (default: NAME-VERSION.eacfg here)")
+    build.add_argument("--max-document-kib", type=int, default=64, metavar="KIB",
+                       help="the cap on each document (default 64, as devices apply it)")
+    build.add_argument("--force", action="store_true", help="replace an existing file")
+    show = steps.add_parser("show", help="verify a release and list what it holds")
+    show.add_argument("file")
+    show.add_argument("--key", required=True, metavar="PUBLIC.pem", help="the fleet's public key")
+    show.add_argument("--json", action="store_true")
+
+
+def _release(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from config_rollout.release import SUFFIX, build_release, read_release, write_release
+    from firmware_rollout.artifact.keys import load_signing_key, load_verify_key
+
+    if args.step == "build":
+        if args.max_document_kib < 1:
+            raise ConfigError("--max-document-kib", None, "give at least 1")
+        data = build_release(args.name, args.version, args.files, load_signing_key(args.key),
+                             created_ms=int(time.time() * 1000), max_document_bytes=args.max_document_kib * 1024)
+        out = write_release(data, args.out or f"{args.name}-{args.version}{SUFFIX}", force=args.force)
+        print(f"wrote {out}: config release {args.name} {args.version}, {len(args.files)} documents, "
+              f"{len(data)} bytes")
+        return 0
+    release = read_release(args.file, load_verify_key(args.key))
+    m = release.manifest
+    if args.json:
+        print(json.dumps({"name": m.name, "version": m.version, "release_id": release.release_id,
+                          "key_id": release.key_id, "created_ms": m.created_ms,
+                          "documents": [{"name": d.name, "size": d.size, "sha256": d.sha256} for d in m.documents]},
+                         indent=2))
+        return 0
+    print(f"{args.file}: config release {m.name} {m.version}, signed by key {release.key_id}, "
+          f"id {release.release_id[:16]}")
+    for d in m.documents:
+        print(f"  {d.name}  {d.size} bytes  sha256 {d.sha256[:16]}")
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
     from agent.commands.install_helper import check_config, is_helper_config
+
+    if args.action == "release":
+        return _release(args)
 
     status = 0
     for path in args.files:

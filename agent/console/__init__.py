@@ -1,4 +1,4 @@
-"""Layer 7: the web console, `edge-agent console --db LEADER_DB`, a process of its own beside the leader.
+"""Layer 8: the web console, `edge-agent console --db LEADER_DB`, a process of its own beside the leader.
 
 It reads the leader's database (the same views as `edge-agent status`, `rejects` and `rollout
 status`) and writes rollout controls through the same control rows as the CLI; the leader

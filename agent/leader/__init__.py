@@ -1,2 +1,2 @@
-"""Layer 5: the leader agent on the gateway: registry, intake, jobs, the rollout service. Imports
+"""Layer 6: the leader agent on the gateway: registry, intake, jobs, the rollout service. Imports
 nothing from the worker."""

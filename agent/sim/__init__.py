@@ -1,4 +1,4 @@
-"""Layer 7: the fleet simulator. One leader and N workers in one process (or spread over several,
+"""Layer 8: the fleet simulator. One leader and N workers in one process (or spread over several,
 `agent.sim.processes`), with the real actors, outboxes and relays, on an in-memory broker and a
 virtual clock (`edge-agent simulate`)."""
 
