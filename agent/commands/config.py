@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--max-document-kib", type=int, default=64, metavar="KIB",
                        help="the cap on each document (default 64, as devices apply it)")
     build.add_argument("--force", action="store_true", help="replace an existing file")
+    apply = actions.add_parser("apply", help="apply a signed config release to this device's target, commit-confirmed")
+    apply.add_argument("release", metavar="RELEASE.eacfg")
+    apply.add_argument("--config", required=True, metavar="CONFIG", help="the worker's config ([config_targets.NAME])")
+    status = actions.add_parser("status", help="what each configuration target holds, and local edits (drift)")
+    status.add_argument("--config", required=True, metavar="CONFIG")
+    status.add_argument("--json", action="store_true")
     show = steps.add_parser("show", help="verify a release and list what it holds")
     show.add_argument("file")
     show.add_argument("--key", required=True, metavar="PUBLIC.pem", help="the fleet's public key")
@@ -68,11 +74,62 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _apply(args: argparse.Namespace) -> int:
+    """Apply a release by hand (stop the service first: one applier per target)."""
+    import asyncio
+    from pathlib import Path
+
+    from agent.core.config import load_config
+    from config_rollout.device.apply import ConfigApplier
+    from config_rollout.release import read_release
+    from firmware_rollout.artifact.keys import load_verify_key
+
+    config = load_config(args.config)
+    if not config.firmware.public_key:
+        raise ConfigError(args.config, "firmware.public_key", "required: a config release is checked with it")
+    key = load_verify_key(config.firmware.public_key)
+    release = read_release(args.release, key, max_document_bytes=16 * 1024 * 1024)
+    target = config.config_targets.get(release.name)
+    if target is None:
+        raise ConfigError(args.config, f"config_targets.{release.name}",
+                          f"not declared: this device takes no release {release.name!r}")
+    applier = ConfigApplier(release.name, target, Path(config.agent.data_dir))
+    result = asyncio.run(applier.apply(release))
+    print(f"{release.name}: {result.state} ({result.detail}); the target holds {result.version or 'nothing yet'}")
+    return 0 if result.state == "committed" else 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from agent.core.config import load_config
+    from config_rollout.device.apply import ConfigApplier
+
+    config = load_config(args.config)
+    statuses = [(name, ConfigApplier(name, target, Path(config.agent.data_dir)).status())
+                for name, target in sorted(config.config_targets.items())]
+    if args.json:
+        print(json.dumps([{"target": name, "version": st.version, "state": st.state, "drifted": list(st.drifted),
+                           "detail": st.detail} for name, st in statuses], indent=2))
+        return 0
+    if not statuses:
+        print("no [config_targets] in this config")
+    for name, st in statuses:
+        said = f"{name}: {st.version or 'nothing applied'} ({st.state}" + (f": {st.detail})" if st.detail else ")")
+        print(said + (f"; DRIFTED: {', '.join(st.drifted)} changed on the device" if st.drifted else ""))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     from agent.commands.install_helper import check_config, is_helper_config
 
     if args.action == "release":
         return _release(args)
+    if args.action == "apply":
+        return _apply(args)
+    if args.action == "status":
+        return _status(args)
 
     status = 0
     for path in args.files:

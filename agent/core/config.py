@@ -334,6 +334,27 @@ class ArtifactsSection(_Section, kw_only=True, frozen=True, forbid_unknown_field
     min_rate_kbps: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 64
 
 
+TargetName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+Command = Annotated[tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)], ...],
+                    msgspec.Meta(max_length=64)]
+
+
+class ConfigTargetSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A configuration target of the device (`[config_targets.NAME]`): where a config release
+    named NAME is written and how it is checked, applied and confirmed (`config_rollout.device`)."""
+
+    directory: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]  # each document lands here, by name
+    documents: Annotated[tuple[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")], ...],
+                         msgspec.Meta(max_length=64)] = ()  # the names it takes (empty: any)
+    mode: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0644"
+    validate_command: Command = ()  # run on the staged documents: "{staged}" is their folder
+    apply_command: Command = ()  # run once the documents are in place (e.g. systemctl reload app)
+    health_command: Command = ()  # must pass within confirm_s, or the old documents come back
+    confirm_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
+    command_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    max_document_kib: Annotated[int, msgspec.Meta(ge=1, le=16 * 1024)] = 64
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     agent: AgentSection
     mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
@@ -352,6 +373,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     messages: MessagesSection = msgspec.field(default_factory=MessagesSection)
     northbound: NorthboundSection = msgspec.field(default_factory=NorthboundSection)
     artifacts: ArtifactsSection = msgspec.field(default_factory=ArtifactsSection)
+    config_targets: dict[TargetName, ConfigTargetSection] = msgspec.field(default_factory=dict)
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -576,6 +598,7 @@ def load_config(path: str | Path) -> AgentConfig:
 __all__ = [
     "AgentConfig",
     "AgentSection",
+    "ConfigTargetSection",
     "FirmwareSection",
     "HeartbeatSection",
     "HousekeepingSection",

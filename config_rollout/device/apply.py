@@ -1,0 +1,308 @@
+"""A config release applied to one target of the device, commit-confirmed.
+
+Each step is recorded in the target's journal (written beside, fsynced, renamed, the folder
+fsynced) before the next begins; `on_step(name)` is called at each boundary (the tests SIGKILL
+the process there):
+
+    stage      the release's documents written into a staging folder beside the target's
+               folder (one file system: a rename moves them), each fsynced
+    validate   `validate_command` on the staging folder ("{staged}" in it is replaced by its
+               path), within `command_timeout_s`
+    keep       the documents the release replaces copied to the target's last-good folder in the
+               state directory, fsynced; the journal says "swapping"
+    swap       each staged document renamed over its file in the target's folder; the folder fsynced
+    apply      `apply_command`
+    confirm    within `confirm_s`: the host's check (connected, the leader answered: `confirm`)
+               and `health_command` pass, tried again every second until then
+    commit     the journal says "committed" with the version, the release id and each
+               document's sha256; the last-good and staging folders go
+
+A failure before the swap (a document not declared, validation failed) discards the staging
+folder: nothing changed. A failure at apply or confirm reverts: the last-good documents written
+back the same way (beside, fsync, rename), a document the release added removed, and
+`apply_command` run again for the old content; the result is `rolled_back` with the reason.
+
+`resume()`, at the agent's start, finishes what a SIGKILL or a power cut interrupted: before the
+swap the staging folder is discarded (the old content stands); from the swap until the commit
+the last-good documents are written back, so a swap cut halfway is never left mixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from agent.core.config import ConfigTargetSection
+from config_rollout.errors import ConfigReleaseError
+from config_rollout.release import ConfigRelease
+
+Outcome = Literal["committed", "failed", "rolled_back"]
+#: The journal's states; "swapping" and "applied" are the ones a restart must revert.
+JournalState = Literal["idle", "staged", "swapping", "applied", "committed", "failed", "rolled_back"]
+CONFIRM_RETRY_S = 1.0
+OUTPUT_KEPT = 300  # characters of a failed command's output in the reason
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    state: Outcome
+    version: str  # what the target holds now
+    detail: str
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    version: str  # "" before the first release
+    release_id: str
+    state: str
+    detail: str
+    drifted: tuple[str, ...]  # documents whose content differs from what was applied (a local edit)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes, mode: int) -> None:
+    """`data` at `path`, whole or not at all: written beside, fsynced, renamed."""
+    tmp = path.with_name(f".{path.name}.ea-tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class ConfigApplier:
+    """One target's documents, its journal and its last good content. `confirm` is the host's
+    check during the confirm window ("" when fine, else why not); `on_step` is told each step."""
+
+    def __init__(self, name: str, target: ConfigTargetSection, state_dir: Path, *,
+                 confirm: Callable[[], Awaitable[str]] | None = None,
+                 on_step: Callable[[str], None] | None = None) -> None:
+        self.name = name
+        self.target = target
+        self.directory = Path(target.directory)
+        self.home = state_dir / "config" / name
+        self.journal_path = self.home / "journal.json"
+        self.last_good = self.home / "last-good"
+        self.staging = self.directory.parent / f".{self.directory.name}.ea-staged"
+        self._confirm = confirm
+        self._on_step = on_step or (lambda step: None)
+        self._mode = int(target.mode, 8)
+
+    # -- the journal ---------------------------------------------------------------------------
+    def journal(self) -> dict[str, Any]:
+        try:
+            loaded = json.loads(self.journal_path.read_text())
+        except FileNotFoundError:
+            return {"state": "idle", "version": "", "release_id": "", "hashes": {}, "detail": ""}
+        except (OSError, ValueError) as exc:
+            raise ConfigReleaseError(f"{self.journal_path}: unreadable ({exc}): the target's record is damaged"
+                                     ) from None
+        return loaded if isinstance(loaded, dict) else {"state": "idle", "version": "", "release_id": "",
+                                                        "hashes": {}, "detail": ""}
+
+    def _record(self, **fields: Any) -> None:
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _write_durably(self.journal_path, json.dumps({**self.journal(), **fields}, sort_keys=True).encode(), 0o600)
+        _fsync_dir(self.home)
+
+    def status(self) -> TargetStatus:
+        """What the target holds and whether a document was changed on the device since."""
+        j = self.journal()
+        hashes: dict[str, str] = j.get("hashes") or {}
+        drifted = tuple(sorted(n for n, h in hashes.items() if _sha256(self.directory / n) != h))
+        return TargetStatus(str(j.get("version", "")), str(j.get("release_id", "")), str(j.get("state", "idle")),
+                            str(j.get("detail", "")), drifted)
+
+    # -- applying ------------------------------------------------------------------------------
+    async def apply(self, release: ConfigRelease) -> ApplyResult:
+        """Apply a verified release (its name is this target's) and confirm it, or revert."""
+        j = self.journal()
+        if j.get("state") in ("staged", "swapping", "applied"):
+            await self.resume()
+            j = self.journal()
+        if release.name != self.name:
+            return self._fail(f"release {release.name} {release.version} is not for target {self.name}", j)
+        undeclared = [n for n in release.documents if self.target.documents and n not in self.target.documents]
+        if undeclared:
+            return self._fail(f"target {self.name} takes no document {', '.join(undeclared)}", j)
+        too_big = [n for n, data in release.documents.items() if len(data) > self.target.max_document_kib * 1024]
+        if too_big:
+            return self._fail(f"document {too_big[0]} is over {self.target.max_document_kib} KiB", j)
+        if release.release_id == j.get("release_id") and j.get("state") == "committed":
+            return ApplyResult("committed", release.version, "already applied")
+        previous = {"version": j.get("version", ""), "release_id": j.get("release_id", ""),
+                    "hashes": j.get("hashes") or {}}
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._stage(release)
+        except OSError as exc:
+            self._discard_staging()
+            return self._fail(f"cannot stage {self.name}: {exc.strerror or exc}", j)
+        self._record(state="staged", staging_release=release.release_id, staging_version=release.version,
+                     previous=previous, detail="")
+        self._on_step("staged")
+        problem = await self._run("validate", self.target.validate_command, staged=self.staging)
+        if problem:
+            self._discard_staging()
+            return self._fail(f"validation refused {release.version}: {problem}", self.journal(), previous=previous)
+        self._on_step("validated")
+        try:
+            self._keep_last_good(release)
+        except OSError as exc:
+            self._discard_staging()
+            return self._fail(f"cannot keep the current documents: {exc.strerror or exc}", self.journal(),
+                              previous=previous)
+        existed = [n for n in release.documents if (self.directory / n).exists()]
+        self._record(state="swapping", documents=sorted(release.documents), existed=existed)
+        self._on_step("kept")
+        for n in release.documents:
+            os.replace(self.staging / n, self.directory / n)
+            self._on_step(f"swapped {n}")
+        _fsync_dir(self.directory)
+        self._discard_staging()
+        self._record(state="applied", deadline_ms=int(time.time() * 1000 + self.target.confirm_s * 1000))
+        self._on_step("swapped")
+        problem = await self._run("apply", self.target.apply_command)
+        if not problem:
+            self._on_step("applied")
+            problem = await self._confirm_within(self.target.confirm_s)
+        if problem:
+            return await self._revert(f"{release.version} reverted: {problem}")
+        hashes = {n: hashlib.sha256(data).hexdigest() for n, data in release.documents.items()}
+        self._record(state="committed", version=release.version, release_id=release.release_id,
+                     hashes={**previous["hashes"], **hashes}, detail="confirmed", previous={})
+        shutil.rmtree(self.last_good, ignore_errors=True)
+        self._on_step("committed")
+        return ApplyResult("committed", release.version, "confirmed")
+
+    async def resume(self) -> ApplyResult | None:
+        """Finish what an interrupted apply left (at the agent's start): the old content back,
+        or nothing to do (None)."""
+        j = self.journal()
+        state = j.get("state")
+        if state == "staged":
+            self._discard_staging()
+            previous = j.get("previous") or {}
+            self._record(state="failed", version=previous.get("version", ""), detail="interrupted before the swap")
+            return ApplyResult("failed", str(previous.get("version", "")), "interrupted before the swap")
+        if state in ("swapping", "applied"):
+            return await self._revert("interrupted before it was confirmed")
+        self._discard_staging()
+        return None
+
+    # -- the steps -----------------------------------------------------------------------------
+    def _stage(self, release: ConfigRelease) -> None:
+        self._discard_staging()
+        self.staging.mkdir(mode=0o700)
+        for n, data in release.documents.items():
+            _write_durably(self.staging / n, data, self._mode)
+        _fsync_dir(self.staging)
+
+    def _keep_last_good(self, release: ConfigRelease) -> None:
+        shutil.rmtree(self.last_good, ignore_errors=True)
+        self.last_good.mkdir(parents=True, mode=0o700)
+        for n in release.documents:
+            current = self.directory / n
+            if current.exists():
+                _write_durably(self.last_good / n, current.read_bytes(), 0o600)
+        _fsync_dir(self.last_good)
+
+    def _discard_staging(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    async def _revert(self, reason: str) -> ApplyResult:
+        j = self.journal()
+        self._discard_staging()
+        existed = set(j.get("existed") or ())
+        for n in j.get("documents") or ():
+            if n in existed:
+                _write_durably(self.directory / n, (self.last_good / n).read_bytes(), self._mode)
+            else:
+                (self.directory / n).unlink(missing_ok=True)
+        _fsync_dir(self.directory)
+        previous = j.get("previous") or {}
+        problem = await self._run("apply", self.target.apply_command)
+        detail = reason + (f"; applying the old content again failed too: {problem}" if problem else "")
+        self._record(state="rolled_back", version=previous.get("version", ""),
+                     release_id=previous.get("release_id", ""), hashes=previous.get("hashes") or {}, detail=detail,
+                     previous={})
+        shutil.rmtree(self.last_good, ignore_errors=True)
+        self._on_step("reverted")
+        return ApplyResult("rolled_back", str(previous.get("version", "")), detail)
+
+    def _fail(self, reason: str, j: dict[str, Any], *, previous: dict[str, Any] | None = None) -> ApplyResult:
+        version = str((previous or {}).get("version", j.get("version", "")))
+        if previous is not None:
+            self._record(state="failed", version=version, release_id=previous.get("release_id", ""),
+                         hashes=previous.get("hashes") or {}, detail=reason, previous={})
+        return ApplyResult("failed", version, reason)
+
+    async def _confirm_within(self, window_s: float) -> str:
+        """"" once the host's check and the health command pass within the window, else why not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + window_s
+        problem = "not confirmed"
+        while True:
+            problem = await self._confirm() if self._confirm is not None else ""
+            if not problem:
+                problem = await self._run("health", self.target.health_command,
+                                          timeout_s=max(0.1, min(self.target.command_timeout_s,
+                                                                 deadline - loop.time())))
+            if not problem:
+                return ""
+            if loop.time() + CONFIRM_RETRY_S >= deadline:
+                return f"not confirmed within {window_s:g} s: {problem}"
+            await asyncio.sleep(CONFIRM_RETRY_S)
+
+    async def _run(self, what: str, command: tuple[str, ...], *, staged: Path | None = None,
+                   timeout_s: float | None = None) -> str:
+        """Run a target's command: "" when it exits 0, else why not (its exit and output's end)."""
+        if not command:
+            return ""
+        argv = [part.replace("{staged}", str(staged)) if staged is not None else part for part in command]
+        limit = timeout_s if timeout_s is not None else self.target.command_timeout_s
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            return f"{what} command {argv[0]}: {exc.strerror or exc}"
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), limit)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            return f"{what} command did not finish within {limit:g} s"
+        if proc.returncode != 0:
+            tail = out.decode("utf-8", "replace").strip()[-OUTPUT_KEPT:]
+            return f"{what} command exited {proc.returncode}" + (f": {tail}" if tail else "")
+        return ""
+
+
+__all__ = ["ApplyResult", "ConfigApplier", "TargetStatus"]

@@ -1,0 +1,208 @@
+"""A config release applied to a device's target, commit-confirmed: committed when it validates,
+applies and stays healthy; nothing changed when it does not validate; the old documents back
+(and applied again) when the health check fails within confirm_s; a local edit seen as drift;
+and a real SIGKILL at every step of the apply leaves the old documents or the new ones, byte for
+byte, once the next start has resumed."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.core.config import ConfigTargetSection
+from config_rollout.device.apply import ConfigApplier
+from config_rollout.release import build_release, parse_release
+from firmware_rollout.artifact.keys import SigningKey
+
+KEY = SigningKey.generate()
+REPO = Path(__file__).resolve().parents[2]
+OLD = {"app.toml": b"port = 1\n", "limits.conf": b"max = 1\n"}
+NEW = {"app.toml": b"port = 2\n", "limits.conf": b"max = 2\n", "extra.conf": b"added\n"}
+
+
+def release_of(tmp: Path, version: str, docs: dict[str, bytes], name: str = "app") -> bytes:
+    folder = tmp / f"src-{version}"
+    folder.mkdir(exist_ok=True)
+    for n, data in docs.items():
+        (folder / n).write_bytes(data)
+    return build_release(name, version, [folder / n for n in docs], KEY, created_ms=1)
+
+
+def target(tmp: Path, **kw: object) -> ConfigTargetSection:
+    return ConfigTargetSection(directory=str(tmp / "etc" / "app"), **kw)  # type: ignore[arg-type]
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.is_dir() else {}
+
+
+async def installed(tmp: Path) -> ConfigApplier:
+    """A target holding OLD, committed."""
+    applier = ConfigApplier("app", target(tmp), tmp / "state")
+    assert (await applier.apply(parse_release(release_of(tmp, "1.0.0", OLD), KEY.public))).state == "committed"
+    return applier
+
+
+async def test_a_release_that_validates_applies_and_stays_healthy_is_committed(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    sh = lambda text: ("sh", "-c", text)  # noqa: E731
+    settings = target(tmp_path, validate_command=sh(f"ls {{staged}} >> {log}; echo validated >> {log}"),
+                      apply_command=sh(f"echo applied >> {log}"), health_command=sh(f"echo healthy >> {log}"))
+    applier = ConfigApplier("app", settings, tmp_path / "state")
+    result = await applier.apply(parse_release(release_of(tmp_path, "1.0.0", OLD), KEY.public))
+    assert (result.state, result.version, result.detail) == ("committed", "1.0.0", "confirmed")
+    assert contents(tmp_path / "etc" / "app") == OLD
+    assert log.read_text().split("\n")[-4:] == ["validated", "applied", "healthy", ""]
+    assert "app.toml" in log.read_text()  # the validate command saw the staged documents
+    assert not (tmp_path / "etc" / ".app.ea-staged").exists() and not (tmp_path / "state" / "config" / "app" /
+                                                                       "last-good").exists()
+    again = await applier.apply(parse_release(release_of(tmp_path, "1.0.0", OLD), KEY.public))
+    assert again.detail == "already applied"
+    st = applier.status()
+    assert (st.version, st.state, st.drifted) == ("1.0.0", "committed", ())
+    (tmp_path / "etc" / "app" / "limits.conf").write_bytes(b"max = 99\n")  # edited on the device
+    assert applier.status().drifted == ("limits.conf",)
+
+
+async def test_a_release_that_does_not_validate_changes_nothing(tmp_path: Path) -> None:
+    await installed(tmp_path)
+    applier = ConfigApplier("app", target(tmp_path, validate_command=("sh", "-c", "echo port 2 is taken; exit 3")),
+                            tmp_path / "state")
+    result = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "failed" and result.version == "1.0.0"
+    assert result.detail == "validation refused 1.1.0: validate command exited 3: port 2 is taken"
+    assert contents(tmp_path / "etc" / "app") == OLD and applier.status().version == "1.0.0"
+
+
+async def test_a_release_that_is_not_healthy_within_confirm_s_reverts_by_itself(tmp_path: Path) -> None:
+    await installed(tmp_path)
+    applied = tmp_path / "applied"
+    app_toml = tmp_path / "etc" / "app" / "app.toml"
+    settings = target(tmp_path, apply_command=("sh", "-c", f"cat {app_toml} >> {applied}"),
+                      health_command=("grep", "-q", "port = 1", str(app_toml)), confirm_s=1.5)
+    applier = ConfigApplier("app", settings, tmp_path / "state")
+    result = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "rolled_back" and result.version == "1.0.0"
+    assert result.detail.startswith("1.1.0 reverted: not confirmed within 1.5 s: health command exited 1")
+    assert contents(tmp_path / "etc" / "app") == OLD  # extra.conf, which 1.1.0 added, is gone too
+    assert applied.read_text() == "port = 2\nport = 1\n"  # applied, then the old content applied again
+    assert applier.status().state == "rolled_back"
+
+
+async def test_the_hosts_check_decides_too_and_a_hanging_command_is_bounded(tmp_path: Path) -> None:
+    await installed(tmp_path)
+
+    async def cut_off() -> str:
+        return "the leader has not answered since the apply"
+
+    applier = ConfigApplier("app", target(tmp_path, confirm_s=1.0), tmp_path / "state", confirm=cut_off)
+    result = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "rolled_back" and "the leader has not answered since the apply" in result.detail
+    hanging = ConfigApplier("app", target(tmp_path, validate_command=("sleep", "60"), command_timeout_s=0.5),
+                            tmp_path / "state")
+    result = await hanging.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "failed" and "validate command did not finish within 0.5 s" in result.detail
+    assert contents(tmp_path / "etc" / "app") == OLD
+
+
+async def test_a_release_for_another_target_or_an_undeclared_document_is_refused(tmp_path: Path) -> None:
+    await installed(tmp_path)
+    strict = ConfigApplier("app", target(tmp_path, documents=("app.toml", "limits.conf")), tmp_path / "state")
+    result = await strict.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "failed" and result.detail == "target app takes no document extra.conf"
+    other = await strict.apply(parse_release(release_of(tmp_path, "2.0.0", {"a": b"b"}, name="web"), KEY.public))
+    assert other.detail == "release web 2.0.0 is not for target app"
+    assert contents(tmp_path / "etc" / "app") == OLD
+
+
+CHILD = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from pathlib import Path
+    from agent.core.config import ConfigTargetSection
+    from config_rollout.device.apply import ConfigApplier
+    from config_rollout.release import parse_release
+    from firmware_rollout.artifact.keys import VerifyKey
+
+    tmp, kill_at, healthy = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+
+    def step(name: str) -> None:
+        print(name, flush=True)
+        if name == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    target = ConfigTargetSection(directory=str(tmp / "etc" / "app"), confirm_s=0.5,
+                                 health_command=() if healthy else ("false",))
+    release = parse_release((tmp / "new.eacfg").read_bytes(), VerifyKey.from_raw((tmp / "key.raw").read_bytes()))
+    print(asyncio.run(ConfigApplier("app", target, tmp / "state", on_step=step).apply(release)).state, flush=True)
+""")
+
+
+def run_child(tmp: Path, kill_at: str, healthy: bool) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp), kill_at, "1" if healthy else "0"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert done.returncode in (0, -9), done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("healthy", [True, False], ids=["healthy", "unhealthy"])
+def test_a_sigkill_at_every_step_leaves_the_old_documents_or_the_new(tmp_path: Path, healthy: bool) -> None:
+    (tmp_path / "key.raw").write_bytes(KEY.public.raw)
+    (tmp_path / "new.eacfg").write_bytes(release_of(tmp_path, "1.1.0", NEW))
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "key.raw").write_bytes(KEY.public.raw)
+    (probe / "new.eacfg").write_bytes((tmp_path / "new.eacfg").read_bytes())
+    asyncio.run(installed(probe))
+    steps = run_child(probe, "", healthy)[:-1]  # every step of an uninterrupted apply, then its outcome
+    assert steps[0] == "staged" and steps[-1] == ("committed" if healthy else "reverted")
+    assert any(s.startswith("swapped ") for s in steps)
+    for n, kill_at in enumerate(steps):
+        case = tmp_path / f"kill-{n}"
+        case.mkdir()
+        (case / "key.raw").write_bytes(KEY.public.raw)
+        (case / "new.eacfg").write_bytes((tmp_path / "new.eacfg").read_bytes())
+        applier = asyncio.run(installed(case))
+        seen = run_child(case, kill_at, healthy)
+        assert seen[-1] == kill_at, seen  # it died right there
+        asyncio.run(applier.resume())  # the next start
+        now = contents(case / "etc" / "app")
+        committed = healthy and kill_at == "committed"
+        assert now == (NEW if committed else OLD), f"killed at {kill_at}: {now}"
+        assert applier.status().version == ("1.1.0" if committed else "1.0.0")
+        assert not (case / "etc" / ".app.ea-staged").exists()
+
+
+def test_apply_and_status_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main as cli
+    from firmware_rollout.artifact.keys import generate_keypair
+
+    keys = generate_keypair(tmp_path / "keys")
+    config = tmp_path / "worker.toml"
+    config.write_text(f'[agent]\nrole = "worker"\ndevice_id = "pi-1"\ndata_dir = "{tmp_path / "data"}"\n'
+                      f'[firmware]\npublic_key = "{keys.public}"\n'
+                      f'[config_targets.app]\ndirectory = "{tmp_path / "etc" / "app"}"\nconfirm_s = 5\n'
+                      'health_command = ["true"]\n')
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "app.toml").write_bytes(b"port = 2\n")
+    release = tmp_path / "app-1.1.0.eacfg"
+    assert cli(["config", "release", "build", "app", str(docs / "app.toml"), "--version", "1.1.0", "--key",
+                str(keys.private), "--out", str(release)]) == 0
+    capsys.readouterr()
+    assert cli(["config", "apply", str(release), "--config", str(config)]) == 0
+    assert capsys.readouterr().out == "app: committed (confirmed); the target holds 1.1.0\n"
+    assert (tmp_path / "etc" / "app" / "app.toml").read_bytes() == b"port = 2\n"
+    (tmp_path / "etc" / "app" / "app.toml").write_bytes(b"port = 9\n")
+    assert cli(["config", "status", "--config", str(config)]) == 0
+    assert capsys.readouterr().out == ("app: 1.1.0 (committed: confirmed); DRIFTED: app.toml changed on the device\n")
+    (docs / "web.conf").write_bytes(b"x")
+    other = tmp_path / "web.eacfg"
+    assert cli(["config", "release", "build", "web", str(docs / "web.conf"), "--version", "1.0.0", "--key",
+                str(keys.private), "--out", str(other)]) == 0
+    assert cli(["config", "apply", str(other), "--config", str(config)]) == 2
+    assert "config_targets.web: not declared: this device takes no release 'web'" in capsys.readouterr().err
