@@ -67,7 +67,32 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
             raise ConfigError(source, key, f"{argv[0]!r} is not an executable on PATH (give its full path)")
     _check_installer(config, source)
     _check_artifact_server(config, source)
+    _check_config_targets(config, source)
     return config
+
+
+def _check_config_targets(config: AgentConfig, source: str) -> None:
+    """Each `[config_targets.NAME]` names commands on PATH and a folder it can write (or make),
+    and has the fleet's key to check a release with."""
+    import os
+
+    for name, target in sorted(config.config_targets.items()):
+        key = f"config_targets.{name}"
+        if not config.firmware.public_key:
+            raise ConfigError(source, "firmware.public_key", f"required by [{key}]: a config release is checked "
+                                                             "with the fleet's key")
+        for field in ("validate_command", "apply_command", "health_command"):
+            argv = getattr(target, field)
+            if argv and shutil.which(argv[0]) is None:
+                raise ConfigError(source, f"{key}.{field}", f"{argv[0]!r} is not an executable on PATH "
+                                                            "(give its full path)")
+        folder = Path(target.directory)
+        existing = folder if folder.exists() else folder.parent
+        if not existing.is_dir():
+            raise ConfigError(source, f"{key}.directory", f"{folder}: neither it nor its parent is a folder")
+        if not os.access(existing, os.W_OK | os.X_OK) or not os.access(folder.parent, os.W_OK | os.X_OK):
+            raise ConfigError(source, f"{key}.directory", f"{folder}: the agent cannot write there (and beside it, "
+                                                          "where it stages a release)")
 
 
 def _check_artifact_server(config: AgentConfig, source: str) -> None:

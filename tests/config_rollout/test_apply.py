@@ -206,3 +206,33 @@ def test_apply_and_status_from_the_command_line(tmp_path: Path, capsys: pytest.C
                 str(keys.private), "--out", str(other)]) == 0
     assert cli(["config", "apply", str(other), "--config", str(config)]) == 2
     assert "config_targets.web: not declared: this device takes no release 'web'" in capsys.readouterr().err
+
+
+def test_config_check_names_the_target_key_that_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main as cli
+    from firmware_rollout.artifact.keys import generate_keypair
+
+    keys = generate_keypair(tmp_path / "keys")
+    head = f'[agent]\nrole = "worker"\ndevice_id = "pi-1"\ndata_dir = "{tmp_path / "data"}"\n'
+    key = f'[firmware]\npublic_key = "{keys.public}"\n'
+    cases = [
+        (head + key + f'[config_targets.app]\ndirectory = "{tmp_path}/etc/app"\napply_command = ["no-such-tool-x"]\n',
+         "config_targets.app.apply_command: 'no-such-tool-x' is not an executable on PATH"),
+        (head + key + '[config_targets.app]\ndirectory = "/no/such/place/app"\n',
+         "config_targets.app.directory: /no/such/place/app: neither it nor its parent is a folder"),
+        (head + f'[config_targets.app]\ndirectory = "{tmp_path}/etc"\n',
+         "firmware.public_key: required by [config_targets.app]"),
+        (head + key + f'[config_targets.app]\ndirectory = "{tmp_path}"\nconfirm_s = 0\n',
+         "config_targets.app.confirm_s"),
+        (head + key + f'[config_targets.App]\ndirectory = "{tmp_path}"\n', "config_targets"),
+    ]
+    for n, (text, said) in enumerate(cases):
+        path = tmp_path / f"c{n}.toml"
+        path.write_text(text)
+        assert cli(["config", "check", str(path)]) == 2, text
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+    (tmp_path / "etc").mkdir()  # the target's folder is made at the first apply; its parent must be there
+    good = tmp_path / "good.toml"
+    good.write_text(head + key + f'[config_targets.app]\ndirectory = "{tmp_path}/etc/app"\napply_command = ["true"]\n')
+    assert cli(["config", "check", str(good)]) == 0
