@@ -8,6 +8,9 @@ the agent's own servers do; nothing else beyond the standard library).
     agent.send("state", {"door": "open"}, key="door")             # an overwrite class: newest per key
     agent.send("events", b"\\x01\\x02", content_type="application/octet-stream", ttl="1h")
 
+    agent.config("app")["documents"]["app.toml"]["text"]           # a configuration target's documents
+    for view in agent.watch_config("app"): ...                    # each version applied, as it comes
+
 `AsyncClient` is the same for asyncio. A refusal raises `LocalApiError` with the HTTP status,
 the wrong field and, for a full class (429), `retry_after_s`; an agent that is not there raises
 `AgentUnavailable`.
@@ -24,7 +27,7 @@ import asyncio
 import json
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode
@@ -146,6 +149,11 @@ class _Exchange:
                 raise ConnectionError("the agent closed the connection before it answered")
 
 
+def _config_path(name: str, *, version: str | None = None, wait_s: float | None = None) -> str:
+    query = {**({"version": version} if version is not None else {}), **({"wait": f"{wait_s:g}"} if wait_s else {})}
+    return f"/v1/config/{quote(name, safe='')}" + (f"?{urlencode(query)}" if query else "")
+
+
 class Client:
     """Synchronous; one connection, reused across calls (HTTP/1.1 keep-alive)."""
 
@@ -181,6 +189,20 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status", b"", "")
 
+    def config(self, name: str) -> dict[str, Any]:
+        """A configuration target's applied release: version, state, drift, documents."""
+        return self._call("GET", _config_path(name), b"", "")
+
+    def watch_config(self, name: str, *, version: str | None = None, wait_s: float = 30.0) -> Iterator[dict[str, Any]]:
+        """Each version of the target as it is applied: the current one first (unless it is
+        `version`), then every change, by long polls of `wait_s` (at most 60)."""
+        while True:
+            view = self._call("GET", _config_path(name, version=version, wait_s=wait_s), b"", "",
+                              timeout_s=wait_s + self._timeout_s)
+            if view.get("changed"):
+                version = str(view["version"])
+                yield view
+
     def _connect(self) -> tuple[socket.socket, h11.Connection]:
         if self._sock is None or self._conn is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -193,12 +215,14 @@ class Client:
             self._sock, self._conn = sock, h11.Connection(h11.CLIENT)
         return self._sock, self._conn
 
-    def _call(self, method: str, path: str, body: bytes, ctype: str) -> dict[str, Any]:
+    def _call(self, method: str, path: str, body: bytes, ctype: str, *,
+              timeout_s: float | None = None) -> dict[str, Any]:
         """One request. A kept-alive connection the agent closed meanwhile is tried once more on
         a new one: safe, as every request here is a GET or a POST whose messages are all named."""
         for attempt in (1, 2):
             try:
                 sock, conn = self._connect()
+                sock.settimeout(timeout_s or self._timeout_s)
                 exchange = _Exchange(conn)
                 sock.sendall(exchange.request(method, path, body, ctype, close=False))
                 answer = None
@@ -261,11 +285,26 @@ class AsyncClient:
     async def status(self) -> dict[str, Any]:
         return await self._call("GET", "/v1/status", b"", "")
 
-    async def _call(self, method: str, path: str, body: bytes, ctype: str) -> dict[str, Any]:
+    async def config(self, name: str) -> dict[str, Any]:
+        return await self._call("GET", _config_path(name), b"", "")
+
+    async def watch_config(self, name: str, *, version: str | None = None,
+                           wait_s: float = 30.0) -> AsyncIterator[dict[str, Any]]:
+        """As `Client.watch_config`."""
+        while True:
+            view = await self._call("GET", _config_path(name, version=version, wait_s=wait_s), b"", "",
+                                    timeout_s=wait_s + self._timeout_s)
+            if view.get("changed"):
+                version = str(view["version"])
+                yield view
+
+    async def _call(self, method: str, path: str, body: bytes, ctype: str, *,
+                    timeout_s: float | None = None) -> dict[str, Any]:
+        limit = timeout_s or self._timeout_s
         try:
-            return await asyncio.wait_for(self._exchange(method, path, body, ctype), self._timeout_s)
+            return await asyncio.wait_for(self._exchange(method, path, body, ctype), limit)
         except TimeoutError:
-            raise AgentUnavailable(f"{self.socket_path}: no answer within {self._timeout_s}s") from None
+            raise AgentUnavailable(f"{self.socket_path}: no answer within {limit}s") from None
 
     async def _exchange(self, method: str, path: str, body: bytes, ctype: str) -> dict[str, Any]:
         try:

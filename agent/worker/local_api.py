@@ -11,6 +11,10 @@ connection bound).
     POST /v1/messages/CLASS      the raw body is the payload (its Content-Type kept);
                                  ?key=K&ttl=1h&app_id=ID
     GET  /v1/status              connected, outbox depth per class, oldest pending age
+    GET  /v1/config/NAME         a configuration target's applied release: {"version", "state",
+                                 "drifted", "documents": {name: {"text"} or {"base64"}}, "changed"};
+                                 ?version=V&wait=S (S <= 60) answers once the version is not V, or
+                                 after S seconds with "changed": false (a long poll)
 
 Answers: 202 {"id", "path", "duplicate"} (a batch: {"ids": [...], "path": "outbox", "messages":
 [{"id", "path", "duplicate"}, ...]}) once the message is durable: the leader accepted it, or the
@@ -58,6 +62,10 @@ _JSON_TYPES = ("application/json",)
 _MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 
 StatusReader = Callable[[], Awaitable[dict[str, Any]]]
+#: A configuration target's view by name (None: no such target).
+ConfigReader = Callable[[str], Awaitable["dict[str, Any] | None"]]
+CONFIG_WAIT_MAX_S = 60.0
+CONFIG_POLL_S = 1.0  # how often a long poll looks at the target again
 
 
 class HttpError(Exception):
@@ -117,8 +125,9 @@ class LocalApi(PartBase):
 
     def __init__(self, intake: MessageIntake, status: StatusReader, *, clock: Clock, socket_path: Path | None,
                  group: str = "edge-agent", listen: str = "", max_body_bytes: int = 4 * 1024 * 1024,
-                 max_batch: int = 500, max_connections: int = 32) -> None:
+                 max_batch: int = 500, max_connections: int = 32, configs: ConfigReader | None = None) -> None:
         self._intake = intake
+        self._configs = configs
         self._status = status
         self._clock = clock
         self._refusals = RateLimitedLog(log, clock, 60.0)  # undecodable bodies: one line a minute
@@ -244,7 +253,33 @@ class LocalApi(PartBase):
             except Refusal as exc:
                 headers = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
                 raise HttpError(exc.status, exc.detail, field=exc.field, headers=headers) from None
-        raise HttpError(404, f"no such endpoint {req.path[:80]!r} (POST /v1/messages, GET /v1/status)")
+        if req.path.startswith("/v1/config/"):
+            if req.method not in ("GET", "HEAD"):
+                raise HttpError(405, "GET only", headers=(("Allow", "GET"),))
+            return 200, await self._config(req, req.path.removeprefix("/v1/config/")), ()
+        raise HttpError(404, f"no such endpoint {req.path[:80]!r} (POST /v1/messages, GET /v1/status,"
+                             " GET /v1/config/NAME)")
+
+    async def _config(self, req: Request, name: str) -> dict[str, Any]:
+        """A target's view; with ?version=V&wait=S, once it is not V (or S seconds passed)."""
+        if self._configs is None:
+            raise HttpError(404, "this device declares no configuration targets ([config_targets])")
+        if not name or len(name) > 64 or not all(c.isalnum() or c in "_.-" for c in name):
+            raise HttpError(400, "a target's name is 1-64 of a-z 0-9 _ . -", field="name")
+        known = _one(req.query, "version")
+        wait_text = _one(req.query, "wait")
+        try:
+            wait_s = min(CONFIG_WAIT_MAX_S, max(0.0, float(wait_text))) if wait_text else 0.0
+        except ValueError:
+            raise HttpError(400, f"wait: {(wait_text or '')[:20]!r} is not a number of seconds", field="wait") from None
+        view = await self._configs(name)
+        if view is None:
+            raise HttpError(404, f"no configuration target {name!r} on this device")
+        deadline = self._clock.monotonic() + wait_s
+        while known is not None and view["version"] == known and self._clock.monotonic() < deadline:
+            await self._clock.sleep(min(CONFIG_POLL_S, deadline - self._clock.monotonic()))
+            view = await self._configs(name) or view
+        return {**view, "changed": known is None or view["version"] != known}
 
     def _log_refusal(self, exc: HttpError) -> HttpError:
         """A body an application could not have meant: logged (once a minute), then answered."""

@@ -6,11 +6,14 @@ intake they feed (`WorkerAgent.messages`) is there either way.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from agent.core.config import local_api_socket
 from agent.telemetry import SystemSampler
 from agent.worker.agent import WORKER_DB, WorkerAgent
 from agent.worker.env import DeviceEnv
-from agent.worker.local_api import LocalApi
+from agent.worker.local_api import ConfigReader, LocalApi
 from agent.worker.sources import CommandSource, FileSource, Source, SourceOffsets, Sources, SystemSource
 
 
@@ -24,7 +27,24 @@ async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
     return LocalApi(agent.messages, agent.message_status, clock=agent.clock,
                     socket_path=local_api_socket(config, data_dir=agent.data_dir) if sockets else None,
                     group=api.group, listen=api.listen if sockets else "", max_body_bytes=api.max_body_bytes,
-                    max_batch=api.max_batch, max_connections=api.max_connections)
+                    max_batch=api.max_batch, max_connections=api.max_connections, configs=config_reader(agent))
+
+
+def config_reader(agent: WorkerAgent) -> ConfigReader | None:
+    """What `GET /v1/config/NAME` reads: the applied release of each `[config_targets.NAME]`
+    (None, and the library not loaded, when the config declares none)."""
+    targets = agent.config.config_targets
+    if not targets:
+        return None
+    from config_rollout.device.apply import ConfigApplier
+
+    async def read(name: str) -> dict[str, Any] | None:
+        target = targets.get(name)
+        if target is None:
+            return None
+        return await asyncio.to_thread(ConfigApplier(name, target, agent.data_dir).view)
+
+    return read
 
 
 async def sources_part(agent: WorkerAgent, env: DeviceEnv) -> Sources | None:
@@ -47,4 +67,4 @@ async def sources_part(agent: WorkerAgent, env: DeviceEnv) -> Sources | None:
     return Sources(found, offsets)
 
 
-__all__ = ["local_api_part", "sources_part"]
+__all__ = ["config_reader", "local_api_part", "sources_part"]

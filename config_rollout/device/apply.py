@@ -138,6 +138,25 @@ class ConfigApplier:
         return TargetStatus(str(j.get("version", "")), str(j.get("release_id", "")), str(j.get("state", "idle")),
                             str(j.get("detail", "")), drifted)
 
+    def view(self) -> dict[str, Any]:
+        """What an application reads (`GET /v1/config/NAME`): the version applied, its state,
+        drift, and each applied document as it is on disk now (text, or base64 when not UTF-8)."""
+        import base64
+
+        st = self.status()
+        documents: dict[str, dict[str, str]] = {}
+        for n in sorted(self.journal().get("hashes") or {}):
+            try:
+                data = (self.directory / n).read_bytes()
+            except OSError:
+                continue
+            try:
+                documents[n] = {"text": data.decode("utf-8")}
+            except UnicodeDecodeError:
+                documents[n] = {"base64": base64.b64encode(data).decode()}
+        return {"target": self.name, "version": st.version, "release_id": st.release_id, "state": st.state,
+                "detail": st.detail, "drifted": list(st.drifted), "documents": documents}
+
     # -- applying ------------------------------------------------------------------------------
     async def apply(self, release: ConfigRelease) -> ApplyResult:
         """Apply a verified release (its name is this target's) and confirm it, or revert."""
