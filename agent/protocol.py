@@ -111,6 +111,19 @@ class SlotState(_Message, kw_only=True, frozen=True):
     versions: Annotated[dict[SlotName, Version], msgspec.Meta(max_length=4)] = {}
 
 
+TargetKey = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class ConfigState(_Message, kw_only=True, frozen=True):
+    """What one configuration target of the device holds (sent in a full heartbeat when it
+    changes): the version applied, the applier's state ("committed", "rolled_back", "failed")
+    and the documents changed on the device since (drift)."""
+
+    version: Version = ""
+    state: Annotated[str, msgspec.Meta(max_length=16)] = ""
+    drifted: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=128)], ...], msgspec.Meta(max_length=64)] = ()
+
+
 class Heartbeat(_Message, kw_only=True, frozen=True):
     """Sent every `heartbeat.interval_s` (`fast_interval_s` while an update runs or the leader
     asks). The leader keeps the one with the highest `seq`, so `seq` must keep growing across
@@ -141,6 +154,8 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     interval_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
     full: bool = True
     slots: SlotState | None = None  # a device with [firmware]: its slots (a full heartbeat only)
+    # a device with [config_targets]: what each holds (a full heartbeat only)
+    configs: Annotated[dict[TargetKey, ConfigState], msgspec.Meta(max_length=32)] | None = None
 
 
 class HeartbeatPace(_Message, kw_only=True, frozen=True):
@@ -304,6 +319,7 @@ __all__ = [
     "APP_PAYLOAD_MAX",
     "AppMessage",
     "ClassName",
+    "ConfigState",
     "SlotState",
     "app_kind",
     "decode_app_message",

@@ -132,6 +132,11 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
                  f"load {s.load_1m:.2f}" if s.load_1m is not None else "",
                  f"{s.temperature_c:.1f} °C" if s.temperature_c is not None else ""]
         lines.append("  system: " + ", ".join(p for p in parts if p))
+    if detail.configs:
+        lines.append("  configuration targets:")
+        lines += [f"    {name}: {c.version or 'nothing applied'} ({c.state or '?'})"
+                  + (f"; DRIFTED: {', '.join(c.drifted)} changed on the device" if c.drifted else "; in sync")
+                  for name, c in sorted(detail.configs.items())]
     if detail.rollouts:
         lines.append("  rollouts (newest first):")
         lines += [f"    {r.rollout_id} ({r.name}): {r.from_version or '?'} → {r.version} [{r.rollout_state}]:"

@@ -42,7 +42,7 @@ from agent.core.codec import decode, encode
 from agent.core.errors import CodecError, DeviceLimitReached, StoreError
 from agent.core.ratelog import RateLimitedLog
 from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
-from agent.protocol import Heartbeat, SlotState, SystemSample, Telemetry
+from agent.protocol import ConfigState, Heartbeat, SlotState, SystemSample, Telemetry
 
 COMPONENT = "registry"
 TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refused
@@ -130,7 +130,15 @@ def _v7(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE devices ADD COLUMN slots BLOB")
 
 
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
+def _v8(conn: sqlite3.Connection) -> None:
+    """What each configuration target of the device holds, as its newest full heartbeat stated
+    it (`Heartbeat.configs`)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN configs BLOB")
+
+
+_CONFIGS = msgspec.msgpack.Encoder()
+_CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
 
 LEADER_ALIVE_EVERY_S = 30.0  # how often the running leader marks itself alive in the registry
@@ -143,15 +151,16 @@ INTERVALS_TO_DEADLINE = 2.5
 _UPSERT_HEARTBEAT = """
 INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
                      sample, online, offline_reason, first_seen_ms, changed_ms, boot, outbox_pending,
-                     interval_ms, expires_ms, slots)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?)
+                     interval_ms, expires_ms, slots, configs)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
     tags = excluded.tags, sample = excluded.sample, online = 1, offline_reason = NULL,
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
-    interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots
+    interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots,
+    configs = excluded.configs
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)
 """
 
@@ -328,7 +337,8 @@ class DeviceRegistry(SqliteStore):
                     _UPSERT_HEARTBEAT,
                     (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
                      sample, now, now, hb.boot, hb.outbox_pending, interval_ms, expires,
-                     encode(hb.slots) if hb.slots is not None else None),
+                     encode(hb.slots) if hb.slots is not None else None,
+                     _CONFIGS.encode(hb.configs) if hb.configs is not None else None),
                 )
                 applied.append(cur.rowcount > 0)
                 if hb.boot:
@@ -611,6 +621,7 @@ class DeviceState(msgspec.Struct, kw_only=True, frozen=True):
     outbox_pending: int | None  # as its newest heartbeat reported; None: not reported
     sample: SystemSample | None
     slots: SlotState | None = None  # as its newest full heartbeat stated them; None: not reported
+    configs: dict[str, ConfigState] | None = None  # its configuration targets, likewise
 
 
 _LINE = "device_id, online, offline_reason, last_seen_ms, firmware_version, tags"
@@ -721,10 +732,10 @@ class RegistryReads:
         """Everything kept about one device; None if it has never been heard of."""
         found = self._conn.execute(
             f"SELECT {_LINE}, hb_seq, hb_at_ms, uptime_s, boot, first_seen_ms, changed_ms, telemetry_count, sample,"
-            " outbox_pending, slots FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+            " outbox_pending, slots, configs FROM devices WHERE device_id = ?", (device_id,)).fetchone()
         if found is None:
             return None
-        hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob = found[6:]
+        hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob, configs_blob = found[6:]
         (names,) = self._conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
                                       (device_id,)).fetchone()
         sample = None
@@ -739,11 +750,17 @@ class RegistryReads:
                 slots = decode(slots_blob, SlotState)
             except CodecError:
                 slots = None
+        configs = None
+        if isinstance(configs_blob, bytes):
+            try:
+                configs = _CONFIGS_DECODER.decode(configs_blob)
+            except msgspec.DecodeError:
+                configs = None
         return _line(found[:6]), DeviceState(
             heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime, boot=str(boot),
             first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),
             telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=sample,
-            slots=slots)
+            slots=slots, configs=configs)
 
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""

@@ -37,6 +37,7 @@ from agent.protocol import (
     KIND_HEARTBEAT,
     KIND_JOB_RESULT,
     KIND_TELEMETRY,
+    ConfigState,
     Heartbeat,
     HeartbeatPace,
     JobDemand,
@@ -154,7 +155,8 @@ class HeartbeatActor(Actor):
 
     Each heartbeat says when the next one is due (`interval_s`), so the leader's deadline follows
     the pace. It is full (everything) at the start, after a reconnect, after one went to the
-    outbox, when its state changed (version, tags, job demand, slots) or when the leader asks; otherwise
+    outbox, when its state changed (version, tags, job demand, slots, configuration targets) or when
+    the leader asks; otherwise
     short: seq, uptime, the outbox depth if it changed, the system sample if it is due."""
 
     def __init__(
@@ -163,10 +165,12 @@ class HeartbeatActor(Actor):
         sampler: Callable[[], SystemSample] | None = None, boot: str = "",
         outbox_pending: Callable[[], int] | None = None, link: DirectLink, direct_backoff_s: float = 0.0,
         demand: Callable[[], JobDemand] | None = None, slots: Callable[[], SlotState | None] | None = None,
+        configs: Callable[[], dict[str, ConfigState] | None] | None = None,
     ) -> None:
         self.device_id = device_id
         self._demand = demand
         self._slots = slots
+        self._configs = configs
         self._link = link
         self._backoff_s = direct_backoff_s
         self._direct: DirectFirst | None = None
@@ -240,7 +244,8 @@ class HeartbeatActor(Actor):
         firmware = self._firmware_version()
         demand = self._demand() if self._demand is not None else None
         slots = self._slots() if self._slots is not None else None
-        stated = (firmware, self._tags, self.boot, demand, slots)
+        configs = self._configs() if self._configs is not None else None
+        stated = (firmware, self._tags, self.boot, demand, slots, configs)
         pending = self._outbox_pending() if self._outbox_pending is not None else None
         sample = self._sampler() if self._sampler is not None else None
         full = self._full_wanted or stated != self._stated
@@ -256,7 +261,7 @@ class HeartbeatActor(Actor):
             return Heartbeat(
                 device_id=self.device_id, seq=seq, uptime_s=uptime, firmware_version=firmware, tags=self._tags,
                 sample=sample, boot=self.boot, outbox_pending=pending, wire=HEARTBEAT_WIRE, demand=demand,
-                interval_s=interval, slots=slots,
+                interval_s=interval, slots=slots, configs=configs,
             )
         changed = pending if pending != self._pending else None
         self._pending = pending

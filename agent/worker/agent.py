@@ -44,6 +44,7 @@ from agent.outbox.store import OutboxStore
 from agent.protocol import (
     KIND_HEARTBEAT_PACE,
     KIND_JOB_OFFER,
+    ConfigState,
     HeartbeatPace,
     JobOffer,
     SlotState,
@@ -121,6 +122,23 @@ def next_incarnation(path: Path) -> int:
         return value
     finally:
         close_quietly(conn)
+
+
+def config_states(config: AgentConfig, data_dir: Path) -> dict[str, ConfigState]:
+    """Each `[config_targets.NAME]`'s applied version, state and drift, for the heartbeat: read
+    from the target's journal and its documents (small files, at the heartbeat's pace)."""
+    from config_rollout.device.apply import ConfigApplier
+
+    states = {}
+    for name, target in sorted(config.config_targets.items())[:32]:
+        try:
+            st = ConfigApplier(name, target, data_dir).status()
+        except EdgeAgentError:  # a damaged journal: said as such, the heartbeat goes on
+            states[name] = ConfigState(state="damaged")
+            continue
+        states[name] = ConfigState(version=st.version[:64], state=st.state[:16],
+                                   drifted=tuple(d[:128] for d in st.drifted[:64]))
+    return states
 
 
 def default_job_handler(clock: Clock) -> JobHandler:
@@ -244,6 +262,9 @@ class WorkerAgent(PartBase):
         self.firmware_version: Callable[[], str] = lambda: config.agent.firmware_version
         # What the heartbeat reports of the slots; an attached updater answers (None: no [firmware]).
         self.slot_state: Callable[[], SlotState | None] = lambda: None
+        # What the heartbeat reports of the configuration targets (None: the config declares none).
+        self.config_states: Callable[[], dict[str, ConfigState] | None] = (
+            (lambda: config_states(config, self.data_dir)) if config.config_targets else (lambda: None))
         self._job_handler = job_handler or default_job_handler(clock)
         # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
         self.kinds = agent_registry()
@@ -349,7 +370,7 @@ class WorkerAgent(PartBase):
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
             outbox_pending=self._outbox_depth if self._owns_stores else None,
             demand=self.job_worker.demand,  # a restarted leader learns it from the next heartbeat
-            slots=lambda: self.slot_state())
+            slots=lambda: self.slot_state(), configs=lambda: self.config_states())
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )

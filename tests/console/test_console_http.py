@@ -184,7 +184,7 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     from rollout_support import FakePort
 
     from agent.core.clock import VirtualClock
-    from agent.protocol import SlotState, SystemSample
+    from agent.protocol import ConfigState, SlotState, SystemSample
     from firmware_rollout.artifact.fixture import make_artifact
     from firmware_rollout.orchestration.orchestrator import Orchestrator
     from firmware_rollout.orchestration.store import RolloutStore
@@ -197,7 +197,11 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, firmware_version="1.0.0", sample=sample,
                                         slots=SlotState(backend="uboot", booted="A", default="B", trial="B",
                                                         attempts={"A": 3, "B": 2},
-                                                        versions={"A": "1.0.0", "B": "partial"}) if d == "a" else None)
+                                                        versions={"A": "1.0.0", "B": "partial"}) if d == "a" else None,
+                                        configs={"app": ConfigState(version="1.0.0", state="committed",
+                                                                    drifted=("app.toml",)),
+                                                 "net": ConfigState(version="2.0.0", state="committed")}
+                                        if d == "a" else None)
                               for d in ("a", "b", "c", "d")])
     make_artifact(tmp_path, chunk_size=1024, size=2048)
     (tmp_path / "spec.toml").write_text('[rollout]\nname = "lab"\nartifact = "fw-1.1.0.eafw"\n'
@@ -222,8 +226,10 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         slots = device.split('<table id="slots" data-live>')[1].split("</table>")[0]
         assert ("<tr><td>A</td><td>1.0.0</td><td>yes</td>\n<td></td><td></td>\n<td>3</td></tr>" in slots
                 and "<tr><td>B</td><td>partial</td><td></td>\n<td>yes</td><td>armed</td>\n<td>2</td></tr>" in slots)
+        configs = device.split('<table id="configs" data-live>')[1].split("</table>")[0]
+        assert "drifted: app.toml changed on the device" in configs and ">in sync</td>" in configs
         _, _, other = request(address, "GET", "/devices/b", headers=BEARER)
-        assert 'id="slots">not reported' in other
+        assert 'id="slots">not reported' in other and 'id="configs"' not in other
 
 
 def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp_path: Path) -> None:

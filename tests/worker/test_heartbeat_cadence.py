@@ -202,3 +202,45 @@ def test_a_slot_state_beyond_its_bounds_is_refused_on_the_wire() -> None:
         msgspec.json.decode(too_many, type=Heartbeat)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(encode({"booted": "x" * 17}), type=SlotState)
+
+
+async def test_the_configuration_targets_ride_a_full_heartbeat_and_a_local_edit_shows_as_drift(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    from agent.commands.status import format_device
+    from agent.leader.fleet_view import device_detail
+    from agent.leader.readonly import open_leader_db
+    from agent.protocol import ConfigState
+    from config_rollout.device.apply import ConfigApplier
+    from config_rollout.release import build_release, parse_release
+    from firmware_rollout.artifact.keys import SigningKey
+
+    key = SigningKey.generate()
+    etc = tmp_path / "etc" / "app"
+    sections = {**IDLE, "config_targets": {"app": {"directory": str(etc)}}}
+    gw = await leader(clock, tmp_path, broker=broker)
+    uplink, spy = await listen(broker, clock, "w1")
+    w = await worker(clock, tmp_path, "w1", broker=broker, sections=sections)
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "app.toml").write_text("port = 1\n")
+        release = parse_release(build_release("app", "1.0.0", [src / "app.toml"], key, created_ms=1), key.public)
+        applier = ConfigApplier("app", w.config.config_targets["app"], w.data_dir)
+        await until(clock, lambda: len(uplink.beats) >= 1, limit_s=60, step_s=1, what="the first heartbeat")
+        assert uplink.beats[0][1].configs == {"app": ConfigState(state="idle")}  # declared, nothing applied yet
+        assert (await applier.apply(release)).state == "committed"
+        (etc / "app.toml").write_text("port = 9\n")  # edited on the device
+        count = len(uplink.beats)
+        await until(clock, lambda: len(uplink.beats) > count, limit_s=400, step_s=5, what="the next beat")
+        beat = uplink.beats[-1][1]
+        assert beat.full and beat.configs == {"app": ConfigState(version="1.0.0", state="committed",
+                                                                 drifted=("app.toml",))}
+        await until(clock, lambda: gw.registry.device("w1") is not None and gw.registry.device("w1").hb_seq
+                    == beat.seq, limit_s=60, step_s=1, what="the leader applied it")
+        with open_leader_db(gw.registry.path) as db:
+            detail = device_detail(db, "w1")
+        assert detail is not None
+        assert "    app: 1.0.0 (committed); DRIFTED: app.toml changed on the device" in format_device(detail, 0)
+    finally:
+        await stop_all(w, gw, clock=clock)
+        await spy.stop()
