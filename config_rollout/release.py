@@ -103,15 +103,7 @@ def build_release(name: str, version: str, files: Sequence[str | Path], key: Sig
     contents: list[bytes] = []
     for file in files:
         path = Path(file)
-        try:
-            size = path.stat().st_size
-            if size > max_document_bytes:
-                raise ConfigReleaseError(f"{path}: {size} bytes, over the cap of {max_document_bytes} per document")
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ConfigReleaseError(f"{path}: {exc.strerror or exc}") from None
-        if len(data) > max_document_bytes:
-            raise ConfigReleaseError(f"{path}: {len(data)} bytes, over the cap of {max_document_bytes} per document")
+        data = _read_capped(path, max_document_bytes, ConfigReleaseError, "over the cap of {most} per document")
         try:
             documents.append(Document(name=msgspec.convert(path.name, DocumentName), size=len(data),
                                       sha256=hashlib.sha256(data).hexdigest()))
@@ -200,14 +192,20 @@ def read_release(path: str | Path, key: VerifyKey, *, max_document_bytes: int = 
     """`parse_release` of a file, read within the caps (a larger file is refused unread)."""
     p = Path(path)
     most = len(MAGIC) + 4 + MANIFEST_MAX + KEY_ID_SIZE + SIGNATURE_SIZE + DOCUMENTS_MAX * max_document_bytes
-    try:
-        size = p.stat().st_size
-        if size > most:
-            raise MalformedRelease(f"{p}: {size} bytes, more than a release can hold ({most})")
-        data = p.read_bytes()
-    except OSError as exc:
-        raise ConfigReleaseError(f"{p}: {exc.strerror or exc}") from None
+    data = _read_capped(p, most, MalformedRelease, "more than a release can hold ({most})")
     return parse_release(data, key, source=str(p), max_document_bytes=max_document_bytes)
+
+
+def _read_capped(path: Path, most: int, error: type[ConfigReleaseError], over: str) -> bytes:
+    """The bytes of `path`, refused unread (`error`, saying `over`) when it is larger than `most`."""
+    try:
+        size = path.stat().st_size
+        data = path.read_bytes() if size <= most else b""
+    except OSError as exc:
+        raise ConfigReleaseError(f"{path}: {exc.strerror or exc}") from None
+    if max(size, len(data)) > most:  # (also a file that grew between the two)
+        raise error(f"{path}: {max(size, len(data))} bytes, " + over.format(most=most))
+    return data
 
 
 __all__ = ["DOCUMENT_MAX", "MAGIC", "SUFFIX", "ConfigRelease", "Document", "ReleaseManifest", "build_release",

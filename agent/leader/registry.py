@@ -33,7 +33,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -134,6 +134,19 @@ def _v8(conn: sqlite3.Connection) -> None:
     """What each configuration target of the device holds, as its newest full heartbeat stated
     it (`Heartbeat.configs`)."""
     conn.execute("ALTER TABLE devices ADD COLUMN configs BLOB")
+
+
+T = TypeVar("T")
+
+
+def _stated(blob: object, read: Callable[[bytes], T]) -> T | None:
+    """A value a heartbeat stated, as stored (None: none stored, or one this version cannot read)."""
+    if not isinstance(blob, bytes):
+        return None
+    try:
+        return read(blob)
+    except (CodecError, msgspec.DecodeError):
+        return None
 
 
 _CONFIGS = msgspec.msgpack.Encoder()
@@ -738,24 +751,9 @@ class RegistryReads:
         hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob, configs_blob = found[6:]
         (names,) = self._conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
                                       (device_id,)).fetchone()
-        sample = None
-        if isinstance(blob, bytes):
-            try:
-                sample = decode(blob, SystemSample)
-            except CodecError:
-                sample = None
-        slots = None
-        if isinstance(slots_blob, bytes):
-            try:
-                slots = decode(slots_blob, SlotState)
-            except CodecError:
-                slots = None
-        configs = None
-        if isinstance(configs_blob, bytes):
-            try:
-                configs = _CONFIGS_DECODER.decode(configs_blob)
-            except msgspec.DecodeError:
-                configs = None
+        sample = _stated(blob, lambda b: decode(b, SystemSample))
+        slots = _stated(slots_blob, lambda b: decode(b, SlotState))
+        configs = _stated(configs_blob, _CONFIGS_DECODER.decode)
         return _line(found[:6]), DeviceState(
             heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime, boot=str(boot),
             first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),

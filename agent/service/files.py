@@ -68,7 +68,7 @@ def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -
         finally:
             os.close(fd)
         os.replace(tmp, target)
-        _fsync_dir(directory)
+        fsync_path(directory)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -76,8 +76,9 @@ def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -
     return target
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def fsync_path(path: Path) -> None:
+    """fsync a file already written, or a folder (after a rename in it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -188,6 +189,7 @@ __all__ = [
     "InsecureFile",
     "check_private_file",
     "ensure_private_dir",
+    "fsync_path",
     "read_secret",
     "restrict_database_files",
     "restrict_mode",

@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.core.config import ConfigTargetSection
+from agent.core.errors import EdgeAgentError
+from agent.service.files import fsync_path, write_private_file
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.release import ConfigRelease
 
@@ -67,25 +69,6 @@ class TargetStatus:
     state: str
     detail: str
     drifted: tuple[str, ...]  # documents whose content differs from what was applied (a local edit)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes, mode: int) -> None:
-    """`data` at `path`, whole or not at all: written beside, fsynced, renamed."""
-    tmp = path.with_name(f".{path.name}.ea-tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 def _sha256(path: Path) -> str | None:
@@ -127,8 +110,8 @@ class ConfigApplier:
 
     def _record(self, **fields: Any) -> None:
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_durably(self.journal_path, json.dumps({**self.journal(), **fields}, sort_keys=True).encode(), 0o600)
-        _fsync_dir(self.home)
+        write_private_file(self.journal_path, json.dumps({**self.journal(), **fields}, sort_keys=True).encode(), 0o600)
+        fsync_path(self.home)
 
     def status(self) -> TargetStatus:
         """What the target holds and whether a document was changed on the device since."""
@@ -179,9 +162,9 @@ class ConfigApplier:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._stage(release)
-        except OSError as exc:
+        except (OSError, EdgeAgentError) as exc:
             self._discard_staging()
-            return self._fail(f"cannot stage {self.name}: {exc.strerror or exc}", j)
+            return self._fail(f"cannot stage {self.name}: {getattr(exc, 'strerror', None) or exc}", j)
         self._record(state="staged", staging_release=release.release_id, staging_version=release.version,
                      previous=previous, detail="")
         self._on_step("staged")
@@ -192,17 +175,17 @@ class ConfigApplier:
         self._on_step("validated")
         try:
             self._keep_last_good(release)
-        except OSError as exc:
+        except (OSError, EdgeAgentError) as exc:
             self._discard_staging()
-            return self._fail(f"cannot keep the current documents: {exc.strerror or exc}", self.journal(),
-                              previous=previous)
+            return self._fail(f"cannot keep the current documents: {getattr(exc, 'strerror', None) or exc}",
+                              self.journal(), previous=previous)
         existed = [n for n in release.documents if (self.directory / n).exists()]
         self._record(state="swapping", documents=sorted(release.documents), existed=existed)
         self._on_step("kept")
         for n in release.documents:
             os.replace(self.staging / n, self.directory / n)
             self._on_step(f"swapped {n}")
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         self._discard_staging()
         self._record(state="applied", deadline_ms=int(time.time() * 1000 + self.target.confirm_s * 1000))
         self._on_step("swapped")
@@ -239,8 +222,8 @@ class ConfigApplier:
         self._discard_staging()
         self.staging.mkdir(mode=0o700)
         for n, data in release.documents.items():
-            _write_durably(self.staging / n, data, self._mode)
-        _fsync_dir(self.staging)
+            write_private_file(self.staging / n, data, self._mode)
+        fsync_path(self.staging)
 
     def _keep_last_good(self, release: ConfigRelease) -> None:
         shutil.rmtree(self.last_good, ignore_errors=True)
@@ -248,8 +231,8 @@ class ConfigApplier:
         for n in release.documents:
             current = self.directory / n
             if current.exists():
-                _write_durably(self.last_good / n, current.read_bytes(), 0o600)
-        _fsync_dir(self.last_good)
+                write_private_file(self.last_good / n, current.read_bytes(), 0o600)
+        fsync_path(self.last_good)
 
     def _discard_staging(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
@@ -260,10 +243,10 @@ class ConfigApplier:
         existed = set(j.get("existed") or ())
         for n in j.get("documents") or ():
             if n in existed:
-                _write_durably(self.directory / n, (self.last_good / n).read_bytes(), self._mode)
+                write_private_file(self.directory / n, (self.last_good / n).read_bytes(), self._mode)
             else:
                 (self.directory / n).unlink(missing_ok=True)
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         previous = j.get("previous") or {}
         problem = await self._run("apply", self.target.apply_command)
         detail = reason + (f"; applying the old content again failed too: {problem}" if problem else "")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.errors import ArtifactError, RolloutError
+from agent.service.files import fsync_path
 from firmware_rollout._fs import fsync_dir
 from firmware_rollout.artifact.files import verify_artifact
 from firmware_rollout.artifact.keys import VerifyKey
@@ -69,7 +70,7 @@ class ArtifactStore:
             raise RolloutError(f"{shown}: not in the artifact store's directory {self.directory}")
         try:
             os.chmod(received, 0o644)  # as a copy is made: the leader reads what the console took
-            fsync_file(received)
+            fsync_path(received)
         except OSError as exc:
             received.unlink(missing_ok=True)
             raise RolloutError(f"cannot keep {shown}: {exc.strerror or exc}") from None
@@ -116,14 +117,6 @@ def _sha256(path: Path) -> str:
     except OSError as exc:
         raise RolloutError(f"cannot read artifact {path}: {exc.strerror or exc}") from None
     return h.hexdigest()
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _copy(src: Path, dst: Path) -> str:
