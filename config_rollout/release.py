@@ -188,6 +188,21 @@ def parse_release(data: bytes, key: VerifyKey, *, source: str = "release",
     return ConfigRelease(manifest, documents, hashlib.sha256(data).hexdigest(), key_id.hex())
 
 
+def peek_release(data: bytes) -> ReleaseManifest:
+    """The manifest of a release, NOT verified: only to name a release in a plan or a refusal
+    (`parse_release` before using anything of it)."""
+    head = len(MAGIC) + 4
+    if len(data) < head or not data.startswith(MAGIC):
+        raise MalformedRelease("not a config release (bad magic)")
+    (length,) = struct.unpack(">I", data[len(MAGIC):head])
+    if length > MANIFEST_MAX or len(data) < head + length:
+        raise MalformedRelease("a config release cut short or with an oversized manifest")
+    try:
+        return msgspec.json.decode(data[head:head + length], type=ReleaseManifest)
+    except msgspec.DecodeError as exc:
+        raise MalformedRelease(f"manifest: {exc}") from None
+
+
 def read_release(path: str | Path, key: VerifyKey, *, max_document_bytes: int = DOCUMENT_MAX) -> ConfigRelease:
     """`parse_release` of a file, read within the caps (a larger file is refused unread)."""
     p = Path(path)
@@ -209,4 +224,4 @@ def _read_capped(path: Path, most: int, error: type[ConfigReleaseError], over: s
 
 
 __all__ = ["DOCUMENT_MAX", "MAGIC", "SUFFIX", "ConfigRelease", "Document", "ReleaseManifest", "build_release",
-           "parse_release", "read_release", "write_release"]
+           "parse_release", "peek_release", "read_release", "write_release"]

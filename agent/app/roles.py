@@ -7,7 +7,7 @@ Each role has one list of parts; its own agent stands in it where it starts (`AG
 other entry is a feature's factory (`agent.service.parts.Feature`), which returns None when the
 config leaves the feature off:
 
-    worker:  the worker, the updater, the local API, the sources
+    worker:  the worker, the updater, the configuration targets, the local API, the sources
     leader:  northbound forwarding, the leader, rollouts
 
 Parts start in list order and stop in reverse: the local API and the sources stop taking
@@ -57,13 +57,14 @@ async def assemble(config: AgentConfig, *, transport: Transport, clock: Clock, b
 
 
 async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
+    from agent.worker.configuring import config_targets_part
     from agent.worker.env import DeviceEnv
     from agent.worker.serving import local_api_part, sources_part
     from agent.worker.updating import updater_part
 
     device = env.device or DeviceEnv()
     agent = await _open_worker(config, transport, clock, base, device)
-    return await _parts(agent, device, (AGENT, updater_part, local_api_part, sources_part))
+    return await _parts(agent, device, (AGENT, updater_part, config_targets_part, local_api_part, sources_part))
 
 
 async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path,

@@ -144,7 +144,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _start(store: Any, args: argparse.Namespace) -> int:
     from agent.core.config import HeartbeatSection
-    from firmware_rollout.artifact.files import read_signed_manifest
     from firmware_rollout.orchestration.orchestrator import rollout_id_for
     from firmware_rollout.orchestration.spec import StartControl, load_spec, soak_warning
 
@@ -154,25 +153,44 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     soak = soak_warning(spec, heartbeat_s=HeartbeatSection().fast_interval_s, source=args.spec, devices="workers")
     if soak:
         print(f"warning: {soak}", file=sys.stderr, flush=True)
-    try:
-        signed = read_signed_manifest(spec.rollout.artifact)
-    except ArtifactError as exc:
-        raise RolloutError(f"artifact {spec.rollout.artifact}: {exc}") from None
+    manifest = _what_it_installs(spec)
     rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
     if store.get(rid) is not None:
         raise RolloutError(f"rollout {rid!r} exists already")
-    plan = plan_rollout(spec, signed.manifest, Path(store.path))
+    plan = plan_rollout(spec, manifest, Path(store.path))
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     held = store.holders([d for wave in plan.waves for d in wave])
     if args.dry_run:
-        print(render_plan(rid, spec, signed.manifest, plan, held))
+        print(render_plan(rid, spec, manifest, plan, held))
         return 0
     control = store.add_control(rid, "start", StartControl(spec=spec, waves=plan.waves).to_json().decode(),
                                 actor=cli_actor())
-    print(f"rollout {rid}: version {signed.manifest.version} from {spec.rollout.artifact}")
+    what = "config release" if spec.rollout.kind == "config" else "version"
+    print(f"rollout {rid}: {what} {manifest.name if spec.rollout.kind == 'config' else ''}"
+          f"{' ' if spec.rollout.kind == 'config' else ''}{manifest.version} from {spec.rollout.artifact}")
     print(plan.summary())
     return _await_control(store, control, args.no_wait, args.wait)
+
+
+def _what_it_installs(spec: Any) -> Any:
+    """The manifest of what the rollout installs, read (not verified: the leader verifies at the
+    start) for the plan: a firmware artifact's, or a config release's."""
+    if spec.rollout.kind == "config":
+        from config_rollout.errors import ConfigReleaseError
+        from config_rollout.release import peek_release
+
+        try:
+            return peek_release(Path(spec.rollout.artifact).read_bytes()[:64 * 1024 * 1024])
+        except (ConfigReleaseError, OSError) as exc:
+            raise RolloutError(f"config release {spec.rollout.artifact}: {getattr(exc, 'strerror', None) or exc}"
+                               ) from None
+    from firmware_rollout.artifact.files import read_signed_manifest
+
+    try:
+        return read_signed_manifest(spec.rollout.artifact).manifest
+    except ArtifactError as exc:
+        raise RolloutError(f"artifact {spec.rollout.artifact}: {exc}") from None
 
 
 def cli_actor() -> str:

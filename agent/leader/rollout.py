@@ -33,7 +33,7 @@ from agent.actors import Actor, ActorRef, ActorSystem, Context
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
-from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError
+from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, RolloutError, StoreError
 from agent.core.ids import IdGenerator
 from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LEADER_DB, LeaderAgent, Route
@@ -62,7 +62,7 @@ from firmware_rollout.messages import (
 from firmware_rollout.orchestration.artifact_server import ArtifactServer
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.chunk_server import ConfigServerPool
-from firmware_rollout.orchestration.orchestrator import Orchestrator
+from firmware_rollout.orchestration.orchestrator import Orchestrator, RolloutKind
 from firmware_rollout.orchestration.plan import DeviceInfo
 from firmware_rollout.orchestration.status import describe
 from firmware_rollout.orchestration.store import RolloutStore
@@ -146,15 +146,27 @@ class LeaderPort:
             for d in self._leader.registry.devices()
         ]
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float) -> None:
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float,
+                          kind: RolloutKind = "firmware") -> None:
         leader = self._leader
         ttl_ms = max(1, int(ttl_s * 1000))  # in the outbox, and as the MQTT message expiry
-        msgs = [
-            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
-                          kind=KIND_UPDATE_OFFER, payload=encode(offer), key=f"firmware.offer:{offer.rollout_id}",
-                          ttl_ms=ttl_ms)
-            for device, offer in offers
-        ]
+        if kind == "config":  # the release rides in the offer: a config offer of its own kind
+            from config_rollout.messages import KIND_CONFIG_OFFER, ConfigOffer
+
+            msgs = [
+                OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
+                              kind=KIND_CONFIG_OFFER,
+                              payload=encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest)),
+                              key=f"config.offer:{offer.rollout_id}", ttl_ms=ttl_ms)
+                for device, offer in offers
+            ]
+        else:
+            msgs = [
+                OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
+                              kind=KIND_UPDATE_OFFER, payload=encode(offer), key=f"firmware.offer:{offer.rollout_id}",
+                              ttl_ms=ttl_ms)
+                for device, offer in offers
+            ]
         await leader.outbox.enqueue_many(msgs)
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
@@ -189,6 +201,34 @@ def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
     return ArtifactStore(directory, load_verify_key(key_path) if key_path else None)
 
 
+def admit_config_release(config: AgentConfig, directory: Path, source: str) -> tuple[str, str, bytes]:
+    """A config release for a rollout: checked whole against `[firmware] public_key` as a device
+    checks it, small enough to ride in one offer, kept in the artifact store by its id; (its
+    version, the copy, its bytes). A `RolloutError` says why not."""
+    from agent.service.files import write_private_file
+    from config_rollout.errors import ConfigReleaseError
+    from config_rollout.messages import OFFER_RELEASE_MAX
+    from config_rollout.release import SUFFIX, parse_release
+
+    key_path = config.firmware.public_key
+    if not key_path:
+        raise RolloutError(f"cannot check config release {source}: the leader's config has no [firmware] public_key"
+                           " (the fleet's key, as the devices pin it)")
+    try:
+        data = Path(source).read_bytes()[:OFFER_RELEASE_MAX + 1]
+    except OSError as exc:
+        raise RolloutError(f"config release {source}: {exc.strerror or exc}") from None
+    if len(data) > OFFER_RELEASE_MAX:
+        raise RolloutError(f"config release {source}: over {OFFER_RELEASE_MAX // 1024} KiB, too large to offer")
+    try:
+        release = parse_release(data, load_verify_key(key_path), source=source, max_document_bytes=OFFER_RELEASE_MAX)
+    except ConfigReleaseError as exc:
+        raise RolloutError(str(exc)) from None
+    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+    kept = write_private_file(directory / f"{release.release_id[:32]}{SUFFIX}", data, 0o640)
+    return release.version, str(kept), data
+
+
 class RolloutService(PartBase):
     """The leader's rollout feature, one part of it (`agent.service.parts`); it owns `store`
     (closed at stop) and checks artifacts against `[firmware] public_key`."""
@@ -202,7 +242,7 @@ class RolloutService(PartBase):
         self.clock = leader.clock
         artifacts = artifact_store(leader.config, Path(store.path).parent / ARTIFACTS_DIR)
         self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s,
-                                         artifacts=artifacts)
+                                         artifacts=artifacts, admit_config=self._admit_config)
         self._report_capacity = report_capacity
         self.pools: dict[str, ConfigServerPool] = {}
         self._artifacts: dict[str, tuple[Path, SignedManifest] | None] = {}
@@ -219,6 +259,9 @@ class RolloutService(PartBase):
         self._by_image: dict[str, Path] = {}  # image sha256 (hex) -> the store's copy
         self._by_image_scanned_ms = -1_000_000  # a hash not known yet looks the rollouts up again after 1 s
         self._stopped = False
+
+    def _admit_config(self, source: str) -> tuple[str, str, bytes]:
+        return admit_config_release(self.leader.config, Path(self.store.path).parent / ARTIFACTS_DIR, source)
 
     def register(self) -> None:
         """Take firmware reports and chunk requests from devices: the report intake actor and

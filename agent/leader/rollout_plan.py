@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.core.clock import SystemClock
 from agent.core.errors import RolloutError
@@ -17,6 +18,10 @@ from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import InvalidVersion
 from firmware_rollout.orchestration.plan import DeviceInfo, exclusion, plan_waves
 from firmware_rollout.orchestration.spec import RolloutSpec
+
+if TYPE_CHECKING:
+    from config_rollout.release import ReleaseManifest
+
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,8 @@ class Plan:
 SHOWN = 50  # devices listed per wave and left out by --dry-run before "and N more"
 
 
-def render_plan(rid: str, spec: RolloutSpec, manifest: Manifest, plan: Plan, held: dict[str, tuple[str, str]]) -> str:
+def render_plan(rid: str, spec: RolloutSpec, manifest: Manifest | ReleaseManifest, plan: Plan,
+                held: dict[str, tuple[str, str]]) -> str:
     """What `rollout start --dry-run` prints: each wave's devices, who is left out and why, and
     who belongs to an unfinished rollout (the start would be refused for them)."""
     def listed(ids: list[str]) -> str:
@@ -65,12 +71,14 @@ def render_plan(rid: str, spec: RolloutSpec, manifest: Manifest, plan: Plan, hel
     return "\n".join(lines)
 
 
-def plan_rollout(spec: RolloutSpec, manifest: Manifest, db: Path) -> Plan:
+def plan_rollout(spec: RolloutSpec, manifest: Manifest | ReleaseManifest, db: Path) -> Plan:
     """The waves, planned once, here, against the devices the leader's registry holds now: a
     spec that cannot be planned (no device matches, a wave rounding to 0 devices, an image older
     than every target that is not signed as a rollback) is refused before the leader hears of
     it, and the leader starts the rollout on these very waves."""
-    version = manifest.version
+    firmware = isinstance(manifest, Manifest)
+    # (a config release's version is not a firmware version: no device is "already on" it)
+    version = manifest.version if firmware else None
     now_ms = SystemClock().now_ms()
     with open_leader_db(db) as leader:
         _, lines = leader.registry.page(limit=0)
@@ -92,7 +100,7 @@ def plan_rollout(spec: RolloutSpec, manifest: Manifest, db: Path) -> Plan:
         raise RolloutError(f"no device matches the rollout's targets: {known_text}" + (f"; left out: {why}" if why
                                                                                         else ""))
     by_id = {d.device_id: d for d in devices}
-    warnings = check_downgrade(spec, manifest, [by_id[t] for t in targets])
+    warnings = check_downgrade(spec, manifest, [by_id[t] for t in targets]) if isinstance(manifest, Manifest) else []
     try:
         return Plan(plan_waves(spec, targets), left_out, warnings)
     except RolloutError as exc:

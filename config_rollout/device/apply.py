@@ -117,7 +117,8 @@ class ConfigApplier:
         """What the target holds and whether a document was changed on the device since."""
         j = self.journal()
         hashes: dict[str, str] = j.get("hashes") or {}
-        drifted = tuple(sorted(n for n, h in hashes.items() if _sha256(self.directory / n) != h))
+        at_rest = j.get("state") in ("idle", "committed", "failed", "rolled_back")  # (mid-apply is no edit)
+        drifted = tuple(sorted(n for n, h in hashes.items() if _sha256(self.directory / n) != h)) if at_rest else ()
         return TargetStatus(str(j.get("version", "")), str(j.get("release_id", "")), str(j.get("state", "idle")),
                             str(j.get("detail", "")), drifted)
 

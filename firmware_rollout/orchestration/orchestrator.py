@@ -33,7 +33,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -58,6 +58,10 @@ from firmware_rollout.orchestration.store import (
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({"failed", "timed_out"})
+RolloutKind = Literal["firmware", "config"]
+#: Checks a config release for a rollout and keeps the leader's copy: (its version, the copy's
+#: path, the release's bytes); a `RolloutError` says why not (the leader's `RolloutService`).
+AdmitConfig = Callable[[str], tuple[str, str, bytes]]
 
 
 WINDOW_WAIT_MAX_MS = 2 * 86_400_000  # a window a device says opens later than this is its clock's error
@@ -69,14 +73,18 @@ class RolloutPort(Protocol):
     def devices(self) -> Sequence[DeviceInfo]:
         """Every device the registry knows, with online state and last heartbeat."""
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float) -> None:
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float,
+                          kind: RolloutKind = "firmware") -> None:
         """Durably queue one offer per (device, offer), to expire undelivered after `ttl_s` (the
         device's timeout: after it the device counts as timed out, and a stale offer must not
-        start an install days later); raise `EdgeAgentError` when it cannot."""
+        start an install days later); raise `EdgeAgentError` when it cannot. A config rollout's
+        offer (`kind`) carries the release in `signed_manifest`: the port sends it as a config
+        offer."""
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         """Durably queue one cancel per (device, cancel): it reaches a device offline for days
-        when it is back; raise `EdgeAgentError` when it cannot."""
+        when it is back; raise `EdgeAgentError` when it cannot. (Firmware rollouts only: a
+        config apply takes seconds and reports.)"""
 
     async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
         """Ask `devices` to heartbeat at their fast pace for the next `for_s` seconds (a soak
@@ -100,8 +108,10 @@ class Orchestrator:
         on_change: Callable[[str], None] | None = None,
         artifacts: ArtifactStore | None = None,
         own_mirror: str = "",
+        admit_config: AdmitConfig | None = None,
     ) -> None:
         self.store = store
+        self.admit_config = admit_config  # None: this leader starts no config rollout
         # the leader's artifact HTTP server, offered after the spec's mirrors (empty: none)
         self.own_mirror = own_mirror
         # The leader's verified copies (None: the artifact's path is served as given, unchecked:
@@ -139,7 +149,12 @@ class Orchestrator:
         """Start a rollout of `spec`: on its `waves` as planned already (`rollout start`), else on
         `devices`, else on the registry's devices its targets select, planned here."""
         artifact = spec.rollout.artifact
-        if self.artifacts is not None:
+        config = spec.rollout.kind == "config"
+        if config:
+            if self.admit_config is None:
+                raise RolloutError(f"rollout of {artifact}: this leader starts no config rollouts")
+            version, artifact, raw = self.admit_config(artifact)
+        elif self.artifacts is not None:
             undone = self.store.get(rollback_of) if rollback_of else None
             admitted = self.artifacts.admit(Path(artifact), rollback=bool(rollback_of),
                                             replaces=undone.version if undone is not None else "")
@@ -149,25 +164,29 @@ class Orchestrator:
                 signed = read_signed_manifest(Path(artifact))
             except ArtifactError as exc:
                 raise RolloutError(f"artifact {artifact}: {exc}") from exc
-        version = signed.manifest.version
+        if not config:
+            version, raw = signed.manifest.version, signed.raw
         infos = {d.device_id: d for d in self.port.devices()}
         if waves is not None:
             targets = sorted({d for wave in waves for d in wave})
         elif devices is None:
-            targets = select_targets(spec, list(infos.values()), target_version=version, now_ms=self.clock.now_ms())
+            # (a config release's version is not a firmware version: no device is "already on" it)
+            targets = select_targets(spec, list(infos.values()), target_version=None if config else version,
+                                     now_ms=self.clock.now_ms())
         else:
             targets = sorted(set(devices))
         rid = rollout_id or rollout_id_for(spec, self.clock.now_ms())
-        superseded = self._claim_devices(rid, targets, spec.rollout.supersede, rollback_of=rollback_of)
+        superseded = self._claim_devices(rid, targets, spec.rollout.supersede, rollback_of=rollback_of,
+                                         kind=spec.rollout.kind)
         if waves is None:
             waves = plan_waves(spec, targets)
-        from_versions = {d: infos[d].firmware_version for d in targets if d in infos}
+        from_versions = {} if config else {d: infos[d].firmware_version for d in targets if d in infos}
         self.store.create_rollout(
             rid,
             spec=spec,
             artifact=artifact,
             version=version,
-            signed_manifest=signed.raw,
+            signed_manifest=raw,
             waves=waves,
             from_versions=from_versions,
             rollback_of=rollback_of,
@@ -189,11 +208,12 @@ class Orchestrator:
         return rid
 
     def _claim_devices(self, rid: str, targets: Sequence[str], supersede: str, *,
-                       rollback_of: str) -> dict[str, list[str]]:
-        """One unfinished rollout owns a device: the devices `targets` shares with another are a
-        `RolloutError` listing them, except those of `supersede` (or of the rollout a rollback
-        undoes) not yet offered the image, which that rollout gives up (returned per rollout)."""
-        held = self.store.holders(targets)
+                       rollback_of: str, kind: RolloutKind = "firmware") -> dict[str, list[str]]:
+        """One unfinished rollout of each kind owns a device: the devices `targets` shares with
+        another of its kind are a `RolloutError` listing them, except those of `supersede` (or of
+        the rollout a rollback undoes) not yet offered the image, which that rollout gives up
+        (returned per rollout). A firmware and a config rollout may hold a device together."""
+        held = self.store.holders(targets, kind=kind)
         if not held:
             return {}
         giving_up = {supersede, rollback_of} - {""}
@@ -496,8 +516,10 @@ class Orchestrator:
         due = self.store.cancels_due()
         if not due:
             return
-        await self.port.send_cancels([(device, UpdateCancel(rollout_id=rid, reason=why[:500]))
-                                      for rid, device, why in due])
+        firmware = [(rid, device, why) for rid, device, why in due if self._get(rid).spec.rollout.kind == "firmware"]
+        if firmware:
+            await self.port.send_cancels([(device, UpdateCancel(rollout_id=rid, reason=why[:500]))
+                                          for rid, device, why in firmware])
         with self.store.atomic():
             self.store.cancel_sent([(rid, device) for rid, device, _ in due])
         log.info("cancels sent to %d devices still updating", len(due))
@@ -607,7 +629,8 @@ class Orchestrator:
                 mirrors=mirrors,
             )
 
-        await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s)
+        await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s,
+                                    kind=spec.rollout.kind)
         deadline = self.clock.now_ms() + int(spec.device.timeout_s * 1000)
         with self.store.atomic():
             for d in ready:
@@ -638,4 +661,4 @@ class Orchestrator:
             self._on_change(rid)
 
 
-__all__ = ["Orchestrator", "RolloutPort", "describe", "rollout_id_for"]
+__all__ = ["AdmitConfig", "Orchestrator", "RolloutKind", "RolloutPort", "describe", "rollout_id_for"]

@@ -54,10 +54,10 @@ def matches(spec: RolloutSpec, device: DeviceInfo, *, now_ms: int | None = None)
     return not exclusion(spec, device, target_version=None, now_ms=now_ms)
 
 
-def select_targets(spec: RolloutSpec, devices: Sequence[DeviceInfo], *, target_version: str,
+def select_targets(spec: RolloutSpec, devices: Sequence[DeviceInfo], *, target_version: str | None,
                    now_ms: int | None = None) -> list[str]:
     """Ids of the devices the rollout updates: taken by the targets and not already running
-    `target_version`, sorted."""
+    `target_version` (None: whatever they run), sorted."""
     return sorted(d.device_id for d in devices
                   if not exclusion(spec, d, target_version=target_version, now_ms=now_ms))
 

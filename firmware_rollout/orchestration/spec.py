@@ -71,7 +71,9 @@ class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
 
 class RolloutSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    artifact: Annotated[str, msgspec.Meta(min_length=1)]
+    artifact: Annotated[str, msgspec.Meta(min_length=1)]  # a firmware artifact, or a config release (kind)
+    # "config": `artifact` is a signed config release, applied by each device's target of its name
+    kind: Literal["firmware", "config"] = "firmware"
     seed: int = 0
     rollback_artifact: str = ""  # offered by `rollout rollback` unless the command names one
     # the id of an unfinished rollout whose not yet offered devices this one takes over
@@ -202,6 +204,8 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
         total = sum(waves.percents)
         if not math.isclose(total, 100.0, abs_tol=0.01):
             raise ConfigError(source, "waves.percents", f"must add up to 100, not {total:g}")
+    if spec.rollout.kind == "config" and spec.rollout.download_only:
+        raise ConfigError(source, "rollout.download_only", 'a config rollout applies at once (kind = "config")')
     targets = spec.targets
     if targets.select == "tags" and not targets.tags:
         raise ConfigError(source, "targets.tags", 'select = "tags" needs at least one tag')

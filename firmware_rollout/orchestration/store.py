@@ -409,17 +409,19 @@ class RolloutStore(SqliteStore):
         rows = self._q("SELECT state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY state", (rollout_id,))
         return {str(state): int(n) for state, n in rows}
 
-    def holders(self, device_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    def holders(self, device_ids: Sequence[str], *, kind: str | None = None) -> dict[str, tuple[str, str]]:
         """device -> (rollout id, its state there) for those of `device_ids` an unfinished
-        rollout (scheduled, running or paused) holds in a state that is not final."""
+        rollout (scheduled, running or paused; of `kind` only, when given) holds in a state
+        that is not final."""
         wanted = set(device_ids)
         if not wanted:
             return {}
         finals = sorted(TERMINAL)
+        of_kind = " AND COALESCE(json_extract(r.spec, '$.rollout.kind'), 'firmware') = ?" if kind else ""
         rows = self._q(
             "SELECT d.device_id, d.rollout_id, d.state FROM rollout_devices AS d JOIN rollouts AS r"
             f" ON r.id = d.rollout_id WHERE r.state IN ({_ACTIVE_SQL})"
-            f" AND d.state NOT IN ({', '.join('?' * len(finals))})", finals)
+            f" AND d.state NOT IN ({', '.join('?' * len(finals))}){of_kind}", [*finals, *([kind] if kind else [])])
         return {str(device): (str(rid), str(state)) for device, rid, state in rows if device in wanted}
 
     def cancels_due(self) -> list[tuple[str, str, str]]:

@@ -29,15 +29,18 @@ class FakePort:
             for d in devices
         }
         self.offers: list[tuple[int, str, str]] = []  # (at_ms, device, rollout)
+        self.kinds: list[str] = []  # the kind of each offer's rollout
         self.cancels: list[tuple[str, str]] = []  # (device, rollout)
         self.paces: list[tuple[int, tuple[str, ...], float]] = []  # (at_ms, devices, for_s)
 
     def devices(self) -> list[DeviceInfo]:
         return list(self.infos.values())
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float = 0.0) -> None:
+    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float = 0.0,
+                          kind: str = "firmware") -> None:
         for device, offer in offers:
             self.offers.append((self.clock.now_ms(), device, offer.rollout_id))
+            self.kinds.append(kind)
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         self.cancels += [(device, cancel.rollout_id) for device, cancel in cancels]

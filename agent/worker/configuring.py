@@ -1,0 +1,29 @@
+"""The worker's configuration targets feature: its factory, light to import. The feature and
+the configuration library load only when the config declares `[config_targets]`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.worker.agent import WorkerAgent
+from agent.worker.env import DeviceEnv
+
+if TYPE_CHECKING:
+    from agent.worker.config_targets import ConfigTargetsPart
+
+
+async def config_targets_part(worker: WorkerAgent, env: DeviceEnv) -> ConfigTargetsPart | None:
+    """Config offers applied to `[config_targets]` (with `[firmware] public_key` to check each
+    release); None when the config declares no target."""
+    config = worker.config
+    if not config.config_targets or not config.firmware.public_key:
+        return None
+    from agent.worker.config_targets import ConfigTargetsPart
+    from firmware_rollout.artifact.keys import load_verify_key
+
+    return ConfigTargetsPart(worker, await asyncio.to_thread(load_verify_key, Path(config.firmware.public_key)))
+
+
+__all__ = ["config_targets_part"]

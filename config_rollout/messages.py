@@ -1,0 +1,21 @@
+"""The wire message of a config rollout: the leader's offer of a release to a device (its
+reports are the firmware's `UpdateReport`, so the wave engine reads both alike)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+KIND_CONFIG_OFFER = "config.offer"
+OFFER_RELEASE_MAX = 512 * 1024  # a release offered inline, in one MQTT message
+
+
+class ConfigOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False, omit_defaults=True):
+    """Apply this release (verified by the device against the fleet's key before anything)."""
+
+    rollout_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    release: Annotated[bytes, msgspec.Meta(max_length=OFFER_RELEASE_MAX)]
+
+
+__all__ = ["KIND_CONFIG_OFFER", "OFFER_RELEASE_MAX", "ConfigOffer"]

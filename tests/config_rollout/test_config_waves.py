@@ -1,0 +1,88 @@
+"""A config rollout on the wave engine, leader side: the release is checked whole against the
+fleet's key at the start and kept by its id, offered to the devices as a config offer (the port
+hears the kind), and a device may be held by one rollout of each kind at once, never by two of
+the same kind. (End to end over mosquitto: tests/e2e/test_config_rollout_mqtt.py.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "firmware_rollout"))
+
+from rollout_support import FakePort, spec_data
+
+from agent.core.clock import VirtualClock
+from agent.core.config import AgentConfig
+from agent.core.errors import ConfigError, RolloutError
+from agent.leader.rollout import admit_config_release
+from config_rollout.messages import OFFER_RELEASE_MAX
+from config_rollout.release import build_release
+from firmware_rollout.artifact.fixture import make_artifact
+from firmware_rollout.artifact.keys import generate_keypair, load_signing_key
+from firmware_rollout.orchestration.orchestrator import Orchestrator
+from firmware_rollout.orchestration.spec import spec_from_dict
+from firmware_rollout.orchestration.store import RolloutStore
+
+
+def leader_config(public: Path | str) -> AgentConfig:
+    return msgspec.convert({"agent": {"role": "leader", "device_id": "gw"}, "firmware": {"public_key": str(public)}},
+                           AgentConfig)
+
+
+async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_path: Path) -> None:
+    keys = generate_keypair(tmp_path / "keys")
+    (tmp_path / "app.toml").write_text("port = 2\n")
+    release = tmp_path / "app-1.1.0.eacfg"
+    release.write_bytes(build_release("app", "1.1.0", [tmp_path / "app.toml"], load_signing_key(keys.private),
+                                      created_ms=1))
+    clock = VirtualClock()
+    devices = [f"d{i}" for i in range(4)]
+    port = FakePort(clock, devices)
+    store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
+    config = leader_config(keys.public)
+    orchestrator = Orchestrator(store, clock=clock, port=port,
+                                admit_config=lambda src: admit_config_release(config, tmp_path / "artifacts", src))
+    try:
+        artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=4096)
+        fw = spec_from_dict(spec_data(artifact, waves={"canary": 1, "counts": [3]}))
+        await orchestrator.start_rollout(fw, rollout_id="fw-1")
+        cfg = spec_from_dict(spec_data(release, rollout={"kind": "config"}, waves={"canary": 1, "counts": [3]}))
+        await orchestrator.start_rollout(cfg, rollout_id="cfg-1")  # the same devices: another kind, allowed
+        await orchestrator.tick()
+        kinds = {rid: kind for (_, _, rid), kind in zip(port.offers, port.kinds, strict=True)}
+        assert kinds == {"fw-1": "firmware", "cfg-1": "config"}
+        row = store.get("cfg-1")
+        assert row is not None and row.version == "1.1.0" and row.signed_manifest == release.read_bytes()
+        assert Path(row.artifact).parent == tmp_path / "artifacts" and Path(row.artifact).read_bytes() == \
+            release.read_bytes()  # the leader's copy, by the release's id
+        assert store.from_versions("cfg-1") == {"": 4}  # a config version is not a firmware version
+        with pytest.raises(RolloutError, match="belong to an unfinished rollout"):
+            await orchestrator.start_rollout(cfg, rollout_id="cfg-2")  # two of one kind: refused
+    finally:
+        store.close()
+
+
+def test_a_release_the_leader_cannot_vouch_for_starts_nothing(tmp_path: Path) -> None:
+    keys = generate_keypair(tmp_path / "keys")
+    other = generate_keypair(tmp_path / "other")
+    (tmp_path / "app.toml").write_text("port = 2\n")
+    foreign = tmp_path / "foreign.eacfg"
+    foreign.write_bytes(build_release("app", "1.1.0", [tmp_path / "app.toml"], load_signing_key(other.private),
+                                      created_ms=1))
+    store_dir = tmp_path / "artifacts"
+    with pytest.raises(RolloutError, match="not the fleet's key"):
+        admit_config_release(leader_config(keys.public), store_dir, str(foreign))
+    big = tmp_path / "big.eacfg"
+    big.write_bytes(b"x" * (OFFER_RELEASE_MAX + 1))
+    with pytest.raises(RolloutError, match="too large to offer"):
+        admit_config_release(leader_config(keys.public), store_dir, str(big))
+    with pytest.raises(RolloutError, match="no \\[firmware\\] public_key"):
+        admit_config_release(msgspec.convert({"agent": {"role": "leader", "device_id": "gw"}}, AgentConfig),
+                             store_dir, str(foreign))
+    assert not store_dir.exists() or not list(store_dir.iterdir())  # nothing kept
+    with pytest.raises(ConfigError, match="rollout.download_only"):
+        spec_from_dict(spec_data(foreign, rollout={"kind": "config", "download_only": True}))
