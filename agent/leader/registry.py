@@ -569,6 +569,19 @@ class DeviceRegistry(SqliteStore):
             ).fetchall()
         return [_record(r) for r in rows]
 
+    def config_versions(self, target: str) -> dict[str, str]:
+        """device -> the version of configuration target `target` its newest full heartbeat
+        stated (devices that stated none are left out)."""
+        self.check_open()
+        with store_errors("read config versions"):
+            rows = self._conn.execute("SELECT device_id, configs FROM devices WHERE configs IS NOT NULL").fetchall()
+        found = {}
+        for device_id, blob in rows:
+            states = _stated(blob, _CONFIGS_DECODER.decode)
+            if states is not None and target in states:
+                found[str(device_id)] = states[target].version
+        return found
+
     def counts(self) -> tuple[int, int]:
         """(online, offline) device counts."""
         self.check_open()

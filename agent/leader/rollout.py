@@ -106,6 +106,7 @@ class ReportIntake(Actor):
 
 class _Devices(Protocol):
     def devices(self) -> list[DeviceRecord]: ...
+    def config_versions(self, target: str) -> dict[str, str]: ...
 
 
 class _Offers(Protocol):
@@ -169,6 +170,10 @@ class LeaderPort:
             ]
         await leader.outbox.enqueue_many(msgs)
 
+    def config_versions(self, target: str) -> dict[str, str]:
+        """device -> the version its configuration target `target` holds (its heartbeats say)."""
+        return self._leader.registry.config_versions(target)
+
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         leader = self._leader
         msgs = [
@@ -201,10 +206,10 @@ def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
     return ArtifactStore(directory, load_verify_key(key_path) if key_path else None)
 
 
-def admit_config_release(config: AgentConfig, directory: Path, source: str) -> tuple[str, str, bytes]:
+def admit_config_release(config: AgentConfig, directory: Path, source: str) -> tuple[str, str, str, bytes]:
     """A config release for a rollout: checked whole against `[firmware] public_key` as a device
     checks it, small enough to ride in one offer, kept in the artifact store by its id; (its
-    version, the copy, its bytes). A `RolloutError` says why not."""
+    name, its version, the copy, its bytes). A `RolloutError` says why not."""
     from agent.service.files import write_private_file
     from config_rollout.errors import ConfigReleaseError
     from config_rollout.messages import OFFER_RELEASE_MAX
@@ -226,7 +231,7 @@ def admit_config_release(config: AgentConfig, directory: Path, source: str) -> t
         raise RolloutError(str(exc)) from None
     directory.mkdir(parents=True, exist_ok=True, mode=0o750)
     kept = write_private_file(directory / f"{release.release_id[:32]}{SUFFIX}", data, 0o640)
-    return release.version, str(kept), data
+    return release.name, release.version, str(kept), data
 
 
 class RolloutService(PartBase):
@@ -260,7 +265,7 @@ class RolloutService(PartBase):
         self._by_image_scanned_ms = -1_000_000  # a hash not known yet looks the rollouts up again after 1 s
         self._stopped = False
 
-    def _admit_config(self, source: str) -> tuple[str, str, bytes]:
+    def _admit_config(self, source: str) -> tuple[str, str, str, bytes]:
         return admit_config_release(self.leader.config, Path(self.store.path).parent / ARTIFACTS_DIR, source)
 
     def register(self) -> None:

@@ -59,9 +59,9 @@ log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({"failed", "timed_out"})
 RolloutKind = Literal["firmware", "config"]
-#: Checks a config release for a rollout and keeps the leader's copy: (its version, the copy's
-#: path, the release's bytes); a `RolloutError` says why not (the leader's `RolloutService`).
-AdmitConfig = Callable[[str], tuple[str, str, bytes]]
+#: Checks a config release for a rollout and keeps the leader's copy: (its name, its version, the
+#: copy's path, the release's bytes); a `RolloutError` says why not (the leader's `RolloutService`).
+AdmitConfig = Callable[[str], tuple[str, str, str, bytes]]
 
 
 WINDOW_WAIT_MAX_MS = 2 * 86_400_000  # a window a device says opens later than this is its clock's error
@@ -80,6 +80,9 @@ class RolloutPort(Protocol):
         start an install days later); raise `EdgeAgentError` when it cannot. A config rollout's
         offer (`kind`) carries the release in `signed_manifest`: the port sends it as a config
         offer."""
+
+    def config_versions(self, target: str) -> dict[str, str]:
+        """device -> the version of configuration target `target` it holds (its heartbeats say)."""
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         """Durably queue one cancel per (device, cancel): it reaches a device offline for days
@@ -153,7 +156,7 @@ class Orchestrator:
         if config:
             if self.admit_config is None:
                 raise RolloutError(f"rollout of {artifact}: this leader starts no config rollouts")
-            version, artifact, raw = self.admit_config(artifact)
+            target_name, version, artifact, raw = self.admit_config(artifact)
         elif self.artifacts is not None:
             undone = self.store.get(rollback_of) if rollback_of else None
             admitted = self.artifacts.admit(Path(artifact), rollback=bool(rollback_of),
@@ -180,7 +183,11 @@ class Orchestrator:
                                          kind=spec.rollout.kind)
         if waves is None:
             waves = plan_waves(spec, targets)
-        from_versions = {} if config else {d: infos[d].firmware_version for d in targets if d in infos}
+        if config:  # what each device's target held, as its heartbeats said
+            held_now = self.port.config_versions(target_name)
+            from_versions = {d: held_now[d] for d in targets if d in held_now}
+        else:
+            from_versions = {d: infos[d].firmware_version for d in targets if d in infos}
         self.store.create_rollout(
             rid,
             spec=spec,

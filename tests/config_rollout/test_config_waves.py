@@ -42,6 +42,7 @@ async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_p
     clock = VirtualClock()
     devices = [f"d{i}" for i in range(4)]
     port = FakePort(clock, devices)
+    port.config_held = {"app": {"d0": "1.0.0", "d1": "1.0.0", "d2": "0.9.0"}}  # d3 stated none yet
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     config = leader_config(keys.public)
     orchestrator = Orchestrator(store, clock=clock, port=port,
@@ -59,7 +60,8 @@ async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_p
         assert row is not None and row.version == "1.1.0" and row.signed_manifest == release.read_bytes()
         assert Path(row.artifact).parent == tmp_path / "artifacts" and Path(row.artifact).read_bytes() == \
             release.read_bytes()  # the leader's copy, by the release's id
-        assert store.from_versions("cfg-1") == {"": 4}  # a config version is not a firmware version
+        # what each device's target held (its heartbeats said), not its firmware version
+        assert store.from_versions("cfg-1") == {"1.0.0": 2, "": 1, "0.9.0": 1}
         with pytest.raises(RolloutError, match="belong to an unfinished rollout"):
             await orchestrator.start_rollout(cfg, rollout_id="cfg-2")  # two of one kind: refused
     finally:

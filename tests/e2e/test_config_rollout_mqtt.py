@@ -73,6 +73,16 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
                 return data
             time.sleep(0.3)
 
+    def wait_status(device: str, said: str) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            status = subprocess.run([*cli, "status", "--device", device, "--db", str(db)],
+                                    capture_output=True, text=True, env=env, timeout=60)
+            if said in status.stdout:
+                return
+            assert time.monotonic() < deadline, status.stdout
+            time.sleep(0.3)
+
     def documents() -> list[bytes]:
         return [(tmp_path / name / "etc" / "app" / "app.toml").read_bytes() for name in DEVICES]
 
@@ -87,22 +97,18 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         assert [w["succeeded"] for w in data["waves"]] == [1, 1, 1]
         assert documents() == [b"mode = 'good'\nport = 2\n"] * 3
 
+        for name in DEVICES:  # each device's next full heartbeat says what its target holds
+            wait_status(name, "app: 1.1.0 (committed); in sync")
         bad = release("1.2.0", "mode = 'broken'\n")
         data = roll("cfg-2", bad, "canary = 1\ncounts = [2]")
         assert data["state"] == "aborted", data
+        assert data["from_versions"] == {"1.1.0": 3}  # from what the targets held, as the heartbeats said
         canary = [d for d in data["device_list"] if d["wave"] == 0]
         assert len(canary) == 1 and canary[0]["state"] == "rolled_back", data["device_list"]
         assert "not confirmed within 3 s" in canary[0]["detail"]
         assert {d["state"] for d in data["device_list"] if d["wave"] == 1} <= {"queued", "canceled"}
         assert documents() == [b"mode = 'good'\nport = 2\n"] * 3  # the canary is back on 1.1.0, byte for byte
 
-        deadline = time.monotonic() + 60
-        while True:  # the canary's next full heartbeat says what its target holds now
-            status = subprocess.run([*cli, "status", "--device", canary[0]["device"], "--db", str(db)],
-                                    capture_output=True, text=True, env=env, timeout=60)
-            if "app: 1.1.0 (rolled_back); in sync" in status.stdout:
-                break
-            assert time.monotonic() < deadline, status.stdout
-            time.sleep(0.3)
+        wait_status(canary[0]["device"], "app: 1.1.0 (rolled_back); in sync")
     finally:
         stop(procs)

@@ -30,6 +30,7 @@ class FakePort:
         }
         self.offers: list[tuple[int, str, str]] = []  # (at_ms, device, rollout)
         self.kinds: list[str] = []  # the kind of each offer's rollout
+        self.config_held: dict[str, dict[str, str]] = {}  # target -> device -> version
         self.cancels: list[tuple[str, str]] = []  # (device, rollout)
         self.paces: list[tuple[int, tuple[str, ...], float]] = []  # (at_ms, devices, for_s)
 
@@ -41,6 +42,9 @@ class FakePort:
         for device, offer in offers:
             self.offers.append((self.clock.now_ms(), device, offer.rollout_id))
             self.kinds.append(kind)
+
+    def config_versions(self, target: str) -> dict[str, str]:
+        return dict(self.config_held.get(target, {}))
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         self.cancels += [(device, cancel.rollout_id) for device, cancel in cancels]
