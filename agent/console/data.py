@@ -15,7 +15,7 @@ from agent.leader.reject_view import RejectCount, RejectRow
 from agent.leader.status import FleetStatus, fleet_status
 
 if TYPE_CHECKING:
-    from firmware_rollout.artifact.manifest import Manifest
+    pass
 
 PAGE = 50
 
@@ -105,15 +105,40 @@ def rollout(db: Path, rollout_id: str, *, state: str = "") -> RolloutPage | None
 
 @dataclass(frozen=True)
 class ArtifactChoice:
+    """One file of the leader's store, as the console lists it (parsed, not yet trusted: the
+    leader checks it whole when a rollout admits it)."""
+
     file: str  # its name in the leader's store (what the form sends back: never a path)
     path: Path
-    manifest: Manifest  # parsed from the file, not yet trusted (the leader checks it at admission)
+    manifest: Any  # a firmware artifact's `Manifest`, or a config release's `ReleaseManifest`
+    kind: str = "firmware"  # or "config"
+
+    @property
+    def rollback(self) -> bool:
+        return self.kind == "firmware" and bool(self.manifest.rollback)
+
+    @property
+    def size(self) -> int:
+        return int(self.manifest.size) if self.kind == "firmware" else sum(d.size for d in self.manifest.documents)
+
+    @property
+    def what(self) -> str:
+        """What it is, in a few words."""
+        if self.kind == "config":
+            n = len(self.manifest.documents)
+            return f"config release for target {self.manifest.name}: {n} document{'s' if n != 1 else ''}"
+        if self.rollback:
+            return f"firmware rollback of {', '.join(self.manifest.rollback_from)}"
+        return f"firmware: {len(self.manifest.chunks)} chunks"
 
 
 def artifacts(directory: Path) -> list[ArtifactChoice]:
-    """The leader's verified copies (its artifact store), by image name, newest version first; a
-    file that does not parse is left out (the leader checks each again when a rollout admits it)."""
+    """The leader's store: firmware artifacts and config releases, by name, newest version first;
+    a file that does not parse is left out."""
+    from config_rollout.errors import ConfigReleaseError
+    from config_rollout.release import SUFFIX, peek_release
     from firmware_rollout.artifact.files import read_signed_manifest
+    from firmware_rollout.artifact.version import Version
 
     found = []
     for path in sorted(directory.glob("*.eafw")) if directory.is_dir() else []:
@@ -121,7 +146,20 @@ def artifacts(directory: Path) -> list[ArtifactChoice]:
             found.append(ArtifactChoice(path.name, path, read_signed_manifest(path).manifest))
         except EdgeAgentError:
             continue
-    return sorted(found, key=lambda a: (a.manifest.name, a.manifest.parsed_version()), reverse=True)
+    for path in sorted(directory.glob(f"*{SUFFIX}")) if directory.is_dir() else []:
+        try:
+            found.append(ArtifactChoice(path.name, path, peek_release(path.read_bytes()[:1 << 20]), "config"))
+        except (ConfigReleaseError, OSError):
+            continue
+
+    def order(a: ArtifactChoice) -> tuple[str, str, Version]:
+        try:
+            version = Version.parse(a.manifest.version)
+        except EdgeAgentError:
+            version = Version.parse("0.0.0")
+        return (a.kind, a.manifest.name, version)
+
+    return sorted(found, key=order, reverse=True)
 
 
 def start(db: Path, rollout_id: str, start_control: str, *, actor: str = "") -> int:
@@ -166,7 +204,7 @@ def control(db: Path, rollout_id: str, action: str, *, artifact: Path | None = N
 
 def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
     """The store's artifacts signed as a rollback of `version` (naming it among those they replace)."""
-    return [a for a in artifacts(directory) if a.manifest.rollback and version in a.manifest.rollback_from]
+    return [a for a in artifacts(directory) if a.rollback and version in a.manifest.rollback_from]
 
 
 def rollout_version(db: Path, rollout_id: str) -> str | None:

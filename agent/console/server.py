@@ -42,7 +42,6 @@ from agent.leader.rollout import ARTIFACTS_DIR
 from agent.leader.rollout_plan import plan_rollout, render_plan
 from agent.protocol import SystemSample
 from agent.service.http import HttpServer, Limits, RefuseBody, Request, Response
-from firmware_rollout.artifact.manifest import Manifest
 from firmware_rollout.orchestration.orchestrator import rollout_id_for
 from firmware_rollout.orchestration.spec import RolloutSpec, StartControl, spec_from_dict
 from firmware_rollout.orchestration.store import IN_PROGRESS
@@ -360,6 +359,8 @@ class Console:
         from firmware_rollout.orchestration.artifacts import ArtifactStore
 
         shown = printable(name.encode(), 100) or "the upload"
+        if _is_config_release(body):
+            return self._take_config_release(body, shown, actor)
         try:  # the upload was written into the store's directory: checked there and renamed, not copied
             admitted = ArtifactStore(self._store(), load_verify_key(self.config.public_key)).take(body, shown=shown)
         except EdgeAgentError as exc:
@@ -368,6 +369,21 @@ class Console:
         log.info("artifact uploaded in the console", extra={"kv": {"file": admitted.path.name, "name": m.name,
                                                                     "version": m.version, "by": actor}})
         return 201, f"{shown}: {m.name} {m.version} ({format_bytes(m.size)}) verified and kept as {admitted.path.name}"
+
+    def _take_config_release(self, body: Path, shown: str, actor: str) -> tuple[int, str]:
+        """A config release uploaded: checked as the leader checks one at a rollout's start, kept
+        by its id (the upload's file is removed by the HTTP layer)."""
+        from agent.leader.rollout import admit_config_release
+
+        assert self.config.public_key is not None
+        try:
+            name, version, kept, data = admit_config_release(str(self.config.public_key), self._store(), str(body))
+        except EdgeAgentError as exc:
+            return 422, str(exc).replace(str(body), shown)
+        log.info("config release uploaded in the console", extra={"kv": {"file": Path(kept).name, "name": name,
+                                                                         "version": version, "by": actor}})
+        return 201, (f"{shown}: config release {name} {version} ({format_bytes(len(data))}) verified and kept as "
+                     f"{Path(kept).name}")
 
     def upload_room(self) -> tuple[Path, int]:
         """Where an upload's body goes (the store's directory: the copy is made on the same
@@ -413,7 +429,7 @@ class Console:
         return 303, b"", f"/rollouts/{urllib.parse.quote(rid, safe='')}?" + urllib.parse.urlencode(
             {"queued": control_id})
 
-    def _new_spec(self, f: Mapping[str, Any], choices: list[data.ArtifactChoice]) -> tuple[RolloutSpec, Manifest, str]:
+    def _new_spec(self, f: Mapping[str, Any], choices: list[data.ArtifactChoice]) -> tuple[RolloutSpec, Any, str]:
         """The spec the form says, checked as a spec file is (a mistake names its key)."""
         chosen = next((a for a in choices if a.file == f["artifact"]), None)
         if chosen is None:
@@ -431,7 +447,8 @@ class Console:
         if select in ("tags", "versions", "devices"):
             targets[select] = values
         spec = spec_from_dict({
-            "rollout": {"name": str(f["name"]) or chosen.manifest.name, "artifact": str(chosen.path)},
+            "rollout": {"name": str(f["name"]) or chosen.manifest.name, "artifact": str(chosen.path),
+                        "kind": chosen.kind},
             "targets": targets,
             "waves": {"canary": canary, **({"counts": counts} if counts else {"percents": [100.0]})},
             "gates": {"manual_approval": bool(f["approval"]), "soak_s": soak_s},
@@ -440,6 +457,16 @@ class Console:
         if not ROLLOUT_ID.match(rid):
             raise ConfigError("the form", "id", "letters, digits, '.', '_' and '-' only, at most 64")
         return spec, chosen.manifest, rid
+
+
+def _is_config_release(path: Path | None) -> bool:
+    from config_rollout.release import MAGIC
+
+    try:
+        with open(path, "rb") as f:  # type: ignore[arg-type]
+            return f.read(len(MAGIC)) == MAGIC
+    except (OSError, TypeError):
+        return False
 
 
 NO_UPLOADS = "this console was started without --public-key: it cannot check an artifact, so takes none"

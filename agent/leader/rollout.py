@@ -206,7 +206,7 @@ def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
     return ArtifactStore(directory, load_verify_key(key_path) if key_path else None)
 
 
-def admit_config_release(config: AgentConfig, directory: Path, source: str) -> tuple[str, str, str, bytes]:
+def admit_config_release(key_path: str, directory: Path, source: str) -> tuple[str, str, str, bytes]:
     """A config release for a rollout: checked whole against `[firmware] public_key` as a device
     checks it, small enough to ride in one offer, kept in the artifact store by its id; (its
     name, its version, the copy, its bytes). A `RolloutError` says why not."""
@@ -215,7 +215,6 @@ def admit_config_release(config: AgentConfig, directory: Path, source: str) -> t
     from config_rollout.messages import OFFER_RELEASE_MAX
     from config_rollout.release import SUFFIX, parse_release
 
-    key_path = config.firmware.public_key
     if not key_path:
         raise RolloutError(f"cannot check config release {source}: the leader's config has no [firmware] public_key"
                            " (the fleet's key, as the devices pin it)")
@@ -266,7 +265,8 @@ class RolloutService(PartBase):
         self._stopped = False
 
     def _admit_config(self, source: str) -> tuple[str, str, str, bytes]:
-        return admit_config_release(self.leader.config, Path(self.store.path).parent / ARTIFACTS_DIR, source)
+        store = Path(self.store.path).parent / ARTIFACTS_DIR
+        return admit_config_release(self.leader.config.firmware.public_key, store, source)
 
     def register(self) -> None:
         """Take firmware reports and chunk requests from devices: the report intake actor and

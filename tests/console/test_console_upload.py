@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,3 +98,43 @@ def test_an_uploaded_artifact_is_verified_and_kept_or_refused_with_the_reason(tm
         assert status == 409 and "started without --public-key" in said
         _, _, page = request(address, "GET", "/artifacts", headers=BEARER)
         assert "started without <code>--public-key</code>" in page and 'id="upload-file"' not in page
+
+
+def test_a_config_release_is_uploaded_and_offered_as_a_config_rollout(tmp_path: Path) -> None:
+    """A config release uploaded: checked against the fleet's key, kept by its id, listed as a
+    config release, and the new-rollout form starts a config rollout of it."""
+    from agent.leader.registry import DeviceRegistry
+    from agent.protocol import Heartbeat
+    from config_rollout.release import build_release
+    from firmware_rollout.artifact.keys import generate_keypair, load_signing_key
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    keys = generate_keypair(tmp_path / "keys")
+    db = tmp_path / "leader.db"
+    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0) for d in ("a", "b")])
+    RolloutStore.open(db, clock=VirtualClock()).close()
+    (tmp_path / "app.toml").write_text("port = 2\n")
+    release = build_release("app", "1.1.0", [tmp_path / "app.toml"], load_signing_key(keys.private), created_ms=1)
+    with console(db, public_key=keys.public) as address:
+        status, said = put(address, release, BEARER, name="app-1.1.0.eacfg")
+        assert status == 201 and "app-1.1.0.eacfg: config release app 1.1.0" in said, said
+        kept = [p.name for p in (tmp_path / "artifacts").iterdir()]
+        assert len(kept) == 1 and kept[0].endswith(".eacfg")
+        _, _, page = request(address, "GET", "/artifacts", headers=BEARER)
+        assert "config release for target app: 1 document" in page
+        forged = bytearray(release)
+        forged[-3] ^= 1
+        status, said = put(address, bytes(forged), BEARER, name="evil.eacfg")
+        assert status == 422 and "evil.eacfg" in said and ".upload-" not in said
+        form = {"artifact": kept[0], "name": "", "id": "cfg-1", "select": "all", "values": "", "canary": "1",
+                "counts": "1", "soak_s": "0", "step": "start"}
+        status, headers, body = request(address, "POST", "/rollouts/new", headers={**BEARER, **FORM},
+                                        body=urllib.parse.urlencode(form))
+        assert status == 303, body
+    store = RolloutStore.open(db, clock=VirtualClock())
+    try:
+        [start] = store.pending_controls()
+        assert start.action == "start" and '"kind":"config"' in start.arg
+    finally:
+        store.close()
