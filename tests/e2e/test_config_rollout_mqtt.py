@@ -37,7 +37,7 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         etc.mkdir(parents=True)
         (etc / "app.toml").write_text("mode = 'factory'\n")
         configs.append(agent_config(tmp_path, name, "worker", url, key + (
-            f'[config_targets.app]\ndirectory = "{etc}"\nconfirm_s = 3\n'
+            f'[config_targets.app]\ndirectory = "{etc}"\nconfirm_s = 15\n'
             f'health_command = ["grep", "-q", "mode = .good", "{etc / "app.toml"}"]\n')))
     procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -105,7 +105,7 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         assert data["from_versions"] == {"1.1.0": 3}  # from what the targets held, as the heartbeats said
         canary = [d for d in data["device_list"] if d["wave"] == 0]
         assert len(canary) == 1 and canary[0]["state"] == "rolled_back", data["device_list"]
-        assert "not confirmed within 3 s" in canary[0]["detail"]
+        assert "not confirmed within 15 s" in canary[0]["detail"]
         assert {d["state"] for d in data["device_list"] if d["wave"] == 1} <= {"queued", "canceled"}
         assert documents() == [b"mode = 'good'\nport = 2\n"] * 3  # the canary is back on 1.1.0, byte for byte
 
