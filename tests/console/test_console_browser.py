@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from mosquitto import Mosquitto, free_port
+from selenium.common.exceptions import StaleElementReferenceException
 
 from agent.core.clock import SystemClock
 from agent.core.errors import StoreError
@@ -116,7 +117,6 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
     token = tmp_path / "console.token"
     token.write_text("a-long-enough-console-token-0123456789\n")
     token.chmod(0o600)
-    port = free_port()
     try:
         wait_for("the workers registered", lambda: online(db) == 2)
         spec = tmp_path / "spec.toml"
@@ -125,19 +125,15 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
         started = subprocess.run([sys.executable, "-m", "agent.cli", "rollout", "start", str(spec), "--db", str(db),
                                   "--id", "lab-1"], capture_output=True, text=True, env=env, timeout=60)
         assert started.returncode == 0, started.stderr
-        procs.append(subprocess.Popen([sys.executable, "-m", "agent.cli", "console", "--db", str(db), "--token-file",
-                                       str(token), "--listen", f"127.0.0.1:{port}"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-        base = f"http://127.0.0.1:{port}"
-        wait_for("the console listens", lambda: _listening(port))
-        wait = WebDriverWait(browser, 60)
+        base = start_console(["--db", str(db), "--token-file", str(token)], env, procs)
+        wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
 
         browser.get(base + "/")  # no token yet: the sign-in form
         assert browser.find_element(By.ID, "token")
         browser.find_element(By.ID, "token").send_keys(token.read_text().strip())
         browser.find_element(By.ID, "sign-in").click()
         wait.until(lambda d: d.find_elements(By.ID, "devices"))
-        assert "pi-0001" in browser.find_element(By.ID, "devices").text
+        assert "pi-0001" in live_text(browser, "devices")
         browser.save_screenshot(str(ARTIFACTS / "fleet.png"))
 
         browser.get(base + "/devices/pi-0001")
@@ -174,6 +170,40 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
                 proc.kill()
 
 
+def start_console(args: list[str], env: dict[str, str], procs: list[subprocess.Popen[bytes]]) -> str:
+    """`edge-agent console ARGS --listen 127.0.0.1:PORT` on a free port, appended to `procs`; its
+    base URL once it listens. A port taken meanwhile by another test (the console exits saying
+    so) is tried again with another."""
+    import tempfile
+
+    for _ in range(5):
+        port = free_port()
+        with tempfile.TemporaryFile() as said:  # (a file, not a pipe: a console that logs never blocks on it)
+            proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "console", *args, "--listen",
+                                     f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=said, env=env)
+            procs.append(proc)
+            wait_for("the console listens or ends", lambda p=port, c=proc: _listening(p) or c.poll() is not None, 180)
+            if proc.poll() is None:
+                return f"http://127.0.0.1:{port}"
+            said.seek(0)
+            error = said.read().decode()
+        assert "cannot listen" in error, error  # only a lost port race is tried again
+    raise AssertionError("no free port for the console in 5 tries")
+
+
+def live_text(browser, element_id: str) -> str:  # type: ignore[no-untyped-def]
+    """An element's text on a live page: read again when live.js swapped it in between."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    for _ in range(50):
+        try:
+            return str(browser.find_element(By.ID, element_id).text)
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"#{element_id} kept changing")
+
+
 def _listening(port: int) -> bool:
     import socket
 
@@ -206,9 +236,8 @@ class ConsoleFleet:
         self.token = tmp_path / "console.token"
         self.token.write_text("a-long-enough-console-token-0123456789\n")
         self.token.chmod(0o600)
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.wait = WebDriverWait(browser, 90)
+        self.base = ""
+        self.wait = WebDriverWait(browser, 90, ignored_exceptions=(StaleElementReferenceException,))
 
     def __enter__(self) -> ConsoleFleet:
         from selenium.webdriver.common.by import By
@@ -216,11 +245,8 @@ class ConsoleFleet:
         wait_for("the workers registered", lambda: online(self.db) == 3)
         wait_for("the workers reported their versions",  # (a presence alone registers a device, version unknown)
                  lambda: query(self.db, "SELECT COUNT(*) FROM devices WHERE firmware_version = '1.0.0'") == [(3,)])
-        self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "console", "--db", str(self.db), "--token-file", str(self.token),
-             "--listen", f"127.0.0.1:{self.port}", "--public-key", str(self.public)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env))
-        wait_for("the console listens", lambda: _listening(self.port))
+        self.base = start_console(["--db", str(self.db), "--token-file", str(self.token), "--public-key",
+                                   str(self.public)], self.env, self.procs)
         self.browser.get(self.base + "/login")
         self.browser.find_element(By.ID, "token").send_keys(self.token.read_text().strip())
         self.browser.find_element(By.ID, "name").send_keys("alice")
@@ -322,13 +348,13 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         browser.save_screenshot(str(shots / "3-canary-succeeded.png"))
         shown = fleet.status("lab-1")
         assert shown["state"] == "running" and shown["counts"].get("succeeded") == 1 and shown["devices"] == 3
-        assert f"{shown['devices']} devices, {shown['offers']} offers" in browser.find_element(By.ID, "summary").text
+        assert f"{shown['devices']} devices, {shown['offers']} offers" in live_text(browser, "summary")
 
         fleet.control("cancel")
         browser.execute_script("window.notReloaded = true;")
         wait.until(lambda d: d.find_element(By.ID, "state").text == "canceled")
         assert browser.execute_script("return window.notReloaded === true;")
-        audit = browser.find_element(By.ID, "audit").text
+        audit = live_text(browser, "audit")
         assert audit.count("alice via the console from 127.0.0.1") == 2 and "cancel" in audit and "start" in audit
         browser.save_screenshot(str(shots / "4-canceled.png"))
         shown = fleet.status("lab-1")
@@ -338,7 +364,7 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         canary = next(n for n in fleet.names if query(db, "SELECT state FROM rollout_devices WHERE device_id = "
                                                           f"'{n}'") == [("succeeded",)])
         browser.get(fleet.base + f"/devices/{canary}")
-        timeline = browser.find_element(By.ID, "timeline").text
+        timeline = live_text(browser, "timeline")
         assert "succeeded" in timeline and "lab-1" in timeline
         # the directory backend's slots a and b: the new one booted and kept (the page follows the heartbeats)
         wait.until(lambda d: d.find_element(By.ID, "slots").text.splitlines()[1:] == ["a 1.0.0 -", "b 1.1.0 yes yes -"])
@@ -366,7 +392,7 @@ def test_an_operator_takes_the_fleet_to_a_new_version_and_back_in_the_browser(
         wait.until(lambda d: d.find_elements(By.ID, "state") and d.find_element(By.ID, "state").text == "succeeded")
         shown = fleet.status("lab-2")
         assert shown["counts"] == {"succeeded": 3}
-        waves = browser.find_element(By.ID, "waves").text
+        waves = live_text(browser, "waves")
         assert "1 succeeded of 1" in waves and "2 succeeded of 2" in waves  # what status --json counts per wave
         assert [w["succeeded"] for w in shown["waves"]] == [1, 2]
         browser.save_screenshot(str(shots / "1-succeeded.png"))
@@ -378,7 +404,7 @@ def test_an_operator_takes_the_fleet_to_a_new_version_and_back_in_the_browser(
         back_status = fleet.status("lab-2-rollback")
         assert back_status["counts"] == {"succeeded": 3} and back_status["version"] == "1.0.0"
         assert back_status["from_versions"] == {"1.1.0": 3}
-        assert "1.1.0 → 1.0.0" in browser.find_element(By.ID, "summary").text
+        assert "1.1.0 → 1.0.0" in live_text(browser, "summary")
         browser.save_screenshot(str(shots / "2-rolled-back.png"))
         browser.get(fleet.base + "/?version=1.0.0")
         wait.until(lambda d: "devices 1-3 of 3" in d.page_source)
