@@ -82,6 +82,7 @@ from agent.protocol import (
     kind_of,
 )
 from agent.service.parts import Checks, Collectors, Liveness, PartBase
+from agent.service.prom import MetricFamily
 from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
@@ -372,6 +373,7 @@ class LeaderAgent(PartBase):
             outbox_stats=self.outbox.stats,
             housekeeping_metrics=self.housekeeping.metrics if self.housekeeping is not None else None)
         found["jobs"] = snapshot_collector("ea_jobs", self.jobs_queue.stats)
+        found["config"] = self._config_compliance
         found["leader"] = snapshot_collector("ea_leader", lambda: {
             "busy_answers": self.busy_answers, "refused_forged": self.refused_forged,
             "rejects": self.rejects.count}, label="counter")
@@ -384,6 +386,16 @@ class LeaderAgent(PartBase):
                        "rejected": "Application messages the leader refused (see edge-agent rejects).",
                        "forwarded": "Application messages queued for the northbound broker."})
         return found
+
+    def _config_compliance(self) -> list[MetricFamily]:
+        """`ea_config_devices{target, compliance}`: the fleet's configuration targets as their
+        devices' heartbeats state them (no family when no device states any)."""
+        from agent.service.prom import family
+
+        samples = [({"target": target, "compliance": kind}, float(n))
+                   for target, counts in self.registry.config_compliance().items() for kind, n in counts.items()]
+        return [family("ea_config_devices", "gauge", "Devices by configuration target and compliance.", samples)
+                ] if samples else []
 
     # -- inbound -------------------------------------------------------------------------------
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None:

@@ -149,6 +149,23 @@ def _stated(blob: object, read: Callable[[bytes], T]) -> T | None:
         return None
 
 
+#: How a device's configuration target reads fleet-wide (`config_compliance`).
+COMPLIANCE = ("in_sync", "drifted", "failed", "not_applied")
+
+
+def _compliance(rows: Sequence[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+    """target -> compliance -> devices, from (configs blob,) rows."""
+    found: dict[str, dict[str, int]] = {}
+    for (blob,) in rows:
+        states = _stated(blob, _CONFIGS_DECODER.decode)
+        for target, c in (states or {}).items():
+            kind = ("drifted" if c.drifted else "failed" if c.state in ("failed", "rolled_back", "damaged")
+                    else "in_sync" if c.version else "not_applied")
+            counts = found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))
+            counts[kind] += 1
+    return dict(sorted(found.items()))
+
+
 _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
 _MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
@@ -569,6 +586,13 @@ class DeviceRegistry(SqliteStore):
             ).fetchall()
         return [_record(r) for r in rows]
 
+    def config_compliance(self) -> dict[str, dict[str, int]]:
+        """target -> in_sync / drifted / failed / not_applied -> devices, as their newest full
+        heartbeats stated (one decode per device that states any: read at a scrape's pace)."""
+        self.check_open()
+        with store_errors("read config compliance"):
+            return _compliance(self._conn.execute("SELECT configs FROM devices WHERE configs IS NOT NULL").fetchall())
+
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version of configuration target `target` its newest full heartbeat
         stated (devices that stated none are left out)."""
@@ -692,6 +716,13 @@ class RegistryReads:
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0])
 
+    def config_compliance(self) -> dict[str, dict[str, int]]:
+        """As `DeviceRegistry.config_compliance` (none from a registry older than the column)."""
+        try:
+            return _compliance(self._conn.execute("SELECT configs FROM devices WHERE configs IS NOT NULL").fetchall())
+        except sqlite3.OperationalError:
+            return {}
+
     def online_history(self, since_ms: int) -> list[tuple[int, int, int]]:
         """(at_ms, devices, online) sampled since `since_ms`, oldest first (none from a registry
         older than the samples)."""
@@ -783,5 +814,5 @@ class RegistryReads:
         return None if newest is None else int(newest)
 
 
-__all__ = ["COMPONENT", "FLEET_HISTORY_S", "LEADER_ALIVE_EVERY_S", "LEADER_QUIET_S", "DeviceLine", "DeviceRecord",
-           "DeviceRegistry", "DeviceState", "OfflineCallback", "RegistryReads"]
+__all__ = ["COMPLIANCE", "COMPONENT", "FLEET_HISTORY_S", "LEADER_ALIVE_EVERY_S", "LEADER_QUIET_S", "DeviceLine",
+           "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback", "RegistryReads"]

@@ -45,6 +45,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     jobs: JobCounts | None = None
     leader_alive_ms: int | None = None  # the running leader's newest alive mark (None: none)
     leader_stale: bool = False  # no mark for LEADER_QUIET_S: the leader is not running, the view is old
+    # configuration target -> in_sync / drifted / failed / not_applied -> devices (their heartbeats)
+    config: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
 
 
 
@@ -84,7 +86,8 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        versions=registry.versions(), stale_after_s=stale_after_s, stale_by_deadline=own,
                        stale_count=stale_count, stale=stale,
                        jobs=db.jobs.counts(), leader_alive_ms=alive,
-                       leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000)
+                       leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
+                       config=registry.config_compliance())
 
 
 def _when(ms: int) -> str:
@@ -116,6 +119,9 @@ def format_status(summary: FleetStatus) -> str:
         lines.append(f"  {dev.device_id:<{width}}  last seen {seen}  {state}")
     if summary.stale and summary.stale_count > len(summary.stale):
         lines.append(f"  ... and {summary.stale_count - len(summary.stale)} more")
+    for target, counts in summary.config.items():
+        lines.append(f"config {target}: " + ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items()
+                                                      if n or kind == "in_sync"))
     if summary.jobs is not None:
         j = summary.jobs
         lines.append(

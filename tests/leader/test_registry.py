@@ -380,3 +380,40 @@ async def test_marking_the_leader_alive_samples_the_devices_online_for_a_week(tm
         assert len(reads.online_history(0)) == 2  # the first sample is a week old: gone
     finally:
         reg.close()
+
+
+async def test_the_fleets_configuration_compliance_is_counted_from_the_heartbeats(tmp_path: Path,
+                                                                                   clock: VirtualClock) -> None:
+    """`status` and /metrics count each configuration target's devices as in sync, drifted,
+    failed (a revert or a failed apply) or not applied, from their newest full heartbeats."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
+    from e2e.agent_support import leader
+    from promparse import parse
+
+    from agent.leader.readonly import open_leader_db
+    from agent.leader.status import fleet_status, format_status
+    from agent.protocol import ConfigState
+    from agent.service.prom import render
+
+    gw = await leader(clock, tmp_path)
+    try:
+        states = {"d1": ConfigState(version="1.1.0", state="committed"),
+                  "d2": ConfigState(version="1.1.0", state="committed", drifted=("app.toml",)),
+                  "d3": ConfigState(version="1.0.0", state="rolled_back"),
+                  "d4": ConfigState(state="idle")}
+        gw.registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, configs={"app": c})
+                                      for d, c in states.items()] + [hb("d5", 1)])
+        want = {"app": {"in_sync": 1, "drifted": 1, "failed": 1, "not_applied": 1}}
+        assert gw.registry.config_compliance() == want
+        with open_leader_db(gw.registry.path) as db:
+            summary = fleet_status(db, clock.now_ms())
+        assert summary.config == want
+        assert "config app: 1 in sync, 1 drifted, 1 failed, 1 not applied" in format_status(summary)
+        families = parse(render(gw.collectors()["config"]()))  # type: ignore[arg-type]
+        samples = dict((tuple(sorted(labels.items())), v) for labels, v in families["ea_config_devices"]["samples"])
+        assert samples[(("compliance", "drifted"), ("target", "app"))] == 1.0
+    finally:
+        await gw.stop()
