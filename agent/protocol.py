@@ -123,6 +123,16 @@ class ConfigState(_Message, kw_only=True, frozen=True):
     state: Annotated[str, msgspec.Meta(max_length=16)] = ""
     drifted: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=128)], ...], msgspec.Meta(max_length=64)] = ()
 
+    @property
+    def compliance(self) -> str:
+        """How the target reads fleet-wide: "drifted" (edited on the device), "failed" (its newest
+        apply failed or reverted, or its record is damaged), "in_sync", or "not_applied"."""
+        if self.drifted:
+            return "drifted"
+        if self.state in ("failed", "rolled_back", "damaged"):
+            return "failed"
+        return "in_sync" if self.version else "not_applied"
+
 
 class Heartbeat(_Message, kw_only=True, frozen=True):
     """Sent every `heartbeat.interval_s` (`fast_interval_s` while an update runs or the leader

@@ -166,9 +166,9 @@ def _start(store: Any, args: argparse.Namespace) -> int:
         return 0
     control = store.add_control(rid, "start", StartControl(spec=spec, waves=plan.waves).to_json().decode(),
                                 actor=cli_actor())
-    what = "config release" if spec.rollout.kind == "config" else "version"
-    print(f"rollout {rid}: {what} {manifest.name if spec.rollout.kind == 'config' else ''}"
-          f"{' ' if spec.rollout.kind == 'config' else ''}{manifest.version} from {spec.rollout.artifact}")
+    installs = (f"config release {manifest.name} {manifest.version}" if spec.rollout.kind == "config"
+                else f"version {manifest.version}")
+    print(f"rollout {rid}: {installs} from {spec.rollout.artifact}")
     print(plan.summary())
     return _await_control(store, control, args.no_wait, args.wait)
 

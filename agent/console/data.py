@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.console.charts import Series, online_series, rollout_series
 from agent.core.clock import SystemClock
@@ -13,9 +13,6 @@ from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, devi
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow
 from agent.leader.status import FleetStatus, fleet_status
-
-if TYPE_CHECKING:
-    pass
 
 PAGE = 50
 

@@ -44,7 +44,6 @@ from agent.protocol import SystemSample
 from agent.service.http import HttpServer, Limits, RefuseBody, Request, Response
 from firmware_rollout.orchestration.orchestrator import rollout_id_for
 from firmware_rollout.orchestration.spec import RolloutSpec, StartControl, spec_from_dict
-from firmware_rollout.orchestration.store import IN_PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -137,16 +136,14 @@ def _preview(head: bytes) -> str:
     return printable(head, 32)
 
 
-#: How a wave's devices read on its bar, in this order: each kind a colour of its own (an
-#: aborted wave does not read as a full green bar).
-_OUTCOMES = (("succeeded", ("succeeded",)), ("failed", ("failed", "rejected", "timed_out")),
-             ("rolled_back", ("rolled_back",)), ("canceled", ("canceled",)), ("in_progress", tuple(IN_PROGRESS)))
-
-
 def _outcomes(wave: Mapping[str, Any]) -> list[tuple[str, int]]:
-    counts = wave["counts"]
-    found = [(kind, sum(counts.get(s, 0) for s in states)) for kind, states in _OUTCOMES]
-    return [(kind, n) for kind, n in found if n]
+    """How a wave's devices read on its bar, by the chart's kinds and in their order: each kind
+    a colour of its own (an aborted wave does not read as a full green bar; queued is not drawn)."""
+    found = dict.fromkeys(charts.KINDS, 0)
+    for state, n in wave["counts"].items():
+        if state in charts.KIND_OF:
+            found[charts.KIND_OF[state]] += n
+    return [(kind, n) for kind, n in found.items() if n]
 
 
 def _sample_text(s: SystemSample) -> list[str]:
@@ -192,10 +189,13 @@ class Console:
         values.setdefault("error", "")
         return self.env.get_template(f"{name}.html").render(**values).encode()
 
+    def _operator_mac(self, name: str) -> str:
+        return hmac.new(self.config.token.encode(), b"operator|" + name.encode(), hashlib.sha256).hexdigest()[:32]
+
     def operator_cookie(self, name: str) -> str:
         """The cookie that carries the operator's name (signed: a browser cannot change it)."""
-        mac = hmac.new(self.config.token.encode(), b"operator|" + name.encode(), hashlib.sha256).hexdigest()[:32]
-        return f"{OPERATOR_COOKIE}={urllib.parse.quote(name, safe='')}.{mac}; HttpOnly; SameSite=Strict; Path=/"
+        return (f"{OPERATOR_COOKIE}={urllib.parse.quote(name, safe='')}.{self._operator_mac(name)}; HttpOnly;"
+                " SameSite=Strict; Path=/")
 
     def operator(self, headers: Mapping[str, str]) -> str:
         """The name the browser signed in with ("": none, or a cookie that does not verify)."""
@@ -204,9 +204,7 @@ class Console:
             if key == OPERATOR_COOKIE:
                 quoted, _, mac = value.rpartition(".")
                 name = urllib.parse.unquote(quoted)
-                want = hmac.new(self.config.token.encode(), b"operator|" + name.encode(),
-                                hashlib.sha256).hexdigest()[:32]
-                if OPERATOR_NAME.match(name) and hmac.compare_digest(mac.encode(), want.encode()):
+                if OPERATOR_NAME.match(name) and hmac.compare_digest(mac.encode(), self._operator_mac(name).encode()):
                     return name
         return ""
 
@@ -277,11 +275,11 @@ class Console:
             if start is None:
                 return 404, self.render("not_found", what=f"no rollout {rollout_id!r}")
             return 200, self.render("rollout_starting", title=rollout_id, rollout_id=rollout_id, c=start,
-                                    refresh=REFRESH_S, page="rollout-starting", message=message, error=error)
+                                    refresh=REFRESH_S, message=message, error=error)
         actions = found.actions
         if "rollback" not in actions and self._rollback_choices(found.described["version"]):
             actions = [*actions, "rollback"]  # with an artifact of the store, picked on the confirmation page
-        return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions, page="rollout",
+        return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions,
                                 refresh=REFRESH_S, message=message, error=error, devices=found.devices,
                                 more=found.more, device_states=found.states, state=state, series=found.chart)
 
@@ -341,10 +339,9 @@ class Console:
         return data.rollback_choices(self._store(), version) if version is not None else []
 
     # -- an artifact uploaded ---------------------------------------------------------------
-    def may_upload(self, headers: Mapping[str, str]) -> bool:
-        """Whether a request (by its head) may send an artifact: the token proven, and from a
-        browser the CSRF value in `X-CSRF-Token`."""
-        proof = self.authorized(headers)
+    def may_upload(self, headers: Mapping[str, str], proof: Proof) -> bool:
+        """Whether a request that proved the token so (`authorized`) may send an artifact: from a
+        browser, with the CSRF value in `X-CSRF-Token`."""
         return proof == "token" or (proof == "cookie" and hmac.compare_digest(
             headers.get("x-csrf-token", "").encode(), self.csrf.encode()))
 
@@ -459,13 +456,13 @@ class Console:
         return spec, chosen.manifest, rid
 
 
-def _is_config_release(path: Path | None) -> bool:
+def _is_config_release(path: Path) -> bool:
     from config_rollout.release import MAGIC
 
     try:
-        with open(path, "rb") as f:  # type: ignore[arg-type]
+        with open(path, "rb") as f:
             return f.read(len(MAGIC)) == MAGIC
-    except (OSError, TypeError):
+    except OSError:
         return False
 
 
@@ -520,7 +517,7 @@ class ConsoleHttp:
             raise RefuseBody(401, "sign in first")
         if console.config.public_key is None:
             raise RefuseBody(409, NO_UPLOADS)
-        if not console.may_upload(head.headers):
+        if not console.may_upload(head.headers, proof):
             raise RefuseBody(403, UPLOAD_EXPIRED)
         return console.upload_room()
 
@@ -573,7 +570,7 @@ class ConsoleHttp:
         if request.path == "/artifacts/upload":
             if request.method != "PUT":
                 return _page(405, b"", (("Allow", "PUT"),))
-            if not console.may_upload(request.headers):
+            if not console.may_upload(request.headers, proof):
                 return _refusal(403, UPLOAD_EXPIRED)
             status, said = console.upload(request.body_file, request.query.get("name", [""])[-1], actor)
             return _refusal(status, said)

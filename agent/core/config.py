@@ -334,7 +334,8 @@ class ArtifactsSection(_Section, kw_only=True, frozen=True, forbid_unknown_field
     min_rate_kbps: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 64
 
 
-TargetName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+TARGET_NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"  # a configuration target's name (`[config_targets.NAME]`)
+TargetName = Annotated[str, msgspec.Meta(pattern=TARGET_NAME)]
 Command = Annotated[tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)], ...],
                     msgspec.Meta(max_length=64)]
 

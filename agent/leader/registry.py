@@ -159,10 +159,7 @@ def _compliance(rows: Sequence[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
     for (blob,) in rows:
         states = _stated(blob, _CONFIGS_DECODER.decode)
         for target, c in (states or {}).items():
-            kind = ("drifted" if c.drifted else "failed" if c.state in ("failed", "rolled_back", "damaged")
-                    else "in_sync" if c.version else "not_applied")
-            counts = found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))
-            counts[kind] += 1
+            found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))[c.compliance] += 1
     return dict(sorted(found.items()))
 
 

@@ -151,23 +151,16 @@ class LeaderPort:
                           kind: RolloutKind = "firmware") -> None:
         leader = self._leader
         ttl_ms = max(1, int(ttl_s * 1000))  # in the outbox, and as the MQTT message expiry
+        message_kind, wire = KIND_UPDATE_OFFER, _firmware_offer
         if kind == "config":  # the release rides in the offer: a config offer of its own kind
-            from config_rollout.messages import KIND_CONFIG_OFFER, ConfigOffer
+            from config_rollout.messages import KIND_CONFIG_OFFER
 
-            msgs = [
-                OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
-                              kind=KIND_CONFIG_OFFER,
-                              payload=encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest)),
-                              key=f"config.offer:{offer.rollout_id}", ttl_ms=ttl_ms)
-                for device, offer in offers
-            ]
-        else:
-            msgs = [
-                OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
-                              kind=KIND_UPDATE_OFFER, payload=encode(offer), key=f"firmware.offer:{offer.rollout_id}",
-                              ttl_ms=ttl_ms)
-                for device, offer in offers
-            ]
+            message_kind, wire = KIND_CONFIG_OFFER, _config_offer
+        msgs = [
+            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device, kind=message_kind,
+                          payload=wire(offer), key=f"{kind}.offer:{offer.rollout_id}", ttl_ms=ttl_ms)
+            for device, offer in offers
+        ]
         await leader.outbox.enqueue_many(msgs)
 
     def config_versions(self, target: str) -> dict[str, str]:
@@ -193,6 +186,17 @@ class LeaderPort:
             for device in devices
         ]
         await leader.outbox.enqueue_many(msgs)
+
+
+def _firmware_offer(offer: UpdateOffer) -> bytes:
+    return encode(offer)
+
+
+def _config_offer(offer: UpdateOffer) -> bytes:
+    """A config rollout's offer carries its release where a firmware one has the manifest."""
+    from config_rollout.messages import ConfigOffer
+
+    return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest))
 
 
 SOAK_HEARTBEAT_S = 5.0  # what a soak asks for (a device keeps to its own fast_interval_s at most)

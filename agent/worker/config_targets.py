@@ -46,7 +46,6 @@ class ConfigOfferActor(Actor):
         self._worker = worker
         self._key = key
         self._seq = 0
-        self.applied = 0
 
     async def receive(self, message: object, ctx: Context) -> None:
         if isinstance(message, ConfigOffer):
@@ -73,8 +72,7 @@ class ConfigOfferActor(Actor):
             return
         await self._report(offer, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
-        applier = ConfigApplier(release.name, target, worker.data_dir, confirm=self._confirmed_since(),
-                                on_step=lambda step: None)
+        applier = ConfigApplier(release.name, target, worker.data_dir, confirm=self._host_check())
         try:
             result = await applier.apply(release)
         except (EdgeAgentError, OSError) as exc:
@@ -83,11 +81,10 @@ class ConfigOfferActor(Actor):
             log.error("config %s %s: %s", name, version, detail)
             return
         state, phase = OUTCOME_REPORTS[result.state]
-        self.applied += 1
         log.info("config %s %s: %s (%s)", name, version, result.state, result.detail)
         await self._report(offer, version, state, phase, result.detail)
 
-    def _confirmed_since(self) -> Callable[[], Awaitable[str]]:
+    def _host_check(self) -> Callable[[], Awaitable[str]]:
         """The host's part of the confirm: connected to the broker, the leader heard from."""
         worker = self._worker
 

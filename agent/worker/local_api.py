@@ -35,6 +35,7 @@ import grp
 import json
 import logging
 import os
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ from typing import Any
 import msgspec
 
 from agent.core.clock import Clock
+from agent.core.config import TARGET_NAME
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
 from agent.core.peercred import peer_credentials
@@ -264,7 +266,7 @@ class LocalApi(PartBase):
         """A target's view; with ?version=V&wait=S, once it is not V (or S seconds passed)."""
         if self._configs is None:
             raise HttpError(404, "this device declares no configuration targets ([config_targets])")
-        if not name or len(name) > 64 or not all(c.isalnum() or c in "_.-" for c in name):
+        if not re.fullmatch(TARGET_NAME, name):
             raise HttpError(400, "a target's name is 1-64 of a-z 0-9 _ . -", field="name")
         known = _one(req.query, "version")
         wait_text = _one(req.query, "wait")

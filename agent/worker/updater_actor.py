@@ -279,7 +279,7 @@ def slot_state(updater: Updater) -> SlotState | None:
     try:
         view = installer.describe()
         left = view.get("attempts_left") if isinstance(view, dict) else None
-        attempts = {str(s)[:16]: int(n) for s, n in (left or {}).items()
+        attempts = {str(s)[:16]: n for s, n in left.items()
                     if isinstance(n, int) and 0 <= n <= 1000} if isinstance(left, dict) else {}
         return SlotState(backend=installer.name[:32], booted=installer.booted_slot()[:16],
                          default=installer.default_slot()[:16], trial=(installer.trial_slot() or "")[:16],

@@ -71,11 +71,8 @@ class TargetStatus:
     drifted: tuple[str, ...]  # documents whose content differs from what was applied (a local edit)
 
 
-def _sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
+#: The journal of a target nothing was ever applied to.
+IDLE: dict[str, Any] = {"state": "idle", "version": "", "release_id": "", "hashes": {}, "detail": ""}
 
 
 class ConfigApplier:
@@ -101,12 +98,11 @@ class ConfigApplier:
         try:
             loaded = json.loads(self.journal_path.read_text())
         except FileNotFoundError:
-            return {"state": "idle", "version": "", "release_id": "", "hashes": {}, "detail": ""}
+            return dict(IDLE)
         except (OSError, ValueError) as exc:
             raise ConfigReleaseError(f"{self.journal_path}: unreadable ({exc}): the target's record is damaged"
                                      ) from None
-        return loaded if isinstance(loaded, dict) else {"state": "idle", "version": "", "release_id": "",
-                                                        "hashes": {}, "detail": ""}
+        return loaded if isinstance(loaded, dict) else dict(IDLE)
 
     def _record(self, **fields: Any) -> None:
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -116,9 +112,23 @@ class ConfigApplier:
     def status(self) -> TargetStatus:
         """What the target holds and whether a document was changed on the device since."""
         j = self.journal()
+        return self._status(j, self._applied_documents(j))
+
+    def _applied_documents(self, j: dict[str, Any]) -> dict[str, bytes | None]:
+        """The documents the journal says were applied, as they are on disk (None: gone)."""
+        found: dict[str, bytes | None] = {}
+        for n in sorted(j.get("hashes") or {}):
+            try:
+                found[n] = (self.directory / n).read_bytes()
+            except OSError:
+                found[n] = None
+        return found
+
+    def _status(self, j: dict[str, Any], documents: dict[str, bytes | None]) -> TargetStatus:
         hashes: dict[str, str] = j.get("hashes") or {}
         at_rest = j.get("state") in ("idle", "committed", "failed", "rolled_back")  # (mid-apply is no edit)
-        drifted = tuple(sorted(n for n, h in hashes.items() if _sha256(self.directory / n) != h)) if at_rest else ()
+        drifted = tuple(n for n, data in documents.items()
+                        if data is None or hashlib.sha256(data).hexdigest() != hashes[n]) if at_rest else ()
         return TargetStatus(str(j.get("version", "")), str(j.get("release_id", "")), str(j.get("state", "idle")),
                             str(j.get("detail", "")), drifted)
 
@@ -127,12 +137,12 @@ class ConfigApplier:
         drift, and each applied document as it is on disk now (text, or base64 when not UTF-8)."""
         import base64
 
-        st = self.status()
+        j = self.journal()
+        applied = self._applied_documents(j)
+        st = self._status(j, applied)
         documents: dict[str, dict[str, str]] = {}
-        for n in sorted(self.journal().get("hashes") or {}):
-            try:
-                data = (self.directory / n).read_bytes()
-            except OSError:
+        for n, data in applied.items():
+            if data is None:
                 continue
             try:
                 documents[n] = {"text": data.decode("utf-8")}

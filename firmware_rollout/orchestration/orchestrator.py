@@ -33,7 +33,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -45,7 +45,7 @@ from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.gates import WaveGates, finished_failed
 from firmware_rollout.orchestration.plan import DeviceInfo, matches, plan_waves, select_targets
-from firmware_rollout.orchestration.spec import RolloutSpec, start_control_from_json
+from firmware_rollout.orchestration.spec import RolloutKind, RolloutSpec, start_control_from_json
 from firmware_rollout.orchestration.status import describe, wave_number
 from firmware_rollout.orchestration.store import (
     TERMINAL,
@@ -58,7 +58,6 @@ from firmware_rollout.orchestration.store import (
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({"failed", "timed_out"})
-RolloutKind = Literal["firmware", "config"]
 #: Checks a config release for a rollout and keeps the leader's copy: (its name, its version, the
 #: copy's path, the release's bytes); a `RolloutError` says why not (the leader's `RolloutService`).
 AdmitConfig = Callable[[str], tuple[str, str, str, bytes]]
@@ -523,7 +522,8 @@ class Orchestrator:
         due = self.store.cancels_due()
         if not due:
             return
-        firmware = [(rid, device, why) for rid, device, why in due if self._get(rid).spec.rollout.kind == "firmware"]
+        kinds = {rid: self._get(rid).spec.rollout.kind for rid in {rid for rid, _, _ in due}}
+        firmware = [(rid, device, why) for rid, device, why in due if kinds[rid] == "firmware"]
         if firmware:
             await self.port.send_cancels([(device, UpdateCancel(rollout_id=rid, reason=why[:500]))
                                           for rid, device, why in firmware])

@@ -69,11 +69,15 @@ class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     pass
 
 
+#: What a rollout installs: a firmware artifact, or a config release (`config_rollout`).
+RolloutKind = Literal["firmware", "config"]
+
+
 class RolloutSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     artifact: Annotated[str, msgspec.Meta(min_length=1)]  # a firmware artifact, or a config release (kind)
     # "config": `artifact` is a signed config release, applied by each device's target of its name
-    kind: Literal["firmware", "config"] = "firmware"
+    kind: RolloutKind = "firmware"
     seed: int = 0
     rollback_artifact: str = ""  # offered by `rollout rollback` unless the command names one
     # the id of an unfinished rollout whose not yet offered devices this one takes over
@@ -348,6 +352,7 @@ __all__ = [
     "DownloadSection",
     "GatesSection",
     "Ramp",
+    "RolloutKind",
     "RolloutSection",
     "RolloutSpec",
     "StartControl",

@@ -284,7 +284,7 @@ def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp
         status, headers, _ = post(step="start", id=rid.group(1))
         assert status == 303 and headers["Location"].startswith(f"/rollouts/{rid.group(1)}?queued=")
         status, _, page = request(address, "GET", headers["Location"], headers=browser)
-        assert status == 200 and 'data-page="rollout-starting"' in page  # not a 404 while the leader has not started it
+        assert status == 200 and 'data-page="rollout_starting"' in page  # not a 404 while the leader has not started it
         assert "the leader starts it on its next tick" in page
         store = RolloutStore.open(db, clock=VirtualClock())
         try:
