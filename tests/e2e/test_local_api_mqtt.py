@@ -174,7 +174,9 @@ def test_a_retry_after_the_worker_died_before_its_answer_is_stored_once(tmp_path
     """The worker is SIGKILLed once the leader has committed the message, before the application
     read an answer; the application sends it again, under its name, to the restarted worker."""
     with Mosquitto(tmp_path / "broker") as broker:
-        agents = Agents(tmp_path, broker.url)
+        # the retry must go straight to the leader: on a loaded machine a just-restarted worker's
+        # first direct try may take longer than the default 5 s before it falls back to the outbox
+        agents = Agents(tmp_path, broker.url, worker_sections={"local_api": {"direct_timeout_s": 60.0}})
         try:
             agents.start_leader()
             agents.start_worker()
