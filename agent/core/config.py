@@ -352,6 +352,9 @@ class ConfigTargetSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     apply_command: Command = ()  # run once the documents are in place (e.g. systemctl reload app)
     health_command: Command = ()  # must pass within confirm_s, or the old documents come back
     confirm_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
+    # the confirm looks first this long after the apply: a change that cuts the device off a
+    # moment later (a network reload) is caught, not confirmed before it bites
+    settle_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 5.0
     command_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
     max_document_kib: Annotated[int, msgspec.Meta(ge=1, le=16 * 1024)] = 64
 
@@ -590,6 +593,9 @@ def load_config(path: str | Path) -> AgentConfig:
     _check_retentions(config, str(path))
     _check_classes(config, str(path))
     _check_artifacts(config, str(path))
+    for name, target in config.config_targets.items():
+        if target.settle_s >= target.confirm_s:
+            raise ConfigError(str(path), f"config_targets.{name}.settle_s", "must be less than confirm_s")
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
         raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")

@@ -7,22 +7,24 @@ and soak read them alike:
                  └── rejected (not signed by the fleet's key, no such target, a document it does not take)
                  └── failed (did not validate) · rolled_back (not confirmed within confirm_s: reverted)
 
-The confirm check: the broker connection is up and the leader has answered this process (with the
-target's health command, `ConfigApplier` runs both within `confirm_s`): a config that cuts the
-device off reverts by itself. One offer is applied at a
+The confirm check, from the target's `settle_s` after the apply: the broker connection is up and
+the leader answers now (the `verifying` report sent straight to it and accepted: an answer from
+before the apply proves nothing); with the target's health command, `ConfigApplier` tries both
+until `confirm_s`: a config that cuts the device off reverts by itself. One offer is applied at a
 time; an offer of a release already committed is answered `succeeded` at once. Loaded only for a
 worker that declares `[config_targets]`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
 from agent.actors import Actor, ActorRef, Context
 from agent.core.errors import EdgeAgentError
 from agent.service.parts import PartBase
-from agent.worker.actors import LEADER
+from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.errors import ConfigReleaseError
@@ -32,6 +34,7 @@ from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.messages import ReportState, UpdateReport, UpdaterState, report_message
 
 log = logging.getLogger(__name__)
+LEADER_ANSWER_S = 5.0  # one confirm's round trip to the leader, at most
 
 #: What the leader sees of each outcome of `ConfigApplier.apply`.
 OUTCOME_REPORTS: dict[str, tuple[ReportState, UpdaterState]] = {
@@ -72,7 +75,8 @@ class ConfigOfferActor(Actor):
             return
         await self._report(offer, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
-        applier = ConfigApplier(release.name, target, worker.data_dir, confirm=self._host_check())
+        applier = ConfigApplier(release.name, target, worker.data_dir,
+                                confirm=self._host_check(offer, version, f"applied {name} {version}: confirming"))
         try:
             result = await applier.apply(release)
         except (EdgeAgentError, OSError) as exc:
@@ -84,26 +88,36 @@ class ConfigOfferActor(Actor):
         log.info("config %s %s: %s (%s)", name, version, result.state, result.detail)
         await self._report(offer, version, state, phase, result.detail)
 
-    def _host_check(self) -> Callable[[], Awaitable[str]]:
-        """The host's part of the confirm: connected to the broker, the leader heard from."""
+    def _host_check(self, offer: ConfigOffer, version: str, detail: str) -> Callable[[], Awaitable[str]]:
+        """The host's part of the confirm: connected to the broker, and the leader accepts the
+        `verifying` report sent straight to it now."""
         worker = self._worker
 
         async def check() -> str:
             if not worker.transport.connected.is_open:
                 return "the broker connection is down"
-            if not worker.leader_answered.is_open:
-                return "the leader has not answered this agent"
+            report = self._next_report(offer, version, "verifying", "verifying", detail)
+            envelope = envelope_of(report_message(report, msg_id=worker.ids.next(), receiver=LEADER), worker.clock)
+            try:
+                await asyncio.wait_for(worker.link.tell(envelope), LEADER_ANSWER_S)
+            except (TimeoutError, EdgeAgentError) as exc:
+                return f"the leader did not answer: {str(exc) or f'no answer within {LEADER_ANSWER_S:g} s'}"
             return ""
 
         return check
 
-    async def _report(self, offer: ConfigOffer, version: str, state: ReportState, phase: UpdaterState,
-                      detail: str) -> None:
+    def _next_report(self, offer: ConfigOffer, version: str, state: ReportState, phase: UpdaterState,
+                     detail: str) -> UpdateReport:
         worker = self._worker
         now = worker.clock.now_ms()
         self._seq = max(self._seq + 1, now)  # grows across restarts too (the leader keeps the highest)
-        report = UpdateReport(device=worker.device_id, rollout_id=offer.rollout_id, version=version[:64],
-                              state=state, phase=phase, detail=detail[:1000], ts_ms=now, seq=self._seq)
+        return UpdateReport(device=worker.device_id, rollout_id=offer.rollout_id, version=version[:64],
+                            state=state, phase=phase, detail=detail[:1000], ts_ms=now, seq=self._seq)
+
+    async def _report(self, offer: ConfigOffer, version: str, state: ReportState, phase: UpdaterState,
+                      detail: str) -> None:
+        worker = self._worker
+        report = self._next_report(offer, version, state, phase, detail)
         await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
 
 

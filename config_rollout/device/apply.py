@@ -12,8 +12,9 @@ the process there):
                state directory, fsynced; the journal says "swapping"
     swap       each staged document renamed over its file in the target's folder; the folder fsynced
     apply      `apply_command`
-    confirm    within `confirm_s`: the host's check (connected, the leader answered: `confirm`)
-               and `health_command` pass, tried again every second until then
+    confirm    from `settle_s` after the apply until `confirm_s`: the host's check (connected,
+               the leader answered just now: `confirm`) and `health_command` pass, tried again
+               every second until then
     commit     the journal says "committed" with the version, the release id and each
                document's sha256; the last-good and staging folders go
 
@@ -203,7 +204,7 @@ class ConfigApplier:
         problem = await self._run("apply", self.target.apply_command)
         if not problem:
             self._on_step("applied")
-            problem = await self._confirm_within(self.target.confirm_s)
+            problem = await self._confirm_within(self.target.confirm_s, self.target.settle_s)
         if problem:
             return await self._revert(f"{release.version} reverted: {problem}")
         hashes = {n: hashlib.sha256(data).hexdigest() for n, data in release.documents.items()}
@@ -275,10 +276,12 @@ class ConfigApplier:
                          hashes=previous.get("hashes") or {}, detail=reason, previous={})
         return ApplyResult("failed", version, reason)
 
-    async def _confirm_within(self, window_s: float) -> str:
-        """"" once the host's check and the health command pass within the window, else why not."""
+    async def _confirm_within(self, window_s: float, settle_s: float) -> str:
+        """"" once the host's check and the health command pass within the window (looked at
+        from `settle_s` on), else why not."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + window_s
+        await asyncio.sleep(settle_s)
         problem = "not confirmed"
         while True:
             problem = await self._confirm() if self._confirm is not None else ""

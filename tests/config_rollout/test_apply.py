@@ -34,6 +34,7 @@ def release_of(tmp: Path, version: str, docs: dict[str, bytes], name: str = "app
 
 
 def target(tmp: Path, **kw: object) -> ConfigTargetSection:
+    kw.setdefault("settle_s", 0.0)
     return ConfigTargetSection(directory=str(tmp / "etc" / "app"), **kw)  # type: ignore[arg-type]
 
 
@@ -110,6 +111,26 @@ async def test_the_hosts_check_decides_too_and_a_hanging_command_is_bounded(tmp_
     assert contents(tmp_path / "etc" / "app") == OLD
 
 
+async def test_the_confirm_looks_first_settle_s_after_the_apply(tmp_path: Path) -> None:
+    """A change that cuts the device off a moment after its apply command returned (a network
+    reload) must not be confirmed before it bites: the host's check is first asked settle_s on."""
+    await installed(tmp_path)
+    loop = asyncio.get_running_loop()
+    applied_at = tmp_path / "applied"
+    looks: list[float] = []
+
+    async def look() -> str:
+        looks.append(loop.time())
+        return ""
+
+    settings = target(tmp_path, apply_command=("touch", str(applied_at)), settle_s=0.4, confirm_s=10)
+    applier = ConfigApplier("app", settings, tmp_path / "state", confirm=look,
+                            on_step=lambda step: looks.append(loop.time()) if step == "applied" else None)
+    result = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "committed" and applied_at.exists()
+    assert len(looks) == 2 and looks[1] - looks[0] >= 0.4
+
+
 async def test_a_release_for_another_target_or_an_undeclared_document_is_refused(tmp_path: Path) -> None:
     await installed(tmp_path)
     strict = ConfigApplier("app", target(tmp_path, documents=("app.toml", "limits.conf")), tmp_path / "state")
@@ -135,7 +156,7 @@ CHILD = textwrap.dedent("""
         if name == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    target = ConfigTargetSection(directory=str(tmp / "etc" / "app"), confirm_s=0.5,
+    target = ConfigTargetSection(directory=str(tmp / "etc" / "app"), confirm_s=0.5, settle_s=0,
                                  health_command=() if healthy else ("false",))
     release = parse_release((tmp / "new.eacfg").read_bytes(), VerifyKey.from_raw((tmp / "key.raw").read_bytes()))
     print(asyncio.run(ConfigApplier("app", target, tmp / "state", on_step=step).apply(release)).state, flush=True)
@@ -185,7 +206,7 @@ def test_apply_and_status_from_the_command_line(tmp_path: Path, capsys: pytest.C
     config = tmp_path / "worker.toml"
     config.write_text(f'[agent]\nrole = "worker"\ndevice_id = "pi-1"\ndata_dir = "{tmp_path / "data"}"\n'
                       f'[firmware]\npublic_key = "{keys.public}"\n'
-                      f'[config_targets.app]\ndirectory = "{tmp_path / "etc" / "app"}"\nconfirm_s = 5\n'
+                      f'[config_targets.app]\ndirectory = "{tmp_path / "etc" / "app"}"\nconfirm_s = 5\nsettle_s = 0\n'
                       'health_command = ["true"]\n')
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -224,6 +245,8 @@ def test_config_check_names_the_target_key_that_is_wrong(tmp_path: Path, capsys:
          "firmware.public_key: required by [config_targets.app]"),
         (head + key + f'[config_targets.app]\ndirectory = "{tmp_path}"\nconfirm_s = 0\n',
          "config_targets.app.confirm_s"),
+        (head + key + f'[config_targets.app]\ndirectory = "{tmp_path}"\nconfirm_s = 3\nsettle_s = 5\n',
+         "config_targets.app.settle_s: must be less than confirm_s"),
         (head + key + f'[config_targets.App]\ndirectory = "{tmp_path}"\n', "config_targets"),
     ]
     for n, (text, said) in enumerate(cases):

@@ -1,13 +1,17 @@
 """A configuration rolled out in waves, end to end: a leader and three workers as `edge-agent run`
-processes over a real mosquitto, each worker declaring `[config_targets.app]`. A release that
-stays healthy commits on every device through three waves; a release whose health check fails
-reverts by itself on the canary within confirm_s and the rollout aborts, the other devices never
-offered it; the devices' documents are compared byte for byte."""
+processes over a real mosquitto, each worker declaring `[config_targets.app]` and reaching the
+broker through its own TCP link. A release that stays healthy commits on every device through
+three waves; a release whose `apply_command` cuts the device's link (as a broken network
+configuration would) reverts by itself on the canary within confirm_s, the link comes back with
+the old content, and the rollout aborts, the other devices never offered it. The devices'
+documents are compared byte for byte; the applications go on reading their configuration and
+sending messages through the local API throughout, and every message reaches the leader once."""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,6 +22,7 @@ import pytest
 from mosquitto import Mosquitto
 from test_rollout_mqtt import agent_config, registered, stop
 
+from agent.client import Client
 from firmware_rollout.artifact.keys import generate_keypair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,16 +37,37 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     key = f'[firmware]\npublic_key = "{keys.public}"\n'
     configs = [agent_config(tmp_path, "gw", "leader", url, key)]
+    procs: list[subprocess.Popen[bytes]] = []
+    cuts = {name: tmp_path / name / "link-cut" for name in DEVICES}
     for name in DEVICES:
         etc = tmp_path / name / "etc" / "app"
         etc.mkdir(parents=True)
         (etc / "app.toml").write_text("mode = 'factory'\n")
-        configs.append(agent_config(tmp_path, name, "worker", url, key + (
+        port_file = tmp_path / f"{name}.link-port"
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("cuttable_link.py")),
+                                       str(port_file), str(mosquitto.port), str(cuts[name])]))
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert time.monotonic() < deadline, "the link never listened"
+            time.sleep(0.05)
+        # the application's network settings: "network = 'off'" in the document cuts the link
+        doc, cut = etc / "app.toml", cuts[name]
+        apply = f"if grep -q \"^network = .off\" {doc}; then touch {cut}; else rm -f {cut}; fi"
+        configs.append(agent_config(tmp_path, name, "worker", f"mqtt://127.0.0.1:{port_file.read_text()}", key + (
             f'[config_targets.app]\ndirectory = "{etc}"\nconfirm_s = 15\n'
+            f'apply_command = ["sh", "-c", {json.dumps(apply)}]\n'
             f'health_command = ["grep", "-q", "mode = .good", "{etc / "app.toml"}"]\n')))
-    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-             for c in configs]
+    logs = [c.with_suffix(".log").open("wb") for c in configs]
+    procs += [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)], stdout=log,
+                               stderr=subprocess.STDOUT, env=env) for c, log in zip(configs, logs, strict=True)]
+    sent: list[str] = []
+
+    def applications() -> None:
+        """Each device's application reads its configuration and sends a message."""
+        for name in DEVICES:
+            with Client(tmp_path / name / "api.sock", timeout_s=60) as app:
+                assert app.config("app")["target"] == "app"
+                sent.append(app.send("events", {"device": name, "n": len(sent)}))
     db = tmp_path / "gw" / "leader.db"
     cli = [sys.executable, "-m", "agent.cli"]
 
@@ -71,6 +97,7 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
             data: dict[str, Any] = json.loads(out.stdout)
             if data["state"] not in ("running", "scheduled") or time.monotonic() > deadline:
                 return data
+            applications()
             time.sleep(0.3)
 
     def wait_status(device: str, said: str) -> None:
@@ -99,16 +126,28 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
 
         for name in DEVICES:  # each device's next full heartbeat says what its target holds
             wait_status(name, "app: 1.1.0 (committed); in sync")
-        bad = release("1.2.0", "mode = 'broken'\n")
+        bad = release("1.2.0", "mode = 'good'\nnetwork = 'off'\n")
         data = roll("cfg-2", bad, "canary = 1\ncounts = [2]")
         assert data["state"] == "aborted", data
         assert data["from_versions"] == {"1.1.0": 3}  # from what the targets held, as the heartbeats said
         canary = [d for d in data["device_list"] if d["wave"] == 0]
         assert len(canary) == 1 and canary[0]["state"] == "rolled_back", data["device_list"]
-        assert "not confirmed within 15 s" in canary[0]["detail"]
+        assert "not confirmed within 15 s: the broker connection is down" in canary[0]["detail"], canary
         assert {d["state"] for d in data["device_list"] if d["wave"] == 1} <= {"queued", "canceled"}
         assert documents() == [b"mode = 'good'\nport = 2\n"] * 3  # the canary is back on 1.1.0, byte for byte
+        assert not any(cut.exists() for cut in cuts.values())  # the old content's apply restored the link
 
         wait_status(canary[0]["device"], "app: 1.1.0 (rolled_back); in sync")
+        applications()
+        deadline = time.monotonic() + 120  # the canary's messages of the cut come from its outbox
+        while True:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
+                stored = dict(conn.execute("SELECT msg_id, count(*) FROM app_messages GROUP BY msg_id").fetchall())
+            if len(stored) >= len(sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert sorted(stored) == sorted(sent) and set(stored.values()) == {1}  # each once, none lost
     finally:
         stop(procs)
+        for log in logs:
+            log.close()

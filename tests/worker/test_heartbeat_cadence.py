@@ -216,7 +216,7 @@ async def test_the_configuration_targets_ride_a_full_heartbeat_and_a_local_edit_
 
     key = SigningKey.generate()
     etc = tmp_path / "etc" / "app"
-    sections = {**IDLE, "config_targets": {"app": {"directory": str(etc)}}}
+    sections = {**IDLE, "config_targets": {"app": {"directory": str(etc), "settle_s": 0}}}
     gw = await leader(clock, tmp_path, broker=broker)
     uplink, spy = await listen(broker, clock, "w1")
     w = await worker(clock, tmp_path, "w1", broker=broker, sections=sections)

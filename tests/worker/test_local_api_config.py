@@ -36,7 +36,7 @@ async def test_an_application_reads_and_watches_its_configuration(tmp_path: Path
     clock = SystemClock()
     etc = tmp_path / "etc" / "app"
     device = await worker(clock, tmp_path, "pi-1", broker=broker,
-                          sections={"config_targets": {"app": {"directory": str(etc)}}})
+                          sections={"config_targets": {"app": {"directory": str(etc), "settle_s": 0}}})
     sock = tmp_path / "api.sock"
     api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=sock,
                    configs=config_reader(device))
