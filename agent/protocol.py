@@ -122,6 +122,7 @@ class ConfigState(_Message, kw_only=True, frozen=True):
     version: Version = ""
     state: Annotated[str, msgspec.Meta(max_length=16)] = ""
     drifted: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=128)], ...], msgspec.Meta(max_length=64)] = ()
+    layers: Annotated[str, msgspec.Meta(max_length=16)] = ""  # the digest of the leader's layer values applied
 
     @property
     def compliance(self) -> str:

@@ -1,11 +1,14 @@
-"""The wire message of a config rollout: the leader's offer of a release to a device (its
-reports are the firmware's `UpdateReport`, so the wave engine reads both alike)."""
+"""The wire message of a config rollout: the leader's offer of a release to a device, with the
+layer values the leader renders for that device (its reports are the firmware's `UpdateReport`,
+so the wave engine reads both alike)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import msgspec
+
+from config_rollout.layers import MAX_VALUES, LayerValue
 
 KIND_CONFIG_OFFER = "config.offer"
 OFFER_RELEASE_MAX = 512 * 1024  # a release offered inline, in one MQTT message
@@ -16,6 +19,8 @@ class ConfigOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 
     rollout_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     release: Annotated[bytes, msgspec.Meta(max_length=OFFER_RELEASE_MAX)]
+    # the leader's layer values for this device: its groups in their stated order, then its own
+    layers: Annotated[tuple[LayerValue, ...], msgspec.Meta(max_length=MAX_VALUES)] = ()
 
 
 __all__ = ["KIND_CONFIG_OFFER", "OFFER_RELEASE_MAX", "ConfigOffer"]

@@ -5,7 +5,8 @@ helper_group) is checked as `edge-agent install-helper` checks it at its start.
 
 `edge-agent config release build NAME --version V FILE... --key PRIVATE.pem [--out F]` makes a
 signed config release of the files (`config_rollout.release`); `edge-agent config release show
-F --key PUBLIC.pem` verifies one and says what it holds."""
+F --key PUBLIC.pem` verifies one and says what it holds. `config layer` and `config diff`: the
+leader's layers over a release (`agent.commands.config_layers`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("file")
     show.add_argument("--key", required=True, metavar="PUBLIC.pem", help="the fleet's public key")
     show.add_argument("--json", action="store_true")
+    from agent.commands.config_layers import add_arguments as add_layer_arguments
+
+    add_layer_arguments(actions)
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -130,6 +134,10 @@ def main(args: argparse.Namespace) -> int:
         return _apply(args)
     if args.action == "status":
         return _status(args)
+    if args.action in ("layer", "diff"):
+        from agent.commands.config_layers import diff_main, layer_main
+
+        return layer_main(args) if args.action == "layer" else diff_main(args)
 
     status = 0
     for path in args.files:

@@ -111,6 +111,11 @@ def format_devices(page: DevicePage, now_ms: int) -> str:
     return "\n".join(lines)
 
 
+_COMPLIANCE_SAID = {"in_sync": "in sync", "pending": "pending: the leader has more for it",
+                    "failed": "FAILED: its newest apply did not commit", "not_applied": "nothing applied",
+                    "drifted": "drifted"}
+
+
 def format_device(detail: DeviceDetail, now_ms: int) -> str:
     """One device in full, for a terminal."""
     d = detail.device
@@ -135,7 +140,8 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
     if detail.configs:
         lines.append("  configuration targets:")
         lines += [f"    {name}: {c.version or 'nothing applied'} ({c.state or '?'})"
-                  + (f"; DRIFTED: {', '.join(c.drifted)} changed on the device" if c.drifted else "; in sync")
+                  + (f"; DRIFTED: {', '.join(c.drifted)} changed on the device" if c.drifted else
+                     f"; {_COMPLIANCE_SAID[detail.compliance.get(name, c.compliance)]}")
                   for name, c in sorted(detail.configs.items())]
     if detail.rollouts:
         lines.append("  rollouts (newest first):")

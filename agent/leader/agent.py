@@ -389,11 +389,16 @@ class LeaderAgent(PartBase):
 
     def _config_compliance(self) -> list[MetricFamily]:
         """`ea_config_devices{target, compliance}`: the fleet's configuration targets as their
-        devices' heartbeats state them (no family when no device states any)."""
+        devices' heartbeats state them, pending where a config rollout or a layer has more for
+        them (no family when no device states any)."""
+        from agent.leader.config_pending import fleet_compliance
+        from agent.leader.readonly import open_leader_db
         from agent.service.prom import family
 
+        with open_leader_db(self.registry.path) as db:
+            compliance = fleet_compliance(db, self.clock.now_ms())
         samples = [({"target": target, "compliance": kind}, float(n))
-                   for target, counts in self.registry.config_compliance().items() for kind, n in counts.items()]
+                   for target, counts in compliance.items() for kind, n in counts.items()]
         return [family("ea_config_devices", "gauge", "Devices by configuration target and compliance.", samples)
                 ] if samples else []
 

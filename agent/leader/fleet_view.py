@@ -93,6 +93,8 @@ class DeviceDetail(DeviceState, kw_only=True, frozen=True):
     rollouts: list[DeviceRollout]
     timeline: list[DeviceEvent] = []
     controls: list[ControlRecord] = []
+    # each configuration target: in_sync, pending, drifted, failed or not_applied
+    compliance: dict[str, str] = {}
 
 
 def list_devices(db: LeaderDb, flt: DeviceFilter) -> DevicePage:
@@ -128,8 +130,17 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10, events: in
                 for a, b, c, d in db.rollouts.timeline_of(device_id, limit=events)]
     controls = [ControlRecord(asked_ms=a, rollout_id=b, action=c, actor=d, applied_ms=e, outcome=f, result=g)
                 for a, b, c, d, e, f, g in db.rollouts.controls_of([r.rollout_id for r in rollouts])]
+    compliance = {}
+    if state.configs:
+        import time
+
+        from agent.leader.config_pending import config_pending
+
+        pending = config_pending(db, {device_id: (line.tags, state.configs)}, int(time.time() * 1000))
+        compliance = {target: "pending" if c.compliance in ("in_sync", "not_applied") and (device_id, target) in pending
+                      else c.compliance for target, c in state.configs.items()}
     return DeviceDetail(**msgspec.structs.asdict(state), device=_rows(db, [line])[0], rejects=recent,
-                        rollouts=rollouts, timeline=timeline, controls=controls)
+                        rollouts=rollouts, timeline=timeline, controls=controls, compliance=compliance)
 
 
 __all__ = ["ControlRecord", "DeviceDetail", "DeviceEvent", "DeviceFilter", "DevicePage", "DeviceReject",

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -150,16 +150,31 @@ def _stated(blob: object, read: Callable[[bytes], T]) -> T | None:
 
 
 #: How a device's configuration target reads fleet-wide (`config_compliance`).
-COMPLIANCE = ("in_sync", "drifted", "failed", "not_applied")
+COMPLIANCE = ("in_sync", "pending", "drifted", "failed", "not_applied")
+#: The devices' configuration targets, as stored: (device id, tags JSON, configs blob) rows.
+_CONFIG_ROWS = "SELECT device_id, tags, configs FROM devices WHERE configs IS NOT NULL"
 
 
-def _compliance(rows: Sequence[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
-    """target -> compliance -> devices, from (configs blob,) rows."""
-    found: dict[str, dict[str, int]] = {}
-    for (blob,) in rows:
+def _config_states(rows: Sequence[tuple[Any, ...]]) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
+    found = {}
+    for device_id, tags, blob in rows:
         states = _stated(blob, _CONFIGS_DECODER.decode)
-        for target, c in (states or {}).items():
-            found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))[c.compliance] += 1
+        if states:
+            found[str(device_id)] = (tuple(_stated(tags.encode() if isinstance(tags, str) else tags,
+                                                   _tags_decoder.decode) or ()), states)
+    return found
+
+
+def _compliance(rows: Sequence[tuple[Any, ...]], pending: Collection[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """target -> compliance -> devices, from `_CONFIG_ROWS`; a target in sync (or not applied)
+    whose (device, target) is `pending` is on its way to what the leader wants."""
+    found: dict[str, dict[str, int]] = {}
+    for device_id, (_, states) in _config_states(rows).items():
+        for target, c in states.items():
+            said = c.compliance
+            if said in ("in_sync", "not_applied") and (device_id, target) in pending:
+                said = "pending"
+            found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))[said] += 1
     return dict(sorted(found.items()))
 
 
@@ -583,12 +598,19 @@ class DeviceRegistry(SqliteStore):
             ).fetchall()
         return [_record(r) for r in rows]
 
-    def config_compliance(self) -> dict[str, dict[str, int]]:
-        """target -> in_sync / drifted / failed / not_applied -> devices, as their newest full
-        heartbeats stated (one decode per device that states any: read at a scrape's pace)."""
+    def config_compliance(self, pending: Collection[tuple[str, str]] = ()) -> dict[str, dict[str, int]]:
+        """target -> in_sync / pending / drifted / failed / not_applied -> devices, as their
+        newest full heartbeats stated (one decode per device that states any: read at a
+        scrape's pace); `pending`: the (device, target)s the leader has more for."""
         self.check_open()
         with store_errors("read config compliance"):
-            return _compliance(self._conn.execute("SELECT configs FROM devices WHERE configs IS NOT NULL").fetchall())
+            return _compliance(self._conn.execute(_CONFIG_ROWS).fetchall(), pending)
+
+    def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
+        """device -> (its tags, what each of its configuration targets holds)."""
+        self.check_open()
+        with store_errors("read config states"):
+            return _config_states(self._conn.execute(_CONFIG_ROWS).fetchall())
 
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version of configuration target `target` its newest full heartbeat
@@ -713,10 +735,17 @@ class RegistryReads:
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0])
 
-    def config_compliance(self) -> dict[str, dict[str, int]]:
+    def config_compliance(self, pending: Collection[tuple[str, str]] = ()) -> dict[str, dict[str, int]]:
         """As `DeviceRegistry.config_compliance` (none from a registry older than the column)."""
         try:
-            return _compliance(self._conn.execute("SELECT configs FROM devices WHERE configs IS NOT NULL").fetchall())
+            return _compliance(self._conn.execute(_CONFIG_ROWS).fetchall(), pending)
+        except sqlite3.OperationalError:
+            return {}
+
+    def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
+        """As `DeviceRegistry.config_states`."""
+        try:
+            return _config_states(self._conn.execute(_CONFIG_ROWS).fetchall())
         except sqlite3.OperationalError:
             return {}
 

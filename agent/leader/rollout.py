@@ -22,10 +22,10 @@ import asyncio
 import logging
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -48,6 +48,10 @@ from agent.service.prom import Collector, MetricFamily, family
 from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
 from firmware_rollout.errors import ReportRefused
+
+if TYPE_CHECKING:
+    from config_rollout.layer_store import LayerStore
+    from config_rollout.layers import LayerValue
 from firmware_rollout.messages import (
     KIND_CHUNK_REQUEST,
     KIND_UPDATE_CANCEL,
@@ -134,11 +138,17 @@ class RolloutHost(Protocol):
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None: ...
 
 
-class LeaderPort:
-    """The orchestrator's view of the leader: the registry's devices, the outbox for offers."""
+#: The configuration layers' values for one device of a target: (target, device, its tags).
+LayerValues = Callable[[str, str, Sequence[str]], "tuple[LayerValue, ...]"]
 
-    def __init__(self, leader: RolloutHost) -> None:
+
+class LeaderPort:
+    """The orchestrator's view of the leader: the registry's devices, the outbox for offers
+    (a config offer with the layer values of its device, from `layer_values`)."""
+
+    def __init__(self, leader: RolloutHost, layer_values: LayerValues | None = None) -> None:
         self._leader = leader
+        self._layer_values = layer_values
 
     def devices(self) -> Sequence[DeviceInfo]:
         return [
@@ -151,17 +161,38 @@ class LeaderPort:
                           kind: RolloutKind = "firmware") -> None:
         leader = self._leader
         ttl_ms = max(1, int(ttl_s * 1000))  # in the outbox, and as the MQTT message expiry
-        message_kind, wire = KIND_UPDATE_OFFER, _firmware_offer
+        message_kind: str = KIND_UPDATE_OFFER
+        wire: Callable[[str, UpdateOffer], bytes] = _firmware_offer
         if kind == "config":  # the release rides in the offer: a config offer of its own kind
             from config_rollout.messages import KIND_CONFIG_OFFER
 
-            message_kind, wire = KIND_CONFIG_OFFER, _config_offer
+            message_kind, wire = KIND_CONFIG_OFFER, self._config_offers(offers)
         msgs = [
             OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device, kind=message_kind,
-                          payload=wire(offer), key=f"{kind}.offer:{offer.rollout_id}", ttl_ms=ttl_ms)
+                          payload=wire(device, offer), key=f"{kind}.offer:{offer.rollout_id}", ttl_ms=ttl_ms)
             for device, offer in offers
         ]
         await leader.outbox.enqueue_many(msgs)
+
+    def _config_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> Callable[[str, UpdateOffer], bytes]:
+        """A config rollout's offer carries its release where a firmware one has the manifest,
+        and the layer values of its device."""
+        from config_rollout.messages import ConfigOffer
+        from config_rollout.release import peek_release
+
+        layer_values = self._layer_values
+        tags: dict[str, tuple[str, ...]] = {}
+        target = ""
+        if layer_values is not None and offers:
+            target = peek_release(offers[0][1].signed_manifest).name  # (one rollout: one release)
+            wanted = {device for device, _ in offers}
+            tags = {d.device_id: tuple(d.tags) for d in self._leader.registry.devices() if d.device_id in wanted}
+
+        def wire(device: str, offer: UpdateOffer) -> bytes:
+            values = layer_values(target, device, tags.get(device, ())) if layer_values is not None else ()
+            return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest, layers=values))
+
+        return wire
 
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version its configuration target `target` holds (its heartbeats say)."""
@@ -188,15 +219,8 @@ class LeaderPort:
         await leader.outbox.enqueue_many(msgs)
 
 
-def _firmware_offer(offer: UpdateOffer) -> bytes:
+def _firmware_offer(_device: str, offer: UpdateOffer) -> bytes:
     return encode(offer)
-
-
-def _config_offer(offer: UpdateOffer) -> bytes:
-    """A config rollout's offer carries its release where a firmware one has the manifest."""
-    from config_rollout.messages import ConfigOffer
-
-    return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest))
 
 
 SOAK_HEARTBEAT_S = 5.0  # what a soak asks for (a device keeps to its own fast_interval_s at most)
@@ -249,8 +273,9 @@ class RolloutService(PartBase):
         self.store = store
         self.clock = leader.clock
         artifacts = artifact_store(leader.config, Path(store.path).parent / ARTIFACTS_DIR)
-        self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s,
-                                         artifacts=artifacts, admit_config=self._admit_config)
+        self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader, self._layer_values),
+                                         poll_s=poll_s, artifacts=artifacts, admit_config=self._admit_config)
+        self._layers: LayerStore | None = None  # opened at the first config offer
         self._report_capacity = report_capacity
         self.pools: dict[str, ConfigServerPool] = {}
         self._artifacts: dict[str, tuple[Path, SignedManifest] | None] = {}
@@ -271,6 +296,13 @@ class RolloutService(PartBase):
     def _admit_config(self, source: str) -> tuple[str, str, str, bytes]:
         store = Path(self.store.path).parent / ARTIFACTS_DIR
         return admit_config_release(self.leader.config.firmware.public_key, store, source)
+
+    def _layer_values(self, target: str, device: str, tags: Sequence[str]) -> tuple[LayerValue, ...]:
+        if self._layers is None:
+            from config_rollout.layer_store import LayerStore
+
+            self._layers = LayerStore.open(self.store.path)
+        return self._layers.values_for(target, device, tags, now_ms=self.clock.now_ms())
 
     def register(self) -> None:
         """Take firmware reports and chunk requests from devices: the report intake actor and
@@ -309,6 +341,8 @@ class RolloutService(PartBase):
             await self.http.stop()
             self.http = None
         self.store.close()
+        if self._layers is not None:
+            self._layers.close()
 
     def checks(self) -> Checks:
         if not self._serve_http:

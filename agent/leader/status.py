@@ -16,6 +16,7 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.durations import format_age
+from agent.leader.config_pending import fleet_compliance
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
 from agent.leader.registry import LEADER_QUIET_S
@@ -87,7 +88,7 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        stale_count=stale_count, stale=stale,
                        jobs=db.jobs.counts(), leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
-                       config=registry.config_compliance())
+                       config=fleet_compliance(db, now))
 
 
 def _when(ms: int) -> str:

@@ -4,7 +4,8 @@ leader as the firmware updater reports (`UpdateReport`), so the wave engine's ga
 and soak read them alike:
 
     offer ─► installing (verified, applying) ─► verifying (applied, confirming) ─► succeeded
-                 └── rejected (not signed by the fleet's key, no such target, a document it does not take)
+                 └── rejected (not signed by the fleet's key, no such target, a document it does not take,
+                              a layer value the release does not take)
                  └── failed (did not validate) · rolled_back (not confirmed within confirm_s: reverted)
 
 The confirm check, from the target's `settle_s` after the apply: the broker connection is up and
@@ -28,6 +29,7 @@ from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.errors import ConfigReleaseError
+from config_rollout.layers import render
 from config_rollout.messages import KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigOffer
 from config_rollout.release import parse_release, peek_release
 from firmware_rollout.artifact.keys import VerifyKey
@@ -73,12 +75,17 @@ class ConfigOfferActor(Actor):
             await self._report(offer, version, "rejected", "rejected",
                                f"this device has no [config_targets.{name}]: it takes no release {name!r}")
             return
+        try:
+            rendered = render(release.documents, offer.layers)
+        except ConfigReleaseError as exc:
+            await self._report(offer, version, "rejected", "rejected", str(exc))
+            return
         await self._report(offer, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
         applier = ConfigApplier(release.name, target, worker.data_dir,
                                 confirm=self._host_check(offer, version, f"applied {name} {version}: confirming"))
         try:
-            result = await applier.apply(release)
+            result = await applier.apply(release, rendered)
         except (EdgeAgentError, OSError) as exc:
             detail = f"the apply stopped: {exc}"
             await self._report(offer, version, "failed", "failed", detail)

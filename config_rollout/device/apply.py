@@ -47,6 +47,7 @@ from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
 from agent.service.files import fsync_path, write_private_file
 from config_rollout.errors import ConfigReleaseError
+from config_rollout.layers import Rendered
 from config_rollout.release import ConfigRelease
 
 Outcome = Literal["committed", "failed", "rolled_back"]
@@ -70,10 +71,11 @@ class TargetStatus:
     state: str
     detail: str
     drifted: tuple[str, ...]  # documents whose content differs from what was applied (a local edit)
+    layers: str = ""  # the digest of the leader's layer values applied with the release ("" none)
 
 
 #: The journal of a target nothing was ever applied to.
-IDLE: dict[str, Any] = {"state": "idle", "version": "", "release_id": "", "hashes": {}, "detail": ""}
+IDLE: dict[str, Any] = {"state": "idle", "version": "", "release_id": "", "hashes": {}, "detail": "", "layers": ""}
 
 
 class ConfigApplier:
@@ -131,7 +133,7 @@ class ConfigApplier:
         drifted = tuple(n for n, data in documents.items()
                         if data is None or hashlib.sha256(data).hexdigest() != hashes[n]) if at_rest else ()
         return TargetStatus(str(j.get("version", "")), str(j.get("release_id", "")), str(j.get("state", "idle")),
-                            str(j.get("detail", "")), drifted)
+                            str(j.get("detail", "")), drifted, str(j.get("layers", "")))
 
     def view(self) -> dict[str, Any]:
         """What an application reads (`GET /v1/config/NAME`): the version applied, its state,
@@ -149,31 +151,34 @@ class ConfigApplier:
                 documents[n] = {"text": data.decode("utf-8")}
             except UnicodeDecodeError:
                 documents[n] = {"base64": base64.b64encode(data).decode()}
-        return {"target": self.name, "version": st.version, "release_id": st.release_id, "state": st.state,
-                "detail": st.detail, "drifted": list(st.drifted), "documents": documents}
+        return {"target": self.name, "version": st.version, "release_id": st.release_id, "layers": st.layers,
+                "state": st.state, "detail": st.detail, "drifted": list(st.drifted), "documents": documents}
 
     # -- applying ------------------------------------------------------------------------------
-    async def apply(self, release: ConfigRelease) -> ApplyResult:
-        """Apply a verified release (its name is this target's) and confirm it, or revert."""
+    async def apply(self, release: ConfigRelease, rendered: Rendered | None = None) -> ApplyResult:
+        """Apply a verified release (its name is this target's) and confirm it, or revert;
+        `rendered`: its documents with the leader's layer values applied (`config_rollout.layers`)."""
+        documents = rendered.documents if rendered is not None else release.documents
+        layers = rendered.digest if rendered is not None else ""
         j = self.journal()
         if j.get("state") in ("staged", "swapping", "applied"):
             await self.resume()
             j = self.journal()
         if release.name != self.name:
             return self._fail(f"release {release.name} {release.version} is not for target {self.name}", j)
-        undeclared = [n for n in release.documents if self.target.documents and n not in self.target.documents]
+        undeclared = [n for n in documents if self.target.documents and n not in self.target.documents]
         if undeclared:
             return self._fail(f"target {self.name} takes no document {', '.join(undeclared)}", j)
-        too_big = [n for n, data in release.documents.items() if len(data) > self.target.max_document_kib * 1024]
+        too_big = [n for n, data in documents.items() if len(data) > self.target.max_document_kib * 1024]
         if too_big:
             return self._fail(f"document {too_big[0]} is over {self.target.max_document_kib} KiB", j)
-        if release.release_id == j.get("release_id") and j.get("state") == "committed":
+        if (release.release_id, layers) == (j.get("release_id"), j.get("layers", "")) and j.get("state") == "committed":
             return ApplyResult("committed", release.version, "already applied")
         previous = {"version": j.get("version", ""), "release_id": j.get("release_id", ""),
-                    "hashes": j.get("hashes") or {}}
+                    "hashes": j.get("hashes") or {}, "layers": j.get("layers", "")}
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._stage(release)
+            self._stage(documents)
         except (OSError, EdgeAgentError) as exc:
             self._discard_staging()
             return self._fail(f"cannot stage {self.name}: {getattr(exc, 'strerror', None) or exc}", j)
@@ -186,15 +191,15 @@ class ConfigApplier:
             return self._fail(f"validation refused {release.version}: {problem}", self.journal(), previous=previous)
         self._on_step("validated")
         try:
-            self._keep_last_good(release)
+            self._keep_last_good(documents)
         except (OSError, EdgeAgentError) as exc:
             self._discard_staging()
             return self._fail(f"cannot keep the current documents: {getattr(exc, 'strerror', None) or exc}",
                               self.journal(), previous=previous)
-        existed = [n for n in release.documents if (self.directory / n).exists()]
-        self._record(state="swapping", documents=sorted(release.documents), existed=existed)
+        existed = [n for n in documents if (self.directory / n).exists()]
+        self._record(state="swapping", documents=sorted(documents), existed=existed)
         self._on_step("kept")
-        for n in release.documents:
+        for n in documents:
             os.replace(self.staging / n, self.directory / n)
             self._on_step(f"swapped {n}")
         fsync_path(self.directory)
@@ -207,8 +212,8 @@ class ConfigApplier:
             problem = await self._confirm_within(self.target.confirm_s, self.target.settle_s)
         if problem:
             return await self._revert(f"{release.version} reverted: {problem}")
-        hashes = {n: hashlib.sha256(data).hexdigest() for n, data in release.documents.items()}
-        self._record(state="committed", version=release.version, release_id=release.release_id,
+        hashes = {n: hashlib.sha256(data).hexdigest() for n, data in documents.items()}
+        self._record(state="committed", version=release.version, release_id=release.release_id, layers=layers,
                      hashes={**previous["hashes"], **hashes}, detail="confirmed", previous={})
         shutil.rmtree(self.last_good, ignore_errors=True)
         self._on_step("committed")
@@ -230,17 +235,17 @@ class ConfigApplier:
         return None
 
     # -- the steps -----------------------------------------------------------------------------
-    def _stage(self, release: ConfigRelease) -> None:
+    def _stage(self, documents: dict[str, bytes]) -> None:
         self._discard_staging()
         self.staging.mkdir(mode=0o700)
-        for n, data in release.documents.items():
+        for n, data in documents.items():
             write_private_file(self.staging / n, data, self._mode)
         fsync_path(self.staging)
 
-    def _keep_last_good(self, release: ConfigRelease) -> None:
+    def _keep_last_good(self, documents: dict[str, bytes]) -> None:
         shutil.rmtree(self.last_good, ignore_errors=True)
         self.last_good.mkdir(parents=True, mode=0o700)
-        for n in release.documents:
+        for n in documents:
             current = self.directory / n
             if current.exists():
                 write_private_file(self.last_good / n, current.read_bytes(), 0o600)
@@ -264,7 +269,7 @@ class ConfigApplier:
         detail = reason + (f"; applying the old content again failed too: {problem}" if problem else "")
         self._record(state="rolled_back", version=previous.get("version", ""),
                      release_id=previous.get("release_id", ""), hashes=previous.get("hashes") or {}, detail=detail,
-                     previous={})
+                     layers=previous.get("layers", ""), previous={})
         shutil.rmtree(self.last_good, ignore_errors=True)
         self._on_step("reverted")
         return ApplyResult("rolled_back", str(previous.get("version", "")), detail)
@@ -273,7 +278,8 @@ class ConfigApplier:
         version = str((previous or {}).get("version", j.get("version", "")))
         if previous is not None:
             self._record(state="failed", version=version, release_id=previous.get("release_id", ""),
-                         hashes=previous.get("hashes") or {}, detail=reason, previous={})
+                         hashes=previous.get("hashes") or {}, detail=reason, layers=previous.get("layers", ""),
+                         previous={})
         return ApplyResult("failed", version, reason)
 
     async def _confirm_within(self, window_s: float, settle_s: float) -> str:

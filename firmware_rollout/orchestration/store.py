@@ -708,6 +708,25 @@ class RolloutReads:
         return [(str(a), str(b), str(c), str(d), int(e), str(f), str(g), int(h), str(i or ""))
                 for a, b, c, d, e, f, g, h, i in rows]
 
+    def of_kind(self, kind: str, *, active: bool = False) -> list[tuple[str, str, str, bytes]]:
+        """The rollouts of `kind` ("firmware" or "config"; only the unfinished ones when
+        `active`), newest first: (id, state, version, the signed manifest or config release)."""
+        if not self.present:
+            return []
+        where = f" WHERE state IN ({_ACTIVE_SQL})" if active else ""
+        rows = self._conn.execute(f"SELECT id, state, version, spec, signed_manifest FROM rollouts{where}"
+                                  " ORDER BY seq DESC").fetchall()
+        return [(str(i), str(st), str(v), bytes(m)) for i, st, v, spec, m in rows
+                if spec_from_json(bytes(spec)).rollout.kind == kind]
+
+    def unfinished_in(self, rollout_id: str) -> list[str]:
+        """The devices of a rollout that have not finished in it (offered, applying, or queued)."""
+        if not self.present:
+            return []
+        return [str(d) for (d,) in self._conn.execute(
+            "SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state NOT IN"
+            f" ({', '.join(repr(t) for t in sorted(TERMINAL))})", (rollout_id,))]
+
     def timeline_of(self, device_id: str, *, limit: int = 100) -> list[tuple[int, str, str, str]]:
         """The device's newest state changes across rollouts, newest first: (at_ms, rollout id,
         state, detail)."""

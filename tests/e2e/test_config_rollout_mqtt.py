@@ -56,7 +56,8 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         configs.append(agent_config(tmp_path, name, "worker", f"mqtt://127.0.0.1:{port_file.read_text()}", key + (
             f'[config_targets.app]\ndirectory = "{etc}"\nconfirm_s = 15\n'
             f'apply_command = ["sh", "-c", {json.dumps(apply)}]\n'
-            f'health_command = ["grep", "-q", "mode = .good", "{etc / "app.toml"}"]\n')))
+            f'health_command = ["grep", "-q", "mode = .good", "{etc / "app.toml"}"]\n'),
+            tags=("site-b",) if name != "pi-0" else ()))
     logs = [c.with_suffix(".log").open("wb") for c in configs]
     procs += [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)], stdout=log,
                                stderr=subprocess.STDOUT, env=env) for c, log in zip(configs, logs, strict=True)]
@@ -110,6 +111,11 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
             assert time.monotonic() < deadline, status.stdout
             time.sleep(0.3)
 
+    def config_cli(*argv: str) -> str:
+        done = subprocess.run([*cli, "config", *argv], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
     def documents() -> list[bytes]:
         return [(tmp_path / name / "etc" / "app" / "app.toml").read_bytes() for name in DEVICES]
 
@@ -118,15 +124,22 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         while registered(db) < len(DEVICES):
             assert time.monotonic() < deadline, "the workers never registered with the leader"
             time.sleep(0.3)
+        # the leader's layers: the site-b group's port, and pi-2's own
+        config_cli("layer", "set", "app", "app.toml", "port=3", "--tag", "site-b", "--db", str(db))
+        config_cli("layer", "set", "app", "app.toml", "port=4", "--device", "pi-2", "--db", str(db))
         good = release("1.1.0", "mode = 'good'\nport = 2\n")
         data = roll("cfg-1", good, "canary = 1\ncounts = [1, 1]")
         assert data["state"] == "succeeded" and data["counts"] == {"succeeded": 3}, data
         assert [w["succeeded"] for w in data["waves"]] == [1, 1, 1]
-        assert documents() == [b"mode = 'good'\nport = 2\n"] * 3
+        held = [b"mode = 'good'\nport = 2\n", b'mode = "good"\nport = 3\n', b'mode = "good"\nport = 4\n']
+        assert documents() == held  # the release's bytes where no layer applies, else rendered
 
         for name in DEVICES:  # each device's next full heartbeat says what its target holds
             wait_status(name, "app: 1.1.0 (committed); in sync")
-        bad = release("1.2.0", "mode = 'good'\nnetwork = 'off'\n")
+        preview = config_cli("diff", "--device", "pi-2", "--db", str(db), "--key", str(keys.public))
+        assert "holds 1.1.0 (committed)" in preview and ": in sync" in preview, preview
+        assert "+port = 4" in preview and "port  from device pi-2" in preview, preview
+        bad = release("1.2.0", "mode = 'good'\nport = 2\nnetwork = 'off'\n")
         data = roll("cfg-2", bad, "canary = 1\ncounts = [2]")
         assert data["state"] == "aborted", data
         assert data["from_versions"] == {"1.1.0": 3}  # from what the targets held, as the heartbeats said
@@ -134,10 +147,15 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         assert len(canary) == 1 and canary[0]["state"] == "rolled_back", data["device_list"]
         assert "not confirmed within 15 s: the broker connection is down" in canary[0]["detail"], canary
         assert {d["state"] for d in data["device_list"] if d["wave"] == 1} <= {"queued", "canceled"}
-        assert documents() == [b"mode = 'good'\nport = 2\n"] * 3  # the canary is back on 1.1.0, byte for byte
+        assert documents() == held  # the canary is back on 1.1.0, byte for byte
         assert not any(cut.exists() for cut in cuts.values())  # the old content's apply restored the link
 
-        wait_status(canary[0]["device"], "app: 1.1.0 (rolled_back); in sync")
+        wait_status(canary[0]["device"], "app: 1.1.0 (rolled_back); FAILED")
+        # a layer value set since a device's apply: the leader has more for it
+        other = next(d for d in DEVICES if d != canary[0]["device"])
+        config_cli("layer", "set", "app", "app.toml", "port=5", "--device", other, "--expires", "1h", "--db", str(db))
+        wait_status(other, "app: 1.1.0 (committed); pending")
+        assert "PENDING" in config_cli("diff", "--device", other, "--db", str(db), "--key", str(keys.public))
         applications()
         deadline = time.monotonic() + 120  # the canary's messages of the cut come from its outbox
         while True:

@@ -24,12 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def agent_config(work: Path, name: str, role: str, url: str, extra: str = "",
-                 artifacts_listen: str = "127.0.0.1:0") -> Path:
+                 artifacts_listen: str = "127.0.0.1:0", tags: tuple[str, ...] = ()) -> Path:
     """`artifacts_listen` empty: the leader serves no HTTP, devices download MQTT chunks."""
     path = work / f"{name}.toml"
     path.write_text(
         f'[agent]\nrole = "{role}"\ndevice_id = "{name}"\nfleet = "lab"\ndata_dir = "{work / name}"\n'
-        f'firmware_version = "1.0.0"\nuse_uvloop = false\n[mqtt]\nurl = "{url}"\n[heartbeat]\ninterval_s = 1.0\n'
+        f'firmware_version = "1.0.0"\nuse_uvloop = false\ntags = {json.dumps(list(tags))}\n'
+        f'[mqtt]\nurl = "{url}"\n[heartbeat]\ninterval_s = 1.0\n'
         f'[artifacts]\nlisten = "{artifacts_listen}"\n' + extra)
     return path
 

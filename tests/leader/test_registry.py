@@ -406,7 +406,7 @@ async def test_the_fleets_configuration_compliance_is_counted_from_the_heartbeat
                   "d4": ConfigState(state="idle")}
         gw.registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, configs={"app": c})
                                       for d, c in states.items()] + [hb("d5", 1)])
-        want = {"app": {"in_sync": 1, "drifted": 1, "failed": 1, "not_applied": 1}}
+        want = {"app": {"in_sync": 1, "pending": 0, "drifted": 1, "failed": 1, "not_applied": 1}}
         assert gw.registry.config_compliance() == want
         with open_leader_db(gw.registry.path) as db:
             summary = fleet_status(db, clock.now_ms())
@@ -415,5 +415,16 @@ async def test_the_fleets_configuration_compliance_is_counted_from_the_heartbeat
         families = parse(render(gw.collectors()["config"]()))  # type: ignore[arg-type]
         samples = dict((tuple(sorted(labels.items())), v) for labels, v in families["ea_config_devices"]["samples"])
         assert samples[(("compliance", "drifted"), ("target", "app"))] == 1.0
+        # a layer value set for d1 since its apply: the leader has more for it
+        from config_rollout.layer_store import LayerStore
+
+        with LayerStore.open(gw.registry.path) as layers:
+            layers.set_value("app", "device", "d1", "app.toml", "port", 2, set_by="op", now_ms=clock.now_ms())
+        with open_leader_db(gw.registry.path) as db:
+            assert fleet_status(db, clock.now_ms()).config["app"] == {
+                "in_sync": 0, "pending": 1, "drifted": 1, "failed": 1, "not_applied": 1}
+        families = parse(render(gw.collectors()["config"]()))  # type: ignore[arg-type]
+        samples = dict((tuple(sorted(labels.items())), v) for labels, v in families["ea_config_devices"]["samples"])
+        assert samples[(("compliance", "pending"), ("target", "app"))] == 1.0
     finally:
         await gw.stop()

@@ -1,0 +1,231 @@
+"""`edge-agent config layer` and `config diff`: the leader's layers over a config release.
+
+    edge-agent config layer set TARGET DOCUMENT KEY=VALUE... (--tag T | --device D) [--expires 2h] --db DB
+    edge-agent config layer unset TARGET DOCUMENT KEY... (--tag T | --device D) --db DB
+    edge-agent config layer list [TARGET] --db DB [--json]
+    edge-agent config layer order TARGET TAG... --db DB
+    edge-agent config diff --device D --db DB --key PUBLIC.pem [--target T] [--release FILE] [--json]
+
+A layer value is written into the leader's database and read at the next config offer: a
+rollout of the target (`kind = "config"`) carries each device's values with the release; a
+device already on the release applies the values again when the next rollout offers them.
+`diff` previews what one device would get: the release (the newest config rollout of the
+target, or `--release`) rendered with the layers as they are now, each value naming its layer,
+against what the device holds, as its heartbeat says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.core.errors import ConfigError
+
+TARGET = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+SELECTOR_MAX = 128
+
+
+def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    layer = actions.add_parser("layer", help="the leader's layers over a config release (groups by tag, devices)")
+    steps = layer.add_subparsers(dest="step", metavar="STEP", required=True)
+
+    def scoped(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("target", help="the configuration target (a release's name)")
+        p.add_argument("document", help="the release's document (a .toml or .json file name)")
+        who = p.add_mutually_exclusive_group(required=True)
+        who.add_argument("--tag", help="the group of the devices with this tag")
+        who.add_argument("--device", help="one device's override")
+        p.add_argument("--db", required=True, help="the leader's database (leader.db)")
+        return p
+
+    set_ = scoped(steps.add_parser("set", help="set keys of a document for a group or a device"))
+    set_.add_argument("values", nargs="+", metavar="KEY=VALUE",
+                      help="a dotted key the release defines = a value of its type (8080, debug, true, [1, 2])")
+    set_.add_argument("--expires", metavar="DURATION", help="a device's override ends after this long (e.g. 2h)")
+    unset = scoped(steps.add_parser("unset", help="remove keys from a group's or a device's layer"))
+    unset.add_argument("keys", nargs="+", metavar="KEY")
+    listed = steps.add_parser("list", help="the values in force, groups in their order, then devices")
+    listed.add_argument("target", nargs="?")
+    listed.add_argument("--db", required=True)
+    listed.add_argument("--json", action="store_true")
+    order = steps.add_parser("order", help="state the order of a target's groups (the last one wins)")
+    order.add_argument("target")
+    order.add_argument("tags", nargs="+", metavar="TAG")
+    order.add_argument("--db", required=True)
+
+    diff = actions.add_parser("diff", help="what one device would get of each target, where each value comes from")
+    diff.add_argument("--device", required=True)
+    diff.add_argument("--db", required=True, help="the leader's database (leader.db)")
+    diff.add_argument("--key", required=True, metavar="PUBLIC.pem", help="the fleet's public key (checks the release)")
+    diff.add_argument("--target", help="one target (default: each with a config rollout)")
+    diff.add_argument("--release", metavar="FILE", help="this release instead of the newest config rollout's")
+    diff.add_argument("--json", action="store_true")
+
+
+def _db(path: str) -> Path:
+    db = Path(path)
+    if not db.is_file():
+        raise ConfigError(str(db), None, "no leader database here (start the leader once, or check the path)")
+    return db
+
+
+def _name(value: str, option: str, pattern: str = TARGET) -> str:
+    import re
+
+    if not re.match(pattern, value):
+        raise ConfigError(option, None, f"{value!r} is not a valid name")
+    return value
+
+
+def layer_main(args: argparse.Namespace) -> int:
+    from agent.commands.rollout import cli_actor
+    from config_rollout.layer_store import LayerStore, Scope
+    from config_rollout.layers import KEY_PATTERN, LayerValue, parse_value
+
+    db = _db(args.db)
+    now_ms = int(time.time() * 1000)
+    if args.step == "list":
+        from agent.leader.readonly import open_leader_db
+        from config_rollout.layer_store import LayerReads
+
+        with open_leader_db(db) as leader:
+            reads = LayerReads(leader.conn)
+            rows = reads.rows(args.target, now_ms=now_ms)
+            orders = {t: reads.group_order(t) for t in {r.target for r in rows}}
+        if args.json:
+            print(json.dumps([{"target": r.target, "scope": r.scope, "selector": r.selector, "document": r.document,
+                               "key": r.key, "value": json.loads(r.value), "expires_ms": r.expires_ms,
+                               "set_by": r.set_by, "set_ms": r.set_ms} for r in rows], indent=2))
+            return 0
+        if not rows:
+            print("no layer values" + (f" for target {args.target}" if args.target else ""))
+        for target in sorted(orders):
+            print(f"{target}: groups in order {', '.join(orders[target]) or '-'} (the last wins), then devices")
+            for r in (r for r in rows if r.target == target):
+                until = "" if r.expires_ms is None else f"  until {_when(r.expires_ms)}"
+                print(f"  {r.scope} {r.selector}  {r.document}  {r.key} = {r.value}{until}  (set by {r.set_by})")
+        return 0
+
+    target = _name(args.target, "target")
+    if args.step == "order":
+        for tag in args.tags:
+            _name(tag, "TAG", r"^[A-Za-z0-9_.:-]{1,64}$")
+        with LayerStore.open(db) as store:
+            store.order(target, args.tags)
+        print(f"{target}: groups in order {', '.join(args.tags)} (the last wins), then devices")
+        return 0
+    scope: Scope = "tag" if args.tag is not None else "device"
+    selector = args.tag if args.tag is not None else args.device
+    _name(selector, "--tag" if scope == "tag" else "--device", r"^[A-Za-z0-9_.:-]{1,128}$")
+    document = _name(args.document, "DOCUMENT", r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    if not document.endswith((".toml", ".json")):
+        raise ConfigError("DOCUMENT", None, f"{document}: only a TOML or JSON document takes layer values")
+    if args.step == "unset":
+        with LayerStore.open(db) as store:
+            gone = [k for k in args.keys if store.unset(target, scope, selector, document, k)]
+        print(f"{target} {scope} {selector} {document}: unset {', '.join(gone) or 'nothing (no such key)'}")
+        return 0
+    expires_ms = None
+    if args.expires is not None:
+        if scope != "device":
+            raise ConfigError("--expires", None, "only a device's override expires")
+        from agent.core.durations import parse_seconds
+
+        try:
+            expires_ms = now_ms + int(parse_seconds(args.expires) * 1000)
+        except ValueError as exc:
+            raise ConfigError("--expires", None, str(exc)) from None
+    pairs = []
+    for item in args.values:
+        key, sep, text = item.partition("=")
+        if not sep or not text:
+            raise ConfigError(item, None, "write KEY=VALUE")
+        _name(key.strip(), item, KEY_PATTERN)
+        value = parse_value(text.strip(), item)
+        LayerValue(document=document, key=key.strip(), value=json.dumps(value))  # (bounded as on the wire)
+        pairs.append((key.strip(), value))
+    by = cli_actor()
+    with LayerStore.open(db) as store:
+        for key, value in pairs:
+            store.set_value(target, scope, selector, document, key, value, set_by=by, now_ms=now_ms,
+                            expires_ms=expires_ms)
+    until = f" until {_when(expires_ms)}" if expires_ms is not None else ""
+    print(f"{target} {scope} {selector} {document}: "
+          + ", ".join(f"{k} = {json.dumps(v)}" for k, v in pairs) + until
+          + " (offered with the target's next config rollout)")
+    return 0
+
+
+def diff_main(args: argparse.Namespace) -> int:
+    import difflib
+
+    from agent.leader.readonly import open_leader_db
+    from config_rollout.layer_store import LayerReads
+    from config_rollout.layers import render
+    from config_rollout.release import parse_release, peek_release, read_release
+    from firmware_rollout.artifact.keys import load_verify_key
+
+    key = load_verify_key(args.key)
+    now_ms = int(time.time() * 1000)
+    with open_leader_db(_db(args.db)) as leader:
+        found = leader.registry.device(args.device)
+        if found is None:
+            raise ConfigError("--device", None, f"{args.device}: no such device in {args.db}")
+        line, state = found
+        releases: dict[str, tuple[str, bytes]] = {}  # target -> (where from, the release)
+        if args.release:
+            data = Path(args.release).read_bytes()
+            releases[peek_release(data).name] = (args.release, data)
+        else:
+            for rollout_id, rollout_state, _version, data in leader.rollouts.of_kind("config"):
+                if rollout_state in ("aborted", "canceled"):
+                    continue
+                releases.setdefault(peek_release(data).name, (f"rollout {rollout_id}", data))
+        if args.target:
+            releases = {t: r for t, r in releases.items() if t == args.target}
+            if not releases:
+                raise ConfigError("--target", None, f"{args.target}: no config rollout of it (give --release FILE)")
+        reads = LayerReads(leader.conn)
+        values = {t: reads.values_for(t, args.device, line.tags, now_ms=now_ms) for t in releases}
+    out: list[dict[str, Any]] = []
+    for target, (origin, data) in sorted(releases.items()):
+        release = read_release(args.release, key) if args.release else parse_release(data, key, source=origin)
+        rendered = render(release.documents, values[target])
+        held = (state.configs or {}).get(target)
+        out.append({"target": target, "release": release.version, "from": origin, "layers": rendered.digest,
+                    "holds": None if held is None else {"version": held.version, "state": held.state,
+                                                        "layers": held.layers},
+                    "pending": held is None or held.version != release.version or held.layers != rendered.digest,
+                    "sources": rendered.sources,
+                    "documents": {n: {"default": release.documents[n].decode("utf-8", "replace"),
+                                      "rendered": rendered.documents[n].decode("utf-8", "replace")}
+                                  for n in sorted(rendered.documents)}})
+    if args.json:
+        print(json.dumps({"device": args.device, "tags": list(line.tags), "targets": out}, indent=2))
+        return 0
+    if not out:
+        print(f"{args.device}: no config rollout yet (give --release FILE to preview one)")
+    for t in out:
+        holds = t["holds"]
+        said = ("nothing applied" if holds is None else
+                f"{holds['version'] or 'nothing'} ({holds['state']}), layers {holds['layers'] or 'none'}")
+        print(f"{args.device} (tags {', '.join(line.tags) or '-'}) · {t['target']} {t['release']} from {t['from']},"
+              f" layers {t['layers'] or 'none'}")
+        print(f"  holds {said}: {'PENDING, the next config rollout brings it' if t['pending'] else 'in sync'}")
+        for n, docs in t["documents"].items():
+            diff = list(difflib.unified_diff(docs["default"].splitlines(), docs["rendered"].splitlines(),
+                                             f"{n} (release {t['release']})", f"{n} ({args.device})", lineterm=""))
+            print("\n".join(f"  {d}" for d in diff) if diff else f"  {n}: the release's, unchanged")
+            for k, source in sorted(t["sources"].get(n, {}).items()):
+                print(f"    {k}  from {source}")
+    return 0
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(ms / 1000))
+
+
+__all__ = ["add_arguments", "diff_main", "layer_main"]

@@ -1,0 +1,217 @@
+"""The leader's layers of configuration, in its database (component "config_layers").
+
+    config_layers        one value a layer sets: (target, scope "tag" or "device", selector: the
+                         tag or the device id, document, key) -> the value (JSON), who set it and
+                         when, and for a device's override when it expires
+    config_group_order   per target, the tags' groups in their stated order (a later one wins);
+                         a tag's first value puts it last, `order` states it again
+
+What a device gets (`values_for`): its groups' values in the stated order, then its own
+overrides that have not expired; one value per key, the last one winning, each naming its layer.
+An expired override is not read (and goes at the next write).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from agent.core.errors import StoreError
+from agent.core.sqlite import SqliteStore, Synchronous, store_errors
+from config_rollout.layers import LayerValue, digest
+
+Scope = Literal["tag", "device"]
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE config_layers (
+            target TEXT NOT NULL,
+            scope TEXT NOT NULL CHECK (scope IN ('tag', 'device')),
+            selector TEXT NOT NULL,
+            document TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value TEXT NOT NULL,
+            expires_ms INTEGER,
+            set_by TEXT NOT NULL,
+            set_ms INTEGER NOT NULL,
+            PRIMARY KEY (target, scope, selector, document, key)
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE config_group_order (
+            target TEXT NOT NULL,
+            tag TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (target, tag)
+        )"""
+    )
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    target: str
+    scope: Scope
+    selector: str
+    document: str
+    key: str
+    value: str  # JSON
+    expires_ms: int | None
+    set_by: str
+    set_ms: int
+
+    @property
+    def source(self) -> str:
+        return f"{self.scope} {self.selector}"
+
+
+class LayerStore(SqliteStore):
+    """All reads and writes of the layer tables, on the leader's database."""
+
+    COMPONENT = "config_layers"
+    MIGRATIONS = (_v1,)
+    WHAT = "the configuration layers"
+
+    @classmethod
+    def open(cls, path: str | Path, *, synchronous: Synchronous = "FULL") -> LayerStore:
+        return cls(cls.connect_migrated(path, synchronous=synchronous), path=path)
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> LayerStore:
+        return cls(cls.connect_readonly(path), path=path)
+
+    # -- writes --------------------------------------------------------------------------------
+    def set_value(self, target: str, scope: Scope, selector: str, document: str, key: str, value: object, *,
+                  set_by: str, now_ms: int, expires_ms: int | None = None) -> None:
+        """Set one key of one document in a layer (a tag's group is put last in the order when
+        it is new)."""
+        self.check_open()
+        with self.atomic(), store_errors(f"{self.path}: set a configuration layer value"):
+            self._conn.execute("DELETE FROM config_layers WHERE expires_ms IS NOT NULL AND expires_ms <= ?",
+                               (now_ms,))
+            self._conn.execute(
+                "INSERT INTO config_layers (target, scope, selector, document, key, value, expires_ms, set_by,"
+                " set_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (target, scope, selector, document, key)"
+                " DO UPDATE SET value = excluded.value, expires_ms = excluded.expires_ms, set_by = excluded.set_by,"
+                " set_ms = excluded.set_ms",
+                (target, scope, selector, document, key, json.dumps(value), expires_ms, set_by, now_ms))
+            if scope == "tag":
+                self._conn.execute(
+                    "INSERT OR IGNORE INTO config_group_order (target, tag, position) SELECT ?, ?,"
+                    " COALESCE(MAX(position), 0) + 1 FROM config_group_order WHERE target = ?",
+                    (target, selector, target))
+
+    def unset(self, target: str, scope: Scope, selector: str, document: str, key: str) -> bool:
+        """Remove one value; whether there was one."""
+        self.check_open()
+        with self.atomic(), store_errors(f"{self.path}: unset a configuration layer value"):
+            gone = self._conn.execute(
+                "DELETE FROM config_layers WHERE target = ? AND scope = ? AND selector = ? AND document = ?"
+                " AND key = ?", (target, scope, selector, document, key)).rowcount
+            self._conn.execute(
+                "DELETE FROM config_group_order WHERE target = ? AND tag NOT IN"
+                " (SELECT selector FROM config_layers WHERE target = ? AND scope = 'tag')", (target, target))
+        return bool(gone)
+
+    def order(self, target: str, tags: Sequence[str]) -> None:
+        """State the order of the target's groups (the last one wins): every tag that has values,
+        each once. A `StoreError` names the tag left out or not known."""
+        known = self.group_order(target)
+        if sorted(tags) != sorted(known) or len(set(tags)) != len(tags):
+            missing = sorted(set(known) - set(tags))
+            unknown = sorted(set(tags) - set(known))
+            raise StoreError(
+                f"target {target}'s groups are {', '.join(known) or 'none'}: "
+                + (f"name {', '.join(missing)} too" if missing else
+                   f"{', '.join(unknown)} has no values" if unknown else "name each once"))
+        with self.atomic(), store_errors(f"{self.path}: order configuration groups"):
+            for position, tag in enumerate(tags, 1):
+                self._conn.execute("UPDATE config_group_order SET position = ? WHERE target = ? AND tag = ?",
+                                   (position, target, tag))
+
+    # -- reads ---------------------------------------------------------------------------------
+    def reads(self) -> LayerReads:
+        self.check_open()
+        return LayerReads(self._conn)
+
+    def group_order(self, target: str) -> list[str]:
+        return self.reads().group_order(target)
+
+    def rows(self, target: str | None = None, *, now_ms: int) -> list[LayerRow]:
+        return self.reads().rows(target, now_ms=now_ms)
+
+    def values_for(self, target: str, device_id: str, tags: Sequence[str], *, now_ms: int) -> tuple[LayerValue, ...]:
+        return self.reads().values_for(target, device_id, tags, now_ms=now_ms)
+
+
+class LayerReads:
+    """The layer tables' reads, on any connection to the leader's database (a read-only one for
+    the views); a database whose leader never wrote a layer has none."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.present = {str(r[0]) for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('config_layers', 'config_group_order')"
+        )} == {"config_layers", "config_group_order"}
+
+    def _q(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
+        if not self.present:
+            return []
+        with store_errors("configuration layers"):
+            return self._conn.execute(sql, args).fetchall()
+
+    def group_order(self, target: str) -> list[str]:
+        return [str(t) for (t,) in self._q(
+            "SELECT tag FROM config_group_order WHERE target = ? ORDER BY position", (target,))]
+
+    def rows(self, target: str | None = None, *, now_ms: int) -> list[LayerRow]:
+        """The values in force (of one target, or all), groups in order, then devices."""
+        rows = self._q(
+            "SELECT l.target, l.scope, l.selector, l.document, l.key, l.value, l.expires_ms, l.set_by, l.set_ms"
+            " FROM config_layers AS l LEFT JOIN config_group_order AS o ON o.target = l.target AND o.tag ="
+            " l.selector AND l.scope = 'tag' WHERE (? IS NULL OR l.target = ?) AND (l.expires_ms IS NULL OR"
+            " l.expires_ms > ?) ORDER BY l.target, l.scope DESC, o.position, l.selector, l.document, l.key",
+            (target, target, now_ms))
+        return [LayerRow(str(t), "tag" if sc == "tag" else "device", str(se), str(d), str(k), str(v),
+                         None if e is None else int(str(e)), str(b), int(str(m)))
+                for t, sc, se, d, k, v, e, b, m in rows]
+
+    def values_for(self, target: str, device_id: str, tags: Sequence[str], *, now_ms: int) -> tuple[LayerValue, ...]:
+        """What the layers give one device of `target`: its groups' values in their order, then
+        its own overrides; one per key, the last winning."""
+        return _winners(self.rows(target, now_ms=now_ms), device_id, tags)
+
+    def digests(self, target: str, devices: dict[str, Sequence[str]], *, now_ms: int) -> dict[str, str]:
+        """device -> the digest of what the layers give it now (`layers.digest`; "" for none),
+        the layers read once."""
+        rows = self.rows(target, now_ms=now_ms)
+        return {device: digest(_winners(rows, device, tags)) for device, tags in devices.items()}
+
+    def targets(self, *, now_ms: int) -> list[str]:
+        return sorted({row.target for row in self.rows(now_ms=now_ms)})
+
+
+def _winners(rows: Sequence[LayerRow], device_id: str, tags: Sequence[str]) -> tuple[LayerValue, ...]:
+    winners: dict[tuple[str, str], LayerValue] = {}
+    for row in rows:
+        if (row.scope == "tag" and row.selector in tags) or (row.scope == "device" and row.selector == device_id):
+            winners.pop((row.document, row.key), None)
+            winners[(row.document, row.key)] = LayerValue(document=row.document, key=row.key, value=row.value,
+                                                          source=_source(row))
+    return tuple(winners.values())
+
+
+def _source(row: LayerRow) -> str:
+    if row.expires_ms is None:
+        return row.source
+    import datetime
+
+    until = datetime.datetime.fromtimestamp(row.expires_ms / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
+    return f"{row.source} until {until}"
+
+
+__all__ = ["LayerReads", "LayerRow", "LayerStore", "Scope"]
