@@ -40,7 +40,7 @@ from agent.leader.agent import LEADER_DB, LeaderAgent, Route
 from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
-from agent.protocol import KIND_HEARTBEAT_PACE, HeartbeatPace
+from agent.protocol import KIND_HEARTBEAT_PACE, ConfigState, HeartbeatPace
 from agent.service.checks import problem_check
 from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
@@ -111,6 +111,7 @@ class ReportIntake(Actor):
 class _Devices(Protocol):
     def devices(self) -> list[DeviceRecord]: ...
     def config_versions(self, target: str) -> dict[str, str]: ...
+    def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]: ...
 
 
 class _Offers(Protocol):
@@ -197,6 +198,18 @@ class LeaderPort:
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version its configuration target `target` holds (its heartbeats say)."""
         return self._leader.registry.config_versions(target)
+
+    def config_in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
+        from config_rollout.release import peek_release
+
+        shown = peek_release(release)  # (verified when the rollout started)
+        states = self._leader.registry.config_states()
+        found = set()
+        for device in devices:
+            held = states.get(device, ((), {}))[1].get(shown.name)
+            if held is not None and held.version == shown.version and held.state == "committed" and not held.drifted:
+                found.add(device)
+        return found
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         leader = self._leader

@@ -9,6 +9,9 @@ current rows and writes the transition, nothing is kept in memory.
     failure gate   over the whole rollout, once `min_finished` devices finished: more than
                    `failure_threshold_pct` of them failed, were rejected, timed out or rolled
                    back -> abort (or pause) the rollout
+    compliance     (a config rollout with `min_compliance_pct`) a wave that passed its success
+                   gate waits until that share of it is in sync by the devices' own heartbeats
+                   (not only their reports), up to `compliance_wait_s`, else it fails
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from agent.core.clock import Clock
 from firmware_rollout.orchestration.plan import DeviceInfo
 from firmware_rollout.orchestration.status import wave_label, wave_number
-from firmware_rollout.orchestration.store import FAILURES, TERMINAL, RolloutRow, RolloutStore
+from firmware_rollout.orchestration.store import FAILURES, TERMINAL, DeviceRow, RolloutRow, RolloutStore
 
 log = logging.getLogger("firmware_rollout.orchestration.orchestrator")
 
@@ -30,11 +33,17 @@ def finished_failed(totals: dict[str, int]) -> tuple[int, int]:
     return finished, failed
 
 
+#: Of a config rollout's devices, those in sync by their heartbeats (the orchestrator's port).
+InSync = Callable[[RolloutRow, list[str]], set[str]]
+
+
 class WaveGates:
-    def __init__(self, store: RolloutStore, *, clock: Clock, changed: Callable[[str], None]) -> None:
+    def __init__(self, store: RolloutStore, *, clock: Clock, changed: Callable[[str], None],
+                 in_sync: InSync = lambda r, devices: set(devices)) -> None:
         self.store = store
         self.clock = clock
         self._changed = changed
+        self._in_sync = in_sync
 
     @staticmethod
     def label(r: RolloutRow, idx: int) -> str:
@@ -104,6 +113,10 @@ class WaveGates:
                         f"{len(succeeded)} of {size} succeeded ({pct:.1f}% < {gates.success_threshold_pct:g}%)",
                     )
                     return True
+                if size and gates.min_compliance_pct and r.spec.rollout.kind == "config":
+                    held = self._compliance_gate(r, wave.idx, wave.detail, members, succeeded, now)
+                    if held is not None:
+                        return held
                 if gates.soak_s > 0:
                     self.store.set_wave(
                         r.id,
@@ -149,6 +162,27 @@ class WaveGates:
                 self.pass_wave(r, wave.idx, f"{ok} of {size} succeeded and kept heartbeating")
                 return True
         return False
+
+    def _compliance_gate(self, r: RolloutRow, idx: int, said: str, members: list[DeviceRow],
+                         succeeded: list[DeviceRow], now: int) -> bool | None:
+        """None when the wave is in sync enough to pass on; else whether something changed
+        (it waits for heartbeats, saying so, or fails once `compliance_wait_s` is over)."""
+        gates = r.spec.gates
+        size = len(members)
+        ok = len(self._in_sync(r, [d.device_id for d in succeeded]))
+        share = ok * 100.0 / size
+        if share >= gates.min_compliance_pct:
+            return None
+        why = f"{ok} of {size} in sync by their heartbeats ({share:.1f}% < {gates.min_compliance_pct:g}%)"
+        if now < max(d.updated_ms for d in members) + gates.compliance_wait_s * 1000:
+            detail = f"{why}: waiting up to {gates.compliance_wait_s:g}s for their heartbeats"
+            if detail == said:
+                return False
+            self.store.set_wave(r.id, idx, detail=detail)
+            self._changed(r.id)
+            return True
+        self.fail_wave(r, idx, f"compliance: {why}")
+        return True
 
     def pass_wave(self, r: RolloutRow, idx: int, detail: str) -> None:
         now = self.clock.now_ms()

@@ -83,6 +83,10 @@ class RolloutPort(Protocol):
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version of configuration target `target` it holds (its heartbeats say)."""
 
+    def config_in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
+        """Of `devices`, those whose heartbeats say the target of this config release holds its
+        version, committed, with no local edit."""
+
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         """Durably queue one cancel per (device, cancel): it reaches a device offline for days
         when it is back; raise `EdgeAgentError` when it cannot. (Firmware rollouts only: a
@@ -128,7 +132,8 @@ class Orchestrator:
         self._wake = asyncio.Event()
         self._stopped = False
         self.ticks = 0
-        self.gates = WaveGates(store, clock=clock, changed=self._changed)
+        self.gates = WaveGates(store, clock=clock, changed=self._changed,
+                               in_sync=lambda r, devices: port.config_in_sync(r.signed_manifest, devices))
 
     # -- starting --------------------------------------------------------------------------
     async def start_rollout(

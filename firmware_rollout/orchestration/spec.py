@@ -134,6 +134,10 @@ class GatesSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     abort: AbortCriteria = msgspec.field(default_factory=AbortCriteria)
     # on an abort, offer `rollout.rollback_artifact` to the devices the rollout had updated
     on_abort: Literal["nothing", "rollback"] = "nothing"
+    # a config rollout's wave passes only once this share of it is in sync by the devices' own
+    # heartbeats (the release's version committed, no local edit); waited for compliance_wait_s
+    min_compliance_pct: Pct = 0.0
+    compliance_wait_s: PositiveFloat = 300.0
 
 
 class ScheduleSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -232,6 +236,8 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
         raise ConfigError(source, "schedule.end_at", "must be after schedule.start_at")
     if spec.gates.on_abort == "rollback" and not spec.rollout.rollback_artifact:
         raise ConfigError(source, "gates.on_abort", '"rollback" needs rollout.rollback_artifact')
+    if spec.gates.min_compliance_pct and spec.rollout.kind != "config":
+        raise ConfigError(source, "gates.min_compliance_pct", 'applies to a config rollout (kind = "config")')
     t = spec.targets
     given_keys: tuple[tuple[str, str, bool], ...] = (
         ("tags", "tags", bool(t.tags)), ("versions", "versions", bool(t.versions)),

@@ -80,3 +80,59 @@ def test_a_release_the_leader_cannot_vouch_for_starts_nothing(tmp_path: Path) ->
     assert not store_dir.exists() or not list(store_dir.iterdir())  # nothing kept
     with pytest.raises(ConfigError, match="rollout.download_only"):
         spec_from_dict(spec_data(foreign, rollout={"kind": "config", "download_only": True}))
+
+
+async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_the_wave(tmp_path: Path) -> None:
+    """`min_compliance_pct`: a wave whose devices all reported success passes only once that share
+    of it is in sync by their own heartbeats; it waits `compliance_wait_s` for them, then fails."""
+    from firmware_rollout.messages import UpdateReport
+
+    keys = generate_keypair(tmp_path / "keys")
+    (tmp_path / "app.toml").write_text("port = 2\n")
+    release = tmp_path / "app-1.1.0.eacfg"
+    release.write_bytes(build_release("app", "1.1.0", [tmp_path / "app.toml"], load_signing_key(keys.private),
+                                      created_ms=1))
+    clock = VirtualClock()
+    port = FakePort(clock, [f"d{i}" for i in range(3)])
+    port.in_sync = set()
+    store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
+    orchestrator = Orchestrator(store, clock=clock, port=port,
+                                admit_config=lambda src: admit_config_release(str(keys.public), tmp_path / "artifacts",
+                                                                              src))
+    seq = iter(range(1, 1000))
+
+    async def succeed(rid: str, device: str) -> None:
+        await orchestrator.on_report(f"m{next(seq)}", UpdateReport(
+            device=device, rollout_id=rid, version="1.1.0", state="succeeded", phase="committed",
+            ts_ms=clock.now_ms(), seq=next(seq)))
+
+    try:
+        gates = {"min_compliance_pct": 100.0, "compliance_wait_s": 60.0}
+        spec = spec_from_dict(spec_data(release, rollout={"kind": "config"}, waves={"canary": 1, "counts": [2]},
+                                        gates=gates))
+        with pytest.raises(ConfigError, match="gates.min_compliance_pct"):
+            spec_from_dict(spec_data(release, gates=gates))  # a firmware rollout has no such gate
+        await orchestrator.start_rollout(spec, rollout_id="cfg-1")
+        await orchestrator.tick()
+        canary = [d.device_id for d in store.devices("cfg-1", wave=0)]
+        await succeed("cfg-1", canary[0])
+        await orchestrator.tick()
+        wave = store.wave("cfg-1", 0)
+        assert wave is not None and wave.state == "running"  # reported, not yet seen in sync
+        assert "0 of 1 in sync by their heartbeats" in wave.detail and "waiting up to 60s" in wave.detail
+        port.in_sync = {canary[0]}  # its heartbeat says so
+        await orchestrator.tick()
+        wave = store.wave("cfg-1", 0)
+        assert wave is not None and wave.state == "passed"
+        await orchestrator.tick()  # wave 2 offered
+        for d in store.devices("cfg-1", wave=1):
+            await succeed("cfg-1", d.device_id)
+        await orchestrator.tick()
+        await clock.advance(61)  # one of them never heartbeats in sync
+        port.in_sync = {canary[0], store.devices("cfg-1", wave=1)[0].device_id}
+        await orchestrator.tick()
+        row = store.get("cfg-1")
+        assert row is not None and row.state == "aborted"
+        assert "compliance: 1 of 2 in sync by their heartbeats (50.0% < 100%)" in row.detail, row.detail
+    finally:
+        store.close()

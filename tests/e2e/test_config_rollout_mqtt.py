@@ -83,10 +83,10 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         assert done.returncode == 0, done.stderr
         return out
 
-    def roll(rid: str, artifact: Path, waves: str) -> dict[str, Any]:
+    def roll(rid: str, artifact: Path, waves: str, gates: str = "") -> dict[str, Any]:
         spec = tmp_path / f"{rid}.toml"
         spec.write_text(f'[rollout]\nname = "app config"\nkind = "config"\nartifact = "{artifact}"\n'
-                        f'[waves]\n{waves}\n[device]\ntimeout_s = 60\n')
+                        f'[waves]\n{waves}\n[device]\ntimeout_s = 60\n' + (f"[gates]\n{gates}\n" if gates else ""))
         started = subprocess.run([*cli, "rollout", "start", str(spec), "--db", str(db), "--id", rid],
                                  capture_output=True, text=True, env=env, timeout=60)
         assert started.returncode == 0 and f"config release app {artifact.stem.split('-')[1]}" in started.stdout, (
@@ -128,7 +128,8 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         config_cli("layer", "set", "app", "app.toml", "port=3", "--tag", "site-b", "--db", str(db))
         config_cli("layer", "set", "app", "app.toml", "port=4", "--device", "pi-2", "--db", str(db))
         good = release("1.1.0", "mode = 'good'\nport = 2\n")
-        data = roll("cfg-1", good, "canary = 1\ncounts = [1, 1]")
+        # each wave passes once its devices' own heartbeats say they hold it, not only their reports
+        data = roll("cfg-1", good, "canary = 1\ncounts = [1, 1]", "min_compliance_pct = 100.0\ncompliance_wait_s = 60")
         assert data["state"] == "succeeded" and data["counts"] == {"succeeded": 3}, data
         assert [w["succeeded"] for w in data["waves"]] == [1, 1, 1]
         held = [b"mode = 'good'\nport = 2\n", b'mode = "good"\nport = 3\n', b'mode = "good"\nport = 4\n']

@@ -33,6 +33,7 @@ class FakePort:
         self.config_held: dict[str, dict[str, str]] = {}  # target -> device -> version
         self.cancels: list[tuple[str, str]] = []  # (device, rollout)
         self.paces: list[tuple[int, tuple[str, ...], float]] = []  # (at_ms, devices, for_s)
+        self.in_sync: set[str] | None = None  # the devices in sync by their heartbeats (None: all)
 
     def devices(self) -> list[DeviceInfo]:
         return list(self.infos.values())
@@ -45,6 +46,9 @@ class FakePort:
 
     def config_versions(self, target: str) -> dict[str, str]:
         return dict(self.config_held.get(target, {}))
+
+    def config_in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
+        return set(devices) if self.in_sync is None else set(devices) & self.in_sync
 
     async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
         self.cancels += [(device, cancel.rollout_id) for device, cancel in cancels]
