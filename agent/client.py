@@ -10,6 +10,8 @@ the agent's own servers do; nothing else beyond the standard library).
 
     agent.config("app")["documents"]["app.toml"]["text"]           # a configuration target's documents
     for view in agent.watch_config("app"): ...                    # each version applied, as it comes
+    staged = agent.staged_config("app")                           # a release waiting for our verdict
+    agent.judge_config("app", staged["review"], accept=False, reason="port 80 is taken")
 
 `AsyncClient` is the same for asyncio. A refusal raises `LocalApiError` with the HTTP status,
 the wrong field and, for a full class (429), `retry_after_s`; an agent that is not there raises
@@ -149,9 +151,14 @@ class _Exchange:
                 raise ConnectionError("the agent closed the connection before it answered")
 
 
-def _config_path(name: str, *, version: str | None = None, wait_s: float | None = None) -> str:
+def _config_path(name: str, *, version: str | None = None, wait_s: float | None = None, step: str = "") -> str:
     query = {**({"version": version} if version is not None else {}), **({"wait": f"{wait_s:g}"} if wait_s else {})}
-    return f"/v1/config/{quote(name, safe='')}" + (f"?{urlencode(query)}" if query else "")
+    return f"/v1/config/{quote(name, safe='')}" + (f"/{step}" if step else "") + (
+        f"?{urlencode(query)}" if query else "")
+
+
+def _verdict(review: str, accept: bool, reason: str) -> bytes:
+    return json.dumps({"review": review, "accept": accept, "reason": reason}).encode()
 
 
 class Client:
@@ -202,6 +209,19 @@ class Client:
             if view.get("changed"):
                 version = str(view["version"])
                 yield view
+
+    def staged_config(self, name: str, *, wait_s: float = 30.0) -> dict[str, Any] | None:
+        """A release of the target staged for the applications' verdict (a target with
+        `app_validate_s`): {"review", "version", "documents"}; None when none came within
+        `wait_s` (at most 60)."""
+        view = self._call("GET", _config_path(name, wait_s=wait_s, step="staged"), b"", "",
+                          timeout_s=wait_s + self._timeout_s)
+        return view if view.get("review") else None
+
+    def judge_config(self, name: str, review: str, *, accept: bool, reason: str = "") -> None:
+        """Accept or veto a staged release (`reason` reaches the rollout's report); the first
+        verdict decides. `LocalApiError` 409 when the review is over."""
+        self._call("POST", _config_path(name, step="verdict"), _verdict(review, accept, reason), "application/json")
 
     def _connect(self) -> tuple[socket.socket, h11.Connection]:
         if self._sock is None or self._conn is None:
@@ -297,6 +317,17 @@ class AsyncClient:
             if view.get("changed"):
                 version = str(view["version"])
                 yield view
+
+    async def staged_config(self, name: str, *, wait_s: float = 30.0) -> dict[str, Any] | None:
+        """As `Client.staged_config`."""
+        view = await self._call("GET", _config_path(name, wait_s=wait_s, step="staged"), b"", "",
+                                timeout_s=wait_s + self._timeout_s)
+        return view if view.get("review") else None
+
+    async def judge_config(self, name: str, review: str, *, accept: bool, reason: str = "") -> None:
+        """As `Client.judge_config`."""
+        await self._call("POST", _config_path(name, step="verdict"), _verdict(review, accept, reason),
+                         "application/json")
 
     async def _call(self, method: str, path: str, body: bytes, ctype: str, *,
                     timeout_s: float | None = None) -> dict[str, Any]:

@@ -355,6 +355,9 @@ class ConfigTargetSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     # the confirm looks first this long after the apply: a change that cuts the device off a
     # moment later (a network reload) is caught, not confirmed before it bites
     settle_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 5.0
+    # > 0: a staged release waits this long for an application's verdict through the local API
+    # (GET /v1/config/NAME/staged, POST /v1/config/NAME/verdict); none by then refuses it
+    app_validate_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0
     command_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
     max_document_kib: Annotated[int, msgspec.Meta(ge=1, le=16 * 1024)] = 64
 

@@ -24,7 +24,7 @@ import random
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import msgspec
 
@@ -72,6 +72,9 @@ from agent.worker.actors import (
 )
 from agent.worker.jobs import DemandWindow, JobLedger
 from agent.worker.messages import MessageIntake, class_audit
+
+if TYPE_CHECKING:
+    from config_rollout.device.review import ConfigReviews
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +237,8 @@ class WorkerAgent(PartBase):
         self.ids = IdGenerator(clock, self._rng)
         # This start of the agent, whatever survived on disk (see `Heartbeat.boot`).
         self.boot = f"{self._rng.getrandbits(64):016x}"
+        # applications' verdicts on staged configs (`agent.worker.configuring.config_reviews`)
+        self.config_reviews: ConfigReviews | None = None
         self.system = ActorSystem(clock=clock, name=self.device_id)
         self.up_topic = topics.up(self.fleet, self.device_id)
         self.sender = EnvelopeSender(

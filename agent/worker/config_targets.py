@@ -6,7 +6,8 @@ and soak read them alike:
     offer ─► installing (verified, applying) ─► verifying (applied, confirming) ─► succeeded
                  └── rejected (not signed by the fleet's key, no such target, a document it does not take,
                               a layer value the release does not take)
-                 └── failed (did not validate) · rolled_back (not confirmed within confirm_s: reverted)
+                 └── failed (did not validate, or an application vetoed it)
+                 └── rolled_back (not confirmed within confirm_s: reverted)
 
 The confirm check, from the target's `settle_s` after the apply: the broker connection is up and
 the leader answers now (the `verifying` report sent straight to it and accepted: an answer from
@@ -27,6 +28,7 @@ from agent.core.errors import EdgeAgentError
 from agent.service.parts import PartBase
 from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
+from agent.worker.configuring import config_reviews
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
@@ -83,7 +85,8 @@ class ConfigOfferActor(Actor):
         await self._report(offer, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
         applier = ConfigApplier(release.name, target, worker.data_dir,
-                                confirm=self._host_check(offer, version, f"applied {name} {version}: confirming"))
+                                confirm=self._host_check(offer, version, f"applied {name} {version}: confirming"),
+                                reviews=config_reviews(worker))
         try:
             result = await applier.apply(release, rendered)
         except (EdgeAgentError, OSError) as exc:

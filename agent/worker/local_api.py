@@ -15,6 +15,11 @@ connection bound).
                                  "drifted", "documents": {name: {"text"} or {"base64"}}, "changed"};
                                  ?version=V&wait=S (S <= 60) answers once the version is not V, or
                                  after S seconds with "changed": false (a long poll)
+    GET  /v1/config/NAME/staged  ?wait=S: a release staged for the applications' verdict (a target
+                                 with app_validate_s): {"review", "version", "documents"}, or
+                                 {"review": null} when none came within S seconds
+    POST /v1/config/NAME/verdict {"review", "accept", "reason"}: the first verdict decides; a veto's
+                                 reason reaches the rollout's report
 
 Answers: 202 {"id", "path", "duplicate"} (a batch: {"ids": [...], "path": "outbox", "messages":
 [{"id", "path", "duplicate"}, ...]}) once the message is durable: the leader accepted it, or the
@@ -39,7 +44,7 @@ import re
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -53,6 +58,9 @@ from agent.service.healthhttp import parse_listen
 from agent.service.http import HttpServer, Limits, Request, Response
 from agent.service.parts import PartBase
 from agent.worker.messages import Accepted, MessageIntake, Refusal, Submission
+
+if TYPE_CHECKING:
+    from config_rollout.device.review import ConfigReviews
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +135,11 @@ class LocalApi(PartBase):
 
     def __init__(self, intake: MessageIntake, status: StatusReader, *, clock: Clock, socket_path: Path | None,
                  group: str = "edge-agent", listen: str = "", max_body_bytes: int = 4 * 1024 * 1024,
-                 max_batch: int = 500, max_connections: int = 32, configs: ConfigReader | None = None) -> None:
+                 max_batch: int = 500, max_connections: int = 32, configs: ConfigReader | None = None,
+                 reviews: ConfigReviews | None = None) -> None:
         self._intake = intake
         self._configs = configs
+        self._reviews = reviews
         self._status = status
         self._clock = clock
         self._refusals = RateLimitedLog(log, clock, 60.0)  # undecodable bodies: one line a minute
@@ -256,11 +266,60 @@ class LocalApi(PartBase):
                 headers = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
                 raise HttpError(exc.status, exc.detail, field=exc.field, headers=headers) from None
         if req.path.startswith("/v1/config/"):
+            name, _, step = req.path.removeprefix("/v1/config/").partition("/")
+            if step == "verdict":
+                if req.method != "POST":
+                    raise HttpError(405, "POST only", headers=(("Allow", "POST"),))
+                return 200, self._verdict(req, name), ()
             if req.method not in ("GET", "HEAD"):
                 raise HttpError(405, "GET only", headers=(("Allow", "GET"),))
-            return 200, await self._config(req, req.path.removeprefix("/v1/config/")), ()
+            if step == "staged":
+                return 200, await self._staged(req, name), ()
+            if not step:
+                return 200, await self._config(req, name), ()
         raise HttpError(404, f"no such endpoint {req.path[:80]!r} (POST /v1/messages, GET /v1/status,"
-                             " GET /v1/config/NAME)")
+                             " GET /v1/config/NAME, GET /v1/config/NAME/staged, POST /v1/config/NAME/verdict)")
+
+    def _review_board(self, name: str) -> ConfigReviews:
+        if self._reviews is None or self._configs is None:
+            raise HttpError(404, "this device declares no configuration targets ([config_targets])")
+        if not re.fullmatch(TARGET_NAME, name):
+            raise HttpError(400, "a target's name is 1-64 of a-z 0-9 _ . -", field="name")
+        return self._reviews
+
+    async def _staged(self, req: Request, name: str) -> dict[str, Any]:
+        """The release staged for the target's applications to judge ({"review": null} when none
+        is, after waiting up to ?wait=S for one)."""
+        board = self._review_board(name)
+        if await self._configs(name) is None:  # type: ignore[misc]
+            raise HttpError(404, f"no configuration target {name!r} on this device")
+        review = await board.wait_pending(name, _wait_s(_one(req.query, "wait")))
+        return review.view() if review is not None else {"review": None}
+
+    def _verdict(self, req: Request, name: str) -> dict[str, Any]:
+        """{"review", "accept", "reason"}: the first verdict on a staged release decides."""
+        from config_rollout.device.review import REASON_MAX
+
+        board = self._review_board(name)
+        try:
+            doc = json.loads(req.body)
+        except ValueError:
+            raise HttpError(400, "the body is not JSON") from None
+        if not isinstance(doc, dict):
+            raise HttpError(400, 'give {"review": ID, "accept": true|false, "reason": TEXT}')
+        review, accept, reason = doc.get("review"), doc.get("accept"), doc.get("reason", "")
+        if not isinstance(review, str) or not 1 <= len(review) <= 64:
+            raise HttpError(400, "review: the id GET /v1/config/NAME/staged gave", field="review")
+        if not isinstance(accept, bool):
+            raise HttpError(400, "accept: true or false", field="accept")
+        if not isinstance(reason, str) or len(reason) > REASON_MAX:
+            raise HttpError(400, f"reason: text of at most {REASON_MAX} characters", field="reason")
+        if not board.answer(name, review, accept=accept, reason=reason):
+            raise HttpError(409, f"no open review {review!r} of {name}: another verdict came first, or its time ran"
+                                 " out")
+        log.info("config %s: an application %s the staged release%s", name, "accepted" if accept else "vetoed",
+                 f" ({reason[:200]})" if reason else "")
+        return {"recorded": True}
 
     async def _config(self, req: Request, name: str) -> dict[str, Any]:
         """A target's view; with ?version=V&wait=S, once it is not V (or S seconds passed)."""
@@ -269,11 +328,7 @@ class LocalApi(PartBase):
         if not re.fullmatch(TARGET_NAME, name):
             raise HttpError(400, "a target's name is 1-64 of a-z 0-9 _ . -", field="name")
         known = _one(req.query, "version")
-        wait_text = _one(req.query, "wait")
-        try:
-            wait_s = min(CONFIG_WAIT_MAX_S, max(0.0, float(wait_text))) if wait_text else 0.0
-        except ValueError:
-            raise HttpError(400, f"wait: {(wait_text or '')[:20]!r} is not a number of seconds", field="wait") from None
+        wait_s = _wait_s(_one(req.query, "wait"))
         view = await self._configs(name)
         if view is None:
             raise HttpError(404, f"no configuration target {name!r} on this device")
@@ -342,6 +397,14 @@ def _error_body(exc: HttpError) -> dict[str, Any]:
     if exc.field:
         body["field"] = exc.field
     return body
+
+
+def _wait_s(text: str | None) -> float:
+    """A long poll's ?wait=S, at most CONFIG_WAIT_MAX_S."""
+    try:
+        return min(CONFIG_WAIT_MAX_S, max(0.0, float(text))) if text else 0.0
+    except ValueError:
+        raise HttpError(400, f"wait: {(text or '')[:20]!r} is not a number of seconds", field="wait") from None
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:

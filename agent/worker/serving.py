@@ -24,10 +24,16 @@ async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
     if not api.enabled:
         return None
     sockets = env.api_sockets
+    reviews = None
+    if config.config_targets:
+        from agent.worker.configuring import config_reviews
+
+        reviews = config_reviews(agent)
     return LocalApi(agent.messages, agent.message_status, clock=agent.clock,
                     socket_path=local_api_socket(config, data_dir=agent.data_dir) if sockets else None,
                     group=api.group, listen=api.listen if sockets else "", max_body_bytes=api.max_body_bytes,
-                    max_batch=api.max_batch, max_connections=api.max_connections, configs=config_reader(agent))
+                    max_batch=api.max_batch, max_connections=api.max_connections, configs=config_reader(agent),
+                    reviews=reviews)
 
 
 def config_reader(agent: WorkerAgent) -> ConfigReader | None:

@@ -7,7 +7,8 @@ the process there):
     stage      the release's documents written into a staging folder beside the target's
                folder (one file system: a rename moves them), each fsynced
     validate   `validate_command` on the staging folder ("{staged}" in it is replaced by its
-               path), within `command_timeout_s`
+               path), within `command_timeout_s`; then, with `app_validate_s`, an application's
+               verdict through the local API (`reviews`: `config_rollout.device.review`)
     keep       the documents the release replaces copied to the target's last-good folder in the
                state directory, fsynced; the journal says "swapping"
     swap       each staged document renamed over its file in the target's folder; the folder fsynced
@@ -46,6 +47,7 @@ from typing import Any, Literal
 from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
 from agent.service.files import fsync_path, write_private_file
+from config_rollout.device.review import ConfigReviews
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import Rendered
 from config_rollout.release import ConfigRelease
@@ -84,7 +86,7 @@ class ConfigApplier:
 
     def __init__(self, name: str, target: ConfigTargetSection, state_dir: Path, *,
                  confirm: Callable[[], Awaitable[str]] | None = None,
-                 on_step: Callable[[str], None] | None = None) -> None:
+                 on_step: Callable[[str], None] | None = None, reviews: ConfigReviews | None = None) -> None:
         self.name = name
         self.target = target
         self.directory = Path(target.directory)
@@ -94,6 +96,7 @@ class ConfigApplier:
         self.staging = self.directory.parent / f".{self.directory.name}.ea-staged"
         self._confirm = confirm
         self._on_step = on_step or (lambda step: None)
+        self._reviews = reviews
         self._mode = int(target.mode, 8)
 
     # -- the journal ---------------------------------------------------------------------------
@@ -186,6 +189,9 @@ class ConfigApplier:
                      previous=previous, detail="")
         self._on_step("staged")
         problem = await self._run("validate", self.target.validate_command, staged=self.staging)
+        if not problem and self._reviews is not None and self.target.app_validate_s > 0:
+            problem = await self._reviews.ask(self.name, release.version, release.release_id, documents,
+                                              self.target.app_validate_s)
         if problem:
             self._discard_staging()
             return self._fail(f"validation refused {release.version}: {problem}", self.journal(), previous=previous)

@@ -8,6 +8,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+import msgspec
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e.agent_support import worker
@@ -89,4 +91,64 @@ async def test_an_application_reads_and_watches_its_configuration(tmp_path: Path
     finally:
         await api.stop()
         await plain.stop()
+        await device.stop()
+
+
+def post(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
+async def test_an_application_accepts_or_vetoes_a_staged_config(tmp_path: Path, broker: MemoryBroker) -> None:
+    """A target with app_validate_s holds each staged release for an application's verdict: it
+    reads the staged documents, a veto's reason refuses the release (nothing changes), an accept
+    lets it apply, and no verdict in time is a refusal too."""
+    from agent.worker.configuring import config_reviews
+
+    clock = SystemClock()
+    etc = tmp_path / "etc" / "app"
+    device = await worker(clock, tmp_path, "pi-1", broker=broker, sections={"config_targets": {"app": {
+        "directory": str(etc), "settle_s": 0, "app_validate_s": 30}}})
+    sock = tmp_path / "api.sock"
+    reviews = config_reviews(device)
+    api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=sock,
+                   configs=config_reader(device), reviews=reviews)
+    await api.start()
+    try:
+        client = AsyncClient(sock)
+        assert await client.staged_config("app", wait_s=0.1) is None  # nothing staged
+        applier = ConfigApplier("app", device.config.config_targets["app"], device.data_dir, reviews=reviews)
+
+        async def judged(version: str, text: str, accept: bool, reason: str = "") -> str:
+            applying = asyncio.create_task(applier.apply(parse_release(release(tmp_path, version, text), KEY.public)))
+            staged = await client.staged_config("app", wait_s=30)
+            assert staged is not None and staged["version"] == version
+            assert staged["documents"] == {"app.toml": {"text": text}}
+            for bad, field in ((b'{"review": "x", "accept": "no"}', "accept"), (b'{"accept": true}', "review"),
+                               (b'{"review": "x", "accept": true, "reason": 5}', "reason")):
+                status, _, body = await raw(sock, post("/v1/config/app/verdict", bad))
+                assert status == 400 and body["field"] == field
+            status, _, body = await raw(sock, post("/v1/config/app/verdict", b'{"review": "stale", "accept": true}'))
+            assert status == 409
+            await client.judge_config("app", staged["review"], accept=accept, reason=reason)
+            result = await applying
+            try:
+                await client.judge_config("app", staged["review"], accept=True)  # the first verdict decided
+            except LocalApiError as exc:
+                assert exc.status == 409
+            else:
+                raise AssertionError("a second verdict was taken")
+            return f"{result.state}: {result.detail}"
+
+        assert await judged("1.0.0", "port = 1\n", True) == "committed: confirmed"
+        assert await judged("1.1.0", "port = 80\n", False, "port 80 is taken") == (
+            "failed: validation refused 1.1.0: the application vetoed it: port 80 is taken")
+        assert (etc / "app.toml").read_text() == "port = 1\n"  # nothing changed
+        hurried = ConfigApplier("app", msgspec.structs.replace(device.config.config_targets["app"], app_validate_s=0.2),
+                                device.data_dir, reviews=reviews)
+        result = await hurried.apply(parse_release(release(tmp_path, "1.2.0", "port = 3\n"), KEY.public))
+        assert result.state == "failed" and "no application gave a verdict within 0.2 s" in result.detail
+        assert (etc / "app.toml").read_text() == "port = 1\n"
+    finally:
+        await api.stop()
         await device.stop()
