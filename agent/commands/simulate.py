@@ -98,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --rollout: the fleet's public key the devices pin (default: public.pem beside the artifact)")
     add("--fail-rate", type=float, default=0.0, metavar="FRACTION",
         help="with a rollout: fraction of devices whose new image fails its health check, 0-1 (default 0)")
+    add("--cut-rate", type=float, default=0.1, metavar="FRACTION",
+        help="with --scenario config-rollout: fraction of devices the config cuts off when applied, 0-1"
+             " (default 0.1)")
     add("--cancel-at", metavar="TIME",
         help="with a rollout: the operator cancels it this long after its start, e.g. 90 or 2m (default: never)")
     add("--files", type=int, default=4, metavar="N", help="shared outbox files the devices' rows live in (default 4)")
@@ -180,7 +183,8 @@ def options_from(args: argparse.Namespace):
         raise ConfigError("simulate", "fail-rate", "must be between 0 and 1")
     devices = _value(args, "devices", preset)
     return SimOptions(
-        devices=devices, processes=processes_for(args, devices=devices, rollout=name == "wave-rollout"),
+        devices=devices, processes=processes_for(args, devices=devices,
+                                                 rollout=name in ("wave-rollout", "config-rollout")),
         round_s=parse_duration(getattr(args, "round", None) or "250ms", name="round"),
         duration_s=duration("duration", "duration"), seed=args.seed,
         heartbeat_s=duration("heartbeat", "heartbeat"),
@@ -208,6 +212,12 @@ def main(args: argparse.Namespace) -> int:
     from agent.sim.scenarios import check, get
 
     opts = options_from(args)  # ConfigError -> one line, exit 2 (agent.cli)
+    configuring = args.scenario == "config-rollout"
+    if configuring and (args.rollout is not None or args.cancel_at is not None or args.fail_rate):
+        raise ConfigError("simulate", "scenario", "config-rollout signs its own release: leave out --rollout,"
+                                                  " --cancel-at and --fail-rate (its fault is --cut-rate)")
+    if not 0.0 <= args.cut_rate <= 1.0:
+        raise ConfigError("simulate", "cut-rate", "must be between 0 and 1")
     rollout = args.scenario == "wave-rollout" or args.rollout is not None
     if opts.shard is not None and (rollout or args.scenario):
         raise ConfigError("simulate", "shard", "a rollout or a named scenario runs the whole fleet: leave out --shard")
@@ -245,6 +255,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"scenario {args.scenario}: {get(args.scenario).demonstrates}", flush=True)
 
     async def go(workdir: Path) -> dict[str, Any]:
+        if configuring:
+            from agent.sim.config_rollout import run_config_rollout
+
+            with ProgressDisplay(duration_s=None) as display:
+                every, idle = (5.0, 5.0) if display.live else (30.0, 300.0)
+                return await run_config_rollout(opts, workdir=workdir, cut_rate=args.cut_rate,
+                                                progress=None if args.quiet else display, progress_every_s=every,
+                                                progress_idle_s=idle)
         if rollout:
             from agent.sim.rollout import run_rollout
 
@@ -270,7 +288,11 @@ def main(args: argparse.Namespace) -> int:
         where = str(shm) if args.ephemeral and shm.is_dir() else None
         with tempfile.TemporaryDirectory(prefix="edge-agent-sim-", dir=where) as tmp:
             report = run_loop(go(Path(tmp)), use_uvloop=use_uvloop)
-    if rollout:
+    if configuring:
+        from agent.sim.config_rollout import config_rollout_summary
+
+        print(config_rollout_summary(report))
+    elif rollout:
         from agent.sim.rollout import rollout_summary
 
         print(rollout_summary(report))

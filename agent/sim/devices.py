@@ -45,6 +45,18 @@ class DeviceFate:
         return self.health_fails or self.install_fails or self.silent
 
 
+@dataclass(frozen=True)
+class SimConfigTargets:
+    """A fleet whose devices each declare `[config_targets.app]` (their documents under their
+    own folder, `etc/app/app.toml`); the devices of `cuts` lose their uplink once a release is
+    applied to it (the config cuts them off: their confirm cannot pass) until it is reverted."""
+
+    confirm_s: float = 60.0
+    settle_s: float = 5.0
+    cuts: frozenset[str] = frozenset()
+    factory: bytes = b"mode = 'factory'\n"  # what every device's app.toml holds at the start
+
+
 def default_updater_settings() -> UpdaterSettings:
     return UpdaterSettings(health_timeout_s=30.0, fetch_timeout_s=30.0, fetch_backoff_base_s=1.0,
                            fetch_backoff_cap_s=30.0)
@@ -60,6 +72,7 @@ class SimFirmware:
     base_version: str = "1.0.0"
     fates: dict[str, DeviceFate] = field(default_factory=dict)
     settings: UpdaterSettings = field(default_factory=default_updater_settings)
+    config_targets: SimConfigTargets | None = None  # the key signs config releases for these too
 
     def fate(self, device: str) -> DeviceFate:
         return self.fates.get(device, HEALTHY)
@@ -124,5 +137,5 @@ def sim_updater(firmware: SimFirmware, *, device: str, state_dir: Path, clock: C
     return open_updater
 
 
-__all__ = ["HEALTHY", "DeviceFate", "FailingInstaller", "SimFirmware", "SimHealth", "default_updater_settings",
-           "sim_hardware", "sim_updater"]
+__all__ = ["HEALTHY", "DeviceFate", "FailingInstaller", "SimConfigTargets", "SimFirmware", "SimHealth",
+           "default_updater_settings", "sim_hardware", "sim_updater"]

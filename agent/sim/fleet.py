@@ -25,7 +25,7 @@ import msgspec
 
 from agent.app import App, AppEnv, assemble, make_transport
 from agent.core.clock import Clock
-from agent.core.config import AgentConfig, convert
+from agent.core.config import AgentConfig, ConfigTargetSection, convert
 from agent.core.errors import Transient
 from agent.core.gate import Gate
 from agent.leader.agent import LeaderAgent
@@ -190,6 +190,7 @@ class SimFleet:
         self._delivered: OrderedDict[str, None] = OrderedDict()
         self.redeliveries_suppressed = 0
         self._readers: list[FileReads] = []  # `pending_rows`
+        self.config_steps: dict[str, list[tuple[str, float]]] = {}  # device -> (apply step, clock's monotonic)
 
     def _transport(self, config: AgentConfig, name: str) -> Transport:
         rng = cast(random.Random, _LazyRandom(self.opts.seed, f"transport:{name}"))
@@ -238,16 +239,38 @@ class SimFleet:
         firmware = self.firmware
         silent = firmware is None or firmware.fate(device).silent  # a silent device pins no key: no updater
         cfg = worker_config(self.opts, device, firmware_key="" if silent else self._firmware_key)
+        targets = firmware.config_targets if firmware is not None else None
+        if targets is not None:  # its own folder: each device's documents apart
+            etc = self.device_dir(device) / "etc" / "app"
+            if not etc.is_dir():
+                etc.mkdir(parents=True)
+                (etc / "app.toml").write_bytes(targets.factory)
+            cfg = msgspec.structs.replace(cfg, config_targets={"app": ConfigTargetSection(
+                directory=str(etc), confirm_s=targets.confirm_s, settle_s=targets.settle_s)})
         k = self._file_of[device]
         suffix = "" if incarnation == self._first_incarnation else f":{incarnation}"
         env = DeviceEnv(rng=rng_for(self.opts.seed, device + suffix), sample_system=False, job_handler=self._job,
                         stores=SharedStores(outbox=self.stores[k], ledger=self.ledgers[k], incarnation=incarnation),
-                        updater_hardware=self._hardware, api_sockets=False)
+                        updater_hardware=self._hardware, api_sockets=False,
+                        config_steps=self._config_step if targets is not None else None)
         app = await assemble(cfg, transport=self._transport(cfg, device + suffix), clock=self.clock,
                              base=self.device_dir(device), env=AppEnv(device=env))
         self.apps[device] = app
         self.workers[device] = app.agent
         return app.agent
+
+    def _config_step(self, worker: WorkerAgent, target: str, step: str) -> None:
+        """A config that cuts its device off: the uplink goes when it is applied, and comes back
+        when the device reverts it. Each step's fleet time is kept (`config_steps`)."""
+        device = worker.device_id
+        self.config_steps.setdefault(device, []).append((step, self.clock.monotonic()))
+        targets = self.firmware.config_targets if self.firmware is not None else None
+        if targets is None or device not in targets.cuts:
+            return
+        if step == "applied":
+            self.cut(device)
+        elif step == "reverted":
+            self.heal(device)
 
     def _hardware(self, worker: WorkerAgent) -> UpdaterHardware:
         assert self.firmware is not None
@@ -347,6 +370,9 @@ class SimFleet:
         if self.broker is not None:
             self._cut.add(device)
             self.broker.partition(self.workers[device].transport.client_id)
+
+    def is_cut(self, device: str) -> bool:
+        return device in self._cut
 
     def heal(self, device: str) -> None:
         if self.broker is not None:

@@ -86,6 +86,8 @@ def pick_failing(ids: list[str], fail_rate: float, seed: int) -> set[str]:
 class RolloutSimulation(Simulation):
     """A fleet run whose mission is one rollout of `spec` (see the module docstring)."""
 
+    ROLLOUT_ID = ROLLOUT_ID
+
     def __init__(self, opts: SimOptions, *, workdir: Path, spec: RolloutSpec, firmware: SimFirmware,
                  failing: int, fail_rate: float, max_fleet_s: float = 6 * 3600.0,
                  progress: Progress | None = None, progress_every_s: float = 30.0,
@@ -130,7 +132,7 @@ class RolloutSimulation(Simulation):
         await self._run_until(self.now() + REGISTER_MAX_S, stop_when=lambda: sum(leader.registry.counts()) >= devices,
                               step_s=STEP_S, on_step=self._on_step)
         self.started_ms = self.clock.now_ms()
-        rid = await service.orchestrator.start_rollout(self.spec, rollout_id=ROLLOUT_ID)
+        rid = await service.orchestrator.start_rollout(self.spec, rollout_id=self.ROLLOUT_ID)
         self.rollout_id = rid
         for sampler in self._samplers:
             sampler.rid = rid

@@ -91,6 +91,27 @@ def _rollout(r: Report) -> list[str]:
     return problems
 
 
+def _config_rollout(r: Report) -> list[str]:
+    ro, cut, docs = r["rollout"], r["cut"], r["documents"]
+    problems = []
+    if ro["devices_offered_after_abort"]:
+        problems.append(f"{ro['devices_offered_after_abort']} devices were offered the release after the abort")
+    if cut["rolled_back"] != cut["offered"]:
+        problems.append(f"of {cut['offered']} devices the config cut off, {cut['rolled_back']} reverted by themselves"
+                        f" ({cut['other_outcomes']})")
+    if not cut["reverted_within_confirm_s"]:
+        problems.append(f"a cut-off device reverted {cut['revert_s_max']}s after the apply, over confirm_s")
+    if cut["still_cut_off"]:
+        problems.append(f"{cut['still_cut_off']} devices are still cut off")
+    if docs["other"]:
+        problems.append(f"{docs['other']} devices hold neither the old document nor the new one")
+    if cut["offered"] and ro["state"] != "aborted":
+        problems.append(f"the config cut {cut['offered']} devices off, yet the rollout ended {ro['state']}")
+    if not cut["devices"] and ro["state"] != "succeeded":
+        problems.append(f"no device is cut off, yet the rollout ended {ro['state']}")
+    return problems
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -121,6 +142,16 @@ SCENARIOS: dict[str, Scenario] = {
             " --broker-outage) apply while the rollout runs.",
             {"devices": 200, "heartbeat_s": 30.0, "telemetry_s": 0.0},
             _rollout,
+        ),
+        Scenario(
+            "config-rollout",
+            "A signed config release goes out in waves behind success gates to real workers, each"
+            " applying it commit-confirmed; it cuts --cut-rate of the devices off the moment it is"
+            " applied: each reverts by itself within confirm_s, its link comes back with the old"
+            " document, and the failure threshold aborts the rollout. Every device holds the old"
+            " document or the new one, never another; nothing is lost.",
+            {"devices": 200, "heartbeat_s": 30.0, "telemetry_s": 0.0},
+            _config_rollout,
         ),
         Scenario(
             "offline-store-and-forward",

@@ -19,7 +19,6 @@ worker that declares `[config_targets]`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -29,6 +28,7 @@ from agent.service.parts import PartBase
 from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
 from agent.worker.configuring import config_reviews
+from agent.worker.env import ConfigSteps
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
@@ -49,9 +49,10 @@ OUTCOME_REPORTS: dict[str, tuple[ReportState, UpdaterState]] = {
 class ConfigOfferActor(Actor):
     """Applies the config offers one at a time and reports each step."""
 
-    def __init__(self, worker: WorkerAgent, key: VerifyKey) -> None:
+    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None) -> None:
         self._worker = worker
         self._key = key
+        self._steps = steps
         self._seq = 0
 
     async def receive(self, message: object, ctx: Context) -> None:
@@ -84,9 +85,11 @@ class ConfigOfferActor(Actor):
             return
         await self._report(offer, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
+        steps = self._steps
         applier = ConfigApplier(release.name, target, worker.data_dir,
                                 confirm=self._host_check(offer, version, f"applied {name} {version}: confirming"),
-                                reviews=config_reviews(worker))
+                                reviews=config_reviews(worker), clock=worker.clock,
+                                on_step=(lambda step: steps(worker, release.name, step)) if steps is not None else None)
         try:
             result = await applier.apply(release, rendered)
         except (EdgeAgentError, OSError) as exc:
@@ -109,7 +112,7 @@ class ConfigOfferActor(Actor):
             report = self._next_report(offer, version, "verifying", "verifying", detail)
             envelope = envelope_of(report_message(report, msg_id=worker.ids.next(), receiver=LEADER), worker.clock)
             try:
-                await asyncio.wait_for(worker.link.tell(envelope), LEADER_ANSWER_S)
+                await worker.clock.wait_for(worker.link.tell(envelope), LEADER_ANSWER_S)
             except (TimeoutError, EdgeAgentError) as exc:
                 return f"the leader did not answer: {str(exc) or f'no answer within {LEADER_ANSWER_S:g} s'}"
             return ""
@@ -136,15 +139,16 @@ class ConfigTargetsPart(PartBase):
 
     name = "config targets"
 
-    def __init__(self, worker: WorkerAgent, key: VerifyKey) -> None:
+    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None) -> None:
         self._worker = worker
         self._key = key
+        self._steps = steps
         self.actor: ConfigOfferActor | None = None
         self.ref: ActorRef | None = None
 
     async def start(self) -> None:
         worker = self._worker
-        self.actor = ConfigOfferActor(worker, self._key)
+        self.actor = ConfigOfferActor(worker, self._key, self._steps)
         self.ref = worker.system.spawn(self.actor, name="config-offers", capacity=8, policy="reject",
                                        stall_s=worker.config.mailbox.stall_s)
         worker.register_command(KIND_CONFIG_OFFER, ConfigOffer, self.ref)

@@ -34,7 +34,8 @@ async def config_targets_part(worker: WorkerAgent, env: DeviceEnv) -> ConfigTarg
     from agent.worker.config_targets import ConfigTargetsPart
     from firmware_rollout.artifact.keys import load_verify_key
 
-    return ConfigTargetsPart(worker, await asyncio.to_thread(load_verify_key, Path(config.firmware.public_key)))
+    return ConfigTargetsPart(worker, await asyncio.to_thread(load_verify_key, Path(config.firmware.public_key)),
+                             env.config_steps)
 
 
 __all__ = ["config_reviews", "config_targets_part"]

@@ -32,6 +32,10 @@ class SharedStores:
     incarnation: int
 
 
+#: Told each step of a configuration target's apply: (the worker, the target, the step).
+ConfigSteps = Callable[["WorkerAgent", str, str], None]
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeviceEnv:
     rng: random.Random | None = None  # the worker's ids, boot id and jitter (the simulator's is seeded)
@@ -43,6 +47,8 @@ class DeviceEnv:
     api_sockets: bool = True
     # the installer, health check and reboot of this device (default: what `[firmware]` names)
     updater_hardware: Callable[[WorkerAgent], UpdaterHardware] | None = None
+    # told each step of a config apply (worker, target, step): the simulator's network faults
+    config_steps: ConfigSteps | None = None
 
 
-__all__ = ["DeviceEnv", "SharedStores"]
+__all__ = ["ConfigSteps", "DeviceEnv", "SharedStores"]

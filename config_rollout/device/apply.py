@@ -38,12 +38,12 @@ import json
 import os
 import shutil
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agent.core.clock import Clock, SystemClock
 from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
 from agent.service.files import fsync_path, write_private_file
@@ -86,7 +86,8 @@ class ConfigApplier:
 
     def __init__(self, name: str, target: ConfigTargetSection, state_dir: Path, *,
                  confirm: Callable[[], Awaitable[str]] | None = None,
-                 on_step: Callable[[str], None] | None = None, reviews: ConfigReviews | None = None) -> None:
+                 on_step: Callable[[str], None] | None = None, reviews: ConfigReviews | None = None,
+                 clock: Clock | None = None) -> None:
         self.name = name
         self.target = target
         self.directory = Path(target.directory)
@@ -97,6 +98,7 @@ class ConfigApplier:
         self._confirm = confirm
         self._on_step = on_step or (lambda step: None)
         self._reviews = reviews
+        self._clock = clock if clock is not None else SystemClock()  # (the simulator's: virtual time)
         self._mode = int(target.mode, 8)
 
     # -- the journal ---------------------------------------------------------------------------
@@ -210,7 +212,7 @@ class ConfigApplier:
             self._on_step(f"swapped {n}")
         fsync_path(self.directory)
         self._discard_staging()
-        self._record(state="applied", deadline_ms=int(time.time() * 1000 + self.target.confirm_s * 1000))
+        self._record(state="applied", deadline_ms=int(self._clock.now_ms() + self.target.confirm_s * 1000))
         self._on_step("swapped")
         problem = await self._run("apply", self.target.apply_command)
         if not problem:
@@ -291,21 +293,21 @@ class ConfigApplier:
     async def _confirm_within(self, window_s: float, settle_s: float) -> str:
         """"" once the host's check and the health command pass within the window (looked at
         from `settle_s` on), else why not."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + window_s
-        await asyncio.sleep(settle_s)
+        clock = self._clock
+        deadline = clock.monotonic() + window_s
+        await clock.sleep(settle_s)
         problem = "not confirmed"
         while True:
             problem = await self._confirm() if self._confirm is not None else ""
             if not problem:
                 problem = await self._run("health", self.target.health_command,
                                           timeout_s=max(0.1, min(self.target.command_timeout_s,
-                                                                 deadline - loop.time())))
+                                                                 deadline - clock.monotonic())))
             if not problem:
                 return ""
-            if loop.time() + CONFIRM_RETRY_S >= deadline:
+            if clock.monotonic() + CONFIRM_RETRY_S >= deadline:
                 return f"not confirmed within {window_s:g} s: {problem}"
-            await asyncio.sleep(CONFIRM_RETRY_S)
+            await clock.sleep(CONFIRM_RETRY_S)
 
     async def _run(self, what: str, command: tuple[str, ...], *, staged: Path | None = None,
                    timeout_s: float | None = None) -> str:

@@ -91,7 +91,7 @@ def test_a_claim_that_does_not_hold_is_reported() -> None:
     assert check("work-pulling", report) == ["3 of 4 jobs confirmed"]
     with pytest.raises(ConfigError):
         get("no-such-scenario")
-    assert set(SCENARIOS) == {"heartbeat-coalescing", "thundering-herd", "wave-rollout",
+    assert set(SCENARIOS) == {"heartbeat-coalescing", "thundering-herd", "wave-rollout", "config-rollout",
                               "offline-store-and-forward", "work-pulling"}
 
 
