@@ -93,6 +93,9 @@ def _apply(args: argparse.Namespace) -> int:
         raise ConfigError(args.config, "firmware.public_key", "required: a config release is checked with it")
     key = load_verify_key(config.firmware.public_key)
     release = read_release(args.release, key, max_document_bytes=16 * 1024 * 1024)
+    if release.name == "agent":
+        raise ConfigError(args.release, None, "a release of the agent's own settings is applied by the running agent,"
+                                              " which starts itself again on it: roll it out")
     target = config.config_targets.get(release.name)
     if target is None:
         raise ConfigError(args.config, f"config_targets.{release.name}",

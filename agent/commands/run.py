@@ -67,38 +67,82 @@ async def serve(config: AgentConfig, *, broker: str | None = None, data_dir: str
 
     lock = InstanceLock(base, source="--data-dir" if data_dir else source).acquire()  # the kernel drops it at a crash
     try:
-        return await _serve_locked(config, base, clock, broker=broker, recover=recover)
+        return await _serve_locked(config, base, clock, broker=broker, recover=recover, source=source)
     finally:
         lock.release()
 
 
 async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, broker: str | None,
-                        recover: bool) -> int:
+                        recover: bool, source: str) -> int:
+    """Run the agent's parts until a stop. A reload (SIGHUP, `systemctl reload`, or a release of
+    the agent's own settings: the built-in config target `agent`) stops the parts as a shutdown
+    would (the outbox keeps every message) and starts them again on the config file read anew and
+    the settings in force, in the same process: RELOADING=1, then READY=1 once they run."""
+    import asyncio
+
     from agent.app import AppEnv, assemble, make_transport
     from agent.leader.env import GatewayEnv
     from agent.service import ServiceRuntime, restrict_database_files
+    from agent.worker.env import DeviceEnv
 
-    transport = make_transport(config, clock=clock, broker_url=broker)
-    runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen)
+    again = asyncio.Event()  # a reload asked the parts to start again
+    started_again = asyncio.Event()
+
+    async def reload() -> None:
+        started_again.clear()
+        again.set()
+        await started_again.wait()
+
+    runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen, on_reload=reload)
     async with runtime:
-        app = await assemble(config, transport=transport, clock=clock, base=base,
-                             env=AppEnv(gateway=GatewayEnv(recover=recover)))
-        for db in app.databases():
-            restrict_database_files(db)
-        # Shutdown steps run in order, last part first: stop taking work, then the agent (relay,
-        # transport, flush + close its stores), then what drains it.
-        for name, stop in app.stop_steps():
-            runtime.shutdown.add(name, stop)
-        for name, problem, up in app.liveness():
-            runtime.add_liveness(name, problem, up=up)
-        for name, check in app.checks():
-            runtime.add_check(name, check)
-        await app.start()
-        for name, collector in app.collectors():  # after start: a part's figures may need what it started
-            runtime.add_collector(name, collector)
-        runtime.ready(f"{config.agent.role} {config.agent.device_id} running")
-        log.info("agent started", extra={"kv": {"role": config.agent.role, "device": config.agent.device_id,
-                                                 "data_dir": str(base)}})
-        await runtime.wait_stop()
+        first = True
+        while True:
+            running = config
+            if config.agent.role == "worker":
+                from config_rollout.device.agent_settings import load_agent_settings
+
+                running = await load_agent_settings(config, base)
+            logging.getLogger().setLevel(running.agent.log_level)  # (a release may change it)
+            app = await assemble(running, transport=make_transport(running, clock=clock, broker_url=broker),
+                                 clock=clock, base=base,
+                                 env=AppEnv(gateway=GatewayEnv(recover=recover),
+                                            device=DeviceEnv(restart=runtime.signals.request_reload)))
+            for db in app.databases():
+                restrict_database_files(db)
+            # Shutdown steps run in order, last part first: stop taking work, then the agent (relay,
+            # transport, flush + close its stores), then what drains it.
+            for name, stop in app.stop_steps():
+                runtime.shutdown.add(name, stop)
+            for name, problem, up in app.liveness():
+                runtime.add_liveness(name, problem, up=up)
+            for name, check in app.checks():
+                runtime.add_check(name, check)
+            await app.start()
+            for name, collector in app.collectors():  # after start: a part's figures may need what it started
+                runtime.add_collector(name, collector)
+            kv = {"role": running.agent.role, "device": running.agent.device_id, "data_dir": str(base)}
+            if first:
+                runtime.ready(f"{running.agent.role} {running.agent.device_id} running")
+                log.info("agent started", extra={"kv": kv})
+                first = False
+            else:
+                log.info("agent started again", extra={"kv": kv})
+                started_again.set()
+            stopping = asyncio.ensure_future(runtime.wait_stop())
+            restarting = asyncio.ensure_future(again.wait())
+            await asyncio.wait((stopping, restarting), return_when=asyncio.FIRST_COMPLETED)
+            for task in (stopping, restarting):
+                task.cancel()
+            if runtime.signals.stop.is_set():
+                break
+            again.clear()
+            log.info("starting again on the config and the settings in force")
+            await runtime.restart_parts()
+            try:
+                from agent.commands.preflight import preflight
+
+                config = preflight(source, broker=broker)
+            except EdgeAgentError as exc:
+                log.error("%s: the config file's settings of the last start go on", exc)
         log.info("stopping")
     return 0

@@ -47,6 +47,9 @@ class AgentSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     fleet: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")] = "default"
     data_dir: str = "/var/lib/edge-agent"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # a config release of the built-in target "agent" (signed with [firmware] public_key) may
+    # change this worker's own settings (`REMOTE_SETTINGS`)
+    remote_settings: bool = True
     use_uvloop: bool | None = None  # unset: uvloop for the leader, asyncio for a worker (~2 MB less RSS)
     tags: list[str] = msgspec.field(default_factory=list)
     firmware_version: str = "0.0.0"
@@ -580,6 +583,65 @@ def _deprecated_synchronous(config: AgentConfig, data: dict[str, Any], source: s
                                                                           synchronous=None))
 
 
+#: What a config release of the built-in target `agent` may change of a worker's own settings
+#: (`with_remote_settings`): nothing that names a place, a key, a command or the broker.
+REMOTE_SETTINGS: dict[str, frozenset[str]] = {
+    "agent": frozenset({"log_level"}),
+    "heartbeat": frozenset({"interval_s", "fast_interval_s", "fast_hold_s", "system_interval_s", "sample_change_pct"}),
+    "classes": frozenset({"ttl_s", "max_messages", "max_bytes", "full_policy", "max_payload_bytes"}),
+    "sources.system": frozenset({"interval_s", "class"}),
+}
+
+
+def with_remote_settings(config: AgentConfig, settings: bytes, source: str) -> AgentConfig:
+    """`config` with the settings of a release of the built-in target `agent` laid over it (TOML:
+    `[agent] log_level`, `[heartbeat]`, `[classes.NAME]` of a class the config has, `[sources.system]`
+    of a config that runs it); each value checked as the config file's own. A `ConfigError`
+    names `source` and the key it refuses."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(settings.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(source, None, f"not valid TOML: {exc}") from None
+
+    def merged(section: msgspec.Struct, given: Any, key: str, type_: type[T]) -> T:
+        allowed = REMOTE_SETTINGS["classes" if key.startswith("classes.") else key]
+        if not isinstance(given, dict):
+            raise ConfigError(source, key, "must be a table")
+        for name in given:
+            if name not in allowed:
+                raise ConfigError(source, f"{key}.{name}", "not a setting a release may change (it may change "
+                                                          f"{', '.join(sorted(allowed))})")
+        return convert({**msgspec.to_builtins(section), **given}, type_, source=f"{source}: [{key}]")
+
+    changes: dict[str, Any] = {}
+    for table, given in data.items():
+        if table == "agent":
+            changes["agent"] = merged(config.agent, given, "agent", AgentSection)
+        elif table == "heartbeat":
+            changes["heartbeat"] = merged(config.heartbeat, given, "heartbeat", HeartbeatSection)
+        elif table == "classes" and isinstance(given, dict):
+            classes = dict(config.classes)
+            for name, values in given.items():
+                if name not in classes:
+                    raise ConfigError(source, f"classes.{name}", "no such class in this agent's config")
+                classes[name] = merged(classes[name], values, f"classes.{name}", MessageClassSection)
+            changes["classes"] = classes
+        elif table == "sources" and isinstance(given, dict) and set(given) <= {"system"}:
+            if config.sources.system is None:
+                raise ConfigError(source, "sources.system", "this agent runs no system source")
+            system = merged(config.sources.system, given["system"], "sources.system", SystemSourceSection)
+            changes["sources"] = msgspec.structs.replace(config.sources, system=system)
+        else:
+            raise ConfigError(source, table, "not a setting a release may change (it may change [agent] log_level,"
+                                             " [heartbeat], [classes.NAME] and [sources.system])")
+    changed = msgspec.structs.replace(config, **changes)
+    _check_retentions(changed, source)
+    _check_classes(changed, source)
+    return changed
+
+
 def load_config(path: str | Path) -> AgentConfig:
     """Load and check an agent config file. The installer's own table is the backend's to check
     (`firmware_rollout.device.backends`: `preflight` and `config check` do)."""
@@ -596,6 +658,9 @@ def load_config(path: str | Path) -> AgentConfig:
     _check_retentions(config, str(path))
     _check_classes(config, str(path))
     _check_artifacts(config, str(path))
+    if "agent" in config.config_targets:
+        raise ConfigError(str(path), "config_targets.agent", "the agent's own settings are a built-in target: leave"
+                                                             " it out ([agent] remote_settings turns it off)")
     for name, target in config.config_targets.items():
         if target.settle_s >= target.confirm_s:
             raise ConfigError(str(path), f"config_targets.{name}.settle_s", "must be less than confirm_s")
@@ -606,6 +671,8 @@ def load_config(path: str | Path) -> AgentConfig:
 
 
 __all__ = [
+    "with_remote_settings",
+    "REMOTE_SETTINGS",
     "AgentConfig",
     "AgentSection",
     "ConfigTargetSection",

@@ -105,6 +105,11 @@ class HealthServer:
     def add_collector(self, name: str, collector: Collector) -> None:
         self._collectors[name] = collector
 
+    def remove(self, name: str) -> None:
+        """Drop a check and a collector of this name (the parts of an agent started again)."""
+        self._checks.pop(name, None)
+        self._collectors.pop(name, None)
+
     @property
     def address(self) -> tuple[str, int] | None:
         """The bound (host, port) once started (the real port when 0 was asked for)."""

@@ -57,6 +57,8 @@ class ServiceRuntime:
         self.shutdown = ShutdownSequence(clock=clock, notifier=self.notifier,
                                          step_timeout_s=step_timeout_s)
         self._liveness: list[Callable[[], bool]] = [watchdog_alive] if watchdog_alive is not None else []
+        self._part_liveness: list[Callable[[], bool]] = []  # the parts': forgotten at `restart_parts`
+        self._part_names: set[str] = set()
         self.watchdog = Watchdog(clock, self.notifier, env=env, alive=self._alive)
         self.health = HealthServer(metrics_listen, checks or {}, collectors or {}, clock=clock)
         if process_metrics:
@@ -66,20 +68,32 @@ class ServiceRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self.failures: list[StepFailure] = []
 
-    def add_check(self, name: str, check: Check) -> None:
-        self.health.add_check(name, check)
-
     def add_liveness(self, name: str, problem: Callable[[], str | None], *, up: str = "alive") -> None:
         """A part whose death must restart the service: while `problem()` names one, `/healthz`
         fails with it and the watchdog pings stop, so systemd restarts the agent."""
-        self._liveness.append(lambda: problem() is None)
-        self.health.add_check(name, problem_check(problem, up=up))
+        self._part_liveness.append(lambda: problem() is None)
+        self.add_check(name, problem_check(problem, up=up))
 
     def _alive(self) -> bool:
-        return all(alive() for alive in self._liveness)
+        return all(alive() for alive in self._liveness) and all(alive() for alive in self._part_liveness)
+
+    def add_check(self, name: str, check: Check) -> None:
+        self._part_names.add(name)
+        self.health.add_check(name, check)
 
     def add_collector(self, name: str, collector: Collector) -> None:
+        self._part_names.add(name)
         self.health.add_collector(name, collector)
+
+    async def restart_parts(self) -> list[StepFailure]:
+        """Stop the parts as a shutdown would (their steps, in order), without leaving: their
+        checks, collectors and liveness are forgotten, the parts started next add their own."""
+        failures = await self.shutdown.run_for_restart()
+        self._part_liveness.clear()
+        for name in self._part_names:
+            self.health.remove(name)
+        self._part_names.clear()
+        return failures
 
     def ready(self, status: str | None = None) -> bool:
         """READY=1: call once the database is open and the actors have started."""

@@ -131,6 +131,17 @@ class ShutdownSequence:
         self._ran = True
         if self._notifier is not None:
             self._notifier.stopping(status)
+        return await self._run_steps()
+
+    async def run_for_restart(self) -> list[StepFailure]:
+        """The steps as at a shutdown, without STOPPING=1 (the service goes on: its parts start
+        again), then forgotten: the parts started next add their own."""
+        try:
+            return await self._run_steps()
+        finally:
+            self._steps.clear()
+
+    async def _run_steps(self) -> list[StepFailure]:
         failures: list[StepFailure] = []
         for name, step, timeout_s in self._steps:
             try:

@@ -130,10 +130,15 @@ def next_incarnation(path: Path) -> int:
 def config_states(config: AgentConfig, data_dir: Path) -> dict[str, ConfigState]:
     """Each `[config_targets.NAME]`'s applied version, state and drift, for the heartbeat: read
     from the target's journal and its documents (small files, at the heartbeat's pace)."""
+    from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, offers_agent_target
     from config_rollout.device.apply import ConfigApplier
 
     states = {}
-    for name, target in sorted(config.config_targets.items())[:32]:
+    targets = dict(config.config_targets)
+    own = agent_target(data_dir)
+    if offers_agent_target(config) and (data_dir / "config" / AGENT_TARGET / "journal.json").exists():
+        targets[AGENT_TARGET] = own  # (stated once something was applied to it)
+    for name, target in sorted(targets.items())[:32]:
         try:
             st = ConfigApplier(name, target, data_dir).status()
         except EdgeAgentError:  # a damaged journal: said as such, the heartbeat goes on
@@ -267,9 +272,11 @@ class WorkerAgent(PartBase):
         self.firmware_version: Callable[[], str] = lambda: config.agent.firmware_version
         # What the heartbeat reports of the slots; an attached updater answers (None: no [firmware]).
         self.slot_state: Callable[[], SlotState | None] = lambda: None
-        # What the heartbeat reports of the configuration targets (None: the config declares none).
-        self.config_states: Callable[[], dict[str, ConfigState] | None] = (
-            (lambda: config_states(config, self.data_dir)) if config.config_targets else (lambda: None))
+        # What the heartbeat reports of the configuration targets (None: the config declares none,
+        # and nothing was ever applied to the agent's own settings: a start follows that apply).
+        self.config_states: Callable[[], dict[str, ConfigState] | None] = lambda: (
+            config_states(config, self.data_dir) if config.config_targets
+            or (self.data_dir / "config" / "agent" / "journal.json").exists() else None)
         self._job_handler = job_handler or default_job_handler(clock)
         # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
         self.kinds = agent_registry()

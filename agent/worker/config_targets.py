@@ -23,12 +23,14 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from agent.actors import Actor, ActorRef, Context
+from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
 from agent.service.parts import PartBase
 from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
 from agent.worker.configuring import config_reviews
 from agent.worker.env import ConfigSteps
+from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, offers_agent_target, settings_check
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
@@ -42,22 +44,68 @@ LEADER_ANSWER_S = 5.0  # one confirm's round trip to the leader, at most
 
 #: What the leader sees of each outcome of `ConfigApplier.apply`.
 OUTCOME_REPORTS: dict[str, tuple[ReportState, UpdaterState]] = {
-    "committed": ("succeeded", "committed"), "failed": ("failed", "failed"), "rolled_back": ("rolled_back",
-                                                                                          "rolled_back")}
+    "committed": ("succeeded", "committed"), "failed": ("failed", "failed"),
+    "rolled_back": ("rolled_back", "rolled_back"), "restarting": ("verifying", "verifying")}
+
+
+class ResumeTargets:
+    """Told first, at the start: finish what an interrupted apply left, report what it decided."""
 
 
 class ConfigOfferActor(Actor):
-    """Applies the config offers one at a time and reports each step."""
+    """Applies the config offers one at a time and reports each step. `restart` asks the service
+    to start the agent again (the built-in target `agent` takes effect so; None: it is not offered)."""
 
-    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None) -> None:
+    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None,
+                 restart: Callable[[], None] | None = None) -> None:
         self._worker = worker
         self._key = key
         self._steps = steps
+        self._restart = restart
         self._seq = 0
 
     async def receive(self, message: object, ctx: Context) -> None:
         if isinstance(message, ConfigOffer):
             await self._apply(message)
+        elif isinstance(message, ResumeTargets):
+            await self._resume()
+
+    def targets(self) -> dict[str, ConfigTargetSection]:
+        """The declared targets, and the built-in `agent` where this agent takes its own settings."""
+        worker = self._worker
+        found = dict(worker.config.config_targets)
+        if self._restart is not None and offers_agent_target(worker.config):
+            found[AGENT_TARGET] = agent_target(worker.data_dir)
+        return found
+
+    def _applier(self, name: str, target: ConfigTargetSection, rollout_id: str, version: str) -> ConfigApplier:
+        worker = self._worker
+        steps = self._steps
+        own = name == AGENT_TARGET
+        return ConfigApplier(name, target, worker.data_dir,
+                             confirm=self._host_check(rollout_id, version, f"applied {name} {version}: confirming"),
+                             reviews=config_reviews(worker), clock=worker.clock,
+                             on_step=(lambda step: steps(worker, name, step)) if steps is not None else None,
+                             check=settings_check(worker.config) if own else None,
+                             restarts=self._restart if own else None)
+
+    async def _resume(self) -> None:
+        for name, target in sorted(self.targets().items()):
+            context = ConfigApplier(name, target, self._worker.data_dir).journal().get("context") or {}
+            applier = self._applier(name, target, str(context.get("rollout_id", "")), str(context.get("version", "")))
+            try:
+                await applier.resume()
+                taken = applier.take_unreported()
+            except (EdgeAgentError, OSError) as exc:
+                log.error("config %s: finishing the interrupted apply failed: %s", name, exc)
+                continue
+            if taken is None:
+                continue
+            context, result = taken
+            log.info("config %s: %s at the start (%s)", name, result.state, result.detail)
+            if context.get("rollout_id"):
+                state, phase = OUTCOME_REPORTS[result.state]
+                await self._report(context["rollout_id"], context.get("version", ""), state, phase, result.detail)
 
     async def _apply(self, offer: ConfigOffer) -> None:
         worker = self._worker
@@ -67,41 +115,40 @@ class ConfigOfferActor(Actor):
             name, version = shown.name, shown.version
         except ConfigReleaseError:
             pass
+        rid = offer.rollout_id
         try:
-            release = parse_release(offer.release, self._key, source=f"the release of rollout {offer.rollout_id}",
+            release = parse_release(offer.release, self._key, source=f"the release of rollout {rid}",
                                     max_document_bytes=OFFER_RELEASE_MAX)
         except ConfigReleaseError as exc:
-            await self._report(offer, version, "rejected", "rejected", str(exc))
+            await self._report(rid, version, "rejected", "rejected", str(exc))
             return
-        target = worker.config.config_targets.get(release.name)
+        target = self.targets().get(release.name)
         if target is None:
-            await self._report(offer, version, "rejected", "rejected",
-                               f"this device has no [config_targets.{name}]: it takes no release {name!r}")
+            why = ("this agent takes no release of its own settings ([agent] remote_settings, or it runs"
+                   " under no service that can start it again)" if release.name == AGENT_TARGET else
+                   f"this device has no [config_targets.{name}]: it takes no release {name!r}")
+            await self._report(rid, version, "rejected", "rejected", why)
             return
         try:
             rendered = render(release.documents, offer.layers)
         except ConfigReleaseError as exc:
-            await self._report(offer, version, "rejected", "rejected", str(exc))
+            await self._report(rid, version, "rejected", "rejected", str(exc))
             return
-        await self._report(offer, version, "installing", "installing", f"applying {name} {version}")
+        await self._report(rid, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
-        steps = self._steps
-        applier = ConfigApplier(release.name, target, worker.data_dir,
-                                confirm=self._host_check(offer, version, f"applied {name} {version}: confirming"),
-                                reviews=config_reviews(worker), clock=worker.clock,
-                                on_step=(lambda step: steps(worker, release.name, step)) if steps is not None else None)
+        applier = self._applier(release.name, target, rid, version)
         try:
-            result = await applier.apply(release, rendered)
+            result = await applier.apply(release, rendered, context={"rollout_id": rid, "version": version})
         except (EdgeAgentError, OSError) as exc:
             detail = f"the apply stopped: {exc}"
-            await self._report(offer, version, "failed", "failed", detail)
+            await self._report(rid, version, "failed", "failed", detail)
             log.error("config %s %s: %s", name, version, detail)
             return
         state, phase = OUTCOME_REPORTS[result.state]
         log.info("config %s %s: %s (%s)", name, version, result.state, result.detail)
-        await self._report(offer, version, state, phase, result.detail)
+        await self._report(rid, version, state, phase, result.detail)
 
-    def _host_check(self, offer: ConfigOffer, version: str, detail: str) -> Callable[[], Awaitable[str]]:
+    def _host_check(self, rollout_id: str, version: str, detail: str) -> Callable[[], Awaitable[str]]:
         """The host's part of the confirm: connected to the broker, and the leader accepts the
         `verifying` report sent straight to it now."""
         worker = self._worker
@@ -109,7 +156,7 @@ class ConfigOfferActor(Actor):
         async def check() -> str:
             if not worker.transport.connected.is_open:
                 return "the broker connection is down"
-            report = self._next_report(offer, version, "verifying", "verifying", detail)
+            report = self._next_report(rollout_id, version, "verifying", "verifying", detail)
             envelope = envelope_of(report_message(report, msg_id=worker.ids.next(), receiver=LEADER), worker.clock)
             try:
                 await worker.clock.wait_for(worker.link.tell(envelope), LEADER_ANSWER_S)
@@ -119,42 +166,46 @@ class ConfigOfferActor(Actor):
 
         return check
 
-    def _next_report(self, offer: ConfigOffer, version: str, state: ReportState, phase: UpdaterState,
+    def _next_report(self, rollout_id: str, version: str, state: ReportState, phase: UpdaterState,
                      detail: str) -> UpdateReport:
         worker = self._worker
         now = worker.clock.now_ms()
         self._seq = max(self._seq + 1, now)  # grows across restarts too (the leader keeps the highest)
-        return UpdateReport(device=worker.device_id, rollout_id=offer.rollout_id, version=version[:64],
+        return UpdateReport(device=worker.device_id, rollout_id=rollout_id, version=version[:64],
                             state=state, phase=phase, detail=detail[:1000], ts_ms=now, seq=self._seq)
 
-    async def _report(self, offer: ConfigOffer, version: str, state: ReportState, phase: UpdaterState,
+    async def _report(self, rollout_id: str, version: str, state: ReportState, phase: UpdaterState,
                       detail: str) -> None:
         worker = self._worker
-        report = self._next_report(offer, version, state, phase, detail)
+        report = self._next_report(rollout_id, version, state, phase, detail)
         await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
 
 
 class ConfigTargetsPart(PartBase):
-    """The actor spawned into the started worker, config offers routed to it."""
+    """The actor spawned into the started worker, config offers routed to it; an interrupted
+    apply is finished first."""
 
     name = "config targets"
 
-    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None) -> None:
+    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None,
+                 restart: Callable[[], None] | None = None) -> None:
         self._worker = worker
         self._key = key
         self._steps = steps
+        self._restart = restart
         self.actor: ConfigOfferActor | None = None
         self.ref: ActorRef | None = None
 
     async def start(self) -> None:
         worker = self._worker
-        self.actor = ConfigOfferActor(worker, self._key, self._steps)
+        self.actor = ConfigOfferActor(worker, self._key, self._steps, self._restart)
         self.ref = worker.system.spawn(self.actor, name="config-offers", capacity=8, policy="reject",
                                        stall_s=worker.config.mailbox.stall_s)
+        self.ref.tell(ResumeTargets())
         worker.register_command(KIND_CONFIG_OFFER, ConfigOffer, self.ref)
 
     async def stop(self) -> None:
         """Nothing of its own: its actor stops with the worker's."""
 
 
-__all__ = ["ConfigOfferActor", "ConfigTargetsPart"]
+__all__ = ["ConfigOfferActor", "ConfigTargetsPart", "ResumeTargets"]

@@ -26,16 +26,17 @@ def config_reviews(worker: WorkerAgent) -> ConfigReviews:
 
 
 async def config_targets_part(worker: WorkerAgent, env: DeviceEnv) -> ConfigTargetsPart | None:
-    """Config offers applied to `[config_targets]` (with `[firmware] public_key` to check each
-    release); None when the config declares no target."""
+    """Config offers applied to `[config_targets]` and to the built-in target `agent` (with
+    `[firmware] public_key` to check each release); None when there is no target."""
     config = worker.config
-    if not config.config_targets or not config.firmware.public_key:
+    own_settings = config.agent.remote_settings and env.restart is not None  # the built-in target `agent`
+    if not (config.config_targets or own_settings) or not config.firmware.public_key:
         return None
     from agent.worker.config_targets import ConfigTargetsPart
     from firmware_rollout.artifact.keys import load_verify_key
 
     return ConfigTargetsPart(worker, await asyncio.to_thread(load_verify_key, Path(config.firmware.public_key)),
-                             env.config_steps)
+                             env.config_steps, env.restart)
 
 
 __all__ = ["config_reviews", "config_targets_part"]

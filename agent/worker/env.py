@@ -49,6 +49,9 @@ class DeviceEnv:
     updater_hardware: Callable[[WorkerAgent], UpdaterHardware] | None = None
     # told each step of a config apply (worker, target, step): the simulator's network faults
     config_steps: ConfigSteps | None = None
+    # asks the service to start the agent again on its settings (`edge-agent run`'s in-process
+    # restart): the built-in config target `agent` is offered only with it
+    restart: Callable[[], None] | None = None
 
 
 __all__ = ["ConfigSteps", "DeviceEnv", "SharedStores"]

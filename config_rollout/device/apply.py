@@ -52,7 +52,8 @@ from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import Rendered
 from config_rollout.release import ConfigRelease
 
-Outcome = Literal["committed", "failed", "rolled_back"]
+#: "restarting": swapped in, to be confirmed by the agent's next start, which it asked for
+Outcome = Literal["committed", "failed", "rolled_back", "restarting"]
 #: The journal's states; "swapping" and "applied" are the ones a restart must revert.
 JournalState = Literal["idle", "staged", "swapping", "applied", "committed", "failed", "rolled_back"]
 CONFIRM_RETRY_S = 1.0
@@ -87,7 +88,8 @@ class ConfigApplier:
     def __init__(self, name: str, target: ConfigTargetSection, state_dir: Path, *,
                  confirm: Callable[[], Awaitable[str]] | None = None,
                  on_step: Callable[[str], None] | None = None, reviews: ConfigReviews | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, check: Callable[[dict[str, bytes]], str] | None = None,
+                 restarts: Callable[[], None] | None = None) -> None:
         self.name = name
         self.target = target
         self.directory = Path(target.directory)
@@ -98,6 +100,10 @@ class ConfigApplier:
         self._confirm = confirm
         self._on_step = on_step or (lambda step: None)
         self._reviews = reviews
+        self._check = check  # the host's own validation of the staged documents ("" fine, else why not)
+        # the content takes effect at the agent's next start, which this asks for (the built-in
+        # target `agent`): the confirm runs in that start (`resume`)
+        self._restarts = restarts
         self._clock = clock if clock is not None else SystemClock()  # (the simulator's: virtual time)
         self._mode = int(target.mode, 8)
 
@@ -160,9 +166,11 @@ class ConfigApplier:
                 "state": st.state, "detail": st.detail, "drifted": list(st.drifted), "documents": documents}
 
     # -- applying ------------------------------------------------------------------------------
-    async def apply(self, release: ConfigRelease, rendered: Rendered | None = None) -> ApplyResult:
+    async def apply(self, release: ConfigRelease, rendered: Rendered | None = None, *,
+                    context: dict[str, str] | None = None) -> ApplyResult:
         """Apply a verified release (its name is this target's) and confirm it, or revert;
-        `rendered`: its documents with the leader's layer values applied (`config_rollout.layers`)."""
+        `rendered`: its documents with the leader's layer values applied (`config_rollout.layers`);
+        `context`: kept in the journal (who offered it: a resumed apply reports to them)."""
         documents = rendered.documents if rendered is not None else release.documents
         layers = rendered.digest if rendered is not None else ""
         j = self.journal()
@@ -188,9 +196,11 @@ class ConfigApplier:
             self._discard_staging()
             return self._fail(f"cannot stage {self.name}: {getattr(exc, 'strerror', None) or exc}", j)
         self._record(state="staged", staging_release=release.release_id, staging_version=release.version,
-                     previous=previous, detail="")
+                     previous=previous, detail="", context=context or {})
         self._on_step("staged")
         problem = await self._run("validate", self.target.validate_command, staged=self.staging)
+        if not problem and self._check is not None:
+            problem = self._check(documents)
         if not problem and self._reviews is not None and self.target.app_validate_s > 0:
             problem = await self._reviews.ask(self.name, release.version, release.release_id, documents,
                                               self.target.app_validate_s)
@@ -212,7 +222,16 @@ class ConfigApplier:
             self._on_step(f"swapped {n}")
         fsync_path(self.directory)
         self._discard_staging()
-        self._record(state="applied", deadline_ms=int(self._clock.now_ms() + self.target.confirm_s * 1000))
+        incoming = {"version": release.version, "release_id": release.release_id, "layers": layers,
+                    "hashes": {**previous["hashes"], **{n: hashlib.sha256(data).hexdigest()
+                                                        for n, data in documents.items()}}}
+        deadline_ms = int(self._clock.now_ms() + self.target.confirm_s * 1000)
+        if self._restarts is not None:  # it takes effect at the next start, where it is confirmed
+            self._record(state="applied", deadline_ms=deadline_ms, incoming=incoming, restarting=True)
+            self._on_step("swapped")
+            self._restarts()
+            return ApplyResult("restarting", release.version, "applied: confirmed when the agent has started again")
+        self._record(state="applied", deadline_ms=deadline_ms, incoming=incoming)
         self._on_step("swapped")
         problem = await self._run("apply", self.target.apply_command)
         if not problem:
@@ -220,18 +239,50 @@ class ConfigApplier:
             problem = await self._confirm_within(self.target.confirm_s, self.target.settle_s)
         if problem:
             return await self._revert(f"{release.version} reverted: {problem}")
-        hashes = {n: hashlib.sha256(data).hexdigest() for n, data in documents.items()}
-        self._record(state="committed", version=release.version, release_id=release.release_id, layers=layers,
-                     hashes={**previous["hashes"], **hashes}, detail="confirmed", previous={})
+        return self._commit(incoming)
+
+    def _commit(self, incoming: dict[str, Any]) -> ApplyResult:
+        self._record(state="committed", version=incoming["version"], release_id=incoming["release_id"],
+                     layers=incoming["layers"], hashes=incoming["hashes"], detail="confirmed", previous={},
+                     incoming={}, restarting=False)
         shutil.rmtree(self.last_good, ignore_errors=True)
         self._on_step("committed")
-        return ApplyResult("committed", release.version, "confirmed")
+        return ApplyResult("committed", str(incoming["version"]), "confirmed")
 
     async def resume(self) -> ApplyResult | None:
-        """Finish what an interrupted apply left (at the agent's start): the old content back,
-        or nothing to do (None)."""
+        """Finish what an interrupted apply left (at the agent's start): the old content back
+        (or, for a target that takes effect at a start, the confirm of what this start runs),
+        or nothing to do (None). What it decided is marked for the offer's report
+        (`take_unreported`)."""
+        result = await self._resume()
+        if result is not None:
+            self._record(unreported=True)
+        return result
+
+    def take_unreported(self) -> tuple[dict[str, str], ApplyResult] | None:
+        """What a resume decided and nobody reported yet: (the apply's `context`, the outcome);
+        the mark goes."""
+        j = self.journal()
+        if not j.get("unreported"):
+            return None
+        self._record(unreported=False)
+        state = j.get("state")
+        outcome: Outcome = state if state in ("committed", "failed", "rolled_back") else "failed"
+        return dict(j.get("context") or {}), ApplyResult(outcome, str(j.get("version", "")), str(j.get("detail", "")))
+
+    async def _resume(self) -> ApplyResult | None:
         j = self.journal()
         state = j.get("state")
+        if state == "applied" and j.get("restarting") and self._restarts is not None:
+            # the start the apply asked for: its content runs now; confirm it in what is left
+            self._record(restarting=False)
+            self._on_step("applied")
+            incoming = j.get("incoming") or {}
+            window = max(0.0, (int(j.get("deadline_ms", 0)) - self._clock.now_ms()) / 1000)
+            problem = await self._confirm_within(window, min(self.target.settle_s, window))
+            if problem:
+                return await self._revert(f"{incoming.get('version', '?')} reverted: {problem}")
+            return self._commit(incoming)
         if state == "staged":
             self._discard_staging()
             previous = j.get("previous") or {}
@@ -277,9 +328,11 @@ class ConfigApplier:
         detail = reason + (f"; applying the old content again failed too: {problem}" if problem else "")
         self._record(state="rolled_back", version=previous.get("version", ""),
                      release_id=previous.get("release_id", ""), hashes=previous.get("hashes") or {}, detail=detail,
-                     layers=previous.get("layers", ""), previous={})
+                     layers=previous.get("layers", ""), previous={}, incoming={}, restarting=False)
         shutil.rmtree(self.last_good, ignore_errors=True)
         self._on_step("reverted")
+        if self._restarts is not None:
+            self._restarts()  # the old content runs from the next start
         return ApplyResult("rolled_back", str(previous.get("version", "")), detail)
 
     def _fail(self, reason: str, j: dict[str, Any], *, previous: dict[str, Any] | None = None) -> ApplyResult:

@@ -1,0 +1,128 @@
+"""The agent's own settings rolled out as a config release (the built-in target `agent`), end to
+end: a leader and a worker as `edge-agent run` processes over a real mosquitto. The release
+changes the worker's heartbeat interval and log level; the worker checks it, swaps it in, starts
+its parts again in the same process on it, confirms it there (connected, the leader answering)
+and commits; its heartbeats then announce the new interval. A release that touches a setting a
+release may not change (the broker's address) is refused, the agent running on. An application
+sends messages through the local API all along, retrying through the restart under the same
+names: every message reaches the leader once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mosquitto import Mosquitto
+from test_rollout_mqtt import agent_config, registered, stop
+
+from agent.client import AgentUnavailable, Client, LocalApiError
+from agent.leader.readonly import open_leader_db
+from firmware_rollout.artifact.keys import generate_keypair
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def test_a_release_of_the_agents_own_settings_restarts_it_in_place_and_commits(tmp_path: Path,
+                                                                              mosquitto: Mosquitto) -> None:
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    keys = generate_keypair(tmp_path / "keys")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    key = f'[firmware]\npublic_key = "{keys.public}"\n'
+    configs = [agent_config(tmp_path, "gw", "leader", url, key), agent_config(tmp_path, "pi-1", "worker", url, key)]
+    logs = [c.with_suffix(".log").open("wb") for c in configs]
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)], stdout=log,
+                              stderr=subprocess.STDOUT, env=env) for c, log in zip(configs, logs, strict=True)]
+    db = tmp_path / "gw" / "leader.db"
+    cli = [sys.executable, "-m", "agent.cli"]
+    sock = tmp_path / "pi-1" / "api.sock"
+    sent: list[str] = []
+
+    def application() -> None:
+        """One message, sent again under its name until the agent holds it (it may be starting again)."""
+        name = f"m-{len(sent)}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Client(sock, timeout_s=30) as app:
+                    sent.append(app.send("events", {"n": len(sent)}, app_id=name))
+                return
+            except (AgentUnavailable, LocalApiError) as exc:
+                assert time.monotonic() < deadline, exc
+                time.sleep(0.1)
+
+    def release(version: str, text: str) -> Path:
+        src = tmp_path / f"src-{version}"
+        src.mkdir()
+        (src / "agent.toml").write_text(text)
+        out = tmp_path / f"agent-{version}.eacfg"
+        done = subprocess.run([*cli, "config", "release", "build", "agent", str(src / "agent.toml"), "--version",
+                               version, "--key", str(keys.private), "--out", str(out)], capture_output=True,
+                              text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return out
+
+    def roll(rid: str, artifact: Path) -> dict[str, Any]:
+        spec = tmp_path / f"{rid}.toml"
+        spec.write_text(f'[rollout]\nname = "agent settings"\nkind = "config"\nartifact = "{artifact}"\n'
+                        '[waves]\ncounts = [1]\n[device]\ntimeout_s = 120\n')
+        started = subprocess.run([*cli, "rollout", "start", str(spec), "--db", str(db), "--id", rid],
+                                 capture_output=True, text=True, env=env, timeout=60)
+        assert started.returncode == 0, started.stdout + started.stderr
+        deadline = time.monotonic() + 150
+        while True:
+            out = subprocess.run([*cli, "rollout", "status", rid, "--db", str(db), "--json", "--devices"],
+                                 capture_output=True, text=True, env=env, timeout=60)
+            data: dict[str, Any] = json.loads(out.stdout)
+            if data["state"] not in ("running", "scheduled") or time.monotonic() > deadline:
+                return data
+            application()
+            time.sleep(0.3)
+
+    try:
+        deadline = time.monotonic() + 60
+        while registered(db) < 1:
+            assert time.monotonic() < deadline, "the worker never registered with the leader"
+            time.sleep(0.3)
+        data = roll("own-1", release("1.0.0", '[heartbeat]\ninterval_s = 7.0\n[agent]\nlog_level = "DEBUG"\n'))
+        assert data["state"] == "succeeded", data
+        worker_log = (tmp_path / "pi-1.log").read_text()
+        assert "agent started again" in worker_log and "config agent: committed at the start" in worker_log
+        settings = tmp_path / "pi-1" / "config" / "agent" / "settings" / "agent.toml"
+        assert settings.read_bytes() == b'[heartbeat]\ninterval_s = 7.0\n[agent]\nlog_level = "DEBUG"\n'
+        deadline = time.monotonic() + 60
+        while True:  # the worker's heartbeats announce the new interval, and the leader says what it holds
+            status = subprocess.run([*cli, "status", "--device", "pi-1", "--db", str(db)], capture_output=True,
+                                    text=True, env=env, timeout=60).stdout
+            if "agent: 1.0.0 (committed); in sync" in status:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.3)
+        assert "level=debug" in (tmp_path / "pi-1.log").read_text()  # the new log level runs
+
+        data = roll("own-2", release("1.1.0", '[mqtt]\nurl = "mqtt://127.0.0.1:1"\n'))
+        assert data["state"] == "aborted", data
+        device = data["device_list"][0]
+        assert device["state"] == "failed" and "not a setting a release may change" in device["detail"], device
+        assert settings.read_bytes().startswith(b"[heartbeat]")  # what was in force stays
+
+        application()
+        deadline = time.monotonic() + 120
+        while True:
+            with open_leader_db(db) as leader:
+                stored = dict(leader.conn.execute("SELECT msg_id, count(*) FROM app_messages GROUP BY msg_id"))
+            if len(stored) >= len(sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert sorted(stored) == sorted(set(sent)) and set(stored.values()) == {1}  # each once, none lost
+        assert all(p.poll() is None for p in procs)  # the worker restarted in place: the same process
+    finally:
+        stop(procs)
+        for log in logs:
+            log.close()
