@@ -11,6 +11,7 @@ import msgspec
 from config_rollout.layers import MAX_VALUES, LayerValue
 
 KIND_CONFIG_OFFER = "config.offer"
+KIND_CONFIG_CANCEL = "config.cancel"
 OFFER_RELEASE_MAX = 512 * 1024  # a release offered inline, in one MQTT message
 
 
@@ -21,6 +22,17 @@ class ConfigOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     release: Annotated[bytes, msgspec.Meta(max_length=OFFER_RELEASE_MAX)]
     # the leader's layer values for this device: its groups in their stated order, then its own
     layers: Annotated[tuple[LayerValue, ...], msgspec.Meta(max_length=MAX_VALUES)] = ()
+    # device-local "HH:MM-HH:MM": the apply starts only inside one (the offer waits, cancelable)
+    maintenance_windows: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=16)], ...],
+                                   msgspec.Meta(max_length=16)] = ()
 
 
-__all__ = ["KIND_CONFIG_OFFER", "OFFER_RELEASE_MAX", "ConfigOffer"]
+class ConfigCancel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """The rollout is over for this device: an offer still waiting for its maintenance window
+    is dropped and reported `canceled` (an apply under way finishes: it takes seconds)."""
+
+    rollout_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
+
+
+__all__ = ["KIND_CONFIG_CANCEL", "KIND_CONFIG_OFFER", "OFFER_RELEASE_MAX", "ConfigCancel", "ConfigOffer"]

@@ -46,6 +46,17 @@ def seconds_until_window(windows: list[tuple[int, int]], second_of_day: float) -
     return min(waits)
 
 
+def window_wait(windows: list[tuple[int, int]], now_ms: int, utc_offset_s: float) -> tuple[float, str]:
+    """How long a device at `now_ms` (UTC, its zone `utc_offset_s` east) waits for its next
+    window, and when that opens in its own time ("until 01:00 device time"); (0, "") inside one."""
+    second = (now_ms / 1000 + utc_offset_s) % DAY_S
+    wait = seconds_until_window(windows, second)
+    if wait <= 0:
+        return 0.0, ""
+    opens = (second + wait) % DAY_S
+    return wait, f"until {int(opens // 3600):02d}:{int(opens % 3600 // 60):02d} device time"
+
+
 def longest_gap_s(windows: list[tuple[int, int]]) -> float:
     """The longest stretch of a day outside every window (a device may wait this long)."""
     if not windows:
@@ -62,4 +73,4 @@ def longest_gap_s(windows: list[tuple[int, int]]) -> float:
     return float(min(longest, len(covered)) * 60)
 
 
-__all__ = ["DAY_S", "in_windows", "longest_gap_s", "parse_window", "seconds_until_window"]
+__all__ = ["DAY_S", "in_windows", "longest_gap_s", "parse_window", "seconds_until_window", "window_wait"]

@@ -191,7 +191,8 @@ class LeaderPort:
 
         def wire(device: str, offer: UpdateOffer) -> bytes:
             values = layer_values(target, device, tags.get(device, ())) if layer_values is not None else ()
-            return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest, layers=values))
+            return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest, layers=values,
+                                      maintenance_windows=offer.maintenance_windows))
 
         return wire
 
@@ -211,11 +212,22 @@ class LeaderPort:
                 found.add(device)
         return found
 
-    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
+    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]], *,
+                           kind: RolloutKind = "firmware") -> None:
         leader = self._leader
+        message_kind = KIND_UPDATE_CANCEL
+        wire: Callable[[UpdateCancel], bytes] = encode
+        if kind == "config":
+            from config_rollout.messages import KIND_CONFIG_CANCEL, ConfigCancel
+
+            message_kind = KIND_CONFIG_CANCEL
+
+            def wire(cancel: UpdateCancel) -> bytes:
+                return encode(ConfigCancel(rollout_id=cancel.rollout_id, reason=cancel.reason))
+
         msgs = [
             OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
-                          kind=KIND_UPDATE_CANCEL, payload=encode(cancel),
+                          kind=message_kind, payload=wire(cancel),
                           key=cancel_key(device, cancel.rollout_id), ttl_ms=0)  # never stale: it stops an update
             for device, cancel in cancels
         ]

@@ -19,10 +19,13 @@ worker that declares `[config_targets]`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from agent.actors import Actor, ActorRef, Context
+from agent.core.clock import TimerHandle
 from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
 from agent.service.parts import PartBase
@@ -30,14 +33,16 @@ from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
 from agent.worker.configuring import config_reviews
 from agent.worker.env import ConfigSteps
+from agent.worker.hardware import system_utc_offset_s
 from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, offers_agent_target, settings_check
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
-from config_rollout.messages import KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigOffer
+from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigCancel, ConfigOffer
 from config_rollout.release import parse_release, peek_release
 from firmware_rollout.artifact.keys import VerifyKey
 from firmware_rollout.messages import ReportState, UpdateReport, UpdaterState, report_message
+from firmware_rollout.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
 LEADER_ANSWER_S = 5.0  # one confirm's round trip to the leader, at most
@@ -52,6 +57,13 @@ class ResumeTargets:
     """Told first, at the start: finish what an interrupted apply left, report what it decided."""
 
 
+@dataclass(frozen=True)
+class WindowOpen:
+    """An offer's maintenance window has opened: apply it, unless it was canceled meanwhile."""
+
+    rollout_id: str
+
+
 class ConfigOfferActor(Actor):
     """Applies the config offers one at a time and reports each step. `restart` asks the service
     to start the agent again (the built-in target `agent` takes effect so; None: it is not offered)."""
@@ -62,13 +74,39 @@ class ConfigOfferActor(Actor):
         self._key = key
         self._steps = steps
         self._restart = restart
+        self._utc_offset_s = system_utc_offset_s
         self._seq = 0
+        # offers waiting for their maintenance window, by rollout (in memory: after a restart
+        # the leader's timeout, counted from the window, offers it again)
+        self._waiting: dict[str, tuple[ConfigOffer, TimerHandle]] = {}
 
     async def receive(self, message: object, ctx: Context) -> None:
         if isinstance(message, ConfigOffer):
-            await self._apply(message)
+            await self._apply(message, ctx)
+        elif isinstance(message, WindowOpen):
+            waiting = self._waiting.pop(message.rollout_id, None)
+            if waiting is not None:
+                await self._apply(waiting[0], ctx, window_open=True)
+        elif isinstance(message, ConfigCancel):
+            await self._cancel(message)
         elif isinstance(message, ResumeTargets):
             await self._resume()
+
+    async def _cancel(self, cancel: ConfigCancel) -> None:
+        waiting = self._waiting.pop(cancel.rollout_id, None)
+        if waiting is None:
+            return  # applied already (it reported), or never offered here
+        offer, timer = waiting
+        timer.cancel()
+        version = _shown(offer)[1]
+        await self._report(offer.rollout_id, version, "canceled", "canceled",
+                           f"canceled while waiting for its maintenance window: {cancel.reason}" if cancel.reason
+                           else "canceled while waiting for its maintenance window")
+
+    async def on_stop(self, ctx: Context) -> None:
+        for _, timer in self._waiting.values():
+            timer.cancel()
+        self._waiting.clear()
 
     def targets(self) -> dict[str, ConfigTargetSection]:
         """The declared targets, and the built-in `agent` where this agent takes its own settings."""
@@ -107,14 +145,9 @@ class ConfigOfferActor(Actor):
                 state, phase = OUTCOME_REPORTS[result.state]
                 await self._report(context["rollout_id"], context.get("version", ""), state, phase, result.detail)
 
-    async def _apply(self, offer: ConfigOffer) -> None:
+    async def _apply(self, offer: ConfigOffer, ctx: Context, *, window_open: bool = False) -> None:
         worker = self._worker
-        name, version = "?", "?"
-        try:
-            shown = peek_release(offer.release)  # only to name it in a refusal; verified next
-            name, version = shown.name, shown.version
-        except ConfigReleaseError:
-            pass
+        name, version = _shown(offer)
         rid = offer.rollout_id
         try:
             release = parse_release(offer.release, self._key, source=f"the release of rollout {rid}",
@@ -131,8 +164,19 @@ class ConfigOfferActor(Actor):
             return
         try:
             rendered = render(release.documents, offer.layers)
-        except ConfigReleaseError as exc:
+            windows = [parse_window(w) for w in offer.maintenance_windows]
+        except (ConfigReleaseError, ValueError) as exc:
             await self._report(rid, version, "rejected", "rejected", str(exc))
+            return
+        wait_s, until = window_wait(windows, worker.clock.now_ms(), self._utc_offset_s())
+        if wait_s > 0 and not window_open:
+            old = self._waiting.pop(rid, None)
+            if old is not None:
+                old[1].cancel()
+            self._waiting[rid] = (offer, worker.clock.call_later(wait_s, lambda: _tell(ctx, WindowOpen(rid))))
+            log.info("config %s %s waits %.0fs for its maintenance window (%s)", name, version, wait_s, until)
+            await self._report(rid, version, "waiting_window", "idle", until,
+                               until_ms=worker.clock.now_ms() + int(wait_s * 1000))
             return
         await self._report(rid, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
@@ -167,18 +211,33 @@ class ConfigOfferActor(Actor):
         return check
 
     def _next_report(self, rollout_id: str, version: str, state: ReportState, phase: UpdaterState,
-                     detail: str) -> UpdateReport:
+                     detail: str, until_ms: int = 0) -> UpdateReport:
         worker = self._worker
         now = worker.clock.now_ms()
         self._seq = max(self._seq + 1, now)  # grows across restarts too (the leader keeps the highest)
         return UpdateReport(device=worker.device_id, rollout_id=rollout_id, version=version[:64],
-                            state=state, phase=phase, detail=detail[:1000], ts_ms=now, seq=self._seq)
+                            state=state, phase=phase, detail=detail[:1000], ts_ms=now, seq=self._seq,
+                            until_ms=until_ms)
 
     async def _report(self, rollout_id: str, version: str, state: ReportState, phase: UpdaterState,
-                      detail: str) -> None:
+                      detail: str, *, until_ms: int = 0) -> None:
         worker = self._worker
-        report = self._next_report(rollout_id, version, state, phase, detail)
+        report = self._next_report(rollout_id, version, state, phase, detail, until_ms)
         await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
+
+
+def _shown(offer: ConfigOffer) -> tuple[str, str]:
+    """The offer's release's name and version, NOT verified: only to name it in a report."""
+    try:
+        shown = peek_release(offer.release)
+    except ConfigReleaseError:
+        return "?", "?"
+    return shown.name, shown.version
+
+
+def _tell(ctx: Context, message: object) -> None:
+    with contextlib.suppress(EdgeAgentError):  # (stopping, or a full mailbox: the leader offers it again)
+        ctx.self.tell(message)
 
 
 class ConfigTargetsPart(PartBase):
@@ -203,6 +262,7 @@ class ConfigTargetsPart(PartBase):
                                        stall_s=worker.config.mailbox.stall_s)
         self.ref.tell(ResumeTargets())
         worker.register_command(KIND_CONFIG_OFFER, ConfigOffer, self.ref)
+        worker.register_command(KIND_CONFIG_CANCEL, ConfigCancel, self.ref)
 
     async def stop(self) -> None:
         """Nothing of its own: its actor stops with the worker's."""

@@ -61,7 +61,7 @@ from firmware_rollout.messages import (
     UpdateReport,
     report_message,
 )
-from firmware_rollout.windows import DAY_S, parse_window, seconds_until_window
+from firmware_rollout.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
 
@@ -205,12 +205,9 @@ class UpdaterActor(Actor):
             return
         told = False
         while True:
-            second = (clock.now_ms() / 1000 + self._utc_offset_s()) % DAY_S
-            wait = seconds_until_window(windows, second)
+            wait, detail = window_wait(windows, clock.now_ms(), self._utc_offset_s())
             if wait <= 0:
                 return
-            opens = (second + wait) % DAY_S
-            detail = f"until {int(opens // 3600):02d}:{int(opens % 3600 // 60):02d} device time"
             log.info("update %s waits %.0fs for its maintenance window (%s)", offer.rollout_id, wait, detail)
             if not told and self.updater is not None:
                 with contextlib.suppress(UpdaterError):

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -57,6 +58,7 @@ Outcome = Literal["committed", "failed", "rolled_back", "restarting"]
 #: The journal's states; "swapping" and "applied" are the ones a restart must revert.
 JournalState = Literal["idle", "staged", "swapping", "applied", "committed", "failed", "rolled_back"]
 CONFIRM_RETRY_S = 1.0
+log = logging.getLogger(__name__)
 OUTPUT_KEPT = 300  # characters of a failed command's output in the reason
 
 
@@ -192,11 +194,11 @@ class ConfigApplier:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._stage(documents)
-        except (OSError, EdgeAgentError) as exc:
+            self._record(state="staged", staging_release=release.release_id, staging_version=release.version,
+                         previous=previous, detail="", context=context or {})
+        except (OSError, EdgeAgentError) as exc:  # a full disk, say: nothing changed, nothing left
             self._discard_staging()
             return self._fail(f"cannot stage {self.name}: {getattr(exc, 'strerror', None) or exc}", j)
-        self._record(state="staged", staging_release=release.release_id, staging_version=release.version,
-                     previous=previous, detail="", context=context or {})
         self._on_step("staged")
         problem = await self._run("validate", self.target.validate_command, staged=self.staging)
         if not problem and self._check is not None:
@@ -210,12 +212,13 @@ class ConfigApplier:
         self._on_step("validated")
         try:
             self._keep_last_good(documents)
-        except (OSError, EdgeAgentError) as exc:
+            existed = [n for n in documents if (self.directory / n).exists()]
+            self._record(state="swapping", documents=sorted(documents), existed=existed)
+        except (OSError, EdgeAgentError) as exc:  # before the swap: nothing changed
             self._discard_staging()
+            shutil.rmtree(self.last_good, ignore_errors=True)
             return self._fail(f"cannot keep the current documents: {getattr(exc, 'strerror', None) or exc}",
                               self.journal(), previous=previous)
-        existed = [n for n in documents if (self.directory / n).exists()]
-        self._record(state="swapping", documents=sorted(documents), existed=existed)
         self._on_step("kept")
         for n in documents:
             os.replace(self.staging / n, self.directory / n)
@@ -338,9 +341,12 @@ class ConfigApplier:
     def _fail(self, reason: str, j: dict[str, Any], *, previous: dict[str, Any] | None = None) -> ApplyResult:
         version = str((previous or {}).get("version", j.get("version", "")))
         if previous is not None:
-            self._record(state="failed", version=version, release_id=previous.get("release_id", ""),
-                         hashes=previous.get("hashes") or {}, detail=reason, layers=previous.get("layers", ""),
-                         previous={})
+            try:
+                self._record(state="failed", version=version, release_id=previous.get("release_id", ""),
+                             hashes=previous.get("hashes") or {}, detail=reason, layers=previous.get("layers", ""),
+                             previous={})
+            except (OSError, EdgeAgentError) as exc:  # (a full disk: the next start finishes the record)
+                log.warning("config %s: the journal keeps its last state: %s", self.name, exc)
         return ApplyResult("failed", version, reason)
 
     async def _confirm_within(self, window_s: float, settle_s: float) -> str:

@@ -87,10 +87,11 @@ class RolloutPort(Protocol):
         """Of `devices`, those whose heartbeats say the target of this config release holds its
         version, committed, with no local edit."""
 
-    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
+    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]], *,
+                           kind: RolloutKind = "firmware") -> None:
         """Durably queue one cancel per (device, cancel): it reaches a device offline for days
-        when it is back; raise `EdgeAgentError` when it cannot. (Firmware rollouts only: a
-        config apply takes seconds and reports.)"""
+        when it is back; raise `EdgeAgentError` when it cannot. A config rollout's (`kind`) is a
+        config cancel: it drops an offer waiting for its maintenance window."""
 
     async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
         """Ask `devices` to heartbeat at their fast pace for the next `for_s` seconds (a soak
@@ -528,10 +529,11 @@ class Orchestrator:
         if not due:
             return
         kinds = {rid: self._get(rid).spec.rollout.kind for rid in {rid for rid, _, _ in due}}
-        firmware = [(rid, device, why) for rid, device, why in due if kinds[rid] == "firmware"]
-        if firmware:
-            await self.port.send_cancels([(device, UpdateCancel(rollout_id=rid, reason=why[:500]))
-                                          for rid, device, why in firmware])
+        for kind in ("firmware", "config"):
+            of_kind = [(device, UpdateCancel(rollout_id=rid, reason=why[:500])) for rid, device, why in due
+                       if kinds[rid] == kind]
+            if of_kind:
+                await self.port.send_cancels(of_kind, kind=kind)
         with self.store.atomic():
             self.store.cancel_sent([(rid, device) for rid, device, _ in due])
         log.info("cancels sent to %d devices still updating", len(due))

@@ -259,3 +259,28 @@ def test_config_check_names_the_target_key_that_is_wrong(tmp_path: Path, capsys:
     good = tmp_path / "good.toml"
     good.write_text(head + key + f'[config_targets.app]\ndirectory = "{tmp_path}/etc/app"\napply_command = ["true"]\n')
     assert cli(["config", "check", str(good)]) == 0
+
+
+async def test_a_full_disk_is_a_refusal_in_one_line_that_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The target's folder and the agent's state on one small file system, filled up: the
+    release is refused with the reason, the documents are the old ones byte for byte, and no
+    staging folder or half-written file stays behind."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from disks import Tmpfs
+
+    with Tmpfs(tmp_path / "sd", 1) as disk:
+        await installed(disk.at)
+        before = contents(disk.at / "etc" / "app")
+        filler = disk.fill()
+        applier = ConfigApplier("app", target(disk.at), disk.at / "state")
+        big = {"app.toml": b"port = 2\n" * 6_000, "limits.conf": b"max = 2\n"}
+        result = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", big), KEY.public))
+        assert result.state == "failed" and "No space left on device" in result.detail, result
+        assert "\n" not in result.detail
+        assert contents(disk.at / "etc" / "app") == before
+        assert sorted(p.name for p in (disk.at / "etc").iterdir()) == ["app"]  # no staging folder
+        assert applier.status().version == "1.0.0"
+        filler.unlink()  # room again: the same release applies
+        again = ConfigApplier("app", target(disk.at), disk.at / "state")
+        result = await again.apply(parse_release(release_of(tmp_path, "1.1.0", big), KEY.public))
+        assert result.state == "committed", result

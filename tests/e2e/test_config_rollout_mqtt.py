@@ -157,6 +157,12 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         config_cli("layer", "set", "app", "app.toml", "port=5", "--device", other, "--expires", "1h", "--db", str(db))
         wait_status(other, "app: 1.1.0 (committed); pending")
         assert "PENDING" in config_cli("diff", "--device", other, "--db", str(db), "--key", str(keys.public))
+        # a local edit on a device: drift, in its status and the fleet's
+        (tmp_path / "pi-0" / "etc" / "app" / "app.toml").write_text("mode = 'good'\nport = 99\n")
+        wait_status("pi-0", "DRIFTED: app.toml changed on the device")
+        fleet = subprocess.run([*cli, "status", "--db", str(db)], capture_output=True, text=True, env=env,
+                               timeout=60).stdout
+        assert "1 drifted" in fleet, fleet
         applications()
         deadline = time.monotonic() + 120  # the canary's messages of the cut come from its outbox
         while True:

@@ -50,7 +50,7 @@ class FakePort:
     def config_in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
         return set(devices) if self.in_sync is None else set(devices) & self.in_sync
 
-    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]]) -> None:
+    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]], *, kind: str = "firmware") -> None:
         self.cancels += [(device, cancel.rollout_id) for device, cancel in cancels]
 
     async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
