@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -147,6 +147,10 @@ class LayerStore(SqliteStore):
     def values_for(self, target: str, device_id: str, tags: Sequence[str], *, now_ms: int) -> tuple[LayerValue, ...]:
         return self.reads().values_for(target, device_id, tags, now_ms=now_ms)
 
+    def values_for_devices(self, target: str, devices: Mapping[str, Sequence[str]], *,
+                           now_ms: int) -> dict[str, tuple[LayerValue, ...]]:
+        return self.reads().values_for_devices(target, devices, now_ms=now_ms)
+
 
 class LayerReads:
     """The layer tables' reads, on any connection to the leader's database (a read-only one for
@@ -183,26 +187,41 @@ class LayerReads:
     def values_for(self, target: str, device_id: str, tags: Sequence[str], *, now_ms: int) -> tuple[LayerValue, ...]:
         """What the layers give one device of `target`: its groups' values in their order, then
         its own overrides; one per key, the last winning."""
-        return _winners(self.rows(target, now_ms=now_ms), device_id, tags)
+        return _Layers(self.rows(target, now_ms=now_ms)).winners(device_id, tags)
 
-    def digests(self, target: str, devices: dict[str, Sequence[str]], *, now_ms: int) -> dict[str, str]:
+    def values_for_devices(self, target: str, devices: Mapping[str, Sequence[str]], *,
+                           now_ms: int) -> dict[str, tuple[LayerValue, ...]]:
+        """`values_for` of many devices (device -> its tags), the layers read once."""
+        layers = _Layers(self.rows(target, now_ms=now_ms))
+        return {device: layers.winners(device, tags) for device, tags in devices.items()}
+
+    def digests(self, target: str, devices: Mapping[str, Sequence[str]], *, now_ms: int) -> dict[str, str]:
         """device -> the digest of what the layers give it now (`layers.digest`; "" for none),
         the layers read once."""
-        rows = self.rows(target, now_ms=now_ms)
-        return {device: digest(_winners(rows, device, tags)) for device, tags in devices.items()}
+        layers = _Layers(self.rows(target, now_ms=now_ms))
+        return {device: digest(layers.winners(device, tags)) for device, tags in devices.items()}
 
     def targets(self, *, now_ms: int) -> list[str]:
         return sorted({row.target for row in self.rows(now_ms=now_ms)})
 
 
-def _winners(rows: Sequence[LayerRow], device_id: str, tags: Sequence[str]) -> tuple[LayerValue, ...]:
-    winners: dict[tuple[str, str], LayerValue] = {}
-    for row in rows:
-        if (row.scope == "tag" and row.selector in tags) or (row.scope == "device" and row.selector == device_id):
+class _Layers:
+    """A target's rows, the groups' in their order and each device's own, to pick from per device."""
+
+    def __init__(self, rows: Sequence[LayerRow]) -> None:
+        self.groups = [r for r in rows if r.scope == "tag"]
+        self.devices: dict[str, list[LayerRow]] = {}
+        for r in rows:
+            if r.scope == "device":
+                self.devices.setdefault(r.selector, []).append(r)
+
+    def winners(self, device_id: str, tags: Sequence[str]) -> tuple[LayerValue, ...]:
+        winners: dict[tuple[str, str], LayerValue] = {}
+        for row in [*(r for r in self.groups if r.selector in tags), *self.devices.get(device_id, ())]:
             winners.pop((row.document, row.key), None)
             winners[(row.document, row.key)] = LayerValue(document=row.document, key=row.key, value=row.value,
                                                           source=_source(row))
-    return tuple(winners.values())
+        return tuple(winners.values())
 
 
 def _source(row: LayerRow) -> str:

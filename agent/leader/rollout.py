@@ -139,8 +139,8 @@ class RolloutHost(Protocol):
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None: ...
 
 
-#: The configuration layers' values for one device of a target: (target, device, its tags).
-LayerValues = Callable[[str, str, Sequence[str]], "tuple[LayerValue, ...]"]
+#: The configuration layers' values for devices of a target: (target, device -> its tags).
+LayerValues = Callable[[str, "dict[str, tuple[str, ...]]"], "dict[str, tuple[LayerValue, ...]]"]
 
 
 class LeaderPort:
@@ -182,15 +182,15 @@ class LeaderPort:
         from config_rollout.release import peek_release
 
         layer_values = self._layer_values
-        tags: dict[str, tuple[str, ...]] = {}
-        target = ""
+        values_of: dict[str, tuple[LayerValue, ...]] = {}
         if layer_values is not None and offers:
             target = peek_release(offers[0][1].signed_manifest).name  # (one rollout: one release)
             wanted = {device for device, _ in offers}
             tags = {d.device_id: tuple(d.tags) for d in self._leader.registry.devices() if d.device_id in wanted}
+            values_of = layer_values(target, {device: tags.get(device, ()) for device in wanted})
 
         def wire(device: str, offer: UpdateOffer) -> bytes:
-            values = layer_values(target, device, tags.get(device, ())) if layer_values is not None else ()
+            values = values_of.get(device, ())
             return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest, layers=values,
                                       maintenance_windows=offer.maintenance_windows))
 
@@ -322,12 +322,12 @@ class RolloutService(PartBase):
         store = Path(self.store.path).parent / ARTIFACTS_DIR
         return admit_config_release(self.leader.config.firmware.public_key, store, source)
 
-    def _layer_values(self, target: str, device: str, tags: Sequence[str]) -> tuple[LayerValue, ...]:
+    def _layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
         if self._layers is None:
             from config_rollout.layer_store import LayerStore
 
             self._layers = LayerStore.open(self.store.path)
-        return self._layers.values_for(target, device, tags, now_ms=self.clock.now_ms())
+        return self._layers.values_for_devices(target, devices, now_ms=self.clock.now_ms())
 
     def register(self) -> None:
         """Take firmware reports and chunk requests from devices: the report intake actor and
