@@ -6,8 +6,8 @@
 # the boots of the U-Boot tests' board), rauc with squashfs-tools and dbus (the RAUC installer),
 # nginx (a static HTTP mirror for range downloads), casync and xdelta3 (the delta benchmark's
 # baselines), checks the import contracts (lint-imports: the layers of docs/architecture.md),
-# then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too and
-# the suite is spread over every core.
+# then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too, the
+# suite is spread over every core, and the release's SBOM is written to dist/edge-agent.cdx.json.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
@@ -57,6 +57,8 @@ echo "lint-imports: the layers" >&2
 if [ $# -eq 0 ]; then
     # the whole suite on every core (pytest-xdist): each test runs its own brokers and processes
     # on free loopback ports, so tests of two workers never meet
-    exec "$VENV/bin/python" -m pytest -n auto
+    "$VENV/bin/python" -m pytest -n auto
+    # then the release's SBOM (CycloneDX), of edge-agent installed alone as on a device
+    exec bash "$ROOT/scripts/sbom.sh" "$ROOT/dist/edge-agent.cdx.json"
 fi
 exec "$VENV/bin/python" -m pytest "$@"
