@@ -48,7 +48,7 @@ def sbom() -> str:
 
     try:
         own = metadata("edge-agent")
-        summary = own.get("Summary", "")
+        summary = own["Summary"] or ""
         requires = [r for r in own.get_all("Requires-Dist") or [] if "extra ==" not in r]  # what a device runs
     except PackageNotFoundError:
         summary, requires = "", []
