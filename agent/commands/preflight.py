@@ -86,6 +86,13 @@ def _check_config_targets(config: AgentConfig, source: str) -> None:
             if argv and shutil.which(argv[0]) is None:
                 raise ConfigError(source, f"{key}.{field}", f"{argv[0]!r} is not an executable on PATH "
                                                             "(give its full path)")
+        from config_rollout.device.apply import owner_ids
+        from config_rollout.errors import ConfigReleaseError
+
+        try:
+            owner_ids(target)
+        except ConfigReleaseError as exc:
+            raise ConfigError(source, f"{key}.{'owner' if 'user' in str(exc) else 'group'}", str(exc)) from None
         folder = Path(target.directory)
         existing = folder if folder.exists() else folder.parent
         if not existing.is_dir():

@@ -351,6 +351,10 @@ class ConfigTargetSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     documents: Annotated[tuple[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")], ...],
                          msgspec.Meta(max_length=64)] = ()  # the names it takes (empty: any)
     mode: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0644"
+    # who owns each document written (a user and a group name, or numbers; "": the agent's own);
+    # another owner than the agent's needs the agent to run with the right to give files away
+    owner: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_.-]{0,31}|\d{1,10})?$")] = ""
+    group: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_.-]{0,31}|\d{1,10})?$")] = ""
     validate_command: Command = ()  # run on the staged documents: "{staged}" is their folder
     apply_command: Command = ()  # run once the documents are in place (e.g. systemctl reload app)
     health_command: Command = ()  # must pass within confirm_s, or the old documents come back

@@ -301,8 +301,15 @@ class ConfigApplier:
         self._discard_staging()
         self.staging.mkdir(mode=0o700)
         for n, data in documents.items():
-            write_private_file(self.staging / n, data, self._mode)
+            self._write(self.staging / n, data)
         fsync_path(self.staging)
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """A document written (beside, fsynced, renamed) with the target's mode and owner."""
+        write_private_file(path, data, self._mode)
+        uid, gid = owner_ids(self.target)
+        if (uid, gid) != (-1, -1):
+            os.chown(path, uid, gid)
 
     def _keep_last_good(self, documents: dict[str, bytes]) -> None:
         shutil.rmtree(self.last_good, ignore_errors=True)
@@ -322,7 +329,7 @@ class ConfigApplier:
         existed = set(j.get("existed") or ())
         for n in j.get("documents") or ():
             if n in existed:
-                write_private_file(self.directory / n, (self.last_good / n).read_bytes(), self._mode)
+                self._write(self.directory / n, (self.last_good / n).read_bytes())
             else:
                 (self.directory / n).unlink(missing_ok=True)
         fsync_path(self.directory)
@@ -394,4 +401,23 @@ class ConfigApplier:
         return ""
 
 
-__all__ = ["ApplyResult", "ConfigApplier", "TargetStatus"]
+def owner_ids(target: ConfigTargetSection) -> tuple[int, int]:
+    """The target's `owner` and `group` as ids (-1: the agent's own); a `ConfigReleaseError`
+    names one this system does not have."""
+    import grp
+    import pwd
+
+    def look(name: str, table: Callable[[str], Any], what: str) -> int:
+        if not name:
+            return -1
+        if name.isdigit():
+            return int(name)
+        try:
+            return int(table(name)[2])
+        except KeyError:
+            raise ConfigReleaseError(f"no {what} {name!r} on this system") from None
+
+    return look(target.owner, pwd.getpwnam, "user"), look(target.group, grp.getgrnam, "group")
+
+
+__all__ = ["ApplyResult", "ConfigApplier", "TargetStatus", "owner_ids"]

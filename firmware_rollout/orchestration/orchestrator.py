@@ -40,6 +40,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.errors import ArtifactError, EdgeAgentError, RolloutError
 from firmware_rollout.artifact.files import read_signed_manifest
+from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import ReportRefused
 from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
 from firmware_rollout.orchestration.artifacts import ArtifactStore
@@ -162,6 +163,10 @@ class Orchestrator:
             if self.admit_config is None:
                 raise RolloutError(f"rollout of {artifact}: this leader starts no config rollouts")
             target_name, version, artifact, raw = self.admit_config(artifact)
+            undone = self.store.get(rollback_of) if rollback_of else None
+            if undone is not None and Version.parse(version) <= Version.parse(undone.version):
+                raise RolloutError(f"a config rollback rolls forward: release {target_name} {version} must hold the "
+                                   f"old content under a version above {undone.version} (versions only increase)")
         elif self.artifacts is not None:
             undone = self.store.get(rollback_of) if rollback_of else None
             admitted = self.artifacts.admit(Path(artifact), rollback=bool(rollback_of),

@@ -247,6 +247,8 @@ def test_config_check_names_the_target_key_that_is_wrong(tmp_path: Path, capsys:
          "config_targets.app.confirm_s"),
         (head + key + f'[config_targets.app]\ndirectory = "{tmp_path}"\nconfirm_s = 3\nsettle_s = 5\n',
          "config_targets.app.settle_s: must be less than confirm_s"),
+        (head + key + f'[config_targets.app]\ndirectory = "{tmp_path}"\nowner = "no-such-user-x"\n',
+         "config_targets.app.owner: no user 'no-such-user-x' on this system"),
         (head + key + f'[config_targets.App]\ndirectory = "{tmp_path}"\n', "config_targets"),
     ]
     for n, (text, said) in enumerate(cases):
@@ -284,3 +286,23 @@ async def test_a_full_disk_is_a_refusal_in_one_line_that_leaves_nothing_behind(t
         again = ConfigApplier("app", target(disk.at), disk.at / "state")
         result = await again.apply(parse_release(release_of(tmp_path, "1.1.0", big), KEY.public))
         assert result.state == "committed", result
+
+
+async def test_documents_are_written_with_the_targets_owner_and_group(tmp_path: Path) -> None:
+    import grp
+    import os
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("giving files to another user needs root")
+    nobody = pwd.getpwnam("nobody")
+    group = grp.getgrgid(nobody.pw_gid).gr_name
+    applier = ConfigApplier("app", target(tmp_path, owner="nobody", group=group, mode="0640"), tmp_path / "state")
+    assert (await applier.apply(parse_release(release_of(tmp_path, "1.0.0", OLD), KEY.public))).state == "committed"
+    for name in OLD:
+        st = (tmp_path / "etc" / "app" / name).stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, nobody.pw_gid, 0o640)
+    stranger = ConfigApplier("app", target(tmp_path, owner="no-such-user-x"), tmp_path / "state")
+    result = await stranger.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "failed" and result.detail == "cannot stage app: no user 'no-such-user-x' on this system"
+    assert contents(tmp_path / "etc" / "app") == OLD

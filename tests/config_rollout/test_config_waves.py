@@ -136,3 +136,46 @@ async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_t
         assert "compliance: 1 of 2 in sync by their heartbeats (50.0% < 100%)" in row.detail, row.detail
     finally:
         store.close()
+
+
+async def test_a_config_rollback_rolls_forward_to_the_old_content_under_a_higher_version(tmp_path: Path) -> None:
+    from firmware_rollout.messages import UpdateReport
+
+    keys = generate_keypair(tmp_path / "keys")
+    signing = load_signing_key(keys.private)
+
+    def release(version: str, text: str) -> Path:
+        src = tmp_path / f"src-{version}"
+        src.mkdir()
+        (src / "app.toml").write_text(text)
+        out = tmp_path / f"app-{version}.eacfg"
+        out.write_bytes(build_release("app", version, [src / "app.toml"], signing, created_ms=1))
+        return out
+
+    clock = VirtualClock()
+    port = FakePort(clock, ["d0", "d1"])
+    store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
+    orchestrator = Orchestrator(store, clock=clock, port=port,
+                                admit_config=lambda src: admit_config_release(str(keys.public), tmp_path / "artifacts",
+                                                                              src))
+    try:
+        spec = spec_from_dict(spec_data(release("1.1.0", "port = 2\n"), rollout={"kind": "config"},
+                                        waves={"canary": 0, "counts": [2]}))
+        await orchestrator.start_rollout(spec, rollout_id="cfg-1")
+        await orchestrator.tick()
+        for n, device in enumerate(("d0", "d1")):
+            await orchestrator.on_report(f"m{n}", UpdateReport(device=device, rollout_id="cfg-1", version="1.1.0",
+                                                               state="succeeded", phase="committed",
+                                                               ts_ms=clock.now_ms(), seq=n + 1))
+        with pytest.raises(RolloutError, match="must hold the old content under a version above 1.1.0"):
+            await orchestrator.control("cfg-1", "rollback", str(release("1.0.0", "port = 1\n")))
+        said = await orchestrator.control("cfg-1", "rollback", str(release("1.1.1", "port = 1\n")))
+        assert "cfg-1-rollback offers the previous version to 2 devices" in said
+        back = store.get("cfg-1-rollback")
+        assert back is not None and back.version == "1.1.1" and back.spec.rollout.kind == "config"
+        await orchestrator.tick()
+        assert {(device, rid) for _, device, rid in port.offers if rid == "cfg-1-rollback"} == {
+            ("d0", "cfg-1-rollback"), ("d1", "cfg-1-rollback")}
+        assert port.kinds[-1] == "config"
+    finally:
+        store.close()
