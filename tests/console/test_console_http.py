@@ -230,6 +230,10 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         assert "drifted: app.toml changed on the device" in configs and ">in sync</td>" in configs
         _, _, other = request(address, "GET", "/devices/b", headers=BEARER)
         assert 'id="slots">not reported' in other and 'id="configs"' not in other
+        _, _, fleet = request(address, "GET", "/", headers=BEARER)  # the fleet's compliance per target
+        table = fleet.split('<table id="fleet-config" data-live>')[1].split("</table>")[0]
+        assert '<td>app</td><td class="online">0</td><td>0</td>\n<td class="offline">1</td>' in table
+        assert '<td>net</td><td class="online">1</td>' in table
 
 
 def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp_path: Path) -> None:
