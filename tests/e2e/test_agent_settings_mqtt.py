@@ -126,3 +126,67 @@ def test_a_release_of_the_agents_own_settings_restarts_it_in_place_and_commits(t
         stop(procs)
         for log in logs:
             log.close()
+
+
+def test_sighup_starts_the_parts_again_on_the_config_file_read_anew(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """`systemctl reload` (SIGHUP) of a leader and a worker: each stops its parts as at a shutdown
+    and starts them again in the same process on its config file read anew (a mistake in it is
+    logged and the last config runs on); messages sent before and after all reach the leader."""
+    import signal
+
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    configs = [agent_config(tmp_path, "gw", "leader", url), agent_config(tmp_path, "pi-1", "worker", url)]
+    logs = [c.with_suffix(".log").open("wb") for c in configs]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(c)], stdout=log,
+                              stderr=subprocess.STDOUT, env=env) for c, log in zip(configs, logs, strict=True)]
+    db = tmp_path / "gw" / "leader.db"
+    sock = tmp_path / "pi-1" / "api.sock"
+    sent: list[str] = []
+
+    def send(n: int) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Client(sock, timeout_s=30) as app:
+                    sent.append(app.send("events", {"n": n}, app_id=f"h-{n}"))
+                return
+            except (AgentUnavailable, LocalApiError) as exc:
+                assert time.monotonic() < deadline, exc
+                time.sleep(0.1)
+
+    def logged(name: str, text: str, times: int = 1) -> bool:
+        return (tmp_path / f"{name}.log").read_text().count(text) >= times
+
+    def wait(what: str, check: Any) -> None:
+        deadline = time.monotonic() + 60
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+    try:
+        wait("registered", lambda: registered(db) >= 1)
+        send(0)
+        configs[1].write_text(configs[1].read_text().replace("interval_s = 1.0", "interval_s = 2.0"))
+        for p in procs:
+            p.send_signal(signal.SIGHUP)
+        wait("both started again", lambda: all(logged(name, "agent started again") for name in ("gw", "pi-1")))
+        send(1)
+        configs[1].write_text(configs[1].read_text() + "[nonsense]\n")  # a mistake: logged, the last config runs
+        procs[1].send_signal(signal.SIGHUP)
+        wait("started again on the last config", lambda: logged("pi-1", "agent started again", 2))
+        assert logged("pi-1", "nonsense") and logged("pi-1", "the config file's settings of the last start go on")
+        send(2)
+        deadline = time.monotonic() + 60
+        while True:
+            with open_leader_db(db) as leader:
+                stored = dict(leader.conn.execute("SELECT msg_id, count(*) FROM app_messages GROUP BY msg_id"))
+            if len(stored) >= len(sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert sorted(stored) == sorted(sent) and set(stored.values()) == {1}
+        assert all(p.poll() is None for p in procs)
+    finally:
+        stop(procs)
+        for log in logs:
+            log.close()
