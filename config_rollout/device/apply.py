@@ -42,7 +42,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.config import ConfigTargetSection
@@ -52,6 +52,7 @@ from config_rollout.device.review import ConfigReviews
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import Rendered
 from config_rollout.release import ConfigRelease
+from firmware_rollout._fs import in_thread
 
 #: "restarting": swapped in, to be confirmed by the agent's next start, which it asked for
 Outcome = Literal["committed", "failed", "rolled_back", "restarting"]
@@ -59,6 +60,7 @@ Outcome = Literal["committed", "failed", "rolled_back", "restarting"]
 JournalState = Literal["idle", "staged", "swapping", "applied", "committed", "failed", "rolled_back"]
 CONFIRM_RETRY_S = 1.0
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 OUTPUT_KEPT = 300  # characters of a failed command's output in the reason
 
 
@@ -191,11 +193,14 @@ class ConfigApplier:
             return ApplyResult("committed", release.version, "already applied")
         previous = {"version": j.get("version", ""), "release_id": j.get("release_id", ""),
                     "hashes": j.get("hashes") or {}, "layers": j.get("layers", "")}
-        try:
+        def stage() -> None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._stage(documents)
             self._record(state="staged", staging_release=release.release_id, staging_version=release.version,
                          previous=previous, detail="", context=context or {})
+
+        try:
+            await self._io(stage)
         except (OSError, EdgeAgentError) as exc:  # a full disk, say: nothing changed, nothing left
             self._discard_staging()
             return self._fail(f"cannot stage {self.name}: {getattr(exc, 'strerror', None) or exc}", j)
@@ -210,39 +215,50 @@ class ConfigApplier:
             self._discard_staging()
             return self._fail(f"validation refused {release.version}: {problem}", self.journal(), previous=previous)
         self._on_step("validated")
-        try:
+        def keep() -> None:
             self._keep_last_good(documents)
             existed = [n for n in documents if (self.directory / n).exists()]
             self._record(state="swapping", documents=sorted(documents), existed=existed)
+
+        try:
+            await self._io(keep)
         except (OSError, EdgeAgentError) as exc:  # before the swap: nothing changed
             self._discard_staging()
             shutil.rmtree(self.last_good, ignore_errors=True)
             return self._fail(f"cannot keep the current documents: {getattr(exc, 'strerror', None) or exc}",
                               self.journal(), previous=previous)
         self._on_step("kept")
-        for n in documents:
-            os.replace(self.staging / n, self.directory / n)
-            self._on_step(f"swapped {n}")
-        fsync_path(self.directory)
-        self._discard_staging()
         incoming = {"version": release.version, "release_id": release.release_id, "layers": layers,
                     "hashes": {**previous["hashes"], **{n: hashlib.sha256(data).hexdigest()
                                                         for n, data in documents.items()}}}
         deadline_ms = int(self._clock.now_ms() + self.target.confirm_s * 1000)
-        if self._restarts is not None:  # it takes effect at the next start, where it is confirmed
-            self._record(state="applied", deadline_ms=deadline_ms, incoming=incoming, restarting=True)
-            self._on_step("swapped")
+        restarting = self._restarts is not None  # it takes effect at the next start, where it is confirmed
+
+        def swap() -> None:
+            for n in documents:
+                os.replace(self.staging / n, self.directory / n)
+                self._on_step(f"swapped {n}")
+            fsync_path(self.directory)
+            self._discard_staging()
+            self._record(state="applied", deadline_ms=deadline_ms, incoming=incoming, restarting=restarting)
+
+        await self._io(swap)
+        self._on_step("swapped")
+        if self._restarts is not None:
             self._restarts()
             return ApplyResult("restarting", release.version, "applied: confirmed when the agent has started again")
-        self._record(state="applied", deadline_ms=deadline_ms, incoming=incoming)
-        self._on_step("swapped")
         problem = await self._run("apply", self.target.apply_command)
         if not problem:
             self._on_step("applied")
             problem = await self._confirm_within(self.target.confirm_s, self.target.settle_s)
         if problem:
             return await self._revert(f"{release.version} reverted: {problem}")
-        return self._commit(incoming)
+        return await self._io(lambda: self._commit(incoming))
+
+    async def _io(self, work: Callable[[], T]) -> T:
+        """Blocking file work (writes, fsyncs, renames) off the event loop: a slow card's fsyncs
+        stall no heartbeat (on the loop under the simulator's clock: the same run every time)."""
+        return await in_thread(self._clock, work)
 
     def _commit(self, incoming: dict[str, Any]) -> ApplyResult:
         self._record(state="committed", version=incoming["version"], release_id=incoming["release_id"],
@@ -285,7 +301,7 @@ class ConfigApplier:
             problem = await self._confirm_within(window, min(self.target.settle_s, window))
             if problem:
                 return await self._revert(f"{incoming.get('version', '?')} reverted: {problem}")
-            return self._commit(incoming)
+            return await self._io(lambda: self._commit(incoming))
         if state == "staged":
             self._discard_staging()
             previous = j.get("previous") or {}
@@ -325,21 +341,30 @@ class ConfigApplier:
 
     async def _revert(self, reason: str) -> ApplyResult:
         j = self.journal()
-        self._discard_staging()
-        existed = set(j.get("existed") or ())
-        for n in j.get("documents") or ():
-            if n in existed:
-                self._write(self.directory / n, (self.last_good / n).read_bytes())
-            else:
-                (self.directory / n).unlink(missing_ok=True)
-        fsync_path(self.directory)
+
+        def write_back() -> None:
+            self._discard_staging()
+            existed = set(j.get("existed") or ())
+            for n in j.get("documents") or ():
+                if n in existed:
+                    self._write(self.directory / n, (self.last_good / n).read_bytes())
+                else:
+                    (self.directory / n).unlink(missing_ok=True)
+            fsync_path(self.directory)
+
+        await self._io(write_back)
         previous = j.get("previous") or {}
         problem = await self._run("apply", self.target.apply_command)
         detail = reason + (f"; applying the old content again failed too: {problem}" if problem else "")
-        self._record(state="rolled_back", version=previous.get("version", ""),
-                     release_id=previous.get("release_id", ""), hashes=previous.get("hashes") or {}, detail=detail,
-                     layers=previous.get("layers", ""), previous={}, incoming={}, restarting=False)
-        shutil.rmtree(self.last_good, ignore_errors=True)
+
+        def record() -> None:
+            self._record(state="rolled_back", version=previous.get("version", ""),
+                         release_id=previous.get("release_id", ""), hashes=previous.get("hashes") or {},
+                         detail=detail, layers=previous.get("layers", ""), previous={}, incoming={},
+                         restarting=False)
+            shutil.rmtree(self.last_good, ignore_errors=True)
+
+        await self._io(record)
         self._on_step("reverted")
         if self._restarts is not None:
             self._restarts()  # the old content runs from the next start
