@@ -31,11 +31,11 @@ from agent.core.errors import EdgeAgentError
 from agent.service.parts import PartBase
 from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
-from agent.worker.configuring import config_reviews
 from agent.worker.env import ConfigSteps
 from agent.worker.hardware import system_utc_offset_s
 from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, offers_agent_target, settings_check
 from config_rollout.device.apply import ConfigApplier
+from config_rollout.device.review import ConfigReviews
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
 from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigCancel, ConfigOffer
@@ -226,6 +226,14 @@ class ConfigOfferActor(Actor):
         await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
 
 
+def config_reviews(worker: WorkerAgent) -> ConfigReviews:
+    """The worker's one board of applications' verdicts on staged configs (the applier asks,
+    the local API answers)."""
+    if worker.config_reviews is None:
+        worker.config_reviews = ConfigReviews()
+    return worker.config_reviews
+
+
 def _shown(offer: ConfigOffer) -> tuple[str, str]:
     """The offer's release's name and version, NOT verified: only to name it in a report."""
     try:
@@ -268,4 +276,4 @@ class ConfigTargetsPart(PartBase):
         """Nothing of its own: its actor stops with the worker's."""
 
 
-__all__ = ["ConfigOfferActor", "ConfigTargetsPart", "ResumeTargets"]
+__all__ = ["ConfigOfferActor", "ConfigTargetsPart", "ResumeTargets", "config_reviews"]

@@ -12,17 +12,6 @@ from agent.worker.env import DeviceEnv
 
 if TYPE_CHECKING:
     from agent.worker.config_targets import ConfigTargetsPart
-    from config_rollout.device.review import ConfigReviews
-
-
-def config_reviews(worker: WorkerAgent) -> ConfigReviews:
-    """The worker's one board of applications' verdicts on staged configs (the applier asks,
-    the local API answers)."""
-    if worker.config_reviews is None:
-        from config_rollout.device.review import ConfigReviews
-
-        worker.config_reviews = ConfigReviews()
-    return worker.config_reviews
 
 
 async def config_targets_part(worker: WorkerAgent, env: DeviceEnv) -> ConfigTargetsPart | None:
@@ -39,4 +28,4 @@ async def config_targets_part(worker: WorkerAgent, env: DeviceEnv) -> ConfigTarg
                              env.config_steps, env.restart)
 
 
-__all__ = ["config_reviews", "config_targets_part"]
+__all__ = ["config_targets_part"]

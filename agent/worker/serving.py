@@ -26,7 +26,7 @@ async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
     sockets = env.api_sockets
     reviews = None
     if config.config_targets:
-        from agent.worker.configuring import config_reviews
+        from agent.worker.config_targets import config_reviews
 
         reviews = config_reviews(agent)
     return LocalApi(agent.messages, agent.message_status, clock=agent.clock,

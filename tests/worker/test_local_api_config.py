@@ -103,7 +103,7 @@ async def test_an_application_accepts_or_vetoes_a_staged_config(tmp_path: Path, 
     """A target with app_validate_s holds each staged release for an application's verdict: it
     reads the staged documents, a veto's reason refuses the release (nothing changes), an accept
     lets it apply, and no verdict in time is a refusal too."""
-    from agent.worker.configuring import config_reviews
+    from agent.worker.config_targets import config_reviews
 
     clock = SystemClock()
     etc = tmp_path / "etc" / "app"
