@@ -190,3 +190,82 @@ def test_sighup_starts_the_parts_again_on_the_config_file_read_anew(tmp_path: Pa
         stop(procs)
         for log in logs:
             log.close()
+
+
+def test_a_sigkill_while_the_new_settings_are_confirmed_brings_the_old_ones_back(tmp_path: Path,
+                                                                                mosquitto: Mosquitto) -> None:
+    """The worker is SIGKILLed in the start that confirms its new settings (after the in-process
+    restart, before the commit): its next start undoes the apply before it loads anything, runs on
+    the old settings, and reports `rolled_back` to the rollout."""
+    import signal
+
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    keys = generate_keypair(tmp_path / "keys")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    key = f'[firmware]\npublic_key = "{keys.public}"\n'
+    configs = [agent_config(tmp_path, "gw", "leader", url, key), agent_config(tmp_path, "pi-1", "worker", url, key)]
+    logs = [c.with_suffix(".log").open("ab") for c in configs]
+    cli = [sys.executable, "-m", "agent.cli"]
+
+    def spawn(n: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([*cli, "run", "--config", str(configs[n])], stdout=logs[n],
+                                stderr=subprocess.STDOUT, env=env)
+
+    procs = [spawn(0), spawn(1)]
+    db = tmp_path / "gw" / "leader.db"
+
+    def wait(what: str, check: Any, limit_s: float = 90) -> None:
+        deadline = time.monotonic() + limit_s
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    def worker_log() -> str:
+        return (tmp_path / "pi-1.log").read_text()
+
+    try:
+        wait("registered", lambda: registered(db) >= 1)
+        src = tmp_path / "agent.toml"
+        src.write_text("[heartbeat]\ninterval_s = 9.0\n")
+        release = tmp_path / "agent-2.0.0.eacfg"
+        done = subprocess.run([*cli, "config", "release", "build", "agent", str(src), "--version", "2.0.0", "--key",
+                               str(keys.private), "--out", str(release)], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        spec = tmp_path / "own.toml"
+        spec.write_text(f'[rollout]\nname = "agent settings"\nkind = "config"\nartifact = "{release}"\n'
+                        "[waves]\ncounts = [1]\n[device]\ntimeout_s = 300\n")
+        started = subprocess.run([*cli, "rollout", "start", str(spec), "--db", str(db), "--id", "own"],
+                                 capture_output=True, text=True, env=env, timeout=60)
+        assert started.returncode == 0, started.stderr
+        journal = tmp_path / "pi-1" / "config" / "agent" / "journal.json"
+
+        def confirming() -> bool:  # the new start runs the settings and confirms them (10 s settle first)
+            try:
+                j = json.loads(journal.read_text())
+            except (OSError, ValueError):
+                return False
+            return j.get("state") == "applied" and j.get("restarting") is False
+
+        wait("the confirm in the new start", confirming)
+        assert "agent started again" in worker_log() and "committed at the start" not in worker_log()
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(timeout=30)
+        procs[1] = spawn(1)
+        wait("the outcome reported", lambda: "config agent: rolled_back at the start" in worker_log())
+        settings = tmp_path / "pi-1" / "config" / "agent" / "settings" / "agent.toml"
+        assert not settings.exists()  # nothing was in force before: nothing is
+        deadline = time.monotonic() + 90
+        while True:
+            out = subprocess.run([*cli, "rollout", "status", "own", "--db", str(db), "--json", "--devices"],
+                                 capture_output=True, text=True, env=env, timeout=60)
+            data: dict[str, Any] = json.loads(out.stdout)
+            if data["device_list"][0]["state"] == "rolled_back" or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert data["device_list"][0]["state"] == "rolled_back", data
+        assert "interrupted before it was confirmed" in data["device_list"][0]["detail"]
+    finally:
+        stop(procs)
+        for log in logs:
+            log.close()
