@@ -13,8 +13,10 @@ The confirm check, from the target's `settle_s` after the apply: the broker conn
 the leader answers now (the `verifying` report sent straight to it and accepted: an answer from
 before the apply proves nothing); with the target's health command, `ConfigApplier` tries both
 until `confirm_s`: a config that cuts the device off reverts by itself. One offer is applied at a
-time; an offer of a release already committed is answered `succeeded` at once. Loaded only for a
-worker that declares `[config_targets]`.
+time; an offer of a release already committed is answered `succeeded` at once; an offer outside
+its maintenance window waits for it (a `config.cancel` drops it). At the start, what an
+interrupted apply left is finished first and reported. Loaded only for a worker that declares
+`[config_targets]` or takes releases of its own settings (the built-in target `agent`).
 """
 
 from __future__ import annotations
