@@ -224,6 +224,54 @@ class _Layers:
         return tuple(winners.values())
 
 
+TARGET = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+SELECTOR = r"^[A-Za-z0-9_.:-]{1,128}$"
+DOCUMENT = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
+@dataclass(frozen=True)
+class LayerEdit:
+    """One value to set (or unset: `value` None) in a layer, checked as the CLI and the console
+    take it: names by their patterns, a TOML or JSON document, a dotted key, a value of at most
+    4 KiB, an expiry only for a device's override."""
+
+    target: str
+    scope: Scope
+    selector: str
+    document: str
+    key: str
+    value: object = None
+
+    @classmethod
+    def checked(cls, *, target: str, scope: str, selector: str, document: str, key: str,
+                value_text: str | None = None, fields: dict[str, str] | None = None) -> LayerEdit:
+        """A `ConfigError` names the field (by `fields`' names for them: a CLI option, a form field)."""
+        import re
+
+        from agent.core.errors import ConfigError
+        from config_rollout.errors import ConfigReleaseError
+        from config_rollout.layers import KEY_PATTERN, parse_value
+
+        named = {"target": "target", "scope": "scope", "selector": "selector", "document": "document",
+                 "key": "key", "value": "value", **(fields or {})}
+        for field, text, pattern in (("target", target, TARGET), ("selector", selector, SELECTOR),
+                                     ("document", document, DOCUMENT), ("key", key, KEY_PATTERN)):
+            if not re.match(pattern, text or ""):
+                raise ConfigError(named[field], None, f"{text!r} is not a valid {field}")
+        if scope not in ("tag", "device"):
+            raise ConfigError(named["scope"], None, "a tag's group or a device")
+        if not document.endswith((".toml", ".json")):
+            raise ConfigError(named["document"], None, f"{document}: only a TOML or JSON document takes layer values")
+        value = None
+        if value_text is not None:
+            try:
+                value = parse_value(value_text.strip(), named["value"])
+            except ConfigReleaseError as exc:
+                raise ConfigError(named["value"], None, str(exc).removeprefix(f"{named['value']}: ")) from None
+            LayerValue(document=document, key=key, value=json.dumps(value))  # (bounded as on the wire)
+        return cls(target, "tag" if scope == "tag" else "device", selector, document, key, value)
+
+
 def _source(row: LayerRow) -> str:
     if row.expires_ms is None:
         return row.source
@@ -233,4 +281,4 @@ def _source(row: LayerRow) -> str:
     return f"{row.source} until {until}"
 
 
-__all__ = ["LayerReads", "LayerRow", "LayerStore", "Scope"]
+__all__ = ["LayerEdit", "LayerReads", "LayerRow", "LayerStore", "Scope"]

@@ -82,8 +82,7 @@ def _name(value: str, option: str, pattern: str = TARGET) -> str:
 
 def layer_main(args: argparse.Namespace) -> int:
     from agent.commands.rollout import cli_actor
-    from config_rollout.layer_store import LayerStore, Scope
-    from config_rollout.layers import KEY_PATTERN, LayerValue, parse_value
+    from config_rollout.layer_store import LayerEdit, LayerStore
 
     db = _db(args.db)
     now_ms = int(time.time() * 1000)
@@ -117,16 +116,15 @@ def layer_main(args: argparse.Namespace) -> int:
             store.order(target, args.tags)
         print(f"{target}: groups in order {', '.join(args.tags)} (the last wins), then devices")
         return 0
-    scope: Scope = "tag" if args.tag is not None else "device"
+    scope = "tag" if args.tag is not None else "device"
     selector = args.tag if args.tag is not None else args.device
-    _name(selector, "--tag" if scope == "tag" else "--device", r"^[A-Za-z0-9_.:-]{1,128}$")
-    document = _name(args.document, "DOCUMENT", r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    if not document.endswith((".toml", ".json")):
-        raise ConfigError("DOCUMENT", None, f"{document}: only a TOML or JSON document takes layer values")
+    names = {"selector": "--tag" if scope == "tag" else "--device", "document": "DOCUMENT", "target": "TARGET"}
     if args.step == "unset":
+        edits = [LayerEdit.checked(target=target, scope=scope, selector=selector, document=args.document, key=k,
+                                   fields={**names, "key": k}) for k in args.keys]
         with LayerStore.open(db) as store:
-            gone = [k for k in args.keys if store.unset(target, scope, selector, document, k)]
-        print(f"{target} {scope} {selector} {document}: unset {', '.join(gone) or 'nothing (no such key)'}")
+            gone = [e.key for e in edits if store.unset(e.target, e.scope, e.selector, e.document, e.key)]
+        print(f"{target} {scope} {selector} {args.document}: unset {', '.join(gone) or 'nothing (no such key)'}")
         return 0
     expires_ms = None
     if args.expires is not None:
@@ -138,19 +136,19 @@ def layer_main(args: argparse.Namespace) -> int:
             expires_ms = now_ms + int(parse_seconds(args.expires) * 1000)
         except ValueError as exc:
             raise ConfigError("--expires", None, str(exc)) from None
-    pairs = []
+    edits = []
     for item in args.values:
         key, sep, text = item.partition("=")
         if not sep or not text:
             raise ConfigError(item, None, "write KEY=VALUE")
-        _name(key.strip(), item, KEY_PATTERN)
-        value = parse_value(text.strip(), item)
-        LayerValue(document=document, key=key.strip(), value=json.dumps(value))  # (bounded as on the wire)
-        pairs.append((key.strip(), value))
+        edits.append(LayerEdit.checked(target=target, scope=scope, selector=selector, document=args.document,
+                                       key=key.strip(), value_text=text, fields={**names, "key": item, "value": item}))
+    pairs = [(e.key, e.value) for e in edits]
+    document = args.document
     by = cli_actor()
     with LayerStore.open(db) as store:
-        for key, value in pairs:
-            store.set_value(target, scope, selector, document, key, value, set_by=by, now_ms=now_ms,
+        for e in edits:
+            store.set_value(e.target, e.scope, e.selector, e.document, e.key, e.value, set_by=by, now_ms=now_ms,
                             expires_ms=expires_ms)
     until = f" until {_when(expires_ms)}" if expires_ms is not None else ""
     print(f"{target} {scope} {selector} {document}: "

@@ -199,6 +199,61 @@ def control(db: Path, rollout_id: str, action: str, *, artifact: Path | None = N
                                actor=actor)
 
 
+@dataclass(frozen=True)
+class ConfigLayers:
+    """The configuration layers page: each target's groups in their order, and its values."""
+
+    orders: dict[str, list[str]]
+    rows: list[Any]  # `config_rollout.layer_store.LayerRow`s in force, groups in order, then devices
+
+
+def config_layers(db: Path) -> ConfigLayers:
+    import time
+
+    from config_rollout.layer_store import LayerReads
+
+    with open_leader_db(db) as leader:
+        reads = LayerReads(leader.conn)
+        rows = reads.rows(now_ms=int(time.time() * 1000))
+        return ConfigLayers({t: reads.group_order(t) for t in sorted({r.target for r in rows})}, rows)
+
+
+def change_layer(db: Path, form: dict[str, str], actor: str) -> str:
+    """Set or unset one value from the layers page's form, as `edge-agent config layer set|unset`
+    does (the same checks: a `ConfigError` names the field); what was done, in words."""
+    import json
+    import time
+
+    from agent.core.durations import parse_seconds
+    from agent.core.errors import ConfigError
+    from config_rollout.layer_store import LayerEdit, LayerStore
+
+    unset = form.get("action") == "unset"
+    edit = LayerEdit.checked(target=form.get("target", ""), scope=form.get("scope", ""),
+                             selector=form.get("selector", "").strip(), document=form.get("document", "").strip(),
+                             key=form.get("key", "").strip(), value_text=None if unset else form.get("value", ""))
+    now_ms = int(time.time() * 1000)
+    expires_ms = None
+    if not unset and form.get("expires", "").strip():
+        if edit.scope != "device":
+            raise ConfigError("expires", None, "only a device's override expires")
+        try:
+            expires_ms = now_ms + int(parse_seconds(form["expires"].strip()) * 1000)
+        except ValueError as exc:
+            raise ConfigError("expires", None, str(exc)) from None
+    with open_leader_db(db):  # (a leader's database, or a StoreError: nothing is created elsewhere)
+        pass
+    with LayerStore.open(db) as store:
+        if unset:
+            gone = store.unset(edit.target, edit.scope, edit.selector, edit.document, edit.key)
+            return (f"{edit.target} {edit.scope} {edit.selector} {edit.document}: unset {edit.key}" if gone else
+                    f"{edit.target} {edit.scope} {edit.selector} {edit.document}: no value {edit.key} to unset")
+        store.set_value(edit.target, edit.scope, edit.selector, edit.document, edit.key, edit.value, set_by=actor,
+                        now_ms=now_ms, expires_ms=expires_ms)
+    return (f"{edit.target} {edit.scope} {edit.selector} {edit.document}: {edit.key} = {json.dumps(edit.value)}"
+            " (offered with the target's next config rollout)")
+
+
 def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
     """The store's artifacts signed as a rollback of `version` (naming it among those they replace)."""
     return [a for a in artifacts(directory) if a.rollback and version in a.manifest.rollback_from]

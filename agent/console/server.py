@@ -256,6 +256,10 @@ class Console:
                        if queued.isdigit() and len(queued) <= 18 else "")
             return self.rollout_page(urllib.parse.unquote(path[len("/rollouts/"):]), message=message,
                                      state=query.get("state", "")[:32])
+        if path == "/config":
+            done = query.get("done", "")
+            return 200, self.config_page(message="saved: offered with the target's next config rollout"
+                                         if done == "1" else "")
         if path == "/dead-letters":
             total, rows = data.dead_letters(self.config.outbox)
             return 200, self.render("dead", title="dead letters", total=total, rows=rows,
@@ -329,6 +333,23 @@ class Console:
                                                  "by": actor}})
         return 303, b"", back + "?" + urllib.parse.urlencode({"queued": control_id})
 
+
+    def config_page(self, *, form: Mapping[str, str] | None = None, message: str = "", error: str = "") -> bytes:
+        """The configuration layers, with the form to set a value (`error`: the console's own words)."""
+        return self.render("config", title="configuration", x=data.config_layers(self.config.db), csrf=self.csrf,
+                           f=form or {}, message=message, error=error)
+
+    def change_layer(self, form: dict[str, str], proof: Proof, actor: str = "") -> tuple[int, bytes, str]:
+        """A POST of the layers page: set or unset one value (303 back to the page), or the page
+        again with the reason (403: the form's CSRF value is wrong; 400: a field)."""
+        if proof != "token" and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
+            return 403, self.config_page(form=form, error="the form has expired: fill it in again"), ""
+        try:
+            said = data.change_layer(self.config.db, form, actor or "the console")
+        except ConfigError as exc:
+            return 400, self.config_page(form=form, error=str(exc)), ""
+        log.info("configuration layer changed", extra={"kv": {"change": said, "by": actor}})
+        return 303, b"", "/config?done=1"
 
     def _store(self) -> Path:
         """The leader's artifact store."""
@@ -577,6 +598,12 @@ class ConsoleHttp:
         if request.path == "/rollouts/new":
             try:
                 status, body, location = console.new_rollout(form, proof, actor)
+            except EdgeAgentError as exc:
+                return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
+            return _page(status, body, (("Location", location),) if location else ())
+        if request.path == "/config":
+            try:
+                status, body, location = console.change_layer(form, proof, actor)
             except EdgeAgentError as exc:
                 return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
             return _page(status, body, (("Location", location),) if location else ())

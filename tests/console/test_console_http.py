@@ -3,6 +3,7 @@ hostile device's strings rendered as text, never as markup."""
 
 from __future__ import annotations
 
+import html
 import http.client
 import urllib.parse
 from collections.abc import Iterator
@@ -345,3 +346,46 @@ async def test_a_rollout_is_rolled_back_from_the_console_with_a_rollback_artifac
         assert (queued.action, Path(queued.arg).name) == ("rollback", "feedbeef.eafw")
     finally:
         store.close()
+
+
+def test_an_operator_sets_and_unsets_configuration_layer_values(tmp_path: Path) -> None:
+    """The configuration page: a value set from its form lands in the leader's layers (as `config
+    layer set` writes it, with who set it) and is listed; a field the CLI would refuse is the
+    form again naming it; a forged form is refused; unset removes it."""
+    from agent.core.clock import VirtualClock
+    from config_rollout.layer_store import LayerStore
+
+    db = tmp_path / "leader.db"
+    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id="a", seq=1, uptime_s=1.0)])
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    with serving(db) as address:
+        _, _, page = request(address, "GET", "/config", headers=BEARER)
+        assert "No layer values yet." in page
+        csrf = page.split('name="csrf" value="')[1].split('"')[0]
+        _, headers, _ = request(address, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}), headers=form)
+        cookie = headers["Set-Cookie"].split(";")[0]
+        values = {"csrf": csrf, "action": "set", "target": "app", "scope": "device", "selector": "a",
+                  "document": "app.toml", "key": "limits.max", "value": "20", "expires": "2h"}
+        status, headers, _ = request(address, "POST", "/config", body=urllib.parse.urlencode(values),
+                                     headers={**form, "Cookie": cookie})
+        assert status == 303 and headers["Location"] == "/config?done=1"
+        _, _, page = request(address, "GET", "/config?done=1", headers=BEARER)
+        assert "saved: offered with the target" in page and "<td>limits.max</td><td><code>20</code>" in page
+        rows = LayerStore.open_readonly(db).rows(now_ms=0)
+        assert [(r.target, r.scope, r.selector, r.key, r.value) for r in rows] == [("app", "device", "a",
+                                                                                   "limits.max", "20")]
+        assert rows[0].expires_ms is not None and "via the console" in rows[0].set_by
+        for field, bad, said in (("key", "a b", "key: 'a b' is not a valid key"),
+                                 ("document", "notes.txt", "document: notes.txt: only a TOML or JSON document"),
+                                 ("value", '{"a": 1}', "value: a layer sets one value, not a table")):
+            status, _, page = request(address, "POST", "/config", body=urllib.parse.urlencode({**values, field: bad}),
+                                      headers={**form, "Cookie": cookie})
+            assert status == 400 and html.escape(said, quote=True).replace("&#x27;", "&#39;") in page
+        status, _, page = request(address, "POST", "/config", body=urllib.parse.urlencode({**values, "csrf": "x"}),
+                                  headers={**form, "Cookie": cookie})
+        assert status == 403 and "the form has expired" in page
+        unset = {k: values[k] for k in ("csrf", "target", "scope", "selector", "document", "key")}
+        status, _, _ = request(address, "POST", "/config", body=urllib.parse.urlencode({**unset, "action": "unset"}),
+                               headers={**form, "Cookie": cookie})
+        assert status == 303 and LayerStore.open_readonly(db).rows(now_ms=0) == []
