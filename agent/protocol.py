@@ -134,6 +134,12 @@ class ConfigState(_Message, kw_only=True, frozen=True):
             return "failed"
         return "in_sync" if self.version else "not_applied"
 
+    def compliance_with(self, pending: bool) -> str:
+        """`compliance`, where "pending" stands for in sync or not applied when the leader has
+        more for the target (a config rollout not finished with it, a layer set since)."""
+        said = self.compliance
+        return "pending" if pending and said in ("in_sync", "not_applied") else said
+
 
 class Heartbeat(_Message, kw_only=True, frozen=True):
     """Sent every `heartbeat.interval_s` (`fast_interval_s` while an update runs or the leader

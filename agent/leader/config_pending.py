@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agent.leader.readonly import LeaderDb
+from agent.leader.registry import compliance_counts
 from agent.protocol import ConfigState
 
 #: device -> (its tags, what each of its configuration targets holds)
@@ -39,8 +40,9 @@ def config_pending(db: LeaderDb, states: States, now_ms: int) -> set[tuple[str, 
 
 
 def fleet_compliance(db: LeaderDb, now_ms: int) -> dict[str, dict[str, int]]:
-    """target -> in_sync / pending / drifted / failed / not_applied -> devices."""
-    return db.registry.config_compliance(config_pending(db, db.registry.config_states(), now_ms))
+    """target -> in_sync / pending / drifted / failed / not_applied -> devices (the registry read once)."""
+    states = db.registry.config_states()
+    return compliance_counts(states, config_pending(db, states, now_ms))
 
 
 __all__ = ["config_pending", "fleet_compliance"]

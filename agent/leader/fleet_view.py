@@ -137,8 +137,7 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10, events: in
         from agent.leader.config_pending import config_pending
 
         pending = config_pending(db, {device_id: (line.tags, state.configs)}, int(time.time() * 1000))
-        compliance = {target: "pending" if c.compliance in ("in_sync", "not_applied") and (device_id, target) in pending
-                      else c.compliance for target, c in state.configs.items()}
+        compliance = {target: c.compliance_with((device_id, target) in pending) for target, c in state.configs.items()}
     return DeviceDetail(**msgspec.structs.asdict(state), device=_rows(db, [line])[0], rejects=recent,
                         rollouts=rollouts, timeline=timeline, controls=controls, compliance=compliance)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -165,16 +165,15 @@ def _config_states(rows: Sequence[tuple[Any, ...]]) -> dict[str, tuple[tuple[str
     return found
 
 
-def _compliance(rows: Sequence[tuple[Any, ...]], pending: Collection[tuple[str, str]]) -> dict[str, dict[str, int]]:
-    """target -> compliance -> devices, from `_CONFIG_ROWS`; a target in sync (or not applied)
-    whose (device, target) is `pending` is on its way to what the leader wants."""
+def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, ConfigState]]],
+                      pending: Collection[tuple[str, str]] = ()) -> dict[str, dict[str, int]]:
+    """target -> compliance -> devices, from `config_states`; `pending`: the (device, target)s
+    the leader has more for."""
     found: dict[str, dict[str, int]] = {}
-    for device_id, (_, states) in _config_states(rows).items():
-        for target, c in states.items():
-            said = c.compliance
-            if said in ("in_sync", "not_applied") and (device_id, target) in pending:
-                said = "pending"
-            found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))[said] += 1
+    for device_id, (_, held) in states.items():
+        for target, c in held.items():
+            counts = found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))
+            counts[c.compliance_with((device_id, target) in pending)] += 1
     return dict(sorted(found.items()))
 
 
@@ -602,9 +601,7 @@ class DeviceRegistry(SqliteStore):
         """target -> in_sync / pending / drifted / failed / not_applied -> devices, as their
         newest full heartbeats stated (one decode per device that states any: read at a
         scrape's pace); `pending`: the (device, target)s the leader has more for."""
-        self.check_open()
-        with store_errors("read config compliance"):
-            return _compliance(self._conn.execute(_CONFIG_ROWS).fetchall(), pending)
+        return compliance_counts(self.config_states(), pending)
 
     def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
         """device -> (its tags, what each of its configuration targets holds)."""
@@ -615,15 +612,7 @@ class DeviceRegistry(SqliteStore):
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version of configuration target `target` its newest full heartbeat
         stated (devices that stated none are left out)."""
-        self.check_open()
-        with store_errors("read config versions"):
-            rows = self._conn.execute("SELECT device_id, configs FROM devices WHERE configs IS NOT NULL").fetchall()
-        found = {}
-        for device_id, blob in rows:
-            states = _stated(blob, _CONFIGS_DECODER.decode)
-            if states is not None and target in states:
-                found[str(device_id)] = states[target].version
-        return found
+        return {device: held[target].version for device, (_, held) in self.config_states().items() if target in held}
 
     def counts(self) -> tuple[int, int]:
         """(online, offline) device counts."""
@@ -737,10 +726,7 @@ class RegistryReads:
 
     def config_compliance(self, pending: Collection[tuple[str, str]] = ()) -> dict[str, dict[str, int]]:
         """As `DeviceRegistry.config_compliance` (none from a registry older than the column)."""
-        try:
-            return _compliance(self._conn.execute(_CONFIG_ROWS).fetchall(), pending)
-        except sqlite3.OperationalError:
-            return {}
+        return compliance_counts(self.config_states(), pending)
 
     def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
         """As `DeviceRegistry.config_states`."""
@@ -841,4 +827,4 @@ class RegistryReads:
 
 
 __all__ = ["COMPLIANCE", "COMPONENT", "FLEET_HISTORY_S", "LEADER_ALIVE_EVERY_S", "LEADER_QUIET_S", "DeviceLine",
-           "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback", "RegistryReads"]
+           "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback", "RegistryReads", "compliance_counts"]
