@@ -233,7 +233,7 @@ DOCUMENT = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 class LayerEdit:
     """One value to set (or unset: `value` None) in a layer, checked as the CLI and the console
     take it: names by their patterns, a TOML or JSON document, a dotted key, a value of at most
-    4 KiB, an expiry only for a device's override."""
+    4 KiB, an expiry (a duration from `now_ms`) only for a device's override."""
 
     target: str
     scope: Scope
@@ -241,19 +241,22 @@ class LayerEdit:
     document: str
     key: str
     value: object = None
+    expires_ms: int | None = None
 
     @classmethod
     def checked(cls, *, target: str, scope: str, selector: str, document: str, key: str,
-                value_text: str | None = None, fields: dict[str, str] | None = None) -> LayerEdit:
+                value_text: str | None = None, expires_text: str | None = None, now_ms: int = 0,
+                fields: dict[str, str] | None = None) -> LayerEdit:
         """A `ConfigError` names the field (by `fields`' names for them: a CLI option, a form field)."""
         import re
 
+        from agent.core.durations import parse_seconds
         from agent.core.errors import ConfigError
         from config_rollout.errors import ConfigReleaseError
         from config_rollout.layers import KEY_PATTERN, parse_value
 
         named = {"target": "target", "scope": "scope", "selector": "selector", "document": "document",
-                 "key": "key", "value": "value", **(fields or {})}
+                 "key": "key", "value": "value", "expires": "expires", **(fields or {})}
         for field, text, pattern in (("target", target, TARGET), ("selector", selector, SELECTOR),
                                      ("document", document, DOCUMENT), ("key", key, KEY_PATTERN)):
             if not re.match(pattern, text or ""):
@@ -269,7 +272,15 @@ class LayerEdit:
             except ConfigReleaseError as exc:
                 raise ConfigError(named["value"], None, str(exc).removeprefix(f"{named['value']}: ")) from None
             LayerValue(document=document, key=key, value=json.dumps(value))  # (bounded as on the wire)
-        return cls(target, "tag" if scope == "tag" else "device", selector, document, key, value)
+        expires_ms = None
+        if expires_text:
+            if scope != "device":
+                raise ConfigError(named["expires"], None, "only a device's override expires")
+            try:
+                expires_ms = now_ms + int(parse_seconds(expires_text.strip()) * 1000)
+            except ValueError as exc:
+                raise ConfigError(named["expires"], None, str(exc)) from None
+        return cls(target, "tag" if scope == "tag" else "device", selector, document, key, value, expires_ms)
 
 
 def _source(row: LayerRow) -> str:

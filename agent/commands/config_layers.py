@@ -24,9 +24,6 @@ from typing import Any
 
 from agent.core.errors import ConfigError
 
-TARGET = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
-SELECTOR_MAX = 128
-
 
 def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     layer = actions.add_parser("layer", help="the leader's layers over a config release (groups by tag, devices)")
@@ -72,7 +69,7 @@ def _db(path: str) -> Path:
     return db
 
 
-def _name(value: str, option: str, pattern: str = TARGET) -> str:
+def _name(value: str, option: str, pattern: str) -> str:
     import re
 
     if not re.match(pattern, value):
@@ -82,7 +79,7 @@ def _name(value: str, option: str, pattern: str = TARGET) -> str:
 
 def layer_main(args: argparse.Namespace) -> int:
     from agent.commands.rollout import cli_actor
-    from config_rollout.layer_store import LayerEdit, LayerStore
+    from config_rollout.layer_store import TARGET, LayerEdit, LayerStore
 
     db = _db(args.db)
     now_ms = int(time.time() * 1000)
@@ -108,7 +105,7 @@ def layer_main(args: argparse.Namespace) -> int:
                 print(f"  {r.scope} {r.selector}  {r.document}  {r.key} = {r.value}{until}  (set by {r.set_by})")
         return 0
 
-    target = _name(args.target, "target")
+    target = _name(args.target, "target", TARGET)
     if args.step == "order":
         for tag in args.tags:
             _name(tag, "TAG", r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -126,33 +123,23 @@ def layer_main(args: argparse.Namespace) -> int:
             gone = [e.key for e in edits if store.unset(e.target, e.scope, e.selector, e.document, e.key)]
         print(f"{target} {scope} {selector} {args.document}: unset {', '.join(gone) or 'nothing (no such key)'}")
         return 0
-    expires_ms = None
-    if args.expires is not None:
-        if scope != "device":
-            raise ConfigError("--expires", None, "only a device's override expires")
-        from agent.core.durations import parse_seconds
-
-        try:
-            expires_ms = now_ms + int(parse_seconds(args.expires) * 1000)
-        except ValueError as exc:
-            raise ConfigError("--expires", None, str(exc)) from None
     edits = []
     for item in args.values:
         key, sep, text = item.partition("=")
         if not sep or not text:
             raise ConfigError(item, None, "write KEY=VALUE")
         edits.append(LayerEdit.checked(target=target, scope=scope, selector=selector, document=args.document,
-                                       key=key.strip(), value_text=text, fields={**names, "key": item, "value": item}))
-    pairs = [(e.key, e.value) for e in edits]
-    document = args.document
+                                       key=key.strip(), value_text=text, expires_text=args.expires, now_ms=now_ms,
+                                       fields={**names, "key": item, "value": item, "expires": "--expires"}))
     by = cli_actor()
     with LayerStore.open(db) as store:
         for e in edits:
             store.set_value(e.target, e.scope, e.selector, e.document, e.key, e.value, set_by=by, now_ms=now_ms,
-                            expires_ms=expires_ms)
+                            expires_ms=e.expires_ms)
+    expires_ms = edits[0].expires_ms
     until = f" until {_when(expires_ms)}" if expires_ms is not None else ""
-    print(f"{target} {scope} {selector} {document}: "
-          + ", ".join(f"{k} = {json.dumps(v)}" for k, v in pairs) + until
+    print(f"{target} {scope} {selector} {args.document}: "
+          + ", ".join(f"{e.key} = {json.dumps(e.value)}" for e in edits) + until
           + " (offered with the target's next config rollout)")
     return 0
 

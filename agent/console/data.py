@@ -224,23 +224,14 @@ def change_layer(db: Path, form: dict[str, str], actor: str) -> str:
     import json
     import time
 
-    from agent.core.durations import parse_seconds
-    from agent.core.errors import ConfigError
     from config_rollout.layer_store import LayerEdit, LayerStore
 
     unset = form.get("action") == "unset"
+    now_ms = int(time.time() * 1000)
     edit = LayerEdit.checked(target=form.get("target", ""), scope=form.get("scope", ""),
                              selector=form.get("selector", "").strip(), document=form.get("document", "").strip(),
-                             key=form.get("key", "").strip(), value_text=None if unset else form.get("value", ""))
-    now_ms = int(time.time() * 1000)
-    expires_ms = None
-    if not unset and form.get("expires", "").strip():
-        if edit.scope != "device":
-            raise ConfigError("expires", None, "only a device's override expires")
-        try:
-            expires_ms = now_ms + int(parse_seconds(form["expires"].strip()) * 1000)
-        except ValueError as exc:
-            raise ConfigError("expires", None, str(exc)) from None
+                             key=form.get("key", "").strip(), value_text=None if unset else form.get("value", ""),
+                             expires_text=None if unset else form.get("expires", "").strip(), now_ms=now_ms)
     with open_leader_db(db):  # (a leader's database, or a StoreError: nothing is created elsewhere)
         pass
     with LayerStore.open(db) as store:
@@ -249,7 +240,7 @@ def change_layer(db: Path, form: dict[str, str], actor: str) -> str:
             return (f"{edit.target} {edit.scope} {edit.selector} {edit.document}: unset {edit.key}" if gone else
                     f"{edit.target} {edit.scope} {edit.selector} {edit.document}: no value {edit.key} to unset")
         store.set_value(edit.target, edit.scope, edit.selector, edit.document, edit.key, edit.value, set_by=actor,
-                        now_ms=now_ms, expires_ms=expires_ms)
+                        now_ms=now_ms, expires_ms=edit.expires_ms)
     return (f"{edit.target} {edit.scope} {edit.selector} {edit.document}: {edit.key} = {json.dumps(edit.value)}"
             " (offered with the target's next config rollout)")
 
