@@ -127,6 +127,12 @@ def next_incarnation(path: Path) -> int:
         close_quietly(conn)
 
 
+def own_settings_applied(data_dir: Path) -> bool:
+    """Whether a release was ever applied to the built-in target `agent` (its journal, where
+    `ConfigApplier` keeps it: a stat, no import of the configuration library)."""
+    return (data_dir / "config" / "agent" / "journal.json").exists()
+
+
 def config_states(config: AgentConfig, data_dir: Path) -> dict[str, ConfigState]:
     """Each `[config_targets.NAME]`'s applied version, state and drift, for the heartbeat: read
     from the target's journal and its documents (small files, at the heartbeat's pace)."""
@@ -135,9 +141,8 @@ def config_states(config: AgentConfig, data_dir: Path) -> dict[str, ConfigState]
 
     states = {}
     targets = dict(config.config_targets)
-    own = agent_target(data_dir)
-    if offers_agent_target(config) and (data_dir / "config" / AGENT_TARGET / "journal.json").exists():
-        targets[AGENT_TARGET] = own  # (stated once something was applied to it)
+    if offers_agent_target(config) and own_settings_applied(data_dir):
+        targets[AGENT_TARGET] = agent_target(data_dir)  # (stated once something was applied to it)
     for name, target in sorted(targets.items())[:32]:
         try:
             st = ConfigApplier(name, target, data_dir).status()
@@ -275,8 +280,8 @@ class WorkerAgent(PartBase):
         # What the heartbeat reports of the configuration targets (None: the config declares none,
         # and nothing was ever applied to the agent's own settings: a start follows that apply).
         self.config_states: Callable[[], dict[str, ConfigState] | None] = lambda: (
-            config_states(config, self.data_dir) if config.config_targets
-            or (self.data_dir / "config" / "agent" / "journal.json").exists() else None)
+            config_states(config, self.data_dir) if config.config_targets or own_settings_applied(self.data_dir)
+            else None)
         self._job_handler = job_handler or default_job_handler(clock)
         # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
         self.kinds = agent_registry()

@@ -259,15 +259,11 @@ class ConfigTargetsPart(PartBase):
     def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None,
                  restart: Callable[[], None] | None = None) -> None:
         self._worker = worker
-        self._key = key
-        self._steps = steps
-        self._restart = restart
-        self.actor: ConfigOfferActor | None = None
+        self.actor = ConfigOfferActor(worker, key, steps, restart)
         self.ref: ActorRef | None = None
 
     async def start(self) -> None:
         worker = self._worker
-        self.actor = ConfigOfferActor(worker, self._key, self._steps, self._restart)
         self.ref = worker.system.spawn(self.actor, name="config-offers", capacity=8, policy="reject",
                                        stall_s=worker.config.mailbox.stall_s)
         self.ref.tell(ResumeTargets())
