@@ -20,18 +20,25 @@ from agent.leader.rollout import admit_config_release
 from config_rollout.messages import OFFER_RELEASE_MAX
 from config_rollout.release import build_release
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.artifact.keys import generate_keypair, load_signing_key
+from firmware_rollout.artifact.keys import KeyPairPaths, generate_keypair, load_signing_key
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.spec import spec_from_dict
 from firmware_rollout.orchestration.store import RolloutStore
 
 
+def signed_release(tmp: Path, keys: KeyPairPaths, version: str, text: str) -> Path:
+    """A release of target app holding app.toml = `text`, signed with `keys`."""
+    src = tmp / f"src-{version}"
+    src.mkdir()
+    (src / "app.toml").write_text(text)
+    out = tmp / f"app-{version}.eacfg"
+    out.write_bytes(build_release("app", version, [src / "app.toml"], load_signing_key(keys.private), created_ms=1))
+    return out
+
+
 async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_path: Path) -> None:
     keys = generate_keypair(tmp_path / "keys")
-    (tmp_path / "app.toml").write_text("port = 2\n")
-    release = tmp_path / "app-1.1.0.eacfg"
-    release.write_bytes(build_release("app", "1.1.0", [tmp_path / "app.toml"], load_signing_key(keys.private),
-                                      created_ms=1))
+    release = signed_release(tmp_path, keys, "1.1.0", "port = 2\n")
     clock = VirtualClock()
     devices = [f"d{i}" for i in range(4)]
     port = FakePort(clock, devices)
@@ -88,10 +95,7 @@ async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_t
     from firmware_rollout.messages import UpdateReport
 
     keys = generate_keypair(tmp_path / "keys")
-    (tmp_path / "app.toml").write_text("port = 2\n")
-    release = tmp_path / "app-1.1.0.eacfg"
-    release.write_bytes(build_release("app", "1.1.0", [tmp_path / "app.toml"], load_signing_key(keys.private),
-                                      created_ms=1))
+    release = signed_release(tmp_path, keys, "1.1.0", "port = 2\n")
     clock = VirtualClock()
     port = FakePort(clock, [f"d{i}" for i in range(3)])
     port.in_sync = set()
@@ -142,15 +146,9 @@ async def test_a_config_rollback_rolls_forward_to_the_old_content_under_a_higher
     from firmware_rollout.messages import UpdateReport
 
     keys = generate_keypair(tmp_path / "keys")
-    signing = load_signing_key(keys.private)
 
     def release(version: str, text: str) -> Path:
-        src = tmp_path / f"src-{version}"
-        src.mkdir()
-        (src / "app.toml").write_text(text)
-        out = tmp_path / f"app-{version}.eacfg"
-        out.write_bytes(build_release("app", version, [src / "app.toml"], signing, created_ms=1))
-        return out
+        return signed_release(tmp_path, keys, version, text)
 
     clock = VirtualClock()
     port = FakePort(clock, ["d0", "d1"])
