@@ -29,6 +29,31 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
+def send_until_held(sock: Path, sent: list[str], name: str) -> None:
+    """One message, sent again under its name until the agent holds it (it may be starting again)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with Client(sock, timeout_s=30) as app:
+                sent.append(app.send("events", {"n": len(sent)}, app_id=name))
+            return
+        except (AgentUnavailable, LocalApiError) as exc:
+            assert time.monotonic() < deadline, exc
+            time.sleep(0.1)
+
+
+def stored_once(db: Path, sent: list[str], limit_s: float) -> None:
+    """Every message sent reaches the leader's store, each once, nothing else."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        with open_leader_db(db) as leader:
+            stored = dict(leader.conn.execute("SELECT msg_id, count(*) FROM app_messages GROUP BY msg_id"))
+        if len(stored) >= len(set(sent)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sorted(stored) == sorted(set(sent)) and set(stored.values()) == {1}  # each once, none lost
+
+
 def test_a_release_of_the_agents_own_settings_restarts_it_in_place_and_commits(tmp_path: Path,
                                                                               mosquitto: Mosquitto) -> None:
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
@@ -45,17 +70,7 @@ def test_a_release_of_the_agents_own_settings_restarts_it_in_place_and_commits(t
     sent: list[str] = []
 
     def application() -> None:
-        """One message, sent again under its name until the agent holds it (it may be starting again)."""
-        name = f"m-{len(sent)}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(sock, timeout_s=30) as app:
-                    sent.append(app.send("events", {"n": len(sent)}, app_id=name))
-                return
-            except (AgentUnavailable, LocalApiError) as exc:
-                assert time.monotonic() < deadline, exc
-                time.sleep(0.1)
+        send_until_held(sock, sent, f"m-{len(sent)}")
 
     def release(version: str, text: str) -> Path:
         src = tmp_path / f"src-{version}"
@@ -113,14 +128,7 @@ def test_a_release_of_the_agents_own_settings_restarts_it_in_place_and_commits(t
         assert settings.read_bytes().startswith(b"[heartbeat]")  # what was in force stays
 
         application()
-        deadline = time.monotonic() + 120
-        while True:
-            with open_leader_db(db) as leader:
-                stored = dict(leader.conn.execute("SELECT msg_id, count(*) FROM app_messages GROUP BY msg_id"))
-            if len(stored) >= len(sent) or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-        assert sorted(stored) == sorted(set(sent)) and set(stored.values()) == {1}  # each once, none lost
+        stored_once(db, sent, 120)
         assert all(p.poll() is None for p in procs)  # the worker restarted in place: the same process
     finally:
         stop(procs)
@@ -145,15 +153,7 @@ def test_sighup_starts_the_parts_again_on_the_config_file_read_anew(tmp_path: Pa
     sent: list[str] = []
 
     def send(n: int) -> None:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(sock, timeout_s=30) as app:
-                    sent.append(app.send("events", {"n": n}, app_id=f"h-{n}"))
-                return
-            except (AgentUnavailable, LocalApiError) as exc:
-                assert time.monotonic() < deadline, exc
-                time.sleep(0.1)
+        send_until_held(sock, sent, f"h-{n}")
 
     def logged(name: str, text: str, times: int = 1) -> bool:
         return (tmp_path / f"{name}.log").read_text().count(text) >= times
@@ -177,14 +177,7 @@ def test_sighup_starts_the_parts_again_on_the_config_file_read_anew(tmp_path: Pa
         wait("started again on the last config", lambda: logged("pi-1", "agent started again", 2))
         assert logged("pi-1", "nonsense") and logged("pi-1", "the config file's settings of the last start go on")
         send(2)
-        deadline = time.monotonic() + 60
-        while True:
-            with open_leader_db(db) as leader:
-                stored = dict(leader.conn.execute("SELECT msg_id, count(*) FROM app_messages GROUP BY msg_id"))
-            if len(stored) >= len(sent) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert sorted(stored) == sorted(sent) and set(stored.values()) == {1}
+        stored_once(db, sent, 60)
         assert all(p.poll() is None for p in procs)
     finally:
         stop(procs)
