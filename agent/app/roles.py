@@ -7,8 +7,9 @@ Each role has one list of parts; its own agent stands in it where it starts (`AG
 other entry is a feature's factory (`agent.service.parts.Feature`), which returns None when the
 config leaves the feature off:
 
-    worker:  the worker, the updater, the configuration targets, the local API, the sources
-    leader:  northbound forwarding, the leader, rollouts
+    worker:  the worker, the certificate's renewal, the updater, the configuration targets, the
+             local API, the sources
+    leader:  northbound forwarding, the leader, device identities, rollouts
 
 Parts start in list order and stop in reverse: the local API and the sources stop taking
 messages before the worker stops; the leader stops before northbound forwarding, so what it
@@ -59,12 +60,14 @@ async def assemble(config: AgentConfig, *, transport: Transport, clock: Clock, b
 async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
     from agent.worker.configuring import config_targets_part
     from agent.worker.env import DeviceEnv
+    from agent.worker.identity import identity_part
     from agent.worker.serving import local_api_part, sources_part
     from agent.worker.updating import updater_part
 
     device = env.device or DeviceEnv()
     agent = await _open_worker(config, transport, clock, base, device)
-    return await _parts(agent, device, (AGENT, updater_part, config_targets_part, local_api_part, sources_part))
+    return await _parts(agent, device, (AGENT, identity_part, updater_part, config_targets_part, local_api_part,
+                                        sources_part))
 
 
 async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path,
@@ -86,6 +89,7 @@ async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, 
 
 async def _leader(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
     from agent.leader.agent import LeaderAgent
+    from agent.leader.enrolment import identity_part
     from agent.leader.env import GatewayEnv
     from agent.leader.northbound import northbound_part
     from agent.leader.rollout import rollout_part
@@ -94,7 +98,7 @@ async def _leader(config: AgentConfig, transport: Transport, clock: Clock, base:
     agent: LeaderAgent = await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=base,
                                                 recover=gateway.recover, rng=gateway.rng,
                                                 intake_batch_max=gateway.intake_batch_max)
-    return await _parts(agent, gateway, (northbound_part, AGENT, rollout_part))
+    return await _parts(agent, gateway, (northbound_part, AGENT, identity_part, rollout_part))
 
 
 H = TypeVar("H", bound=AgentPart)

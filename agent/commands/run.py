@@ -95,13 +95,23 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
 
     runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen, on_reload=reload)
     async with runtime:
-        first = True
+        ready_sent = started = False
         while True:
             running = config
             if config.agent.role == "worker":
                 from config_rollout.device.agent_settings import load_agent_settings
 
                 running = await load_agent_settings(config, base)
+                if running.identity is not None:  # the device's own certificate, enrolling first without one
+                    from agent.worker.identity import enrolled_config
+
+                    if not ready_sent:  # a device waiting for an operator's approval is up, not failing to start
+                        runtime.ready(f"worker {running.agent.device_id} starting with its identity")
+                        ready_sent = True
+                    enrolled = await enrolled_config(running, base, clock, stopping=runtime.signals.stop)
+                    if enrolled is None:
+                        break
+                    running = enrolled
             logging.getLogger().setLevel(running.agent.log_level)  # (a release may change it)
             app = await assemble(running, transport=make_transport(running, clock=clock, broker_url=broker),
                                  clock=clock, base=base,
@@ -121,10 +131,14 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
             for name, collector in app.collectors():  # after start: a part's figures may need what it started
                 runtime.add_collector(name, collector)
             kv = {"role": running.agent.role, "device": running.agent.device_id, "data_dir": str(base)}
-            if first:
-                runtime.ready(f"{running.agent.role} {running.agent.device_id} running")
+            if not started:
+                if ready_sent:
+                    runtime.status(f"{running.agent.role} {running.agent.device_id} running")
+                else:
+                    runtime.ready(f"{running.agent.role} {running.agent.device_id} running")
+                    ready_sent = True
                 log.info("agent started", extra={"kv": kv})
-                first = False
+                started = True
             else:
                 log.info("agent started again", extra={"kv": kv})
                 started_again.set()

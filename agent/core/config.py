@@ -369,6 +369,32 @@ class ConfigTargetSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     max_document_kib: Annotated[int, msgspec.Meta(ge=1, le=16 * 1024)] = 64
 
 
+class IdentitySection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Device identities (docs/service.md, "Device identity"). A worker makes its own key, enrols
+    over the broker's enrolment listener with the fleet's claim credential, then connects with its
+    own certificate (mutual TLS) and renews it; a leader holds the fleet's CA, the pending
+    enrolments, the revocations and the broker's revocation list."""
+
+    dir: str = "identity"  # under agent.data_dir: a worker's key and certificate; a leader's CA
+    # a worker
+    claim_url: str = ""  # the broker's enrolment listener, e.g. mqtts://gateway:8884
+    claim_username: str = ""  # the fleet's claim credential
+    claim_password_file: str = ""
+    claim_ca: str = ""  # the CA the enrolment listener's certificate is checked with (default: mqtt.tls_ca)
+    token_file: str = ""  # a batch's enrolment token (`edge-agent devices token`): approved at once
+    ask_interval_s: PositiveFloat = 60.0  # while pending, the request is sent again this often
+    # a leader
+    claims: list[DeviceName] = msgspec.field(default_factory=list)  # claim usernames heard
+    cert_days: Annotated[float, msgspec.Meta(gt=0, le=3650)] = 365.0
+    # a certificate is valid from this long before it is issued: a device clock that lags takes it
+    clock_skew_s: Annotated[int, msgspec.Meta(ge=0, le=86_400)] = 300
+    max_pending: Positive = 1000
+    claim_rate_per_min: Positive = 60  # enrolment requests heard per claim credential
+    total_rate_per_min: Positive = 600
+    crl_file: str = ""  # the broker's crlfile (default: DIR/crl.pem)
+    broker_reload: list[str] = msgspec.field(default_factory=list)  # run after the CRL changed
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     agent: AgentSection
     mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
@@ -388,6 +414,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     northbound: NorthboundSection = msgspec.field(default_factory=NorthboundSection)
     artifacts: ArtifactsSection = msgspec.field(default_factory=ArtifactsSection)
     config_targets: dict[TargetName, ConfigTargetSection] = msgspec.field(default_factory=dict)
+    identity: IdentitySection | None = None
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -572,6 +599,21 @@ def _check_artifacts(config: AgentConfig, source: str) -> None:
         raise ConfigError(source, "firmware.mirror_ca", "must be an absolute path")
 
 
+def _check_identity(config: AgentConfig, source: str) -> None:
+    ident = config.identity
+    if ident is None or config.agent.role != "worker":
+        return
+    if not ident.claim_url.startswith("mqtts://"):
+        raise ConfigError(source, "identity.claim_url", "the broker's enrolment listener, mqtts://host:port, is needed")
+    if not ident.claim_username:
+        raise ConfigError(source, "identity.claim_username", "the fleet's claim credential is needed")
+    if not config.mqtt.url.startswith(("mqtts://", "memory://")):
+        raise ConfigError(source, "mqtt.url", "a device with [identity] connects with its certificate: mqtts://")
+    if config.mqtt.tls_cert or config.mqtt.tls_key:
+        raise ConfigError(source, "mqtt.tls_cert" if config.mqtt.tls_cert else "mqtt.tls_key",
+                          "[identity] keeps the device's own key and certificate: leave it out")
+
+
 def _deprecated_synchronous(config: AgentConfig, data: dict[str, Any], source: str) -> AgentConfig:
     """`[outbox] synchronous`, the key before `durability`: FULL reads as "power", NORMAL as
     "crash" when `durability` is not given (one WARNING either way)."""
@@ -668,6 +710,7 @@ def load_config(path: str | Path) -> AgentConfig:
     for name, target in config.config_targets.items():
         if target.settle_s >= target.confirm_s:
             raise ConfigError(str(path), f"config_targets.{name}.settle_s", "must be less than confirm_s")
+    _check_identity(config, str(path))
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
         raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")
@@ -683,6 +726,7 @@ __all__ = [
     "FirmwareSection",
     "HeartbeatSection",
     "HousekeepingSection",
+    "IdentitySection",
     "JobsSection",
     "LeaderSection",
     "LocalApiSection",

@@ -120,6 +120,10 @@ class DeviceLimitReached(UnstorableValue):
     message that would go beyond is refused, and what is already kept stays."""
 
 
+class IdentityError(EdgeAgentError):
+    """A device identity refused: a certificate request, a certificate, an enrolment, a trust document."""
+
+
 class RolloutError(EdgeAgentError):
     """A rollout spec or a rollout control is invalid."""
 
@@ -149,6 +153,7 @@ __all__ = [
     "DeviceLimitReached",
     "Downgrade",
     "EdgeAgentError",
+    "IdentityError",
     "MailboxFull",
     "NotConnected",
     "OutboxFull",

@@ -171,6 +171,8 @@ class LeaderAgent(PartBase):
             sender_check=True, concurrency=inbox_concurrency, clock=clock,
         )
         self._batch_max = intake_batch_max
+        # devices whose certificate was revoked (`agent.leader.enrolment`): every message refused
+        self.revoked: set[str] = set()
         self.intake: ActorRef | None = None
         self.leader: ActorRef | None = None
         self._intake_actor: HeartbeatIntake | None = None
@@ -423,6 +425,8 @@ class LeaderAgent(PartBase):
         self.register_route(kind, type_, route)
 
     def _on_up(self, env: Envelope, _message: InboundMessage) -> Reply | Awaitable[Reply]:
+        if self.revoked and env.sender in self.revoked:
+            return self._refuse(env, f"device {env.sender} is revoked")
         if self.rates is not None:
             wait_ms = self.rates.take(env.sender)
             if wait_ms:

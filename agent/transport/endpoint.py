@@ -167,6 +167,13 @@ class EnvelopeSender:
         """Send one envelope and wait for its reply: the accepted reply's reason ("" mostly; the
         leader says `ALREADY_STORED` of a message it held before); raises Capacity, Permanent
         or Transient."""
+        return (await self._accepted(envelope, topic)).reason
+
+    async def request(self, envelope: Envelope, topic: str) -> bytes:
+        """As `deliver`, for an answer with a payload: the accepted reply's body."""
+        return (await self._accepted(envelope, topic)).body
+
+    async def _accepted(self, envelope: Envelope, topic: str) -> Reply:
         if not self._started:
             raise Transient("sender is not started")
         data = encode(envelope)
@@ -229,7 +236,7 @@ class EnvelopeSender:
             self.stats.accepted += 1
             if not self.answered.is_open:
                 self.answered.open()
-            return outcome.reason
+            return outcome
         if outcome.status == "busy":
             self.stats.busy += 1
             raise Capacity(outcome.reason or f"{envelope.receiver} is busy", outcome.retry_after_ms)

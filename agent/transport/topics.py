@@ -5,6 +5,9 @@
     ea/v1/{fleet}/{device}/presence        retained "online|offline SESSION SINCE_MS" (birth, will)
     ea/v1/{fleet}/{device}/reply/{name}    replies (MQTT v5 response topic)
     $share/leaders/ea/v1/{fleet}/+/up      several leaders' shared subscription
+    ea/enrol/v1/{fleet}/{claim}/{device}/request|answer
+                                           enrolment with the claim credential `claim` (the
+                                           broker's ACL: `pattern write .../%u/+/request`)
 
 Matching follows MQTT: `+` matches one level, `#` the rest (including the parent level), a
 `$share/{group}/` prefix is stripped before matching, and topics starting with `$` are never
@@ -69,6 +72,33 @@ def is_own_reply_topic(response_topic: str, up_topic: str) -> bool:
         return False
     prefix = up_topic[:-2] + "reply/"
     return len(response_topic) > len(prefix) and response_topic.startswith(prefix)
+
+
+ENROL_PREFIX = "ea/enrol/v1"
+
+
+def enrol_request(fleet: str, claim: str, device: str) -> str:
+    return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/{_segment('claim', claim)}/{_segment('device', device)}/request"
+
+
+def enrol_answer(fleet: str, claim: str, device: str) -> str:
+    return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/{_segment('claim', claim)}/{_segment('device', device)}/answer"
+
+
+def enrol_requests_filter(fleet: str) -> str:
+    """Every claim credential's enrolment requests in the fleet (the leader's subscription)."""
+    return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/+/+/request"
+
+
+def parse_enrol_request(topic: str) -> tuple[str, str] | None:
+    """(claim, device) of an enrolment request topic, None when it is not one."""
+    levels = topic.split("/")
+    if len(levels) != 7 or "/".join(levels[:3]) != ENROL_PREFIX or levels[6] != "request":
+        return None
+    claim, device = levels[4], levels[5]
+    if not claim or not device or any(ch in claim + device for ch in "+#"):
+        return None
+    return claim, device
 
 
 def fleet_filter(fleet: str, channel: Channel) -> str:
@@ -185,6 +215,9 @@ __all__ = [
     "TopicError",
     "device_of",
     "down",
+    "enrol_answer",
+    "enrol_request",
+    "enrol_requests_filter",
     "fleet_filter",
     "is_own_reply_topic",
     "is_wildcard",
@@ -192,6 +225,7 @@ __all__ = [
     "leaders_up",
     "matches",
     "parse",
+    "parse_enrol_request",
     "presence",
     "reply",
     "reply_from",

@@ -195,11 +195,18 @@ class LeaderLink:
         return self._sender.deliver(message, self._topic)
 
     async def send(self, message: msgspec.Struct) -> None:
-        envelope = Envelope(
-            id=self._ids.next(), kind=kind_of(message), sender=self._device_id, receiver=LEADER,
-            ts_ms=self._clock.now_ms(), payload=msgspec.msgpack.encode(message),
-        )
-        await self.tell(envelope)
+        await self.tell(self._envelope(kind_of(message), message))
+
+    async def request(self, kind: str, message: msgspec.Struct) -> bytes:
+        """Send `message` as `kind` and return the body of the leader's accepted answer (an
+        answer with a payload: a renewed certificate); raises as `EnvelopeSender.deliver`."""
+        if not getattr(self._gate, "is_open", False):
+            raise NotConnected("no connection to the broker")
+        return await self._sender.request(self._envelope(kind, message), self._topic)
+
+    def _envelope(self, kind: str, message: msgspec.Struct) -> Envelope:
+        return Envelope(id=self._ids.next(), kind=kind, sender=self._device_id, receiver=LEADER,
+                        ts_ms=self._clock.now_ms(), payload=msgspec.msgpack.encode(message))
 
 
 class WorkerOptions(TypedDict, total=False):

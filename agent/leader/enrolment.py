@@ -1,0 +1,340 @@
+"""The leader's side of device identities (docs/service.md, "Device identity").
+
+    IdentityService (a part of the leader; on with `[identity]`)
+    ├── the fleet's CA under DATA_DIR/identity (ca.key 0600, ca.crt), made at the first start
+    ├── ea/enrol/v1/{fleet}/+/+/request  ──► checked, bounded, recorded (pending, or approved by
+    │        the allow-list or a batch's token) ──► EnrolAnswer on .../answer
+    ├── identity.renew on a device's up topic ──► a new certificate for the same key, in the reply
+    ├── identity_controls (approve, reject, revoke: `edge-agent devices`, the console), applied
+    │        every `poll_s`: a revocation refuses the device's messages at once
+    │        (`LeaderAgent.revoked`), writes the CRL and runs `identity.broker_reload`
+    └── the CRL (`identity.crl_file`) written again at start and every day (it expires in 30)
+
+Every refusal (claim not heard, a flood, a request for another device id, a weak key, a key
+other than the one on record, a revoked device) is recorded in the rejects with its reason,
+and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from agent.core.codec import Envelope, Reply, decode
+from agent.core.config import IdentitySection, resolve
+from agent.core.errors import CodecError, EdgeAgentError, IdentityError, TransportError
+from agent.core.ratelog import RateLimitedLog
+from agent.core.tasks import cancel_and_wait
+from agent.identity.authority import FleetAuthority, new_authority
+from agent.identity.certificates import read_certificate, read_request
+from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewAnswer, RenewRequest
+from agent.leader.identities import Control, Identity, IdentityStore
+from agent.service.files import write_private_file
+from agent.service.parts import PartBase
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+
+if TYPE_CHECKING:
+    from agent.leader.agent import LeaderAgent
+    from agent.leader.env import GatewayEnv
+
+log = logging.getLogger(__name__)
+
+CA_KEY = "ca.key"
+CA_CERT = "ca.crt"
+CRL_FILE = "crl.pem"
+MAX_REQUEST_BYTES = 16 * 1024
+CRL_REFRESH_S = 86_400.0
+RELOAD_TIMEOUT_S = 30.0
+
+
+def authority_files(section: IdentitySection, base: Path) -> tuple[Path, Path, Path]:
+    """(CA key, CA certificate, CRL) of the leader whose data directory is `base`."""
+    folder = resolve(base, section.dir)
+    crl = Path(section.crl_file) if section.crl_file else folder / CRL_FILE
+    return folder / CA_KEY, folder / CA_CERT, crl
+
+
+def fleet_authority(section: IdentitySection, base: Path, *, fleet: str, now_ms: int) -> FleetAuthority:
+    """The fleet's CA, made (with an empty CRL) when there is none yet."""
+    key_path, cert_path, crl_path = authority_files(section, base)
+    if not key_path.exists() and not cert_path.exists():
+        key_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(key_path.parent, 0o700)
+        key_pem, cert_pem = new_authority(f"edge-agent fleet {fleet}", now_ms=now_ms)
+        write_private_file(key_path, key_pem, 0o600)
+        write_private_file(cert_path, cert_pem, 0o644)
+        authority = FleetAuthority(key_pem, cert_pem)
+        write_private_file(crl_path, authority.revocation_list((), now_ms=now_ms), 0o644)
+        log.info("made the fleet CA %s", cert_path)
+        return authority
+    try:
+        return FleetAuthority(key_path.read_bytes(), cert_path.read_bytes())
+    except OSError as exc:
+        raise IdentityError(f"{exc.filename}: cannot read the fleet CA: {exc.strerror or exc}") from None
+
+
+class _Bucket:
+    """A token bucket of `per_min` a minute (a burst of as many)."""
+
+    def __init__(self, per_min: int, now_s: float) -> None:
+        self.rate, self.tokens, self.at = per_min / 60.0, float(per_min), now_s
+        self.cap = float(per_min)
+
+    def take(self, now_s: float) -> bool:
+        self.tokens = min(self.cap, self.tokens + (now_s - self.at) * self.rate)
+        self.at = now_s
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+class IdentityService(PartBase):
+    name = "identity"
+
+    def __init__(self, leader: LeaderAgent, store: IdentityStore, authority: FleetAuthority, *,
+                 poll_s: float = 1.0) -> None:
+        assert leader.config.identity is not None
+        self.leader = leader
+        self.section = leader.config.identity
+        self.store = store
+        self.authority = authority
+        self.clock = leader.clock
+        self.fleet = leader.config.agent.fleet
+        self.poll_s = poll_s
+        self._claims = frozenset(self.section.claims)
+        now_s = self.clock.monotonic()
+        self._total = _Bucket(self.section.total_rate_per_min, now_s)
+        self._per_claim = {claim: _Bucket(self.section.claim_rate_per_min, now_s) for claim in self._claims}
+        self._log = RateLimitedLog(log, self.clock, 60.0)
+        self._task: asyncio.Task[None] | None = None
+        self._crl_written_s = -CRL_REFRESH_S
+        self.answered = 0
+        self.refused = 0
+        _, _, self.crl_path = authority_files(self.section, leader.data_dir)
+
+    def register(self) -> None:
+        self.leader.register_route(KIND_RENEW, RenewRequest, self._renew)
+        self.leader.revoked = self.store.revoked_devices()
+
+    async def start(self) -> None:
+        await self.leader.transport.subscribe(topics.enrol_requests_filter(self.fleet), self._on_request)
+        self._task = asyncio.create_task(self._run(), name="identity-controls")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        try:
+            await self.leader.transport.unsubscribe(topics.enrol_requests_filter(self.fleet))
+        except TransportError:
+            pass
+        self.store.close()
+
+    # -- enrolment -----------------------------------------------------------------------------
+    def _refuse(self, topic: str, reason: str, payload: bytes, device: str | None) -> None:
+        self.refused += 1
+        self._log.warning(f"enrol:{device}", f"enrolment refused on {topic}: {reason}")
+        self.leader.rejects.record(topic=topic, reason=reason, payload=payload, sender=device, kind="enrol")
+
+    async def _on_request(self, message: InboundMessage) -> None:
+        topic, payload = message.topic, bytes(message.payload)
+        where = topics.parse_enrol_request(topic)
+        if where is None:
+            return
+        claim, device = where
+        if claim not in self._claims:
+            self._refuse(topic, f"the claim credential {claim!r} is not one this leader hears (identity.claims)",
+                         payload, device)
+            return
+        now_s = self.clock.monotonic()
+        if not self._per_claim[claim].take(now_s):
+            self._refuse(topic, f"enrolment flood: over {self.section.claim_rate_per_min} requests a minute"
+                                f" through the claim credential {claim!r}", b"", device)
+            return
+        if not self._total.take(now_s):
+            self._refuse(topic, f"enrolment flood: over {self.section.total_rate_per_min} requests a minute in all",
+                         b"", device)
+            return
+        if len(payload) > MAX_REQUEST_BYTES:
+            self._refuse(topic, f"enrolment request of {len(payload)} bytes, over {MAX_REQUEST_BYTES}", b"", device)
+            return
+        try:
+            request = decode(payload, EnrolRequest)
+            if request.device != device:
+                raise IdentityError(f"the request names device {request.device!r}, its topic {device!r}")
+            csr = read_request(request.csr, device_id=device)
+            answer = self._enrol(request, csr.fingerprint, claim)
+        except (CodecError, IdentityError) as exc:
+            self._refuse(topic, str(exc), payload, device)
+            await self._answer(claim, device, EnrolAnswer(device=device, status="rejected", reason=str(exc)[:512]))
+            return
+        except EdgeAgentError as exc:
+            log.warning("enrolment of %s not recorded: %s", device, exc)
+            return
+        await self._answer(claim, device, answer)
+
+    def _enrol(self, request: EnrolRequest, fingerprint: str, claim: str) -> EnrolAnswer:
+        now = self.clock.now_ms()
+        known = self.store.get(request.device)
+        if known is None and self.store.count("pending") >= self.section.max_pending:
+            raise IdentityError(f"{self.section.max_pending} enrolments are pending already (identity.max_pending)")
+        record = self.store.record_request(
+            device=request.device, fingerprint=fingerprint, csr=request.csr, hw_serial=request.serial,
+            machine_id=request.machine_id, agent_version=request.agent_version, claim=claim, now_ms=now)
+        if record.state == "pending":
+            if self.store.allowed_serial(request.serial):
+                record = self._approve(record, by=f"allow-list (serial {request.serial})")
+            elif request.token and self.store.take_token(request.token, now):
+                record = self._approve(record, by="enrolment token")
+            elif request.token:
+                log.warning("enrolment of %s: its token is unknown, used up or expired: left pending", request.device)
+        return self._answer_of(record)
+
+    def _answer_of(self, record: Identity) -> EnrolAnswer:
+        if record.state == "approved":
+            return EnrolAnswer(device=record.device, status="approved", cert=record.cert,
+                               ca=self.authority.cert_pem.decode("ascii"))
+        if record.state == "pending":
+            return EnrolAnswer(device=record.device, status="pending")
+        return EnrolAnswer(device=record.device, status="rejected", reason=record.reason or record.state)
+
+    def _approve(self, record: Identity, *, by: str) -> Identity:
+        now = self.clock.now_ms()
+        csr = read_request(self.store.request_pem(record.device), device_id=record.device)
+        cert = self.authority.issue_device(csr, now_ms=now, days=self.section.cert_days,
+                                               skew_s=self.section.clock_skew_s)
+        info = read_certificate(cert)
+        self.store.issued(record.device, cert=cert.decode("ascii"), serial=info.serial,
+                          not_after_ms=info.not_after_ms, by=by, now_ms=now)
+        log.info("approved %s (%s): certificate serial %x", record.device, by, info.serial)
+        approved = self.store.get(record.device)
+        assert approved is not None
+        return approved
+
+    async def _answer(self, claim: str, device: str, answer: EnrolAnswer) -> None:
+        try:
+            await self.leader.transport.publish(topics.enrol_answer(self.fleet, claim, device),
+                                                msgspec.msgpack.encode(answer), qos=1)
+            self.answered += 1
+        except (TransportError, topics.TopicError) as exc:
+            log.debug("enrolment answer to %s not sent: %s (it asks again)", device, exc)
+
+    # -- renewal -------------------------------------------------------------------------------
+    def _renew(self, env: Envelope, message: msgspec.Struct) -> Reply:
+        assert isinstance(message, RenewRequest)
+        device = env.sender
+        try:
+            record = self.store.get(device)
+            if record is None or record.state != "approved":
+                raise IdentityError(f"device {device} is {record.state if record else 'not enrolled'}: no renewal")
+            csr = read_request(message.csr, device_id=device)
+            if csr.fingerprint != record.fingerprint:
+                raise IdentityError(f"the renewal of {device} is for another key than the one on record")
+            now = self.clock.now_ms()
+            cert = self.authority.issue_device(csr, now_ms=now, days=self.section.cert_days,
+                                               skew_s=self.section.clock_skew_s)
+            info = read_certificate(cert)
+            self.store.issued(device, cert=cert.decode("ascii"), serial=info.serial, not_after_ms=info.not_after_ms,
+                              by=record.decided_by, now_ms=now)
+        except IdentityError as exc:
+            self.refused += 1
+            self.leader.rejects.record(topic=topics.up(self.fleet, device), reason=str(exc), payload=env.payload,
+                                       sender=device, msg_id=env.id, kind=env.kind)
+            return Reply(id=env.id, status="rejected", reason=str(exc)[:512])
+        except EdgeAgentError as exc:
+            return Reply(id=env.id, status="busy", retry_after_ms=5_000, reason=str(exc))
+        log.info("renewed the certificate of %s: serial %x", device, info.serial)
+        return Reply(id=env.id, status="accepted", body=msgspec.msgpack.encode(RenewAnswer(cert=cert.decode("ascii"))))
+
+    # -- controls and the CRL ------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                if self.clock.monotonic() - self._crl_written_s >= CRL_REFRESH_S:
+                    await self.write_crl(reload=False)
+                for control in self.store.controls():
+                    await self._apply(control)
+            except EdgeAgentError as exc:
+                self._log.warning("identity", f"identity controls not applied: {exc}")
+            await self.clock.sleep(self.poll_s)
+
+    async def _apply(self, control: Control) -> None:
+        record = self.store.get(control.device)
+        ok, outcome = False, ""
+        try:
+            if record is None:
+                outcome = f"no enrolment of {control.device}"
+            elif control.action == "approve":
+                if record.state != "pending":
+                    outcome = f"{control.device} is {record.state}, not pending"
+                else:
+                    record = self._approve(record, by=control.by)
+                    await self._answer(record.claim, record.device, self._answer_of(record))
+                    ok, outcome = True, f"approved {control.device}"
+            elif control.action == "reject":
+                if record.state != "pending":
+                    outcome = f"{control.device} is {record.state}, not pending"
+                else:
+                    reason = control.reason or f"rejected by {control.by}"
+                    self.store.decide(control.device, "rejected", by=control.by, reason=reason,
+                                      now_ms=self.clock.now_ms())
+                    await self._answer(record.claim, record.device,
+                                       EnrolAnswer(device=record.device, status="rejected", reason=reason))
+                    ok, outcome = True, f"rejected {control.device}"
+            elif control.action == "revoke":
+                if record.state != "approved":
+                    outcome = f"{control.device} is {record.state}, not enrolled"
+                else:
+                    self.store.decide(control.device, "revoked", by=control.by,
+                                      reason=control.reason or f"revoked by {control.by}", now_ms=self.clock.now_ms())
+                    self.leader.revoked.add(control.device)  # its messages are refused from now on
+                    reloaded = await self.write_crl(reload=True)
+                    ok, outcome = True, f"revoked {control.device}; {reloaded}"
+                    log.warning("revoked %s (by %s): %s", control.device, control.by, reloaded)
+        except IdentityError as exc:
+            outcome = str(exc)
+        self.store.applied(control.id, ok=ok, outcome=outcome, now_ms=self.clock.now_ms())
+
+    async def write_crl(self, *, reload: bool) -> str:
+        """Write the CRL of the revoked certificates (and, with `reload`, run the broker's reload
+        command); what was done, in words."""
+        now = self.clock.now_ms()
+        crl = self.authority.revocation_list(self.store.revoked_certs(now), now_ms=now)
+        await asyncio.to_thread(write_private_file, self.crl_path, crl, 0o644)
+        self._crl_written_s = self.clock.monotonic()
+        command = self.section.broker_reload
+        if not reload or not command:
+            return f"CRL written to {self.crl_path}" + ("" if command else " (no identity.broker_reload to run)")
+        try:
+            proc = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.DEVNULL,
+                                                        stderr=asyncio.subprocess.PIPE)
+            _, err = await asyncio.wait_for(proc.communicate(), RELOAD_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            return f"CRL written to {self.crl_path}; the broker's reload ({command[0]}) failed: {exc}"
+        if proc.returncode:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            return f"CRL written to {self.crl_path}; the broker's reload exited {proc.returncode}: {tail[0][:200]}"
+        return f"CRL written to {self.crl_path}; the broker reloaded it"
+
+
+async def identity_part(leader: LeaderAgent, env: GatewayEnv) -> IdentityService | None:
+    """Device identities; None without `[identity]`."""
+    section = leader.config.identity
+    if section is None:
+        return None
+    from agent.leader.agent import LEADER_DB
+
+    authority = await asyncio.to_thread(fleet_authority, section, leader.data_dir, fleet=leader.config.agent.fleet,
+                                        now_ms=leader.clock.now_ms())
+    service = IdentityService(leader, IdentityStore.open(leader.data_dir / LEADER_DB), authority)
+    service.register()
+    return service
+
+
+__all__ = ["CA_CERT", "CA_KEY", "CRL_FILE", "IdentityService", "authority_files", "fleet_authority", "identity_part"]

@@ -1,0 +1,298 @@
+"""The fleet's device identities, in the leader's database (component "identities").
+
+    device_identities   one row a device id: its state (pending, approved, rejected, revoked),
+                        the key its request was made with (fingerprint), its hardware identity,
+                        the claim credential it came through, its current certificate
+    issued_certs        every certificate issued, with when it was revoked (the CRL's rows)
+    identity_controls   approve / reject / revoke, written by `edge-agent devices` and the
+                        console, applied by the running leader (it alone holds the CA's key)
+    enrol_tokens        a batch's enrolment tokens (sha256 only): uses left, expiry
+    enrol_allow         hardware serial numbers approved on their first request
+
+One device id, one key: a request with another key than the one on record is refused (and
+reported), unless the record was rejected (a new request replaces it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from agent.core.errors import IdentityError, StoreError
+from agent.core.sqlite import SqliteStore, Synchronous, store_errors
+
+COMPONENT = "identities"
+State = Literal["pending", "approved", "rejected", "revoked"]
+Action = Literal["approve", "reject", "revoke"]
+ACTIONS: tuple[str, ...] = ("approve", "reject", "revoke")
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE device_identities (
+            device TEXT PRIMARY KEY,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'rejected', 'revoked')),
+            fingerprint TEXT NOT NULL,
+            csr TEXT NOT NULL,
+            hw_serial TEXT NOT NULL DEFAULT '',
+            machine_id TEXT NOT NULL DEFAULT '',
+            agent_version TEXT NOT NULL DEFAULT '',
+            claim TEXT NOT NULL DEFAULT '',
+            requested_ms INTEGER NOT NULL,
+            requests INTEGER NOT NULL DEFAULT 1,
+            cert TEXT NOT NULL DEFAULT '',
+            not_after_ms INTEGER NOT NULL DEFAULT 0,
+            decided_ms INTEGER,
+            decided_by TEXT NOT NULL DEFAULT '',
+            reason TEXT NOT NULL DEFAULT ''
+        )"""
+    )
+    conn.execute("CREATE INDEX device_identities_state ON device_identities(state)")
+    conn.execute(
+        """CREATE TABLE issued_certs (
+            serial TEXT PRIMARY KEY,
+            device TEXT NOT NULL,
+            issued_ms INTEGER NOT NULL,
+            not_after_ms INTEGER NOT NULL,
+            revoked_ms INTEGER
+        )"""
+    )
+    conn.execute("CREATE INDEX issued_certs_device ON issued_certs(device)")
+    conn.execute(
+        """CREATE TABLE identity_controls (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            action TEXT NOT NULL CHECK (action IN ('approve', 'reject', 'revoke')),
+            device TEXT NOT NULL,
+            reason TEXT NOT NULL DEFAULT '',
+            by TEXT NOT NULL,
+            at_ms INTEGER NOT NULL,
+            applied_ms INTEGER,
+            ok INTEGER,
+            outcome TEXT NOT NULL DEFAULT ''
+        )"""
+    )
+    conn.execute("CREATE INDEX identity_controls_unapplied ON identity_controls(applied_ms, id)")
+    conn.execute(
+        """CREATE TABLE enrol_tokens (
+            digest TEXT PRIMARY KEY,
+            uses_left INTEGER NOT NULL,
+            expires_ms INTEGER NOT NULL,
+            made_by TEXT NOT NULL,
+            made_ms INTEGER NOT NULL
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE enrol_allow (
+            hw_serial TEXT PRIMARY KEY,
+            added_by TEXT NOT NULL,
+            added_ms INTEGER NOT NULL
+        )"""
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    device: str
+    state: State
+    fingerprint: str
+    hw_serial: str
+    machine_id: str
+    agent_version: str
+    claim: str
+    requested_ms: int
+    requests: int
+    cert: str
+    not_after_ms: int
+    decided_ms: int | None
+    decided_by: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    id: int
+    action: Action
+    device: str
+    reason: str
+    by: str
+    at_ms: int
+    applied_ms: int | None = None
+    ok: bool | None = None
+    outcome: str = ""
+
+
+_COLUMNS = ("device, state, fingerprint, hw_serial, machine_id, agent_version, claim, requested_ms, requests, cert,"
+            " not_after_ms, decided_ms, decided_by, reason")
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class IdentityStore(SqliteStore):
+    COMPONENT = COMPONENT
+    MIGRATIONS = (_v1,)
+    WHAT = "identity store"
+
+    @classmethod
+    def open(cls, path: str | Path, *, synchronous: Synchronous = "FULL") -> IdentityStore:
+        return cls(cls.connect_migrated(path, synchronous=synchronous), path=path)
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> IdentityStore:
+        return cls(cls.connect_readonly(path), path=path)
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, device: str) -> Identity | None:
+        with store_errors(self.WHAT):
+            row = self._conn.execute(f"SELECT {_COLUMNS} FROM device_identities WHERE device = ?",
+                                     (device,)).fetchone()
+        return Identity(*row) if row is not None else None
+
+    def listed(self, state: State | None = None) -> list[Identity]:
+        where, args = ("WHERE state = ?", (state,)) if state else ("", ())
+        with store_errors(self.WHAT):
+            rows = self._conn.execute(f"SELECT {_COLUMNS} FROM device_identities {where} ORDER BY requested_ms, device",
+                                      args).fetchall()
+        return [Identity(*row) for row in rows]
+
+    def request_pem(self, device: str) -> str:
+        """The certificate request on record for `device` ("" when none)."""
+        with store_errors(self.WHAT):
+            row = self._conn.execute("SELECT csr FROM device_identities WHERE device = ?", (device,)).fetchone()
+        return str(row[0]) if row is not None else ""
+
+    def count(self, state: State) -> int:
+        with store_errors(self.WHAT):
+            return int(self._conn.execute("SELECT count(*) FROM device_identities WHERE state = ?",
+                                          (state,)).fetchone()[0])
+
+    def revoked_devices(self) -> set[str]:
+        with store_errors(self.WHAT):
+            rows = self._conn.execute("SELECT device FROM device_identities WHERE state = 'revoked'").fetchall()
+        return {row[0] for row in rows}
+
+    def revoked_certs(self, now_ms: int) -> list[tuple[int, int]]:
+        """(serial, revoked at) of the revoked certificates not yet expired: the CRL's rows."""
+        with store_errors(self.WHAT):
+            rows = self._conn.execute("SELECT serial, revoked_ms FROM issued_certs WHERE revoked_ms IS NOT NULL"
+                                      " AND not_after_ms > ? ORDER BY serial", (now_ms,)).fetchall()
+        return [(int(serial, 16), int(at)) for serial, at in rows]
+
+    def allowed_serial(self, hw_serial: str) -> bool:
+        if not hw_serial:
+            return False
+        with store_errors(self.WHAT):
+            row = self._conn.execute("SELECT 1 FROM enrol_allow WHERE hw_serial = ?", (hw_serial,)).fetchone()
+        return row is not None
+
+    def controls(self, *, after_id: int = 0, unapplied: bool = True) -> list[Control]:
+        sql = ("SELECT id, action, device, reason, by, at_ms, applied_ms, ok, outcome FROM identity_controls"
+               " WHERE id > ?" + (" AND applied_ms IS NULL" if unapplied else "") + " ORDER BY id LIMIT 100")
+        with store_errors(self.WHAT):
+            rows = self._conn.execute(sql, (after_id,)).fetchall()
+        return [Control(r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if r[7] is None else bool(r[7]), r[8])
+                for r in rows]
+
+    def control(self, control_id: int) -> Control | None:
+        found = self.controls(after_id=control_id - 1, unapplied=False)
+        return found[0] if found and found[0].id == control_id else None
+
+    # -- the CLI's and the console's writes ----------------------------------------------------
+    def add_control(self, action: str, device: str, *, by: str, now_ms: int, reason: str = "") -> int:
+        if action not in ACTIONS:
+            raise IdentityError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+        with self.atomic() as conn:
+            cur = conn.execute("INSERT INTO identity_controls (action, device, reason, by, at_ms)"
+                               " VALUES (?, ?, ?, ?, ?)",
+                               (action, device, reason[:512], by, now_ms))
+        return int(cur.lastrowid or 0)
+
+    def add_token(self, token: str, *, uses: int, expires_ms: int, by: str, now_ms: int) -> None:
+        with self.atomic() as conn:
+            conn.execute("INSERT INTO enrol_tokens (digest, uses_left, expires_ms, made_by, made_ms)"
+                         " VALUES (?, ?, ?, ?, ?)",
+                         (token_digest(token), uses, expires_ms, by, now_ms))
+
+    def allow_serials(self, serials: Sequence[str], *, by: str, now_ms: int) -> int:
+        with self.atomic() as conn:
+            before = conn.total_changes
+            conn.executemany("INSERT OR IGNORE INTO enrol_allow (hw_serial, added_by, added_ms) VALUES (?, ?, ?)",
+                             [(s, by, now_ms) for s in serials])
+            return conn.total_changes - before
+
+    # -- the leader's writes -------------------------------------------------------------------
+    def take_token(self, token: str, now_ms: int) -> bool:
+        """Use one of a valid token's uses; False when it is unknown, used up or expired."""
+        if not token:
+            return False
+        digest = token_digest(token)
+        with self.atomic() as conn:
+            row = conn.execute("SELECT digest FROM enrol_tokens WHERE uses_left > 0 AND expires_ms > ? AND digest = ?",
+                               (now_ms, digest)).fetchone()
+            if row is None or not hmac.compare_digest(row[0], digest):
+                return False
+            conn.execute("UPDATE enrol_tokens SET uses_left = uses_left - 1 WHERE digest = ?", (digest,))
+        return True
+
+    def record_request(self, *, device: str, fingerprint: str, csr: str, hw_serial: str, machine_id: str,
+                       agent_version: str, claim: str, now_ms: int) -> Identity:
+        """Record an enrolment request; the record as it stands after it. `IdentityError` when
+        the device id is held by another key or revoked."""
+        with self.atomic() as conn:
+            found = self.get(device)
+            if found is not None and found.state == "revoked":
+                raise IdentityError(f"device {device} was revoked: it cannot enrol again")
+            if found is not None and found.fingerprint != fingerprint and found.state != "rejected":
+                held = "enrolled" if found.state == "approved" else "asked for"
+                raise IdentityError(f"device {device} is {held} with"
+                                    f" another key ({found.fingerprint[:16]}), not {fingerprint[:16]}")
+            if found is None or found.state == "rejected" and found.fingerprint != fingerprint:
+                conn.execute("INSERT OR REPLACE INTO device_identities (device, state, fingerprint, csr, hw_serial,"
+                             " machine_id, agent_version, claim, requested_ms)"
+                             " VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+                             (device, fingerprint, csr, hw_serial, machine_id, agent_version, claim, now_ms))
+            else:
+                conn.execute("UPDATE device_identities SET requests = requests + 1, csr = ?, hw_serial = ?,"
+                             " machine_id = ?, agent_version = ?, claim = ? WHERE device = ?",
+                             (csr, hw_serial, machine_id, agent_version, claim, device))
+                if found.state == "approved" and found.not_after_ms <= now_ms:  # expired: enrol again
+                    conn.execute("UPDATE device_identities SET state = 'pending', requested_ms = ?, decided_ms = NULL,"
+                                 " reason = 'certificate expired' WHERE device = ?", (now_ms, device))
+        record = self.get(device)
+        assert record is not None
+        return record
+
+    def issued(self, device: str, *, cert: str, serial: int, not_after_ms: int, by: str, now_ms: int) -> None:
+        """`device` approved (or renewed) with the certificate `cert`."""
+        with self.atomic() as conn:
+            changed = conn.execute("UPDATE device_identities SET state = 'approved', cert = ?, not_after_ms = ?,"
+                                   " decided_ms = coalesce(CASE WHEN state = 'approved' THEN decided_ms END, ?),"
+                                   " decided_by = CASE WHEN state = 'approved' THEN decided_by ELSE ? END, reason = ''"
+                                   " WHERE device = ? AND state IN ('pending', 'approved')",
+                                   (cert, not_after_ms, now_ms, by, device)).rowcount
+            if not changed:
+                raise StoreError(f"device {device} is not pending or approved")
+            conn.execute("INSERT INTO issued_certs (serial, device, issued_ms, not_after_ms) VALUES (?, ?, ?, ?)",
+                         (f"{serial:x}", device, now_ms, not_after_ms))
+
+    def decide(self, device: str, state: Literal["rejected", "revoked"], *, by: str, reason: str, now_ms: int) -> None:
+        with self.atomic() as conn:
+            conn.execute("UPDATE device_identities SET state = ?, decided_ms = ?, decided_by = ?, reason = ?"
+                         " WHERE device = ?", (state, now_ms, by, reason[:512], device))
+            if state == "revoked":
+                conn.execute("UPDATE issued_certs SET revoked_ms = ? WHERE device = ? AND revoked_ms IS NULL",
+                             (now_ms, device))
+
+    def applied(self, control_id: int, *, ok: bool, outcome: str, now_ms: int) -> None:
+        with self.atomic() as conn:
+            conn.execute("UPDATE identity_controls SET applied_ms = ?, ok = ?, outcome = ? WHERE id = ?",
+                         (now_ms, int(ok), outcome[:512], control_id))
+
+
+__all__ = ["ACTIONS", "COMPONENT", "Control", "Identity", "IdentityStore", "State", "token_digest"]

@@ -1,0 +1,389 @@
+"""The device's own identity: its key, its enrolment, its certificate (docs/service.md, "Device
+identity").
+
+    config = await enrolled_config(config, base, clock, stopping=stop_event)
+
+At the start of a worker with `[identity]`: the device makes its P-256 key once (0600, in
+`DATA_DIR/identity`, never sent anywhere); while it has no certificate, or only an expired one,
+it enrols: a certificate request with its hardware identity goes to the leader over the broker's
+enrolment listener, with the fleet's claim credential (`ea/enrol/v1/{fleet}/{claim}/{device}/request`),
+sent again every `ask_interval_s` until an operator (or the allow-list, or a batch's token)
+approves it. The approved certificate and the fleet's CA are written next to the key, and the
+worker connects with them: mutual TLS, the certificate's subject being its MQTT username.
+
+Renewal (`identity_part`) runs over the device's own authenticated channel; see `IdentityRenewal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from agent.core.clock import Clock
+from agent.core.config import AgentConfig, IdentitySection, resolve
+from agent.core.errors import CodecError, ConfigError, IdentityError, TransportError
+from agent.service.files import write_private_file
+from agent.service.parts import PartBase
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+
+if TYPE_CHECKING:
+    from agent.transport.mqtt import MqttTransport
+    from agent.worker.agent import WorkerAgent
+    from agent.worker.env import DeviceEnv
+
+log = logging.getLogger(__name__)
+
+KEY_FILE = "device.key"
+CERT_FILE = "device.crt"
+CA_FILE = "fleet-ca.crt"
+
+
+@dataclass(frozen=True)
+class IdentityFiles:
+    """Where a device keeps its identity."""
+
+    dir: Path
+
+    @classmethod
+    def of(cls, config: AgentConfig, base: Path) -> IdentityFiles:
+        section = config.identity or IdentitySection()
+        return cls(resolve(base, section.dir))
+
+    @property
+    def key(self) -> Path:
+        return self.dir / KEY_FILE
+
+    @property
+    def cert(self) -> Path:
+        return self.dir / CERT_FILE
+
+    @property
+    def ca(self) -> Path:
+        return self.dir / CA_FILE
+
+    def key_pem(self) -> bytes:
+        """The device's key, made on first use (0600 in a 0700 folder)."""
+        from agent.identity.device_key import new_device_key
+
+        try:
+            return self.key.read_bytes()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise IdentityError(f"{self.key}: cannot read the device key: {exc.strerror or exc}") from None
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)
+        pem = new_device_key()
+        write_private_file(self.key, pem, 0o600)
+        log.info("made the device key %s", self.key)
+        return pem
+
+    def store(self, cert_pem: bytes, ca_pem: bytes | None = None) -> None:
+        if ca_pem is not None:
+            write_private_file(self.ca, ca_pem, 0o644)
+        write_private_file(self.cert, cert_pem, 0o644)
+
+
+def hardware_identity() -> tuple[str, str]:
+    """(serial number, machine id) of this machine, "" where it has none (a Pi's serial is in
+    /proc/cpuinfo or the device tree; systemd keeps /etc/machine-id)."""
+    serial = ""
+    for path in ("/sys/firmware/devicetree/base/serial-number",):
+        with contextlib.suppress(OSError):
+            serial = Path(path).read_bytes().rstrip(b"\x00\n").decode("ascii", "replace")
+    if not serial:
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "serial":
+                    serial = value.strip()
+    machine = ""
+    with contextlib.suppress(OSError):
+        machine = Path("/etc/machine-id").read_text().strip()
+    return serial[:64], machine[:64]
+
+
+def with_identity(config: AgentConfig, files: IdentityFiles) -> AgentConfig:
+    """The config with the device's certificate, key and CA as its broker credentials."""
+    mqtt = msgspec.structs.replace(config.mqtt, tls_cert=str(files.cert), tls_key=str(files.key),
+                                   tls_ca=config.mqtt.tls_ca or str(files.ca), password_file="", username="")
+    return msgspec.structs.replace(config, mqtt=mqtt)
+
+
+def usable_certificate(files: IdentityFiles, key_pem: bytes, now_ms: int) -> bool:
+    """Whether the stored certificate is this key's and not expired (an expired one: say so)."""
+    from agent.identity.certificates import read_certificate
+    from agent.identity.device_key import device_key_fingerprint
+
+    try:
+        info = read_certificate(files.cert.read_bytes())
+    except FileNotFoundError:
+        return False
+    except (OSError, IdentityError) as exc:
+        log.warning("%s: not a usable certificate (%s): enrolling again", files.cert, exc)
+        return False
+    if info.fingerprint != device_key_fingerprint(key_pem):
+        log.warning("%s: the certificate is not for this device's key: enrolling again", files.cert)
+        return False
+    if info.expired(now_ms):
+        log.error("the device certificate expired at %s: this device must enrol again (an operator approves it)",
+                  _iso(info.not_after_ms))
+        return False
+    return True
+
+
+def _iso(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def enrolled_config(config: AgentConfig, base: Path, clock: Clock, *,
+                          stopping: asyncio.Event) -> AgentConfig | None:
+    """The config to run with: unchanged without `[identity]`; else with the device's own
+    certificate, enrolling first when it has none (None: stopped while enrolling)."""
+    if config.identity is None:
+        return config
+    files = IdentityFiles.of(config, base)
+    key_pem = files.key_pem()
+    if not usable_certificate(files, key_pem, clock.now_ms()):
+        if not await Enrolment(config, files, key_pem, clock).run(stopping):
+            return None
+    return with_identity(config, files)
+
+
+class Enrolment:
+    """One enrolment: ask over the claim connection until the answer is approved."""
+
+    def __init__(self, config: AgentConfig, files: IdentityFiles, key_pem: bytes, clock: Clock) -> None:
+        assert config.identity is not None
+        self.config = config
+        self.section = config.identity
+        self.files = files
+        self.key_pem = key_pem
+        self.clock = clock
+        self.device = config.agent.device_id
+        fleet, claim = config.agent.fleet, self.section.claim_username
+        self.request_topic = topics.enrol_request(fleet, claim, self.device)
+        self.answer_topic = topics.enrol_answer(fleet, claim, self.device)
+        self._answers: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
+
+    def _request(self) -> bytes:
+        from agent import __version__
+        from agent.identity.device_key import certificate_request
+        from agent.identity.messages import EnrolRequest
+
+        serial, machine = hardware_identity()
+        token = ""
+        if self.section.token_file:
+            try:
+                token = Path(self.section.token_file).read_text().strip()[:128]
+            except OSError as exc:
+                raise ConfigError("identity", "token_file", f"cannot read: {exc.strerror or exc}") from None
+        return msgspec.msgpack.encode(EnrolRequest(
+            device=self.device, csr=certificate_request(self.key_pem, self.device).decode("ascii"),
+            serial=serial, machine_id=machine, agent_version=__version__[:64], token=token))
+
+    def _transport(self) -> MqttTransport:
+        from agent.transport.mqtt import MqttTransport, credentials
+
+        s = self.section
+        return MqttTransport.from_url(
+            s.claim_url, client_id=f"ea-enrol-{self.config.agent.fleet}-{self.device}", clock=self.clock,
+            **credentials(s.claim_url, username=s.claim_username, password_file=s.claim_password_file,
+                          tls_ca=s.claim_ca or self.config.mqtt.tls_ca, tls_cert="", tls_key="", source="identity"),
+            keepalive_s=self.config.mqtt.keepalive_s, reconnect_min_s=self.config.mqtt.reconnect_min_s,
+            reconnect_max_s=self.config.mqtt.reconnect_max_s, clean_start=True, session_expiry_s=0)
+
+    def _on_answer(self, message: InboundMessage) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self._answers.put_nowait(bytes(message.payload))
+
+    async def run(self, stopping: asyncio.Event) -> bool:
+        """True once approved and stored; False when `stopping` is set first."""
+        request = self._request()
+        transport = self._transport()
+        log.info("enrolling %s with the claim credential %r at %s", self.device, self.section.claim_username,
+                 self.section.claim_url)
+        await transport.subscribe(self.answer_topic, self._on_answer)
+        await transport.start()
+        last_status = ""
+        try:
+            while not stopping.is_set():
+                if transport.connected.is_open:
+                    with contextlib.suppress(TransportError):
+                        await transport.publish(self.request_topic, request, qos=1)
+                deadline = self.clock.now_ms() + int(self.section.ask_interval_s * 1000)
+                while (left := deadline - self.clock.now_ms()) > 0 and not stopping.is_set():
+                    answer = await self._next_answer(left / 1000, stopping)
+                    if answer is None:
+                        continue
+                    status = self._take(answer)
+                    if status == "approved":
+                        return True
+                    if status and status != last_status:
+                        last_status = status
+                    if status == "pending" and not transport.connected.is_open:
+                        break
+            return False
+        finally:
+            await transport.stop()
+
+    async def _next_answer(self, timeout_s: float, stopping: asyncio.Event) -> bytes | None:
+        getting = asyncio.ensure_future(self._answers.get())
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            done, _ = await asyncio.wait((getting, stop), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (getting, stop):
+                task.cancel()
+        return getting.result() if getting in done and not getting.cancelled() else None
+
+    def _take(self, payload: bytes) -> str:
+        """Apply one answer; its status ("" when it was not for us or not usable)."""
+        from agent.core.codec import decode
+        from agent.identity.certificates import read_certificate
+        from agent.identity.device_key import device_key_fingerprint
+        from agent.identity.messages import EnrolAnswer
+
+        try:
+            answer = decode(payload, EnrolAnswer)
+        except CodecError as exc:
+            log.warning("enrolment: an undecodable answer: %s", exc)
+            return ""
+        if answer.device != self.device:
+            return ""
+        if answer.status == "pending":
+            log.info("enrolment of %s is pending: an operator approves it (edge-agent devices approve %s)",
+                     self.device, self.device)
+            return "pending"
+        if answer.status == "rejected":
+            log.error("enrolment of %s refused: %s", self.device, answer.reason or "no reason given")
+            return "rejected"
+        try:
+            info = read_certificate(answer.cert)
+            if info.subject != self.device or info.fingerprint != device_key_fingerprint(self.key_pem):
+                raise IdentityError("the certificate is not for this device and key")
+            if not answer.ca:
+                raise IdentityError("no CA certificate with it")
+            read_certificate(answer.ca)
+        except IdentityError as exc:
+            log.error("enrolment of %s: the approved answer is not usable: %s", self.device, exc)
+            return ""
+        self.files.store(answer.cert.encode("ascii"), answer.ca.encode("ascii"))
+        log.info("enrolled %s: certificate serial %x valid until %s", self.device, info.serial,
+                 _iso(info.not_after_ms))
+        return "approved"
+
+
+class IdentityRenewal(PartBase):
+    """Renews the device's certificate over its own authenticated channel, two thirds into its
+    life (`CertificateInfo.renew_at_ms`): a request for the same key, answered with the new
+    certificate, which is stored and taken into use by restarting the agent's parts in the
+    process (`restart`; the outbox keeps every message). A device that was offline past that
+    point renews as soon as it is connected again (the old certificate is still valid); one
+    that comes back after its expiry cannot connect, and enrols again at its next start.
+    Checked when the connection opens and at least every `check_s`; a failed renewal is tried
+    again at the next check."""
+
+    name = "identity"
+
+    def __init__(self, worker: WorkerAgent, files: IdentityFiles, restart: Callable[[], None] | None, *,
+                 check_s: float = 3600.0) -> None:
+        self.worker = worker
+        self.files = files
+        self.restart = restart
+        self.check_s = check_s
+        self.clock = worker.clock
+        self.renewed = 0
+        self.failures = 0
+        self.last_error = ""
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.worker.transport.connected.add_listener(self._on_connection)
+        self._task = asyncio.create_task(self._run(), name="identity-renewal")
+
+    async def stop(self) -> None:
+        self.worker.transport.connected.remove_listener(self._on_connection)
+        from agent.core.tasks import cancel_and_wait
+
+        await cancel_and_wait(self._task)
+
+    def _on_connection(self, is_open: bool) -> None:
+        if is_open:
+            self._wake.set()
+
+    def _renew_at_ms(self) -> int | None:
+        from agent.identity.certificates import read_certificate
+
+        try:
+            return read_certificate(self.files.cert.read_bytes()).renew_at_ms
+        except (OSError, IdentityError):
+            return None
+
+    async def _run(self) -> None:
+        while True:
+            renew_at = self._renew_at_ms()
+            now = self.clock.now_ms()
+            if renew_at is not None and now >= renew_at and self.worker.transport.connected.is_open:
+                if await self.renew_once():
+                    return  # the parts restart with the new certificate
+            wait_s = self.check_s if renew_at is None or renew_at <= now else min(self.check_s, (renew_at - now) / 1000)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await self.clock.wait_for(self._wake.wait(), max(wait_s, 1.0))
+
+    async def renew_once(self) -> bool:
+        """Ask for a new certificate now; True when it is stored (and the restart asked for)."""
+        from agent.core.codec import decode
+        from agent.core.errors import DeliveryError, NotConnected
+        from agent.identity.certificates import read_certificate
+        from agent.identity.device_key import certificate_request, device_key_fingerprint
+        from agent.identity.messages import KIND_RENEW, RenewAnswer, RenewRequest
+
+        key_pem = self.files.key.read_bytes()
+        device = self.worker.device_id
+        try:
+            current = read_certificate(self.files.cert.read_bytes())
+            body = await self.worker.link.request(KIND_RENEW, RenewRequest(
+                device_id=device, csr=certificate_request(key_pem, device).decode("ascii")))
+            answer = decode(body, RenewAnswer)
+            info = read_certificate(answer.cert)
+            if info.subject != device or info.fingerprint != device_key_fingerprint(key_pem):
+                raise IdentityError("the renewed certificate is not for this device and key")
+            if info.not_after_ms <= current.not_after_ms:
+                raise IdentityError("the renewed certificate does not outlive the current one")
+        except (DeliveryError, NotConnected, CodecError, IdentityError, OSError) as exc:
+            self.failures += 1
+            self.last_error = str(exc)
+            log.warning("certificate renewal of %s failed (tried again later): %s", device, exc)
+            return False
+        self.files.store(answer.cert.encode("ascii"))
+        self.renewed += 1
+        log.info("renewed the certificate of %s: serial %x valid until %s", device, info.serial,
+                 _iso(info.not_after_ms))
+        if self.restart is not None:
+            self.restart()
+        return True
+
+
+async def identity_part(worker: WorkerAgent, env: DeviceEnv) -> IdentityRenewal | None:
+    """The certificate's renewal; None without `[identity]`."""
+    if worker.config.identity is None:
+        return None
+    return IdentityRenewal(worker, IdentityFiles.of(worker.config, worker.data_dir), env.restart)
+
+
+__all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "Enrolment", "IdentityFiles", "IdentityRenewal", "enrolled_config",
+           "hardware_identity", "identity_part", "usable_certificate", "with_identity"]

@@ -1,0 +1,199 @@
+"""Device identity end to end, on real processes and a real mosquitto: mutual TLS with
+`use_identity_as_username`, a `crlfile`, and the enrolment listener for the claim credential.
+
+A new device makes its key, enrols, waits for `devices approve`, connects with its certificate
+and sends; its short-lived certificate renews over its own channel and the agent goes on with
+the new one; `devices revoke` refuses its messages at once (a forged replay too), rewrites the
+CRL and has the broker reload it: the device cannot connect again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import paho.mqtt.client as paho
+import pytest
+
+from agent.core.codec import Envelope, encode
+from agent.identity.certificates import read_certificate
+from agent.protocol import KIND_TELEMETRY, Telemetry
+from tests.e2e.agent_support import FLEET, REPO, db_query, kill, run_agent, write_config
+from tests.mosquitto import Mosquitto, free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+LEADER = "gw"
+DEVICE = "dev-1"
+
+
+def acl(fleet: str, leader: str) -> str:
+    return "\n".join([
+        f"pattern write ea/v1/{fleet}/%u/up", f"pattern write ea/v1/{fleet}/%u/presence",
+        f"pattern read ea/v1/{fleet}/%u/down", f"pattern read ea/v1/{fleet}/%u/reply/#",
+        f"pattern write ea/v1/{fleet}/{leader}/reply/+/%u", f"pattern read ea/v1/{fleet}/{leader}/presence",
+        f"pattern write ea/enrol/v1/{fleet}/%u/+/request", f"pattern read ea/enrol/v1/{fleet}/%u/+/answer",
+        f"user {leader}", "topic read ea/v1/+/+/up", "topic read ea/v1/+/+/presence", "topic write ea/v1/+/+/down",
+        "topic write ea/v1/+/+/reply/#", "topic read ea/enrol/v1/+/+/+/request", "topic write ea/enrol/v1/+/+/+/answer",
+        "user forger", "topic write ea/v1/#",  # the test's own client: a replay the broker lets through
+    ]) + "\n"
+
+
+class IdentityBroker(Mosquitto):
+    """mosquitto with three listeners: mutual TLS for devices and the leader (the certificate's
+    subject as username, the CRL checked), the enrolment listener (server TLS, the claim
+    credential's password) and a plain one for the test's forger."""
+
+    def __init__(self, workdir: Path, certs: Path, crl: Path, passwd: Path) -> None:
+        super().__init__(workdir)
+        self.claim_port = free_port()
+        self.forger_port = free_port()
+        self.certs, self.crl, self.passwd = certs, crl, passwd
+        (workdir / "acl").write_text(acl(FLEET, LEADER))
+
+    def config_text(self) -> str:
+        c = self.certs
+        tls = [f"cafile {c / 'ca.crt'}", f"certfile {c / 'server.crt'}", f"keyfile {c / 'server.key'}"]
+        lines = ["per_listener_settings false", "allow_anonymous false", f"password_file {self.passwd}",
+                 f"acl_file {self.workdir / 'acl'}", "persistence false", "log_dest stderr", "log_type error",
+                 "log_type warning", "log_type notice", "set_tcp_nodelay true",
+                 f"listener {self.port} 127.0.0.1", *tls, "require_certificate true", "use_identity_as_username true",
+                 "use_username_as_clientid true", f"crlfile {self.crl}",
+                 f"listener {self.claim_port} 127.0.0.1", *tls, "require_certificate false",
+                 f"listener {self.forger_port} 127.0.0.1"]
+        if os.geteuid() == 0:
+            lines.append("user root")
+        return "\n".join(lines) + "\n"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=str(REPO),
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+
+
+def wait_for(predicate: Any, what: str, limit_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {limit_s}s")
+
+
+def can_connect(port: int, ca: Path, cert: Path, key: Path) -> bool:
+    """A TLS MQTT connection with this certificate: does the broker take it?"""
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="probe", protocol=paho.MQTTv5)
+    client.tls_set(ca_certs=str(ca), certfile=str(cert), keyfile=str(key), cert_reqs=ssl.CERT_REQUIRED)
+    try:
+        client.connect("127.0.0.1", port)
+        for _ in range(40):
+            client.loop(0.1)
+            if client.is_connected():
+                return True
+    except (OSError, ssl.SSLError):
+        return False
+    finally:
+        client.disconnect()
+    return False
+
+
+def forge(port: int, envelope: Envelope) -> None:
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="forger", protocol=paho.MQTTv5)
+    client.username_pw_set("forger", "forger-pw")
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        client.publish(f"ea/v1/{FLEET}/{DEVICE}/up", encode(envelope), qos=1).wait_for_publish(10)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+
+
+def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
+    leader_dir, worker_dir, certs = tmp_path / LEADER, tmp_path / DEVICE, tmp_path / "certs"
+    identity = {"claims": ["claim"], "cert_days": 0.0003, "clock_skew_s": 2}  # 26 s certificates: renewed at ~18 s
+    leader_conf = tmp_path / "leader.toml"
+    write_config(leader_conf, "leader", LEADER, agent={"data_dir": str(leader_dir)}, identity=identity)
+    made = cli("devices", "certs", "--config", str(leader_conf), "--out", str(certs), "--server-host", "127.0.0.1")
+    assert made.returncode == 0, made.stderr
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "claim", "claim-pw"], check=True, capture_output=True)
+    subprocess.run(["mosquitto_passwd", "-b", str(passwd), "forger", "forger-pw"], check=True, capture_output=True)
+    (tmp_path / "claim-pw").write_text("claim-pw\n")
+    broker = IdentityBroker(tmp_path / "broker", certs, leader_dir / "identity" / "crl.pem", passwd).start()
+    leader = worker = None
+    try:
+        url = f"mqtts://127.0.0.1:{broker.port}"
+        write_config(leader_conf, "leader", LEADER, agent={"data_dir": str(leader_dir)},
+                     mqtt={"url": url, "tls_ca": str(certs / "ca.crt"), "tls_cert": str(certs / "leader.crt"),
+                           "tls_key": str(certs / "leader.key")},
+                     identity={**identity, "broker_reload": ["kill", "-HUP", str(broker.pid)]})
+        leader = run_agent(leader_conf, tmp_path / "leader.log")
+        worker_conf = write_config(
+            tmp_path / "worker.toml", "worker", DEVICE, agent={"data_dir": str(worker_dir)},
+            mqtt={"url": url, "tls_ca": str(certs / "ca.crt")}, local_api={"socket": str(tmp_path / "api.sock")},
+            identity={"claim_url": f"mqtts://127.0.0.1:{broker.claim_port}", "claim_username": "claim",
+                      "claim_password_file": str(tmp_path / "claim-pw"), "ask_interval_s": 2.0})
+        worker = run_agent(worker_conf, tmp_path / "worker.log")
+
+        # the device's own key, 0600; its request pending until an operator approves it
+        key = worker_dir / "identity" / "device.key"
+        wait_for(key.exists, "the device key")
+        assert key.stat().st_mode & 0o777 == 0o600
+        leader_db = leader_dir / "leader.db"
+        wait_for(lambda: "dev-1" in cli("devices", "pending", "--config", str(leader_conf)).stdout, "pending")
+        assert not (worker_dir / "identity" / "device.crt").exists()
+        approved = cli("devices", "approve", DEVICE, "--config", str(leader_conf))
+        assert approved.returncode == 0, approved.stderr
+        assert "approved dev-1" in approved.stdout
+
+        # mutual TLS with its own certificate: its heartbeats and messages reach the leader
+        cert = worker_dir / "identity" / "device.crt"
+        first = read_certificate(wait_for(lambda: cert.exists() and cert.read_bytes(), "the certificate"))
+        assert first.subject == DEVICE
+        wait_for(lambda: db_query(leader_db, "SELECT 1 FROM devices WHERE device_id = ? AND hb_seq >= 0", (DEVICE,)),
+                 "the device's first heartbeat")
+        sent = cli("send", "telemetry", "--config", str(worker_conf), "--json", '{"t": 1}')
+        assert sent.returncode == 0, sent.stderr
+
+        # renewed over its own channel before two thirds of its life, the agent goes on with it
+        renewed = read_certificate(wait_for(lambda: read_certificate(cert.read_bytes()).serial != first.serial
+                                            and cert.read_bytes(), "a renewed certificate", limit_s=60))
+        assert renewed.not_after_ms > first.not_after_ms
+        seq = db_query(leader_db, "SELECT hb_seq FROM devices WHERE device_id = ?", (DEVICE,))[0][0]
+        wait_for(lambda: db_query(leader_db, "SELECT hb_seq FROM devices WHERE device_id = ? AND hb_seq > ?",
+                                  (DEVICE, seq)), "a heartbeat on the renewed certificate")
+        assert "renewed the certificate of dev-1" in (tmp_path / "worker.log").read_text()
+
+        # revoked: refused at once, the CRL rewritten and reloaded by the broker
+        revoked = cli("devices", "revoke", DEVICE, "--config", str(leader_conf), "--reason", "stolen")
+        assert revoked.returncode == 0, revoked.stderr
+        assert "the broker reloaded it" in revoked.stdout
+        replay = Envelope(id="replayed-1", kind=KIND_TELEMETRY, sender=DEVICE, receiver="leader",
+                          ts_ms=int(time.time() * 1000),
+                          payload=msgspec.msgpack.encode(Telemetry(device_id=DEVICE, seq=1, ts_ms=int(time.time() * 1000),
+                                                                   name="t", value=1.0)))
+        forge(broker.forger_port, replay)
+        wait_for(lambda: db_query(leader_db, "SELECT reason FROM rejects WHERE msg_id = 'replayed-1'"),
+                 "the replay refused")
+        assert db_query(leader_db, "SELECT reason FROM rejects WHERE msg_id = 'replayed-1'")[0][0] == \
+            "device dev-1 is revoked"
+        assert kill(worker) == -signal.SIGKILL
+        worker = None
+        device_key, device_cert = key, cert
+        assert not can_connect(broker.port, certs / "ca.crt", device_cert, device_key)
+        assert can_connect(broker.port, certs / "ca.crt", certs / "leader.crt", certs / "leader.key")
+        listed = cli("devices", "list", "--config", str(leader_conf), "--json")
+        assert '"state": "revoked"' in listed.stdout
+    finally:
+        for proc in (worker, leader):
+            if proc is not None:
+                kill(proc, signal.SIGTERM)
+        broker.stop()
