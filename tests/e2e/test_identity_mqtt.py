@@ -176,10 +176,10 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
         revoked = cli("devices", "revoke", DEVICE, "--config", str(leader_conf), "--reason", "stolen")
         assert revoked.returncode == 0, revoked.stderr
         assert "the broker reloaded it" in revoked.stdout
-        replay = Envelope(id="replayed-1", kind=KIND_TELEMETRY, sender=DEVICE, receiver="leader",
-                          ts_ms=int(time.time() * 1000),
-                          payload=msgspec.msgpack.encode(Telemetry(device_id=DEVICE, seq=1, ts_ms=int(time.time() * 1000),
-                                                                   name="t", value=1.0)))
+        now = int(time.time() * 1000)
+        reading = Telemetry(device_id=DEVICE, seq=1, ts_ms=now, name="t", value=1.0)
+        replay = Envelope(id="replayed-1", kind=KIND_TELEMETRY, sender=DEVICE, receiver="leader", ts_ms=now,
+                          payload=msgspec.msgpack.encode(reading))
         forge(broker.forger_port, replay)
         wait_for(lambda: db_query(leader_db, "SELECT reason FROM rejects WHERE msg_id = 'replayed-1'"),
                  "the replay refused")

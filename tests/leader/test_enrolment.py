@@ -1,0 +1,223 @@
+"""The leader's side of device identities on the in-memory broker: what it approves, what it
+refuses (each refusal in the rejects, nothing else changed), and a renewal on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+from agent.core.clock import VirtualClock
+from agent.core.codec import Envelope, decode
+from agent.identity.certificates import read_certificate
+from agent.identity.device_key import certificate_request, device_key_fingerprint, new_device_key
+from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewRequest
+from agent.leader.agent import LeaderAgent
+from agent.leader.enrolment import IdentityService, identity_part
+from agent.leader.env import GatewayEnv
+from agent.transport import topics
+from agent.transport.memory import MemoryBroker, MemoryTransport
+from agent.worker.identity import IdentityFiles, IdentityRenewal
+from tests.e2e.agent_support import FLEET, leader, stop_all, until, worker
+
+IDENTITY = {"claims": ["claim"], "claim_rate_per_min": 20, "total_rate_per_min": 40}
+
+
+class Claimant:
+    """A client with the claim credential: sends requests, collects answers."""
+
+    def __init__(self, broker: MemoryBroker, claim: str = "claim") -> None:
+        self.broker = broker
+        self.transport = MemoryTransport(broker, f"claimant-{claim}")
+        self.claim = claim
+        self.answers: list[EnrolAnswer] = []
+
+    async def start(self) -> Claimant:
+        await self.transport.subscribe(f"ea/enrol/v1/{FLEET}/{self.claim}/+/answer", self._on)
+        await self.transport.start()
+        await self.transport.connected.wait_open()
+        return self
+
+    def _on(self, message: Any) -> None:
+        self.answers.append(decode(bytes(message.payload), EnrolAnswer))
+
+    async def ask(self, device: str, key: bytes, *, csr_for: str | None = None, **fields: Any) -> None:
+        csr = certificate_request(key, csr_for or device).decode()
+        request = EnrolRequest(device=device, csr=csr, **fields)
+        await self.transport.publish(topics.enrol_request(FLEET, self.claim, device), msgspec.msgpack.encode(request))
+
+    def last(self, device: str) -> EnrolAnswer | None:
+        return next((a for a in reversed(self.answers) if a.device == device), None)
+
+
+async def identity_leader(tmp: Path, broker: MemoryBroker, clock: Any, **identity: Any
+                          ) -> tuple[LeaderAgent, IdentityService]:
+    agent = await leader(clock, tmp, broker=broker, identity={**IDENTITY, **identity})
+    service = await identity_part(agent, GatewayEnv())
+    assert service is not None
+    service.poll_s = 0.05
+    await service.start()
+    return agent, service
+
+
+async def answered(claimant: Claimant, device: str, status: str) -> EnrolAnswer:
+    for _ in range(200):
+        found = claimant.last(device)
+        if found is not None and found.status == status:
+            return found
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no {status} answer for {device}: {claimant.answers}")
+
+
+def rejects(agent: LeaderAgent) -> list[str]:
+    return [r.reason for r in agent.rejects.list()]
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> Any:
+    from agent.core.clock import SystemClock
+
+    clock = SystemClock()
+    broker = MemoryBroker(clock=clock)
+    agent, service = await identity_leader(tmp_path, broker, clock)
+    claimant = await Claimant(broker).start()
+    yield agent, service, claimant
+    await service.stop()
+    await claimant.transport.stop()
+    await agent.stop()
+
+
+async def test_a_request_waits_for_approval_and_gets_a_certificate_of_the_fleet_ca(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    key = new_device_key()
+    await claimant.ask("dev-1", key, serial="1000abcd", agent_version="0.1.0")
+    await answered(claimant, "dev-1", "pending")
+    assert service.store.get("dev-1").state == "pending"  # type: ignore[union-attr]
+    control = service.store.add_control("approve", "dev-1", by="op", now_ms=agent.clock.now_ms())
+    answer = await answered(claimant, "dev-1", "approved")
+    cert = x509.load_pem_x509_certificate(answer.cert.encode())
+    ca = x509.load_pem_x509_certificate(answer.ca.encode())
+    cert.verify_directly_issued_by(ca)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "dev-1"
+    assert service.store.control(control).ok  # type: ignore[union-attr]
+    # the same request again: the same certificate, nothing new issued
+    await claimant.ask("dev-1", key)
+    await until(agent.clock, lambda: len([a for a in claimant.answers if a.status == "approved"]) == 2)
+    assert claimant.last("dev-1").cert == answer.cert  # type: ignore[union-attr]
+
+
+async def test_bad_requests_are_refused_with_a_reason_and_change_nothing(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    # a request for another device id than its topic's
+    await claimant.ask("dev-a", new_device_key(), csr_for="dev-b")
+    refused = await answered(claimant, "dev-a", "rejected")
+    assert "certificate request for device 'dev-b', sent as 'dev-a'" in refused.reason
+    # a weak (here: foreign) key
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    csr = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                                                                                "dev-r")]))
+           .sign(rsa_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
+    await claimant.transport.publish(topics.enrol_request(FLEET, "claim", "dev-r"),
+                                     msgspec.msgpack.encode(EnrolRequest(device="dev-r", csr=csr)))
+    assert "weak or foreign key" in (await answered(claimant, "dev-r", "rejected")).reason
+    # not a request at all
+    await claimant.transport.publish(topics.enrol_request(FLEET, "claim", "dev-x"), b"\x93junk")
+    await until(agent.clock, lambda: any("undecodable" in r or "invalid" in r for r in rejects(agent)))
+    assert service.store.listed() == []
+    assert len(rejects(agent)) == 3
+
+
+async def test_a_device_id_enrolled_with_another_key_is_refused_and_reported(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    await claimant.ask("dev-1", new_device_key())
+    await answered(claimant, "dev-1", "pending")
+    service.store.add_control("approve", "dev-1", by="op", now_ms=agent.clock.now_ms())
+    approved = await answered(claimant, "dev-1", "approved")
+    await claimant.ask("dev-1", new_device_key())  # a thief with the claim credential and another key
+    refused = await answered(claimant, "dev-1", "rejected")
+    assert "is enrolled with another key" in refused.reason
+    assert any("is enrolled with another key" in r for r in rejects(agent))
+    record = service.store.get("dev-1")
+    assert record is not None and record.state == "approved" and record.cert == approved.cert
+
+
+async def test_a_claim_credential_not_heard_and_a_flood_are_refused(tmp_path: Path, fleet: Any) -> None:
+    agent, service, claimant = fleet
+    other = await Claimant(claimant.broker, claim="stranger").start()
+    await other.ask("dev-s", new_device_key())
+    await until(agent.clock, lambda: any("'stranger' is not one this leader hears" in r for r in rejects(agent)))
+    for n in range(25):  # the claim's bucket holds 20
+        await claimant.ask(f"dev-{n}", new_device_key())
+    await until(agent.clock, lambda: sum("enrolment flood" in r for r in rejects(agent)) >= 5)
+    assert service.store.count("pending") == 20
+    await other.transport.stop()
+
+
+async def test_a_batch_token_and_the_allow_list_approve_at_once(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    now = agent.clock.now_ms()
+    service.store.add_token("batch-7", uses=1, expires_ms=now + 60_000, by="op", now_ms=now)
+    service.store.allow_serials(["00000000feedbeef"], by="op", now_ms=now)
+    await claimant.ask("dev-t1", new_device_key(), token="batch-7")
+    await answered(claimant, "dev-t1", "approved")
+    await claimant.ask("dev-t2", new_device_key(), token="batch-7")  # its one use is taken
+    await answered(claimant, "dev-t2", "pending")
+    await claimant.ask("dev-s", new_device_key(), serial="00000000feedbeef")
+    await answered(claimant, "dev-s", "approved")
+    assert service.store.get("dev-t1").decided_by == "enrolment token"  # type: ignore[union-attr]
+
+
+async def test_a_revoked_device_is_refused_at_once_even_its_renewal(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    key = new_device_key()
+    await claimant.ask("dev-1", key)
+    await answered(claimant, "dev-1", "pending")
+    service.store.add_control("approve", "dev-1", by="op", now_ms=agent.clock.now_ms())
+    await answered(claimant, "dev-1", "approved")
+    control = service.store.add_control("revoke", "dev-1", by="op", now_ms=agent.clock.now_ms(), reason="stolen")
+    await until(agent.clock, lambda: (c := service.store.control(control)) is not None and c.applied_ms is not None)
+    assert "dev-1" in agent.revoked
+    crl = x509.load_pem_x509_crl(service.crl_path.read_bytes())
+    assert len(list(crl)) == 1
+    renewal = Envelope(id="r-1", kind=KIND_RENEW, sender="dev-1", receiver="leader", ts_ms=agent.clock.now_ms(),
+                       payload=msgspec.msgpack.encode(RenewRequest(device_id="dev-1",
+                                                                   csr=certificate_request(key, "dev-1").decode())))
+    reply = agent._on_up(renewal, None)  # type: ignore[arg-type]
+    assert not isinstance(reply, asyncio.Future) and reply.status == "rejected"  # type: ignore[union-attr]
+    assert reply.reason == "device dev-1 is revoked"  # type: ignore[union-attr]
+    await claimant.ask("dev-1", key)  # and it cannot enrol again
+    assert "was revoked" in (await answered(claimant, "dev-1", "rejected")).reason
+
+
+async def test_a_certificate_renews_two_thirds_into_its_life_on_virtual_time(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    agent, service = await identity_leader(tmp_path, broker, clock, cert_days=0.02, clock_skew_s=0)
+    dev = await worker(clock, tmp_path, "dev-1", broker=broker)
+    files = IdentityFiles(tmp_path / "dev-1" / "identity")
+    key = files.key_pem()
+    service.store.record_request(device="dev-1", fingerprint=device_key_fingerprint(key),
+                                 csr=certificate_request(key, "dev-1").decode(),
+                                 hw_serial="", machine_id="", agent_version="", claim="claim", now_ms=clock.now_ms())
+    record = service._approve(service.store.get("dev-1"), by="op")  # type: ignore[arg-type]
+    files.store(record.cert.encode(), service.authority.cert_pem)
+    first = read_certificate(record.cert)
+    restarts: list[int] = []
+    renewal = IdentityRenewal(dev, files, lambda: restarts.append(clock.now_ms()), check_s=600.0)
+    await renewal.start()
+    await until(clock, lambda: dev.transport.connected.is_open, limit_s=30)
+    await until(clock, lambda: restarts, limit_s=1800, step_s=5.0, what="a renewal")  # a 1728 s certificate
+    renewed = read_certificate(files.cert.read_bytes())
+    assert first.renew_at_ms <= restarts[0] < first.renew_at_ms + 10_000  # two thirds into its life
+    assert renewed.serial != first.serial and renewed.not_after_ms > first.not_after_ms
+    assert renewed.fingerprint == first.fingerprint  # the same key, never sent
+    await renewal.stop()
+    await service.stop()
+    await stop_all(dev, agent, clock=clock)
