@@ -6,6 +6,9 @@
 #   sudo scripts/install.sh --role leader --instance leader   # a second agent on one host
 #   scripts/install.sh --role worker --prefix /tmp/root       # stage into a temporary root
 #   sudo scripts/install.sh --uninstall [--purge]
+#   sudo scripts/install.sh --role worker --device-id pi-0042 --broker mqtts://gw:8883 \
+#        --fleet-ca ca.crt --enrol mqtts://gw:8884 --claim-password-file claim-pw
+#                                            # a device that enrols itself (docs/service.md)
 #
 # Lays out:  /opt/edge-agent (virtual environment with the package), /etc/edge-agent/agent.toml
 # (from configs/<role>.toml, never overwritten, mode 0600, owned by the service user),
@@ -34,6 +37,13 @@ UNINSTALL=0
 PURGE=0
 PYTHON="${PYTHON:-python3}"
 SYSTEMD_VERSION=""
+DEVICE_ID=""
+BROKER=""
+FLEET_CA=""
+ENROL=""
+CLAIM_USER="claim"
+CLAIM_PASSWORD_FILE=""
+TOKEN_FILE=""
 
 die() { echo "$PROG: error: $*" >&2; exit 2; }
 say() { echo "$PROG: $*"; }
@@ -50,6 +60,14 @@ usage: $PROG [--role worker|leader] [--instance NAME] [--prefix DIR] [--python P
   --python PATH        interpreter for the virtual environment (default: python3, >= $MIN_PYTHON)
   --systemd-version N  the target's systemd version (default: asked from systemctl); >= 254 gets
                        the restart back-off drop-in (RestartSteps=, RestartMaxDelaySec=)
+  --device-id ID       the new config's agent.device_id (default: this host's name)
+  --broker URL         the new config's [mqtt] url (a device with --enrol: mqtts://host:8883)
+  --fleet-ca FILE      the fleet's CA certificate, copied to /etc/edge-agent/fleet-ca.crt ([mqtt] tls_ca)
+  --enrol URL          a device enrols itself at the broker's enrolment listener (mqtts://host:8884):
+                       it makes its own key, an operator runs edge-agent devices approve ID
+  --claim-user NAME    the fleet's claim credential (default: claim)
+  --claim-password-file FILE   its password, copied to /etc/edge-agent/claim-password (0600)
+  --token-file FILE    a batch's enrolment token (edge-agent devices token), approved at once
   --uninstall          disable and remove the unit and /opt/edge-agent; keeps config and state
   --purge              with --uninstall: also remove /etc/edge-agent, /var/lib/edge-agent, the user
 EOF
@@ -68,6 +86,14 @@ while [ $# -gt 0 ]; do
         --systemd-version) [ $# -ge 2 ] || die "--systemd-version needs a value"
                            SYSTEMD_VERSION="$2"; shift 2 ;;
         --systemd-version=*) SYSTEMD_VERSION="${1#*=}"; shift ;;
+        --device-id) [ $# -ge 2 ] || die "--device-id needs a value"; DEVICE_ID="$2"; shift 2 ;;
+        --broker) [ $# -ge 2 ] || die "--broker needs a value"; BROKER="$2"; shift 2 ;;
+        --fleet-ca) [ $# -ge 2 ] || die "--fleet-ca needs a value"; FLEET_CA="$2"; shift 2 ;;
+        --enrol) [ $# -ge 2 ] || die "--enrol needs a value"; ENROL="$2"; shift 2 ;;
+        --claim-user) [ $# -ge 2 ] || die "--claim-user needs a value"; CLAIM_USER="$2"; shift 2 ;;
+        --claim-password-file) [ $# -ge 2 ] || die "--claim-password-file needs a value"
+                               CLAIM_PASSWORD_FILE="$2"; shift 2 ;;
+        --token-file) [ $# -ge 2 ] || die "--token-file needs a value"; TOKEN_FILE="$2"; shift 2 ;;
         --uninstall) UNINSTALL=1; shift ;;
         --purge) PURGE=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -76,6 +102,18 @@ while [ $# -gt 0 ]; do
 done
 
 case "$ROLE" in worker|leader) ;; *) die "--role must be worker or leader, not '$ROLE'" ;; esac
+if [ -n "$ENROL" ]; then
+    [ "$ROLE" = worker ] || die "--enrol is for a device (--role worker)"
+    [[ "$ENROL" == mqtts://* ]] || die "--enrol must be the broker's mqtts:// enrolment listener, not '$ENROL'"
+    [[ "$BROKER" == mqtts://* ]] || die "--enrol needs --broker mqtts://HOST:PORT (the device's mutual TLS listener)"
+    [ -n "$CLAIM_PASSWORD_FILE" ] || die "--enrol needs --claim-password-file FILE"
+fi
+for f in "$FLEET_CA" "$CLAIM_PASSWORD_FILE" "$TOKEN_FILE"; do
+    [ -z "$f" ] || [ -r "$f" ] || die "cannot read $f"
+done
+if [ -n "$DEVICE_ID" ] && ! [[ "$DEVICE_ID" =~ ^[A-Za-z0-9_.:-]+$ ]]; then
+    die "--device-id must be letters, digits, '_', '.', ':' or '-', not '$DEVICE_ID'"
+fi
 if [ -n "$INSTANCE" ] && ! [[ "$INSTANCE" =~ ^[A-Za-z0-9_.-]+$ ]]; then
     die "--instance must be letters, digits, '_', '.' or '-', not '$INSTANCE'"
 fi
@@ -267,9 +305,40 @@ if [ -e "$CONFIG" ]; then
     say "kept existing $CONFIG"
 else
     sed -E "s|^data_dir = .*|data_dir = \"$DATA_DIR\"|" "$SRC/configs/$ROLE.toml" > "$tmp/config"
+    if [ -n "$DEVICE_ID$BROKER$FLEET_CA$ENROL" ]; then
+        id="${DEVICE_ID:-$(hostname)}"
+        sed -i -E "s|^device_id = .*|device_id = \"$id\"|" "$tmp/config"
+        [ -z "$BROKER" ] || sed -i -E "0,/^url = .*/s||url = \"$BROKER\"|" "$tmp/config"
+        [ -z "$FLEET_CA" ] || sed -i -E "s|^# tls_ca = .*|tls_ca = \"$ETC/fleet-ca.crt\"|" "$tmp/config"
+    fi
+    if [ -n "$ENROL" ]; then
+        {
+            echo
+            echo "# This device enrols itself (docs/service.md, \"Device identity\"): its own key, then mutual TLS."
+            echo "[identity]"
+            echo "claim_url = \"$ENROL\""
+            echo "claim_username = \"$CLAIM_USER\""
+            echo "claim_password_file = \"$ETC/claim-password\""
+            [ -z "$TOKEN_FILE" ] || echo "token_file = \"$ETC/enrol-token\""
+        } >> "$tmp/config"
+    fi
     install -m 0600 "$tmp/config" "$CONFIG"
-    say "wrote $CONFIG from configs/$ROLE.toml: set device_id and [mqtt] before starting"
+    if [ -n "$ENROL" ]; then
+        say "wrote $CONFIG from configs/$ROLE.toml: device ${DEVICE_ID:-$(hostname)} enrols at $ENROL"
+    else
+        say "wrote $CONFIG from configs/$ROLE.toml: set device_id and [mqtt] before starting"
+    fi
 fi
+copy_secret() {  # FILE DEST MODE: copied once, owned by the service user
+    if [ -z "$1" ]; then return; fi
+    if [ -e "$2" ] && cmp -s "$1" "$2"; then say "unchanged $2"; return; fi
+    install -m "$3" "$1" "$2"
+    [ "$STAGING" = 0 ] && chown "$USER_NAME:$USER_NAME" "$2"
+    say "wrote $2"
+}
+copy_secret "$FLEET_CA" "$ETC/fleet-ca.crt" 0644
+copy_secret "$CLAIM_PASSWORD_FILE" "$ETC/claim-password" 0600
+copy_secret "$TOKEN_FILE" "$ETC/enrol-token" 0600
 if [ "$STAGING" = 0 ]; then
     chown "root:$USER_NAME" "$ETC"
     chown "$USER_NAME:$USER_NAME" "$CONFIG"

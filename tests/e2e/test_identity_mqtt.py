@@ -34,43 +34,36 @@ LEADER = "gw"
 DEVICE = "dev-1"
 
 
-def acl(fleet: str, leader: str) -> str:
-    return "\n".join([
-        f"pattern write ea/v1/{fleet}/%u/up", f"pattern write ea/v1/{fleet}/%u/presence",
-        f"pattern read ea/v1/{fleet}/%u/down", f"pattern read ea/v1/{fleet}/%u/reply/#",
-        f"pattern write ea/v1/{fleet}/{leader}/reply/+/%u", f"pattern read ea/v1/{fleet}/{leader}/presence",
-        f"pattern write ea/enrol/v1/{fleet}/%u/+/request", f"pattern read ea/enrol/v1/{fleet}/%u/+/answer",
-        f"user {leader}", "topic read ea/v1/+/+/up", "topic read ea/v1/+/+/presence", "topic write ea/v1/+/+/down",
-        "topic write ea/v1/+/+/reply/#", "topic read ea/enrol/v1/+/+/+/request", "topic write ea/enrol/v1/+/+/+/answer",
-        "user forger", "topic write ea/v1/#",  # the test's own client: a replay the broker lets through
-    ]) + "\n"
+SHIPPED = REPO / "configs" / "mosquitto"
 
 
 class IdentityBroker(Mosquitto):
-    """mosquitto with three listeners: mutual TLS for devices and the leader (the certificate's
-    subject as username, the CRL checked), the enrolment listener (server TLS, the claim
-    credential's password) and a plain one for the test's forger."""
+    """The shipped configs/mosquitto/identity.conf and acl, with the test's ports and files:
+    mutual TLS for devices and the leader (the certificate's subject as username, the CRL
+    checked), the enrolment listener for the claim credential; and a plain listener for the
+    test's forger, who may write any up topic (a replay the broker lets through)."""
 
     def __init__(self, workdir: Path, certs: Path, crl: Path, passwd: Path) -> None:
         super().__init__(workdir)
         self.claim_port = free_port()
         self.forger_port = free_port()
         self.certs, self.crl, self.passwd = certs, crl, passwd
-        (workdir / "acl").write_text(acl(FLEET, LEADER))
+        acl = (SHIPPED / "acl").read_text().replace("/default/", f"/{FLEET}/").replace("gateway-01", LEADER)
+        (workdir / "acl").write_text(acl + "user forger\ntopic write ea/v1/#\n")
 
     def config_text(self) -> str:
-        c = self.certs
-        tls = [f"cafile {c / 'ca.crt'}", f"certfile {c / 'server.crt'}", f"keyfile {c / 'server.key'}"]
-        lines = ["per_listener_settings false", "allow_anonymous false", f"password_file {self.passwd}",
-                 f"acl_file {self.workdir / 'acl'}", "persistence false", "log_dest stderr", "log_type error",
-                 "log_type warning", "log_type notice", "set_tcp_nodelay true",
-                 f"listener {self.port} 127.0.0.1", *tls, "require_certificate true", "use_identity_as_username true",
-                 "use_username_as_clientid true", f"crlfile {self.crl}",
-                 f"listener {self.claim_port} 127.0.0.1", *tls, "require_certificate false",
-                 f"listener {self.forger_port} 127.0.0.1"]
-        if os.geteuid() == 0:
-            lines.append("user root")
-        return "\n".join(lines) + "\n"
+        text = (SHIPPED / "identity.conf").read_text()
+        for shipped, ours in (("/etc/mosquitto/certs/", f"{self.certs}/"),
+                              ("/etc/mosquitto/edge-agent.passwd", str(self.passwd)),
+                              ("/etc/mosquitto/edge-agent.acl", str(self.workdir / "acl")),
+                              ("/var/lib/edge-agent/identity/crl.pem", str(self.crl)),
+                              ("listener 8883", f"listener {self.port} 127.0.0.1"),
+                              ("listener 8884", f"listener {self.claim_port} 127.0.0.1"),
+                              ("persistence true", "persistence false"), ("log_dest syslog", "log_dest stderr")):
+            assert shipped in text, shipped
+            text = text.replace(shipped, ours)
+        text += f"listener {self.forger_port} 127.0.0.1\n"
+        return text + ("user root\n" if os.geteuid() == 0 else "")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

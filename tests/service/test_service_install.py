@@ -193,3 +193,24 @@ def test_not_root_is_a_clear_error(use_prefix: bool) -> None:
     assert proc.returncode == 2
     expected = "is not writable by you" if use_prefix else "must run as root"
     assert expected in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_device_that_enrols_itself_is_installed_with_its_claim_credential(checkout: Path, tmp_path: Path) -> None:
+    from agent.core.config import load_config
+
+    root = tmp_path / "root"
+    (tmp_path / "claim-pw").write_text("claim-pw\n")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    run(checkout, "--role", "worker", "--prefix", str(root), "--device-id", "pi-0042", "--broker",
+        "mqtts://gw:8883", "--fleet-ca", str(tmp_path / "ca.crt"), "--enrol", "mqtts://gw:8884",
+        "--claim-password-file", str(tmp_path / "claim-pw"))
+    etc = root / "etc" / "edge-agent"
+    config = load_config(etc / "agent.toml")
+    assert config.agent.device_id == "pi-0042" and config.mqtt.url == "mqtts://gw:8883"
+    assert config.mqtt.tls_ca == str(etc / "fleet-ca.crt")
+    assert config.identity is not None and config.identity.claim_url == "mqtts://gw:8884"
+    assert config.identity.claim_password_file == str(etc / "claim-password")
+    assert mode(etc / "claim-password") == 0o600 and (etc / "claim-password").read_text() == "claim-pw\n"
+    refused = run(checkout, "--role", "worker", "--prefix", str(root), "--enrol", "mqtt://gw:8884", check=False)
+    assert refused.returncode == 2 and "--enrol must be the broker's mqtts:// enrolment listener" in refused.stderr
