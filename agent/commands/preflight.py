@@ -22,7 +22,15 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
     from agent.service.files import check_private_file
 
     m = config.mqtt
-    for key, file in (("mqtt.password_file", m.password_file), ("mqtt.tls_key", m.tls_key)):
+    ident = config.identity if config.agent.role == "worker" else None
+    secrets = [("mqtt.password_file", m.password_file), ("mqtt.tls_key", m.tls_key)]
+    if ident is not None:
+        secrets += [("identity.claim_password_file", ident.claim_password_file),
+                    ("identity.token_file", ident.token_file)]
+        for key, file in (("identity.claim_ca", ident.claim_ca), ("mqtt.tls_ca", m.tls_ca)):
+            if file and not Path(file).is_file():
+                raise ConfigError(source, key, f"{file}: not found")
+    for key, file in secrets:
         if file:
             try:
                 check_private_file(file, what="file")

@@ -36,6 +36,16 @@ CASES = {
                                "mqtt.password_file: {t}/mqtt.password: file has mode 0644"),
     "missing CA": (lambda t: f'[mqtt]\nurl = "mqtts://broker.example"\ntls_ca = "{t}/ca.crt"\n',
                    "mqtt.tls_ca: {t}/ca.crt: cannot load CA file"),
+    "enrolment without mqtts": (lambda t: '[mqtt]\nurl = "mqtts://b.example"\n[identity]\nclaim_url = "mqtt://b.example"'
+                                          '\nclaim_username = "claim"\n',
+                                "identity.claim_url: the broker's enrolment listener, mqtts://host:port, is needed"),
+    "readable claim password": (lambda t: f'[mqtt]\nurl = "mqtts://b.example"\n[identity]\nclaim_url = "mqtts://b.example"'
+                                          f'\nclaim_username = "claim"\nclaim_password_file = "{secret(t, 0o644)}"\n',
+                                "identity.claim_password_file: {t}/mqtt.password: file has mode 0644"),
+    "a device certificate by hand and by enrolment": (
+        lambda t: '[mqtt]\nurl = "mqtts://b.example"\ntls_cert = "/x.crt"\n[identity]\nclaim_url = "mqtts://b.example"'
+                  '\nclaim_username = "claim"\n',
+        "mqtt.tls_cert: [identity] keeps the device's own key and certificate: leave it out"),
     "URL without host": (lambda t: '[mqtt]\nurl = "mqtt://:1883"\n', "mqtt.url: expected mqtt://host[:port]"),
     "listen port": (lambda t: '[metrics]\nlisten = "127.0.0.1:99999"\n', "metrics.listen: port 99999 is not 0-65535"),
     "listen host": (lambda t: '[metrics]\nlisten = "gateway:9100"\n',

@@ -120,6 +120,7 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
     subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "claim", "claim-pw"], check=True, capture_output=True)
     subprocess.run(["mosquitto_passwd", "-b", str(passwd), "forger", "forger-pw"], check=True, capture_output=True)
     (tmp_path / "claim-pw").write_text("claim-pw\n")
+    (tmp_path / "claim-pw").chmod(0o600)  # a credentials file others can read is refused
     broker = IdentityBroker(tmp_path / "broker", certs, leader_dir / "identity" / "crl.pem", passwd).start()
     leader = worker = None
     try:
