@@ -25,6 +25,7 @@ class ConfigOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     # device-local "HH:MM-HH:MM": the apply starts only inside one (the offer waits, cancelable)
     maintenance_windows: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=16)], ...],
                                    msgspec.Meta(max_length=16)] = ()
+    trust: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)] = b""  # as UpdateOffer.trust
 
 
 class ConfigCancel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):

@@ -28,9 +28,9 @@ from typing import Annotated
 import msgspec
 
 from config_rollout.errors import ConfigReleaseError, MalformedRelease, ReleaseSignature
-from firmware_rollout.artifact.keys import SigningKey, VerifyKey
+from firmware_rollout.artifact.keys import SigningKey, Verifier, VerifyKey
 from firmware_rollout.artifact.version import parse_version
-from firmware_rollout.errors import InvalidVersion
+from firmware_rollout.errors import InvalidVersion, WrongKey
 
 MAGIC = b"EACFG\x01"
 SUFFIX = ".eacfg"
@@ -141,7 +141,7 @@ def write_release(data: bytes, out: str | Path, *, force: bool = False) -> Path:
     return path
 
 
-def parse_release(data: bytes, key: VerifyKey, *, source: str = "release",
+def parse_release(data: bytes, key: Verifier, *, source: str = "release",
                   max_document_bytes: int = DOCUMENT_MAX) -> ConfigRelease:
     """Verify `data` as a release signed with `key`: the signature first, then the manifest,
     then every document. A `ConfigReleaseError` says why not, naming `source`."""
@@ -157,7 +157,12 @@ def parse_release(data: bytes, key: VerifyKey, *, source: str = "release",
     manifest_bytes = data[head:head + length]
     key_id = data[head + length:head + length + KEY_ID_SIZE]
     signature = data[head + length + KEY_ID_SIZE:body]
-    if key_id != key.key_id:
+    if not isinstance(key, VerifyKey):  # the key the trust document lists for that id
+        try:
+            key = key.signer(key_id)
+        except WrongKey as exc:
+            raise ReleaseSignature(f"{source}: {exc}") from None
+    elif key_id != key.key_id:
         raise ReleaseSignature(f"{source}: signed by key {key_id.hex()}, not the fleet's key {key.key_id.hex()}")
     if not key.verify(signature, MAGIC + manifest_bytes):
         raise ReleaseSignature(f"{source}: the signature does not verify (the release was changed after signing)")
@@ -203,7 +208,7 @@ def peek_release(data: bytes) -> ReleaseManifest:
         raise MalformedRelease(f"manifest: {exc}") from None
 
 
-def read_release(path: str | Path, key: VerifyKey, *, max_document_bytes: int = DOCUMENT_MAX) -> ConfigRelease:
+def read_release(path: str | Path, key: Verifier, *, max_document_bytes: int = DOCUMENT_MAX) -> ConfigRelease:
     """`parse_release` of a file, read within the caps (a larger file is refused unread)."""
     p = Path(path)
     most = len(MAGIC) + 4 + MANIFEST_MAX + KEY_ID_SIZE + SIGNATURE_SIZE + DOCUMENTS_MAX * max_document_bytes

@@ -27,6 +27,10 @@ class WrongKey(BadSignature):
     """The artifact was signed by a key other than the pinned one."""
 
 
+class TrustError(BadSignature):
+    """A trust document refused: malformed, not newer, not signed by a trusted root."""
+
+
 class Unsigned(BadSignature):
     """The artifact carries no signature."""
 
@@ -71,6 +75,7 @@ __all__ = [
     "KeyFileError",
     "MalformedArtifact",
     "ReportRefused",
+    "TrustError",
     "Unsigned",
     "UpdaterError",
     "WrongKey",

@@ -83,6 +83,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verify.add_argument("--hardware", metavar="H", help="refuse an image not made for this hardware")
     verify.add_argument("--image", metavar="NAME", help="refuse an image of another name (as [firmware] image)")
 
+    trust = sub.add_parser("trust", help="make (or show) the fleet's signed trust document: the signing keys"
+                                         " devices accept, each until its expiry, signed by the root key")
+    trust.add_argument("--show", type=Path, metavar="FILE", help="print a trust document (nothing is checked)")
+    trust.add_argument("--version", type=int, metavar="N", help="the document's version: higher than the last one")
+    trust.add_argument("--root-key", action="append", default=[], type=Path, metavar="PRIVATE_PEM",
+                       help="a root key that signs it (repeat: the old and the new root when the root rotates)")
+    trust.add_argument("--root", action="append", default=[], type=Path, metavar="PUBLIC_PEM",
+                       help="the roots it names, which sign the next document (default: the --root-key ones)")
+    trust.add_argument("--key", action="append", default=[], metavar="PUBLIC_PEM[=EXPIRES]",
+                       help="a signing key devices accept, and for how long (e.g. k1/public.pem=365d; default 365d)")
+    trust.add_argument("--out", type=Path, metavar="FILE")
+
     inspect = sub.add_parser("inspect", help="show an artifact's manifest (no key needed, nothing trusted)")
     inspect.add_argument("artifact", type=Path, metavar="ARTIFACT")
     inspect.add_argument("--json", action="store_true", help="print JSON")
@@ -235,7 +247,56 @@ def _on_device(args: argparse.Namespace) -> int:
     return asyncio.run(action(args))
 
 
-_ACTIONS = {"keygen": _keygen, "build": _build, "publish": _publish, "sign": _sign, "verify": _verify,
+def _trust(args: argparse.Namespace) -> int:
+    import time
+
+    from agent.core.durations import parse_seconds
+    from firmware_rollout.artifact.keys import load_signing_key, load_verify_key
+    from firmware_rollout.artifact.trust import TrustDocument, make_trust_document, read_trust_document
+
+    now = int(time.time() * 1000)
+    if args.show is not None:
+        doc = TrustDocument(read_trust_document(args.show))
+        print(f"trust document v{doc.version}, issued {_utc(doc.body.issued_ms)}")
+        print("roots: " + ", ".join(r.key_id_hex for r in doc.roots))
+        for kid, (_, expires) in sorted(doc.keys.items(), key=lambda item: item[1][1]):
+            print(f"key {kid}  until {_utc(expires)}{'  (expired)' if expires <= now else ''}")
+        return 0
+    if args.version is None or args.version < 1 or args.out is None or not args.root_key:
+        raise ConfigError("firmware trust", "--version" if args.version is None or args.version < 1 else
+                          "--out" if args.out is None else "--root-key",
+                          "making a document needs --version N (>= 1), --root-key and --out")
+    signers = [load_signing_key(path) for path in args.root_key]
+    roots = [load_verify_key(path) for path in args.root] or [s.public for s in signers]
+    keys = []
+    for item in args.key:
+        path, _, expires = item.partition("=")
+        try:
+            seconds = parse_seconds(expires or "365d")
+        except ValueError as exc:
+            raise ConfigError("--key", None, f"{item}: {exc}") from None
+        keys.append((load_verify_key(path), now + int(seconds * 1000)))
+    data = make_trust_document(version=args.version, roots=roots, keys=keys, signers=signers, issued_ms=now)
+    doc = TrustDocument(data)
+    for root in doc.roots:  # a new root must sign the document that names it
+        if not doc.signed_by(root) and root.key_id not in {s.public.key_id for s in signers}:
+            raise ConfigError("--root", None, f"root {root.key_id_hex} is named but did not sign: give its --root-key"
+                                              " (with the old root's) to rotate the root")
+    from firmware_rollout._fs import atomic_write
+
+    atomic_write(args.out, data)
+    print(f"wrote {args.out}: trust document v{args.version}, {len(keys)} signing key(s), roots "
+          + ", ".join(r.key_id_hex for r in roots))
+    return 0
+
+
+def _utc(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+_ACTIONS = {"keygen": _keygen, "trust": _trust, "build": _build, "publish": _publish, "sign": _sign, "verify": _verify,
             "inspect": _inspect,
             "install": _on_device, "status": _on_device, "commit": _on_device, "revert": _on_device}
 

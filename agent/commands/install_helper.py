@@ -39,18 +39,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from firmware_rollout.artifact.keys import load_verify_key
+    from firmware_rollout.artifact.trust import load_fleet_keys
     from firmware_rollout.device.backends import InstallerContext, configured_backend, rebooter_from_config
     from firmware_rollout.device.helper import InstallHelper, listening_socket
 
     config = load_config(args.config)
     fw = config.firmware
-    if not fw.public_key:
-        raise EdgeAgentError(f"{args.config}: firmware.public_key: required: the helper checks every image with it")
+    if not fw.keyed:
+        raise EdgeAgentError(f"{args.config}: firmware.public_key: required (or trust_root): the helper checks every"
+                             " image with it")
     clock = SystemClock()
     state_dir = Path(fw.helper_state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = load_verify_key(fw.public_key)
+    # its own trust, kept in its own root-owned state directory: the agent only carries documents
+    key = load_fleet_keys(public_key=fw.public_key, trust_root=fw.trust_root, trust_document=fw.trust_document,
+                          state_dir=state_dir / "trust", now_ms=clock.now_ms)
+    assert key is not None
     installer = configured_backend(fw, source=str(args.config)).build(InstallerContext(state_dir, clock, key))
     log = logging.getLogger(__name__)
     try:
@@ -78,7 +82,8 @@ async def _serve(args: argparse.Namespace) -> int:
 def _check(path: Path, fw: FirmwareSection, installer: Installer, uids: frozenset[int]) -> int:
     """`--check`: what the helper would run, and who could ask it; 1 when someone it needs is missing."""
     print(f"config: {path} (the install helper's own)")
-    print(f"key: {fw.public_key}")
+    print(f"key: {fw.public_key}" if fw.public_key else
+          f"trust root: {fw.trust_root} (the trust document it took is kept in {fw.helper_state_dir}/trust)")
     print(f"backend: {installer.name}: slots {'/'.join(installer.slots)}, booted {installer.booted_slot()}, "
           f"default {installer.default_slot()}")
     problems = 0
@@ -121,8 +126,9 @@ def check_config(path: str | Path) -> str:
     source = str(path)
     config = preflight(path)  # the file, the key it names, the backend's table
     fw = config.firmware
-    if not fw.public_key:
-        raise ConfigError(source, "firmware.public_key", "required: the helper checks every image with it")
+    if not fw.keyed:
+        raise ConfigError(source, "firmware.public_key", "required (or trust_root): the helper checks every image"
+                                                         " with it")
     if fw.installer == "helper":
         raise ConfigError(source, "firmware.installer", "the helper runs a backend itself (uboot, tryboot, rauc,"
                                                         " directory), not \"helper\"")

@@ -70,6 +70,24 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
             text = str(exc)
             raise ConfigError(source, "firmware.public_key",
                               text if fw.public_key in text else f"{fw.public_key}: {text}") from None
+    if fw.public_key and fw.trust_root:
+        raise ConfigError(source, "firmware.trust_root", "one of public_key (one pinned key) and trust_root (the"
+                                                         " trust document's root), not both")
+    if fw.trust_document and not fw.trust_root:
+        raise ConfigError(source, "firmware.trust_document", "needs trust_root: the root key that signed it")
+    if fw.trust_root:
+        from firmware_rollout.artifact.keys import load_verify_key
+        from firmware_rollout.artifact.trust import TrustedKeys, read_trust_document
+
+        try:
+            root = load_verify_key(fw.trust_root)
+        except EdgeAgentError as exc:
+            raise ConfigError(source, "firmware.trust_root", str(exc)) from None
+        if fw.trust_document:
+            try:
+                TrustedKeys([root], now_ms=lambda: 0).accept(read_trust_document(fw.trust_document))
+            except EdgeAgentError as exc:
+                raise ConfigError(source, "firmware.trust_document", f"{fw.trust_document}: {exc}") from None
     for key, argv in (("firmware.reboot_command", fw.reboot_command), ("firmware.health_command", fw.health_command)):
         if argv and shutil.which(argv[0]) is None:
             raise ConfigError(source, key, f"{argv[0]!r} is not an executable on PATH (give its full path)")
@@ -124,12 +142,12 @@ def _check_installer(config: AgentConfig, source: str) -> None:
     are there: a first rollout must not be where a device finds out. Only the named backend's
     module is loaded, and none for a worker that updates nothing."""
     fw = config.firmware
-    if not fw.public_key and fw.installer == FirmwareSection().installer and fw.installer_settings is None:
+    if not fw.keyed and fw.installer == FirmwareSection().installer and fw.installer_settings is None:
         return
     from firmware_rollout.device.backends import configured_backend
 
     backend = configured_backend(fw, source=source)  # the table's own rules
-    if not fw.public_key:
+    if not fw.keyed:
         return
     if fw.helper_socket:  # the backend's tools and devices are the helper's (its own config checks them)
         helper = Path(fw.helper_socket)

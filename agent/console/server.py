@@ -392,10 +392,12 @@ class Console:
         """A config release uploaded: checked as the leader checks one at a rollout's start, kept
         by its id (the upload's file is removed by the HTTP layer)."""
         from agent.leader.rollout import admit_config_release
+        from firmware_rollout.artifact.keys import load_verify_key
 
         assert self.config.public_key is not None
         try:
-            name, version, kept, data = admit_config_release(str(self.config.public_key), self._store(), str(body))
+            name, version, kept, data = admit_config_release(load_verify_key(self.config.public_key), self._store(),
+                                                             str(body))
         except EdgeAgentError as exc:
             return 422, str(exc).replace(str(body), shown)
         log.info("config release uploaded in the console", extra={"kv": {"file": Path(kept).name, "name": name,

@@ -167,9 +167,14 @@ class MetricsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
 
 
 class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """Firmware updates on a worker; off while `public_key` is empty. The leader needs none."""
+    """Firmware updates on a worker; off while neither `public_key` nor `trust_root` is set. The
+    leader's names the key (or the trust) it checks artifacts and config releases with."""
 
     public_key: str = ""  # the fleet's pinned ed25519 public key (PEM)
+    # instead of one pinned key: the fleet's root key (PEM), which signs the trust document that
+    # lists the signing keys (docs/rollout.md, "Rotating the fleet's keys")
+    trust_root: str = ""
+    trust_document: str = ""  # a leader: the document it hands devices with every offer
     state_dir: str = "firmware"  # updater state and A/B slot directories, relative to data_dir
     hardware: str = ""  # this device's hardware name, checked against the manifest
     image: str = ""  # the image this device runs (the manifest's name, e.g. "camera"); empty: any
@@ -204,6 +209,11 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     retry_budget: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 5
     mirror_timeout_s: PositiveFloat = 10.0
     mirror_ca: str = ""
+
+    @property
+    def keyed(self) -> bool:
+        """Whether artifacts and releases can be checked: a pinned key or a trust root."""
+        return bool(self.public_key or self.trust_root)
 
 
 DAY_S = 86_400.0

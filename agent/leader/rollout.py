@@ -45,8 +45,9 @@ from agent.service.checks import problem_check
 from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
-from firmware_rollout.artifact.keys import load_verify_key
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
+from firmware_rollout.artifact.trust import TrustedKeys, load_fleet_keys
 from firmware_rollout.errors import ReportRefused
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ class LeaderPort:
         def wire(device: str, offer: UpdateOffer) -> bytes:
             values = values_of.get(device, ())
             return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest, layers=values,
-                                      maintenance_windows=offer.maintenance_windows))
+                                      maintenance_windows=offer.maintenance_windows, trust=offer.trust))
 
         return wire
 
@@ -252,14 +253,19 @@ SOAK_HEARTBEAT_S = 5.0  # what a soak asks for (a device keeps to its own fast_i
 ARTIFACTS_DIR = "artifacts"  # beside leader.db: the verified copies the rollouts serve
 
 
-def artifact_store(config: AgentConfig, directory: Path) -> ArtifactStore:
-    """The leader's artifact store, checking against `[firmware] public_key` (none set: every
-    start is refused, saying so)."""
-    key_path = config.firmware.public_key
-    return ArtifactStore(directory, load_verify_key(key_path) if key_path else None)
+TRUST_DIR = "trust"  # beside leader.db: the newest trust document this leader accepted
 
 
-def admit_config_release(key_path: str, directory: Path, source: str) -> tuple[str, str, str, bytes]:
+def fleet_keys(config: AgentConfig, data_dir: Path, clock: Clock) -> Verifier | None:
+    """What the leader checks artifacts and config releases with: the trust document under its
+    `[firmware] trust_root` (never an older one than it handed out before), or the pinned
+    `public_key`; None when neither is set (every start is refused, saying so)."""
+    fw = config.firmware
+    return load_fleet_keys(public_key=fw.public_key, trust_root=fw.trust_root, trust_document=fw.trust_document,
+                           state_dir=data_dir / TRUST_DIR, now_ms=clock.now_ms)
+
+
+def admit_config_release(keys: Verifier | None, directory: Path, source: str) -> tuple[str, str, str, bytes]:
     """A config release for a rollout: checked whole against `[firmware] public_key` as a device
     checks it, small enough to ride in one offer, kept in the artifact store by its id; (its
     name, its version, the copy, its bytes). A `RolloutError` says why not."""
@@ -268,9 +274,9 @@ def admit_config_release(key_path: str, directory: Path, source: str) -> tuple[s
     from config_rollout.messages import OFFER_RELEASE_MAX
     from config_rollout.release import SUFFIX, parse_release
 
-    if not key_path:
+    if keys is None:
         raise RolloutError(f"cannot check config release {source}: the leader's config has no [firmware] public_key"
-                           " (the fleet's key, as the devices pin it)")
+                           " or trust_root (the fleet's key, as the devices pin it)")
     try:
         data = Path(source).read_bytes()[:OFFER_RELEASE_MAX + 1]
     except OSError as exc:
@@ -278,7 +284,7 @@ def admit_config_release(key_path: str, directory: Path, source: str) -> tuple[s
     if len(data) > OFFER_RELEASE_MAX:
         raise RolloutError(f"config release {source}: over {OFFER_RELEASE_MAX // 1024} KiB, too large to offer")
     try:
-        release = parse_release(data, load_verify_key(key_path), source=source, max_document_bytes=OFFER_RELEASE_MAX)
+        release = parse_release(data, keys, source=source, max_document_bytes=OFFER_RELEASE_MAX)
     except ConfigReleaseError as exc:
         raise RolloutError(str(exc)) from None
     directory.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -297,9 +303,12 @@ class RolloutService(PartBase):
         self.leader = leader
         self.store = store
         self.clock = leader.clock
-        artifacts = artifact_store(leader.config, Path(store.path).parent / ARTIFACTS_DIR)
+        self.keys = fleet_keys(leader.config, Path(store.path).parent, self.clock)
+        artifacts = ArtifactStore(Path(store.path).parent / ARTIFACTS_DIR, self.keys)
         self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader, self._layer_values),
                                          poll_s=poll_s, artifacts=artifacts, admit_config=self._admit_config)
+        if isinstance(self.keys, TrustedKeys) and self.keys.document is not None:
+            self.orchestrator.trust_document = self.keys.document.raw
         self._layers: LayerStore | None = None  # opened at the first config offer
         self._report_capacity = report_capacity
         self.pools: dict[str, ConfigServerPool] = {}
@@ -320,7 +329,7 @@ class RolloutService(PartBase):
 
     def _admit_config(self, source: str) -> tuple[str, str, str, bytes]:
         store = Path(self.store.path).parent / ARTIFACTS_DIR
-        return admit_config_release(self.leader.config.firmware.public_key, store, source)
+        return admit_config_release(self.keys, store, source)
 
     def _layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
         if self._layers is None:
@@ -615,7 +624,7 @@ __all__ = [
     "RolloutHost",
     "RolloutService",
     "artifact_server_collector",
-    "artifact_store",
+    "fleet_keys",
     "rollout_collector",
     "rollout_part",
 ]

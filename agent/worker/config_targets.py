@@ -34,6 +34,7 @@ from agent.service.parts import PartBase
 from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
 from agent.worker.env import ConfigSteps
+from agent.worker.fleet_keys import take_trust_document
 from agent.worker.hardware import system_utc_offset_s
 from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, offers_agent_target, settings_check
 from config_rollout.device.apply import ConfigApplier
@@ -42,7 +43,7 @@ from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
 from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigCancel, ConfigOffer
 from config_rollout.release import parse_release, peek_release
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.messages import ReportState, UpdateReport, UpdaterState, report_message
 from firmware_rollout.windows import parse_window, window_wait
 
@@ -70,7 +71,7 @@ class ConfigOfferActor(Actor):
     """Applies the config offers one at a time and reports each step. `restart` asks the service
     to start the agent again (the built-in target `agent` takes effect so; None: it is not offered)."""
 
-    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None,
+    def __init__(self, worker: WorkerAgent, key: Verifier, steps: ConfigSteps | None = None,
                  restart: Callable[[], None] | None = None) -> None:
         self._worker = worker
         self._key = key
@@ -151,6 +152,9 @@ class ConfigOfferActor(Actor):
         worker = self._worker
         name, version = _shown(offer)
         rid = offer.rollout_id
+        if (refused := take_trust_document(self._key, offer.trust, offer=rid)) is not None:
+            await self._report(rid, version, "rejected", "rejected", refused)
+            return
         try:
             release = parse_release(offer.release, self._key, source=f"the release of rollout {rid}",
                                     max_document_bytes=OFFER_RELEASE_MAX)
@@ -256,7 +260,7 @@ class ConfigTargetsPart(PartBase):
 
     name = "config targets"
 
-    def __init__(self, worker: WorkerAgent, key: VerifyKey, steps: ConfigSteps | None = None,
+    def __init__(self, worker: WorkerAgent, key: Verifier, steps: ConfigSteps | None = None,
                  restart: Callable[[], None] | None = None) -> None:
         self._worker = worker
         self.actor = ConfigOfferActor(worker, key, steps, restart)

@@ -4,7 +4,6 @@ the configuration library load only when the config declares `[config_targets]`.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.worker.agent import WorkerAgent
@@ -19,13 +18,12 @@ async def config_targets_part(worker: WorkerAgent, env: DeviceEnv) -> ConfigTarg
     `[firmware] public_key` to check each release); None when there is no target."""
     config = worker.config
     own_settings = config.agent.remote_settings and env.restart is not None  # the built-in target `agent`
-    if not (config.config_targets or own_settings) or not config.firmware.public_key:
+    if not (config.config_targets or own_settings) or not config.firmware.keyed:
         return None
     from agent.worker.config_targets import ConfigTargetsPart
-    from firmware_rollout.artifact.keys import load_verify_key
+    from agent.worker.fleet_keys import fleet_keys
 
-    return ConfigTargetsPart(worker, await asyncio.to_thread(load_verify_key, Path(config.firmware.public_key)),
-                             env.config_steps, env.restart)
+    return ConfigTargetsPart(worker, await asyncio.to_thread(fleet_keys, worker), env.config_steps, env.restart)
 
 
 __all__ = ["config_targets_part"]

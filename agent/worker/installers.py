@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent.core.clock import Clock
 from agent.core.config import FirmwareSection
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import InstallerContext, configured_backend, rebooter_from_config
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import Installer
@@ -19,15 +19,20 @@ def firmware_state_dir(fw: FirmwareSection, data_dir: Path) -> Path:
 
 
 def installer_from_config(fw: FirmwareSection, state_dir: Path, *, clock: Clock,
-                          verify_key: VerifyKey | None, source: str = "config") -> Installer:
+                          verify_key: Verifier | None, source: str = "config") -> Installer:
     """The backend `installer` names, or (`helper_socket` set) the client of the root helper that
     runs it (the helper builds the backend itself, from the table). Raises `ConfigError` naming the key of a wrong
     table, `InstallError` when the boot machinery cannot be read (a missing tool, no slot on
     the kernel command line, the helper not answering)."""
     if fw.helper_socket:
+        from firmware_rollout.artifact.trust import TrustedKeys
         from firmware_rollout.device.helper import HelperInstaller
 
-        return HelperInstaller(fw.helper_socket, clock=clock)
+        def trust() -> bytes:  # the helper checks it against its own root
+            held = verify_key.document if isinstance(verify_key, TrustedKeys) else None
+            return held.raw if held is not None else b""
+
+        return HelperInstaller(fw.helper_socket, clock=clock, trust=trust)
     return configured_backend(fw, source=source).build(InstallerContext(state_dir, clock, verify_key))
 
 

@@ -44,10 +44,10 @@ from agent.protocol import SlotState
 from agent.service.parts import PartBase
 from agent.transport.base import Transport
 from agent.worker.actors import LEADER, Outbox
+from agent.worker.fleet_keys import fleet_keys
 from agent.worker.hardware import InProcessRebooter, OpenUpdater, UpdaterHardware, system_utc_offset_s
 from agent.worker.installers import firmware_state_dir, installer_from_config, rebooter_for
 from agent.worker.leader_watch import LeaderWatch
-from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
 from firmware_rollout.device.download import DownloadSource, MirrorSettings, download_source
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
@@ -391,7 +391,7 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
     the agent in place."""
     config = worker.config
     fw = config.firmware
-    key = load_verify_key(fw.public_key)
+    key = fleet_keys(worker)
     state_dir = firmware_state_dir(fw, worker.data_dir)
     clock = worker.clock
     installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 async def updater_part(worker: WorkerAgent, env: DeviceEnv) -> UpdaterPart | None:
     """The updater as `[firmware]` configures it, on the environment's hardware (the simulator's)
     or on the device's own (`device_hardware`); None when no public key is pinned."""
-    if not worker.config.firmware.public_key:
+    if not worker.config.firmware.keyed:
         return None
     from agent.worker.updater_actor import UpdaterPart, device_hardware
 

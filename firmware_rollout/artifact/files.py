@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from firmware_rollout._fs import fsync_dir
-from firmware_rollout.artifact.keys import SigningKey, VerifyKey
+from firmware_rollout.artifact.keys import SigningKey, Verifier
 from firmware_rollout.artifact.manifest import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
@@ -104,7 +104,7 @@ def check_image(handle: BinaryIO, manifest: Manifest) -> None:
 
 def verify_artifact(
     path: str | Path,
-    key: VerifyKey,
+    key: Verifier,
     *,
     hardware: str | None = None,
     installed_version: str | None = None,

@@ -14,6 +14,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, Union
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -73,6 +74,19 @@ class VerifyKey:
     @property
     def key_id_hex(self) -> str:
         return self.key_id.hex()
+
+
+class KeySource(Protocol):
+    """Keys chosen by the key id a signature names: the fleet's trust document
+    (`firmware_rollout.artifact.trust.TrustedKeys`)."""
+
+    def signer(self, key_id: bytes) -> VerifyKey:
+        """The key that must have signed; `WrongKey` saying why there is none."""
+        ...
+
+
+#: What checks a signature: one pinned key, or the keys a trust document lists.
+Verifier = Union["VerifyKey", KeySource]
 
 
 class SigningKey:
@@ -181,7 +195,9 @@ __all__ = [
     "PUBLIC_KEY_FILE",
     "SIGNATURE_SIZE",
     "KeyPairPaths",
+    "KeySource",
     "SigningKey",
+    "Verifier",
     "VerifyKey",
     "generate_keypair",
     "load_signing_key",

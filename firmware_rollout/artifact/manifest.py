@@ -27,7 +27,7 @@ from typing import Annotated
 
 import msgspec
 
-from firmware_rollout.artifact.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, VerifyKey
+from firmware_rollout.artifact.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, Verifier, VerifyKey
 from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import (
     BadSignature,
@@ -215,9 +215,14 @@ def decode_manifest(data: bytes) -> Manifest:
     return validate_manifest(manifest)
 
 
-def _check_signature(signed_part: bytes, key_id: bytes, signature: bytes, key: VerifyKey) -> None:
+def _check_signature(signed_part: bytes, key_id: bytes, signature: bytes, key: Verifier) -> None:
     if not any(key_id) and not any(signature):
         raise Unsigned("artifact is unsigned (sign it with `edge-agent firmware sign`)")
+    if not isinstance(key, VerifyKey):  # the key the trust document lists for that id, or WrongKey
+        signer = key.signer(key_id)
+        if not signer.verify(signature, SIGNING_DOMAIN + signed_part):
+            raise BadSignature(f"bad signature: manifest signature does not verify against key {signer.key_id_hex}")
+        return
     valid = key.verify(signature, SIGNING_DOMAIN + signed_part)
     if valid and key_id == key.key_id:
         return
@@ -258,7 +263,7 @@ class SignedManifest(msgspec.Struct, frozen=True):
     def is_signed(self) -> bool:
         return any(self.key_id) or any(self.signature)
 
-    def verify(self, key: VerifyKey) -> SignedManifest:
+    def verify(self, key: Verifier) -> SignedManifest:
         """Raise `BadSignature` (or `WrongKey`, `Unsigned`) unless `key` signed it; return self."""
         _check_signature(self.signed_part, self.key_id, self.signature, key)
         return self
@@ -306,7 +311,7 @@ def parse_signed_manifest(data: bytes) -> SignedManifest:
     return SignedManifest(bytes(data[:total]), length, manifest)
 
 
-def verify_signed_manifest(data: bytes, key: VerifyKey) -> SignedManifest:
+def verify_signed_manifest(data: bytes, key: Verifier) -> SignedManifest:
     """Parse and check the signature. The signature is checked before the manifest is trusted;
     a manifest that does not decode is reported as malformed either way."""
     length = parse_header(data)

@@ -31,7 +31,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.config import FirmwareSection, convert
 from agent.core.errors import ConfigError
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class InstallerContext:
 
     state_dir: Path  # the updater's (or the root helper's) state directory
     clock: Clock
-    verify_key: VerifyKey | None
+    verify_key: Verifier | None
 
 
 S = TypeVar("S", bound=BackendSettings)

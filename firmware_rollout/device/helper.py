@@ -32,6 +32,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -43,7 +44,7 @@ from agent.core.errors import EdgeAgentError
 from agent.core.peercred import peer_credentials
 from agent.core.ratelog import RateLimitedLog
 from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import (
     HEADER_SIZE,
     MAX_CHUNK_SIZE,
@@ -53,6 +54,7 @@ from firmware_rollout.artifact.manifest import (
     check_policy,
     verify_signed_manifest,
 )
+from firmware_rollout.artifact.trust import TrustedKeys
 from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slot_records import SlotRecords
@@ -81,6 +83,9 @@ class HelperRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     length: Annotated[int, msgspec.Meta(ge=0, le=MAX_CHUNK_SIZE)] = 0
     data: Annotated[bytes, msgspec.Meta(max_length=MAX_CHUNK_SIZE)] = b""
     signed_manifest: Annotated[bytes, msgspec.Meta(max_length=MAX_MANIFEST)] = b""
+    # open_slot: the agent's newest trust document; the helper takes it only when its own root
+    # (installer.toml trust_root) signed it and it is newer than the helper's (never the agent's word)
+    trust: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)] = b""
     trial: bool = False
     reason: Annotated[str, msgspec.Meta(max_length=200)] = ""
 
@@ -141,7 +146,7 @@ class InstallHelper:
     the bound closes that uid's longest-idle connection, so idle connections cannot lock the
     agent out of its helper."""
 
-    def __init__(self, installer: Installer, rebooter: Rebooter, *, verify_key: VerifyKey, state_dir: Path,
+    def __init__(self, installer: Installer, rebooter: Rebooter, *, verify_key: Verifier, state_dir: Path,
                  made_with: str, allowed_uids: frozenset[int] = frozenset(), image: str | None = None,
                  hardware: str | None = None) -> None:
         self._installer = installer
@@ -275,6 +280,8 @@ class InstallHelper:
         if r.slot not in installer.slots:
             raise InstallError(f"no slot {r.slot!r} here (this helper manages {', '.join(installer.slots)})")
         if r.op == "open_slot":
+            if r.trust and isinstance(self._key, TrustedKeys) and self._key.accept(r.trust):
+                log.info("took trust document v%d from the agent (signed by this helper's root)", self._key.version)
             manifest = verify_signed_manifest(r.signed_manifest, self._key).manifest
             check_policy(manifest, hardware=self._hardware, image=self._image,
                          installed_version=self.records.booted_version)
@@ -311,8 +318,10 @@ class HelperInstaller:
     """The `Installer` (and `Rebooter`) of an unprivileged agent: every step is a request to the
     root helper on `socket_path`; the helper's state after each step answers the queries."""
 
-    def __init__(self, socket_path: str | Path, *, clock: Clock | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(self, socket_path: str | Path, *, clock: Clock | None = None, timeout_s: float = 600.0,
+                 trust: Callable[[], bytes] | None = None) -> None:
         self._path = str(socket_path)
+        self._trust = trust  # the agent's newest trust document, sent with open_slot
         self._clock = clock or SystemClock()
         self._timeout_s = timeout_s
         self._sock: socket.socket | None = None
@@ -407,7 +416,8 @@ class HelperInstaller:
         return self._state.fell_back
 
     async def open_slot(self, slot: str, signed_manifest: bytes) -> None:
-        await self._ask(HelperRequest(op="open_slot", slot=slot, signed_manifest=signed_manifest))
+        await self._ask(HelperRequest(op="open_slot", slot=slot, signed_manifest=signed_manifest,
+                                      trust=self._trust() if self._trust is not None else b""))
 
     async def write_chunk(self, slot: str, index: int, data: bytes) -> None:
         await self._ask(HelperRequest(op="write_chunk", slot=slot, index=index, data=data))

@@ -26,7 +26,7 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import FileTarget, SlotImages
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
@@ -40,7 +40,7 @@ INSTALL_TIMEOUT_S = 3600.0
 
 class RaucInstaller(StreamingInstaller):
     def __init__(self, *, state_dir: str | Path, rauc: str = "rauc", slot_class: str = "rootfs",
-                 clock: Clock | None = None, verify_key: VerifyKey | None = None) -> None:
+                 clock: Clock | None = None, verify_key: Verifier | None = None) -> None:
         self._rauc = rauc
         self._class = slot_class
         self._clock = clock or SystemClock()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from firmware_rollout.artifact.files import check_image
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import (
     MAX_CHUNK_SIZE,
     ChunkLayout,
@@ -183,7 +183,7 @@ class SlotImages:
     `grow`: the targets are plain files that may be extended (the directory installer and a
     RAUC bundle file); otherwise a target must already hold the whole image (a partition)."""
 
-    def __init__(self, targets: Mapping[str, SlotTarget | Path], *, verify_key: VerifyKey | None,
+    def __init__(self, targets: Mapping[str, SlotTarget | Path], *, verify_key: Verifier | None,
                  grow: bool = False) -> None:
         self.targets: dict[str, SlotTarget] = {
             slot: FileTarget(t, grow=grow) if isinstance(t, Path) else t for slot, t in targets.items()}

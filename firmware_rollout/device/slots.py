@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, fsync_dir, in_thread
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import Backend, BackendSettings, InstallerContext
 from firmware_rollout.device.slot_images import SlotImages
 from firmware_rollout.errors import InstallError
@@ -134,7 +134,7 @@ class DirectoryInstaller(StreamingInstaller):
     `bootenv.json` with the default and trial slots. Its "bootloader" runs when the object is
     made (at process start): it boots the trial slot while one is marked, else the default."""
 
-    def __init__(self, root: str | Path, *, clock: Clock | None = None, verify_key: VerifyKey | None = None) -> None:
+    def __init__(self, root: str | Path, *, clock: Clock | None = None, verify_key: Verifier | None = None) -> None:
         self.root = Path(root)
         self._clock = clock or SystemClock()
         self._env_path = self.root / "bootenv.json"

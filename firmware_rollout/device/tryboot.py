@@ -28,7 +28,7 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import atomic_write, in_thread
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import FileTarget, PairTarget, SlotImages, SlotTarget
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
@@ -85,7 +85,7 @@ def format_autoboot(sections: dict[str, dict[str, str]]) -> str:
 class TrybootInstaller(StreamingInstaller):
     def __init__(self, *, autoboot_path: str | Path, slot_a: PiSlot, slot_b: PiSlot, state_dir: str | Path,
                  partition_path: str | Path = "/proc/device-tree/chosen/bootloader/partition",
-                 clock: Clock | None = None, verify_key: VerifyKey | None = None) -> None:
+                 clock: Clock | None = None, verify_key: Verifier | None = None) -> None:
         if slot_a.partition == slot_b.partition:
             raise InstallError("slot_a and slot_b must boot different partitions")
         self._autoboot = Path(autoboot_path)

@@ -31,7 +31,7 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import SlotImages
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
@@ -61,7 +61,7 @@ class UBootInstaller(StreamingInstaller):
     def __init__(self, *, fw_env_config: str | Path, slot_a: str | Path, slot_b: str | Path,
                  cmdline_path: str | Path = "/proc/cmdline", fw_env_defaults: str | Path = "",
                  boot_attempts: int = 3, fw_printenv: str = "fw_printenv", fw_setenv: str = "fw_setenv",
-                 clock: Clock | None = None, verify_key: VerifyKey | None = None) -> None:
+                 clock: Clock | None = None, verify_key: Verifier | None = None) -> None:
         if not 1 <= boot_attempts <= 9:
             raise InstallError(f"boot_attempts must be 1 to 9, not {boot_attempts}")
         self._config = str(fw_env_config)

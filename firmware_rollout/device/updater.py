@@ -44,12 +44,13 @@ from agent.core.errors import (
     EdgeAgentError,
 )
 from firmware_rollout._fs import atomic_write, in_thread
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import (
     Manifest,
     check_policy,
     verify_signed_manifest,
 )
+from firmware_rollout.artifact.trust import TrustedKeys
 from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.delta import Delta, find_delta
 from firmware_rollout.device.health import HealthCheck, HealthResult
@@ -132,7 +133,7 @@ class Updater:
         record: UpdateRecord,
         slot_versions: dict[str, str],
         device_id: str,
-        verify_key: VerifyKey,
+        verify_key: Verifier,
         clock: Clock,
         installer: Installer,
         health: HealthCheck,
@@ -170,7 +171,7 @@ class Updater:
         state_dir: str | Path,
         *,
         device_id: str,
-        verify_key: VerifyKey,
+        verify_key: Verifier,
         clock: Clock,
         health: HealthCheck,
         rebooter: Rebooter,
@@ -217,7 +218,7 @@ class Updater:
         return updater
 
     @classmethod
-    async def inspect(cls, state_dir: str | Path, *, installer: Installer, device_id: str, verify_key: VerifyKey,
+    async def inspect(cls, state_dir: str | Path, *, installer: Installer, device_id: str, verify_key: Verifier,
                       clock: Clock, initial_version: str = "0.0.0") -> Updater:
         """Open the records only to read them (`status`, `slot_versions`): no boot is accounted,
         no flag settled; safe beside a running agent. Close it after."""
@@ -487,8 +488,10 @@ class Updater:
             stage_only=offer.download_only, mirrors="\n".join(offer.mirrors),
         )
         try:
+            if offer.trust and isinstance(self._key, TrustedKeys) and self._key.accept(offer.trust):
+                log.info("took trust document v%d with offer %s", self._key.version, offer.rollout_id)
             manifest = self.checked(offer.signed_manifest)
-        except ArtifactError as exc:  # a bad signature, a manifest that is not one
+        except ArtifactError as exc:  # a trust document or a signature refused, a manifest that is not one
             await self._refuse(base, exc)
             return
         base = base.but(version=manifest.version)

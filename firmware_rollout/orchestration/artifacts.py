@@ -24,7 +24,7 @@ from agent.core.errors import ArtifactError, RolloutError
 from agent.service.files import fsync_path
 from firmware_rollout._fs import fsync_dir
 from firmware_rollout.artifact.files import verify_artifact
-from firmware_rollout.artifact.keys import VerifyKey
+from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import SignedManifest
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Admitted:
 
 
 class ArtifactStore:
-    def __init__(self, directory: str | Path, key: VerifyKey | None, *, key_source: str = "[firmware] public_key"):
+    def __init__(self, directory: str | Path, key: Verifier | None, *, key_source: str = "[firmware] public_key"):
         self.directory = Path(directory)
         self._key = key
         self._key_source = key_source

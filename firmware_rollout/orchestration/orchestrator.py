@@ -122,6 +122,7 @@ class Orchestrator:
         self.admit_config = admit_config  # None: this leader starts no config rollout
         # the leader's artifact HTTP server, offered after the spec's mirrors (empty: none)
         self.own_mirror = own_mirror
+        self.trust_document = b""  # handed to devices with every offer (the leader's [firmware] trust_document)
         # The leader's verified copies (None: the artifact's path is served as given, unchecked:
         # the library's own tests and tools that check artifacts themselves).
         self.artifacts = artifacts
@@ -646,6 +647,7 @@ class Orchestrator:
                 chunk_size=spec.download.chunk_size,
                 download_only=spec.rollout.download_only and d.wave not in approved,
                 mirrors=mirrors,
+                trust=self.trust_document,
             )
 
         await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s,

@@ -20,7 +20,7 @@ from agent.leader.rollout import admit_config_release
 from config_rollout.messages import OFFER_RELEASE_MAX
 from config_rollout.release import build_release
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.artifact.keys import KeyPairPaths, generate_keypair, load_signing_key
+from firmware_rollout.artifact.keys import KeyPairPaths, generate_keypair, load_signing_key, load_verify_key
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.spec import spec_from_dict
 from firmware_rollout.orchestration.store import RolloutStore
@@ -45,7 +45,7 @@ async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_p
     port.config_held = {"app": {"d0": "1.0.0", "d1": "1.0.0", "d2": "0.9.0"}}  # d3 stated none yet
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(str(keys.public), tmp_path / "artifacts",
+                                admit_config=lambda src: admit_config_release(load_verify_key(keys.public), tmp_path / "artifacts",
                                                                               src))
     try:
         artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=4096)
@@ -77,13 +77,13 @@ def test_a_release_the_leader_cannot_vouch_for_starts_nothing(tmp_path: Path) ->
                                       created_ms=1))
     store_dir = tmp_path / "artifacts"
     with pytest.raises(RolloutError, match="not the fleet's key"):
-        admit_config_release(str(keys.public), store_dir, str(foreign))
+        admit_config_release(load_verify_key(keys.public), store_dir, str(foreign))
     big = tmp_path / "big.eacfg"
     big.write_bytes(b"x" * (OFFER_RELEASE_MAX + 1))
     with pytest.raises(RolloutError, match="too large to offer"):
-        admit_config_release(str(keys.public), store_dir, str(big))
+        admit_config_release(load_verify_key(keys.public), store_dir, str(big))
     with pytest.raises(RolloutError, match="no \\[firmware\\] public_key"):
-        admit_config_release("", store_dir, str(foreign))
+        admit_config_release(None, store_dir, str(foreign))
     assert not store_dir.exists() or not list(store_dir.iterdir())  # nothing kept
     with pytest.raises(ConfigError, match="rollout.download_only"):
         spec_from_dict(spec_data(foreign, rollout={"kind": "config", "download_only": True}))
@@ -101,7 +101,7 @@ async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_t
     port.in_sync = set()
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(str(keys.public), tmp_path / "artifacts",
+                                admit_config=lambda src: admit_config_release(load_verify_key(keys.public), tmp_path / "artifacts",
                                                                               src))
     seq = iter(range(1, 1000))
 
@@ -154,7 +154,7 @@ async def test_a_config_rollback_rolls_forward_to_the_old_content_under_a_higher
     port = FakePort(clock, ["d0", "d1"])
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(str(keys.public), tmp_path / "artifacts",
+                                admit_config=lambda src: admit_config_release(load_verify_key(keys.public), tmp_path / "artifacts",
                                                                               src))
     try:
         spec = spec_from_dict(spec_data(release("1.1.0", "port = 2\n"), rollout={"kind": "config"},

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(not Path("/usr/bin/fw_setenv").exists(), reason=
 
 class Helper:
     def __init__(self, tmp: Path, keys: Keys, *, made_with: str = "1.0.0", reboot_timeout_s: float = 0.5,
-                 helper_user: str = "edge-agent", socket_dir: Path | None = None) -> None:
+                 helper_user: str = "edge-agent", socket_dir: Path | None = None, trust_root: Path | None = None) -> None:
         self.tmp = tmp
         self.board = Board(tmp / "board")
         self.socket = (socket_dir or tmp) / "installer.sock"
@@ -50,7 +50,7 @@ data_dir = "{tmp / 'data'}"
 firmware_version = "{made_with}"
 
 [firmware]
-public_key = "{keys.public_path}"
+{f'trust_root = "{trust_root}"' if trust_root else f'public_key = "{keys.public_path}"'}
 installer = "uboot"
 helper_state_dir = "{tmp / 'helper-state'}"
 helper_group = "no-such-group-here"
@@ -373,3 +373,36 @@ def test_config_check_knows_the_helpers_own_config(tmp_path: Path, keys: Keys, c
                         .replace('helper_user = "daemon"', 'helper_user = "nobody-by-that-name"'))
     assert cli(["config", "check", str(h.config)]) == 2
     assert "firmware.helper_user: no user 'nobody-by-that-name'" in capsys.readouterr().err
+
+
+async def test_a_helper_on_a_trust_root_takes_only_documents_its_own_root_signed(tmp_path: Path, keys: Keys) -> None:
+    from firmware_rollout.artifact.keys import SigningKey
+    from firmware_rollout.artifact.trust import TrustedKeys, make_trust_document
+
+    root, stranger = SigningKey.generate(), SigningKey.generate()
+    (tmp_path / "root.pem").write_bytes(root.public.to_pem())
+    now = int(time.time() * 1000)
+
+    def trust(version: int, signer: SigningKey) -> bytes:
+        return make_trust_document(version=version, roots=[root.public], keys=[(keys.verify, now + 86_400_000)],
+                                   signers=[signer], issued_ms=now)
+
+    h = Helper(tmp_path, keys, trust_root=tmp_path / "root.pem")
+    try:
+        artifact, signed = versioned(tmp_path, keys, "1.1.0")
+        forged = HelperInstaller(h.socket, trust=lambda: trust(1, stranger))  # an agent carrying a forged document
+        with pytest.raises(HelperError, match="not signed by a trusted root"):
+            await forged.open_slot("B", signed.raw)
+        forged.close()
+        bare = HelperInstaller(h.socket)  # no document yet: the helper knows no signing key
+        with pytest.raises(HelperError, match="no trust document is held yet"):
+            await bare.open_slot("B", signed.raw)
+        bare.close()
+        agent_keys = TrustedKeys([root.public], now_ms=lambda: now)
+        agent_keys.accept(trust(1, root))
+        installer = HelperInstaller(h.socket, trust=lambda: agent_keys.document.raw)  # type: ignore[union-attr]
+        await write_and_check(installer, artifact, signed, "B")
+        installer.close()
+        assert (tmp_path / "helper-state" / "trust" / "trust.json").exists()  # kept in the helper's own state
+    finally:
+        h.stop()
