@@ -38,6 +38,7 @@ def signed_release(tmp: Path, keys: KeyPairPaths, version: str, text: str) -> Pa
 
 async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_path: Path) -> None:
     keys = generate_keypair(tmp_path / "keys")
+    fleet_key = load_verify_key(keys.public)
     release = signed_release(tmp_path, keys, "1.1.0", "port = 2\n")
     clock = VirtualClock()
     devices = [f"d{i}" for i in range(4)]
@@ -45,7 +46,7 @@ async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_p
     port.config_held = {"app": {"d0": "1.0.0", "d1": "1.0.0", "d2": "0.9.0"}}  # d3 stated none yet
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(load_verify_key(keys.public), tmp_path / "artifacts",
+                                admit_config=lambda src: admit_config_release(fleet_key, tmp_path / "artifacts",
                                                                               src))
     try:
         artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=4096)
@@ -70,6 +71,7 @@ async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_p
 
 def test_a_release_the_leader_cannot_vouch_for_starts_nothing(tmp_path: Path) -> None:
     keys = generate_keypair(tmp_path / "keys")
+    fleet_key = load_verify_key(keys.public)
     other = generate_keypair(tmp_path / "other")
     (tmp_path / "app.toml").write_text("port = 2\n")
     foreign = tmp_path / "foreign.eacfg"
@@ -77,11 +79,11 @@ def test_a_release_the_leader_cannot_vouch_for_starts_nothing(tmp_path: Path) ->
                                       created_ms=1))
     store_dir = tmp_path / "artifacts"
     with pytest.raises(RolloutError, match="not the fleet's key"):
-        admit_config_release(load_verify_key(keys.public), store_dir, str(foreign))
+        admit_config_release(fleet_key, store_dir, str(foreign))
     big = tmp_path / "big.eacfg"
     big.write_bytes(b"x" * (OFFER_RELEASE_MAX + 1))
     with pytest.raises(RolloutError, match="too large to offer"):
-        admit_config_release(load_verify_key(keys.public), store_dir, str(big))
+        admit_config_release(fleet_key, store_dir, str(big))
     with pytest.raises(RolloutError, match="no \\[firmware\\] public_key"):
         admit_config_release(None, store_dir, str(foreign))
     assert not store_dir.exists() or not list(store_dir.iterdir())  # nothing kept
@@ -95,13 +97,14 @@ async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_t
     from firmware_rollout.messages import UpdateReport
 
     keys = generate_keypair(tmp_path / "keys")
+    fleet_key = load_verify_key(keys.public)
     release = signed_release(tmp_path, keys, "1.1.0", "port = 2\n")
     clock = VirtualClock()
     port = FakePort(clock, [f"d{i}" for i in range(3)])
     port.in_sync = set()
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(load_verify_key(keys.public), tmp_path / "artifacts",
+                                admit_config=lambda src: admit_config_release(fleet_key, tmp_path / "artifacts",
                                                                               src))
     seq = iter(range(1, 1000))
 
@@ -146,6 +149,7 @@ async def test_a_config_rollback_rolls_forward_to_the_old_content_under_a_higher
     from firmware_rollout.messages import UpdateReport
 
     keys = generate_keypair(tmp_path / "keys")
+    fleet_key = load_verify_key(keys.public)
 
     def release(version: str, text: str) -> Path:
         return signed_release(tmp_path, keys, version, text)
@@ -154,7 +158,7 @@ async def test_a_config_rollback_rolls_forward_to_the_old_content_under_a_higher
     port = FakePort(clock, ["d0", "d1"])
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(load_verify_key(keys.public), tmp_path / "artifacts",
+                                admit_config=lambda src: admit_config_release(fleet_key, tmp_path / "artifacts",
                                                                               src))
     try:
         spec = spec_from_dict(spec_data(release("1.1.0", "port = 2\n"), rollout={"kind": "config"},

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.skipif(not Path("/usr/bin/fw_setenv").exists(), reason=
 
 class Helper:
     def __init__(self, tmp: Path, keys: Keys, *, made_with: str = "1.0.0", reboot_timeout_s: float = 0.5,
-                 helper_user: str = "edge-agent", socket_dir: Path | None = None, trust_root: Path | None = None) -> None:
+                 helper_user: str = "edge-agent", socket_dir: Path | None = None,
+                 trust_root: Path | None = None) -> None:
         self.tmp = tmp
         self.board = Board(tmp / "board")
         self.socket = (socket_dir or tmp) / "installer.sock"
