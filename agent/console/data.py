@@ -8,8 +8,9 @@ from typing import Any
 
 from agent.console.charts import Series, online_series, rollout_series
 from agent.core.clock import SystemClock
-from agent.core.errors import EdgeAgentError, RolloutError
+from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
+from agent.leader.identities import Control, Identity
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow
 from agent.leader.status import FleetStatus, fleet_status
@@ -216,6 +217,49 @@ def config_layers(db: Path) -> ConfigLayers:
         reads = LayerReads(leader.conn)
         rows = reads.rows(now_ms=int(time.time() * 1000))
         return ConfigLayers({t: reads.group_order(t) for t in sorted({r.target for r in rows})}, rows)
+
+
+@dataclass(frozen=True)
+class Identities:
+    on: bool  # the leader keeps device identities ([identity] in its config)
+    rows: list[Identity]
+    outcomes: list[Control]  # the newest decisions, with what the leader made of them
+
+
+def identities(db: Path) -> Identities:
+    """Every device identity on record, pending first, and the newest decisions."""
+    from agent.core.errors import StoreError
+    from agent.leader.identities import IdentityStore
+
+    try:
+        store = IdentityStore.open_readonly(db)
+    except StoreError:
+        return Identities(False, [], [])
+    with store:
+        rows = store.listed()
+        recent = store.controls(unapplied=False)[-10:]
+    order = {"pending": 0, "approved": 1, "rejected": 2, "revoked": 3}
+    return Identities(True, sorted(rows, key=lambda r: (order[r.state], r.device)), list(reversed(recent)))
+
+
+def identity_control(db: Path, form: dict[str, str], actor: str) -> int:
+    """Approve, reject or revoke one device from the identities page, as `edge-agent devices`
+    does: a control the running leader applies (it alone holds the CA's key)."""
+    import time
+
+    from agent.core.errors import IdentityError
+    from agent.leader.identities import ACTIONS, IdentityStore
+
+    action, device = form.get("action", ""), form.get("device", "").strip()
+    if action not in ACTIONS:
+        raise ConfigError("action", None, f"one of {', '.join(ACTIONS)}")
+    with IdentityStore.open_readonly(db) as reads:
+        found = reads.get(device)
+    if found is None:
+        raise IdentityError(f"no enrolment of {device!r}")
+    with IdentityStore.open(db) as store:
+        return store.add_control(action, device, by=actor, now_ms=int(time.time() * 1000),
+                                 reason=form.get("reason", "")[:512])
 
 
 def change_layer(db: Path, form: dict[str, str], actor: str) -> str:

@@ -34,7 +34,7 @@ import markupsafe
 from agent.console import charts, data
 from agent.core.clock import SystemClock
 from agent.core.durations import ago, format_age
-from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
+from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, IdentityError, RolloutError
 from agent.core.sizes import format_bytes
 from agent.leader.fleet_view import DeviceFilter
 from agent.leader.reject_view import printable
@@ -260,6 +260,10 @@ class Console:
             done = query.get("done", "")
             return 200, self.config_page(message="saved: offered with the target's next config rollout"
                                          if done == "1" else "")
+        if path == "/identities":
+            queued = query.get("queued", "")
+            return 200, self.identities_page(message=f"queued as control {int(queued)}: the leader applies it within a"
+                                             " second" if queued.isdigit() and len(queued) <= 18 else "")
         if path == "/dead-letters":
             total, rows = data.dead_letters(self.config.outbox)
             return 200, self.render("dead", title="dead letters", total=total, rows=rows,
@@ -350,6 +354,25 @@ class Console:
             return 400, self.config_page(form=form, error=str(exc)), ""
         log.info("configuration layer changed", extra={"kv": {"change": said, "by": actor}})
         return 303, b"", "/config?done=1"
+
+    def identities_page(self, *, message: str = "", error: str = "") -> bytes:
+        """Device identities: pending enrolments to approve or reject, enrolled devices to revoke."""
+        return self.render("identities", title="device identities", x=data.identities(self.config.db),
+                           csrf=self.csrf, message=message, error=error, refresh=REFRESH_S)
+
+    def decide_identity(self, form: dict[str, str], proof: Proof, actor: str = "") -> tuple[int, bytes, str]:
+        """A POST of the identities page: approve, reject or revoke one device (303 back to the
+        page), or the page again with the reason (403: the form's CSRF value is wrong; 409: no
+        such enrolment or action)."""
+        if proof != "token" and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
+            return 403, self.identities_page(error="the form has expired: open the page again"), ""
+        try:
+            control_id = data.identity_control(self.config.db, form, actor or "the console")
+        except (ConfigError, IdentityError) as exc:
+            return 409, self.identities_page(error=str(exc)), ""
+        log.info("identity control queued", extra={"kv": {"device": form.get("device", "")[:128],
+                                                          "action": form.get("action", "")[:16], "by": actor}})
+        return 303, b"", f"/identities?queued={control_id}"
 
     def _store(self) -> Path:
         """The leader's artifact store."""
@@ -600,6 +623,12 @@ class ConsoleHttp:
         if request.path == "/rollouts/new":
             try:
                 status, body, location = console.new_rollout(form, proof, actor)
+            except EdgeAgentError as exc:
+                return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
+            return _page(status, body, (("Location", location),) if location else ())
+        if request.path == "/identities":
+            try:
+                status, body, location = console.decide_identity(form, proof, actor)
             except EdgeAgentError as exc:
                 return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
             return _page(status, body, (("Location", location),) if location else ())

@@ -389,3 +389,44 @@ def test_an_operator_sets_and_unsets_configuration_layer_values(tmp_path: Path) 
         status, _, _ = request(address, "POST", "/config", body=urllib.parse.urlencode({**unset, "action": "unset"}),
                                headers={**form, "Cookie": cookie})
         assert status == 303 and LayerStore.open_readonly(db).rows(now_ms=0) == []
+
+
+def test_an_operator_approves_and_revokes_device_identities(tmp_path: Path) -> None:
+    """The identities page: pending enrolments with approve and reject, enrolled devices with
+    revoke; a decision is a control for the running leader (as `edge-agent devices` writes it,
+    with who decided); a forged form and an unknown device are refused; a leader without
+    [identity] says identities are off."""
+    from agent.core.clock import VirtualClock
+    from agent.leader.identities import IdentityStore
+
+    db = tmp_path / "leader.db"
+    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id="a", seq=1, uptime_s=1.0)])
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    with serving(db) as address:
+        _, _, page = request(address, "GET", "/identities", headers=BEARER)
+        assert "Device identities are off" in page
+        with IdentityStore.open(db) as store:
+            store.record_request(device="<b>pi-9</b>", fingerprint="ab" * 32, csr="", hw_serial="1000cafe",
+                                 machine_id="", agent_version="0.1.0", claim="claim", now_ms=1)
+        _, _, page = request(address, "GET", "/identities", headers=BEARER)
+        assert "&lt;b&gt;pi-9&lt;/b&gt;" in page and "<b>pi-9</b>" not in page and "1000cafe" in page
+        csrf = page.split('name="csrf" value="')[1].split('"')[0]
+        _, headers, _ = request(address, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}), headers=form)
+        cookie = headers["Set-Cookie"].split(";")[0]
+        decision = {"csrf": csrf, "action": "approve", "device": "<b>pi-9</b>"}
+        status, headers, _ = request(address, "POST", "/identities", body=urllib.parse.urlencode(decision),
+                                     headers={**form, "Cookie": cookie})
+        assert status == 303 and headers["Location"].startswith("/identities?queued=")
+        controls = IdentityStore.open_readonly(db).controls()
+        assert [(c.action, c.device) for c in controls] == [("approve", "<b>pi-9</b>")]
+        assert "via the console" in controls[0].by
+        _, _, page = request(address, "GET", headers["Location"], headers=BEARER)
+        assert "queued as control" in page and "waiting for the leader" in page
+        status, _, page = request(address, "POST", "/identities", body=urllib.parse.urlencode(
+            {**decision, "device": "nobody"}), headers={**form, "Cookie": cookie})
+        assert status == 409 and "no enrolment of" in page
+        status, _, page = request(address, "POST", "/identities", body=urllib.parse.urlencode(
+            {**decision, "csrf": "x"}), headers={**form, "Cookie": cookie})
+        assert status == 403 and "the form has expired" in page
+        assert len(IdentityStore.open_readonly(db).controls()) == 1
