@@ -35,7 +35,7 @@ from agent.identity.certificates import read_certificate, read_request
 from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewAnswer, RenewRequest
 from agent.leader.identities import Control, Identity, IdentityStore
 from agent.service.files import write_private_file
-from agent.service.parts import PartBase
+from agent.service.parts import Collectors, PartBase
 from agent.transport import topics
 from agent.transport.base import InboundMessage
 
@@ -118,6 +118,19 @@ class IdentityService(PartBase):
         self.answered = 0
         self.refused = 0
         _, _, self.crl_path = authority_files(self.section, leader.data_dir)
+
+    def collectors(self) -> Collectors:
+        from agent.service.collectors import snapshot_collector
+
+        def snapshot() -> dict[str, object]:
+            states = {state: self.store.count(state) for state in ("pending", "approved", "rejected", "revoked")}
+            return {"devices": states, "answered": self.answered, "refused": self.refused}
+
+        return {"identity": snapshot_collector(
+            "ea_identity", snapshot, counters=("answered", "refused"), label="state",
+            help_={"devices": "Device identities by state (pending enrolments wait for an operator).",
+                   "answered": "Enrolment answers sent.",
+                   "refused": "Enrolment and renewal requests refused (see edge-agent rejects)."})}
 
     def register(self) -> None:
         self.leader.register_route(KIND_RENEW, RenewRequest, self._renew)

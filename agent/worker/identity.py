@@ -31,7 +31,7 @@ from agent.core.clock import Clock
 from agent.core.config import AgentConfig, IdentitySection, resolve
 from agent.core.errors import CodecError, ConfigError, IdentityError, TransportError
 from agent.service.files import write_private_file
-from agent.service.parts import PartBase
+from agent.service.parts import Collectors, PartBase
 from agent.transport import topics
 from agent.transport.base import InboundMessage
 
@@ -309,6 +309,26 @@ class IdentityRenewal(PartBase):
         self.last_error = ""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    def collectors(self) -> Collectors:
+        from agent.service.collectors import snapshot_collector
+
+        def snapshot() -> dict[str, object]:
+            from agent.identity.certificates import read_certificate
+
+            try:
+                info = read_certificate(self.files.cert.read_bytes())
+                left = (info.not_after_ms - self.clock.now_ms()) / 1000
+            except (OSError, IdentityError):
+                left = 0.0
+            return {"certificate_expires_in_seconds": left, "renewals": self.renewed, "renewal_failures": self.failures}
+
+        return {"identity": snapshot_collector(
+            "ea_identity", snapshot, counters=("renewals", "renewal_failures"),
+            help_={"certificate_expires_in_seconds": "Seconds until this device's certificate expires (renewed at"
+                                                     " two thirds of its life).",
+                   "renewals": "Certificates renewed by this agent since it started.",
+                   "renewal_failures": "Renewals that failed (tried again at the next check)."})}
 
     async def start(self) -> None:
         self.worker.transport.connected.add_listener(self._on_connection)

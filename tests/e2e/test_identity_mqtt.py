@@ -97,6 +97,11 @@ def can_connect(port: int, ca: Path, cert: Path, key: Path) -> bool:
     return False
 
 
+def openssl_verify(ca: Path, crl: Path, cert: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["openssl", "verify", "-crl_check", "-CAfile", str(ca), "-CRLfile", str(crl), str(cert)],
+                          capture_output=True, text=True, timeout=30)
+
+
 def forge(port: int, envelope: Envelope) -> None:
     client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="forger", protocol=paho.MQTTv5)
     client.username_pw_set("forger", "forger-pw")
@@ -166,6 +171,9 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
                                   (DEVICE, seq)), "a heartbeat on the renewed certificate")
         assert "renewed the certificate of dev-1" in (tmp_path / "worker.log").read_text()
 
+        crl = leader_dir / "identity" / "crl.pem"
+        assert openssl_verify(certs / "ca.crt", crl, cert).returncode == 0  # OpenSSL's own check of our CA and CRL
+
         # revoked: refused at once, the CRL rewritten and reloaded by the broker
         revoked = cli("devices", "revoke", DEVICE, "--config", str(leader_conf), "--reason", "stolen")
         assert revoked.returncode == 0, revoked.stderr
@@ -179,6 +187,8 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
                  "the replay refused")
         assert db_query(leader_db, "SELECT reason FROM rejects WHERE msg_id = 'replayed-1'")[0][0] == \
             "device dev-1 is revoked"
+        checked = openssl_verify(certs / "ca.crt", crl, cert)
+        assert checked.returncode != 0 and "certificate revoked" in checked.stdout + checked.stderr
         assert kill(worker) == -signal.SIGKILL
         worker = None
         device_key, device_cert = key, cert

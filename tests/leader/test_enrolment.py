@@ -107,6 +107,10 @@ async def test_a_request_waits_for_approval_and_gets_a_certificate_of_the_fleet_
     cert.verify_directly_issued_by(ca)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "dev-1"
     assert service.store.control(control).ok  # type: ignore[union-attr]
+    metrics = {(f.name, tuple(s.labels)): s.value for f in await service.collectors()["identity"]()
+               for s in f.samples}
+    assert metrics[("ea_identity_devices", (("state", "approved"),))] == 1.0
+    assert metrics[("ea_identity_devices", (("state", "pending"),))] == 0.0
     # the same request again: the same certificate, nothing new issued
     await claimant.ask("dev-1", key)
     await until(agent.clock, lambda: len([a for a in claimant.answers if a.status == "approved"]) == 2)
@@ -218,6 +222,70 @@ async def test_a_certificate_renews_two_thirds_into_its_life_on_virtual_time(tmp
     assert first.renew_at_ms <= restarts[0] < first.renew_at_ms + 10_000  # two thirds into its life
     assert renewed.serial != first.serial and renewed.not_after_ms > first.not_after_ms
     assert renewed.fingerprint == first.fingerprint  # the same key, never sent
+    metrics = {f.name: f.samples[0].value for f in await renewal.collectors()["identity"]()}
+    assert metrics["ea_identity_renewals_total"] == 1.0
+    assert metrics["ea_identity_certificate_expires_in_seconds"] == (renewed.not_after_ms - clock.now_ms()) / 1000
+    await renewal.stop()
+    await service.stop()
+    await stop_all(dev, agent, clock=clock)
+
+
+def test_a_device_back_after_its_certificate_expired_says_so_and_enrols_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """At its start: an expired certificate is one line and no certificate (enrolment follows);
+    the leader takes the same key's request again as pending (an operator decides again)."""
+    from agent.identity.authority import FleetAuthority, new_authority
+    from agent.identity.certificates import read_request
+    from agent.leader.identities import IdentityStore
+    from agent.worker.identity import usable_certificate
+
+    files = IdentityFiles(tmp_path / "identity")
+    key = files.key_pem()
+    assert (files.dir.stat().st_mode & 0o777, files.key.stat().st_mode & 0o777) == (0o700, 0o600)
+    ca = FleetAuthority(*new_authority("t", now_ms=0))
+    request = read_request(certificate_request(key, "dev-1"), device_id="dev-1")
+    cert = ca.issue_device(request, now_ms=1_000_000, days=1, skew_s=0)
+    files.store(cert, ca.cert_pem)
+    assert usable_certificate(files, key, now_ms=1_000_000 + 3_600_000)
+    with caplog.at_level("ERROR"):
+        assert not usable_certificate(files, key, now_ms=1_000_000 + 86_400_000)
+    assert "the device certificate expired at 1970-01-02T00:16:40Z: this device must enrol again" in caplog.text
+    assert not usable_certificate(files, new_device_key(), now_ms=1_000_000)  # another key's certificate
+    with IdentityStore.open(tmp_path / "leader.db") as store:
+        fields = {"device": "dev-1", "fingerprint": request.fingerprint, "csr": request.pem.decode(), "hw_serial": "",
+                  "machine_id": "", "agent_version": "", "claim": "claim"}
+        store.record_request(**fields, now_ms=1_000_000)
+        store.issued("dev-1", cert=cert.decode(), serial=1, not_after_ms=1_000_000 + 86_400_000, by="op",
+                     now_ms=1_000_000)
+        assert store.record_request(**fields, now_ms=2_000_000).state == "approved"  # still valid: the same one
+        again = store.record_request(**fields, now_ms=1_000_000 + 86_400_000)
+        assert (again.state, again.reason) == ("pending", "certificate expired")
+
+
+async def test_a_device_offline_past_its_renewal_point_renews_as_soon_as_it_is_back(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    agent, service = await identity_leader(tmp_path, broker, clock, cert_days=0.02, clock_skew_s=0)
+    dev = await worker(clock, tmp_path, "dev-1", broker=broker)
+    files = IdentityFiles(tmp_path / "dev-1" / "identity")
+    key = files.key_pem()
+    service.store.record_request(device="dev-1", fingerprint=device_key_fingerprint(key),
+                                 csr=certificate_request(key, "dev-1").decode(), hw_serial="", machine_id="",
+                                 agent_version="", claim="claim", now_ms=clock.now_ms())
+    record = service._approve(service.store.get("dev-1"), by="op")  # type: ignore[arg-type]
+    files.store(record.cert.encode(), service.authority.cert_pem)
+    first = read_certificate(record.cert)
+    restarts: list[int] = []
+    renewal = IdentityRenewal(dev, files, lambda: restarts.append(clock.now_ms()), check_s=600.0)
+    await renewal.start()
+    await until(clock, lambda: dev.transport.connected.is_open, limit_s=30)
+    broker.partition(dev.transport.client_id)
+    await until(clock, lambda: clock.now_ms() > first.renew_at_ms + 60_000, limit_s=1800, step_s=5.0)
+    assert not restarts  # offline: nothing to renew with
+    back = clock.now_ms()
+    broker.heal(dev.transport.client_id)
+    await until(clock, lambda: restarts, limit_s=120, step_s=1.0, what="a renewal at reconnect")
+    assert restarts[0] - back < 30_000 and restarts[0] < first.not_after_ms  # at once, while the old one holds
     await renewal.stop()
     await service.stop()
     await stop_all(dev, agent, clock=clock)
