@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tomllib
 import tempfile
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def snapshot_checkout(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (REPO / name).exists():
             shutil.copy2(REPO / name, dest / name)
-    for name in ("agent", "firmware_rollout", "configs", "systemd", "scripts"):
+    for name in ("agent", "firmware_rollout", "config_rollout", "configs", "systemd", "scripts"):
         if (REPO / name).exists():
             shutil.copytree(REPO / name, dest / name, ignore=ignore)
     return dest / "scripts" / "install.sh"
@@ -76,6 +77,13 @@ def test_install_into_a_temporary_root_is_complete_and_idempotent(
     assert os.access(agent, os.X_OK)
     version = subprocess.run([str(agent), "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("edge-agent ")
+    # every package pyproject.toml ships is installed (a worker's start imports each of them)
+    shipped = tomllib.loads((checkout.parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = [p.rstrip("*") for p in shipped["find"]["include"]]
+    imported = subprocess.run([str(root / "opt/edge-agent/bin/python"), "-c", "import " + ", ".join(packages)],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert imported.returncode == 0, imported.stderr
 
     config = root / "etc/edge-agent/agent.toml"
     assert mode(config) == 0o600 and mode(config.parent) == 0o750
