@@ -26,7 +26,8 @@ def test_mistakes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     worker = tmp_path / "worker.toml"
     worker.write_text('[agent]\ndevice_id = "pi"\n')
     assert cli(["devices", "pending", "--config", str(worker)]) == 2
-    assert capsys.readouterr().err.strip() == f"edge-agent devices: {worker}: agent.role: devices works on a leader's config"
+    said = capsys.readouterr().err.strip()
+    assert said == f"edge-agent devices: {worker}: agent.role: devices works on a leader's config"
     off = leader_config(tmp_path, identity=False)
     assert cli(["devices", "pending", "--config", str(off)]) == 2
     assert "identity: this leader has no [identity] section" in capsys.readouterr().err

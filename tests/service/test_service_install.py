@@ -7,8 +7,8 @@ import os
 import shutil
 import stat
 import subprocess
-import tomllib
 import tempfile
+import tomllib
 from pathlib import Path
 
 import pytest
