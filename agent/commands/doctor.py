@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from agent.transport import TlsSettings
     from agent.transport.probe import BrokerAddress
 
-CHECKS = ("config", "data dir", "agent", "clock", "broker", "tls", "credentials", "mqtt v5", "acl", "leader",
-          "firmware key", "commands", "local api", "leader db", "dead letters", "housekeeping")
+CHECKS = ("config", "data dir", "agent", "clock", "identity", "broker", "tls", "credentials", "mqtt v5", "acl",
+          "leader", "firmware key", "commands", "local api", "leader db", "dead letters", "housekeeping")
 MIN_FREE_BYTES = 64 * 1024 * 1024  # as the agent's own disk check
 CERT_WARN_DAYS = 30
 _TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
@@ -108,8 +108,44 @@ def run_checks(args: argparse.Namespace, *, skip: set[str]) -> Iterator[Outcome]
     if "agent" not in skip:
         yield Outcome("agent", None, f"an agent runs on {data_dir} (pid {pid or '?'})" if pid is not None
                       else f"no agent runs on {data_dir}")
+    if config.identity is not None and config.agent.role == "worker":
+        outcome, config = _identity(config, data_dir)
+        if "identity" not in skip:
+            yield outcome
     yield from _network(config, args, skip, running=pid is not None)
     yield from _local(config, data_dir, skip)
+
+
+def _identity(config: AgentConfig, data_dir: Path) -> tuple[Outcome, AgentConfig]:
+    """The device's own certificate: whether it has one, until when, when it renews; with one,
+    the broker checks below connect with it, as the agent does."""
+    from agent.core.errors import IdentityError
+    from agent.identity.certificates import read_certificate
+    from agent.worker.identity import IdentityFiles, with_identity
+
+    files = IdentityFiles.of(config, data_dir)
+    ident = config.identity
+    assert ident is not None
+    try:
+        info = read_certificate(files.cert.read_bytes())
+    except FileNotFoundError:
+        return Outcome("identity", False, f"not enrolled yet: no certificate in {files.dir} (the agent asks at"
+                                          f" {ident.claim_url} as {config.agent.device_id})",
+                       f"approve it on the gateway: edge-agent devices approve {config.agent.device_id}"), config
+    except (OSError, IdentityError) as exc:
+        return Outcome("identity", False, f"{files.cert}: {exc}", "move it aside: the agent enrols again"), config
+    now = time.time() * 1000
+    until = time.strftime("%Y-%m-%d %H:%M", time.gmtime(info.not_after_ms / 1000))
+    if info.expired(int(now)):
+        return Outcome("identity", False, f"the device certificate expired {until} UTC",
+                       "the agent enrols again at its next start: approve it on the gateway"), config
+    renews = time.strftime("%Y-%m-%d %H:%M", time.gmtime(info.renew_at_ms / 1000))
+    late = now >= info.renew_at_ms
+    return (Outcome("identity", not late, f"certificate of {info.subject} (serial {info.serial:x}) valid until"
+                                          f" {until} UTC, renewed from {renews} UTC",
+                    "the agent renews it once connected to the leader: check the broker and leader below"
+                    if late else ""),
+            with_identity(config, files))
 
 
 def _data_dir(path: Path) -> Outcome:
@@ -298,6 +334,8 @@ def _session(config: AgentConfig, address: BrokerAddress, tls: TlsSettings | Non
 
 def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outcome]:
     fw = config.firmware
+    if fw.trust_root and "firmware key" not in skip:
+        yield _trust(config, data_dir)
     if fw.public_key and "firmware key" not in skip:
         try:
             from firmware_rollout.artifact.keys import load_verify_key
@@ -307,7 +345,7 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         except (EdgeAgentError, OSError, ValueError) as exc:
             yield Outcome("firmware key", False, f"{fw.public_key}: {exc}",
                           "point firmware.public_key at the fleet's public.pem")
-    if fw.public_key and config.agent.role == "worker" and "installer" not in skip:
+    if fw.keyed and config.agent.role == "worker" and "installer" not in skip:
         yield _installer(config, data_dir)
     commands = [(n, c) for n, c in (("firmware.reboot_command", fw.reboot_command),
                                     ("firmware.health_command", fw.health_command)) if c]
@@ -328,6 +366,29 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         h = config.housekeeping
         yield Outcome("housekeeping", True, f"every {h.interval_s:g}s; message ids kept"
                                             f" {h.processed_retention_s / 86400:g} days")
+
+
+def _trust(config: AgentConfig, data_dir: Path) -> Outcome:
+    """The trust root and the trust document held (what signing keys this agent accepts)."""
+    from firmware_rollout.artifact.trust import TrustedKeys, load_fleet_keys
+
+    fw = config.firmware
+    state = data_dir / "trust"
+    try:
+        keys = load_fleet_keys(public_key="", trust_root=fw.trust_root, trust_document=fw.trust_document,
+                               state_dir=None, now_ms=lambda: int(time.time() * 1000))
+        assert isinstance(keys, TrustedKeys)
+        keys.state_dir = state
+        keys.restore()
+    except EdgeAgentError as exc:
+        return Outcome("firmware key", False, str(exc), "check firmware.trust_root and the trust document")
+    if keys.document is None:
+        return Outcome("firmware key", None, f"trust root {fw.trust_root}: no trust document held yet (one comes"
+                                             " with the next offer)")
+    now = time.time() * 1000
+    live = sum(1 for _, expires in keys.document.keys.values() if expires > now)
+    return Outcome("firmware key", live > 0, f"trust document v{keys.version}: {live} signing key(s) in force",
+                   "" if live else "every signing key of the document expired: the leader needs a newer document")
 
 
 def _without_sides(name: str) -> str:

@@ -149,6 +149,8 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
         leader_db = leader_dir / "leader.db"
         wait_for(lambda: "dev-1" in cli("devices", "pending", "--config", str(leader_conf)).stdout, "pending")
         assert not (worker_dir / "identity" / "device.crt").exists()
+        doctor = cli("doctor", "--config", str(worker_conf))
+        assert "not enrolled yet" in doctor.stdout and "edge-agent devices approve dev-1" in doctor.stdout
         approved = cli("devices", "approve", DEVICE, "--config", str(leader_conf))
         assert approved.returncode == 0, approved.stderr
         assert "approved dev-1" in approved.stdout
@@ -161,6 +163,8 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
                  "the device's first heartbeat")
         sent = cli("send", "telemetry", "--config", str(worker_conf), "--json", '{"t": 1}')
         assert sent.returncode == 0, sent.stderr
+        doctor = cli("doctor", "--config", str(worker_conf))
+        assert "certificate of dev-1" in doctor.stdout, doctor.stdout
 
         # renewed over its own channel before two thirds of its life, the agent goes on with it
         renewed = read_certificate(wait_for(lambda: read_certificate(cert.read_bytes()).serial != first.serial
