@@ -159,7 +159,8 @@ def write_config(path: Path, role: str, device: str, **sections: dict[str, Any])
     data = msgspec.to_builtins(cfg)
     lines: list[str] = []
     for section, values in data.items():
-        _toml_tables(section, values, lines)
+        if values is not None:  # an optional section left out (TOML has no null)
+            _toml_tables(section, values, lines)
     path.write_text("\n".join(lines) + "\n")
     return path
 
