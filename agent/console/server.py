@@ -620,21 +620,11 @@ class ConsoleHttp:
                 return _refusal(403, UPLOAD_EXPIRED)
             status, said = console.upload(request.body_file, request.query.get("name", [""])[-1], actor)
             return _refusal(status, said)
-        if request.path == "/rollouts/new":
+        forms = {"/rollouts/new": console.new_rollout, "/identities": console.decide_identity,
+                 "/config": console.change_layer}
+        if (take := forms.get(request.path)) is not None:  # a page's form: the page again, or where to go next
             try:
-                status, body, location = console.new_rollout(form, proof, actor)
-            except EdgeAgentError as exc:
-                return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
-            return _page(status, body, (("Location", location),) if location else ())
-        if request.path == "/identities":
-            try:
-                status, body, location = console.decide_identity(form, proof, actor)
-            except EdgeAgentError as exc:
-                return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
-            return _page(status, body, (("Location", location),) if location else ())
-        if request.path == "/config":
-            try:
-                status, body, location = console.change_layer(form, proof, actor)
+                status, body, location = take(form, proof, actor)
             except EdgeAgentError as exc:
                 return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
             return _page(status, body, (("Location", location),) if location else ())

@@ -42,6 +42,13 @@ def _common_name(name: x509.Name) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", "replace")
 
 
+def _bounded(pem: bytes | str, what: str) -> bytes:
+    data = pem.encode("ascii", "replace") if isinstance(pem, str) else pem
+    if len(data) > MAX_PEM_BYTES:
+        raise IdentityError(f"{what} of {len(data)} bytes, over {MAX_PEM_BYTES}")
+    return data
+
+
 def _checked_key(key: object, what: str) -> ec.EllipticCurvePublicKey:
     if not isinstance(key, ec.EllipticCurvePublicKey):
         kind = type(key).__name__.removesuffix("PublicKey").removeprefix("_") or "unknown"
@@ -65,9 +72,7 @@ class CertificateRequest:
 def read_request(pem: bytes | str, *, device_id: str) -> CertificateRequest:
     """The request in `pem`, checked: well-formed, signed by its own key (the sender holds the
     private key), for `device_id` alone, with a strong key. `IdentityError` says what is wrong."""
-    data = pem.encode("ascii", "replace") if isinstance(pem, str) else pem
-    if len(data) > MAX_PEM_BYTES:
-        raise IdentityError(f"certificate request of {len(data)} bytes, over {MAX_PEM_BYTES}")
+    data = _bounded(pem, "certificate request")
     try:
         csr = x509.load_pem_x509_csr(data)
     except ValueError as exc:
@@ -101,9 +106,7 @@ class CertificateInfo:
 
 
 def read_certificate(pem: bytes | str) -> CertificateInfo:
-    data = pem.encode("ascii", "replace") if isinstance(pem, str) else pem
-    if len(data) > MAX_PEM_BYTES:
-        raise IdentityError(f"certificate of {len(data)} bytes, over {MAX_PEM_BYTES}")
+    data = _bounded(pem, "certificate")
     try:
         cert = x509.load_pem_x509_certificate(data)
     except ValueError as exc:

@@ -50,6 +50,21 @@ def serving(db: Path) -> Iterator[tuple[str, int]]:
         console.server_close()
 
 
+def leader_db_of_one_device(tmp_path: Path) -> Path:
+    """A leader's database that has heard one device, "a"."""
+    db = tmp_path / "leader.db"
+    with DeviceRegistry.open(db, clock=SystemClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id="a", seq=1, uptime_s=1.0)])
+    return db
+
+
+def signed_in(address: tuple[str, int]) -> str:
+    """The session cookie a browser gets by signing in with the token."""
+    _, headers, _ = request(address, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}),
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+    return headers["Set-Cookie"].split(";")[0]
+
+
 def request(address: tuple[str, int], method: str, path: str, *, headers: dict[str, str] | None = None,
             body: str | None = None, source: str = "127.0.0.1") -> tuple[int, dict[str, str], str]:
     conn = http.client.HTTPConnection(*address, timeout=30, source_address=(source, 0))
@@ -352,19 +367,14 @@ def test_an_operator_sets_and_unsets_configuration_layer_values(tmp_path: Path) 
     """The configuration page: a value set from its form lands in the leader's layers (as `config
     layer set` writes it, with who set it) and is listed; a field the CLI would refuse is the
     form again naming it; a forged form is refused; unset removes it."""
-    from agent.core.clock import VirtualClock
     from config_rollout.layer_store import LayerStore
 
-    db = tmp_path / "leader.db"
-    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
-        reg.apply_heartbeats([Heartbeat(device_id="a", seq=1, uptime_s=1.0)])
+    db = leader_db_of_one_device(tmp_path)
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     with serving(db) as address:
         _, _, page = request(address, "GET", "/config", headers=BEARER)
         assert "No layer values yet." in page
-        csrf = page.split('name="csrf" value="')[1].split('"')[0]
-        _, headers, _ = request(address, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}), headers=form)
-        cookie = headers["Set-Cookie"].split(";")[0]
+        csrf, cookie = page.split('name="csrf" value="')[1].split('"')[0], signed_in(address)
         values = {"csrf": csrf, "action": "set", "target": "app", "scope": "device", "selector": "a",
                   "document": "app.toml", "key": "limits.max", "value": "20", "expires": "2h"}
         status, headers, _ = request(address, "POST", "/config", body=urllib.parse.urlencode(values),
@@ -396,12 +406,9 @@ def test_an_operator_approves_and_revokes_device_identities(tmp_path: Path) -> N
     revoke; a decision is a control for the running leader (as `edge-agent devices` writes it,
     with who decided); a forged form and an unknown device are refused; a leader without
     [identity] says identities are off."""
-    from agent.core.clock import VirtualClock
     from agent.leader.identities import IdentityStore
 
-    db = tmp_path / "leader.db"
-    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
-        reg.apply_heartbeats([Heartbeat(device_id="a", seq=1, uptime_s=1.0)])
+    db = leader_db_of_one_device(tmp_path)
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     with serving(db) as address:
         _, _, page = request(address, "GET", "/identities", headers=BEARER)
@@ -411,9 +418,7 @@ def test_an_operator_approves_and_revokes_device_identities(tmp_path: Path) -> N
                                  machine_id="", agent_version="0.1.0", claim="claim", now_ms=1)
         _, _, page = request(address, "GET", "/identities", headers=BEARER)
         assert "&lt;b&gt;pi-9&lt;/b&gt;" in page and "<b>pi-9</b>" not in page and "1000cafe" in page
-        csrf = page.split('name="csrf" value="')[1].split('"')[0]
-        _, headers, _ = request(address, "POST", "/login", body=urllib.parse.urlencode({"token": TOKEN}), headers=form)
-        cookie = headers["Set-Cookie"].split(";")[0]
+        csrf, cookie = page.split('name="csrf" value="')[1].split('"')[0], signed_in(address)
         decision = {"csrf": csrf, "action": "approve", "device": "<b>pi-9</b>"}
         status, headers, _ = request(address, "POST", "/identities", body=urllib.parse.urlencode(decision),
                                      headers={**form, "Cookie": cookie})

@@ -200,7 +200,9 @@ async def test_a_revoked_device_is_refused_at_once_even_its_renewal(fleet: Any) 
     assert "was revoked" in (await answered(claimant, "dev-1", "rejected")).reason
 
 
-async def test_a_certificate_renews_two_thirds_into_its_life_on_virtual_time(tmp_path: Path) -> None:
+async def enrolled_on_virtual_time(tmp_path: Path) -> tuple[VirtualClock, MemoryBroker, tuple[Any, ...]]:
+    """A leader and an enrolled, connected worker on virtual time, its certificate 1728 s long
+    (renewed from 1152 s), its renewal started; restarts asked for are noted."""
     clock = VirtualClock()
     broker = MemoryBroker(clock=clock)
     agent, service = await identity_leader(tmp_path, broker, clock, cert_days=0.02, clock_skew_s=0)
@@ -208,15 +210,19 @@ async def test_a_certificate_renews_two_thirds_into_its_life_on_virtual_time(tmp
     files = IdentityFiles(tmp_path / "dev-1" / "identity")
     key = files.key_pem()
     service.store.record_request(device="dev-1", fingerprint=device_key_fingerprint(key),
-                                 csr=certificate_request(key, "dev-1").decode(),
-                                 hw_serial="", machine_id="", agent_version="", claim="claim", now_ms=clock.now_ms())
+                                 csr=certificate_request(key, "dev-1").decode(), hw_serial="", machine_id="",
+                                 agent_version="", claim="claim", now_ms=clock.now_ms())
     record = service._approve(service.store.get("dev-1"), by="op")  # type: ignore[arg-type]
     files.store(record.cert.encode(), service.authority.cert_pem)
-    first = read_certificate(record.cert)
     restarts: list[int] = []
     renewal = IdentityRenewal(dev, files, lambda: restarts.append(clock.now_ms()), check_s=600.0)
     await renewal.start()
     await until(clock, lambda: dev.transport.connected.is_open, limit_s=30)
+    return clock, broker, (agent, service, dev, files, read_certificate(record.cert), renewal, restarts)
+
+
+async def test_a_certificate_renews_two_thirds_into_its_life_on_virtual_time(tmp_path: Path) -> None:
+    clock, broker, (agent, service, dev, files, first, renewal, restarts) = await enrolled_on_virtual_time(tmp_path)
     await until(clock, lambda: restarts, limit_s=1800, step_s=5.0, what="a renewal")  # a 1728 s certificate
     renewed = read_certificate(files.cert.read_bytes())
     assert first.renew_at_ms <= restarts[0] < first.renew_at_ms + 10_000  # two thirds into its life
@@ -263,22 +269,7 @@ def test_a_device_back_after_its_certificate_expired_says_so_and_enrols_again(
 
 
 async def test_a_device_offline_past_its_renewal_point_renews_as_soon_as_it_is_back(tmp_path: Path) -> None:
-    clock = VirtualClock()
-    broker = MemoryBroker(clock=clock)
-    agent, service = await identity_leader(tmp_path, broker, clock, cert_days=0.02, clock_skew_s=0)
-    dev = await worker(clock, tmp_path, "dev-1", broker=broker)
-    files = IdentityFiles(tmp_path / "dev-1" / "identity")
-    key = files.key_pem()
-    service.store.record_request(device="dev-1", fingerprint=device_key_fingerprint(key),
-                                 csr=certificate_request(key, "dev-1").decode(), hw_serial="", machine_id="",
-                                 agent_version="", claim="claim", now_ms=clock.now_ms())
-    record = service._approve(service.store.get("dev-1"), by="op")  # type: ignore[arg-type]
-    files.store(record.cert.encode(), service.authority.cert_pem)
-    first = read_certificate(record.cert)
-    restarts: list[int] = []
-    renewal = IdentityRenewal(dev, files, lambda: restarts.append(clock.now_ms()), check_s=600.0)
-    await renewal.start()
-    await until(clock, lambda: dev.transport.connected.is_open, limit_s=30)
+    clock, broker, (agent, service, dev, files, first, renewal, restarts) = await enrolled_on_virtual_time(tmp_path)
     broker.partition(dev.transport.client_id)
     await until(clock, lambda: clock.now_ms() > first.renew_at_ms + 60_000, limit_s=1800, step_s=5.0)
     assert not restarts  # offline: nothing to renew with
