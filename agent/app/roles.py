@@ -60,7 +60,7 @@ async def assemble(config: AgentConfig, *, transport: Transport, clock: Clock, b
 async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
     from agent.worker.configuring import config_targets_part
     from agent.worker.env import DeviceEnv
-    from agent.worker.identity import identity_part
+    from agent.worker.renewal import identity_part
     from agent.worker.serving import local_api_part, sources_part
     from agent.worker.updating import updater_part
 

@@ -24,7 +24,8 @@ from agent.leader.enrolment import IdentityService, identity_part
 from agent.leader.env import GatewayEnv
 from agent.transport import topics
 from agent.transport.memory import MemoryBroker, MemoryTransport
-from agent.worker.identity import IdentityFiles, IdentityRenewal
+from agent.worker.identity import IdentityFiles
+from agent.worker.renewal import IdentityRenewal
 from tests.e2e.agent_support import FLEET, leader, stop_all, until, worker
 
 IDENTITY = {"claims": ["claim"], "claim_rate_per_min": 20, "total_rate_per_min": 40}
