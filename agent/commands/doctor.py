@@ -129,8 +129,14 @@ def _identity(config: AgentConfig, data_dir: Path) -> tuple[Outcome, AgentConfig
     try:
         info = read_certificate(files.cert.read_bytes())
     except FileNotFoundError:
+        from agent.identity.device_key import device_key_fingerprint
+
+        try:
+            key = f", key {device_key_fingerprint(files.key.read_bytes())[:16]}"
+        except (OSError, IdentityError):
+            key = ""
         return Outcome("identity", False, f"not enrolled yet: no certificate in {files.dir} (the agent asks at"
-                                          f" {ident.claim_url} as {config.agent.device_id})",
+                                          f" {ident.claim_url} as {config.agent.device_id}{key})",
                        f"approve it on the gateway: edge-agent devices approve {config.agent.device_id}"), config
     except (OSError, IdentityError) as exc:
         return Outcome("identity", False, f"{files.cert}: {exc}", "move it aside: the agent enrols again"), config

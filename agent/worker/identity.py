@@ -208,8 +208,11 @@ class Enrolment:
         """True once approved and stored; False when `stopping` is set first."""
         request = self._request()
         transport = self._transport()
-        log.info("enrolling %s with the claim credential %r at %s", self.device, self.section.claim_username,
-                 self.section.claim_url)
+        from agent.identity.device_key import device_key_fingerprint
+
+        # the key's fingerprint is what `devices pending` shows: an operator compares before approving
+        log.info("enrolling %s (key %s) with the claim credential %r at %s", self.device,
+                 device_key_fingerprint(self.key_pem)[:16], self.section.claim_username, self.section.claim_url)
         await transport.subscribe(self.answer_topic, self._on_answer)
         await transport.start()
         last_status = ""

@@ -151,6 +151,8 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
         assert not (worker_dir / "identity" / "device.crt").exists()
         doctor = cli("doctor", "--config", str(worker_conf))
         assert "not enrolled yet" in doctor.stdout and "edge-agent devices approve dev-1" in doctor.stdout
+        key_shown = cli("devices", "pending", "--config", str(leader_conf)).stdout.splitlines()[1].split()[2]
+        assert f"key {key_shown}" in doctor.stdout and f"(key {key_shown})" in (tmp_path / "worker.log").read_text()
         approved = cli("devices", "approve", DEVICE, "--config", str(leader_conf))
         assert approved.returncode == 0, approved.stderr
         assert "approved dev-1" in approved.stdout
