@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "outbox": ("agent.commands.outbox", "inspect an agent's store-and-forward outbox"),
     "dlq": ("agent.commands.dlq", "list, show, replay or purge dead letters"),
     "status": ("agent.commands.status", "show the fleet as the leader sees it, device by device"),
+    "broker": ("agent.commands.broker", "a fleet's roles on mosquitto's dynamic-security plugin (several leaders)"),
     "devices": ("agent.commands.devices", "device identities: enrolments to approve or reject, revocations, tokens"),
     "rejects": ("agent.commands.rejects", "list and show the messages the leader refused"),
     "send": ("agent.commands.send", "hand the agent on this device one message (through its local API)"),
