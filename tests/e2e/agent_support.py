@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -212,6 +213,17 @@ def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait(5)
+
+
+def wait_for(predicate: Callable[[], Any], what: str, limit_s: float = 90.0) -> Any:
+    """Poll `predicate` (another process's files, a broker's answers) until it returns something
+    true, which is returned; an AssertionError naming `what` after `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {limit_s}s")
 
 
 def db_query(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -17,7 +17,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 
-from tests.e2e.agent_support import FLEET, REPO, db_query, kill, spawn_agent
+from tests.e2e.agent_support import FLEET, REPO, db_query, kill, spawn_agent, wait_for
 from tests.mosquitto import Mosquitto
 
 PLUGIN = next(iter(glob.glob("/usr/lib/*/mosquitto_dynamic_security.so")), "")
@@ -74,15 +74,6 @@ def client(port: int, user: str, password: str, client_id: str) -> Any:
     while not c.is_connected() and time.monotonic() < deadline:
         time.sleep(0.02)
     return c
-
-
-def wait_for(predicate: Any, what: str, limit_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if found := predicate():
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {limit_s}s")
 
 
 def test_only_leaders_join_the_shared_subscription_and_a_device_writes_only_its_own(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import paho.mqtt.client as paho
@@ -25,7 +24,7 @@ import pytest
 from agent.core.codec import Envelope, encode
 from agent.identity.certificates import read_certificate
 from agent.protocol import KIND_TELEMETRY, Telemetry
-from tests.e2e.agent_support import FLEET, REPO, db_query, kill, run_agent, write_config
+from tests.e2e.agent_support import FLEET, REPO, db_query, kill, run_agent, wait_for, write_config
 from tests.mosquitto import Mosquitto, free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -69,15 +68,6 @@ class IdentityBroker(Mosquitto):
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=str(REPO),
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
-
-
-def wait_for(predicate: Any, what: str, limit_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if found := predicate():
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {limit_s}s")
 
 
 def can_connect(port: int, ca: Path, cert: Path, key: Path) -> bool:
