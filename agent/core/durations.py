@@ -1,9 +1,11 @@
 """Durations as people write them (`90`, `90s`, `10m`, `1.5h`, `7d`, `250ms`: `parse_seconds`)
-and as the product prints them (`format_age`: `45s`, `2m05s`, `3h07m`, `12d04h`; `ago`)."""
+and as the product prints them (`format_age`: `45s`, `2m05s`, `3h07m`, `12d04h`; `ago`), and a
+moment as the product prints it (`utc_iso`: `2026-12-03T10:42:36Z`)."""
 
 from __future__ import annotations
 
 import re
+import time
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -34,4 +36,9 @@ def ago(now_ms: int, at_ms: int | None) -> str:
     return "never" if at_ms is None else f"{format_age((now_ms - at_ms) / 1000)} ago"
 
 
-__all__ = ["ago", "format_age", "parse_seconds"]
+def utc_iso(ms: int) -> str:
+    """A moment (ms since the Unix epoch) in UTC, to the second: `2026-12-03T10:42:36Z`."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+__all__ = ["ago", "format_age", "parse_seconds", "utc_iso"]

@@ -19,13 +19,10 @@ import os
 import time
 from pathlib import Path
 
+from agent.core.durations import utc_iso
 from agent.core.sqlite import aside_name, move_aside
 
 log = logging.getLogger(__name__)
-
-
-def _when(at_ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_ms / 1000))
 
 
 class StoreMark:
@@ -78,7 +75,7 @@ class StoreMark:
         mark = self.read()
         if mark is None or counter not in mark:
             return None
-        then = _when(mark.get("at_ms", 0))
+        then = utc_iso(mark.get("at_ms", 0))
         if found is None:
             return f"its tables are gone (on {then} it held {counter} {mark[counter]})"
         if found < mark[counter]:

@@ -9,13 +9,12 @@ exit 2).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import msgspec
 
 from agent.core.clock import Clock, SystemClock
-from agent.core.durations import format_age
+from agent.core.durations import format_age, utc_iso
 from agent.leader.config_pending import fleet_compliance
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
@@ -91,19 +90,15 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        config=fleet_compliance(db, now))
 
 
-def _when(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000.0))
-
-
 def format_status(summary: FleetStatus) -> str:
     """Render a summary as a few lines of text for a terminal."""
     lines = [
         f"fleet: {summary.total} devices, {summary.online} online, {summary.offline} offline"
-        f" (as of {_when(summary.generated_ms)})"
+        f" (as of {utc_iso(summary.generated_ms)})"
     ]
     if summary.leader_stale and summary.leader_alive_ms is not None:
         age = format_age((summary.generated_ms - summary.leader_alive_ms) / 1000.0)
-        lines.insert(0, f"STALE: the leader last marked itself alive at {_when(summary.leader_alive_ms)} ({age} ago):"
+        lines.insert(0, f"STALE: the leader last marked itself alive at {utc_iso(summary.leader_alive_ms)} ({age} ago):"
                         " is it running? Online and offline below are as it last knew them")
     if summary.versions:
         lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
@@ -115,7 +110,7 @@ def format_status(summary: FleetStatus) -> str:
     width = max((len(d.device_id) for d in summary.stale), default=0)
     for dev in summary.stale:
         seen = "never" if dev.last_seen_ms is None else (
-            f"{_when(dev.last_seen_ms)} ({format_age(dev.age_s or 0.0)} ago)")
+            f"{utc_iso(dev.last_seen_ms)} ({format_age(dev.age_s or 0.0)} ago)")
         state = "online" if dev.online else "offline"
         lines.append(f"  {dev.device_id:<{width}}  last seen {seen}  {state}")
     if summary.stale and summary.stale_count > len(summary.stale):

@@ -28,6 +28,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.config import AgentConfig, IdentitySection, resolve
+from agent.core.durations import utc_iso
 from agent.core.errors import CodecError, ConfigError, IdentityError, TransportError
 from agent.service.files import write_private_file
 from agent.transport import topics
@@ -132,15 +133,9 @@ def usable_certificate(files: IdentityFiles, key_pem: bytes, now_ms: int) -> boo
         return False
     if info.expired(now_ms):
         log.error("the device certificate expired at %s: this device must enrol again (an operator approves it)",
-                  iso_time(info.not_after_ms))
+                  utc_iso(info.not_after_ms))
         return False
     return True
-
-
-def iso_time(ms: int) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def enrolled_config(config: AgentConfig, base: Path, clock: Clock, *,
@@ -280,9 +275,9 @@ class Enrolment:
             return ""
         self.files.store(answer.cert.encode("ascii"), answer.ca.encode("ascii"))
         log.info("enrolled %s: certificate serial %x valid until %s", self.device, info.serial,
-                 iso_time(info.not_after_ms))
+                 utc_iso(info.not_after_ms))
         return "approved"
 
 
 __all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "Enrolment", "IdentityFiles", "enrolled_config", "hardware_identity",
-           "iso_time", "usable_certificate", "with_identity"]
+           "usable_certificate", "with_identity"]

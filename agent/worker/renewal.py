@@ -9,9 +9,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from agent.core.durations import utc_iso
 from agent.core.errors import CodecError, IdentityError
 from agent.service.parts import Collectors, PartBase
-from agent.worker.identity import IdentityFiles, iso_time
+from agent.worker.identity import IdentityFiles
 
 if TYPE_CHECKING:
     from agent.worker.agent import WorkerAgent
@@ -127,7 +128,7 @@ class IdentityRenewal(PartBase):
         self.files.store(answer.cert.encode("ascii"))
         self.renewed += 1
         log.info("renewed the certificate of %s: serial %x valid until %s", device, info.serial,
-                 iso_time(info.not_after_ms))
+                 utc_iso(info.not_after_ms))
         if self.restart is not None:
             self.restart()
         return True

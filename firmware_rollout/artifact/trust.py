@@ -19,13 +19,13 @@ and by every device.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
 import msgspec
 
+from agent.core.durations import utc_iso
 from firmware_rollout._fs import atomic_write
 from firmware_rollout.artifact.keys import KEY_ID_SIZE, SigningKey, Verifier, VerifyKey, load_verify_key
 from firmware_rollout.errors import KeyFileError, TrustError, WrongKey
@@ -133,10 +133,6 @@ class TrustDocument:
         return False
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class TrustedKeys:
     """What a holder trusts: its pinned root(s) and, once accepted, the newest document. The
     signing keys of artifacts and releases are looked up here (`signer`), so an accepted newer
@@ -225,7 +221,7 @@ class TrustedKeys:
             raise WrongKey(f"signed by key {key_id.hex()}, which trust document v{self.version} does not list")
         key, expires_ms = found
         if self._now_ms() >= expires_ms:
-            raise WrongKey(f"signed by key {key_id.hex()}, which expired at {_iso(expires_ms)}"
+            raise WrongKey(f"signed by key {key_id.hex()}, which expired at {utc_iso(expires_ms)}"
                            f" (trust document v{self.version})")
         return key
 
