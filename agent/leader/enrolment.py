@@ -31,9 +31,10 @@ from agent.core.errors import CodecError, EdgeAgentError, IdentityError, Transpo
 from agent.core.ratelog import RateLimitedLog
 from agent.core.tasks import cancel_and_wait
 from agent.identity.authority import FleetAuthority, new_authority
-from agent.identity.certificates import read_certificate, read_request
+from agent.identity.certificates import CertificateInfo, CertificateRequest, read_certificate, read_request
 from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewAnswer, RenewRequest
 from agent.leader.identities import Control, Identity, IdentityStore
+from agent.leader.rates import DeviceRates
 from agent.service.files import write_private_file
 from agent.service.parts import Collectors, PartBase
 from agent.transport import topics
@@ -79,22 +80,6 @@ def fleet_authority(section: IdentitySection, base: Path, *, fleet: str, now_ms:
         raise IdentityError(f"{exc.filename}: cannot read the fleet CA: {exc.strerror or exc}") from None
 
 
-class _Bucket:
-    """A token bucket of `per_min` a minute (a burst of as many)."""
-
-    def __init__(self, per_min: int, now_s: float) -> None:
-        self.rate, self.tokens, self.at = per_min / 60.0, float(per_min), now_s
-        self.cap = float(per_min)
-
-    def take(self, now_s: float) -> bool:
-        self.tokens = min(self.cap, self.tokens + (now_s - self.at) * self.rate)
-        self.at = now_s
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
-
-
 class IdentityService(PartBase):
     name = "identity"
 
@@ -109,9 +94,10 @@ class IdentityService(PartBase):
         self.fleet = leader.config.agent.fleet
         self.poll_s = poll_s
         self._claims = frozenset(self.section.claims)
-        now_s = self.clock.monotonic()
-        self._total = _Bucket(self.section.total_rate_per_min, now_s)
-        self._per_claim = {claim: _Bucket(self.section.claim_rate_per_min, now_s) for claim in self._claims}
+        # the intake's token buckets: a burst of a minute's requests, refilled over the minute
+        per_claim, total = self.section.claim_rate_per_min, self.section.total_rate_per_min
+        self._per_claim = DeviceRates(self.clock, rate_per_s=per_claim / 60, burst=per_claim)
+        self._total = DeviceRates(self.clock, rate_per_s=total / 60, burst=total)
         self._log = RateLimitedLog(log, self.clock, 60.0)
         self._task: asyncio.Task[None] | None = None
         self._crl_written_s = -CRL_REFRESH_S
@@ -164,12 +150,11 @@ class IdentityService(PartBase):
             self._refuse(topic, f"the claim credential {claim!r} is not one this leader hears (identity.claims)",
                          payload, device)
             return
-        now_s = self.clock.monotonic()
-        if not self._per_claim[claim].take(now_s):
+        if self._per_claim.take(claim):
             self._refuse(topic, f"enrolment flood: over {self.section.claim_rate_per_min} requests a minute"
                                 f" through the claim credential {claim!r}", b"", device)
             return
-        if not self._total.take(now_s):
+        if self._total.take("all"):
             self._refuse(topic, f"enrolment flood: over {self.section.total_rate_per_min} requests a minute in all",
                          b"", device)
             return
@@ -180,8 +165,7 @@ class IdentityService(PartBase):
             request = decode(payload, EnrolRequest)
             if request.device != device:
                 raise IdentityError(f"the request names device {request.device!r}, its topic {device!r}")
-            csr = read_request(request.csr, device_id=device)
-            answer = self._enrol(request, csr.fingerprint, claim)
+            answer = self._enrol(request, read_request(request.csr, device_id=device), claim)
         except (CodecError, IdentityError) as exc:
             self._refuse(topic, str(exc), payload, device)
             await self._answer(claim, device, EnrolAnswer(device=device, status="rejected", reason=str(exc)[:512]))
@@ -191,19 +175,19 @@ class IdentityService(PartBase):
             return
         await self._answer(claim, device, answer)
 
-    def _enrol(self, request: EnrolRequest, fingerprint: str, claim: str) -> EnrolAnswer:
+    def _enrol(self, request: EnrolRequest, csr: CertificateRequest, claim: str) -> EnrolAnswer:
         now = self.clock.now_ms()
         known = self.store.get(request.device)
         if known is None and self.store.count("pending") >= self.section.max_pending:
             raise IdentityError(f"{self.section.max_pending} enrolments are pending already (identity.max_pending)")
         record = self.store.record_request(
-            device=request.device, fingerprint=fingerprint, csr=request.csr, hw_serial=request.serial,
+            device=request.device, fingerprint=csr.fingerprint, csr=request.csr, hw_serial=request.serial,
             machine_id=request.machine_id, agent_version=request.agent_version, claim=claim, now_ms=now)
         if record.state == "pending":
             if self.store.allowed_serial(request.serial):
-                record = self._approve(record, by=f"allow-list (serial {request.serial})")
+                record = self._approve(record, by=f"allow-list (serial {request.serial})", csr=csr)
             elif request.token and self.store.take_token(request.token, now):
-                record = self._approve(record, by="enrolment token")
+                record = self._approve(record, by="enrolment token", csr=csr)
             elif request.token:
                 log.warning("enrolment of %s: its token is unknown, used up or expired: left pending", request.device)
         return self._answer_of(record)
@@ -216,18 +200,25 @@ class IdentityService(PartBase):
             return EnrolAnswer(device=record.device, status="pending")
         return EnrolAnswer(device=record.device, status="rejected", reason=record.reason or record.state)
 
-    def _approve(self, record: Identity, *, by: str) -> Identity:
-        now = self.clock.now_ms()
-        csr = read_request(self.store.request_pem(record.device), device_id=record.device)
-        cert = self.authority.issue_device(csr, now_ms=now, days=self.section.cert_days,
-                                               skew_s=self.section.clock_skew_s)
-        info = read_certificate(cert)
-        self.store.issued(record.device, cert=cert.decode("ascii"), serial=info.serial,
-                          not_after_ms=info.not_after_ms, by=by, now_ms=now)
+    def _approve(self, record: Identity, *, by: str, csr: CertificateRequest | None = None) -> Identity:
+        """Sign the pending request (`csr`: already checked, else the one on record)."""
+        if csr is None:
+            csr = read_request(self.store.request_pem(record.device), device_id=record.device)
+        _, info = self._issue(csr, by=by)
         log.info("approved %s (%s): certificate serial %x", record.device, by, info.serial)
         approved = self.store.get(record.device)
         assert approved is not None
         return approved
+
+    def _issue(self, csr: CertificateRequest, *, by: str) -> tuple[bytes, CertificateInfo]:
+        """Sign a checked request with the fleet's CA and record the certificate (approval or renewal)."""
+        now = self.clock.now_ms()
+        cert = self.authority.issue_device(csr, now_ms=now, days=self.section.cert_days,
+                                           skew_s=self.section.clock_skew_s)
+        info = read_certificate(cert)
+        self.store.issued(csr.device_id, cert=cert.decode("ascii"), serial=info.serial,
+                          not_after_ms=info.not_after_ms, by=by, now_ms=now)
+        return cert, info
 
     async def _answer(self, claim: str, device: str, answer: EnrolAnswer) -> None:
         try:
@@ -248,12 +239,7 @@ class IdentityService(PartBase):
             csr = read_request(message.csr, device_id=device)
             if csr.fingerprint != record.fingerprint:
                 raise IdentityError(f"the renewal of {device} is for another key than the one on record")
-            now = self.clock.now_ms()
-            cert = self.authority.issue_device(csr, now_ms=now, days=self.section.cert_days,
-                                               skew_s=self.section.clock_skew_s)
-            info = read_certificate(cert)
-            self.store.issued(device, cert=cert.decode("ascii"), serial=info.serial, not_after_ms=info.not_after_ms,
-                              by=record.decided_by, now_ms=now)
+            cert, info = self._issue(csr, by=record.decided_by)
         except IdentityError as exc:
             self.refused += 1
             self.leader.rejects.record(topic=topics.up(self.fleet, device), reason=str(exc), payload=env.payload,
