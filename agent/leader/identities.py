@@ -16,7 +16,6 @@ reported), unless the record was rejected (a new request replaces it).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -233,9 +232,9 @@ class IdentityStore(SqliteStore):
             return False
         digest = token_digest(token)
         with self.atomic() as conn:
-            row = conn.execute("SELECT digest FROM enrol_tokens WHERE uses_left > 0 AND expires_ms > ? AND digest = ?",
+            row = conn.execute("SELECT 1 FROM enrol_tokens WHERE uses_left > 0 AND expires_ms > ? AND digest = ?",
                                (now_ms, digest)).fetchone()
-            if row is None or not hmac.compare_digest(row[0], digest):
+            if row is None:
                 return False
             conn.execute("UPDATE enrol_tokens SET uses_left = uses_left - 1 WHERE digest = ?", (digest,))
         return True

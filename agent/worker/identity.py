@@ -35,6 +35,7 @@ from agent.transport import topics
 from agent.transport.base import InboundMessage
 
 if TYPE_CHECKING:
+    from agent.identity.certificates import CertificateInfo
     from agent.transport.mqtt import MqttTransport
 
 log = logging.getLogger(__name__)
@@ -116,20 +117,27 @@ def with_identity(config: AgentConfig, files: IdentityFiles) -> AgentConfig:
     return msgspec.structs.replace(config, mqtt=mqtt)
 
 
-def usable_certificate(files: IdentityFiles, key_pem: bytes, now_ms: int) -> bool:
-    """Whether the stored certificate is this key's and not expired (an expired one: say so)."""
+def own_certificate(pem: bytes | str, device: str, key_pem: bytes) -> CertificateInfo:
+    """The certificate in `pem`, checked to be this device's, for its own key (`IdentityError`
+    otherwise): what an approval, a renewal and a start take."""
     from agent.identity.certificates import read_certificate
     from agent.identity.device_key import device_key_fingerprint
 
+    info = read_certificate(pem)
+    if info.subject != device or info.fingerprint != device_key_fingerprint(key_pem):
+        raise IdentityError("the certificate is not for this device and key")
+    return info
+
+
+def usable_certificate(files: IdentityFiles, key_pem: bytes, now_ms: int, device: str) -> bool:
+    """Whether the stored certificate is this device's, for its key, and not expired (an
+    expired one: say so)."""
     try:
-        info = read_certificate(files.cert.read_bytes())
+        info = own_certificate(files.cert.read_bytes(), device, key_pem)
     except FileNotFoundError:
         return False
     except (OSError, IdentityError) as exc:
         log.warning("%s: not a usable certificate (%s): enrolling again", files.cert, exc)
-        return False
-    if info.fingerprint != device_key_fingerprint(key_pem):
-        log.warning("%s: the certificate is not for this device's key: enrolling again", files.cert)
         return False
     if info.expired(now_ms):
         log.error("the device certificate expired at %s: this device must enrol again (an operator approves it)",
@@ -146,7 +154,7 @@ async def enrolled_config(config: AgentConfig, base: Path, clock: Clock, *,
         return config
     files = IdentityFiles.of(config, base)
     key_pem = files.key_pem()
-    if not usable_certificate(files, key_pem, clock.now_ms()):
+    if not usable_certificate(files, key_pem, clock.now_ms(), config.agent.device_id):
         if not await Enrolment(config, files, key_pem, clock).run(stopping):
             return None
     return with_identity(config, files)
@@ -210,7 +218,6 @@ class Enrolment:
                  device_key_fingerprint(self.key_pem)[:16], self.section.claim_username, self.section.claim_url)
         await transport.subscribe(self.answer_topic, self._on_answer)
         await transport.start()
-        last_status = ""
         try:
             while not stopping.is_set():
                 if transport.connected.is_open:
@@ -219,15 +226,8 @@ class Enrolment:
                 deadline = self.clock.now_ms() + int(self.section.ask_interval_s * 1000)
                 while (left := deadline - self.clock.now_ms()) > 0 and not stopping.is_set():
                     answer = await self._next_answer(left / 1000, stopping)
-                    if answer is None:
-                        continue
-                    status = self._take(answer)
-                    if status == "approved":
+                    if answer is not None and self._take(answer) == "approved":
                         return True
-                    if status and status != last_status:
-                        last_status = status
-                    if status == "pending" and not transport.connected.is_open:
-                        break
             return False
         finally:
             await transport.stop()
@@ -246,7 +246,6 @@ class Enrolment:
         """Apply one answer; its status ("" when it was not for us or not usable)."""
         from agent.core.codec import decode
         from agent.identity.certificates import read_certificate
-        from agent.identity.device_key import device_key_fingerprint
         from agent.identity.messages import EnrolAnswer
 
         try:
@@ -264,9 +263,7 @@ class Enrolment:
             log.error("enrolment of %s refused: %s", self.device, answer.reason or "no reason given")
             return "rejected"
         try:
-            info = read_certificate(answer.cert)
-            if info.subject != self.device or info.fingerprint != device_key_fingerprint(self.key_pem):
-                raise IdentityError("the certificate is not for this device and key")
+            info = own_certificate(answer.cert, self.device, self.key_pem)
             if not answer.ca:
                 raise IdentityError("no CA certificate with it")
             read_certificate(answer.ca)
@@ -280,4 +277,4 @@ class Enrolment:
 
 
 __all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "Enrolment", "IdentityFiles", "enrolled_config", "hardware_identity",
-           "usable_certificate", "with_identity"]
+           "own_certificate", "usable_certificate", "with_identity"]

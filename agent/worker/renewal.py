@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from agent.core.durations import utc_iso
 from agent.core.errors import CodecError, IdentityError
 from agent.service.parts import Collectors, PartBase
-from agent.worker.identity import IdentityFiles
+from agent.worker.identity import IdentityFiles, own_certificate
 
 if TYPE_CHECKING:
     from agent.worker.agent import WorkerAgent
@@ -42,7 +42,6 @@ class IdentityRenewal(PartBase):
         self.clock = worker.clock
         self.renewed = 0
         self.failures = 0
-        self.last_error = ""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -105,7 +104,7 @@ class IdentityRenewal(PartBase):
         from agent.core.codec import decode
         from agent.core.errors import DeliveryError, NotConnected
         from agent.identity.certificates import read_certificate
-        from agent.identity.device_key import certificate_request, device_key_fingerprint
+        from agent.identity.device_key import certificate_request
         from agent.identity.messages import KIND_RENEW, RenewAnswer, RenewRequest
 
         key_pem = self.files.key.read_bytes()
@@ -115,14 +114,11 @@ class IdentityRenewal(PartBase):
             body = await self.worker.link.request(KIND_RENEW, RenewRequest(
                 device_id=device, csr=certificate_request(key_pem, device).decode("ascii")))
             answer = decode(body, RenewAnswer)
-            info = read_certificate(answer.cert)
-            if info.subject != device or info.fingerprint != device_key_fingerprint(key_pem):
-                raise IdentityError("the renewed certificate is not for this device and key")
+            info = own_certificate(answer.cert, device, key_pem)
             if info.not_after_ms <= current.not_after_ms:
                 raise IdentityError("the renewed certificate does not outlive the current one")
         except (DeliveryError, NotConnected, CodecError, IdentityError, OSError) as exc:
             self.failures += 1
-            self.last_error = str(exc)
             log.warning("certificate renewal of %s failed (tried again later): %s", device, exc)
             return False
         self.files.store(answer.cert.encode("ascii"))

@@ -253,11 +253,11 @@ def test_a_device_back_after_its_certificate_expired_says_so_and_enrols_again(
     request = read_request(certificate_request(key, "dev-1"), device_id="dev-1")
     cert = ca.issue_device(request, now_ms=1_000_000, days=1, skew_s=0)
     files.store(cert, ca.cert_pem)
-    assert usable_certificate(files, key, now_ms=1_000_000 + 3_600_000)
+    assert usable_certificate(files, key, now_ms=1_000_000 + 3_600_000, device="dev-1")
     with caplog.at_level("ERROR"):
-        assert not usable_certificate(files, key, now_ms=1_000_000 + 86_400_000)
+        assert not usable_certificate(files, key, now_ms=1_000_000 + 86_400_000, device="dev-1")
     assert "the device certificate expired at 1970-01-02T00:16:40Z: this device must enrol again" in caplog.text
-    assert not usable_certificate(files, new_device_key(), now_ms=1_000_000)  # another key's certificate
+    assert not usable_certificate(files, new_device_key(), now_ms=1_000_000, device="dev-1")  # not this key's
     with IdentityStore.open(tmp_path / "leader.db") as store:
         fields = {"device": "dev-1", "fingerprint": request.fingerprint, "csr": request.pem.decode(), "hw_serial": "",
                   "machine_id": "", "agent_version": "", "claim": "claim"}
