@@ -307,8 +307,8 @@ class RolloutService(PartBase):
         artifacts = ArtifactStore(Path(store.path).parent / ARTIFACTS_DIR, self.keys)
         self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader, self._layer_values),
                                          poll_s=poll_s, artifacts=artifacts, admit_config=self._admit_config)
-        if isinstance(self.keys, TrustedKeys) and self.keys.document is not None:
-            self.orchestrator.trust_document = self.keys.document.raw
+        if isinstance(self.keys, TrustedKeys):
+            self.orchestrator.trust_document = self.keys.document_bytes
         self._layers: LayerStore | None = None  # opened at the first config offer
         self._report_capacity = report_capacity
         self.pools: dict[str, ConfigServerPool] = {}

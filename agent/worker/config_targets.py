@@ -34,7 +34,6 @@ from agent.service.parts import PartBase
 from agent.worker.actors import LEADER, envelope_of
 from agent.worker.agent import WorkerAgent
 from agent.worker.env import ConfigSteps
-from agent.worker.fleet_keys import take_trust_document
 from agent.worker.hardware import system_utc_offset_s
 from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, offers_agent_target, settings_check
 from config_rollout.device.apply import ConfigApplier
@@ -44,6 +43,8 @@ from config_rollout.layers import render
 from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigCancel, ConfigOffer
 from config_rollout.release import parse_release, peek_release
 from firmware_rollout.artifact.keys import Verifier
+from firmware_rollout.artifact.trust import take_trust_document
+from firmware_rollout.errors import TrustError
 from firmware_rollout.messages import ReportState, UpdateReport, UpdaterState, report_message
 from firmware_rollout.windows import parse_window, window_wait
 
@@ -152,8 +153,11 @@ class ConfigOfferActor(Actor):
         worker = self._worker
         name, version = _shown(offer)
         rid = offer.rollout_id
-        if (refused := take_trust_document(self._key, offer.trust, offer=rid)) is not None:
-            await self._report(rid, version, "rejected", "rejected", refused)
+        try:
+            take_trust_document(self._key, offer.trust, came_with=f"offer {rid}")
+        except TrustError as exc:
+            log.warning("offer %s: trust document refused: %s", rid, exc)
+            await self._report(rid, version, "rejected", "rejected", f"trust document refused: {exc}")
             return
         try:
             release = parse_release(offer.release, self._key, source=f"the release of rollout {rid}",

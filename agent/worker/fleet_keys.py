@@ -2,9 +2,10 @@
 the updater and the configuration targets: the fleet's trust document under `[firmware]
 trust_root` (kept in DATA_DIR/trust once accepted), or the one pinned `public_key`.
 
-A newer trust document rides on every offer (`UpdateOffer.trust`, `ConfigOffer.trust`);
-`take_trust_document` takes it before the offer's own signature is checked, so an artifact
-signed by a key the newest document removed, or whose expiry passed, is refused at once.
+A newer trust document rides on every offer (`UpdateOffer.trust`, `ConfigOffer.trust`); the
+updater and the configuration targets take it (`firmware_rollout.artifact.trust.take_trust_document`)
+before the offer's own signature is checked, so an artifact signed by a key the newest document
+removed, or whose expiry passed, is refused at once.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from firmware_rollout.artifact.keys import Verifier
-from firmware_rollout.artifact.trust import TrustedKeys, load_fleet_keys
-from firmware_rollout.errors import TrustError
+from firmware_rollout.artifact.trust import load_fleet_keys
 
 if TYPE_CHECKING:
     from agent.core.clock import Clock
@@ -51,18 +51,4 @@ def fleet_keys(worker: KeyHolder) -> Verifier:
     return found
 
 
-def take_trust_document(keys: Verifier, data: bytes, *, offer: str) -> str | None:
-    """Take the trust document an offer carries; None when taken (or held already), else why it
-    was refused (a lower version, a bad signature, ...): the offer is then refused with it."""
-    if not data or not isinstance(keys, TrustedKeys):
-        return None
-    try:
-        if keys.accept(data):
-            log.info("took trust document v%d with offer %s", keys.version, offer)
-    except TrustError as exc:
-        log.warning("offer %s: trust document refused: %s", offer, exc)
-        return f"trust document refused: {exc}"
-    return None
-
-
-__all__ = ["TRUST_DIR", "fleet_keys", "take_trust_document"]
+__all__ = ["TRUST_DIR", "fleet_keys"]

@@ -28,11 +28,9 @@ def installer_from_config(fw: FirmwareSection, state_dir: Path, *, clock: Clock,
         from firmware_rollout.artifact.trust import TrustedKeys
         from firmware_rollout.device.helper import HelperInstaller
 
-        def trust() -> bytes:  # the helper checks it against its own root
-            held = verify_key.document if isinstance(verify_key, TrustedKeys) else None
-            return held.raw if held is not None else b""
-
-        return HelperInstaller(fw.helper_socket, clock=clock, trust=trust)
+        held = verify_key if isinstance(verify_key, TrustedKeys) else None  # sent along: the helper checks it
+        return HelperInstaller(fw.helper_socket, clock=clock,
+                               trust=(lambda: held.document_bytes) if held is not None else None)
     return configured_backend(fw, source=source).build(InstallerContext(state_dir, clock, verify_key))
 
 

@@ -19,6 +19,7 @@ and by every device.
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,8 @@ from firmware_rollout.artifact.keys import KEY_ID_SIZE, SigningKey, Verifier, Ve
 from firmware_rollout.errors import KeyFileError, TrustError, WrongKey
 
 DOMAIN = b"edge-agent trust document v1\n"
+log = logging.getLogger(__name__)
+
 STATE_FILE = "trust.json"  # in a holder's state directory: the accepted document and who accepted it
 MAX_DOCUMENT_BYTES = 64 * 1024
 MAX_KEYS = 32
@@ -212,6 +215,11 @@ class TrustedKeys:
         if doc.version > self.version:
             self._take(doc)
 
+    @property
+    def document_bytes(self) -> bytes:
+        """The document held, as it was signed (b"" before the first)."""
+        return self.document.raw if self.document is not None else b""
+
     def signer(self, key_id: bytes) -> VerifyKey:
         """The key `key_id` names, listed and unexpired; `WrongKey` saying why not."""
         if self.document is None:
@@ -224,6 +232,13 @@ class TrustedKeys:
             raise WrongKey(f"signed by key {key_id.hex()}, which expired at {utc_iso(expires_ms)}"
                            f" (trust document v{self.version})")
         return key
+
+
+def take_trust_document(keys: Verifier, data: bytes, *, came_with: str) -> None:
+    """Take a trust document that came with an offer or an install request: nothing without one,
+    or for a holder that pins one key; `TrustError` (and nothing changed) when it is refused."""
+    if data and isinstance(keys, TrustedKeys) and keys.accept(data):
+        log.info("took trust document v%d with %s", keys.version, came_with)
 
 
 def read_trust_document(path: str | Path) -> bytes:
@@ -256,4 +271,4 @@ def load_fleet_keys(*, public_key: str, trust_root: str, trust_document: str, st
 
 
 __all__ = ["MAX_DOCUMENT_BYTES", "STATE_FILE", "TrustDocument", "TrustedKeys", "load_fleet_keys", "make_trust_document",
-           "read_trust_document"]
+           "read_trust_document", "take_trust_document"]

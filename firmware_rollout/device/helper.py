@@ -54,7 +54,7 @@ from firmware_rollout.artifact.manifest import (
     check_policy,
     verify_signed_manifest,
 )
-from firmware_rollout.artifact.trust import TrustedKeys
+from firmware_rollout.artifact.trust import take_trust_document
 from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slot_records import SlotRecords
@@ -280,8 +280,8 @@ class InstallHelper:
         if r.slot not in installer.slots:
             raise InstallError(f"no slot {r.slot!r} here (this helper manages {', '.join(installer.slots)})")
         if r.op == "open_slot":
-            if r.trust and isinstance(self._key, TrustedKeys) and self._key.accept(r.trust):
-                log.info("took trust document v%d from the agent (signed by this helper's root)", self._key.version)
+            # the agent carries the document; this helper's own root must have signed it
+            take_trust_document(self._key, r.trust, came_with="the agent's install request")
             manifest = verify_signed_manifest(r.signed_manifest, self._key).manifest
             check_policy(manifest, hardware=self._hardware, image=self._image,
                          installed_version=self.records.booted_version)

@@ -50,7 +50,7 @@ from firmware_rollout.artifact.manifest import (
     check_policy,
     verify_signed_manifest,
 )
-from firmware_rollout.artifact.trust import TrustedKeys
+from firmware_rollout.artifact.trust import take_trust_document
 from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.delta import Delta, find_delta
 from firmware_rollout.device.health import HealthCheck, HealthResult
@@ -488,8 +488,7 @@ class Updater:
             stage_only=offer.download_only, mirrors="\n".join(offer.mirrors),
         )
         try:
-            if offer.trust and isinstance(self._key, TrustedKeys) and self._key.accept(offer.trust):
-                log.info("took trust document v%d with offer %s", self._key.version, offer.rollout_id)
+            take_trust_document(self._key, offer.trust, came_with=f"offer {offer.rollout_id}")
             manifest = self.checked(offer.signed_manifest)
         except ArtifactError as exc:  # a trust document or a signature refused, a manifest that is not one
             await self._refuse(base, exc)
