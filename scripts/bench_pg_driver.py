@@ -40,7 +40,7 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -135,26 +135,26 @@ async def bench_asyncpg(url: str, work: list, postmaster: int, connections: int)
     conn = await asyncpg.connect(url)
     await conn.execute("DROP TABLE IF EXISTS devices")
     await conn.execute(SCHEMA)
-    cpu0, wall0, srv0 = time.process_time(), time.perf_counter(), server_cpu(postmaster)
-    for ids, seqs, ats, samples in work:
+
+    async def upsert(ids: list[str], seqs: list[int], ats: list[int], samples: list[bytes]) -> None:
         await conn.execute(UPSERT_PG, ids, seqs, ats, samples)
-    heartbeats = _figures(work, time.perf_counter() - wall0, time.process_time() - cpu0,
-                          server_cpu(postmaster) - srv0)
+
+    heartbeats = await timed_batches(work, postmaster, upsert)
     await conn.close()
-    t0 = time.perf_counter()
-    for _ in range(connections):
-        c = await asyncpg.connect(url)
-        await c.close()
-    connect_ms = (time.perf_counter() - t0) / connections * 1000
+
+    async def connect() -> None:
+        await (await asyncpg.connect(url)).close()
+
     pool = await asyncpg.create_pool(url, min_size=4, max_size=4)
-    t0 = time.perf_counter()
-    for _ in range(connections):
+
+    async def pooled() -> None:
         async with pool.acquire() as c:
             await c.execute("SELECT 1")
-    acquire_ms = (time.perf_counter() - t0) / connections * 1000
+
+    result = {**heartbeats, "connect_ms": round(await per_call_ms(connections, connect), 2),
+              "pool_query_ms": round(await per_call_ms(connections, pooled), 3), "version": asyncpg.__version__}
     await pool.close()
-    return {**heartbeats, "connect_ms": round(connect_ms, 2), "pool_query_ms": round(acquire_ms, 3),
-            "version": asyncpg.__version__}
+    return result
 
 
 async def bench_psycopg(url: str, work: list, postmaster: int, connections: int) -> dict[str, object]:
@@ -165,27 +165,46 @@ async def bench_psycopg(url: str, work: list, postmaster: int, connections: int)
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
     await conn.execute("DROP TABLE IF EXISTS devices")
     await conn.execute(SCHEMA)
-    cpu0, wall0, srv0 = time.process_time(), time.perf_counter(), server_cpu(postmaster)
-    for ids, seqs, ats, samples in work:
+
+    async def apply(ids: list[str], seqs: list[int], ats: list[int], samples: list[bytes]) -> None:
         await conn.execute(upsert, (ids, seqs, ats, samples), prepare=True, binary=True)
-    heartbeats = _figures(work, time.perf_counter() - wall0, time.process_time() - cpu0,
-                          server_cpu(postmaster) - srv0)
+
+    heartbeats = await timed_batches(work, postmaster, apply)
     await conn.close()
-    t0 = time.perf_counter()
-    for _ in range(connections):
-        c = await psycopg.AsyncConnection.connect(url)
-        await c.close()
-    connect_ms = (time.perf_counter() - t0) / connections * 1000
+
+    async def connect() -> None:
+        await (await psycopg.AsyncConnection.connect(url)).close()
+
     pool = psycopg_pool.AsyncConnectionPool(url, min_size=4, max_size=4, open=False)
     await pool.open(wait=True)
-    t0 = time.perf_counter()
-    for _ in range(connections):
+
+    async def pooled() -> None:
         async with pool.connection() as c:
             await c.execute("SELECT 1")
-    acquire_ms = (time.perf_counter() - t0) / connections * 1000
+
+    result = {**heartbeats, "connect_ms": round(await per_call_ms(connections, connect), 2),
+              "pool_query_ms": round(await per_call_ms(connections, pooled), 3), "version": psycopg.__version__,
+              "libpq": psycopg.pq.__impl__}
     await pool.close()
-    return {**heartbeats, "connect_ms": round(connect_ms, 2), "pool_query_ms": round(acquire_ms, 3),
-            "version": psycopg.__version__, "libpq": psycopg.pq.__impl__}
+    return result
+
+
+async def timed_batches(work: list, postmaster: int,
+                        apply: Callable[[list[str], list[int], list[int], list[bytes]], Awaitable[None]],
+                        ) -> dict[str, float]:
+    """Every batch through `apply`, timed: rows a second, the client's and the server's CPU a row."""
+    cpu0, wall0, srv0 = time.process_time(), time.perf_counter(), server_cpu(postmaster)
+    for ids, seqs, ats, samples in work:
+        await apply(ids, seqs, ats, samples)
+    return _figures(work, time.perf_counter() - wall0, time.process_time() - cpu0, server_cpu(postmaster) - srv0)
+
+
+async def per_call_ms(count: int, call: Callable[[], Awaitable[None]]) -> float:
+    """Milliseconds a call of `call`, over `count` calls one after another."""
+    t0 = time.perf_counter()
+    for _ in range(count):
+        await call()
+    return (time.perf_counter() - t0) / count * 1000
 
 
 def _figures(work: list, wall: float, cpu: float, srv: float) -> dict[str, float]:
