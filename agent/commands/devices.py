@@ -25,12 +25,16 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.commands.arguments import aligned, positive_seconds, whole_number
 from agent.core.clock import SystemClock
 from agent.core.config import AgentConfig
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError, EdgeAgentError
+
+if TYPE_CHECKING:
+    from agent.leader.identities import IdentityStore
 
 EXIT_NOT_APPLIED = 3
 STATES = ("pending", "approved", "rejected", "revoked")
@@ -124,11 +128,8 @@ def _when(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ms / 1000)) if ms else "-"
 
 
-def _list(store: object, state: str | None, as_json: bool) -> int:
-    from agent.leader.identities import IdentityStore
-
-    assert isinstance(store, IdentityStore)
-    rows = store.listed(state)  # type: ignore[arg-type]
+def _list(store: IdentityStore, state: str | None, as_json: bool) -> int:
+    rows = store.listed(state)  # type: ignore[arg-type]  # (a State: argparse's choices)
     if as_json:
         print(json.dumps([{"device": r.device, "state": r.state, "key": r.fingerprint, "serial": r.hw_serial,
                            "machine_id": r.machine_id, "agent_version": r.agent_version, "claim": r.claim,
@@ -145,10 +146,7 @@ def _list(store: object, state: str | None, as_json: bool) -> int:
     return 0
 
 
-def _token(store: object, args: argparse.Namespace) -> int:
-    from agent.leader.identities import IdentityStore
-
-    assert isinstance(store, IdentityStore)
+def _token(store: IdentityStore, args: argparse.Namespace) -> int:
     if args.uses < 1:
         raise ConfigError("--uses", None, "a token enrols at least one device")
     try:
@@ -164,10 +162,7 @@ def _token(store: object, args: argparse.Namespace) -> int:
     return 0
 
 
-def _controls(store: object, args: argparse.Namespace) -> int:
-    from agent.leader.identities import IdentityStore
-
-    assert isinstance(store, IdentityStore)
+def _controls(store: IdentityStore, args: argparse.Namespace) -> int:
     now = SystemClock().now_ms()
     ids = [store.add_control(args.action, device, by=_actor(), now_ms=now, reason=getattr(args, "reason", ""))
            for device in args.devices]
