@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Literal
 
 from agent.core.errors import StoreError
-from agent.core.sqlite import SqliteStore, Synchronous, store_errors
+from agent.core.sqlite import Synchronous, store_errors
+from agent.core.store import Store
 from config_rollout.layers import LayerValue, digest
 
 Scope = Literal["tag", "device"]
@@ -69,7 +70,7 @@ class LayerRow:
         return f"{self.scope} {self.selector}"
 
 
-class LayerStore(SqliteStore):
+class LayerStore(Store):
     """All reads and writes of the layer tables, on the leader's database."""
 
     COMPONENT = "config_layers"

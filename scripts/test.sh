@@ -11,7 +11,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
-ensure_venv test,sim,lint
+ensure_venv test,sim,lint,postgresql
 
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
     echo "installing Debian's mosquitto for the integration tests" >&2

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "firmware_rollout"))
 from mosquitto import Mosquitto, MosquittoMissing
 from nginx_mirror import NginxMirror, NginxMissing
 from otheruser import open_directory
+from postgres import PostgresCluster, PostgresMissing
 
 from agent.core.clock import VirtualClock
 from agent.transport.memory import MemoryBroker
@@ -118,3 +119,47 @@ def nginx(tmp_path: Path) -> Iterator[Callable[..., NginxMirror]]:
     finally:
         for mirror in made:
             mirror.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_shared() -> Iterator[PostgresCluster]:
+    """One real PostgreSQL cluster for this test process (each test takes a fresh schema)."""
+    try:
+        cluster = PostgresCluster()
+    except PostgresMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def postgres() -> Iterator[PostgresCluster]:
+    """A real PostgreSQL cluster of this test alone (it may stop and start it)."""
+    try:
+        cluster = PostgresCluster()
+    except PostgresMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def pg_url(postgres_shared: PostgresCluster) -> str:
+    """A fresh, empty schema of the shared cluster, as a `postgresql://` URL."""
+    return postgres_shared.new_schema()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def leader_store(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a leader store is opened, once on each backend: an SQLite file, then a fresh
+    PostgreSQL schema (a `postgresql://` URL)."""
+    if request.param == "sqlite":
+        return tmp_path / "leader.db"
+    cluster: PostgresCluster = request.getfixturevalue("postgres_shared")
+    return cluster.new_schema()

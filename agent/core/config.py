@@ -156,6 +156,13 @@ class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     # MQTT shared subscription `$share/{group}/...` with the other leaders of the fleet, which is
     # safe only on a broker that checks subscriptions (see docs/service.md, "Several leaders").
     shared_group: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")] = ""
+    # Where the fleet's device registry, application messages and rejects live. Empty: leader.db
+    # in the data dir. "postgresql://USER@HOST[:PORT]/DB[?sslmode=verify-full&sslrootcert=...]":
+    # that database, shared by every leader of the fleet given the same URL (docs/service.md,
+    # "Several leaders on PostgreSQL"). Its password: `database_password_file` (mode 0600), else
+    # libpq's own (PGPASSWORD, PGPASSFILE, ~/.pgpass).
+    database: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    database_password_file: str = ""
 
 
 class JobsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -609,6 +616,19 @@ def _check_artifacts(config: AgentConfig, source: str) -> None:
         raise ConfigError(source, "firmware.mirror_ca", "must be an absolute path")
 
 
+def _check_leader_database(config: AgentConfig, source: str) -> None:
+    from agent.core.sql import store_target
+
+    lc = config.leader
+    if lc.database:
+        if not lc.database.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(source, "leader.database", "a postgresql://USER@HOST[:PORT]/DB URL (leave it out for"
+                                                         " leader.db in the data dir)")
+        store_target(lc.database, source=source, key="leader.database")
+    elif lc.database_password_file:
+        raise ConfigError(source, "leader.database_password_file", "needs leader.database")
+
+
 def _check_identity(config: AgentConfig, source: str) -> None:
     ident = config.identity
     if ident is None or config.agent.role != "worker":
@@ -721,6 +741,7 @@ def load_config(path: str | Path) -> AgentConfig:
         if target.settle_s >= target.confirm_s:
             raise ConfigError(str(path), f"config_targets.{name}.settle_s", "must be less than confirm_s")
     _check_identity(config, str(path))
+    _check_leader_database(config, str(path))
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
         raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")

@@ -16,6 +16,7 @@
     ├── StoreError                           the outbox database failed (disk full, I/O)
     │   ├── OutboxFull                       a message class is at its size cap (policy reject)
     │   ├── StoreClosed                      the store was closed by us
+    │   ├── StoreUnavailable                 the database server cannot be reached (busy, retry)
     │   └── UnstorableValue                  one message holds a value SQLite cannot store
     │       └── DeviceLimitReached           one device reached a cap on its kept state
     ├── RolloutError                         a rollout spec or control is invalid
@@ -110,6 +111,11 @@ class StoreClosed(StoreError):
     """The store was closed by us."""
 
 
+class StoreUnavailable(StoreError):
+    """The database server (PostgreSQL) cannot be reached or dropped the connection: nothing of
+    the failed call was committed; the next call connects again."""
+
+
 class UnstorableValue(StoreError):
     """A value of one message cannot be stored (an integer beyond SQLite's 64 bits): that
     message is refused; the database itself is fine and every other message goes on."""
@@ -162,6 +168,7 @@ __all__ = [
     "StoreClosed",
     "UnstorableValue",
     "StoreError",
+    "StoreUnavailable",
     "Transient",
     "TransportError",
 ]

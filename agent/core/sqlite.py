@@ -12,11 +12,9 @@
 `sqlite3.Error` is translated to `StoreError` by `store_errors()`; callers let no sqlite3 type
 or exception out of their module.
 
-`SqliteStore` is the skeleton every store shares: a subclass names its `COMPONENT` and its
-`MIGRATIONS`, opens its connection with `connect_migrated` (in its own `open`, which does the
-store's own first reads), and inherits `atomic()`, `check_open()`, an idempotent `close()` and
-the context manager. The outbox keeps a connection per thread (its writer and reader) and uses
-the functions here directly.
+`agent.core.store.Store` is the skeleton every store shares (on SQLite or PostgreSQL). The
+outbox keeps a connection per thread (its writer and reader) and uses the functions here
+directly.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar, Literal, Self
+from typing import Literal
 
 from agent.core.errors import StoreError, UnstorableValue
 
@@ -295,106 +293,9 @@ def recover_damaged(path: Path, *, now_ms: int, what: str) -> str | None:
     return str(dest)
 
 
-class SqliteStore:
-    """One store's connection: opened and migrated once, `atomic()`, `close()`, `with store:`.
-
-    A closed store raises `StoreError` naming `WHAT` (e.g. "device registry is closed").
-    """
-
-    COMPONENT: ClassVar[str]  # the migration bookkeeping name (several stores may share a file)
-    MIGRATIONS: ClassVar[Sequence[Migration]]
-    WHAT: ClassVar[str]  # what the store is, for error messages
-
-    def __init__(self, conn: sqlite3.Connection, *, path: str | Path) -> None:
-        self._conn = conn
-        self.path = str(path)
-        self._closed = False
-
-    @classmethod
-    def connect_migrated(cls, path: str | Path, *, synchronous: Synchronous = "FULL") -> sqlite3.Connection:
-        """A connection to `path` with this store's tables at their newest version. FULL (the
-        default): every commit is synced, it survives a power cut; see `unsynced` for the
-        writes that may lose their last seconds."""
-        return open_migrated(path, cls.COMPONENT, cls.MIGRATIONS, synchronous=synchronous)
-
-    @contextlib.contextmanager
-    def unsynced(self, really: bool = True) -> Iterator[None]:
-        """Commits inside the block are not synced when `really` (synchronous NORMAL: they survive
-        the agent's crash, not a power cut); the connection's own setting is back after it. For
-        writes worth less than an fsync each: heartbeats, classes of durability "crash"."""
-        if not really:
-            yield
-            return
-        before = int(self._conn.execute("PRAGMA synchronous").fetchone()[0])
-        if before <= 1:  # OFF or NORMAL already
-            yield
-            return
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        try:
-            yield
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.execute(f"PRAGMA synchronous = {before}")
-
-    @classmethod
-    def connect_readonly(cls, path: str | Path) -> sqlite3.Connection:
-        """A read-only connection (`mode=ro`) to `path`, which must hold this store's tables at
-        the version this program reads: nothing is created or migrated. `StoreError` says why
-        not in one line (no such file, not SQLite, not this store's, older or newer schema)."""
-        target = Path(path)
-        conn = connect_readonly_file(target)
-        try:
-            try:
-                row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",
-                                   (cls.COMPONENT,)).fetchone()
-            except sqlite3.OperationalError:
-                row = None
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{target}: not an SQLite database ({describe(exc)})") from exc
-            if row is None:
-                raise StoreError(f"{target}: has no {cls.WHAT.removeprefix('the ')} (no {cls.COMPONENT} tables)")
-            version, current = int(row[0]), len(cls.MIGRATIONS)
-            if version > current:
-                raise StoreError(f"{target}: {cls.WHAT} schema {version} is newer than this program ({current})")
-            if version < current:
-                raise StoreError(f"{target}: {cls.WHAT} schema {version} is older than this program's ({current}):"
-                                 " start the agent that owns it once to upgrade it")
-        except BaseException:
-            close_quietly(conn)
-            raise
-        return conn
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def check_open(self) -> None:
-        if self._closed:
-            raise StoreError(f"{self.WHAT} is closed")
-
-    @contextlib.contextmanager
-    def atomic(self) -> Iterator[sqlite3.Connection]:
-        """One transaction (a savepoint when nested); see `atomic`."""
-        self.check_open()
-        with atomic(self._conn) as conn:
-            yield conn
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            close_quietly(self._conn)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 __all__ = [
     "Migration",
     "aside_name",
-    "SqliteStore",
     "Synchronous",
     "atomic",
     "close_quietly",

@@ -36,6 +36,7 @@ from agent.core.ids import IdGenerator
 from agent.core.marks import StoreMark
 from agent.core.ratelog import RateLimitedLog
 from agent.core.reserve import DiskReserve
+from agent.core.sql import StoreTarget
 from agent.core.sqlite import damage_report, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
@@ -48,6 +49,7 @@ from agent.leader.actors import (
     SubmitJobs,
     WorkersLost,
 )
+from agent.leader.database import LEADER_DB, shared_database
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
 from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
 from agent.leader.messages import MessageLog
@@ -90,7 +92,6 @@ from agent.transport.presence import PresenceFormatError, decode_presence
 
 log = logging.getLogger(__name__)
 
-LEADER_DB = "leader.db"
 BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a message
 # A record stamped further ahead of the leader's clock than this is refused: a device's clock
 # may lag (no RTC on a Pi), but a timestamp from the far future would outrank every later one.
@@ -189,7 +190,7 @@ class LeaderAgent(PartBase):
         self._reports: RolloutReports | None = None
         if owns_stores if housekeeping is None else housekeeping:
             self.housekeeping, self._reports = leader_housekeeper(
-                config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=registry.path,
+                config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=jobs.path,
                 name=f"housekeeping:{self.device_id}", messages=messages,
                 messages_retention_s=config.messages.retention_s)
         self._started = False
@@ -216,6 +217,8 @@ class LeaderAgent(PartBase):
             if lc.device_rate_per_s > 0 else None
         self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
         self.reserve: DiskReserve | None = None  # the disk room kept for a full disk (`open` sets it)
+        # where the registry, messages and rejects are (`open` sets it: leader.db or PostgreSQL)
+        self.shared: StoreTarget = Path(registry.path)
 
     @classmethod
     async def open(
@@ -242,16 +245,18 @@ class LeaderAgent(PartBase):
                                  " aside and start with an empty registry, job queue and rollout history")
             dest = mark.move_lost(clock.now_ms())
             log.error("leader: %s lost state (%s); moved aside to %s and started afresh", db, lost, dest)
-        registry = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s,
+        shared = shared_database(config, base)  # leader.db, or the fleet's PostgreSQL database
+        registry = DeviceRegistry.open(shared, clock=clock, heartbeat_deadline_s=config.leader.heartbeat_deadline_s,
                                        telemetry_names_max=config.leader.telemetry_names_max,
                                        telemetry_durable=durability(config, KIND_TELEMETRY) == "power")
         jobs = rejects = messages = None
         try:
+            registry.claim_fleet(config.agent.fleet)
             jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max,
                                  synchronous="FULL" if config.outbox.durability == "power" else "NORMAL")
             mark.write("epoch", jobs.epoch)  # its commit was synced
-            rejects = RejectLog.open(db, clock=clock)
-            messages = MessageLog.open(db, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device,
+            rejects = RejectLog.open(shared, clock=clock)
+            messages = MessageLog.open(shared, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device,
                                        crash_classes=crash_classes(config))
             outbox = await OutboxStore.open(
                 resolve(base, config.outbox.path), clock=clock, durability=config.outbox.durability,
@@ -270,6 +275,7 @@ class LeaderAgent(PartBase):
                      rejects=rejects, messages=messages, **kwargs)
         leader.data_dir = base
         leader.reserve = reserve
+        leader.shared = shared
         return leader
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -355,7 +361,7 @@ class LeaderAgent(PartBase):
     # -- as a part of the running agent --------------------------------------------------------
     def databases(self) -> list[Path]:
         """The SQLite files this agent owns (none when its stores were handed in)."""
-        return [Path(self.outbox.path), Path(self.registry.path)] if self._owns_stores else []
+        return [Path(self.outbox.path), Path(self.jobs_queue.path)] if self._owns_stores else []
 
     def liveness(self) -> Liveness:
         return {"actors": (self.system.problem, "all actors running")}
@@ -397,7 +403,7 @@ class LeaderAgent(PartBase):
         from agent.leader.readonly import open_leader_db
         from agent.service.prom import family
 
-        with open_leader_db(self.registry.path) as db:
+        with open_leader_db(self.jobs_queue.path, shared=self.shared) as db:
             compliance = fleet_compliance(db, self.clock.now_ms())
         samples = [({"target": target, "compliance": kind}, float(n))
                    for target, counts in compliance.items() for kind, n in counts.items()]

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Literal
 
 from agent.core.errors import IdentityError, StoreError
-from agent.core.sqlite import SqliteStore, Synchronous, store_errors
+from agent.core.sqlite import Synchronous, store_errors
+from agent.core.store import Store
 
 COMPONENT = "identities"
 State = Literal["pending", "approved", "rejected", "revoked"]
@@ -133,7 +134,7 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-class IdentityStore(SqliteStore):
+class IdentityStore(Store):
     COMPONENT = COMPONENT
     MIGRATIONS = (_v1,)
     WHAT = "identity store"

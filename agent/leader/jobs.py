@@ -45,7 +45,8 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, read_int, store_errors
+from agent.core.sqlite import Synchronous, atomic, close_quietly, read_int, store_errors
+from agent.core.store import Store
 from agent.leader.job_types import (
     DemandOutcome,
     Dispatch,
@@ -135,7 +136,7 @@ class _WorkerWindows(Mapping[str, int]):
         return repr({w: b.window for w, b in self._workers.items()})
 
 
-class JobQueue(SqliteStore):
+class JobQueue(Store):
     """Open with `JobQueue.open(path, clock=...)`; one open queue per database is the writer."""
 
     COMPONENT = COMPONENT

@@ -5,6 +5,11 @@ SQLite's `mode=ro`: nothing is created or migrated, and WAL readers never block 
 leader. A file that is missing, not SQLite, or not a leader database is one `StoreError`. Every
 read goes through the store that owns its table (`db.registry`, `db.rejects`, `db.jobs`,
 `db.rollouts`): a view passes values between them instead of joining their tables.
+
+A fleet whose leaders share a PostgreSQL database (`[leader] database`) keeps its registry and
+rejects there: `open_leader_db("postgresql://...")` reads the whole fleet from it (the job queue
+and the rollout tables, each leader's own, are then empty), and a leader's own view passes its
+`leader.db` and `shared=` the database.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import StoreError
+from agent.core.sql import PostgresUrl, StoreTarget, is_postgres_url
 from agent.core.sqlite import close_quietly, connect_readonly_file
 from agent.leader.jobs import JobReads
-from agent.leader.registry import RegistryReads
+from agent.leader.registry import DeviceRegistry, RegistryReads
 from agent.leader.rejects import RejectReads
 
 if TYPE_CHECKING:
@@ -27,14 +33,17 @@ if TYPE_CHECKING:
 
 
 class LeaderDb:
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
-        self.conn = conn
+    def __init__(self, conn: Any, path: Path | PostgresUrl, shared: Any = None) -> None:
+        # the leader's own leader.db; with only the fleet's shared database, an empty one in
+        # memory: it reads as "no jobs, no rollouts"
+        self.conn = conn if conn is not None else sqlite3.connect(":memory:", check_same_thread=False)
         self.path = path
-        self.registry = RegistryReads(conn)
+        self.shared = shared if shared is not None else conn
+        self.registry = RegistryReads(self.shared)
 
     @functools.cached_property
     def rejects(self) -> RejectReads:
-        return RejectReads(self.conn)
+        return RejectReads(self.shared)
 
     @functools.cached_property
     def jobs(self) -> JobReads:
@@ -47,14 +56,33 @@ class LeaderDb:
         return RolloutReads(self.conn)
 
 
+def _shared_reader(target: PostgresUrl) -> Any:
+    return DeviceRegistry.connect_reader(target)
+
+
 @contextmanager
-def open_leader_db(db_path: str | Path) -> Iterator[LeaderDb]:
-    """Yield the leader database at `db_path` opened read-only; `sqlite3.Error`s inside the
-    block become `StoreError` naming the file."""
+def open_leader_db(db_path: str | Path | PostgresUrl, *, shared: StoreTarget | None = None) -> Iterator[LeaderDb]:
+    """Yield the leader database at `db_path` opened read-only (a `postgresql://` URL: the fleet's
+    shared database alone); `shared`: the PostgreSQL database holding the registry and rejects
+    beside the file. `sqlite3.Error`s inside the block become `StoreError` naming the file."""
+    if isinstance(db_path, str) and is_postgres_url(db_path):
+        db_path = PostgresUrl(db_path)
+    if isinstance(db_path, PostgresUrl):
+        pg = _shared_reader(db_path)
+        try:
+            only = LeaderDb(None, db_path, pg)
+            try:
+                yield only
+            finally:
+                close_quietly(only.conn)
+        finally:
+            pg.close()
+        return
     path = Path(db_path)
     conn = connect_readonly_file(path)
+    pg = _shared_reader(shared) if isinstance(shared, PostgresUrl) else None
     try:
-        db = LeaderDb(conn, path)
+        db = LeaderDb(conn, path, pg)
         try:
             present = db.registry.present()
         except sqlite3.DatabaseError as exc:
@@ -66,6 +94,8 @@ def open_leader_db(db_path: str | Path) -> Iterator[LeaderDb]:
         raise StoreError(f"{path}: cannot read: {exc}") from exc
     finally:
         close_quietly(conn)
+        if pg is not None:
+            pg.close()
 
 
 __all__ = ["LeaderDb", "open_leader_db"]

@@ -41,7 +41,9 @@ from agent.core.clock import Clock
 from agent.core.codec import decode, encode
 from agent.core.errors import CodecError, DeviceLimitReached, StoreError
 from agent.core.ratelog import RateLimitedLog
-from agent.core.sqlite import SqliteStore, Synchronous, atomic, close_quietly, store_errors
+from agent.core.sql import Connection, PostgresUrl, dialect_of, greatest, has_table, in_json_array, json_array_holds
+from agent.core.sqlite import Synchronous, store_errors
+from agent.core.store import Store
 from agent.protocol import ConfigState, Heartbeat, SlotState, SystemSample, Telemetry
 
 COMPONENT = "registry"
@@ -49,6 +51,7 @@ TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refus
 
 log = logging.getLogger(__name__)
 _BOOTS_REMEMBERED = 1_000_000
+_NO_LIMIT = 2**62  # LIMIT of "all" (PostgreSQL takes no negative LIMIT)
 _NAMES_CACHED_DEVICES = 100_000  # devices whose telemetry names are kept in memory (beyond: read again)
 
 _json_encode = msgspec.json.Encoder().encode
@@ -136,6 +139,12 @@ def _v8(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE devices ADD COLUMN configs BLOB")
 
 
+def _v9(conn: sqlite3.Connection) -> None:
+    """The fleet whose devices the registry holds (`claim_fleet`): a leader of another fleet
+    started on it refuses to run."""
+    conn.execute("CREATE TABLE registry_fleet (fleet TEXT PRIMARY KEY)")
+
+
 T = TypeVar("T")
 
 
@@ -179,7 +188,48 @@ def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, Con
 
 _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
+
+#: The same tables on PostgreSQL (their own versions, from the SQLite schema's newest shape).
+_PG_MIGRATIONS = (
+    """CREATE TABLE devices (
+        device_id TEXT PRIMARY KEY,
+        hb_seq BIGINT NOT NULL DEFAULT -1,
+        hb_at_ms BIGINT,
+        last_seen_ms BIGINT,
+        uptime_s DOUBLE PRECISION,
+        firmware_version TEXT NOT NULL DEFAULT '',
+        tags TEXT NOT NULL DEFAULT '[]',
+        sample BYTEA,
+        online INTEGER NOT NULL DEFAULT 0,
+        offline_reason TEXT,
+        first_seen_ms BIGINT NOT NULL,
+        changed_ms BIGINT NOT NULL,
+        telemetry_count BIGINT NOT NULL DEFAULT 0,
+        boot TEXT NOT NULL DEFAULT '',
+        presence_session TEXT NOT NULL DEFAULT '',
+        outbox_pending BIGINT,
+        interval_ms BIGINT NOT NULL DEFAULT 0,
+        expires_ms BIGINT,
+        slots BYTEA,
+        configs BYTEA
+    );
+    CREATE INDEX devices_online_expires ON devices(expires_ms) WHERE online = 1;
+    CREATE TABLE telemetry_last (
+        device_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        ts_ms BIGINT NOT NULL,
+        record BYTEA NOT NULL,
+        PRIMARY KEY (device_id, name)
+    );
+    CREATE TABLE processed_messages (msg_id TEXT PRIMARY KEY, at_ms BIGINT NOT NULL);
+    CREATE INDEX processed_messages_at ON processed_messages(at_ms);
+    CREATE TABLE registry_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
+    CREATE TABLE fleet_online (at_ms BIGINT PRIMARY KEY, devices BIGINT NOT NULL, online BIGINT NOT NULL);
+    CREATE TABLE registry_fleet (fleet TEXT PRIMARY KEY);
+    """,
+)
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
 
 LEADER_ALIVE_EVERY_S = 30.0  # how often the running leader marks itself alive in the registry
@@ -275,14 +325,15 @@ def _record(row: tuple) -> DeviceRecord:
 OfflineCallback = Callable[[list[str]], Awaitable[None] | None]
 
 
-class DeviceRegistry(SqliteStore):
+class DeviceRegistry(Store):
     """The device registry. Open with `DeviceRegistry.open(path, clock=...)`."""
 
     COMPONENT = COMPONENT
     MIGRATIONS = _MIGRATIONS
+    PG_MIGRATIONS = _PG_MIGRATIONS
     WHAT = "device registry"
 
-    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
+    def __init__(self, conn: Connection | sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
                  path: str, telemetry_names_max: int = TELEMETRY_NAMES_MAX, telemetry_durable: bool = True) -> None:
         super().__init__(conn, path=path)
         self.telemetry_durable = telemetry_durable  # a telemetry record's commit is synced
@@ -300,7 +351,7 @@ class DeviceRegistry(SqliteStore):
     @classmethod
     def open(
         cls,
-        path: str | Path,
+        path: str | Path | PostgresUrl,
         *,
         clock: Clock,
         heartbeat_deadline_s: float = 30.0,
@@ -310,10 +361,12 @@ class DeviceRegistry(SqliteStore):
     ) -> DeviceRegistry:
         if heartbeat_deadline_s <= 0:
             raise ValueError("heartbeat_deadline_s must be > 0")
-        conn = cls.connect_migrated(path, synchronous=synchronous)
+        conn = cls.connect_target(path, synchronous=synchronous)
+        store = cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path),
+                    telemetry_names_max=telemetry_names_max, telemetry_durable=telemetry_durable)
         try:
             deadline_ms = int(round(heartbeat_deadline_s * 1000))
-            with atomic(conn):
+            with store.atomic():
                 conn.execute(
                     "INSERT INTO registry_meta(key, value) VALUES ('heartbeat_deadline_ms', ?)"
                     " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -323,10 +376,20 @@ class DeviceRegistry(SqliteStore):
                 conn.execute("UPDATE devices SET expires_ms = last_seen_ms + ?"
                              " WHERE expires_ms IS NULL AND last_seen_ms IS NOT NULL", (deadline_ms,))
         except BaseException:
-            close_quietly(conn)
+            store.close()
             raise
-        return cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path),
-                   telemetry_names_max=telemetry_names_max, telemetry_durable=telemetry_durable)
+        return store
+
+    def claim_fleet(self, fleet: str) -> None:
+        """Record `fleet` as the one whose devices this registry holds (the first leader to
+        start on it does); `StoreError` in one line when it holds another fleet's."""
+        with self.atomic():
+            self._conn.execute("INSERT INTO registry_fleet (fleet) SELECT ? WHERE NOT EXISTS"
+                               " (SELECT 1 FROM registry_fleet) ON CONFLICT DO NOTHING", (fleet,))
+            held = [str(r[0]) for r in self._conn.execute("SELECT fleet FROM registry_fleet")]
+        if held != [fleet]:
+            raise StoreError(f"{self.path} holds the devices of fleet {', '.join(held)!s}, not of fleet {fleet}:"
+                             " a leader serves only its own fleet's database")
 
     def _note_boot(self, hb: Heartbeat) -> None:
         """Log once when a device starts again under a new boot id (a restart, or a device whose
@@ -359,21 +422,25 @@ class DeviceRegistry(SqliteStore):
         """Apply a batch in one transaction, in order; per heartbeat, whether it was applied."""
         self.check_open()
         now = self._clock.now_ms()
-        applied: list[bool] = []
+        applied = [False] * len(heartbeats)
         execute = self._conn.execute
+        # By device id (a device's own in batch order): two leaders applying batches that share
+        # devices take the rows' locks in one order, so they wait for each other, never deadlock.
+        order = sorted(range(len(heartbeats)), key=lambda i: heartbeats[i].device_id)
         # Unsynced: a power cut may take the last seconds of heartbeats, which every device
         # sends again within its interval; an fsync per batch would cost the intake its rate.
-        with self.unsynced(), atomic(self._conn):
-            for hb in heartbeats:
+        with self.unsynced(), self.atomic():
+            for i in order:
+                hb = heartbeats[i]
                 sample = encode(hb.sample) if hb.sample is not None else None
                 interval_ms = int(hb.interval_s * 1000) if hb.interval_s is not None else 0
                 expires = now + self.deadline_ms(interval_ms)
                 if not hb.full:
                     cur = execute(_APPLY_SHORT_HEARTBEAT, (hb.seq, now, now, hb.uptime_s, sample, hb.outbox_pending,
                                                            now, interval_ms, expires, hb.device_id, hb.seq))
-                    applied.append(cur.rowcount > 0)
+                    applied[i] = cur.rowcount > 0
                     continue
-                tags = _json_encode(list(hb.tags))
+                tags = _json_encode(list(hb.tags)).decode()
                 cur = execute(
                     _UPSERT_HEARTBEAT,
                     (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
@@ -381,7 +448,7 @@ class DeviceRegistry(SqliteStore):
                      encode(hb.slots) if hb.slots is not None else None,
                      _CONFIGS.encode(hb.configs) if hb.configs is not None else None),
                 )
-                applied.append(cur.rowcount > 0)
+                applied[i] = cur.rowcount > 0
                 if hb.boot:
                     self._note_boot(hb)
         return applied
@@ -402,10 +469,11 @@ class DeviceRegistry(SqliteStore):
         """
         self.check_open()
         now = self._clock.now_ms()
-        new: list[bool | DeviceLimitReached] = []
-        with self.unsynced(not self.telemetry_durable), atomic(self._conn):
-            for msg_id, record in batch:
-                new.append(self._apply_one_telemetry(msg_id, record, now))
+        new: list[bool | DeviceLimitReached] = [False] * len(batch)
+        order = sorted(range(len(batch)), key=lambda i: batch[i][1].device_id)  # see apply_heartbeats
+        with self.unsynced(not self.telemetry_durable), self.atomic():
+            for i in order:
+                new[i] = self._apply_one_telemetry(*batch[i], now)
         return new
 
     def _apply_one_telemetry(self, msg_id: str, record: Telemetry, now: int) -> bool | DeviceLimitReached:
@@ -447,7 +515,7 @@ class DeviceRegistry(SqliteStore):
         """
         self.check_open()
         now = self._clock.now_ms()
-        with atomic(self._conn):
+        with self.atomic():
             if msg_id is not None and not self._claim(msg_id, now):
                 return False
             self._conn.execute(_ENSURE_DEVICE, (device_id, now, now))
@@ -455,7 +523,8 @@ class DeviceRegistry(SqliteStore):
                 self._conn.execute(
                     "UPDATE devices SET last_seen_ms = ?, offline_reason = NULL,"
                     " changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, online = 1,"
-                    " presence_session = ?, expires_ms = ? + MAX(?, CAST(interval_ms * ? AS INTEGER))"
+                    " presence_session = ?, expires_ms = ? + "
+                    + greatest(self.dialect, "?", "CAST(interval_ms * ? AS BIGINT)") +
                     " WHERE device_id = ?",
                     (now, now, session, now, self._deadline_ms, INTERVALS_TO_DEADLINE, device_id),
                 )
@@ -483,7 +552,7 @@ class DeviceRegistry(SqliteStore):
         """Mark offline every online device not heard from within the deadline; their ids."""
         self.check_open()
         now = self._clock.now_ms()
-        with self.unsynced(), atomic(self._conn):  # found again after a power cut
+        with self.unsynced(), self.atomic():  # found again after a power cut
             rows = self._conn.execute(
                 "UPDATE devices SET online = 0, offline_reason = 'deadline', changed_ms = ?"
                 " WHERE online = 1 AND expires_ms <= ? RETURNING device_id",
@@ -544,11 +613,14 @@ class DeviceRegistry(SqliteStore):
         now = self._clock.now_ms()
         if self._alive_marked_ms is not None and now - self._alive_marked_ms < LEADER_ALIVE_EVERY_S * 1000:
             return
-        with store_errors("mark the leader alive"), atomic(self._conn):
+        with store_errors("mark the leader alive"), self.atomic():
             self._conn.execute("INSERT INTO registry_meta(key, value) VALUES ('leader_alive_ms', ?)"
                                " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (now,))
-            self._conn.execute("INSERT OR REPLACE INTO fleet_online (at_ms, devices, online)"
-                               " SELECT ?, COUNT(*), COALESCE(SUM(online), 0) FROM devices", (now,))
+            # "WHERE true": SQLite's parser needs a WHERE between a SELECT and its upsert clause
+            self._conn.execute("INSERT INTO fleet_online (at_ms, devices, online)"
+                               " SELECT ?, COUNT(*), COALESCE(SUM(online), 0) FROM devices WHERE true"
+                               " ON CONFLICT (at_ms) DO UPDATE SET devices = excluded.devices,"
+                               " online = excluded.online", (now,))
             self._conn.execute("DELETE FROM fleet_online WHERE at_ms < ?", (now - FLEET_HISTORY_S * 1000,))
         self._alive_marked_ms = now
 
@@ -565,17 +637,20 @@ class DeviceRegistry(SqliteStore):
                 "SELECT 1 FROM processed_messages WHERE at_ms < ? LIMIT 1", (cutoff,)
             ).fetchone() is None:
                 return 0  # nothing due: no write transaction (an idle leader writes nothing)
-        with self.unsynced(), atomic(self._conn):  # found again after a power cut
+        with self.unsynced(), self.atomic():  # found again after a power cut
             cur = self._conn.execute(
                 "DELETE FROM processed_messages WHERE msg_id IN (SELECT msg_id FROM processed_messages"
                 " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
-                (cutoff, -1 if limit is None else max(0, limit)),
+                (cutoff, _NO_LIMIT if limit is None else max(0, limit)),
             )
         return cur.rowcount
 
     def checkpoint(self) -> None:
-        """Run a passive WAL checkpoint (fsyncs: call it from a thread under `clock.busy()`)."""
+        """Run a passive WAL checkpoint (fsyncs: call it from a thread under `clock.busy()`); on
+        PostgreSQL the server checkpoints by itself."""
         self.check_open()
+        if self.on_postgres:
+            return
         with store_errors("checkpoint"):
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
@@ -702,14 +777,14 @@ class RegistryReads:
     its database: a read-only one while the leader runs. The one place the devices' table is
     queried outside `DeviceRegistry`."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self, conn: Connection | sqlite3.Connection) -> None:
+        self._conn: Any = conn
+        self.dialect = dialect_of(conn)
 
     def present(self) -> bool:
         """Whether the database holds a device registry at all."""
-        names = {str(r[0]) for r in self._conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('devices', 'registry_meta')")}
-        return names == {"devices", "registry_meta"}
+        return all(self._conn.execute(has_table(self.dialect, name)).fetchone()[0]
+                   for name in ("devices", "registry_meta"))
 
     def heartbeat_deadline_s(self) -> float | None:
         """The deadline the running leader was configured with, if it stored one."""
@@ -785,14 +860,14 @@ class RegistryReads:
             clauses.append("firmware_version = ?")
             params.append(version)
         if tag is not None:
-            clauses.append("EXISTS (SELECT 1 FROM json_each(devices.tags) WHERE json_each.value = ?)")
+            clauses.append(json_array_holds(self.dialect, "devices.tags"))
             params.append(tag)
         if among is not None:
-            clauses.append("device_id IN (SELECT value FROM json_each(?))")
+            clauses.append(in_json_array(self.dialect, "device_id"))
             params.append(_json_encode(list(among)).decode())
         where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
         (matching,) = self._conn.execute(f"SELECT COUNT(*) FROM devices{where}", params).fetchone()
-        page = f" LIMIT {int(limit) or -1} OFFSET {int(offset)}"
+        page = f" LIMIT {int(limit) or _NO_LIMIT} OFFSET {int(offset)}"
         lines = [_line(v) for v in self._conn.execute(
             f"SELECT {_LINE} FROM devices{where} ORDER BY device_id{page}", params)]
         return int(matching), lines

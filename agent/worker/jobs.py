@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.core.clock import Clock
-from agent.core.sqlite import SqliteStore, Synchronous, atomic, store_errors
+from agent.core.sqlite import Synchronous, atomic, store_errors
+from agent.core.store import Store
 from agent.protocol import JobDemand, JobOffer, JobResult
 
 COMPONENT = "jobledger"
@@ -71,7 +72,7 @@ class LedgerTransaction:
 Effect = Callable[[LedgerTransaction], None]
 
 
-class JobLedger(SqliteStore):
+class JobLedger(Store):
     """Open with `JobLedger.open(path, clock=...)` (the worker's database may be shared)."""
 
     COMPONENT = COMPONENT

@@ -30,7 +30,8 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.config import CommandSourceSection, FileSourceSection, SystemSourceSection
-from agent.core.sqlite import SqliteStore, Synchronous, atomic
+from agent.core.sqlite import Synchronous, atomic
+from agent.core.store import Store
 from agent.core.tasks import cancel_and_wait
 from agent.protocol import SystemSample
 from agent.service.parts import PartBase
@@ -42,7 +43,7 @@ JSON = "application/json"
 RETRY_S = 5.0  # a refused or failed hand-over is tried again after this
 
 
-class SourceOffsets(SqliteStore):
+class SourceOffsets(Store):
     """Where each file source stopped, in worker.db: (source name) -> (inode, offset, generation).
     The generation counts the times the file was truncated in place: a line at an offset read
     before has another id after that."""

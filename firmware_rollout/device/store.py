@@ -23,7 +23,8 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import SqliteStore, store_errors
+from agent.core.sqlite import store_errors
+from agent.core.store import Store
 from firmware_rollout._fs import in_thread
 from firmware_rollout.messages import DETAIL_MAX, REPORT_STATE, UpdateReport, UpdaterState
 
@@ -105,7 +106,7 @@ def _v3(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE slots ADD COLUMN signed_manifest BLOB")
 
 
-class UpdaterStore(SqliteStore):
+class UpdaterStore(Store):
     """Owns the connection; every method is a short transaction run in a thread (one at a time),
     at `synchronous=FULL`: an update's state must survive a power cut."""
 

@@ -25,7 +25,8 @@ from typing import Any, Final, Literal
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sqlite import SqliteStore, Synchronous, store_errors
+from agent.core.sqlite import Synchronous, store_errors
+from agent.core.store import Store
 from firmware_rollout.orchestration.schema import MIGRATIONS as _MIGRATIONS
 from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
 
@@ -189,7 +190,7 @@ def _rollout(row: tuple[Any, ...]) -> RolloutRow:
     return RolloutRow(*values)
 
 
-class RolloutStore(SqliteStore):
+class RolloutStore(Store):
     """All reads and writes of the rollout tables. Open one per process and database. Every
     transition is one `atomic()` transaction (a savepoint when nested)."""
 

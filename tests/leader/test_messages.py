@@ -29,8 +29,8 @@ def msg(device: str = "pi-1", cls: str = "telemetry", payload: bytes = b"{}", *,
 
 
 @pytest.fixture
-def log(tmp_path: Path) -> MessageLog:
-    store = MessageLog.open(tmp_path / "leader.db", clock=VirtualClock(), max_bytes_per_device=1000)
+def log(leader_store: Path | str) -> MessageLog:
+    store = MessageLog.open(leader_store, clock=VirtualClock(), max_bytes_per_device=1000)
     yield store
     store.close()
 
@@ -41,12 +41,12 @@ def test_an_append_message_is_kept_once_by_its_id(log: MessageLog) -> None:
     assert log.count("pi-1", "telemetry") == 2
 
 
-def test_an_overwrite_key_keeps_its_newest_seq(log: MessageLog, tmp_path: Path) -> None:
+def test_an_overwrite_key_keeps_its_newest_seq(log: MessageLog, leader_store: Path | str) -> None:
     door = [("1", msg(cls="state", payload=b'"open"', key="door", overwrite=True, seq=5)),
             ("2", msg(cls="state", payload=b'"closed"', key="door", overwrite=True, seq=7)),
             ("3", msg(cls="state", payload=b'"late"', key="door", overwrite=True, seq=6))]
     assert log.apply_batch(door) == [True, True, False]
-    total, rows = read_messages(tmp_path / "leader.db", device_id="pi-1", cls="state")
+    total, rows = read_messages(leader_store, device_id="pi-1", cls="state")
     assert total == 1 and rows[0].payload == b'"closed"' and rows[0].seq == 7
 
 

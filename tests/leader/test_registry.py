@@ -26,8 +26,8 @@ def tm(device: str, seq: int, name: str = "temp", value: float = 1.0) -> Telemet
 
 
 @pytest.fixture
-def registry(tmp_path: Path, clock: VirtualClock):
-    reg = DeviceRegistry.open(tmp_path / "leader.db", clock=clock, heartbeat_deadline_s=30)
+def registry(leader_store: Path | str, clock: VirtualClock):
+    reg = DeviceRegistry.open(leader_store, clock=clock, heartbeat_deadline_s=30)
     yield reg
     reg.close()
 
@@ -61,8 +61,8 @@ def test_out_of_order_arrival_keeps_the_highest_seq(tmp_path_factory: pytest.Tem
         assert dev is not None and (dev.hb_seq, dev.firmware_version) == (11, "v11")
 
 
-def test_telemetry_dedup_by_message_id_survives_reopen(tmp_path: Path, clock: VirtualClock) -> None:
-    path = tmp_path / "leader.db"
+def test_telemetry_dedup_by_message_id_survives_reopen(leader_store: Path | str, clock: VirtualClock) -> None:
+    path = leader_store
     with DeviceRegistry.open(path, clock=clock) as reg:
         assert reg.apply_telemetry_batch([("m1", tm("pi-1", 1)), ("m2", tm("pi-1", 2, value=2.0)),
                                           ("m1", tm("pi-1", 1))]) == [True, True, False]
@@ -80,9 +80,9 @@ def test_older_telemetry_does_not_replace_the_last_value(registry: DeviceRegistr
     assert registry.device("pi-1").telemetry_count == 2  # type: ignore[union-attr]
 
 
-def test_failure_mid_batch_commits_nothing(tmp_path: Path, clock: VirtualClock,
+def test_failure_mid_batch_commits_nothing(leader_store: Path | str, clock: VirtualClock,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "leader.db"
+    path = leader_store
     reg = DeviceRegistry.open(path, clock=clock)
     real = DeviceRegistry._apply_one_telemetry
     calls = 0
@@ -190,6 +190,7 @@ def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Pa
         conn.execute("ALTER TABLE devices DROP COLUMN presence_session")
         conn.execute("ALTER TABLE devices DROP COLUMN outbox_pending")
         conn.execute("DROP TABLE fleet_online")
+        conn.execute("DROP TABLE registry_fleet")
         conn.execute("ALTER TABLE devices DROP COLUMN slots")
         conn.execute("ALTER TABLE devices DROP COLUMN configs")
         conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")
@@ -359,11 +360,11 @@ def test_short_heartbeats_leave_what_they_do_not_carry_in_any_arrival_order(
         assert pending == expected["pending"]
 
 
-async def test_marking_the_leader_alive_samples_the_devices_online_for_a_week(tmp_path: Path,
+async def test_marking_the_leader_alive_samples_the_devices_online_for_a_week(leader_store: Path | str,
                                                                               clock: VirtualClock) -> None:
     from agent.leader.registry import FLEET_HISTORY_S, LEADER_ALIVE_EVERY_S, RegistryReads
 
-    reg = DeviceRegistry.open(tmp_path / "leader.db", clock=clock, heartbeat_deadline_s=30)
+    reg = DeviceRegistry.open(leader_store, clock=clock, heartbeat_deadline_s=30)
     try:
         reg.apply_heartbeats([hb("a", 1), hb("b", 1)])
         reg.mark_alive()

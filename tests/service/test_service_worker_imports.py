@@ -56,6 +56,9 @@ FORBIDDEN = (
     "http.server",
     "aiohttp",
     "h11",
+    # the leader's PostgreSQL backend: gateway-only
+    "psycopg",
+    "agent.core.postgres",
 )
 
 

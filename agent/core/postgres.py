@@ -1,0 +1,279 @@
+"""A store's connection to PostgreSQL (psycopg 3), shaped like the `sqlite3.Connection` the
+stores already use (`agent.core.sql.Connection`).
+
+* Imported only when a leader is configured with `database = "postgresql://..."`: psycopg is a
+  gateway-only dependency (the `postgresql` extra) and a device never loads it.
+* Statements are written once with `?` placeholders; they become psycopg's `%s` here (outside
+  string literals; a literal `%` is doubled). Values are bound on the client (`ClientCursor`):
+  PostgreSQL types each literal from its context, as SQLite does, so one statement serves both.
+* The connection is in autocommit; `atomic()` writes `BEGIN`/`COMMIT` (a savepoint when nested),
+  like `agent.core.sqlite.atomic`.
+* psycopg's errors never leave this module: a lost server is `StoreUnavailable` (the leader
+  answers busy and its devices keep their outboxes; the next call outside a transaction connects
+  again), a value out of range is `UnstorableValue`, anything else `StoreError`.
+* `migrate()` keeps per-component versions in `schema_versions` as SQLite does, under an
+  advisory lock so that two leaders starting together migrate once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agent.core.errors import StoreError, StoreUnavailable, UnstorableValue
+from agent.core.sql import Cursor, Dialect, PostgresUrl
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5  # unless the URL says `connect_timeout`
+STATEMENT_TIMEOUT_MS = 30_000  # a statement never holds the leader's event loop longer
+_MIGRATION_LOCK = 0x6561_6d69  # pg_advisory_xact_lock key: "eami", edge-agent migrations
+_savepoints = itertools.count()
+
+
+@functools.lru_cache(maxsize=1024)
+def placeholders(sql: str) -> str:
+    """`sql` with each `?` outside a quoted literal as `%s`, and every `%` doubled."""
+    out: list[str] = []
+    quote = ""
+    for ch in sql:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in ("'", '"'):
+            quote = ch
+        elif ch == "?":
+            out.append("%s")
+            continue
+        out.append("%%" if ch == "%" else ch)
+    return "".join(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class PgConnection:
+    """One store's PostgreSQL session. Connects again, on the next call outside a transaction,
+    after the server was lost."""
+
+    dialect = Dialect.POSTGRESQL
+
+    def __init__(self, target: PostgresUrl) -> None:
+        self.target = target
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        self._txn = False  # between `begin` and `commit`/`rollback`
+        self._lost_transaction = False  # the server went away inside a transaction: `rollback` first
+        self._connect()
+
+    # -- the connection ------------------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection[Any]:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            params = conninfo_to_dict(self.target.url)
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.target}: not a PostgreSQL URL: {_first_line(exc)}") from exc
+        extra: dict[str, Any] = {"application_name": params.get("application_name", "edge-agent leader")}
+        if "connect_timeout" not in params:
+            extra["connect_timeout"] = CONNECT_TIMEOUT_S
+        if self.target.password is not None:
+            extra["password"] = self.target.password
+        try:
+            conn = psycopg.connect(self.target.url, autocommit=True, cursor_factory=psycopg.ClientCursor, **extra)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to {self.target}: {_first_line(exc)}") from exc
+        try:
+            conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        except psycopg.Error as exc:
+            conn.close()
+            raise StoreUnavailable(f"{self.target}: {_first_line(exc)}") from exc
+        self._conn = conn
+        return conn
+
+    def _live(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreError(f"{self.target}: the connection is closed")
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            self._drop()
+            return self._connect()
+        return conn
+
+    def _drop(self) -> None:
+        if self._txn:
+            self._lost_transaction = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    @contextlib.contextmanager
+    def _errors(self, sql: str) -> Iterator[None]:
+        import psycopg
+
+        try:
+            yield
+        except psycopg.errors.NumericValueOutOfRange as exc:
+            raise UnstorableValue(f"a value beyond PostgreSQL's column type: {_first_line(exc)}") from exc
+        except psycopg.Error as exc:
+            conn = self._conn
+            if isinstance(exc, psycopg.OperationalError) and (conn is None or conn.closed or conn.broken):
+                self._drop()
+                raise StoreUnavailable(f"{self.target}: the server is unreachable: {_first_line(exc)}") from exc
+            if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
+                self._drop()
+                raise StoreUnavailable(f"{self.target}: {_first_line(exc)}") from exc
+            raise StoreError(f"{_first_line(exc)} (in: {' '.join(sql.split())[:120]})") from exc
+
+    # -- sqlite3.Connection's shape ----------------------------------------------------------------
+    @property
+    def in_transaction(self) -> bool:
+        return self._txn
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
+        conn = self._session()
+        with self._errors(sql):
+            if parameters:
+                return conn.execute(placeholders(sql), tuple(parameters))
+            return conn.execute(sql)
+
+    def executemany(self, sql: str, parameters: Any, /) -> Cursor:
+        conn = self._session()
+        with self._errors(sql):
+            cur = conn.cursor()
+            cur.executemany(placeholders(sql), [tuple(p) for p in parameters])
+            return cur
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop()
+
+    def _session(self) -> psycopg.Connection[Any]:
+        if self._lost_transaction:
+            raise StoreUnavailable(f"{self.target}: the connection was lost inside a transaction")
+        if self._txn:
+            assert self._conn is not None
+            return self._conn
+        return self._live()
+
+    # -- transactions (`atomic`) -------------------------------------------------------------------
+    def begin(self) -> None:
+        self._lost_transaction = False
+        self.execute("BEGIN")
+        self._txn = True
+
+    def commit(self) -> None:
+        self.execute("COMMIT")
+        self._txn = False
+
+    def rollback(self) -> None:
+        """Roll back the open transaction, if the connection still has one; never raises."""
+        lost, self._lost_transaction = self._lost_transaction, False
+        if self._txn and not lost:
+            with contextlib.suppress(StoreError):
+                self.execute("ROLLBACK")
+        self._txn = False
+
+
+def connect(target: PostgresUrl) -> PgConnection:
+    """A session on `target`. `StoreUnavailable` naming the URL (never its password) when the
+    server cannot be reached or refuses the login."""
+    return PgConnection(target)
+
+
+@contextlib.contextmanager
+def atomic(conn: PgConnection) -> Iterator[PgConnection]:
+    """One transaction (READ COMMITTED), or a savepoint when nested; rolled back on any
+    exception. A lost server inside it is `StoreUnavailable` and nothing of it was committed."""
+    if conn.in_transaction:
+        name = f"sp{next(_savepoints)}"
+        conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield conn
+        except BaseException:
+            with contextlib.suppress(StoreError):
+                conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                conn.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        conn.execute(f"RELEASE SAVEPOINT {name}")
+        return
+    conn.begin()
+    try:
+        yield conn
+    except BaseException:
+        conn.rollback()
+        raise
+    try:
+        conn.commit()
+    except StoreError:
+        conn.rollback()
+        raise
+
+
+@contextlib.contextmanager
+def unsynced(conn: PgConnection, really: bool = True) -> Iterator[None]:
+    """Commits inside the block do not wait for the WAL flush (`synchronous_commit = off`: a
+    server crash may lose their last moments, never corrupt), as SQLite's NORMAL."""
+    if not really or conn.in_transaction:
+        yield
+        return
+    conn.execute("SET synchronous_commit = off")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(StoreError):
+            conn.execute("SET synchronous_commit = on")
+
+
+def migrate(conn: PgConnection, component: str, steps: Sequence[str]) -> int:
+    """Bring `component`'s tables to version `len(steps)` (each step one SQL script, run in the
+    transaction that records it). Refuses (StoreError) a database written by a newer version."""
+    with atomic(conn):
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY, version BIGINT NOT NULL)")
+        row = conn.execute("SELECT version FROM schema_versions WHERE component = ?", (component,)).fetchone()
+        current = int(row[0]) if row else 0
+        if current > len(steps):
+            raise StoreError(f"{conn.target}: {component} schema version {current} is newer than this program"
+                             f" ({len(steps)})")
+        for version in range(current, len(steps)):
+            conn.execute(steps[version])
+        if current != len(steps):
+            conn.execute("INSERT INTO schema_versions (component, version) VALUES (?, ?) ON CONFLICT (component)"
+                         " DO UPDATE SET version = excluded.version", (component, len(steps)))
+    return len(steps)
+
+
+def open_migrated(target: PostgresUrl, component: str, steps: Sequence[str]) -> PgConnection:
+    """`connect` and `migrate` in one step; the connection is closed if the migration fails."""
+    conn = connect(target)
+    try:
+        migrate(conn, component, steps)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def schema_version(conn: PgConnection, component: str) -> int | None:
+    """The version of `component`'s tables in the database, or None (no such tables)."""
+    row = conn.execute("SELECT to_regclass('schema_versions') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return None
+    found = conn.execute("SELECT version FROM schema_versions WHERE component = ?", (component,)).fetchone()
+    return int(found[0]) if found else None
+
+
+__all__ = ["PgConnection", "atomic", "connect", "migrate", "open_migrated", "placeholders", "schema_version",
+           "unsynced"]

@@ -1,0 +1,187 @@
+"""The skeleton every store shares, on SQLite or on PostgreSQL.
+
+A subclass names its `COMPONENT`, its `MIGRATIONS` (SQLite: functions) and, when it can live on
+PostgreSQL too, its `PG_MIGRATIONS` (SQL scripts: one per version, the same versions); it opens
+its connection with `connect_migrated(target)` in its own `open` (which does the store's first
+reads), and inherits `atomic()`, `unsynced()`, `check_open()`, an idempotent `close()` and the
+context manager. `dialect` says which database it is on, for the few statements that differ.
+
+A store whose `PG_MIGRATIONS` is empty is kept in SQLite only (the device's own stores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
+
+from agent.core import sqlite as sqlite_db
+from agent.core.errors import StoreError
+from agent.core.sql import Connection, Dialect, PostgresUrl, StoreTarget, dialect_of, is_postgres_url
+
+if TYPE_CHECKING:
+    from agent.core.postgres import PgConnection
+
+
+class Store:
+    """One store's connection: opened and migrated once, `atomic()`, `close()`, `with store:`.
+
+    A closed store raises `StoreError` naming `WHAT` (e.g. "device registry is closed").
+    """
+
+    COMPONENT: ClassVar[str]  # the migration bookkeeping name (several stores share a database)
+    MIGRATIONS: ClassVar[Sequence[sqlite_db.Migration]]
+    PG_MIGRATIONS: ClassVar[Sequence[str]] = ()  # empty: this store is kept in SQLite only
+    WHAT: ClassVar[str]  # what the store is, for error messages
+
+    def __init__(self, conn: Connection | sqlite3.Connection, *, path: str | Path | PostgresUrl) -> None:
+        self._conn: Any = conn
+        self.path = str(path)
+        self.dialect = dialect_of(conn)
+        self._closed = False
+
+    @classmethod
+    def connect_migrated(cls, path: str | Path, *, synchronous: sqlite_db.Synchronous = "FULL") -> sqlite3.Connection:
+        """A connection to the SQLite file `path` with this store's tables at their newest
+        version. FULL (the default): every commit is synced, it survives a power cut; see
+        `unsynced` for the writes that may lose their last seconds."""
+        return sqlite_db.open_migrated(path, cls.COMPONENT, cls.MIGRATIONS, synchronous=synchronous)
+
+    @classmethod
+    def connect_target(cls, target: StoreTarget | str, *, synchronous: sqlite_db.Synchronous = "FULL") -> Connection:
+        """`connect_migrated` for a store that lives on SQLite or PostgreSQL (`PG_MIGRATIONS`):
+        `target` is a path, a `PostgresUrl` or a `postgresql://` URL."""
+        if isinstance(target, str) and is_postgres_url(target):
+            target = PostgresUrl(target)
+        if isinstance(target, PostgresUrl):
+            if not cls.PG_MIGRATIONS:
+                raise StoreError(f"{cls.WHAT} is kept in SQLite only, not in {target}")
+            from agent.core import postgres
+
+            return cast("Connection", postgres.open_migrated(target, cls.COMPONENT, cls.PG_MIGRATIONS))
+        return cast("Connection", cls.connect_migrated(target, synchronous=synchronous))
+
+    @property
+    def on_postgres(self) -> bool:
+        return self.dialect is Dialect.POSTGRESQL
+
+    @contextlib.contextmanager
+    def unsynced(self, really: bool = True) -> Iterator[None]:
+        """Commits inside the block are not synced when `really` (SQLite NORMAL, PostgreSQL
+        `synchronous_commit = off`: they survive the agent's crash, not a power cut or a server
+        crash); the connection's own setting is back after it. For writes worth less than an
+        fsync each: heartbeats, classes of durability "crash"."""
+        if not really:
+            yield
+            return
+        if self.on_postgres:
+            from agent.core import postgres
+
+            with postgres.unsynced(cast("PgConnection", self._conn)):
+                yield
+            return
+        before = int(self._conn.execute("PRAGMA synchronous").fetchone()[0])
+        if before <= 1:  # OFF or NORMAL already
+            yield
+            return
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute(f"PRAGMA synchronous = {before}")
+
+    @classmethod
+    def connect_readonly(cls, path: str | Path) -> sqlite3.Connection:
+        """A read-only connection (`mode=ro`) to the SQLite file `path`, which must hold this
+        store's tables at the version this program reads: nothing is created or migrated.
+        `StoreError` says why not in one line (no such file, not SQLite, not this store's, older
+        or newer schema)."""
+        target = Path(path)
+        conn = sqlite_db.connect_readonly_file(target)
+        try:
+            try:
+                row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",
+                                   (cls.COMPONENT,)).fetchone()
+            except sqlite3.OperationalError:
+                row = None
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{target}: not an SQLite database ({sqlite_db.describe(exc)})") from exc
+            if row is None:
+                raise StoreError(f"{target}: has no {cls.WHAT.removeprefix('the ')} (no {cls.COMPONENT} tables)")
+            version, current = int(row[0]), len(cls.MIGRATIONS)
+            if version > current:
+                raise StoreError(f"{target}: {cls.WHAT} schema {version} is newer than this program ({current})")
+            if version < current:
+                raise StoreError(f"{target}: {cls.WHAT} schema {version} is older than this program's ({current}):"
+                                 " start the agent that owns it once to upgrade it")
+        except BaseException:
+            sqlite_db.close_quietly(conn)
+            raise
+        return conn
+
+    @classmethod
+    def connect_reader(cls, target: StoreTarget | str) -> Connection:
+        """`connect_readonly` for a store that may live on PostgreSQL: there a read-only session
+        (`default_transaction_read_only`) whose database must hold this store's tables at this
+        program's version, else `StoreError` in one line."""
+        if isinstance(target, str) and is_postgres_url(target):
+            target = PostgresUrl(target)
+        if not isinstance(target, PostgresUrl):
+            return cast("Connection", cls.connect_readonly(target))
+        from agent.core import postgres
+
+        conn = postgres.connect(target)
+        try:
+            conn.execute("SET default_transaction_read_only = on")
+            version, current = postgres.schema_version(conn, cls.COMPONENT), len(cls.PG_MIGRATIONS)
+            if version is None:
+                raise StoreError(f"{target}: has no {cls.WHAT.removeprefix('the ')} (no {cls.COMPONENT} tables)")
+            if version != current:
+                newer = "newer than this program" if version > current else "older than this program's"
+                raise StoreError(f"{target}: {cls.WHAT} schema {version} is {newer} ({current})")
+        except BaseException:
+            conn.close()
+            raise
+        return cast("Connection", conn)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.WHAT} is closed")
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[Any]:
+        """One transaction (a savepoint when nested); see `agent.core.sqlite.atomic` and
+        `agent.core.postgres.atomic`."""
+        self.check_open()
+        if self.on_postgres:
+            from agent.core import postgres
+
+            with postgres.atomic(self._conn) as pg:
+                yield pg
+            return
+        with sqlite_db.atomic(self._conn) as conn:
+            yield conn
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self.on_postgres:
+                self._conn.close()
+            else:
+                sqlite_db.close_quietly(self._conn)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Store"]
