@@ -12,7 +12,8 @@ from agent.core.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, metavar="PATH", help="the leader's database (leader.db)")
+    parser.add_argument("--db", required=True, metavar="PATH",
+                        help="the leader's database: leader.db, or the fleet's postgresql:// URL")
     parser.add_argument("--token-file", required=True, metavar="FILE",
                         help="the access token, one line, mode 0600 (e.g. `openssl rand -hex 32 > FILE`)")
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",

@@ -15,7 +15,8 @@ from agent.commands.arguments import aligned, whole_number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, metavar="PATH", help="the leader's database (leader.db)")
+    parser.add_argument("--db", required=True, metavar="PATH",
+                        help="the leader's database: leader.db, or the fleet's postgresql:// URL")
     parser.add_argument("--device", metavar="ID", help="only this device's")
     parser.add_argument("--class", dest="cls", metavar="NAME", help="only this class")
     parser.add_argument("--limit", type=whole_number, default=100, metavar="N", help="rows to print (default 100)")

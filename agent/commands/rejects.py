@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = actions.add_parser("show", help="one refused message in full")
     show.add_argument("id", type=whole_number, metavar="ID")
     for action in (listing, show):
-        action.add_argument("--db", required=True, metavar="PATH", help="the leader's database (leader.db)")
+        action.add_argument("--db", required=True, metavar="PATH",
+                            help="the leader's database: leader.db, or the fleet's postgresql:// URL")
         action.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, metavar="PATH", help="the leader's database (leader.db)")
+    parser.add_argument("--db", required=True, metavar="PATH",
+                        help="the leader's database: leader.db, or the fleet's postgresql:// URL")
     parser.add_argument("--json", action="store_true", help="print JSON")
     state = parser.add_mutually_exclusive_group()
     state.add_argument("--offline", action="store_true", help="only devices that are offline")
@@ -127,7 +128,8 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
         f" ({ago(now_ms, detail.heartbeat_at_ms)}), uptime {detail.uptime_s or 0:.0f}s;"
         f" first seen {ago(now_ms, detail.first_seen_ms)}, state changed {ago(now_ms, detail.changed_ms)}",
         f"  telemetry: {detail.telemetry_count} records, {detail.telemetry_names} names;"
-        f" outbox: {'not reported' if detail.outbox_pending is None else f'{detail.outbox_pending} pending'}",
+        f" outbox: {'not reported' if detail.outbox_pending is None else f'{detail.outbox_pending} pending'}"
+        + (f";  served by leader {detail.served_by}" if detail.served_by else ""),
     ]
     s = detail.sample
     if s is not None:

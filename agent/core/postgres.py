@@ -21,6 +21,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5  # unless the URL says `connect_timeout`
+# After a failed connect, calls fail at once for this long instead of each trying again: a
+# server that does not answer must not hold the leader's event loop for a connect timeout a call.
+RECONNECT_PAUSE_S = 1.0
 STATEMENT_TIMEOUT_MS = 30_000  # a statement never holds the leader's event loop longer
 _MIGRATION_LOCK = 0x6561_6d69  # pg_advisory_xact_lock key: "eami", edge-agent migrations
 _savepoints = itertools.count()
@@ -73,6 +77,8 @@ class PgConnection:
         self._closed = False
         self._txn = False  # between `begin` and `commit`/`rollback`
         self._lost_transaction = False  # the server went away inside a transaction: `rollback` first
+        self._next_connect = 0.0  # time.monotonic() before which no new connect is tried
+        self._why = ""  # why the last connect failed
         self._connect()
 
     # -- the connection ------------------------------------------------------------------------
@@ -89,10 +95,14 @@ class PgConnection:
             extra["connect_timeout"] = CONNECT_TIMEOUT_S
         if self.target.password is not None:
             extra["password"] = self.target.password
+        if time.monotonic() < self._next_connect:
+            raise StoreUnavailable(f"cannot connect to {self.target}: {self._why} (trying again shortly)")
         try:
             conn = psycopg.connect(self.target.url, autocommit=True, cursor_factory=psycopg.ClientCursor, **extra)
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self.target}: {_first_line(exc)}") from exc
+            self._next_connect = time.monotonic() + RECONNECT_PAUSE_S
+            self._why = _first_line(exc)
+            raise StoreUnavailable(f"cannot connect to {self.target}: {self._why}") from exc
         try:
             conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
         except psycopg.Error as exc:

@@ -29,6 +29,7 @@ import msgspec
 
 from agent.actors import Actor, Context
 from agent.core.errors import StoreError, UnstorableValue
+from agent.core.ratelog import RateLimitedLog
 from agent.leader.jobs import DemandOutcome, Dispatch, JobQueue
 from agent.leader.registry import DeviceRegistry
 from agent.leader.sinks import MessageSinks
@@ -49,6 +50,7 @@ class IntakeStats:
     refused: int = 0  # could not be stored (each alone; the rest of its batch was)
     demand_registered: int = 0  # heartbeats whose job demand the job queue did not hold yet
     demand_refused: int = 0  # a demand naming another worker than the heartbeat's device
+    unstored: int = 0  # dropped because the registry's database failed (the devices beat again)
 
 
 #: Told of a heartbeat the registry could not store, with the reason (the leader records it).
@@ -86,11 +88,14 @@ class HeartbeatIntake(Actor):
         self._batch: dict[str, Heartbeat] = {}
         self._wake = asyncio.Event()  # ends a rest early: the leader is stopping
         self.stats = IntakeStats()
+        self._failures: RateLimitedLog | None = None  # made with the first message (it needs the clock)
 
     async def receive(self, message: object, ctx: Context) -> object | None:
         if not isinstance(message, Heartbeat):
             return None
         self.stats.received += 1
+        if self._failures is None:
+            self._failures = RateLimitedLog(log, ctx.clock, 30.0)
         held = self._batch.get(message.device_id)
         if held is None or message.seq > held.seq:
             self._batch[message.device_id] = message
@@ -114,6 +119,13 @@ class HeartbeatIntake(Actor):
             applied = self._registry.apply_heartbeats(batch)
         except UnstorableValue:
             applied = [self._apply_alone(hb) for hb in batch]
+        except StoreError as exc:
+            # the database failed (PostgreSQL lost, a disk error): each device beats again within
+            # its interval, and the actor keeps running for when the database is back
+            self.stats.unstored += len(batch)
+            if self._failures is not None:
+                self._failures.log(logging.WARNING, "store", f"{len(batch)} heartbeats not applied: {exc}")
+            return
         if self._demand is not None:
             self._register_demand(batch, applied)
         n = sum(applied)
@@ -232,6 +244,7 @@ class LeaderActor(Actor):
         self._batch_max = batch_max
         self._pending: list[Durable] = []
         self.stats = LeaderStats()
+        self._failures: RateLimitedLog | None = None  # made at start (it needs the clock)
         self.telemetry = DurableKind[Telemetry]("telemetry", batch=self._apply_telemetry)
         self.app_messages = DurableKind[AppMessage]("app", batch=self._apply_messages)
         self.job_results = DurableKind[JobResult]("job.result", one=self._apply_result)
@@ -242,6 +255,7 @@ class LeaderActor(Actor):
         self.presence = DurableKind[Presence]("presence", one=self._apply_presence)
 
     async def on_start(self, ctx: Context) -> None:
+        self._failures = RateLimitedLog(log, ctx.clock, 30.0)
         await self._send_offers()  # jobs reloaded after a restart wait for registrations
 
     async def receive(self, message: object, ctx: Context) -> object | None:
@@ -292,7 +306,9 @@ class LeaderActor(Actor):
             try:
                 result = await kind.batch([(d.msg_id, d.message) for d in items])
             except StoreError as exc:
-                log.warning("%d %s messages not applied: %s", len(items), kind.name, exc)
+                if self._failures is not None:
+                    self._failures.log(logging.WARNING, kind.name, f"{len(items)} {kind.name} messages not"
+                                       f" applied (answered busy): {exc}")
                 result = [exc] * len(items)
             for d, value in zip(items, result, strict=True):
                 outcome[id(d)] = value

@@ -144,6 +144,7 @@ class LeaderAgent(PartBase):
         self.clock = clock
         self.outbox = outbox
         self.registry = registry
+        registry.leader = self.device_id  # each device's row says which leader served it last
         self.jobs_queue = jobs
         self.rejects = rejects
         # Device applications' messages: stored in leader.db, and forwarded where attached.
@@ -213,6 +214,7 @@ class LeaderAgent(PartBase):
         # One line per device and kind (or topic) per minute, with the count of the rest: a
         # device sending junk must not flood the journal.
         self._reject_log = RateLimitedLog(log, clock, REJECT_LOG_INTERVAL_S)
+        self._store_log = RateLimitedLog(log, clock, REJECT_LOG_INTERVAL_S)  # the database failing
         self.rates = DeviceRates(clock, rate_per_s=lc.device_rate_per_s, burst=lc.device_burst) \
             if lc.device_rate_per_s > 0 else None
         self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
@@ -527,7 +529,8 @@ class LeaderAgent(PartBase):
         except UnstorableValue as exc:  # this message alone: refused, its batch was applied
             return self._refuse(env, str(exc))
         except StoreError as exc:
-            log.warning("message %s from %s not applied: %s", env.id, env.sender, exc)
+            self.busy_answers += 1
+            self._store_log.warning("store", f"message {env.id} from {env.sender} not applied (answered busy): {exc}")
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
         return Reply(id=env.id, status="accepted", reason="" if done.result() else held)
 

@@ -145,6 +145,12 @@ def _v9(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE registry_fleet (fleet TEXT PRIMARY KEY)")
 
 
+def _v10(conn: sqlite3.Connection) -> None:
+    """The leader that applied the device's newest heartbeat or birth (several leaders share a
+    PostgreSQL registry; `status` shows which served each device)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN served_by TEXT NOT NULL DEFAULT ''")
+
+
 T = TypeVar("T")
 
 
@@ -188,7 +194,7 @@ def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, Con
 
 _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
 
 #: The same tables on PostgreSQL (their own versions, from the SQLite schema's newest shape).
 _PG_MIGRATIONS = (
@@ -212,7 +218,8 @@ _PG_MIGRATIONS = (
         interval_ms BIGINT NOT NULL DEFAULT 0,
         expires_ms BIGINT,
         slots BYTEA,
-        configs BYTEA
+        configs BYTEA,
+        served_by TEXT NOT NULL DEFAULT ''
     );
     CREATE INDEX devices_online_expires ON devices(expires_ms) WHERE online = 1;
     CREATE TABLE telemetry_last (
@@ -242,8 +249,8 @@ INTERVALS_TO_DEADLINE = 2.5
 _UPSERT_HEARTBEAT = """
 INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
                      sample, online, offline_reason, first_seen_ms, changed_ms, boot, outbox_pending,
-                     interval_ms, expires_ms, slots, configs)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?)
+                     interval_ms, expires_ms, slots, configs, served_by)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
@@ -251,7 +258,7 @@ ON CONFLICT (device_id) DO UPDATE SET
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
     interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots,
-    configs = excluded.configs
+    configs = excluded.configs, served_by = excluded.served_by
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)
 """
 
@@ -260,7 +267,7 @@ _APPLY_SHORT_HEARTBEAT = """
 UPDATE devices SET
     hb_seq = ?, hb_at_ms = ?, last_seen_ms = ?, uptime_s = ?, sample = COALESCE(?, sample),
     outbox_pending = COALESCE(?, outbox_pending), online = 1, offline_reason = NULL,
-    changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, interval_ms = ?, expires_ms = ?
+    changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, interval_ms = ?, expires_ms = ?, served_by = ?
 WHERE device_id = ? AND hb_seq < ?
 """
 
@@ -347,6 +354,7 @@ class DeviceRegistry(Store):
         self._boots: dict[str, str] = {}  # device -> boot id last seen by this process
         self._late_wills = RateLimitedLog(log, clock, 60.0)  # a device may publish its presence at will
         self._alive_marked_ms: int | None = None
+        self.leader = ""  # this leader's device id, written as `served_by` (`LeaderAgent.open` sets it)
 
     @classmethod
     def open(
@@ -437,7 +445,8 @@ class DeviceRegistry(Store):
                 expires = now + self.deadline_ms(interval_ms)
                 if not hb.full:
                     cur = execute(_APPLY_SHORT_HEARTBEAT, (hb.seq, now, now, hb.uptime_s, sample, hb.outbox_pending,
-                                                           now, interval_ms, expires, hb.device_id, hb.seq))
+                                                           now, interval_ms, expires, self.leader, hb.device_id,
+                                                           hb.seq))
                     applied[i] = cur.rowcount > 0
                     continue
                 tags = _json_encode(list(hb.tags)).decode()
@@ -446,7 +455,7 @@ class DeviceRegistry(Store):
                     (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
                      sample, now, now, hb.boot, hb.outbox_pending, interval_ms, expires,
                      encode(hb.slots) if hb.slots is not None else None,
-                     _CONFIGS.encode(hb.configs) if hb.configs is not None else None),
+                     _CONFIGS.encode(hb.configs) if hb.configs is not None else None, self.leader),
                 )
                 applied[i] = cur.rowcount > 0
                 if hb.boot:
@@ -523,10 +532,10 @@ class DeviceRegistry(Store):
                 self._conn.execute(
                     "UPDATE devices SET last_seen_ms = ?, offline_reason = NULL,"
                     " changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, online = 1,"
-                    " presence_session = ?, expires_ms = ? + "
+                    " presence_session = ?, served_by = ?, expires_ms = ? + "
                     + greatest(self.dialect, "?", "CAST(interval_ms * ? AS BIGINT)") +
                     " WHERE device_id = ?",
-                    (now, now, session, now, self._deadline_ms, INTERVALS_TO_DEADLINE, device_id),
+                    (now, now, session, self.leader, now, self._deadline_ms, INTERVALS_TO_DEADLINE, device_id),
                 )
                 return True
             cur = self._conn.execute(
@@ -755,6 +764,7 @@ class DeviceState(msgspec.Struct, kw_only=True, frozen=True):
     sample: SystemSample | None
     slots: SlotState | None = None  # as its newest full heartbeat stated them; None: not reported
     configs: dict[str, ConfigState] | None = None  # its configuration targets, likewise
+    served_by: str = ""  # the leader that applied its newest heartbeat or birth ("": not recorded)
 
 
 _LINE = "device_id, online, offline_reason, last_seen_ms, firmware_version, tags"
@@ -876,10 +886,11 @@ class RegistryReads:
         """Everything kept about one device; None if it has never been heard of."""
         found = self._conn.execute(
             f"SELECT {_LINE}, hb_seq, hb_at_ms, uptime_s, boot, first_seen_ms, changed_ms, telemetry_count, sample,"
-            " outbox_pending, slots, configs FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+            " outbox_pending, slots, configs, served_by FROM devices WHERE device_id = ?", (device_id,)).fetchone()
         if found is None:
             return None
-        hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob, configs_blob = found[6:]
+        (hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob, configs_blob,
+         served_by) = found[6:]
         (names,) = self._conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
                                       (device_id,)).fetchone()
         sample = _stated(blob, lambda b: decode(b, SystemSample))
@@ -889,7 +900,12 @@ class RegistryReads:
             heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime, boot=str(boot),
             first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),
             telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=sample,
-            slots=slots, configs=configs)
+            slots=slots, configs=configs, served_by=str(served_by))
+
+    def leaders(self) -> dict[str, int]:
+        """Devices by the leader that served them last (several leaders share the registry)."""
+        return {str(leader): int(n) for leader, n in self._conn.execute(
+            "SELECT served_by, COUNT(*) FROM devices WHERE served_by <> '' GROUP BY served_by ORDER BY served_by")}
 
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""

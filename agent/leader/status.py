@@ -47,6 +47,9 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     leader_stale: bool = False  # no mark for LEADER_QUIET_S: the leader is not running, the view is old
     # configuration target -> in_sync / drifted / failed / not_applied -> devices (their heartbeats)
     config: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    # leader -> devices it served last (its newest heartbeat or birth); several when they share
+    # a PostgreSQL registry
+    leaders: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 
@@ -87,7 +90,7 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        stale_count=stale_count, stale=stale,
                        jobs=db.jobs.counts(), leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
-                       config=fleet_compliance(db, now))
+                       config=fleet_compliance(db, now), leaders=registry.leaders())
 
 
 def format_status(summary: FleetStatus) -> str:
@@ -100,6 +103,8 @@ def format_status(summary: FleetStatus) -> str:
         age = format_age((summary.generated_ms - summary.leader_alive_ms) / 1000.0)
         lines.insert(0, f"STALE: the leader last marked itself alive at {utc_iso(summary.leader_alive_ms)} ({age} ago):"
                         " is it running? Online and offline below are as it last knew them")
+    if len(summary.leaders) > 1:
+        lines.append("leaders: " + ", ".join(f"{leader} serves {n}" for leader, n in summary.leaders.items()))
     if summary.versions:
         lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
     if summary.stale_by_deadline:
