@@ -270,7 +270,7 @@ def _publish_qos0(topic: str, payload: bytes, properties: bytes) -> bytes:
     return b"\x30" + _varint(len(body)) + body
 
 
-def _publisher(port: int, devices: range, seconds: float, rate: float, ready: object, go: object,
+def heartbeat_publisher(port: int, devices: range, seconds: float, rate: float, ready: object, go: object,
                counter: object) -> None:
     """The load generator process: pre-encoded MQTT v5 PUBLISH packets over a plain socket.
 
@@ -360,8 +360,9 @@ async def leader_intake(
     procs = []
     for i in range(publishers):
         ready = ctx.Event()
-        proc = ctx.Process(target=_publisher, args=(port, range(i * per, min(devices, (i + 1) * per)), seconds,
-                                                    rate / publishers, ready, go, counter), daemon=True)
+        proc = ctx.Process(target=heartbeat_publisher,
+                           args=(port, range(i * per, min(devices, (i + 1) * per)), seconds,
+                                 rate / publishers, ready, go, counter), daemon=True)
         proc.start()
         readies.append(ready)
         procs.append(proc)

@@ -60,6 +60,55 @@ def placeholders(sql: str) -> str:
     return "".join(out)
 
 
+def _numbered(sql: str) -> str:
+    """`sql` with each `?` outside a quoted literal as `$1`, `$2`, ... (libpq's own)."""
+    out: list[str] = []
+    quote = ""
+    n = 0
+    for part in sql.split("?"):
+        if out:
+            if quote:
+                out.append("?")
+            else:
+                n += 1
+                out.append(f"${n}")
+        out.append(part)
+        for ch in part:
+            if quote:
+                if ch == quote:
+                    quote = ""
+            elif ch in ("'", '"'):
+                quote = ch
+    return "".join(out)
+
+
+def _check(result: Any, ok: tuple[Any, ...]) -> None:
+    """Raise the psycopg error of a libpq result that is not one of `ok`."""
+    if result.status not in ok:
+        from psycopg.errors import error_from_result
+
+        raise error_from_result(result, encoding="utf-8")
+
+
+def _element(value: Any) -> str:
+    """One element of an array literal in PostgreSQL's text form."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return '"\\\\x' + bytes(value).hex() + '"'
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _array_text(values: Sequence[Any]) -> bytes:
+    """An array literal (`{1,NULL,"a b"}`) of `values`, for an `ARRAY`-typed parameter."""
+    return ("{" + ",".join(map(_element, values)) + "}").encode()
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -79,6 +128,7 @@ class PgConnection:
         self._lost_transaction = False  # the server went away inside a transaction: `rollback` first
         self._next_connect = 0.0  # time.monotonic() before which no new connect is tried
         self._why = ""  # why the last connect failed
+        self._prepared: set[bytes] = set()  # the statements prepared in this session
         self._connect()
 
     # -- the connection ------------------------------------------------------------------------
@@ -98,7 +148,7 @@ class PgConnection:
         if time.monotonic() < self._next_connect:
             raise StoreUnavailable(f"cannot connect to {self.target}: {self._why} (trying again shortly)")
         try:
-            conn = psycopg.connect(self.target.url, autocommit=True, cursor_factory=psycopg.ClientCursor, **extra)
+            conn = psycopg.connect(self.target.url, autocommit=True, **extra)
         except psycopg.Error as exc:
             self._next_connect = time.monotonic() + RECONNECT_PAUSE_S
             self._why = _first_line(exc)
@@ -121,6 +171,7 @@ class PgConnection:
         return conn
 
     def _drop(self) -> None:
+        self._prepared.clear()
         if self._txn:
             self._lost_transaction = True
         conn, self._conn = self._conn, None
@@ -169,6 +220,28 @@ class PgConnection:
         self._closed = True
         self._drop()
 
+    def column_of_arrays(self, name: str, sql: str, columns: Sequence[Sequence[Any]]) -> list[str]:
+        """Run `sql`, whose `?`s take one array each (`CAST(? AS BIGINT[])`, ...), prepared once a
+        session under `name`, with `columns` as those arrays; the first column of its rows as
+        text. A batch of heartbeats is one such statement over `unnest(...)`.
+
+        Why not `execute`: psycopg parses a statement for its placeholders on every call unless
+        its text is short enough for its cache, and adapts Python lists element by element; a
+        batch as a few array literals in PostgreSQL's text form, bound to a statement the server
+        planned once, costs a fraction of that (measured: scripts/bench_leaders.py)."""
+        from psycopg import pq
+
+        conn = self._session()
+        key = name.encode()
+        with self._errors(sql):
+            if key not in self._prepared:
+                result = conn.pgconn.prepare(key, _numbered(sql).encode())
+                _check(result, (pq.ExecStatus.COMMAND_OK,))
+                self._prepared.add(key)
+            result = conn.pgconn.exec_prepared(key, [_array_text(c) for c in columns])
+            _check(result, (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK))
+        return [bytes(result.get_value(row, 0) or b"").decode() for row in range(result.ntuples)]
+
     def _session(self) -> psycopg.Connection[Any]:
         if self._lost_transaction:
             raise StoreUnavailable(f"{self.target}: the connection was lost inside a transaction")
@@ -178,9 +251,10 @@ class PgConnection:
         return self._live()
 
     # -- transactions (`atomic`) -------------------------------------------------------------------
-    def begin(self) -> None:
+    def begin(self, *, synced: bool = True) -> None:
         self._lost_transaction = False
-        self.execute("BEGIN")
+        # one round trip either way
+        self.execute("BEGIN" if synced else "BEGIN; SET LOCAL synchronous_commit = off")
         self._txn = True
 
     def commit(self) -> None:
@@ -203,9 +277,11 @@ def connect(target: PostgresUrl) -> PgConnection:
 
 
 @contextlib.contextmanager
-def atomic(conn: PgConnection) -> Iterator[PgConnection]:
+def atomic(conn: PgConnection, *, synced: bool = True) -> Iterator[PgConnection]:
     """One transaction (READ COMMITTED), or a savepoint when nested; rolled back on any
-    exception. A lost server inside it is `StoreUnavailable` and nothing of it was committed."""
+    exception. A lost server inside it is `StoreUnavailable` and nothing of it was committed.
+    `synced=False`: its commit does not wait for the WAL flush (`synchronous_commit = off`: a
+    server crash may lose its last moments, never corrupt), as SQLite's NORMAL."""
     if conn.in_transaction:
         name = f"sp{next(_savepoints)}"
         conn.execute(f"SAVEPOINT {name}")
@@ -218,7 +294,7 @@ def atomic(conn: PgConnection) -> Iterator[PgConnection]:
             raise
         conn.execute(f"RELEASE SAVEPOINT {name}")
         return
-    conn.begin()
+    conn.begin(synced=synced)
     try:
         yield conn
     except BaseException:
@@ -229,21 +305,6 @@ def atomic(conn: PgConnection) -> Iterator[PgConnection]:
     except StoreError:
         conn.rollback()
         raise
-
-
-@contextlib.contextmanager
-def unsynced(conn: PgConnection, really: bool = True) -> Iterator[None]:
-    """Commits inside the block do not wait for the WAL flush (`synchronous_commit = off`: a
-    server crash may lose their last moments, never corrupt), as SQLite's NORMAL."""
-    if not really or conn.in_transaction:
-        yield
-        return
-    conn.execute("SET synchronous_commit = off")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(StoreError):
-            conn.execute("SET synchronous_commit = on")
 
 
 def migrate(conn: PgConnection, component: str, steps: Sequence[str]) -> int:
@@ -285,5 +346,4 @@ def schema_version(conn: PgConnection, component: str) -> int | None:
     return int(found[0]) if found else None
 
 
-__all__ = ["PgConnection", "atomic", "connect", "migrate", "open_migrated", "placeholders", "schema_version",
-           "unsynced"]
+__all__ = ["PgConnection", "atomic", "connect", "migrate", "open_migrated", "placeholders", "schema_version"]

@@ -3,7 +3,7 @@
 A subclass names its `COMPONENT`, its `MIGRATIONS` (SQLite: functions) and, when it can live on
 PostgreSQL too, its `PG_MIGRATIONS` (SQL scripts: one per version, the same versions); it opens
 its connection with `connect_migrated(target)` in its own `open` (which does the store's first
-reads), and inherits `atomic()`, `unsynced()`, `check_open()`, an idempotent `close()` and the
+reads), and inherits `atomic(synced=...)`, `check_open()`, an idempotent `close()` and the
 context manager. `dialect` says which database it is on, for the few statements that differ.
 
 A store whose `PG_MIGRATIONS` is empty is kept in SQLite only (the device's own stores).
@@ -15,14 +15,11 @@ import contextlib
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
+from typing import Any, ClassVar, Self, cast
 
 from agent.core import sqlite as sqlite_db
 from agent.core.errors import StoreError
 from agent.core.sql import Connection, Dialect, PostgresUrl, StoreTarget, dialect_of, is_postgres_url
-
-if TYPE_CHECKING:
-    from agent.core.postgres import PgConnection
 
 
 class Store:
@@ -46,7 +43,7 @@ class Store:
     def connect_migrated(cls, path: str | Path, *, synchronous: sqlite_db.Synchronous = "FULL") -> sqlite3.Connection:
         """A connection to the SQLite file `path` with this store's tables at their newest
         version. FULL (the default): every commit is synced, it survives a power cut; see
-        `unsynced` for the writes that may lose their last seconds."""
+        `atomic(synced=False)` for the writes that may lose their last seconds."""
         return sqlite_db.open_migrated(path, cls.COMPONENT, cls.MIGRATIONS, synchronous=synchronous)
 
     @classmethod
@@ -66,32 +63,6 @@ class Store:
     @property
     def on_postgres(self) -> bool:
         return self.dialect is Dialect.POSTGRESQL
-
-    @contextlib.contextmanager
-    def unsynced(self, really: bool = True) -> Iterator[None]:
-        """Commits inside the block are not synced when `really` (SQLite NORMAL, PostgreSQL
-        `synchronous_commit = off`: they survive the agent's crash, not a power cut or a server
-        crash); the connection's own setting is back after it. For writes worth less than an
-        fsync each: heartbeats, classes of durability "crash"."""
-        if not really:
-            yield
-            return
-        if self.on_postgres:
-            from agent.core import postgres
-
-            with postgres.unsynced(cast("PgConnection", self._conn)):
-                yield
-            return
-        before = int(self._conn.execute("PRAGMA synchronous").fetchone()[0])
-        if before <= 1:  # OFF or NORMAL already
-            yield
-            return
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        try:
-            yield
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.execute(f"PRAGMA synchronous = {before}")
 
     @classmethod
     def connect_readonly(cls, path: str | Path) -> sqlite3.Connection:
@@ -156,18 +127,37 @@ class Store:
             raise StoreError(f"{self.WHAT} is closed")
 
     @contextlib.contextmanager
-    def atomic(self) -> Iterator[Any]:
+    def atomic(self, *, synced: bool = True) -> Iterator[Any]:
         """One transaction (a savepoint when nested); see `agent.core.sqlite.atomic` and
-        `agent.core.postgres.atomic`."""
+        `agent.core.postgres.atomic`. `synced=False`: its commit is not synced (SQLite NORMAL,
+        PostgreSQL `synchronous_commit = off`: it survives the agent's crash, not a power cut or
+        the server's crash), for writes worth less than an fsync each: heartbeats, classes of
+        durability "crash"."""
         self.check_open()
         if self.on_postgres:
             from agent.core import postgres
 
-            with postgres.atomic(self._conn) as pg:
+            with postgres.atomic(self._conn, synced=synced) as pg:
                 yield pg
             return
-        with sqlite_db.atomic(self._conn) as conn:
+        with self._sqlite_unsynced(not synced), sqlite_db.atomic(self._conn) as conn:
             yield conn
+
+    @contextlib.contextmanager
+    def _sqlite_unsynced(self, really: bool) -> Iterator[None]:
+        if not really or self._conn.in_transaction:
+            yield
+            return
+        before = int(self._conn.execute("PRAGMA synchronous").fetchone()[0])
+        if before <= 1:  # OFF or NORMAL already
+            yield
+            return
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute(f"PRAGMA synchronous = {before}")
 
     def close(self) -> None:
         if not self._closed:

@@ -386,7 +386,11 @@ class LeaderAgent(PartBase):
         found["config"] = self._config_compliance
         found["leader"] = snapshot_collector("ea_leader", lambda: {
             "busy_answers": self.busy_answers, "refused_forged": self.refused_forged,
-            "rejects": self.rejects.count}, label="counter")
+            "rejects": self.rejects.count, "accepted": self.inbox.stats.accepted if self.inbox is not None else 0,
+            "heartbeats_applied": self._intake_actor.stats.applied if self._intake_actor is not None else 0,
+            "heartbeats_unstored": self._intake_actor.stats.unstored if self._intake_actor is not None else 0,
+            "heartbeat_batches": self._intake_actor.stats.batches if self._intake_actor is not None else 0},
+            label="counter")
         if self.sinks is not None:
             found["messages"] = per_class_collector(
                 "ea_leader_messages", self.sinks.stats.snapshot,

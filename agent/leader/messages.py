@@ -147,7 +147,7 @@ class MessageLog(Store):
         # leader): a lock per device, taken in this order, makes each see the other's commit first.
         order = sorted(range(len(batch)), key=lambda i: batch[i][1].device_id)
         locked: set[str] = set()
-        with self.unsynced(bool(crash) and all(m.cls in crash for _, m in batch)), self.atomic():
+        with self.atomic(synced=not (crash and all(m.cls in crash for _, m in batch))):
             for i in order:
                 msg_id, m = batch[i]
                 if self.on_postgres and m.device_id not in locked:

@@ -220,7 +220,7 @@ _PG_MIGRATIONS = (
         slots BYTEA,
         configs BYTEA,
         served_by TEXT NOT NULL DEFAULT ''
-    );
+    ) WITH (fillfactor = 70);
     CREATE INDEX devices_online_expires ON devices(expires_ms) WHERE online = 1;
     CREATE TABLE telemetry_last (
         device_id TEXT NOT NULL,
@@ -246,12 +246,11 @@ LEADER_QUIET_S = 3 * LEADER_ALIVE_EVERY_S  # no mark for this long: the leader i
 # late heartbeat is not an outage (and the last will tells an outage sooner anyway).
 INTERVALS_TO_DEADLINE = 2.5
 
-_UPSERT_HEARTBEAT = """
-INSERT INTO devices (device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags,
-                     sample, online, offline_reason, first_seen_ms, changed_ms, boot, outbox_pending,
-                     interval_ms, expires_ms, slots, configs, served_by)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (device_id) DO UPDATE SET
+_HEARTBEAT_COLUMNS = (
+    "device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags, sample, online, offline_reason,"
+    " first_seen_ms, changed_ms, boot, outbox_pending, interval_ms, expires_ms, slots, configs, served_by")
+_HEARTBEAT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
     tags = excluded.tags, sample = excluded.sample, online = 1, offline_reason = NULL,
@@ -259,8 +258,8 @@ ON CONFLICT (device_id) DO UPDATE SET
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
     interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots,
     configs = excluded.configs, served_by = excluded.served_by
-WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)
-"""
+WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)"""
+_UPSERT_HEARTBEAT = f"INSERT INTO devices ({_HEARTBEAT_COLUMNS}) VALUES {_HEARTBEAT_ROW} {_HEARTBEAT_CONFLICT}"
 
 # A short heartbeat (`Heartbeat.full` false): what it leaves out is unchanged.
 _APPLY_SHORT_HEARTBEAT = """
@@ -270,6 +269,33 @@ UPDATE devices SET
     changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, interval_ms = ?, expires_ms = ?, served_by = ?
 WHERE device_id = ? AND hb_seq < ?
 """
+# The same for a batch at once (PostgreSQL): the parameters of the statements above, one array
+# each, in their order.
+_PG_FULL_HEARTBEATS = f"""
+INSERT INTO devices ({_HEARTBEAT_COLUMNS})
+SELECT c1, c2, c3, c4, c5, c6, c7, c8, 1, NULL, c9, c10, c11, c12, c13, c14, c15, c16, c17
+FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
+            CAST(? AS DOUBLE PRECISION[]), CAST(? AS TEXT[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]),
+            CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
+            CAST(? AS BIGINT[]), CAST(? AS BYTEA[]), CAST(? AS BYTEA[]), CAST(? AS TEXT[]))
+     AS v(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17)
+WHERE true
+{_HEARTBEAT_CONFLICT}
+RETURNING device_id"""
+_PG_SHORT_HEARTBEATS = """
+UPDATE devices SET
+    hb_seq = v.seq, hb_at_ms = v.at_ms, last_seen_ms = v.seen_ms, uptime_s = v.uptime_s,
+    sample = COALESCE(v.sample, devices.sample), outbox_pending = COALESCE(v.outbox_pending, devices.outbox_pending),
+    online = 1, offline_reason = NULL,
+    changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE v.changed_ms END,
+    interval_ms = v.interval_ms, expires_ms = v.expires_ms, served_by = v.served_by
+FROM unnest(CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS DOUBLE PRECISION[]),
+            CAST(? AS BYTEA[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
+            CAST(? AS TEXT[]), CAST(? AS TEXT[]), CAST(? AS BIGINT[]))
+     AS v(seq, at_ms, seen_ms, uptime_s, sample, outbox_pending, changed_ms, interval_ms, expires_ms, served_by,
+          device_id, below_seq)
+WHERE devices.device_id = v.device_id AND devices.hb_seq < v.below_seq
+RETURNING devices.device_id"""
 
 _ENSURE_DEVICE = (
     "INSERT INTO devices (device_id, first_seen_ms, changed_ms) VALUES (?, ?, ?)"
@@ -431,36 +457,53 @@ class DeviceRegistry(Store):
         self.check_open()
         now = self._clock.now_ms()
         applied = [False] * len(heartbeats)
-        execute = self._conn.execute
         # By device id (a device's own in batch order): two leaders applying batches that share
         # devices take the rows' locks in one order, so they wait for each other, never deadlock.
         order = sorted(range(len(heartbeats)), key=lambda i: heartbeats[i].device_id)
+        rows = [self._heartbeat_row(heartbeats[i], now) for i in order]
+        one_each = len({hb.device_id for hb in heartbeats}) == len(heartbeats)
         # Unsynced: a power cut may take the last seconds of heartbeats, which every device
         # sends again within its interval; an fsync per batch would cost the intake its rate.
-        with self.unsynced(), self.atomic():
-            for i in order:
-                hb = heartbeats[i]
-                sample = encode(hb.sample) if hb.sample is not None else None
-                interval_ms = int(hb.interval_s * 1000) if hb.interval_s is not None else 0
-                expires = now + self.deadline_ms(interval_ms)
-                if not hb.full:
-                    cur = execute(_APPLY_SHORT_HEARTBEAT, (hb.seq, now, now, hb.uptime_s, sample, hb.outbox_pending,
-                                                           now, interval_ms, expires, self.leader, hb.device_id,
-                                                           hb.seq))
-                    applied[i] = cur.rowcount > 0
-                    continue
-                tags = _json_encode(list(hb.tags)).decode()
-                cur = execute(
-                    _UPSERT_HEARTBEAT,
-                    (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version, tags,
-                     sample, now, now, hb.boot, hb.outbox_pending, interval_ms, expires,
-                     encode(hb.slots) if hb.slots is not None else None,
-                     _CONFIGS.encode(hb.configs) if hb.configs is not None else None, self.leader),
-                )
-                applied[i] = cur.rowcount > 0
-                if hb.boot:
-                    self._note_boot(hb)
+        with self.atomic(synced=False):
+            if self.on_postgres and one_each:  # a statement a batch: a statement costs more than a row
+                newer = self._apply_rows_at_once([r for r in rows if r[0]], [r for r in rows if not r[0]])
+                for i in order:
+                    applied[i] = heartbeats[i].device_id in newer
+            else:
+                execute = self._conn.execute
+                for i, (full, params) in zip(order, rows, strict=True):
+                    applied[i] = execute(_UPSERT_HEARTBEAT if full else _APPLY_SHORT_HEARTBEAT, params).rowcount > 0
+        for hb, was in zip(heartbeats, applied, strict=True):
+            if was and hb.full and hb.boot:
+                self._note_boot(hb)
         return applied
+
+    def _heartbeat_row(self, hb: Heartbeat, now: int) -> tuple[bool, tuple[Any, ...]]:
+        """(full, the parameters of `_UPSERT_HEARTBEAT` or of `_APPLY_SHORT_HEARTBEAT`)."""
+        sample = encode(hb.sample) if hb.sample is not None else None
+        interval_ms = int(hb.interval_s * 1000) if hb.interval_s is not None else 0
+        expires = now + self.deadline_ms(interval_ms)
+        if not hb.full:
+            return False, (hb.seq, now, now, hb.uptime_s, sample, hb.outbox_pending, now, interval_ms, expires,
+                           self.leader, hb.device_id, hb.seq)
+        return True, (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version,
+                      _json_encode(list(hb.tags)).decode(), sample, now, now, hb.boot, hb.outbox_pending,
+                      interval_ms, expires, encode(hb.slots) if hb.slots is not None else None,
+                      _CONFIGS.encode(hb.configs) if hb.configs is not None else None, self.leader)
+
+    def _apply_rows_at_once(self, full: Sequence[tuple[bool, tuple[Any, ...]]],
+                            short: Sequence[tuple[bool, tuple[Any, ...]]]) -> set[str]:
+        """PostgreSQL: the batch's full heartbeats in one upsert and its short ones in one update
+        (one device each), each over `unnest` of one array a column; the device ids whose row
+        they changed."""
+        newer: set[str] = set()
+        if full:
+            newer.update(self._conn.column_of_arrays("ea_heartbeats_full", _PG_FULL_HEARTBEATS,
+                                                     list(zip(*(params for _, params in full), strict=True))))
+        if short:
+            newer.update(self._conn.column_of_arrays("ea_heartbeats_short", _PG_SHORT_HEARTBEATS,
+                                                     list(zip(*(params for _, params in short), strict=True))))
+        return newer
 
     def apply_telemetry(self, msg_id: str, record: Telemetry) -> bool:
         """Apply one telemetry record; False if `msg_id` was already processed."""
@@ -480,7 +523,7 @@ class DeviceRegistry(Store):
         now = self._clock.now_ms()
         new: list[bool | DeviceLimitReached] = [False] * len(batch)
         order = sorted(range(len(batch)), key=lambda i: batch[i][1].device_id)  # see apply_heartbeats
-        with self.unsynced(not self.telemetry_durable), self.atomic():
+        with self.atomic(synced=self.telemetry_durable):
             for i in order:
                 new[i] = self._apply_one_telemetry(*batch[i], now)
         return new
@@ -561,7 +604,7 @@ class DeviceRegistry(Store):
         """Mark offline every online device not heard from within the deadline; their ids."""
         self.check_open()
         now = self._clock.now_ms()
-        with self.unsynced(), self.atomic():  # found again after a power cut
+        with self.atomic(synced=False):  # found again after a power cut
             rows = self._conn.execute(
                 "UPDATE devices SET online = 0, offline_reason = 'deadline', changed_ms = ?"
                 " WHERE online = 1 AND expires_ms <= ? RETURNING device_id",
@@ -646,7 +689,7 @@ class DeviceRegistry(Store):
                 "SELECT 1 FROM processed_messages WHERE at_ms < ? LIMIT 1", (cutoff,)
             ).fetchone() is None:
                 return 0  # nothing due: no write transaction (an idle leader writes nothing)
-        with self.unsynced(), self.atomic():  # found again after a power cut
+        with self.atomic(synced=False):  # found again after a power cut
             cur = self._conn.execute(
                 "DELETE FROM processed_messages WHERE msg_id IN (SELECT msg_id FROM processed_messages"
                 " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",

@@ -4,9 +4,12 @@ own): statements written once for both databases, versions, faults and several l
 from __future__ import annotations
 
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from postgres import PostgresCluster
 
 from agent.core.clock import VirtualClock
@@ -56,7 +59,11 @@ def test_a_leader_of_another_fleet_refuses_the_database(pg_url: str) -> None:
         reg.claim_fleet("plant-b")
 
 
-def test_a_server_lost_and_back_loses_nothing_committed(postgres: PostgresCluster) -> None:
+def test_a_server_lost_and_back_loses_nothing_committed(postgres: PostgresCluster,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.core.postgres
+
+    monkeypatch.setattr(agent.core.postgres, "RECONNECT_PAUSE_S", 0.0)  # see the test after this one
     clock = VirtualClock()
     reg = DeviceRegistry.open(postgres.url(), clock=clock)
     try:
@@ -123,3 +130,47 @@ def test_two_leaders_applying_one_fleet_at_once_keep_newest_seq_and_each_message
     finally:
         for store in (*leaders, *logs):
             store.close()
+
+
+def test_a_server_that_refused_is_not_dialled_again_at_once(postgres: PostgresCluster) -> None:
+    """After a failed connect, calls fail at once for a moment instead of each dialling (a
+    server that does not answer would hold the leader's loop for a connect timeout a call)."""
+    reg = DeviceRegistry.open(postgres.url(), clock=VirtualClock())
+    try:
+        postgres.stop("immediate")
+        with pytest.raises(StoreUnavailable):
+            reg.device("pi-1")  # the connection lost
+        with pytest.raises(StoreUnavailable, match="Connection refused$"):
+            reg.device("pi-1")  # dialled: refused
+        postgres.start()
+        with pytest.raises(StoreUnavailable, match=r"\(trying again shortly\)"):
+            reg.device("pi-1")  # not dialled again yet, though the server is back
+    finally:
+        reg.close()
+
+
+@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 9), st.booleans(),
+                                         st.sampled_from(["", "boot-1", "boot-2"])), max_size=6), max_size=6))
+def test_heartbeat_batches_apply_alike_on_both_databases(pg_url: str, tmp_path: Path,
+                                                         steps: list[list[tuple[str, int, bool, str]]]) -> None:
+    """PostgreSQL applies a batch in one statement for full and one for short heartbeats: the
+    same batches give the same answers and the same rows as SQLite's one statement a heartbeat."""
+    run = uuid.uuid4().hex[:8]  # the examples share the schema: devices of their own
+    sqlite = DeviceRegistry.open(tmp_path / f"{run}.db", clock=VirtualClock())
+    pg = DeviceRegistry.open(pg_url, clock=VirtualClock())
+    try:
+        for batch in steps:
+            beats = [Heartbeat(device_id=f"{run}-{d}", seq=seq, uptime_s=float(seq), full=full, boot=boot,
+                               firmware_version=f"v{seq}" if full else "",
+                               outbox_pending=seq if seq % 2 else None) for d, seq, full, boot in batch]
+            assert pg.apply_heartbeats(beats) == sqlite.apply_heartbeats(beats)
+        for d in "abc":
+            mine, theirs = pg.device(f"{run}-{d}"), sqlite.device(f"{run}-{d}")
+            assert (mine is None) == (theirs is None)
+            if mine is not None and theirs is not None:
+                assert (mine.hb_seq, mine.firmware_version, mine.uptime_s, mine.online) == \
+                    (theirs.hb_seq, theirs.firmware_version, theirs.uptime_s, theirs.online)
+    finally:
+        sqlite.close()
+        pg.close()
