@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rejects": ("agent.commands.rejects", "list and show the messages the leader refused"),
     "send": ("agent.commands.send", "hand the agent on this device one message (through its local API)"),
     "messages": ("agent.commands.messages", "list the application messages the leader stored"),
+    "leader": ("agent.commands.leader", "grow a leader's state into PostgreSQL (leader migrate)"),
     "install-helper": ("agent.commands.install_helper", "the root helper that writes slots and reboots for the agent"),
     "firmware": ("agent.commands.firmware", "make and check artifacts; install, commit, revert on a device"),
     "config": ("agent.commands.config", "check agent config files"),

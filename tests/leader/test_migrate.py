@@ -1,0 +1,98 @@
+"""`edge-agent leader migrate`: a single gateway's leader.db copied into a real PostgreSQL, then a
+leader started on it finds every device, message, reject and processed id where it was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.core.clock import VirtualClock
+from agent.core.errors import StoreError
+from agent.core.sql import PostgresUrl
+from agent.leader.messages import MessageLog, read_messages
+from agent.leader.migrate import copy_to_postgres
+from agent.leader.registry import DeviceRegistry
+from agent.leader.rejects import RejectLog
+from agent.protocol import AppMessage, Heartbeat, Telemetry
+from agent.service.instance import InstanceLock
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _single_gateway(db: Path) -> None:
+    clock = VirtualClock()
+    with DeviceRegistry.open(db, clock=clock) as reg:
+        reg.claim_fleet("plant")
+        reg.apply_heartbeats([Heartbeat(device_id=f"pi-{n}", seq=7, uptime_s=1.0, tags=("lab",)) for n in range(3)])
+        assert reg.apply_telemetry("t-1", Telemetry(device_id="pi-0", seq=1, name="temp", ts_ms=1, value=21.5))
+    with MessageLog.open(db, clock=clock) as log:
+        log.apply_batch([("m-1", AppMessage(device_id="pi-1", cls="state", seq=1, ts_ms=1, key="door", overwrite=True,
+                                            payload=b'{"open": true}', content_type="application/json"))])
+    with RejectLog.open(db, clock=clock) as rejects:
+        rejects.record(topic="ea/v1/plant/pi-2/up", reason="junk", payload=b"\xc1", sender="pi-2")
+
+
+def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path, pg_url: str) -> None:
+    db = tmp_path / "leader.db"
+    _single_gateway(db)
+    copied = copy_to_postgres(db, PostgresUrl(pg_url))
+    assert copied["devices"] == 3 and copied["processed_messages"] == 1 and copied["app_messages"] == 1
+    assert copied["rejects"] == 1
+    clock = VirtualClock()
+    with DeviceRegistry.open(pg_url, clock=clock) as reg:
+        reg.claim_fleet("plant")  # the same fleet
+        assert reg.device("pi-1").hb_seq == 7  # type: ignore[union-attr]
+        assert reg.device("pi-1").tags == ("lab",)  # type: ignore[union-attr]
+        # a redelivery of what the single gateway applied is still a duplicate
+        assert reg.apply_telemetry("t-1", Telemetry(device_id="pi-0", seq=1, name="temp", ts_ms=1, value=21.5)) is False
+        assert not reg.apply_heartbeat(Heartbeat(device_id="pi-1", seq=6, uptime_s=1.0))
+    total, rows = read_messages(pg_url, cls="state")
+    assert total == 1 and rows[0].payload == b'{"open": true}'
+    with RejectLog.open(pg_url, clock=clock) as rejects:
+        assert [r.reason for r in rejects.list()] == ["junk"]
+        assert rejects.record(topic="t", reason="next") > rejects.list()[-1].id  # ids go on after the copied ones
+
+
+def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp_path: Path, pg_url: str) -> None:
+    db = tmp_path / "leader.db"
+    _single_gateway(db)
+    copy_to_postgres(db, PostgresUrl(pg_url))
+    with pytest.raises(StoreError, match=r"is not empty \(3 devices, 1 processed messages, 1 app messages,"
+                                         r" 1 rejects\): pass --into-non-empty"):
+        copy_to_postgres(db, PostgresUrl(pg_url))
+    assert copy_to_postgres(db, PostgresUrl(pg_url), into_non_empty=True)["devices"] == 3  # rows there win
+    with DeviceRegistry.open(pg_url, clock=VirtualClock()) as reg:
+        assert len(reg.devices()) == 3
+    lock = InstanceLock(tmp_path).acquire()
+    try:
+        with pytest.raises(StoreError, match=f"a leader runs on {tmp_path} \\(pid {os.getpid()}\\): stop it first"):
+            copy_to_postgres(db, PostgresUrl(pg_url), into_non_empty=True)
+    finally:
+        lock.release()
+    other = tmp_path / "other" / "leader.db"
+    other.parent.mkdir()
+    with DeviceRegistry.open(other, clock=VirtualClock()) as reg:
+        reg.claim_fleet("elsewhere")
+    MessageLog.open(other, clock=VirtualClock()).close()
+    RejectLog.open(other, clock=VirtualClock()).close()
+    with pytest.raises(StoreError, match="holds fleet plant, this leader's database fleet elsewhere"):
+        copy_to_postgres(other, PostgresUrl(pg_url), into_non_empty=True)
+
+
+def test_the_command_says_what_it_copied_and_what_to_do_next(tmp_path: Path, pg_url: str) -> None:
+    db = tmp_path / "leader.db"
+    _single_gateway(db)
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "leader", "migrate", "--from", str(db), "--to", pg_url],
+                          capture_output=True, text=True, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "devices: 3 rows" in done.stdout and "set [leader] database" in done.stdout
+    again = subprocess.run([sys.executable, "-m", "agent.cli", "leader", "migrate", "--from", str(db), "--to", pg_url],
+                           capture_output=True, text=True, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
+                           timeout=60)
+    assert again.returncode != 0 and again.stderr.count("\n") == 1 and "is not empty" in again.stderr
+    assert "Traceback" not in again.stderr
