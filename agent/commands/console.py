@@ -13,7 +13,7 @@ from agent.core.errors import ConfigError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", required=True, metavar="PATH",
-                        help="the leader's database: leader.db, or the fleet's postgresql:// URL")
+                        help="the leader's database (leader.db)")
     parser.add_argument("--token-file", required=True, metavar="FILE",
                         help="the access token, one line, mode 0600 (e.g. `openssl rand -hex 32 > FILE`)")
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
@@ -41,6 +41,10 @@ def main(args: argparse.Namespace) -> int:
     token = read_secret(args.token_file)
     if len(token) < 16:
         raise ConfigError(args.token_file, None, "the token is shorter than 16 characters")
+    if args.db.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("--db", None, "the console serves one leader's leader.db (its rollouts, identities and"
+                                        " layers are there); `status`, `rejects` and `messages` read a postgresql://"
+                                        " fleet database")
     with open_leader_db(args.db):
         pass  # a leader database, readable: checked once before serving
     try:

@@ -363,7 +363,10 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
     if config.agent.role == "worker" and config.local_api.enabled and "local api" not in skip:
         yield _local_api(config, data_dir)
     if config.agent.role == "leader" and "leader db" not in skip:
-        yield _leader_db(data_dir / "leader.db")
+        if config.leader.database:
+            yield _fleet_database(config, data_dir)
+        else:
+            yield _leader_db(data_dir / "leader.db")
     if "dead letters" not in skip:
         yield _dead_letters(data_dir / "outbox.db")
     if "kept state" not in skip:
@@ -513,6 +516,24 @@ def _leader_db(path: Path) -> Outcome:
         return Outcome("leader db", False, f"{path}: damaged ({problem})",
                        "stop the leader and start it once with `edge-agent run --recover`")
     return Outcome("leader db", True, f"{path}: ok, {devices} devices")
+
+
+def _fleet_database(config: AgentConfig, data_dir: Path) -> Outcome:
+    """`[leader] database`: PostgreSQL reachable, with this fleet's registry (or none yet)."""
+    from agent.leader.database import shared_database
+    from agent.leader.readonly import open_leader_db
+
+    try:
+        target = shared_database(config, data_dir)
+        with open_leader_db(target) as db:
+            devices, leaders = db.registry.count(), db.registry.leaders()
+    except EdgeAgentError as exc:
+        if "no registry tables" in str(exc):
+            return Outcome("leader db", None, f"{exc} (the first leader to start makes them)")
+        return Outcome("leader db", False, str(exc),
+                       "is PostgreSQL up, and the URL, the password (file or ~/.pgpass) and TLS options right?")
+    served = ", ".join(f"{name} {n}" for name, n in leaders.items()) or "none yet"
+    return Outcome("leader db", True, f"{target}: ok, {devices} devices (served last by: {served})")
 
 
 def _dead_letters(path: Path) -> Outcome:

@@ -88,6 +88,9 @@ def open_leader_db(db_path: str | Path | PostgresUrl, *, shared: StoreTarget | N
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path}: not an SQLite database ({exc})") from exc
         if not present:
+            if JobReads(conn).counts() is not None:
+                raise StoreError(f"{path}: holds no device registry: this leader keeps it in PostgreSQL"
+                                 " ([leader] database); read it with --db postgresql://...")
             raise StoreError(f"{path}: not an edge-agent leader database (no device registry)")
         yield db
     except sqlite3.Error as exc:

@@ -244,3 +244,25 @@ def test_doctor_names_a_helper_socket_others_may_open(tmp_path: Path) -> None:
             f"group {group.gr_name!r} also holds {', '.join(others)}: they may open the socket (the helper refuses "
             "them)" if others else "")
     assert _helper_door(tmp_path / "absent.sock", "edge-agent-installer", "edge-agent") == ""
+
+
+def test_doctor_checks_a_leaders_postgresql_database(tmp_path: Path, pg_url: str) -> None:
+    from agent.commands.doctor import _fleet_database
+    from agent.core.clock import VirtualClock
+    from agent.core.config import AgentConfig, convert
+    from agent.leader.registry import DeviceRegistry
+    from agent.protocol import Heartbeat
+
+    def config(url: str) -> AgentConfig:
+        return convert({"agent": {"role": "leader", "device_id": "gw-1", "fleet": "t"}, "leader": {"database": url}},
+                       AgentConfig, source="test")
+
+    first = _fleet_database(config(pg_url), tmp_path)
+    assert first.ok is None and "the first leader to start makes them" in first.text
+    with DeviceRegistry.open(pg_url, clock=VirtualClock()) as reg:
+        reg.leader = "gw-1"
+        reg.apply_heartbeat(Heartbeat(device_id="pi-1", seq=1, uptime_s=1.0))
+    done = _fleet_database(config(pg_url), tmp_path)
+    assert done.ok is True and "1 devices (served last by: gw-1 1)" in done.text
+    gone = _fleet_database(config(f"postgresql://ea@127.0.0.1:{free_port()}/ea?connect_timeout=2"), tmp_path)
+    assert gone.ok is False and "cannot connect" in gone.text and "PostgreSQL up" in gone.fix
