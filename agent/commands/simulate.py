@@ -123,6 +123,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--shard", metavar="K/M",
         help="with --broker: run only the K-th of M parts of the fleet (shard 1 runs the leader), so that"
              " M machines simulate one fleet against one broker (default: the whole fleet)")
+    add("--leaders", type=int, default=1, metavar="N",
+        help="leaders on one shared subscription, sharing one registry in --database (default 1)")
+    add("--database", metavar="URL",
+        help="the leaders' state in this PostgreSQL, postgresql://USER@HOST/DB, in a schema of the run's own"
+             " dropped at the end (default: each leader's leader.db)")
+    add("--leader-crash", metavar="TIME",
+        help="with --leaders 2 or more: the first leader crashes at this fleet time, e.g. 3m, and the others"
+             " carry the fleet (default: never)")
     add("--report", metavar="FILE", help="write the JSON report here (default: none)")
     add("--plot", metavar="FILE.png", help="draw the time series; needs the sim extra, matplotlib (default: none)")
     add("--quiet", action="store_true",
@@ -199,7 +207,8 @@ def options_from(args: argparse.Namespace):
         crash_rate=_value(args, "crash_rate", preset),
         crash_downtime_s=duration("crash_downtime", "crash-downtime"), scenario=args.scenario,
         shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
-        samples=args.samples,
+        samples=args.samples, leaders=args.leaders, database=args.database,
+        leader_crash_s=parse_duration(args.leader_crash, name="leader-crash") if args.leader_crash else None,
     )
 
 
@@ -219,6 +228,9 @@ def main(args: argparse.Namespace) -> int:
     if not 0.0 <= args.cut_rate <= 1.0:
         raise ConfigError("simulate", "cut-rate", "must be between 0 and 1")
     rollout = args.scenario == "wave-rollout" or args.rollout is not None
+    if opts.leaders > 1 and (rollout or configuring):
+        raise ConfigError("simulate", "leaders", "a rollout is served by one leader (rollouts are each leader's own"
+                                                 " for now): leave out --leaders")
     if opts.shard is not None and (rollout or args.scenario):
         raise ConfigError("simulate", "shard", "a rollout or a named scenario runs the whole fleet: leave out --shard")
     cancel_at_s = None

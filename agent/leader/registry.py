@@ -151,6 +151,12 @@ def _v10(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE devices ADD COLUMN served_by TEXT NOT NULL DEFAULT ''")
 
 
+def _v11(conn: sqlite3.Connection) -> None:
+    """The leaders that use this registry, each with its newest alive mark (several share one
+    on PostgreSQL; their own rows among the devices, from each other's presence, are theirs)."""
+    conn.execute("CREATE TABLE registry_leaders (name TEXT PRIMARY KEY, alive_ms INTEGER NOT NULL)")
+
+
 T = TypeVar("T")
 
 
@@ -194,7 +200,7 @@ def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, Con
 
 _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
 
 #: The same tables on PostgreSQL (their own versions, from the SQLite schema's newest shape).
 _PG_MIGRATIONS = (
@@ -235,6 +241,7 @@ _PG_MIGRATIONS = (
     CREATE TABLE registry_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
     CREATE TABLE fleet_online (at_ms BIGINT PRIMARY KEY, devices BIGINT NOT NULL, online BIGINT NOT NULL);
     CREATE TABLE registry_fleet (fleet TEXT PRIMARY KEY);
+    CREATE TABLE registry_leaders (name TEXT PRIMARY KEY, alive_ms BIGINT NOT NULL);
     """,
 )
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
@@ -668,6 +675,9 @@ class DeviceRegistry(Store):
         with store_errors("mark the leader alive"), self.atomic():
             self._conn.execute("INSERT INTO registry_meta(key, value) VALUES ('leader_alive_ms', ?)"
                                " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (now,))
+            if self.leader:
+                self._conn.execute("INSERT INTO registry_leaders (name, alive_ms) VALUES (?, ?)"
+                                   " ON CONFLICT (name) DO UPDATE SET alive_ms = excluded.alive_ms", (self.leader, now))
             # "WHERE true": SQLite's parser needs a WHERE between a SELECT and its upsert clause
             self._conn.execute("INSERT INTO fleet_online (at_ms, devices, online)"
                                " SELECT ?, COUNT(*), COALESCE(SUM(online), 0) FROM devices WHERE true"
@@ -696,6 +706,11 @@ class DeviceRegistry(Store):
                 (cutoff, _NO_LIMIT if limit is None else max(0, limit)),
             )
         return cur.rowcount
+
+    def leaders(self) -> dict[str, int]:
+        """Devices by the leader that served them last (`RegistryReads.leaders`)."""
+        self.check_open()
+        return RegistryReads(self._conn).leaders()
 
     def checkpoint(self) -> None:
         """Run a passive WAL checkpoint (fsyncs: call it from a thread under `clock.busy()`); on
@@ -946,9 +961,15 @@ class RegistryReads:
             slots=slots, configs=configs, served_by=str(served_by))
 
     def leaders(self) -> dict[str, int]:
-        """Devices by the leader that served them last (several leaders share the registry)."""
+        """Devices by the leader that served them last (several leaders share the registry; the
+        leaders' own rows, from each other's presence, are not counted)."""
         return {str(leader): int(n) for leader, n in self._conn.execute(
-            "SELECT served_by, COUNT(*) FROM devices WHERE served_by <> '' GROUP BY served_by ORDER BY served_by")}
+            "SELECT served_by, COUNT(*) FROM devices WHERE served_by <> '' AND device_id NOT IN"
+            " (SELECT name FROM registry_leaders) GROUP BY served_by ORDER BY served_by")}
+
+    def leader_names(self) -> set[str]:
+        """The leaders that marked themselves alive in this registry (their rows are not devices)."""
+        return {str(r[0]) for r in self._conn.execute("SELECT name FROM registry_leaders")}
 
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""

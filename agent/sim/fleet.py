@@ -37,6 +37,7 @@ from agent.outbox.settings import outbox_classes
 from agent.outbox.store import OutboxStore
 from agent.outbox.types import OutboxRow
 from agent.protocol import KIND_HEARTBEAT, JobOffer
+from agent.sim.database import RunSchema
 from agent.sim.devices import SimFirmware, sim_hardware
 from agent.sim.options import SimOptions
 from agent.sim.part import FleetPart, split
@@ -131,11 +132,15 @@ def _worker_template(opts: SimOptions, firmware_key: str) -> AgentConfig:
     )
 
 
-def leader_config(opts: SimOptions, *, firmware_key: str = "") -> AgentConfig:
-    """The simulated leader's config; with `firmware_key` (the pinned key's file) it takes rollouts."""
+def leader_config(opts: SimOptions, *, firmware_key: str = "", name: str = LEADER_ID,
+                  database: str = "") -> AgentConfig:
+    """The simulated leader's config; with `firmware_key` (the pinned key's file) it takes rollouts;
+    with `database`, its registry, messages and rejects are there, shared with the other leaders
+    on the shared subscription."""
+    shared = {"database": database, "shared_group": "leaders" if opts.leaders > 1 else ""} if database else {}
     return convert(
         {
-            "agent": {"role": "leader", "device_id": LEADER_ID, "fleet": FLEET, "data_dir": "."},
+            "agent": {"role": "leader", "device_id": name, "fleet": FLEET, "data_dir": "."},
             "firmware": {"public_key": firmware_key},
             "artifacts": {"listen": ""},  # devices fetch over MQTT from the leader's ConfigServers
             "mailbox": {"capacity": opts.leader_mailbox_capacity},
@@ -143,7 +148,7 @@ def leader_config(opts: SimOptions, *, firmware_key: str = "") -> AgentConfig:
                        # a beat waits up to one processing interval in the mailbox before it counts
                        # (each device's own deadline follows the interval it announces)
                        "heartbeat_deadline_s": max(30.0, 2 * (opts.leader_interval_s + min(opts.heartbeat_s, 5.0))),
-                       "job_window_max": 64},
+                       "job_window_max": 64, **shared},
             "outbox": {"max_attempts": SIM_MAX_ATTEMPTS, "backoff_cap_s": 60.0, "durability": "crash"},
             "relay": {"partitions": 4, "reconnect_jitter_s": 2.0},
             "mqtt": {"reply_timeout_s": 10.0},
@@ -176,8 +181,9 @@ class SimFleet:
             self.broker = MemoryBroker(clock=clock, rng=rng_for(opts.seed, "broker"),
                                        max_queued_per_session=100_000)
         self.uplink = Gate(is_open=True)  # closed while the whole (memory) broker is down
-        self.leader: LeaderAgent | None = None
-        self.leader_app: App[LeaderAgent] | None = None
+        self.leader_apps: list[App[LeaderAgent]] = []  # the first is `leader_app`
+        self.crashed_leaders: set[str] = set()
+        self._schema: RunSchema | None = None  # `--database`: the run's own schema there
         self.workers: dict[str, WorkerAgent] = {}
         self.apps: dict[str, App[WorkerAgent]] = {}  # each device's parts, as `edge-agent run` assembles them
         self.stores: list[OutboxStore] = []
@@ -205,13 +211,19 @@ class SimFleet:
         opts = self.opts
         part = self.part
         if part.leader:
-            lcfg = leader_config(opts, firmware_key=self._firmware_key)
-            env = GatewayEnv(rng=rng_for(opts.seed, "leader"), intake_batch_max=max(512, opts.devices),
-                             rollout_poll_s=self._rollout_poll_s)
-            self.leader_app = await assemble(lcfg, transport=self._transport(lcfg, LEADER_ID), clock=self.clock,
-                                             base=self.workdir / "leader", env=AppEnv(gateway=env))
-            self.leader = self.leader_app.agent
-            rollout = self.leader_app.part("rollouts")
+            database = ""
+            if opts.database is not None:
+                self._schema = RunSchema(opts.database, opts.seed)
+                database = self._schema.create()
+            for n in range(opts.leaders):
+                name = leader_name(n)
+                lcfg = leader_config(opts, firmware_key=self._firmware_key, name=name, database=database)
+                env = GatewayEnv(rng=rng_for(opts.seed, "leader" if n == 0 else name),
+                                 intake_batch_max=max(512, opts.devices), rollout_poll_s=self._rollout_poll_s)
+                self.leader_apps.append(await assemble(
+                    lcfg, transport=self._transport(lcfg, name), clock=self.clock,
+                    base=self.workdir / ("leader" if n == 0 else name), env=AppEnv(gateway=env)))
+            rollout = self.leader_apps[0].part("rollouts")
             assert isinstance(rollout, Rollouts)
             self.rollout = rollout
         files = min(opts.files, len(part.indices))
@@ -299,10 +311,39 @@ class SimFleet:
         await self.clock.sleep(self.opts.job_work_s * (0.5 + spread))
         return offer.payload
 
+    @property
+    def leader_app(self) -> App[LeaderAgent] | None:
+        """The first leader that has not crashed (None: no leader in this process)."""
+        return next((a for a in self.leader_apps if a.agent.device_id not in self.crashed_leaders), None)
+
+    @property
+    def leader(self) -> LeaderAgent | None:
+        app = self.leader_app
+        return app.agent if app is not None else None
+
+    @property
+    def leaders(self) -> list[LeaderAgent]:
+        """Every leader of the run, crashed ones included (their counters count)."""
+        return [a.agent for a in self.leader_apps]
+
+    def living_leaders(self) -> list[LeaderAgent]:
+        return [a.agent for a in self.leader_apps if a.agent.device_id not in self.crashed_leaders]
+
+    async def crash_leader(self) -> None:
+        """The first leader dies: its connection breaks at once (the broker publishes its will and
+        hands its share of the uplinks to the others), unanswered messages stay with their
+        devices, and its memory is gone. It is not started again."""
+        app = self.leader_apps[0]
+        name = app.agent.device_id
+        if self.broker is not None:
+            self.broker.partition(app.agent.transport.client_id)
+        self.crashed_leaders.add(name)
+        await app.stop()
+
     async def start_leader(self) -> None:
-        """Start the leader (when it runs in this process) with its parts, and the relays."""
-        if self.leader_app is not None:
-            await self.leader_app.start()
+        """Start the leaders (when they run in this process) with their parts, and the relays."""
+        for app in self.leader_apps:
+            await app.start()
         for relay in self.relays:
             await relay.start()
 
@@ -331,8 +372,12 @@ class SimFleet:
             await app.stop()
         for relay in self.relays:
             await relay.stop()
-        if self.leader_app is not None:
-            await self.leader_app.stop()
+        for gateway in self.leader_apps:
+            if gateway.agent.device_id not in self.crashed_leaders:
+                await gateway.stop()
+        if self._schema is not None:
+            self._schema.drop()
+            self._schema = None
         for reads in self._readers:
             reads.close()
         self._readers = []
@@ -401,8 +446,8 @@ class SimFleet:
         total = 0
         for store in self.stores:
             total += (await store.stats()).pending
-        if self.leader is not None:
-            total += (await self.leader.outbox.stats()).pending
+        for leader in self.living_leaders():
+            total += (await leader.outbox.stats()).pending
         return total
 
     def pending_rows(self) -> int:
@@ -430,9 +475,14 @@ class SimFleet:
 
     def relay_metrics(self) -> list[Any]:
         out = [relay.metrics() for relay in self.relays]
-        if self.leader is not None:
-            out.append(self.leader.relay.metrics())
+        out.extend(leader.relay.metrics() for leader in self.living_leaders())
         return out
 
 
-__all__ = ["FLEET", "LEADER_ID", "SimFleet", "device_name", "leader_config", "rng_for", "worker_config"]
+def leader_name(n: int) -> str:
+    """The n-th simulated leader's device id (from 0): leader-1, leader-2, ..."""
+    return LEADER_ID if n == 0 else f"leader-{n + 1}"
+
+
+__all__ = ["FLEET", "LEADER_ID", "SimFleet", "device_name", "leader_config", "leader_name", "rng_for",
+           "worker_config"]

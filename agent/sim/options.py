@@ -41,6 +41,7 @@ def parse_outage(text: str) -> tuple[float, float]:
 
 
 MAX_PROCESSES = 64
+MAX_LEADERS = 8
 BOOT_WINDOW_MAX_S = 60.0
 HEARTBEAT_S = HeartbeatSection().interval_s
 APP_CLASS = "events"  # the class a simulated device's application sends (`app_every_s`)
@@ -78,6 +79,9 @@ class SimOptions:
     processes: int = 1  # the fleet spread over this many processes (`agent.sim.processes`)
     shard: tuple[int, int] | None = None  # (K, M): with a real broker, run only the K-th of M parts
     round_s: float = 0.25  # with several processes: the broker's least delivery latency (`agent.transport.rounds`)
+    leaders: int = 1  # leaders on one shared subscription (more than one: with `database`)
+    database: str | None = None  # the leaders' PostgreSQL (a schema of its own for the run); None: leader.db
+    leader_crash_s: float | None = None  # the first leader crashes at this fleet time (not started again)
 
     def __post_init__(self) -> None:
         checks = [
@@ -100,6 +104,17 @@ class SimOptions:
             ("processes", 1 <= self.processes <= MAX_PROCESSES, f"must be between 1 and {MAX_PROCESSES}"),
             ("processes", self.processes <= self.devices, "must be at most --devices"),
             ("round", 0.001 <= self.round_s <= 5.0, "must be between 1 ms and 5 s"),
+            ("leaders", 1 <= self.leaders <= MAX_LEADERS, f"must be between 1 and {MAX_LEADERS}"),
+            ("leaders", self.leaders == 1 or self.database is not None,
+             "several leaders share one registry: give --database postgresql://..."),
+            ("leaders", self.leaders == 1 or (self.jobs == 0 and self.processes == 1 and self.shard is None),
+             "several leaders run in one process without jobs (jobs are each leader's own)"),
+            ("database", self.database is None or self.database.startswith(("postgresql://", "postgres://")),
+             "must be a postgresql:// URL"),
+            ("leader-crash", self.leader_crash_s is None or self.leaders >= 2,
+             "a leader's crash needs another to take over: give --leaders 2 or more"),
+            ("leader-crash", self.leader_crash_s is None or 0 < self.leader_crash_s < self.duration_s,
+             "must fall within --duration"),
         ]
         for key, ok, reason in checks:
             if not ok:

@@ -27,6 +27,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from agent.actors import MailboxStatistics
+from agent.core.sql import redacted
 from agent.sim.options import APP_CLASS
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
     hb_outbox_coalesced = totals.heartbeats_coalesced
     tel_direct = totals.telemetry_direct
     tel_generated = tel_direct + totals.telemetry_stored
-    devices = {d.device_id: d for d in leader.registry.devices()}
+    gateways = {each.device_id for each in fleet.leaders}  # several leaders hear each other's presence
+    devices = {d.device_id: d for d in leader.registry.devices() if d.device_id not in gateways}
     # With --shard, the leader also serves the other shards' devices: count this shard's.
     ours = devices if opts.shard is None else {k: v for k, v in devices.items() if k in fleet.workers}
     tel_applied = sum(d.telemetry_count for d in ours.values())
@@ -104,8 +106,9 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
     conservation = conservation and tel_lost == 0
 
     app_accepted = totals.app_direct + totals.app_stored
-    app_applied = (leader.sinks.stats.snapshot().get(APP_CLASS, {}).get("applied", 0)
-                   if leader.sinks is not None else 0)
+    # every leader's, a crashed one's included (several leaders share the message store)
+    app_applied = sum(each.sinks.stats.snapshot().get(APP_CLASS, {}).get("applied", 0)
+                      for each in fleet.leaders if each.sinks is not None)
     # (with --shard the leader stores the whole fleet's messages, this shard's applications sent their own)
     app_lost = 0 if opts.shard else app_accepted - app_applied - totals.app_pending - totals.app_dead
     conservation = conservation and app_lost == 0
@@ -124,7 +127,12 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             "files": totals.files, "shard": _shard(opts), "transport": "mqtt" if opts.broker_url else "memory",
             "clock": "virtual" if not (opts.realtime or opts.broker_url) else "realtime",
             "processes": opts.processes, "round_s": opts.round_s if opts.processes > 1 else None,
+            **({"leaders": opts.leaders, "database": redacted(opts.database) if opts.database else None,
+                "leader_crash_s": opts.leader_crash_s} if opts.leaders > 1 or opts.database else {}),
         },
+        **({"leaders": {"served_last": leader.registry.leaders(), "crashed": sorted(fleet.crashed_leaders),
+                        "busy_answers": {each.device_id: each.busy_answers for each in fleet.leaders}}}
+           if opts.leaders > 1 else {}),
         "fleet_seconds": round(sim.now(), 3),
         "truncated_at_s": sim.truncated_at,  # set only when a benchmark's wall budget ran out
         "drain_seconds": round(sim.drain_fleet_s, 3),
@@ -300,6 +308,11 @@ def summary(report: Report) -> str:
     lines.append(f"devices: {dev['steady']} steady, {dev['offline_and_back']} offline and back,"
                  f" {dev['crashed_and_restarted']} crashed and restarted; leader sees"
                  f" {report['leader']['devices_online']}/{report['leader']['devices_known']} online at the end")
+    if "leaders" in report:
+        led = report["leaders"]
+        crashed = f", {', '.join(led['crashed'])} crashed at {s['leader_crash_s']:.0f}s" if led["crashed"] else ""
+        lines.append(f"leaders: {s['leaders']} on one PostgreSQL registry{crashed}; devices served last by "
+                     + ", ".join(f"{k} {v}" for k, v in led["served_last"].items()))
     stale = report["heartbeats"]["stale_devices"]
     lines.append(f"lost: {report['lost']}   conservation_ok: {report['conservation_ok']}"
                  f"   drained after {report['drain_seconds']:.0f}s"

@@ -194,7 +194,9 @@ class Simulation:
         boxes = {s.name: s for s in leader.mailbox_statistics()} if leader is not None else {}
         hb = boxes.get("heartbeats")
         # Read before anything is awaited (an await lets the fleet's ready tasks run).
-        seen_online = sum(1 for d in leader.registry.devices() if d.online) if leader is not None else None
+        gateways = {each.device_id for each in fleet.leaders}  # several leaders hear each other's presence
+        seen_online = sum(1 for d in leader.registry.devices() if d.online and d.device_id not in gateways) \
+            if leader is not None else None
         devices = await self._devices_now()
         limits = devices.limits
         leader_pending = (await leader.outbox.stats()).pending if leader is not None else 0
@@ -268,6 +270,8 @@ class Simulation:
                 continue
             self.timeline.at(start, f"crash {device}", partial(fleet.crash, device))
             self.timeline.at(start + span, f"restart {device}", partial(fleet.restart, device))
+        if opts.leader_crash_s is not None and fleet.leader is not None:
+            self.timeline.at(opts.leader_crash_s, "leader crash", fleet.crash_leader)
         if opts.jobs > 0 and fleet.leader is not None:
             self.timeline.at(min(2 * opts.boot_window_s, opts.duration_s / 2), "submit jobs", self._submit_jobs)
 

@@ -192,6 +192,7 @@ def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Pa
         conn.execute("DROP TABLE fleet_online")
         conn.execute("DROP TABLE registry_fleet")
         conn.execute("ALTER TABLE devices DROP COLUMN served_by")
+        conn.execute("DROP TABLE registry_leaders")
         conn.execute("ALTER TABLE devices DROP COLUMN slots")
         conn.execute("ALTER TABLE devices DROP COLUMN configs")
         conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")
