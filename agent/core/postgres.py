@@ -38,6 +38,10 @@ CONNECT_TIMEOUT_S = 5  # unless the URL says `connect_timeout`
 # server that does not answer must not hold the leader's event loop for a connect timeout a call.
 RECONNECT_PAUSE_S = 1.0
 STATEMENT_TIMEOUT_MS = 30_000  # a statement never holds the leader's event loop longer
+# A leader frozen inside a transaction (SIGSTOP, a VM paused) holds its rows' locks: the server
+# ends its session after this long, so the other leaders wait at most this, never for ever.
+IDLE_IN_TRANSACTION_MS = 10_000
+LOCK_TIMEOUT_MS = 5_000  # a statement waiting longer for a lock fails (the devices are answered busy)
 _MIGRATION_LOCK = 0x6561_6d69  # pg_advisory_xact_lock key: "eami", edge-agent migrations
 _savepoints = itertools.count()
 
@@ -154,7 +158,8 @@ class PgConnection:
             self._why = _first_line(exc)
             raise StoreUnavailable(f"cannot connect to {self.target}: {self._why}") from exc
         try:
-            conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+            conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET lock_timeout = {LOCK_TIMEOUT_MS};"
+                         f" SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
         except psycopg.Error as exc:
             conn.close()
             raise StoreUnavailable(f"{self.target}: {_first_line(exc)}") from exc

@@ -6,6 +6,7 @@ telemetry record a device sent is applied exactly once, and the devices' outboxe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,5 +90,46 @@ async def test_two_leaders_share_one_registry_and_lose_nothing_to_a_kill_or_a_da
         assert _cli("rejects", "list", "--db", url).returncode == 0
     finally:
         for proc in leaders.values():
+            kill(proc, signal.SIGTERM)
+        await stop_all(*workers)
+
+
+async def test_a_leader_frozen_and_woken_applies_nothing_twice(
+        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """SIGSTOP one of two leaders while devices send: what reaches it waits unanswered, the
+    devices send it again (to the other, as the broker spreads it), the fleet goes on; SIGCONT:
+    the frozen leader wakes to what it held, and the database refuses every second application."""
+    clock = SystemClock()
+    url = postgres.url()
+    shared = {"leader": {"heartbeat_deadline_s": 30.0, "shared_group": "leaders", "database": url}}
+    leaders = {name: spawn_agent(tmp_path, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
+    workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(3)]
+    try:
+        await until(clock, lambda: set(_fleet(url)[1]) == {"gw1", "gw2"}, limit_s=60, step_s=0.2,
+                    what="both leaders serving devices of the one registry")
+        sent = 0
+        for n in range(24):
+            for w in workers:
+                await w.send_telemetry("t", float(n))
+                sent += 1
+            if n == 6:
+                leaders["gw1"].send_signal(signal.SIGSTOP)
+                stopped_at = sent
+            await asyncio.sleep(0.02)
+        # the fleet goes on without it: gw2 applies what was sent after the freeze, in time
+        await until(clock, lambda: _fleet(url)[0] >= stopped_at + (sent - stopped_at) // 2, limit_s=120,
+                    step_s=0.2, what="the other leader carrying the fleet")
+        leaders["gw1"].send_signal(signal.SIGCONT)
+        await until(clock, lambda: _fleet(url)[0] >= sent, limit_s=120, step_s=0.2, what="every record applied")
+        for w in workers:
+            await until(clock, lambda w=w: _empty(w), limit_s=60, step_s=0.1, what="outboxes drained")
+        total, _, per_device = _fleet(url)
+        assert total == sent  # none twice, though gw1 woke to messages the others had applied
+        assert {d: n for d, n in per_device.items() if d.startswith("w")} == {f"w{i}": 24 for i in range(3)}
+        assert leaders["gw1"].poll() is None and leaders["gw2"].poll() is None
+    finally:
+        for proc in leaders.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)
             kill(proc, signal.SIGTERM)
         await stop_all(*workers)
