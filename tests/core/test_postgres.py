@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from postgres import PostgresCluster
 
@@ -174,3 +174,30 @@ def test_heartbeat_batches_apply_alike_on_both_databases(pg_url: str, tmp_path: 
     finally:
         sqlite.close()
         pg.close()
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs",),
+                                                                         blacklist_characters="\x00"))),
+                      min_size=1, max_size=8),
+       blobs=st.lists(st.one_of(st.none(), st.binary(max_size=64)), min_size=1, max_size=8),
+       numbers=st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=8))
+@example(texts=['a"b', "c\\d", "{x,y}", "NULL", "", " sp ", "é🙂"], blobs=[b'\x00\\"{,}', b"", None],
+         numbers=[-(2**63), 0, None, 2**63 - 1])
+def test_arrays_of_any_text_bytes_and_integers_reach_the_server_unchanged(
+        pg_url: str, texts: list[str | None], blobs: list[bytes | None], numbers: list[int | None]) -> None:
+    """The heartbeat batch's arrays are literals this module writes itself (quotes, backslashes,
+    braces, commas, NULL-looking text, any bytes): the server reads back exactly what was given."""
+    from agent.core.postgres import connect
+
+    conn = connect(PostgresUrl(pg_url))
+    shown = {"TEXT": "encode(convert_to(x, 'UTF8'), 'hex')", "BYTEA": "encode(x, 'hex')", "BIGINT": "x::text"}
+    expected = {"TEXT": lambda v: v.encode().hex(), "BYTEA": lambda v: v.hex(), "BIGINT": str}
+    try:
+        for kind, values in (("TEXT", texts), ("BYTEA", blobs), ("BIGINT", numbers)):
+            echoed = conn.column_of_arrays(
+                f"echo_{kind.lower()}", f"SELECT COALESCE({shown[kind]}, 'NULL') FROM unnest(CAST(? AS {kind}[]))"
+                " WITH ORDINALITY AS u(x, n) ORDER BY n", [values])
+            assert echoed == ["NULL" if v is None else expected[kind](v) for v in values]
+    finally:
+        conn.close()
