@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,9 +122,8 @@ def nginx(tmp_path: Path) -> Iterator[Callable[..., NginxMirror]]:
             mirror.stop()
 
 
-@pytest.fixture(scope="session")
-def postgres_shared() -> Iterator[PostgresCluster]:
-    """One real PostgreSQL cluster for this test process (each test takes a fresh schema)."""
+@contextlib.contextmanager
+def _postgres_cluster() -> Iterator[PostgresCluster]:
     try:
         cluster = PostgresCluster()
     except PostgresMissing as exc:
@@ -133,20 +133,20 @@ def postgres_shared() -> Iterator[PostgresCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_shared() -> Iterator[PostgresCluster]:
+    """One real PostgreSQL cluster for this test process (each test takes a fresh schema)."""
+    with _postgres_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture
 def postgres() -> Iterator[PostgresCluster]:
     """A real PostgreSQL cluster of this test alone (it may stop and start it)."""
-    try:
-        cluster = PostgresCluster()
-    except PostgresMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    cluster.start()
-    try:
+    with _postgres_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture

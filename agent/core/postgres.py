@@ -22,7 +22,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import StoreError, StoreUnavailable, UnstorableValue
@@ -46,11 +46,11 @@ _MIGRATION_LOCK = 0x6561_6d69  # pg_advisory_xact_lock key: "eami", edge-agent m
 _savepoints = itertools.count()
 
 
-@functools.lru_cache(maxsize=1024)
-def placeholders(sql: str) -> str:
-    """`sql` with each `?` outside a quoted literal as `%s`, and every `%` doubled."""
+def _rewritten(sql: str, mark: Callable[[int], str], percent: str) -> str:
+    """`sql` with its n-th `?` outside a quoted literal as `mark(n)` and every `%` as `percent`."""
     out: list[str] = []
     quote = ""
+    n = 0
     for ch in sql:
         if quote:
             if ch == quote:
@@ -58,32 +58,22 @@ def placeholders(sql: str) -> str:
         elif ch in ("'", '"'):
             quote = ch
         elif ch == "?":
-            out.append("%s")
+            n += 1
+            out.append(mark(n))
             continue
-        out.append("%%" if ch == "%" else ch)
+        out.append(percent if ch == "%" else ch)
     return "".join(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def placeholders(sql: str) -> str:
+    """`sql` with each `?` outside a quoted literal as psycopg's `%s`, and every `%` doubled."""
+    return _rewritten(sql, lambda _: "%s", "%%")
 
 
 def _numbered(sql: str) -> str:
     """`sql` with each `?` outside a quoted literal as `$1`, `$2`, ... (libpq's own)."""
-    out: list[str] = []
-    quote = ""
-    n = 0
-    for part in sql.split("?"):
-        if out:
-            if quote:
-                out.append("?")
-            else:
-                n += 1
-                out.append(f"${n}")
-        out.append(part)
-        for ch in part:
-            if quote:
-                if ch == quote:
-                    quote = ""
-            elif ch in ("'", '"'):
-                quote = ch
-    return "".join(out)
+    return _rewritten(sql, lambda n: f"${n}", "%")
 
 
 def _check(result: Any, ok: tuple[Any, ...]) -> None:

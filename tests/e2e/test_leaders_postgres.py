@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,17 +50,41 @@ async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
     return await pending(w) == 0
 
 
-async def test_two_leaders_share_one_registry_and_lose_nothing_to_a_kill_or_a_database_restart(
-        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@contextlib.asynccontextmanager
+async def _two_leaders(mosquitto, url: str, tmp: Path, *, workers: int, deadline_s: float,  # type: ignore[no-untyped-def]
+                       ) -> AsyncIterator[tuple[SystemClock, dict[str, subprocess.Popen[bytes]], list[Any]]]:
+    """Two real leader processes sharing `url` on one shared subscription, and worker agents;
+    yielded once the broker spreads the devices' messages over both leaders."""
     clock = SystemClock()
-    url = postgres.url()
-    shared = {"leader": {"heartbeat_deadline_s": 3.0, "shared_group": "leaders", "database": url}}
-    leaders = {name: spawn_agent(tmp_path, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
-    workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(4)]
+    shared = {"leader": {"heartbeat_deadline_s": deadline_s, "shared_group": "leaders", "database": url}}
+    leaders = {name: spawn_agent(tmp, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
+    agents = [await worker(clock, tmp, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(workers)]
     try:
-        # the shared subscription spreads every device's messages over both leaders
         await until(clock, lambda: set(_fleet(url)[1]) == {"gw1", "gw2"}, limit_s=60, step_s=0.2,
                     what="both leaders serving devices of the one registry")
+        yield clock, leaders, agents
+    finally:
+        for proc in leaders.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)
+            kill(proc, signal.SIGTERM)
+        await stop_all(*agents)
+
+
+async def _all_applied(clock: SystemClock, url: str, agents: list[Any], sent: int) -> dict[str, int]:
+    """Wait for `sent` records in the registry and every outbox drained; telemetry by worker."""
+    await until(clock, lambda: _fleet(url)[0] >= sent, limit_s=120, step_s=0.2, what="every record applied")
+    for w in agents:
+        await until(clock, lambda w=w: _empty(w), limit_s=60, step_s=0.1, what="outboxes drained")
+    total, _, per_device = _fleet(url)
+    assert total == sent  # each record once: none lost, none applied twice
+    return {d: n for d, n in per_device.items() if d.startswith("w")}
+
+
+async def test_two_leaders_share_one_registry_and_lose_nothing_to_a_kill_or_a_database_restart(
+        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url = postgres.url()
+    async with _two_leaders(mosquitto, url, tmp_path, workers=4, deadline_s=3.0) as (clock, leaders, workers):
         sent = 0
         for n in range(30):
             for w in workers:
@@ -71,16 +97,9 @@ async def test_two_leaders_share_one_registry_and_lose_nothing_to_a_kill_or_a_da
             if n == 24:
                 postgres.start()
             await asyncio.sleep(0.02)
-        await until(clock, lambda: _fleet(url)[0] >= sent, limit_s=120, step_s=0.2,
-                    what="every record in the shared registry")
-        for w in workers:
-            await until(clock, lambda w=w: _empty(w), limit_s=60, step_s=0.1, what="outboxes drained")
-        total, _, per_device = _fleet(url)
-        assert total == sent  # each record once: none lost, none applied twice
-        assert {d: n for d, n in per_device.items() if d.startswith("w")} == {f"w{i}": 30 for i in range(4)}
+        assert await _all_applied(clock, url, workers, sent) == {f"w{i}": 30 for i in range(4)}
         assert leaders["gw2"].poll() is None  # the database's outage did not stop it
-        log = (tmp_path / "gw2.log").read_text()
-        assert "Traceback" not in log
+        assert "Traceback" not in (tmp_path / "gw2.log").read_text()
         # the views read the whole fleet from the database, and say which leader served whom
         status = _cli("status", "--db", url, "--device", "w0")
         assert status.returncode == 0, status.stderr
@@ -88,10 +107,6 @@ async def test_two_leaders_share_one_registry_and_lose_nothing_to_a_kill_or_a_da
         summary = _cli("status", "--db", url)
         assert summary.returncode == 0 and "fleet: " in summary.stdout, summary.stderr
         assert _cli("rejects", "list", "--db", url).returncode == 0
-    finally:
-        for proc in leaders.values():
-            kill(proc, signal.SIGTERM)
-        await stop_all(*workers)
 
 
 async def test_a_leader_frozen_and_woken_applies_nothing_twice(
@@ -99,15 +114,9 @@ async def test_a_leader_frozen_and_woken_applies_nothing_twice(
     """SIGSTOP one of two leaders while devices send: what reaches it waits unanswered, the
     devices send it again (to the other, as the broker spreads it), the fleet goes on; SIGCONT:
     the frozen leader wakes to what it held, and the database refuses every second application."""
-    clock = SystemClock()
     url = postgres.url()
-    shared = {"leader": {"heartbeat_deadline_s": 30.0, "shared_group": "leaders", "database": url}}
-    leaders = {name: spawn_agent(tmp_path, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
-    workers = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(3)]
-    try:
-        await until(clock, lambda: set(_fleet(url)[1]) == {"gw1", "gw2"}, limit_s=60, step_s=0.2,
-                    what="both leaders serving devices of the one registry")
-        sent = 0
+    async with _two_leaders(mosquitto, url, tmp_path, workers=3, deadline_s=30.0) as (clock, leaders, workers):
+        sent = stopped_at = 0
         for n in range(24):
             for w in workers:
                 await w.send_telemetry("t", float(n))
@@ -120,16 +129,6 @@ async def test_a_leader_frozen_and_woken_applies_nothing_twice(
         await until(clock, lambda: _fleet(url)[0] >= stopped_at + (sent - stopped_at) // 2, limit_s=120,
                     step_s=0.2, what="the other leader carrying the fleet")
         leaders["gw1"].send_signal(signal.SIGCONT)
-        await until(clock, lambda: _fleet(url)[0] >= sent, limit_s=120, step_s=0.2, what="every record applied")
-        for w in workers:
-            await until(clock, lambda w=w: _empty(w), limit_s=60, step_s=0.1, what="outboxes drained")
-        total, _, per_device = _fleet(url)
-        assert total == sent  # none twice, though gw1 woke to messages the others had applied
-        assert {d: n for d, n in per_device.items() if d.startswith("w")} == {f"w{i}": 24 for i in range(3)}
+        # none twice, though gw1 woke to messages the others had applied
+        assert await _all_applied(clock, url, workers, sent) == {f"w{i}": 24 for i in range(3)}
         assert leaders["gw1"].poll() is None and leaders["gw2"].poll() is None
-    finally:
-        for proc in leaders.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGCONT)
-            kill(proc, signal.SIGTERM)
-        await stop_all(*workers)
