@@ -132,3 +132,16 @@ async def test_a_leader_frozen_and_woken_applies_nothing_twice(
         # none twice, though gw1 woke to messages the others had applied
         assert await _all_applied(clock, url, workers, sent) == {f"w{i}": 24 for i in range(3)}
         assert leaders["gw1"].poll() is None and leaders["gw2"].poll() is None
+
+
+def test_a_leader_whose_database_is_unreachable_says_so_in_one_line(tmp_path: Path) -> None:
+    from tests.e2e.agent_support import write_config
+    from tests.mosquitto import free_port
+
+    url = f"postgresql://ea:hunter2@127.0.0.1:{free_port()}/fleet?connect_timeout=2"
+    conf = write_config(tmp_path / "gw.toml", "leader", "gw1", leader={"database": url})
+    done = _cli("run", "--config", str(conf), "--broker", f"mqtt://127.0.0.1:{free_port()}", "--data-dir",
+                str(tmp_path / "gw1"))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "cannot connect to postgresql://ea:***@127.0.0.1" in done.stderr
+    assert "hunter2" not in done.stderr and "Traceback" not in done.stderr
