@@ -90,6 +90,7 @@ def fleet_commands(fleet: str) -> list[dict[str, Any]]:
             _acl("subscribePattern", f"ea/v1/{fleet}/+/presence"),
             _acl("publishClientSend", f"ea/v1/{fleet}/+/down"), _acl("publishClientSend", f"ea/v1/{fleet}/+/reply/#"),
             _acl("subscribePattern", f"ea/enrol/v1/{fleet}/+/+/request"),
+            _acl("subscribePattern", f"$share/leaders/ea/enrol/v1/{fleet}/+/+/request"),
             _acl("publishClientSend", f"ea/enrol/v1/{fleet}/+/+/answer")]
     return [{"command": "setDefaultACLAccess", "acls": [
                 {"acltype": "publishClientSend", "allow": False}, {"acltype": "publishClientReceive", "allow": True},

@@ -34,6 +34,7 @@ from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
+    from agent.core.sql import PostgresUrl
     from agent.leader.identities import IdentityStore
 
 EXIT_NOT_APPLIED = 3
@@ -85,9 +86,14 @@ def _leader_config(path: str) -> AgentConfig:
     return config
 
 
-def _db(config: AgentConfig, path: str) -> Path:
-    from agent.leader.agent import LEADER_DB
+def _db(config: AgentConfig, path: str) -> Path | PostgresUrl:
+    """The leader's identity store: its leader.db, or the fleet's PostgreSQL (`[leader] database`)."""
+    from agent.core.sql import PostgresUrl
+    from agent.leader.database import LEADER_DB, shared_database
 
+    shared = shared_database(config, Path(config.agent.data_dir))
+    if isinstance(shared, PostgresUrl):
+        return shared
     db = Path(config.agent.data_dir) / LEADER_DB
     if not db.is_file():
         raise ConfigError(path, "agent.data_dir", f"no leader database at {db} (start the leader once)")

@@ -5,9 +5,9 @@ leader into a fleet whose leaders share a PostgreSQL database.
     edge-agent leader migrate --from leader.db --to postgresql://ea@db/fleet --password-file pw
 
 The leader is stopped first; its device registry (with the processed message ids), application
-messages and rejects are copied in one transaction; then `[leader] database` names the URL and
-the same leader starts again on the same data directory (its job queue, rollouts and identities
-stay in its leader.db). The password: `--password-file` (mode 0600), else libpq's own
+messages, rejects and device identities are copied in one transaction; then `[leader] database`
+names the URL and the same leader starts again on the same data directory (its job queue and
+rollouts stay in its leader.db). The password: `--password-file` (mode 0600), else libpq's own
 (PGPASSWORD, ~/.pgpass).
 """
 
@@ -46,5 +46,5 @@ def main(args: argparse.Namespace) -> int:
     for table, rows in copied.items():
         print(f"{table}: {rows} rows")
     print(f"copied into {target}. Next: set [leader] database = \"{target}\" in the leader's config and start"
-          f" it again on {source.parent} (its job queue, rollouts and identities stay in {source.name}).")
+          f" it again on {source.parent} (its job queue and rollouts stay in {source.name}).")
     return 0

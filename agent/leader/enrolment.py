@@ -18,17 +18,20 @@ and nothing else changes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.core.codec import Envelope, Reply, decode
 from agent.core.config import IdentitySection, resolve
 from agent.core.errors import CodecError, EdgeAgentError, IdentityError, TransportError
 from agent.core.ratelog import RateLimitedLog
+from agent.core.sql import PostgresUrl
 from agent.core.tasks import cancel_and_wait
 from agent.identity.authority import FleetAuthority, new_authority
 from agent.identity.certificates import CertificateInfo, CertificateRequest, read_certificate, read_request
@@ -104,6 +107,8 @@ class IdentityService(PartBase):
         self.answered = 0
         self.refused = 0
         _, _, self.crl_path = authority_files(self.section, leader.data_dir)
+        # every enrolment request, or with other leaders the group's share of them
+        self._requests = topics.leader_enrol_filter(self.fleet, leader.config.leader.shared_group)
 
     def collectors(self) -> Collectors:
         from agent.service.collectors import snapshot_collector
@@ -123,13 +128,13 @@ class IdentityService(PartBase):
         self.leader.revoked = self.store.revoked_devices()
 
     async def start(self) -> None:
-        await self.leader.transport.subscribe(topics.enrol_requests_filter(self.fleet), self._on_request)
+        await self.leader.transport.subscribe(self._requests, self._on_request)
         self._task = asyncio.create_task(self._run(), name="identity-controls")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         try:
-            await self.leader.transport.unsubscribe(topics.enrol_requests_filter(self.fleet))
+            await self.leader.transport.unsubscribe(self._requests)
         except TransportError:
             pass
         self.store.close()
@@ -254,13 +259,24 @@ class IdentityService(PartBase):
     async def _run(self) -> None:
         while True:
             try:
+                await self._follow_revocations()
                 if self.clock.monotonic() - self._crl_written_s >= CRL_REFRESH_S:
                     await self.write_crl(reload=False)
                 for control in self.store.controls():
-                    await self._apply(control)
+                    if self.store.claim(control.id, self.leader.device_id):  # another leader's, else
+                        await self._apply(control)
             except EdgeAgentError as exc:
                 self._log.warning("identity", f"identity controls not applied: {exc}")
             await self.clock.sleep(self.poll_s)
+
+    async def _follow_revocations(self) -> None:
+        """Several leaders share the store: a device another leader revoked is refused here too,
+        and this leader's CRL (its broker's, maybe) says so, within a tick."""
+        news = self.store.revoked_devices() - self.leader.revoked
+        if news:
+            self.leader.revoked |= news
+            said = await self.write_crl(reload=True)
+            log.warning("revoked by another leader: %s; %s", ", ".join(sorted(news)), said)
 
     async def _apply(self, control: Control) -> None:
         record = self.store.get(control.device)
@@ -327,11 +343,23 @@ async def identity_part(leader: LeaderAgent, env: GatewayEnv) -> IdentityService
     section = leader.config.identity
     if section is None:
         return None
-    from agent.leader.agent import LEADER_DB
-
     authority = await asyncio.to_thread(fleet_authority, section, leader.data_dir, fleet=leader.config.agent.fleet,
                                         now_ms=leader.clock.now_ms())
-    service = IdentityService(leader, IdentityStore.open(leader.data_dir / LEADER_DB), authority)
+    # where the registry is: leader.db, or the fleet's PostgreSQL that every leader shares
+    store = IdentityStore.open(leader.shared)
+    try:
+        ours = hashlib.sha256(authority.certificate.public_bytes(Encoding.DER)).hexdigest()
+        # several leaders sign for one fleet: with one CA (on SQLite the store is this leader's alone)
+        fleets = store.fleet_authority(ours) if isinstance(leader.shared, PostgresUrl) else ours
+        if fleets != ours:
+            _, cert_path, _ = authority_files(section, leader.data_dir)
+            raise IdentityError(f"{cert_path}: this leader's CA (sha256 {ours[:16]}) is not the fleet's (sha256"
+                                f" {fleets[:16]}, in {store.path}): copy ca.crt and ca.key from a leader of the"
+                                " fleet into its identity folder")
+    except BaseException:
+        store.close()
+        raise
+    service = IdentityService(leader, store, authority)
     service.register()
     return service
 

@@ -1,12 +1,13 @@
 """Growing up: a single gateway's shared stores copied from its `leader.db` into PostgreSQL.
 
 `copy_to_postgres(leader_db, target)` copies what `[leader] database` moves to PostgreSQL (the
-device registry, with its processed message ids, the application messages and the rejects), in
-one transaction: all of it or nothing. What stays each leader's own (the job queue, the rollout
-tables, the identities, the outbox) stays in `leader.db`, which the same leader keeps using, so
-a rollout in flight goes on where it was. The leader must be stopped (its data directory's lock
-says so); the target must hold no devices, messages or rejects unless `into_non_empty` (then rows
-already there win: a device, a message id, a processed id is never copied twice).
+device registry, with its processed message ids, the application messages, the rejects and the
+device identities when the leader has them), in one transaction: all of it or nothing. What
+stays each leader's own (the job queue, the rollout tables, the outbox) stays in `leader.db`,
+which the same leader keeps using, so a rollout in flight goes on where it was. The leader must
+be stopped (its data directory's lock says so); the target must hold no devices, messages or
+rejects unless `into_non_empty` (then rows already there win: a device, a message id, a
+processed id is never copied twice).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 from agent.core import postgres
 from agent.core.errors import StoreError
 from agent.core.sql import PostgresUrl
-from agent.core.sqlite import close_quietly, describe
+from agent.core.sqlite import close_quietly, describe, read_int
 from agent.core.store import Store
+from agent.leader.identities import IdentityStore
 from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
@@ -48,8 +50,15 @@ _TABLES = (
     _Table(MessageLog, "app_messages", identity="id"),
     _Table(MessageLog, "app_message_usage"),
     _Table(RejectLog, "rejects", identity="id"),
+    _Table(IdentityStore, "identity_meta"),
+    _Table(IdentityStore, "device_identities"),
+    _Table(IdentityStore, "issued_certs"),
+    _Table(IdentityStore, "identity_controls", identity="id"),
+    _Table(IdentityStore, "enrol_tokens"),
+    _Table(IdentityStore, "enrol_allow"),
 )
 _STORES: tuple[type[Store], ...] = (DeviceRegistry, MessageLog, RejectLog)
+_OPTIONAL: tuple[type[Store], ...] = (IdentityStore,)  # a leader without [identity] has none
 _HELD = ("devices", "processed_messages", "app_messages", "rejects")  # a target holding any is not empty
 
 
@@ -64,7 +73,11 @@ def copy_to_postgres(leader_db: Path, target: PostgresUrl, *, into_non_empty: bo
     try:
         for store in _STORES:
             sources[store] = store.connect_readonly(leader_db)  # each checks its tables' version
-        for store in _STORES:  # the target's tables, at this program's version
+        for store in _OPTIONAL:
+            if read_int(leader_db, "SELECT version FROM schema_versions WHERE component = ?",
+                        (store.COMPONENT,)) is not None:
+                sources[store] = store.connect_readonly(leader_db)
+        for store in sources:  # the target's tables, at this program's version
             opened = store.connect_target(target)
             opened.close()
         conn = postgres.connect(target)
@@ -95,7 +108,8 @@ def _copy(sources: dict[type[Store], sqlite3.Connection], conn: postgres.PgConne
                              f" {', '.join(sorted(fleets))}: a database serves one fleet")
         empty = not any(held.values())
         for table in _TABLES:
-            copied[table.name] = _copy_table(sources[table.store], conn, table, keep_identity=empty)
+            if table.store in sources:
+                copied[table.name] = _copy_table(sources[table.store], conn, table, keep_identity=empty)
     return copied
 
 

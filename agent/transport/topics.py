@@ -90,6 +90,13 @@ def enrol_requests_filter(fleet: str) -> str:
     return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/+/+/request"
 
 
+def leader_enrol_filter(fleet: str, shared_group: str) -> str:
+    """What a leader subscribes to for enrolment requests: all of them, or with other leaders its
+    group's share (one leader answers each request, as with the uplinks)."""
+    plain = enrol_requests_filter(fleet)
+    return f"{SHARE_PREFIX}{_segment('group', shared_group)}/{plain}" if shared_group else plain
+
+
 def parse_enrol_request(topic: str) -> tuple[str, str] | None:
     """(claim, device) of an enrolment request topic, None when it is not one."""
     levels = topic.split("/")
@@ -221,6 +228,7 @@ __all__ = [
     "fleet_filter",
     "is_own_reply_topic",
     "is_wildcard",
+    "leader_enrol_filter",
     "leader_up_filter",
     "leaders_up",
     "matches",

@@ -58,9 +58,10 @@ class Claimant:
         return next((a for a in reversed(self.answers) if a.device == device), None)
 
 
-async def identity_leader(tmp: Path, broker: MemoryBroker, clock: Any, **identity: Any
-                          ) -> tuple[LeaderAgent, IdentityService]:
-    agent = await leader(clock, tmp, broker=broker, identity={**IDENTITY, **identity})
+async def identity_leader(tmp: Path, broker: MemoryBroker, clock: Any, *, name: str = "gw", database: str = "",
+                          **identity: Any) -> tuple[LeaderAgent, IdentityService]:
+    sections: dict[str, Any] = {"leader": {"database": database}} if database else {}
+    agent = await leader(clock, tmp, broker=broker, name=name, identity={**IDENTITY, **identity}, **sections)
     service = await identity_part(agent, GatewayEnv())
     assert service is not None
     service.poll_s = 0.05
@@ -82,12 +83,14 @@ def rejects(agent: LeaderAgent) -> list[str]:
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path) -> Any:
+async def fleet(tmp_path: Path, leader_store: Path | str) -> Any:
+    """A leader with identities on each backend: leader.db, then a PostgreSQL database."""
     from agent.core.clock import SystemClock
 
     clock = SystemClock()
     broker = MemoryBroker(clock=clock)
-    agent, service = await identity_leader(tmp_path, broker, clock)
+    agent, service = await identity_leader(tmp_path, broker, clock,
+                                           database=leader_store if isinstance(leader_store, str) else "")
     claimant = await Claimant(broker).start()
     yield agent, service, claimant
     await service.stop()
@@ -281,3 +284,49 @@ async def test_a_device_offline_past_its_renewal_point_renews_as_soon_as_it_is_b
     await renewal.stop()
     await service.stop()
     await stop_all(dev, agent, clock=clock)
+
+
+async def test_two_leaders_on_postgresql_share_identities_with_one_ca(tmp_path: Path, pg_url: str) -> None:
+    """Two leaders of one fleet on one PostgreSQL and one shared subscription: an enrolment is
+    answered by one of them, an approval is applied by exactly one, a revocation made through one
+    is refused by the other within a tick; a third leader with a CA of its own refuses to start."""
+    import shutil
+
+    from agent.core.clock import SystemClock
+    from agent.core.errors import IdentityError
+    from agent.leader.enrolment import CA_CERT, CA_KEY
+
+    clock = SystemClock()
+    broker = MemoryBroker(clock=clock)
+    first, one = await identity_leader(tmp_path, broker, clock, name="gw1", database=pg_url)
+    ident = tmp_path / "gw2" / "identity"
+    ident.mkdir(parents=True, mode=0o700)
+    for name in (CA_KEY, CA_CERT):  # the fleet's CA, copied from the first leader, as docs/service.md says
+        shutil.copy2(tmp_path / "gw1" / "identity" / name, ident / name)
+    agents: list[LeaderAgent] = [first]
+    services = [one]
+    try:
+        second, two = await identity_leader(tmp_path, broker, clock, name="gw2", database=pg_url)
+        agents.append(second)
+        services.append(two)
+        claimant = await Claimant(broker).start()
+        key = new_device_key()
+        await claimant.ask("dev-1", key)
+        await answered(claimant, "dev-1", "pending")
+        control = one.store.add_control("approve", "dev-1", by="op", now_ms=clock.now_ms())
+        await answered(claimant, "dev-1", "approved")
+        await until(clock, lambda: (c := one.store.control(control)) is not None and c.applied_ms is not None)
+        assert len([a for a in claimant.answers if a.status == "approved"]) == 1  # applied once, by one leader
+        revoke = two.store.add_control("revoke", "dev-1", by="op", now_ms=clock.now_ms(), reason="stolen")
+        await until(clock, lambda: (c := two.store.control(revoke)) is not None and c.applied_ms is not None)
+        await until(clock, lambda: all("dev-1" in a.revoked for a in agents), what="both leaders refuse dev-1")
+        await claimant.transport.stop()
+        other = await leader(clock, tmp_path, broker=broker, name="gw3", identity=IDENTITY,
+                             leader={"database": pg_url})
+        agents.append(other)
+        with pytest.raises(IdentityError, match="this leader's CA .* is not the fleet's"):
+            await identity_part(other, GatewayEnv())
+    finally:
+        for service in services:
+            await service.stop()
+        await stop_all(*agents)

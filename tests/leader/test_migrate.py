@@ -13,6 +13,7 @@ import pytest
 from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError
 from agent.core.sql import PostgresUrl
+from agent.leader.identities import IdentityStore
 from agent.leader.messages import MessageLog, read_messages
 from agent.leader.migrate import copy_to_postgres
 from agent.leader.registry import DeviceRegistry
@@ -34,6 +35,11 @@ def _single_gateway(db: Path) -> None:
                                             payload=b'{"open": true}', content_type="application/json"))])
     with RejectLog.open(db, clock=clock) as rejects:
         rejects.record(topic="ea/v1/plant/pi-2/up", reason="junk", payload=b"\xc1", sender="pi-2")
+    with IdentityStore.open(db) as identities:
+        identities.record_request(device="pi-0", fingerprint="ab" * 32, csr="-----BEGIN CERTIFICATE REQUEST-----",
+                                  hw_serial="1000abcd", machine_id="m", agent_version="0.1", claim="claim",
+                                  now_ms=1_000)
+        identities.add_control("approve", "pi-0", by="op", now_ms=1_000)
 
 
 def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path, pg_url: str) -> None:
@@ -55,6 +61,10 @@ def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path
     with RejectLog.open(pg_url, clock=clock) as rejects:
         assert [r.reason for r in rejects.list()] == ["junk"]
         assert rejects.record(topic="t", reason="next") > rejects.list()[-1].id  # ids go on after the copied ones
+    with IdentityStore.open(pg_url) as identities:  # enrolments and the controls not applied yet
+        assert identities.get("pi-0").hw_serial == "1000abcd"  # type: ignore[union-attr]
+        assert [c.action for c in identities.controls()] == ["approve"]
+        assert identities.add_control("revoke", "pi-0", by="op", now_ms=2_000) == 2
 
 
 def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp_path: Path, pg_url: str) -> None:
