@@ -35,7 +35,10 @@ class Store:
 
     def __init__(self, conn: Connection | sqlite3.Connection, *, path: str | Path | PostgresUrl) -> None:
         self._conn: Any = conn
-        self.path = str(path)
+        self.path = str(path)  # printable: never a password
+        # where it was opened, to open another store there (a URL given as text keeps no password)
+        self.target: StoreTarget = path if isinstance(path, PostgresUrl) else (
+            PostgresUrl(path) if isinstance(path, str) and is_postgres_url(path) else Path(path))
         self.dialect = dialect_of(conn)
         self._closed = False
 

@@ -190,8 +190,9 @@ class LeaderAgent(PartBase):
         self.housekeeping: Housekeeper | None = None
         self._reports: RolloutReports | None = None
         if owns_stores if housekeeping is None else housekeeping:
+            rollouts_in = registry.target if registry.on_postgres else jobs.path  # (`rollout_part` says why)
             self.housekeeping, self._reports = leader_housekeeper(
-                config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=jobs.path,
+                config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=rollouts_in,
                 name=f"housekeeping:{self.device_id}", messages=messages,
                 messages_retention_s=config.messages.retention_s)
         self._started = False

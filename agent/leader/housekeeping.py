@@ -8,11 +8,11 @@ database as the registry; their pruning opens its own `RolloutStore` on it at th
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.core.clock import Clock
 from agent.core.config import HousekeepingSection
+from agent.core.sql import StoreTarget
 from agent.housekeeping import Housekeeper, limited
 from agent.leader.jobs import JobQueue
 from agent.leader.messages import MessageLog
@@ -26,7 +26,7 @@ class RolloutReports:
     """Prunes `rollout_processed`, and finished rollouts' per-device rows, through a
     `RolloutStore` opened on first use."""
 
-    def __init__(self, db_path: str | Path, *, clock: Clock, retention_s: float,
+    def __init__(self, db_path: str | StoreTarget, *, clock: Clock, retention_s: float,
                  rollouts_retention_s: float) -> None:
         self._path = db_path
         self._clock = clock
@@ -55,7 +55,7 @@ class RolloutReports:
 
 def leader_housekeeper(
     settings: HousekeepingSection, *, clock: Clock, registry: DeviceRegistry, jobs: JobQueue,
-    rollout_db: str | Path | None = None, name: str = "housekeeping",
+    rollout_db: str | StoreTarget | None = None, name: str = "housekeeping",
     messages: MessageLog | None = None, messages_retention_s: float = 14 * 86_400.0,
 ) -> tuple[Housekeeper, RolloutReports | None]:
     """The leader's housekeeper, and the rollout pruner to close after it stops (if any)."""

@@ -374,7 +374,8 @@ class DeviceRegistry(Store):
     WHAT = "device registry"
 
     def __init__(self, conn: Connection | sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
-                 path: str, telemetry_names_max: int = TELEMETRY_NAMES_MAX, telemetry_durable: bool = True) -> None:
+                 path: str | Path | PostgresUrl, telemetry_names_max: int = TELEMETRY_NAMES_MAX,
+                 telemetry_durable: bool = True) -> None:
         super().__init__(conn, path=path)
         self.telemetry_durable = telemetry_durable  # a telemetry record's commit is synced
         self._clock = clock
@@ -403,7 +404,7 @@ class DeviceRegistry(Store):
         if heartbeat_deadline_s <= 0:
             raise ValueError("heartbeat_deadline_s must be > 0")
         conn = cls.connect_target(path, synchronous=synchronous)
-        store = cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=str(path),
+        store = cls(conn, clock=clock, heartbeat_deadline_s=heartbeat_deadline_s, path=path,
                     telemetry_names_max=telemetry_names_max, telemetry_durable=telemetry_durable)
         try:
             deadline_ms = int(round(heartbeat_deadline_s * 1000))

@@ -11,7 +11,12 @@
                          ◄── controls written by `edge-agent rollout ...` into leader.db
 
 `rollout_part(leader, env)` builds it (a part of the leader, `agent.app`): started after the
-leader, stopped before it. The service asks of the leader only what `RolloutHost` names. Controls
+leader, stopped before it. Its tables live where the fleet's registry does: `leader.db`, whose
+one leader runs the orchestrator, or the fleet's PostgreSQL database, where every leader serves
+chunks and the one holding the orchestrator lease (`firmware_rollout.orchestration.lease`)
+runs the orchestrator and applies reports; the others answer reports busy (the device sends
+its report again, and the broker hands it to a leader of the group) and take the lease over
+when its holder stops renewing it. The service asks of the leader only what `RolloutHost` names. Controls
 written by the CLI are picked up on the orchestrator's tick (every `poll_s`, one indexed read);
 in-process callers use `service.orchestrator.control(...)`.
 """
@@ -35,6 +40,7 @@ from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, RolloutError, StoreError
 from agent.core.ids import IdGenerator
+from agent.core.sql import PostgresUrl
 from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LEADER_DB, LeaderAgent, Route
 from agent.leader.env import GatewayEnv
@@ -67,6 +73,7 @@ from firmware_rollout.messages import (
 from firmware_rollout.orchestration.artifact_server import ArtifactServer
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.chunk_server import ConfigServerPool
+from firmware_rollout.orchestration.lease import OrchestratorLease
 from firmware_rollout.orchestration.orchestrator import Orchestrator, RolloutKind
 from firmware_rollout.orchestration.plan import DeviceInfo
 from firmware_rollout.orchestration.status import describe
@@ -299,16 +306,27 @@ class RolloutService(PartBase):
     name = "rollouts"
 
     def __init__(self, leader: RolloutHost, store: RolloutStore, *, poll_s: float = 2.0,
-                 report_capacity: int = 256, serve_http: bool = False) -> None:
+                 report_capacity: int = 256, serve_http: bool = False, data_dir: Path | None = None,
+                 lease: OrchestratorLease | None = None) -> None:
         self.leader = leader
         self.store = store
         self.clock = leader.clock
-        self.keys = fleet_keys(leader.config, Path(store.path).parent, self.clock)
-        artifacts = ArtifactStore(Path(store.path).parent / ARTIFACTS_DIR, self.keys)
+        # the leader's own files (artifacts, trust, layers): beside leader.db
+        self.data_dir = data_dir if data_dir is not None else Path(store.path).parent
+        self.keys = fleet_keys(leader.config, self.data_dir, self.clock)
+        artifacts = ArtifactStore(self.data_dir / ARTIFACTS_DIR, self.keys)
+        # several leaders on one PostgreSQL database: the orchestrator runs while this holds it
+        self.lease = lease
+        if lease is not None:
+            store.fence = lease.fence
+        self._lead_task: asyncio.Task[None] | None = None
+        self.takeovers = 0  # times this leader took the orchestrator over (re-sending pending offers)
         self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader, self._layer_values),
                                          poll_s=poll_s, artifacts=artifacts, admit_config=self._admit_config)
         if isinstance(self.keys, TrustedKeys):
             self.orchestrator.trust_document = self.keys.document_bytes
+        if lease is not None:
+            self.orchestrator.after_tick = lease.ticked
         self._layers: LayerStore | None = None  # opened at the first config offer
         self._report_capacity = report_capacity
         self.pools: dict[str, ConfigServerPool] = {}
@@ -328,14 +346,13 @@ class RolloutService(PartBase):
         self._stopped = False
 
     def _admit_config(self, source: str) -> tuple[str, str, str, bytes]:
-        store = Path(self.store.path).parent / ARTIFACTS_DIR
-        return admit_config_release(self.keys, store, source)
+        return admit_config_release(self.keys, self.data_dir / ARTIFACTS_DIR, source)
 
     def _layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
         if self._layers is None:
             from config_rollout.layer_store import LayerStore
 
-            self._layers = LayerStore.open(self.store.path)
+            self._layers = LayerStore.open(self.data_dir / LEADER_DB)
         return self._layers.values_for_devices(target, devices, now_ms=self.clock.now_ms())
 
     def register(self) -> None:
@@ -359,7 +376,10 @@ class RolloutService(PartBase):
             tls = artifact_tls(self.leader.config)  # files that do not load: a mistake, refused at once
             if not await self._bind_http(tls, first=True):
                 self._bind_task = loop.create_task(self._bind_http_until_bound(tls), name="artifact-server-bind")
-        self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
+        if self.lease is None:
+            self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
+        else:
+            self._lead_task = loop.create_task(self._lead(self.lease), name="rollout-lease")
         self._serving_task = loop.create_task(self._store_serving_every_tick(), name="rollout-serving")
 
     async def stop(self) -> None:
@@ -367,9 +387,15 @@ class RolloutService(PartBase):
         arrive are answered busy: the device keeps them and sends them to the next leader."""
         self._stopped = True
         self.orchestrator.stop()
-        for task in (self._task, self._serving_task, self._bind_task):
+        for task in (self._lead_task, self._task, self._serving_task, self._bind_task):
             await cancel_and_wait(task)
-        self._task = self._serving_task = self._bind_task = None
+        self._lead_task = self._task = self._serving_task = self._bind_task = None
+        if self.lease is not None:
+            try:
+                self.lease.release()  # a standby takes over at its next renewal, not a lease time later
+            except StoreError as exc:
+                log.warning("rollouts: the orchestrator lease not released (a standby takes it when it"
+                            " expires): %s", exc)
         self.store_serving()
         if self.http is not None:
             await self.http.stop()
@@ -377,6 +403,47 @@ class RolloutService(PartBase):
         self.store.close()
         if self._layers is not None:
             self._layers.close()
+
+    async def _lead(self, lease: OrchestratorLease) -> None:
+        """Several leaders: take or renew the orchestrator lease every third of its time; run the
+        orchestrator while it is held (first sending again the offers the previous holder stored,
+        which may sit in its outbox), stop it when it is lost."""
+        renew_s = lease.ttl_ms / 3000
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._task is not None and self._task.done():  # it stopped: the lease was lost
+                self._task = None
+            was = lease.token
+            try:
+                held = lease.hold()
+            except StoreError as exc:
+                log.warning("rollouts: the orchestrator lease not renewed: %s", exc)
+                held = lease.held  # unknown: the fence decides each write
+            if held and self._task is None:
+                if lease.token != was:
+                    self.takeovers += 1
+                    log.info("rollouts: this leader (%s) runs the fleet's rollouts now (lease token %s)",
+                             lease.holder, lease.token)
+                    try:
+                        resent = await self.orchestrator.resend_offers()
+                    except EdgeAgentError as exc:
+                        log.warning("rollouts: pending offers not sent again: %s (their devices time out"
+                                    " and are offered again)", exc)
+                    else:
+                        if resent:
+                            log.info("rollouts: %d pending offers sent again", resent)
+                self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
+            elif not held and self._task is not None:
+                log.warning("rollouts: another leader runs the fleet's rollouts now")
+                self.orchestrator.stop()
+                await cancel_and_wait(self._task)
+                self._task = None
+            await self.clock.sleep(renew_s)
+
+    @property
+    def orchestrating(self) -> bool:
+        """This leader runs the orchestrator (always, on leader.db)."""
+        return self.lease is None or (self.lease.held and self._task is not None and not self._task.done())
 
     def checks(self) -> Checks:
         if not self._serve_http:
@@ -405,7 +472,10 @@ class RolloutService(PartBase):
                 return
 
     def collectors(self) -> Collectors:
-        found = {"rollouts": rollout_collector(self.store)}
+        found = {"rollouts": rollout_collector(self.store),
+                 "orchestrator": lambda: [family(
+                     "ea_rollout_orchestrator", "gauge", "1 while this leader runs the fleet's rollouts (on"
+                     " PostgreSQL: holds the orchestrator lease).", [({}, int(self.orchestrating))])]}
         http = self.http
         if http is not None:
             found["artifact server"] = artifact_server_collector(http)
@@ -604,14 +674,21 @@ def _advertised_host(bound: str) -> str:
 
 
 async def rollout_part(leader: LeaderAgent, env: GatewayEnv) -> RolloutService:
-    """The leader's rollout feature, always on: it opens the rollout tables in leader.db, checks
-    artifacts against `[firmware] public_key` (none set: every start is refused, saying so) and
-    serves them over HTTP when `[artifacts] listen` is set. Reports and chunk requests are routed
-    from here on; `start` runs the orchestrator."""
-    store = RolloutStore.open(leader.data_dir / LEADER_DB, clock=leader.clock)
+    """The leader's rollout feature, always on: it opens the rollout tables where the fleet's
+    registry is (leader.db, or the fleet's PostgreSQL database: then under the orchestrator
+    lease), checks artifacts against `[firmware] public_key` (none set: every start is refused,
+    saying so) and serves them over HTTP when `[artifacts] listen` is set. Reports and chunk
+    requests are routed from here on; `start` runs the orchestrator (or waits for the lease)."""
     config = leader.config
+    shared = leader.shared
+    store = RolloutStore.open(shared if isinstance(shared, PostgresUrl) else leader.data_dir / LEADER_DB,
+                              clock=leader.clock)
+    lease = None
+    if store.on_postgres:
+        lease = OrchestratorLease(store, leader.device_id, ttl_s=config.leader.rollout_lease_s)
     service = RolloutService(leader, store, poll_s=env.rollout_poll_s, serve_http=bool(config.artifacts.listen),
-                             report_capacity=config.mailbox.capacity)  # as the leader's other intake mailboxes
+                             report_capacity=config.mailbox.capacity,  # as the leader's other intake mailboxes
+                             data_dir=leader.data_dir, lease=lease)
     service.register()
     return service
 

@@ -45,6 +45,7 @@ from firmware_rollout.errors import ReportRefused
 from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.gates import WaveGates, finished_failed
+from firmware_rollout.orchestration.lease import LeaseLost
 from firmware_rollout.orchestration.plan import DeviceInfo, matches, plan_waves, select_targets
 from firmware_rollout.orchestration.spec import RolloutKind, RolloutSpec, start_control_from_json
 from firmware_rollout.orchestration.status import describe, wave_number
@@ -135,6 +136,7 @@ class Orchestrator:
         self._wake = asyncio.Event()
         self._stopped = False
         self.ticks = 0
+        self.after_tick: Callable[[], None] | None = None  # after each tick that did not fail
         self.gates = WaveGates(store, clock=clock, changed=self._changed,
                                in_sync=lambda r, devices: port.config_in_sync(r.signed_manifest, devices))
 
@@ -440,11 +442,17 @@ class Orchestrator:
         """Tick until `stop()`: on a wake-up, at the next stored deadline, and every `poll_s`.
         First, one line for each unfinished rollout it takes up (a restarted leader says what it
         resumes)."""
+        self._stopped = False
         self.log_resumed()
         while not self._stopped:
             self._wake.clear()
             try:
                 await self.tick()
+                if self.after_tick is not None:
+                    self.after_tick()
+            except LeaseLost as exc:  # another leader runs the rollouts now
+                log.warning("rollouts: %s; this leader stops orchestrating", exc)
+                return
             except EdgeAgentError as exc:
                 log.error("rollout tick failed: %s", exc)
             delay = self.poll_s
@@ -606,11 +614,13 @@ class Orchestrator:
             if info.device_id in known or info.first_seen_ms < r.created_ms:
                 continue
             if matches(r.spec, info, now_ms=self.clock.now_ms()) and info.firmware_version != r.version:
-                if self.store.add_device(r.id, info.device_id, last, from_version=info.firmware_version):
-                    if wave.state == "running":
+                with self.store.atomic():
+                    added = self.store.add_device(r.id, info.device_id, last, from_version=info.firmware_version)
+                    if added and wave.state == "running":
                         self.store.set_device(
                             r.id, info.device_id, deadline_ms=self.clock.now_ms() + int(r.spec.device.timeout_s * 1000)
                         )
+                if added:
                     log.info("rollout %s: new device %s joins wave %d", r.id, info.device_id, last)
 
     async def _offer(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> None:
@@ -635,23 +645,9 @@ class Orchestrator:
             ready = ready[: max(0, per_minute - recent)]
         if not ready:
             return
-        approved = {w.idx for w in self.store.waves(r.id) if w.install_approved}
-
-        mirrors = tuple(dict.fromkeys([*spec.download.mirrors, *([self.own_mirror] if self.own_mirror else [])]))
-
-        def offer_for(d: DeviceRow) -> UpdateOffer:
-            return UpdateOffer(
-                rollout_id=r.id,
-                signed_manifest=r.signed_manifest,
-                maintenance_windows=tuple(spec.device.maintenance_windows),
-                chunk_size=spec.download.chunk_size,
-                download_only=spec.rollout.download_only and d.wave not in approved,
-                mirrors=mirrors,
-                trust=self.trust_document,
-            )
-
-        await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s,
-                                    kind=spec.rollout.kind)
+        offer_for = self._offers_of(r)
+        # Stored first, then sent: an orchestrator that lost its lease (fenced) sends nothing, and
+        # every offer a device gets is one the rollout tables hold (`resend_offers` after a takeover).
         deadline = self.clock.now_ms() + int(spec.device.timeout_s * 1000)
         with self.store.atomic():
             for d in ready:
@@ -668,7 +664,54 @@ class Orchestrator:
                     detail=f"offered (attempt {attempt})",
                 )
                 self.store.record_offer(r.id, d.device_id, attempt)
+        try:
+            await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s,
+                                        kind=spec.rollout.kind)
+        except EdgeAgentError:
+            with self.store.atomic():  # not sent: as they were, offered again on a later tick
+                for d in ready:
+                    self.store.set_device(r.id, d.device_id, state="queued", attempts=d.attempts, offers=d.offers,
+                                          last_offer_ms=d.last_offer_ms, deadline_ms=d.deadline_ms,
+                                          next_try_ms=d.next_try_ms, detail=d.detail)
+                self.store.unrecord_offers(r.id, [(d.device_id, d.attempts + 1) for d in ready])
+            raise
         self._changed(r.id)
+
+    async def resend_offers(self) -> int:
+        """Send again the offer of every device that was offered an update and has not answered
+        (`notified`) in an unfinished rollout, as it was (no new attempt): after a takeover, the
+        offers the previous orchestrator stored may be stranded in its leader's outbox. A device
+        takes a repeated offer of the update it runs as a resume. How many were sent."""
+        sent = 0
+        async with self._lock:
+            for r in self.store.rollouts(active_only=True):
+                notified = self.store.devices(r.id, states=("notified",))
+                if not notified:
+                    continue
+                offer_for = self._offers_of(r)
+                await self.port.send_offers([(d.device_id, offer_for(d)) for d in notified],
+                                            ttl_s=r.spec.device.timeout_s, kind=r.spec.rollout.kind)
+                sent += len(notified)
+        return sent
+
+    def _offers_of(self, r: RolloutRow) -> Callable[[DeviceRow], UpdateOffer]:
+        """What rollout `r` offers each of its devices."""
+        spec = r.spec
+        approved = {w.idx for w in self.store.waves(r.id) if w.install_approved}
+        mirrors = tuple(dict.fromkeys([*spec.download.mirrors, *([self.own_mirror] if self.own_mirror else [])]))
+
+        def offer_for(d: DeviceRow) -> UpdateOffer:
+            return UpdateOffer(
+                rollout_id=r.id,
+                signed_manifest=r.signed_manifest,
+                maintenance_windows=tuple(spec.device.maintenance_windows),
+                chunk_size=spec.download.chunk_size,
+                download_only=spec.rollout.download_only and d.wave not in approved,
+                mirrors=mirrors,
+                trust=self.trust_document,
+            )
+
+        return offer_for
 
     # -- helpers ---------------------------------------------------------------------------
     def _get(self, rid: str) -> RolloutRow:

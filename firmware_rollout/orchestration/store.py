@@ -1,4 +1,9 @@
-"""The orchestrator's durable state, in the leader's SQLite database (component "rollout").
+"""The orchestrator's durable state, in the leader's database (component "rollout").
+
+`leader.db` (SQLite) by default; a fleet whose leaders share a PostgreSQL database
+(`[leader] database`) keeps it there, and one leader at a time runs the orchestrator on it (the
+lease of `firmware_rollout.orchestration.lease`, whose fencing check `fence` runs first in every
+write transaction of the orchestrator's store).
 
     rollouts           one row per rollout: state, spec (JSON), artifact, signed manifest
     rollout_waves      one row per wave: state, start, soak deadline
@@ -10,24 +15,27 @@
 Deadlines (device timeouts, retry backoff, soak end) are stored as `now_ms()` values of the
 leader's Clock, so a restarted leader continues every timer where it stood. The store is
 synchronous and short (WAL, `synchronous=NORMAL` unless told otherwise): it is called on the
-event loop, one transaction per transition, as the registry is. sqlite3 errors become
+event loop, one transaction per transition, as the registry is. Database errors become
 `StoreError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
+from agent.core.sql import StoreTarget, dialect_of, greatest, has_table, in_json_array, is_postgres_url
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from firmware_rollout.orchestration.schema import MIGRATIONS as _MIGRATIONS
+from firmware_rollout.orchestration.schema import PG_MIGRATIONS as _PG_MIGRATIONS
 from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
 
 COMPONENT = "rollout"
@@ -64,6 +72,8 @@ _PRUNED_TABLES: Final[tuple[tuple[str, str, str], ...]] = (
 )
 ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"scheduled", "running", "paused"})
 _ACTIVE_SQL: Final = ", ".join(f"'{s}'" for s in sorted(ROLLOUT_ACTIVE))  # (for the queries)
+_SERVER_NOW: Final = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"  # (PostgreSQL)
+_NO_LIMIT: Final = 1 << 62  # LIMIT for "all" (SQLite's -1 is no limit to PostgreSQL)
 ROLLOUT_STATES: Final[tuple[str, ...]] = (
     "scheduled", "running", "paused", "succeeded", "failed", "aborted", "canceled", "stopped")
 #: The rollout states after which nothing is offered again.
@@ -161,6 +171,18 @@ class ControlRow:
         return self.outcome == "refused"
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """Who holds a lease: the holder's name, its fencing token, until when (server ms), since
+    when, and when its holder last finished a tick (None: not yet)."""
+
+    holder: str
+    token: int
+    expires_ms: int
+    acquired_ms: int
+    ticked_ms: int | None
+
+
 #: What the leader made of a control: done as asked, or refused with the reason.
 ControlOutcome = Literal["applied", "refused"]
 
@@ -196,34 +218,50 @@ class RolloutStore(Store):
 
     COMPONENT = COMPONENT
     MIGRATIONS = _MIGRATIONS
+    PG_MIGRATIONS = _PG_MIGRATIONS
     WHAT = "the rollout store"
 
-    def __init__(self, conn: sqlite3.Connection, *, clock: Clock, path: str) -> None:
+    def __init__(self, conn: Any, *, clock: Clock, path: str | StoreTarget) -> None:
         super().__init__(conn, path=path)
         self._clock = clock
+        # Run first in every outermost write transaction (the orchestrator lease's fencing
+        # check: it raises `LeaseLost` once another leader holds the lease); None: no check.
+        self.fence: Callable[[], None] | None = None
 
     @classmethod
-    def open(cls, path: str | Path, *, clock: Clock, synchronous: Synchronous = "FULL") -> RolloutStore:
-        return cls(cls.connect_migrated(path, synchronous=synchronous), clock=clock, path=str(path))
+    def open(cls, path: str | Path | StoreTarget, *, clock: Clock, synchronous: Synchronous = "FULL") -> RolloutStore:
+        """On `leader.db` (a path) or the fleet's PostgreSQL database (a `PostgresUrl` or URL)."""
+        return cls(cls.connect_target(path, synchronous=synchronous), clock=clock, path=_target(path))
 
     @classmethod
-    def open_readonly(cls, path: str | Path, *, clock: Clock) -> RolloutStore:
+    def open_readonly(cls, path: str | Path | StoreTarget, *, clock: Clock) -> RolloutStore:
         """For the commands that only look (`rollout status`, `list`, the console's pages): the
-        file is never written, and one that holds no rollout tables is refused."""
-        return cls(cls.connect_readonly(path), clock=clock, path=str(path))
+        database is never written, and one that holds no rollout tables is refused."""
+        return cls(cls.connect_reader(path), clock=clock, path=_target(path))
 
     @classmethod
-    def open_existing(cls, path: str | Path, *, clock: Clock) -> RolloutStore:
+    def open_existing(cls, path: str | Path | StoreTarget, *, clock: Clock) -> RolloutStore:
         """For a control (the CLI, the console): writes, but only into a database that already
         holds the rollout tables at this program's version; refused as `open_readonly` refuses
         otherwise, so nothing is created."""
-        cls.connect_readonly(path).close()
+        cls.connect_reader(path).close()
         return cls.open(path, clock=clock)
+
+    @contextlib.contextmanager
+    def atomic(self, *, synced: bool = True, fenced: bool = True) -> Iterator[Any]:
+        """One transaction, fenced (`fence` runs first) unless nested or `fenced=False` (the
+        figures every leader adds, never the orchestration's own state)."""
+        outermost = not self._conn.in_transaction
+        with super().atomic(synced=synced) as conn:
+            if outermost and fenced and self.fence is not None:
+                self.fence()
+            yield conn
 
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self.check_open()
         with store_errors("rollout store"):
-            return self._conn.execute(sql, args).fetchall()
+            cur = self._conn.execute(sql, args)
+            return cur.fetchall() if cur.description is not None else []  # (psycopg: no rows to fetch)
 
     # -- rollouts --------------------------------------------------------------------------
     def create_rollout(
@@ -242,7 +280,7 @@ class RolloutStore(Store):
         with self.atomic():
             if self._q("SELECT 1 FROM rollouts WHERE id = ?", (rollout_id,)):
                 raise StoreError(f"rollout {rollout_id!r} exists already")
-            seq = self._q("SELECT COALESCE(MAX(seq), 0) + 1 FROM rollouts")[0][0]
+            seq = int(self._q("SELECT COALESCE(MAX(seq), 0) + 1 FROM rollouts")[0][0])
             self._q(
                 "INSERT INTO rollouts (id, seq, name, state, spec, artifact, version, signed_manifest, wave_count,"
                 " rollback_of, created_ms, updated_ms) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -316,7 +354,17 @@ class RolloutStore(Store):
         if not fields:
             return
         assignments = ", ".join(f"{name} = ?" for name in fields)
-        self._q(f"UPDATE {table} SET {assignments} WHERE {where}", [*fields.values(), *key])
+        with self._in_transaction():
+            self._q(f"UPDATE {table} SET {assignments} WHERE {where}", [*fields.values(), *key])
+
+    @contextlib.contextmanager
+    def _in_transaction(self) -> Iterator[None]:
+        """A write outside any transaction gets one of its own (so it is fenced too)."""
+        if self._conn.in_transaction:
+            yield
+            return
+        with self.atomic():
+            yield
 
     def set_rollout(self, rollout_id: str, **fields: Any) -> None:
         fields.setdefault("updated_ms", self._clock.now_ms())
@@ -367,6 +415,10 @@ class RolloutStore(Store):
     def set_device(self, rollout_id: str, device_id: str, **fields: Any) -> None:
         """Change a device's row; a change of its state is also appended to its events."""
         fields.setdefault("updated_ms", self._clock.now_ms())
+        with self._in_transaction():
+            self._set_device(rollout_id, device_id, fields)
+
+    def _set_device(self, rollout_id: str, device_id: str, fields: dict[str, Any]) -> None:
         if "state" in fields:
             self._q("INSERT INTO rollout_device_events (rollout_id, device_id, at_ms, state, detail)"
                     " SELECT rollout_id, device_id, ?, ?, ? FROM rollout_devices"
@@ -418,12 +470,14 @@ class RolloutStore(Store):
         if not wanted:
             return {}
         finals = sorted(TERMINAL)
-        of_kind = " AND COALESCE(json_extract(r.spec, '$.rollout.kind'), 'firmware') = ?" if kind else ""
+        of_kind = None if kind is None else {r.id for r in self.rollouts(active_only=True)
+                                             if r.spec.rollout.kind == kind}
         rows = self._q(
             "SELECT d.device_id, d.rollout_id, d.state FROM rollout_devices AS d JOIN rollouts AS r"
             f" ON r.id = d.rollout_id WHERE r.state IN ({_ACTIVE_SQL})"
-            f" AND d.state NOT IN ({', '.join('?' * len(finals))}){of_kind}", [*finals, *([kind] if kind else [])])
-        return {str(device): (str(rid), str(state)) for device, rid, state in rows if device in wanted}
+            f" AND d.state NOT IN ({', '.join('?' * len(finals))})", finals)
+        return {str(device): (str(rid), str(state)) for device, rid, state in rows
+                if device in wanted and (of_kind is None or rid in of_kind)}
 
     def cancels_due(self) -> list[tuple[str, str, str]]:
         """(rollout id, device, why) of the devices still updating in a canceled or aborted
@@ -443,10 +497,17 @@ class RolloutStore(Store):
                 [(now, rid, device) for rid, device in pairs])
 
     def record_offer(self, rollout_id: str, device_id: str, attempt: int) -> None:
-        self._q(
-            "INSERT INTO rollout_offers (rollout_id, device_id, at_ms, attempt) VALUES (?, ?, ?, ?)",
-            (rollout_id, device_id, self._clock.now_ms(), attempt),
-        )
+        with self._in_transaction():
+            self._q(
+                "INSERT INTO rollout_offers (rollout_id, device_id, at_ms, attempt) VALUES (?, ?, ?, ?)",
+                (rollout_id, device_id, self._clock.now_ms(), attempt),
+            )
+
+    def unrecord_offers(self, rollout_id: str, offers: Sequence[tuple[str, int]]) -> None:
+        """Forget the offers (device, attempt) recorded but never sent (the outbox refused them)."""
+        with self._in_transaction(), store_errors("rollout store"):
+            self._conn.executemany("DELETE FROM rollout_offers WHERE rollout_id = ? AND device_id = ? AND attempt = ?",
+                                   [(rollout_id, device, attempt) for device, attempt in offers])
 
     def offers(self, rollout_id: str) -> list[tuple[str, int, int]]:
         """(device, at_ms, attempt) of every offer made, oldest first."""
@@ -462,7 +523,8 @@ class RolloutStore(Store):
         """Record a report id; False when it was applied before (inside the caller's transaction)."""
         with store_errors("rollout store"):
             cur = self._conn.execute(
-                "INSERT OR IGNORE INTO rollout_processed (msg_id, at_ms) VALUES (?, ?)", (msg_id, self._clock.now_ms())
+                "INSERT INTO rollout_processed (msg_id, at_ms) VALUES (?, ?) ON CONFLICT (msg_id) DO NOTHING",
+                (msg_id, self._clock.now_ms())
             )
         return cur.rowcount == 1
 
@@ -485,7 +547,7 @@ class RolloutStore(Store):
             cur = self._conn.execute(
                 "DELETE FROM rollout_processed WHERE msg_id IN (SELECT msg_id FROM rollout_processed"
                 " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
-                (cutoff, -1 if limit is None else max(0, limit)),
+                (cutoff, _NO_LIMIT if limit is None else max(0, limit)),
             )
         return cur.rowcount
 
@@ -509,7 +571,7 @@ class RolloutStore(Store):
         Never touched: a running or paused rollout, a finished one with a device still
         mid-update (a stopped rollout lets installing devices finish and report), and a control
         not applied yet (the running leader answers it)."""
-        budget = -1 if limit is None else max(0, limit)
+        budget = _NO_LIMIT if limit is None else max(0, limit)
         if budget == 0:
             return 0
         candidates = self.prunable_rollouts(self._clock.now_ms() - int(older_than_s * 1000))
@@ -520,7 +582,7 @@ class RolloutStore(Store):
             for rollout_id in candidates:
                 self._note_totals(rollout_id)
                 for table, where, key in _PRUNED_TABLES:
-                    left = -1 if budget < 0 else budget - removed
+                    left = budget - removed
                     if left == 0:
                         return removed
                     removed += self._conn.execute(
@@ -586,7 +648,7 @@ class RolloutStore(Store):
             " UNION ALL SELECT MIN(d.next_try_ms) FROM rollout_devices d JOIN rollouts r ON r.id = d.rollout_id"
             "  WHERE r.state = 'running' AND d.next_try_ms IS NOT NULL AND d.state = 'queued'"
             " UNION ALL SELECT MIN(w.soak_until_ms) FROM rollout_waves w JOIN rollouts r ON r.id = w.rollout_id"
-            "  WHERE r.state = 'running' AND w.state = 'soaking')"
+            "  WHERE r.state = 'running' AND w.state = 'soaking') AS timers"
         )
         value = rows[0][0] if rows else None
         return None if value is None else int(value)
@@ -596,13 +658,15 @@ class RolloutStore(Store):
                     max_concurrent: int) -> None:
         """Add what the ConfigServers served since the last call (counts are increments;
         `max_concurrent` is a high-water mark)."""
-        with self.atomic(), store_errors("rollout store"):
+        most = greatest(self.dialect, "rollout_serving.max_concurrent", "excluded.max_concurrent")
+        with self.atomic(fenced=False), store_errors("rollout store"):
             self._conn.execute(
                 "INSERT INTO rollout_serving (rollout_id, chunks, bytes, busy, rejected, max_concurrent, updated_ms)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (rollout_id) DO UPDATE SET"
-                " chunks = chunks + excluded.chunks, bytes = bytes + excluded.bytes, busy = busy + excluded.busy,"
-                " rejected = rejected + excluded.rejected,"
-                " max_concurrent = MAX(max_concurrent, excluded.max_concurrent), updated_ms = excluded.updated_ms",
+                " chunks = rollout_serving.chunks + excluded.chunks, bytes = rollout_serving.bytes + excluded.bytes,"
+                " busy = rollout_serving.busy + excluded.busy, rejected = rollout_serving.rejected + excluded.rejected,"
+                f" max_concurrent = {most},"
+                " updated_ms = excluded.updated_ms",
                 (rollout_id, chunks, bytes_, busy, rejected, max_concurrent, self._clock.now_ms()),
             )
 
@@ -625,12 +689,10 @@ class RolloutStore(Store):
         """Queue a control; `actor` says who asked (kept as the audit record, at most 200 characters)."""
         if action not in CONTROLS:
             raise ValueError(f"unknown control {action!r}")
-        with self.atomic():
-            self._q(
-                "INSERT INTO rollout_controls (rollout_id, action, arg, created_ms, actor) VALUES (?, ?, ?, ?, ?)",
-                (rollout_id, action, arg, self._clock.now_ms(), actor[:200]),
-            )
-            return int(self._q("SELECT last_insert_rowid()")[0][0])
+        with self.atomic(fenced=False):  # asked by anyone (the CLI, the console), applied by the orchestrator
+            return int(self._q(
+                "INSERT INTO rollout_controls (rollout_id, action, arg, created_ms, actor) VALUES (?, ?, ?, ?, ?)"
+                " RETURNING id", (rollout_id, action, arg, self._clock.now_ms(), actor[:200]))[0][0])
 
     def controls(self, rollout_id: str) -> list[ControlRow]:
         """A rollout's controls, oldest first: the audit record of who asked what, and what came of it."""
@@ -661,17 +723,70 @@ class RolloutStore(Store):
             (self._clock.now_ms(), result, outcome, control_id),
         )
 
+    # -- the orchestrator lease (PostgreSQL: see `firmware_rollout.orchestration.lease`) ------
+    def take_lease(self, name: str, holder: str, token: int | None, ttl_ms: int) -> int | None:
+        """Renew `holder`'s lease `name` (held under `token`) or take it when it is free, expired
+        or `holder`'s own under another token; the token `holder` holds it by, None when another
+        holder's lease runs. In the database server's time."""
+        with self.atomic(fenced=False):
+            now = int(self._q(_SERVER_NOW)[0][0])
+            self._q("INSERT INTO rollout_lease (name, holder, token, expires_ms, acquired_ms)"
+                    " VALUES (?, '', 0, 0, 0) ON CONFLICT (name) DO NOTHING", (name,))
+            held_by, held, expires_ms = self._q(
+                "SELECT holder, token, expires_ms FROM rollout_lease WHERE name = ? FOR UPDATE", (name,))[0]
+            if held_by == holder and held == token:
+                self._q("UPDATE rollout_lease SET expires_ms = ? WHERE name = ?", (now + ttl_ms, name))
+                return token
+            if held_by != holder and expires_ms > now:
+                return None
+            taken = int(held) + 1
+            self._q("UPDATE rollout_lease SET holder = ?, token = ?, expires_ms = ?, acquired_ms = ?,"
+                    " ticked_ms = NULL WHERE name = ?", (holder, taken, now + ttl_ms, now, name))
+            return taken
+
+    def lease_holder(self, name: str) -> tuple[str, int] | None:
+        """(holder, token) of lease `name`, read `FOR SHARE` inside the caller's transaction: a
+        taker waits until that transaction ends."""
+        rows = self._q("SELECT holder, token FROM rollout_lease WHERE name = ? FOR SHARE", (name,))
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+    def lease_ticked(self, name: str) -> None:
+        """Stamp lease `name` with the server's time of its holder's newest finished tick (in
+        the caller's fenced transaction)."""
+        self._q(f"UPDATE rollout_lease SET ticked_ms = ({_SERVER_NOW}) WHERE name = ?", (name,))
+
+    def release_lease(self, name: str, token: int) -> None:
+        """End lease `name` now if `token` still holds it."""
+        with self.atomic(fenced=False):
+            self._q("UPDATE rollout_lease SET expires_ms = 0 WHERE name = ? AND token = ?", (name, token))
+
+    def lease(self, name: str) -> LeaseRow | None:
+        """Lease `name` (None: never taken, or a database without leases: `leader.db`)."""
+        if not self.on_postgres:
+            return None
+        rows = self._q("SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM rollout_lease WHERE name = ?",
+                       (name,))
+        if not rows or not rows[0][0]:
+            return None
+        holder, token, expires_ms, acquired_ms, ticked_ms = rows[0]
+        return LeaseRow(str(holder), int(token), int(expires_ms), int(acquired_ms),
+                        None if ticked_ms is None else int(ticked_ms))
+
+
+def _target(path: str | Path | StoreTarget) -> StoreTarget | str:
+    return Path(path) if isinstance(path, str) and not is_postgres_url(path) else path
+
 
 class RolloutReads:
     """The rollout tables' reads for the fleet views (`status`, the console), on any connection
     to the leader's database; a database whose leader never opened the rollout tables has no
     rollouts. Device ids go in and come out as values: the views join them with the registry's."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Any) -> None:
         self._conn = conn
-        self.present = {str(r[0]) for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('rollouts', 'rollout_devices')")} == {
-            "rollouts", "rollout_devices"}
+        self._dialect = dialect_of(conn)
+        self.present = all(int(conn.execute(has_table(self._dialect, t)).fetchone()[0])
+                           for t in ("rollouts", "rollout_devices"))
 
     def devices_in(self, rollout_id: str) -> list[str]:
         """The devices a rollout includes."""
@@ -687,7 +802,7 @@ class RolloutReads:
         newest: dict[str, tuple[str, str]] = {}
         for device_id, rollout_id, state in self._conn.execute(
             "SELECT d.device_id, d.rollout_id, d.state FROM rollout_devices AS d JOIN rollouts AS r"
-            " ON r.id = d.rollout_id WHERE d.device_id IN (SELECT value FROM json_each(?)) ORDER BY r.seq DESC",
+            f" ON r.id = d.rollout_id WHERE {in_json_array(self._dialect, 'd.device_id')} ORDER BY r.seq DESC",
             (json.dumps(list(device_ids)),),
         ):
             newest.setdefault(str(device_id), (str(rollout_id), str(state)))
@@ -704,7 +819,7 @@ class RolloutReads:
                 "SELECT r.id, r.name, r.version, r.state, d.wave, d.state, d.detail, d.updated_ms, d.from_version"
                 " FROM rollout_devices AS d JOIN rollouts AS r ON r.id = d.rollout_id WHERE d.device_id = ?"
                 " ORDER BY r.seq DESC", (device_id,)).fetchall()
-        except sqlite3.OperationalError:  # a rollout schema this version does not know
+        except (sqlite3.OperationalError, StoreError):  # a rollout schema this version does not know
             return []
         return [(str(a), str(b), str(c), str(d), int(e), str(f), str(g), int(h), str(i or ""))
                 for a, b, c, d, e, f, g, h, i in rows]
@@ -737,7 +852,7 @@ class RolloutReads:
             rows = self._conn.execute(
                 "SELECT at_ms, rollout_id, state, detail FROM rollout_device_events WHERE device_id = ?"
                 " ORDER BY at_ms DESC, rowid DESC LIMIT ?", (device_id, limit)).fetchall()
-        except sqlite3.OperationalError:  # a rollout schema older than the events
+        except (sqlite3.OperationalError, StoreError):  # a rollout schema older than the events
             return []
         return [(int(a), str(b), str(c), str(d)) for a, b, c, d in rows]
 
@@ -749,10 +864,10 @@ class RolloutReads:
         try:
             rows = self._conn.execute(
                 "SELECT created_ms, rollout_id, action, actor, applied_ms, COALESCE(outcome, ''), result"
-                " FROM rollout_controls WHERE rollout_id IN (SELECT value FROM json_each(?))"
+                f" FROM rollout_controls WHERE {in_json_array(self._dialect, 'rollout_id')}"
                 " ORDER BY id DESC LIMIT 100",
                 (json.dumps(list(rollout_ids)),)).fetchall()
-        except sqlite3.OperationalError:
+        except (sqlite3.OperationalError, StoreError):
             return []
         return [(int(a), str(b), str(c), str(d), None if e is None else int(e), str(f), str(g))
                 for a, b, c, d, e, f, g in rows]
@@ -772,6 +887,7 @@ __all__ = [
     "ControlOutcome",
     "ControlRow",
     "DeviceRow",
+    "LeaseRow",
     "RolloutReads",
     "RolloutRow",
     "RolloutStore",

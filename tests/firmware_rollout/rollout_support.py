@@ -90,7 +90,8 @@ def spec_data(artifact: Path, **sections: dict[str, Any]) -> dict[str, Any]:
 class Harness:
     """An orchestrator on a VirtualClock and a FakePort, its loop running."""
 
-    def __init__(self, tmp_path: Path, devices: int = 10, **sections: dict[str, Any]) -> None:
+    def __init__(self, tmp_path: Path, devices: int = 10, *, db: Path | str | None = None,
+                 **sections: dict[str, Any]) -> None:
         self.tmp_path = tmp_path
         self.clock = VirtualClock()
         self.ids = [f"d{i:02d}" for i in range(devices)]
@@ -98,7 +99,7 @@ class Harness:
         self.artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=4096)
         self.spec_data = spec_data(self.artifact, **sections)
         self.spec: RolloutSpec = spec_from_dict(self.spec_data)
-        self.db = tmp_path / "leader.db"
+        self.db = db if db is not None else tmp_path / "leader.db"  # a file, or a postgresql:// URL
         self.store = RolloutStore.open(self.db, clock=self.clock)
         self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0)
         self._task: asyncio.Task[None] | None = None

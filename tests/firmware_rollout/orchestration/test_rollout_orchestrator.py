@@ -26,8 +26,8 @@ async def finish_wave(h: Harness, idx: int, *, soak_s: float = 0.0) -> None:
         await h.clock.advance(1.5)
 
 
-async def test_clean_rollout_goes_wave_by_wave_and_offers_each_device_once(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_clean_rollout_goes_wave_by_wave_and_offers_each_device_once(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         assert [len(h.wave_members(i)) for i in range(3)] == [2, 4, 4]
         await h.clock.advance(1.5)
@@ -41,8 +41,8 @@ async def test_clean_rollout_goes_wave_by_wave_and_offers_each_device_once(tmp_p
         assert [w["state"] for w in status["waves"]] == ["passed"] * 3
 
 
-async def test_failing_canary_stops_everything(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_failing_canary_stops_everything(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         await h.clock.advance(1.5)
         canary = h.wave_members(0)
@@ -58,8 +58,8 @@ async def test_failing_canary_stops_everything(tmp_path: Path) -> None:
         assert "canary" in describe(h.store, h.rid)["detail"]
 
 
-async def test_failure_threshold_aborts_and_leaves_the_rest_untouched(tmp_path: Path) -> None:
-    async with Harness(tmp_path, 20, waves={"canary": 0, "counts": [10, 10]},
+async def test_failure_threshold_aborts_and_leaves_the_rest_untouched(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, 20, db=db, waves={"canary": 0, "counts": [10, 10]},
                        gates={"success_threshold_pct": 0.0, "failure_threshold_pct": 20.0, "min_finished": 5}) as h:
         await h.start()
         await h.clock.advance(1.5)
@@ -77,8 +77,8 @@ async def test_failure_threshold_aborts_and_leaves_the_rest_untouched(tmp_path: 
         assert describe(h.store, h.rid)["devices_offered_after_abort"] == 0
 
 
-async def test_failure_threshold_can_pause_and_resume_counts_afresh(tmp_path: Path) -> None:
-    async with Harness(tmp_path, 20, waves={"canary": 0, "counts": [10, 10]},
+async def test_failure_threshold_can_pause_and_resume_counts_afresh(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, 20, db=db, waves={"canary": 0, "counts": [10, 10]},
                        gates={"success_threshold_pct": 0.0, "failure_threshold_pct": 20.0, "min_finished": 2,
                               "failure_action": "pause"}) as h:
         await h.start()
@@ -95,8 +95,8 @@ async def test_failure_threshold_can_pause_and_resume_counts_afresh(tmp_path: Pa
         assert h.wave_state(1) == "running"
 
 
-async def test_a_device_that_never_answers_times_out_and_is_retried(tmp_path: Path) -> None:
-    async with Harness(tmp_path, 3, waves={"canary": 0, "counts": [3]}, gates={"success_threshold_pct": 0.0},
+async def test_a_device_that_never_answers_times_out_and_is_retried(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, 3, db=db, waves={"canary": 0, "counts": [3]}, gates={"success_threshold_pct": 0.0},
                        device={"timeout_s": 100.0, "retries": 1, "retry_backoff_s": 30.0}) as h:
         await h.start()
         await h.clock.advance(1.5)
@@ -116,8 +116,9 @@ async def test_a_device_that_never_answers_times_out_and_is_retried(tmp_path: Pa
         assert h.rollout_state() == "succeeded"  # 2 of 3 and the threshold is 0
 
 
-async def test_offline_devices_stay_queued_until_they_return_or_time_out(tmp_path: Path) -> None:
-    async with Harness(tmp_path, 3, waves={"canary": 0, "counts": [3]}, gates={"success_threshold_pct": 0.0}) as h:
+async def test_offline_devices_stay_queued_until_they_return_or_time_out(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, 3, db=db, waves={"canary": 0, "counts": [3]},
+                       gates={"success_threshold_pct": 0.0}) as h:
         a, b, c = h.ids
         h.port.set_online(b, False)
         h.port.set_online(c, False)
@@ -135,8 +136,8 @@ async def test_offline_devices_stay_queued_until_they_return_or_time_out(tmp_pat
         assert h.rollout_state() == "succeeded"
 
 
-async def test_pause_resume_cancel(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_pause_resume_cancel(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         await h.clock.advance(1.5)
         await h.orch.control(h.rid, "pause")
@@ -158,8 +159,8 @@ async def test_pause_resume_cancel(tmp_path: Path) -> None:
         assert len(h.port.offered()) == 6
 
 
-async def test_next_forces_the_next_wave_and_approve_gates_manual_waves(tmp_path: Path) -> None:
-    async with Harness(tmp_path, gates={"success_threshold_pct": 100.0, "manual_approval": True}) as h:
+async def test_next_forces_the_next_wave_and_approve_gates_manual_waves(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db, gates={"success_threshold_pct": 100.0, "manual_approval": True}) as h:
         await h.start()
         with pytest.raises(RolloutError, match="not awaiting approval"):
             await h.orch.control(h.rid, "approve")
@@ -182,8 +183,8 @@ async def test_next_forces_the_next_wave_and_approve_gates_manual_waves(tmp_path
         assert h.rollout_state() == "succeeded"
 
 
-async def test_controls_written_to_the_database_are_applied_on_the_tick(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_controls_written_to_the_database_are_applied_on_the_tick(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         control = h.store.add_control(h.rid, "pause")
         assert h.store.control(control).applied_ms is None  # type: ignore[union-attr]
@@ -205,8 +206,8 @@ async def test_controls_written_to_the_database_are_applied_on_the_tick(tmp_path
         assert h.store.get("r2") is not None
 
 
-async def test_reports_are_deduplicated_by_id_and_ordered_by_seq(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_reports_are_deduplicated_by_id_and_ordered_by_seq(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         await h.clock.advance(1.5)
         d = h.wave_members(0)[0]
@@ -218,8 +219,8 @@ async def test_reports_are_deduplicated_by_id_and_ordered_by_seq(tmp_path: Path)
         assert h.state(d) == "succeeded"
 
 
-async def test_soak_fails_devices_that_stop_heartbeating(tmp_path: Path) -> None:
-    async with Harness(tmp_path, gates={"success_threshold_pct": 100.0, "soak_s": 60.0}) as h:
+async def test_soak_fails_devices_that_stop_heartbeating(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db, gates={"success_threshold_pct": 100.0, "soak_s": 60.0}) as h:
         await h.start()
         await h.clock.advance(1.5)
         canary = h.wave_members(0)
@@ -238,8 +239,8 @@ async def test_soak_fails_devices_that_stop_heartbeating(tmp_path: Path) -> None
         assert h.rollout_state() == "aborted"
 
 
-async def test_timers_continue_from_their_stored_deadlines_after_a_restart(tmp_path: Path) -> None:
-    h = Harness(tmp_path, gates={"success_threshold_pct": 0.0}, device={"timeout_s": 100.0})
+async def test_timers_continue_from_their_stored_deadlines_after_a_restart(tmp_path: Path, db: Path | str) -> None:
+    h = Harness(tmp_path, db=db, gates={"success_threshold_pct": 0.0}, device={"timeout_s": 100.0})
     await h.__aenter__()
     try:
         await h.start()
@@ -258,8 +259,8 @@ async def test_timers_continue_from_their_stored_deadlines_after_a_restart(tmp_p
         await h.close()
 
 
-async def test_devices_registering_during_the_rollout_join_the_last_wave(tmp_path: Path) -> None:
-    async with Harness(tmp_path, targets={"include_new": True}) as h:
+async def test_devices_registering_during_the_rollout_join_the_last_wave(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db, targets={"include_new": True}) as h:
         await h.start()
         await h.clock.advance(1.5)
         h.port.register("late-1")
@@ -270,10 +271,11 @@ async def test_devices_registering_during_the_rollout_join_the_last_wave(tmp_pat
         assert h.store.wave(h.rid, 2).size == 5  # type: ignore[union-attr]
 
 
-async def test_rollback_offers_the_previous_version_to_devices_that_took_this_one(tmp_path: Path) -> None:
+async def test_rollback_offers_the_previous_version_to_devices_that_took_this_one(tmp_path: Path,
+                                                                                  db: Path | str) -> None:
     from firmware_rollout.artifact.fixture import make_artifact
 
-    async with Harness(tmp_path, gates={"success_threshold_pct": 0.0}) as h:
+    async with Harness(tmp_path, db=db, gates={"success_threshold_pct": 0.0}) as h:
         previous, _ = make_artifact(tmp_path / "prev", version="1.0.0", rollback=True, chunk_size=1024, size=2048)
         await h.start()
         await h.clock.advance(1.5)
@@ -290,8 +292,8 @@ async def test_rollback_offers_the_previous_version_to_devices_that_took_this_on
         assert sorted(d for _, d, r in h.port.offers if r == "r1-rollback") == canary
 
 
-async def test_unknown_rollout_and_bad_artifact_are_typed_errors(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_unknown_rollout_and_bad_artifact_are_typed_errors(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         with pytest.raises(RolloutError, match="no rollout"):
             await h.orch.control("nope", "pause")
         h.artifact.write_bytes(b"garbage")
@@ -299,12 +301,12 @@ async def test_unknown_rollout_and_bad_artifact_are_typed_errors(tmp_path: Path)
             await h.start()
 
 
-async def test_a_start_control_s_waves_are_the_rollout_s_waves_planned_once(tmp_path: Path) -> None:
+async def test_a_start_control_s_waves_are_the_rollout_s_waves_planned_once(tmp_path: Path, db: Path | str) -> None:
     """`rollout start` plans the waves against the registry and writes them with the spec; the
     leader starts the rollout on exactly those, and plans nothing again."""
     from firmware_rollout.orchestration.spec import StartControl
 
-    async with Harness(tmp_path) as h:
+    async with Harness(tmp_path, db=db) as h:
         waves = [["d03"], ["d07", "d01"]]  # not what the leader's own plan of 10 devices would give
         start = h.store.add_control("r9", "start", StartControl(spec=h.spec, waves=waves).to_json().decode())
         await h.clock.advance(1.1)
@@ -339,10 +341,11 @@ def test_controls_refused_before_the_outcome_column_read_as_refused(tmp_path: Pa
         store.close()
 
 
-async def test_a_report_about_a_rollout_that_offered_nothing_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+async def test_a_report_about_a_rollout_that_offered_nothing_is_refused_and_changes_nothing(
+        tmp_path: Path, db: Path | str) -> None:
     from firmware_rollout.errors import ReportRefused
 
-    async with Harness(tmp_path) as h:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         later = h.wave_members(1)[0]  # in the rollout, not offered anything yet
         before = h.store.device(h.rid, later)

@@ -27,8 +27,8 @@ def with_store(h: Harness, key_dir: Path | None = None) -> Path:
     return store_dir
 
 
-async def test_the_rollout_serves_the_leaders_copy_not_the_operators_file(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_the_rollout_serves_the_leaders_copy_not_the_operators_file(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         store_dir = with_store(h)
         original = h.artifact.read_bytes()
         await h.start()
@@ -41,8 +41,8 @@ async def test_the_rollout_serves_the_leaders_copy_not_the_operators_file(tmp_pa
 
 
 @pytest.mark.parametrize("damage", ["tampered", "other key", "truncated"])
-async def test_a_damaged_or_foreign_artifact_starts_nothing(tmp_path: Path, damage: str) -> None:
-    async with Harness(tmp_path) as h:
+async def test_a_damaged_or_foreign_artifact_starts_nothing(tmp_path: Path, db: Path | str, damage: str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         store_dir = with_store(h)
         data = bytearray(h.artifact.read_bytes())
         if damage == "tampered":
@@ -60,15 +60,15 @@ async def test_a_damaged_or_foreign_artifact_starts_nothing(tmp_path: Path, dama
         assert list(store_dir.iterdir()) == []
 
 
-async def test_without_the_fleet_key_the_leader_refuses_to_start(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_without_the_fleet_key_the_leader_refuses_to_start(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         h.orch.artifacts = ArtifactStore(tmp_path / "artifacts", None)
         with pytest.raises(RolloutError, match=r"no \[firmware\] public_key"):
             await h.start()
 
 
-async def test_a_rollback_must_be_signed_as_one(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_a_rollback_must_be_signed_as_one(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         with_store(h)
         await h.start()
         await h.succeed(*h.wave_members(0))
@@ -87,8 +87,8 @@ async def test_a_rollback_must_be_signed_as_one(tmp_path: Path) -> None:
         assert "offers the previous version to 2 devices" in await h.orch.control(h.rid, "rollback", str(signed))
 
 
-async def test_a_second_rollout_may_not_take_the_devices_of_an_unfinished_one(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_a_second_rollout_may_not_take_the_devices_of_an_unfinished_one(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()  # canary of 2 offered, 8 queued
         offered = set(h.wave_members(0))
         queued = [d for d in h.ids if d not in offered]
@@ -104,8 +104,9 @@ async def test_a_second_rollout_may_not_take_the_devices_of_an_unfinished_one(tm
         assert h.store.get("r2") is None
 
 
-async def test_supersede_takes_over_the_queued_devices_and_never_the_ones_in_progress(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_supersede_takes_over_the_queued_devices_and_never_the_ones_in_progress(
+        tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         offered = set(h.wave_members(0))
         queued = sorted(d for d in h.ids if d not in offered)
@@ -127,11 +128,11 @@ async def test_supersede_takes_over_the_queued_devices_and_never_the_ones_in_pro
         assert {d for _, d, rollout in h.port.offers if rollout == "r2"} == set(queued)
 
 
-async def test_a_slow_download_that_shows_progress_is_not_timed_out(tmp_path: Path) -> None:
+async def test_a_slow_download_that_shows_progress_is_not_timed_out(tmp_path: Path, db: Path | str) -> None:
     from firmware_rollout.messages import DownloadProgress, UpdateReport
     from firmware_rollout.orchestration.status import describe
 
-    async with Harness(tmp_path, device={"timeout_s": 30.0}) as h:
+    async with Harness(tmp_path, db=db, device={"timeout_s": 30.0}) as h:
         await h.start()
         device = h.wave_members(0)[0]
         for i in range(1, 11):  # 200 s of downloading, a progress report every 20 s
@@ -149,8 +150,8 @@ async def test_a_slow_download_that_shows_progress_is_not_timed_out(tmp_path: Pa
         assert h.state(device) == "timed_out"
 
 
-async def test_a_rollback_no_device_took_ends_failed_not_succeeded(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_a_rollback_no_device_took_ends_failed_not_succeeded(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         with_store(h)
         await h.start()
         canary = h.wave_members(0)
@@ -168,8 +169,8 @@ async def test_a_rollback_no_device_took_ends_failed_not_succeeded(tmp_path: Pat
         assert r.detail == "no device went back to version 1.0.1: 2 rejected"
 
 
-async def test_a_paused_rollout_starts_no_wave(tmp_path: Path) -> None:
-    async with Harness(tmp_path) as h:
+async def test_a_paused_rollout_starts_no_wave(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db) as h:
         await h.start()
         await h.orch.control(h.rid, "pause")
         for action in ("next", "approve"):

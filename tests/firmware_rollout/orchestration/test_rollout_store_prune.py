@@ -37,11 +37,11 @@ def _prune_all(store: RolloutStore, limit: int) -> list[int]:
             return batches
 
 
-async def test_old_reports_go_in_batches_and_an_active_rollouts_stay(tmp_path: Path) -> None:
+async def test_old_reports_go_in_batches_and_an_active_rollouts_stay(tmp_path: Path, db: Path | str) -> None:
     clock = VirtualClock()
     artifact = tmp_path / "fw.bin"
     artifact.write_bytes(b"x" * 64)
-    store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
+    store = RolloutStore.open(db, clock=clock)
     try:
         _create(store, "r-old", artifact)
         _claim(store, *(f"old-{i}" for i in range(10)))
