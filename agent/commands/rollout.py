@@ -94,14 +94,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true")
 
 
-def _db_path(args: argparse.Namespace) -> Path:
+def _db_path(args: argparse.Namespace) -> Any:
+    """Where the rollout tables are: `--db` (a file or a postgresql:// URL), or the leader's
+    database by its `--config` (the fleet's PostgreSQL database when `[leader] database` says so)."""
+    from agent.core.sql import is_postgres_url
+
+    if getattr(args, "db", None) and is_postgres_url(args.db):
+        return args.db
     if getattr(args, "db", None):
         path = Path(args.db)
     elif getattr(args, "config", None):
         from agent.core.config import load_config
         from agent.leader.agent import LEADER_DB
+        from agent.leader.database import shared_database
 
-        path = Path(load_config(args.config).agent.data_dir) / LEADER_DB
+        config = load_config(args.config)
+        if config.leader.database:
+            return shared_database(config, Path(config.agent.data_dir))
+        path = Path(config.agent.data_dir) / LEADER_DB
     else:
         raise ConfigError("rollout", "--db", "give --db LEADER_DB or --config leader.toml")
     if not path.is_file():
@@ -121,7 +131,7 @@ def _open(args: argparse.Namespace) -> Any:
     path = _db_path(args)
     if args.action in READ_ONLY:
         return RolloutStore.open_readonly(path, clock=SystemClock())
-    DeviceRegistry.connect_readonly(path).close()  # a leader's database: it has the device registry
+    DeviceRegistry.connect_reader(path).close()  # a leader's database: it has the device registry
     if args.action == "start":
         return RolloutStore.open(path, clock=SystemClock())
     return RolloutStore.open_existing(path, clock=SystemClock())  # a control names a rollout: the tables are there
@@ -157,7 +167,7 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
     if store.get(rid) is not None:
         raise RolloutError(f"rollout {rid!r} exists already")
-    plan = plan_rollout(spec, manifest, Path(store.path))
+    plan = plan_rollout(spec, manifest, store.target)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     held = store.holders([d for wave in plan.waves for d in wave])
@@ -244,7 +254,7 @@ def _leader_last_seen(store: Any) -> int | None:
 
     seen = [store.leader_last_seen_ms()]
     try:
-        with open_leader_db(store.path) as db:
+        with open_leader_db(store.target) as db:
             seen += [db.registry.last_heartbeat_ms(), db.registry.leader_alive_ms()]
     except EdgeAgentError:
         pass  # a database without a registry: the rollout tables are the only sign

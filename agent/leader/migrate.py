@@ -1,10 +1,11 @@
 """Growing up: a single gateway's shared stores copied from its `leader.db` into PostgreSQL.
 
 `copy_to_postgres(leader_db, target)` copies what `[leader] database` moves to PostgreSQL (the
-device registry, with its processed message ids, the application messages, the rejects and the
-device identities when the leader has them), in one transaction: all of it or nothing. What
-stays each leader's own (the job queue, the rollout tables, the outbox) stays in `leader.db`,
-which the same leader keeps using, so a rollout in flight goes on where it was. The leader must
+device registry, with its processed message ids, the application messages, the rejects, the
+device identities and the rollout tables when the leader has them), in one transaction: all of
+it or nothing, so a rollout in flight goes on where it was under the leader that holds the
+orchestrator lease. What stays each leader's own (the job queue, the configuration layers, the
+outbox) stays in `leader.db`, which the same leader keeps using. The leader must
 be stopped (its data directory's lock says so); the target must hold no devices, messages or
 rejects unless `into_non_empty` (then rows already there win: a device, a message id, a
 processed id is never copied twice).
@@ -28,6 +29,7 @@ from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.service.instance import running_pid
+from firmware_rollout.orchestration.store import RolloutStore
 
 _CHUNK = 1_000
 
@@ -56,9 +58,17 @@ _TABLES = (
     _Table(IdentityStore, "identity_controls", identity="id"),
     _Table(IdentityStore, "enrol_tokens"),
     _Table(IdentityStore, "enrol_allow"),
+    _Table(RolloutStore, "rollouts"),
+    _Table(RolloutStore, "rollout_waves"),
+    _Table(RolloutStore, "rollout_devices"),
+    _Table(RolloutStore, "rollout_offers"),  # (PostgreSQL numbers their rows anew, in this order)
+    _Table(RolloutStore, "rollout_device_events"),
+    _Table(RolloutStore, "rollout_processed"),
+    _Table(RolloutStore, "rollout_controls", identity="id"),
+    _Table(RolloutStore, "rollout_serving"),
 )
 _STORES: tuple[type[Store], ...] = (DeviceRegistry, MessageLog, RejectLog)
-_OPTIONAL: tuple[type[Store], ...] = (IdentityStore,)  # a leader without [identity] has none
+_OPTIONAL: tuple[type[Store], ...] = (IdentityStore, RolloutStore)  # a leader without [identity] has none
 _HELD = ("devices", "processed_messages", "app_messages", "rejects")  # a target holding any is not empty
 
 

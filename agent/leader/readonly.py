@@ -53,7 +53,8 @@ class LeaderDb:
     def rollouts(self) -> RolloutReads:
         from firmware_rollout.orchestration.store import RolloutReads
 
-        return RolloutReads(self.conn)
+        on_shared = RolloutReads(self.shared) if self.shared is not self.conn else None
+        return on_shared if on_shared is not None and on_shared.present else RolloutReads(self.conn)
 
 
 def _shared_reader(target: PostgresUrl) -> Any:

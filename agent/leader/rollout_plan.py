@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from agent.core.clock import SystemClock
 from agent.core.errors import RolloutError
+from agent.core.sql import PostgresUrl
 from agent.leader.readonly import open_leader_db
 from firmware_rollout.artifact.manifest import Manifest
 from firmware_rollout.artifact.version import Version
@@ -71,7 +72,7 @@ def render_plan(rid: str, spec: RolloutSpec, manifest: Manifest | ReleaseManifes
     return "\n".join(lines)
 
 
-def plan_rollout(spec: RolloutSpec, manifest: Manifest | ReleaseManifest, db: Path) -> Plan:
+def plan_rollout(spec: RolloutSpec, manifest: Manifest | ReleaseManifest, db: Path | PostgresUrl) -> Plan:
     """The waves, planned once, here, against the devices the leader's registry holds now: a
     spec that cannot be planned (no device matches, a wave rounding to 0 devices, an image older
     than every target that is not signed as a rollback) is refused before the leader hears of

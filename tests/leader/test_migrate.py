@@ -20,6 +20,8 @@ from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import AppMessage, Heartbeat, Telemetry
 from agent.service.instance import InstanceLock
+from firmware_rollout.orchestration.spec import spec_from_dict
+from firmware_rollout.orchestration.store import RolloutStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,6 +42,18 @@ def _single_gateway(db: Path) -> None:
                                   hw_serial="1000abcd", machine_id="m", agent_version="0.1", claim="claim",
                                   now_ms=1_000)
         identities.add_control("approve", "pi-0", by="op", now_ms=1_000)
+    artifact = db.parent / "fw.bin"
+    artifact.write_bytes(b"x" * 64)
+    spec = spec_from_dict({"rollout": {"name": "fw 2", "artifact": str(artifact), "seed": 1},
+                           "waves": {"canary": 1, "counts": [2]}})
+    with RolloutStore.open(db, clock=clock) as rollouts:  # a rollout in flight: its canary offered
+        rollouts.create_rollout("r1", spec=spec, artifact=str(artifact), version="2.0.0", signed_manifest=b"m",
+                                waves=[["pi-0"], ["pi-1", "pi-2"]], from_versions={})
+        with rollouts.atomic():
+            rollouts.set_device("r1", "pi-0", state="notified", attempts=1, offers=1)
+            rollouts.record_offer("r1", "pi-0", 1)
+            assert rollouts.claim("report-1")
+        rollouts.add_control("r1", "pause")
 
 
 def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path, pg_url: str) -> None:
@@ -65,6 +79,17 @@ def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path
         assert identities.get("pi-0").hw_serial == "1000abcd"  # type: ignore[union-attr]
         assert [c.action for c in identities.controls()] == ["approve"]
         assert identities.add_control("revoke", "pi-0", by="op", now_ms=2_000) == 2
+    with RolloutStore.open(pg_url, clock=clock) as rollouts:  # the rollout goes on where it was
+        row = rollouts.get("r1")
+        assert row is not None and row.spec.to_json() == spec_from_dict(
+            {"rollout": {"name": "fw 2", "artifact": str(tmp_path / "fw.bin"), "seed": 1},
+             "waves": {"canary": 1, "counts": [2]}}).to_json() and row.signed_manifest == b"m"
+        assert [(d.device_id, d.state, d.offers) for d in rollouts.devices("r1")] == [
+            ("pi-0", "notified", 1), ("pi-1", "queued", 0), ("pi-2", "queued", 0)]
+        assert [(d, a) for d, _, a in rollouts.offers("r1")] == [("pi-0", 1)]
+        assert not rollouts.claim("report-1")  # a report applied before is still a duplicate
+        assert [c.action for c in rollouts.pending_controls()] == ["pause"]
+        assert rollouts.add_control("r1", "resume") == 2  # ids go on after the copied ones
 
 
 def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp_path: Path, pg_url: str) -> None:
