@@ -410,6 +410,7 @@ class RolloutService(PartBase):
         which may sit in its outbox), stop it when it is lost."""
         renew_s = lease.ttl_ms / 3000
         loop = asyncio.get_running_loop()
+        leading = False  # this leader ran the orchestrator at the last round
         while True:
             if self._task is not None and self._task.done():  # it stopped: the lease was lost
                 self._task = None
@@ -433,11 +434,12 @@ class RolloutService(PartBase):
                         if resent:
                             log.info("rollouts: %d pending offers sent again", resent)
                 self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
-            elif not held and self._task is not None:
-                log.warning("rollouts: another leader runs the fleet's rollouts now")
+            elif not held and leading:
+                log.warning("rollouts: another leader runs the fleet's rollouts now; this one stands by")
                 self.orchestrator.stop()
                 await cancel_and_wait(self._task)
                 self._task = None
+            leading = held
             await self.clock.sleep(renew_s)
 
     @property

@@ -145,3 +145,77 @@ def test_a_leader_whose_database_is_unreachable_says_so_in_one_line(tmp_path: Pa
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "cannot connect to postgresql://ea:***@127.0.0.1" in done.stderr
     assert "hunter2" not in done.stderr and "Traceback" not in done.stderr
+
+
+def _lease(url: str) -> Any:
+    """Who holds the orchestrator lease now (None: nobody yet, or the database is not up)."""
+    from firmware_rollout.orchestration.lease import lease_of
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    try:
+        with RolloutStore.open_readonly(url, clock=SystemClock()) as store:
+            return lease_of(store)
+    except StoreError:
+        return None
+
+
+def _control_answered(url: str, control_id: int) -> Any:
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    with RolloutStore.open_readonly(url, clock=SystemClock()) as store:
+        row = store.control(control_id)
+    return row if row is not None and row.applied_ms is not None else None
+
+
+async def test_one_leader_runs_the_rollouts_and_another_takes_over_when_it_is_killed_or_frozen(
+        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The orchestrator lease between two real leaders: SIGKILL its holder and the other takes the
+    rollouts over (its orchestrator answers a control); freeze the new holder past its lease and
+    the first takes them back, and the frozen one, woken, stands by instead of writing."""
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    url = postgres.url()
+    clock = SystemClock()
+    shared = {"leader": {"shared_group": "leaders", "database": url, "rollout_lease_s": 1.0}}
+    leaders = {name: spawn_agent(tmp_path, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
+    try:
+        await until(clock, lambda: (lease := _lease(url)) is not None and lease.ticked_ms is not None,
+                    limit_s=60, step_s=0.1, what="one leader running the rollouts")
+        first = _lease(url)
+        other = "gw2" if first.holder == "gw1" else "gw1"
+        kill(leaders[first.holder])  # SIGKILL: no release, the lease runs out
+        await until(clock, lambda: (lease := _lease(url)) is not None and lease.holder == other
+                    and lease.ticked_ms is not None, limit_s=60, step_s=0.1,
+                    what="the other leader taking the rollouts over")
+        taken = _lease(url)
+        assert taken.token == first.token + 1
+        with RolloutStore.open(url, clock=SystemClock()) as store:
+            control = store.add_control("no-such-rollout", "pause", actor="test")
+        await until(clock, lambda: _control_answered(url, control), limit_s=60, step_s=0.1,
+                    what="the new holder's orchestrator answering a control")
+        answered = _control_answered(url, control)
+        assert answered.refused and "no-such-rollout" in answered.result
+
+        # the first comes back; the holder freezes past its lease: the first takes over, and the
+        # frozen one, woken, writes nothing and stands by
+        leaders[first.holder] = spawn_agent(tmp_path, "leader", first.holder, mosquitto.url, **shared)
+        leaders[other].send_signal(signal.SIGSTOP)
+        await until(clock, lambda: (lease := _lease(url)) is not None and lease.holder == first.holder
+                    and lease.ticked_ms is not None, limit_s=60, step_s=0.1,
+                    what="the restarted leader taking the rollouts back")
+        back = _lease(url)
+        assert back.token == taken.token + 1
+        leaders[other].send_signal(signal.SIGCONT)
+        log = tmp_path / f"{other}.log"
+        await until(clock, lambda: "another leader runs the fleet's rollouts now" in log.read_text(), limit_s=60,
+                    step_s=0.1, what="the woken leader standing by")
+        lease = _lease(url)
+        assert lease is not None and (lease.holder, lease.token) == (first.holder, back.token)
+        assert leaders[other].poll() is None and leaders[first.holder].poll() is None
+        for name in leaders:
+            assert "Traceback" not in (tmp_path / f"{name}.log").read_text()
+    finally:
+        for proc in leaders.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)
+            kill(proc, signal.SIGTERM)
