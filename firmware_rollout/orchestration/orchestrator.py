@@ -679,11 +679,15 @@ class Orchestrator:
 
     async def resend_offers(self) -> int:
         """Send again the offer of every device that was offered an update and has not answered
-        (`notified`) in an unfinished rollout, as it was (no new attempt): after a takeover, the
-        offers the previous orchestrator stored may be stranded in its leader's outbox. A device
-        takes a repeated offer of the update it runs as a resume. How many were sent."""
+        (`notified`) in an unfinished rollout, as it was (no new attempt), and (on the next tick)
+        the cancels to the devices still updating in a canceled or aborted one: after a takeover,
+        what the previous orchestrator sent may be stranded in its leader's outbox. A device
+        takes a repeated offer of the update it runs as a resume, a repeated cancel as nothing
+        new. How many offers were sent."""
         sent = 0
         async with self._lock:
+            with self.store.atomic():
+                self.store.cancels_unsent()
             for r in self.store.rollouts(active_only=True):
                 notified = self.store.devices(r.id, states=("notified",))
                 if not notified:

@@ -488,6 +488,17 @@ class RolloutStore(Store):
             " ON r.id = d.rollout_id WHERE r.state IN ('canceled', 'aborted') AND d.cancel_sent_ms IS NULL"
             f" AND d.state IN ({', '.join('?' * len(progress))}) ORDER BY d.rollout_id, d.device_id", progress)]
 
+    def cancels_unsent(self) -> int:
+        """Mark every cancel sent to a device still updating in a canceled or aborted rollout as
+        not sent (a new orchestrator sends them again: they may wait in the previous one's
+        outbox); how many."""
+        progress = sorted(IN_PROGRESS)
+        with self._in_transaction(), store_errors("rollout store"):
+            return int(self._conn.execute(
+                "UPDATE rollout_devices SET cancel_sent_ms = NULL WHERE cancel_sent_ms IS NOT NULL"
+                f" AND state IN ({', '.join('?' * len(progress))}) AND rollout_id IN"
+                " (SELECT id FROM rollouts WHERE state IN ('canceled', 'aborted'))", progress).rowcount)
+
     def cancel_sent(self, pairs: Sequence[tuple[str, str]]) -> None:
         """The cancels of these (rollout id, device) pairs are queued (in the caller's transaction)."""
         now = self._clock.now_ms()

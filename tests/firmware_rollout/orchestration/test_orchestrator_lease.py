@@ -122,6 +122,16 @@ async def test_an_orchestrator_that_lost_the_lease_offers_nothing_and_the_new_on
         assert sorted(d for d, _, _ in b_store.offers(rid)) == sorted(devices)  # one offer each in the tables
         row = b_store.get(rid)
         assert row is not None and row.current_wave == 1
+        await b_orch.control(rid, "cancel")
+        await b_orch.tick()
+        cancelled = sorted(d for d, _ in b_port.cancels)
+        assert cancelled == sorted(set(devices) - set(canary))  # the devices still updating
+        _expire(admin)  # gw-2 dies with those cancels in its outbox: gw-1 takes over, sends them again
+        assert a.hold()
+        a_port.cancels.clear()
+        assert await a_orch.resend_offers() == 0  # no offer pending in a canceled rollout
+        await a_orch.tick()
+        assert sorted(d for d, _ in a_port.cancels) == cancelled
     finally:
         a_store.close()
         b_store.close()
