@@ -8,7 +8,7 @@
     Only then are the devices answered `accepted`: what they were told is stored or queued.
 
 Counted per class: applied (new), duplicates (suppressed), rejected (refused by the leader,
-counted by `LeaderAgent`), forwarded (queued for each forwarder).
+counted by `LeaderAgent`), forwarded (new messages queued, once for each forwarder).
 """
 
 from __future__ import annotations
@@ -84,13 +84,15 @@ class MessageSinks:
                     await forwarder.forward(fresh)
                 except StoreError as exc:
                     raise StoreError(f"not queued for {forwarder.name}: {exc}") from exc
-                for _, m in fresh:
-                    self.stats.of(m.cls).forwarded += 1
         new = self.log.apply_batch(batch)
         for (_, m), was_new in zip(batch, new, strict=True):
             counts = self.stats.of(m.cls)
             if was_new:
                 counts.applied += 1
+                # counted once a message, by the store's verdict: a message that reached two
+                # batches at once (the direct path and its outbox's resend) was queued twice,
+                # which the forwarder's own queue keeps once by its id
+                counts.forwarded += len(self.forwarders)
             else:
                 counts.duplicates += 1
         return new
