@@ -320,7 +320,6 @@ class RolloutService(PartBase):
         if lease is not None:
             store.fence = lease.fence
         self._lead_task: asyncio.Task[None] | None = None
-        self.takeovers = 0  # times this leader took the orchestrator over (re-sending pending offers)
         self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader, self._layer_values),
                                          poll_s=poll_s, artifacts=artifacts, admit_config=self._admit_config)
         if isinstance(self.keys, TrustedKeys):
@@ -410,19 +409,15 @@ class RolloutService(PartBase):
         which may sit in its outbox), stop it when it is lost."""
         renew_s = lease.ttl_ms / 3000
         loop = asyncio.get_running_loop()
-        leading = False  # this leader ran the orchestrator at the last round
         while True:
-            if self._task is not None and self._task.done():  # it stopped: the lease was lost
-                self._task = None
             was = lease.token
             try:
                 held = lease.hold()
             except StoreError as exc:
                 log.warning("rollouts: the orchestrator lease not renewed: %s", exc)
                 held = lease.held  # unknown: the fence decides each write
-            if held and self._task is None:
+            if held and (self._task is None or self._task.done()):
                 if lease.token != was:
-                    self.takeovers += 1
                     log.info("rollouts: this leader (%s) runs the fleet's rollouts now (lease token %s)",
                              lease.holder, lease.token)
                     try:
@@ -434,12 +429,11 @@ class RolloutService(PartBase):
                         if resent:
                             log.info("rollouts: %d pending offers sent again", resent)
                 self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
-            elif not held and leading:
+            elif not held and self._task is not None:  # (running, or ended by a fenced write)
                 log.warning("rollouts: another leader runs the fleet's rollouts now; this one stands by")
                 self.orchestrator.stop()
                 await cancel_and_wait(self._task)
                 self._task = None
-            leading = held
             await self.clock.sleep(renew_s)
 
     @property

@@ -48,7 +48,6 @@ class OrchestratorLease:
         self.holder = holder
         self.ttl_ms = int(ttl_s * 1000)
         self.token: int | None = None  # ours while not None
-        self.taken = 0  # how many times this leader took the lease (renewals not counted)
 
     @property
     def held(self) -> bool:
@@ -57,11 +56,8 @@ class OrchestratorLease:
     def hold(self) -> bool:
         """Take or renew the lease; True while this leader holds it. A database error (the
         server lost, a lock wait over `lock_timeout`) raises `StoreError` and changes nothing."""
-        token = self.store.take_lease(LEASE_NAME, self.holder, self.token, self.ttl_ms)
-        if token is not None and token != self.token:
-            self.taken += 1
-        self.token = token
-        return token is not None
+        self.token = self.store.take_lease(LEASE_NAME, self.holder, self.token, self.ttl_ms)
+        return self.token is not None
 
     def fence(self) -> None:
         """Inside a write transaction: raise `LeaseLost` unless this holder's token is the lease's."""

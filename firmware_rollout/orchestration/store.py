@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sql import StoreTarget, dialect_of, greatest, has_table, in_json_array, is_postgres_url
+from agent.core.sql import StoreTarget, dialect_of, greatest, has_table, in_json_array
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from firmware_rollout.orchestration.schema import MIGRATIONS as _MIGRATIONS
@@ -231,13 +231,13 @@ class RolloutStore(Store):
     @classmethod
     def open(cls, path: str | Path | StoreTarget, *, clock: Clock, synchronous: Synchronous = "FULL") -> RolloutStore:
         """On `leader.db` (a path) or the fleet's PostgreSQL database (a `PostgresUrl` or URL)."""
-        return cls(cls.connect_target(path, synchronous=synchronous), clock=clock, path=_target(path))
+        return cls(cls.connect_target(path, synchronous=synchronous), clock=clock, path=path)
 
     @classmethod
     def open_readonly(cls, path: str | Path | StoreTarget, *, clock: Clock) -> RolloutStore:
         """For the commands that only look (`rollout status`, `list`, the console's pages): the
         database is never written, and one that holds no rollout tables is refused."""
-        return cls(cls.connect_reader(path), clock=clock, path=_target(path))
+        return cls(cls.connect_reader(path), clock=clock, path=path)
 
     @classmethod
     def open_existing(cls, path: str | Path | StoreTarget, *, clock: Clock) -> RolloutStore:
@@ -782,10 +782,6 @@ class RolloutStore(Store):
         holder, token, expires_ms, acquired_ms, ticked_ms = rows[0]
         return LeaseRow(str(holder), int(token), int(expires_ms), int(acquired_ms),
                         None if ticked_ms is None else int(ticked_ms))
-
-
-def _target(path: str | Path | StoreTarget) -> StoreTarget | str:
-    return Path(path) if isinstance(path, str) and not is_postgres_url(path) else path
 
 
 class RolloutReads:
