@@ -47,7 +47,7 @@ from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
 from agent.outbox.types import OutboxMessage
 from agent.protocol import KIND_HEARTBEAT_PACE, ConfigState, HeartbeatPace
-from agent.service.checks import problem_check
+from agent.service.checks import Check, problem_check, task_check
 from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
@@ -442,9 +442,13 @@ class RolloutService(PartBase):
         return self.lease is None or (self.lease.held and self._task is not None and not self._task.done())
 
     def checks(self) -> Checks:
-        if not self._serve_http:
-            return {}
-        return {"artifact server": problem_check(lambda: self.http_problem, up="listening")}
+        """The orchestrator's loop (on PostgreSQL: the lease loop that runs it) is running; the
+        artifact server listens when `[artifacts] listen` is set."""
+        found: dict[str, Check] = {"rollout orchestrator": task_check(
+            lambda: self._task if self.lease is None else self._lead_task)}
+        if self._serve_http:
+            found["artifact server"] = problem_check(lambda: self.http_problem, up="listening")
+        return found
 
     async def _bind_http(self, tls: ssl.SSLContext | None, *, first: bool) -> bool:
         """Listen for artifact downloads; a port taken (or an address not this host's) is no
@@ -536,7 +540,10 @@ class RolloutService(PartBase):
             return Reply(id=env.id, status="rejected", reason="not a chunk request")
         if self._stopped:
             return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason="rollouts are stopping")
-        pool = self._pool(message.rollout_id)
+        try:
+            pool = self._pool(message.rollout_id)
+        except StoreError as exc:
+            return Reply(id=env.id, status="busy", retry_after_ms=REPORT_BUSY_MS, reason=str(exc))
         if pool is None:
             return Reply(id=env.id, status="rejected", reason=f"unknown rollout {message.rollout_id!r}")
         return await pool.handle(env, message)
@@ -545,10 +552,9 @@ class RolloutService(PartBase):
         pool = self.pools.get(rollout_id)
         if pool is not None:
             return pool
-        if self._lookup(rollout_id) is None:
+        r = self.store.get(rollout_id)  # (a StoreError: the database away, answered busy)
+        if r is None or self._lookup(rollout_id) is None:
             return None
-        r = self.store.get(rollout_id)
-        assert r is not None
         d = r.spec.download
         pool = ConfigServerPool(self.leader.system, lookup=self._lookup, clock=self.clock,
                                 servers=d.servers, capacity=d.mailbox_capacity, rate_bytes_per_s=d.rate_bytes_per_s,

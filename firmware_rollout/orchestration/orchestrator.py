@@ -455,25 +455,34 @@ class Orchestrator:
                 return
             except EdgeAgentError as exc:
                 log.error("rollout tick failed: %s", exc)
-            delay = self.poll_s
-            deadline = self.store.next_deadline_ms()
-            if deadline is not None:
-                delay = min(delay, max(0.0, (deadline - self.clock.now_ms()) / 1000))
+            delay = self._until_next_deadline_s()
             if self._stopped:
                 break
             if not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     await self.clock.wait_for(self._wake.wait(), max(delay, 0.001))
 
+    def _until_next_deadline_s(self) -> float:
+        """Seconds to the next stored deadline, at most `poll_s` (also when the store cannot
+        say: a database away is tried again at the next tick)."""
+        try:
+            deadline = self.store.next_deadline_ms()
+        except EdgeAgentError:
+            return self.poll_s
+        if deadline is None:
+            return self.poll_s
+        return min(self.poll_s, max(0.0, (deadline - self.clock.now_ms()) / 1000))
+
     def log_resumed(self) -> None:
         try:
             active = self.store.rollouts(active_only=True)
+            counts = {r.id: self.store.counts(r.id) for r in active}
         except EdgeAgentError as exc:
             log.error("cannot read the unfinished rollouts: %s", exc)
             return
         for r in active:
             states = Counter[str]()
-            for per_wave in self.store.counts(r.id).values():
+            for per_wave in counts[r.id].values():
                 states.update(per_wave)
             log.info("rollout %s of version %s taken up %s: wave %d of %d; devices: %s", r.id, r.version, r.state,
                      wave_number(r.current_wave), r.wave_count,

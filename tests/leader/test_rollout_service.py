@@ -293,6 +293,7 @@ async def test_the_artifact_server_serves_what_a_rollout_admitted_and_a_taken_po
     taking = await rollout_part(leader, GatewayEnv(rollout_poll_s=1.0))
     try:
         await taking.start()  # it leads all the same
+        assert await taking.checks()["rollout orchestrator"]() == (True, "running")
         check = taking.checks()["artifact server"]
         ok, detail = await check()
         assert not ok and f"cannot listen on 127.0.0.1:{port}" in detail and "trying again" in detail

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rollout_support import Harness
 
-from agent.core.errors import RolloutError
+from agent.core.errors import RolloutError, StoreUnavailable
 from firmware_rollout.messages import UpdateReport
 from firmware_rollout.orchestration.status import describe
 
@@ -359,3 +359,27 @@ async def test_a_report_about_a_rollout_that_offered_nothing_is_refused_and_chan
         await h.clock.advance(1.5)
         canary = h.wave_members(0)[0]  # offered: its reports count
         assert await h.report(canary, "downloading", msg_id="d1")
+
+
+async def test_the_loop_outlives_a_database_that_goes_away_and_resumes_when_it_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL lost while a leader runs: every read the loop makes fails for a while; the
+    loop keeps ticking (no task ended behind a healthy leader) and goes on when it returns."""
+    async with Harness(tmp_path) as h:
+        await h.start()
+        await finish_wave(h, 0)
+        away = StoreUnavailable("cannot connect to postgresql://ea@127.0.0.1/ea: refused (trying again shortly)")
+
+        def fail(*_args: object, **_kwargs: object) -> None:
+            raise away
+
+        for name in ("next_deadline_ms", "rollouts", "due_devices", "pending_controls"):
+            monkeypatch.setattr(h.store, name, fail)
+        ticks, offered = h.orch.ticks, sorted(h.port.offered())
+        await h.clock.advance(5)
+        assert h.orch.ticks > ticks  # still ticking, each tick failing in one line
+        assert sorted(h.port.offered()) == offered  # nothing goes on while it is away
+        monkeypatch.undo()
+        await finish_wave(h, 1)
+        await finish_wave(h, 2)
+        assert h.rollout_state() == "succeeded"
