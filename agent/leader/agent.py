@@ -300,6 +300,10 @@ class LeaderAgent(PartBase):
         await self.sender.start()
         await self.inbox.start()
         await self.transport.subscribe(topics.fleet_filter(self.fleet, "presence"), self._on_presence)
+        try:
+            self.registry.mark_alive()  # a leader of the registry before its presence is out
+        except StoreError as exc:
+            log.warning("the leader not marked alive yet (its deadline watcher does it): %s", exc)
         await self.transport.start()
         await self.relay.start()
         self._watcher = asyncio.create_task(

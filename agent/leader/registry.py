@@ -578,6 +578,8 @@ class DeviceRegistry(Store):
         with self.atomic():
             if msg_id is not None and not self._claim(msg_id, now):
                 return False
+            if self._conn.execute("SELECT 1 FROM registry_leaders WHERE name = ?", (device_id,)).fetchone():
+                return False  # a fellow leader's presence (several leaders): a leader is no device of the fleet
             self._conn.execute(_ENSURE_DEVICE, (device_id, now, now))
             if online:
                 self._conn.execute(
@@ -668,7 +670,9 @@ class DeviceRegistry(Store):
 
     def mark_alive(self) -> None:
         """Write `leader_alive_ms` (now) and a sample of the devices online when the last mark
-        is `LEADER_ALIVE_EVERY_S` old; samples older than `FLEET_HISTORY_S` go."""
+        is `LEADER_ALIVE_EVERY_S` old; samples older than `FLEET_HISTORY_S` go. The leader's name
+        joins `registry_leaders`: the presence of a leader is then never taken for a device's
+        (`LeaderAgent.start` marks it before it connects, and so before its presence is out)."""
         self.check_open()
         now = self._clock.now_ms()
         if self._alive_marked_ms is not None and now - self._alive_marked_ms < LEADER_ALIVE_EVERY_S * 1000:
@@ -679,6 +683,8 @@ class DeviceRegistry(Store):
             if self.leader:
                 self._conn.execute("INSERT INTO registry_leaders (name, alive_ms) VALUES (?, ?)"
                                    " ON CONFLICT (name) DO UPDATE SET alive_ms = excluded.alive_ms", (self.leader, now))
+                if self._alive_marked_ms is None:  # its row as a device, from a presence before it was a leader here
+                    self._conn.execute("DELETE FROM devices WHERE device_id = ?", (self.leader,))
             # "WHERE true": SQLite's parser needs a WHERE between a SELECT and its upsert clause
             self._conn.execute("INSERT INTO fleet_online (at_ms, devices, online)"
                                " SELECT ?, COUNT(*), COALESCE(SUM(online), 0) FROM devices WHERE true"

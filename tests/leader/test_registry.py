@@ -431,3 +431,17 @@ async def test_the_fleets_configuration_compliance_is_counted_from_the_heartbeat
         assert samples[(("compliance", "pending"), ("target", "app"))] == 1.0
     finally:
         await gw.stop()
+
+
+def test_a_fellow_leaders_presence_makes_no_device_and_a_leader_drops_its_own_row(
+        leader_store: Path | str, clock: VirtualClock) -> None:
+    """Several leaders hear each other's presence: a leader of the registry is never a device (a
+    rollout to every device would offer it an image it never installs)."""
+    with DeviceRegistry.open(leader_store, clock=clock) as gw1, DeviceRegistry.open(leader_store, clock=clock) as gw2:
+        gw1.leader, gw2.leader = "gw1", "gw2"
+        assert gw1.apply_presence("gw2", True)  # gw2 not marked yet: taken for a device, for now
+        gw2.mark_alive()  # gw2 starts: marked before it connects, its row as a device gone
+        assert gw1.device("gw2") is None
+        assert not gw1.apply_presence("gw2", True) and not gw1.apply_presence("gw2", False)
+        assert gw1.apply_presence("pi-1", True)
+        assert [d.device_id for d in gw1.devices()] == ["pi-1"]
