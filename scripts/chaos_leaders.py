@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """A chaos run of several leaders on one PostgreSQL: real `edge-agent run` leader processes on a
-real mosquitto's shared subscription, real worker agents sending telemetry, leaders SIGKILLed
+real mosquitto's shared subscription, real worker agents sending telemetry and taking one
+firmware rollout (the real updater on slot directories, rebooting in-process), leaders SIGKILLed
 (and started again) and SIGSTOPped (and continued) at random, PostgreSQL restarted once.
 
     python scripts/chaos_leaders.py [--quick] [--seconds S] [--leaders N] [--workers W] [--seed K]
 
 Needs Debian's mosquitto and postgresql and the project's `postgresql` extra. At the end every
 worker's outbox must drain, and the shared registry must hold each worker's telemetry exactly as
-many times as the worker's agent accepted a record (`lost` and `applied_twice` both 0). The last
-line is JSON. Rollouts and jobs are each leader's own for now: they are not part of the run.
+many times as the worker's agent accepted a record (`lost` and `applied_twice` both 0); the
+rollout, started with `edge-agent rollout start --db` once every device is known, must succeed
+with every wave passed, each device offered the image once (`rollout_offers`: the offers the
+orchestrators decided; a new lease holder sending a pending offer again adds none) and running
+the new version. The last line is JSON. Jobs are each leader's own for now: not part of the run.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,78 @@ from tests.e2e.agent_support import pending, spawn_agent, worker  # noqa: E402
 
 
 def log(message: str) -> None:
-    print(f"[chaos_leaders] {message}", file=sys.stderr, flush=True)
+    print(f"[chaos_leaders] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+async def watch_heartbeats(workers: list[Any], gaps: dict[str, float]) -> None:
+    """The longest a device went without a heartbeat the leaders answered, per device."""
+    last = {w.device_id: (w.heartbeat_actor.direct, time.monotonic()) for w in workers}
+    while True:
+        await asyncio.sleep(0.25)
+        now = time.monotonic()
+        for w in workers:
+            count, since = last[w.device_id]
+            if w.heartbeat_actor.direct != count:
+                last[w.device_id] = (w.heartbeat_actor.direct, now)
+            elif now - since > gaps.get(w.device_id, 0.0):
+                gaps[w.device_id] = now - since
+                if now - since > 10 and int((now - since) * 4) % 20 == 0:
+                    log(f"{w.device_id}: no heartbeat answered for {now - since:.0f}s")
+
+
+ROLLOUT_ID = "chaos-1"
+NEW_VERSION = "1.1.0"
+
+
+def start_rollout(work: Path, url: str, artifact: Path, workers: int) -> None:
+    """`edge-agent rollout start` against the shared database: a canary of 2, then the rest in
+    two waves, each soaking 60 s (the waves last through the faults; a device whose heartbeats sit
+    with a frozen leader is silent for up to about 20 s here, see `longest_heartbeat_gap_s`)."""
+    rest = workers - 2
+    spec = work / "rollout.toml"
+    spec.write_text(f'[rollout]\nname = "chaos"\nartifact = "{artifact}"\n'
+                    f"[waves]\ncanary = 2\ncounts = [2, {rest // 2}, {rest - rest // 2}]\n"
+                    "[gates]\nsoak_s = 60\n[device]\ntimeout_s = 900\n")
+    started = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "rollout", "start", str(spec), "--db", url, "--id", ROLLOUT_ID,
+         "--no-wait"], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    if started.returncode != 0:
+        raise SystemExit(f"chaos_leaders: rollout start failed: {started.stderr.strip()}")
+
+
+def rollout_outcome(url: str) -> dict[str, Any] | None:
+    """The rollout as the shared database holds it (None while it cannot be read)."""
+    from agent.core.clock import SystemClock
+    from agent.core.errors import StoreError
+    from firmware_rollout.orchestration.status import describe
+    from firmware_rollout.orchestration.store import RolloutStore
+
+    try:
+        with RolloutStore.open_readonly(url, clock=SystemClock()) as store:
+            if store.get(ROLLOUT_ID) is None:
+                return None
+            status = describe(store, ROLLOUT_ID)
+            offers = Counter(device for device, _, _ in store.offers(ROLLOUT_ID))
+            unfinished = [(d.device_id, d.wave, d.state, d.detail) for d in store.devices(ROLLOUT_ID)
+                          if d.state not in ("succeeded", "queued")]
+    except StoreError:
+        return None
+    return {"state": status["state"], "waves": [w["state"] for w in status["waves"]], "counts": status["counts"],
+            "devices_offered": len(offers), "max_offers_per_device": max(offers.values(), default=0),
+            "in_progress": unfinished}
+
+
+def online(url: str) -> dict[str, bool]:
+    """Each device's presence in the shared registry."""
+    from agent.core.clock import SystemClock
+    from agent.core.errors import StoreError
+    from agent.leader.registry import DeviceRegistry
+
+    try:
+        with DeviceRegistry.open(url, clock=SystemClock()) as registry:
+            return {d.device_id: d.online for d in registry.devices()}
+    except StoreError:
+        return {}
 
 
 def applied(url: str) -> dict[str, int]:
@@ -61,11 +137,13 @@ def applied(url: str) -> dict[str, int]:
 class Leaders:
     """The leader processes, each killed, stopped, continued and started again by name."""
 
-    def __init__(self, work: Path, broker_url: str, database: str, count: int) -> None:
+    def __init__(self, work: Path, broker_url: str, database: str, count: int, public_key: Path) -> None:
         self.work = work
         self.broker_url = broker_url
         self.sections: dict[str, dict[str, Any]] = {
-            "leader": {"heartbeat_deadline_s": 30.0, "shared_group": "leaders", "database": database}}
+            "leader": {"heartbeat_deadline_s": 30.0, "shared_group": "leaders", "database": database},
+            "firmware": {"public_key": str(public_key)},  # it checks what it rolls out, as the devices do
+            "artifacts": {"listen": ""}}  # the devices download over MQTT chunks, from any leader
         self.procs = {f"gw{n + 1}": self._spawn(f"gw{n + 1}") for n in range(count)}
         self.stopped: set[str] = set()
         self.dead: set[str] = set()
@@ -75,6 +153,14 @@ class Leaders:
 
     def running(self) -> list[str]:
         return [n for n in self.procs if n not in self.stopped and n not in self.dead]
+
+    def restart_exited(self) -> list[str]:
+        """Start again the leaders that exited by themselves (one started while PostgreSQL was
+        down refuses in one line, exit 2), as systemd's `Restart=on-failure` does."""
+        exited = [n for n in self.running() if self.procs[n].poll() is not None]
+        for name in exited:
+            self.start(name)
+        return exited
 
     def kill(self, name: str) -> None:
         self.procs[name].send_signal(signal.SIGKILL)
@@ -105,23 +191,44 @@ class Leaders:
                 proc.kill()
 
 
+async def updating_worker(clock: Any, work: Path, name: str, broker_url: str, public: Path) -> tuple[Any, Any]:
+    """A worker agent with the real updater on slot directories, rebooting in-process (as the
+    simulator's devices)."""
+    from agent.sim.devices import SimFirmware, sim_hardware
+    from agent.worker.updater_actor import UpdaterPart
+
+    sections = {"heartbeat": {"interval_s": 1.0}, "mqtt": {"reply_timeout_s": 5.0},
+                "firmware": {"public_key": str(public)}}
+    agent = await worker(clock, work, name, url=broker_url, sections=sections, start=False)
+    part = UpdaterPart(agent, sim_hardware(SimFirmware(public_key=public), agent, state_dir=work / name / "firmware"))
+    await agent.start()
+    await part.start()
+    return agent, part
+
+
 async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from agent.core.clock import SystemClock
+    from firmware_rollout.artifact.fixture import make_artifact
 
     rng = random.Random(args.seed)
     clock = SystemClock()
     broker = Mosquitto(work / "mosquitto").start()
     database = PostgresCluster().start()
     url = database.url()
-    leaders = Leaders(work, broker.url, url, args.leaders)
-    fast = {"heartbeat": {"interval_s": 1.0}, "mqtt": {"reply_timeout_s": 5.0}}
-    workers = [await worker(clock, work, f"w{i:02d}", url=broker.url, sections=fast) for i in range(args.workers)]
+    artifact, public = make_artifact(work, version=NEW_VERSION, size=256 * 1024, chunk_size=16 * 1024)
+    leaders = Leaders(work, broker.url, url, args.leaders, public)
+    devices = [await updating_worker(clock, work, f"w{i:02d}", broker.url, public) for i in range(args.workers)]
+    workers = [agent for agent, _ in devices]
     accepted = dict.fromkeys((w.device_id for w in workers), 0)
-    events: dict[str, int] = {"kills": 0, "stops": 0, "database_restarts": 0}
+    events: dict[str, int] = {"kills": 0, "stops": 0, "database_restarts": 0, "restarts_after_exit": 0}
     due: list[tuple[float, str, str]] = []  # (when, action, leader): the undoing of a fault
     try:
         while len(applied(url)) < args.workers:  # every device heard of once
             await asyncio.sleep(0.2)
+        gaps: dict[str, float] = {}
+        watcher = asyncio.get_running_loop().create_task(watch_heartbeats(workers, gaps))
+        start_rollout(work, url, artifact, args.workers)
+        log(f"rollout {ROLLOUT_ID} started")
         t0 = time.monotonic()
         next_fault = t0 + rng.uniform(5, 10)
         db_restart_at = t0 + args.seconds * 0.4
@@ -133,6 +240,9 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 await w.send_telemetry("t", float(n))  # "direct" or "outbox": accepted either way
                 accepted[w.device_id] += 1
             n += 1
+            for name in leaders.restart_exited():
+                events["restarts_after_exit"] += 1
+                log(f"{name} had exited: started again")
             for item in [d for d in due if d[0] <= now]:
                 due.remove(item)
                 _, action, name = item
@@ -168,23 +278,37 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         drain0 = time.monotonic()
         while True:
             held = [await pending(w) for w in workers]
-            if sum(held) == 0 and sum(applied(url).get(d, 0) for d in accepted) >= sum(accepted.values()):
+            rollout = rollout_outcome(url)
+            if (sum(held) == 0 and sum(applied(url).get(d, 0) for d in accepted) >= sum(accepted.values())
+                    and rollout is not None and rollout["state"] not in ("scheduled", "running", "paused")):
                 break
+            events["restarts_after_exit"] += len(leaders.restart_exited())
             if time.monotonic() - drain0 > args.drain_s:
                 log(f"not drained after {args.drain_s:.0f}s: {sum(held)} rows held")
                 break
             await asyncio.sleep(0.5)
         drain_s = time.monotonic() - drain0
+        watcher.cancel()
         counts = applied(url)
         lost = sum(max(0, accepted[d] - counts.get(d, 0)) for d in accepted)
         twice = sum(max(0, counts.get(d, 0) - accepted[d]) for d in accepted)
+        rollout = rollout_outcome(url) or {"state": "unknown"}
+        rollout["devices_on_new_version"] = sum(1 for w in workers if w.firmware_version() == NEW_VERSION)
+        parts = {agent.device_id: part for agent, part in devices}
+        for device, wave, state, detail in rollout.get("in_progress", ()):
+            part = parts.get(device)
+            told = part.actor.updater.status() if part is not None and part.actor and part.actor.updater else None
+            log(f"{device} (wave {wave + 1}) {state} ({detail}) at the end; its updater: {told}")
+        log(f"registry: {online(url)}")
         return {"seconds": args.seconds, "leaders": args.leaders, "workers": args.workers, "seed": args.seed,
                 "accepted": sum(accepted.values()), "applied": sum(counts.get(d, 0) for d in accepted),
                 "lost": lost, "applied_twice": twice, **events, "drain_s": round(drain_s, 1),
-                "rollouts": "not part of the run: rollouts are each leader's own"}
+                "longest_heartbeat_gap_s": round(max(gaps.values(), default=0.0), 1),
+                "rollout": rollout}
     finally:
-        for w in workers:
-            await w.stop()
+        for agent, part in devices:
+            await part.stop()
+            await agent.stop()
         leaders.end()
         database.close()
         broker.stop()
@@ -197,13 +321,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leaders", type=int, default=3)
     parser.add_argument("--workers", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--drain-s", type=float, default=180.0)
+    parser.add_argument("--drain-s", type=float, default=300.0)
+    parser.add_argument("--work", default="", help="a new directory to run in and keep (default: a temporary one)")
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (60.0 if args.quick else 300.0)
-    with tempfile.TemporaryDirectory(prefix="ea-chaos-") as tmp:
-        result = asyncio.run(chaos(args, Path(tmp)))
+    if args.work:  # kept afterwards: the leaders' logs and data directories
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=False)
+        result = asyncio.run(chaos(args, work))
+    else:
+        with tempfile.TemporaryDirectory(prefix="ea-chaos-") as tmp:
+            result = asyncio.run(chaos(args, Path(tmp)))
     print(json.dumps(result))
-    return 0 if result["lost"] == 0 and result["applied_twice"] == 0 else 1
+    rollout = result["rollout"]
+    rollout_ok = (rollout["state"] == "succeeded" and rollout["max_offers_per_device"] == 1
+                  and rollout["devices_on_new_version"] == result["workers"])
+    return 0 if result["lost"] == 0 and result["applied_twice"] == 0 and rollout_ok else 1
 
 
 if __name__ == "__main__":
