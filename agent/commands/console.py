@@ -1,6 +1,7 @@
 """`edge-agent console --db LEADER_DB --token-file FILE [--listen 127.0.0.1:8080]`: the web
-console, a process of its own beside the leader (see `agent.console`). Needs the `console` extra
-(Jinja2): `pip install 'edge-agent[console]'`."""
+console, a process of its own beside the leader (see `agent.console`); `--db postgresql://...
+--artifacts DIR` serves the whole fleet of several leaders. Needs the `console` extra (Jinja2):
+`pip install 'edge-agent[console]'`."""
 
 from __future__ import annotations
 
@@ -9,16 +10,22 @@ import sys
 from pathlib import Path
 
 from agent.core.errors import ConfigError
+from agent.core.sql import PostgresUrl, StoreTarget, is_postgres_url
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, metavar="PATH",
-                        help="the leader's database (leader.db)")
+    parser.add_argument("--db", required=True, metavar="PATH|URL",
+                        help="the leader's database (leader.db), or the fleet's PostgreSQL database"
+                             " (postgresql://USER@HOST/DB) that several leaders share")
     parser.add_argument("--token-file", required=True, metavar="FILE",
                         help="the access token, one line, mode 0600 (e.g. `openssl rand -hex 32 > FILE`)")
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
                         help="where to serve (default 127.0.0.1:8080, loopback only)")
-    parser.add_argument("--outbox", metavar="PATH", help="the leader's outbox (default: outbox.db beside --db)")
+    parser.add_argument("--outbox", metavar="PATH", help="the leader's outbox (default: outbox.db beside --db;"
+                                                         " with a postgresql:// database, none unless given)")
+    parser.add_argument("--artifacts", metavar="DIR",
+                        help="the artifact store uploads go to and rollouts are started from (default: artifacts/"
+                             " beside --db; with a postgresql:// database required: a directory every leader reads)")
     parser.add_argument("--public-key", metavar="FILE",
                         help="the fleet's public key (the leader's [firmware] public_key): artifacts uploaded in the"
                              " console are checked against it (without it the console takes no upload)")
@@ -41,11 +48,17 @@ def main(args: argparse.Namespace) -> int:
     token = read_secret(args.token_file)
     if len(token) < 16:
         raise ConfigError(args.token_file, None, "the token is shorter than 16 characters")
-    if args.db.startswith(("postgresql://", "postgres://")):
-        raise ConfigError("--db", None, "the console serves one leader's leader.db (its rollouts, identities and"
-                                        " layers are there); `status`, `rejects` and `messages` read a postgresql://"
-                                        " fleet database")
-    with open_leader_db(args.db):
+    db: StoreTarget
+    if is_postgres_url(args.db):  # the whole fleet of several leaders; its layers and outboxes stay each leader's
+        if not args.artifacts:
+            raise ConfigError("--artifacts", None, "with a postgresql:// database, name the artifact store's directory"
+                                                   " (one every leader reads: a shared mount)")
+        db = PostgresUrl(args.db)
+        outbox = Path(args.outbox) if args.outbox else None
+    else:
+        db = Path(args.db)
+        outbox = Path(args.outbox) if args.outbox else db.with_name("outbox.db")
+    with open_leader_db(db):
         pass  # a leader database, readable: checked once before serving
     try:
         from agent.console.server import Console, ConsoleConfig, ConsoleServer
@@ -58,8 +71,8 @@ def main(args: argparse.Namespace) -> int:
         load_verify_key(args.public_key)  # a KeyFileError names the file
     if args.max_upload_mib < 1:
         raise ConfigError("--max-upload-mib", None, "give a size of at least 1 MiB")
-    db = Path(args.db)
-    config = ConsoleConfig(db=db, outbox=Path(args.outbox) if args.outbox else db.with_name("outbox.db"), token=token,
+    config = ConsoleConfig(db=db, outbox=outbox, token=token,
+                           artifacts=Path(args.artifacts) if args.artifacts else None,
                            public_key=Path(args.public_key) if args.public_key else None,
                            max_upload_bytes=args.max_upload_mib * 1024 * 1024)
     try:

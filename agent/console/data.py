@@ -9,6 +9,7 @@ from typing import Any
 from agent.console.charts import Series, online_series, rollout_series
 from agent.core.clock import SystemClock
 from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
+from agent.core.sql import PostgresUrl, StoreTarget
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
 from agent.leader.identities import Control, Identity
 from agent.leader.readonly import open_leader_db
@@ -16,6 +17,8 @@ from agent.leader.reject_view import RejectCount, RejectRow
 from agent.leader.status import FleetStatus, fleet_status
 
 PAGE = 50
+PER_LEADER_LAYERS = ("the configuration layers are each leader's own (in its leader.db), not in the fleet's database:"
+                     " set them with `edge-agent config layer set` on the leader that runs the config rollouts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +32,14 @@ class Fleet:
 FLEET_CHART_S = 86_400  # the fleet chart's span
 
 
-def fleet(db: Path, flt: DeviceFilter) -> Fleet:
+def fleet(db: StoreTarget, flt: DeviceFilter) -> Fleet:
     now_ms = SystemClock().now_ms()
     with open_leader_db(db) as leader:
         return Fleet(fleet_status(leader, now_ms, stale_limit=0), list_devices(leader, flt), flt,
                      online_series(leader.registry.online_history(now_ms - FLEET_CHART_S * 1000)))
 
 
-def device(db: Path, device_id: str) -> DeviceDetail | None:
+def device(db: StoreTarget, device_id: str) -> DeviceDetail | None:
     with open_leader_db(db) as leader:
         return device_detail(leader, device_id, rejects=20)
 
@@ -47,17 +50,17 @@ class Rejects:
     rows: list[RejectRow]
 
 
-def rejects(db: Path, device_id: str | None) -> Rejects:
+def rejects(db: StoreTarget, device_id: str | None) -> Rejects:
     with open_leader_db(db) as leader:
         return Rejects(leader.rejects.counts(device=device_id), leader.rejects.newest(device=device_id, limit=100))
 
 
-def _has_rollouts(db: Path) -> bool:
+def _has_rollouts(db: StoreTarget) -> bool:
     with open_leader_db(db) as leader:
         return leader.rollouts.present
 
 
-def rollouts(db: Path) -> list[dict[str, Any]]:
+def rollouts(db: StoreTarget) -> list[dict[str, Any]]:
     """Every rollout, newest first, as `rollout status --json` describes it."""
     if not _has_rollouts(db):
         return []
@@ -81,7 +84,7 @@ class RolloutPage:
     chart: Series  # its devices by kind over time
 
 
-def rollout(db: Path, rollout_id: str, *, state: str = "") -> RolloutPage | None:
+def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage | None:
     """A rollout's page: its description, the controls that apply now, its devices."""
     if not _has_rollouts(db):
         return None
@@ -160,7 +163,7 @@ def artifacts(directory: Path) -> list[ArtifactChoice]:
     return sorted(found, key=order, reverse=True)
 
 
-def start(db: Path, rollout_id: str, start_control: str, *, actor: str = "") -> int:
+def start(db: StoreTarget, rollout_id: str, start_control: str, *, actor: str = "") -> int:
     """Queue a rollout's start exactly as `edge-agent rollout start` does; the control's id."""
     from firmware_rollout.orchestration.store import RolloutStore
 
@@ -170,7 +173,7 @@ def start(db: Path, rollout_id: str, start_control: str, *, actor: str = "") -> 
         return store.add_control(rollout_id, "start", start_control, actor=actor)
 
 
-def start_control(db: Path, rollout_id: str) -> Any:
+def start_control(db: StoreTarget, rollout_id: str) -> Any:
     """The newest start control for `rollout_id` (a `ControlRow`), or None."""
     if not _has_rollouts(db):
         return None
@@ -181,7 +184,7 @@ def start_control(db: Path, rollout_id: str) -> Any:
         return starts[-1] if starts else None
 
 
-def holders(db: Path, devices: list[str]) -> dict[str, tuple[str, str]]:
+def holders(db: StoreTarget, devices: list[str]) -> dict[str, tuple[str, str]]:
     """The devices of `devices` an unfinished rollout holds: device -> (its rollout, its state there)."""
     from firmware_rollout.orchestration.store import RolloutStore
 
@@ -189,7 +192,7 @@ def holders(db: Path, devices: list[str]) -> dict[str, tuple[str, str]]:
         return store.holders(devices)
 
 
-def control(db: Path, rollout_id: str, action: str, *, artifact: Path | None = None, actor: str = "") -> int:
+def control(db: StoreTarget, rollout_id: str, action: str, *, artifact: Path | None = None, actor: str = "") -> int:
     """Queue a control exactly as `edge-agent rollout ACTION ID [--artifact]` does; its id.
     Only into existing rollout tables."""
     from firmware_rollout.orchestration.controls import request_control
@@ -206,13 +209,16 @@ class ConfigLayers:
 
     orders: dict[str, list[str]]
     rows: list[Any]  # `config_rollout.layer_store.LayerRow`s in force, groups in order, then devices
+    per_leader: bool = False  # several leaders on one database: the layers are each leader's own
 
 
-def config_layers(db: Path) -> ConfigLayers:
+def config_layers(db: StoreTarget) -> ConfigLayers:
     import time
 
     from config_rollout.layer_store import LayerReads
 
+    if isinstance(db, PostgresUrl):
+        return ConfigLayers({}, [], per_leader=True)
     with open_leader_db(db) as leader:
         reads = LayerReads(leader.conn)
         rows = reads.rows(now_ms=int(time.time() * 1000))
@@ -226,7 +232,7 @@ class Identities:
     outcomes: list[Control]  # the newest decisions, with what the leader made of them
 
 
-def identities(db: Path) -> Identities:
+def identities(db: StoreTarget) -> Identities:
     """Every device identity on record, pending first, and the newest decisions."""
     from agent.core.errors import StoreError
     from agent.leader.identities import IdentityStore
@@ -242,7 +248,7 @@ def identities(db: Path) -> Identities:
     return Identities(True, sorted(rows, key=lambda r: (order[r.state], r.device)), list(reversed(recent)))
 
 
-def identity_control(db: Path, form: dict[str, str], actor: str) -> int:
+def identity_control(db: StoreTarget, form: dict[str, str], actor: str) -> int:
     """Approve, reject or revoke one device from the identities page, as `edge-agent devices`
     does: a control the running leader applies (it alone holds the CA's key)."""
     import time
@@ -262,7 +268,7 @@ def identity_control(db: Path, form: dict[str, str], actor: str) -> int:
                                  reason=form.get("reason", "")[:512])
 
 
-def change_layer(db: Path, form: dict[str, str], actor: str) -> str:
+def change_layer(db: StoreTarget, form: dict[str, str], actor: str) -> str:
     """Set or unset one value from the layers page's form, as `edge-agent config layer set|unset`
     does (the same checks: a `ConfigError` names the field); what was done, in words."""
     import json
@@ -270,6 +276,8 @@ def change_layer(db: Path, form: dict[str, str], actor: str) -> str:
 
     from config_rollout.layer_store import LayerEdit, LayerStore
 
+    if isinstance(db, PostgresUrl):
+        raise ConfigError("target", None, PER_LEADER_LAYERS)
     unset = form.get("action") == "unset"
     now_ms = int(time.time() * 1000)
     edit = LayerEdit.checked(target=form.get("target", ""), scope=form.get("scope", ""),
@@ -294,7 +302,7 @@ def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
     return [a for a in artifacts(directory) if a.rollback and version in a.manifest.rollback_from]
 
 
-def rollout_version(db: Path, rollout_id: str) -> str | None:
+def rollout_version(db: StoreTarget, rollout_id: str) -> str | None:
     """The version a rollout installs (None: no such rollout)."""
     if not _has_rollouts(db):
         return None

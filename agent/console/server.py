@@ -36,6 +36,7 @@ from agent.core.clock import SystemClock
 from agent.core.durations import ago, format_age
 from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, IdentityError, RolloutError
 from agent.core.sizes import format_bytes
+from agent.core.sql import StoreTarget
 from agent.leader.fleet_view import DeviceFilter
 from agent.leader.reject_view import printable
 from agent.leader.rollout import ARTIFACTS_DIR
@@ -111,8 +112,8 @@ Proof = Literal["token", "cookie", ""]
 
 @dataclass(frozen=True, slots=True)
 class ConsoleConfig:
-    db: Path
-    outbox: Path
+    db: StoreTarget  # leader.db, or the fleet's PostgreSQL database (several leaders)
+    outbox: Path | None  # the leader's outbox (None: several leaders, each with its own, none named)
     token: str
     artifacts: Path | None = None  # the leader's artifact store (default: `artifacts` beside the db)
     public_key: Path | None = None  # the fleet's key, to check uploads against (None: no uploads)
@@ -265,9 +266,10 @@ class Console:
             return 200, self.identities_page(message=f"queued as control {int(queued)}: the leader applies it within a"
                                              " second" if queued.isdigit() and len(queued) <= 18 else "")
         if path == "/dead-letters":
-            total, rows = data.dead_letters(self.config.outbox)
+            outbox = self.config.outbox
+            total, rows = data.dead_letters(outbox) if outbox is not None else (0, [])
             return 200, self.render("dead", title="dead letters", total=total, rows=rows,
-                                    outbox=str(self.config.outbox), refresh=REFRESH_S)
+                                    outbox=str(outbox) if outbox is not None else None, refresh=REFRESH_S)
         if path == "/rejects":
             return 200, self.render("rejects", title="rejects", x=data.rejects(self.config.db, query.get("device")),
                                     refresh=REFRESH_S)
@@ -376,7 +378,10 @@ class Console:
 
     def _store(self) -> Path:
         """The leader's artifact store."""
-        return self.config.artifacts or self.config.db.parent / ARTIFACTS_DIR
+        if self.config.artifacts is not None:
+            return self.config.artifacts
+        assert isinstance(self.config.db, Path)  # (a postgresql:// console is started with its --artifacts)
+        return self.config.db.parent / ARTIFACTS_DIR
 
     def _rollback_choices(self, version: str | None) -> list[data.ArtifactChoice]:
         """The store's rollback artifacts for a rollout of `version` (None: no such rollout)."""
