@@ -39,7 +39,7 @@ for where in (ROOT, ROOT / "tests"):
 from mosquitto import Mosquitto  # noqa: E402  (tests/: a real broker on a free loopback port)
 from postgres import PostgresCluster  # noqa: E402  (tests/: a real PostgreSQL cluster)
 
-from tests.e2e.agent_support import pending, spawn_agent, worker  # noqa: E402
+from tests.e2e.agent_support import pending, spawn_agent, updating_worker  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -191,21 +191,6 @@ class Leaders:
                 proc.kill()
 
 
-async def updating_worker(clock: Any, work: Path, name: str, broker_url: str, public: Path) -> tuple[Any, Any]:
-    """A worker agent with the real updater on slot directories, rebooting in-process (as the
-    simulator's devices)."""
-    from agent.sim.devices import SimFirmware, sim_hardware
-    from agent.worker.updater_actor import UpdaterPart
-
-    sections = {"heartbeat": {"interval_s": 1.0}, "mqtt": {"reply_timeout_s": 5.0},
-                "firmware": {"public_key": str(public)}}
-    agent = await worker(clock, work, name, url=broker_url, sections=sections, start=False)
-    part = UpdaterPart(agent, sim_hardware(SimFirmware(public_key=public), agent, state_dir=work / name / "firmware"))
-    await agent.start()
-    await part.start()
-    return agent, part
-
-
 async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from agent.core.clock import SystemClock
     from firmware_rollout.artifact.fixture import make_artifact
@@ -217,7 +202,8 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     url = database.url()
     artifact, public = make_artifact(work, version=NEW_VERSION, size=256 * 1024, chunk_size=16 * 1024)
     leaders = Leaders(work, broker.url, url, args.leaders, public)
-    devices = [await updating_worker(clock, work, f"w{i:02d}", broker.url, public) for i in range(args.workers)]
+    fast = {"heartbeat": {"interval_s": 1.0}, "mqtt": {"reply_timeout_s": 5.0}}
+    devices = [await updating_worker(clock, work, f"w{i:02d}", broker.url, public, fast) for i in range(args.workers)]
     workers = [agent for agent, _ in devices]
     accepted = dict.fromkeys((w.device_id for w in workers), 0)
     events: dict[str, int] = {"kills": 0, "stops": 0, "database_restarts": 0, "restarts_after_exit": 0}

@@ -87,6 +87,22 @@ async def until(clock: Clock, predicate: Callable[[], Any], *, limit_s: float = 
         waited += step_s
 
 
+async def updating_worker(clock: Clock, tmp: Path, name: str, url: str, public_key: Path,
+                          sections: dict[str, Any] | None = None) -> tuple[WorkerAgent, Any]:
+    """A worker agent on a real broker with the real updater on slot directories, rebooting
+    in-process (as the simulator's devices): (the agent, its updater part), both started."""
+    from agent.sim.devices import SimFirmware, sim_hardware
+    from agent.worker.updater_actor import UpdaterPart
+
+    sections = {**(sections or {}), "firmware": {"public_key": str(public_key)}}
+    agent = await worker(clock, tmp, name, url=url, sections=sections, start=False)
+    part = UpdaterPart(agent, sim_hardware(SimFirmware(public_key=public_key), agent,
+                                           state_dir=tmp / name / "firmware"))
+    await agent.start()
+    await part.start()
+    return agent, part
+
+
 async def pending(agent: WorkerAgent | LeaderAgent, kind: str | None = None) -> int:
     stats = await agent.outbox.stats()
     if kind is None:

@@ -219,3 +219,62 @@ async def test_one_leader_runs_the_rollouts_and_another_takes_over_when_it_is_ki
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGCONT)
             kill(proc, signal.SIGTERM)
+
+
+async def test_a_rollout_goes_on_exactly_when_the_leader_running_it_is_killed(
+        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A firmware rollout to four devices with the real updater, across two real leaders: the
+    canary passes and the rollout waits for its approval; the leader running it is SIGKILLed; the
+    other takes the lease, applies the approval and finishes the rollout. Every device is offered
+    the image once and runs it; the leaders, who hear each other's presence, are no devices of it."""
+    from firmware_rollout.artifact.fixture import make_artifact
+    from firmware_rollout.orchestration.status import describe
+    from firmware_rollout.orchestration.store import RolloutStore
+    from tests.e2e.agent_support import updating_worker
+
+    url = postgres.url()
+    clock = SystemClock()
+    artifact, public = make_artifact(tmp_path, version="1.1.0", size=64 * 1024, chunk_size=8 * 1024)
+    shared = {"leader": {"shared_group": "leaders", "database": url, "rollout_lease_s": 1.0},
+              "firmware": {"public_key": str(public)}, "artifacts": {"listen": ""}}
+    leaders = {name: spawn_agent(tmp_path, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
+    devices = [await updating_worker(clock, tmp_path, f"w{i}", mosquitto.url, public, FAST) for i in range(4)]
+    spec = tmp_path / "rollout.toml"
+    spec.write_text(f'[rollout]\nname = "fail-over"\nartifact = "{artifact}"\n[waves]\ncanary = 1\ncounts = [3]\n'
+                    "[gates]\nmanual_approval = true\n[device]\ntimeout_s = 300\n")
+
+    def rollout() -> dict[str, Any] | None:
+        try:
+            with RolloutStore.open_readonly(url, clock=clock) as store:
+                return describe(store, "r1") if store.get("r1") is not None else None
+        except StoreError:
+            return None
+
+    try:
+        await until(clock, lambda: len(_fleet(url)[2]) == 4 and (lease := _lease(url)) is not None
+                    and lease.ticked_ms is not None, limit_s=60, step_s=0.2, what="the devices known, a lease held")
+        started = _cli("rollout", "start", str(spec), "--db", url, "--id", "r1", "--no-wait")
+        assert started.returncode == 0, started.stderr
+        await until(clock, lambda: (r := rollout()) is not None and r["waves"][0]["state"] == "awaiting_approval",
+                    limit_s=120, step_s=0.2, what="the canary passed, the rollout waiting for approval")
+        holder = _lease(url)
+        kill(leaders[holder.holder])  # SIGKILL the leader running the rollout
+        approved = _cli("rollout", "approve", "r1", "--db", url, "--no-wait")
+        assert approved.returncode == 0, approved.stderr
+        await until(clock, lambda: (r := rollout()) is not None and r["state"] not in ("running", "paused"),
+                    limit_s=120, step_s=0.2, what="the rollout finished by the other leader")
+        done = rollout()
+        assert done is not None and done["state"] == "succeeded" and done["counts"] == {"succeeded": 4}, done
+        taken = _lease(url)
+        assert taken.holder != holder.holder and taken.token == holder.token + 1
+        with RolloutStore.open_readonly(url, clock=clock) as store:
+            offers = [device for device, _, _ in store.offers("r1")]
+        assert sorted(offers) == ["w0", "w1", "w2", "w3"]  # each once, and no leader among them
+        assert all(agent.firmware_version() == "1.1.0" for agent, _ in devices)
+        assert "Traceback" not in (tmp_path / f"{taken.holder}.log").read_text()
+    finally:
+        for agent, part in devices:
+            await part.stop()
+            await agent.stop()
+        for proc in leaders.values():
+            kill(proc, signal.SIGTERM)
