@@ -190,9 +190,8 @@ class LeaderAgent(PartBase):
         self.housekeeping: Housekeeper | None = None
         self._reports: RolloutReports | None = None
         if owns_stores if housekeeping is None else housekeeping:
-            rollouts_in = registry.target if registry.on_postgres else jobs.path  # (`rollout_part` says why)
             self.housekeeping, self._reports = leader_housekeeper(
-                config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=rollouts_in,
+                config.housekeeping, clock=clock, registry=registry, jobs=jobs, rollout_db=self.rollout_tables,
                 name=f"housekeeping:{self.device_id}", messages=messages,
                 messages_retention_s=config.messages.retention_s)
         self._started = False
@@ -280,6 +279,12 @@ class LeaderAgent(PartBase):
         leader.reserve = reserve
         leader.shared = shared
         return leader
+
+    @property
+    def rollout_tables(self) -> StoreTarget:
+        """Where the rollout tables live: with the fleet's registry, in its PostgreSQL database
+        (several leaders, one orchestrator by a lease), else in this leader's leader.db."""
+        return self.registry.target if self.registry.on_postgres else Path(self.jobs_queue.path)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:

@@ -40,7 +40,6 @@ from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, RolloutError, StoreError
 from agent.core.ids import IdGenerator
-from agent.core.sql import PostgresUrl
 from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LEADER_DB, LeaderAgent, Route
 from agent.leader.env import GatewayEnv
@@ -682,9 +681,7 @@ async def rollout_part(leader: LeaderAgent, env: GatewayEnv) -> RolloutService:
     saying so) and serves them over HTTP when `[artifacts] listen` is set. Reports and chunk
     requests are routed from here on; `start` runs the orchestrator (or waits for the lease)."""
     config = leader.config
-    shared = leader.shared
-    store = RolloutStore.open(shared if isinstance(shared, PostgresUrl) else leader.data_dir / LEADER_DB,
-                              clock=leader.clock)
+    store = RolloutStore.open(leader.rollout_tables, clock=leader.clock)
     lease = None
     if store.on_postgres:
         lease = OrchestratorLease(store, leader.device_id, ttl_s=config.leader.rollout_lease_s)

@@ -28,7 +28,6 @@ from agent.core.errors import StoreError
 from firmware_rollout.orchestration.store import LeaseRow, RolloutStore
 
 LEASE_NAME: Final = "orchestrator"
-DEFAULT_TTL_S: Final = 10.0  # a standby takes over at most this long after the holder's last renewal
 
 
 class LeaseLost(StoreError):
@@ -39,7 +38,9 @@ class OrchestratorLease:
     """This leader's side of the lease, on the orchestrator's store (PostgreSQL); `fence` is
     what that store runs first in each of its write transactions."""
 
-    def __init__(self, store: RolloutStore, holder: str, *, ttl_s: float = DEFAULT_TTL_S) -> None:
+    def __init__(self, store: RolloutStore, holder: str, *, ttl_s: float) -> None:
+        """`ttl_s` (`[leader] rollout_lease_s`): a standby takes over at most this long after the
+        holder's last renewal."""
         if not store.on_postgres:
             raise ValueError("the orchestrator lease is for a fleet's PostgreSQL database (leader.db has one leader)")
         if ttl_s <= 0:
@@ -88,4 +89,4 @@ def lease_of(store: RolloutStore) -> LeaseRow | None:
     return store.lease(LEASE_NAME)
 
 
-__all__ = ["DEFAULT_TTL_S", "LEASE_NAME", "LeaseLost", "OrchestratorLease", "lease_of"]
+__all__ = ["LEASE_NAME", "LeaseLost", "OrchestratorLease", "lease_of"]
