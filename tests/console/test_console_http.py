@@ -9,12 +9,14 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.cli import main as cli
 from agent.console.server import COOKIE, Console, ConsoleConfig, ConsoleServer
 from agent.core.clock import SystemClock
+from agent.core.sql import StoreTarget
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import Heartbeat
@@ -38,10 +40,12 @@ def server(tmp_path: Path) -> Iterator[tuple[str, int]]:
 
 
 @contextmanager
-def serving(db: Path) -> Iterator[tuple[str, int]]:
-    """A console over `db` (its outbox and artifact store beside it) on a free loopback port."""
-    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, outbox=db.with_name("outbox.db"),
-                                                                    token=TOKEN)))
+def serving(db: StoreTarget, **config: Any) -> Iterator[tuple[str, int]]:
+    """A console over `db` (a leader.db: its outbox and artifact store beside it, unless `config`
+    names them) on a free loopback port."""
+    if isinstance(db, Path):
+        config.setdefault("outbox", db.with_name("outbox.db"))
+    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(db=db, token=TOKEN, **config)))
     console.serve_in_thread()
     try:
         yield console.server_address[0], console.server_address[1]

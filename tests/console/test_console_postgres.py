@@ -8,10 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_console_http import BEARER, TOKEN, request
+from test_console_http import BEARER, TOKEN, request, serving
 
 from agent.cli import main as cli
-from agent.console.server import Console, ConsoleConfig, ConsoleServer
 from agent.core.clock import SystemClock
 from agent.core.sql import PostgresUrl
 from agent.leader.registry import DeviceRegistry
@@ -28,14 +27,8 @@ def fleet_console(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
             registry.apply_heartbeats([Heartbeat(device_id=device, seq=1, uptime_s=1.0, firmware_version="1.0.0")])
     with RejectLog.open(pg_url, clock=clock) as rejects:
         rejects.record(topic="ea/v1/t/rogue/up", reason="not a heartbeat", payload=b"x", sender="rogue")
-    console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(
-        db=PostgresUrl(pg_url), outbox=None, token=TOKEN, artifacts=tmp_path / "artifacts")))
-    console.serve_in_thread()
-    try:
-        yield console.server_address[0], console.server_address[1]
-    finally:
-        console.shutdown()
-        console.server_close()
+    with serving(PostgresUrl(pg_url), outbox=None, artifacts=tmp_path / "artifacts") as address:
+        yield address
 
 
 def test_the_console_shows_the_whole_fleet_of_several_leaders(fleet_console: tuple[str, int]) -> None:
