@@ -277,7 +277,7 @@ def change_layer(db: StoreTarget, form: dict[str, str], actor: str) -> str:
     from config_rollout.layer_store import LayerEdit, LayerStore
 
     if isinstance(db, PostgresUrl):
-        raise ConfigError("target", None, PER_LEADER_LAYERS)
+        raise ConfigError("console", None, PER_LEADER_LAYERS)
     unset = form.get("action") == "unset"
     now_ms = int(time.time() * 1000)
     edit = LayerEdit.checked(target=form.get("target", ""), scope=form.get("scope", ""),

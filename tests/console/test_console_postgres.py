@@ -44,6 +44,10 @@ def test_the_console_shows_the_whole_fleet_of_several_leaders(fleet_console: tup
     assert status == 200 and "each keeps its own outbox" in body
     status, _, body = request(fleet_console, "GET", "/config", headers=BEARER)
     assert status == 200 and "the configuration layers are each leader" in body and 'id="set-layer"' not in body
+    form = "action=set&target=app&scope=tag&selector=lab&document=app.toml&key=mode&value=%22x%22"
+    status, _, body = request(fleet_console, "POST", "/config", body=form,
+                              headers={**BEARER, "Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 400 and '<p class="error">console: the configuration layers are each leader' in body
 
 
 def test_a_fleet_database_without_an_artifact_store_is_one_line(pg_url: str, tmp_path: Path,
