@@ -46,20 +46,33 @@ def log(message: str) -> None:
     print(f"[chaos_leaders] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
-async def watch_heartbeats(workers: list[Any], gaps: dict[str, float]) -> None:
-    """The longest a device went without a heartbeat the leaders answered, per device."""
-    last = {w.device_id: (w.heartbeat_actor.direct, time.monotonic()) for w in workers}
+def last_heard(url: str) -> dict[str, int]:
+    """When the shared registry last heard from each device (its `last_seen_ms`, what a soak's
+    gate reads); {} while it cannot be read."""
+    from agent.core.clock import SystemClock
+    from agent.core.errors import StoreError
+    from agent.leader.registry import DeviceRegistry
+
+    try:
+        with DeviceRegistry.open(url, clock=SystemClock()) as registry:
+            return {d.device_id: d.last_seen_ms or 0 for d in registry.devices()}
+    except StoreError:
+        return {}
+
+
+async def watch_heard(url: str, gaps: dict[str, float]) -> None:
+    """The longest the registry went without hearing from a device, per device, in seconds
+    (sampled every half second while the database answers, off the event loop)."""
     while True:
-        await asyncio.sleep(0.25)
-        now = time.monotonic()
-        for w in workers:
-            count, since = last[w.device_id]
-            if w.heartbeat_actor.direct != count:
-                last[w.device_id] = (w.heartbeat_actor.direct, now)
-            elif now - since > gaps.get(w.device_id, 0.0):
-                gaps[w.device_id] = now - since
-                if now - since > 10 and int((now - since) * 4) % 20 == 0:
-                    log(f"{w.device_id}: no heartbeat answered for {now - since:.0f}s")
+        await asyncio.sleep(0.5)
+        heard = await asyncio.to_thread(last_heard, url)
+        now_ms = time.time() * 1000
+        for device, at_ms in heard.items():
+            gap = (now_ms - at_ms) / 1000
+            if at_ms and gap > gaps.get(device, 0.0):
+                gaps[device] = gap
+                if gap > 10 and int(gap * 2) % 10 == 0:
+                    log(f"{device}: not heard from for {gap:.0f}s")
 
 
 ROLLOUT_ID = "chaos-1"
@@ -68,8 +81,8 @@ NEW_VERSION = "1.1.0"
 
 def start_rollout(work: Path, url: str, artifact: Path, workers: int) -> None:
     """`edge-agent rollout start` against the shared database: a canary of 2, then the rest in
-    two waves, each soaking 60 s (the waves last through the faults; a device whose heartbeats sit
-    with a frozen leader is silent for up to about 20 s here, see `longest_heartbeat_gap_s`)."""
+    two waves, each soaking 60 s (the waves last through the faults; see `longest_unheard_s`, the
+    longest the registry went without hearing from a device)."""
     rest = workers - 2
     spec = work / "rollout.toml"
     spec.write_text(f'[rollout]\nname = "chaos"\nartifact = "{artifact}"\n'
@@ -137,10 +150,12 @@ def applied(url: str) -> dict[str, int]:
 class Leaders:
     """The leader processes, each killed, stopped, continued and started again by name."""
 
-    def __init__(self, work: Path, broker_url: str, database: str, count: int, public_key: Path) -> None:
+    def __init__(self, work: Path, broker_url: str, database: str, count: int, public_key: Path,
+                 keepalive_s: int = 0) -> None:
         self.work = work
         self.broker_url = broker_url
         self.sections: dict[str, dict[str, Any]] = {
+            **({"mqtt": {"keepalive_s": keepalive_s}} if keepalive_s else {}),
             "leader": {"heartbeat_deadline_s": 30.0, "shared_group": "leaders", "database": database},
             "firmware": {"public_key": str(public_key)},  # it checks what it rolls out, as the devices do
             "artifacts": {"listen": ""}}  # the devices download over MQTT chunks, from any leader
@@ -191,6 +206,51 @@ class Leaders:
                 proc.kill()
 
 
+async def inject_faults(leaders: Leaders, database: PostgresCluster, rng: random.Random, events: dict[str, int],
+                        due: list[tuple[float, str, str]], *, t0: float, seconds: float) -> float | None:
+    """SIGKILL or SIGSTOP a random leader every 8-20 s (started again 2-8 s later, continued
+    3-15 s later), PostgreSQL stopped for 5 s once, an exited leader started again; until
+    `seconds` after `t0`. What is still to undo stays in `due`; returns when PostgreSQL is due
+    back if it is still down (None or 0: not)."""
+    next_fault = t0 + rng.uniform(5, 10)
+    db_restart_at = t0 + seconds * 0.4
+    db_back_at: float | None = None
+    while time.monotonic() - t0 < seconds:
+        now = time.monotonic()
+        for name in leaders.restart_exited():
+            events["restarts_after_exit"] += 1
+            log(f"{name} had exited: started again")
+        for item in [d for d in due if d[0] <= now]:
+            due.remove(item)
+            _, action, name = item
+            (leaders.start if action == "start" else leaders.cont)(name)
+            log(f"{action} {name}")
+        if now >= next_fault and len(leaders.running()) > 1:
+            name = rng.choice(leaders.running())
+            if rng.random() < 0.5:
+                await asyncio.to_thread(leaders.kill, name)  # (off the loop: the devices go on)
+                events["kills"] += 1
+                due.append((now + rng.uniform(2, 8), "start", name))
+                log(f"SIGKILL {name}")
+            else:
+                leaders.stop(name)
+                events["stops"] += 1
+                due.append((now + rng.uniform(3, 15), "cont", name))
+                log(f"SIGSTOP {name}")
+            next_fault = now + rng.uniform(8, 20)
+        if db_back_at is None and now >= db_restart_at:
+            await asyncio.to_thread(database.stop, "immediate")
+            events["database_restarts"] += 1
+            db_back_at = now + 5.0
+            log("PostgreSQL stopped")
+        elif db_back_at is not None and db_back_at > 0 and now >= db_back_at:
+            await asyncio.to_thread(database.start)
+            db_back_at = 0.0
+            log("PostgreSQL started again")
+        await asyncio.sleep(0.2)
+    return db_back_at
+
+
 async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from agent.core.clock import SystemClock
     from firmware_rollout.artifact.fixture import make_artifact
@@ -201,7 +261,7 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     database = PostgresCluster().start()
     url = database.url()
     artifact, public = make_artifact(work, version=NEW_VERSION, size=256 * 1024, chunk_size=16 * 1024)
-    leaders = Leaders(work, broker.url, url, args.leaders, public)
+    leaders = Leaders(work, broker.url, url, args.leaders, public, args.keepalive)
     fast = {"heartbeat": {"interval_s": 1.0}, "mqtt": {"reply_timeout_s": 5.0}}
     devices = [await updating_worker(clock, work, f"w{i:02d}", broker.url, public, fast) for i in range(args.workers)]
     workers = [agent for agent, _ in devices]
@@ -212,55 +272,27 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         while len(applied(url)) < args.workers:  # every device heard of once
             await asyncio.sleep(0.2)
         gaps: dict[str, float] = {}
-        watcher = asyncio.get_running_loop().create_task(watch_heartbeats(workers, gaps))
-        start_rollout(work, url, artifact, args.workers)
+        watcher = asyncio.get_running_loop().create_task(watch_heard(url, gaps))
+        # (what blocks runs off the event loop: the devices in it go on meanwhile)
+        await asyncio.to_thread(start_rollout, work, url, artifact, args.workers)
         log(f"rollout {ROLLOUT_ID} started")
         t0 = time.monotonic()
-        next_fault = t0 + rng.uniform(5, 10)
-        db_restart_at = t0 + args.seconds * 0.4
-        db_back_at: float | None = None
+        # the faults on their own timeline: a device's send waiting on a frozen leader never
+        # holds back the leader's SIGCONT or a restart
+        faulting = asyncio.get_running_loop().create_task(
+            inject_faults(leaders, database, rng, events, due, t0=t0, seconds=args.seconds))
         n = 0
         while time.monotonic() - t0 < args.seconds:
-            now = time.monotonic()
             for w in workers:
                 await w.send_telemetry("t", float(n))  # "direct" or "outbox": accepted either way
                 accepted[w.device_id] += 1
             n += 1
-            for name in leaders.restart_exited():
-                events["restarts_after_exit"] += 1
-                log(f"{name} had exited: started again")
-            for item in [d for d in due if d[0] <= now]:
-                due.remove(item)
-                _, action, name = item
-                (leaders.start if action == "start" else leaders.cont)(name)
-                log(f"{action} {name}")
-            if now >= next_fault and len(leaders.running()) > 1:
-                name = rng.choice(leaders.running())
-                if rng.random() < 0.5:
-                    leaders.kill(name)
-                    events["kills"] += 1
-                    due.append((now + rng.uniform(2, 8), "start", name))
-                    log(f"SIGKILL {name}")
-                else:
-                    leaders.stop(name)
-                    events["stops"] += 1
-                    due.append((now + rng.uniform(3, 15), "cont", name))
-                    log(f"SIGSTOP {name}")
-                next_fault = now + rng.uniform(8, 20)
-            if db_back_at is None and now >= db_restart_at:
-                database.stop("immediate")
-                events["database_restarts"] += 1
-                db_back_at = now + 5.0
-                log("PostgreSQL stopped")
-            elif db_back_at is not None and db_back_at > 0 and now >= db_back_at:
-                database.start()
-                db_back_at = 0.0
-                log("PostgreSQL started again")
             await asyncio.sleep(0.5)
+        db_back_at = await faulting
         for _, action, name in due:  # every fault undone before the drain
             (leaders.start if action == "start" else leaders.cont)(name)
         if db_back_at:
-            database.start()
+            await asyncio.to_thread(database.start)
         drain0 = time.monotonic()
         while True:
             held = [await pending(w) for w in workers]
@@ -287,9 +319,10 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             log(f"{device} (wave {wave + 1}) {state} ({detail}) at the end; its updater: {told}")
         log(f"registry: {online(url)}")
         return {"seconds": args.seconds, "leaders": args.leaders, "workers": args.workers, "seed": args.seed,
+                "leader_keepalive_s": args.keepalive or 50,
                 "accepted": sum(accepted.values()), "applied": sum(counts.get(d, 0) for d in accepted),
                 "lost": lost, "applied_twice": twice, **events, "drain_s": round(drain_s, 1),
-                "longest_heartbeat_gap_s": round(max(gaps.values(), default=0.0), 1),
+                "longest_unheard_s": round(max(gaps.values(), default=0.0), 1),
                 "rollout": rollout}
     finally:
         for agent, part in devices:
@@ -308,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--drain-s", type=float, default=300.0)
+    parser.add_argument("--keepalive", type=int, default=0,
+                        help="the leaders' [mqtt] keepalive_s (default: the shipped 50)")
     parser.add_argument("--work", default="", help="a new directory to run in and keep (default: a temporary one)")
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (60.0 if args.quick else 300.0)
