@@ -76,7 +76,7 @@ from firmware_rollout.orchestration.lease import OrchestratorLease
 from firmware_rollout.orchestration.orchestrator import Orchestrator, RolloutKind
 from firmware_rollout.orchestration.plan import DeviceInfo
 from firmware_rollout.orchestration.status import describe
-from firmware_rollout.orchestration.store import RolloutStore
+from firmware_rollout.orchestration.store import RolloutRow, RolloutStore
 
 log = logging.getLogger(__name__)
 
@@ -552,8 +552,9 @@ class RolloutService(PartBase):
         if pool is not None:
             return pool
         r = self.store.get(rollout_id)  # (a StoreError: the database away, answered busy)
-        if r is None or self._lookup(rollout_id) is None:
+        if r is None:
             return None
+        self._artifacts.setdefault(rollout_id, _served(r))
         d = r.spec.download
         pool = ConfigServerPool(self.leader.system, lookup=self._lookup, clock=self.clock,
                                 servers=d.servers, capacity=d.mailbox_capacity, rate_bytes_per_s=d.rate_bytes_per_s,
@@ -606,9 +607,13 @@ class RolloutService(PartBase):
                 r = self.store.get(rollout_id)
             except EdgeAgentError:
                 return None
-            self._artifacts[rollout_id] = None if r is None else (Path(r.artifact),
-                                                                  parse_signed_manifest(r.signed_manifest))
+            self._artifacts[rollout_id] = None if r is None else _served(r)
         return self._artifacts[rollout_id]
+
+
+def _served(r: RolloutRow) -> tuple[Path, SignedManifest]:
+    """What a rollout's ConfigServers serve: its artifact's copy, and its signed manifest."""
+    return Path(r.artifact), parse_signed_manifest(r.signed_manifest)
 
 
 def artifact_server_collector(server: ArtifactServer) -> Collector:
