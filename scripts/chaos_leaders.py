@@ -28,8 +28,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 for where in (ROOT, ROOT / "tests"):
@@ -41,23 +42,45 @@ from postgres import PostgresCluster  # noqa: E402  (tests/: a real PostgreSQL c
 
 from tests.e2e.agent_support import pending, spawn_agent, updating_worker  # noqa: E402
 
+T = TypeVar("T")
+
 
 def log(message: str) -> None:
     print(f"[chaos_leaders] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
-def last_heard(url: str) -> dict[str, int]:
-    """When the shared registry last heard from each device (its `last_seen_ms`, what a soak's
-    gate reads); {} while it cannot be read."""
-    from agent.core.clock import SystemClock
+def registry_reads(url: str, read: Callable[[Any], T], empty: T) -> T:
+    """`read(RegistryReads)` on a read-only connection to the shared registry; `empty` while it
+    cannot be read (not made yet, or the database stopped)."""
     from agent.core.errors import StoreError
-    from agent.leader.registry import DeviceRegistry
+    from agent.leader.registry import DeviceRegistry, RegistryReads
 
     try:
-        with DeviceRegistry.open(url, clock=SystemClock()) as registry:
-            return {d.device_id: d.last_seen_ms or 0 for d in registry.devices()}
+        conn = DeviceRegistry.connect_reader(url)
     except StoreError:
-        return {}
+        return empty
+    try:
+        return read(RegistryReads(conn))
+    except StoreError:
+        return empty
+    finally:
+        conn.close()
+
+
+def applied(url: str) -> dict[str, int]:
+    """Telemetry records applied per device in the shared registry."""
+    return registry_reads(url, lambda reads: reads.telemetry_counts(), {})
+
+
+def last_heard(url: str) -> dict[str, int]:
+    """When the shared registry last heard from each device (its `last_seen_ms`, what a soak's
+    gate reads)."""
+    return registry_reads(url, lambda reads: {d.device_id: d.last_seen_ms or 0 for d in reads.page(limit=0)[1]}, {})
+
+
+def online(url: str) -> dict[str, bool]:
+    """Each device's presence in the shared registry."""
+    return registry_reads(url, lambda reads: {d.device_id: d.online for d in reads.page(limit=0)[1]}, {})
 
 
 async def watch_heard(url: str, gaps: dict[str, float]) -> None:
@@ -115,36 +138,6 @@ def rollout_outcome(url: str) -> dict[str, Any] | None:
     return {"state": status["state"], "waves": [w["state"] for w in status["waves"]], "counts": status["counts"],
             "devices_offered": len(offers), "max_offers_per_device": max(offers.values(), default=0),
             "in_progress": unfinished}
-
-
-def online(url: str) -> dict[str, bool]:
-    """Each device's presence in the shared registry."""
-    from agent.core.clock import SystemClock
-    from agent.core.errors import StoreError
-    from agent.leader.registry import DeviceRegistry
-
-    try:
-        with DeviceRegistry.open(url, clock=SystemClock()) as registry:
-            return {d.device_id: d.online for d in registry.devices()}
-    except StoreError:
-        return {}
-
-
-def applied(url: str) -> dict[str, int]:
-    """Telemetry records applied per device in the shared registry ({} while it cannot be read)."""
-    from agent.core.errors import StoreError
-    from agent.leader.registry import DeviceRegistry, RegistryReads
-
-    try:
-        conn = DeviceRegistry.connect_reader(url)
-    except StoreError:
-        return {}
-    try:
-        return RegistryReads(conn).telemetry_counts()
-    except StoreError:
-        return {}
-    finally:
-        conn.close()
 
 
 class Leaders:
