@@ -166,6 +166,9 @@ class LeaderSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     # Several leaders on one PostgreSQL database: one runs the rollouts, by a lease it renews every
     # third of this time; a standby takes over at most this long after the holder's last renewal.
     rollout_lease_s: Annotated[float, msgspec.Meta(ge=1.0, le=15.0)] = 10.0
+    # ... and one runs the job queue, by a lease of its own (`agent.leader.jobs`): a standby
+    # takes the queue over at most this long after the holder's last renewal.
+    job_lease_s: Annotated[float, msgspec.Meta(ge=1.0, le=15.0)] = 10.0
 
 
 class JobsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

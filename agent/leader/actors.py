@@ -63,14 +63,15 @@ class DemandSink(Protocol):
 
     def bound(self, demand: JobDemand) -> bool: ...
 
-    def register(self, demand: JobDemand) -> None: ...
+    def register(self, demands: Sequence[tuple[JobDemand, int]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterDemand:
-    """A worker's demand window, as its heartbeat carried it (memory only: nothing durable)."""
+    """Workers' demand windows, each with the sequence of the heartbeat that carried it (memory
+    only on leader.db; posted for the queue's holder on PostgreSQL)."""
 
-    demand: JobDemand
+    demands: tuple[tuple[JobDemand, int], ...]
 
 
 class HeartbeatIntake(Actor):
@@ -138,6 +139,7 @@ class HeartbeatIntake(Actor):
         """Only a heartbeat newer than the stored one registers: a late one from an earlier run
         of the worker must not replace its current binding."""
         assert self._demand is not None
+        wanted: list[tuple[JobDemand, int]] = []
         for hb, newer in zip(batch, applied, strict=True):
             demand = hb.demand
             if not newer or demand is None or hb.wire < 2:
@@ -147,7 +149,9 @@ class HeartbeatIntake(Actor):
                 continue
             if not self._demand.bound(demand):
                 self.stats.demand_registered += 1
-                self._demand.register(demand)
+                wanted.append((demand, hb.seq))
+        if wanted:
+            self._demand.register(wanted)
 
     def _apply_alone(self, hb: Heartbeat) -> bool:
         try:
@@ -212,6 +216,19 @@ class SubmitJobs:
     jobs: tuple[JobSubmit, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class TendJobs:
+    """Several leaders on PostgreSQL, every second: keep or take the fleet's job queue (`renew`:
+    its lease is due), bind the demands the other leaders heard, and end the bindings of the
+    workers the registry says went offline."""
+
+    renew: bool
+
+
+# Leaders' clocks differ: a worker lost by another leader is looked for this far back.
+LOST_WORKERS_SKEW_MS = 60_000
+
+
 @dataclass(slots=True)
 class LeaderStats:
     telemetry_new: int = 0
@@ -243,6 +260,7 @@ class LeaderActor(Actor):
         self._dispatch = dispatch
         self._batch_max = batch_max
         self._pending: list[Durable] = []
+        self._lost_since_ms = 0  # several leaders: the registry's losses looked at from here on
         self.stats = LeaderStats()
         self._failures: RateLimitedLog | None = None  # made at start (it needs the clock)
         self.telemetry = DurableKind[Telemetry]("telemetry", batch=self._apply_telemetry)
@@ -268,7 +286,9 @@ class LeaderActor(Actor):
         elif isinstance(message, WorkersLost):
             self.lose_workers(message.devices, message.reason)
         elif isinstance(message, RegisterDemand):
-            self._register(message.demand)
+            self._register_many(message.demands)
+        elif isinstance(message, TendJobs):
+            self._tend_jobs(message, ctx.clock.now_ms())
         elif isinstance(message, SubmitJobs):
             results = self._jobs.submit_many(list(message.jobs))
             await self._send_offers()
@@ -282,6 +302,42 @@ class LeaderActor(Actor):
         outcome = self._jobs.demand(demand)
         self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
         return outcome
+
+    def _register_many(self, demands: Sequence[tuple[JobDemand, int]]) -> None:
+        try:
+            outcomes = self._jobs.demand_many(demands)
+        except StoreError as exc:  # the workers' next full heartbeats carry them again
+            if self._failures is not None:
+                self._failures.log(logging.WARNING, "jobs", f"{len(demands)} job demands not registered: {exc}")
+            return
+        for outcome in outcomes:
+            self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
+
+    def _tend_jobs(self, tend: TendJobs, now_ms: int) -> None:
+        jobs = self._jobs
+        was = (jobs.held, jobs.epoch)
+        try:
+            if tend.renew:
+                jobs.hold()
+            if not jobs.held:
+                if was[0]:
+                    log.warning("jobs: leader %r runs the fleet's job queue now; this one stands by",
+                                jobs.lease_holder)
+                return
+            if was != (jobs.held, jobs.epoch):
+                log.info("jobs: this leader runs the fleet's job queue now (epoch %d, %d jobs unconfirmed,"
+                         " %d workers)", jobs.epoch, len(jobs.pending_ids()), len(jobs.workers()))
+                self._lost_since_ms = 0  # every worker offline now, whenever it went
+            jobs.read_demands()
+            offline = self._registry.offline_since(self._lost_since_ms)
+            self._lost_since_ms = now_ms - LOST_WORKERS_SKEW_MS
+            bound = jobs.workers()
+            lost = [w for w in offline if w in bound]
+            if lost:
+                self.lose_workers(lost, "offline in the registry")
+        except StoreError as exc:
+            if self._failures is not None:
+                self._failures.log(logging.WARNING, "jobs", f"the job queue not tended: {exc}")
 
     def lose_workers(self, devices: Sequence[str], reason: str) -> None:
         released = self._jobs.lose_workers(devices)  # one pass, however many workers a fleet loses
@@ -371,7 +427,12 @@ class LeaderActor(Actor):
         return changed
 
     async def _send_offers(self) -> None:
-        offers = self._jobs.dispatch()
+        try:
+            offers = self._jobs.dispatch()
+        except StoreError as exc:  # taken over by another leader, or the database lost: it stands by
+            if self._failures is not None:
+                self._failures.log(logging.WARNING, "jobs", f"no job offered: {exc}")
+            return
         if offers:
             self.stats.offers_sent += len(offers)
             await self._dispatch(offers)

@@ -36,7 +36,7 @@ from agent.core.ids import IdGenerator
 from agent.core.marks import StoreMark
 from agent.core.ratelog import RateLimitedLog
 from agent.core.reserve import DiskReserve
-from agent.core.sql import StoreTarget
+from agent.core.sql import PostgresUrl, StoreTarget
 from agent.core.sqlite import damage_report, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
@@ -47,11 +47,12 @@ from agent.leader.actors import (
     LeaderActor,
     RegisterDemand,
     SubmitJobs,
+    TendJobs,
     WorkersLost,
 )
 from agent.leader.database import LEADER_DB, shared_database
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
-from agent.leader.jobs import Dispatch, JobQueue, SubmitResult
+from agent.leader.jobs import Dispatch, JobQueue, QueueStandby, SubmitResult
 from agent.leader.messages import MessageLog
 from agent.leader.rates import DeviceRates
 from agent.leader.registry import DeviceRegistry
@@ -146,6 +147,9 @@ class LeaderAgent(PartBase):
         self.registry = registry
         registry.leader = self.device_id  # each device's row says which leader served it last
         self.jobs_queue = jobs
+        # this leader's own SQLite file (`open` sets it): its configuration layers, and on leader.db
+        # the fleet's stores too
+        self.leader_db = Path(config.agent.data_dir) / LEADER_DB if jobs.on_postgres else Path(jobs.path)
         self.rejects = rejects
         # Device applications' messages: stored in leader.db, and forwarded where attached.
         self.messages = messages
@@ -221,6 +225,7 @@ class LeaderAgent(PartBase):
         self.reserve: DiskReserve | None = None  # the disk room kept for a full disk (`open` sets it)
         # where the registry, messages and rejects are (`open` sets it: leader.db or PostgreSQL)
         self.shared: StoreTarget = Path(registry.path)
+        self._jobs_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -254,9 +259,12 @@ class LeaderAgent(PartBase):
         jobs = rejects = messages = None
         try:
             registry.claim_fleet(config.agent.fleet)
-            jobs = JobQueue.open(db, clock=clock, window_max=config.leader.job_window_max,
-                                 synchronous="FULL" if config.outbox.durability == "power" else "NORMAL")
-            mark.write("epoch", jobs.epoch)  # its commit was synced
+            jobs = JobQueue.open(db if isinstance(shared, Path) else shared, clock=clock,
+                                 window_max=config.leader.job_window_max,
+                                 synchronous="FULL" if config.outbox.durability == "power" else "NORMAL",
+                                 holder=config.agent.device_id, lease_s=config.leader.job_lease_s)
+            if not jobs.on_postgres:
+                mark.write("epoch", jobs.epoch)  # its commit was synced
             rejects = RejectLog.open(shared, clock=clock)
             messages = MessageLog.open(shared, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device,
                                        crash_classes=crash_classes(config))
@@ -276,6 +284,7 @@ class LeaderAgent(PartBase):
         leader = cls(config, transport=transport, clock=clock, outbox=outbox, registry=registry, jobs=jobs,
                      rejects=rejects, messages=messages, **kwargs)
         leader.data_dir = base
+        leader.leader_db = db
         leader.reserve = reserve
         leader.shared = shared
         return leader
@@ -284,7 +293,7 @@ class LeaderAgent(PartBase):
     def rollout_tables(self) -> StoreTarget:
         """Where the rollout tables live: with the fleet's registry, in its PostgreSQL database
         (several leaders, one orchestrator by a lease), else in this leader's leader.db."""
-        return self.registry.target if self.registry.on_postgres else Path(self.jobs_queue.path)
+        return self.registry.target if self.registry.on_postgres else self.leader_db
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -313,6 +322,11 @@ class LeaderAgent(PartBase):
         await self.relay.start()
         self._watcher = asyncio.create_task(
             self.registry.watch_deadlines(self._on_deadline), name=f"deadlines:{self.device_id}")
+        if self.jobs_queue.on_postgres:
+            queue = self.jobs_queue
+            log.info("jobs: %s", f"this leader runs the fleet's job queue (epoch {queue.epoch})" if queue.held
+                     else f"leader {queue.lease_holder!r} runs the fleet's job queue; this one stands by")
+            self._jobs_task = asyncio.create_task(self._tend_jobs(), name=f"job-queue:{self.device_id}")
         if self.housekeeping is not None:
             await self.housekeeping.start()
         if self.reserve is not None:
@@ -341,15 +355,41 @@ class LeaderAgent(PartBase):
         if self._reports is not None:
             self._reports.close()
         await cancel_and_wait(self._watcher)
+        await cancel_and_wait(self._jobs_task)
+        self._jobs_task = None
         await self.inbox.stop()
         if self._intake_actor is not None:
             self._intake_actor.stop_resting()
         await self.system.stop()
+        try:
+            self.jobs_queue.release()  # several leaders: a standby takes the job queue at once
+        except StoreError as exc:
+            log.warning("jobs: the job queue's lease not released (a standby takes it when it expires): %s", exc)
         stopping = asyncio.ensure_future(self.relay.stop_within())  # see WorkerAgent.stop
         await asyncio.sleep(0)
         await self.sender.stop()
         await stopping
         await self.transport.stop()
+
+    async def _tend_jobs(self) -> None:
+        """Several leaders on PostgreSQL: every second (renewing the job queue's lease every
+        third of `[leader] job_lease_s`), the LeaderActor tends the fleet's job queue
+        (`agent.leader.actors.TendJobs`). A full mailbox skips a round."""
+        lease_s = self.config.leader.job_lease_s
+        every_s, renew_s = min(1.0, lease_s / 3), lease_s / 3
+        renewed = self.clock.monotonic()  # (taken or refused at open)
+        while True:
+            await self.clock.sleep(every_s)
+            now = self.clock.monotonic()
+            renew = now - renewed >= renew_s - every_s / 2
+            if self.leader is None:
+                continue
+            try:
+                self.leader.tell(TendJobs(renew))
+            except EdgeAgentError:
+                continue
+            if renew:
+                renewed = now
 
     # -- API -----------------------------------------------------------------------------------
     async def submit_jobs(self, jobs: Sequence[JobSubmit], *, timeout_s: float = 30.0) -> list[SubmitResult]:
@@ -373,7 +413,9 @@ class LeaderAgent(PartBase):
     # -- as a part of the running agent --------------------------------------------------------
     def databases(self) -> list[Path]:
         """The SQLite files this agent owns (none when its stores were handed in)."""
-        return [Path(self.outbox.path), Path(self.jobs_queue.path)] if self._owns_stores else []
+        if not self._owns_stores:
+            return []
+        return [Path(self.outbox.path)] + ([self.leader_db] if self.leader_db.exists() else [])
 
     def liveness(self) -> Liveness:
         return {"actors": (self.system.problem, "all actors running")}
@@ -419,7 +461,9 @@ class LeaderAgent(PartBase):
         from agent.leader.readonly import open_leader_db
         from agent.service.prom import family
 
-        with open_leader_db(self.jobs_queue.path, shared=self.shared) as db:
+        # (on PostgreSQL a leader without configuration layers may have no leader.db of its own)
+        own = self.leader_db.exists() or not isinstance(self.shared, PostgresUrl)
+        with open_leader_db(self.leader_db if own else self.shared, shared=self.shared) as db:
             compliance = fleet_compliance(db, self.clock.now_ms())
         samples = [({"target": target, "compliance": kind}, float(n))
                    for target, counts in compliance.items() for kind, n in counts.items()]
@@ -544,7 +588,9 @@ class LeaderAgent(PartBase):
             return self._refuse(env, str(exc))
         except StoreError as exc:
             self.busy_answers += 1
-            self._store_log.warning("store", f"message {env.id} from {env.sender} not applied (answered busy): {exc}")
+            if not isinstance(exc, QueueStandby):  # (the leader running the job queue takes it when sent again)
+                self._store_log.warning("store", f"message {env.id} from {env.sender} not applied (answered busy):"
+                                        f" {exc}")
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
         return Reply(id=env.id, status="accepted", reason="" if done.result() else held)
 
@@ -628,12 +674,12 @@ class _HeartbeatDemand:
     def bound(self, demand: JobDemand) -> bool:
         return self._leader.jobs_queue.bound(demand)
 
-    def register(self, demand: JobDemand) -> None:
+    def register(self, demands: Sequence[tuple[JobDemand, int]]) -> None:
         ref = self._leader.leader
         if ref is None:
             return
         try:
-            ref.tell(RegisterDemand(demand))
+            ref.tell(RegisterDemand(tuple(demands)))
         except EdgeAgentError:
             pass
 

@@ -9,12 +9,17 @@ from agent.core.errors import StoreError
 from agent.protocol import JobOffer
 
 SubmitOutcome = Literal["stored", "duplicate"]
-DemandOutcome = Literal["registered", "updated", "replaced", "violation"]
+DemandOutcome = Literal["registered", "updated", "replaced", "violation", "posted"]
 ResultOutcome = Literal["confirmed", "duplicate", "stale_epoch", "violation"]
 
 
 class QueueFenced(StoreError):
     """A newer incarnation of the queue owns the database; this one must stop."""
+
+
+class QueueStandby(StoreError):
+    """Several leaders on PostgreSQL: another leader runs the fleet's job queue (it holds the
+    queue's lease); a job message sent here is answered busy and sent again by its device."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,8 @@ class QueueStats:
     confirmed: int  # this incarnation
     requeued: int  # this incarnation
     violations: int  # this incarnation
+    held: int = 1  # 1 while this leader runs the queue (several leaders: holds its lease)
+    taken: int = 1  # times this leader took the queue (at its start, and each takeover)
 
 
 __all__ = [
@@ -75,6 +82,7 @@ __all__ = [
     "Dispatch",
     "JobRecord",
     "QueueFenced",
+    "QueueStandby",
     "QueueStats",
     "ResultAck",
     "ResultOutcome",

@@ -2,10 +2,11 @@
 
 `copy_to_postgres(leader_db, target)` copies what `[leader] database` moves to PostgreSQL (the
 device registry, with its processed message ids, the application messages, the rejects, the
-device identities and the rollout tables when the leader has them), in one transaction: all of
-it or nothing, so a rollout in flight goes on where it was under the leader that holds the
-orchestrator lease. What stays each leader's own (the job queue, the configuration layers, the
-outbox) stays in `leader.db`, which the same leader keeps using. The leader must
+device identities, the job queue with its epoch and the rollout tables when the leader has them),
+in one transaction: all of it or nothing, so a rollout in flight goes on where it was under the
+leader that holds the orchestrator lease, and every job not confirmed yet is offered again by the
+leader that takes the job queue (under the next epoch). What stays each leader's own (the
+configuration layers, the outbox) stays in `leader.db`, which the same leader keeps using. The leader must
 be stopped (its data directory's lock says so); the target must hold no devices, messages or
 rejects unless `into_non_empty` (then rows already there win: a device, a message id, a
 processed id is never copied twice).
@@ -25,6 +26,7 @@ from agent.core.sql import PostgresUrl
 from agent.core.sqlite import close_quietly, describe, read_int
 from agent.core.store import Store
 from agent.leader.identities import IdentityStore
+from agent.leader.jobs import JobQueue
 from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
@@ -58,6 +60,8 @@ _TABLES = (
     _Table(IdentityStore, "identity_controls", identity="id"),
     _Table(IdentityStore, "enrol_tokens"),
     _Table(IdentityStore, "enrol_allow"),
+    _Table(JobQueue, "jobqueue_meta"),
+    _Table(JobQueue, "jobs", identity="store_seq"),
     _Table(RolloutStore, "rollouts"),
     _Table(RolloutStore, "rollout_waves"),
     _Table(RolloutStore, "rollout_devices"),
@@ -68,7 +72,8 @@ _TABLES = (
     _Table(RolloutStore, "rollout_serving"),
 )
 _STORES: tuple[type[Store], ...] = (DeviceRegistry, MessageLog, RejectLog)
-_OPTIONAL: tuple[type[Store], ...] = (IdentityStore, RolloutStore)  # a leader without [identity] has none
+# a leader without [identity] has no identities; a database of a registry alone, no job queue
+_OPTIONAL: tuple[type[Store], ...] = (IdentityStore, JobQueue, RolloutStore)
 _HELD = ("devices", "processed_messages", "app_messages", "rejects")  # a target holding any is not empty
 
 

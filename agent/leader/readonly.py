@@ -6,10 +6,10 @@ leader. A file that is missing, not SQLite, or not a leader database is one `Sto
 read goes through the store that owns its table (`db.registry`, `db.rejects`, `db.jobs`,
 `db.rollouts`): a view passes values between them instead of joining their tables.
 
-A fleet whose leaders share a PostgreSQL database (`[leader] database`) keeps its registry and
-rejects there: `open_leader_db("postgresql://...")` reads the whole fleet from it (the job queue
-and the rollout tables, each leader's own, are then empty), and a leader's own view passes its
-`leader.db` and `shared=` the database.
+A fleet whose leaders share a PostgreSQL database (`[leader] database`) keeps its registry,
+rejects, job queue and rollout tables there: `open_leader_db("postgresql://...")` reads the whole
+fleet from it (a leader's configuration layers, in its own leader.db, are then empty), and a
+leader's own view passes its `leader.db` and `shared=` the database.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class LeaderDb:
 
     @functools.cached_property
     def jobs(self) -> JobReads:
-        return JobReads(self.conn)
+        on_shared = JobReads(self.shared) if self.shared is not self.conn else None
+        return on_shared if on_shared is not None and on_shared.counts() is not None else JobReads(self.conn)
 
     @functools.cached_property
     def rollouts(self) -> RolloutReads:

@@ -622,6 +622,16 @@ class DeviceRegistry(Store):
             ).fetchall()
         return sorted(r[0] for r in rows)
 
+    def offline_since(self, since_ms: int) -> list[str]:
+        """Devices offline now that went offline at `since_ms` or later (by whichever leader's
+        clock marked them): how the leader running the job queue hears of the workers the
+        other leaders lost."""
+        self.check_open()
+        with store_errors("devices offline"):
+            rows = self._conn.execute(
+                "SELECT device_id FROM devices WHERE online = 0 AND changed_ms >= ?", (since_ms,)).fetchall()
+        return [str(r[0]) for r in rows]
+
     def next_deadline_ms(self) -> int | None:
         """When the next online device runs out of its heartbeat deadline, or None."""
         self.check_open()

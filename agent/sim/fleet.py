@@ -329,6 +329,13 @@ class SimFleet:
     def living_leaders(self) -> list[LeaderAgent]:
         return [a.agent for a in self.leader_apps if a.agent.device_id not in self.crashed_leaders]
 
+    @property
+    def job_leader(self) -> LeaderAgent | None:
+        """The living leader running the fleet's job queue (several leaders: the holder of its
+        lease), else the first living one (None: no leader in this process)."""
+        living = self.living_leaders()
+        return next((each for each in living if each.jobs_queue.held), living[0] if living else None)
+
     async def crash_leader(self) -> None:
         """The first leader dies: its connection breaks at once (the broker publishes its will and
         hands its share of the uplinks to the others), unanswered messages stay with their

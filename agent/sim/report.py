@@ -86,11 +86,15 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
             else:
                 stale += 1
 
-    jobs = leader.jobs_queue.counts()
-    jstats = leader.jobs_queue.stats()
-    actor = leader.leader_stats
+    queue = job_leader.jobs_queue if (job_leader := fleet.job_leader) is not None else None
+    jobs = queue.counts() if queue is not None and queue.held else {}  # (several leaders: the holder's)
     intake = leader.intake_stats
-    results = dict(actor.stats.results) if actor else {}
+    requeued = queue.stats().requeued if queue is not None else 0
+    results: dict[str, int] = {}
+    for each in fleet.leaders:  # every leader's, a crashed one's included
+        if (actor := each.leader_stats) is not None:
+            for outcome, n in actor.stats.results.items():
+                results[outcome] = results.get(outcome, 0) + n
     jobs_lost = max(0, sim.jobs_submitted - jobs.get("confirmed", 0))
     mailboxes = {s.name: s for s in leader.mailbox_statistics()}
     hb_box = mailboxes.get("heartbeats")
@@ -131,7 +135,9 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
                 "leader_crash_s": opts.leader_crash_s} if opts.leaders > 1 or opts.database else {}),
         },
         **({"leaders": {"served_last": leader.registry.leaders(), "crashed": sorted(fleet.crashed_leaders),
-                        "busy_answers": {each.device_id: each.busy_answers for each in fleet.leaders}}}
+                        "busy_answers": {each.device_id: each.busy_answers for each in fleet.leaders},
+                        # who ran the fleet's job queue: the times each took it (its lease)
+                        "job_queue_taken": {each.device_id: each.jobs_queue.taken for each in fleet.leaders}}}
            if opts.leaders > 1 else {}),
         "fleet_seconds": round(sim.now(), 3),
         "truncated_at_s": sim.truncated_at,  # set only when a benchmark's wall budget ran out
@@ -176,7 +182,7 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
         },
         "jobs": {
             "submitted": sim.jobs_submitted, "confirmed": jobs.get("confirmed", 0),
-            "pending": jobs.get("pending", 0), "results": results, "requeued": jstats.requeued,
+            "pending": jobs.get("pending", 0), "results": results, "requeued": requeued,
             "confirmed_more_than_once": max(0, results.get("confirmed", 0) - jobs.get("confirmed", 0)),
             "lost": jobs_lost,
         },

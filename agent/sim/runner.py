@@ -213,7 +213,8 @@ class Simulation:
             "leader_mailbox_capacity": hb.capacity if hb else 0,
             "aimd_limit_min": min(limits) if limits else None,
             "aimd_limit_mean": round(sum(limits) / len(limits), 2) if limits else None,
-            "jobs_confirmed": leader.jobs_queue.stats().confirmed if leader is not None else 0,
+            "jobs_confirmed": sum(each.leader_stats.stats.results.get("confirmed", 0) for each in fleet.leaders
+                                  if each.leader_stats is not None),
             "jobs_submitted": self.jobs_submitted,
         }
 
@@ -342,7 +343,7 @@ class Simulation:
         self.clock.call_later(first, fire)
 
     async def _submit_jobs(self) -> None:
-        leader = self.fleet.leader
+        leader = self.fleet.job_leader
         assert leader is not None
         jobs = [JobSubmit(job_id=f"job-{n:06d}", kind="sim", payload=f"{n}".encode()) for n in range(self.opts.jobs)]
         await leader.submit_jobs(jobs)
@@ -450,8 +451,11 @@ class Simulation:
         while self.now() - start < self.opts.drain_s:
             await self._run_until(at)
             at += slot
-            jobs = leader.jobs_queue.stats() if leader is not None else None
-            if (jobs is None or (jobs.pending == 0 and jobs.in_flight == 0)) and await self._unsettled() == 0:
+            job_leader = self.fleet.job_leader
+            queue = job_leader.jobs_queue if job_leader is not None else None
+            jobs = queue.stats() if queue is not None else None
+            settled = queue is None or jobs is None or (queue.held and jobs.pending == 0 and jobs.in_flight == 0)
+            if settled and await self._unsettled() == 0:
                 self.drained = True
                 break
         if leader is not None and self.opts.shard is not None and self.opts.shard[1] > 1:

@@ -278,3 +278,64 @@ async def test_a_rollout_goes_on_exactly_when_the_leader_running_it_is_killed(
             await agent.stop()
         for proc in leaders.values():
             kill(proc, signal.SIGTERM)
+
+
+def _job_queue(url: str) -> tuple[int, int, str]:
+    """(jobs confirmed, epoch, the leader holding the job queue's lease) in the fleet's database."""
+    from agent.leader.jobs import JobQueue, JobReads
+
+    try:
+        conn = JobQueue.connect_reader(url)
+    except StoreError:
+        return 0, 0, ""
+    try:
+        counts = JobReads(conn).counts()
+        holder = conn.execute("SELECT holder FROM jobqueue_lease WHERE name = 'jobs'").fetchone()[0]
+        return (counts.confirmed, counts.epoch, str(holder)) if counts is not None else (0, 0, "")
+    except StoreError:
+        return 0, 0, ""
+    finally:
+        conn.close()
+
+
+async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed(
+        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Work-pulling across two real leaders: one runs the fleet's job queue (its lease), the other
+    answers job messages busy and posts the demands it hears. The holder is SIGKILLed with jobs in
+    flight and offers in its outbox: the other takes the queue under the next epoch, offers every
+    unconfirmed job again, and all are confirmed; nothing waits for the dead leader."""
+    from agent.protocol import JobSubmit
+    from agent.worker.actors import outbox_message
+
+    url = postgres.url()
+    jobs = {"jobs": {"demand_window": 2}}
+    shared = {"leader": {"shared_group": "leaders", "database": url, "job_lease_s": 1.0,
+                         "heartbeat_deadline_s": 5.0, "operators": ["w0"]}}
+    clock = SystemClock()
+    leaders = {name: spawn_agent(tmp_path, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
+    agents = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections={**FAST, **jobs}) for i in range(3)]
+    try:
+        await until(clock, lambda: _job_queue(url)[2] in leaders, limit_s=60,
+                    step_s=0.1, what="one leader running the job queue")
+        submitter = agents[0]
+        for n in range(30):
+            job = JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.2")
+            await submitter.outbox.enqueue(outbox_message(submitter.ids, submitter.device_id, job,
+                                                          key=f"job.submit:{job.job_id}"))
+        await until(clock, lambda: _job_queue(url)[0] >= 6, limit_s=90, step_s=0.05, what="some jobs confirmed")
+        _, epoch, holder = _job_queue(url)
+        kill(leaders[holder])  # SIGKILL the leader running the queue, jobs in flight
+        other = "gw2" if holder == "gw1" else "gw1"
+        await until(clock, lambda: _job_queue(url)[0] == 30, limit_s=120, step_s=0.1,
+                    what="every job confirmed through the other leader")
+        confirmed, taken_epoch, taken_by = _job_queue(url)
+        assert (confirmed, taken_by) == (30, other) and taken_epoch == epoch + 1
+        for w in agents:
+            await until(clock, lambda w=w: _empty(w), limit_s=60, step_s=0.1, what="outboxes drained")
+        log = (tmp_path / f"{other}.log").read_text()
+        assert "runs the fleet's job queue now" in log and "Traceback" not in log
+        assert leaders[other].poll() is None
+    finally:
+        for proc in leaders.values():
+            kill(proc, signal.SIGTERM)
+        await stop_all(*agents)

@@ -28,18 +28,19 @@ def assigned(dispatches: list[Dispatch]) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "leader.db"
+def path(leader_store: Path | str) -> Path | str:
+    """Each test runs on leader.db and on a fleet's PostgreSQL database."""
+    return leader_store
 
 
 @pytest.fixture
-def queue(path: Path):
+def queue(path: Path | str):
     q = JobQueue.open(path, clock=VirtualClock(), window_max=8)
     yield q
     q.close()
 
 
-def test_submit_is_idempotent_first_write_wins(queue: JobQueue, path: Path) -> None:
+def test_submit_is_idempotent_first_write_wins(queue: JobQueue, path: Path | str) -> None:
     first = queue.submit(job(1, b"original"))
     again = queue.submit(job(1, b"changed"))
     assert (first.outcome, again.outcome) == ("stored", "duplicate")
@@ -163,7 +164,7 @@ def test_confirmation_exactly_once(queue: JobQueue) -> None:
     assert queue.workers() == {"w1": 4}  # a duplicate is not a violation
 
 
-def test_epoch_fencing_after_restart(path: Path) -> None:
+def test_epoch_fencing_after_restart(path: Path | str) -> None:
     clock = VirtualClock()
     old = JobQueue.open(path, clock=clock)
     old.submit_many([job(n) for n in range(1, 6)])
@@ -190,8 +191,8 @@ def test_epoch_fencing_after_restart(path: Path) -> None:
     offers = new.dispatch()
     assert [d.offer.job_id for d in offers] == ["j1", "j3", "j4", "j5"]
     assert {d.offer.epoch for d in offers} == {new.epoch}
-    for d in offers:
-        assert new.result(result(new, d.offer.job_id, "w2")).outcome == "confirmed"
+    for d in offers:  # (on PostgreSQL w1's posted demand is bound again too: any leader heard it)
+        assert new.result(result(new, d.offer.job_id, d.worker)).outcome == "confirmed"
     assert new.counts() == {"pending": 0, "confirmed": 5}
     assert new.job("j99") is None
     old.close()
@@ -206,7 +207,7 @@ def test_closed_queue_refuses(queue: JobQueue) -> None:
         queue.submit(job(1))
 
 
-async def test_prune_confirmed_by_age(path: Path) -> None:
+async def test_prune_confirmed_by_age(path: Path | str) -> None:
     clock = VirtualClock()
     with JobQueue.open(path, clock=clock) as q:
         q.submit_many([job(1), job(2)])
@@ -218,7 +219,7 @@ async def test_prune_confirmed_by_age(path: Path) -> None:
         assert q.job("j1") is None and q.job("j2") is not None
 
 
-async def test_prune_confirmed_in_batches_never_touches_unconfirmed_jobs(path: Path) -> None:
+async def test_prune_confirmed_in_batches_never_touches_unconfirmed_jobs(path: Path | str) -> None:
     clock = VirtualClock()
     with JobQueue.open(path, clock=clock) as q:
         q.submit_many([job(n) for n in range(30)])
@@ -242,7 +243,7 @@ async def test_prune_confirmed_in_batches_never_touches_unconfirmed_jobs(path: P
             assert q.result(result(q, d.offer.job_id, d.worker)).outcome == "confirmed"
 
 
-def test_losing_a_big_fleet_puts_every_held_job_back_at_the_head_in_order(path: Path) -> None:
+def test_losing_a_big_fleet_puts_every_held_job_back_at_the_head_in_order(path: Path | str) -> None:
     workers = 3000
     q = JobQueue.open(path, clock=VirtualClock(), window_max=8)
     try:

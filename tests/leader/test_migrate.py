@@ -14,11 +14,12 @@ from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError
 from agent.core.sql import PostgresUrl
 from agent.leader.identities import IdentityStore
+from agent.leader.jobs import JobQueue
 from agent.leader.messages import MessageLog, read_messages
 from agent.leader.migrate import copy_to_postgres
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
-from agent.protocol import AppMessage, Heartbeat, Telemetry
+from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
 from agent.service.instance import InstanceLock
 from firmware_rollout.orchestration.spec import spec_from_dict
 from firmware_rollout.orchestration.store import RolloutStore
@@ -54,6 +55,11 @@ def _single_gateway(db: Path) -> None:
             rollouts.record_offer("r1", "pi-0", 1)
             assert rollouts.claim("report-1")
         rollouts.add_control("r1", "pause")
+    with JobQueue.open(db, clock=clock) as jobs:  # j1 done, j2 held by pi-0, j3 waiting
+        jobs.submit_many([JobSubmit(job_id=f"j{n}", kind="work", payload=b"p") for n in (1, 2, 3)])
+        jobs.demand(JobDemand(worker="pi-0", incarnation="i", window=2))
+        jobs.dispatch()
+        assert jobs.result(JobResult(job_id="j1", epoch=jobs.epoch, worker="pi-0", ok=True)).outcome == "confirmed"
 
 
 def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path, pg_url: str) -> None:
@@ -90,6 +96,11 @@ def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path
         assert not rollouts.claim("report-1")  # a report applied before is still a duplicate
         assert [c.action for c in rollouts.pending_controls()] == ["pause"]
         assert rollouts.add_control("r1", "resume") == 2  # ids go on after the copied ones
+    assert copied["jobs"] == 3
+    with JobQueue.open(pg_url, clock=clock, holder="gw1") as jobs:  # every unconfirmed job offered again
+        assert jobs.epoch == 2 and jobs.pending_ids() == ["j2", "j3"]
+        assert jobs.submit(JobSubmit(job_id="j1", kind="work")).outcome == "duplicate"  # done stays done
+        assert jobs.submit(JobSubmit(job_id="j4", kind="work")).store_seq > 3  # numbered after the copied ones
 
 
 def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp_path: Path, pg_url: str) -> None:

@@ -1,6 +1,6 @@
 """`simulate --leaders N --database URL --leader-crash AT` on a real PostgreSQL: several real
-leaders share the fleet's registry, the first one crashes, the others carry the fleet, and
-nothing is lost; the run's own schema is gone afterwards."""
+leaders share the fleet's registry and its job queue, the first one crashes, the others carry
+the fleet and its jobs, and nothing is lost; the run's own schema is gone afterwards."""
 
 from __future__ import annotations
 
@@ -18,9 +18,15 @@ async def test_three_leaders_on_postgresql_lose_nothing_when_one_crashes(tmp_pat
                                                                         postgres_shared: PostgresCluster) -> None:
     opts = SimOptions(devices=30, duration_s=360.0, seed=5, heartbeat_s=15.0, telemetry_s=10.0, app_every_s=30.0,
                       offline_rate=0.2, progress=False, leaders=3, database=postgres_shared.url(),
-                      leader_crash_s=180.0)
+                      leader_crash_s=180.0, jobs=60, job_work_s=60.0)
     report = await Simulation(opts, workdir=tmp_path).run()
     assert report["lost"] == 0 and report["conservation_ok"] is True
+    # the fleet's one job queue: every job confirmed once, though the leader running it crashed
+    jobs = report["jobs"]
+    assert jobs["confirmed"] == jobs["submitted"] == 60 and jobs["confirmed_more_than_once"] == 0
+    taken = report["leaders"]["job_queue_taken"]  # the first ran it, one of the others took it over
+    assert taken["leader-1"] == 1 and taken["leader-2"] + taken["leader-3"] == 1
+    assert jobs["results"].get("stale_epoch", 0) > 0  # results of the crashed leader's offers: refused
     assert report["telemetry"]["generated"] == report["telemetry"]["applied_by_leader"] > 0
     leaders = report["leaders"]
     assert leaders["crashed"] == ["leader-1"]
@@ -36,7 +42,7 @@ async def test_three_leaders_on_postgresql_lose_nothing_when_one_crashes(tmp_pat
     (["--leaders", "2"], "several leaders share one registry: give --database"),
     (["--leader-crash", "1m"], "a leader's crash needs another to take over"),
     (["--leaders", "2", "--database", "mysql://db/x"], "must be a postgresql:// URL"),
-    (["--leaders", "2", "--database", "postgresql://u@h/db", "--jobs", "5"], "without jobs"),
+    (["--leaders", "2", "--database", "postgresql://u@h/db", "--processes", "2"], "run in one process"),
     (["--leaders", "2", "--database", "postgresql://u@h/db", "--scenario", "wave-rollout"],
      "a rollout is served by one leader"),
 ])
