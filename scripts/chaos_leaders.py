@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A chaos run of several leaders on one PostgreSQL: real `edge-agent run` leader processes on a
-real mosquitto's shared subscription, real worker agents sending telemetry and taking one
-firmware rollout (the real updater on slot directories, rebooting in-process), leaders SIGKILLed
-(and started again) and SIGSTOPped (and continued) at random, PostgreSQL restarted once.
+real mosquitto's shared subscription, real worker agents sending telemetry, pulling jobs from the
+fleet's one job queue and taking one firmware rollout (the real updater on slot directories,
+rebooting in-process), leaders SIGKILLed (and started again) and SIGSTOPped (and continued) at
+random, PostgreSQL restarted once.
 
     python scripts/chaos_leaders.py [--quick] [--seconds S] [--leaders N] [--workers W] [--seed K]
 
@@ -12,7 +13,9 @@ many times as the worker's agent accepted a record (`lost` and `applied_twice` b
 rollout, started with `edge-agent rollout start --db` once every device is known, must succeed
 with every wave passed, each device offered the image once (`rollout_offers`: the offers the
 orchestrators decided; a new lease holder sending a pending offer again adds none) and running
-the new version. The last line is JSON. Jobs are each leader's own for now: not part of the run.
+the new version. The jobs (`--jobs`, submitted by one worker, an operator of the leaders, in
+batches through the run) must all be confirmed, each once; `job_queue_epochs` says how many
+times a leader opened the queue (its start, and every takeover). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -102,6 +105,36 @@ ROLLOUT_ID = "chaos-1"
 NEW_VERSION = "1.1.0"
 
 
+def job_counts(url: str) -> tuple[int, int, int]:
+    """(jobs confirmed, of which failed, the job queue's epoch) in the fleet's database."""
+    from agent.core.errors import StoreError
+    from agent.leader.jobs import JobQueue, JobReads
+
+    try:
+        conn = JobQueue.connect_reader(url)
+    except StoreError:
+        return 0, 0, 0
+    try:
+        counts = JobReads(conn).counts()
+        return (counts.confirmed, counts.failed, counts.epoch) if counts is not None else (0, 0, 0)
+    except StoreError:
+        return 0, 0, 0
+    finally:
+        conn.close()
+
+
+async def submit_jobs(submitter: Any, first: int, count: int) -> None:
+    """`count` jobs of half a second's work from `submitter` (an operator of the leaders), through
+    its outbox: accepted by the leader running the queue (the others answer busy)."""
+    from agent.protocol import JobSubmit
+    from agent.worker.actors import outbox_message
+
+    for n in range(first, first + count):
+        job = JobSubmit(job_id=f"job-{n:05d}", kind="sleep", payload=b"0.5")
+        await submitter.outbox.enqueue(outbox_message(submitter.ids, submitter.device_id, job,
+                                                      key=f"job.submit:{job.job_id}"))
+
+
 def start_rollout(work: Path, url: str, artifact: Path, workers: int) -> None:
     """`edge-agent rollout start` against the shared database: a canary of 2, then the rest in
     two waves, each soaking 60 s (the waves last through the faults; see `longest_unheard_s`, the
@@ -149,7 +182,8 @@ class Leaders:
         self.broker_url = broker_url
         self.sections: dict[str, dict[str, Any]] = {
             **({"mqtt": {"keepalive_s": keepalive_s}} if keepalive_s else {}),
-            "leader": {"heartbeat_deadline_s": 30.0, "shared_group": "leaders", "database": database},
+            "leader": {"heartbeat_deadline_s": 30.0, "shared_group": "leaders", "database": database,
+                       "operators": ["w00"]},  # w00 submits the jobs
             "firmware": {"public_key": str(public_key)},  # it checks what it rolls out, as the devices do
             "artifacts": {"listen": ""}}  # the devices download over MQTT chunks, from any leader
         self.procs = {f"gw{n + 1}": self._spawn(f"gw{n + 1}") for n in range(count)}
@@ -255,7 +289,7 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     url = database.url()
     artifact, public = make_artifact(work, version=NEW_VERSION, size=256 * 1024, chunk_size=16 * 1024)
     leaders = Leaders(work, broker.url, url, args.leaders, public, args.keepalive)
-    fast = {"heartbeat": {"interval_s": 1.0}, "mqtt": {"reply_timeout_s": 5.0}}
+    fast = {"heartbeat": {"interval_s": 1.0}, "mqtt": {"reply_timeout_s": 5.0}, "jobs": {"demand_window": 2}}
     devices = [await updating_worker(clock, work, f"w{i:02d}", broker.url, public, fast) for i in range(args.workers)]
     workers = [agent for agent, _ in devices]
     accepted = dict.fromkeys((w.device_id for w in workers), 0)
@@ -274,8 +308,14 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         # holds back the leader's SIGCONT or a restart
         faulting = asyncio.get_running_loop().create_task(
             inject_faults(leaders, database, rng, events, due, t0=t0, seconds=args.seconds))
-        n = 0
+        n = submitted = 0
+        batches = 5  # the jobs in batches over the first half of the run: some always in flight
         while time.monotonic() - t0 < args.seconds:
+            if submitted < args.jobs and time.monotonic() - t0 >= submitted / args.jobs * args.seconds / 2:
+                count = min(args.jobs - submitted, -(-args.jobs // batches))
+                await submit_jobs(workers[0], submitted, count)
+                submitted += count
+                log(f"{submitted} jobs submitted")
             for w in workers:
                 await w.send_telemetry("t", float(n))  # "direct" or "outbox": accepted either way
                 accepted[w.device_id] += 1
@@ -291,6 +331,7 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             held = [await pending(w) for w in workers]
             rollout = rollout_outcome(url)
             if (sum(held) == 0 and sum(applied(url).get(d, 0) for d in accepted) >= sum(accepted.values())
+                    and job_counts(url)[0] >= submitted
                     and rollout is not None and rollout["state"] not in ("scheduled", "running", "paused")):
                 break
             events["restarts_after_exit"] += len(leaders.restart_exited())
@@ -303,6 +344,7 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         counts = applied(url)
         lost = sum(max(0, accepted[d] - counts.get(d, 0)) for d in accepted)
         twice = sum(max(0, counts.get(d, 0) - accepted[d]) for d in accepted)
+        confirmed, failed, epoch = job_counts(url)
         rollout = rollout_outcome(url) or {"state": "unknown"}
         rollout["devices_on_new_version"] = sum(1 for w in workers if w.firmware_version() == NEW_VERSION)
         parts = {agent.device_id: part for agent, part in devices}
@@ -316,6 +358,8 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "accepted": sum(accepted.values()), "applied": sum(counts.get(d, 0) for d in accepted),
                 "lost": lost, "applied_twice": twice, **events, "drain_s": round(drain_s, 1),
                 "longest_unheard_s": round(max(gaps.values(), default=0.0), 1),
+                "jobs": {"submitted": submitted, "confirmed": confirmed, "failed": failed,
+                         "job_queue_epochs": epoch},
                 "rollout": rollout}
     finally:
         for agent, part in devices:
@@ -333,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leaders", type=int, default=3)
     parser.add_argument("--workers", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=500, help="jobs submitted during the run (default 500)")
     parser.add_argument("--drain-s", type=float, default=300.0)
     parser.add_argument("--keepalive", type=int, default=0,
                         help="the leaders' [mqtt] keepalive_s (default: the shipped 50)")
@@ -350,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     rollout = result["rollout"]
     rollout_ok = (rollout["state"] == "succeeded" and rollout["max_offers_per_device"] == 1
                   and rollout["devices_on_new_version"] == result["workers"])
-    return 0 if result["lost"] == 0 and result["applied_twice"] == 0 and rollout_ok else 1
+    jobs_ok = result["jobs"]["confirmed"] == result["jobs"]["submitted"] and result["jobs"]["failed"] == 0
+    return 0 if result["lost"] == 0 and result["applied_twice"] == 0 and rollout_ok and jobs_ok else 1
 
 
 if __name__ == "__main__":

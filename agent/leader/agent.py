@@ -9,7 +9,8 @@
     ├── presence subscription ea/v1/{fleet}/+/presence (retained; last wills) ──► LeaderActor
     ├── heartbeat deadline watcher ──► devices offline, their jobs back to the pool
     ├── Housekeeper: prunes processed ids, confirmed jobs, rollout report ids (agent.housekeeping)
-    ├── leader.db: DeviceRegistry, JobQueue (epoch-fenced), RejectLog
+    ├── leader.db, or the fleet's PostgreSQL: DeviceRegistry, JobQueue (epoch-fenced), RejectLog
+    ├── several leaders on PostgreSQL: the job queue tended every second (its lease, demands, losses)
     └── OutboxStore ──► Relay ──► EnvelopeSender ──► ea/v1/{fleet}/{worker}/down (job offers)
 
 `LeaderAgent.open(config, transport=..., clock=...)` opens the databases under the data dir;

@@ -126,8 +126,8 @@ _PG_MIGRATIONS = (
     CREATE INDEX jobs_confirmed ON jobs(confirmed_ms) WHERE state = 'confirmed';
     CREATE TABLE jobqueue_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
     CREATE TABLE jobqueue_lease (name TEXT PRIMARY KEY, holder TEXT NOT NULL, epoch BIGINT NOT NULL,
-                                 expires_ms BIGINT NOT NULL);
-    INSERT INTO jobqueue_lease VALUES ('jobs', '', 0, 0);
+                                 expires_ms BIGINT NOT NULL, taken_ms BIGINT NOT NULL);
+    INSERT INTO jobqueue_lease VALUES ('jobs', '', 0, 0, 0);
     CREATE SEQUENCE job_demands_rev;
     CREATE TABLE job_demands (worker TEXT PRIMARY KEY, incarnation TEXT NOT NULL,
                               demand_window INTEGER NOT NULL, hb_seq BIGINT NOT NULL, rev BIGINT NOT NULL);
@@ -295,8 +295,8 @@ class JobQueue(Store):
             )
             if self.dialect is Dialect.POSTGRESQL:
                 self._conn.execute(
-                    f"UPDATE jobqueue_lease SET holder = ?, epoch = ?, expires_ms = ({_SERVER_NOW_MS}) + ?"
-                    " WHERE name = 'jobs'", (self.holder, epoch, self.lease_ms))
+                    f"UPDATE jobqueue_lease SET holder = ?, epoch = ?, expires_ms = ({_SERVER_NOW_MS}) + ?,"
+                    f" taken_ms = {_SERVER_NOW_MS} WHERE name = 'jobs'", (self.holder, epoch, self.lease_ms))
             rows = self._conn.execute(
                 "SELECT job_id, kind, payload, store_seq FROM jobs WHERE state = 'pending'"
                 " ORDER BY store_seq"

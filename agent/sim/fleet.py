@@ -63,6 +63,9 @@ class Rollouts(Protocol):
     store: RolloutStore
     pools: dict[str, ConfigServerPool]
 
+    @property
+    def orchestrating(self) -> bool: ...
+
 
 FLEET = "sim"
 LEADER_ID = "leader-1"
@@ -170,7 +173,7 @@ class SimFleet:
         self.clock = clock
         self.workdir = workdir
         self.firmware = firmware
-        self.rollout: Rollouts | None = None  # the leader's rollout part, when the leader runs here
+        self.rollouts: list[Rollouts] = []  # each leader's rollout part, when the leaders run here
         self._rollout_poll_s = rollout_poll_s
         self._first_incarnation = incarnation  # a fleet started again on its files: above the last
         self.broker: MemoryBroker | None = None
@@ -223,9 +226,10 @@ class SimFleet:
                 self.leader_apps.append(await assemble(
                     lcfg, transport=self._transport(lcfg, name), clock=self.clock,
                     base=self.workdir / ("leader" if n == 0 else name), env=AppEnv(gateway=env)))
-            rollout = self.leader_apps[0].part("rollouts")
-            assert isinstance(rollout, Rollouts)
-            self.rollout = rollout
+            for app in self.leader_apps:
+                rollout = app.part("rollouts")
+                assert isinstance(rollout, Rollouts)
+                self.rollouts.append(rollout)
         files = min(opts.files, len(part.indices))
         wcfg0 = worker_config(opts, device_name(0))
         for k in range(files):
@@ -328,6 +332,14 @@ class SimFleet:
 
     def living_leaders(self) -> list[LeaderAgent]:
         return [a.agent for a in self.leader_apps if a.agent.device_id not in self.crashed_leaders]
+
+    @property
+    def rollout(self) -> Rollouts | None:
+        """The rollout part of the living leader running the rollouts (several leaders: the holder
+        of the orchestrator lease), else of the first living one (None: no leader here)."""
+        living = [part for app, part in zip(self.leader_apps, self.rollouts, strict=True)
+                  if app.agent.device_id not in self.crashed_leaders]
+        return next((part for part in living if part.orchestrating), living[0] if living else None)
 
     @property
     def job_leader(self) -> LeaderAgent | None:

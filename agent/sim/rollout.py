@@ -37,12 +37,13 @@ import msgspec
 
 from agent.core.errors import ArtifactError, ConfigError
 from agent.sim.devices import DeviceFate, SimFirmware
-from agent.sim.fleet import SimFleet, device_name
+from agent.sim.fleet import Rollouts, SimFleet, device_name
 from agent.sim.options import SimOptions
 from agent.sim.report import Report, peak_rss_mb
 from agent.sim.runner import Simulation
 from firmware_rollout.artifact.fixture import make_artifact
 from firmware_rollout.artifact.keys import load_verify_key
+from firmware_rollout.orchestration.lease import lease_of
 from firmware_rollout.orchestration.spec import RolloutSpec, load_spec, spec_from_dict
 from firmware_rollout.orchestration.status import describe, wave_label, wave_number
 from firmware_rollout.orchestration.store import IN_PROGRESS, TERMINAL, RolloutStore
@@ -132,14 +133,15 @@ class RolloutSimulation(Simulation):
         await self._run_until(self.now() + REGISTER_MAX_S, stop_when=lambda: sum(leader.registry.counts()) >= devices,
                               step_s=STEP_S, on_step=self._on_step)
         self.started_ms = self.clock.now_ms()
+        service = await self._orchestrating()
         rid = await service.orchestrator.start_rollout(self.spec, rollout_id=self.ROLLOUT_ID)
         self.rollout_id = rid
         for sampler in self._samplers:
             sampler.rid = rid
         self._on_step()
-        store = service.store
 
-        def finished() -> bool:
+        def finished() -> bool:  # (the store of the leader running the rollouts: it may change hands)
+            store = self._service().store
             r = store.get(rid)
             return r is not None and not r.active and not store.devices(rid, states=tuple(IN_PROGRESS))
 
@@ -147,14 +149,34 @@ class RolloutSimulation(Simulation):
         if self.cancel_at_s is not None:
             await self._run_until(min(deadline, self.now() + self.cancel_at_s), stop_when=finished, step_s=STEP_S,
                                   on_step=self._on_step)
-            r = store.get(rid)
+            service = await self._orchestrating()
+            r = service.store.get(rid)
             if r is not None and r.active:
-                self._installed_at_cancel = self._installing_or_installed(store, rid)
+                self._installed_at_cancel = self._installing_or_installed(service.store, rid)
                 self.canceled_ms = self.clock.now_ms()
                 await service.orchestrator.control(rid, "cancel")
         self.completed = await self._run_until(deadline, stop_when=finished, step_s=STEP_S, on_step=self._on_step)
         for sampler in self._samplers:
             sampler(force=True)
+
+    def _service(self) -> Rollouts:
+        service = self.fleet.rollout
+        assert service is not None
+        return service
+
+    async def _orchestrating(self) -> Rollouts:
+        """The rollout part of the leader running the rollouts, once one does (several leaders: a
+        leader takes the orchestrator lease within a third of `rollout_lease_s`)."""
+        await self._run_until(self.now() + REGISTER_MAX_S, stop_when=lambda: self._service().orchestrating,
+                              step_s=STEP_S, on_step=self._on_step)
+        return self._service()
+
+    def _leaders(self, service: Rollouts) -> dict[str, Any]:
+        """Several leaders: who crashed, and who holds the orchestrator lease at the end (its
+        token counts the hands it went through)."""
+        lease = lease_of(service.store)
+        return {"crashed": sorted(self.fleet.crashed_leaders),
+                "orchestrator": {"holder": lease.holder, "token": lease.token} if lease is not None else None}
 
     def _installing_or_installed(self, store: RolloutStore, rid: str) -> set[str]:
         """The devices that have written (or are writing) the new image into a slot."""
@@ -174,7 +196,7 @@ class RolloutSimulation(Simulation):
         assert service is not None and self.rollout_id is not None
         spec = self.spec
         status = describe(service.store, self.rollout_id)
-        pools = list(service.pools.values())
+        pools = [pool for each in self.fleet.rollouts for pool in each.pools.values()]  # every leader serves
         counts: dict[str, int] = status["counts"]
         waves = [{k: w[k] for k in ("index", "number", "canary", "size", "state", "succeeded", "finished", "counts",
                                     "detail")} for w in status["waves"]]
@@ -227,6 +249,7 @@ class RolloutSimulation(Simulation):
                 "bytes_to_fetch": sum(int(w["download"]["bytes_to_fetch"]) for w in status["waves"]),
             },
             "fleet": {"versions": self.versions},
+            **({"leaders": self._leaders(service)} if self.opts.leaders > 1 else {}),
             "faults": {"offline_episodes": len(self.offline_episodes), "crashes": len(self.crash_episodes),
                        "broker_outage": list(self.opts.broker_outage) if self.opts.broker_outage else None},
             # the fleet run's own accounting: heartbeats, telemetry, outboxes, relays
@@ -282,7 +305,7 @@ class RolloutSampler:
         fleet = self.fleet
         leader, service = fleet.leader, fleet.rollout
         assert leader is not None and service is not None
-        pools = list(service.pools.values())
+        pools = [pool for each in fleet.rollouts for pool in each.pools.values()]
         out: Sample = {
             "kind": "rollout",
             "t": t,
@@ -458,6 +481,10 @@ def rollout_summary(report: Report) -> str:
                  f" served, {d['busy']} busy answers; {d['bytes_to_fetch']} of {d['image_bytes']} image bytes"
                  " fetched")
     lines.append("devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))
+    if (led := report.get("leaders")) is not None and led["orchestrator"] is not None:
+        crashed = f"{', '.join(led['crashed'])} crashed; " if led["crashed"] else ""
+        lines.append(f"leaders: {crashed}{led['orchestrator']['holder']} ran the rollouts at the end"
+                     f" (orchestrator lease token {led['orchestrator']['token']})")
     lines.append(f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
                  f"   conservation_ok: {report['conservation_ok']}")
     if ro.get("cancel_at_s") is not None:

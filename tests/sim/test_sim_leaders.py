@@ -38,13 +38,36 @@ async def test_three_leaders_on_postgresql_lose_nothing_when_one_crashes(tmp_pat
     assert schemas == "0"  # the run's schema was dropped
 
 
+async def test_a_rollout_goes_on_when_the_leader_running_it_crashes(tmp_path: Path,
+                                                                  postgres_shared: PostgresCluster) -> None:
+    """The wave-rollout scenario over three leaders: the first runs the rollout (the orchestrator
+    lease) and crashes in the middle of it; another takes the lease and finishes it, every device
+    offered the image once."""
+    from agent.sim.rollout import rollout_options, run_rollout
+
+    opts = rollout_options(devices=24, seed=3, progress=False, leaders=3, database=postgres_shared.url(),
+                           leader_crash_s=150.0, duration_s=600.0)
+    report = await run_rollout(opts, workdir=tmp_path)
+    rollout = report["rollout"]
+    assert rollout["state"] == "succeeded" and report["outcomes"] == {"succeeded": 24}
+    assert rollout["offers"] == 24  # each device once, across the hand-over
+    assert report["lost"] == 0 and report["conservation_ok"] is True
+    assert report["fleet"]["versions"] == {"1.1.0": 24}
+    leaders = report["leaders"]
+    assert leaders["crashed"] == ["leader-1"]
+    assert leaders["orchestrator"]["holder"] in ("leader-2", "leader-3") and leaders["orchestrator"]["token"] == 2
+    # the crash fell inside the rollout: it was running, some devices not updated yet
+    at_crash = [p for p in report["timeseries"] if p["t"] <= 150.0][-1]
+    assert at_crash["state"] == "running" and at_crash["counts"].get("succeeded", 0) < 24, at_crash
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--leaders", "2"], "several leaders share one registry: give --database"),
     (["--leader-crash", "1m"], "a leader's crash needs another to take over"),
     (["--leaders", "2", "--database", "mysql://db/x"], "must be a postgresql:// URL"),
     (["--leaders", "2", "--database", "postgresql://u@h/db", "--processes", "2"], "run in one process"),
-    (["--leaders", "2", "--database", "postgresql://u@h/db", "--scenario", "wave-rollout"],
-     "a rollout is served by one leader"),
+    (["--leaders", "2", "--database", "postgresql://u@h/db", "--scenario", "config-rollout"],
+     "a config rollout takes its layers from one leader's leader.db"),
 ])
 def test_bad_leader_options_are_one_line_errors(args: list[str], says: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
