@@ -699,6 +699,7 @@ class JobCounts(msgspec.Struct, kw_only=True, frozen=True):
     confirmed: int = 0
     failed: int = 0  # confirmed with ok=False
     epoch: int = 0
+    run_by: str = ""  # several leaders: the leader holding the queue's lease
 
 
 class JobReads:
@@ -717,8 +718,12 @@ class JobReads:
         counts = dict(self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
         (failed,) = self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'confirmed' AND ok = 0").fetchone()
         row = self._conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
+        run_by = ""
+        if self._dialect is Dialect.POSTGRESQL:
+            lease = self._conn.execute("SELECT holder FROM jobqueue_lease WHERE name = 'jobs'").fetchone()
+            run_by = str(lease[0]) if lease else ""
         return JobCounts(pending=int(counts.get("pending", 0)), confirmed=int(counts.get("confirmed", 0)),
-                         failed=int(failed), epoch=int(row[0]) if row else 0)
+                         failed=int(failed), epoch=int(row[0]) if row else 0, run_by=run_by)
 
 
 __all__ = [

@@ -127,7 +127,7 @@ def format_status(summary: FleetStatus) -> str:
         j = summary.jobs
         lines.append(
             f"jobs: {j.pending} pending, {j.confirmed} confirmed ({j.failed} failed),"
-            f" queue epoch {j.epoch}"
+            f" queue epoch {j.epoch}" + (f", run by leader {j.run_by}" if j.run_by else "")
         )
     return "\n".join(lines)
 

@@ -335,6 +335,9 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed(
         log = (tmp_path / f"{other}.log").read_text()
         assert "runs the fleet's job queue now" in log and "Traceback" not in log
         assert leaders[other].poll() is None
+        status = _cli("status", "--db", url)  # the fleet's one queue, and who runs it
+        assert f"jobs: 0 pending, 30 confirmed (0 failed), queue epoch {epoch + 1}, run by leader {other}" \
+            in status.stdout, status.stdout + status.stderr
     finally:
         for proc in leaders.values():
             kill(proc, signal.SIGTERM)
