@@ -43,7 +43,7 @@ for where in (ROOT, ROOT / "tests"):
 from mosquitto import Mosquitto  # noqa: E402  (tests/: a real broker on a free loopback port)
 from postgres import PostgresCluster  # noqa: E402  (tests/: a real PostgreSQL cluster)
 
-from tests.e2e.agent_support import pending, spawn_agent, updating_worker  # noqa: E402
+from tests.e2e.agent_support import pending, spawn_agent, submit_through_outbox, updating_worker  # noqa: E402
 
 T = TypeVar("T")
 
@@ -127,12 +127,9 @@ async def submit_jobs(submitter: Any, first: int, count: int) -> None:
     """`count` jobs of half a second's work from `submitter` (an operator of the leaders), through
     its outbox: accepted by the leader running the queue (the others answer busy)."""
     from agent.protocol import JobSubmit
-    from agent.worker.actors import outbox_message
 
-    for n in range(first, first + count):
-        job = JobSubmit(job_id=f"job-{n:05d}", kind="sleep", payload=b"0.5")
-        await submitter.outbox.enqueue(outbox_message(submitter.ids, submitter.device_id, job,
-                                                      key=f"job.submit:{job.job_id}"))
+    await submit_through_outbox(submitter, [JobSubmit(job_id=f"job-{n:05d}", kind="sleep", payload=b"0.5")
+                                            for n in range(first, first + count)])
 
 
 def start_rollout(work: Path, url: str, artifact: Path, workers: int) -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,9 @@ from agent.core.clock import Clock, VirtualClock
 from agent.core.config import AgentConfig, convert
 from agent.leader.agent import LeaderAgent
 from agent.leader.readonly import open_leader_db
+from agent.protocol import JobSubmit
 from agent.transport.memory import MemoryBroker
+from agent.worker.actors import outbox_message
 from agent.worker.agent import WorkerAgent
 
 FLEET = "t"
@@ -101,6 +103,14 @@ async def updating_worker(clock: Clock, tmp: Path, name: str, url: str, public_k
     await agent.start()
     await part.start()
     return agent, part
+
+
+async def submit_through_outbox(submitter: WorkerAgent, jobs: Iterable[JobSubmit]) -> None:
+    """Submit jobs as an operator's agent does: each a `job.submit` through its outbox (the
+    leader must list `submitter` in `[leader] operators`)."""
+    for job in jobs:
+        await submitter.outbox.enqueue(outbox_message(submitter.ids, submitter.device_id, job,
+                                                      key=f"job.submit:{job.job_id}"))
 
 
 async def pending(agent: WorkerAgent | LeaderAgent, kind: str | None = None) -> int:

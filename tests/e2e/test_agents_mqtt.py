@@ -23,6 +23,7 @@ from e2e.agent_support import (
     pending,
     spawn_agent,
     stop_all,
+    submit_through_outbox,
     telemetry_counts,
     until,
     worker,
@@ -37,7 +38,6 @@ from agent.protocol import Heartbeat, JobSubmit
 from agent.transport import topics
 from agent.transport.mqtt import MqttTransport
 from agent.transport.presence import decode_presence, encode_presence
-from agent.worker.actors import outbox_message
 
 pytestmark = pytest.mark.mqtt
 
@@ -125,11 +125,8 @@ async def test_leader_sigkill_and_restart(mosquitto, tmp_path: Path) -> None:  #
     try:
         await until(clock, lambda: _online(db) == 3, limit_s=30,
                     step_s=0.1, what="leader sees 3 workers")
-        submitter = workers[0]
-        for n in range(50):
-            job = JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.1")
-            await submitter.outbox.enqueue(outbox_message(submitter.ids, submitter.device_id, job,
-                                                          key=f"job.submit:{job.job_id}"))
+        await submit_through_outbox(workers[0], [JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.1")
+                                                 for n in range(50)])
         sent = 0
         for n in range(10):
             for w in workers:

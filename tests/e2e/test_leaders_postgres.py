@@ -20,7 +20,16 @@ import pytest
 from agent.core.clock import SystemClock
 from agent.core.errors import StoreError
 from agent.leader.registry import DeviceRegistry, RegistryReads
-from tests.e2e.agent_support import REPO, kill, pending, spawn_agent, stop_all, until, worker
+from tests.e2e.agent_support import (
+    REPO,
+    kill,
+    pending,
+    spawn_agent,
+    stop_all,
+    submit_through_outbox,
+    until,
+    worker,
+)
 from tests.postgres import PostgresCluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -305,7 +314,6 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed(
     flight and offers in its outbox: the other takes the queue under the next epoch, offers every
     unconfirmed job again, and all are confirmed; nothing waits for the dead leader."""
     from agent.protocol import JobSubmit
-    from agent.worker.actors import outbox_message
 
     url = postgres.url()
     jobs = {"jobs": {"demand_window": 2}}
@@ -317,11 +325,8 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed(
     try:
         await until(clock, lambda: _job_queue(url)[2] in leaders, limit_s=60,
                     step_s=0.1, what="one leader running the job queue")
-        submitter = agents[0]
-        for n in range(30):
-            job = JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.2")
-            await submitter.outbox.enqueue(outbox_message(submitter.ids, submitter.device_id, job,
-                                                          key=f"job.submit:{job.job_id}"))
+        await submit_through_outbox(agents[0], [JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.2")
+                                                for n in range(30)])
         await until(clock, lambda: _job_queue(url)[0] >= 6, limit_s=90, step_s=0.05, what="some jobs confirmed")
         _, epoch, holder = _job_queue(url)
         kill(leaders[holder])  # SIGKILL the leader running the queue, jobs in flight

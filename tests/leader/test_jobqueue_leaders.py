@@ -3,6 +3,8 @@ stand by, and a takeover reopens the queue under a new epoch with nothing lost."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from agent.core.clock import VirtualClock
@@ -19,6 +21,18 @@ def demand(worker: str, window: int = 2, incarnation: str = "i1") -> JobDemand:
     return JobDemand(worker=worker, incarnation=incarnation, window=window)
 
 
+@pytest.fixture
+def two(pg_url: str) -> Iterator[tuple[JobQueue, JobQueue]]:
+    """The job queue as two leaders open it, gw1 first (it takes the queue), then gw2."""
+    a = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw1")
+    b = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw2")
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
 def run_out(url: str) -> None:
     """The holder stopped renewing and its lease time passed (as the server's clock sees it)."""
     from agent.core import postgres
@@ -30,80 +44,66 @@ def run_out(url: str) -> None:
         conn.close()
 
 
-def test_one_leader_runs_the_queue_the_other_stands_by_and_answers_busy(pg_url: str) -> None:
-    a = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw1")
-    b = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw2")
-    try:
-        assert (a.held, b.held) == (True, False)
-        assert b.lease_holder == "gw1" and b.hold() is False
-        with pytest.raises(QueueStandby, match="leader 'gw1' does"):
-            b.submit(job(1))
-        with pytest.raises(QueueStandby):
-            b.result(JobResult(job_id="j1", epoch=a.epoch, worker="w1", ok=True))
-        assert b.dispatch() == [] and b.lose_workers(["w1"]) == {} and b.prune_confirmed(0) == 0
-        # a demand heard by the standby reaches the holder through the database
-        assert b.demand(demand("w1"), seq=5) == "posted"
-        assert a.submit_many([job(1), job(2), job(3)])[0].outcome == "stored"
-        assert a.dispatch() == []  # no worker known yet
-        assert a.read_demands() == 1
-        assert [(d.worker, d.offer.job_id) for d in a.dispatch()] == [("w1", "j1"), ("w1", "j2")]
-        # an older heartbeat's demand (a late one, from another leader) does not replace it; a
-        # batch of demands is posted at once, the newest of each worker's kept
-        b.demand(demand("w1", window=1, incarnation="i0"), seq=4)
-        assert a.read_demands() == 0 and a.workers() == {"w1": 2}
-        assert b.demand_many([(demand("w2", 1), 9), (demand("w3"), 3), (demand("w2", 2), 10)]) == ["posted"] * 3
-        assert a.read_demands() == 2 and a.workers() == {"w1": 2, "w2": 2, "w3": 2}
-    finally:
-        a.close()
-        b.close()
+def test_one_leader_runs_the_queue_the_other_stands_by_and_answers_busy(two: tuple[JobQueue, JobQueue]) -> None:
+    a, b = two
+    assert (a.held, b.held) == (True, False)
+    assert b.lease_holder == "gw1" and b.hold() is False
+    with pytest.raises(QueueStandby, match="leader 'gw1' does"):
+        b.submit(job(1))
+    with pytest.raises(QueueStandby):
+        b.result(JobResult(job_id="j1", epoch=a.epoch, worker="w1", ok=True))
+    assert b.dispatch() == [] and b.lose_workers(["w1"]) == {} and b.prune_confirmed(0) == 0
+    # a demand heard by the standby reaches the holder through the database
+    assert b.demand(demand("w1"), seq=5) == "posted"
+    assert a.submit_many([job(1), job(2), job(3)])[0].outcome == "stored"
+    assert a.dispatch() == []  # no worker known yet
+    assert a.read_demands() == 1
+    assert [(d.worker, d.offer.job_id) for d in a.dispatch()] == [("w1", "j1"), ("w1", "j2")]
+    # an older heartbeat's demand (a late one, from another leader) does not replace it; a
+    # batch of demands is posted at once, the newest of each worker's kept
+    b.demand(demand("w1", window=1, incarnation="i0"), seq=4)
+    assert a.read_demands() == 0 and a.workers() == {"w1": 2}
+    assert b.demand_many([(demand("w2", 1), 9), (demand("w3"), 3), (demand("w2", 2), 10)]) == ["posted"] * 3
+    assert a.read_demands() == 2 and a.workers() == {"w1": 2, "w2": 2, "w3": 2}
 
 
-def test_a_takeover_reopens_the_queue_and_fences_the_old_holder(pg_url: str) -> None:
-    a = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw1")
-    b = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw2")
-    try:
-        a.submit_many([job(n) for n in range(1, 5)])
-        a.demand(demand("w1"), seq=1)
-        offers = a.dispatch()  # w1 holds j1, j2
-        assert a.result(JobResult(job_id="j1", epoch=a.epoch, worker="w1", ok=True)).outcome == "confirmed"
-        old_epoch = a.epoch
+def test_a_takeover_reopens_the_queue_and_fences_the_old_holder(two: tuple[JobQueue, JobQueue], pg_url: str) -> None:
+    a, b = two
+    a.submit_many([job(n) for n in range(1, 5)])
+    a.demand(demand("w1"), seq=1)
+    offers = a.dispatch()  # w1 holds j1, j2
+    assert a.result(JobResult(job_id="j1", epoch=a.epoch, worker="w1", ok=True)).outcome == "confirmed"
+    old_epoch = a.epoch
 
-        run_out(pg_url)  # gw1 froze (SIGSTOP) past its lease
-        assert b.hold() is True and b.epoch == old_epoch + 1
-        # every unconfirmed job, and w1's demand as gw1 heard it, are b's now: j2 goes out again
-        assert b.pending_ids() == ["j2", "j3", "j4"] and b.workers() == {"w1": 2}
-        assert [(d.worker, d.offer.job_id, d.offer.epoch) for d in b.dispatch()] == [
-            ("w1", "j2", b.epoch), ("w1", "j3", b.epoch)]
+    run_out(pg_url)  # gw1 froze (SIGSTOP) past its lease
+    assert b.hold() is True and b.epoch == old_epoch + 1
+    # every unconfirmed job, and w1's demand as gw1 heard it, are b's now: j2 goes out again
+    assert b.pending_ids() == ["j2", "j3", "j4"] and b.workers() == {"w1": 2}
+    assert [(d.worker, d.offer.job_id, d.offer.epoch) for d in b.dispatch()] == [
+        ("w1", "j2", b.epoch), ("w1", "j3", b.epoch)]
 
-        # gw1 wakes: it offers nothing more (w1 has room for j3 in its memory), none of its writes
-        # lands, and it stands by at its next renewal
-        with pytest.raises(QueueFenced):
-            a.dispatch()
-        with pytest.raises(QueueFenced):
-            a.result(JobResult(job_id=offers[1].offer.job_id, epoch=old_epoch, worker="w1", ok=True))
-        assert a.hold() is False and a.lease_holder == "gw2"
-        with pytest.raises(QueueStandby):
-            a.submit(job(9))
-        assert b.job("j2").state == "pending"  # type: ignore[union-attr]
-        assert b.result(JobResult(job_id="j2", epoch=b.epoch, worker="w1", ok=True)).outcome == "confirmed"
-        assert b.counts() == {"pending": 2, "confirmed": 2}
-    finally:
-        a.close()
-        b.close()
+    # gw1 wakes: it offers nothing more (w1 has room for j3 in its memory), none of its writes
+    # lands, and it stands by at its next renewal
+    with pytest.raises(QueueFenced):
+        a.dispatch()
+    with pytest.raises(QueueFenced):
+        a.result(JobResult(job_id=offers[1].offer.job_id, epoch=old_epoch, worker="w1", ok=True))
+    assert a.hold() is False and a.lease_holder == "gw2"
+    with pytest.raises(QueueStandby):
+        a.submit(job(9))
+    assert b.job("j2").state == "pending"  # type: ignore[union-attr]
+    assert b.result(JobResult(job_id="j2", epoch=b.epoch, worker="w1", ok=True)).outcome == "confirmed"
+    assert b.counts() == {"pending": 2, "confirmed": 2}
 
 
-def test_a_clean_stop_hands_the_queue_over_at_once_and_a_restarted_leader_takes_its_own(pg_url: str) -> None:
-    a = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw1")
-    b = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw2")
-    try:
-        first = a.epoch
-        assert a.hold() is True and a.epoch == first  # a renewal keeps the epoch
-        a.release()
-        assert not a.held and b.hold() is True and b.epoch == first + 1
-        b.close()  # gw2 killed: its lease runs on, but gw2 started again takes its own lease at once
-        again = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw2")
-        assert again.held and again.epoch == first + 2
-        again.close()
-    finally:
-        a.close()
-        b.close()
+def test_a_clean_stop_hands_the_queue_over_at_once_and_a_restarted_leader_takes_its_own(
+        two: tuple[JobQueue, JobQueue], pg_url: str) -> None:
+    a, b = two
+    first = a.epoch
+    assert a.hold() is True and a.epoch == first  # a renewal keeps the epoch
+    a.release()
+    assert not a.held and b.hold() is True and b.epoch == first + 1
+    b.close()  # gw2 killed: its lease runs on, but gw2 started again takes its own lease at once
+    again = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw2")
+    assert again.held and again.epoch == first + 2
+    again.close()
