@@ -307,12 +307,14 @@ def _job_queue(url: str) -> tuple[int, int, str]:
         conn.close()
 
 
-async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed(
-        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed_or_frozen(
+        mosquitto, postgres: PostgresCluster, tmp_path: Path, fault: str) -> None:  # type: ignore[no-untyped-def]
     """Work-pulling across two real leaders: one runs the fleet's job queue (its lease), the other
-    answers job messages busy and posts the demands it hears. The holder is SIGKILLed with jobs in
-    flight and offers in its outbox: the other takes the queue under the next epoch, offers every
-    unconfirmed job again, and all are confirmed; nothing waits for the dead leader."""
+    answers job messages busy and posts the demands it hears. The holder is SIGKILLed, or frozen
+    past its lease, with jobs in flight and offers in its outbox: the other takes the queue under
+    the next epoch, offers every unconfirmed job again, and all are confirmed; nothing waits for
+    the dead leader, and the frozen one, woken, stands by."""
     from agent.protocol import JobSubmit
 
     url = postgres.url()
@@ -329,8 +331,13 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed(
                                                 for n in range(30)])
         await until(clock, lambda: _job_queue(url)[0] >= 6, limit_s=90, step_s=0.05, what="some jobs confirmed")
         _, epoch, holder = _job_queue(url)
-        kill(leaders[holder])  # SIGKILL the leader running the queue, jobs in flight
         other = "gw2" if holder == "gw1" else "gw1"
+        if fault == "SIGKILL":
+            kill(leaders[holder])  # the leader running the queue dies, jobs in flight
+        else:
+            leaders[holder].send_signal(signal.SIGSTOP)  # it freezes past its lease
+            await until(clock, lambda: _job_queue(url)[1] > epoch, limit_s=60, step_s=0.1, what="a takeover")
+            leaders[holder].send_signal(signal.SIGCONT)
         await until(clock, lambda: _job_queue(url)[0] == 30, limit_s=120, step_s=0.1,
                     what="every job confirmed through the other leader")
         confirmed, taken_epoch, taken_by = _job_queue(url)
@@ -340,10 +347,17 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed(
         log = (tmp_path / f"{other}.log").read_text()
         assert "runs the fleet's job queue now" in log and "Traceback" not in log
         assert leaders[other].poll() is None
+        if fault == "SIGSTOP":  # woken, the old holder found the queue taken and stood by
+            woken = tmp_path / f"{holder}.log"
+            await until(clock, lambda: "this one stands by" in woken.read_text(), limit_s=60, step_s=0.1,
+                        what="the woken leader standing by")
+            assert leaders[holder].poll() is None and "Traceback" not in woken.read_text()
         status = _cli("status", "--db", url)  # the fleet's one queue, and who runs it
         assert f"jobs: 0 pending, 30 confirmed (0 failed), queue epoch {epoch + 1}, run by leader {other}" \
             in status.stdout, status.stdout + status.stderr
     finally:
         for proc in leaders.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)
             kill(proc, signal.SIGTERM)
         await stop_all(*agents)
