@@ -425,8 +425,13 @@ class LeaderAgent(PartBase):
         from agent.service.checks import agent_checks
 
         relay = self.relay
-        return agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
-                            data_dir=self.data_dir, relay_running=lambda: relay.running, reserve=self.reserve)
+        checks = agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
+                              data_dir=self.data_dir, relay_running=lambda: relay.running, reserve=self.reserve)
+        if self.jobs_queue.on_postgres:  # the loop that keeps, takes and tends the fleet's job queue
+            from agent.service.checks import task_check
+
+            checks["job queue"] = task_check(lambda: self._jobs_task)
+        return checks
 
     def collectors(self) -> Collectors:
         from agent.service.collectors import agent_collectors, per_class_collector, snapshot_collector

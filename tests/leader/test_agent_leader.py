@@ -275,3 +275,32 @@ async def test_a_worker_from_before_registers_with_a_jobdemand_message(
     finally:
         await old.stop()
         await stop_all(gw, clock=clock)
+
+
+async def test_two_leaders_on_postgresql_share_one_job_queue_and_hand_it_over(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path, pg_url: str
+) -> None:
+    """gw1, started first, runs the fleet's job queue; gw2 stands by, answering job results busy
+    (the workers send them again) and posting the demands it hears. gw1 stops with jobs in
+    flight: gw2 opens the queue under the next epoch and every job is confirmed once."""
+    group = {"shared_group": "leaders", "database": pg_url}
+    gw1 = await leader(clock, tmp_path, broker=broker, name="gw1", leader=group)
+    gw2 = await leader(clock, tmp_path, broker=broker, name="gw2", leader=group)
+    workers = [await worker(clock, tmp_path, f"w{i}", broker=broker, sections={"jobs": {"demand_window": 2}})
+               for i in range(4)]
+    try:
+        assert (gw1.jobs_queue.held, gw2.jobs_queue.held) == (True, False)
+        assert await gw1.checks()["job queue"]() == (True, "running")
+        await until(clock, lambda: len(gw1.jobs_queue.workers()) == 4, what="every worker's demand at gw1")
+        await gw1.submit_jobs([JobSubmit(job_id=f"j{n:02d}", kind="sleep", payload=b"2") for n in range(24)])
+        await until(clock, lambda: gw1.jobs_queue.stats().confirmed >= 4, what="some jobs confirmed")
+        epoch = gw1.jobs_queue.epoch
+        await stop_all(gw1, clock=clock)  # it gives the lease up: gw2 takes the queue at its next round
+        await until(clock, lambda: gw2.jobs_queue.held, what="gw2 running the job queue")
+        assert gw2.jobs_queue.epoch == epoch + 1
+        await until(clock, lambda: gw2.jobs_queue.counts()["confirmed"] == 24, what="every job confirmed")
+        assert gw2.jobs_queue.counts() == {"pending": 0, "confirmed": 24}
+        assert await gw2.checks()["job queue"]() == (True, "running")
+        assert gw2.busy_answers > 0  # job results sent to it while gw1 ran the queue were sent again
+    finally:
+        await stop_all(*workers, gw2, clock=clock)
