@@ -399,7 +399,10 @@ class Simulation:
 
     async def stop_workers(self) -> None:
         for worker in self.fleet.workers.values():
-            await worker.stop()  # idle after the drain: no clock time needed
+            if self.drained:
+                await worker.stop()  # idle after the drain: no clock time needed
+            else:  # a job may still be running on the clock (its work outlasted the drain)
+                await self._with_time(worker.stop())
 
     async def _mission(self) -> None:
         """What the run is for: here, the timeline for `duration_s`, sampled `samples` times."""

@@ -179,3 +179,13 @@ async def test_the_report_prices_a_fleet_on_the_air_at_the_shipped_defaults(tmp_
     pings_alone = 86_400 / 50 * (2 * (2 + 29) + 3 * 52)  # a PINGREQ/PINGRESP pair each keep-alive
     assert pings_alone < idle["air"]["bytes_per_device_per_day"] < 1_000_000
     assert busy["air"]["bytes_per_device_per_day"] > 2 * idle["air"]["bytes_per_device_per_day"]
+
+
+async def test_a_run_whose_jobs_outlast_the_drain_ends_and_says_so(tmp_path: Path) -> None:
+    """Jobs of 10 minutes' work in a 2-minute run with a short drain: the run still ends (the
+    workers stop with the clock moving, their running jobs cancelled after their drain time),
+    and the report says it did not drain, every job confirmed or still pending."""
+    report = await _run(tmp_path, devices=6, duration_s=120, seed=3, jobs=20, job_work_s=600.0, drain_s=30.0)
+    jobs = report["jobs"]
+    assert report["drained"] is False
+    assert jobs["confirmed"] + jobs["pending"] == jobs["submitted"] == 20 and jobs["pending"] > 0
