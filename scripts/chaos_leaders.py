@@ -43,7 +43,13 @@ for where in (ROOT, ROOT / "tests"):
 from mosquitto import Mosquitto  # noqa: E402  (tests/: a real broker on a free loopback port)
 from postgres import PostgresCluster  # noqa: E402  (tests/: a real PostgreSQL cluster)
 
-from tests.e2e.agent_support import pending, spawn_agent, submit_through_outbox, updating_worker  # noqa: E402
+from tests.e2e.agent_support import (  # noqa: E402
+    fleet_jobs,
+    pending,
+    spawn_agent,
+    submit_through_outbox,
+    updating_worker,
+)
 
 T = TypeVar("T")
 
@@ -103,24 +109,6 @@ async def watch_heard(url: str, gaps: dict[str, float]) -> None:
 
 ROLLOUT_ID = "chaos-1"
 NEW_VERSION = "1.1.0"
-
-
-def job_counts(url: str) -> tuple[int, int, int]:
-    """(jobs confirmed, of which failed, the job queue's epoch) in the fleet's database."""
-    from agent.core.errors import StoreError
-    from agent.leader.jobs import JobQueue, JobReads
-
-    try:
-        conn = JobQueue.connect_reader(url)
-    except StoreError:
-        return 0, 0, 0
-    try:
-        counts = JobReads(conn).counts()
-        return (counts.confirmed, counts.failed, counts.epoch) if counts is not None else (0, 0, 0)
-    except StoreError:
-        return 0, 0, 0
-    finally:
-        conn.close()
 
 
 async def submit_jobs(submitter: Any, first: int, count: int) -> None:
@@ -328,7 +316,7 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             held = [await pending(w) for w in workers]
             rollout = rollout_outcome(url)
             if (sum(held) == 0 and sum(applied(url).get(d, 0) for d in accepted) >= sum(accepted.values())
-                    and job_counts(url)[0] >= submitted
+                    and fleet_jobs(url).confirmed >= submitted
                     and rollout is not None and rollout["state"] not in ("scheduled", "running", "paused")):
                 break
             events["restarts_after_exit"] += len(leaders.restart_exited())
@@ -341,7 +329,7 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         counts = applied(url)
         lost = sum(max(0, accepted[d] - counts.get(d, 0)) for d in accepted)
         twice = sum(max(0, counts.get(d, 0) - accepted[d]) for d in accepted)
-        confirmed, failed, epoch = job_counts(url)
+        jobs = fleet_jobs(url)
         rollout = rollout_outcome(url) or {"state": "unknown"}
         rollout["devices_on_new_version"] = sum(1 for w in workers if w.firmware_version() == NEW_VERSION)
         parts = {agent.device_id: part for agent, part in devices}
@@ -355,8 +343,8 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "accepted": sum(accepted.values()), "applied": sum(counts.get(d, 0) for d in accepted),
                 "lost": lost, "applied_twice": twice, **events, "drain_s": round(drain_s, 1),
                 "longest_unheard_s": round(max(gaps.values(), default=0.0), 1),
-                "jobs": {"submitted": submitted, "confirmed": confirmed, "failed": failed,
-                         "job_queue_epochs": epoch},
+                "jobs": {"submitted": submitted, "confirmed": jobs.confirmed, "failed": jobs.failed,
+                         "job_queue_epochs": jobs.epoch},
                 "rollout": rollout}
     finally:
         for agent, part in devices:

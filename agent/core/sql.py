@@ -19,6 +19,11 @@ from typing import Any, Protocol
 
 from agent.core.errors import ConfigError
 
+NO_LIMIT = 1 << 62  # a LIMIT of "all" on both (PostgreSQL takes no negative LIMIT, SQLite's -1)
+# The database server's clock in epoch milliseconds (PostgreSQL): what leases expire by, one
+# clock for every leader of a fleet.
+SERVER_NOW_MS = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
 
 class Dialect(enum.StrEnum):
     SQLITE = "sqlite"
@@ -134,6 +139,8 @@ def store_target(value: str | Path, *, password: str | None = None, source: str 
 
 
 __all__ = [
+    "NO_LIMIT",
+    "SERVER_NOW_MS",
     "Connection",
     "Cursor",
     "Dialect",

@@ -58,7 +58,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sql import Connection, Dialect, PostgresUrl, StoreTarget, dialect_of, has_table
+from agent.core.sql import NO_LIMIT, SERVER_NOW_MS, Connection, Dialect, PostgresUrl, StoreTarget, dialect_of, has_table
 from agent.core.sqlite import Synchronous, read_int, store_errors
 from agent.core.store import Store
 from agent.leader.job_types import (
@@ -134,8 +134,6 @@ _PG_MIGRATIONS = (
     CREATE INDEX job_demands_by_rev ON job_demands(rev);
     """,
 )
-_SERVER_NOW_MS = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
-_NO_LIMIT = 1 << 62
 
 
 @dataclass(slots=True)
@@ -269,7 +267,7 @@ class JobQueue(Store):
         if self.held and not self._fenced:
             with self.atomic():
                 renewed = self._conn.execute(
-                    f"UPDATE jobqueue_lease SET expires_ms = ({_SERVER_NOW_MS}) + ? WHERE name = 'jobs'"
+                    f"UPDATE jobqueue_lease SET expires_ms = ({SERVER_NOW_MS}) + ? WHERE name = 'jobs'"
                     " AND holder = ? AND epoch = ?", (self.lease_ms, self.holder, self.epoch)).rowcount
             if renewed == 1:
                 return True
@@ -280,7 +278,7 @@ class JobQueue(Store):
         with self.atomic():
             if self.dialect is Dialect.POSTGRESQL:
                 held_by, expires_ms, now = self._conn.execute(
-                    f"SELECT holder, expires_ms, {_SERVER_NOW_MS} FROM jobqueue_lease WHERE name = 'jobs'"
+                    f"SELECT holder, expires_ms, {SERVER_NOW_MS} FROM jobqueue_lease WHERE name = 'jobs'"
                     " FOR UPDATE").fetchone()
                 if held_by != self.holder and int(expires_ms) > int(now):
                     self.lease_holder = str(held_by)
@@ -295,8 +293,8 @@ class JobQueue(Store):
             )
             if self.dialect is Dialect.POSTGRESQL:
                 self._conn.execute(
-                    f"UPDATE jobqueue_lease SET holder = ?, epoch = ?, expires_ms = ({_SERVER_NOW_MS}) + ?,"
-                    f" taken_ms = {_SERVER_NOW_MS} WHERE name = 'jobs'", (self.holder, epoch, self.lease_ms))
+                    f"UPDATE jobqueue_lease SET holder = ?, epoch = ?, expires_ms = ({SERVER_NOW_MS}) + ?,"
+                    f" taken_ms = {SERVER_NOW_MS} WHERE name = 'jobs'", (self.holder, epoch, self.lease_ms))
             rows = self._conn.execute(
                 "SELECT job_id, kind, payload, store_seq FROM jobs WHERE state = 'pending'"
                 " ORDER BY store_seq"
@@ -350,6 +348,7 @@ class JobQueue(Store):
                 " VALUES (?, ?, ?, ?, nextval('job_demands_rev')) ON CONFLICT (worker) DO UPDATE SET"
                 " incarnation = excluded.incarnation, demand_window = excluded.demand_window,"
                 " hb_seq = excluded.hb_seq, rev = excluded.rev WHERE excluded.hb_seq >= job_demands.hb_seq",
+                # in worker order: two leaders posting batches lock the rows alike, never a deadlock
                 [(d.worker, d.incarnation, d.window, seq) for d, seq in sorted(newest.values(),
                                                                                 key=lambda item: item[0].worker)])
 
@@ -375,15 +374,9 @@ class JobQueue(Store):
         if self._fenced:
             raise QueueFenced(f"job queue epoch {self.epoch} was fenced by a newer incarnation")
 
-    def _still_ours(self) -> None:
-        """`QueueFenced` when another leader took the queue since (a read, outside a write)."""
-        row = self._conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
-        if (int(row[0]) if row else 0) != self.epoch:
-            self._fenced = True
-            raise QueueFenced(f"job queue epoch {self.epoch} was taken over (epoch {int(row[0])})")
-
     def _fence(self) -> None:
-        """Inside a write transaction: refuse if a newer incarnation took the database."""
+        """First in each write transaction, and before any offer: refuse if a newer incarnation
+        took the database."""
         row = self._conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'"
                                  + self._locking(" FOR SHARE")).fetchone()
         stored = int(row[0]) if row else 0
@@ -540,7 +533,7 @@ class JobQueue(Store):
             return []
         self._check()
         if self._queued and self._ring and self.dialect is Dialect.POSTGRESQL:
-            self._still_ours()  # a holder frozen past its lease wakes to offer nothing
+            self._fence()  # a holder frozen past its lease wakes to offer nothing
         out: list[Dispatch] = []
         while self._queued and self._ring:
             binding = self._ring.popleft()
@@ -689,7 +682,7 @@ class JobQueue(Store):
             cur = self._conn.execute(
                 "DELETE FROM jobs WHERE store_seq IN (SELECT store_seq FROM jobs"
                 " WHERE state = 'confirmed' AND confirmed_ms < ? ORDER BY confirmed_ms LIMIT ?)",
-                (cutoff, _NO_LIMIT if limit is None else max(0, limit)),
+                (cutoff, NO_LIMIT if limit is None else max(0, limit)),
             )
         return cur.rowcount
 

@@ -41,7 +41,16 @@ from agent.core.clock import Clock
 from agent.core.codec import decode, encode
 from agent.core.errors import CodecError, DeviceLimitReached, StoreError
 from agent.core.ratelog import RateLimitedLog
-from agent.core.sql import Connection, PostgresUrl, dialect_of, greatest, has_table, in_json_array, json_array_holds
+from agent.core.sql import (
+    NO_LIMIT,
+    Connection,
+    PostgresUrl,
+    dialect_of,
+    greatest,
+    has_table,
+    in_json_array,
+    json_array_holds,
+)
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from agent.protocol import ConfigState, Heartbeat, SlotState, SystemSample, Telemetry
@@ -51,7 +60,6 @@ TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refus
 
 log = logging.getLogger(__name__)
 _BOOTS_REMEMBERED = 1_000_000
-_NO_LIMIT = 2**62  # LIMIT of "all" (PostgreSQL takes no negative LIMIT)
 _NAMES_CACHED_DEVICES = 100_000  # devices whose telemetry names are kept in memory (beyond: read again)
 
 _json_encode = msgspec.json.Encoder().encode
@@ -720,7 +728,7 @@ class DeviceRegistry(Store):
             cur = self._conn.execute(
                 "DELETE FROM processed_messages WHERE msg_id IN (SELECT msg_id FROM processed_messages"
                 " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
-                (cutoff, _NO_LIMIT if limit is None else max(0, limit)),
+                (cutoff, NO_LIMIT if limit is None else max(0, limit)),
             )
         return cur.rowcount
 
@@ -952,7 +960,7 @@ class RegistryReads:
             params.append(_json_encode(list(among)).decode())
         where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
         (matching,) = self._conn.execute(f"SELECT COUNT(*) FROM devices{where}", params).fetchone()
-        page = f" LIMIT {int(limit) or _NO_LIMIT} OFFSET {int(offset)}"
+        page = f" LIMIT {int(limit) or NO_LIMIT} OFFSET {int(offset)}"
         lines = [_line(v) for v in self._conn.execute(
             f"SELECT {_LINE} FROM devices{where} ORDER BY device_id{page}", params)]
         return int(matching), lines

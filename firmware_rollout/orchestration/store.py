@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sql import StoreTarget, dialect_of, greatest, has_table, in_json_array
+from agent.core.sql import NO_LIMIT, SERVER_NOW_MS, StoreTarget, dialect_of, greatest, has_table, in_json_array
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from firmware_rollout.orchestration.schema import MIGRATIONS as _MIGRATIONS
@@ -72,8 +72,6 @@ _PRUNED_TABLES: Final[tuple[tuple[str, str, str], ...]] = (
 )
 ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"scheduled", "running", "paused"})
 _ACTIVE_SQL: Final = ", ".join(f"'{s}'" for s in sorted(ROLLOUT_ACTIVE))  # (for the queries)
-_SERVER_NOW: Final = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"  # (PostgreSQL)
-_NO_LIMIT: Final = 1 << 62  # LIMIT for "all" (SQLite's -1 is no limit to PostgreSQL)
 ROLLOUT_STATES: Final[tuple[str, ...]] = (
     "scheduled", "running", "paused", "succeeded", "failed", "aborted", "canceled", "stopped")
 #: The rollout states after which nothing is offered again.
@@ -558,7 +556,7 @@ class RolloutStore(Store):
             cur = self._conn.execute(
                 "DELETE FROM rollout_processed WHERE msg_id IN (SELECT msg_id FROM rollout_processed"
                 " WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
-                (cutoff, _NO_LIMIT if limit is None else max(0, limit)),
+                (cutoff, NO_LIMIT if limit is None else max(0, limit)),
             )
         return cur.rowcount
 
@@ -582,7 +580,7 @@ class RolloutStore(Store):
         Never touched: a running or paused rollout, a finished one with a device still
         mid-update (a stopped rollout lets installing devices finish and report), and a control
         not applied yet (the running leader answers it)."""
-        budget = _NO_LIMIT if limit is None else max(0, limit)
+        budget = NO_LIMIT if limit is None else max(0, limit)
         if budget == 0:
             return 0
         candidates = self.prunable_rollouts(self._clock.now_ms() - int(older_than_s * 1000))
@@ -740,7 +738,7 @@ class RolloutStore(Store):
         or `holder`'s own under another token; the token `holder` holds it by, None when another
         holder's lease runs. In the database server's time."""
         with self.atomic(fenced=False):
-            now = int(self._q(_SERVER_NOW)[0][0])
+            now = int(self._q(f"SELECT {SERVER_NOW_MS}")[0][0])
             self._q("INSERT INTO rollout_lease (name, holder, token, expires_ms, acquired_ms)"
                     " VALUES (?, '', 0, 0, 0) ON CONFLICT (name) DO NOTHING", (name,))
             held_by, held, expires_ms = self._q(
@@ -764,7 +762,7 @@ class RolloutStore(Store):
     def lease_ticked(self, name: str) -> None:
         """Stamp lease `name` with the server's time of its holder's newest finished tick (in
         the caller's fenced transaction)."""
-        self._q(f"UPDATE rollout_lease SET ticked_ms = ({_SERVER_NOW}) WHERE name = ?", (name,))
+        self._q(f"UPDATE rollout_lease SET ticked_ms = ({SERVER_NOW_MS}) WHERE name = ?", (name,))
 
     def release_lease(self, name: str, token: int) -> None:
         """End lease `name` now if `token` still holds it."""

@@ -22,6 +22,7 @@ from agent.app import make_transport
 from agent.core.clock import Clock, VirtualClock
 from agent.core.config import AgentConfig, convert
 from agent.leader.agent import LeaderAgent
+from agent.leader.jobs import JobCounts
 from agent.leader.readonly import open_leader_db
 from agent.protocol import JobSubmit
 from agent.transport.memory import MemoryBroker
@@ -103,6 +104,24 @@ async def updating_worker(clock: Clock, tmp: Path, name: str, url: str, public_k
     await agent.start()
     await part.start()
     return agent, part
+
+
+def fleet_jobs(url: str) -> JobCounts:
+    """The job queue's counts in a fleet's PostgreSQL database, with the leader running it
+    (`run_by`); all zero while the queue cannot be read (not made yet, or the database stopped)."""
+    from agent.core.errors import StoreError
+    from agent.leader.jobs import JobQueue, JobReads
+
+    try:
+        conn = JobQueue.connect_reader(url)
+    except StoreError:
+        return JobCounts()
+    try:
+        return JobReads(conn).counts() or JobCounts()
+    except StoreError:
+        return JobCounts()
+    finally:
+        conn.close()
 
 
 async def submit_through_outbox(submitter: WorkerAgent, jobs: Iterable[JobSubmit]) -> None:

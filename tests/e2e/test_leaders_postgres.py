@@ -22,6 +22,7 @@ from agent.core.errors import StoreError
 from agent.leader.registry import DeviceRegistry, RegistryReads
 from tests.e2e.agent_support import (
     REPO,
+    fleet_jobs,
     kill,
     pending,
     spawn_agent,
@@ -59,6 +60,14 @@ async def _empty(w) -> bool:  # type: ignore[no-untyped-def]
     return await pending(w) == 0
 
 
+def _end(leaders: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Stop every leader process (a frozen one woken first, so that it can stop)."""
+    for proc in leaders.values():
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)
+        kill(proc, signal.SIGTERM)
+
+
 @contextlib.asynccontextmanager
 async def _two_leaders(mosquitto, url: str, tmp: Path, *, workers: int, deadline_s: float,  # type: ignore[no-untyped-def]
                        ) -> AsyncIterator[tuple[SystemClock, dict[str, subprocess.Popen[bytes]], list[Any]]]:
@@ -73,10 +82,7 @@ async def _two_leaders(mosquitto, url: str, tmp: Path, *, workers: int, deadline
                     what="both leaders serving devices of the one registry")
         yield clock, leaders, agents
     finally:
-        for proc in leaders.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGCONT)
-            kill(proc, signal.SIGTERM)
+        _end(leaders)
         await stop_all(*agents)
 
 
@@ -224,10 +230,7 @@ async def test_one_leader_runs_the_rollouts_and_another_takes_over_when_it_is_ki
         for name in leaders:
             assert "Traceback" not in (tmp_path / f"{name}.log").read_text()
     finally:
-        for proc in leaders.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGCONT)
-            kill(proc, signal.SIGTERM)
+        _end(leaders)
 
 
 async def test_a_rollout_goes_on_exactly_when_the_leader_running_it_is_killed(
@@ -285,26 +288,7 @@ async def test_a_rollout_goes_on_exactly_when_the_leader_running_it_is_killed(
         for agent, part in devices:
             await part.stop()
             await agent.stop()
-        for proc in leaders.values():
-            kill(proc, signal.SIGTERM)
-
-
-def _job_queue(url: str) -> tuple[int, int, str]:
-    """(jobs confirmed, epoch, the leader holding the job queue's lease) in the fleet's database."""
-    from agent.leader.jobs import JobQueue, JobReads
-
-    try:
-        conn = JobQueue.connect_reader(url)
-    except StoreError:
-        return 0, 0, ""
-    try:
-        counts = JobReads(conn).counts()
-        holder = conn.execute("SELECT holder FROM jobqueue_lease WHERE name = 'jobs'").fetchone()[0]
-        return (counts.confirmed, counts.epoch, str(holder)) if counts is not None else (0, 0, "")
-    except StoreError:
-        return 0, 0, ""
-    finally:
-        conn.close()
+        _end(leaders)
 
 
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
@@ -325,23 +309,24 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed_or_fro
     leaders = {name: spawn_agent(tmp_path, "leader", name, mosquitto.url, **shared) for name in ("gw1", "gw2")}
     agents = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections={**FAST, **jobs}) for i in range(3)]
     try:
-        await until(clock, lambda: _job_queue(url)[2] in leaders, limit_s=60,
+        await until(clock, lambda: fleet_jobs(url).run_by in leaders, limit_s=60,
                     step_s=0.1, what="one leader running the job queue")
         await submit_through_outbox(agents[0], [JobSubmit(job_id=f"job-{n:02d}", kind="sleep", payload=b"0.2")
                                                 for n in range(30)])
-        await until(clock, lambda: _job_queue(url)[0] >= 6, limit_s=90, step_s=0.05, what="some jobs confirmed")
-        _, epoch, holder = _job_queue(url)
+        await until(clock, lambda: fleet_jobs(url).confirmed >= 6, limit_s=90, step_s=0.05, what="some jobs confirmed")
+        before = fleet_jobs(url)
+        epoch, holder = before.epoch, before.run_by
         other = "gw2" if holder == "gw1" else "gw1"
         if fault == "SIGKILL":
             kill(leaders[holder])  # the leader running the queue dies, jobs in flight
         else:
             leaders[holder].send_signal(signal.SIGSTOP)  # it freezes past its lease
-            await until(clock, lambda: _job_queue(url)[1] > epoch, limit_s=60, step_s=0.1, what="a takeover")
+            await until(clock, lambda: fleet_jobs(url).epoch > epoch, limit_s=60, step_s=0.1, what="a takeover")
             leaders[holder].send_signal(signal.SIGCONT)
-        await until(clock, lambda: _job_queue(url)[0] == 30, limit_s=120, step_s=0.1,
+        await until(clock, lambda: fleet_jobs(url).confirmed == 30, limit_s=120, step_s=0.1,
                     what="every job confirmed through the other leader")
-        confirmed, taken_epoch, taken_by = _job_queue(url)
-        assert (confirmed, taken_by) == (30, other) and taken_epoch == epoch + 1
+        after = fleet_jobs(url)
+        assert (after.confirmed, after.run_by) == (30, other) and after.epoch == epoch + 1
         for w in agents:
             await until(clock, lambda w=w: _empty(w), limit_s=60, step_s=0.1, what="outboxes drained")
         log = (tmp_path / f"{other}.log").read_text()
@@ -356,8 +341,5 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed_or_fro
         assert f"jobs: 0 pending, 30 confirmed (0 failed), queue epoch {epoch + 1}, run by leader {other}" \
             in status.stdout, status.stdout + status.stderr
     finally:
-        for proc in leaders.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGCONT)
-            kill(proc, signal.SIGTERM)
+        _end(leaders)
         await stop_all(*agents)
