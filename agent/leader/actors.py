@@ -30,7 +30,7 @@ import msgspec
 from agent.actors import Actor, Context
 from agent.core.errors import StoreError, UnstorableValue
 from agent.core.ratelog import RateLimitedLog
-from agent.leader.jobs import DemandOutcome, Dispatch, JobQueue
+from agent.leader.jobs import DemandOutcome, Dispatch, JobQueue, ResultAck
 from agent.leader.registry import DeviceRegistry
 from agent.leader.sinks import MessageSinks
 from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Presence, Telemetry
@@ -329,6 +329,8 @@ class LeaderActor(Actor):
                          " %d workers)", jobs.epoch, len(jobs.pending_ids()), len(jobs.workers()))
                 self._lost_since_ms = 0  # every worker offline now, whenever it went
             jobs.read_demands()
+            for ack in jobs.read_results():  # the results the workers gave the other leaders
+                self._counted(ack)
             offline = self._registry.offline_since(self._lost_since_ms)
             self._lost_since_ms = now_ms - LOST_WORKERS_SKEW_MS
             bound = jobs.workers()
@@ -412,11 +414,13 @@ class LeaderActor(Actor):
             return exc
 
     def _apply_result(self, result: JobResult) -> bool:
-        ack = self._jobs.result(result)
+        return self._counted(self._jobs.result(result)) == "confirmed"
+
+    def _counted(self, ack: ResultAck) -> str:
         self.stats.results[ack.outcome] = self.stats.results.get(ack.outcome, 0) + 1
         if ack.outcome == "violation":
-            log.warning("job result from %s refused: %s", result.worker, ack.reason)
-        return ack.outcome == "confirmed"
+            log.warning("job result for %s refused: %s", ack.job_id, ack.reason)
+        return ack.outcome
 
     def _apply_presence(self, presence: Presence) -> bool:
         self.stats.presence += 1

@@ -10,7 +10,7 @@ from agent.protocol import JobOffer
 
 SubmitOutcome = Literal["stored", "duplicate"]
 DemandOutcome = Literal["registered", "updated", "replaced", "violation", "posted"]
-ResultOutcome = Literal["confirmed", "duplicate", "stale_epoch", "violation"]
+ResultOutcome = Literal["confirmed", "duplicate", "stale_epoch", "violation", "posted"]
 
 
 class QueueFenced(StoreError):

@@ -295,7 +295,7 @@ async def test_a_rollout_goes_on_exactly_when_the_leader_running_it_is_killed(
 async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed_or_frozen(
         mosquitto, postgres: PostgresCluster, tmp_path: Path, fault: str) -> None:  # type: ignore[no-untyped-def]
     """Work-pulling across two real leaders: one runs the fleet's job queue (its lease), the other
-    answers job messages busy and posts the demands it hears. The holder is SIGKILLed, or frozen
+    posts the results and demands it hears for it. The holder is SIGKILLed, or frozen
     past its lease, with jobs in flight and offers in its outbox: the other takes the queue under
     the next epoch, offers every unconfirmed job again, and all are confirmed; nothing waits for
     the dead leader, and the frozen one, woken, stands by."""

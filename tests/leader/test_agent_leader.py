@@ -280,8 +280,8 @@ async def test_a_worker_from_before_registers_with_a_jobdemand_message(
 async def test_two_leaders_on_postgresql_share_one_job_queue_and_hand_it_over(
     clock: VirtualClock, broker: MemoryBroker, tmp_path: Path, pg_url: str
 ) -> None:
-    """gw1, started first, runs the fleet's job queue; gw2 stands by, answering job results busy
-    (the workers send them again) and posting the demands it hears. gw1 stops with jobs in
+    """gw1, started first, runs the fleet's job queue; gw2 stands by, posting the job results and
+    the demands it hears for gw1. gw1 stops with jobs in
     flight: gw2 opens the queue under the next epoch and every job is confirmed once."""
     group = {"shared_group": "leaders", "database": pg_url}
     gw1 = await leader(clock, tmp_path, broker=broker, name="gw1", leader=group)
@@ -301,6 +301,7 @@ async def test_two_leaders_on_postgresql_share_one_job_queue_and_hand_it_over(
         await until(clock, lambda: gw2.jobs_queue.counts()["confirmed"] == 24, what="every job confirmed")
         assert gw2.jobs_queue.counts() == {"pending": 0, "confirmed": 24}
         assert await gw2.checks()["job queue"]() == (True, "running")
-        assert gw2.busy_answers > 0  # job results sent to it while gw1 ran the queue were sent again
+        # the results workers gave gw2 while gw1 ran the queue were posted for gw1, not refused
+        assert gw2.leader_stats is not None and gw2.leader_stats.stats.results.get("posted", 0) > 0
     finally:
         await stop_all(*workers, gw2, clock=clock)

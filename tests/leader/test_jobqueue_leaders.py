@@ -44,14 +44,13 @@ def run_out(url: str) -> None:
         conn.close()
 
 
-def test_one_leader_runs_the_queue_the_other_stands_by_and_answers_busy(two: tuple[JobQueue, JobQueue]) -> None:
+def test_one_leader_runs_the_queue_the_other_stands_by_and_passes_on_what_it_hears(
+        two: tuple[JobQueue, JobQueue]) -> None:
     a, b = two
     assert (a.held, b.held) == (True, False)
     assert b.lease_holder == "gw1" and b.hold() is False
     with pytest.raises(QueueStandby, match="leader 'gw1' does"):
         b.submit(job(1))
-    with pytest.raises(QueueStandby):
-        b.result(JobResult(job_id="j1", epoch=a.epoch, worker="w1", ok=True))
     assert b.dispatch() == [] and b.lose_workers(["w1"]) == {} and b.prune_confirmed(0) == 0
     # a demand heard by the standby reaches the holder through the database
     assert b.demand(demand("w1"), seq=5) == "posted"
@@ -59,6 +58,14 @@ def test_one_leader_runs_the_queue_the_other_stands_by_and_answers_busy(two: tup
     assert a.dispatch() == []  # no worker known yet
     assert a.read_demands() == 1
     assert [(d.worker, d.offer.job_id) for d in a.dispatch()] == [("w1", "j1"), ("w1", "j2")]
+    # a result given to the standby is posted, and the holder applies it at its next read, once
+    result = JobResult(job_id="j1", epoch=a.epoch, worker="w1", ok=True, result=b"done")
+    assert b.result(result).outcome == "posted"
+    assert [ack.outcome for ack in a.read_results()] == ["confirmed"] and a.read_results() == []
+    assert a.job("j1").result == b"done"  # type: ignore[union-attr]
+    assert b.result(result).outcome == "posted"  # sent again: a duplicate, nothing changes
+    assert [ack.outcome for ack in a.read_results()] == ["duplicate"]
+    assert [(d.worker, d.offer.job_id) for d in a.dispatch()] == [("w1", "j3")]
     # an older heartbeat's demand (a late one, from another leader) does not replace it; a
     # batch of demands is posted at once, the newest of each worker's kept
     b.demand(demand("w1", window=1, incarnation="i0"), seq=4)
