@@ -33,7 +33,7 @@ def presence_wills(config: AgentConfig, *, session: str, since_ms: int) -> tuple
 
 
 def client_id_of(config: AgentConfig) -> str:
-    return f"ea-{config.agent.fleet}-{config.agent.role}-{config.agent.device_id}"
+    return f"{topics.CLIENT_ID_PREFIX}{config.agent.fleet}-{config.agent.role}-{config.agent.device_id}"
 
 
 def make_transport(

@@ -412,8 +412,16 @@ class IdentitySection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     # a certificate is valid from this long before it is issued: a device clock that lags takes it
     clock_skew_s: Annotated[int, msgspec.Meta(ge=0, le=86_400)] = 300
     max_pending: Positive = 1000
-    claim_rate_per_min: Positive = 60  # enrolment requests heard per claim credential
+    # a pending record whose device has not asked for this long is forgotten (it asks again: a new one)
+    pending_expiry_s: PositiveFloat = 86_400.0
+    # enrolment requests heard per enrolling connection (its client id, which the broker's ACL puts
+    # in the topic), then per claim credential, then in all: one holder flooding cannot starve another
+    connection_rate_per_min: Positive = 6
+    claim_rate_per_min: Positive = 60
     total_rate_per_min: Positive = 600
+    # names no device may take besides the fleet's leaders, operators and claim credentials and the
+    # broker's client ids (`ea-...`): the broker's admin, any further `user` of the broker's ACL
+    reserved: list[DeviceName] = msgspec.field(default_factory=lambda: ["admin"])
     crl_file: str = ""  # the broker's crlfile (default: DIR/crl.pem)
     broker_reload: list[str] = msgspec.field(default_factory=list)  # run after the CRL changed
 

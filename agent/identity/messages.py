@@ -25,7 +25,7 @@ Reason = Annotated[str, msgspec.Meta(max_length=512)]
 EnrolStatus = Literal["pending", "approved", "rejected"]
 
 
-class EnrolRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+class EnrolRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     v: int = 1
     device: DeviceName
     csr: PemText
@@ -44,7 +44,7 @@ class EnrolAnswer(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True)
     ca: Annotated[str, msgspec.Meta(max_length=16 * 1024)] = ""
 
 
-class RenewRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+class RenewRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """A renewal: a request for the same device id (the leader checks it against the sender)."""
 
     device_id: DeviceName

@@ -11,8 +11,22 @@
     └── the CRL (`identity.crl_file`) written again at start and every day (it expires in 30)
 
 Every refusal (claim not heard, a flood, a request for another device id, a weak key, a key
-other than the one on record, a revoked device) is recorded in the rejects with its reason,
-and nothing else changes.
+other than the one on record, a revoked device, a reserved name) is recorded in the rejects with
+its reason, and nothing else changes. The rejects and the log are keyed on the claim credential,
+never on the id the request names: a flood through one credential cannot evict another device's
+evidence.
+
+What a holder of the claim credential (on every device being provisioned) cannot do:
+- take a name that is not a device's (`reserved_reason`): the fleet's leaders (configured, and
+  every leader that marked itself in the registry), its operators, the claim credentials, the
+  names in `[identity] reserved` and the broker's client ids (`ea-...`). Checked where a request
+  is recorded and again where any certificate is signed (approval by hand, token, allow-list,
+  renewal);
+- ask for another connection's device, or hear its answers: a request's connection level is its
+  client id (the broker's `%c`), which must be `ea-enrol-{fleet}-{device}`;
+- starve another device: requests are counted per connection, then per claim, then in all;
+- spend an allow-list entry twice, or a token's last use twice (`IdentityStore`);
+- mint certificates: a renewal before its point gets the certificate on record, not a new one.
 """
 
 from __future__ import annotations
@@ -54,6 +68,7 @@ CA_CERT = "ca.crt"
 CRL_FILE = "crl.pem"
 MAX_REQUEST_BYTES = 16 * 1024
 CRL_REFRESH_S = 86_400.0
+PENDING_SWEEP_S = 60.0
 RELOAD_TIMEOUT_S = 30.0
 
 
@@ -97,10 +112,15 @@ class IdentityService(PartBase):
         self.fleet = leader.config.agent.fleet
         self.poll_s = poll_s
         self._claims = frozenset(self.section.claims)
-        # the intake's token buckets: a burst of a minute's requests, refilled over the minute
-        per_claim, total = self.section.claim_rate_per_min, self.section.total_rate_per_min
-        self._per_claim = DeviceRates(self.clock, rate_per_s=per_claim / 60, burst=per_claim)
-        self._total = DeviceRates(self.clock, rate_per_s=total / 60, burst=total)
+        # the intake's token buckets (a burst of a minute's requests, refilled over the minute), in
+        # order: a connection's flood is refused before it takes from its claim's or the total
+        self._buckets = tuple(
+            (DeviceRates(self.clock, rate_per_s=per_min / 60, burst=per_min), per_min, key, what)
+            for per_min, key, what in (
+                (self.section.connection_rate_per_min, "client", "over the connection {client!r}"),
+                (self.section.claim_rate_per_min, "claim", "through the claim credential {claim!r}"),
+                (self.section.total_rate_per_min, "all", "in all")))
+        self._pending_swept_s = -PENDING_SWEEP_S
         self._log = RateLimitedLog(log, self.clock, 60.0)
         self._task: asyncio.Task[None] | None = None
         self._crl_written_s = -CRL_REFRESH_S
@@ -139,62 +159,95 @@ class IdentityService(PartBase):
             pass
         self.store.close()
 
+    # -- names -------------------------------------------------------------------------------
+    def reserved_reason(self, device: str) -> str:
+        """Why `device` is a name no device may hold ("" when it may): a certificate for it would
+        be the broker's ACL entry of a leader, an operator or a claim credential, or a client id."""
+        if device.startswith(topics.CLIENT_ID_PREFIX):
+            return (f"the name {device!r} is reserved: names beginning {topics.CLIENT_ID_PREFIX!r} are the broker's"
+                    " client ids")
+        leaders = {self.leader.device_id} | self.leader.registry.leader_names()
+        for names, what in ((leaders, "a leader of the fleet"),
+                            (self.leader.config.leader.operators, "an operator"),
+                            (self._claims, "a claim credential"),
+                            (self.section.reserved, "reserved (identity.reserved)")):
+            if device in names:
+                return f"the name {device!r} is reserved: it is {what}, never a device"
+        return ""
+
     # -- enrolment -----------------------------------------------------------------------------
-    def _refuse(self, topic: str, reason: str, payload: bytes, device: str | None) -> None:
+    def _refuse(self, topic: str, reason: str, payload: bytes, claim: str) -> None:
+        """Recorded and logged under the claim credential: the one thing the broker proved."""
         self.refused += 1
-        self._log.warning(f"enrol:{device}", f"enrolment refused on {topic}: {reason}")
-        self.leader.rejects.record(topic=topic, reason=reason, payload=payload, sender=device, kind="enrol")
+        self._log.warning(f"enrol:{claim}", f"enrolment refused on {topic}: {reason}")
+        self.leader.rejects.record(topic=topic, reason=reason, payload=payload, sender=claim, kind="enrol")
+
+    def _flooded(self, claim: str, client: str) -> str:
+        """Why this request is one too many ("" when it is not)."""
+        keys = {"client": client, "claim": claim, "all": "all"}
+        for bucket, per_min, key, what in self._buckets:
+            if bucket.take(keys[key]):
+                return f"enrolment flood: over {per_min} requests a minute " + what.format(client=client, claim=claim)
+        return ""
 
     async def _on_request(self, message: InboundMessage) -> None:
         topic, payload = message.topic, bytes(message.payload)
         where = topics.parse_enrol_request(topic)
         if where is None:
             return
-        claim, device = where
+        claim, client = where
         if claim not in self._claims:
             self._refuse(topic, f"the claim credential {claim!r} is not one this leader hears (identity.claims)",
-                         payload, device)
+                         payload, claim)
             return
-        if self._per_claim.take(claim):
-            self._refuse(topic, f"enrolment flood: over {self.section.claim_rate_per_min} requests a minute"
-                                f" through the claim credential {claim!r}", b"", device)
-            return
-        if self._total.take("all"):
-            self._refuse(topic, f"enrolment flood: over {self.section.total_rate_per_min} requests a minute in all",
-                         b"", device)
+        flood = self._flooded(claim, client)
+        if flood:
+            self._refuse(topic, flood, b"", claim)
             return
         if len(payload) > MAX_REQUEST_BYTES:
-            self._refuse(topic, f"enrolment request of {len(payload)} bytes, over {MAX_REQUEST_BYTES}", b"", device)
+            self._refuse(topic, f"enrolment request of {len(payload)} bytes, over {MAX_REQUEST_BYTES}", b"", claim)
             return
+        device = ""
         try:
             request = decode(payload, EnrolRequest)
-            if request.device != device:
-                raise IdentityError(f"the request names device {request.device!r}, its topic {device!r}")
+            device = request.device
+            if client != self._client_of(device):
+                raise IdentityError(f"the request names device {device!r}, its connection is {client!r}"
+                                    f" (a device enrols as {self._client_of(device)!r})")
             answer = self._enrol(request, read_request(request.csr, device_id=device), claim)
         except (CodecError, IdentityError) as exc:
-            self._refuse(topic, str(exc), payload, device)
-            await self._answer(claim, device, EnrolAnswer(device=device, status="rejected", reason=str(exc)[:512]))
+            self._refuse(topic, str(exc), payload, claim)
+            await self._answer(claim, client, EnrolAnswer(device=device or "-", status="rejected",
+                                                          reason=str(exc)[:512]))
             return
         except EdgeAgentError as exc:
             log.warning("enrolment of %s not recorded: %s", device, exc)
             return
-        await self._answer(claim, device, answer)
+        await self._answer(claim, client, answer)
 
     def _enrol(self, request: EnrolRequest, csr: CertificateRequest, claim: str) -> EnrolAnswer:
         now = self.clock.now_ms()
+        reserved = self.reserved_reason(request.device)
+        if reserved:
+            raise IdentityError(reserved)
         known = self.store.get(request.device)
-        if known is None and self.store.count("pending") >= self.section.max_pending:
+        # a device of the allow-list or with a token does not wait: never refused for the pending bound
+        vouched = bool(request.token) or bool(request.serial) and self.store.allow_used_by(request.serial) is None
+        if known is None and not vouched and self.store.count("pending") >= self.section.max_pending:
             raise IdentityError(f"{self.section.max_pending} enrolments are pending already (identity.max_pending)")
         record = self.store.record_request(
             device=request.device, fingerprint=csr.fingerprint, csr=request.csr, hw_serial=request.serial,
             machine_id=request.machine_id, agent_version=request.agent_version, claim=claim, now_ms=now)
         if record.state == "pending":
-            if self.store.allowed_serial(request.serial):
+            if self.store.take_allowed(request.serial, request.device, now):
                 record = self._approve(record, by=f"allow-list (serial {request.serial})", csr=csr)
             elif request.token and self.store.take_token(request.token, now):
                 record = self._approve(record, by="enrolment token", csr=csr)
             elif request.token:
                 log.warning("enrolment of %s: its token is unknown, used up or expired: left pending", request.device)
+            elif request.serial and (used := self.store.allow_used_by(request.serial)) not in (None, request.device):
+                log.warning("enrolment of %s: the allow-list's serial %s approved %s already: left pending",
+                            request.device, request.serial, used)
         return self._answer_of(record)
 
     def _answer_of(self, record: Identity) -> EnrolAnswer:
@@ -216,7 +269,11 @@ class IdentityService(PartBase):
         return approved
 
     def _issue(self, csr: CertificateRequest, *, by: str) -> tuple[bytes, CertificateInfo]:
-        """Sign a checked request with the fleet's CA and record the certificate (approval or renewal)."""
+        """Sign a checked request with the fleet's CA and record the certificate (approval or
+        renewal): the one place a device certificate is made, so a reserved name is refused here."""
+        reserved = self.reserved_reason(csr.device_id)
+        if reserved:
+            raise IdentityError(reserved)
         now = self.clock.now_ms()
         cert = self.authority.issue_device(csr, now_ms=now, days=self.section.cert_days,
                                            skew_s=self.section.clock_skew_s)
@@ -225,13 +282,16 @@ class IdentityService(PartBase):
                           not_after_ms=info.not_after_ms, by=by, now_ms=now)
         return cert, info
 
-    async def _answer(self, claim: str, device: str, answer: EnrolAnswer) -> None:
+    def _client_of(self, device: str) -> str:
+        return topics.enrol_client_id(self.fleet, device)
+
+    async def _answer(self, claim: str, client: str, answer: EnrolAnswer) -> None:
         try:
-            await self.leader.transport.publish(topics.enrol_answer(self.fleet, claim, device),
+            await self.leader.transport.publish(topics.enrol_answer(self.fleet, claim, client),
                                                 msgspec.msgpack.encode(answer), qos=1)
             self.answered += 1
         except (TransportError, topics.TopicError) as exc:
-            log.debug("enrolment answer to %s not sent: %s (it asks again)", device, exc)
+            log.debug("enrolment answer to %s not sent: %s (it asks again)", client, exc)
 
     # -- renewal -------------------------------------------------------------------------------
     def _renew(self, env: Envelope, message: msgspec.Struct) -> Reply:
@@ -244,6 +304,11 @@ class IdentityService(PartBase):
             csr = read_request(message.csr, device_id=device)
             if csr.fingerprint != record.fingerprint:
                 raise IdentityError(f"the renewal of {device} is for another key than the one on record")
+            on_record = read_certificate(record.cert)
+            if self.clock.now_ms() < on_record.renew_at_ms - self.section.clock_skew_s * 1000:
+                # not due: no new certificate. The one on record goes back (a device whose renewal
+                # answer was lost holds an older one); asking again and again mints nothing
+                return Reply(id=env.id, status="accepted", body=msgspec.msgpack.encode(RenewAnswer(cert=record.cert)))
             cert, info = self._issue(csr, by=record.decided_by)
         except IdentityError as exc:
             self.refused += 1
@@ -265,6 +330,13 @@ class IdentityService(PartBase):
                 for control in self.store.controls():
                     if self.store.claim(control.id, self.leader.device_id):  # another leader's, else
                         await self._apply(control)
+                if self.clock.monotonic() - self._pending_swept_s >= min(PENDING_SWEEP_S,
+                                                                         self.section.pending_expiry_s / 2):
+                    self._pending_swept_s = self.clock.monotonic()
+                    expired = self.store.expire_pending(self.clock.now_ms() - int(self.section.pending_expiry_s * 1000))
+                    if expired:
+                        log.info("forgot %d pending enrolment(s) not asked for in %g s: %s", len(expired),
+                                 self.section.pending_expiry_s, ", ".join(expired[:10]))
             except EdgeAgentError as exc:
                 self._log.warning("identity", f"identity controls not applied: {exc}")
             await self.clock.sleep(self.poll_s)
@@ -289,7 +361,7 @@ class IdentityService(PartBase):
                     outcome = f"{control.device} is {record.state}, not pending"
                 else:
                     record = self._approve(record, by=control.by)
-                    await self._answer(record.claim, record.device, self._answer_of(record))
+                    await self._answer(record.claim, self._client_of(record.device), self._answer_of(record))
                     ok, outcome = True, f"approved {control.device}"
             elif control.action == "reject":
                 if record.state != "pending":
@@ -298,7 +370,7 @@ class IdentityService(PartBase):
                     reason = control.reason or f"rejected by {control.by}"
                     self.store.decide(control.device, "rejected", by=control.by, reason=reason,
                                       now_ms=self.clock.now_ms())
-                    await self._answer(record.claim, record.device,
+                    await self._answer(record.claim, self._client_of(record.device),
                                        EnrolAnswer(device=record.device, status="rejected", reason=reason))
                     ok, outcome = True, f"rejected {control.device}"
             elif control.action == "revoke":

@@ -7,11 +7,16 @@
     identity_controls   approve / reject / revoke, written by `edge-agent devices` and the
                         console, applied by a running leader (it holds the CA's key); with
                         several leaders on PostgreSQL, by the one that claims it first
-    enrol_tokens        a batch's enrolment tokens (sha256 only): uses left, expiry
-    enrol_allow         hardware serial numbers approved on their first request
+    enrol_tokens        a batch's enrolment tokens (sha256 only): uses left, expiry; each use is
+                        spent by one atomic update (two leaders never spend the last use twice)
+    enrol_allow         hardware serial numbers approved on their first request: an entry approves
+                        one device, once (the first to use it is bound to it); the serial is what
+                        the device says of itself, a hint for the operator, never a credential
 
 One device id, one key: a request with another key than the one on record is refused (and
-reported), unless the record was rejected (a new request replaces it).
+reported), unless the record was rejected (a new request replaces it). A pending record whose
+device has not asked for `pending_expiry_s` is forgotten (`expire_pending`): a device that asks
+again makes a new one.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from agent.core.store import Store
 
 COMPONENT = "identities"
 State = Literal["pending", "approved", "rejected", "revoked"]
+MAX_SERIAL = 64  # as EnrolRequest.serial
 Action = Literal["approve", "reject", "revoke"]
 ACTIONS: tuple[str, ...] = ("approve", "reject", "revoke")
 
@@ -102,6 +108,23 @@ def _v2(conn: sqlite3.Connection) -> None:
     CA, by the fingerprint of its certificate, so that a leader with another CA refuses."""
     conn.execute("ALTER TABLE identity_controls ADD COLUMN claimed_by TEXT")
     conn.execute("CREATE TABLE identity_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+def _v3(conn: sqlite3.Connection) -> None:
+    """When a pending device last asked (pending records expire); the device an allow-list entry
+    approved, and when (an entry approves once)."""
+    conn.execute("ALTER TABLE device_identities ADD COLUMN asked_ms INTEGER NOT NULL DEFAULT 0")
+    conn.execute("UPDATE device_identities SET asked_ms = requested_ms")
+    conn.execute("ALTER TABLE enrol_allow ADD COLUMN device TEXT")
+    conn.execute("ALTER TABLE enrol_allow ADD COLUMN used_ms INTEGER")
+
+
+_PG_V2 = """
+ALTER TABLE device_identities ADD COLUMN asked_ms BIGINT NOT NULL DEFAULT 0;
+UPDATE device_identities SET asked_ms = requested_ms;
+ALTER TABLE enrol_allow ADD COLUMN device TEXT;
+ALTER TABLE enrol_allow ADD COLUMN used_ms BIGINT;
+"""
 
 
 _PG_V1 = """
@@ -197,8 +220,8 @@ def token_digest(token: str) -> str:
 
 class IdentityStore(Store):
     COMPONENT = COMPONENT
-    MIGRATIONS = (_v1, _v2)
-    PG_MIGRATIONS = (_PG_V1,)
+    MIGRATIONS = (_v1, _v2, _v3)
+    PG_MIGRATIONS = (_PG_V1, _PG_V2)
     WHAT = "identity store"
 
     @classmethod
@@ -247,12 +270,6 @@ class IdentityStore(Store):
                                       " AND not_after_ms > ? ORDER BY serial", (now_ms,)).fetchall()
         return [(int(serial, 16), int(at)) for serial, at in rows]
 
-    def allowed_serial(self, hw_serial: str) -> bool:
-        if not hw_serial:
-            return False
-        with store_errors(self.WHAT):
-            row = self._conn.execute("SELECT 1 FROM enrol_allow WHERE hw_serial = ?", (hw_serial,)).fetchone()
-        return row is not None
 
     def controls(self, *, after_id: int = 0, unapplied: bool = True) -> list[Control]:
         sql = ("SELECT id, action, device, reason, \"by\", at_ms, applied_ms, ok, outcome FROM identity_controls"
@@ -283,23 +300,48 @@ class IdentityStore(Store):
                          (token_digest(token), uses, expires_ms, by, now_ms))
 
     def allow_serials(self, serials: Sequence[str], *, by: str, now_ms: int) -> int:
+        """Add serials to the allow-list; how many were new. `IdentityError` for an empty one or
+        one longer than a request may carry."""
+        for serial in serials:
+            if not serial.strip() or serial != serial.strip() or len(serial) > MAX_SERIAL:
+                raise IdentityError(f"serial {serial!r}: a hardware serial number is 1 to {MAX_SERIAL} characters"
+                                    " with no space around it")
         with self.atomic() as conn:
             return sum(conn.execute("INSERT INTO enrol_allow (hw_serial, added_by, added_ms) VALUES (?, ?, ?)"
                                     " ON CONFLICT DO NOTHING", (serial, by, now_ms)).rowcount for serial in serials)
 
     # -- the leader's writes -------------------------------------------------------------------
     def take_token(self, token: str, now_ms: int) -> bool:
-        """Use one of a valid token's uses; False when it is unknown, used up or expired."""
+        """Spend one of a valid token's uses; False when it is unknown, used up or expired. One
+        conditional update: two leaders asking at once never both spend the last use."""
         if not token:
             return False
-        digest = token_digest(token)
         with self.atomic() as conn:
-            row = conn.execute("SELECT 1 FROM enrol_tokens WHERE uses_left > 0 AND expires_ms > ? AND digest = ?",
-                               (now_ms, digest)).fetchone()
-            if row is None:
-                return False
-            conn.execute("UPDATE enrol_tokens SET uses_left = uses_left - 1 WHERE digest = ?", (digest,))
-        return True
+            return bool(conn.execute("UPDATE enrol_tokens SET uses_left = uses_left - 1"
+                                     " WHERE digest = ? AND uses_left > 0 AND expires_ms > ?",
+                                     (token_digest(token), now_ms)).rowcount)
+
+    def take_allowed(self, hw_serial: str, device: str, now_ms: int) -> bool:
+        """Bind the allow-list's entry for `hw_serial` to `device`; False when there is none or
+        another device used it already (an entry approves one device, once)."""
+        if not hw_serial:
+            return False
+        with self.atomic() as conn:
+            return bool(conn.execute("UPDATE enrol_allow SET device = ?, used_ms = ? WHERE hw_serial = ?"
+                                     " AND device IS NULL", (device, now_ms, hw_serial)).rowcount)
+
+    def allow_used_by(self, hw_serial: str) -> str | None:
+        """The device the allow-list's entry for `hw_serial` approved (None: unused or none)."""
+        with store_errors(self.WHAT):
+            row = self._conn.execute("SELECT device FROM enrol_allow WHERE hw_serial = ?", (hw_serial,)).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    def expire_pending(self, asked_before_ms: int) -> list[str]:
+        """Forget the pending records whose device has not asked since `asked_before_ms`; their ids."""
+        with self.atomic() as conn:
+            rows = conn.execute("DELETE FROM device_identities WHERE state = 'pending' AND asked_ms < ?"
+                                " RETURNING device", (asked_before_ms,)).fetchall()
+        return sorted(str(r[0]) for r in rows)
 
     def record_request(self, *, device: str, fingerprint: str, csr: str, hw_serial: str, machine_id: str,
                        agent_version: str, claim: str, now_ms: int) -> Identity:
@@ -316,18 +358,18 @@ class IdentityStore(Store):
             if found is None or found.state == "rejected" and found.fingerprint != fingerprint:
                 # a new record (or one replacing a rejected one): everything else back to its default
                 conn.execute("INSERT INTO device_identities (device, state, fingerprint, csr, hw_serial,"
-                             " machine_id, agent_version, claim, requested_ms)"
-                             " VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO UPDATE SET"
+                             " machine_id, agent_version, claim, requested_ms, asked_ms)"
+                             " VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO UPDATE SET"
                              " state = 'pending', fingerprint = excluded.fingerprint, csr = excluded.csr,"
                              " hw_serial = excluded.hw_serial, machine_id = excluded.machine_id,"
                              " agent_version = excluded.agent_version, claim = excluded.claim,"
-                             " requested_ms = excluded.requested_ms, requests = 1, cert = '', not_after_ms = 0,"
-                             " decided_ms = NULL, decided_by = '', reason = ''",
-                             (device, fingerprint, csr, hw_serial, machine_id, agent_version, claim, now_ms))
+                             " requested_ms = excluded.requested_ms, asked_ms = excluded.asked_ms, requests = 1,"
+                             " cert = '', not_after_ms = 0, decided_ms = NULL, decided_by = '', reason = ''",
+                             (device, fingerprint, csr, hw_serial, machine_id, agent_version, claim, now_ms, now_ms))
             else:
                 conn.execute("UPDATE device_identities SET requests = requests + 1, csr = ?, hw_serial = ?,"
-                             " machine_id = ?, agent_version = ?, claim = ? WHERE device = ?",
-                             (csr, hw_serial, machine_id, agent_version, claim, device))
+                             " machine_id = ?, agent_version = ?, claim = ?, asked_ms = ? WHERE device = ?",
+                             (csr, hw_serial, machine_id, agent_version, claim, now_ms, device))
                 if found.state == "approved" and found.not_after_ms <= now_ms:  # expired: enrol again
                     conn.execute("UPDATE device_identities SET state = 'pending', requested_ms = ?, decided_ms = NULL,"
                                  " reason = 'certificate expired' WHERE device = ?", (now_ms, device))

@@ -737,6 +737,11 @@ class DeviceRegistry(Store):
         self.check_open()
         return RegistryReads(self._conn).leaders()
 
+    def leader_names(self) -> set[str]:
+        """The leaders that marked themselves in this registry (`RegistryReads.leader_names`)."""
+        self.check_open()
+        return RegistryReads(self._conn).leader_names()
+
     def checkpoint(self) -> None:
         """Run a passive WAL checkpoint (fsyncs: call it from a thread under `clock.busy()`); on
         PostgreSQL the server checkpoints by itself."""

@@ -5,9 +5,16 @@
     ea/v1/{fleet}/{device}/presence        retained "online|offline SESSION SINCE_MS" (birth, will)
     ea/v1/{fleet}/{device}/reply/{name}    replies (MQTT v5 response topic)
     $share/leaders/ea/v1/{fleet}/+/up      several leaders' shared subscription
-    ea/enrol/v1/{fleet}/{claim}/{device}/request|answer
-                                           enrolment with the claim credential `claim` (the
-                                           broker's ACL: `pattern write .../%u/+/request`)
+    ea/enrol/v1/{fleet}/{claim}/{client}/request|answer
+                                           enrolment with the claim credential `claim` over the
+                                           connection whose client id is `client`, which is
+                                           `ea-enrol-{fleet}-{device}` (the broker's ACL:
+                                           `pattern write .../%u/%c/request`: a connection asks
+                                           and hears only under its own client id)
+
+Every client id an agent sends begins with `ea-` (`CLIENT_ID_PREFIX`): the broker of a fleet with
+device identities takes no other (`clientid_prefixes`), and a certificate for a name beginning
+so is never issued, so an enrolling connection can never take a device's or a leader's client id.
 
 Matching follows MQTT: `+` matches one level, `#` the rest (including the parent level), a
 `$share/{group}/` prefix is stripped before matching, and topics starting with `$` are never
@@ -75,14 +82,20 @@ def is_own_reply_topic(response_topic: str, up_topic: str) -> bool:
 
 
 ENROL_PREFIX = "ea/enrol/v1"
+CLIENT_ID_PREFIX = "ea-"
 
 
-def enrol_request(fleet: str, claim: str, device: str) -> str:
-    return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/{_segment('claim', claim)}/{_segment('device', device)}/request"
+def enrol_client_id(fleet: str, device: str) -> str:
+    """The client id a device enrols with: the connection level of its enrolment topics."""
+    return f"{CLIENT_ID_PREFIX}enrol-{fleet}-{device}"
 
 
-def enrol_answer(fleet: str, claim: str, device: str) -> str:
-    return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/{_segment('claim', claim)}/{_segment('device', device)}/answer"
+def enrol_request(fleet: str, claim: str, client: str) -> str:
+    return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/{_segment('claim', claim)}/{_segment('client', client)}/request"
+
+
+def enrol_answer(fleet: str, claim: str, client: str) -> str:
+    return f"{ENROL_PREFIX}/{_segment('fleet', fleet)}/{_segment('claim', claim)}/{_segment('client', client)}/answer"
 
 
 def enrol_requests_filter(fleet: str) -> str:
@@ -98,14 +111,14 @@ def leader_enrol_filter(fleet: str, shared_group: str) -> str:
 
 
 def parse_enrol_request(topic: str) -> tuple[str, str] | None:
-    """(claim, device) of an enrolment request topic, None when it is not one."""
+    """(claim, client id) of an enrolment request topic, None when it is not one."""
     levels = topic.split("/")
     if len(levels) != 7 or "/".join(levels[:3]) != ENROL_PREFIX or levels[6] != "request":
         return None
-    claim, device = levels[4], levels[5]
-    if not claim or not device or any(ch in claim + device for ch in "+#"):
+    claim, client = levels[4], levels[5]
+    if not claim or not client or any(ch in claim + client for ch in "+#"):
         return None
-    return claim, device
+    return claim, client
 
 
 def fleet_filter(fleet: str, channel: Channel) -> str:
@@ -222,7 +235,9 @@ __all__ = [
     "TopicError",
     "device_of",
     "down",
+    "CLIENT_ID_PREFIX",
     "enrol_answer",
+    "enrol_client_id",
     "enrol_request",
     "enrol_requests_filter",
     "fleet_filter",

@@ -6,10 +6,12 @@ identity").
 At the start of a worker with `[identity]`: the device makes its P-256 key once (0600, in
 `DATA_DIR/identity`, never sent anywhere); while it has no certificate, or only an expired one,
 it enrols: a certificate request with its hardware identity goes to the leader over the broker's
-enrolment listener, with the fleet's claim credential (`ea/enrol/v1/{fleet}/{claim}/{device}/request`),
-sent again every `ask_interval_s` until an operator (or the allow-list, or a batch's token)
-approves it. The approved certificate and the fleet's CA are written next to the key, and the
-worker connects with them: mutual TLS, the certificate's subject being its MQTT username.
+enrolment listener, with the fleet's claim credential
+(`ea/enrol/v1/{fleet}/{claim}/ea-enrol-{fleet}-{device}/request`, the connection's client id as
+its level), sent as soon as the connection is up and again every `ask_interval_s` until an
+operator (or the allow-list, or a batch's token) approves it. The approved certificate and the
+fleet's CA are written next to the key, and the worker connects with them: mutual TLS, the
+certificate's subject being its MQTT username.
 
 Renewal runs over the device's own authenticated channel: `agent.worker.renewal`.
 """
@@ -20,9 +22,10 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
     from agent.transport.mqtt import MqttTransport
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KEY_FILE = "device.key"
 CERT_FILE = "device.crt"
@@ -172,8 +176,10 @@ class Enrolment:
         self.clock = clock
         self.device = config.agent.device_id
         fleet, claim = config.agent.fleet, self.section.claim_username
-        self.request_topic = topics.enrol_request(fleet, claim, self.device)
-        self.answer_topic = topics.enrol_answer(fleet, claim, self.device)
+        # the broker's ACL lets a connection ask and hear only under its own client id
+        self.client_id = topics.enrol_client_id(fleet, self.device)
+        self.request_topic = topics.enrol_request(fleet, claim, self.client_id)
+        self.answer_topic = topics.enrol_answer(fleet, claim, self.client_id)
         self._answers: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
 
     def _request(self) -> bytes:
@@ -197,7 +203,7 @@ class Enrolment:
 
         s = self.section
         return MqttTransport.from_url(
-            s.claim_url, client_id=f"ea-enrol-{self.config.agent.fleet}-{self.device}", clock=self.clock,
+            s.claim_url, client_id=self.client_id, clock=self.clock,
             **credentials(s.claim_url, username=s.claim_username, password_file=s.claim_password_file,
                           tls_ca=s.claim_ca or self.config.mqtt.tls_ca, tls_cert="", tls_key="", source="identity"),
             keepalive_s=self.config.mqtt.keepalive_s, reconnect_min_s=self.config.mqtt.reconnect_min_s,
@@ -220,20 +226,23 @@ class Enrolment:
         await transport.start()
         try:
             while not stopping.is_set():
-                if transport.connected.is_open:
-                    with contextlib.suppress(TransportError):
-                        await transport.publish(self.request_topic, request, qos=1)
+                if not transport.connected.is_open:  # the first request goes the moment it connects
+                    await self._until(transport.connected.wait_open(), stopping, self.section.ask_interval_s)
+                    continue
+                with contextlib.suppress(TransportError):
+                    await transport.publish(self.request_topic, request, qos=1)
                 deadline = self.clock.now_ms() + int(self.section.ask_interval_s * 1000)
                 while (left := deadline - self.clock.now_ms()) > 0 and not stopping.is_set():
-                    answer = await self._next_answer(left / 1000, stopping)
+                    answer = await self._until(self._answers.get(), stopping, left / 1000)
                     if answer is not None and self._take(answer) == "approved":
                         return True
             return False
         finally:
             await transport.stop()
 
-    async def _next_answer(self, timeout_s: float, stopping: asyncio.Event) -> bytes | None:
-        getting = asyncio.ensure_future(self._answers.get())
+    async def _until(self, waiting: Awaitable[T], stopping: asyncio.Event, timeout_s: float) -> T | None:
+        """What `waiting` gives within `timeout_s`; None when it did not, or `stopping` came first."""
+        getting = asyncio.ensure_future(waiting)
         stop = asyncio.ensure_future(stopping.wait())
         try:
             done, _ = await asyncio.wait((getting, stop), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)

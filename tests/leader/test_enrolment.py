@@ -16,9 +16,10 @@ from cryptography.x509.oid import NameOID
 
 from agent.core.clock import VirtualClock
 from agent.core.codec import Envelope, decode
+from agent.core.errors import IdentityError
 from agent.identity.certificates import read_certificate
 from agent.identity.device_key import certificate_request, device_key_fingerprint, new_device_key
-from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewRequest
+from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewAnswer, RenewRequest
 from agent.leader.agent import LeaderAgent
 from agent.leader.enrolment import IdentityService, identity_part
 from agent.leader.env import GatewayEnv
@@ -49,10 +50,13 @@ class Claimant:
     def _on(self, message: Any) -> None:
         self.answers.append(decode(bytes(message.payload), EnrolAnswer))
 
-    async def ask(self, device: str, key: bytes, *, csr_for: str | None = None, **fields: Any) -> None:
+    async def ask(self, device: str, key: bytes, *, csr_for: str | None = None, client: str | None = None,
+                  **fields: Any) -> None:
+        """A request for `device` over the connection `client` (default: the device's own)."""
         csr = certificate_request(key, csr_for or device).decode()
         request = EnrolRequest(device=device, csr=csr, **fields)
-        await self.transport.publish(topics.enrol_request(FLEET, self.claim, device), msgspec.msgpack.encode(request))
+        await self.transport.publish(topics.enrol_request(FLEET, self.claim, client or topics.enrol_client_id(
+            FLEET, device)), msgspec.msgpack.encode(request))
 
     def last(self, device: str) -> EnrolAnswer | None:
         return next((a for a in reversed(self.answers) if a.device == device), None)
@@ -132,11 +136,12 @@ async def test_bad_requests_are_refused_with_a_reason_and_change_nothing(fleet: 
     csr = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
                                                                                                 "dev-r")]))
            .sign(rsa_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
-    await claimant.transport.publish(topics.enrol_request(FLEET, "claim", "dev-r"),
+    await claimant.transport.publish(topics.enrol_request(FLEET, "claim", topics.enrol_client_id(FLEET, "dev-r")),
                                      msgspec.msgpack.encode(EnrolRequest(device="dev-r", csr=csr)))
     assert "weak or foreign key" in (await answered(claimant, "dev-r", "rejected")).reason
     # not a request at all
-    await claimant.transport.publish(topics.enrol_request(FLEET, "claim", "dev-x"), b"\x93junk")
+    await claimant.transport.publish(topics.enrol_request(FLEET, "claim", topics.enrol_client_id(FLEET, "dev-x")),
+                                     b"\x93junk")
     await until(agent.clock, lambda: any("undecodable" in r or "invalid" in r for r in rejects(agent)))
     assert service.store.listed() == []
     assert len(rejects(agent)) == 3
@@ -330,3 +335,137 @@ async def test_two_leaders_on_postgresql_share_identities_with_one_ca(tmp_path: 
         for service in services:
             await service.stop()
         await stop_all(*agents)
+
+
+# -- what a holder of the claim credential cannot do (docs/service.md, "Device identity") --------
+
+async def test_no_device_may_take_a_name_of_the_fleet(fleet: Any) -> None:
+    """The leader itself, a leader seen in the registry, a claim credential, the broker's admin
+    and the broker's client ids: refused at the request, with a token, and by hand."""
+    agent, service, claimant = fleet
+    with agent.registry.atomic() as conn:
+        conn.execute("INSERT INTO registry_leaders (name, alive_ms) VALUES ('gw-2', 0)")
+    now = agent.clock.now_ms()
+    service.store.add_token("batch-1", uses=10, expires_ms=now + 60_000, by="op", now_ms=now)
+    for name, said in (("gw", "a leader of the fleet"), ("gw-2", "a leader of the fleet"),
+                       ("claim", "a claim credential"), ("admin", "reserved (identity.reserved)"),
+                       ("ea-t-worker-dev-1", "names beginning 'ea-' are the broker's client ids")):
+        await claimant.ask(name, new_device_key(), token="batch-1")
+        refused = await answered(claimant, name, "rejected")
+        assert f"the name {name!r} is reserved" in refused.reason and said in refused.reason
+        assert service.store.get(name) is None
+    assert service.store._conn.execute("SELECT uses_left FROM enrol_tokens").fetchone()[0] == 10  # none spent
+    # a pending record of a reserved name (made before the name was a leader's): approval refused
+    key = new_device_key()
+    service.store.record_request(device="gw-3", fingerprint=device_key_fingerprint(key),
+                                 csr=certificate_request(key, "gw-3").decode(), hw_serial="", machine_id="",
+                                 agent_version="", claim="claim", now_ms=now)
+    with agent.registry.atomic() as conn:
+        conn.execute("INSERT INTO registry_leaders (name, alive_ms) VALUES ('gw-3', 0)")
+    control = service.store.add_control("approve", "gw-3", by="op", now_ms=now)
+    await until(agent.clock, lambda: (c := service.store.control(control)) is not None and c.applied_ms is not None)
+    done = service.store.control(control)
+    assert done is not None and not done.ok and "the name 'gw-3' is reserved" in done.outcome
+    assert service.store.get("gw-3").state == "pending"  # type: ignore[union-attr]
+    assert service.store._conn.execute("SELECT count(*) FROM issued_certs").fetchone()[0] == 0
+
+
+async def test_an_allow_list_entry_approves_one_device_once(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    service.store.allow_serials(["10000000deadbeef"], by="op", now_ms=agent.clock.now_ms())
+    await claimant.ask("evil-1", new_device_key(), serial="10000000deadbeef")
+    await answered(claimant, "evil-1", "approved")
+    await claimant.ask("evil-2", new_device_key(), serial="10000000deadbeef")  # the same self-reported serial
+    await answered(claimant, "evil-2", "pending")
+    assert service.store.allow_used_by("10000000deadbeef") == "evil-1"
+    with pytest.raises(IdentityError, match="a hardware serial number is 1 to 64 characters"):
+        service.store.allow_serials([""], by="op", now_ms=agent.clock.now_ms())
+
+
+async def test_one_flooding_connection_starves_no_other_device(fleet: Any) -> None:
+    """20 requests from one connection: beyond its 6 a minute they are refused before they take
+    from the claim's bucket; a new device is heard; the rejects are kept under the claim."""
+    agent, service, claimant = fleet
+    key = new_device_key()
+    for _ in range(20):
+        await claimant.ask("flood-1", key)
+    await until(agent.clock, lambda: sum("over the connection 'ea-enrol-t-flood-1'" in r for r in rejects(agent)) == 14)
+    await claimant.ask("dev-new", new_device_key())
+    await answered(claimant, "dev-new", "pending")
+    assert {r.sender for r in agent.rejects.list()} == {"claim"}
+
+
+async def test_a_request_over_another_devices_connection_or_with_unknown_fields_is_refused(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    await claimant.ask("dev-v", new_device_key(), client=topics.enrol_client_id(FLEET, "dev-w"))
+    refused = await answered(claimant, "dev-v", "rejected")
+    assert "its connection is 'ea-enrol-t-dev-w'" in refused.reason
+    payload = msgspec.msgpack.encode({"device": "dev-u", "csr": certificate_request(new_device_key(), "dev-u").decode(),
+                                      "admin": True})
+    await claimant.transport.publish(topics.enrol_request(FLEET, "claim", topics.enrol_client_id(FLEET, "dev-u")),
+                                     payload)
+    await until(agent.clock, lambda: any("unknown field `admin`" in r for r in rejects(agent)))
+    assert service.store.listed() == []
+
+
+async def test_a_renewal_before_its_point_mints_no_certificate(fleet: Any) -> None:
+    agent, service, claimant = fleet
+    key = new_device_key()
+    await claimant.ask("dev-1", key)
+    await answered(claimant, "dev-1", "pending")
+    service.store.add_control("approve", "dev-1", by="op", now_ms=agent.clock.now_ms())
+    approved = await answered(claimant, "dev-1", "approved")
+    csr = certificate_request(key, "dev-1").decode()
+    for n in range(50):
+        renewal = Envelope(id=f"r-{n}", kind=KIND_RENEW, sender="dev-1", receiver="leader",
+                           ts_ms=agent.clock.now_ms(),
+                           payload=msgspec.msgpack.encode(RenewRequest(device_id="dev-1", csr=csr)))
+        reply = agent._on_up(renewal, None)  # type: ignore[arg-type]
+        assert reply.status == "accepted"  # type: ignore[union-attr]
+        assert decode(reply.body, RenewAnswer).cert == approved.cert  # type: ignore[union-attr]
+    assert service.store._conn.execute("SELECT count(*) FROM issued_certs").fetchone()[0] == 1
+
+
+async def test_a_pending_enrolment_not_asked_for_again_is_forgotten(tmp_path: Path) -> None:
+    from agent.core.clock import SystemClock
+
+    clock = SystemClock()
+    broker = MemoryBroker(clock=clock)
+    agent, service = await identity_leader(tmp_path, broker, clock, pending_expiry_s=0.5)
+    claimant = await Claimant(broker).start()
+    try:
+        await claimant.ask("dev-gone", new_device_key())
+        await answered(claimant, "dev-gone", "pending")
+        await until(clock, lambda: service.store.get("dev-gone") is None, limit_s=30, step_s=0.1,
+                    what="the pending record forgotten")
+    finally:
+        await service.stop()
+        await claimant.transport.stop()
+        await agent.stop()
+
+
+def test_a_tokens_last_use_is_spent_once_by_leaders_asking_at_once(tmp_path: Path, leader_store: Path | str) -> None:
+    """Eight leaders' connections spend a 3-use token at once: exactly 3 succeed."""
+    import threading
+
+    from agent.leader.identities import IdentityStore
+
+    target = leader_store if isinstance(leader_store, str) else tmp_path / "leader.db"
+    with IdentityStore.open(target) as store:
+        store.add_token("race", uses=3, expires_ms=10**13, by="op", now_ms=0)
+    stores = [IdentityStore.open(target) for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    spent: list[bool] = []
+
+    def spend(store: IdentityStore) -> None:
+        start.wait()
+        spent.append(store.take_token("race", 1))
+
+    threads = [threading.Thread(target=spend, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert spent.count(True) == 3
