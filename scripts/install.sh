@@ -356,6 +356,19 @@ if [ "$ROLE" = worker ]; then
     fi
 fi
 
+# the leader's revocation list for the broker: a folder of its own that the agent writes (the
+# units' ReadWritePaths) and the `mosquitto` user reads through its group (the CRL is public;
+# the CA's folder under the state directory is 0700)
+if [ "$ROLE" = leader ]; then
+    CRL_DIR="$PREFIX/var/lib/edge-agent-crl"
+    if [ -d "$CRL_DIR" ]; then say "unchanged $CRL_DIR"; else install -d -m 2750 "$CRL_DIR"; say "created $CRL_DIR"; fi
+    if [ "$STAGING" = 0 ]; then
+        crl_group="$USER_NAME"
+        getent group mosquitto >/dev/null 2>&1 && crl_group=mosquitto
+        chown "$USER_NAME:$crl_group" "$CRL_DIR"
+    fi
+fi
+
 # -- units ----------------------------------------------------------------------------------------
 for f in edge-agent.service edge-agent@.service; do
     put_file "$SRC/systemd/$f" "$UNITDIR/$f" 0644

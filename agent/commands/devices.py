@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 import time
@@ -206,13 +207,36 @@ def _certs(config: AgentConfig, args: argparse.Namespace) -> int:
     key, cert = authority.issue_with_key(args.server_host[0], now_ms=now, days=args.days, server_hosts=args.server_host)
     write_private_file(out / "server.key", key, 0o600)
     write_private_file(out / "server.crt", cert, 0o644)
+    broker_reads = _for_the_broker(out / "server.key")
     key, cert = authority.issue_with_key(config.agent.device_id, now_ms=now, days=args.days)
     write_private_file(out / "leader.key", key, 0o600)
     write_private_file(out / "leader.crt", cert, 0o644)
     write_private_file(out / "ca.crt", authority.cert_pem, 0o644)
     print(f"wrote {out}/ca.crt (the fleet CA), server.crt + server.key (the broker, for {', '.join(args.server_host)}),"
           f" leader.crt + leader.key (the leader {config.agent.device_id}, as [mqtt] tls_cert / tls_key)")
+    print(broker_reads)
     return 0
+
+
+def _for_the_broker(key: Path) -> str:
+    """mosquitto reads its key after it drops to the `mosquitto` user: as root, the key is made
+    0640 root:mosquitto; else what to do, in one line."""
+    import grp
+
+    from agent.service.files import unreadable_by
+
+    try:
+        gid = grp.getgrnam("mosquitto").gr_gid
+    except KeyError:
+        return f"{key}: no group mosquitto here; make the key readable by the broker's user (0640, its group)"
+    try:
+        os.chown(key, 0, gid)
+        os.chmod(key, 0o640)
+    except OSError as exc:
+        return f"{key}: cannot give it to the group mosquitto ({exc.strerror}): run as root, or chgrp mosquitto and" \
+               " chmod 0640 it"
+    why = unreadable_by(key, "mosquitto")
+    return f"{key}: 0640 root:mosquitto" + (f", but {why}" if why else ", readable by the broker's user")
 
 
 __all__ = ["add_arguments", "main"]

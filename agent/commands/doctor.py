@@ -108,11 +108,22 @@ def run_checks(args: argparse.Namespace, *, skip: set[str]) -> Iterator[Outcome]
     if "agent" not in skip:
         yield Outcome("agent", None, f"an agent runs on {data_dir} (pid {pid or '?'})" if pid is not None
                       else f"no agent runs on {data_dir}")
+    identity: Outcome | None = None
     if config.identity is not None and config.agent.role == "worker":
-        outcome, config = _identity(config, data_dir)
-        if "identity" not in skip:
-            yield outcome
-    yield from _network(config, args, skip, running=pid is not None)
+        identity, config = _identity(config, data_dir)
+    network = list(_network(config, args, skip, running=pid is not None))
+    if identity is not None and "identity" not in skip:
+        from agent.transport.probe import REVOKED_MARK
+
+        if any(o.name == "tls" and REVOKED_MARK in o.text for o in network):  # valid dates, but revoked
+            identity = Outcome("identity", False, f"this device is revoked: the broker refuses its certificate"
+                                                  f" ({identity.text})",
+                               "an operator revoked it (`edge-agent devices list --state revoked` on the gateway"
+                               " says why); a revoked device id cannot enrol again")
+        yield identity
+    if config.identity is not None and config.agent.role == "leader" and "identity" not in skip:
+        yield from _leader_identity(config, data_dir)
+    yield from network
     yield from _local(config, data_dir, skip)
 
 
@@ -152,6 +163,41 @@ def _identity(config: AgentConfig, data_dir: Path) -> tuple[Outcome, AgentConfig
                     "the agent renews it once connected to the leader: check the broker and leader below"
                     if late else ""),
             with_identity(config, files))
+
+
+def _leader_identity(config: AgentConfig, data_dir: Path) -> Iterator[Outcome]:
+    """A leader's identities: no certificate on record for a name no device may hold, and a CRL
+    the broker's user can read (mosquitto reads it after dropping to its `mosquitto` user)."""
+    from agent.leader.database import shared_database
+    from agent.leader.enrolment import authority_files
+    from agent.leader.identities import IdentityStore, reserved_reason
+    from agent.leader.readonly import open_leader_db
+    from agent.service.files import unreadable_by
+
+    ident = config.identity
+    assert ident is not None
+    try:
+        target = shared_database(config, data_dir)
+        with open_leader_db(target) as db:
+            leaders = db.registry.leader_names() | {config.agent.device_id}
+        with IdentityStore.open_readonly(target) as store:
+            held = [(r.device, why) for r in store.listed("approved")
+                    if (why := reserved_reason(r.device, leaders=leaders, operators=config.leader.operators,
+                                               claims=ident.claims, reserved=ident.reserved))]
+    except EdgeAgentError as exc:
+        yield Outcome("identity", None, f"not checked: {exc}")
+        return
+    if held:
+        yield Outcome("identity", False, "a device certificate of a reserved name is on record: "
+                      + "; ".join(f"{device} ({why})" for device, why in held),
+                      "revoke it at once: edge-agent devices revoke " + " ".join(d for d, _ in held))
+    else:
+        yield Outcome("identity", True, "no device certificate of a reserved name on record")
+    _, _, crl = authority_files(ident, data_dir)
+    why = unreadable_by(crl, "mosquitto")
+    yield Outcome("crl", not why, why or f"{crl}: the broker's user can read it",
+                  "" if not why else "set [identity] crl_file to a file in a folder the broker's user may read"
+                                     " (docs/service.md: /var/lib/edge-agent-crl/crl.pem)")
 
 
 def _data_dir(path: Path) -> Outcome:

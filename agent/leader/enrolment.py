@@ -50,7 +50,7 @@ from agent.core.tasks import cancel_and_wait
 from agent.identity.authority import FleetAuthority, new_authority
 from agent.identity.certificates import CertificateInfo, CertificateRequest, read_certificate, read_request
 from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewAnswer, RenewRequest
-from agent.leader.identities import Control, Identity, IdentityStore
+from agent.leader.identities import Control, Identity, IdentityStore, reserved_reason
 from agent.leader.rates import DeviceRates
 from agent.service.files import write_private_file
 from agent.service.parts import Collectors, PartBase
@@ -161,19 +161,11 @@ class IdentityService(PartBase):
 
     # -- names -------------------------------------------------------------------------------
     def reserved_reason(self, device: str) -> str:
-        """Why `device` is a name no device may hold ("" when it may): a certificate for it would
-        be the broker's ACL entry of a leader, an operator or a claim credential, or a client id."""
-        if device.startswith(topics.CLIENT_ID_PREFIX):
-            return (f"the name {device!r} is reserved: names beginning {topics.CLIENT_ID_PREFIX!r} are the broker's"
-                    " client ids")
-        leaders = {self.leader.device_id} | self.leader.registry.leader_names()
-        for names, what in ((leaders, "a leader of the fleet"),
-                            (self.leader.config.leader.operators, "an operator"),
-                            (self._claims, "a claim credential"),
-                            (self.section.reserved, "reserved (identity.reserved)")):
-            if device in names:
-                return f"the name {device!r} is reserved: it is {what}, never a device"
-        return ""
+        """Why `device` is a name no device may hold ("" when it may): `identities.reserved_reason`
+        with this fleet's leaders (configured, and every one that marked itself in the registry)."""
+        return reserved_reason(device, leaders={self.leader.device_id} | self.leader.registry.leader_names(),
+                               operators=self.leader.config.leader.operators, claims=self._claims,
+                               reserved=self.section.reserved)
 
     # -- enrolment -----------------------------------------------------------------------------
     def _refuse(self, topic: str, reason: str, payload: bytes, claim: str) -> None:

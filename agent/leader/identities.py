@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -212,6 +212,22 @@ class Control:
 
 _COLUMNS = ("device, state, fingerprint, hw_serial, machine_id, agent_version, claim, requested_ms, requests, cert,"
             " not_after_ms, decided_ms, decided_by, reason")
+
+
+def reserved_reason(name: str, *, leaders: Iterable[str], operators: Iterable[str], claims: Iterable[str],
+                    reserved: Iterable[str]) -> str:
+    """Why `name` is one no device may hold ("" when a device may): a certificate for it would be
+    the broker's ACL entry of a leader, an operator or a claim credential, or take a client id
+    (every agent's begins `ea-`, `topics.CLIENT_ID_PREFIX`)."""
+    from agent.transport.topics import CLIENT_ID_PREFIX
+
+    if name.startswith(CLIENT_ID_PREFIX):
+        return f"the name {name!r} is reserved: names beginning {CLIENT_ID_PREFIX!r} are the broker's client ids"
+    for names, what in ((leaders, "a leader of the fleet"), (operators, "an operator"),
+                        (claims, "a claim credential"), (reserved, "reserved (identity.reserved)")):
+        if name in names:
+            return f"the name {name!r} is reserved: it is {what}, never a device"
+    return ""
 
 
 def token_digest(token: str) -> str:
@@ -418,4 +434,4 @@ class IdentityStore(Store):
                          (now_ms, int(ok), outcome[:512], control_id))
 
 
-__all__ = ["ACTIONS", "COMPONENT", "Control", "Identity", "IdentityStore", "State", "token_digest"]
+__all__ = ["ACTIONS", "COMPONENT", "Control", "Identity", "IdentityStore", "State", "reserved_reason", "token_digest"]

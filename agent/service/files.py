@@ -104,6 +104,46 @@ def restrict_database_files(db_path: str | Path, mode: int = 0o600) -> None:
         restrict_mode(f"{db_path}{suffix}", mode)
 
 
+def unreadable_by(path: str | Path, user: str) -> str:
+    """Why the system user `user` cannot read `path` ("" when it can, or when there is no such
+    user on this system): each folder on the way must let it in, the file let it read."""
+    import grp
+    import pwd
+
+    try:
+        who = pwd.getpwnam(user)
+    except KeyError:
+        return ""
+    groups = {who.pw_gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+    if who.pw_uid == 0:
+        return ""
+
+    def allowed(st: os.stat_result, bits: int) -> bool:
+        if st.st_uid == who.pw_uid:
+            return bool(st.st_mode & (bits << 6))
+        if st.st_gid in groups:
+            return bool(st.st_mode & (bits << 3))
+        return bool(st.st_mode & bits)
+
+    target = Path(path).absolute()
+    for folder in reversed(target.parents):
+        try:
+            st = folder.stat()
+        except OSError:
+            return f"{folder}: {user} cannot look in it"
+        if not allowed(st, 0o1):
+            return f"{folder} is {stat.S_IMODE(st.st_mode):04o} uid {st.st_uid} gid {st.st_gid}: {user} cannot enter it"
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        return f"{target} does not exist yet"
+    except OSError as exc:
+        return f"{target}: {exc.strerror or exc}"
+    if not allowed(st, 0o4):
+        return f"{target} is {stat.S_IMODE(st.st_mode):04o} uid {st.st_uid} gid {st.st_gid}: {user} cannot read it"
+    return ""
+
+
 def check_private_file(path: str | Path, *, what: str = "credentials file") -> None:
     """Refuse a file that group/others can read or write, or that another user owns.
 
@@ -194,5 +234,6 @@ __all__ = [
     "restrict_database_files",
     "restrict_mode",
     "set_service_umask",
+    "unreadable_by",
     "write_private_file",
 ]

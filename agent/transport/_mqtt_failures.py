@@ -9,6 +9,8 @@ A connection attempt fails, or a connection ends, for reasons that need differen
     no answer    the broker took the connection and never answered the MQTT 5 CONNECT (what
                  a broker that speaks only 3.1.1, such as amqtt, does): WARNING naming MQTT 5
                  and brokers that speak it, then at most once a minute
+    revoked      the broker refused our certificate as revoked (an alert in the handshake):
+                 ERROR saying plainly that this device is revoked, longest backoff
     tls          the TLS handshake failed (certificate, name, trust): ERROR with the fix,
                  longest backoff
     takeover     DISCONNECT 0x8E: another client connected with our client id (two agents
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 _CREDENTIALS = {0x86: "bad user name or password", 0x87: "not authorized", 0x8C: "bad authentication method"}
 _V3_CREDENTIALS = {4: "bad user name or password", 5: "not authorized"}
 _SESSION_TAKEN_OVER = 0x8E
+REVOKED_MARK = "CERTIFICATE_REVOKED"  # OpenSSL's name of the alert a broker sends for a revoked certificate
 _TLS_MARKS = ("SSL", "CERTIFICATE", "certificate", "TLS", "tls", "hostname")
 
 
@@ -57,10 +60,14 @@ def classify(error: str, *, code: int | None, disconnect_code: int | None, broke
                                       f" {username or '(none)'}): check mqtt.username and mqtt.password_file", True)
     if code in (0x84, 1):
         return Failure(logging.ERROR, f"the broker at {broker} does not speak MQTT v5 (it answered: {error})", True)
+    if REVOKED_MARK in error:
+        return Failure(logging.ERROR, f"this device is revoked: the broker at {broker} refused its certificate as"
+                                      f" revoked ({error}); an operator revoked it (`edge-agent devices list --state"
+                                      " revoked` on the gateway says why) and it cannot connect again", True)
     if any(mark in error for mark in _TLS_MARKS):
         return Failure(logging.ERROR, f"TLS with the broker at {broker} failed ({error}): check mqtt.tls_ca, the"
                                       " broker's certificate name and, if it asks for one, mqtt.tls_cert", True)
     return Failure(logging.INFO, f"connection ended: {error}", False)
 
 
-__all__ = ["MQTT5_BROKERS", "Failure", "classify", "no_connack"]
+__all__ = ["MQTT5_BROKERS", "REVOKED_MARK", "Failure", "classify", "no_connack"]

@@ -24,7 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.transport._mqtt_failures import Failure, classify, no_connack
+from agent.transport._mqtt_failures import REVOKED_MARK, Failure, classify, no_connack
 from agent.transport._mqtt_settings import BrokerAddress, TlsSettings, broker_address
 
 
@@ -148,5 +148,5 @@ def probe_session(address: BrokerAddress, req: SessionRequest, timeout_s: float)
         client.loop_stop()
 
 
-__all__ = ["BrokerAddress", "SessionProbe", "SessionRequest", "TlsProbe", "broker_address", "probe_session",
-           "probe_tcp", "probe_tls"]
+__all__ = ["REVOKED_MARK", "BrokerAddress", "SessionProbe", "SessionRequest", "TlsProbe", "broker_address",
+           "probe_session", "probe_tcp", "probe_tls"]

@@ -9,11 +9,8 @@ CRL and has the broker reload it: the device cannot connect again.
 
 from __future__ import annotations
 
-import os
 import signal
-import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,8 +21,8 @@ import pytest
 from agent.core.codec import Envelope, encode
 from agent.identity.certificates import read_certificate
 from agent.protocol import KIND_TELEMETRY, Telemetry
-from tests.e2e.agent_support import FLEET, REPO, db_query, kill, run_agent, wait_for, write_config
-from tests.mosquitto import Mosquitto, free_port
+from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config
+from tests.identity_broker import IdentityBroker, can_connect, cli, openssl_verify
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,67 +30,8 @@ LEADER = "gw"
 DEVICE = "dev-1"
 
 
-SHIPPED = REPO / "configs" / "mosquitto"
-
-
-class IdentityBroker(Mosquitto):
-    """The shipped configs/mosquitto/identity.conf and acl, with the test's ports and files:
-    mutual TLS for devices and the leader (the certificate's subject as username, the CRL
-    checked), the enrolment listener for the claim credential; and a plain listener for the
-    test's forger, who may write any up topic (a replay the broker lets through)."""
-
-    def __init__(self, workdir: Path, certs: Path, crl: Path, passwd: Path) -> None:
-        super().__init__(workdir)
-        self.claim_port = free_port()
-        self.forger_port = free_port()
-        self.certs, self.crl, self.passwd = certs, crl, passwd
-        acl = (SHIPPED / "acl").read_text().replace("/default/", f"/{FLEET}/").replace("gateway-01", LEADER)
-        (workdir / "acl").write_text(acl + "user forger\ntopic write ea/v1/#\n")
-
-    def config_text(self) -> str:
-        text = (SHIPPED / "identity.conf").read_text()
-        for shipped, ours in (("/etc/mosquitto/certs/", f"{self.certs}/"),
-                              ("/etc/mosquitto/edge-agent.passwd", str(self.passwd)),
-                              ("/etc/mosquitto/edge-agent.acl", str(self.workdir / "acl")),
-                              ("/var/lib/edge-agent/identity/crl.pem", str(self.crl)),
-                              ("listener 8883", f"listener {self.port} 127.0.0.1"),
-                              ("listener 8884", f"listener {self.claim_port} 127.0.0.1"),
-                              ("persistence true", "persistence false"), ("log_dest syslog", "log_dest stderr")):
-            assert shipped in text, shipped
-            text = text.replace(shipped, ours)
-        text += f"listener {self.forger_port} 127.0.0.1\n"
-        return text + ("user root\n" if os.geteuid() == 0 else "")
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=str(REPO),
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
-
-
-def can_connect(port: int, ca: Path, cert: Path, key: Path) -> bool:
-    """A TLS MQTT connection with this certificate: does the broker take it?"""
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="probe", protocol=paho.MQTTv5)
-    client.tls_set(ca_certs=str(ca), certfile=str(cert), keyfile=str(key), cert_reqs=ssl.CERT_REQUIRED)
-    try:
-        client.connect("127.0.0.1", port)
-        for _ in range(40):
-            client.loop(0.1)
-            if client.is_connected():
-                return True
-    except (OSError, ssl.SSLError):
-        return False
-    finally:
-        client.disconnect()
-    return False
-
-
-def openssl_verify(ca: Path, crl: Path, cert: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["openssl", "verify", "-crl_check", "-CAfile", str(ca), "-CRLfile", str(crl), str(cert)],
-                          capture_output=True, text=True, timeout=30)
-
-
 def forge(port: int, envelope: Envelope) -> None:
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="forger", protocol=paho.MQTTv5)
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="ea-forger", protocol=paho.MQTTv5)
     client.username_pw_set("forger", "forger-pw")
     client.connect("127.0.0.1", port)
     client.loop_start()
@@ -116,7 +54,8 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
     subprocess.run(["mosquitto_passwd", "-b", str(passwd), "forger", "forger-pw"], check=True, capture_output=True)
     (tmp_path / "claim-pw").write_text("claim-pw\n")
     (tmp_path / "claim-pw").chmod(0o600)  # a credentials file others can read is refused
-    broker = IdentityBroker(tmp_path / "broker", certs, leader_dir / "identity" / "crl.pem", passwd).start()
+    broker = IdentityBroker(tmp_path / "broker", certs, leader_dir / "identity" / "crl.pem", passwd,
+                            leader=LEADER).start()
     leader = worker = None
     try:
         url = f"mqtts://127.0.0.1:{broker.port}"
