@@ -17,8 +17,9 @@ It performs exactly the installer's steps and a reboot:
 and refuses anything else: an unknown request, a slot it does not manage, the booted slot, a
 chunk the manifest does not vouch for, arming a slot whose image it has not read back, an image
 older than the booted one (unless signed as a rollback naming the booted version), making the
-default a slot it did not read back and check (except the booted one). So a compromised agent can
-neither write arbitrary bytes to a block device nor downgrade the device.
+default a slot it did not read back and check (except the booted one), or, once the booted image
+is committed, a slot holding an older one (unless signed as its rollback). So a compromised agent
+can neither write arbitrary bytes to a block device nor downgrade the device, nor undo a fix.
 
 Frames both ways: a 4-byte big-endian length, then a msgpack map (`HelperRequest`, `HelperReply`).
 """
@@ -303,10 +304,15 @@ class InstallHelper:
         elif r.op == "read_slot":
             return await installer.read_slot(r.slot, r.offset, r.length)
         elif r.op == "mark_trial":
+            if r.slot == installer.booted_slot():
+                raise InstallError(f"refusing to put slot {r.slot} on trial: the running system booted from it")
+            self.records.refuse_older(r.slot, what="the next boot's")
             await installer.mark_trial(r.slot)
         else:  # commit, revert: the slot becomes the default
             self.records.refuse_default(r.slot)
             await (installer.commit(r.slot) if r.op == "commit" else installer.revert(r.slot))
+            if r.op == "commit":
+                self.records.committed(r.slot)
         return b""
 
 

@@ -6,9 +6,13 @@ default:
     writing   the helper opened the slot for an image and has not read it back whole yet
     checked   the helper read the whole image back and it matched its signed manifest
     booted    the running system came from this slot (its version: the checked image's, else the
-              config's `[agent] firmware_version`, the image the device was made with)
+              config's `[agent] firmware_version`, the image the device was made with); `trial`
+              while the image booted is one the helper checked and has not committed since
 
-A slot with no record, or one being written, is never made the default.
+A slot with no record, or one being written, is never made the default. Nor, once the booted
+image is committed, is a slot holding an older version (the floor): a compromised agent cannot
+undo a security fix by reverting to the slot it replaced. Only a signed rollback the helper
+wrote there (`rollback`: its manifest named the booted version) goes back.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ class SlotRecord(msgspec.Struct, kw_only=True, frozen=True):
     state: SlotState
     version: str
     image: str = ""  # the signed manifest's image sha256 (hex); "" for the image the device was made with
+    trial: bool = False  # booted: the checked image on its trial boot, not committed yet
+    rollback: bool = False  # checked: signed as a rollback that named the version it replaces
 
 
-_encode = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder().encode  # (the defaults are left out: older files read the same)
 _decode = msgspec.json.Decoder(dict[str, SlotRecord]).decode
 
 
@@ -51,8 +57,8 @@ class SlotRecords:
         found = self._records.get(booted)
         if found is None or found.state == "writing":  # nothing the helper checked: the image it was made with
             self._save(booted, SlotRecord(state="booted", version=made_with))
-        elif found.state == "checked":
-            self._save(booted, SlotRecord(state="booted", version=found.version, image=found.image))
+        elif found.state == "checked":  # its first boot: on trial until the helper commits it
+            self._save(booted, SlotRecord(state="booted", version=found.version, image=found.image, trial=True))
 
     def _load(self) -> dict[str, SlotRecord]:
         try:
@@ -92,22 +98,53 @@ class SlotRecords:
             self._save(slot, SlotRecord(state="writing", version=manifest.version, image=manifest.sha256.hex()))
 
     def checked(self, slot: str, manifest: Manifest) -> None:
-        self._save(slot, SlotRecord(state="checked", version=manifest.version, image=manifest.sha256.hex()))
+        self._save(slot, SlotRecord(state="checked", version=manifest.version, image=manifest.sha256.hex(),
+                                    rollback=manifest.rollback))
 
-    def refuse_default(self, slot: str) -> None:
-        """An `InstallError` unless `slot` is the booted one or holds an image read back and checked."""
+    def committed(self, slot: str) -> None:
+        """The booted image was committed: from now on the floor holds."""
+        record = self._records.get(slot)
+        if slot == self._booted and record is not None and record.trial:
+            self._save(slot, msgspec.structs.replace(record, trial=False))
+
+    def refuse_default(self, slot: str, what: str = "the default") -> None:
+        """An `InstallError` unless `slot` is the booted one, or holds an image read back and
+        checked that is not below a committed booted image (unless signed as its rollback)."""
         if slot == self._booted:
             return
         record = self._records.get(slot)
         if record is None:
-            raise InstallError(f"refusing to make slot {slot} the default: this helper never wrote and checked an "
+            raise InstallError(f"refusing to make slot {slot} {what}: this helper never wrote and checked an "
                                "image there and the system did not boot from it")
         if record.state == "writing":
-            raise InstallError(f"refusing to make slot {slot} the default: its image ({record.version}) was not "
+            raise InstallError(f"refusing to make slot {slot} {what}: its image ({record.version}) was not "
                                "read back and checked since it was written")
+        self.refuse_older(slot, what=what)
+
+    def refuse_older(self, slot: str, *, what: str) -> None:
+        """The floor: an `InstallError` when `slot` holds an image older than the booted one and
+        that one is committed, unless the slot's image was signed as its rollback."""
+        record = self._records.get(slot)
+        booted = self._records[self._booted]
+        if slot == self._booted or record is None or booted.trial or record.rollback \
+                or not _older(record.version, booted.version):
+            return
+        raise InstallError(f"refusing to make slot {slot} {what}: it holds {record.version}, older than the committed"
+                           f" {booted.version} the system runs; only an image signed as a rollback of {booted.version}"
+                           " goes back")
 
     def describe(self) -> dict[str, object]:
         return {slot: {"state": r.state, "version": r.version} for slot, r in sorted(self._records.items())}
+
+
+def _older(version: str, than: str) -> bool:
+    from firmware_rollout.artifact.version import Version
+    from firmware_rollout.errors import InvalidVersion
+
+    try:
+        return Version.parse(version) < Version.parse(than)
+    except InvalidVersion:  # a version the helper cannot order: not known to be newer, so refused
+        return True
 
 
 __all__ = ["RECORDS_FILE", "SlotRecord", "SlotRecords", "SlotState"]

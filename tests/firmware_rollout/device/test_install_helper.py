@@ -407,3 +407,34 @@ async def test_a_helper_on_a_trust_root_takes_only_documents_its_own_root_signed
         assert (tmp_path / "helper-state" / "trust" / "trust.json").exists()  # kept in the helper's own state
     finally:
         h.stop()
+
+
+async def test_after_a_commit_the_helper_refuses_the_older_slot_unless_a_signed_rollback_is_there(
+        tmp_path: Path, keys: Keys, helper: Helper) -> None:
+    """F4. 1.1.0 booted on trial may be reverted to 1.0.0; once the helper committed it, `revert A`
+    and `mark_trial A` of the 1.0.0 it replaced are refused with the environment untouched (a
+    compromised agent cannot undo a fix), until a rollback signed to replace 1.1.0 is written there."""
+    artifact, newer = versioned(tmp_path, keys, "1.1.0")
+    installer = HelperInstaller(helper.socket)
+    await write_and_check(installer, artifact, newer, "B")
+    await installer.mark_trial("B")
+    installer.close()
+    helper.stop()
+    assert helper.board.boot() == "B"
+    helper.start()
+    installer = HelperInstaller(helper.socket)
+    try:
+        with pytest.raises(HelperError, match="running system booted from it"):
+            await installer.mark_trial("B")
+        await installer.commit("B")
+        env = helper.board.printenv()
+        for step in (installer.revert, installer.mark_trial):
+            with pytest.raises(HelperError, match="it holds 1.0.0, older than the committed 1.1.0"):
+                await step("A")
+        assert helper.board.printenv() == env
+        rollback, signed = versioned(tmp_path, keys, "1.0.1", rollback=True, rollback_from=["1.1.0"])
+        await write_and_check(installer, rollback, signed, "A")
+        await installer.mark_trial("A")
+    finally:
+        installer.close()
+    assert "refused revert of slot A: refusing to make slot A the default" in helper.log.read_text()
