@@ -27,6 +27,11 @@ back the same way (beside, fsync, rename), a document the release added removed,
 `resume()`, at the agent's start, finishes what a SIGKILL or a power cut interrupted: before the
 swap the staging folder is discarded (the old content stands); from the swap until the commit
 the last-good documents are written back, so a swap cut halfway is never left mixed.
+
+The target's folder may be an application's to write in, and so hostile: a document is read
+without following a link (`read_document`), so keep-last-good refuses a planted link in one
+line before anything changes, drift and an application's view never read through one, and a
+revert writes each old document back with the mode (and, where it may, the owner) it had.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,9 +143,10 @@ class ConfigApplier:
         found: dict[str, bytes | None] = {}
         for n in sorted(j.get("hashes") or {}):
             try:
-                found[n] = (self.directory / n).read_bytes()
-            except OSError:
-                found[n] = None
+                document = read_document(self.directory / n)
+            except ConfigReleaseError:  # a link or no regular file: drifted, and never followed
+                document = None
+            found[n] = document[0] if document is not None else None
         return found
 
     def _status(self, j: dict[str, Any], documents: dict[str, bytes | None]) -> TargetStatus:
@@ -216,9 +223,8 @@ class ConfigApplier:
             return self._fail(f"validation refused {release.version}: {problem}", self.journal(), previous=previous)
         self._on_step("validated")
         def keep() -> None:
-            self._keep_last_good(documents)
-            existed = [n for n in documents if (self.directory / n).exists()]
-            self._record(state="swapping", documents=sorted(documents), existed=existed)
+            kept = self._keep_last_good(documents)
+            self._record(state="swapping", documents=sorted(documents), existed=sorted(kept), kept=kept)
 
         try:
             await self._io(keep)
@@ -320,21 +326,35 @@ class ConfigApplier:
             self._write(self.staging / n, data)
         fsync_path(self.staging)
 
-    def _write(self, path: Path, data: bytes) -> None:
-        """A document written (beside, fsynced, renamed) with the target's mode and owner."""
+    def _write(self, path: Path, data: bytes, had: list[int] | None = None) -> None:
+        """A document written (beside, fsynced, renamed: a link there is replaced, never
+        followed) with the target's mode and owner, or with `had` ([mode, uid, gid]: what the
+        document it brings back had; its owner where this agent may give it)."""
+        if had is not None:
+            mode, uid, gid = had
+            write_private_file(path, data, mode)
+            if (uid, gid) != (os.geteuid(), os.getegid()):
+                with contextlib.suppress(PermissionError):
+                    os.chown(path, uid, gid)
+            return
         write_private_file(path, data, self._mode)
         uid, gid = owner_ids(self.target)
         if (uid, gid) != (-1, -1):
             os.chown(path, uid, gid)
 
-    def _keep_last_good(self, documents: dict[str, bytes]) -> None:
+    def _keep_last_good(self, documents: dict[str, bytes]) -> dict[str, list[int]]:
+        """Copy the documents the release replaces to last-good; each one's [mode, uid, gid]."""
         shutil.rmtree(self.last_good, ignore_errors=True)
         self.last_good.mkdir(parents=True, mode=0o700)
+        kept: dict[str, list[int]] = {}
         for n in documents:
-            current = self.directory / n
-            if current.exists():
-                write_private_file(self.last_good / n, current.read_bytes(), 0o600)
+            current = read_document(self.directory / n)
+            if current is not None:
+                data, st = current
+                write_private_file(self.last_good / n, data, 0o600)
+                kept[n] = [stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid]
         fsync_path(self.last_good)
+        return kept
 
     def _discard_staging(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
@@ -345,9 +365,10 @@ class ConfigApplier:
         def write_back() -> None:
             self._discard_staging()
             existed = set(j.get("existed") or ())
+            kept: dict[str, list[int]] = j.get("kept") or {}
             for n in j.get("documents") or ():
                 if n in existed:
-                    self._write(self.directory / n, (self.last_good / n).read_bytes())
+                    self._write(self.directory / n, (self.last_good / n).read_bytes(), kept.get(n))
                 else:
                     (self.directory / n).unlink(missing_ok=True)
             fsync_path(self.directory)
@@ -426,6 +447,30 @@ class ConfigApplier:
         return ""
 
 
+def read_document(path: Path) -> tuple[bytes, os.stat_result] | None:
+    """A document's bytes and its status, never through a link (None: there is none). A link or
+    anything but a regular file is a `ConfigReleaseError` naming it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ConfigReleaseError(f"{path} is a symbolic link: refused (a config document is a regular file)"
+                                     ) from None
+        raise ConfigReleaseError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigReleaseError(f"{path} is not a regular file: refused")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
+
+
 def owner_ids(target: ConfigTargetSection) -> tuple[int, int]:
     """The target's `owner` and `group` as ids (-1: the agent's own); a `ConfigReleaseError`
     names one this system does not have."""
@@ -445,4 +490,4 @@ def owner_ids(target: ConfigTargetSection) -> tuple[int, int]:
     return look(target.owner, pwd.getpwnam, "user"), look(target.group, grp.getgrnam, "group")
 
 
-__all__ = ["ApplyResult", "ConfigApplier", "TargetStatus", "owner_ids"]
+__all__ = ["ApplyResult", "ConfigApplier", "TargetStatus", "owner_ids", "read_document"]

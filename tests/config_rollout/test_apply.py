@@ -306,3 +306,37 @@ async def test_documents_are_written_with_the_targets_owner_and_group(tmp_path: 
     result = await stranger.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
     assert result.state == "failed" and result.detail == "cannot stage app: no user 'no-such-user-x' on this system"
     assert contents(tmp_path / "etc" / "app") == OLD
+
+
+async def test_a_link_planted_in_the_targets_folder_is_never_followed(tmp_path: Path) -> None:
+    """F5. An application replaces app.toml by a link to the agent's 0600 key: the next apply is
+    refused in one line naming it, nothing changes, nothing of the key is kept or shown; drift
+    and the application's view do not read through it."""
+    applier = await installed(tmp_path)
+    secret = tmp_path / "device.key"
+    secret.write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
+    secret.chmod(0o600)
+    planted = tmp_path / "etc" / "app" / "app.toml"
+    planted.unlink()
+    planted.symlink_to(secret)
+    assert applier.status().drifted == ("app.toml",)
+    assert "app.toml" not in applier.view()["documents"]
+    result = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "failed" and result.version == "1.0.0"
+    assert result.detail == f"cannot keep the current documents: {planted} is a symbolic link: refused (a config" \
+                            " document is a regular file)"
+    assert planted.is_symlink() and (tmp_path / "etc" / "app" / "limits.conf").read_bytes() == OLD["limits.conf"]
+    assert secret.stat().st_mode & 0o777 == 0o600
+    last_good = tmp_path / "state" / "config" / "app" / "last-good"
+    assert not last_good.exists() or b"PRIVATE" not in b"".join(p.read_bytes() for p in last_good.iterdir())
+
+
+async def test_a_revert_writes_each_document_back_with_the_mode_it_had(tmp_path: Path) -> None:
+    await installed(tmp_path)
+    limits = tmp_path / "etc" / "app" / "limits.conf"
+    limits.chmod(0o600)  # an operator tightened it on the device
+    applier = ConfigApplier("app", target(tmp_path, health_command=("false",), confirm_s=0.5), tmp_path / "state")
+    result = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert result.state == "rolled_back"
+    assert limits.read_bytes() == OLD["limits.conf"] and limits.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "etc" / "app" / "app.toml").stat().st_mode & 0o777 == 0o644
