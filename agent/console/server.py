@@ -3,7 +3,8 @@
 Every request needs the token: `Authorization: Bearer TOKEN`, or the session cookie a browser
 gets by signing in with it on `/login` (HttpOnly, SameSite=Strict; it is an HMAC of the token,
 not the token). Without either, 401 and the sign-in form. Wrong tokens (on `/login` or in a
-Bearer header) are limited per address and in total (`SignInLimiter`): beyond, 429 with
+Bearer header) are limited per address and in total (`SignInLimiter`, the total only for the
+addresses that guessed wrong): beyond, 429 with
 Retry-After and the token is not even compared. A control is a POST from the confirmation page
 and carries a CSRF value derived from the token the same way; only a request that proves the
 token itself (a valid Bearer header) goes without it, whatever other headers come along. No page
@@ -70,7 +71,10 @@ SIGN_IN_TOTAL = 30  # from every address together
 
 class SignInLimiter:
     """Wrong tokens within the last `window_s`, per address and in total: `refuse` says how long
-    to wait before another try is even compared (0: go on). Thread-safe (pages render in threads)."""
+    to wait before another try is even compared (0: go on). The total slows only the addresses
+    that guessed wrong in the window: wrong tokens from anywhere never lock out a client that has
+    not, so the operator's right token still works during a flood. Thread-safe (pages render in
+    threads)."""
 
     def __init__(self, *, per_address: int = SIGN_IN_PER_ADDRESS, total: int = SIGN_IN_TOTAL,
                  window_s: float = SIGN_IN_WINDOW_S, max_addresses: int = 10_000) -> None:
@@ -94,7 +98,7 @@ class SignInLimiter:
                 self._failed.pop(address, None)
             if len(mine) >= self._per_address:
                 return mine[0] + self._window_s - now
-            if len(self._all) >= self._total:
+            if mine and len(self._all) >= self._total:
                 return self._all[0] + self._window_s - now
             return 0.0
 
