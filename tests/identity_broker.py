@@ -71,3 +71,14 @@ def can_connect(port: int, ca: Path, cert: Path, key: Path) -> bool:
 def openssl_verify(ca: Path, crl: Path, cert: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["openssl", "verify", "-crl_check", "-CAfile", str(ca), "-CRLfile", str(crl), str(cert)],
                           capture_output=True, text=True, timeout=30)
+
+
+def fleet_files(tmp: Path, conf: Path) -> tuple[Path, Path]:
+    """The broker's certificates from the leader's `devices certs` (`tmp/certs`) and a password
+    file with the claim credential (`claim`/`claim-pw`) and the test's forger: (certs, passwd)."""
+    certs, passwd = tmp / "certs", tmp / "passwd"
+    made = cli("devices", "certs", "--config", str(conf), "--out", str(certs), "--server-host", "127.0.0.1")
+    assert made.returncode == 0, made.stderr
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "claim", "claim-pw"], check=True, capture_output=True)
+    subprocess.run(["mosquitto_passwd", "-b", str(passwd), "forger", "forger-pw"], check=True, capture_output=True)
+    return certs, passwd

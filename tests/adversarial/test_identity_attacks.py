@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from agent.identity.device_key import certificate_request, new_device_key
 from agent.identity.messages import EnrolAnswer, EnrolRequest
 from agent.transport import topics
 from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config
-from tests.identity_broker import IdentityBroker, cli
+from tests.identity_broker import IdentityBroker, cli, fleet_files
 
 pytestmark = [pytest.mark.mqtt, pytest.mark.timeout(300)]
 
@@ -46,14 +45,10 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("identity-attacks")
-    leader_dir, certs, conf = tmp / LEADER, tmp / "certs", tmp / "leader.toml"
+    leader_dir, conf = tmp / LEADER, tmp / "leader.toml"
     identity: dict[str, Any] = {"claims": ["claim"], "ask_interval_s": 1.0}
     write_config(conf, "leader", LEADER, agent={"data_dir": str(leader_dir)}, identity=identity)
-    made = cli("devices", "certs", "--config", str(conf), "--out", str(certs), "--server-host", "127.0.0.1")
-    assert made.returncode == 0, made.stderr
-    passwd = tmp / "passwd"
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "claim", "claim-pw"], check=True, capture_output=True)
-    subprocess.run(["mosquitto_passwd", "-b", str(passwd), "forger", "forger-pw"], check=True, capture_output=True)
+    certs, passwd = fleet_files(tmp, conf)
     broker = IdentityBroker(tmp / "broker", certs, leader_dir / "identity" / "crl.pem", passwd, leader=LEADER).start()
     write_config(conf, "leader", LEADER, agent={"data_dir": str(leader_dir)},
                  mqtt={"url": f"mqtts://127.0.0.1:{broker.port}", "tls_ca": str(certs / "ca.crt"),

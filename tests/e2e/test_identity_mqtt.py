@@ -10,7 +10,6 @@ CRL and has the broker reload it: the device cannot connect again.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from agent.core.codec import Envelope, encode
 from agent.identity.certificates import read_certificate
 from agent.protocol import KIND_TELEMETRY, Telemetry
 from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config
-from tests.identity_broker import IdentityBroker, can_connect, cli, openssl_verify
+from tests.identity_broker import IdentityBroker, can_connect, cli, fleet_files, openssl_verify
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,15 +42,11 @@ def forge(port: int, envelope: Envelope) -> None:
 
 
 def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
-    leader_dir, worker_dir, certs = tmp_path / LEADER, tmp_path / DEVICE, tmp_path / "certs"
+    leader_dir, worker_dir = tmp_path / LEADER, tmp_path / DEVICE
     identity = {"claims": ["claim"], "cert_days": 0.0003, "clock_skew_s": 2}  # 26 s certificates: renewed at ~18 s
     leader_conf = tmp_path / "leader.toml"
     write_config(leader_conf, "leader", LEADER, agent={"data_dir": str(leader_dir)}, identity=identity)
-    made = cli("devices", "certs", "--config", str(leader_conf), "--out", str(certs), "--server-host", "127.0.0.1")
-    assert made.returncode == 0, made.stderr
-    passwd = tmp_path / "passwd"
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "claim", "claim-pw"], check=True, capture_output=True)
-    subprocess.run(["mosquitto_passwd", "-b", str(passwd), "forger", "forger-pw"], check=True, capture_output=True)
+    certs, passwd = fleet_files(tmp_path, leader_conf)
     (tmp_path / "claim-pw").write_text("claim-pw\n")
     (tmp_path / "claim-pw").chmod(0o600)  # a credentials file others can read is refused
     broker = IdentityBroker(tmp_path / "broker", certs, leader_dir / "identity" / "crl.pem", passwd,

@@ -225,19 +225,25 @@ async def test_the_helper_refuses_an_older_image_unless_a_signed_rollback_names_
     assert "refused open_slot of slot B: downgrade refused" in helper.log.read_text()
 
 
+async def trial_boot(tmp: Path, keys: Keys, helper: Helper, version: str, slot: str) -> HelperInstaller:
+    """`version` written, checked and put on trial in `slot`, the board booted into it and the
+    helper started again: a connection to it."""
+    artifact, signed = versioned(tmp, keys, version)
+    installer = HelperInstaller(helper.socket)
+    await write_and_check(installer, artifact, signed, slot)
+    await installer.mark_trial(slot)
+    installer.close()
+    helper.stop()
+    assert helper.board.boot() == slot
+    helper.start()
+    return HelperInstaller(helper.socket)
+
+
 async def test_the_helper_takes_the_booted_version_from_what_it_wrote_not_from_the_agent(
         tmp_path: Path, keys: Keys, helper: Helper) -> None:
     """After a trial boot into 1.1.0 the helper's floor is 1.1.0, whatever config says the device
     was made with: 1.0.5 is refused for the other slot."""
-    artifact, newer = versioned(tmp_path, keys, "1.1.0")
-    installer = HelperInstaller(helper.socket)
-    await write_and_check(installer, artifact, newer, "B")
-    await installer.mark_trial("B")
-    installer.close()
-    helper.stop()
-    assert helper.board.boot() == "B"
-    helper.start()
-    installer = HelperInstaller(helper.socket)
+    installer = await trial_boot(tmp_path, keys, helper, "1.1.0", "B")
     try:
         assert installer.booted_slot() == "B"
         assert installer.describe()["helper_records"] == {"A": {"state": "booted", "version": "1.0.0"},
@@ -414,15 +420,7 @@ async def test_after_a_commit_the_helper_refuses_the_older_slot_unless_a_signed_
     """F4. 1.1.0 booted on trial may be reverted to 1.0.0; once the helper committed it, `revert A`
     and `mark_trial A` of the 1.0.0 it replaced are refused with the environment untouched (a
     compromised agent cannot undo a fix), until a rollback signed to replace 1.1.0 is written there."""
-    artifact, newer = versioned(tmp_path, keys, "1.1.0")
-    installer = HelperInstaller(helper.socket)
-    await write_and_check(installer, artifact, newer, "B")
-    await installer.mark_trial("B")
-    installer.close()
-    helper.stop()
-    assert helper.board.boot() == "B"
-    helper.start()
-    installer = HelperInstaller(helper.socket)
+    installer = await trial_boot(tmp_path, keys, helper, "1.1.0", "B")
     try:
         with pytest.raises(HelperError, match="running system booted from it"):
             await installer.mark_trial("B")
