@@ -221,3 +221,38 @@ def test_mqtt_credentials_are_checked_before_connecting(tmp_path: Path) -> None:
         check_mqtt_credentials(MqttSection(password_file=str(password), tls_key=str(key)))
     with pytest.raises(ConfigError, match="mqtt.password_file not found"):
         check_mqtt_credentials(MqttSection(password_file=str(tmp_path / "missing")))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes files of other owners")
+def test_unreadable_by_says_which_folder_or_file_keeps_a_user_out() -> None:
+    """What doctor tells of the broker's CRL: a 0700 folder on the way, then a 0600 file, then fine."""
+    import pwd
+    import shutil
+    import tempfile
+
+
+    user = next((u.pw_name for u in pwd.getpwall() if u.pw_name in ("mosquitto", "nobody")), None)
+    if user is None:
+        pytest.skip("no unprivileged system user here")
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # (pytest's own tmp folders are 0700)
+    try:
+        base.chmod(0o755)
+        _folder_then_file_then_fine(base, user)
+    finally:
+        shutil.rmtree(base)
+
+
+def _folder_then_file_then_fine(base: Path, user: str) -> None:
+    from agent.service.files import unreadable_by
+
+    folder = base / "identity"
+    folder.mkdir(mode=0o700)
+    crl = folder / "crl.pem"
+    crl.write_text("x")
+    crl.chmod(0o600)
+    assert f"{folder} is 0700" in unreadable_by(crl, user) and "cannot enter it" in unreadable_by(crl, user)
+    folder.chmod(0o755)
+    assert f"{crl} is 0600" in unreadable_by(crl, user)
+    crl.chmod(0o644)
+    assert unreadable_by(crl, user) == ""
+    assert unreadable_by(crl, "no-such-user-here") == ""

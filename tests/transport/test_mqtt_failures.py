@@ -103,3 +103,10 @@ async def test_a_broker_that_never_answers_the_mqtt5_connect_is_named_once(caplo
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert "speaks only 3.1.1" in said[0].getMessage() and "mosquitto 1.6 or later, EMQX" in said[0].getMessage()
     assert not [r for r in caplog.records if "connection ended: Operation timed out" in r.getMessage()]
+
+
+def test_a_certificate_refused_as_revoked_says_this_device_is_revoked() -> None:
+    failure = classify("[SSL: SSLV3_ALERT_CERTIFICATE_REVOKED] sslv3 alert certificate revoked (_ssl.c:2580)",
+                       code=None, disconnect_code=None, broker="gw:8883", username=None)
+    assert failure.level == logging.ERROR and failure.permanent
+    assert failure.text.startswith("this device is revoked: the broker at gw:8883 refused its certificate as revoked")
