@@ -104,9 +104,9 @@ def _check_config_targets(config: AgentConfig, source: str) -> None:
 
     for name, target in sorted(config.config_targets.items()):
         key = f"config_targets.{name}"
-        if not config.firmware.public_key:
-            raise ConfigError(source, "firmware.public_key", f"required by [{key}]: a config release is checked "
-                                                             "with the fleet's key")
+        if not config.firmware.keyed:
+            raise ConfigError(source, "firmware.public_key", f"required by [{key}] (or firmware.trust_root): a"
+                                                             " config release is checked with the fleet's key")
         for field in ("validate_command", "apply_command", "health_command"):
             argv = getattr(target, field)
             if argv and shutil.which(argv[0]) is None:

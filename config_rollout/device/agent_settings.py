@@ -38,8 +38,9 @@ def agent_target(data_dir: Path) -> ConfigTargetSection:
 
 
 def offers_agent_target(config: AgentConfig) -> bool:
-    """A worker that takes releases of its own settings: `[agent] remote_settings` and the fleet's key."""
-    return config.agent.role == "worker" and config.agent.remote_settings and bool(config.firmware.public_key)
+    """A worker that takes releases of its own settings: `[agent] remote_settings` and the fleet's
+    key (pinned, or its trust root)."""
+    return config.agent.role == "worker" and config.agent.remote_settings and config.firmware.keyed
 
 
 def settings_check(config: AgentConfig) -> Callable[[dict[str, bytes]], str]:

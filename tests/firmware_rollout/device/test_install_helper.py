@@ -411,6 +411,14 @@ async def test_a_helper_on_a_trust_root_takes_only_documents_its_own_root_signed
         await write_and_check(installer, artifact, signed, "B")
         installer.close()
         assert (tmp_path / "helper-state" / "trust" / "trust.json").exists()  # kept in the helper's own state
+        agent_keys.accept(trust(2, root))
+        newer = HelperInstaller(h.socket, trust=lambda: agent_keys.document.raw)  # type: ignore[union-attr]
+        await newer.open_slot("B", signed.raw)
+        newer.close()
+        older = HelperInstaller(h.socket, trust=lambda: trust(1, root))  # an agent going back to v1, sent straight
+        with pytest.raises(HelperError, match=r"trust document v1 is not newer than the one held \(v2\)"):
+            await older.open_slot("B", signed.raw)
+        older.close()
     finally:
         h.stop()
 
