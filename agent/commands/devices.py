@@ -9,7 +9,8 @@
     edge-agent devices token --uses N --expires 7d           a batch's enrolment token (printed once)
     edge-agent devices allow SERIAL [SERIAL ...]             hardware serials approved on first request
     edge-agent devices certs --out DIR --server-host HOST    the broker's server certificate and the
-                                                             leader's own client certificate, from the fleet CA
+                     [--client OPERATOR ...]                 leader's own client certificate (and the
+                                                             operators'), from the fleet CA
 
 approve, reject and revoke are written into the leader's database and applied by the running
 leader (it alone reads the CA's key), as rollout controls are; the command waits for the result.
@@ -73,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     certs.add_argument("--out", required=True, metavar="DIR", help="where to write them")
     certs.add_argument("--server-host", action="append", default=[], metavar="HOST",
                        help="a name or address devices reach the broker by (repeat)")
+    certs.add_argument("--client", action="append", default=[], metavar="NAME",
+                       help="also a client certificate for NAME, one of [leader] operators (repeat): an operator"
+                            " cannot enrol as a device, its name being reserved")
     certs.add_argument("--days", type=whole_number, default=825)
 
 
@@ -211,6 +215,13 @@ def _certs(config: AgentConfig, args: argparse.Namespace) -> int:
     key, cert = authority.issue_with_key(config.agent.device_id, now_ms=now, days=args.days)
     write_private_file(out / "leader.key", key, 0o600)
     write_private_file(out / "leader.crt", cert, 0o644)
+    for name in args.client:
+        if name not in config.leader.operators:
+            raise ConfigError("--client", None, f"{name!r} is not one of [leader] operators: a device enrols instead")
+        key, cert = authority.issue_with_key(name, now_ms=now, days=args.days)
+        write_private_file(out / f"{name}.key", key, 0o600)
+        write_private_file(out / f"{name}.crt", cert, 0o644)
+        print(f"wrote {out}/{name}.crt + {name}.key (the operator {name})")
     write_private_file(out / "ca.crt", authority.cert_pem, 0o644)
     print(f"wrote {out}/ca.crt (the fleet CA), server.crt + server.key (the broker, for {', '.join(args.server_host)}),"
           f" leader.crt + leader.key (the leader {config.agent.device_id}, as [mqtt] tls_cert / tls_key)")

@@ -26,10 +26,10 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from agent.core.errors import IdentityError, StoreError
-from agent.core.sql import PostgresUrl
+from agent.core.sql import Connection, PostgresUrl, dialect_of, has_table
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 
@@ -234,6 +234,21 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+class IdentityReads:
+    """The identities' reads for the views (`status`), on any connection to the leader's
+    database; a leader without `[identity]` has no tables, and no identities."""
+
+    def __init__(self, conn: Connection | sqlite3.Connection) -> None:
+        self._conn: Any = conn
+        self._present = bool(self._conn.execute(has_table(dialect_of(conn), "device_identities")).fetchone()[0])
+
+    def approved_names(self) -> list[str]:
+        if not self._present:
+            return []
+        return [str(r[0]) for r in self._conn.execute(
+            "SELECT device FROM device_identities WHERE state = 'approved' ORDER BY device")]
+
+
 class IdentityStore(Store):
     COMPONENT = COMPONENT
     MIGRATIONS = (_v1, _v2, _v3)
@@ -434,4 +449,5 @@ class IdentityStore(Store):
                          (now_ms, int(ok), outcome[:512], control_id))
 
 
-__all__ = ["ACTIONS", "COMPONENT", "Control", "Identity", "IdentityStore", "State", "reserved_reason", "token_digest"]
+__all__ = ["ACTIONS", "COMPONENT", "Control", "Identity", "IdentityReads", "IdentityStore", "State", "reserved_reason",
+           "token_digest"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agent.core.errors import StoreError
 from agent.core.sql import PostgresUrl, StoreTarget, is_postgres_url
 from agent.core.sqlite import close_quietly, connect_readonly_file
+from agent.leader.identities import IdentityReads
 from agent.leader.jobs import JobReads
 from agent.leader.registry import DeviceRegistry, RegistryReads
 from agent.leader.rejects import RejectReads
@@ -44,6 +45,10 @@ class LeaderDb:
     @functools.cached_property
     def rejects(self) -> RejectReads:
         return RejectReads(self.shared)
+
+    @functools.cached_property
+    def identities(self) -> IdentityReads:
+        return IdentityReads(self.shared)
 
     @functools.cached_property
     def jobs(self) -> JobReads:

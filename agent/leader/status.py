@@ -50,6 +50,9 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     # leader -> devices it served last (its newest heartbeat or birth); several when they share
     # a PostgreSQL registry
     leaders: dict[str, int] = msgspec.field(default_factory=dict)
+    # device certificates on record for a name no device may hold: a leader of the registry, or a
+    # broker client id (`doctor --config` checks the operators and claims of a leader's config too)
+    reserved_certs: list[str] = msgspec.field(default_factory=list)
 
 
 
@@ -90,7 +93,16 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        stale_count=stale_count, stale=stale,
                        jobs=db.jobs.counts(), leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
-                       config=fleet_compliance(db, now), leaders=registry.leaders())
+                       config=fleet_compliance(db, now), leaders=registry.leaders(),
+                       reserved_certs=_reserved_certs(db))
+
+
+def _reserved_certs(db: LeaderDb) -> list[str]:
+    from agent.leader.identities import reserved_reason
+
+    leaders = db.registry.leader_names()
+    return [name for name in db.identities.approved_names()
+            if reserved_reason(name, leaders=leaders, operators=(), claims=(), reserved=())]
 
 
 def format_status(summary: FleetStatus) -> str:
@@ -103,6 +115,9 @@ def format_status(summary: FleetStatus) -> str:
         age = format_age((summary.generated_ms - summary.leader_alive_ms) / 1000.0)
         lines.insert(0, f"STALE: the leader last marked itself alive at {utc_iso(summary.leader_alive_ms)} ({age} ago):"
                         " is it running? Online and offline below are as it last knew them")
+    if summary.reserved_certs:
+        lines.insert(0, "RESERVED: a device certificate is on record for a name no device may hold: "
+                        + ", ".join(summary.reserved_certs) + " (edge-agent devices revoke them at once)")
     if len(summary.leaders) > 1:
         lines.append("leaders: " + ", ".join(f"{leader} serves {n}" for leader, n in summary.leaders.items()))
     if summary.versions:

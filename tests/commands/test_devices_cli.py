@@ -60,3 +60,51 @@ def test_a_decision_the_leader_has_not_applied_exits_3(tmp_path: Path, capsys: p
         assert [(c.action, c.device, c.applied_ms) for c in store.controls()] == [("approve", "pi-1", None)]
     assert cli(["devices", "list", "--config", str(conf)]) == 0
     assert "no enrolments" in capsys.readouterr().out
+
+
+def test_certs_for_the_broker_and_the_operators_and_doctor_on_reserved_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The broker's key for the group mosquitto (as root); a client certificate only for a name of
+    [leader] operators; doctor names a device certificate of a reserved name on record."""
+    import grp
+    import os
+
+    from agent.identity.certificates import read_certificate
+
+    conf = leader_config(tmp_path)
+    conf.write_text(conf.read_text() + '[leader]\noperators = ["ops-1"]\n')
+    out = tmp_path / "certs"
+    assert cli(["devices", "certs", "--config", str(conf), "--out", str(out), "--server-host", "127.0.0.1",
+                "--client", "ops-1"]) == 0
+    assert read_certificate((out / "ops-1.crt").read_bytes()).subject == "ops-1"
+    said = capsys.readouterr().out
+    if os.geteuid() == 0 and "mosquitto" in {g.gr_name for g in grp.getgrall()}:
+        st = (out / "server.key").stat()
+        assert (st.st_mode & 0o777, st.st_gid) == (0o640, grp.getgrnam("mosquitto").gr_gid)
+        assert "0640 root:mosquitto" in said
+    assert cli(["devices", "certs", "--config", str(conf), "--out", str(out), "--server-host", "127.0.0.1",
+                "--client", "pi-1"]) == 2
+    assert "--client: 'pi-1' is not one of [leader] operators" in capsys.readouterr().err
+    with IdentityStore.open(tmp_path / "leader.db") as store:  # made before the name was an operator's
+        store.record_request(device="ops-1", fingerprint="f", csr="", hw_serial="", machine_id="", agent_version="",
+                             claim="claim", now_ms=1)
+        store.issued("ops-1", cert="", serial=1, not_after_ms=10**13, by="op", now_ms=1)
+    cli(["doctor", "--config", str(conf), "--skip", "broker"])
+    doctor = capsys.readouterr().out
+    assert "✗ identity" in doctor and "ops-1 (the name 'ops-1' is reserved: it is an operator, never a device)" in doctor
+    assert "fix: revoke it at once: edge-agent devices revoke ops-1" in doctor
+
+
+def test_status_says_when_a_device_certificate_holds_a_reserved_name(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    leader_config(tmp_path)
+    db = tmp_path / "leader.db"
+    assert cli(["status", "--db", str(db)]) == 0
+    assert "RESERVED" not in capsys.readouterr().out
+    with IdentityStore.open(db) as store:  # a name of the broker's client ids, issued before that was refused
+        store.record_request(device="ea-t-leader-gw", fingerprint="f", csr="", hw_serial="", machine_id="",
+                             agent_version="", claim="claim", now_ms=1)
+        store.issued("ea-t-leader-gw", cert="", serial=1, not_after_ms=10**13, by="op", now_ms=1)
+    assert cli(["status", "--db", str(db)]) == 0
+    assert capsys.readouterr().out.startswith("RESERVED: a device certificate is on record for a name no device may"
+                                              " hold: ea-t-leader-gw")
