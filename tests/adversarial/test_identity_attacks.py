@@ -215,3 +215,48 @@ def test_one_flooding_holder_does_not_starve_a_new_device(fleet: Fleet) -> None:
     assert senders == {"claim"}
     for c in (flood, odd, device):
         c.close()
+
+
+def test_an_enrolled_device_asking_to_renew_again_and_again_gets_no_new_certificate(fleet: Fleet,
+                                                                                     tmp_path: Path) -> None:
+    """F6: 200 renewals over the device's own mutual-TLS connection before its renewal point: each
+    answered with the certificate on record, one certificate issued in all, the CRL stays small."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from agent.core.codec import Envelope, decode_reply, encode
+    from agent.identity.messages import KIND_RENEW, RenewAnswer, RenewRequest
+
+    assert cli("devices", "allow", "30000000f00dbabe", "--config", str(fleet.leader_conf)).returncode == 0
+    key = new_device_key()
+    enrolling_conn = enrolling(fleet, "dev-renew")
+    enrolling_conn.ask("dev-renew", key=key, serial="30000000f00dbabe")
+    cert = enrolling_conn.answer("approved").cert
+    enrolling_conn.close()
+    (tmp_path / "dev.key").write_bytes(key)
+    (tmp_path / "dev.crt").write_text(cert)
+    answers: list[bytes] = []
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="ea-t-worker-dev-renew", protocol=paho.MQTTv5)
+    client.tls_set(ca_certs=str(fleet.certs / "ca.crt"), certfile=str(tmp_path / "dev.crt"),
+                   keyfile=str(tmp_path / "dev.key"), cert_reqs=ssl.CERT_REQUIRED)
+    client.on_message = lambda _c, _u, message: answers.append(message.payload)
+    reply_topic = topics.reply(FLEET, "dev-renew", "renew")
+    client.connect("127.0.0.1", fleet.broker.port)
+    client.subscribe(reply_topic, qos=1)
+    client.loop_start()
+    try:
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = reply_topic
+        csr = certificate_request(key, "dev-renew").decode()
+        for n in range(200):
+            envelope = Envelope(id=f"renew-{n}", kind=KIND_RENEW, sender="dev-renew", receiver="leader",
+                                payload=msgspec.msgpack.encode(RenewRequest(device_id="dev-renew", csr=csr)))
+            client.publish(topics.up(FLEET, "dev-renew"), encode(envelope), qos=1,
+                           properties=props).wait_for_publish(10)
+        wait_for(lambda: len(answers) >= 200, "200 answers")
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    certs = {decode(decode_reply(a).body, RenewAnswer).cert for a in answers}
+    assert certs == {cert}
+    assert db_query(fleet.leader_db, "SELECT count(*) FROM issued_certs WHERE device = 'dev-renew'") == [(1,)]
