@@ -469,3 +469,33 @@ def test_a_tokens_last_use_is_spent_once_by_leaders_asking_at_once(tmp_path: Pat
     for s in stores:
         s.close()
     assert spent.count(True) == 3
+
+
+async def test_the_first_request_goes_the_moment_the_claim_connection_opens(tmp_path: Path) -> None:
+    """A device that cannot reach the enrolment listener at first asks as soon as it can, not an
+    `ask_interval_s` later (here 10 minutes of virtual time)."""
+    from agent.worker.identity import Enrolment
+    from tests.e2e.agent_support import config
+
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    agent, service = await identity_leader(tmp_path, broker, clock)
+    cfg = config("worker", "dev-1", identity={"claim_url": "mqtts://gw:8884", "claim_username": "claim",
+                                              "ask_interval_s": 600.0})
+    files = IdentityFiles(tmp_path / "dev-1" / "identity")
+    enrolment = Enrolment(cfg, files, files.key_pem(), clock)
+    enrolment._transport = lambda: MemoryTransport(broker, enrolment.client_id)  # type: ignore[method-assign]
+    broker.partition(enrolment.client_id)
+    stopping = asyncio.Event()
+    running = asyncio.create_task(enrolment.run(stopping))
+    try:
+        await until(clock, lambda: clock.now_ms() >= 30_000, step_s=1.0)
+        assert service.store.get("dev-1") is None
+        broker.heal(enrolment.client_id)
+        await until(clock, lambda: service.store.get("dev-1") is not None, limit_s=20, step_s=0.5,
+                    what="the request heard well before ask_interval_s")
+    finally:
+        stopping.set()
+        await running
+        await service.stop()
+        await stop_all(agent, clock=clock)
