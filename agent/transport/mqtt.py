@@ -78,6 +78,7 @@ _ROUTE_CACHE = 65536  # topic -> handlers entries kept before the cache starts o
 FastPathMode = Literal["auto", "off"]
 PACKET_OVERHEAD_BYTES = 1024  # fixed header, topic and properties around a payload
 # aiomqtt internals used on either path (aiomqtt 2.x), checked on every client made.
+_PAHO_LOG_ERR = 8  # paho's MQTT_LOG_ERR
 _AIOMQTT_INTERNALS = ("_client", "_disconnected")
 
 
@@ -183,6 +184,7 @@ class MqttTransport:
         self._fallback_warned = False
         self.fast_path_active = False  # whether the current connection runs the lean paths
         self._disconnect_code: int | None = None  # reason code of the broker's DISCONNECT
+        self._socket_error: str | None = None  # the TLS error paho's read saw on this attempt
 
     # -- construction helpers --------------------------------------------------------------
     @classmethod
@@ -478,6 +480,14 @@ class MqttTransport:
             stock_on_disconnect(c, userdata, flags, reason, *rest)
 
         paho.on_disconnect = on_disconnect
+
+        def on_log(_c: Any, _userdata: Any, level: int, text: str) -> None:
+            # with TLS 1.3 a broker refuses a client certificate (revoked, say) by an alert after
+            # the handshake: only paho's next read sees it, and the connection ends as a time-out
+            if level == _PAHO_LOG_ERR and "SSL" in text:
+                self._socket_error = text
+
+        paho.on_log = on_log
         paho.on_socket_register_write, paho.on_socket_unregister_write = _writer_callbacks(
             paho, asyncio.get_running_loop(), client)
         paho.manual_ack_set(True)  # QoS 1 messages are acknowledged once dispatched
@@ -490,6 +500,7 @@ class MqttTransport:
             permanent = False
             opened_at: float | None = None
             self._disconnect_code = None
+            self._socket_error = None
             try:
                 client = self._make_client()
                 await self._enter(client)
@@ -515,11 +526,12 @@ class MqttTransport:
             except aiomqtt.MqttError as exc:
                 self.last_error = str(exc)
                 broker = f"{self._host}:{self._port}"
-                if opened_at is None and str(exc) == _CONNECT_TIMED_OUT and self._tcp_open(client):
+                if opened_at is None and str(exc) == _CONNECT_TIMED_OUT and self._tcp_open(client) \
+                        and self._socket_error is None:
                     self._log_failure(logging.WARNING, no_connack(broker, self._timeout_s))
                 else:
-                    failure = classify(str(exc), code=reason_code_of(exc), disconnect_code=self._disconnect_code,
-                                       broker=broker, username=self._username)
+                    failure = classify(self._socket_error or str(exc), code=reason_code_of(exc),
+                                       disconnect_code=self._disconnect_code, broker=broker, username=self._username)
                     permanent = failure.permanent
                     self._log_failure(failure.level, failure.text)
             except TransportError as exc:

@@ -105,7 +105,15 @@ def probe_session(address: BrokerAddress, req: SessionRequest, timeout_s: float)
             state["reply_at"] = time.monotonic()
             answered.set()
 
+    socket_errors: list[str] = []  # what paho's loop read: with TLS 1.3 a broker refuses a client
+    # certificate (revoked, say) by an alert after the handshake, seen only on the next read
+
+    def on_log(_c: paho.Client, _u: object, level: int, text: str) -> None:
+        if level == paho.MQTT_LOG_ERR and len(socket_errors) < 8:
+            socket_errors.append(text)
+
     client.on_connect, client.on_publish, client.on_message = on_connect, on_publish, on_message
+    client.on_log = on_log
     props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = 0 if req.clean_start else req.session_expiry_s
     started = time.monotonic()
@@ -117,6 +125,10 @@ def probe_session(address: BrokerAddress, req: SessionRequest, timeout_s: float)
     client.loop_start()
     try:
         if not connected.wait(timeout_s):
+            refused = next((e for e in socket_errors if "SSL" in e), None)
+            if refused is not None:
+                return SessionProbe(failure=classify(refused, code=None, disconnect_code=None,
+                                                     broker=f"{address.host}:{address.port}", username=req.username))
             return SessionProbe(failure=Failure(logging.ERROR, no_connack(f"{address.host}:{address.port}", timeout_s),
                                                 False))
         code = int(str(state.get("connack", 0)))

@@ -126,6 +126,12 @@ def test_a_device_enrols_renews_and_is_revoked(tmp_path: Path) -> None:
         assert can_connect(broker.port, certs / "ca.crt", certs / "leader.crt", certs / "leader.key")
         listed = cli("devices", "list", "--config", str(leader_conf), "--json")
         assert '"state": "revoked"' in listed.stdout
+        # the device says so plainly: doctor, and the agent started again
+        doctor = cli("doctor", "--config", str(worker_conf))
+        assert "✗ identity" in doctor.stdout and "this device is revoked" in doctor.stdout, doctor.stdout
+        again = tmp_path / "worker-again.log"
+        worker = run_agent(worker_conf, again)
+        wait_for(lambda: again.exists() and "this device is revoked" in again.read_text(), "the worker says so")
     finally:
         for proc in (worker, leader):
             if proc is not None:
