@@ -1,4 +1,5 @@
-"""`edge-agent status --db PATH`: the fleet as the leader's database records it.
+"""`edge-agent status --db PATH` (or `--config leader.toml`): the fleet as the leader's database
+records it.
 
     edge-agent status --db leader.db                      summary, then the first 50 devices
     edge-agent status --db leader.db --offline            only the devices that are offline
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.commands.arguments import aligned, positive_seconds, whole_number
 from agent.core.durations import ago
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, metavar="PATH",
-                        help="the leader's database: leader.db, or the fleet's postgresql:// URL")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", metavar="PATH",
+                       help="the leader's database: leader.db, or the fleet's postgresql:// URL")
+    where.add_argument("--config", metavar="FILE", help="the leader's config: its database, as the leader opens it")
     parser.add_argument("--json", action="store_true", help="print JSON")
     state = parser.add_mutually_exclusive_group()
     state.add_argument("--offline", action="store_true", help="only devices that are offline")
@@ -40,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.config is not None:
+        from agent.core.errors import EdgeAgentError
+
+        try:
+            args.db = _leader_database(args.config)
+        except EdgeAgentError as exc:
+            print(f"edge-agent status: {exc}", file=sys.stderr)
+            return 2
     if args.watch is None:
         return _once(args)
     try:
@@ -86,6 +97,20 @@ def _once(args: argparse.Namespace) -> int:
         print(format_status(summary))
         print(format_devices(page, now))
     return 0
+
+
+def _leader_database(config_path: str) -> Any:
+    """The database a leader's config names: its leader.db, or the fleet's PostgreSQL."""
+    from pathlib import Path
+
+    from agent.core.config import load_config
+    from agent.core.errors import ConfigError
+    from agent.leader.database import shared_database
+
+    config = load_config(config_path)
+    if config.agent.role != "leader":
+        raise ConfigError(config_path, "agent.role", "status reads a leader's database: give a leader's config")
+    return shared_database(config, Path(config.agent.data_dir))
 
 
 def format_devices(page: DevicePage, now_ms: int) -> str:

@@ -136,7 +136,7 @@ class LocalApi(PartBase):
     def __init__(self, intake: MessageIntake, status: StatusReader, *, clock: Clock, socket_path: Path | None,
                  group: str = "edge-agent", listen: str = "", max_body_bytes: int = 4 * 1024 * 1024,
                  max_batch: int = 500, max_connections: int = 32, configs: ConfigReader | None = None,
-                 reviews: ConfigReviews | None = None) -> None:
+                 reviews: ConfigReviews | None = None, pointer: Path | None = None) -> None:
         self._intake = intake
         self._configs = configs
         self._reviews = reviews
@@ -144,6 +144,9 @@ class LocalApi(PartBase):
         self._clock = clock
         self._refusals = RateLimitedLog(log, clock, 60.0)  # undecodable bodies: one line a minute
         self.socket_path = socket_path
+        # where a client outside the unit looks (DATA_DIR/api.sock): a link to the socket when it
+        # listens elsewhere (systemd's RUNTIME_DIRECTORY, which only the unit knows)
+        self.pointer = pointer
         self._group = group
         self._address = parse_listen(listen, key="local_api.listen") if listen else None
         self._max_batch = max_batch
@@ -208,12 +211,27 @@ class LocalApi(PartBase):
         self._servers.append(server)
         try:
             self._gid = grp.getgrnam(self._group).gr_gid
-            os.chown(path, -1, self._gid)
+            if os.stat(path).st_gid != self._gid:  # (the unit's own group already: its filter refuses chown)
+                os.chown(path, -1, self._gid)
         except KeyError:
             log.warning("local API: no group %r on this system; only this agent's user may use %s", self._group, path)
         except OSError as exc:
             log.warning("local API: cannot give %s to group %r: %s", path, self._group, exc.strerror)
+        if self.pointer is not None and self.pointer != path:
+            self._point_to(path, self.pointer)
         log.info("local API listening", extra={"kv": {"socket": str(path), "group": self._group}})
+
+    @staticmethod
+    def _point_to(path: Path, pointer: Path) -> None:
+        """`pointer` made a link to `path` (renamed over: an old socket or link goes at once)."""
+        link = pointer.with_name(f".{pointer.name}.link")
+        try:
+            link.unlink(missing_ok=True)
+            os.symlink(path, link)
+            os.replace(link, pointer)
+        except OSError as exc:
+            log.warning("local API: cannot link %s to %s (a client outside the unit names the socket itself): %s",
+                        pointer, path, exc.strerror or exc)
 
     async def stop(self) -> None:
         servers, self._servers = self._servers, []

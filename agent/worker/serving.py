@@ -29,7 +29,10 @@ async def local_api_part(agent: WorkerAgent, env: DeviceEnv) -> LocalApi | None:
         from agent.worker.config_targets import config_reviews
 
         reviews = config_reviews(agent)
-    return LocalApi(agent.messages, agent.message_status, clock=agent.clock,
+    # the socket where systemd's RUNTIME_DIRECTORY says; DATA_DIR/api.sock, where a client reading the
+    # same config outside the unit looks, links to it
+    pointer = local_api_socket(config, data_dir=agent.data_dir, env={}) if not api.socket else None
+    return LocalApi(agent.messages, agent.message_status, clock=agent.clock, pointer=pointer,
                     socket_path=local_api_socket(config, data_dir=agent.data_dir) if sockets else None,
                     group=api.group, listen=api.listen if sockets else "", max_body_bytes=api.max_body_bytes,
                     max_batch=api.max_batch, max_connections=api.max_connections, configs=config_reader(agent),

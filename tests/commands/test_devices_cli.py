@@ -109,3 +109,15 @@ def test_status_says_when_a_device_certificate_holds_a_reserved_name(tmp_path: P
     assert cli(["status", "--db", str(db)]) == 0
     assert capsys.readouterr().out.startswith("RESERVED: a device certificate is on record for a name no device may"
                                               " hold: ea-t-leader-gw")
+
+
+def test_status_takes_the_leaders_config_as_the_devices_commands_do(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    conf = leader_config(tmp_path)
+    assert cli(["status", "--config", str(conf)]) == 0
+    assert capsys.readouterr().out.startswith("fleet: 0 devices")
+    worker = tmp_path / "worker.toml"
+    worker.write_text('[agent]\ndevice_id = "pi"\n')
+    assert cli(["status", "--config", str(worker)]) == 2
+    assert capsys.readouterr().err.strip() == (f"edge-agent status: {worker}: agent.role: status reads a leader's"
+                                               " database: give a leader's config")

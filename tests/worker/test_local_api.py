@@ -307,3 +307,33 @@ async def test_send_takes_a_file_or_standard_input_and_says_why_not_in_its_exit_
     assert (code, code2, again) == (0, 0, first) and "duplicate: door-7 was taken before (path outbox)" in err
     stats = await offline.device.outbox.stats()
     assert stats.by_class["app.telemetry"].pending == 2 and stats.by_class["app.state"].pending == 1
+
+
+async def test_a_client_outside_the_unit_finds_the_socket_in_systemds_runtime_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under systemd the socket is in RUNTIME_DIRECTORY, which a shell does not have: the client
+    reading the same config finds it through DATA_DIR/api.sock, a link the agent keeps."""
+    from e2e.agent_support import write_config
+
+    from agent.worker.env import DeviceEnv
+    from agent.worker.serving import local_api_part
+
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(runtime))
+    clock = SystemClock()
+    sections = {"classes": CLASSES, "local_api": {"direct_timeout_s": 0.1}}
+    device = await worker(clock, tmp_path, "pi-1", broker=MemoryBroker(clock=clock), relay=False, sections=sections)
+    api = await local_api_part(device, DeviceEnv())
+    assert api is not None
+    await api.start()
+    try:
+        assert api.socket_path == runtime / "api.sock"
+        assert (device.data_dir / "api.sock").resolve() == runtime / "api.sock"
+        conf = write_config(tmp_path / "worker.toml", "worker", "pi-1", agent={"data_dir": str(device.data_dir)},
+                            **sections)
+        monkeypatch.delenv("RUNTIME_DIRECTORY")
+        assert len(await AsyncClient.from_config(conf).send("telemetry", 21.5)) == 33  # an id: durable
+    finally:
+        await api.stop()
+        await device.stop()
