@@ -5,8 +5,9 @@
 # (the U-Boot installer's fw_setenv), qemu-system-arm with u-boot-qemu (a real U-Boot deciding
 # the boots of the U-Boot tests' board), rauc with squashfs-tools and dbus (the RAUC installer),
 # nginx (a static HTTP mirror for range downloads), casync and xdelta3 (the delta benchmark's
-# baselines), checks the import contracts (lint-imports: the layers of docs/architecture.md),
-# then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too, the
+# baselines), mmdebstrap, lintian and fakeroot (the Debian package: built, checked, installed into
+# a bookworm root cached in /var/cache/edge-agent-bench), checks the import contracts
+# (lint-imports: the layers of docs/architecture.md), then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too, the
 # suite is spread over every core, and the release's SBOM is written to dist/edge-agent.cdx.json.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
@@ -40,6 +41,10 @@ fi
 if ! command -v casync >/dev/null 2>&1 || ! command -v xdelta3 >/dev/null 2>&1; then
     echo "installing Debian's casync and xdelta3 for the delta benchmark's test" >&2
     apt_install casync xdelta3 || echo "warning: could not install casync/xdelta3; their baselines are skipped" >&2
+fi
+if ! command -v mmdebstrap >/dev/null 2>&1 || ! command -v lintian >/dev/null 2>&1 || ! command -v fakeroot >/dev/null 2>&1; then
+    echo "installing Debian's mmdebstrap, lintian and fakeroot: the Debian package is built, checked and installed" >&2
+    apt_install mmdebstrap lintian fakeroot || echo "warning: could not install them; the package tests will be skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2
