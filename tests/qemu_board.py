@@ -1,0 +1,98 @@
+"""A booted board: the agent's Debian package in a Debian bookworm root file system built by
+scripts/build-board.sh, booted by QEMU with systemd as PID 1; the host is 10.0.2.2 to it (QEMU's
+user networking), and its serial console is a file the test reads. `power_cut()` is SIGKILL of
+QEMU: the guest's page cache is lost, as in a power loss."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.e2e.agent_support import REPO
+
+HOST_FROM_GUEST = "10.0.2.2"  # QEMU's user networking: the host's loopback, seen from the guest
+REPORT = Path(__file__).with_name("board")
+
+
+def have_board_tools() -> str:
+    """Why a board cannot be built and booted here ("" when it can)."""
+    if os.geteuid() != 0:
+        return "builds a root file system: needs root"
+    missing = [t for t in ("mmdebstrap", "mkfs.ext4", "qemu-system-x86_64", "fakeroot", "dpkg-deb")
+               if shutil.which(t) is None]
+    return f"needs {', '.join(missing)} (scripts/test.sh installs them)" if missing else ""
+
+
+def build_deb(out: Path) -> Path:
+    built = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh"), "--out", str(out)], capture_output=True,
+                           text=True, timeout=900)
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, str], ...] = ()) -> Path:
+    """`adds`: (file, "DEST[:MODE[:OWNER]]") put into the board."""
+    args = ["bash", str(REPO / "scripts" / "build-board.sh"), "--deb", str(deb), "--config", str(config),
+            "--out", str(out), "--add", f"{REPORT / 'board-report'}:/usr/local/sbin/board-report",
+            "--add", f"{REPORT / 'board-report.service'}:/etc/systemd/system/board-report.service"]
+    for src, dest in adds:
+        args += ["--add", f"{src}:{dest}"]
+    built = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return out
+
+
+class QemuBoard:
+    def __init__(self, images: Path, workdir: Path) -> None:
+        self.images = images
+        self.console = workdir / "console.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+
+    def power_on(self) -> QemuBoard:
+        accel = ["-accel", "tcg"]  # nested KVM does not work on these machines: never depend on it
+        argv = ["qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-nographic", "-no-reboot",
+                "-kernel", str(self.images / "vmlinuz"), "-initrd", str(self.images / "initrd.img"),
+                "-append", "root=/dev/vda rw console=ttyS0 panic=-1 systemd.show_status=0",
+                "-drive", f"file={self.images / 'rootfs.img'},if=virtio,format=raw,cache=writeback",
+                "-nic", "user,model=virtio-net-pci"]
+        with self.console.open("ab") as out:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        self.started = time.monotonic()
+        return self
+
+    def text(self) -> str:
+        return self.console.read_bytes().decode("utf-8", "replace") if self.console.exists() else ""
+
+    def wait_for(self, mark: str, limit_s: float = 600.0) -> str:
+        """The console's first line holding `mark` (polled as it grows; QEMU ending is a failure)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            for line in self.text().splitlines():
+                if mark in line:
+                    return line.strip()
+            assert self.proc is not None and self.proc.poll() is None, f"QEMU ended:\n{self.text()[-3000:]}"
+            time.sleep(0.2)
+        raise AssertionError(f"{mark!r} not on the console within {limit_s}s:\n{self.text()[-3000:]}")
+
+    def report(self) -> dict[str, str]:
+        """The board's report ("BOARD: key value..." lines up to "done"): key -> the rest."""
+        self.wait_for("BOARD: done")
+        found: dict[str, str] = {}
+        for line in self.text().splitlines():
+            if "BOARD: " in line:
+                key, _, rest = line.split("BOARD: ", 1)[1].strip().partition(" ")
+                found[key] = f"{found[key]}\n{rest}" if key in found and key in ("error", "warning") else rest
+        return found
+
+    def power_cut(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+__all__ = ["HOST_FROM_GUEST", "QemuBoard", "build_board", "build_deb", "have_board_tools"]
