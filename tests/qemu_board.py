@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.e2e.agent_support import REPO
 
 HOST_FROM_GUEST = "10.0.2.2"  # QEMU's user networking: the host's loopback, seen from the guest
-REPORT = Path(__file__).with_name("board")
+HERE = Path(__file__).with_name("board")  # what the tests put on a board: its report, an application
 
 
 def have_board_tools() -> str:
@@ -37,8 +37,8 @@ def build_deb(out: Path) -> Path:
 def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, str], ...] = ()) -> Path:
     """`adds`: (file, "DEST[:MODE[:OWNER]]") put into the board."""
     args = ["bash", str(REPO / "scripts" / "build-board.sh"), "--deb", str(deb), "--config", str(config),
-            "--out", str(out), "--add", f"{REPORT / 'board-report'}:/usr/local/sbin/board-report",
-            "--add", f"{REPORT / 'board-report.service'}:/etc/systemd/system/board-report.service"]
+            "--out", str(out), "--add", f"{HERE / 'board-report'}:/usr/local/sbin/board-report",
+            "--add", f"{HERE / 'board-report.service'}:/etc/systemd/system/board-report.service"]
     for src, dest in adds:
         args += ["--add", f"{src}:{dest}"]
     built = subprocess.run(args, capture_output=True, text=True, timeout=1800)
@@ -49,15 +49,17 @@ def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, s
 class QemuBoard:
     def __init__(self, images: Path, workdir: Path) -> None:
         self.images = images
+        workdir.mkdir(parents=True, exist_ok=True)
         self.console = workdir / "console.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
 
-    def power_on(self) -> QemuBoard:
+    def power_on(self, kernel_args: str = "") -> QemuBoard:
+        """Boot; `kernel_args` join the kernel's command line (a unit's ConditionKernelCommandLine)."""
         accel = ["-accel", "tcg"]  # nested KVM does not work on these machines: never depend on it
         argv = ["qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-nographic", "-no-reboot",
                 "-kernel", str(self.images / "vmlinuz"), "-initrd", str(self.images / "initrd.img"),
-                "-append", "root=/dev/vda rw console=ttyS0 panic=-1 systemd.show_status=0",
+                "-append", f"root=/dev/vda rw console=ttyS0 panic=-1 systemd.show_status=0 {kernel_args}".strip(),
                 "-drive", f"file={self.images / 'rootfs.img'},if=virtio,format=raw,cache=writeback",
                 "-nic", "user,model=virtio-net-pci"]
         with self.console.open("ab") as out:
@@ -95,4 +97,4 @@ class QemuBoard:
             self.proc.wait(30)
 
 
-__all__ = ["HOST_FROM_GUEST", "QemuBoard", "build_board", "build_deb", "have_board_tools"]
+__all__ = ["HERE", "HOST_FROM_GUEST", "QemuBoard", "build_board", "build_deb", "have_board_tools"]

@@ -3,7 +3,9 @@ systemd as PID 1. edge-agent.service starts (notify, watchdog) with the root hel
 journal holds no error, `systemd-analyze security` says OK; the device enrols with the claim
 credential over the host's mosquitto (the shipped identity.conf and acl), is approved by an
 operator on the host's leader, connects with its own certificate, and the README's own
-`edge-agent send` reaches the leader from the board's shell."""
+`edge-agent send` reaches the leader from the board's shell. Scenario 5 on the same boot:
+`systemctl reload` takes the settings in the same process, and a frozen agent is ended by
+systemd's watchdog and started again."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config
 from tests.identity_broker import IdentityBroker, cli
-from tests.qemu_board import HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools
+from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(bool(have_board_tools()), reason=have_board_tools() or "-")]
@@ -62,7 +64,9 @@ ask_interval_s = 5.0
 """)
         images = build_board(build_deb(tmp_path / "debs"), device_conf, tmp_path / "board", adds=(
             (certs / "ca.crt", "/etc/edge-agent/fleet-ca.crt:0644"),
-            (tmp_path / "claim-pw", "/etc/edge-agent/claim-password:0600:edge-agent:edge-agent")))
+            (tmp_path / "claim-pw", "/etc/edge-agent/claim-password:0600:edge-agent:edge-agent"),
+            (HERE / "board-watchdog", "/usr/local/sbin/board-watchdog:0755"),
+            (HERE / "board-watchdog.service", "/etc/systemd/system/board-watchdog.service")))
         board = QemuBoard(images, tmp_path).power_on()
 
         wait_for(lambda: DEVICE in cli("devices", "pending", "--config", str(conf)).stdout, "the board's enrolment",
@@ -82,6 +86,11 @@ ask_interval_s = 5.0
                                   " AND hb_seq >= 0", (DEVICE,)), "the board's heartbeat", limit_s=300)
         wait_for(lambda: db_query(leader_dir / "leader.db", "SELECT 1 FROM app_messages WHERE device_id = ?"
                                   " AND class = 'telemetry'", (DEVICE,)), "the board's message", limit_s=300)
+        # scenario 5: `systemctl reload` takes the settings in the same process; a frozen agent is
+        # ended by systemd's watchdog and started again
+        assert board.wait_for("BOARD: reload").endswith("reload 1 pid same")
+        watchdog = board.wait_for("BOARD: watchdog").split()
+        assert watchdog[2:4] == ["restarts", "1"] and watchdog[-1] == "active", watchdog
     finally:
         if board is not None:
             board.power_cut()

@@ -1,0 +1,119 @@
+"""The agent on a booted board: its Debian package on a Debian bookworm board under QEMU (systemd as
+PID 1, no KVM), the host's mosquitto and leader reached through QEMU's user networking. Prints
+one JSON line:
+
+    arch, boot_s                 kernel start to the agent's READY (the guest's own clock)
+    agent_rss_mb, agent_pss_mb   the agent's memory under systemd, idle, once READY
+    agent_uss_mb, agent_cpu_percent   (USS and CPU over 20 s idle, read inside the guest)
+    power_cuts                   {trials, acknowledged, lost}: QEMU killed with SIGKILL while an
+                                 application sends through the local API, the leader away; then
+                                 the leader comes and every acknowledged event must reach it
+    watchdog_restart_s           a frozen agent (SIGSTOP) to systemd's watchdog starting it again
+    not_built                    the scenarios the bench does not run yet
+
+    python scripts/bench_device.py [--trials 20]
+
+Needs root, mmdebstrap, qemu-system-x86 and mosquitto (scripts/test.sh installs them); the
+board's base is cached in /var/cache/edge-agent-bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config  # noqa: E402
+from tests.mosquitto import Mosquitto  # noqa: E402
+from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools  # noqa: E402
+
+DEVICE = "board-1"
+ACK = re.compile(r"ACK ([0-9a-f]{8}) (\d+)\r?$", re.MULTILINE)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20, help="power cuts (default 20)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    why = have_board_tools()
+    if why:
+        print(f"bench_device: {why}", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        broker = Mosquitto(tmp / "mosquitto").start()
+        try:
+            conf = tmp / "agent.toml"
+            conf.write_text(f'[agent]\nrole = "worker"\ndevice_id = "{DEVICE}"\nfleet = "{FLEET}"\n'
+                            f'data_dir = "/var/lib/edge-agent"\n\n[mqtt]\nurl = "mqtt://{HOST_FROM_GUEST}:{broker.port}"\n')
+            images = build_board(build_deb(tmp / "debs"), conf, tmp / "board", adds=(
+                (HERE / "board-sender", "/usr/local/sbin/board-sender:0755"),
+                (HERE / "board-sender.service", "/etc/systemd/system/board-sender.service"),
+                (HERE / "board-idle", "/usr/local/sbin/board-idle:0755"),
+                (HERE / "board-idle.service", "/etc/systemd/system/board-idle.service"),
+                (HERE / "board-watchdog", "/usr/local/sbin/board-watchdog:0755"),
+                (HERE / "board-watchdog.service", "/etc/systemd/system/board-watchdog.service")))
+            first = QemuBoard(images, tmp / "boot-idle").power_on()
+            try:
+                report = first.report()
+                idle = first.wait_for("BOARD: idle_cpu_percent").split()[-1]
+                watchdog = first.wait_for("BOARD: watchdog").split()
+            finally:
+                first.power_cut()
+            ready_us = int(report["ready_monotonic_us"].split()[1])
+            memory = dict(zip(*[iter(report["agent_pid"].split()[1:])] * 2, strict=True))  # rss_kb N pss_kb N ...
+            acked: set[tuple[str, int]] = set()
+            for trial in range(args.trials):
+                board = QemuBoard(images, tmp / f"boot-{trial}").power_on("board.sender")
+                try:
+                    board.report()
+                    enough = 3 + rng.randrange(6)
+                    wait_for(lambda b=board, n=enough: len(ACK.findall(b.text())) >= n, "acknowledged", 900)
+                finally:
+                    board.power_cut()
+                acked |= {(boot, int(n)) for boot, n in ACK.findall(board.text())}
+            leader_dir = tmp / "gw"
+            leader = run_agent(write_config(tmp / "leader.toml", "leader", "gw", agent={"data_dir": str(leader_dir)},
+                                            mqtt={"url": f"mqtt://127.0.0.1:{broker.port}"}), tmp / "leader.log")
+            last = QemuBoard(images, tmp / "after").power_on()
+            try:
+                last.report()
+
+                def arrived() -> set[tuple[str, int]]:
+                    rows = db_query(leader_dir / "leader.db", "SELECT payload FROM app_messages WHERE device_id = ?"
+                                                              " AND class = 'events'", (DEVICE,))
+                    return {(e["boot"], int(e["n"])) for e in (json.loads(bytes(r[0])) for r in rows)}
+
+                deadline = time.monotonic() + 900
+                while not acked <= arrived() and time.monotonic() < deadline:
+                    time.sleep(1)
+                lost = len(acked - arrived())
+            finally:
+                last.power_cut()
+                kill(leader, signal.SIGTERM)
+        finally:
+            broker.stop()
+    print(json.dumps({
+        "arch": "amd64", "boot_s": round(ready_us / 1e6, 2),
+        "agent_rss_mb": round(int(memory["rss_kb"]) / 1024, 1), "agent_pss_mb": round(int(memory["pss_kb"]) / 1024, 1),
+        "agent_uss_mb": round(int(memory["uss_kb"]) / 1024, 1), "agent_cpu_percent": float(idle),
+        "power_cuts": {"trials": args.trials, "acknowledged": len(acked), "lost": lost},
+        "watchdog_restart_s": int(watchdog[watchdog.index("after_s") + 1]),
+        "not_built": ["rollout", "bad_image", "arm64"],
+    }))
+    return 0 if lost == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
