@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Try the agent on a board: builds its Debian package and a Debian bookworm board with it
+# (scripts/build-deb.sh, scripts/build-board.sh: the board's base is cached after the first run),
+# boots the board under QEMU with systemd as PID 1, a mosquitto and a leader on this machine,
+# cuts its power a few times while an application sends, and prints what it measured as one JSON
+# line (scripts/bench_device.py; extra arguments go to it, e.g. --trials 20). Needs root: it
+# installs Debian's mmdebstrap, qemu-system-x86 and mosquitto when they are missing.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+
+if [ "$(id -u)" != 0 ]; then
+    echo "board.sh: run as root: the board's root file system keeps its owners" >&2
+    exit 2
+fi
+missing=()
+for tool in mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 mosquitto:mosquitto fakeroot:fakeroot; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || missing+=("${tool#*:}")
+done
+[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+ensure_venv test
+exec "$VENV/bin/python" "$ROOT/scripts/bench_device.py" --trials 3 "$@"
