@@ -32,9 +32,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config  # noqa: E402
+from tests.e2e.agent_support import db_query, kill, run_agent, wait_for, write_config  # noqa: E402
 from tests.mosquitto import Mosquitto  # noqa: E402
-from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools  # noqa: E402
+from tests.qemu_board import (  # noqa: E402
+    HERE,
+    HOST_FROM_GUEST,
+    QemuBoard,
+    board_config,
+    build_board,
+    build_deb,
+    have_board_tools,
+)
 
 DEVICE = "board-1"
 ACK = re.compile(r"ACK ([0-9a-f]{8}) (\d+)\r?$", re.MULTILINE)
@@ -54,9 +62,7 @@ def main() -> int:
         tmp = Path(tmp_name)
         broker = Mosquitto(tmp / "mosquitto").start()
         try:
-            conf = tmp / "agent.toml"
-            conf.write_text(f'[agent]\nrole = "worker"\ndevice_id = "{DEVICE}"\nfleet = "{FLEET}"\n'
-                            f'data_dir = "/var/lib/edge-agent"\n\n[mqtt]\nurl = "mqtt://{HOST_FROM_GUEST}:{broker.port}"\n')
+            conf = board_config(tmp / "agent.toml", DEVICE, f"mqtt://{HOST_FROM_GUEST}:{broker.port}")
             images = build_board(build_deb(tmp / "debs"), conf, tmp / "board", adds=(
                 (HERE / "board-sender", "/usr/local/sbin/board-sender:0755"),
                 (HERE / "board-sender.service", "/etc/systemd/system/board-sender.service"),

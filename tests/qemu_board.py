@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.e2e.agent_support import REPO
+from tests.e2e.agent_support import FLEET, REPO
 
 HOST_FROM_GUEST = "10.0.2.2"  # QEMU's user networking: the host's loopback, seen from the guest
 HERE = Path(__file__).with_name("board")  # what the tests put on a board: its report, an application
@@ -25,6 +25,14 @@ def have_board_tools() -> str:
     missing = [t for t in ("mmdebstrap", "mkfs.ext4", "qemu-system-x86_64", "fakeroot", "dpkg-deb")
                if shutil.which(t) is None]
     return f"needs {', '.join(missing)} (scripts/test.sh installs them)" if missing else ""
+
+
+def board_config(path: Path, device: str, mqtt_url: str, more: str = "") -> Path:
+    """The board's /etc/edge-agent/agent.toml: a worker of the tests' fleet reaching the host's
+    broker at `mqtt_url`, with `more` (further TOML) after it."""
+    path.write_text(f'[agent]\nrole = "worker"\ndevice_id = "{device}"\nfleet = "{FLEET}"\n'
+                    f'data_dir = "/var/lib/edge-agent"\n\n[mqtt]\nurl = "{mqtt_url}"\n{more}')
+    return path
 
 
 def build_deb(out: Path) -> Path:
@@ -97,4 +105,4 @@ class QemuBoard:
             self.proc.wait(30)
 
 
-__all__ = ["HERE", "HOST_FROM_GUEST", "QemuBoard", "build_board", "build_deb", "have_board_tools"]
+__all__ = ["HERE", "HOST_FROM_GUEST", "QemuBoard", "board_config", "build_board", "build_deb", "have_board_tools"]

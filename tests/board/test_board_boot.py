@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config
+from tests.e2e.agent_support import db_query, kill, run_agent, wait_for, write_config
 from tests.identity_broker import IdentityBroker, cli
-from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools
+from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, board_config, build_board, build_deb, have_board_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(bool(have_board_tools()), reason=have_board_tools() or "-")]
@@ -45,15 +45,7 @@ def test_a_board_boots_enrols_and_sends_under_systemd(tmp_path: Path) -> None:
                      mqtt={"url": f"mqtts://127.0.0.1:{broker.port}", "tls_ca": str(certs / "ca.crt"),
                            "tls_cert": str(certs / "leader.crt"), "tls_key": str(certs / "leader.key")})
         leader = run_agent(conf, tmp_path / "leader.log")
-        device_conf = tmp_path / "agent.toml"
-        device_conf.write_text(f"""[agent]
-role = "worker"
-device_id = "{DEVICE}"
-fleet = "{FLEET}"
-data_dir = "/var/lib/edge-agent"
-
-[mqtt]
-url = "mqtts://{HOST_FROM_GUEST}:{broker.port}"
+        device_conf = board_config(tmp_path / "agent.toml", DEVICE, f"mqtts://{HOST_FROM_GUEST}:{broker.port}", f"""\
 tls_ca = "/etc/edge-agent/fleet-ca.crt"
 
 [identity]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config
+from tests.e2e.agent_support import db_query, kill, run_agent, wait_for, write_config
 from tests.mosquitto import Mosquitto
-from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools
+from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, board_config, build_board, build_deb, have_board_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.mqtt, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(have_board_tools()), reason=have_board_tools() or "-")]
@@ -33,16 +33,7 @@ def acknowledged(board: QemuBoard) -> set[tuple[str, int]]:
 
 def test_every_acknowledged_message_survives_power_cuts(tmp_path: Path, mosquitto: Mosquitto) -> None:
     rng = random.Random()
-    device_conf = tmp_path / "agent.toml"
-    device_conf.write_text(f"""[agent]
-role = "worker"
-device_id = "{DEVICE}"
-fleet = "{FLEET}"
-data_dir = "/var/lib/edge-agent"
-
-[mqtt]
-url = "mqtt://{HOST_FROM_GUEST}:{mosquitto.port}"
-""")
+    device_conf = board_config(tmp_path / "agent.toml", DEVICE, f"mqtt://{HOST_FROM_GUEST}:{mosquitto.port}")
     images = build_board(build_deb(tmp_path / "debs"), device_conf, tmp_path / "board", adds=(
         (HERE / "board-sender", "/usr/local/sbin/board-sender:0755"),
         (HERE / "board-sender.service", "/etc/systemd/system/board-sender.service")))
