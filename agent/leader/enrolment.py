@@ -223,9 +223,9 @@ class IdentityService(PartBase):
         if reserved:
             raise IdentityError(reserved)
         known = self.store.get(request.device)
-        # a device of the allow-list or with a token does not wait: never refused for the pending bound
-        vouched = bool(request.token) or bool(request.serial) and self.store.allow_used_by(request.serial) is None
-        if known is None and not vouched and self.store.count("pending") >= self.section.max_pending:
+        if known is None and self.store.count("pending") >= self.section.max_pending \
+                and not self.store.vouched_for(serial=request.serial, token=request.token, now_ms=now):
+            # (a device with a valid token or an unused allow-list entry does not wait: never refused here)
             raise IdentityError(f"{self.section.max_pending} enrolments are pending already (identity.max_pending)")
         record = self.store.record_request(
             device=request.device, fingerprint=csr.fingerprint, csr=request.csr, hw_serial=request.serial,

@@ -367,6 +367,16 @@ class IdentityStore(Store):
             row = self._conn.execute("SELECT device FROM enrol_allow WHERE hw_serial = ?", (hw_serial,)).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
+    def vouched_for(self, *, serial: str, token: str, now_ms: int) -> bool:
+        """Whether a request would be approved at once: a token with a use left, or an allow-list
+        entry no device used yet (nothing is spent: `take_token`, `take_allowed` do)."""
+        with store_errors(self.WHAT):
+            if token and self._conn.execute("SELECT 1 FROM enrol_tokens WHERE digest = ? AND uses_left > 0"
+                                            " AND expires_ms > ?", (token_digest(token), now_ms)).fetchone():
+                return True
+            return bool(serial) and self._conn.execute("SELECT 1 FROM enrol_allow WHERE hw_serial = ?"
+                                                       " AND device IS NULL", (serial,)).fetchone() is not None
+
     def expire_pending(self, asked_before_ms: int) -> list[str]:
         """Forget the pending records whose device has not asked since `asked_before_ms`; their ids."""
         with self.atomic() as conn:

@@ -483,7 +483,8 @@ class MqttTransport:
 
         def on_log(_c: Any, _userdata: Any, level: int, text: str) -> None:
             # with TLS 1.3 a broker refuses a client certificate (revoked, say) by an alert after
-            # the handshake: only paho's next read sees it, and the connection ends as a time-out
+            # the handshake: only paho's next read sees it, and the connection ends as a time-out.
+            # Only while connecting: `_run` takes it away once connected
             if level == _PAHO_LOG_ERR and "SSL" in text:
                 self._socket_error = text
 
@@ -517,6 +518,7 @@ class MqttTransport:
                 self.connects += 1
                 self.last_error = None
                 self._paho = client._client  # noqa: SLF001
+                self._paho.on_log = None  # (connected: paho formats each line it logs for on_log)
                 self.link.attach(self._paho.socket())
                 self._gate.open()
                 opened_at = self._clock.monotonic()

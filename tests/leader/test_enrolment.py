@@ -499,3 +499,32 @@ async def test_the_first_request_goes_the_moment_the_claim_connection_opens(tmp_
         await running
         await service.stop()
         await stop_all(agent, clock=clock)
+
+
+async def test_at_the_pending_bound_only_a_vouched_device_is_taken(tmp_path: Path) -> None:
+    """max_pending reached: a new id with some serial or a made-up token is refused; a valid token
+    or an unused allow-list entry is approved at once."""
+    from agent.core.clock import SystemClock
+
+    clock = SystemClock()
+    broker = MemoryBroker(clock=clock)
+    agent, service = await identity_leader(tmp_path, broker, clock, max_pending=2)
+    claimant = await Claimant(broker).start()
+    try:
+        now = clock.now_ms()
+        service.store.add_token("batch-9", uses=1, expires_ms=now + 60_000, by="op", now_ms=now)
+        service.store.allow_serials(["40000000aa"], by="op", now_ms=now)
+        for n in range(2):
+            await claimant.ask(f"dev-{n}", new_device_key())
+            await answered(claimant, f"dev-{n}", "pending")
+        for name, fields in (("dev-s", {"serial": "1000000012345678"}), ("dev-t", {"token": "made-up"})):
+            await claimant.ask(name, new_device_key(), **fields)
+            assert "2 enrolments are pending already" in (await answered(claimant, name, "rejected")).reason
+        await claimant.ask("dev-ok", new_device_key(), token="batch-9")
+        await answered(claimant, "dev-ok", "approved")
+        await claimant.ask("dev-al", new_device_key(), serial="40000000aa")
+        await answered(claimant, "dev-al", "approved")
+    finally:
+        await service.stop()
+        await claimant.transport.stop()
+        await agent.stop()
