@@ -192,6 +192,8 @@ class LocalApi(PartBase):
     async def _start_unix(self, path: Path) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_symlink():  # the link a start under systemd left to its runtime socket
+                path.unlink()
             if path.is_socket() or path.exists():
                 if not path.is_socket():
                     raise ConfigError("config", "local_api.socket", f"{path} exists and is not a socket")

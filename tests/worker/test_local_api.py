@@ -336,4 +336,12 @@ async def test_a_client_outside_the_unit_finds_the_socket_in_systemds_runtime_di
         assert len(await AsyncClient.from_config(conf).send("telemetry", 21.5)) == 33  # an id: durable
     finally:
         await api.stop()
+    # the same agent started by hand afterwards listens where the link was
+    again = await local_api_part(device, DeviceEnv())
+    assert again is not None
+    await again.start()
+    try:
+        assert again.socket_path == device.data_dir / "api.sock" and again.socket_path.is_socket()
+    finally:
+        await again.stop()
         await device.stop()
