@@ -55,12 +55,15 @@ PACKAGES="systemd,systemd-sysv,udev,$KERNEL,wireless-regdb,python3.11,procps,ipr
 BASE_ARGS=(--variant=minbase --architectures="$ARCH" --include="$PACKAGES" bookworm)
 key="$(printf '%s\n' "${BASE_ARGS[@]}" | sha256sum | cut -c1-16)"
 base="$CACHE/board-base-$ARCH-$key.tar"
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.board-base.lock"
+flock 9  # two builds at once (tests on two workers) make the base once
 if [ ! -f "$base" ]; then
-    mkdir -p "$CACHE"
     echo "$PROG: making the base root file system (once; kept as $base)" >&2
     mmdebstrap --quiet "${BASE_ARGS[@]}" "$CACHE/board-base-$ARCH-$key.part.tar"
     mv "$CACHE/board-base-$ARCH-$key.part.tar" "$base"
 fi
+flock -u 9
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
