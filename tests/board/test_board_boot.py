@@ -70,7 +70,7 @@ ask_interval_s = 5.0
         assert report["security"].split()[1] == "OK", report  # e.g. "1.3 OK :-)"
         assert report["helper"] == "socket active", report
         assert "error" not in report, report["error"]
-        assert "warning" not in report, report["warning"]
+        assert "local API" not in report.get("warning", ""), report["warning"]  # (its socket, its group)
         assert report["send"].startswith("exit 0 "), report["send"]
         assert int(report["agent_pid"].split()[2]) < 96 * 1024  # rss_kb under the unit's MemoryMax
         # with its own certificate: mutual TLS, its heartbeats and the shell's message at the leader
