@@ -18,6 +18,7 @@
 #   -initrd DIR/initrd.img -append "root=/dev/vda rw console=ttyS0" -drive
 #   file=DIR/rootfs.img,if=virtio,format=raw -nic user,model=virtio-net-pci
 set -euo pipefail
+umask 022  # the files it writes into the board are read by the board's own users (systemd-network)
 
 PROG="build-board.sh"
 ARCH="$(dpkg --print-architecture)"

@@ -21,6 +21,7 @@
 # An upgrade keeps /var/lib/edge-agent and the conffiles as the operator left them, and starts the
 # agent again if it ran; `apt purge` removes the state, the configuration and the CRL folder.
 set -euo pipefail
+umask 022  # what it makes is the package's, not this shell's (dpkg-deb refuses a 0750 DEBIAN/)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PROG="build-deb.sh"

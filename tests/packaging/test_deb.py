@@ -52,8 +52,8 @@ def bookworm_root() -> Path:
 def debs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """The package, and the same package as a newer version (an upgrade)."""
     out = tmp_path_factory.mktemp("debs")
-    built = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh"), "--out", str(out)], capture_output=True,
-                           text=True, timeout=600)
+    built = subprocess.run(["bash", "-c", 'umask 027 && exec bash "$0" --out "$1"', REPO / "scripts" / "build-deb.sh",
+                            out], capture_output=True, text=True, timeout=600)  # (the agent's own umask: built alike)
     assert built.returncode == 0, built.stderr
     deb = Path(built.stdout.strip().splitlines()[-1])
     unpacked = out / "unpacked"
