@@ -107,19 +107,19 @@ class SlotRecords:
         if slot == self._booted and record is not None and record.trial:
             self._save(slot, msgspec.structs.replace(record, trial=False))
 
-    def refuse_default(self, slot: str, what: str = "the default") -> None:
+    def refuse_default(self, slot: str) -> None:
         """An `InstallError` unless `slot` is the booted one, or holds an image read back and
         checked that is not below a committed booted image (unless signed as its rollback)."""
         if slot == self._booted:
             return
         record = self._records.get(slot)
         if record is None:
-            raise InstallError(f"refusing to make slot {slot} {what}: this helper never wrote and checked an "
+            raise InstallError(f"refusing to make slot {slot} the default: this helper never wrote and checked an "
                                "image there and the system did not boot from it")
         if record.state == "writing":
-            raise InstallError(f"refusing to make slot {slot} {what}: its image ({record.version}) was not "
+            raise InstallError(f"refusing to make slot {slot} the default: its image ({record.version}) was not "
                                "read back and checked since it was written")
-        self.refuse_older(slot, what=what)
+        self.refuse_older(slot, what="the default")
 
     def refuse_older(self, slot: str, *, what: str) -> None:
         """The floor: an `InstallError` when `slot` holds an image older than the booted one and
