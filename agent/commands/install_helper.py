@@ -41,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def _serve(args: argparse.Namespace) -> int:
     from firmware_rollout.artifact.trust import load_fleet_keys
     from firmware_rollout.device.backends import InstallerContext, configured_backend, rebooter_from_config
-    from firmware_rollout.device.helper import InstallHelper, listening_socket
+    from firmware_rollout.device.helper import (
+        UNAVAILABLE_LINGER_S,
+        InstallHelper,
+        listening_socket,
+        serve_unavailable,
+    )
+    from firmware_rollout.errors import InstallError
 
     config = load_config(args.config)
     fw = config.firmware
@@ -55,7 +61,7 @@ async def _serve(args: argparse.Namespace) -> int:
     key = load_fleet_keys(public_key=fw.public_key, trust_root=fw.trust_root, trust_document=fw.trust_document,
                           state_dir=state_dir / "trust", now_ms=clock.now_ms)
     assert key is not None
-    installer = configured_backend(fw, source=str(args.config)).build(InstallerContext(state_dir, clock, key))
+    backend = configured_backend(fw, source=str(args.config))
     log = logging.getLogger(__name__)
     try:
         uids = frozenset({pwd.getpwnam(fw.helper_user).pw_uid})
@@ -63,13 +69,21 @@ async def _serve(args: argparse.Namespace) -> int:
         uids = frozenset({0})
         log.warning("firmware.helper_user: no user %r: only root may ask the helper", fw.helper_user)
     if args.check:
-        return _check(args.config, fw, installer, uids)
+        return _check(args.config, fw, backend.build(InstallerContext(state_dir, clock, key)), uids)
     sock = listening_socket(args.socket or (Path(fw.helper_socket) if fw.helper_socket else None))
     if args.socket is not None:
         try:
             os.chown(args.socket, 0, grp.getgrnam(fw.helper_group).gr_gid)
         except KeyError:
             log.warning("firmware.helper_group: no group %r: the socket stays root's", fw.helper_group)
+    try:
+        installer = backend.build(InstallerContext(state_dir, clock, key))
+    except InstallError as exc:
+        reason = f"the {backend.name} installer cannot start: {exc}"
+        log.error("install helper: %s (answered to every request for %.0f s, then tried again)", reason,
+                  UNAVAILABLE_LINGER_S)
+        await serve_unavailable(sock, reason, allowed_uids=uids)
+        return 1
     helper = InstallHelper(installer, rebooter_from_config(fw, clock=clock, source=str(args.config)),
                            verify_key=key, state_dir=state_dir, made_with=config.agent.firmware_version,
                            allowed_uids=uids, image=fw.image or None, hardware=fw.hardware or None)

@@ -74,6 +74,9 @@ REBOOT_REPLY_TIMEOUT_S = 900.0  # a reboot that returns takes the reboot command
 MAX_PER_PEER = 4  # connections per uid: the agent needs one
 IDLE_TIMEOUT_S = 60.0  # a connection that sends no request for this long is closed (the agent reconnects)
 FRAME_TIMEOUT_S = 30.0  # the rest of a request, once its first bytes came
+# a helper whose backend cannot start answers with why for this long, then ends: the next
+# request starts it again and tries the backend afresh, slower than systemd's start limit
+UNAVAILABLE_LINGER_S = 30.0
 
 
 class HelperRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -122,6 +125,42 @@ def state_of(installer: Installer) -> HelperState:
     return HelperState(name=installer.name, slots=installer.slots, booted=installer.booted_slot(),
                        default=installer.default_slot(), trial=installer.trial_slot(),
                        fell_back=installer.fell_back(), view=dict(installer.describe()))
+
+
+async def _answer_refusal(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
+    """The reason as the answer to the peer's first request (read first, so its client reads the
+    answer instead of a reset)."""
+    with contextlib.suppress(asyncio.IncompleteReadError, TimeoutError):
+        head = await asyncio.wait_for(reader.readexactly(_LENGTH.size), FRAME_TIMEOUT_S)
+        (length,) = _LENGTH.unpack(head)
+        if length <= MAX_FRAME:
+            await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S)
+    writer.write(frame(_encode(HelperReply(ok=False, error=reason))))
+    await writer.drain()
+
+
+async def serve_unavailable(sock: socket.socket, reason: str, *, allowed_uids: frozenset[int],
+                            linger_s: float = UNAVAILABLE_LINGER_S) -> None:
+    """The backend could not start (RAUC's service not answering yet, a slot device missing):
+    every request of the agent is answered with `reason` for `linger_s`, then this returns. The
+    agent logs the real cause instead of a refused connection, and the next request after the
+    helper ended starts it again (socket activation) and tries the backend afresh."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            _pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
+            allowed = not allowed_uids or uid == 0 or uid in allowed_uids
+            await _answer_refusal(reader, writer, reason if allowed else
+                                  f"refused: uid {uid} is not the agent's user: only it and root may ask the "
+                                  "install helper")
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(answer, sock=sock)
+    async with server:
+        await asyncio.sleep(linger_s)
 
 
 @dataclass(eq=False)
@@ -195,7 +234,7 @@ class InstallHelper:
             if refusal:
                 self.refused += 1
                 self._refusals.warning(f"uid-{uid}", f"install helper: {refusal} (pid {pid})")
-                await self._refuse_connection(reader, writer, refusal)
+                await _answer_refusal(reader, writer, refusal)
                 return
             peer = _Peer(uid, writer)
             self._peers.add(peer)
@@ -224,17 +263,6 @@ class InstallHelper:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    async def _refuse_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                                 reason: str) -> None:
-        """The reason as the answer to the peer's first request (read first, so its client
-        reads the answer instead of a reset)."""
-        with contextlib.suppress(asyncio.IncompleteReadError, TimeoutError):
-            head = await asyncio.wait_for(reader.readexactly(_LENGTH.size), FRAME_TIMEOUT_S)
-            (length,) = _LENGTH.unpack(head)
-            if length <= MAX_FRAME:
-                await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S)
-        writer.write(frame(_encode(HelperReply(ok=False, error=reason))))
-        await writer.drain()
 
     async def handle(self, payload: bytes) -> HelperReply:
         try:
@@ -332,7 +360,11 @@ class HelperInstaller:
         self._timeout_s = timeout_s
         self._sock: socket.socket | None = None
         self._state: HelperState
-        self._call(HelperRequest(op="describe"))  # sets self._state
+        try:
+            self._call(HelperRequest(op="describe"))  # sets self._state
+        except HelperError:
+            self.close()  # (nobody holds an installer that did not start to close it later)
+            raise
 
     def _connect(self) -> socket.socket:
         if self._sock is None:

@@ -444,3 +444,49 @@ async def test_after_a_commit_the_helper_refuses_the_older_slot_unless_a_signed_
     finally:
         installer.close()
     assert "refused revert of slot A: refusing to make slot A the default" in helper.log.read_text()
+
+
+def test_a_helper_whose_backend_cannot_start_answers_why_and_tries_again(tmp_path: Path, keys: Keys) -> None:
+    """On a booted board RAUC's service may not answer yet (or not be installed): the helper does
+    not end at once (systemd's start limit would then fail its socket for good, and the agent
+    would only see a refused connection); it answers every request with the reason for a while,
+    then ends, so the next request starts it afresh."""
+    config = tmp_path / "installer.toml"
+    config.write_text(f"""
+[agent]
+device_id = "pi-1"
+firmware_version = "1.0.0"
+
+[firmware]
+public_key = "{keys.public_path}"
+installer = "rauc"
+helper_state_dir = "{tmp_path / 'helper-state'}"
+helper_user = "root"
+
+[firmware.rauc]
+rauc = "/bin/false"
+""")
+    sock = tmp_path / "installer.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "install-helper", "--config", str(config),
+                             "--socket", str(sock)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the helper listens (a missing socket is not yet its answer)
+            try:
+                HelperInstaller(sock)
+            except HelperError as exc:
+                if "cannot start" in str(exc):
+                    assert "the install helper refused describe: the rauc installer cannot start: /bin/false " \
+                           "status --output-format=json exited 1" in str(exc), exc
+                    break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the helper did not answer"
+            time.sleep(0.05)
+        with pytest.raises(HelperError, match="cannot start"):  # every request, not only the first
+            HelperInstaller(sock)
+        assert proc.poll() is None  # it lingers, answering
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert "the rauc installer cannot start" in err
