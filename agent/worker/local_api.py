@@ -201,13 +201,18 @@ class LocalApi(PartBase):
                     raise ConfigError("config", "local_api.socket",
                                       f"another agent listens on {path}: give this one its own socket")
                 path.unlink()  # a socket left by an agent that died
-            old = os.umask(0o117)  # created 0660 at once: no moment with wider access
+            # Bound under the process's own umask (the service's 0027: no moment with access for
+            # others), then opened to the group. Never a umask of its own around the bind: the
+            # umask is the whole process's, and every thread and task creating a folder
+            # meanwhile would take it (a board's updater made its state folder 0660 that way).
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                server = await asyncio.start_unix_server(self._http.connection, path=str(path),
-                                                         backlog=self._http.backlog)
-            finally:
-                os.umask(old)
-            os.chmod(path, 0o660)
+                sock.bind(str(path))
+                os.chmod(path, 0o660)
+            except OSError:
+                sock.close()
+                raise
+            server = await asyncio.start_unix_server(self._http.connection, sock=sock, backlog=self._http.backlog)
         except OSError as exc:
             raise ConfigError("config", "local_api.socket", f"cannot listen on {path}: {exc.strerror or exc}") from exc
         self._servers.append(server)

@@ -345,3 +345,33 @@ async def test_a_client_outside_the_unit_finds_the_socket_in_systemds_runtime_di
     finally:
         await again.stop()
         await device.stop()
+
+
+async def test_starting_the_socket_leaves_the_process_umask_to_everyone_else(tmp_path: Path) -> None:
+    """The umask is the whole process's: a folder another part creates while the local API starts
+    (on a board: the updater's state folder) gets the service's mode, not the socket's."""
+    clock = SystemClock()
+    device = await worker(clock, tmp_path, "pi-1", broker=MemoryBroker(clock=clock), relay=False)
+    old = os.umask(0o027)
+    made: list[int] = []
+    starting = asyncio.Event()
+
+    async def make_folders() -> None:
+        await starting.wait()
+        for i in range(50):  # every turn of the loop while the API starts
+            folder = tmp_path / f"folder-{i}"
+            await asyncio.to_thread(folder.mkdir)
+            made.append(folder.stat().st_mode & 0o777)
+
+    api = LocalApi(device.messages, device.message_status, clock=clock, socket_path=tmp_path / "api.sock")
+    folders = asyncio.create_task(make_folders())
+    try:
+        starting.set()
+        await api.start()
+        await folders
+        assert set(made) == {0o750}, sorted({oct(m) for m in made})
+        assert (tmp_path / "api.sock").stat().st_mode & 0o777 == 0o660
+    finally:
+        os.umask(old)
+        await api.stop()
+        await device.stop()
