@@ -29,7 +29,7 @@ def installer_from_config(fw: FirmwareSection, state_dir: Path, *, clock: Clock,
         from firmware_rollout.device.helper import HelperInstaller
 
         held = verify_key if isinstance(verify_key, TrustedKeys) else None  # sent along: the helper checks it
-        return HelperInstaller(fw.helper_socket, clock=clock,
+        return HelperInstaller(fw.helper_socket, clock=clock, settle_s=fw.reboot_timeout_s,
                                trust=(lambda: held.document_bytes) if held is not None else None)
     return configured_backend(fw, source=source).build(InstallerContext(state_dir, clock, verify_key))
 

@@ -353,11 +353,12 @@ class HelperInstaller:
     root helper on `socket_path`; the helper's state after each step answers the queries."""
 
     def __init__(self, socket_path: str | Path, *, clock: Clock | None = None, timeout_s: float = 600.0,
-                 trust: Callable[[], bytes] | None = None) -> None:
+                 trust: Callable[[], bytes] | None = None, settle_s: float = 120.0) -> None:
         self._path = str(socket_path)
         self._trust = trust  # the agent's newest trust document, sent with open_slot
         self._clock = clock or SystemClock()
         self._timeout_s = timeout_s
+        self._settle_s = settle_s  # ([firmware] reboot_timeout_s) a reboot the helper went down with
         self._sock: socket.socket | None = None
         self._state: HelperState
         try:
@@ -392,6 +393,10 @@ class HelperInstaller:
                 reply = self._exchange(request, timeout_s)
             except _Closed as again:
                 raise HelperError(f"install helper at {self._path}: {again}") from None
+        return self._take(request, reply)
+
+    def _take(self, request: HelperRequest, reply: HelperReply) -> HelperReply:
+        """The helper's state from `reply`; a refusal raised."""
         if reply.state is not None:
             self._state = reply.state
         if not reply.ok:
@@ -480,11 +485,32 @@ class HelperInstaller:
 
     # -- Rebooter ----------------------------------------------------------------------------
     async def reboot(self, reason: str, *, trial: bool = False) -> None:
+        """The helper runs the reboot command and waits for the system to go down. systemd stops
+        the helper (and this agent) on the way down, so the connection ending unanswered is the
+        reboot under way, not a failure: the agent waits for its own end like `CommandRebooter`,
+        and only a device still up `settle_s` later failed to reboot."""
+        request = HelperRequest(op="reboot", trial=trial, reason=reason[:200])
         try:
-            await self._ask(HelperRequest(op="reboot", trial=trial, reason=reason[:200]),
-                            timeout_s=REBOOT_REPLY_TIMEOUT_S)
+            went_down = await in_thread(self._clock, self._ask_reboot, request)
         except HelperError as exc:
             raise UpdaterError(str(exc)) from None
+        if went_down:
+            await self._clock.sleep(self._settle_s)  # the shutdown ends this process meanwhile
+            raise UpdaterError(f"the install helper ended while rebooting and the device was still up "
+                               f"{self._settle_s:g}s later")
+
+    def _ask_reboot(self, request: HelperRequest) -> bool:
+        """True when the helper's connection ended before it answered. Asked on a new connection,
+        never resent: a kept one the helper closed while idle would end unanswered too."""
+        self.close()
+        try:
+            reply = self._exchange(request, REBOOT_REPLY_TIMEOUT_S)
+        except _Closed:
+            return True
+        finally:
+            self.close()
+        self._take(request, reply)
+        return False
 
 
 def _connect_hint(exc: OSError) -> str:

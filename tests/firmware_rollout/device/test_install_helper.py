@@ -36,14 +36,14 @@ pytestmark = pytest.mark.skipif(not Path("/usr/bin/fw_setenv").exists(), reason=
 class Helper:
     def __init__(self, tmp: Path, keys: Keys, *, made_with: str = "1.0.0", reboot_timeout_s: float = 0.5,
                  helper_user: str = "edge-agent", socket_dir: Path | None = None,
-                 trust_root: Path | None = None) -> None:
+                 trust_root: Path | None = None, reboot: list[str] | None = None) -> None:
         self.tmp = tmp
         self.board = Board(tmp / "board")
         self.socket = (socket_dir or tmp) / "installer.sock"
         self.rebooted = tmp / "rebooted"
         self.config = tmp / "device.toml"
         self.log = tmp / "helper.log"
-        reboot = [sys.executable, "-c", f"open({str(self.rebooted)!r}, 'a').write('reboot\\n')"]
+        reboot = reboot or [sys.executable, "-c", f"open({str(self.rebooted)!r}, 'a').write('reboot\\n')"]
         self.config.write_text(f"""
 [agent]
 device_id = "pi-1"
@@ -140,6 +140,22 @@ async def test_the_helper_reboots_and_a_reboot_that_does_not_happen_is_an_error(
         await installer.reboot("trying version 1.1.0 in slot B", trial=True)
     installer.close()
     assert helper.rebooted.read_text() == "reboot\n"  # the helper ran the reboot command
+
+
+async def test_a_helper_stopped_by_the_reboot_it_ran_is_a_reboot_under_way(tmp_path: Path, keys: Keys) -> None:
+    """On the way down systemd stops the helper before it can answer: the agent waits for its own
+    end instead of calling the reboot failed at once (and disarming a trial the boot loader is
+    about to take); only a device still up after `settle_s` failed to reboot."""
+    stops_helper = [sys.executable, "-c", "import os, signal; os.kill(os.getppid(), signal.SIGTERM)"]
+    h = Helper(tmp_path, keys, reboot=stops_helper)
+    installer = HelperInstaller(h.socket, settle_s=0.5)
+    try:
+        with pytest.raises(UpdaterError, match=r"the install helper ended while rebooting and the device was still "
+                                               r"up 0.5s later"):
+            await installer.reboot("trying version 1.1.0 in slot B", trial=True)
+    finally:
+        installer.close()
+        h.stop()
 
 
 def ask(path: Path, payload: bytes) -> bytes:
@@ -306,7 +322,7 @@ async def test_a_reboot_under_way_holds_no_lock(tmp_path: Path, keys: Keys) -> N
     """M5. While the reboot command settles, `describe` is answered and every slot step refused
     with the reason (before, the helper's lock was held for the whole settle time)."""
     h = Helper(tmp_path, keys, reboot_timeout_s=600)
-    rebooting = HelperInstaller(h.socket)
+    rebooting = HelperInstaller(h.socket, settle_s=0.1)  # (the helper stopped at the end: a reboot under way)
     task = asyncio.create_task(rebooting.reboot("trying version 1.1.0 in slot B", trial=True))
     try:
         deadline = time.monotonic() + 60
