@@ -9,11 +9,17 @@ one JSON line:
                                  application sends through the local API, the leader away; then
                                  the leader comes and every acknowledged event must reach it
     watchdog_restart_s           a frozen agent (SIGSTOP) to systemd's watchdog starting it again
-    not_built                    the scenarios the bench does not run yet
+    rollout                      {state, seconds, bytes}: a new root file system (RAUC bundle in the
+                                 fleet's artifact) from the leader to slot B through the root
+                                 helper, a reboot, GRUB's choice, health, commit: seconds from
+                                 `rollout start` to `succeeded`, bytes the device downloaded
+    bad_image                    {state}: an image whose boot panics, into the other slot: GRUB
+                                 falls back and the rollout ends `rolled_back`
+    not_built                    what the bench does not run yet
 
     python scripts/bench_device.py [--trials 20]
 
-Needs root, mmdebstrap, qemu-system-x86 and mosquitto (scripts/test.sh installs them); the
+Needs root, mmdebstrap, qemu-system-x86, mosquitto and rauc (scripts/test.sh installs them); the
 board's base is cached in /var/cache/edge-agent-bench.
 """
 
@@ -32,13 +38,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.board_updates import (  # noqa: E402
+    artifact,
+    bad_image,
+    device_files,
+    free_port,
+    heard_from,
+    rauc_bundle,
+    rauc_keys,
+    rollout_end,
+    start_rollout,
+)
 from tests.e2e.agent_support import db_query, kill, run_agent, wait_for, write_config  # noqa: E402
+from tests.identity_broker import cli  # noqa: E402
 from tests.mosquitto import Mosquitto  # noqa: E402
 from tests.qemu_board import (  # noqa: E402
     HERE,
     HOST_FROM_GUEST,
     QemuBoard,
-    board_config,
     build_board,
     build_deb,
     have_board_tools,
@@ -62,14 +79,26 @@ def main() -> int:
         tmp = Path(tmp_name)
         broker = Mosquitto(tmp / "mosquitto").start()
         try:
-            conf = board_config(tmp / "agent.toml", DEVICE, f"mqtt://{HOST_FROM_GUEST}:{broker.port}")
-            images = build_board(build_deb(tmp / "debs"), conf, tmp / "board", adds=(
+            keys = tmp / "keys"
+            assert cli("firmware", "keygen", "--out", str(keys)).returncode == 0
+            rauc_key, rauc_cert = rauc_keys(tmp)
+            deb = build_deb(tmp / "debs")
+            conf, files = device_files(tmp, "1.0.0", broker.port, keys / "public.pem", heartbeat_s=None)
+            images = build_board(deb, conf, tmp / "board", options=("--rauc-keyring", str(rauc_cert)), adds=(
+                *files,
                 (HERE / "board-sender", "/usr/local/sbin/board-sender:0755"),
                 (HERE / "board-sender.service", "/etc/systemd/system/board-sender.service"),
                 (HERE / "board-idle", "/usr/local/sbin/board-idle:0755"),
                 (HERE / "board-idle.service", "/etc/systemd/system/board-idle.service"),
                 (HERE / "board-watchdog", "/usr/local/sbin/board-watchdog:0755"),
                 (HERE / "board-watchdog.service", "/etc/systemd/system/board-watchdog.service")))
+            conf_2, files_2 = device_files(tmp, "2.0.0", broker.port, keys / "public.pem", heartbeat_s=None)
+            v2 = build_board(deb, conf_2, tmp / "v2", adds=files_2,
+                             options=("--version", "2.0.0", "--rauc-keyring", str(rauc_cert), "--slot-only"))
+            art_2 = artifact(tmp, rauc_bundle(tmp, v2 / "rootfs.img", "2.0.0", rauc_cert, rauc_key), "2.0.0",
+                             keys / "private.pem")
+            art_3 = artifact(tmp, rauc_bundle(tmp, bad_image(tmp, v2, "3.0.0"), "3.0.0", rauc_cert, rauc_key),
+                             "3.0.0", keys / "private.pem")
             first = QemuBoard(images, tmp / "boot-idle").power_on()
             try:
                 report = first.report()
@@ -90,8 +119,13 @@ def main() -> int:
                     board.power_cut()
                 acked |= {(boot, int(n)) for boot, n in ACK.findall(board.text())}
             leader_dir = tmp / "gw"
-            leader = run_agent(write_config(tmp / "leader.toml", "leader", "gw", agent={"data_dir": str(leader_dir)},
-                                            mqtt={"url": f"mqtt://127.0.0.1:{broker.port}"}), tmp / "leader.log")
+            db = leader_dir / "leader.db"
+            port = free_port()
+            leader = run_agent(write_config(
+                tmp / "leader.toml", "leader", "gw", agent={"data_dir": str(leader_dir)},
+                mqtt={"url": f"mqtt://127.0.0.1:{broker.port}"},
+                artifacts={"listen": f"127.0.0.1:{port}", "url": f"http://{HOST_FROM_GUEST}:{port}"},
+                firmware={"public_key": str(keys / "public.pem")}), tmp / "leader.log")
             last = QemuBoard(images, tmp / "after").power_on()
             try:
                 last.report()
@@ -105,6 +139,16 @@ def main() -> int:
                 while not acked <= arrived() and time.monotonic() < deadline:
                     time.sleep(1)
                 lost = len(acked - arrived())
+                wait_for(lambda: heard_from(db), "the board's heartbeat", 900)
+                began = time.monotonic()
+                start_rollout(tmp, db, "v2", art_2)
+                done = rollout_end(db, "v2")
+                rollout = {"state": done["state"], "seconds": round(time.monotonic() - began),
+                           "bytes": done["waves"][0]["download"]["bytes_done"]}
+                start_rollout(tmp, db, "v3", art_3)
+                bad = rollout_end(db, "v3")
+                bad_state = bad["device_list"][0]["state"] if bad["device_list"] else bad["state"]
+                slots = last.boots()
             finally:
                 last.power_cut()
                 kill(leader, signal.SIGTERM)
@@ -116,9 +160,10 @@ def main() -> int:
         "agent_uss_mb": round(int(memory["uss_kb"]) / 1024, 1), "agent_cpu_percent": float(idle),
         "power_cuts": {"trials": args.trials, "acknowledged": len(acked), "lost": lost},
         "watchdog_restart_s": int(watchdog[watchdog.index("after_s") + 1]),
-        "not_built": ["rollout", "bad_image", "arm64"],
+        "rollout": rollout, "bad_image": {"state": bad_state, "boots": "".join(slots)},
+        "not_built": ["arm64"],
     }))
-    return 0 if lost == 0 else 1
+    return 0 if lost == 0 and rollout["state"] == "succeeded" and bad_state == "rolled_back" else 1
 
 
 if __name__ == "__main__":

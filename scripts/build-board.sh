@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# Build a board: a Debian bookworm root file system with systemd, a kernel and the agent's Debian
-# package installed, as an ext4 image QEMU boots (or dd writes to a card's root partition).
+# Build a board: a disk a device boots, with a boot partition, root file systems A and B and a data
+# partition, from Debian bookworm's packages with the agent's Debian package installed.
 #
 #   scripts/build-board.sh --deb dist/edge-agent_0.1.0_amd64.deb --config agent.toml --out DIR
-#       [--arch amd64] [--hostname board] [--add SRC:DEST[:MODE[:OWNER]] ...]
-#   -> DIR/rootfs.img (ext4), DIR/vmlinuz, DIR/initrd.img
+#       [--arch amd64] [--hostname board] [--version 1.0.0] [--rauc-keyring CERT.pem]
+#       [--slot-only] [--add SRC:DEST[:MODE[:OWNER]] ...]
+#   -> DIR/disk.img (amd64: the whole disk, GRUB in its MBR) and DIR/rootfs.img (one slot's image:
+#      what a RAUC bundle of this version carries), with the slot's vmlinuz and initrd.img beside;
+#      --slot-only makes no disk
 #
-# The base (Debian's packages: systemd, udev, a kernel, python3.11) is made by mmdebstrap once and
-# kept as a tarball in $EDGE_AGENT_CACHE (default /var/cache/edge-agent-bench), named by a hash
-# of what makes it, so a second build takes seconds: the package goes in with apt, the config
-# (DEST /etc/edge-agent/agent.toml) and any --add files are copied in, systemd-networkd takes an
-# address by DHCP on the first Ethernet port, and the image is made with `mkfs.ext4 -d` (no loop
-# device, no mount). For a Raspberry Pi: --arch arm64 with the arm64 package (the base's package
-# scripts run under qemu-user-static and binfmt: about 17 minutes, once).
+# The base (Debian's packages: systemd, udev, a kernel, python3.11, RAUC, GRUB) is made by
+# mmdebstrap once and kept as a tarball in $EDGE_AGENT_CACHE (default /var/cache/edge-agent-bench),
+# named by a hash of what makes it, so a second build takes seconds: the package goes in with apt,
+# the config (DEST /etc/edge-agent/agent.toml) and any --add files are copied in, systemd-networkd
+# takes an address by DHCP on the first Ethernet port, and each file system is made with
+# `mkfs.ext4 -d` (no loop device, no mount).
 #
-# QEMU (see tests/board.py):  qemu-system-x86_64 -m 1024 -smp 2 -nographic -kernel DIR/vmlinuz
-#   -initrd DIR/initrd.img -append "root=/dev/vda rw console=ttyS0" -drive
-#   file=DIR/rootfs.img,if=virtio,format=raw -nic user,model=virtio-net-pci
+# The disk (MBR):  1 boot (64 MiB: GRUB's config, its environment, its modules)
+#                  2 rootfs A, 3 rootfs B (the slots RAUC writes; the board starts on A)
+#                  4 data (/data: the agent's and the helper's state, RAUC's; bind-mounted on
+#                    /var/lib/edge-agent and /var/lib/edge-agent-installer, so they outlive a slot)
+# GRUB runs RAUC's GRUB logic (ORDER, x_OK, x_TRY in grubenv): the first slot in ORDER that is OK
+# and not yet tried boots and is marked tried; the agent's commit (`rauc status mark-good`) clears
+# the mark. A slot that did not come up is not tried again: the next boot takes the other.
+# /etc/rauc/system.conf names the two slots, `bootloader=grub` and the keyring (--rauc-keyring).
+#
+# QEMU (see tests/qemu_board.py):  qemu-system-x86_64 -m 1024 -smp 2 -nographic
+#   -drive file=DIR/disk.img,if=virtio,format=raw -nic user,model=virtio-net-pci
+# For a Raspberry Pi (--arch arm64, the base's package scripts run under qemu-user-static: about 17
+# minutes, once) the script makes rootfs.img, vmlinuz and initrd.img: the Pi's own firmware boots.
 set -euo pipefail
 umask 022  # the files it writes into the board are read by the board's own users (systemd-network)
 
@@ -26,8 +38,14 @@ DEB=""
 CONFIG=""
 OUT=""
 NAME="board"
+VERSION="1.0.0"
+KEYRING=""
+SLOT_ONLY=0
 ADDS=()
-SIZE="2G"
+BOOT_MB=64
+SLOT_MB=1536
+DATA_MB=1024
+COMPATIBLE="edge-agent-board"
 CACHE="${EDGE_AGENT_CACHE:-/var/cache/edge-agent-bench}"
 
 die() { echo "$PROG: error: $*" >&2; exit 2; }
@@ -38,21 +56,30 @@ while [ $# -gt 0 ]; do
         --out) [ $# -ge 2 ] || die "--out needs a value"; OUT="$2"; shift 2 ;;
         --arch) [ $# -ge 2 ] || die "--arch needs a value"; ARCH="$2"; shift 2 ;;
         --hostname) [ $# -ge 2 ] || die "--hostname needs a value"; NAME="$2"; shift 2 ;;
+        --version) [ $# -ge 2 ] || die "--version needs a value"; VERSION="$2"; shift 2 ;;
+        --rauc-keyring) [ $# -ge 2 ] || die "--rauc-keyring needs a value"; KEYRING="$2"; shift 2 ;;
+        --slot-only) SLOT_ONLY=1; shift ;;
         --add) [ $# -ge 2 ] || die "--add needs SRC:DEST"; ADDS+=("$2"); shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
 [ -n "$DEB" ] && [ -f "$DEB" ] || die "--deb names no file: '$DEB'"
 [ -n "$CONFIG" ] && [ -f "$CONFIG" ] || die "--config names no file: '$CONFIG'"
 [ -n "$OUT" ] || die "--out is required"
+[ -z "$KEYRING" ] || [ -f "$KEYRING" ] || die "--rauc-keyring names no file: '$KEYRING'"
+[[ "$VERSION" =~ ^[0-9A-Za-z.+~-]{1,64}$ ]] || die "--version: letters, digits and . + ~ - only: '$VERSION'"
 [ "$(id -u)" = 0 ] || die "run as root: the root file system keeps its owners"
-case "$ARCH" in amd64) KERNEL=linux-image-amd64 ;; arm64) KERNEL=linux-image-arm64 ;; *) die "--arch: amd64 or arm64" ;; esac
-for tool in mmdebstrap mkfs.ext4 chroot; do
+case "$ARCH" in
+    amd64) KERNEL=linux-image-amd64; BOOT_PACKAGES=",rauc,rauc-service,grub-pc-bin,grub-common,fdisk" ;;
+    arm64) KERNEL=linux-image-arm64; BOOT_PACKAGES="" ;;
+    *) die "--arch: amd64 or arm64" ;;
+esac
+for tool in mmdebstrap mkfs.ext4 chroot flock; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (apt-get install mmdebstrap e2fsprogs)"
 done
 
-PACKAGES="systemd,systemd-sysv,udev,$KERNEL,wireless-regdb,python3.11,procps,iproute2,ca-certificates,dbus,kmod"
+PACKAGES="systemd,systemd-sysv,udev,$KERNEL,wireless-regdb,python3.11,procps,iproute2,ca-certificates,dbus,kmod$BOOT_PACKAGES"
 BASE_ARGS=(--variant=minbase --architectures="$ARCH" --include="$PACKAGES" bookworm)
 key="$(printf '%s\n' "${BASE_ARGS[@]}" | sha256sum | cut -c1-16)"
 base="$CACHE/board-base-$ARCH-$key.tar"
@@ -79,7 +106,10 @@ install -m 0640 -g "$(chroot "$root" getent group edge-agent | cut -d: -f3)" "$C
 for add in "${ADDS[@]}"; do  # SRC:DEST[:MODE[:OWNER]]
     IFS=: read -r src dest mode owner <<<"$add"
     [ -f "$src" ] || die "--add: no file '$src'"
-    mkdir -p "$root$(dirname "$dest")"
+    case "$dest" in /*) ;; *) die "--add: '$dest' is not an absolute path" ;; esac
+    chroot "$root" mkdir -p "$(dirname "$dest")"
+    # a link in the board (/sbin/init) is replaced, never followed: it may point anywhere on this host
+    rm -f "$root$dest"
     cp "$src" "$root$dest"
     [ -z "$mode" ] || chmod "$mode" "$root$dest"
     [ -z "$owner" ] || chroot "$root" chown "$owner" "$dest"
@@ -87,7 +117,7 @@ done
 
 echo "$NAME" > "$root/etc/hostname"
 printf '127.0.1.1\t%s\n' "$NAME" >> "$root/etc/hosts"
-printf '/dev/vda\t/\text4\trw,errors=remount-ro\t0\t1\n' > "$root/etc/fstab"
+printf 'VERSION=%s\n' "$VERSION" > "$root/etc/edge-agent-board"
 printf '[Match]\nName=en*\n\n[Network]\nDHCP=yes\n' > "$root/etc/systemd/network/20-wired.network"
 ln -sf /lib/systemd/system/systemd-networkd.service "$root/etc/systemd/system/multi-user.target.wants/"
 chroot "$root" passwd -d root >/dev/null
@@ -98,10 +128,141 @@ for unit in "$root"/etc/systemd/system/*.service; do  # --add'ed units: enable t
     mkdir -p "$root/etc/systemd/system/$wanted.wants"
     ln -sf "/etc/systemd/system/$(basename "$unit")" "$root/etc/systemd/system/$wanted.wants/"
 done
-
 mkdir -p "$OUT"
-cp -L "$root/vmlinuz" "$OUT/vmlinuz"
-cp -L "$root/initrd.img" "$OUT/initrd.img"
+
+if [ "$ARCH" != amd64 ]; then  # a Pi: its firmware boots the kernel; one root file system
+    printf '/dev/mmcblk0p2\t/\text4\trw,errors=remount-ro\t0\t1\n' > "$root/etc/fstab"
+    cp -L "$root/vmlinuz" "$OUT/vmlinuz"
+    cp -L "$root/initrd.img" "$OUT/initrd.img"
+    rm -f "$OUT/rootfs.img"
+    mkfs.ext4 -q -F -L rootfs -d "$root" "$OUT/rootfs.img" 2G
+    echo "$OUT/rootfs.img"
+    exit 0
+fi
+
+# -- the A/B layout: the data partition holds what outlives a slot --------------------------------
+# The slot is what an update carries, so it holds what QEMU's machine needs: the drivers of real
+# hardware (graphics, sound, wireless, USB, Ethernet cards, other file systems) and the
+# documentation go (a third of the size, so of a full update's bytes and time).
+modules="$(echo "$root"/usr/lib/modules/*)"
+for gone in sound net/wireless net/mac80211 net/bluetooth \
+        drivers/{gpu,media,infiniband,staging,usb,iio,comedi,mtd,hwmon,target,video,scsi,ata,isdn,bluetooth} \
+        drivers/{nfc,thunderbolt,platform,misc,mfd,power,leds,gnss,mmc,memstick,pcmcia,firewire,parport,w1} \
+        drivers/net/{ethernet,wireless,usb,can,wan,wwan,ieee802154,hamradio,arcnet,fddi,appletalk,hippi,hyperv} \
+        fs/{xfs,btrfs,nfs,nfsd,ocfs2,smb,f2fs,gfs2,ceph,afs}; do
+    rm -rf "${modules:?}/kernel/$gone"
+done
+chroot "$root" depmod -a "$(basename "$modules")"
+rm -rf "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/locale/*/
+cat > "$root/etc/fstab" <<'FSTAB'
+# the root file system is the slot GRUB booted (root= on the kernel command line)
+/dev/vda1	/boot/grub	ext4	rw,nodev,nosuid,noexec	0	2
+/dev/vda4	/data	ext4	rw,nodev,nosuid	0	2
+/data/edge-agent	/var/lib/edge-agent	none	bind	0	0
+/data/edge-agent-installer	/var/lib/edge-agent-installer	none	bind	0	0
+FSTAB
+mkdir -p "$root/boot/grub" "$root/data" "$root/var/lib/edge-agent-installer" "$root/etc/rauc"
+[ -z "$KEYRING" ] || install -m 0644 "$KEYRING" "$root/etc/rauc/keyring.pem"
+cat > "$root/etc/rauc/system.conf" <<CONF
+[system]
+compatible=$COMPATIBLE
+bootloader=grub
+grubenv=/boot/grub/grubenv
+data-directory=/data/rauc
+
+[keyring]
+path=/etc/rauc/keyring.pem
+
+[slot.rootfs.0]
+device=/dev/vda2
+type=raw
+bootname=A
+
+[slot.rootfs.1]
+device=/dev/vda3
+type=raw
+bootname=B
+CONF
+# the agent marks a slot good after its own health check, never RAUC at every boot
+ln -sf /dev/null "$root/etc/systemd/system/rauc-mark-good.service"
+
+slot_mb=$(( $(du -sm "$root" | cut -f1) * 5 / 4 + 160 ))
+[ "$slot_mb" -le "$SLOT_MB" ] || die "the root file system needs ${slot_mb} MiB, the slots have ${SLOT_MB}"
 rm -f "$OUT/rootfs.img"
-mkfs.ext4 -q -F -L rootfs -d "$root" "$OUT/rootfs.img" "$SIZE"
-echo "$OUT/rootfs.img"
+mkfs.ext4 -q -F -L "rootfs-$VERSION" -d "$root" "$OUT/rootfs.img" "${slot_mb}M"
+cp -L "$root/vmlinuz" "$OUT/vmlinuz"  # (the slot's own: GRUB loads it from the slot)
+cp -L "$root/initrd.img" "$OUT/initrd.img"
+if [ "$SLOT_ONLY" = 1 ]; then echo "$OUT/rootfs.img"; exit 0; fi
+
+# the data partition: the state folders, owned as the package made them
+data="$tmp/data"
+install -d -m 0755 "$data"
+install -d -m 0750 -o "$(chroot "$root" id -u edge-agent)" -g "$(chroot "$root" id -g edge-agent)" "$data/edge-agent"
+install -d -m 0700 "$data/edge-agent-installer" "$data/rauc"
+mkfs.ext4 -q -F -L data -d "$data" "$tmp/data.img" "${DATA_MB}M"
+
+# the boot partition: GRUB's config, its environment (RAUC's variables) and its modules
+boot="$tmp/boot"
+mkdir -p "$boot"
+cp -r "$root/usr/lib/grub/i386-pc" "$boot/i386-pc"
+cat > "$boot/grub.cfg" <<'GRUB'
+# RAUC's A/B logic: ORDER, A_OK/B_OK (the slot may boot), A_TRY/B_TRY (it was tried and not yet
+# marked good). The first slot in ORDER that is OK and untried boots and is marked tried.
+set timeout=0
+set ORDER="A B"
+set A_OK=0
+set B_OK=0
+set A_TRY=0
+set B_TRY=0
+load_env
+set BOOT=""
+for SLOT in $ORDER; do
+    if [ -z "$BOOT" -a "$SLOT" = "A" -a "$A_OK" = "1" -a "$A_TRY" = "0" ]; then set BOOT=A; set A_TRY=1; fi
+    if [ -z "$BOOT" -a "$SLOT" = "B" -a "$B_OK" = "1" -a "$B_TRY" = "0" ]; then set BOOT=B; set B_TRY=1; fi
+done
+# every slot tried and none marked good since (a power loss early in a boot): the first OK slot
+# in ORDER boots again, so a device always boots
+for SLOT in $ORDER; do
+    if [ -z "$BOOT" -a "$SLOT" = "A" -a "$A_OK" = "1" ]; then set BOOT=A; fi
+    if [ -z "$BOOT" -a "$SLOT" = "B" -a "$B_OK" = "1" ]; then set BOOT=B; fi
+done
+if [ -z "$BOOT" ]; then set BOOT=A; fi
+save_env A_TRY B_TRY
+echo "EA-BOOT slot=$BOOT order=$ORDER A_OK=$A_OK A_TRY=$A_TRY B_OK=$B_OK B_TRY=$B_TRY"
+if [ "$BOOT" = "A" ]; then set PART=2; else set PART=3; fi
+linux (hd0,msdos$PART)/vmlinuz root=/dev/vda$PART rw console=ttyS0 panic=5 systemd.show_status=0 rauc.slot=$BOOT
+initrd (hd0,msdos$PART)/initrd.img
+boot
+GRUB
+chroot "$root" sh -c 'grub-editenv /tmp/grubenv create && grub-editenv /tmp/grubenv set ORDER="A B" A_OK=1 A_TRY=0 B_OK=0 B_TRY=0'
+mv "$root/tmp/grubenv" "$boot/grubenv"
+mkfs.ext4 -q -F -L boot -d "$boot" "$tmp/boot.img" "${BOOT_MB}M"
+
+# the disk: the partition table, GRUB's boot sector and core image, then each file system
+total_mb=$(( 1 + BOOT_MB + 2 * SLOT_MB + DATA_MB ))
+disk="$root/tmp/disk.img"
+truncate -s "${total_mb}M" "$disk"
+chroot "$root" sfdisk -q --no-reread --no-tell-kernel /tmp/disk.img >/dev/null <<LAYOUT
+label: dos
+start=1MiB, size=${BOOT_MB}MiB, type=83, bootable
+size=${SLOT_MB}MiB, type=83
+size=${SLOT_MB}MiB, type=83
+size=${DATA_MB}MiB, type=83
+LAYOUT
+chroot "$root" grub-mkimage -O i386-pc -o /tmp/core.img -p '(hd0,msdos1)/' \
+    biosdisk part_msdos ext2 normal linux echo test loadenv configfile minicmd
+[ "$(stat -c %s "$root/tmp/core.img")" -lt $(( 1024 * 1024 - 512 )) ] || die "GRUB's core image does not fit before partition 1"
+dd if="$root/usr/lib/grub/i386-pc/boot.img" of="$disk" bs=440 count=1 conv=notrunc status=none
+dd if="$root/tmp/core.img" of="$disk" bs=512 seek=1 conv=notrunc status=none
+offset=1
+for part in "$tmp/boot.img:$BOOT_MB" "$OUT/rootfs.img:$SLOT_MB" "" "$tmp/data.img:$DATA_MB"; do
+    if [ -n "$part" ]; then
+        dd if="${part%%:*}" of="$disk" bs=1M seek="$offset" conv=notrunc,sparse status=none
+        offset=$(( offset + ${part##*:} ))
+    else
+        offset=$(( offset + SLOT_MB ))  # slot B: empty until the first update
+    fi
+done
+rm -f "$OUT/disk.img"
+mv "$disk" "$OUT/disk.img"
+echo "$OUT/disk.img"

@@ -1,7 +1,9 @@
-"""A booted board: the agent's Debian package in a Debian bookworm root file system built by
-scripts/build-board.sh, booted by QEMU with systemd as PID 1; the host is 10.0.2.2 to it (QEMU's
-user networking), and its serial console is a file the test reads. `power_cut()` is SIGKILL of
-QEMU: the guest's page cache is lost, as in a power loss."""
+"""A booted board: the disk scripts/build-board.sh makes (a boot partition with GRUB running RAUC's
+A/B logic, root file systems A and B holding the agent's Debian package in Debian bookworm, a data
+partition), booted by QEMU with systemd as PID 1; the host is 10.0.2.2 to it (QEMU's user
+networking), and its serial console is a file the test reads. A reboot inside the board is a
+reset of the same QEMU (GRUB decides again); `power_cut()` is SIGKILL of QEMU: the guest's page
+cache is lost, as in a power loss."""
 
 from __future__ import annotations
 
@@ -42,11 +44,13 @@ def build_deb(out: Path) -> Path:
     return Path(built.stdout.strip().splitlines()[-1])
 
 
-def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, str], ...] = ()) -> Path:
-    """`adds`: (file, "DEST[:MODE[:OWNER]]") put into the board."""
+def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, str], ...] = (),
+                options: tuple[str, ...] = ()) -> Path:
+    """`adds`: (file, "DEST[:MODE[:OWNER]]") put into the board; `options`: build-board.sh's own
+    (`--version V`, `--rauc-keyring CERT`, `--slot-only`)."""
     args = ["bash", str(REPO / "scripts" / "build-board.sh"), "--deb", str(deb), "--config", str(config),
             "--out", str(out), "--add", f"{HERE / 'board-report'}:/usr/local/sbin/board-report",
-            "--add", f"{HERE / 'board-report.service'}:/etc/systemd/system/board-report.service"]
+            "--add", f"{HERE / 'board-report.service'}:/etc/systemd/system/board-report.service", *options]
     for src, dest in adds:
         args += ["--add", f"{src}:{dest}"]
     built = subprocess.run(args, capture_output=True, text=True, timeout=1800)
@@ -62,38 +66,58 @@ class QemuBoard:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
 
-    def power_on(self, kernel_args: str = "") -> QemuBoard:
-        """Boot; `kernel_args` join the kernel's command line (a unit's ConditionKernelCommandLine)."""
+    def power_on(self, oem: str = "") -> QemuBoard:
+        """Boot from the disk (GRUB picks the slot); `oem` is an SMBIOS OEM string the board's
+        units may test (/sys/firmware/dmi/entries/11-0/raw), e.g. "board.sender"."""
         accel = ["-accel", "tcg"]  # nested KVM does not work on these machines: never depend on it
-        argv = ["qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-nographic", "-no-reboot",
-                "-kernel", str(self.images / "vmlinuz"), "-initrd", str(self.images / "initrd.img"),
-                "-append", f"root=/dev/vda rw console=ttyS0 panic=-1 systemd.show_status=0 {kernel_args}".strip(),
-                "-drive", f"file={self.images / 'rootfs.img'},if=virtio,format=raw,cache=writeback",
+        argv = ["qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-nographic",
+                "-drive", f"file={self.images / 'disk.img'},if=virtio,format=raw,cache=writeback",
                 "-nic", "user,model=virtio-net-pci"]
+        if oem:
+            argv += ["-smbios", f"type=11,value={oem}"]
         with self.console.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         self.started = time.monotonic()
         return self
 
-    def text(self) -> str:
-        return self.console.read_bytes().decode("utf-8", "replace") if self.console.exists() else ""
+    def text(self, since: int = 0) -> str:
+        """The console from byte `since` on (see `mark`)."""
+        if not self.console.exists():
+            return ""
+        with self.console.open("rb") as f:
+            f.seek(since)
+            return f.read().decode("utf-8", "replace")
 
-    def wait_for(self, mark: str, limit_s: float = 600.0) -> str:
+    def mark(self) -> int:
+        """Where the console ends now: `wait_for` and `report` from here on see what comes later."""
+        return self.console.stat().st_size if self.console.exists() else 0
+
+    def wait_for(self, mark: str, limit_s: float = 600.0, *, since: int = 0) -> str:
         """The console's first line holding `mark` (polled as it grows; QEMU ending is a failure)."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            for line in self.text().splitlines():
+            for line in self.text(since).splitlines():
                 if mark in line:
                     return line.strip()
             assert self.proc is not None and self.proc.poll() is None, f"QEMU ended:\n{self.text()[-3000:]}"
             time.sleep(0.2)
         raise AssertionError(f"{mark!r} not on the console within {limit_s}s:\n{self.text()[-3000:]}")
 
-    def report(self) -> dict[str, str]:
-        """The board's report ("BOARD: key value..." lines up to "done"): key -> the rest."""
-        self.wait_for("BOARD: done")
+    def last_boot(self) -> int:
+        """Where the console's last boot begins (GRUB's choice), for `report(since=...)`."""
+        return self.console.read_bytes().rfind(b"EA-BOOT") if self.console.exists() else 0
+
+    def boots(self) -> list[str]:
+        """The slot GRUB chose at each boot, in order."""
+        return [line.split("slot=", 1)[1].split()[0] for line in self.text().splitlines() if "EA-BOOT slot=" in line]
+
+    def report(self, since: int = 0) -> dict[str, str]:
+        """The board's report ("BOARD: key value..." lines up to "done") of the first boot after
+        `since`: key -> the rest."""
+        self.wait_for("BOARD: done", since=since)
         found: dict[str, str] = {}
-        for line in self.text().splitlines():
+        text = self.text(since)
+        for line in text[:text.index("BOARD: done")].splitlines():
             if "BOARD: " in line:
                 key, _, rest = line.split("BOARD: ", 1)[1].strip().partition(" ")
                 found[key] = f"{found[key]}\n{rest}" if key in found and key in ("error", "warning") else rest
