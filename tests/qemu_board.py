@@ -7,6 +7,8 @@ cache is lost, as in a power loss."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -37,11 +39,36 @@ def board_config(path: Path, device: str, mqtt_url: str, more: str = "") -> Path
     return path
 
 
+def package_inputs_key() -> str:
+    """A hash of what the package is made of: every file git tracks outside the tests and docs."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    digest = hashlib.sha256()
+    for name in sorted(n for n in listed.decode().split("\0") if n and not n.startswith(("tests/", "docs/", ".ci/"))):
+        path = REPO / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_deb(out: Path) -> Path:
-    built = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh"), "--out", str(out)], capture_output=True,
-                           text=True, timeout=900)
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip().splitlines()[-1])
+    """The package of this checkout, built once per content (kept in the bench's cache, beside the
+    board's base: every board test and the package's own test install the same bytes)."""
+    cache = Path(os.environ.get("EDGE_AGENT_CACHE", "/var/cache/edge-agent-bench")) / "debs"
+    cache.mkdir(parents=True, exist_ok=True)
+    kept = cache / package_inputs_key()
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two tests at once build it once
+        if not any(kept.glob("*.deb")):
+            built = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh"), "--out", str(kept)],
+                                   capture_output=True, text=True, timeout=900)
+            assert built.returncode == 0, built.stderr
+            for old in sorted(cache.iterdir(), key=lambda d: d.stat().st_mtime)[:-4]:  # keep the newest few
+                if old.is_dir() and old != kept:
+                    shutil.rmtree(old, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    deb = next(kept.glob("*.deb"))
+    shutil.copy(deb, out / deb.name)
+    return out / deb.name
 
 
 def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, str], ...] = (),
