@@ -4,14 +4,16 @@ Each step is recorded in the target's journal (written beside, fsynced, renamed,
 fsynced) before the next begins; `on_step(name)` is called at each boundary (the tests SIGKILL
 the process there):
 
-    stage      the release's documents written into a staging folder beside the target's
-               folder (one file system: a rename moves them), each fsynced
+    stage      the release's documents written into a staging folder of the target's state
+               (the agent's own: the target's folder must be writable, never its parent, so a
+               sandboxed agent with `ReadWritePaths=/etc/app` can hold /etc/app), each fsynced
     validate   `validate_command` on the staging folder ("{staged}" in it is replaced by its
                path), within `command_timeout_s`; then, with `app_validate_s`, an application's
                verdict through the local API (`reviews`: `config_rollout.device.review`)
     keep       the documents the release replaces copied to the target's last-good folder in the
                state directory, fsynced; the journal says "swapping"
-    swap       each staged document renamed over its file in the target's folder; the folder fsynced
+    swap       each staged document written beside its file in the target's folder (fsynced) and
+               renamed over it; the folder fsynced
     apply      `apply_command`
     confirm    from `settle_s` after the apply until `confirm_s`: the host's check (connected,
                the leader answered just now: `confirm`) and `health_command` pass, tried again
@@ -106,7 +108,7 @@ class ConfigApplier:
         self.home = state_dir / "config" / name
         self.journal_path = self.home / "journal.json"
         self.last_good = self.home / "last-good"
-        self.staging = self.directory.parent / f".{self.directory.name}.ea-staged"
+        self.staging = self.home / "staged"
         self._confirm = confirm
         self._on_step = on_step or (lambda step: None)
         self._reviews = reviews
@@ -242,7 +244,7 @@ class ConfigApplier:
 
         def swap() -> None:
             for n in documents:
-                os.replace(self.staging / n, self.directory / n)
+                self._write(self.directory / n, (self.staging / n).read_bytes())
                 self._on_step(f"swapped {n}")
             fsync_path(self.directory)
             self._discard_staging()
@@ -321,6 +323,7 @@ class ConfigApplier:
     # -- the steps -----------------------------------------------------------------------------
     def _stage(self, documents: dict[str, bytes]) -> None:
         self._discard_staging()
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.staging.mkdir(mode=0o700)
         for n, data in documents.items():
             self._write(self.staging / n, data)

@@ -60,8 +60,9 @@ async def test_a_release_that_validates_applies_and_stays_healthy_is_committed(t
     assert contents(tmp_path / "etc" / "app") == OLD
     assert log.read_text().split("\n")[-4:] == ["validated", "applied", "healthy", ""]
     assert "app.toml" in log.read_text()  # the validate command saw the staged documents
-    assert not (tmp_path / "etc" / ".app.ea-staged").exists() and not (tmp_path / "state" / "config" / "app" /
-                                                                       "last-good").exists()
+    assert not (tmp_path / "state" / "config" / "app" / "staged").exists()
+    assert not (tmp_path / "state" / "config" / "app" / "last-good").exists()
+    assert sorted(p.name for p in (tmp_path / "etc").iterdir()) == ["app"]  # nothing beside the target's folder
     again = await applier.apply(parse_release(release_of(tmp_path, "1.0.0", OLD), KEY.public))
     assert again.detail == "already applied"
     st = applier.status()
@@ -195,7 +196,7 @@ def test_a_sigkill_at_every_step_leaves_the_old_documents_or_the_new(tmp_path: P
         committed = healthy and kill_at == "committed"
         assert now == (NEW if committed else OLD), f"killed at {kill_at}: {now}"
         assert applier.status().version == ("1.1.0" if committed else "1.0.0")
-        assert not (case / "etc" / ".app.ea-staged").exists()
+        assert not (case / "state" / "config" / "app" / "staged").exists()
 
 
 def test_apply_and_status_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
