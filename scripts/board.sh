@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Try the agent on a board: builds its Debian package and a Debian bookworm board with it
 # (scripts/build-deb.sh, scripts/build-board.sh: the board's base is cached after the first run),
-# boots the board under QEMU with systemd as PID 1, a mosquitto and a leader on this machine,
-# cuts its power a few times while an application sends, and prints what it measured as one JSON
-# line (scripts/bench_device.py; extra arguments go to it, e.g. --trials 20). Needs root: it
-# installs Debian's mmdebstrap, qemu-system-x86 and mosquitto when they are missing.
+# boots the board's A/B disk under QEMU (GRUB, RAUC, systemd as PID 1), a mosquitto and a leader on
+# this machine, cuts its power a few times while an application sends, rolls a new root file
+# system out to it and then a bad one, and prints what it measured as one JSON line
+# (scripts/bench_device.py; extra arguments go to it, e.g. --trials 20). Needs root: it installs
+# Debian's mmdebstrap, qemu-system-x86, mosquitto, rauc and squashfs-tools when they are missing.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
@@ -13,7 +14,8 @@ if [ "$(id -u)" != 0 ]; then
     exit 2
 fi
 missing=()
-for tool in mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 mosquitto:mosquitto fakeroot:fakeroot; do
+for tool in mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 mosquitto:mosquitto fakeroot:fakeroot \
+        rauc:rauc mksquashfs:squashfs-tools openssl:openssl; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || missing+=("${tool#*:}")
 done
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"

@@ -121,7 +121,8 @@ printf 'VERSION=%s\n' "$VERSION" > "$root/etc/edge-agent-board"
 printf '[Match]\nName=en*\n\n[Network]\nDHCP=yes\n' > "$root/etc/systemd/network/20-wired.network"
 ln -sf /lib/systemd/system/systemd-networkd.service "$root/etc/systemd/system/multi-user.target.wants/"
 chroot "$root" passwd -d root >/dev/null
-for unit in "$root"/etc/systemd/system/*.service; do  # --add'ed units: enable those that name a target
+for unit in "$root"/etc/systemd/system/*.service "$root"/etc/systemd/system/*.path; do  # --add'ed units:
+    # enable those that name a target
     [ -f "$unit" ] || continue
     wanted="$(sed -n 's/^WantedBy=//p' "$unit" | head -n 1)"
     [ -n "$wanted" ] || continue

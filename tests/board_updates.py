@@ -67,10 +67,11 @@ def artifact(tmp: Path, bundle: Path, version: str, private: Path) -> Path:
     return out
 
 
-def start_rollout(tmp: Path, db: Path, rid: str, art: Path) -> None:
-    """A rollout of `art` to the board, in one wave."""
+def start_rollout(tmp: Path, db: Path, rid: str, art: Path, *, kind: str = "firmware") -> None:
+    """A rollout of `art` (an artifact, or a config release with `kind="config"`) to the board, in
+    one wave."""
     spec = tmp / f"{rid}.toml"
-    spec.write_text(f'[rollout]\nname = "{rid}"\nartifact = "{art}"\n[waves]\ncounts = [1]\n'
+    spec.write_text(f'[rollout]\nname = "{rid}"\nkind = "{kind}"\nartifact = "{art}"\n[waves]\ncounts = [1]\n'
                     '[device]\ntimeout_s = 3000\n')
     started = cli("rollout", "start", str(spec), "--db", str(db), "--id", rid)
     assert started.returncode == 0, started.stderr
@@ -83,9 +84,13 @@ def rollout_status(db: Path, rid: str) -> dict[str, Any]:
 
 
 def rollout_end(db: Path, rid: str) -> dict[str, Any]:
-    """The rollout's status once it is no longer running."""
-    return dict(wait_for(lambda: (lambda d: None if d["state"] == "running" else d)(rollout_status(db, rid)),
-                         f"rollout {rid} to end", limit_s=3000))
+    """The rollout's status once it is no longer running (or waiting to)."""
+
+    def ended() -> dict[str, Any] | None:
+        status = rollout_status(db, rid)
+        return None if status["state"] in ("running", "scheduled") else status
+
+    return dict(wait_for(ended, f"rollout {rid} to end", limit_s=3000))
 
 
 def telemetry(db: Path) -> int:

@@ -123,9 +123,9 @@ def _check_config_targets(config: AgentConfig, source: str) -> None:
         existing = folder if folder.exists() else folder.parent
         if not existing.is_dir():
             raise ConfigError(source, f"{key}.directory", f"{folder}: neither it nor its parent is a folder")
-        if not os.access(existing, os.W_OK | os.X_OK) or not os.access(folder.parent, os.W_OK | os.X_OK):
-            raise ConfigError(source, f"{key}.directory", f"{folder}: the agent cannot write there (and beside it, "
-                                                          "where it stages a release)")
+        if not os.access(existing, os.W_OK | os.X_OK):  # (a release is staged in the agent's own state)
+            raise ConfigError(source, f"{key}.directory", f"{folder}: the agent cannot write there"
+                                                          + ("" if existing == folder else " (to make the folder)"))
 
 
 def _check_artifact_server(config: AgentConfig, source: str) -> None:

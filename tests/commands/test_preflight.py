@@ -3,6 +3,7 @@ line naming the config file, the key and what is wrong with what it names."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,44 @@ def test_metrics_listen_is_checked_as_the_health_endpoint_checks_it(tmp_path: Pa
     path = write(tmp_path, '[metrics]\nlisten = "127.0.0.1:0"\n')
     assert cli(["config", "check", str(path)]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks the folders as another user")
+def test_a_config_target_needs_its_own_folder_writable_not_its_parent(open_dir: Path) -> None:
+    """A sandboxed agent holds /etc/app through `ReadWritePaths=/etc/app`: /etc stays read-only to
+    it, and a release is staged in the agent's own state, so the parent's mode is not its
+    business (a missing folder needs it, to be made)."""
+    from otheruser import NOBODY, as_user
+
+    from agent.commands.preflight import preflight
+    from firmware_rollout.artifact.keys import generate_keypair
+
+    etc = open_dir / "etc"  # root's, 0755: like /etc
+    etc.mkdir(mode=0o755)
+    app = etc / "app"
+    app.mkdir()
+    os.chown(app, NOBODY, NOBODY)  # the agent's own
+    key = generate_keypair(open_dir / "keys").public
+    for made in (open_dir / "keys", key):
+        made.chmod(0o755 if made.is_dir() else 0o644)
+
+    def config(name: str, folder: Path) -> Path:
+        path = open_dir / f"{name}.toml"
+        path.write_text(f'[agent]\nrole = "worker"\ndevice_id = "pi-0001"\ndata_dir = "{open_dir / "data"}"\n'
+                        f'[firmware]\npublic_key = "{key}"\n[config_targets.{name}]\ndirectory = "{folder}"\n')
+        path.chmod(0o644)
+        return path
+
+    def check(path: Path) -> bytes:
+        try:
+            preflight(path)
+        except ConfigError as exc:
+            return str(exc).encode()
+        return b"ok"
+
+    holds, makes = config("app", app), config("other", etc / "other")
+    assert check(holds) == b"ok"  # as root (and every module it needs imported before the child starts)
+    assert as_user(NOBODY, lambda: check(holds)) == b"ok"
+    assert as_user(NOBODY, lambda: check(makes)) == (
+        f"{makes}: config_targets.other.directory: {etc / 'other'}: the agent cannot write there (to make the "
+        "folder)").encode()
