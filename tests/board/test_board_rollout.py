@@ -87,9 +87,11 @@ def test_a_new_root_file_system_boots_commits_and_a_bad_one_falls_back(tmp_path:
         wait_for(a_third_downloaded, "a third of the update downloaded", limit_s=1200)
         board.power_cut()
         board.power_on()
-        # and again while it is installed: the helper checks the bundle whole, RAUC writes slot B
-        wait_for(lambda: rollout_status(db, "v2")["device_list"][0]["state"] == "installing", "the install",
-                 limit_s=1200)
+        # and again once it is all downloaded, while it is installed: the helper checks the bundle
+        # whole, RAUC writes slot B (the report of `installing` goes with the next one, so the
+        # download's last progress report is the mark)
+        wait_for(lambda: (lambda d: d["bytes_total"] and d["bytes_done"] >= d["bytes_total"])(
+            rollout_status(db, "v2")["waves"][0]["download"]), "the whole update downloaded", limit_s=1200)
         board.power_cut()
         board.power_on()
         done = rollout_end(db, "v2")
