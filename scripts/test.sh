@@ -67,7 +67,7 @@ echo "lint-imports: the layers" >&2
 if [ $# -eq 0 ]; then
     # the whole suite on every core (pytest-xdist): each test runs its own brokers and processes
     # on free loopback ports, so tests of two workers never meet
-    "$VENV/bin/python" -m pytest -n auto
+    "$VENV/bin/python" -m pytest -n auto --durations=15
     # then the release's SBOM (CycloneDX), of edge-agent installed alone as on a device
     exec bash "$ROOT/scripts/sbom.sh" "$ROOT/dist/edge-agent.cdx.json"
 fi

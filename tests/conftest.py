@@ -163,3 +163,16 @@ def leader_store(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
         return tmp_path / "leader.db"
     cluster: PostgresCluster = request.getfixturevalue("postgres_shared")
     return cluster.new_schema()
+
+
+# The booted boards' scenarios run for minutes each: collected first, they start at once on the
+# workers (pytest-xdist hands the first tests out in turn: the longest and the second longest go
+# to different workers) and the short tests fill in around them, instead of one starting last and
+# running alone at the end.
+LONGEST_FIRST = ("test_board_rollout.py", "test_board_config.py", "test_board_boot.py", "test_board_power_cut.py",
+                 "test_deb.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
