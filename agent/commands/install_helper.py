@@ -62,6 +62,7 @@ async def _serve(args: argparse.Namespace) -> int:
                           state_dir=state_dir / "trust", now_ms=clock.now_ms)
     assert key is not None
     backend = configured_backend(fw, source=str(args.config))
+    context = InstallerContext(state_dir, clock, key)
     log = logging.getLogger(__name__)
     try:
         uids = frozenset({pwd.getpwnam(fw.helper_user).pw_uid})
@@ -69,7 +70,7 @@ async def _serve(args: argparse.Namespace) -> int:
         uids = frozenset({0})
         log.warning("firmware.helper_user: no user %r: only root may ask the helper", fw.helper_user)
     if args.check:
-        return _check(args.config, fw, backend.build(InstallerContext(state_dir, clock, key)), uids)
+        return _check(args.config, fw, backend.build(context), uids)
     sock = listening_socket(args.socket or (Path(fw.helper_socket) if fw.helper_socket else None))
     if args.socket is not None:
         try:
@@ -77,7 +78,7 @@ async def _serve(args: argparse.Namespace) -> int:
         except KeyError:
             log.warning("firmware.helper_group: no group %r: the socket stays root's", fw.helper_group)
     try:
-        installer = backend.build(InstallerContext(state_dir, clock, key))
+        installer = backend.build(context)
     except InstallError as exc:
         reason = f"the {backend.name} installer cannot start: {exc}"
         log.error("install helper: %s (answered to every request for %.0f s, then tried again)", reason,

@@ -244,7 +244,7 @@ class ConfigApplier:
 
         def swap() -> None:
             for n in documents:
-                self._write(self.directory / n, (self.staging / n).read_bytes())
+                self._write(self.directory / n, documents[n])  # (the staged bytes, verified and validated)
                 self._on_step(f"swapped {n}")
             fsync_path(self.directory)
             self._discard_staging()

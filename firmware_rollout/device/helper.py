@@ -127,6 +127,13 @@ def state_of(installer: Installer) -> HelperState:
                        fell_back=installer.fell_back(), view=dict(installer.describe()))
 
 
+def _stranger(uid: int, allowed_uids: frozenset[int]) -> str:
+    """Why `uid` may not ask the helper at all ("" when it may: root, or an allowed uid)."""
+    if allowed_uids and uid != 0 and uid not in allowed_uids:
+        return f"refused: uid {uid} is not the agent's user: only it and root may ask the install helper"
+    return ""
+
+
 async def _answer_refusal(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
     """The reason as the answer to the peer's first request (read first, so its client reads the
     answer instead of a reset)."""
@@ -149,10 +156,7 @@ async def serve_unavailable(sock: socket.socket, reason: str, *, allowed_uids: f
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             _pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
-            allowed = not allowed_uids or uid == 0 or uid in allowed_uids
-            await _answer_refusal(reader, writer, reason if allowed else
-                                  f"refused: uid {uid} is not the agent's user: only it and root may ask the "
-                                  "install helper")
+            await _answer_refusal(reader, writer, _stranger(uid, allowed_uids) or reason)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -212,8 +216,9 @@ class InstallHelper:
 
     def _admit(self, uid: int) -> str:
         """Why a connection of `uid` is refused ("" when it is taken)."""
-        if self._allowed_uids and uid != 0 and uid not in self._allowed_uids:
-            return f"refused: uid {uid} is not the agent's user: only it and root may ask the install helper"
+        refusal = _stranger(uid, self._allowed_uids)
+        if refusal:
+            return refusal
         mine = [p for p in self._peers if p.uid == uid]
         if len(mine) < MAX_PER_PEER:
             return ""
@@ -262,7 +267,6 @@ class InstallHelper:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
-
 
     async def handle(self, payload: bytes) -> HelperReply:
         try:
