@@ -72,7 +72,7 @@ done
 [ "$(id -u)" = 0 ] || die "run as root: the root file system keeps its owners"
 case "$ARCH" in
     amd64) KERNEL=linux-image-amd64; BOOT_PACKAGES=",rauc,rauc-service,grub-pc-bin,grub-common,fdisk" ;;
-    arm64) KERNEL=linux-image-arm64; BOOT_PACKAGES="" ;;
+    arm64) KERNEL=linux-image-arm64; BOOT_PACKAGES=",rauc,rauc-service,libubootenv-tool,fdisk" ;;
     *) die "--arch: amd64 or arm64" ;;
 esac
 for tool in mmdebstrap mkfs.ext4 chroot flock; do
@@ -209,6 +209,11 @@ cp -r "$root/usr/lib/grub/i386-pc" "$boot/i386-pc"
 cat > "$boot/grub.cfg" <<'GRUB'
 # RAUC's A/B logic: ORDER, A_OK/B_OK (the slot may boot), A_TRY/B_TRY (it was tried and not yet
 # marked good). The first slot in ORDER that is OK and untried boots and is marked tried.
+# GRUB writes to the serial port itself (the board's console): through the BIOS screen its
+# lines reach the serial port only when the BIOS gets round to it.
+serial --unit=0 --speed=115200
+terminal_output serial
+terminal_input serial
 set timeout=0
 set ORDER="A B"
 set A_OK=0

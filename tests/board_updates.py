@@ -60,9 +60,16 @@ def rauc_bundle(tmp: Path, image: Path, version: str, cert: Path, key: Path) -> 
     return out
 
 
+#: RAUC installs a bundle whole (no chunk is copied from the active slot), so its artifact is cut in
+#: fixed chunks of 1 MiB, as docs/firmware-devices.md advises: a sixteenth of the chunks (each
+#: checked, written and fsynced by the helper, and recorded) that content-defined chunks make
+RAUC_CHUNK_BYTES = 1024 * 1024
+
+
 def artifact(tmp: Path, bundle: Path, version: str, private: Path) -> Path:
     out = tmp / f"update-{version}.eafw"
-    built = cli("firmware", "build", str(bundle), "--version", version, "--key", str(private), "--out", str(out))
+    built = cli("firmware", "build", str(bundle), "--version", version, "--key", str(private), "--out", str(out),
+                "--chunk-size", str(RAUC_CHUNK_BYTES))
     assert built.returncode == 0, built.stderr
     return out
 
@@ -91,6 +98,13 @@ def rollout_end(db: Path, rid: str) -> dict[str, Any]:
         return None if status["state"] in ("running", "scheduled") else status
 
     return dict(wait_for(ended, f"rollout {rid} to end", limit_s=3000))
+
+
+def device_story(db: Path, rid: str) -> list[str]:
+    """What the board reported in rollout `rid`, in order ("state: detail"), for a failure's message."""
+    rows = db_query(db, "SELECT state, detail FROM rollout_device_events WHERE rollout_id = ? AND device_id = ? "
+                        "ORDER BY at_ms", (rid, DEVICE))
+    return [f"{state}: {detail}" for state, detail in rows]
 
 
 def telemetry(db: Path) -> int:
