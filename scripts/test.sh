@@ -66,9 +66,9 @@ echo "lint-imports: the layers" >&2
 "$VENV/bin/lint-imports" --no-cache --no-logo >&2
 if [ $# -eq 0 ]; then
     # the whole suite on two workers a core (pytest-xdist; many tests wait on processes, the board
-    # scenarios on QEMU: tests/conftest.py groups them): each test runs its own brokers and
+    # scenarios on QEMU: tests/conftest.py orders them): each test runs its own brokers and
     # processes on free loopback ports, so tests of two workers never meet
-    "$VENV/bin/python" -m pytest -n "$(( $(nproc) * 2 ))" --dist loadgroup --no-loadscope-reorder --durations=15
+    "$VENV/bin/python" -m pytest -n "$(( $(nproc) * 2 ))" --maxschedchunk 1 --durations=15
     # then the release's SBOM (CycloneDX), of edge-agent installed alone as on a device
     exec bash "$ROOT/scripts/sbom.sh" "$ROOT/dist/edge-agent.cdx.json"
 fi

@@ -165,19 +165,16 @@ def leader_store(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     return cluster.new_schema()
 
 
-# The booted boards' scenarios run for minutes each, mostly waiting on QEMU: two workers take them
-# (the rollout alone, the others one after another: two boards at a time on a 2-core machine) while
-# the other workers run everything else, each test its own unit for whichever worker is free
-# (scripts/test.sh: `--dist loadgroup --no-loadscope-reorder`, twice as many workers as cores).
-# Collected first, they start at once instead of one starting last and running alone at the end.
-BOARD_GROUPS = {"test_board_rollout.py": "board-1", "test_board_config.py": "board-2",
-                "test_board_power_cut.py": "board-2", "test_board_boot.py": "board-2"}
-LONGEST_FIRST = ("test_board_rollout.py", "test_board_config.py", "test_board_power_cut.py", "test_board_boot.py",
+# The booted boards' scenarios run for minutes each, mostly waiting on QEMU. scripts/test.sh runs
+# twice as many workers as cores and hands each worker two tests to start with, then one more at a
+# time (`--maxschedchunk 1`), in this order: the first worker takes the rollout, then the boot;
+# the second the config scenarios, then the power cuts (two boards at a time on a 2-core machine);
+# the others start on everything else meanwhile. Collected first, they start at once instead of
+# one starting last and running alone at the end.
+LONGEST_FIRST = ("test_board_rollout.py", "test_board_boot.py", "test_board_config.py", "test_board_power_cut.py",
                  "test_deb.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
-    for n, item in enumerate(items):  # (a group's name must hold no "]" or "@": a number)
-        item.add_marker(pytest.mark.xdist_group(BOARD_GROUPS.get(item.path.name, f"t{n}")))
