@@ -4,10 +4,10 @@
 #
 #   scripts/build-board.sh --deb dist/edge-agent_0.1.0_amd64.deb --config agent.toml --out DIR
 #       [--arch amd64] [--hostname board] [--version 1.0.0] [--rauc-keyring CERT.pem]
-#       [--slot-only] [--add SRC:DEST[:MODE[:OWNER]] ...]
-#   -> DIR/disk.img (amd64: the whole disk, GRUB in its MBR) and DIR/rootfs.img (one slot's image:
-#      what a RAUC bundle of this version carries), with the slot's vmlinuz and initrd.img beside;
-#      --slot-only makes no disk
+#       [--slot-only] [--pi] [--add SRC:DEST[:MODE[:OWNER]] ...]
+#   -> DIR/disk.img (the whole disk) and DIR/rootfs.img (one slot's image: what a RAUC bundle of
+#      this version carries), with the slot's vmlinuz and initrd.img beside; --slot-only makes no
+#      disk; --pi (arm64) makes only rootfs.img, one root file system for a Raspberry Pi
 #
 # The base (Debian's packages: systemd, udev, a kernel, python3.11, RAUC, GRUB) is made by
 # mmdebstrap once and kept as a tarball in $EDGE_AGENT_CACHE (default /var/cache/edge-agent-bench),
@@ -20,15 +20,22 @@
 #                  2 rootfs A, 3 rootfs B (the slots RAUC writes; the board starts on A)
 #                  4 data (/data: the agent's and the helper's state, RAUC's; bind-mounted on
 #                    /var/lib/edge-agent and /var/lib/edge-agent-installer, so they outlive a slot)
-# GRUB runs RAUC's GRUB logic (ORDER, x_OK, x_TRY in grubenv): the first slot in ORDER that is OK
-# and not yet tried boots and is marked tried; the agent's commit (`rauc status mark-good`) clears
-# the mark. A slot that did not come up is not tried again: the next boot takes the other.
-# /etc/rauc/system.conf names the two slots, `bootloader=grub` and the keyring (--rauc-keyring).
+# amd64: GRUB (in the MBR, its files on an ext4 boot partition) runs RAUC's GRUB logic (ORDER, x_OK,
+# x_TRY in grubenv): the first slot in ORDER that is OK and not yet tried boots and is marked
+# tried; the agent's commit (`rauc status mark-good`) clears the mark. A slot that did not come up
+# is not tried again: the next boot takes the other.
+# arm64: Debian's U-Boot for QEMU's `virt` machine runs boot.scr from the FAT boot partition:
+# RAUC's U-Boot logic (BOOT_ORDER, BOOT_x_LEFT) on an environment kept in the file uboot.env
+# there (U-Boot loads it with `fatload` and `env import`, saves it with `env export` and
+# `fatwrite`; RAUC's uboot backend changes it with fw_setenv through /etc/fw_env.config).
+# /etc/rauc/system.conf names the two slots, the bootloader and the keyring (--rauc-keyring).
 #
 # QEMU (see tests/qemu_board.py):  qemu-system-x86_64 -m 1024 -smp 2 -nographic
 #   -drive file=DIR/disk.img,if=virtio,format=raw -nic user,model=virtio-net-pci
-# For a Raspberry Pi (--arch arm64, the base's package scripts run under qemu-user-static: about 17
-# minutes, once) the script makes rootfs.img, vmlinuz and initrd.img: the Pi's own firmware boots.
+# or  qemu-system-aarch64 -M virt -cpu cortex-a72 -bios /usr/lib/u-boot/qemu_arm64/u-boot.bin ...
+# arm64's base runs its package scripts under qemu-user-static (about 17 minutes, once). For a
+# Raspberry Pi (--arch arm64 --pi) the script makes rootfs.img, vmlinuz and initrd.img: the Pi's own
+# firmware boots.
 set -euo pipefail
 umask 022  # the files it writes into the board are read by the board's own users (systemd-network)
 
@@ -41,6 +48,7 @@ NAME="board"
 VERSION="1.0.0"
 KEYRING=""
 SLOT_ONLY=0
+PI=0
 ADDS=()
 BOOT_MB=64
 SLOT_MB=1536
@@ -59,8 +67,9 @@ while [ $# -gt 0 ]; do
         --version) [ $# -ge 2 ] || die "--version needs a value"; VERSION="$2"; shift 2 ;;
         --rauc-keyring) [ $# -ge 2 ] || die "--rauc-keyring needs a value"; KEYRING="$2"; shift 2 ;;
         --slot-only) SLOT_ONLY=1; shift ;;
+        --pi) PI=1; shift ;;
         --add) [ $# -ge 2 ] || die "--add needs SRC:DEST"; ADDS+=("$2"); shift 2 ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -71,20 +80,26 @@ done
 [[ "$VERSION" =~ ^[0-9A-Za-z.+~-]{1,64}$ ]] || die "--version: letters, digits and . + ~ - only: '$VERSION'"
 [ "$(id -u)" = 0 ] || die "run as root: the root file system keeps its owners"
 case "$ARCH" in
-    amd64) KERNEL=linux-image-amd64; BOOT_PACKAGES=",rauc,rauc-service,grub-pc-bin,grub-common,fdisk" ;;
+    amd64) KERNEL=linux-image-amd64; BOOT_PACKAGES=",rauc,rauc-service,grub-pc-bin,grub-common,fdisk"
+           [ "$PI" = 0 ] || die "--pi: a Raspberry Pi is arm64" ;;
     arm64) KERNEL=linux-image-arm64; BOOT_PACKAGES=",rauc,rauc-service,libubootenv-tool,fdisk" ;;
     *) die "--arch: amd64 or arm64" ;;
 esac
 for tool in mmdebstrap mkfs.ext4 chroot flock; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (apt-get install mmdebstrap e2fsprogs)"
 done
+if [ "$ARCH" = arm64 ] && [ "$PI" = 0 ] && [ "$SLOT_ONLY" = 0 ]; then
+    for tool in mkfs.vfat mcopy mkimage; do
+        command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (apt-get install dosfstools mtools u-boot-tools)"
+    done
+fi
 
 PACKAGES="systemd,systemd-sysv,udev,$KERNEL,wireless-regdb,python3.11,procps,iproute2,ca-certificates,dbus,kmod$BOOT_PACKAGES"
 BASE_ARGS=(--variant=minbase --architectures="$ARCH" --include="$PACKAGES" bookworm)
 key="$(printf '%s\n' "${BASE_ARGS[@]}" | sha256sum | cut -c1-16)"
 base="$CACHE/board-base-$ARCH-$key.tar"
 mkdir -p "$CACHE"
-exec 9>"$CACHE/.board-base.lock"
+exec 9>"$CACHE/.board-base-$ARCH.lock"
 flock 9  # two builds at once (tests on two workers) make the base once
 if [ ! -f "$base" ]; then
     echo "$PROG: making the base root file system (once; kept as $base)" >&2
@@ -131,7 +146,7 @@ for unit in "$root"/etc/systemd/system/*.service "$root"/etc/systemd/system/*.pa
 done
 mkdir -p "$OUT"
 
-if [ "$ARCH" != amd64 ]; then  # a Pi: its firmware boots the kernel; one root file system
+if [ "$PI" = 1 ]; then  # a Pi: its firmware boots the kernel; one root file system
     printf '/dev/mmcblk0p2\t/\text4\trw,errors=remount-ro\t0\t1\n' > "$root/etc/fstab"
     cp -L "$root/vmlinuz" "$OUT/vmlinuz"
     cp -L "$root/initrd.img" "$OUT/initrd.img"
@@ -155,20 +170,29 @@ for gone in sound net/wireless net/mac80211 net/bluetooth \
 done
 chroot "$root" depmod -a "$(basename "$modules")"
 rm -rf "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/locale/*/
-cat > "$root/etc/fstab" <<'FSTAB'
-# the root file system is the slot GRUB booted (root= on the kernel command line)
-/dev/vda1	/boot/grub	ext4	rw,nodev,nosuid,noexec	0	2
+if [ "$ARCH" = amd64 ]; then
+    BOOT_MOUNT="/dev/vda1	/boot/grub	ext4	rw,nodev,nosuid,noexec	0	2"
+    BOOTLOADER="bootloader=grub
+grubenv=/boot/grub/grubenv"
+else
+    BOOT_MOUNT="/dev/vda1	/boot/firmware	vfat	rw,nodev,nosuid,noexec,umask=0077	0	2"
+    BOOTLOADER="bootloader=uboot"
+    printf '# the U-Boot environment: a file on the boot partition (boot.scr loads and saves it)\n/boot/firmware/uboot.env 0x0000 0x4000\n' \
+        > "$root/etc/fw_env.config"
+fi
+cat > "$root/etc/fstab" <<FSTAB
+# the root file system is the slot the boot loader booted (root= on the kernel command line)
+$BOOT_MOUNT
 /dev/vda4	/data	ext4	rw,nodev,nosuid	0	2
 /data/edge-agent	/var/lib/edge-agent	none	bind	0	0
 /data/edge-agent-installer	/var/lib/edge-agent-installer	none	bind	0	0
 FSTAB
-mkdir -p "$root/boot/grub" "$root/data" "$root/var/lib/edge-agent-installer" "$root/etc/rauc"
+mkdir -p "$root/boot/grub" "$root/boot/firmware" "$root/data" "$root/var/lib/edge-agent-installer" "$root/etc/rauc"
 [ -z "$KEYRING" ] || install -m 0644 "$KEYRING" "$root/etc/rauc/keyring.pem"
 cat > "$root/etc/rauc/system.conf" <<CONF
 [system]
 compatible=$COMPATIBLE
-bootloader=grub
-grubenv=/boot/grub/grubenv
+$BOOTLOADER
 data-directory=/data/rauc
 
 [keyring]
@@ -202,9 +226,79 @@ install -d -m 0750 -o "$(chroot "$root" id -u edge-agent)" -g "$(chroot "$root" 
 install -d -m 0700 "$data/edge-agent-installer" "$data/rauc"
 mkfs.ext4 -q -F -L data -d "$data" "$tmp/data.img" "${DATA_MB}M"
 
-# the boot partition: GRUB's config, its environment (RAUC's variables) and its modules
+total_mb=$(( 1 + BOOT_MB + 2 * SLOT_MB + DATA_MB ))
+disk="$root/tmp/disk.img"
+truncate -s "${total_mb}M" "$disk"
 boot="$tmp/boot"
 mkdir -p "$boot"
+if [ "$ARCH" = arm64 ]; then
+    # the boot partition (FAT, U-Boot reads and writes it): boot.scr, RAUC's U-Boot logic, and
+    # uboot.env, its variables (4-byte CRC-32, then NUL-separated name=value up to 16 KiB, as
+    # U-Boot's `env export -c` and libubootenv write it)
+    cat > "$tmp/boot.cmd" <<'UBOOT'
+# RAUC's U-Boot logic: BOOT_ORDER, BOOT_x_LEFT (boots a slot may still try). The first slot in
+# BOOT_ORDER with attempts left boots and loses one; the agent's commit (`rauc status mark-good`)
+# gives them back. The variables live in uboot.env on this partition: `saveenv` has no flash to
+# write on QEMU's virt machine, so the script loads and saves them itself.
+setenv BOOT_ORDER
+setenv BOOT_A_LEFT
+setenv BOOT_B_LEFT
+if fatload virtio 0:1 ${loadaddr} uboot.env; then env import -c ${loadaddr} 0x4000; fi
+test -n "${BOOT_ORDER}" || setenv BOOT_ORDER "A B"
+test -n "${BOOT_A_LEFT}" || setenv BOOT_A_LEFT 3
+test -n "${BOOT_B_LEFT}" || setenv BOOT_B_LEFT 0
+setenv bootpart
+for BOOT_SLOT in "${BOOT_ORDER}"; do
+  if test "x${bootpart}" != "x"; then
+    # a slot was chosen: skip the others
+  elif test "x${BOOT_SLOT}" = "xA"; then
+    if test 0x${BOOT_A_LEFT} -gt 0; then
+      setexpr BOOT_A_LEFT ${BOOT_A_LEFT} - 1
+      setenv bootpart 2
+      setenv raucslot A
+    fi
+  elif test "x${BOOT_SLOT}" = "xB"; then
+    if test 0x${BOOT_B_LEFT} -gt 0; then
+      setexpr BOOT_B_LEFT ${BOOT_B_LEFT} - 1
+      setenv bootpart 3
+      setenv raucslot B
+    fi
+  fi
+done
+if test -z "${bootpart}"; then
+  echo "EA-BOOT no slot has attempts left: both get 3 again"
+  setenv BOOT_A_LEFT 3
+  setenv BOOT_B_LEFT 3
+fi
+env export -c -s 0x4000 ${loadaddr} BOOT_ORDER BOOT_A_LEFT BOOT_B_LEFT
+fatwrite virtio 0:1 ${loadaddr} uboot.env 0x4000
+if test -z "${bootpart}"; then reset; fi
+echo "EA-BOOT slot=${raucslot} order=${BOOT_ORDER} A_LEFT=${BOOT_A_LEFT} B_LEFT=${BOOT_B_LEFT}"
+setenv kernel_comp_addr_r 0x50000000
+ext4load virtio 0:${bootpart} ${kernel_addr_r} /vmlinuz
+setenv kernel_comp_size ${filesize}
+ext4load virtio 0:${bootpart} 0x48000000 /initrd.img
+setenv bootargs "root=/dev/vda${bootpart} rw console=ttyAMA0 panic=5 systemd.show_status=0 rauc.slot=${raucslot}"
+booti ${kernel_addr_r} 0x48000000:${filesize} ${fdtcontroladdr}
+UBOOT
+    mkimage -q -A arm64 -T script -C none -n "edge-agent A/B" -d "$tmp/boot.cmd" "$boot/boot.scr" >/dev/null
+    python3 - "$boot/uboot.env" <<'ENV'
+import sys, zlib
+data = b"BOOT_ORDER=A B\0BOOT_A_LEFT=3\0BOOT_B_LEFT=0\0".ljust(0x4000 - 4, b"\0")
+open(sys.argv[1], "wb").write(zlib.crc32(data).to_bytes(4, "little") + data)
+ENV
+    rm -f "$tmp/boot.img"
+    mkfs.vfat -C -n BOOT "$tmp/boot.img" $(( BOOT_MB * 1024 )) >/dev/null
+    mcopy -i "$tmp/boot.img" "$boot/boot.scr" "$boot/uboot.env" ::/
+    chroot "$root" sfdisk -q --no-reread --no-tell-kernel /tmp/disk.img >/dev/null <<LAYOUT
+label: dos
+start=1MiB, size=${BOOT_MB}MiB, type=c, bootable
+size=${SLOT_MB}MiB, type=83
+size=${SLOT_MB}MiB, type=83
+size=${DATA_MB}MiB, type=83
+LAYOUT
+else
+# the boot partition: GRUB's config, its environment (RAUC's variables) and its modules
 cp -r "$root/usr/lib/grub/i386-pc" "$boot/i386-pc"
 cat > "$boot/grub.cfg" <<'GRUB'
 # RAUC's A/B logic: ORDER, A_OK/B_OK (the slot may boot), A_TRY/B_TRY (it was tried and not yet
@@ -244,10 +338,7 @@ chroot "$root" sh -c 'grub-editenv /tmp/grubenv create && grub-editenv /tmp/grub
 mv "$root/tmp/grubenv" "$boot/grubenv"
 mkfs.ext4 -q -F -L boot -d "$boot" "$tmp/boot.img" "${BOOT_MB}M"
 
-# the disk: the partition table, GRUB's boot sector and core image, then each file system
-total_mb=$(( 1 + BOOT_MB + 2 * SLOT_MB + DATA_MB ))
-disk="$root/tmp/disk.img"
-truncate -s "${total_mb}M" "$disk"
+# the disk: the partition table, GRUB's boot sector and core image
 chroot "$root" sfdisk -q --no-reread --no-tell-kernel /tmp/disk.img >/dev/null <<LAYOUT
 label: dos
 start=1MiB, size=${BOOT_MB}MiB, type=83, bootable
@@ -260,6 +351,8 @@ chroot "$root" grub-mkimage -O i386-pc -o /tmp/core.img -p '(hd0,msdos1)/' \
 [ "$(stat -c %s "$root/tmp/core.img")" -lt $(( 1024 * 1024 - 512 )) ] || die "GRUB's core image does not fit before partition 1"
 dd if="$root/usr/lib/grub/i386-pc/boot.img" of="$disk" bs=440 count=1 conv=notrunc status=none
 dd if="$root/tmp/core.img" of="$disk" bs=512 seek=1 conv=notrunc status=none
+fi
+# then each file system
 offset=1
 for part in "$tmp/boot.img:$BOOT_MB" "$OUT/rootfs.img:$SLOT_MB" "" "$tmp/data.img:$DATA_MB"; do
     if [ -n "$part" ]; then
