@@ -1,9 +1,9 @@
-"""A booted board: the disk scripts/build-board.sh makes (a boot partition with GRUB running RAUC's
-A/B logic, root file systems A and B holding the agent's Debian package in Debian bookworm, a data
-partition), booted by QEMU with systemd as PID 1; the host is 10.0.2.2 to it (QEMU's user
-networking), and its serial console is a file the test reads. A reboot inside the board is a
-reset of the same QEMU (GRUB decides again); `power_cut()` is SIGKILL of QEMU: the guest's page
-cache is lost, as in a power loss."""
+"""A booted board: the disk scripts/build-board.sh makes (a boot partition with GRUB, or U-Boot's
+boot script on arm64, running RAUC's A/B logic, root file systems A and B holding the agent's
+Debian package in Debian bookworm, a data partition), booted by QEMU with systemd as PID 1; the
+host is 10.0.2.2 to it (QEMU's user networking), and its serial console is a file the test reads.
+A reboot inside the board is a reset of the same QEMU (the boot loader decides again);
+`power_cut()` is SIGKILL of QEMU: the guest's page cache is lost, as in a power loss."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.e2e.agent_support import FLEET, REPO
 
 HOST_FROM_GUEST = "10.0.2.2"  # QEMU's user networking: the host's loopback, seen from the guest
 HERE = Path(__file__).with_name("board")  # what the tests put on a board: its report, an application
+UBOOT_ARM64 = Path("/usr/lib/u-boot/qemu_arm64/u-boot.bin")  # Debian's u-boot-qemu
 
 
 def have_board_tools() -> str:
@@ -50,16 +51,16 @@ def package_inputs_key() -> str:
     return digest.hexdigest()[:16]
 
 
-def build_deb(out: Path) -> Path:
+def build_deb(out: Path, arch: str = "amd64") -> Path:
     """The package of this checkout, built once per content (kept in the bench's cache, beside the
     board's base: every board test and the package's own test install the same bytes)."""
     cache = Path(os.environ.get("EDGE_AGENT_CACHE", "/var/cache/edge-agent-bench")) / "debs"
     cache.mkdir(parents=True, exist_ok=True)
-    kept = cache / package_inputs_key()
+    kept = cache / (package_inputs_key() + ("" if arch == "amd64" else f"-{arch}"))
     with (cache / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two tests at once build it once
         if not any(kept.glob("*.deb")):
-            built = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh"), "--out", str(kept)],
+            built = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh"), "--arch", arch, "--out", str(kept)],
                                    capture_output=True, text=True, timeout=900)
             assert built.returncode == 0, built.stderr
             for old in sorted(cache.iterdir(), key=lambda d: d.stat().st_mtime)[:-4]:  # keep the newest few
@@ -72,36 +73,45 @@ def build_deb(out: Path) -> Path:
 
 
 def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, str], ...] = (),
-                options: tuple[str, ...] = ()) -> Path:
+                options: tuple[str, ...] = (), arch: str = "amd64") -> Path:
     """`adds`: (file, "DEST[:MODE[:OWNER]]") put into the board; `options`: build-board.sh's own
     (`--version V`, `--rauc-keyring CERT`, `--slot-only`)."""
-    args = ["bash", str(REPO / "scripts" / "build-board.sh"), "--deb", str(deb), "--config", str(config),
-            "--out", str(out), "--add", f"{HERE / 'board-report'}:/usr/local/sbin/board-report",
+    args = ["bash", str(REPO / "scripts" / "build-board.sh"), "--arch", arch, "--deb", str(deb),
+            "--config", str(config), "--out", str(out),
+            "--add", f"{HERE / 'board-report'}:/usr/local/sbin/board-report",
             "--add", f"{HERE / 'board-report.service'}:/etc/systemd/system/board-report.service", *options]
     for src, dest in adds:
         args += ["--add", f"{src}:{dest}"]
-    built = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    built = subprocess.run(args, capture_output=True, text=True, timeout=3600)  # (arm64's base: 17 min, once)
     assert built.returncode == 0, built.stdout + built.stderr
     return out
 
 
 class QemuBoard:
-    def __init__(self, images: Path, workdir: Path) -> None:
+    def __init__(self, images: Path, workdir: Path, arch: str = "amd64") -> None:
         self.images = images
+        self.arch = arch
         workdir.mkdir(parents=True, exist_ok=True)
         self.console = workdir / "console.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
 
     def power_on(self, oem: str = "") -> QemuBoard:
-        """Boot from the disk (GRUB picks the slot); `oem` is an SMBIOS OEM string the board's
-        units may test (/sys/firmware/dmi/entries/11-0/raw), e.g. "board.sender"."""
+        """Boot from the disk (the boot loader picks the slot); `oem` is a string the board's units
+        may test, e.g. "board.sender": an SMBIOS OEM string (/sys/firmware/dmi/entries/11-0/raw)
+        on amd64, a firmware configuration file (/sys/firmware/qemu_fw_cfg/by_name/opt/board/raw)
+        on arm64, whose U-Boot hands the kernel no SMBIOS."""
         accel = ["-accel", "tcg"]  # nested KVM does not work on these machines: never depend on it
-        argv = ["qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-nographic",
+        if self.arch == "amd64":
+            machine = ["qemu-system-x86_64"]
+        else:
+            machine = ["qemu-system-aarch64", "-M", "virt", "-cpu", "cortex-a72", "-bios", str(UBOOT_ARM64)]
+        argv = [*machine, *accel, "-m", "1024", "-smp", "2", "-nographic",
                 "-drive", f"file={self.images / 'disk.img'},if=virtio,format=raw,cache=writeback",
                 "-nic", "user,model=virtio-net-pci"]
         if oem:
-            argv += ["-smbios", f"type=11,value={oem}"]
+            argv += (["-smbios", f"type=11,value={oem}"] if self.arch == "amd64"
+                     else ["-fw_cfg", f"name=opt/board,string={oem}"])
         with self.console.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         self.started = time.monotonic()
