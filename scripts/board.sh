@@ -5,7 +5,9 @@
 # this machine, cuts its power a few times while an application sends, rolls a new root file
 # system out to it and then a bad one, and prints what it measured as one JSON line
 # (scripts/bench_device.py; extra arguments go to it, e.g. --trials 20). Needs root: it installs
-# Debian's mmdebstrap, qemu-system-x86, mosquitto, rauc and squashfs-tools when they are missing.
+# Debian's mmdebstrap, qemu-system-x86, mosquitto, rauc and squashfs-tools when they are missing
+# (with --arch arm64, the emulated arm64 board: qemu-system-arm, u-boot-qemu, u-boot-tools,
+# dosfstools, mtools, qemu-user-static and binfmt-support too).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
@@ -14,10 +16,21 @@ if [ "$(id -u)" != 0 ]; then
     exit 2
 fi
 missing=()
-for tool in mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 mosquitto:mosquitto fakeroot:fakeroot \
-        rauc:rauc mksquashfs:squashfs-tools openssl:openssl; do
+tools=(mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 mosquitto:mosquitto fakeroot:fakeroot
+       rauc:rauc mksquashfs:squashfs-tools openssl:openssl)
+if [[ " $* " == *" --arch arm64 "* ]]; then  # the emulated arm64 board: U-Boot, its FAT boot partition
+    tools+=(qemu-system-aarch64:qemu-system-arm mkimage:u-boot-tools mkfs.vfat:dosfstools mcopy:mtools
+            qemu-aarch64-static:qemu-user-static update-binfmts:binfmt-support)
+    [ -f /usr/lib/u-boot/qemu_arm64/u-boot.bin ] || missing+=(u-boot-qemu)
+fi
+for tool in "${tools[@]}"; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || missing+=("${tool#*:}")
 done
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+if [[ " $* " == *" --arch arm64 "* ]] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+    # the arm64 base's package scripts run under qemu-user-static
+    mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    update-binfmts --enable qemu-aarch64
+fi
 ensure_venv test
 exec "$VENV/bin/python" "$ROOT/scripts/bench_device.py" --trials 3 "$@"
