@@ -23,13 +23,18 @@ HERE = Path(__file__).with_name("board")  # what the tests put on a board: its r
 UBOOT_ARM64 = Path("/usr/lib/u-boot/qemu_arm64/u-boot.bin")  # Debian's u-boot-qemu
 
 
-def have_board_tools() -> str:
+def have_board_tools(arch: str = "amd64") -> str:
     """Why a board cannot be built and booted here ("" when it can)."""
     if os.geteuid() != 0:
         return "builds a root file system: needs root"
-    missing = [t for t in ("mmdebstrap", "mkfs.ext4", "qemu-system-x86_64", "fakeroot", "dpkg-deb")
-               if shutil.which(t) is None]
-    return f"needs {', '.join(missing)} (scripts/test.sh installs them)" if missing else ""
+    tools = ["mmdebstrap", "mkfs.ext4", "fakeroot", "dpkg-deb"]
+    tools += ["qemu-system-x86_64"] if arch == "amd64" else ["qemu-system-aarch64", "mkimage", "mkfs.vfat", "mcopy"]
+    missing = [t for t in tools if shutil.which(t) is None]
+    if arch != "amd64" and not UBOOT_ARM64.exists():
+        missing.append(str(UBOOT_ARM64))
+    if arch != "amd64" and not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
+        missing.append("binfmt for arm64 (qemu-user-static; update-binfmts --enable qemu-aarch64)")
+    return f"needs {', '.join(missing)} (scripts/test.sh, scripts/board.sh install them)" if missing else ""
 
 
 def board_config(path: Path, device: str, mqtt_url: str, more: str = "") -> Path:
