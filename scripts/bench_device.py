@@ -24,7 +24,7 @@ one JSON line:
 Needs root, mmdebstrap, qemu-system-x86 (arm64: qemu-system-arm, u-boot-qemu, u-boot-tools,
 dosfstools, mtools, and qemu-user-static with binfmt for the base), mosquitto and rauc
 (scripts/test.sh and scripts/board.sh install them); the board's base is cached in
-/var/cache/edge-agent-bench (arm64's takes about 17 minutes to make, once).
+/var/cache/edge-agent-bench (arm64's takes about 8 minutes to make, once).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@
 # QEMU (see tests/qemu_board.py):  qemu-system-x86_64 -m 1024 -smp 2 -nographic
 #   -drive file=DIR/disk.img,if=virtio,format=raw -nic user,model=virtio-net-pci
 # or  qemu-system-aarch64 -M virt -cpu cortex-a72 -bios /usr/lib/u-boot/qemu_arm64/u-boot.bin ...
-# arm64's base runs its package scripts under qemu-user-static (about 17 minutes, once). For a
+# arm64's base runs its package scripts under qemu-user-static (about 8 minutes, once). For a
 # Raspberry Pi (--arch arm64 --pi) the script makes rootfs.img, vmlinuz and initrd.img: the Pi's own
 # firmware boots.
 set -euo pipefail

@@ -87,7 +87,7 @@ def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, s
             "--add", f"{HERE / 'board-report.service'}:/etc/systemd/system/board-report.service", *options]
     for src, dest in adds:
         args += ["--add", f"{src}:{dest}"]
-    built = subprocess.run(args, capture_output=True, text=True, timeout=3600)  # (arm64's base: 17 min, once)
+    built = subprocess.run(args, capture_output=True, text=True, timeout=3600)  # (arm64's base: 8 min, once)
     assert built.returncode == 0, built.stdout + built.stderr
     return out
 
