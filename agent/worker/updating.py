@@ -3,6 +3,7 @@ library load only when `[firmware]` pins a key (the import-budget test in `tests
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from agent.worker.agent import WorkerAgent
@@ -19,8 +20,12 @@ async def updater_part(worker: WorkerAgent, env: DeviceEnv) -> UpdaterPart | Non
         return None
     from agent.worker.updater_actor import UpdaterPart, device_hardware
 
-    hardware = env.updater_hardware(worker) if env.updater_hardware is not None else device_hardware(worker)
-    return UpdaterPart(worker, hardware)
+    if env.updater_hardware is not None:
+        return UpdaterPart(worker, env.updater_hardware(worker))
+    # in a thread: with `helper_socket` the installer asks the root helper for its slots, and the
+    # helper's first start (socket activation, RAUC's service on D-Bus) takes seconds on a small
+    # device, tens of them on an emulated one, while the loop must keep pinging the watchdog
+    return UpdaterPart(worker, await asyncio.to_thread(device_hardware, worker))
 
 
 __all__ = ["updater_part"]
