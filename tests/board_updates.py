@@ -120,7 +120,8 @@ def bad_image(tmp: Path, slot: Path, version: str) -> Path:
     shutil.copy(slot / "initrd.img", root / "initrd.img")
     (root / "etc" / "edge-agent-board").write_text(f"VERSION={version}\n")
     image = tmp / f"bad-{version}.img"
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(image), "128M"], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(image), "128M"], check=True,
+                   capture_output=True)  # (bench_device's stdout is its JSON line alone)
     return image
 
 
