@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -67,6 +68,11 @@ from tests.qemu_board import (  # noqa: E402
 
 DEVICE = "board-1"
 ACK = re.compile(r"ACK ([0-9a-f]{8}) (\d+)\r?$", re.MULTILINE)
+
+
+def device_state(status: dict[str, Any]) -> str:
+    """The board's own end state in a rollout's status (the rollout's when it lists no device)."""
+    return str(status["device_list"][0]["state"]) if status["device_list"] else str(status["state"])
 
 
 def main() -> int:
@@ -149,12 +155,11 @@ def main() -> int:
                 began = time.monotonic()
                 start_rollout(tmp, db, "v2", art_2)
                 done = rollout_end(db, "v2")
-                rollout = {"state": done["device_list"][0]["state"] if done["device_list"] else done["state"],
-                           "seconds": round(time.monotonic() - began),
+                rollout = {"state": device_state(done), "seconds": round(time.monotonic() - began),
                            "bytes": done["waves"][0]["download"]["bytes_done"]}
                 start_rollout(tmp, db, "v3", art_3)
                 bad = rollout_end(db, "v3")
-                bad_state = bad["device_list"][0]["state"] if bad["device_list"] else bad["state"]
+                bad_state = device_state(bad)
                 slots = last.boots()
             finally:
                 last.power_cut()

@@ -235,6 +235,14 @@ mkfs.ext4 -q -F -L data -d "$data" "$tmp/data.img" "${DATA_MB}M"
 total_mb=$(( 1 + BOOT_MB + 2 * SLOT_MB + DATA_MB ))
 disk="$root/tmp/disk.img"
 truncate -s "${total_mb}M" "$disk"
+# the partition table first (GRUB's boot sector goes in beside it): partition 1 is FAT on arm64
+chroot "$root" sfdisk -q --no-reread --no-tell-kernel /tmp/disk.img >/dev/null <<LAYOUT
+label: dos
+start=1MiB, size=${BOOT_MB}MiB, type=$([ "$ARCH" = arm64 ] && echo c || echo 83), bootable
+size=${SLOT_MB}MiB, type=83
+size=${SLOT_MB}MiB, type=83
+size=${DATA_MB}MiB, type=83
+LAYOUT
 boot="$tmp/boot"
 mkdir -p "$boot"
 if [ "$ARCH" = arm64 ]; then
@@ -297,13 +305,6 @@ ENV
     rm -f "$tmp/boot.img"
     mkfs.vfat -C -n BOOT "$tmp/boot.img" $(( BOOT_MB * 1024 )) >/dev/null
     mcopy -i "$tmp/boot.img" "$boot/boot.scr" "$boot/uboot.env" ::/
-    chroot "$root" sfdisk -q --no-reread --no-tell-kernel /tmp/disk.img >/dev/null <<LAYOUT
-label: dos
-start=1MiB, size=${BOOT_MB}MiB, type=c, bootable
-size=${SLOT_MB}MiB, type=83
-size=${SLOT_MB}MiB, type=83
-size=${DATA_MB}MiB, type=83
-LAYOUT
 else
 # the boot partition: GRUB's config, its environment (RAUC's variables) and its modules
 cp -r "$root/usr/lib/grub/i386-pc" "$boot/i386-pc"
@@ -345,15 +346,7 @@ GRUB
 chroot "$root" sh -c 'grub-editenv /tmp/grubenv create && grub-editenv /tmp/grubenv set ORDER="A B" A_OK=1 A_TRY=0 B_OK=0 B_TRY=0'
 mv "$root/tmp/grubenv" "$boot/grubenv"
 mkfs.ext4 -q -F -L boot -d "$boot" "$tmp/boot.img" "${BOOT_MB}M"
-
-# the disk: the partition table, GRUB's boot sector and core image
-chroot "$root" sfdisk -q --no-reread --no-tell-kernel /tmp/disk.img >/dev/null <<LAYOUT
-label: dos
-start=1MiB, size=${BOOT_MB}MiB, type=83, bootable
-size=${SLOT_MB}MiB, type=83
-size=${SLOT_MB}MiB, type=83
-size=${DATA_MB}MiB, type=83
-LAYOUT
+# GRUB's boot sector and core image, before partition 1
 chroot "$root" grub-mkimage -O i386-pc -o /tmp/core.img -p '(hd0,msdos1)/' \
     biosdisk part_msdos ext2 normal linux echo test loadenv configfile minicmd
 [ "$(stat -c %s "$root/tmp/core.img")" -lt $(( 1024 * 1024 - 512 )) ] || die "GRUB's core image does not fit before partition 1"
