@@ -79,7 +79,7 @@ def start_rollout(tmp: Path, db: Path, rid: str, art: Path, *, kind: str = "firm
     one wave."""
     spec = tmp / f"{rid}.toml"
     spec.write_text(f'[rollout]\nname = "{rid}"\nkind = "{kind}"\nartifact = "{art}"\n[waves]\ncounts = [1]\n'
-                    '[device]\ntimeout_s = 3000\n')
+                    '[device]\ntimeout_s = 1200\n')
     started = cli("rollout", "start", str(spec), "--db", str(db), "--id", rid)
     assert started.returncode == 0, started.stderr
 
@@ -97,7 +97,7 @@ def rollout_end(db: Path, rid: str) -> dict[str, Any]:
         status = rollout_status(db, rid)
         return None if status["state"] in ("running", "scheduled") else status
 
-    return dict(wait_for(ended, f"rollout {rid} to end", limit_s=3000))
+    return dict(wait_for(ended, f"rollout {rid} to end", limit_s=2400))
 
 
 def device_story(db: Path, rid: str) -> list[str]:

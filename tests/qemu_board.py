@@ -7,6 +7,7 @@ A reboot inside the board is a reset of the same QEMU (the boot loader decides a
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -14,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.e2e.agent_support import FLEET, REPO
@@ -84,7 +86,8 @@ def build_board(deb: Path, config: Path, out: Path, *, adds: tuple[tuple[Path, s
     args = ["bash", str(REPO / "scripts" / "build-board.sh"), "--arch", arch, "--deb", str(deb),
             "--config", str(config), "--out", str(out),
             "--add", f"{HERE / 'board-report'}:/usr/local/sbin/board-report",
-            "--add", f"{HERE / 'board-report.service'}:/etc/systemd/system/board-report.service", *options]
+            "--add", f"{HERE / 'board-report.service'}:/etc/systemd/system/board-report.service",
+            "--add", f"{HERE / 'board-journal.service'}:/etc/systemd/system/board-journal.service", *options]
     for src, dest in adds:
         args += ["--add", f"{src}:{dest}"]
     built = subprocess.run(args, capture_output=True, text=True, timeout=3600)  # (arm64's base: 8 min, once)
@@ -129,6 +132,18 @@ class QemuBoard:
         with self.console.open("rb") as f:
             f.seek(since)
             return f.read().decode("utf-8", "replace")
+
+    def tail(self, lines: int = 80) -> str:
+        """The console's last `lines` lines (the agent's and the helper's journal among them)."""
+        return "\n".join(self.text().splitlines()[-lines:])
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """A failed assertion inside says what the board's console said last."""
+        try:
+            yield
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- the board's console, last lines:\n{self.tail()}") from None
 
     def mark(self) -> int:
         """Where the console ends now: `wait_for` and `report` from here on see what comes later."""

@@ -156,8 +156,9 @@ def setup_logging(
     root.addHandler(handler)
     root.setLevel(numeric)
     if quiet_libraries:
-        # paho/aiomqtt narrate every packet at DEBUG; asyncio debug is for development
-        for name in ("paho", "aiomqtt", "asyncio"):
+        # paho/aiomqtt narrate every packet at DEBUG; asyncio debug is for development; httpx
+        # logs every request at INFO (a download from a mirror: one line per chunk)
+        for name in ("paho", "aiomqtt", "asyncio", "httpx", "httpcore"):
             logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
     return handler
 

@@ -512,13 +512,17 @@ class Updater:
         )
 
     async def _drive(self, source: ChunkSource | None) -> None:
-        """Run the step of each state the update reaches (`STEPS`) until it ends or waits."""
+        """Run the step of each state the update reaches (`STEPS`) until it ends or waits. Each
+        step's reports go out when it ends: the leader hears `verifying` and `installing` as they
+        begin (a long check or install is not silence to its timeout)."""
         try:
             while not self._closed:
                 step = STEPS.get(self._record.state)
                 if step is None or not step.due(self, source):
                     break
                 await step.run(self, source)
+                if not self._closed:
+                    await self._flush()
         except StopUpdate:
             pass
         if not self._closed:

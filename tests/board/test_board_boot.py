@@ -60,29 +60,30 @@ ask_interval_s = 5.0
             (HERE / "board-watchdog", "/usr/local/sbin/board-watchdog:0755"),
             (HERE / "board-watchdog.service", "/etc/systemd/system/board-watchdog.service")))
         board = QemuBoard(images, tmp_path).power_on()
+        with board.explained():
 
-        wait_for(lambda: DEVICE in cli("devices", "pending", "--config", str(conf)).stdout, "the board's enrolment",
-                 limit_s=900)
-        approved = cli("devices", "approve", DEVICE, "--config", str(conf))
-        assert approved.returncode == 0, approved.stderr
-        report = board.report()
-        assert report["agent"] == "active 0 restarts", report
-        assert report["security"].split()[1] == "OK", report  # e.g. "1.3 OK :-)"
-        assert report["helper"] == "socket active", report
-        assert "error" not in report, report["error"]
-        assert "local API" not in report.get("warning", ""), report["warning"]  # (its socket, its group)
-        assert report["send"].startswith("exit 0 "), report["send"]
-        assert int(report["agent_pid"].split()[2]) < 96 * 1024  # rss_kb under the unit's MemoryMax
-        # with its own certificate: mutual TLS, its heartbeats and the shell's message at the leader
-        wait_for(lambda: db_query(leader_dir / "leader.db", "SELECT 1 FROM devices WHERE device_id = ?"
-                                  " AND hb_seq >= 0", (DEVICE,)), "the board's heartbeat", limit_s=300)
-        wait_for(lambda: db_query(leader_dir / "leader.db", "SELECT 1 FROM app_messages WHERE device_id = ?"
-                                  " AND class = 'telemetry'", (DEVICE,)), "the board's message", limit_s=300)
-        # scenario 5: `systemctl reload` takes the settings in the same process; a frozen agent is
-        # ended by systemd's watchdog and started again
-        assert board.wait_for("BOARD: reload").endswith("reload 1 pid same")
-        watchdog = board.wait_for("BOARD: watchdog").split()
-        assert watchdog[2:4] == ["restarts", "1"] and watchdog[-1] == "active", watchdog
+            wait_for(lambda: DEVICE in cli("devices", "pending", "--config", str(conf)).stdout, "the board's enrolment",
+                     limit_s=900)
+            approved = cli("devices", "approve", DEVICE, "--config", str(conf))
+            assert approved.returncode == 0, approved.stderr
+            report = board.report()
+            assert report["agent"] == "active 0 restarts", report
+            assert report["security"].split()[1] == "OK", report  # e.g. "1.3 OK :-)"
+            assert report["helper"] == "socket active", report
+            assert "error" not in report, report["error"]
+            assert "local API" not in report.get("warning", ""), report["warning"]  # (its socket, its group)
+            assert report["send"].startswith("exit 0 "), report["send"]
+            assert int(report["agent_pid"].split()[2]) < 96 * 1024  # rss_kb under the unit's MemoryMax
+            # with its own certificate: mutual TLS, its heartbeats and the shell's message at the leader
+            wait_for(lambda: db_query(leader_dir / "leader.db", "SELECT 1 FROM devices WHERE device_id = ?"
+                                      " AND hb_seq >= 0", (DEVICE,)), "the board's heartbeat", limit_s=300)
+            wait_for(lambda: db_query(leader_dir / "leader.db", "SELECT 1 FROM app_messages WHERE device_id = ?"
+                                      " AND class = 'telemetry'", (DEVICE,)), "the board's message", limit_s=300)
+            # scenario 5: `systemctl reload` takes the settings in the same process; a frozen agent is
+            # ended by systemd's watchdog and started again
+            assert board.wait_for("BOARD: reload").endswith("reload 1 pid same")
+            watchdog = board.wait_for("BOARD: watchdog").split()
+            assert watchdog[2:4] == ["restarts", "1"] and watchdog[-1] == "active", watchdog
     finally:
         if board is not None:
             board.power_cut()

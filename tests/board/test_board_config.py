@@ -79,45 +79,47 @@ def test_config_rollouts_reload_a_service_survive_a_power_cut_and_a_cut_network_
     board = QemuBoard(images, tmp_path / "console").power_on()
     private = keys / "private.pem"
     try:
-        report = board.report()
-        assert report["agent"] == "active 0 restarts", report
-        assert "error" not in report, report["error"]
-        board.wait_for("BOARD-APP: loaded mode=v1")
-        wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=600)
+        with board.explained():
+            report = board.report()
+            assert report["agent"] == "active 0 restarts", report
+            assert "error" not in report, report["error"]
+            board.wait_for("BOARD-APP: loaded mode=v1")
+            wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=600)
 
-        # a release the service takes: written by the agent, reloaded by systemd, confirmed
-        mark = board.mark()
-        start_rollout(tmp_path, db, "app-v2", release(tmp_path, "app", "app.toml", 'mode = "v2"\n', "2.0.0", private),
-                      kind="config")
-        done = rollout_end(db, "app-v2")
-        assert done["state"] == "succeeded" and device_state(done) == "succeeded", done
-        board.wait_for("BOARD-APP: loaded mode=v2", since=mark)
+            # a release the service takes: written by the agent, reloaded by systemd, confirmed
+            mark = board.mark()
+            start_rollout(tmp_path, db, "app-v2",
+                          release(tmp_path, "app", "app.toml", 'mode = "v2"\n', "2.0.0", private), kind="config")
+            done = rollout_end(db, "app-v2")
+            assert done["state"] == "succeeded" and device_state(done) == "succeeded", done
+            board.wait_for("BOARD-APP: loaded mode=v2", since=mark)
 
-        # the power goes while a release is applied and not yet confirmed (settle_s 20): at the
-        # next boot the old content comes back and the service runs it
-        mark = board.mark()
-        start_rollout(tmp_path, db, "app-v3", release(tmp_path, "app", "app.toml", 'mode = "v3"\n', "3.0.0", private),
-                      kind="config")
-        board.wait_for("BOARD-APP: loaded mode=v3", since=mark)
-        board.power_cut()
-        board.power_on()
-        done = rollout_end(db, "app-v3")
-        assert device_state(done) == "rolled_back", done
-        after = board.report(since=board.last_boot())
-        assert after["agent"] == "active 0 restarts", after
-        assert "error" not in after, after["error"]
-        loaded = [line for line in board.text(board.last_boot()).splitlines() if "BOARD-APP: loaded" in line]
-        assert loaded and loaded[-1].endswith("loaded mode=v2"), loaded
+            # the power goes while a release is applied and not yet confirmed (settle_s 20): at the
+            # next boot the old content comes back and the service runs it
+            mark = board.mark()
+            start_rollout(tmp_path, db, "app-v3",
+                          release(tmp_path, "app", "app.toml", 'mode = "v3"\n', "3.0.0", private), kind="config")
+            board.wait_for("BOARD-APP: loaded mode=v3", since=mark)
+            board.power_cut()
+            board.power_on()
+            done = rollout_end(db, "app-v3")
+            assert device_state(done) == "rolled_back", done
+            after = board.report(since=board.last_boot())
+            assert after["agent"] == "active 0 restarts", after
+            assert "error" not in after, after["error"]
+            loaded = [line for line in board.text(board.last_boot()).splitlines() if "BOARD-APP: loaded" in line]
+            assert loaded and loaded[-1].endswith("loaded mode=v2"), loaded
 
-        # a network configuration that cuts the board off reverts by itself
-        beats = db_query(db, "SELECT hb_seq FROM devices WHERE device_id = ?", (DEVICE,))[0][0]
-        start_rollout(tmp_path, db, "net-bad", release(tmp_path, "net", "20-wired.network", NETWORK.format(dhcp="no"),
-                                                       "2.0.0", private), kind="config")
-        done = rollout_end(db, "net-bad")
-        assert device_state(done) == "rolled_back", done
-        wait_for(lambda: db_query(db, "SELECT hb_seq FROM devices WHERE device_id = ?", (DEVICE,))[0][0] > beats + 2,
-                 "the board's heartbeats after the revert", limit_s=600)
-        assert board.proc is not None and board.proc.poll() is None  # (the same boot: no reboot needed)
+            # a network configuration that cuts the board off reverts by itself
+            beats = db_query(db, "SELECT hb_seq FROM devices WHERE device_id = ?", (DEVICE,))[0][0]
+            start_rollout(tmp_path, db, "net-bad",
+                          release(tmp_path, "net", "20-wired.network", NETWORK.format(dhcp="no"), "2.0.0", private),
+                          kind="config")
+            done = rollout_end(db, "net-bad")
+            assert device_state(done) == "rolled_back", done
+            wait_for(lambda: db_query(db, "SELECT hb_seq FROM devices WHERE device_id = ?", (DEVICE,))[0][0]
+                     > beats + 2, "the board's heartbeats after the revert", limit_s=600)
+            assert board.proc is not None and board.proc.poll() is None  # (the same boot: no reboot needed)
     finally:
         board.power_cut()
         kill(leader, signal.SIGTERM)

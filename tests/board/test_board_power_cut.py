@@ -41,11 +41,12 @@ def test_every_acknowledged_message_survives_power_cuts(tmp_path: Path, mosquitt
     for trial in range(TRIALS):
         board = QemuBoard(images, tmp_path / f"boot-{trial}").power_on("board.sender")
         try:
-            report = board.report()
-            assert report["agent"].startswith("active"), report
-            assert "error" not in report, report["error"]
-            enough = 3 + rng.randrange(6)  # the moment of the cut: after a random number of events
-            wait_for(lambda b=board, n=enough: len(acknowledged(b)) >= n, "events acknowledged", limit_s=600)
+            with board.explained():
+                report = board.report()
+                assert report["agent"].startswith("active"), report
+                assert "error" not in report, report["error"]
+                enough = 3 + rng.randrange(6)  # the moment of the cut: after a random number of events
+                wait_for(lambda b=board, n=enough: len(acknowledged(b)) >= n, "events acknowledged", limit_s=600)
         finally:
             board.power_cut()
         acked |= acknowledged(board)
@@ -55,17 +56,18 @@ def test_every_acknowledged_message_survives_power_cuts(tmp_path: Path, mosquitt
     leader = run_agent(conf, tmp_path / "leader.log")
     board = QemuBoard(images, tmp_path / "after").power_on()
     try:
-        report = board.report()
-        assert report["agent"].startswith("active"), report
-        assert "error" not in report, report["error"]  # the file system came back clean, the agent started
+        with board.explained():
+            report = board.report()
+            assert report["agent"].startswith("active"), report
+            assert "error" not in report, report["error"]  # the file system came back clean, the agent started
 
-        def arrived() -> set[tuple[str, int]]:
-            rows = db_query(leader_dir / "leader.db", "SELECT payload FROM app_messages WHERE device_id = ?"
-                                                      " AND class = 'events'", (DEVICE,))
-            return {(event["boot"], int(event["n"])) for event in (json.loads(bytes(r[0])) for r in rows)}
+            def arrived() -> set[tuple[str, int]]:
+                rows = db_query(leader_dir / "leader.db", "SELECT payload FROM app_messages WHERE device_id = ?"
+                                                          " AND class = 'events'", (DEVICE,))
+                return {(event["boot"], int(event["n"])) for event in (json.loads(bytes(r[0])) for r in rows)}
 
-        wait_for(lambda: acked <= arrived(), "every acknowledged event at the leader", limit_s=600)
-        assert len(acked) >= 3 * TRIALS
+            wait_for(lambda: acked <= arrived(), "every acknowledged event at the leader", limit_s=600)
+            assert len(acked) >= 3 * TRIALS
     finally:
         board.power_cut()
         kill(leader, signal.SIGTERM)

@@ -71,42 +71,43 @@ def test_a_new_root_file_system_boots_commits_and_a_bad_one_falls_back(tmp_path:
     leader = run_agent(conf, tmp_path / "leader.log")
     board = QemuBoard(images, tmp_path / "console").power_on()
     try:
-        first = board.report()
-        assert first["slot"] == "A version 1.0.0", first
-        assert first["agent"] == "active 0 restarts", first
-        assert "error" not in first, first["error"]
-        wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=600)
+        with board.explained():
+            first = board.report()
+            assert first["slot"] == "A version 1.0.0", first
+            assert first["agent"] == "active 0 restarts", first
+            assert "error" not in first, first["error"]
+            wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=600)
 
-        # scenario 2: the new root file system into B, a reboot, GRUB picks B, health, commit; and
-        # a power cut once it is all downloaded, while it is installed (scenario 4): the helper
-        # checks the bundle whole and RAUC writes slot B (the report of `installing` goes with the
-        # next one, so the download's last progress report is the mark)
-        start_rollout(tmp_path, db, "v2", art_2)
-        wait_for(lambda: (lambda d: d["bytes_total"] and d["bytes_done"] >= d["bytes_total"])(
-            rollout_status(db, "v2")["waves"][0]["download"]), "the whole update downloaded", limit_s=1200)
-        board.power_cut()
-        board.power_on()
-        done = rollout_end(db, "v2")
-        story = device_story(db, "v2")
-        assert [d["state"] for d in done["device_list"]] == ["succeeded"], story
-        assert board.boots() == ["A", "A", "B"], (board.boots(), story)
-        after = board.report(since=board.last_boot())
-        assert after["slot"] == "B version 2.0.0", after
-        assert after["agent"] == "active 0 restarts", after
-        assert "error" not in after, after["error"]
-        assert after["send"].startswith("exit 0 "), after["send"]
+            # scenario 2: the new root file system into B, a reboot, GRUB picks B, health, commit; and
+            # a power cut once it is all downloaded, while it is installed (scenario 4): the helper
+            # checks the bundle whole and RAUC writes slot B (the download's last progress report is
+            # the mark: `verifying` follows it at once)
+            start_rollout(tmp_path, db, "v2", art_2)
+            wait_for(lambda: (lambda d: d["bytes_total"] and d["bytes_done"] >= d["bytes_total"])(
+                rollout_status(db, "v2")["waves"][0]["download"]), "the whole update downloaded", limit_s=1200)
+            board.power_cut()
+            board.power_on()
+            done = rollout_end(db, "v2")
+            story = device_story(db, "v2")
+            assert [d["state"] for d in done["device_list"]] == ["succeeded"], story
+            assert board.boots() == ["A", "A", "B"], (board.boots(), story)
+            after = board.report(since=board.last_boot())
+            assert after["slot"] == "B version 2.0.0", after
+            assert after["agent"] == "active 0 restarts", after
+            assert "error" not in after, after["error"]
+            assert after["send"].startswith("exit 0 "), after["send"]
 
-        # scenario 3: the bad image into A; its boot panics, GRUB boots B again, the agent reports
-        start_rollout(tmp_path, db, "v3", art_3)
-        done = rollout_end(db, "v3")
-        assert [d["state"] for d in done["device_list"]] == ["rolled_back"], done["device_list"]
-        assert board.boots() == ["A", "A", "B", "A", "B"], (board.boots(), device_story(db, "v3"))
-        assert "Target filesystem doesn't have requested /sbin/init" in board.text()
-        back = board.report(since=board.last_boot())
-        assert back["slot"] == "B version 2.0.0", back
-        assert back["agent"].startswith("active"), back
-        # the device keeps working: the message its shell sent after the fall-back reaches the leader
-        wait_for(lambda: telemetry(db) >= 4, "the board's messages of its four good boots", limit_s=600)
+            # scenario 3: the bad image into A; its boot panics, GRUB boots B again, the agent reports
+            start_rollout(tmp_path, db, "v3", art_3)
+            done = rollout_end(db, "v3")
+            assert [d["state"] for d in done["device_list"]] == ["rolled_back"], done["device_list"]
+            assert board.boots() == ["A", "A", "B", "A", "B"], (board.boots(), device_story(db, "v3"))
+            assert "Target filesystem doesn't have requested /sbin/init" in board.text()
+            back = board.report(since=board.last_boot())
+            assert back["slot"] == "B version 2.0.0", back
+            assert back["agent"].startswith("active"), back
+            # the device keeps working: the message its shell sent after the fall-back reaches the leader
+            wait_for(lambda: telemetry(db) >= 4, "the board's messages of its four good boots", limit_s=600)
     finally:
         board.power_cut()
         kill(leader, signal.SIGTERM)

@@ -240,8 +240,10 @@ def test_a_sigkill_while_the_new_settings_are_confirmed_brings_the_old_ones_back
                 return False
             return j.get("state") == "applied" and j.get("restarting") is False
 
-        wait("the confirm in the new start", confirming)
-        assert "agent started again" in worker_log() and "committed at the start" not in worker_log()
+        # (the journal says `restarting` false once the new start has taken the settings; the
+        # parts started on them a moment later)
+        wait("the confirm in the new start", lambda: confirming() and "agent started again" in worker_log())
+        assert "committed at the start" not in worker_log()
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait(timeout=30)
         procs[1] = spawn(1)

@@ -67,6 +67,19 @@ def test_setup_logging_kv_with_timestamps_outside_journald(restore_root_logger) 
     assert line.startswith("ts=") and line.endswith('level=warning logger=agent.x msg="disk low" free_mb=12')
 
 
+def test_libraries_narrating_each_request_are_quiet_at_info(restore_root_logger) -> None:
+    """A download from a mirror makes one HTTP request per chunk: httpx's INFO line for each would
+    fill a device's journal; its warnings still show."""
+    out = io.StringIO()
+    setup_logging("INFO", stream=out, env={})
+    for name in ("httpx", "httpcore", "aiomqtt", "paho"):
+        logging.getLogger(name).info("HTTP Request: GET /artifacts/x 206")
+    logging.getLogger("httpx").warning("connection pool full")
+    logging.getLogger("agent.x").info("update u1: downloading")
+    lines = out.getvalue().splitlines()
+    assert [line.split("msg=", 1)[1] for line in lines] == ['"connection pool full"', '"update u1: downloading"']
+
+
 def test_journald_gets_priorities_and_no_timestamps(tmp_path: Path, restore_root_logger) -> None:
     with open(tmp_path / "journal", "w+") as stream:
         st = os.fstat(stream.fileno())
