@@ -18,7 +18,6 @@ same clock is the same id; a release is never changed, only replaced by a higher
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Annotated
 
 import msgspec
 
+from agent.core.files import atomic_write
 from config_rollout.errors import ConfigReleaseError, MalformedRelease, ReleaseSignature
 from firmware_rollout.artifact.keys import SigningKey, Verifier, VerifyKey
 from firmware_rollout.artifact.version import parse_version
@@ -127,17 +127,10 @@ def write_release(data: bytes, out: str | Path, *, force: bool = False) -> Path:
     path = Path(out)
     if path.exists() and not force:
         raise ConfigReleaseError(f"{path}: exists already (give --force to replace it)")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, data)
     except OSError as exc:
         raise ConfigReleaseError(f"{path}: {exc.strerror or exc}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 

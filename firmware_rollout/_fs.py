@@ -1,4 +1,5 @@
-"""Durable file helpers: write a temporary file, fsync it, rename it, fsync the directory."""
+"""Durable file helpers: a copy through a temporary file, blocking work in a thread; the atomic
+write is the agent's one (`agent.core.files`)."""
 
 from __future__ import annotations
 
@@ -10,30 +11,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.core.clock import Clock
+from agent.core.files import fsync_dir
 
 T = TypeVar("T")
 _COPY_BLOCK = 1024 * 1024
-
-
-def fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # some platforms cannot open a directory; the rename itself is still atomic
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def durable_copy(src: Path, dst: Path) -> None:

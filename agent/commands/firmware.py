@@ -282,7 +282,7 @@ def _trust(args: argparse.Namespace) -> int:
         if not doc.signed_by(root) and root.key_id not in {s.public.key_id for s in signers}:
             raise ConfigError("--root", None, f"root {root.key_id_hex} is named but did not sign: give its --root-key"
                                               " (with the old root's) to rotate the root")
-    from firmware_rollout._fs import atomic_write
+    from agent.core.files import atomic_write
 
     atomic_write(args.out, data)
     print(f"wrote {args.out}: trust document v{args.version}, {len(keys)} signing key(s), roots "

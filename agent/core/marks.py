@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from agent.core.durations import utc_iso
+from agent.core.files import atomic_write
 from agent.core.sqlite import aside_name, move_aside
 
 log = logging.getLogger(__name__)
@@ -49,20 +50,8 @@ class StoreMark:
     def write(self, counter: str, value: int, *, at_ms: int | None = None) -> bool:
         """Record `counter` = `value` (call only when the store's state is on the disk)."""
         data = {counter: int(value), "at_ms": int(at_ms if at_ms is not None else time.time() * 1000)}
-        tmp = self.path.with_name(self.path.name + ".new")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, json.dumps(data).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            atomic_write(self.path, json.dumps(data).encode(), mode=0o600)
         except OSError as exc:
             log.warning("%s: cannot write the mark (%s); the next start cannot check for lost state",
                         self.path, exc.strerror or exc)

@@ -11,15 +11,14 @@ a password readable by every local user is no password.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
 import ssl
 import stat
 from pathlib import Path
 
 from agent.core.config import AgentConfig, MqttSection
 from agent.core.errors import ConfigError, EdgeAgentError
+from agent.core.files import atomic_write
 
 SERVICE_UMASK = 0o027
 
@@ -54,24 +53,9 @@ def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -
     """Atomically replace `path` with `data`, mode `mode` (0600 by default)."""
     target = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    directory = target.parent
-    tmp = directory / f".{target.name}.{secrets.token_hex(6)}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        try:
-            os.fchmod(fd, mode)  # the umask may have taken bits away; set exactly what we asked
-            view = memoryview(payload)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-        fsync_path(directory)
+        atomic_write(target, payload, mode=mode)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise FileWriteError(f"{target}: cannot write: {exc.strerror or exc}") from exc
     return target
 

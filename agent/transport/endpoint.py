@@ -38,6 +38,7 @@ from agent.core.errors import (
 )
 from agent.core.gate import Gate
 from agent.core.ratelog import RateLimitedLog
+from agent.core.tasks import cancel_and_wait
 from agent.outbox.types import OutboxRow
 from agent.transport import topics
 from agent.transport._deadlines import Deadlines
@@ -352,12 +353,7 @@ class EnvelopeInbox:
         for task in workers:
             task.cancel()
         for task in workers:
-            try:
-                await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+            await cancel_and_wait(task)
         queue, self._queue = self._queue, None
         while queue is not None and not queue.empty():
             unanswered = queue.get_nowait()[2]

@@ -26,6 +26,7 @@ from collections.abc import Awaitable
 
 from agent.core.errors import ConnectionLost, NotConnected
 from agent.core.gate import Gate
+from agent.core.tasks import cancel_and_wait
 from agent.transport import topics
 from agent.transport._memory_broker import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -325,13 +326,8 @@ class MemoryTransport:
         task, self._dispatcher = self._dispatcher, None
         self._queue.clear()
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
             try:
-                await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+                await cancel_and_wait(task)
             finally:
                 self._close_unstarted()
 

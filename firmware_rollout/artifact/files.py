@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from firmware_rollout._fs import fsync_dir
+from agent.core.files import fsync_dir
 from firmware_rollout.artifact.keys import SigningKey, Verifier
 from firmware_rollout.artifact.manifest import (
     DEFAULT_CHUNK_SIZE,

@@ -11,7 +11,6 @@ The `cryptography` types stay inside this module: callers hold a `SigningKey` or
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Union
@@ -20,6 +19,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from agent.core.files import atomic_write
 from firmware_rollout.errors import KeyFileError
 
 KEY_ID_SIZE = 8
@@ -160,15 +160,7 @@ def _write_new(path: Path, data: bytes, mode: int, *, force: bool) -> None:
     """Write `data` to a temporary file with `mode`, fsync it and rename it over `path`."""
     if path.exists() and not force:
         raise KeyFileError(f"{path} already exists (use --force to replace it)")
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)  # the umask may have removed bits; never leave more than asked
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    atomic_write(path, data, mode=mode)
 
 
 def generate_keypair(out_dir: str | Path, *, force: bool = False) -> KeyPairPaths:

@@ -27,7 +27,7 @@ from typing import Annotated
 import msgspec
 
 from agent.core.durations import utc_iso
-from firmware_rollout._fs import atomic_write
+from agent.core.files import atomic_write
 from firmware_rollout.artifact.keys import KEY_ID_SIZE, SigningKey, Verifier, VerifyKey, load_verify_key
 from firmware_rollout.errors import KeyFileError, TrustError, WrongKey
 

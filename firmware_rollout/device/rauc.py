@@ -25,7 +25,8 @@ from typing import Annotated, Any
 import msgspec
 
 from agent.core.clock import Clock, SystemClock
-from firmware_rollout._fs import atomic_write, in_thread
+from agent.core.files import atomic_write
+from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import FileTarget, SlotImages

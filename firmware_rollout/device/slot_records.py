@@ -23,7 +23,7 @@ from typing import Literal
 
 import msgspec
 
-from firmware_rollout._fs import atomic_write
+from agent.core.files import atomic_write
 from firmware_rollout.artifact.manifest import Manifest
 from firmware_rollout.errors import InstallError
 

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.core.clock import Clock, SystemClock
-from firmware_rollout._fs import atomic_write, fsync_dir, in_thread
+from agent.core.files import atomic_write, fsync_dir
+from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import Backend, BackendSettings, InstallerContext
 from firmware_rollout.device.slot_images import SlotImages

@@ -43,7 +43,8 @@ from agent.core.errors import (
     ArtifactError,
     EdgeAgentError,
 )
-from firmware_rollout._fs import atomic_write, in_thread
+from agent.core.files import atomic_write
+from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import (
     Manifest,
