@@ -17,6 +17,7 @@ streaming installs are not used here.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Annotated, Any
 import msgspec
 
 from agent.core.clock import Clock, SystemClock
-from agent.core.files import atomic_write
+from agent.core.files import atomic_write, fsync_dir
 from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
@@ -37,6 +38,14 @@ BUNDLE_FILE = "rauc-bundle.raucb"
 TRIAL_FILE = "rauc-trial"
 STATUS_TIMEOUT_S = 60.0
 INSTALL_TIMEOUT_S = 3600.0
+
+
+def flags_on_disk() -> None:
+    """RAUC's boot flags (grubenv, U-Boot's environment, ...) written to the disk before the
+    trial file says what they are: a power cut between the two must not leave the file ahead of
+    the flags. RAUC does not sync its bootloader backend's writes, so the whole system is synced
+    (after a slot write, that data is due on the disk anyway)."""
+    os.sync()
 
 
 class RaucInstaller(StreamingInstaller):
@@ -146,13 +155,16 @@ class RaucInstaller(StreamingInstaller):
         self._refresh()
         if self.default_slot() != slot:
             raise InstallError(f"rauc installed into slot {self.default_slot()}, not the inactive slot {slot}")
+        flags_on_disk()
         atomic_write(self._trial_file, slot.encode())
 
     def _mark(self, *steps: tuple[str, str]) -> None:
         for action, target in steps:
             self._run("status", action, target)
         self._refresh()
+        flags_on_disk()
         self._trial_file.unlink(missing_ok=True)
+        fsync_dir(self._trial_file.parent)
 
     async def read_slot(self, slot: str, offset: int, length: int) -> bytes:
         raise InstallError("RAUC's slots hold what RAUC installed, not our image: every chunk is downloaded "

@@ -18,6 +18,7 @@ import pytest
 from fwhelpers import CountingSource, Device, Keys, ScriptedHealth
 
 from firmware_rollout.artifact.files import build_artifact
+from firmware_rollout.device import rauc as rauc_module
 from firmware_rollout.device.rauc import RaucInstaller
 from firmware_rollout.device.slots import Installer
 from firmware_rollout.messages import UpdateOffer
@@ -166,10 +167,13 @@ def offer(source: CountingSource) -> UpdateOffer:
 
 
 async def test_a_bundle_installed_by_rauc_is_marked_good_after_the_health_check(
-        tmp_path: Path, keys: Keys, rauc_system: RaucSystem) -> None:
+        tmp_path: Path, keys: Keys, rauc_system: RaucSystem, monkeypatch: pytest.MonkeyPatch) -> None:
     rootfs = os.urandom(200_000)
     artifact = artifact_of(tmp_path, keys, rauc_system.bundle("1.1.0", rootfs), "1.1.0")
     device = RaucDevice(tmp_path / "dev", keys, rauc_system, hardware=None)
+    trial_file_at_sync: list[bool] = []  # RAUC's flags go to the disk before the trial file changes
+    monkeypatch.setattr(rauc_module, "flags_on_disk",
+                        lambda: trial_file_at_sync.append((device.root / rauc_module.TRIAL_FILE).exists()))
     source = CountingSource(artifact)
     updater = await device.boot()
     report = await updater.offer(offer(source), source)
@@ -183,6 +187,9 @@ async def test_a_bundle_installed_by_rauc_is_marked_good_after_the_health_check(
     assert (status.state, status.booted_slot, status.default_slot) == ("committed", "B", "B")
     assert isinstance(updater.installer, RaucInstaller)
     assert updater.installer.boot_status("B") == "good" and updater.installer.trial_slot() is None
+    # the first boot's mark-good; the install, synced before the trial file is written; the
+    # commit, synced before the file goes
+    assert trial_file_at_sync == [False, False, True]
     await updater.close()
 
 
