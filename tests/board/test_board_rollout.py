@@ -85,8 +85,11 @@ def test_a_new_root_file_system_boots_commits_and_a_bad_one_falls_back(tmp_path:
             start_rollout(tmp_path, db, "v2", art_2)
             wait_for(lambda: (lambda d: d["bytes_total"] and d["bytes_done"] >= d["bytes_total"])(
                 rollout_status(db, "v2")["waves"][0]["download"]), "the whole update downloaded", limit_s=1200)
+            cut = board.mark()
             board.power_cut()
             board.power_on()
+            after_cut = board.report(since=cut)  # the agent is up again (a trial boot may come first)
+            assert after_cut["agent"].startswith("active"), after_cut
             done = rollout_end(db, "v2")
             story = device_story(db, "v2")
             assert [d["state"] for d in done["device_list"]] == ["succeeded"], story
