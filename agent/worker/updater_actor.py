@@ -51,6 +51,8 @@ from agent.worker.leader_watch import LeaderWatch
 from firmware_rollout.device.chunk_client import ChunkClient, RemoteChunkSource
 from firmware_rollout.device.download import DownloadSource, MirrorSettings, download_source
 from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck
+from firmware_rollout.device.reboot import Rebooter
+from firmware_rollout.device.slots import Installer
 from firmware_rollout.device.updater import CANCELABLE_STATES, ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import (
@@ -108,11 +110,34 @@ class UpdaterActor(Actor):
         self._work: asyncio.Task[None] | None = None
         self._work_rollout = ""
         self._canceled: dict[str, str] = {}  # rollout -> reason, the newest CANCELS_KEPT
+        self.not_open = ""  # why the updater is not open yet ("" once it is)
 
     async def on_start(self, ctx: Context) -> None:
         await self._chunks.start()
-        self.updater = await self._open(self._report)
+        self.updater = await self._open_when_it_can(ctx.clock)
         await self._boot_and_resume(ctx)
+
+    async def _open_when_it_can(self, clock: Clock) -> Updater:
+        """The updater, opened. While it cannot be (the root helper not answering yet, a state
+        directory it cannot use), the reason is logged once and the open tried again, backing
+        off: the rest of the agent runs meanwhile, and offers wait in the mailbox (or are
+        refused as busy, and offered again)."""
+        wait_s, said = OPEN_RETRY_FIRST_S, ""
+        while True:
+            try:
+                updater = await self._open(self._report)
+            except EdgeAgentError as exc:
+                if str(exc) != said:
+                    said = str(exc)
+                    log.warning("updater not open, trying again: %s", said)
+                self.not_open = said
+                await clock.sleep(wait_s)
+                wait_s = min(wait_s * 2, OPEN_RETRY_MAX_S)
+                continue
+            if said:
+                log.info("updater open")
+            self.not_open = ""
+            return updater
 
     async def on_stop(self, ctx: Context) -> None:
         if self.updater is not None:
@@ -267,6 +292,8 @@ class UpdaterActor(Actor):
 
 
 CANCELS_KEPT = 64
+OPEN_RETRY_FIRST_S = 2.0  # an updater that cannot open yet is tried again after this, doubling...
+OPEN_RETRY_MAX_S = 60.0  # ...up to this
 
 
 def slot_state(updater: Updater) -> SlotState | None:
@@ -381,7 +408,8 @@ class UpdaterPart(PartBase):
         worker.slot_state = lambda: slot_state(actor.updater) if actor.updater is not None else None
 
     async def stop(self) -> None:
-        """Nothing of its own: its actors stop with the worker's."""
+        """Its actors stop with the worker's; the hardware lets go of what it holds."""
+        self._hardware.close()
 
 
 def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
@@ -394,15 +422,22 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
     key = fleet_keys(worker)
     state_dir = firmware_state_dir(fw, worker.data_dir)
     clock = worker.clock
-    installer = installer_from_config(fw, state_dir, clock=clock, verify_key=key)
     watch = LeaderWatch(state_dir, fleet=worker.fleet, clock=clock)
     health: HealthCheck = ConnectivityCheck(worker.transport.connected, worker.leader_answered,
                                             leader_down=watch.down_since)
     if fw.health_command:
         health = AllChecks(health, CommandCheck(fw.health_command, timeout_s=fw.health_timeout_s))
-    rebooter = rebooter_for(installer, fw, clock=clock)
+    made: list[tuple[Installer, Rebooter]] = []
 
     async def open_updater(sink: ReportSink) -> Updater:
+        if not made:
+            # at the first open, in a thread: with `helper_socket` the installer asks the root
+            # helper for its slots, and the helper's first start (socket activation, RAUC's
+            # service on D-Bus) takes seconds on a small device, tens of them on an emulated one;
+            # the agent is up (READY, the watchdog pinged) without waiting for it
+            installer = await asyncio.to_thread(installer_from_config, fw, state_dir, clock=clock, verify_key=key)
+            made.append((installer, rebooter_for(installer, fw, clock=clock)))
+        installer, rebooter = made[0]
         return await Updater.open(state_dir, device_id=config.agent.device_id, verify_key=key, clock=clock,
                                   health=health, rebooter=rebooter, installer=installer,
                                   hardware=fw.hardware or None,
@@ -416,7 +451,13 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
 
     mirrors = MirrorSettings(timeout_s=fw.mirror_timeout_s, ca=fw.mirror_ca, retry_budget=fw.retry_budget,
                              client_cert=config.mqtt.tls_cert, client_key=config.mqtt.tls_key)
-    return UpdaterHardware(open_updater=open_updater, mirrors=mirrors, leader_watch=watch)
+    def close() -> None:
+        for installer, _ in made:
+            closing = getattr(installer, "close", None)  # (the helper's client holds a connection)
+            if closing is not None:
+                closing()
+
+    return UpdaterHardware(open_updater=open_updater, mirrors=mirrors, leader_watch=watch, close=close)
 
 
 __all__ = [

@@ -3,7 +3,6 @@ library load only when `[firmware]` pins a key (the import-budget test in `tests
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from agent.worker.agent import WorkerAgent
@@ -22,10 +21,7 @@ async def updater_part(worker: WorkerAgent, env: DeviceEnv) -> UpdaterPart | Non
 
     if env.updater_hardware is not None:
         return UpdaterPart(worker, env.updater_hardware(worker))
-    # in a thread: with `helper_socket` the installer asks the root helper for its slots, and the
-    # helper's first start (socket activation, RAUC's service on D-Bus) takes seconds on a small
-    # device, tens of them on an emulated one, while the loop must keep pinging the watchdog
-    return UpdaterPart(worker, await asyncio.to_thread(device_hardware, worker))
+    return UpdaterPart(worker, device_hardware(worker))  # (its installer is made at the first open)
 
 
 __all__ = ["updater_part"]
