@@ -1,5 +1,5 @@
 """Configuration rolled out in waves: the signed config release (`config_rollout.release`).
 
-Layer 5: imports `agent.core` and the firmware library's keys and versions (`firmware_rollout`);
-the agents above host it.
+Layer 5: imports `agent.core` and the engine's keys and versions (`rollout_engine`), never its
+peer `firmware_rollout`; the agents above host it.
 """

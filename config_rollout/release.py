@@ -28,9 +28,9 @@ import msgspec
 
 from agent.core.files import atomic_write
 from config_rollout.errors import ConfigReleaseError, MalformedRelease, ReleaseSignature
-from firmware_rollout.artifact.keys import SigningKey, Verifier, VerifyKey
-from firmware_rollout.artifact.version import parse_version
-from firmware_rollout.errors import InvalidVersion, WrongKey
+from rollout_engine.errors import InvalidVersion, WrongKey
+from rollout_engine.keys import SigningKey, Verifier, VerifyKey
+from rollout_engine.version import parse_version
 
 MAGIC = b"EACFG\x01"
 SUFFIX = ".eacfg"

@@ -1,12 +1,12 @@
 """Firmware rollouts: a library in three rooms over a shared artifact format.
 
-Layer 4: imports `agent.core`, `agent.actors`, `agent.outbox`, `agent.transport` and
-`agent.service` (the HTTP layer), never the worker, leader, simulator or CLI (the import
+Layer 5: imports the engine's library (`rollout_engine`: keys, trust, versions, windows),
+`agent.core`, `agent.actors`, `agent.outbox`, `agent.transport` and `agent.service` (the HTTP
+layer), never the worker, leader, simulator or CLI, nor its peer `config_rollout` (the import
 contracts in `pyproject.toml` say so).
 
-    messages, errors, windows, _fs   shared: the wire messages, the error tree, maintenance
-                                     windows, durable file helpers
-    artifact/       the format: version, keys, manifest, files (build, sign, verify), fixture
+    messages, errors  shared: the wire messages, the error tree
+    artifact/       the format: manifest, files (build, sign, verify), fixture
     device/         the device's updater: its store, A/B slots (`Installer`), staging, chunk
                     sources and the MQTT chunk client, health checks, rebooters
     orchestration/  the leader's rollouts: spec, plan, gates, orchestrator, status, the rollout
@@ -32,13 +32,6 @@ if TYPE_CHECKING:
         verify_artifact,
     )
     from firmware_rollout.artifact.fixture import make_artifact
-    from firmware_rollout.artifact.keys import (
-        SigningKey,
-        VerifyKey,
-        generate_keypair,
-        load_signing_key,
-        load_verify_key,
-    )
     from firmware_rollout.artifact.manifest import (
         ImageVerifier,
         Manifest,
@@ -47,7 +40,6 @@ if TYPE_CHECKING:
         parse_signed_manifest,
         verify_signed_manifest,
     )
-    from firmware_rollout.artifact.version import Version
     from firmware_rollout.device.health import AllChecks, CommandCheck, ConnectivityCheck, HealthCheck, HealthResult
     from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
     from firmware_rollout.device.slots import DirectoryInstaller, Installer
@@ -77,6 +69,14 @@ if TYPE_CHECKING:
     from firmware_rollout.orchestration.orchestrator import Orchestrator
     from firmware_rollout.orchestration.spec import RolloutSpec, load_spec
     from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.keys import (
+        SigningKey,
+        VerifyKey,
+        generate_keypair,
+        load_signing_key,
+        load_verify_key,
+    )
+    from rollout_engine.version import Version
 
 _LAZY: dict[str, tuple[str, ...]] = {
     "firmware_rollout.artifact.files": (
@@ -93,7 +93,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "firmware_rollout.device.health": (
         "AllChecks", "CommandCheck", "ConnectivityCheck", "HealthCheck", "HealthResult",
     ),
-    "firmware_rollout.artifact.keys": (
+    "rollout_engine.keys": (
         "SigningKey", "VerifyKey", "generate_keypair", "load_signing_key", "load_verify_key",
     ),
     "firmware_rollout.artifact.manifest": (
@@ -116,7 +116,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "firmware_rollout.device.updater": (
         "Updater", "UpdaterSettings", "UpdaterStatus",
     ),
-    "firmware_rollout.artifact.version": (
+    "rollout_engine.version": (
         "Version",
     ),
     "firmware_rollout.orchestration.orchestrator": (

@@ -3,13 +3,14 @@
 ArtifactError                       a firmware artifact is refused (the text says why)
 ├── MalformedArtifact               not an artifact, truncated, bad header or manifest
 ├── BadSignature                    the signature does not verify against the pinned key
-│   ├── WrongKey                    signed by another key than the pinned one
+│   ├── WrongKey                    signed by another key than the pinned one (rollout_engine)
+│   ├── TrustError                  a trust document refused (rollout_engine)
 │   └── Unsigned                    built without a key and never signed
 ├── ChunkMismatch                   a chunk, the whole image or its size differs from the manifest
 ├── Incompatible                    wrong hardware, or installed version below the minimum
 ├── Downgrade                       older than the installed version and not a signed rollback
-├── InvalidVersion                  a version string is not a strict semantic version
-└── KeyFileError                    a key file is missing, unreadable or not an ed25519 key
+├── InvalidVersion                  a version string is not a strict semantic version (rollout_engine)
+└── KeyFileError                    a key file is missing, unreadable or not an ed25519 key (rollout_engine)
 UpdaterError                        the device-side updater cannot proceed
 └── InstallError                    writing a slot or switching the boot target failed
 """
@@ -17,18 +18,11 @@ UpdaterError                        the device-side updater cannot proceed
 from __future__ import annotations
 
 from agent.core.errors import ArtifactError, BadSignature, Downgrade, EdgeAgentError, RolloutError
+from rollout_engine.errors import InvalidVersion, KeyFileError, TrustError, WrongKey
 
 
 class MalformedArtifact(ArtifactError):
     """The bytes are not a well-formed artifact: bad magic, header, manifest or length."""
-
-
-class WrongKey(BadSignature):
-    """The artifact was signed by a key other than the pinned one."""
-
-
-class TrustError(BadSignature):
-    """A trust document refused: malformed, not newer, not signed by a trusted root."""
 
 
 class Unsigned(BadSignature):
@@ -41,14 +35,6 @@ class ChunkMismatch(ArtifactError):
 
 class Incompatible(ArtifactError):
     """The image is not for this hardware, or needs a newer installed version first."""
-
-
-class InvalidVersion(ArtifactError):
-    """A version is not a strict semantic version (MAJOR.MINOR.PATCH[-pre][+build])."""
-
-
-class KeyFileError(ArtifactError):
-    """A key file cannot be read or does not hold the expected ed25519 key."""
 
 
 class UpdaterError(EdgeAgentError):

@@ -89,7 +89,7 @@ class UpdateOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     # HTTP(S) mirrors serving the artifact as `{mirror}/{image sha256}.eafw`, most preferred
     # first (the leader's own artifact server among them); MQTT chunks are the last resort
     mirrors: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=512)], ...], msgspec.Meta(max_length=16)] = ()
-    # the fleet's trust document the leader holds (`firmware_rollout.artifact.trust`): a device
+    # the fleet's trust document the leader holds (`rollout_engine.trust`): a device
     # takes it when it is newer than its own and signed by a root it trusts
     trust: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)] = b""
 

@@ -49,7 +49,7 @@ async def bench_apply(tmp: Path, applies: int) -> dict[str, float]:
     from agent.service.files import fsync_path, write_private_file
     from config_rollout.device.apply import ConfigApplier
     from config_rollout.release import parse_release
-    from firmware_rollout.artifact.keys import SigningKey
+    from rollout_engine.keys import SigningKey
 
     key = SigningKey.generate()
     target = ConfigTargetSection(directory=str(tmp / "etc" / "app"), settle_s=0.0)
@@ -89,7 +89,7 @@ def bench_layers(tmp: Path, devices: int) -> dict[str, float]:
     from config_rollout.layer_store import LayerStore
     from config_rollout.layers import render
     from config_rollout.messages import ConfigOffer
-    from firmware_rollout.artifact.keys import SigningKey
+    from rollout_engine.keys import SigningKey
 
     key = SigningKey.generate()
     raw = _release(tmp, "2.0.0", {"app.toml": b"log_level = 'info'\nport = 8080\n[limits]\nmax = 10\n"}, key)

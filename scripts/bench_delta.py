@@ -54,11 +54,11 @@ from bench_mqtt import free_port, mosquitto  # noqa: E402
 
 from agent.core.clock import SystemClock  # noqa: E402
 from firmware_rollout.artifact.files import ContentDefined, build_artifact  # noqa: E402
-from firmware_rollout.artifact.keys import generate_keypair, load_signing_key, load_verify_key  # noqa: E402
 from firmware_rollout.artifact.manifest import SignedManifest  # noqa: E402
 from firmware_rollout.device.sources import ArtifactChunkSource  # noqa: E402
 from firmware_rollout.device.updater import Updater  # noqa: E402
 from firmware_rollout.messages import UpdateOffer  # noqa: E402
+from rollout_engine.keys import generate_keypair, load_signing_key, load_verify_key  # noqa: E402
 
 #: v1's environment (pinned) and what v2 changes, a minor upgrade: three packages to newer
 #: releases, one removed, one added. numpy is the bulk (compiled code and data, as on a device).

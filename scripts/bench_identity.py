@@ -48,9 +48,9 @@ def main() -> None:
     from agent.identity.device_key import certificate_request, device_key_fingerprint, new_device_key
     from agent.identity.messages import EnrolRequest
     from agent.leader.identities import IdentityStore
-    from firmware_rollout.artifact.keys import SigningKey
     from firmware_rollout.artifact.manifest import Manifest, make_signed_manifest, verify_signed_manifest
-    from firmware_rollout.artifact.trust import TrustedKeys, make_trust_document
+    from rollout_engine.keys import SigningKey
+    from rollout_engine.trust import TrustedKeys, make_trust_document
 
     now = int(time.time() * 1000)
     keys_made, requests_made = [], []

@@ -35,12 +35,12 @@ if str(ROOT) not in sys.path:
 
 from agent.core.clock import SystemClock  # noqa: E402
 from firmware_rollout.artifact.files import build_artifact, read_image_chunk, read_signed_manifest  # noqa: E402
-from firmware_rollout.artifact.keys import generate_keypair, load_signing_key, load_verify_key  # noqa: E402
 from firmware_rollout.device.health import HealthResult  # noqa: E402
 from firmware_rollout.device.sources import ArtifactChunkSource  # noqa: E402
 from firmware_rollout.device.uboot import UBootInstaller  # noqa: E402
 from firmware_rollout.device.updater import Updater  # noqa: E402
 from firmware_rollout.messages import UpdateOffer  # noqa: E402
+from rollout_engine.keys import generate_keypair, load_signing_key, load_verify_key  # noqa: E402
 
 
 def log(message: str) -> None:

@@ -81,8 +81,8 @@ def main() -> int:
     from agent.core.clock import VirtualClock
     from agent.leader.registry import DeviceRegistry
     from firmware_rollout.artifact.fixture import make_artifact
-    from firmware_rollout.artifact.keys import load_verify_key
     from firmware_rollout.orchestration.artifacts import ArtifactStore
+    from rollout_engine.keys import load_verify_key
 
     with tempfile.TemporaryDirectory(prefix="bench-upload-") as tmp:
         work = Path(tmp)

@@ -52,7 +52,7 @@ def _release(args: argparse.Namespace) -> int:
     import time
 
     from config_rollout.release import SUFFIX, build_release, read_release, write_release
-    from firmware_rollout.artifact.keys import load_signing_key, load_verify_key
+    from rollout_engine.keys import load_signing_key, load_verify_key
 
     if args.step == "build":
         if args.max_document_kib < 1:
@@ -86,7 +86,7 @@ def _apply(args: argparse.Namespace) -> int:
     from agent.core.config import load_config
     from config_rollout.device.apply import ConfigApplier
     from config_rollout.release import read_release
-    from firmware_rollout.artifact.keys import load_verify_key
+    from rollout_engine.keys import load_verify_key
 
     config = load_config(args.config)
     if not config.firmware.public_key:

@@ -151,7 +151,7 @@ def diff_main(args: argparse.Namespace) -> int:
     from config_rollout.layer_store import LayerReads
     from config_rollout.layers import render
     from config_rollout.release import parse_release, peek_release, read_release
-    from firmware_rollout.artifact.keys import load_verify_key
+    from rollout_engine.keys import load_verify_key
 
     key = load_verify_key(args.key)
     now_ms = int(time.time() * 1000)

@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("console", None, f"needs the console extra ({exc.name} is missing):"
                                            " pip install 'edge-agent[console]'") from None
     if args.public_key:
-        from firmware_rollout.artifact.keys import load_verify_key
+        from rollout_engine.keys import load_verify_key
 
         load_verify_key(args.public_key)  # a KeyFileError names the file
     if args.max_upload_mib < 1:

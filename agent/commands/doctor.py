@@ -390,7 +390,7 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
         yield _trust(config, data_dir)
     if fw.public_key and "firmware key" not in skip:
         try:
-            from firmware_rollout.artifact.keys import load_verify_key
+            from rollout_engine.keys import load_verify_key
 
             load_verify_key(fw.public_key)
             yield Outcome("firmware key", True, f"{fw.public_key}: an ed25519 public key")
@@ -425,7 +425,7 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
 
 def _trust(config: AgentConfig, data_dir: Path) -> Outcome:
     """The trust root and the trust document held (what signing keys this agent accepts)."""
-    from firmware_rollout.artifact.trust import TrustedKeys, load_fleet_keys
+    from rollout_engine.trust import TrustedKeys, load_fleet_keys
 
     fw = config.firmware
     state = data_dir / "trust"

@@ -105,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from firmware_rollout.artifact.keys import generate_keypair
+    from rollout_engine.keys import generate_keypair
 
     paths = generate_keypair(args.out, force=args.force)
     print(f"wrote {paths.private} (keep it secret) and {paths.public}; key id {paths.key_id}")
@@ -114,8 +114,8 @@ def _keygen(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from firmware_rollout.artifact.files import build_artifact
-    from firmware_rollout.artifact.keys import load_signing_key
     from firmware_rollout.artifact.manifest import DEFAULT_CHUNK_SIZE
+    from rollout_engine.keys import load_signing_key
 
     if args.out.exists() and not args.force:
         raise ConfigError(str(args.out), None, "exists already: give --force to replace it (a rollout that"
@@ -183,7 +183,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 def _sign(args: argparse.Namespace) -> int:
     from firmware_rollout.artifact.files import sign_artifact
-    from firmware_rollout.artifact.keys import load_signing_key
+    from rollout_engine.keys import load_signing_key
 
     signed = sign_artifact(args.artifact, load_signing_key(args.key), out=args.out)
     print(f"signed {args.out or args.artifact} with key {signed.key_id.hex()}")
@@ -192,7 +192,7 @@ def _sign(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from firmware_rollout.artifact.files import verify_artifact
-    from firmware_rollout.artifact.keys import load_verify_key
+    from rollout_engine.keys import load_verify_key
 
     signed = verify_artifact(
         args.artifact, load_verify_key(args.pubkey), hardware=args.hardware, installed_version=args.installed_version,
@@ -251,8 +251,8 @@ def _trust(args: argparse.Namespace) -> int:
     import time
 
     from agent.core.durations import parse_seconds
-    from firmware_rollout.artifact.keys import load_signing_key, load_verify_key
-    from firmware_rollout.artifact.trust import TrustDocument, make_trust_document, read_trust_document
+    from rollout_engine.keys import load_signing_key, load_verify_key
+    from rollout_engine.trust import TrustDocument, make_trust_document, read_trust_document
 
     now = int(time.time() * 1000)
     if args.show is not None:

@@ -27,7 +27,7 @@ from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import UpdateOffer, UpdateReport
 
 if TYPE_CHECKING:
-    from firmware_rollout.artifact.keys import VerifyKey
+    from rollout_engine.keys import VerifyKey
 
 
 def add_device_actions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -89,7 +89,7 @@ class _Device:
 
 def _device(config: AgentConfig) -> _Device:
     from agent.worker.installers import firmware_state_dir, installer_from_config
-    from firmware_rollout.artifact.keys import load_verify_key
+    from rollout_engine.keys import load_verify_key
 
     fw = config.firmware
     clock = SystemClock()
@@ -126,8 +126,8 @@ def _view(updater: Updater, status: UpdaterStatus) -> dict[str, object]:
 
 async def install(args: argparse.Namespace) -> int:
     from firmware_rollout.artifact.files import verify_artifact
-    from firmware_rollout.artifact.keys import load_verify_key
     from firmware_rollout.device.sources import ArtifactChunkSource
+    from rollout_engine.keys import load_verify_key
 
     config = _config(args)
     _refuse_while_running(config)

@@ -39,7 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from firmware_rollout.artifact.trust import load_fleet_keys
     from firmware_rollout.device.backends import InstallerContext, configured_backend, rebooter_from_config
     from firmware_rollout.device.helper import (
         UNAVAILABLE_LINGER_S,
@@ -48,6 +47,7 @@ async def _serve(args: argparse.Namespace) -> int:
         serve_unavailable,
     )
     from firmware_rollout.errors import InstallError
+    from rollout_engine.trust import load_fleet_keys
 
     config = load_config(args.config)
     fw = config.firmware

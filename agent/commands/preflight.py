@@ -63,7 +63,7 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
     fw = config.firmware
     if fw.public_key:
         try:
-            from firmware_rollout.artifact.keys import load_verify_key
+            from rollout_engine.keys import load_verify_key
 
             load_verify_key(fw.public_key)
         except (EdgeAgentError, OSError, ValueError) as exc:
@@ -76,8 +76,8 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
     if fw.trust_document and not fw.trust_root:
         raise ConfigError(source, "firmware.trust_document", "needs trust_root: the root key that signed it")
     if fw.trust_root:
-        from firmware_rollout.artifact.keys import load_verify_key
-        from firmware_rollout.artifact.trust import TrustedKeys, read_trust_document
+        from rollout_engine.keys import load_verify_key
+        from rollout_engine.trust import TrustedKeys, read_trust_document
 
         try:
             root = load_verify_key(fw.trust_root)

@@ -139,7 +139,7 @@ def artifacts(directory: Path) -> list[ArtifactChoice]:
     from config_rollout.errors import ConfigReleaseError
     from config_rollout.release import SUFFIX, peek_release
     from firmware_rollout.artifact.files import read_signed_manifest
-    from firmware_rollout.artifact.version import Version
+    from rollout_engine.version import Version
 
     found = []
     for path in sorted(directory.glob("*.eafw")) if directory.is_dir() else []:

@@ -405,8 +405,8 @@ class Console:
             return 409, NO_UPLOADS
         if body is None:
             return 411, "send the artifact as the request body, with a Content-Length"
-        from firmware_rollout.artifact.keys import load_verify_key
         from firmware_rollout.orchestration.artifacts import ArtifactStore
+        from rollout_engine.keys import load_verify_key
 
         shown = printable(name.encode(), 100) or "the upload"
         if _is_config_release(body):
@@ -424,7 +424,7 @@ class Console:
         """A config release uploaded: checked as the leader checks one at a rollout's start, kept
         by its id (the upload's file is removed by the HTTP layer)."""
         from agent.leader.rollout import admit_config_release
-        from firmware_rollout.artifact.keys import load_verify_key
+        from rollout_engine.keys import load_verify_key
 
         assert self.config.public_key is not None
         try:

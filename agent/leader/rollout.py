@@ -50,10 +50,10 @@ from agent.service.checks import Check, problem_check, task_check
 from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
-from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
-from firmware_rollout.artifact.trust import TrustedKeys, load_fleet_keys
 from firmware_rollout.errors import ReportRefused
+from rollout_engine.keys import Verifier
+from rollout_engine.trust import TrustedKeys, load_fleet_keys
 
 if TYPE_CHECKING:
     from config_rollout.layer_store import LayerStore

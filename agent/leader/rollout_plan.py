@@ -15,10 +15,10 @@ from agent.core.errors import RolloutError
 from agent.core.sql import PostgresUrl
 from agent.leader.readonly import open_leader_db
 from firmware_rollout.artifact.manifest import Manifest
-from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import InvalidVersion
 from firmware_rollout.orchestration.plan import DeviceInfo, exclusion, plan_waves
 from firmware_rollout.orchestration.spec import RolloutSpec
+from rollout_engine.version import Version
 
 if TYPE_CHECKING:
     from config_rollout.release import ReleaseManifest

@@ -29,9 +29,9 @@ from agent.sim.report import Report
 from agent.sim.rollout import RolloutSimulation, device_ids
 from config_rollout.device.apply import CONFIRM_RETRY_S
 from config_rollout.release import build_release
-from firmware_rollout.artifact.keys import SigningKey
 from firmware_rollout.orchestration.spec import spec_from_dict
 from firmware_rollout.orchestration.status import describe
+from rollout_engine.keys import SigningKey
 
 RELEASE_VERSION = "1.1.0"
 NEW_DOCUMENT = b"mode = 'tuned'\nworkers = 4\n"

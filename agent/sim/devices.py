@@ -27,11 +27,11 @@ from agent.core.clock import Clock
 from agent.core.gate import Gate
 from agent.worker.agent import WorkerAgent
 from agent.worker.hardware import InProcessRebooter, OpenUpdater, UpdaterHardware
-from firmware_rollout.artifact.keys import VerifyKey, load_verify_key
 from firmware_rollout.device.health import HealthResult
 from firmware_rollout.device.slots import DirectoryInstaller
 from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import InstallError
+from rollout_engine.keys import VerifyKey, load_verify_key
 
 
 @dataclass(frozen=True)

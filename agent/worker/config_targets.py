@@ -42,11 +42,11 @@ from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
 from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigCancel, ConfigOffer
 from config_rollout.release import parse_release, peek_release
-from firmware_rollout.artifact.keys import Verifier
-from firmware_rollout.artifact.trust import take_trust_document
 from firmware_rollout.errors import TrustError
 from firmware_rollout.messages import ReportState, UpdateReport, UpdaterState, report_message
-from firmware_rollout.windows import parse_window, window_wait
+from rollout_engine.keys import Verifier
+from rollout_engine.trust import take_trust_document
+from rollout_engine.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
 LEADER_ANSWER_S = 5.0  # one confirm's round trip to the leader, at most

@@ -3,7 +3,7 @@ the updater and the configuration targets: the fleet's trust document under `[fi
 trust_root` (kept in DATA_DIR/trust once accepted), or the one pinned `public_key`.
 
 A newer trust document rides on every offer (`UpdateOffer.trust`, `ConfigOffer.trust`); the
-updater and the configuration targets take it (`firmware_rollout.artifact.trust.take_trust_document`)
+updater and the configuration targets take it (`rollout_engine.trust.take_trust_document`)
 before the offer's own signature is checked, so an artifact signed by a key the newest document
 removed, or whose expiry passed, is refused at once.
 """
@@ -15,8 +15,8 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from firmware_rollout.artifact.keys import Verifier
-from firmware_rollout.artifact.trust import load_fleet_keys
+from rollout_engine.keys import Verifier
+from rollout_engine.trust import load_fleet_keys
 
 if TYPE_CHECKING:
     from agent.core.clock import Clock

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from agent.core.clock import Clock
 from agent.core.config import FirmwareSection
-from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.backends import InstallerContext, configured_backend, rebooter_from_config
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import Installer
+from rollout_engine.keys import Verifier
 
 
 def firmware_state_dir(fw: FirmwareSection, data_dir: Path) -> Path:
@@ -25,8 +25,8 @@ def installer_from_config(fw: FirmwareSection, state_dir: Path, *, clock: Clock,
     table, `InstallError` when the boot machinery cannot be read (a missing tool, no slot on
     the kernel command line, the helper not answering)."""
     if fw.helper_socket:
-        from firmware_rollout.artifact.trust import TrustedKeys
         from firmware_rollout.device.helper import HelperInstaller
+        from rollout_engine.trust import TrustedKeys
 
         held = verify_key if isinstance(verify_key, TrustedKeys) else None  # sent along: the helper checks it
         return HelperInstaller(fw.helper_socket, clock=clock, settle_s=fw.reboot_timeout_s,

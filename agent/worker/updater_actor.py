@@ -63,7 +63,7 @@ from firmware_rollout.messages import (
     UpdateReport,
     report_message,
 )
-from firmware_rollout.windows import parse_window, window_wait
+from rollout_engine.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
 

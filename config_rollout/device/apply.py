@@ -55,12 +55,12 @@ from typing import Any, Literal, TypeVar
 from agent.core.clock import Clock, SystemClock
 from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
+from agent.core.tasks import in_thread
 from agent.service.files import fsync_path, write_private_file
 from config_rollout.device.review import ConfigReviews
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import Rendered
 from config_rollout.release import ConfigRelease
-from firmware_rollout._fs import in_thread
 
 #: "restarting": swapped in, to be confirmed by the agent's next start, which it asked for
 Outcome = Literal["committed", "failed", "rolled_back", "restarting"]

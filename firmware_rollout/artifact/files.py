@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agent.core.files import fsync_dir
-from firmware_rollout.artifact.keys import SigningKey, Verifier
 from firmware_rollout.artifact.manifest import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
@@ -41,8 +40,9 @@ from firmware_rollout.artifact.manifest import (
     parse_signed_manifest,
     verify_signed_manifest,
 )
-from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import ArtifactError, MalformedArtifact
+from rollout_engine.keys import SigningKey, Verifier
+from rollout_engine.version import Version
 
 _COPY_BLOCK = 1024 * 1024
 

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from firmware_rollout.artifact.files import build_artifact
-from firmware_rollout.artifact.keys import generate_keypair, load_signing_key
+from rollout_engine.keys import generate_keypair, load_signing_key
 
 FIXTURE_CREATED_MS = 1_700_000_000_000
 

@@ -27,8 +27,6 @@ from typing import Annotated
 
 import msgspec
 
-from firmware_rollout.artifact.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, Verifier, VerifyKey
-from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import (
     BadSignature,
     ChunkMismatch,
@@ -39,6 +37,8 @@ from firmware_rollout.errors import (
     Unsigned,
     WrongKey,
 )
+from rollout_engine.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, Verifier, VerifyKey
+from rollout_engine.version import Version
 
 MAGIC = b"EAFW"
 FORMAT_VERSION = 1

@@ -31,8 +31,8 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.config import FirmwareSection, convert
 from agent.core.errors import ConfigError
-from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.device.reboot import CommandRebooter, ExecRebooter, Rebooter
+from rollout_engine.keys import Verifier
 
 if TYPE_CHECKING:
     from firmware_rollout.device.slots import Installer

@@ -44,8 +44,7 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import EdgeAgentError
 from agent.core.peercred import peer_credentials
 from agent.core.ratelog import RateLimitedLog
-from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import Verifier
+from agent.core.tasks import in_thread
 from firmware_rollout.artifact.manifest import (
     HEADER_SIZE,
     MAX_CHUNK_SIZE,
@@ -55,12 +54,13 @@ from firmware_rollout.artifact.manifest import (
     check_policy,
     verify_signed_manifest,
 )
-from firmware_rollout.artifact.trust import take_trust_document
-from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slot_records import SlotRecords
 from firmware_rollout.device.slots import Installer, SlotView
 from firmware_rollout.errors import ChunkMismatch, Downgrade, InstallError, UpdaterError
+from rollout_engine.keys import Verifier
+from rollout_engine.trust import take_trust_document
+from rollout_engine.version import Version
 
 log = logging.getLogger(__name__)
 

@@ -27,12 +27,12 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.files import atomic_write, fsync_dir
-from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import Verifier
+from agent.core.tasks import in_thread
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import FileTarget, SlotImages
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
+from rollout_engine.keys import Verifier
 
 BUNDLE_FILE = "rauc-bundle.raucb"
 TRIAL_FILE = "rauc-trial"

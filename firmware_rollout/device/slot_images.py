@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from firmware_rollout.artifact.files import check_image
-from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import (
     MAX_CHUNK_SIZE,
     ChunkLayout,
@@ -27,6 +26,7 @@ from firmware_rollout.artifact.manifest import (
     verify_signed_manifest,
 )
 from firmware_rollout.errors import ChunkMismatch, InstallError
+from rollout_engine.keys import Verifier
 
 READ_BLOCK = 1024 * 1024
 

@@ -138,8 +138,8 @@ class SlotRecords:
 
 
 def _older(version: str, than: str) -> bool:
-    from firmware_rollout.artifact.version import Version
     from firmware_rollout.errors import InvalidVersion
+    from rollout_engine.version import Version
 
     try:
         return Version.parse(version) < Version.parse(than)

@@ -32,11 +32,11 @@ from typing import Protocol, runtime_checkable
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.files import atomic_write, fsync_dir
-from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import Verifier
+from agent.core.tasks import in_thread
 from firmware_rollout.device.backends import Backend, BackendSettings, InstallerContext
 from firmware_rollout.device.slot_images import SlotImages
 from firmware_rollout.errors import InstallError
+from rollout_engine.keys import Verifier
 
 SLOTS = ("a", "b")
 SLOTS_DIR = "slots"  # the directory backend's slots, under the updater's state directory

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.core.clock import Clock, SystemClock
-from firmware_rollout._fs import in_thread
+from agent.core.tasks import in_thread
 from firmware_rollout.artifact.files import read_image_chunk, read_signed_manifest
 from firmware_rollout.artifact.manifest import SignedManifest
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar, NoReturn, Protocol
 
 from agent.core.clock import Clock
 from agent.core.errors import ArtifactError, Capacity, Permanent
-from firmware_rollout._fs import in_thread
+from agent.core.tasks import in_thread
 from firmware_rollout.artifact.manifest import Manifest
 from firmware_rollout.device.delta import Delta
 from firmware_rollout.device.health import HealthCheck, HealthResult

@@ -25,7 +25,7 @@ from agent.core.clock import Clock
 from agent.core.errors import StoreError
 from agent.core.sqlite import store_errors
 from agent.core.store import Store
-from firmware_rollout._fs import in_thread
+from agent.core.tasks import in_thread
 from firmware_rollout.messages import DETAIL_MAX, REPORT_STATE, UpdateReport, UpdaterState
 
 T = TypeVar("T")

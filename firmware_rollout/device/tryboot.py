@@ -28,12 +28,12 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.files import atomic_write
-from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import Verifier
+from agent.core.tasks import in_thread
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import FileTarget, PairTarget, SlotImages, SlotTarget
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
+from rollout_engine.keys import Verifier
 
 TRYBOOT_SLOTS = ("A", "B")
 AUTOBOOT_MAX_BYTES = 512  # the firmware reads no more of autoboot.txt

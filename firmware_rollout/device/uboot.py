@@ -30,12 +30,12 @@ from typing import Annotated
 import msgspec
 
 from agent.core.clock import Clock, SystemClock
-from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import Verifier
+from agent.core.tasks import in_thread
 from firmware_rollout.device.backends import Backend, BackendSettings, Fail, InstallerContext
 from firmware_rollout.device.slot_images import SlotImages
 from firmware_rollout.device.slots import SlotView, StreamingInstaller
 from firmware_rollout.errors import InstallError
+from rollout_engine.keys import Verifier
 
 UBOOT_SLOTS = ("A", "B")
 TRIAL_VAR = "EA_TRIAL"

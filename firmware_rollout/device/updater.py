@@ -44,15 +44,12 @@ from agent.core.errors import (
     EdgeAgentError,
 )
 from agent.core.files import atomic_write
-from firmware_rollout._fs import in_thread
-from firmware_rollout.artifact.keys import Verifier
+from agent.core.tasks import in_thread
 from firmware_rollout.artifact.manifest import (
     Manifest,
     check_policy,
     verify_signed_manifest,
 )
-from firmware_rollout.artifact.trust import take_trust_document
-from firmware_rollout.artifact.version import Version
 from firmware_rollout.device.delta import Delta, find_delta
 from firmware_rollout.device.health import HealthCheck, HealthResult
 from firmware_rollout.device.reboot import Rebooter
@@ -62,6 +59,9 @@ from firmware_rollout.device.steps import STEPS, StopUpdate
 from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
 from firmware_rollout.errors import InstallError, UpdaterError
 from firmware_rollout.messages import TERMINAL_STATES, DownloadProgress, UpdateOffer, UpdateReport
+from rollout_engine.keys import Verifier
+from rollout_engine.trust import take_trust_document
+from rollout_engine.version import Version
 
 ReportSink = Callable[[UpdateReport], Awaitable[None]]
 DB_FILE = "updater.db"

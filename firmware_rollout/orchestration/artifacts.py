@@ -24,8 +24,8 @@ from agent.core.errors import ArtifactError, RolloutError
 from agent.core.files import fsync_dir
 from agent.service.files import fsync_path
 from firmware_rollout.artifact.files import verify_artifact
-from firmware_rollout.artifact.keys import Verifier
 from firmware_rollout.artifact.manifest import SignedManifest
+from rollout_engine.keys import Verifier
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from agent.core.errors import (
     ArtifactError,
     MailboxFull,
 )
-from firmware_rollout._fs import in_thread
+from agent.core.tasks import in_thread
 from firmware_rollout.artifact.manifest import ChunkLayout, SignedManifest
 from firmware_rollout.messages import Chunk, ChunkRequest
 

@@ -40,7 +40,6 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.errors import ArtifactError, EdgeAgentError, RolloutError
 from firmware_rollout.artifact.files import read_signed_manifest
-from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import ReportRefused
 from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
 from firmware_rollout.orchestration.artifacts import ArtifactStore
@@ -56,6 +55,7 @@ from firmware_rollout.orchestration.store import (
     RolloutRow,
     RolloutStore,
 )
+from rollout_engine.version import Version
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ import msgspec
 
 from agent.core.config import convert, decode_toml
 from agent.core.errors import ConfigError
-from firmware_rollout.windows import parse_window
+from rollout_engine.windows import parse_window
 
 Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]

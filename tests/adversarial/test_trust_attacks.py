@@ -23,9 +23,9 @@ from agent.transport import topics
 from config_rollout.layers import LayerValue
 from config_rollout.messages import KIND_CONFIG_OFFER, ConfigOffer
 from config_rollout.release import build_release
-from firmware_rollout.artifact.keys import SigningKey
-from firmware_rollout.artifact.trust import STATE_FILE, make_trust_document
 from firmware_rollout.messages import KIND_UPDATE_REPORT, UpdateReport
+from rollout_engine.keys import SigningKey
+from rollout_engine.trust import STATE_FILE, make_trust_document
 from tests.e2e.agent_support import FLEET, kill, run_agent, wait_for, write_config
 from tests.mosquitto import Mosquitto
 

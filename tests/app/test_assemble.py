@@ -14,7 +14,7 @@ from agent.core.errors import ConfigError
 from agent.leader.env import GatewayEnv
 from agent.service.parts import PartBase
 from agent.transport.memory import MemoryBroker
-from firmware_rollout.artifact.keys import generate_keypair
+from rollout_engine.keys import generate_keypair
 
 
 class Recorded(PartBase):

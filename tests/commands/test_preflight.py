@@ -111,7 +111,7 @@ def test_a_config_target_needs_its_own_folder_writable_not_its_parent(open_dir: 
     from otheruser import NOBODY, as_user
 
     from agent.commands.preflight import preflight
-    from firmware_rollout.artifact.keys import generate_keypair
+    from rollout_engine.keys import generate_keypair
 
     etc = open_dir / "etc"  # root's, 0755: like /etc
     etc.mkdir(mode=0o755)

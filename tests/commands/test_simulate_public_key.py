@@ -10,7 +10,7 @@ import pytest
 
 from agent.cli import main as cli_main
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.artifact.keys import generate_keypair
+from rollout_engine.keys import generate_keypair
 
 SPEC = """\
 [rollout]

@@ -16,7 +16,7 @@ from agent.core.errors import ConfigError
 from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, load_agent_settings, settings_check
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.release import build_release, parse_release
-from firmware_rollout.artifact.keys import SigningKey
+from rollout_engine.keys import SigningKey
 
 KEY = SigningKey.generate()
 GOOD = b'[heartbeat]\ninterval_s = 7.0\n[agent]\nlog_level = "DEBUG"\n[classes.telemetry]\nttl_s = 3600\n'

@@ -17,7 +17,7 @@ import pytest
 from agent.core.config import ConfigTargetSection
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.release import build_release, parse_release
-from firmware_rollout.artifact.keys import SigningKey
+from rollout_engine.keys import SigningKey
 
 KEY = SigningKey.generate()
 REPO = Path(__file__).resolve().parents[2]
@@ -148,7 +148,7 @@ CHILD = textwrap.dedent("""
     from agent.core.config import ConfigTargetSection
     from config_rollout.device.apply import ConfigApplier
     from config_rollout.release import parse_release
-    from firmware_rollout.artifact.keys import VerifyKey
+    from rollout_engine.keys import VerifyKey
 
     tmp, kill_at, healthy = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 
@@ -201,7 +201,7 @@ def test_a_sigkill_at_every_step_leaves_the_old_documents_or_the_new(tmp_path: P
 
 def test_apply_and_status_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agent.cli import main as cli
-    from firmware_rollout.artifact.keys import generate_keypair
+    from rollout_engine.keys import generate_keypair
 
     keys = generate_keypair(tmp_path / "keys")
     config = tmp_path / "worker.toml"
@@ -232,7 +232,7 @@ def test_apply_and_status_from_the_command_line(tmp_path: Path, capsys: pytest.C
 
 def test_config_check_names_the_target_key_that_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agent.cli import main as cli
-    from firmware_rollout.artifact.keys import generate_keypair
+    from rollout_engine.keys import generate_keypair
 
     keys = generate_keypair(tmp_path / "keys")
     head = f'[agent]\nrole = "worker"\ndevice_id = "pi-1"\ndata_dir = "{tmp_path / "data"}"\n'

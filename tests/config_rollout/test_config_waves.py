@@ -20,10 +20,10 @@ from agent.leader.rollout import admit_config_release
 from config_rollout.messages import OFFER_RELEASE_MAX
 from config_rollout.release import build_release
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.artifact.keys import KeyPairPaths, generate_keypair, load_signing_key, load_verify_key
 from firmware_rollout.orchestration.orchestrator import Orchestrator
 from firmware_rollout.orchestration.spec import spec_from_dict
 from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.keys import KeyPairPaths, generate_keypair, load_signing_key, load_verify_key
 
 
 def signed_release(tmp: Path, keys: KeyPairPaths, version: str, text: str) -> Path:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from agent.cli import main as cli
 from config_rollout.errors import ConfigReleaseError, MalformedRelease, ReleaseSignature
 from config_rollout.release import build_release, parse_release, read_release, write_release
-from firmware_rollout.artifact.keys import SigningKey
+from rollout_engine.keys import SigningKey
 
 KEY = SigningKey.generate()
 OTHER = SigningKey.generate()
@@ -89,7 +89,7 @@ def test_what_is_refused_says_why(tmp_path: Path) -> None:
 
 
 def test_build_and_show_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from firmware_rollout.artifact.keys import generate_keypair
+    from rollout_engine.keys import generate_keypair
 
     keys = generate_keypair(tmp_path / "keys")
     files = [str(f) for f in _files(tmp_path)]

@@ -23,7 +23,7 @@ from test_rollout_mqtt import agent_config, registered, stop
 
 from agent.client import AgentUnavailable, Client, LocalApiError
 from agent.leader.readonly import open_leader_db
-from firmware_rollout.artifact.keys import generate_keypair
+from rollout_engine.keys import generate_keypair
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -23,7 +23,7 @@ from mosquitto import Mosquitto
 from test_rollout_mqtt import agent_config, registered, stop
 
 from agent.client import Client
-from firmware_rollout.artifact.keys import generate_keypair
+from rollout_engine.keys import generate_keypair
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = ("pi-0", "pi-1", "pi-2")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from agent.core.clock import Clock, SystemClock
 from firmware_rollout.artifact.files import build_artifact
-from firmware_rollout.artifact.keys import SigningKey, VerifyKey, generate_keypair, load_signing_key, load_verify_key
 from firmware_rollout.artifact.manifest import SignedManifest
 from firmware_rollout.device.health import HealthCheck, HealthResult
 from firmware_rollout.device.slots import DirectoryInstaller, Installer, SlotView
 from firmware_rollout.device.sources import ArtifactChunkSource
 from firmware_rollout.device.updater import Updater, UpdaterSettings
 from firmware_rollout.messages import UpdateReport
+from rollout_engine.keys import SigningKey, VerifyKey, generate_keypair, load_signing_key, load_verify_key
 
 CHUNK = 1024
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from firmware_rollout.windows import in_windows, longest_gap_s, parse_window, seconds_until_window
+from rollout_engine.windows import in_windows, longest_gap_s, parse_window, seconds_until_window
 
 
 def test_maintenance_windows() -> None:

@@ -30,10 +30,10 @@ from agent.worker.agent import WorkerAgent
 from agent.worker.hardware import InProcessRebooter, UpdaterHardware
 from agent.worker.updater_actor import UpdaterActor, UpdaterPart
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.device.health import HealthResult
 from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
 from firmware_rollout.orchestration.spec import spec_from_dict
+from rollout_engine.keys import load_verify_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from e2e.agent_support import until

@@ -49,6 +49,7 @@ FORBIDDEN = (
     "agent.transport.memory",
     "agent.transport._memory_broker",
     "firmware_rollout",
+    "rollout_engine",
     "rich",
     # the local API's HTTP layer loads h11 with its first connection, and nothing of the client
     # side (paho itself loads http.client, for proxies)
@@ -106,7 +107,7 @@ FORBIDDEN_UNTIL_AN_UPDATE = ("httpx", "httpcore", "anyio", "h11", "fastcdc", "cl
 
 
 def test_an_idle_worker_with_firmware_updates_loads_no_http_client(tmp_path: Path) -> None:
-    from firmware_rollout.artifact.keys import generate_keypair
+    from rollout_engine.keys import generate_keypair
 
     keys = generate_keypair(tmp_path / "keys")
     text = (REPO / "configs" / "worker-firmware.toml").read_text()

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from agent.core.clock import SystemClock
+from agent.core.tasks import in_thread
 from agent.sim.clock import SimClock
 from agent.sim.rollout import wave_rollout_scenario
-from firmware_rollout._fs import in_thread
 from firmware_rollout.artifact.fixture import make_artifact
 
 ROOT = Path(__file__).resolve().parents[2]

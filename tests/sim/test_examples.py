@@ -66,7 +66,7 @@ def test_rollout_specs_are_kept_out_of_the_agent_config_directory() -> None:
 def test_config_check_passes_on_every_agent_config(path: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """With the files a device would have in place (config check looks at them as run does)."""
-    from firmware_rollout.artifact.keys import generate_keypair
+    from rollout_engine.keys import generate_keypair
 
     keys = generate_keypair(tmp_path / "keys")
     text = path.read_text().replace("/etc/edge-agent/fleet-public.pem", str(keys.public))

@@ -18,7 +18,7 @@ from agent.worker.config_targets import ConfigOfferActor, ConfigTargetsPart
 from config_rollout.layers import LayerValue
 from config_rollout.messages import ConfigCancel, ConfigOffer
 from config_rollout.release import build_release
-from firmware_rollout.artifact.keys import SigningKey
+from rollout_engine.keys import SigningKey
 
 KEY = SigningKey.generate()
 

@@ -212,7 +212,7 @@ async def test_the_configuration_targets_ride_a_full_heartbeat_and_a_local_edit_
     from agent.protocol import ConfigState
     from config_rollout.device.apply import ConfigApplier
     from config_rollout.release import build_release, parse_release
-    from firmware_rollout.artifact.keys import SigningKey
+    from rollout_engine.keys import SigningKey
 
     key = SigningKey.generate()
     etc = tmp_path / "etc" / "app"

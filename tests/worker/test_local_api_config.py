@@ -22,7 +22,7 @@ from agent.worker.local_api import LocalApi
 from agent.worker.serving import config_reader
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.release import build_release, parse_release
-from firmware_rollout.artifact.keys import SigningKey
+from rollout_engine.keys import SigningKey
 
 KEY = SigningKey.generate()
 

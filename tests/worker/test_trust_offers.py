@@ -23,9 +23,9 @@ from agent.worker.config_targets import ConfigOfferActor, ConfigTargetsPart
 from agent.worker.fleet_keys import fleet_keys
 from config_rollout.messages import ConfigOffer
 from config_rollout.release import build_release
-from firmware_rollout.artifact.keys import SigningKey
-from firmware_rollout.artifact.trust import TrustedKeys, make_trust_document
 from firmware_rollout.errors import TrustError
+from rollout_engine.keys import SigningKey
+from rollout_engine.trust import TrustedKeys, make_trust_document
 
 ROOT, STRANGER, K1, K2 = (SigningKey.generate() for _ in range(4))
 YEAR_MS = 365 * 86_400_000

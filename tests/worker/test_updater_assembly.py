@@ -21,10 +21,10 @@ from agent.core.clock import SystemClock
 from agent.transport.memory import MemoryBroker
 from agent.worker.env import DeviceEnv
 from agent.worker.updating import updater_part
-from firmware_rollout.artifact.keys import SigningKey
 from firmware_rollout.device.helper import HelperInstaller, InstallHelper
 from firmware_rollout.device.reboot import CommandRebooter
 from firmware_rollout.device.slots import DirectoryInstaller
+from rollout_engine.keys import SigningKey
 
 
 async def until(check: object, what: str) -> None:

@@ -8,9 +8,9 @@ from fwhelpers import CHUNK, Keys, make_artifact
 
 from agent.core.errors import ArtifactError, BadSignature, Downgrade
 from firmware_rollout.artifact.files import inspect_artifact, read_image_chunk, sign_artifact, verify_artifact
-from firmware_rollout.artifact.keys import SigningKey, load_signing_key, load_verify_key
 from firmware_rollout.artifact.manifest import HEADER_SIZE, SIGNATURE_BLOCK_SIZE
 from firmware_rollout.errors import ChunkMismatch, Incompatible, KeyFileError, MalformedArtifact, Unsigned, WrongKey
+from rollout_engine.keys import SigningKey, load_signing_key, load_verify_key
 
 
 def flip(path: Path, offset: int) -> Path:

@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 
 from config_rollout.errors import ReleaseSignature
 from config_rollout.release import build_release, parse_release
-from firmware_rollout.artifact.keys import SigningKey, VerifyKey
 from firmware_rollout.artifact.manifest import Manifest, make_signed_manifest, verify_signed_manifest
-from firmware_rollout.artifact.trust import (
+from firmware_rollout.errors import TrustError, WrongKey
+from rollout_engine.keys import SigningKey, VerifyKey
+from rollout_engine.trust import (
     STATE_FILE,
     TrustedKeys,
     load_fleet_keys,
     make_trust_document,
 )
-from firmware_rollout.errors import TrustError, WrongKey
 
 DAY_MS = 86_400_000
 NOW = 1_800_000_000_000

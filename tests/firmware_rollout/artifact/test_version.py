@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from firmware_rollout.artifact.version import Version
 from firmware_rollout.errors import InvalidVersion
+from rollout_engine.version import Version
 
 ORDERED = [
     "1.0.0-alpha",

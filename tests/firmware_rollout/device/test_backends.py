@@ -12,10 +12,10 @@ import pytest
 from agent.core.clock import VirtualClock
 from agent.core.config import load_config
 from agent.core.errors import ConfigError
-from firmware_rollout.artifact.keys import generate_keypair
 from firmware_rollout.device.backends import BACKENDS, InstallerContext, backend_named, configured_backend
 from firmware_rollout.device.rauc import RaucSettings
 from firmware_rollout.device.slots import DirectoryInstaller
+from rollout_engine.keys import generate_keypair
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -399,8 +399,8 @@ def test_config_check_knows_the_helpers_own_config(tmp_path: Path, keys: Keys, c
 
 
 async def test_a_helper_on_a_trust_root_takes_only_documents_its_own_root_signed(tmp_path: Path, keys: Keys) -> None:
-    from firmware_rollout.artifact.keys import SigningKey
-    from firmware_rollout.artifact.trust import TrustedKeys, make_trust_document
+    from rollout_engine.keys import SigningKey
+    from rollout_engine.trust import TrustedKeys, make_trust_document
 
     root, stranger = SigningKey.generate(), SigningKey.generate()
     (tmp_path / "root.pem").write_bytes(root.public.to_pem())

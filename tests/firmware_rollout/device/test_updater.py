@@ -11,10 +11,10 @@ from fwhelpers import CHUNK, CountingSource, Device, Keys, ScriptedHealth, make_
 from agent.core.clock import VirtualClock
 from agent.core.errors import Capacity, Permanent, Transient
 from agent.core.gate import Gate
-from firmware_rollout.artifact.keys import SigningKey
 from firmware_rollout.device.health import ConnectivityCheck
 from firmware_rollout.device.updater import Updater, UpdaterSettings
 from firmware_rollout.messages import UpdateOffer
+from rollout_engine.keys import SigningKey
 
 
 def offer_for(source: CountingSource, rollout: str = "r1") -> UpdateOffer:

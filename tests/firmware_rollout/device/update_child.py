@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fwhelpers
 from fwhelpers import RecordingRebooter, ScriptedHealth
 
 from agent.core.clock import SystemClock
-from firmware_rollout.artifact.keys import load_verify_key
 from firmware_rollout.device.http_source import MirrorSource, make_client
 from firmware_rollout.device.sources import ArtifactChunkSource, ChunkSource
 from firmware_rollout.device.uboot import UBootInstaller
 from firmware_rollout.device.updater import Updater
 from firmware_rollout.messages import UpdateOffer
+from rollout_engine.keys import load_verify_key
 
 
 class SlowLoggingSource:

@@ -14,9 +14,9 @@ from rollout_support import Harness, spec_data
 
 from agent.core.errors import RolloutError
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.artifact.keys import generate_keypair, load_verify_key
 from firmware_rollout.orchestration.artifacts import ArtifactStore
 from firmware_rollout.orchestration.spec import spec_from_dict
+from rollout_engine.keys import generate_keypair, load_verify_key
 
 
 def with_store(h: Harness, key_dir: Path | None = None) -> Path:

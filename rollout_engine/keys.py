@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from agent.core.files import atomic_write
-from firmware_rollout.errors import KeyFileError
+from rollout_engine.errors import KeyFileError
 
 KEY_ID_SIZE = 8
 SIGNATURE_SIZE = 64
@@ -78,7 +78,7 @@ class VerifyKey:
 
 class KeySource(Protocol):
     """Keys chosen by the key id a signature names: the fleet's trust document
-    (`firmware_rollout.artifact.trust.TrustedKeys`)."""
+    (`rollout_engine.trust.TrustedKeys`)."""
 
     def signer(self, key_id: bytes) -> VerifyKey:
         """The key that must have signed; `WrongKey` saying why there is none."""

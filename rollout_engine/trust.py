@@ -28,8 +28,8 @@ import msgspec
 
 from agent.core.durations import utc_iso
 from agent.core.files import atomic_write
-from firmware_rollout.artifact.keys import KEY_ID_SIZE, SigningKey, Verifier, VerifyKey, load_verify_key
-from firmware_rollout.errors import KeyFileError, TrustError, WrongKey
+from rollout_engine.errors import KeyFileError, TrustError, WrongKey
+from rollout_engine.keys import KEY_ID_SIZE, SigningKey, Verifier, VerifyKey, load_verify_key
 
 DOMAIN = b"edge-agent trust document v1\n"
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from functools import total_ordering
 
-from firmware_rollout.errors import InvalidVersion
+from rollout_engine.errors import InvalidVersion
 
 _NUM = r"0|[1-9][0-9]*"
 _PRE_ID = r"0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*"
