@@ -61,7 +61,6 @@ class UpdaterHardware:
     utc_offset_s: Callable[[], float] = system_utc_offset_s
     mirrors: MirrorSettings | None = None
     leader_watch: LeaderWatch | None = None  # the leader's presence, for a trial boot (None: not watched)
-    close: Callable[[], None] = lambda: None  # what it holds let go of (the root helper's connection)
 
 
 __all__ = ["InProcessRebooter", "OpenUpdater", "UpdaterHardware", "system_utc_offset_s"]

@@ -408,8 +408,10 @@ class UpdaterPart(PartBase):
         worker.slot_state = lambda: slot_state(actor.updater) if actor.updater is not None else None
 
     async def stop(self) -> None:
-        """Its actors stop with the worker's; the hardware lets go of what it holds."""
-        self._hardware.close()
+        """Nothing of its own: its actors stop with the worker's. (The root helper's connection is
+        not closed here: the parts stop before the worker's actors, and a reboot asked of the
+        helper is still waiting on that connection while systemd stops the agent on the way
+        down; the helper closes a connection idle for a minute, the process's end closes the rest.)"""
 
 
 def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
@@ -451,13 +453,7 @@ def device_hardware(worker: UpdaterHost) -> UpdaterHardware:
 
     mirrors = MirrorSettings(timeout_s=fw.mirror_timeout_s, ca=fw.mirror_ca, retry_budget=fw.retry_budget,
                              client_cert=config.mqtt.tls_cert, client_key=config.mqtt.tls_key)
-    def close() -> None:
-        for installer, _ in made:
-            closing = getattr(installer, "close", None)  # (the helper's client holds a connection)
-            if closing is not None:
-                closing()
-
-    return UpdaterHardware(open_updater=open_updater, mirrors=mirrors, leader_watch=watch, close=close)
+    return UpdaterHardware(open_updater=open_updater, mirrors=mirrors, leader_watch=watch)
 
 
 __all__ = [

@@ -71,8 +71,10 @@ async def test_the_worker_runs_while_the_helper_is_away_and_the_updater_opens_wh
         assert isinstance(actor.updater.installer, HelperInstaller)
         assert actor.updater.status().state == "idle"
     finally:
-        if part is not None:
-            await part.stop()  # (the helper's connection closed)
+        if part is not None and part.actor is not None and part.actor.updater is not None:
+            installer = part.actor.updater.installer
+            assert isinstance(installer, HelperInstaller)
+            installer.close()  # (the process's end closes it on a device)
         if serving is not None:
             serving.cancel()
         await device.stop()
