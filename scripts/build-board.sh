@@ -139,7 +139,8 @@ done
 echo "$NAME" > "$root/etc/hostname"
 printf '127.0.1.1\t%s\n' "$NAME" >> "$root/etc/hosts"
 printf 'VERSION=%s\n' "$VERSION" > "$root/etc/edge-agent-board"
-printf '[Match]\nName=en*\n\n[Network]\nDHCP=yes\n' > "$root/etc/systemd/network/20-wired.network"
+# eth*: the boards boot with net.ifnames=0 (below), a Pi's own kernel names it eth0 or end0
+printf '[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n' > "$root/etc/systemd/network/20-wired.network"
 ln -sf /lib/systemd/system/systemd-networkd.service "$root/etc/systemd/system/multi-user.target.wants/"
 chroot "$root" passwd -d root >/dev/null
 for unit in "$root"/etc/systemd/system/*.service "$root"/etc/systemd/system/*.path; do  # --add'ed units:
@@ -293,7 +294,7 @@ setenv kernel_comp_addr_r 0x50000000
 ext4load virtio 0:${bootpart} ${kernel_addr_r} /vmlinuz
 setenv kernel_comp_size ${filesize}
 ext4load virtio 0:${bootpart} 0x48000000 /initrd.img
-setenv bootargs "root=/dev/vda${bootpart} rw console=ttyAMA0 panic=5 systemd.show_status=0 rauc.slot=${raucslot}"
+setenv bootargs "root=/dev/vda${bootpart} rw console=ttyAMA0 panic=5 net.ifnames=0 systemd.show_status=0 rauc.slot=${raucslot}"
 booti ${kernel_addr_r} 0x48000000:${filesize} ${fdtcontroladdr}
 UBOOT
     mkimage -q -A arm64 -T script -C none -n "edge-agent A/B" -d "$tmp/boot.cmd" "$boot/boot.scr" >/dev/null
@@ -338,8 +339,10 @@ if [ -z "$BOOT" ]; then set BOOT=A; fi
 save_env A_TRY B_TRY
 echo "EA-BOOT slot=$BOOT order=$ORDER A_OK=$A_OK A_TRY=$A_TRY B_OK=$B_OK B_TRY=$B_TRY"
 if [ "$BOOT" = "A" ]; then set PART=2; else set PART=3; fi
-# (no_timer_check: under a loaded host the kernel finds the emulated timer late and logs an error)
-linux (hd0,msdos$PART)/vmlinuz root=/dev/vda$PART rw console=ttyS0 panic=5 no_timer_check systemd.show_status=0 rauc.slot=$BOOT
+# (no_timer_check: under a loaded host the kernel finds the emulated timer late and logs an error;
+# net.ifnames=0: no rename of eth0, which raced systemd-networkd 252 under load: "ens3: Failed to
+# configure DHCPv4 client: Device or resource busy", and the board stayed without an address)
+linux (hd0,msdos$PART)/vmlinuz root=/dev/vda$PART rw console=ttyS0 panic=5 no_timer_check net.ifnames=0 systemd.show_status=0 rauc.slot=$BOOT
 initrd (hd0,msdos$PART)/initrd.img
 boot
 GRUB

@@ -27,7 +27,7 @@ from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, build_board, buil
 pytestmark = [pytest.mark.slow, pytest.mark.mqtt, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(have_board_tools()), reason=have_board_tools() or "-")]
 
-NETWORK = "[Match]\nName=en*\n\n[Network]\nDHCP={dhcp}\n"
+NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP={dhcp}\n"
 
 
 def release(tmp: Path, target: str, document: str, text: str, version: str, private: Path) -> Path:
