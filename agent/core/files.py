@@ -10,6 +10,16 @@ import secrets
 from pathlib import Path
 
 
+def fsync_path(path: str | Path) -> None:
+    """fsync a file already written, or a folder after a rename in it; an OSError is raised
+    (where the caller's durability depends on it; `fsync_dir` shrugs off a folder it cannot open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(directory: str | Path) -> None:
     """fsync a directory after a rename in it (a platform that cannot open one is left alone:
     the rename itself is still atomic)."""
@@ -49,4 +59,4 @@ def atomic_write(path: str | Path, data: bytes, *, mode: int | None = None) -> P
     return target
 
 
-__all__ = ["atomic_write", "fsync_dir"]
+__all__ = ["atomic_write", "fsync_dir", "fsync_path"]

@@ -60,15 +60,6 @@ def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -
     return target
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file already written, or a folder (after a rename in it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def restrict_mode(path: str | Path, mode: int = 0o600) -> None:
     """Take bits away from an existing file (a database the driver created, its -wal, -shm)."""
     target = Path(path)
@@ -213,7 +204,6 @@ __all__ = [
     "InsecureFile",
     "check_private_file",
     "ensure_private_dir",
-    "fsync_path",
     "read_secret",
     "restrict_database_files",
     "restrict_mode",

@@ -55,8 +55,9 @@ from typing import Any, Literal, TypeVar
 from agent.core.clock import Clock, SystemClock
 from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
+from agent.core.files import fsync_path
 from agent.core.tasks import in_thread
-from agent.service.files import fsync_path, write_private_file
+from agent.service.files import write_private_file
 from config_rollout.device.review import ConfigReviews
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import Rendered

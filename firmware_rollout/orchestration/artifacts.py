@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.errors import ArtifactError, RolloutError
-from agent.core.files import fsync_dir
-from agent.service.files import fsync_path
+from agent.core.files import fsync_dir, fsync_path
 from firmware_rollout.artifact.files import verify_artifact
 from firmware_rollout.artifact.manifest import SignedManifest
 from rollout_engine.keys import Verifier
