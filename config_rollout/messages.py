@@ -1,5 +1,5 @@
 """The wire message of a config rollout: the leader's offer of a release to a device, with the
-layer values the leader renders for that device (its reports are the firmware's `UpdateReport`,
+layer values the leader renders for that device (its reports are the firmware's `RolloutReport`,
 so the wave engine reads both alike)."""
 
 from __future__ import annotations
@@ -28,12 +28,4 @@ class ConfigOffer(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     trust: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)] = b""  # as UpdateOffer.trust
 
 
-class ConfigCancel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
-    """The rollout is over for this device: an offer still waiting for its maintenance window
-    is dropped and reported `canceled` (an apply under way finishes: it takes seconds)."""
-
-    rollout_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
-
-
-__all__ = ["KIND_CONFIG_CANCEL", "KIND_CONFIG_OFFER", "OFFER_RELEASE_MAX", "ConfigCancel", "ConfigOffer"]
+__all__ = ["KIND_CONFIG_CANCEL", "KIND_CONFIG_OFFER", "OFFER_RELEASE_MAX", "ConfigOffer"]

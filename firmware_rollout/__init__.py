@@ -9,8 +9,8 @@ contracts in `pyproject.toml` say so).
     artifact/       the format: manifest, files (build, sign, verify), fixture
     device/         the device's updater: its store, A/B slots (`Installer`), staging, chunk
                     sources and the MQTT chunk client, health checks, rebooters
-    orchestration/  the leader's rollouts: spec, plan, gates, orchestrator, status, the rollout
-                    store and schema, the chunk server (ConfigServers)
+    orchestration/  the leader's side of the kind: admitting artifacts, serving them over HTTP
+                    and MQTT chunks (ConfigServers); the rollout itself is the engine's
 
 `device/` and `orchestration/` never import each other. This face names what callers use and
 loads each name's module on first use, so importing one room never loads the others.
@@ -61,14 +61,8 @@ if TYPE_CHECKING:
         KIND_UPDATE_REPORT,
         TERMINAL_STATES,
         UpdateOffer,
-        UpdateReport,
         register_messages,
-        report_key,
-        report_message,
     )
-    from firmware_rollout.orchestration.orchestrator import Orchestrator
-    from firmware_rollout.orchestration.spec import RolloutSpec, load_spec
-    from firmware_rollout.orchestration.store import RolloutStore
     from rollout_engine.keys import (
         SigningKey,
         VerifyKey,
@@ -101,8 +95,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "verify_signed_manifest",
     ),
     "firmware_rollout.messages": (
-        "KIND_UPDATE_OFFER", "KIND_UPDATE_REPORT", "TERMINAL_STATES", "UpdateOffer", "UpdateReport",
-        "register_messages", "report_key", "report_message",
+        "KIND_UPDATE_OFFER", "KIND_UPDATE_REPORT", "TERMINAL_STATES", "UpdateOffer", "register_messages",
     ),
     "firmware_rollout.device.reboot": (
         "CommandRebooter", "ExecRebooter", "Rebooter",
@@ -118,15 +111,6 @@ _LAZY: dict[str, tuple[str, ...]] = {
     ),
     "rollout_engine.version": (
         "Version",
-    ),
-    "firmware_rollout.orchestration.orchestrator": (
-        "Orchestrator",
-    ),
-    "firmware_rollout.orchestration.spec": (
-        "RolloutSpec", "load_spec",
-    ),
-    "firmware_rollout.orchestration.store": (
-        "RolloutStore",
     ),
 }
 
@@ -157,16 +141,12 @@ __all__ = [
     "KeyFileError",
     "MalformedArtifact",
     "Manifest",
-    "Orchestrator",
     "Rebooter",
-    "RolloutSpec",
-    "RolloutStore",
     "SignedManifest",
     "SigningKey",
     "TERMINAL_STATES",
     "Unsigned",
     "UpdateOffer",
-    "UpdateReport",
     "Updater",
     "UpdaterError",
     "UpdaterSettings",
@@ -179,14 +159,11 @@ __all__ = [
     "generate_keypair",
     "inspect_artifact",
     "load_signing_key",
-    "load_spec",
     "load_verify_key",
     "make_artifact",
     "parse_signed_manifest",
     "read_signed_manifest",
     "register_messages",
-    "report_key",
-    "report_message",
     "sign_artifact",
     "verify_artifact",
     "verify_signed_manifest",

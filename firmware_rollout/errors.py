@@ -17,7 +17,7 @@ UpdaterError                        the device-side updater cannot proceed
 
 from __future__ import annotations
 
-from agent.core.errors import ArtifactError, BadSignature, Downgrade, EdgeAgentError, RolloutError
+from agent.core.errors import ArtifactError, BadSignature, Downgrade, EdgeAgentError
 from rollout_engine.errors import InvalidVersion, KeyFileError, TrustError, WrongKey
 
 
@@ -45,11 +45,6 @@ class InstallError(UpdaterError):
     """Writing the inactive slot or changing the boot target failed."""
 
 
-class ReportRefused(RolloutError):
-    """A device's report about a rollout it is not in, or one that offered it nothing yet: it
-    changes nothing, and the device is answered `rejected` with the reason."""
-
-
 __all__ = [
     "ArtifactError",
     "BadSignature",
@@ -60,7 +55,6 @@ __all__ = [
     "InvalidVersion",
     "KeyFileError",
     "MalformedArtifact",
-    "ReportRefused",
     "TrustError",
     "Unsigned",
     "UpdaterError",

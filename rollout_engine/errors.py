@@ -7,11 +7,13 @@ ArtifactError (agent.core.errors)   a signed thing (an artifact, a release, a ke
 │   └── TrustError                  a trust document refused
 ├── InvalidVersion                  a version string is not a strict semantic version
 └── KeyFileError                    a key file is missing, unreadable or not an ed25519 key
+RolloutError (agent.core.errors)
+└── ReportRefused                   a device's report about a rollout that offered it nothing
 """
 
 from __future__ import annotations
 
-from agent.core.errors import ArtifactError, BadSignature
+from agent.core.errors import ArtifactError, BadSignature, RolloutError
 
 
 class WrongKey(BadSignature):
@@ -30,4 +32,9 @@ class KeyFileError(ArtifactError):
     """A key file cannot be read or does not hold the expected ed25519 key."""
 
 
-__all__ = ["InvalidVersion", "KeyFileError", "TrustError", "WrongKey"]
+class ReportRefused(RolloutError):
+    """A device's report about a rollout it is not in, or one that offered it nothing yet: it
+    changes nothing, and the device is answered `rejected` with the reason."""
+
+
+__all__ = ["InvalidVersion", "KeyFileError", "ReportRefused", "TrustError", "WrongKey"]

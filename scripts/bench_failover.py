@@ -39,8 +39,8 @@ import bench_pg_driver  # noqa: E402  (the PostgreSQL cluster)
 
 from agent.core.clock import SystemClock  # noqa: E402
 from agent.core.errors import StoreError  # noqa: E402
-from firmware_rollout.orchestration.lease import lease_of  # noqa: E402
-from firmware_rollout.orchestration.store import LeaseRow, RolloutStore  # noqa: E402
+from rollout_engine.lease import lease_of  # noqa: E402
+from rollout_engine.store import LeaseRow, RolloutStore  # noqa: E402
 
 TARGET_S = 15.0
 NAMES = ("gw1", "gw2", "gw3")

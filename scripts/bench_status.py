@@ -36,8 +36,8 @@ from agent.cli import main as cli
 from agent.core.clock import SystemClock
 from agent.leader.registry import DeviceRegistry
 from agent.protocol import Heartbeat, SystemSample
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.store import RolloutStore
 
 
 def build(path: Path, devices: int) -> None:

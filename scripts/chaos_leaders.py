@@ -140,8 +140,8 @@ def rollout_outcome(url: str) -> dict[str, Any] | None:
     """The rollout as the shared database holds it (None while it cannot be read)."""
     from agent.core.clock import SystemClock
     from agent.core.errors import StoreError
-    from firmware_rollout.orchestration.status import describe
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.status import describe
+    from rollout_engine.store import RolloutStore
 
     try:
         with RolloutStore.open_readonly(url, clock=SystemClock()) as store:

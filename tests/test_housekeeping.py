@@ -185,8 +185,8 @@ async def test_confirmed_jobs_go_pending_and_held_jobs_stay(clock: VirtualClock,
 async def test_finished_rollouts_lose_their_device_rows_and_keep_their_summary(
     clock: VirtualClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from firmware_rollout.orchestration.spec import spec_from_dict
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.spec import spec_from_dict
+    from rollout_engine.store import RolloutStore
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "rollout"))
     from rollout_support import spec_data

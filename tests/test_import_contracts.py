@@ -37,7 +37,7 @@ def broken(output: str) -> set[str]:
 PLANTS = [
     ("the agent's layers: every import points down", "agent/core/_planted.py", "agent.worker.agent"),
     ("firmware_rollout: device and orchestration are peers over the artifact format",
-     "firmware_rollout/device/_planted.py", "firmware_rollout.orchestration.store"),
+     "firmware_rollout/device/_planted.py", "firmware_rollout.orchestration.kind"),
     ("rollout kinds are peers over the engine: the engine imports no kind, kinds never import each other",
      "rollout_engine/_planted.py", "config_rollout.release"),
     ("rollout kinds are peers over the engine: the engine imports no kind, kinds never import each other",

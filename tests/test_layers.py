@@ -68,7 +68,7 @@ def test_the_features_contract_forbids_every_private_transport_module() -> None:
 
 
 # A store's migrations kept in a module of their own: part of the store that owns the tables.
-MIGRATIONS_OF = {"firmware_rollout/orchestration/schema.py": "firmware_rollout/orchestration/store.py"}
+MIGRATIONS_OF = {"rollout_engine/schema.py": "rollout_engine/store.py"}
 # Each table of the leader's database, and the one module whose store owns it (reads included).
 TABLE_OWNERS = {
     "devices": "agent/leader/registry.py",
@@ -78,10 +78,10 @@ TABLE_OWNERS = {
     "jobs": "agent/leader/jobs.py",
     "jobqueue_meta": "agent/leader/jobs.py",
     "fleet_online": "agent/leader/registry.py",
-    "rollouts": "firmware_rollout/orchestration/store.py",
-    "rollout_devices": "firmware_rollout/orchestration/store.py",
-    "rollout_controls": "firmware_rollout/orchestration/store.py",
-    "rollout_device_events": "firmware_rollout/orchestration/store.py",
+    "rollouts": "rollout_engine/store.py",
+    "rollout_devices": "rollout_engine/store.py",
+    "rollout_controls": "rollout_engine/store.py",
+    "rollout_device_events": "rollout_engine/store.py",
 }
 
 

@@ -23,7 +23,8 @@ from agent.protocol import (
     decode_message,
     encode_message,
 )
-from firmware_rollout.messages import ChunkRequest, UpdateCancel, UpdateOffer, UpdateReport, register_messages
+from firmware_rollout.messages import ChunkRequest, UpdateOffer, register_messages
+from rollout_engine.messages import RolloutCancel, RolloutReport
 
 # An agent registers the firmware kinds when the rollout service or the updater is attached;
 # the wire examples below cover both, so this registry holds both.
@@ -48,11 +49,11 @@ EXAMPLES: dict[str, msgspec.Struct] = {
     "job.result": JobResult(job_id="job-1", epoch=3, worker="pi-1", ok=False, error="boom"),
     "firmware.offer": UpdateOffer(rollout_id="r-1", signed_manifest=b"\x01\x02",
                                   maintenance_windows=("01:00-05:00",), chunk_size=4096),
-    "firmware.report": UpdateReport(device="pi-1", rollout_id="r-1", version="1.1.0",
+    "rollout.report": RolloutReport(device="pi-1", rollout_id="r-1", version="1.1.0",
                                     state="succeeded", phase="committed", detail="ok",
                                     ts_ms=5, seq=2, active_version="1.1.0"),
     "firmware.chunk": ChunkRequest(rollout_id="r-1", index=3, offset=12288, length=4096),
-    "firmware.cancel": UpdateCancel(rollout_id="r-1", reason="canceled by operator"),
+    "firmware.cancel": RolloutCancel(rollout_id="r-1", reason="canceled by operator"),
     "ping": Ping(sent_ms=1_700_000_000_000),
     "heartbeat.pace": HeartbeatPace(interval_s=5.0, for_s=360.0),
 }

@@ -24,7 +24,8 @@ from firmware_rollout.device.health import HealthResult
 from firmware_rollout.device.slots import Installer
 from firmware_rollout.device.updater import Updater, UpdaterStatus
 from firmware_rollout.errors import UpdaterError
-from firmware_rollout.messages import UpdateOffer, UpdateReport
+from firmware_rollout.messages import UpdateOffer
+from rollout_engine.messages import RolloutReport
 
 if TYPE_CHECKING:
     from rollout_engine.keys import VerifyKey
@@ -55,7 +56,7 @@ class _RebootByHand:
         return None
 
 
-async def _keep(report: UpdateReport) -> None:
+async def _keep(report: RolloutReport) -> None:
     """Reports of a console install are the device's own: kept in its records, not sent."""
 
 

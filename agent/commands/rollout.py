@@ -34,7 +34,7 @@ from typing import Any
 
 from agent.commands.arguments import aligned, positive_seconds
 from agent.core.clock import SystemClock
-from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, RolloutError
+from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
 from agent.core.sizes import format_bytes
 from agent.leader.registry import LEADER_QUIET_S
 from agent.leader.rollout_plan import plan_rollout, render_plan
@@ -126,7 +126,7 @@ def _open(args: argparse.Namespace) -> Any:
     """The rollout store: read-only for `status` and `list`, which never write the file; `start`
     and the controls write, and only into a leader's database (never a worker's)."""
     from agent.leader.registry import DeviceRegistry
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     path = _db_path(args)
     if args.action in READ_ONLY:
@@ -154,8 +154,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _start(store: Any, args: argparse.Namespace) -> int:
     from agent.core.config import HeartbeatSection
-    from firmware_rollout.orchestration.orchestrator import rollout_id_for
-    from firmware_rollout.orchestration.spec import StartControl, load_spec, soak_warning
+    from rollout_engine.orchestrator import rollout_id_for
+    from rollout_engine.spec import StartControl, load_spec, soak_warning
 
     spec = load_spec(args.spec)
     # Through a soak the workers heartbeat at their fast pace (the soak asks them to); their own
@@ -163,7 +163,8 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     soak = soak_warning(spec, heartbeat_s=HeartbeatSection().fast_interval_s, source=args.spec, devices="workers")
     if soak:
         print(f"warning: {soak}", file=sys.stderr, flush=True)
-    manifest = _what_it_installs(spec)
+    traits = _traits(spec, args.spec)
+    manifest = traits.describe(Path(spec.rollout.artifact))
     rid = args.id or rollout_id_for(spec, SystemClock().now_ms())
     if store.get(rid) is not None:
         raise RolloutError(f"rollout {rid!r} exists already")
@@ -176,31 +177,22 @@ def _start(store: Any, args: argparse.Namespace) -> int:
         return 0
     control = store.add_control(rid, "start", StartControl(spec=spec, waves=plan.waves).to_json().decode(),
                                 actor=cli_actor())
-    installs = (f"config release {manifest.name} {manifest.version}" if spec.rollout.kind == "config"
-                else f"version {manifest.version}")
+    installs = f"{traits.installs} {manifest.name} {manifest.version}"
     print(f"rollout {rid}: {installs} from {spec.rollout.artifact}")
     print(plan.summary())
     return _await_control(store, control, args.no_wait, args.wait)
 
 
-def _what_it_installs(spec: Any) -> Any:
-    """The manifest of what the rollout installs, read (not verified: the leader verifies at the
-    start) for the plan: a firmware artifact's, or a config release's."""
-    if spec.rollout.kind == "config":
-        from config_rollout.errors import ConfigReleaseError
-        from config_rollout.release import peek_release
+def _traits(spec: Any, source: str) -> Any:
+    """The kind the spec names, its fields checked against it (a `ConfigError` naming the key)."""
+    from agent.leader.rollout_kinds import ROLLOUT_KINDS
 
-        try:
-            return peek_release(Path(spec.rollout.artifact).read_bytes()[:64 * 1024 * 1024])
-        except (ConfigReleaseError, OSError) as exc:
-            raise RolloutError(f"config release {spec.rollout.artifact}: {getattr(exc, 'strerror', None) or exc}"
-                               ) from None
-    from firmware_rollout.artifact.files import read_signed_manifest
-
-    try:
-        return read_signed_manifest(spec.rollout.artifact).manifest
-    except ArtifactError as exc:
-        raise RolloutError(f"artifact {spec.rollout.artifact}: {exc}") from None
+    entry = ROLLOUT_KINDS.get(spec.rollout.kind)
+    if entry is None:
+        raise ConfigError(source, "rollout.kind", f"{spec.rollout.kind!r} is not a rollout kind: the kinds are "
+                                                   f"{', '.join(sorted(ROLLOUT_KINDS))}")
+    entry.traits.check_spec(spec, source=source)
+    return entry.traits
 
 
 def cli_actor() -> str:
@@ -217,7 +209,7 @@ def cli_actor() -> str:
 
 
 def _control(store: Any, args: argparse.Namespace) -> int:
-    from firmware_rollout.orchestration.controls import request_control
+    from rollout_engine.controls import request_control
 
     control = request_control(store, args.id, args.action, getattr(args, "artifact", None), actor=cli_actor())
     return _await_control(store, control, args.no_wait, args.wait)
@@ -263,7 +255,7 @@ def _leader_last_seen(store: Any) -> int | None:
 
 
 def _status(store: Any, args: argparse.Namespace) -> int:
-    from firmware_rollout.orchestration.status import describe
+    from rollout_engine.status import describe
 
     rid = args.id
     if rid is None:
@@ -398,7 +390,7 @@ def render_status(data: dict[str, Any]) -> Any:
 
 
 def _list(store: Any, args: argparse.Namespace) -> int:
-    from firmware_rollout.orchestration.status import describe
+    from rollout_engine.status import describe
 
     items = []
     for r in store.rollouts():

@@ -248,7 +248,7 @@ def main(args: argparse.Namespace) -> int:
                                                 " signs its own image)")
     if args.rollout is not None:
         from agent.sim.rollout import public_key_for
-        from firmware_rollout.orchestration.spec import load_spec, soak_warning
+        from rollout_engine.spec import load_spec, soak_warning
 
         public_key, warning = public_key_for(args.rollout, args.public_key)
         # through a soak the devices heartbeat at their fast pace (the soak asks them to)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from firmware_rollout.orchestration.store import IN_PROGRESS
+from rollout_engine.store import IN_PROGRESS
 
 WIDTH, HEIGHT, PAD = 640, 160, 28
 SAMPLES = 160  # points across a chart

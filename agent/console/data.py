@@ -15,6 +15,8 @@ from agent.leader.identities import Control, Identity
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow
 from agent.leader.status import FleetStatus, fleet_status
+from rollout_engine.kinds import Described
+from rollout_engine.spec import DEFAULT_KIND
 
 PAGE = 50
 PER_LEADER_LAYERS = ("the configuration layers are each leader's own (in its leader.db), not in the fleet's database:"
@@ -64,8 +66,8 @@ def rollouts(db: StoreTarget) -> list[dict[str, Any]]:
     """Every rollout, newest first, as `rollout status --json` describes it."""
     if not _has_rollouts(db):
         return []
-    from firmware_rollout.orchestration.status import describe
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.status import describe
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         return [describe(store, r.id) for r in reversed(store.rollouts())]
@@ -88,9 +90,9 @@ def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage
     """A rollout's page: its description, the controls that apply now, its devices."""
     if not _has_rollouts(db):
         return None
-    from firmware_rollout.orchestration.controls import allowed_actions
-    from firmware_rollout.orchestration.status import describe
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.controls import allowed_actions
+    from rollout_engine.status import describe
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         if store.find(rollout_id) is None:
@@ -111,47 +113,42 @@ class ArtifactChoice:
 
     file: str  # its name in the leader's store (what the form sends back: never a path)
     path: Path
-    manifest: Any  # a firmware artifact's `Manifest`, or a config release's `ReleaseManifest`
-    kind: str = "firmware"  # or "config"
+    manifest: Described  # what its kind reads of it
+    kind: str  # the kind that installs it (`agent.leader.rollout_kinds`)
 
     @property
     def rollback(self) -> bool:
-        return self.kind == "firmware" and bool(self.manifest.rollback)
+        return self.manifest.rollback
 
     @property
     def size(self) -> int:
-        return int(self.manifest.size) if self.kind == "firmware" else sum(d.size for d in self.manifest.documents)
+        return self.manifest.size
 
     @property
     def what(self) -> str:
         """What it is, in a few words."""
-        if self.kind == "config":
-            n = len(self.manifest.documents)
-            return f"config release for target {self.manifest.name}: {n} document{'s' if n != 1 else ''}"
-        if self.rollback:
-            return f"firmware rollback of {', '.join(self.manifest.rollback_from)}"
-        return f"firmware: {len(self.manifest.chunks)} chunks"
+        return self.manifest.what
+
+    @property
+    def tagged(self) -> bool:
+        """Its kind is said beside it (any but the default's)."""
+        return self.kind != DEFAULT_KIND
 
 
 def artifacts(directory: Path) -> list[ArtifactChoice]:
-    """The leader's store: firmware artifacts and config releases, by name, newest version first;
-    a file that does not parse is left out."""
-    from config_rollout.errors import ConfigReleaseError
-    from config_rollout.release import SUFFIX, peek_release
-    from firmware_rollout.artifact.files import read_signed_manifest
+    """The leader's store: the files of every kind, by name, newest version first; a file that
+    does not parse is left out."""
+    from agent.leader.rollout_kinds import ROLLOUT_KINDS
     from rollout_engine.version import Version
 
     found = []
-    for path in sorted(directory.glob("*.eafw")) if directory.is_dir() else []:
-        try:
-            found.append(ArtifactChoice(path.name, path, read_signed_manifest(path).manifest))
-        except EdgeAgentError:
-            continue
-    for path in sorted(directory.glob(f"*{SUFFIX}")) if directory.is_dir() else []:
-        try:
-            found.append(ArtifactChoice(path.name, path, peek_release(path.read_bytes()[:1 << 20]), "config"))
-        except (ConfigReleaseError, OSError):
-            continue
+    for name, entry in ROLLOUT_KINDS.items() if directory.is_dir() else ():
+        for suffix in entry.traits.file_suffixes:
+            for path in sorted(directory.glob(f"*{suffix}")):
+                try:
+                    found.append(ArtifactChoice(path.name, path, entry.traits.describe(path), name))
+                except EdgeAgentError:
+                    continue
 
     def order(a: ArtifactChoice) -> tuple[str, str, Version]:
         try:
@@ -165,7 +162,7 @@ def artifacts(directory: Path) -> list[ArtifactChoice]:
 
 def start(db: StoreTarget, rollout_id: str, start_control: str, *, actor: str = "") -> int:
     """Queue a rollout's start exactly as `edge-agent rollout start` does; the control's id."""
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open(db, clock=SystemClock()) as store:
         if store.get(rollout_id) is not None:
@@ -177,7 +174,7 @@ def start_control(db: StoreTarget, rollout_id: str) -> Any:
     """The newest start control for `rollout_id` (a `ControlRow`), or None."""
     if not _has_rollouts(db):
         return None
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         starts = [c for c in store.controls(rollout_id) if c.action == "start"]
@@ -186,7 +183,7 @@ def start_control(db: StoreTarget, rollout_id: str) -> Any:
 
 def holders(db: StoreTarget, devices: list[str]) -> dict[str, tuple[str, str]]:
     """The devices of `devices` an unfinished rollout holds: device -> (its rollout, its state there)."""
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         return store.holders(devices)
@@ -195,8 +192,8 @@ def holders(db: StoreTarget, devices: list[str]) -> dict[str, tuple[str, str]]:
 def control(db: StoreTarget, rollout_id: str, action: str, *, artifact: Path | None = None, actor: str = "") -> int:
     """Queue a control exactly as `edge-agent rollout ACTION ID [--artifact]` does; its id.
     Only into existing rollout tables."""
-    from firmware_rollout.orchestration.controls import request_control
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.controls import request_control
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_existing(db, clock=SystemClock()) as store:
         return request_control(store, rollout_id, action, str(artifact) if artifact is not None else None,
@@ -306,7 +303,7 @@ def rollout_version(db: StoreTarget, rollout_id: str) -> str | None:
     """The version a rollout installs (None: no such rollout)."""
     if not _has_rollouts(db):
         return None
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         found = store.find(rollout_id)

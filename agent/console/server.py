@@ -44,8 +44,8 @@ from agent.leader.rollout import ARTIFACTS_DIR
 from agent.leader.rollout_plan import plan_rollout, render_plan
 from agent.protocol import SystemSample
 from agent.service.http import HttpServer, Limits, RefuseBody, Request, Response
-from firmware_rollout.orchestration.orchestrator import rollout_id_for
-from firmware_rollout.orchestration.spec import RolloutSpec, StartControl, spec_from_dict
+from rollout_engine.orchestrator import rollout_id_for
+from rollout_engine.spec import RolloutSpec, StartControl, spec_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -423,19 +423,18 @@ class Console:
     def _take_config_release(self, body: Path, shown: str, actor: str) -> tuple[int, str]:
         """A config release uploaded: checked as the leader checks one at a rollout's start, kept
         by its id (the upload's file is removed by the HTTP layer)."""
-        from agent.leader.rollout import admit_config_release
+        from config_rollout.kind import keep_release
         from rollout_engine.keys import load_verify_key
 
         assert self.config.public_key is not None
         try:
-            name, version, kept, data = admit_config_release(load_verify_key(self.config.public_key), self._store(),
-                                                             str(body))
+            release, kept, data = keep_release(load_verify_key(self.config.public_key), self._store(), str(body))
         except EdgeAgentError as exc:
             return 422, str(exc).replace(str(body), shown)
-        log.info("config release uploaded in the console", extra={"kv": {"file": Path(kept).name, "name": name,
-                                                                         "version": version, "by": actor}})
-        return 201, (f"{shown}: config release {name} {version} ({format_bytes(len(data))}) verified and kept as "
-                     f"{Path(kept).name}")
+        log.info("config release uploaded in the console", extra={"kv": {"file": kept.name, "name": release.name,
+                                                                         "version": release.version, "by": actor}})
+        return 201, (f"{shown}: config release {release.name} {release.version} ({format_bytes(len(data))}) verified"
+                     f" and kept as {kept.name}")
 
     def upload_room(self) -> tuple[Path, int]:
         """Where an upload's body goes (the store's directory: the copy is made on the same

@@ -7,9 +7,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent.transport.base import Transport
+
+if TYPE_CHECKING:
+    from agent.leader.rollout_kinds import KindEntry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,6 +22,8 @@ class GatewayEnv:
     rng: random.Random | None = None  # the leader's ids and jitter (the simulator's is seeded)
     recover: bool = False  # move a damaged leader.db aside instead of refusing to start (`run --recover`)
     intake_batch_max: int = 512  # records the intake actors write in one transaction at most
+    # the kinds a rollout can install (None: `agent.leader.rollout_kinds.ROLLOUT_KINDS`)
+    rollout_kinds: Mapping[str, KindEntry] | None = None
     rollout_poll_s: float = 2.0  # how often the orchestrator reads the controls `rollout ...` writes
     # the northbound broker's connection (default: the MQTT connection `[northbound] url` names)
     northbound_transport: Transport | None = None

@@ -1,5 +1,5 @@
 """The leader's housekeeping tasks: processed ids, confirmed jobs, rollout report ids, and the
-per-device rows of long-finished rollouts (their summaries stay: `firmware_rollout.orchestration.store`).
+per-device rows of long-finished rollouts (their summaries stay: `rollout_engine.store`).
 
 Retentions and their reasons: `agent.housekeeping`. The rollout tables live in the same
 database as the registry; their pruning opens its own `RolloutStore` on it at the first round
@@ -19,7 +19,7 @@ from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 
 if TYPE_CHECKING:
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
 
 class RolloutReports:
@@ -36,7 +36,7 @@ class RolloutReports:
 
     def _opened(self) -> RolloutStore:
         if self._store is None:
-            from firmware_rollout.orchestration.store import RolloutStore
+            from rollout_engine.store import RolloutStore
 
             self._store = RolloutStore.open(self._path, clock=self._clock)
         return self._store

@@ -31,7 +31,7 @@ from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.service.instance import running_pid
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.store import RolloutStore
 
 _CHUNK = 1_000
 

@@ -30,7 +30,7 @@ from agent.leader.registry import DeviceRegistry, RegistryReads
 from agent.leader.rejects import RejectReads
 
 if TYPE_CHECKING:
-    from firmware_rollout.orchestration.store import RolloutReads
+    from rollout_engine.store import RolloutReads
 
 
 class LeaderDb:
@@ -57,7 +57,7 @@ class LeaderDb:
 
     @functools.cached_property
     def rollouts(self) -> RolloutReads:
-        from firmware_rollout.orchestration.store import RolloutReads
+        from rollout_engine.store import RolloutReads
 
         on_shared = RolloutReads(self.shared) if self.shared is not self.conn else None
         return on_shared if on_shared is not None and on_shared.present else RolloutReads(self.conn)

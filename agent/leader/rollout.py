@@ -13,7 +13,7 @@
 `rollout_part(leader, env)` builds it (a part of the leader, `agent.app`): started after the
 leader, stopped before it. Its tables live where the fleet's registry does: `leader.db`, whose
 one leader runs the orchestrator, or the fleet's PostgreSQL database, where every leader serves
-chunks and the one holding the orchestrator lease (`firmware_rollout.orchestration.lease`)
+chunks and the one holding the orchestrator lease (`rollout_engine.lease`)
 runs the orchestrator and applies reports; the others answer reports busy (the device sends
 its report again, and the broker hands it to a leader of the group) and take the lease over
 when its holder stops renewing it. The service asks of the leader only what `RolloutHost` names. Controls
@@ -27,7 +27,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -38,12 +38,13 @@ from agent.actors import Actor, ActorRef, ActorSystem, Context
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
-from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, RolloutError, StoreError
+from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
 from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LEADER_DB, LeaderAgent, Route
 from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
+from agent.leader.rollout_kinds import ROLLOUT_KINDS, KindEntry
 from agent.outbox.types import OutboxMessage
 from agent.protocol import KIND_HEARTBEAT_PACE, ConfigState, HeartbeatPace
 from agent.service.checks import Check, problem_check, task_check
@@ -51,32 +52,23 @@ from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
 from firmware_rollout.artifact.manifest import SignedManifest, parse_signed_manifest
-from firmware_rollout.errors import ReportRefused
+from firmware_rollout.messages import KIND_CHUNK_REQUEST, ChunkRequest
+from firmware_rollout.orchestration.artifact_server import ArtifactServer
+from firmware_rollout.orchestration.chunk_server import ConfigServerPool
+from rollout_engine.errors import ReportRefused
 from rollout_engine.keys import Verifier
+from rollout_engine.kinds import Outgoing
+from rollout_engine.lease import OrchestratorLease
+from rollout_engine.messages import KIND_ROLLOUT_REPORT, RolloutReport
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.plan import DeviceInfo
+from rollout_engine.status import describe
+from rollout_engine.store import RolloutRow, RolloutStore
 from rollout_engine.trust import TrustedKeys, load_fleet_keys
 
 if TYPE_CHECKING:
     from config_rollout.layer_store import LayerStore
     from config_rollout.layers import LayerValue
-from firmware_rollout.messages import (
-    KIND_CHUNK_REQUEST,
-    KIND_UPDATE_CANCEL,
-    KIND_UPDATE_OFFER,
-    KIND_UPDATE_REPORT,
-    ChunkRequest,
-    UpdateCancel,
-    UpdateOffer,
-    UpdateReport,
-    cancel_key,
-)
-from firmware_rollout.orchestration.artifact_server import ArtifactServer
-from firmware_rollout.orchestration.artifacts import ArtifactStore
-from firmware_rollout.orchestration.chunk_server import ConfigServerPool
-from firmware_rollout.orchestration.lease import OrchestratorLease
-from firmware_rollout.orchestration.orchestrator import Orchestrator, RolloutKind
-from firmware_rollout.orchestration.plan import DeviceInfo
-from firmware_rollout.orchestration.status import describe
-from firmware_rollout.orchestration.store import RolloutRow, RolloutStore
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +79,7 @@ HTTP_RETRY_S = 5.0  # how often a leader whose artifact port is taken tries it a
 @dataclass(slots=True)
 class _Report:
     msg_id: str
-    report: UpdateReport
+    report: RolloutReport
     done: asyncio.Future[bool]
 
 
@@ -117,7 +109,6 @@ class ReportIntake(Actor):
 
 class _Devices(Protocol):
     def devices(self) -> list[DeviceRecord]: ...
-    def config_versions(self, target: str) -> dict[str, str]: ...
     def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]: ...
 
 
@@ -146,17 +137,11 @@ class RolloutHost(Protocol):
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None: ...
 
 
-#: The configuration layers' values for devices of a target: (target, device -> its tags).
-LayerValues = Callable[[str, "dict[str, tuple[str, ...]]"], "dict[str, tuple[LayerValue, ...]]"]
-
-
 class LeaderPort:
-    """The orchestrator's view of the leader: the registry's devices, the outbox for offers
-    (a config offer with the layer values of its device, from `layer_values`)."""
+    """The orchestrator's view of the leader: the registry's devices, the outbox for what it sends."""
 
-    def __init__(self, leader: RolloutHost, layer_values: LayerValues | None = None) -> None:
+    def __init__(self, leader: RolloutHost) -> None:
         self._leader = leader
-        self._layer_values = layer_values
 
     def devices(self) -> Sequence[DeviceInfo]:
         return [
@@ -165,80 +150,12 @@ class LeaderPort:
             for d in self._leader.registry.devices()
         ]
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float,
-                          kind: RolloutKind = "firmware") -> None:
+    async def send(self, messages: Sequence[Outgoing], *, ttl_ms: int) -> None:
         leader = self._leader
-        ttl_ms = max(1, int(ttl_s * 1000))  # in the outbox, and as the MQTT message expiry
-        message_kind: str = KIND_UPDATE_OFFER
-        wire: Callable[[str, UpdateOffer], bytes] = _firmware_offer
-        if kind == "config":  # the release rides in the offer: a config offer of its own kind
-            from config_rollout.messages import KIND_CONFIG_OFFER
-
-            message_kind, wire = KIND_CONFIG_OFFER, self._config_offers(offers)
-        msgs = [
-            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device, kind=message_kind,
-                          payload=wire(device, offer), key=f"{kind}.offer:{offer.rollout_id}", ttl_ms=ttl_ms)
-            for device, offer in offers
-        ]
-        await leader.outbox.enqueue_many(msgs)
-
-    def _config_offers(self, offers: Sequence[tuple[str, UpdateOffer]]) -> Callable[[str, UpdateOffer], bytes]:
-        """A config rollout's offer carries its release where a firmware one has the manifest,
-        and the layer values of its device."""
-        from config_rollout.messages import ConfigOffer
-        from config_rollout.release import peek_release
-
-        layer_values = self._layer_values
-        values_of: dict[str, tuple[LayerValue, ...]] = {}
-        if layer_values is not None and offers:
-            target = peek_release(offers[0][1].signed_manifest).name  # (one rollout: one release)
-            wanted = {device for device, _ in offers}
-            tags = {d.device_id: tuple(d.tags) for d in self._leader.registry.devices() if d.device_id in wanted}
-            values_of = layer_values(target, {device: tags.get(device, ()) for device in wanted})
-
-        def wire(device: str, offer: UpdateOffer) -> bytes:
-            values = values_of.get(device, ())
-            return encode(ConfigOffer(rollout_id=offer.rollout_id, release=offer.signed_manifest, layers=values,
-                                      maintenance_windows=offer.maintenance_windows, trust=offer.trust))
-
-        return wire
-
-    def config_versions(self, target: str) -> dict[str, str]:
-        """device -> the version its configuration target `target` holds (its heartbeats say)."""
-        return self._leader.registry.config_versions(target)
-
-    def config_in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
-        from config_rollout.release import peek_release
-
-        shown = peek_release(release)  # (verified when the rollout started)
-        states = self._leader.registry.config_states()
-        found = set()
-        for device in devices:
-            held = states.get(device, ((), {}))[1].get(shown.name)
-            if held is not None and held.version == shown.version and held.state == "committed" and not held.drifted:
-                found.add(device)
-        return found
-
-    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]], *,
-                           kind: RolloutKind = "firmware") -> None:
-        leader = self._leader
-        message_kind = KIND_UPDATE_CANCEL
-        wire: Callable[[UpdateCancel], bytes] = encode
-        if kind == "config":
-            from config_rollout.messages import KIND_CONFIG_CANCEL, ConfigCancel
-
-            message_kind = KIND_CONFIG_CANCEL
-
-            def wire(cancel: UpdateCancel) -> bytes:
-                return encode(ConfigCancel(rollout_id=cancel.rollout_id, reason=cancel.reason))
-
-        msgs = [
-            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=device,
-                          kind=message_kind, payload=wire(cancel),
-                          key=cancel_key(device, cancel.rollout_id), ttl_ms=0)  # never stale: it stops an update
-            for device, cancel in cancels
-        ]
-        await leader.outbox.enqueue_many(msgs)
+        await leader.outbox.enqueue_many([
+            OutboxMessage(msg_id=leader.ids.next(), owner=leader.device_id, receiver=m.device, kind=m.kind,
+                          payload=m.payload, key=m.key, ttl_ms=ttl_ms)  # (also the MQTT message expiry)
+            for m in messages])
 
     async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
         leader = self._leader
@@ -249,10 +166,6 @@ class LeaderPort:
             for device in devices
         ]
         await leader.outbox.enqueue_many(msgs)
-
-
-def _firmware_offer(_device: str, offer: UpdateOffer) -> bytes:
-    return encode(offer)
 
 
 SOAK_HEARTBEAT_S = 5.0  # what a soak asks for (a device keeps to its own fast_interval_s at most)
@@ -271,33 +184,6 @@ def fleet_keys(config: AgentConfig, data_dir: Path, clock: Clock) -> Verifier | 
                            state_dir=data_dir / TRUST_DIR, now_ms=clock.now_ms)
 
 
-def admit_config_release(keys: Verifier | None, directory: Path, source: str) -> tuple[str, str, str, bytes]:
-    """A config release for a rollout: checked whole against `[firmware] public_key` as a device
-    checks it, small enough to ride in one offer, kept in the artifact store by its id; (its
-    name, its version, the copy, its bytes). A `RolloutError` says why not."""
-    from agent.service.files import write_private_file
-    from config_rollout.errors import ConfigReleaseError
-    from config_rollout.messages import OFFER_RELEASE_MAX
-    from config_rollout.release import SUFFIX, parse_release
-
-    if keys is None:
-        raise RolloutError(f"cannot check config release {source}: the leader's config has no [firmware] public_key"
-                           " or trust_root (the fleet's key, as the devices pin it)")
-    try:
-        data = Path(source).read_bytes()[:OFFER_RELEASE_MAX + 1]
-    except OSError as exc:
-        raise RolloutError(f"config release {source}: {exc.strerror or exc}") from None
-    if len(data) > OFFER_RELEASE_MAX:
-        raise RolloutError(f"config release {source}: over {OFFER_RELEASE_MAX // 1024} KiB, too large to offer")
-    try:
-        release = parse_release(data, keys, source=source, max_document_bytes=OFFER_RELEASE_MAX)
-    except ConfigReleaseError as exc:
-        raise RolloutError(str(exc)) from None
-    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
-    kept = write_private_file(directory / f"{release.release_id[:32]}{SUFFIX}", data, 0o640)
-    return release.name, release.version, str(kept), data
-
-
 class RolloutService(PartBase):
     """The leader's rollout feature, one part of it (`agent.service.parts`); it owns `store`
     (closed at stop) and checks artifacts against `[firmware] public_key`."""
@@ -306,21 +192,22 @@ class RolloutService(PartBase):
 
     def __init__(self, leader: RolloutHost, store: RolloutStore, *, poll_s: float = 2.0,
                  report_capacity: int = 256, serve_http: bool = False, data_dir: Path | None = None,
-                 lease: OrchestratorLease | None = None) -> None:
+                 lease: OrchestratorLease | None = None, kinds: Mapping[str, KindEntry] = ROLLOUT_KINDS) -> None:
         self.leader = leader
         self.store = store
         self.clock = leader.clock
         # the leader's own files (artifacts, trust, layers): beside leader.db
         self.data_dir = data_dir if data_dir is not None else Path(store.path).parent
         self.keys = fleet_keys(leader.config, self.data_dir, self.clock)
-        artifacts = ArtifactStore(self.data_dir / ARTIFACTS_DIR, self.keys)
+        self.artifacts_dir = self.data_dir / ARTIFACTS_DIR
+        self.kinds = kinds
         # several leaders on one PostgreSQL database: the orchestrator runs while this holds it
         self.lease = lease
         if lease is not None:
             store.fence = lease.fence
         self._lead_task: asyncio.Task[None] | None = None
-        self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader, self._layer_values),
-                                         poll_s=poll_s, artifacts=artifacts, admit_config=self._admit_config)
+        self.orchestrator = Orchestrator(store, clock=self.clock, port=LeaderPort(leader), poll_s=poll_s,
+                                         kinds={name: entry.make(self) for name, entry in kinds.items()})
         if isinstance(self.keys, TrustedKeys):
             self.orchestrator.trust_document = self.keys.document_bytes
         if lease is not None:
@@ -343,10 +230,14 @@ class RolloutService(PartBase):
         self._by_image_scanned_ms = -1_000_000  # a hash not known yet looks the rollouts up again after 1 s
         self._stopped = False
 
-    def _admit_config(self, source: str) -> tuple[str, str, str, bytes]:
-        return admit_config_release(self.keys, self.data_dir / ARTIFACTS_DIR, source)
+    # -- what the kinds take of the leader (`agent.leader.rollout_kinds.KindHost`) ---------------
+    def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
+        return self.leader.registry.config_states()
 
-    def _layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
+    def device_tags(self) -> dict[str, tuple[str, ...]]:
+        return {d.device_id: tuple(d.tags) for d in self.leader.registry.devices()}
+
+    def layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
         if self._layers is None:
             from config_rollout.layer_store import LayerStore
 
@@ -354,15 +245,17 @@ class RolloutService(PartBase):
         return self._layers.values_for_devices(target, devices, now_ms=self.clock.now_ms())
 
     def register(self) -> None:
-        """Take firmware reports and chunk requests from devices: the report intake actor and
-        the two routes, in place before the leader's inbox starts (a report is never refused as
-        a kind the leader does not take)."""
+        """Take rollout reports (under their name and each kind's older one) and chunk requests
+        from devices: the report intake actor and the routes, in place before the leader's inbox
+        starts (a report is never refused as a kind the leader does not take)."""
         leader = self.leader
         self.intake = ReportIntake(self.orchestrator)
         self._intake_ref = leader.system.spawn(
             self.intake, name="rollout-reports", capacity=self._report_capacity, policy="reject",
             stall_s=leader.config.mailbox.stall_s)
-        leader.register_route(KIND_UPDATE_REPORT, UpdateReport, self._on_report)
+        older = (name for entry in self.kinds.values() for name in entry.traits.report_kinds)
+        for kind in dict.fromkeys([KIND_ROLLOUT_REPORT, *older]):
+            leader.register_route(kind, RolloutReport, self._on_report)
         leader.register_route(KIND_CHUNK_REQUEST, ChunkRequest, self._on_chunk)
 
     async def start(self) -> None:
@@ -509,8 +402,8 @@ class RolloutService(PartBase):
 
     # -- inbound -------------------------------------------------------------------------------
     async def _on_report(self, env: Envelope, message: msgspec.Struct) -> Reply:
-        if not isinstance(message, UpdateReport):
-            return Reply(id=env.id, status="rejected", reason="not an update report")
+        if not isinstance(message, RolloutReport):
+            return Reply(id=env.id, status="rejected", reason="not a rollout report")
         if message.device != env.sender:
             return Reply(id=env.id, status="rejected",
                          reason=f"report names device {message.device!r} but the sender is {env.sender!r}")
@@ -692,7 +585,7 @@ async def rollout_part(leader: LeaderAgent, env: GatewayEnv) -> RolloutService:
         lease = OrchestratorLease(store, leader.device_id, ttl_s=config.leader.rollout_lease_s)
     service = RolloutService(leader, store, poll_s=env.rollout_poll_s, serve_http=bool(config.artifacts.listen),
                              report_capacity=config.mailbox.capacity,  # as the leader's other intake mailboxes
-                             data_dir=leader.data_dir, lease=lease)
+                             data_dir=leader.data_dir, lease=lease, kinds=env.rollout_kinds or ROLLOUT_KINDS)
     service.register()
     return service
 

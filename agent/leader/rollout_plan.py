@@ -8,21 +8,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agent.core.clock import SystemClock
 from agent.core.errors import RolloutError
 from agent.core.sql import PostgresUrl
 from agent.leader.readonly import open_leader_db
-from firmware_rollout.artifact.manifest import Manifest
-from firmware_rollout.errors import InvalidVersion
-from firmware_rollout.orchestration.plan import DeviceInfo, exclusion, plan_waves
-from firmware_rollout.orchestration.spec import RolloutSpec
-from rollout_engine.version import Version
-
-if TYPE_CHECKING:
-    from config_rollout.release import ReleaseManifest
-
+from agent.leader.rollout_kinds import traits_of
+from rollout_engine.kinds import Described
+from rollout_engine.plan import DeviceInfo, exclusion, plan_waves
+from rollout_engine.spec import RolloutSpec
 
 
 @dataclass(frozen=True)
@@ -46,7 +40,7 @@ class Plan:
 SHOWN = 50  # devices listed per wave and left out by --dry-run before "and N more"
 
 
-def render_plan(rid: str, spec: RolloutSpec, manifest: Manifest | ReleaseManifest, plan: Plan,
+def render_plan(rid: str, spec: RolloutSpec, manifest: Described, plan: Plan,
                 held: dict[str, tuple[str, str]]) -> str:
     """What `rollout start --dry-run` prints: each wave's devices, who is left out and why, and
     who belongs to an unfinished rollout (the start would be refused for them)."""
@@ -72,14 +66,13 @@ def render_plan(rid: str, spec: RolloutSpec, manifest: Manifest | ReleaseManifes
     return "\n".join(lines)
 
 
-def plan_rollout(spec: RolloutSpec, manifest: Manifest | ReleaseManifest, db: Path | PostgresUrl) -> Plan:
+def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | PostgresUrl) -> Plan:
     """The waves, planned once, here, against the devices the leader's registry holds now: a
     spec that cannot be planned (no device matches, a wave rounding to 0 devices, an image older
     than every target that is not signed as a rollback) is refused before the leader hears of
     it, and the leader starts the rollout on these very waves."""
-    firmware = isinstance(manifest, Manifest)
-    # (a config release's version is not a firmware version: no device is "already on" it)
-    version = manifest.version if firmware else None
+    traits = traits_of(spec.rollout.kind)
+    version = manifest.version if traits.skips_held else None
     now_ms = SystemClock().now_ms()
     with open_leader_db(db) as leader:
         _, lines = leader.registry.page(limit=0)
@@ -101,7 +94,8 @@ def plan_rollout(spec: RolloutSpec, manifest: Manifest | ReleaseManifest, db: Pa
         raise RolloutError(f"no device matches the rollout's targets: {known_text}" + (f"; left out: {why}" if why
                                                                                         else ""))
     by_id = {d.device_id: d for d in devices}
-    warnings = check_downgrade(spec, manifest, [by_id[t] for t in targets]) if isinstance(manifest, Manifest) else []
+    check = traits.check_targets
+    warnings = check(manifest, spec.rollout.artifact, [by_id[t] for t in targets]) if check is not None else []
     try:
         return Plan(plan_waves(spec, targets), left_out, warnings)
     except RolloutError as exc:
@@ -110,30 +104,4 @@ def plan_rollout(spec: RolloutSpec, manifest: Manifest | ReleaseManifest, db: Pa
                            f"versions: {seen}]") from None
 
 
-def check_downgrade(spec: RolloutSpec, manifest: Manifest, targets: list[DeviceInfo]) -> list[str]:
-    """Every device refuses an image older than the one it runs unless it is signed as a
-    rollback: a rollout of one to targets that all run newer versions could only fail (refused);
-    to some of them, a warning naming how many will refuse it (returned)."""
-    if manifest.rollback:
-        return []
-    image = manifest.parsed_version()
-    newer = []
-    for target in targets:
-        try:
-            if Version.parse(target.firmware_version) > image:
-                newer.append(target)
-        except InvalidVersion:  # a version the device reports that is not one: it decides itself
-            continue
-    if not newer:
-        return []
-    what = f"artifact {spec.rollout.artifact} is version {manifest.version}"
-    if len(newer) == len(targets):
-        running = ", ".join(sorted({d.firmware_version for d in newer}))
-        raise RolloutError(f"{what}, older than every targeted device ({running}): each would refuse it as a"
-                           " downgrade; to go back, sign it as a rollback"
-                           " (`edge-agent firmware build --rollback --rollback-from VERSION`)")
-    return [f"{what}, older than {len(newer)} of the {len(targets)} targeted devices: they will refuse it as a"
-            " downgrade (failures that count against the rollout's gates)"]
-
-
-__all__ = ["SHOWN", "Plan", "check_downgrade", "plan_rollout", "render_plan"]
+__all__ = ["SHOWN", "Plan", "plan_rollout", "render_plan"]

@@ -29,9 +29,9 @@ from agent.sim.report import Report
 from agent.sim.rollout import RolloutSimulation, device_ids
 from config_rollout.device.apply import CONFIRM_RETRY_S
 from config_rollout.release import build_release
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.status import describe
 from rollout_engine.keys import SigningKey
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.status import describe
 
 RELEASE_VERSION = "1.1.0"
 NEW_DOCUMENT = b"mode = 'tuned'\nworkers = 4\n"
@@ -162,7 +162,7 @@ async def config_rollout_scenario(*, devices: int = 200, seed: int = 7, cut_rate
 
 
 def config_rollout_summary(report: Report) -> str:
-    from firmware_rollout.orchestration.status import wave_label
+    from rollout_engine.status import wave_label
 
     ro = report["rollout"]
     lines = [f"config rollout of app {ro['version']} to {report['devices']} devices (seed {report['seed']}):"

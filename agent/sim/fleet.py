@@ -50,8 +50,8 @@ from agent.worker.hardware import UpdaterHardware
 from agent.worker.jobs import JobLedger
 from agent.worker.local_api import LocalApi
 from firmware_rollout.orchestration.chunk_server import ConfigServerPool
-from firmware_rollout.orchestration.orchestrator import Orchestrator
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.store import RolloutStore
 
 
 @runtime_checkable

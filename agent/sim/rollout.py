@@ -42,11 +42,11 @@ from agent.sim.options import SimOptions
 from agent.sim.report import Report, peak_rss_mb
 from agent.sim.runner import Simulation
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.lease import lease_of
-from firmware_rollout.orchestration.spec import RolloutSpec, load_spec, spec_from_dict
-from firmware_rollout.orchestration.status import describe, wave_label, wave_number
-from firmware_rollout.orchestration.store import IN_PROGRESS, TERMINAL, RolloutStore
 from rollout_engine.keys import load_verify_key
+from rollout_engine.lease import lease_of
+from rollout_engine.spec import RolloutSpec, load_spec, spec_from_dict
+from rollout_engine.status import describe, wave_label, wave_number
+from rollout_engine.store import IN_PROGRESS, TERMINAL, RolloutStore
 
 BASE_VERSION = "1.0.0"
 TARGET_VERSION = "1.1.0"

@@ -1,7 +1,7 @@
 """The worker's configuration targets feature: config offers from a rollout applied to the target
 of the release's name, commit-confirmed (`config_rollout.device.apply`), and reported to the
-leader as the firmware updater reports (`UpdateReport`), so the wave engine's gates, thresholds
-and soak read them alike:
+leader as the engine's `RolloutReport`s, so the wave engine's gates, thresholds and soak read them
+as they read any kind's:
 
     offer ─► installing (verified, applying) ─► verifying (applied, confirming) ─► succeeded
                  └── rejected (not signed by the fleet's key, no such target, a document it does not take,
@@ -40,19 +40,20 @@ from config_rollout.device.apply import ConfigApplier
 from config_rollout.device.review import ConfigReviews
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import render
-from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigCancel, ConfigOffer
+from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigOffer
 from config_rollout.release import parse_release, peek_release
-from firmware_rollout.errors import TrustError
-from firmware_rollout.messages import ReportState, UpdateReport, UpdaterState, report_message
+from rollout_engine.errors import TrustError
 from rollout_engine.keys import Verifier
+from rollout_engine.messages import ReportState, RolloutCancel, RolloutReport, report_message
 from rollout_engine.trust import take_trust_document
 from rollout_engine.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
+ApplyPhase = str  # a report's `phase`: the applier's step, in the words the firmware updater uses for its own
 LEADER_ANSWER_S = 5.0  # one confirm's round trip to the leader, at most
 
 #: What the leader sees of each outcome of `ConfigApplier.apply`.
-OUTCOME_REPORTS: dict[str, tuple[ReportState, UpdaterState]] = {
+OUTCOME_REPORTS: dict[str, tuple[ReportState, ApplyPhase]] = {
     "committed": ("succeeded", "committed"), "failed": ("failed", "failed"),
     "rolled_back": ("rolled_back", "rolled_back"), "restarting": ("verifying", "verifying")}
 
@@ -91,12 +92,12 @@ class ConfigOfferActor(Actor):
             waiting = self._waiting.pop(message.rollout_id, None)
             if waiting is not None:
                 await self._apply(waiting[0], ctx, window_open=True)
-        elif isinstance(message, ConfigCancel):
+        elif isinstance(message, RolloutCancel):
             await self._cancel(message)
         elif isinstance(message, ResumeTargets):
             await self._resume()
 
-    async def _cancel(self, cancel: ConfigCancel) -> None:
+    async def _cancel(self, cancel: RolloutCancel) -> None:
         waiting = self._waiting.pop(cancel.rollout_id, None)
         if waiting is None:
             return  # applied already (it reported), or never offered here
@@ -220,16 +221,16 @@ class ConfigOfferActor(Actor):
 
         return check
 
-    def _next_report(self, rollout_id: str, version: str, state: ReportState, phase: UpdaterState,
-                     detail: str, until_ms: int = 0) -> UpdateReport:
+    def _next_report(self, rollout_id: str, version: str, state: ReportState, phase: ApplyPhase,
+                     detail: str, until_ms: int = 0) -> RolloutReport:
         worker = self._worker
         now = worker.clock.now_ms()
         self._seq = max(self._seq + 1, now)  # grows across restarts too (the leader keeps the highest)
-        return UpdateReport(device=worker.device_id, rollout_id=rollout_id, version=version[:64],
+        return RolloutReport(device=worker.device_id, rollout_id=rollout_id, version=version[:64],
                             state=state, phase=phase, detail=detail[:1000], ts_ms=now, seq=self._seq,
                             until_ms=until_ms)
 
-    async def _report(self, rollout_id: str, version: str, state: ReportState, phase: UpdaterState,
+    async def _report(self, rollout_id: str, version: str, state: ReportState, phase: ApplyPhase,
                       detail: str, *, until_ms: int = 0) -> None:
         worker = self._worker
         report = self._next_report(rollout_id, version, state, phase, detail, until_ms)
@@ -276,7 +277,7 @@ class ConfigTargetsPart(PartBase):
                                        stall_s=worker.config.mailbox.stall_s)
         self.ref.tell(ResumeTargets())
         worker.register_command(KIND_CONFIG_OFFER, ConfigOffer, self.ref)
-        worker.register_command(KIND_CONFIG_CANCEL, ConfigCancel, self.ref)
+        worker.register_command(KIND_CONFIG_CANCEL, RolloutCancel, self.ref)
 
     async def stop(self) -> None:
         """Nothing of its own: its actor stops with the worker's."""

@@ -1,7 +1,7 @@
 """The worker's UpdaterActor: firmware offers in, the A/B updater driven, reports out via the outbox.
 
     leader ──UpdateOffer──► (down topic) ──► UpdaterActor (bounded mailbox: busy when it is full)
-    leader ──UpdateCancel─► (down topic) ──► UpdateCancels ──► UpdaterActor.cancel (not queued
+    leader ──RolloutCancel─► (down topic) ──► UpdateCancels ──► UpdaterActor.cancel (not queued
                                                behind the update it stops: the running work is
                                                canceled, then the updater ends it `canceled`)
                                                │ waits for a maintenance window (device-local time)
@@ -9,7 +9,7 @@
                                                │    chunks: the offer's HTTP(S) mirrors, in order,
                                                │    then ChunkClient ──► leader's ConfigServers
                                                ▼
-                     UpdateReport ──► OutboxStore (OVERWRITE per device, seq) ──► relay ──► leader
+                     RolloutReport ──► OutboxStore (OVERWRITE per device, seq) ──► relay ──► leader
 
 On start it opens the updater (that is "a boot": a trial boot is counted, a fallback settled)
 and resumes whatever was in progress. With an in-process `Rebooter` (`InProcessRebooter`, the
@@ -55,14 +55,8 @@ from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import Installer
 from firmware_rollout.device.updater import CANCELABLE_STATES, ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
-from firmware_rollout.messages import (
-    KIND_UPDATE_CANCEL,
-    KIND_UPDATE_OFFER,
-    UpdateCancel,
-    UpdateOffer,
-    UpdateReport,
-    report_message,
-)
+from firmware_rollout.messages import KIND_UPDATE_CANCEL, KIND_UPDATE_OFFER, UpdateOffer
+from rollout_engine.messages import RolloutCancel, RolloutReport, report_message
 from rollout_engine.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
@@ -175,7 +169,7 @@ class UpdaterActor(Actor):
         if not task.cancelled():
             task.result()
 
-    async def cancel(self, cancel: UpdateCancel) -> None:
+    async def cancel(self, cancel: RolloutCancel) -> None:
         """The leader canceled a rollout: stop its work in progress, then let the updater end it."""
         self.cancels += 1
         self._canceled[cancel.rollout_id] = cancel.reason
@@ -282,7 +276,7 @@ class UpdaterActor(Actor):
             if self._rebooter is None or not self._rebooter.requested:
                 return
 
-    async def _report(self, report: UpdateReport) -> None:
+    async def _report(self, report: RolloutReport) -> None:
         """The updater's report sink: into the outbox, newest report per device wins. Each
         report keeps the heartbeat fast a while longer (downloading, on trial, soaking)."""
         if self._beat_fast is not None:
@@ -322,7 +316,7 @@ class UpdateCancels(Actor):
         self._updater = updater
 
     async def receive(self, message: object, ctx: Context) -> None:
-        if isinstance(message, UpdateCancel):
+        if isinstance(message, RolloutCancel):
             await self._updater.cancel(message)
 
 
@@ -398,7 +392,7 @@ class UpdaterPart(PartBase):
         worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, self.ref)
         cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
                                       stall_s=worker.config.mailbox.stall_s)
-        worker.register_command(KIND_UPDATE_CANCEL, UpdateCancel, cancels)
+        worker.register_command(KIND_UPDATE_CANCEL, RolloutCancel, cancels)
         configured = worker.firmware_version
 
         def running_version() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agent.core.clock import Clock
 from firmware_rollout.artifact.manifest import ChunkLayout, Manifest
-from firmware_rollout.messages import DownloadProgress
+from rollout_engine.messages import DownloadProgress
 
 PROGRESS_EVERY_S = 5.0  # a download reports how far it got at least this often...
 PROGRESS_STEP = 0.1  # ...and at every tenth of the image

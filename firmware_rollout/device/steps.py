@@ -38,7 +38,8 @@ from firmware_rollout.device.slots import Installer
 from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.store import UpdateRecord
 from firmware_rollout.errors import ChunkMismatch, InstallError
-from firmware_rollout.messages import DownloadProgress, UpdaterState
+from firmware_rollout.messages import UpdaterState
+from rollout_engine.messages import DownloadProgress
 
 if TYPE_CHECKING:  # (the updater imports this module)
     from firmware_rollout.device.updater import UpdaterSettings

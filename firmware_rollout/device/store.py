@@ -26,7 +26,8 @@ from agent.core.errors import StoreError
 from agent.core.sqlite import store_errors
 from agent.core.store import Store
 from agent.core.tasks import in_thread
-from firmware_rollout.messages import DETAIL_MAX, REPORT_STATE, UpdateReport, UpdaterState
+from firmware_rollout.messages import REPORT_STATE, UpdaterState
+from rollout_engine.messages import DETAIL_MAX, RolloutReport
 
 T = TypeVar("T")
 SCHEMA_VERSION = 1
@@ -91,7 +92,7 @@ class UpdateRecord:
 
 
 _FIELDS = tuple(asdict(UpdateRecord()).keys())
-_report_decoder = msgspec.msgpack.Decoder(UpdateReport)
+_report_decoder = msgspec.msgpack.Decoder(RolloutReport)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -181,22 +182,22 @@ class UpdaterStore(Store):
         """The signed manifest of the image the updater installed in `slot` (None: not known)."""
         return await self._run(self._slot_manifest, slot)
 
-    def _reports(self, unsent_only: bool, limit: int) -> list[tuple[int, UpdateReport]]:
+    def _reports(self, unsent_only: bool, limit: int) -> list[tuple[int, RolloutReport]]:
         where = "WHERE sent = 0 " if unsent_only else ""
         rows = self._conn.execute(
             f"SELECT seq, body FROM reports {where}ORDER BY seq DESC LIMIT ?", (limit,)
         ).fetchall()
         return [(seq, _report_decoder.decode(body)) for seq, body in reversed(rows)]
 
-    async def reports(self, *, unsent_only: bool = False, limit: int = 100) -> list[UpdateReport]:
+    async def reports(self, *, unsent_only: bool = False, limit: int = 100) -> list[RolloutReport]:
         """The latest `limit` reports, oldest first."""
         rows = await self._run(self._reports, unsent_only, limit)
         return [report for _, report in rows]
 
-    async def unsent(self, limit: int = 100) -> list[tuple[int, UpdateReport]]:
+    async def unsent(self, limit: int = 100) -> list[tuple[int, RolloutReport]]:
         return await self._run(self._unsent, limit)
 
-    def _unsent(self, limit: int) -> list[tuple[int, UpdateReport]]:
+    def _unsent(self, limit: int) -> list[tuple[int, RolloutReport]]:
         rows = self._conn.execute("SELECT seq, body FROM reports WHERE sent = 0 ORDER BY seq LIMIT ?", (limit,))
         return [(seq, _report_decoder.decode(body)) for seq, body in rows.fetchall()]
 
@@ -204,7 +205,7 @@ class UpdaterStore(Store):
     def _save(
         self, record: UpdateRecord, report: Mapping[str, Any] | None, slots: Mapping[str, str],
         manifests: Mapping[str, bytes | None],
-    ) -> UpdateReport | None:
+    ) -> RolloutReport | None:
         made = None
         with self.atomic():
             assignments = ", ".join(f"{name} = ?" for name in _FIELDS)
@@ -222,7 +223,7 @@ class UpdaterStore(Store):
                     " DO UPDATE SET signed_manifest = ?", (slot, signed, signed))
             if report is not None:
                 seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM reports").fetchone()[0]
-                made = UpdateReport(seq=seq, **{**report, "detail": clip(str(report.get("detail", "")))})
+                made = RolloutReport(seq=seq, **{**report, "detail": clip(str(report.get("detail", "")))})
                 self._conn.execute("INSERT INTO reports (seq, body) VALUES (?, ?)", (seq, _encoder.encode(made)))
         return made
 
@@ -233,12 +234,12 @@ class UpdaterStore(Store):
         report: Mapping[str, Any] | None = None,
         slots: Mapping[str, str] | None = None,
         manifests: Mapping[str, bytes | None] | None = None,
-    ) -> UpdateReport | None:
+    ) -> RolloutReport | None:
         """Write `record` (and slot versions and manifests, and a report built from `report` plus
         its seq) in one transaction; return the report made."""
         return await self._run(self._save, record, report, dict(slots or {}), dict(manifests or {}))
 
-    async def add_report(self, report: Mapping[str, Any]) -> UpdateReport:
+    async def add_report(self, report: Mapping[str, Any]) -> RolloutReport:
         """Record a report that changes no state (an offer refused while busy)."""
         record, _ = await self.load()
         made = await self.save(record, report=report)

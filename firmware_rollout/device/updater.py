@@ -58,12 +58,13 @@ from firmware_rollout.device.sources import ChunkSource
 from firmware_rollout.device.steps import STEPS, StopUpdate
 from firmware_rollout.device.store import UpdateRecord, UpdaterStore, report_fields
 from firmware_rollout.errors import InstallError, UpdaterError
-from firmware_rollout.messages import TERMINAL_STATES, DownloadProgress, UpdateOffer, UpdateReport
+from firmware_rollout.messages import TERMINAL_STATES, UpdateOffer
 from rollout_engine.keys import Verifier
+from rollout_engine.messages import DownloadProgress, RolloutReport
 from rollout_engine.trust import take_trust_document
 from rollout_engine.version import Version
 
-ReportSink = Callable[[UpdateReport], Awaitable[None]]
+ReportSink = Callable[[RolloutReport], Awaitable[None]]
 DB_FILE = "updater.db"
 LEGACY_STAGING_FILE = "staging.img"  # where downloads went before they streamed into the slot
 REBOOT_MARK_FILE = "reboot-requested"  # the kernel boot id when a reboot into a trial was asked for
@@ -162,7 +163,7 @@ class Updater:
         self._on_report = on_report
         self._lock = asyncio.Lock()
         self._closed = False
-        self._last_report: UpdateReport | None = None
+        self._last_report: RolloutReport | None = None
         self._checked: dict[bytes, Manifest] = {}  # signed manifest -> its checked manifest (`checked`)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -267,7 +268,7 @@ class Updater:
             mirrors=tuple(m for m in r.mirrors.split("\n") if m),
         )
 
-    async def offer(self, offer: UpdateOffer, source: ChunkSource) -> UpdateReport:
+    async def offer(self, offer: UpdateOffer, source: ChunkSource) -> RolloutReport:
         """Take an offer: refuse it (reported `rejected` with the reason), or run the update until
         it ends or the device reboots into the new slot. Re-offering the update in progress
         resumes it; an offer of the version already running is reported `succeeded` at once; a
@@ -405,7 +406,7 @@ class Updater:
             self._check_open()
             return await self._flush()
 
-    async def reports(self, *, unsent_only: bool = False, limit: int = 100) -> list[UpdateReport]:
+    async def reports(self, *, unsent_only: bool = False, limit: int = 100) -> list[RolloutReport]:
         """Reports made, oldest first (the last `limit`)."""
         return await self._store.reports(unsent_only=unsent_only, limit=limit)
 
@@ -668,7 +669,7 @@ class Updater:
         if made is not None:
             self._last_report = made
 
-    def _latest(self) -> UpdateReport:
+    def _latest(self) -> RolloutReport:
         if self._last_report is None:  # an offer always reports; belt and braces
             raise UpdaterError("no report made")
         return self._last_report

@@ -1,3 +1,4 @@
-"""The leader's side of a rollout: the spec, the wave plan, gates, the durable orchestrator,
-the rollout store and its schema, status views and the chunk server (ConfigServer actors).
-Never imports `firmware_rollout.device`."""
+"""The leader's side of firmware as a rollout kind: the kind itself (`kind`: admit, offer,
+describe), the artifact store of verified copies, the artifact HTTP server and the chunk server
+(ConfigServer actors). The rollout (spec, waves, gates, orchestrator, store) is the engine's
+(`rollout_engine`). Never imports `firmware_rollout.device`."""

@@ -23,8 +23,8 @@ from agent.transport import topics
 from config_rollout.layers import LayerValue
 from config_rollout.messages import KIND_CONFIG_OFFER, ConfigOffer
 from config_rollout.release import build_release
-from firmware_rollout.messages import KIND_UPDATE_REPORT, UpdateReport
 from rollout_engine.keys import SigningKey
+from rollout_engine.messages import KIND_ROLLOUT_REPORT, RolloutReport
 from rollout_engine.trust import STATE_FILE, make_trust_document
 from tests.e2e.agent_support import FLEET, kill, run_agent, wait_for, write_config
 from tests.mosquitto import Mosquitto
@@ -41,7 +41,7 @@ class HostileLeader:
     """A client that writes the device's down topic and reads its reports on its up topic."""
 
     def __init__(self, port: int) -> None:
-        self.reports: dict[str, list[UpdateReport]] = {}
+        self.reports: dict[str, list[RolloutReport]] = {}
         self.heard = 0  # envelopes of any kind from the device
         self._lock = threading.Lock()
         client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="ea-hostile", protocol=paho.MQTTv5)
@@ -58,8 +58,8 @@ class HostileLeader:
             return
         with self._lock:
             self.heard += 1
-            if envelope.kind == KIND_UPDATE_REPORT:
-                report = decode(envelope.payload, UpdateReport)
+            if envelope.kind == KIND_ROLLOUT_REPORT:
+                report = decode(envelope.payload, RolloutReport)
                 self.reports.setdefault(report.rollout_id, []).append(report)
 
     def offer(self, rollout_id: str, release: bytes, **fields: Any) -> None:
@@ -68,9 +68,9 @@ class HostileLeader:
                             ts_ms=int(time.time() * 1000), payload=msgspec.msgpack.encode(offer))
         self.client.publish(topics.down(FLEET, DEVICE), encode(envelope), qos=1).wait_for_publish(10)
 
-    def outcome(self, rollout_id: str) -> UpdateReport:
+    def outcome(self, rollout_id: str) -> RolloutReport:
         """The device's final word on the offer: rejected or failed."""
-        def final() -> UpdateReport | None:
+        def final() -> RolloutReport | None:
             with self._lock:
                 return next((r for r in self.reports.get(rollout_id, ()) if r.state in ("rejected", "failed")), None)
         return wait_for(final, f"the device's report on {rollout_id}")

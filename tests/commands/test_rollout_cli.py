@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rollout_support import FakePort
+from rollout_support import FakePort, engine_kinds
 
 from agent.cli import main as cli
 from agent.core.clock import VirtualClock
@@ -15,8 +15,8 @@ from agent.core.config import HeartbeatSection
 from agent.leader.registry import DeviceRegistry
 from agent.protocol import Heartbeat
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.orchestrator import Orchestrator
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.store import RolloutStore
 
 HEARTBEAT_DEFAULT_S = HeartbeatSection().fast_interval_s  # a worker beats this often through a soak
 
@@ -63,7 +63,7 @@ async def tick(db: Path, clock: VirtualClock, port: FakePort) -> None:
     """What the running leader does on its timer tick."""
     store = RolloutStore.open(db, clock=clock)
     try:
-        await Orchestrator(store, clock=clock, port=port).tick()
+        await Orchestrator(store, clock=clock, port=port, kinds=engine_kinds()).tick()
     finally:
         store.close()
 
@@ -331,10 +331,10 @@ async def test_a_restarted_leader_says_which_rollouts_it_takes_up(leader: tuple[
     register(db, ["a", "b", "c", "d"])
     assert cli(["rollout", "start", str(spec), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
     await tick(db, clock, port)
-    caplog.set_level("INFO", logger="firmware_rollout.orchestration.orchestrator")
+    caplog.set_level("INFO", logger="rollout_engine.orchestrator")
     store = RolloutStore.open(db, clock=clock)
     try:
-        Orchestrator(store, clock=clock, port=port).log_resumed()
+        Orchestrator(store, clock=clock, port=port, kinds=engine_kinds()).log_resumed()
     finally:
         store.close()
     assert "rollout r1 of version 1.1.0 taken up running: wave 1 of 3; devices: queued 3, notified 1" in caplog.text

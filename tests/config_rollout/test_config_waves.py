@@ -12,18 +12,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "firmware_rollout"))
 
-from rollout_support import FakePort, spec_data
+from rollout_support import FakePort, engine_kinds, spec_data
 
 from agent.core.clock import VirtualClock
 from agent.core.errors import ConfigError, RolloutError
-from agent.leader.rollout import admit_config_release
+from config_rollout.kind import CONFIG, keep_release
 from config_rollout.messages import OFFER_RELEASE_MAX
 from config_rollout.release import build_release
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.orchestrator import Orchestrator
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
 from rollout_engine.keys import KeyPairPaths, generate_keypair, load_signing_key, load_verify_key
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.store import RolloutStore
 
 
 def signed_release(tmp: Path, keys: KeyPairPaths, version: str, text: str) -> Path:
@@ -46,8 +46,7 @@ async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_p
     port.config_held = {"app": {"d0": "1.0.0", "d1": "1.0.0", "d2": "0.9.0"}}  # d3 stated none yet
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(fleet_key, tmp_path / "artifacts",
-                                                                              src))
+                                kinds=engine_kinds(port, keys=fleet_key, directory=tmp_path / "artifacts"))
     try:
         artifact, _ = make_artifact(tmp_path, chunk_size=1024, size=4096)
         fw = spec_from_dict(spec_data(artifact, waves={"canary": 1, "counts": [3]}))
@@ -79,22 +78,23 @@ def test_a_release_the_leader_cannot_vouch_for_starts_nothing(tmp_path: Path) ->
                                       created_ms=1))
     store_dir = tmp_path / "artifacts"
     with pytest.raises(RolloutError, match="not the fleet's key"):
-        admit_config_release(fleet_key, store_dir, str(foreign))
+        keep_release(fleet_key, store_dir, str(foreign))
     big = tmp_path / "big.eacfg"
     big.write_bytes(b"x" * (OFFER_RELEASE_MAX + 1))
     with pytest.raises(RolloutError, match="too large to offer"):
-        admit_config_release(fleet_key, store_dir, str(big))
+        keep_release(fleet_key, store_dir, str(big))
     with pytest.raises(RolloutError, match="no \\[firmware\\] public_key"):
-        admit_config_release(None, store_dir, str(foreign))
+        keep_release(None, store_dir, str(foreign))
     assert not store_dir.exists() or not list(store_dir.iterdir())  # nothing kept
     with pytest.raises(ConfigError, match="rollout.download_only"):
-        spec_from_dict(spec_data(foreign, rollout={"kind": "config", "download_only": True}))
+        CONFIG.check_spec(spec_from_dict(spec_data(foreign, rollout={"kind": "config", "download_only": True})),
+                          source="spec.toml")
 
 
 async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_the_wave(tmp_path: Path) -> None:
     """`min_compliance_pct`: a wave whose devices all reported success passes only once that share
     of it is in sync by their own heartbeats; it waits `compliance_wait_s` for them, then fails."""
-    from firmware_rollout.messages import UpdateReport
+    from rollout_engine.messages import RolloutReport
 
     keys = generate_keypair(tmp_path / "keys")
     fleet_key = load_verify_key(keys.public)
@@ -104,12 +104,11 @@ async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_t
     port.in_sync = set()
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(fleet_key, tmp_path / "artifacts",
-                                                                              src))
+                                kinds=engine_kinds(port, keys=fleet_key, directory=tmp_path / "artifacts"))
     seq = iter(range(1, 1000))
 
     async def succeed(rid: str, device: str) -> None:
-        await orchestrator.on_report(f"m{next(seq)}", UpdateReport(
+        await orchestrator.on_report(f"m{next(seq)}", RolloutReport(
             device=device, rollout_id=rid, version="1.1.0", state="succeeded", phase="committed",
             ts_ms=clock.now_ms(), seq=next(seq)))
 
@@ -117,8 +116,8 @@ async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_t
         gates = {"min_compliance_pct": 100.0, "compliance_wait_s": 60.0}
         spec = spec_from_dict(spec_data(release, rollout={"kind": "config"}, waves={"canary": 1, "counts": [2]},
                                         gates=gates))
-        with pytest.raises(ConfigError, match="gates.min_compliance_pct"):
-            spec_from_dict(spec_data(release, gates=gates))  # a firmware rollout has no such gate
+        with pytest.raises(ConfigError, match="gates.min_compliance_pct"):  # a firmware rollout has no such gate
+            await orchestrator.start_rollout(spec_from_dict(spec_data(release, gates=gates)), rollout_id="fw-1")
         await orchestrator.start_rollout(spec, rollout_id="cfg-1")
         await orchestrator.tick()
         canary = [d.device_id for d in store.devices("cfg-1", wave=0)]
@@ -146,7 +145,7 @@ async def test_a_compliance_gate_waits_for_the_heartbeats_then_passes_or_fails_t
 
 
 async def test_a_config_rollback_rolls_forward_to_the_old_content_under_a_higher_version(tmp_path: Path) -> None:
-    from firmware_rollout.messages import UpdateReport
+    from rollout_engine.messages import RolloutReport
 
     keys = generate_keypair(tmp_path / "keys")
     fleet_key = load_verify_key(keys.public)
@@ -158,15 +157,14 @@ async def test_a_config_rollback_rolls_forward_to_the_old_content_under_a_higher
     port = FakePort(clock, ["d0", "d1"])
     store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
     orchestrator = Orchestrator(store, clock=clock, port=port,
-                                admit_config=lambda src: admit_config_release(fleet_key, tmp_path / "artifacts",
-                                                                              src))
+                                kinds=engine_kinds(port, keys=fleet_key, directory=tmp_path / "artifacts"))
     try:
         spec = spec_from_dict(spec_data(release("1.1.0", "port = 2\n"), rollout={"kind": "config"},
                                         waves={"canary": 0, "counts": [2]}))
         await orchestrator.start_rollout(spec, rollout_id="cfg-1")
         await orchestrator.tick()
         for n, device in enumerate(("d0", "d1")):
-            await orchestrator.on_report(f"m{n}", UpdateReport(device=device, rollout_id="cfg-1", version="1.1.0",
+            await orchestrator.on_report(f"m{n}", RolloutReport(device=device, rollout_id="cfg-1", version="1.1.0",
                                                                state="succeeded", phase="committed",
                                                                ts_ms=clock.now_ms(), seq=n + 1))
         with pytest.raises(RolloutError, match="must hold the old content under a version above 1.1.0"):

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.console.charts import KIND_OF, KINDS, online_series, rollout_series, svg
-from firmware_rollout.orchestration.store import DEVICE_STATES
+from rollout_engine.store import DEVICE_STATES
 
 DEVICES = [f"d{i}" for i in range(6)]
 changes = st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(DEVICES), st.sampled_from(DEVICE_STATES)),

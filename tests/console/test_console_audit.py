@@ -12,7 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from rollout_support import FakePort
+from rollout_support import FakePort, engine_kinds
 from test_console_http import BEARER, FORM, TOKEN, request, serving
 
 from agent.cli import main as cli
@@ -20,8 +20,8 @@ from agent.core.clock import VirtualClock
 from agent.leader.registry import DeviceRegistry
 from agent.protocol import Heartbeat
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.orchestrator import Orchestrator
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.store import RolloutStore
 
 
 def _signed_in(address: tuple[str, int], name: str) -> dict[str, str]:
@@ -55,7 +55,7 @@ async def test_controls_record_who_asked_and_the_pages_show_it(tmp_path: Path,
     async def leader_tick() -> None:
         store = RolloutStore.open(db, clock=clock)
         try:
-            await Orchestrator(store, clock=clock, port=port).tick()
+            await Orchestrator(store, clock=clock, port=port, kinds=engine_kinds()).tick()
         finally:
             store.close()
 

@@ -23,7 +23,7 @@ from agent.core.clock import SystemClock
 from agent.core.errors import StoreError
 from agent.leader.readonly import open_leader_db
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.store import RolloutStore
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "console"

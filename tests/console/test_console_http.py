@@ -218,13 +218,13 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     """The rollout page: a bar segment per outcome (not one green bar for every finished device),
     MQTT chunks named as such, its devices from -> to with a state filter; the device page's
     system sample in units, not raw bytes and seconds."""
-    from rollout_support import FakePort
+    from rollout_support import FakePort, engine_kinds
 
     from agent.core.clock import VirtualClock
     from agent.protocol import ConfigState, SlotState, SystemSample
     from firmware_rollout.artifact.fixture import make_artifact
-    from firmware_rollout.orchestration.orchestrator import Orchestrator
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.orchestrator import Orchestrator
+    from rollout_engine.store import RolloutStore
 
     db = tmp_path / "leader.db"
     clock = VirtualClock()
@@ -247,7 +247,8 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     assert cli(["rollout", "start", str(tmp_path / "spec.toml"), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
     store = RolloutStore.open(db, clock=clock)
     try:
-        await Orchestrator(store, clock=clock, port=FakePort(clock, ["a", "b", "c", "d"])).tick()
+        port = FakePort(clock, ["a", "b", "c", "d"])
+        await Orchestrator(store, clock=clock, port=port, kinds=engine_kinds()).tick()
     finally:
         store.close()
     with serving(db) as address:
@@ -283,7 +284,7 @@ def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp
 
     from agent.core.clock import VirtualClock
     from firmware_rollout.artifact.fixture import make_artifact
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     db = tmp_path / "leader.db"
     with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
@@ -341,12 +342,12 @@ async def test_a_rollout_is_rolled_back_from_the_console_with_a_rollback_artifac
     confirmation page by its name in the store; the control names that copy."""
     import shutil
 
-    from rollout_support import FakePort
+    from rollout_support import FakePort, engine_kinds
 
     from agent.core.clock import VirtualClock
     from firmware_rollout.artifact.fixture import make_artifact
-    from firmware_rollout.orchestration.orchestrator import Orchestrator
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.orchestrator import Orchestrator
+    from rollout_engine.store import RolloutStore
 
     db = tmp_path / "leader.db"
     clock = VirtualClock()
@@ -362,7 +363,7 @@ async def test_a_rollout_is_rolled_back_from_the_console_with_a_rollback_artifac
     assert cli(["rollout", "start", str(tmp_path / "spec.toml"), "--db", str(db), "--id", "r1", "--no-wait"]) == 0
     store = RolloutStore.open(db, clock=clock)
     try:
-        await Orchestrator(store, clock=clock, port=FakePort(clock, ["a", "b"])).tick()
+        await Orchestrator(store, clock=clock, port=FakePort(clock, ["a", "b"]), kinds=engine_kinds()).tick()
     finally:
         store.close()
     with serving(db) as address:

@@ -106,8 +106,8 @@ def test_a_config_release_is_uploaded_and_offered_as_a_config_rollout(tmp_path: 
     from agent.leader.registry import DeviceRegistry
     from agent.protocol import Heartbeat
     from config_rollout.release import build_release
-    from firmware_rollout.orchestration.store import RolloutStore
     from rollout_engine.keys import generate_keypair, load_signing_key
+    from rollout_engine.store import RolloutStore
 
     keys = generate_keypair(tmp_path / "keys")
     db = tmp_path / "leader.db"

@@ -164,8 +164,8 @@ def test_a_leader_whose_database_is_unreachable_says_so_in_one_line(tmp_path: Pa
 
 def _lease(url: str) -> Any:
     """Who holds the orchestrator lease now (None: nobody yet, or the database is not up)."""
-    from firmware_rollout.orchestration.lease import lease_of
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.lease import lease_of
+    from rollout_engine.store import RolloutStore
 
     try:
         with RolloutStore.open_readonly(url, clock=SystemClock()) as store:
@@ -175,7 +175,7 @@ def _lease(url: str) -> Any:
 
 
 def _control_answered(url: str, control_id: int) -> Any:
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_readonly(url, clock=SystemClock()) as store:
         row = store.control(control_id)
@@ -187,7 +187,7 @@ async def test_one_leader_runs_the_rollouts_and_another_takes_over_when_it_is_ki
     """The orchestrator lease between two real leaders: SIGKILL its holder and the other takes the
     rollouts over (its orchestrator answers a control); freeze the new holder past its lease and
     the first takes them back, and the frozen one, woken, stands by instead of writing."""
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.store import RolloutStore
 
     url = postgres.url()
     clock = SystemClock()
@@ -240,8 +240,8 @@ async def test_a_rollout_goes_on_exactly_when_the_leader_running_it_is_killed(
     other takes the lease, applies the approval and finishes the rollout. Every device is offered
     the image once and runs it; the leaders, who hear each other's presence, are no devices of it."""
     from firmware_rollout.artifact.fixture import make_artifact
-    from firmware_rollout.orchestration.status import describe
-    from firmware_rollout.orchestration.store import RolloutStore
+    from rollout_engine.status import describe
+    from rollout_engine.store import RolloutStore
     from tests.e2e.agent_support import updating_worker
 
     url = postgres.url()

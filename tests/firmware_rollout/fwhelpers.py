@@ -14,8 +14,8 @@ from firmware_rollout.device.health import HealthCheck, HealthResult
 from firmware_rollout.device.slots import DirectoryInstaller, Installer, SlotView
 from firmware_rollout.device.sources import ArtifactChunkSource
 from firmware_rollout.device.updater import Updater, UpdaterSettings
-from firmware_rollout.messages import UpdateReport
 from rollout_engine.keys import SigningKey, VerifyKey, generate_keypair, load_signing_key, load_verify_key
+from rollout_engine.messages import RolloutReport
 
 CHUNK = 1024
 
@@ -233,10 +233,10 @@ class Device:
         self.settings = settings
         self.health: HealthCheck = health or ScriptedHealth(True)
         self.rebooter = RecordingRebooter()
-        self.sent: list[UpdateReport] = []
-        self.on_sent: Callable[[UpdateReport], None] | None = None
+        self.sent: list[RolloutReport] = []
+        self.on_sent: Callable[[RolloutReport], None] | None = None
 
-    async def sink(self, report: UpdateReport) -> None:
+    async def sink(self, report: RolloutReport) -> None:
         if self.on_sent is not None:
             self.on_sent(report)
         self.sent.append(report)

@@ -9,13 +9,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agent.core.clock import VirtualClock
+from config_rollout.kind import ConfigKind
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
-from firmware_rollout.orchestration.orchestrator import Orchestrator
-from firmware_rollout.orchestration.plan import DeviceInfo
-from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
+from firmware_rollout.orchestration.kind import FirmwareKind
+from rollout_engine.keys import Verifier
+from rollout_engine.kinds import Outgoing, RolloutKind
+from rollout_engine.messages import RolloutReport
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.plan import DeviceInfo
+from rollout_engine.spec import RolloutSpec, spec_from_dict
+from rollout_engine.store import RolloutStore
 
 
 class FakePort:
@@ -38,20 +44,15 @@ class FakePort:
     def devices(self) -> list[DeviceInfo]:
         return list(self.infos.values())
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float = 0.0,
-                          kind: str = "firmware") -> None:
-        for device, offer in offers:
-            self.offers.append((self.clock.now_ms(), device, offer.rollout_id))
-            self.kinds.append(kind)
-
-    def config_versions(self, target: str) -> dict[str, str]:
-        return dict(self.config_held.get(target, {}))
-
-    def config_in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
-        return set(devices) if self.in_sync is None else set(devices) & self.in_sync
-
-    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]], *, kind: str = "firmware") -> None:
-        self.cancels += [(device, cancel.rollout_id) for device, cancel in cancels]
+    async def send(self, messages: Sequence[Outgoing], *, ttl_ms: int) -> None:
+        for m in messages:
+            rollout_id = msgspec.msgpack.decode(m.payload)["rollout_id"]
+            kind, _, what = m.kind.partition(".")
+            if what == "cancel":
+                self.cancels.append((m.device, rollout_id))
+            else:
+                self.offers.append((self.clock.now_ms(), m.device, rollout_id))
+                self.kinds.append(kind)
 
     async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
         self.paces.append((self.clock.now_ms(), tuple(devices), for_s))
@@ -73,6 +74,37 @@ class FakePort:
     def register(self, device: str, *, tags: tuple[str, ...] = (), version: str = "1.0.0") -> None:
         now = self.clock.now_ms()
         self.infos[device] = DeviceInfo(device, version, tags, True, now, now)
+
+
+class PortConfigKind(ConfigKind):
+    """The config kind reading what devices hold from a `FakePort` (its `config_held`, `in_sync`)
+    instead of the leader's registry."""
+
+    def __init__(self, port: FakePort, *, keys: Verifier | None, directory: Path) -> None:
+        super().__init__(keys=keys, directory=directory, fleet=self)
+        self.port = port
+
+    def config_states(self) -> dict[str, Any]:
+        return {}
+
+    def held(self, release: bytes, devices: Sequence[DeviceInfo]) -> dict[str, str]:
+        from config_rollout.release import peek_release
+
+        held = self.port.config_held.get(peek_release(release).name, {})
+        return {d.device_id: held[d.device_id] for d in devices if d.device_id in held}
+
+    def in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
+        return set(devices) if self.port.in_sync is None else set(devices) & self.port.in_sync
+
+
+def engine_kinds(port: FakePort | None = None, *, keys: Verifier | None = None,
+               directory: Path | None = None) -> dict[str, RolloutKind]:
+    """Firmware whose artifacts are served as given; with a port, config too (checked with `keys`,
+    kept in `directory`)."""
+    kinds: dict[str, RolloutKind] = {"firmware": FirmwareKind(None)}
+    if port is not None:
+        kinds["config"] = PortConfigKind(port, keys=keys, directory=directory or Path("artifacts"))
+    return kinds
 
 
 def spec_data(artifact: Path, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +133,7 @@ class Harness:
         self.spec: RolloutSpec = spec_from_dict(self.spec_data)
         self.db = db if db is not None else tmp_path / "leader.db"  # a file, or a postgresql:// URL
         self.store = RolloutStore.open(self.db, clock=self.clock)
-        self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0)
+        self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0, kinds=engine_kinds())
         self._task: asyncio.Task[None] | None = None
         self._seq = itertools.count(1)
         self.rid = ""
@@ -126,7 +158,7 @@ class Harness:
         """Throw the orchestrator away and build a new one on the same database (a leader restart)."""
         await self.close()
         self.store = RolloutStore.open(self.db, clock=self.clock)
-        self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0)
+        self.orch = Orchestrator(self.store, clock=self.clock, port=self.port, poll_s=1.0, kinds=engine_kinds())
         await self.__aenter__()
 
     async def start(self, **kwargs: Any) -> str:
@@ -137,7 +169,7 @@ class Harness:
     async def report(self, device: str, state: str, *, msg_id: str | None = None, seq: int | None = None,
                      detail: str = "") -> bool:
         n = next(self._seq)
-        report = UpdateReport(device=device, rollout_id=self.rid, version="1.1.0", state=state,  # type: ignore[arg-type]
+        report = RolloutReport(device=device, rollout_id=self.rid, version="1.1.0", state=state,  # type: ignore[arg-type]
                               phase="committed" if state == "succeeded" else "downloading", detail=detail,
                               ts_ms=self.clock.now_ms(), seq=seq if seq is not None else n)
         changed = await self.orch.on_report(msg_id or f"m{n}", report)

@@ -17,8 +17,8 @@ from agent.leader.readonly import open_leader_db
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import Heartbeat, SystemSample
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.store import RolloutStore
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
 from agent.service.instance import InstanceLock
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.store import RolloutStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,8 +32,8 @@ from agent.worker.updater_actor import UpdaterActor, UpdaterPart
 from firmware_rollout.artifact.fixture import make_artifact
 from firmware_rollout.device.health import HealthResult
 from firmware_rollout.device.updater import ReportSink, Updater, UpdaterSettings
-from firmware_rollout.orchestration.spec import spec_from_dict
 from rollout_engine.keys import load_verify_key
+from rollout_engine.spec import spec_from_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from e2e.agent_support import until
@@ -167,7 +167,7 @@ async def test_offline_devices_are_updated_when_they_return_and_offline_reports_
         served = store.serving(rid)
         assert served["chunks"] >= 2 * 5 and served["bytes"] >= 2 * 5000  # five 1 KiB chunks, two devices
         assert served["max_concurrent"] >= 1
-        from firmware_rollout.orchestration.status import describe
+        from rollout_engine.status import describe
 
         assert describe(store, rid)["serving"] == served  # what `rollout status` and the console show
         await clock.advance(12)  # the next heartbeats report the version each device now runs
@@ -215,7 +215,7 @@ async def test_a_cancel_mid_download_reaches_the_devices_and_none_installs_after
             await clock.advance(1)
             if all(store.device(rid, n).state == "canceled" for n in names):  # type: ignore[union-attr]
                 break
-        from firmware_rollout.orchestration.status import describe
+        from rollout_engine.status import describe
 
         view = describe(store, rid)
         assert view["state"] == "canceled" and view["cancel_pending"] == 0

@@ -25,9 +25,9 @@ from agent.sim.devices import SimFirmware
 from agent.sim.fleet import SimFleet
 from agent.sim.rollout import BASE_VERSION, ROLLOUT_ID, default_spec, rollout_options
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.status import describe
-from firmware_rollout.orchestration.store import IN_PROGRESS
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.status import describe
+from rollout_engine.store import IN_PROGRESS
 
 
 def save_clock(path: Path, now_ms: int) -> None:

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from rollout_support import FakePort
+from rollout_support import FakePort, engine_kinds
 
 from agent.cli import main as cli
 from agent.core.clock import VirtualClock
@@ -19,10 +19,10 @@ from agent.leader.registry import DeviceRegistry
 from agent.protocol import Heartbeat
 from agent.sim.rollout import wave_rollout_scenario
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.orchestrator import Orchestrator
-from firmware_rollout.orchestration.plan import wave_sizes
-from firmware_rollout.orchestration.spec import RolloutSpec, load_spec
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.plan import wave_sizes
+from rollout_engine.spec import RolloutSpec, load_spec
+from rollout_engine.store import RolloutStore
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SPEC = CONFIGS / "rollouts" / "rollout.toml"
@@ -157,7 +157,7 @@ async def test_the_example_spec_through_the_rollout_cli(tmp_path: Path, capsys: 
     clock = VirtualClock()
     store = RolloutStore.open(db, clock=clock)
     try:
-        await Orchestrator(store, clock=clock, port=FakePort(clock, sorted(fleet))).tick()
+        await Orchestrator(store, clock=clock, port=FakePort(clock, sorted(fleet)), kinds=engine_kinds()).tick()
     finally:
         store.close()
     capsys.readouterr()

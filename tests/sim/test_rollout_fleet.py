@@ -13,10 +13,10 @@ import pytest
 from agent.core.clock import DEFAULT_VIRTUAL_EPOCH_MS, VirtualClock
 from agent.sim.devices import DeviceFate
 from agent.sim.rollout import default_spec, device_ids, wave_rollout_scenario
-from firmware_rollout.messages import UpdateReport
-from firmware_rollout.orchestration.plan import plan_waves
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.messages import RolloutReport
+from rollout_engine.plan import plan_waves
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.store import RolloutStore
 
 
 def open_store(work: Path) -> RolloutStore:
@@ -145,7 +145,7 @@ async def test_installs_start_only_inside_the_device_local_maintenance_window(tm
             bodies = [b for (b,) in conn.execute("SELECT body FROM reports ORDER BY seq")]
         finally:
             conn.close()
-        reports = [msgspec.msgpack.decode(b, type=UpdateReport) for b in bodies]
+        reports = [msgspec.msgpack.decode(b, type=RolloutReport) for b in bodies]
         if reports[0].state == "waiting_window":  # offered before the window opened: it said it waits
             waited += 1
             assert abs(reports[0].until_ms - opens_ms) < 1000 and reports[0].detail == "until 23:00 device time"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from agent.core.clock import VirtualClock
 from agent.sim.devices import DeviceFate
 from agent.sim.rollout import device_ids, wave_rollout_scenario
-from firmware_rollout.orchestration.store import TERMINAL, RolloutStore
+from rollout_engine.store import TERMINAL, RolloutStore
 
 FATES = {
     "ok": DeviceFate(),

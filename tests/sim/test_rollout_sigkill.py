@@ -16,8 +16,8 @@ import pytest
 
 from agent.core.clock import SystemClock
 from agent.core.errors import StoreError
-from firmware_rollout.messages import UpdateReport
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.messages import RolloutReport
+from rollout_engine.store import RolloutStore
 
 CHILD = Path(__file__).with_name("rollout_child.py")
 DEVICES = 60
@@ -55,7 +55,7 @@ def committed_at(work: Path, device: str) -> int | None:
     finally:
         conn.close()
     for (body,) in rows:
-        report = msgspec.msgpack.decode(body, type=UpdateReport)
+        report = msgspec.msgpack.decode(body, type=RolloutReport)
         if report.phase == "committed":
             return report.ts_ms
     return None

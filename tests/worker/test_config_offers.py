@@ -16,9 +16,10 @@ from agent.core.clock import VirtualClock
 from agent.transport.memory import MemoryBroker
 from agent.worker.config_targets import ConfigOfferActor, ConfigTargetsPart
 from config_rollout.layers import LayerValue
-from config_rollout.messages import ConfigCancel, ConfigOffer
+from config_rollout.messages import ConfigOffer
 from config_rollout.release import build_release
 from rollout_engine.keys import SigningKey
+from rollout_engine.messages import RolloutCancel
 
 KEY = SigningKey.generate()
 
@@ -67,7 +68,7 @@ async def test_an_offer_waits_for_its_window_and_a_cancel_drops_one_still_waitin
         ref.tell(ConfigOffer(rollout_id="r2", release=release(tmp_path, "1.2.0", "port = 3\n"),
                              maintenance_windows=(window,)))
         await clock.advance(1)
-        ref.tell(ConfigCancel(rollout_id="r2", reason="canceled by the operator"))
+        ref.tell(RolloutCancel(rollout_id="r2", reason="canceled by the operator"))
         await clock.advance(1)
         assert reports[-1][:2] == ("r2", "canceled") and "canceled by the operator" in reports[-1][2]
         await clock.advance(3 * 3600)  # the window opens: r1 is applied, r2 never

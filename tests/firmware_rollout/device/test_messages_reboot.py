@@ -11,28 +11,22 @@ from fwhelpers import CountingSource, Device, Keys, RecordingRebooter, make_arti
 from agent.core.codec import MessageRegistry, decode
 from firmware_rollout.device.reboot import CommandRebooter
 from firmware_rollout.errors import UpdaterError
-from firmware_rollout.messages import (
-    KIND_UPDATE_OFFER,
-    KIND_UPDATE_REPORT,
-    UpdateOffer,
-    UpdateReport,
-    register_messages,
-    report_message,
-)
+from firmware_rollout.messages import KIND_UPDATE_OFFER, UpdateOffer, register_messages
+from rollout_engine.messages import KIND_ROLLOUT_REPORT, RolloutReport, report_message
 
 
 def test_report_travels_as_an_overwrite_outbox_message() -> None:
-    report = UpdateReport(device="dev-1", rollout_id="r7", version="1.1.0", state="succeeded", phase="committed",
+    report = RolloutReport(device="dev-1", rollout_id="r7", version="1.1.0", state="succeeded", phase="committed",
                           ts_ms=5, seq=42, active_version="1.1.0")  # fmt: skip
     msg = report_message(report, msg_id="m1", receiver="leader")
     assert (msg.kind, msg.owner, msg.receiver, msg.conflict, msg.seq) == (
-        KIND_UPDATE_REPORT, "dev-1", "leader", "overwrite", 42,
+        KIND_ROLLOUT_REPORT, "dev-1", "leader", "overwrite", 42,
     )  # fmt: skip
-    assert msg.key == "firmware:dev-1:r7" and msg.ttl_ms == 0
-    assert decode(msg.payload, UpdateReport) == report and report.terminal
+    assert msg.key == "rollout:dev-1:r7" and msg.ttl_ms == 0
+    assert decode(msg.payload, RolloutReport) == report and report.final
     registry = MessageRegistry()
     register_messages(registry)
-    assert registry.type_of(KIND_UPDATE_OFFER) is UpdateOffer and registry.type_of(KIND_UPDATE_REPORT) is UpdateReport
+    assert registry.type_of(KIND_UPDATE_OFFER) is UpdateOffer and registry.type_of(KIND_ROLLOUT_REPORT) is RolloutReport
 
 
 async def test_command_rebooter() -> None:

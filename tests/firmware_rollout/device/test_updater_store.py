@@ -69,13 +69,13 @@ async def test_a_long_detail_is_clipped_to_what_a_report_may_carry(tmp_path: Pat
     failure with a long health-command output still reaches the rollout."""
     import msgspec
 
-    from firmware_rollout.messages import DETAIL_MAX, UpdateReport
+    from rollout_engine.messages import DETAIL_MAX, RolloutReport
 
     store = await UpdaterStore.open(tmp_path / "updater.db", clock=SystemClock())
     try:
         made = await store.add_report({"device": "d", "rollout_id": "r", "version": "1.1.0", "state": "failed",
                                        "phase": "failed", "detail": "x" * 100_000, "ts_ms": 1})
         assert len(made.detail) == DETAIL_MAX
-        assert msgspec.msgpack.decode(msgspec.msgpack.encode(made), type=UpdateReport) == made  # the leader takes it
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(made), type=RolloutReport) == made  # the leader takes it
     finally:
         await store.aclose()

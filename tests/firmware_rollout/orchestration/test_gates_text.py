@@ -12,9 +12,9 @@ from rollout_support import Harness
 
 from agent.cli import main as cli_main
 from agent.core.errors import RolloutError
-from firmware_rollout.orchestration.plan import wave_sizes
-from firmware_rollout.orchestration.spec import WavesSection
-from firmware_rollout.orchestration.status import describe, wave_label, wave_number
+from rollout_engine.plan import wave_sizes
+from rollout_engine.spec import WavesSection
+from rollout_engine.status import describe, wave_label, wave_number
 
 
 def detail(h: Harness) -> str:

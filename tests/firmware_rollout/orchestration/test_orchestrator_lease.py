@@ -10,16 +10,16 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from rollout_support import FakePort, spec_data
+from rollout_support import FakePort, engine_kinds, spec_data
 
 from agent.core.clock import VirtualClock
 from agent.core.postgres import PgConnection, connect
 from agent.core.sql import PostgresUrl
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.lease import LEASE_NAME, LeaseLost, OrchestratorLease, lease_of
-from firmware_rollout.orchestration.orchestrator import Orchestrator
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.lease import LEASE_NAME, LeaseLost, OrchestratorLease, lease_of
+from rollout_engine.orchestrator import Orchestrator
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.store import RolloutStore
 
 
 def _expire(admin: PgConnection) -> None:
@@ -98,8 +98,8 @@ async def test_an_orchestrator_that_lost_the_lease_offers_nothing_and_the_new_on
     a_store, a = _leader(pg_url, "gw-1")
     b_store, b = _leader(pg_url, "gw-2")
     a_port, b_port = FakePort(clock, devices), FakePort(clock, devices)
-    a_orch = Orchestrator(a_store, clock=clock, port=a_port, poll_s=1.0)
-    b_orch = Orchestrator(b_store, clock=clock, port=b_port, poll_s=1.0)
+    a_orch = Orchestrator(a_store, clock=clock, port=a_port, poll_s=1.0, kinds=engine_kinds())
+    b_orch = Orchestrator(b_store, clock=clock, port=b_port, poll_s=1.0, kinds=engine_kinds())
     try:
         assert a.hold()
         rid = await a_orch.start_rollout(spec, rollout_id="r1")
@@ -138,9 +138,9 @@ async def test_an_orchestrator_that_lost_the_lease_offers_nothing_and_the_new_on
 
 
 async def _succeed(orch: Orchestrator, rid: str, device: str, clock: VirtualClock) -> None:
-    from firmware_rollout.messages import UpdateReport
+    from rollout_engine.messages import RolloutReport
 
-    report = UpdateReport(device=device, rollout_id=rid, version="1.1.0", state="succeeded", phase="committed",
+    report = RolloutReport(device=device, rollout_id=rid, version="1.1.0", state="succeeded", phase="committed",
                           detail="", ts_ms=clock.now_ms(), seq=1)
     assert await orch.on_report(f"{device}-ok", report)
 

@@ -8,8 +8,8 @@ import pytest
 from rollout_support import Harness
 
 from agent.core.errors import RolloutError, StoreUnavailable
-from firmware_rollout.messages import UpdateReport
-from firmware_rollout.orchestration.status import describe
+from rollout_engine.messages import RolloutReport
+from rollout_engine.status import describe
 
 
 async def finish_wave(h: Harness, idx: int, *, soak_s: float = 0.0) -> None:
@@ -304,7 +304,7 @@ async def test_unknown_rollout_and_bad_artifact_are_typed_errors(tmp_path: Path,
 async def test_a_start_control_s_waves_are_the_rollout_s_waves_planned_once(tmp_path: Path, db: Path | str) -> None:
     """`rollout start` plans the waves against the registry and writes them with the spec; the
     leader starts the rollout on exactly those, and plans nothing again."""
-    from firmware_rollout.orchestration.spec import StartControl
+    from rollout_engine.spec import StartControl
 
     async with Harness(tmp_path, db=db) as h:
         waves = [["d03"], ["d07", "d01"]]  # not what the leader's own plan of 10 devices would give
@@ -320,8 +320,8 @@ async def test_a_start_control_s_waves_are_the_rollout_s_waves_planned_once(tmp_
 def test_controls_refused_before_the_outcome_column_read_as_refused(tmp_path: Path) -> None:
     from agent.core.clock import VirtualClock
     from agent.core.sqlite import connect, migrate
-    from firmware_rollout.orchestration.schema import MIGRATIONS
-    from firmware_rollout.orchestration.store import COMPONENT, RolloutStore
+    from rollout_engine.schema import MIGRATIONS
+    from rollout_engine.store import COMPONENT, RolloutStore
 
     db = tmp_path / "leader.db"
     conn = connect(db)
@@ -343,7 +343,7 @@ def test_controls_refused_before_the_outcome_column_read_as_refused(tmp_path: Pa
 
 async def test_a_report_about_a_rollout_that_offered_nothing_is_refused_and_changes_nothing(
         tmp_path: Path, db: Path | str) -> None:
-    from firmware_rollout.errors import ReportRefused
+    from rollout_engine.errors import ReportRefused
 
     async with Harness(tmp_path, db=db) as h:
         await h.start()
@@ -354,7 +354,7 @@ async def test_a_report_about_a_rollout_that_offered_nothing_is_refused_and_chan
             await h.report(later, "succeeded", msg_id="early")
         assert h.store.device(h.rid, later) == before
         with pytest.raises(ReportRefused, match="is not in a rollout 'no-such'"):
-            await h.orch.on_report("stray", UpdateReport(device=later, rollout_id="no-such", version="1.1.0",
+            await h.orch.on_report("stray", RolloutReport(device=later, rollout_id="no-such", version="1.1.0",
                                                           state="succeeded", phase="done", ts_ms=0, seq=9))
         await h.clock.advance(1.5)
         canary = h.wave_members(0)[0]  # offered: its reports count

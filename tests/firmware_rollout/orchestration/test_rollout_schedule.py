@@ -15,7 +15,7 @@ from rollout_support import Harness
 
 from agent.core.errors import ConfigError, RolloutError
 from firmware_rollout.artifact.fixture import make_artifact
-from firmware_rollout.orchestration.spec import spec_from_dict
+from rollout_engine.spec import spec_from_dict
 
 
 def iso(ms: int) -> str:

@@ -7,9 +7,9 @@ from pathlib import Path
 from rollout_support import spec_data
 
 from agent.core.clock import VirtualClock
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.status import describe
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.status import describe
+from rollout_engine.store import RolloutStore
 
 
 def test_serving_figures_add_up_and_keep_the_high_water_mark(tmp_path: Path) -> None:

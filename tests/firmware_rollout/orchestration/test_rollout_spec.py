@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agent.core.errors import ConfigError, RolloutError
-from firmware_rollout.orchestration.plan import DeviceInfo, plan_waves, select_targets, wave_sizes
-from firmware_rollout.orchestration.spec import (
+from rollout_engine.plan import DeviceInfo, plan_waves, select_targets, wave_sizes
+from rollout_engine.spec import (
     Ramp,
     WavesSection,
     load_spec,

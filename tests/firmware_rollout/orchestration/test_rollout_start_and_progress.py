@@ -15,15 +15,16 @@ from rollout_support import Harness, spec_data
 from agent.core.errors import RolloutError
 from firmware_rollout.artifact.fixture import make_artifact
 from firmware_rollout.orchestration.artifacts import ArtifactStore
-from firmware_rollout.orchestration.spec import spec_from_dict
+from firmware_rollout.orchestration.kind import FirmwareKind
 from rollout_engine.keys import generate_keypair, load_verify_key
+from rollout_engine.spec import spec_from_dict
 
 
 def with_store(h: Harness, key_dir: Path | None = None) -> Path:
     """Give the harness's orchestrator the leader's artifact store (the fleet key: the harness's)."""
     public = (key_dir or h.tmp_path / "keys") / "public.pem"
     store_dir = h.tmp_path / "artifacts"
-    h.orch.artifacts = ArtifactStore(store_dir, load_verify_key(public))
+    h.orch.kinds["firmware"] = FirmwareKind(ArtifactStore(store_dir, load_verify_key(public)))
     return store_dir
 
 
@@ -62,7 +63,7 @@ async def test_a_damaged_or_foreign_artifact_starts_nothing(tmp_path: Path, db: 
 
 async def test_without_the_fleet_key_the_leader_refuses_to_start(tmp_path: Path, db: Path | str) -> None:
     async with Harness(tmp_path, db=db) as h:
-        h.orch.artifacts = ArtifactStore(tmp_path / "artifacts", None)
+        h.orch.kinds["firmware"] = FirmwareKind(ArtifactStore(tmp_path / "artifacts", None))
         with pytest.raises(RolloutError, match=r"no \[firmware\] public_key"):
             await h.start()
 
@@ -129,14 +130,14 @@ async def test_supersede_takes_over_the_queued_devices_and_never_the_ones_in_pro
 
 
 async def test_a_slow_download_that_shows_progress_is_not_timed_out(tmp_path: Path, db: Path | str) -> None:
-    from firmware_rollout.messages import DownloadProgress, UpdateReport
-    from firmware_rollout.orchestration.status import describe
+    from rollout_engine.messages import DownloadProgress, RolloutReport
+    from rollout_engine.status import describe
 
     async with Harness(tmp_path, db=db, device={"timeout_s": 30.0}) as h:
         await h.start()
         device = h.wave_members(0)[0]
         for i in range(1, 11):  # 200 s of downloading, a progress report every 20 s
-            report = UpdateReport(device=device, rollout_id=h.rid, version="1.1.0", state="downloading",
+            report = RolloutReport(device=device, rollout_id=h.rid, version="1.1.0", state="downloading",
                                   phase="downloading", detail=f"{i * 10}%", ts_ms=h.clock.now_ms(), seq=i,
                                   progress=DownloadProgress(chunks_done=i, chunks_total=10, bytes_done=i * 400,
                                                             bytes_total=4000, rate_bytes_per_s=20.0))

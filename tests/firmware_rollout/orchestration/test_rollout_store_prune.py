@@ -10,8 +10,8 @@ import pytest
 from rollout_support import spec_data
 
 from agent.core.clock import VirtualClock
-from firmware_rollout.orchestration.spec import spec_from_dict
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.spec import spec_from_dict
+from rollout_engine.store import RolloutStore
 
 DAY = 86_400.0
 

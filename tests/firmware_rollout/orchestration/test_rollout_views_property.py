@@ -21,10 +21,10 @@ from rollout_support import Harness
 
 from agent.core.errors import RolloutError
 from agent.leader.rollout import rollout_collector
-from firmware_rollout.errors import ReportRefused
-from firmware_rollout.messages import UpdateReport
-from firmware_rollout.orchestration.status import describe
-from firmware_rollout.orchestration.store import TERMINAL
+from rollout_engine.errors import ReportRefused
+from rollout_engine.messages import RolloutReport
+from rollout_engine.status import describe
+from rollout_engine.store import TERMINAL
 
 REPORT_STATES = ("waiting_window", "downloading", "installing", "rebooting", "verifying", "succeeded", "failed",
                  "rejected", "rolled_back", "canceled")
@@ -88,7 +88,7 @@ def test_every_view_agrees_and_the_end_state_matches_the_devices(tmp_path_factor
                 if step[0] == "report":
                     _, i, state = step
                     seq += 1
-                    report = UpdateReport(device=h.ids[i], rollout_id=h.rid, version="1.1.0", state=state,
+                    report = RolloutReport(device=h.ids[i], rollout_id=h.rid, version="1.1.0", state=state,
                                           phase=PHASE[state], ts_ms=h.clock.now_ms(), seq=seq)  # type: ignore[arg-type]
                     try:
                         await h.orch.on_report(f"m{seq}", report)

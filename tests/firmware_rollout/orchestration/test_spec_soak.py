@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from firmware_rollout.orchestration.spec import load_spec, soak_warning
+from rollout_engine.spec import load_spec, soak_warning
 
 SPEC = """\
 [rollout]

@@ -31,38 +31,34 @@ import hashlib
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
 from agent.core.clock import Clock
-from agent.core.errors import ArtifactError, EdgeAgentError, RolloutError
-from firmware_rollout.artifact.files import read_signed_manifest
-from firmware_rollout.errors import ReportRefused
-from firmware_rollout.messages import UpdateCancel, UpdateOffer, UpdateReport
-from firmware_rollout.orchestration.artifacts import ArtifactStore
-from firmware_rollout.orchestration.gates import WaveGates, finished_failed
-from firmware_rollout.orchestration.lease import LeaseLost
-from firmware_rollout.orchestration.plan import DeviceInfo, matches, plan_waves, select_targets
-from firmware_rollout.orchestration.spec import RolloutKind, RolloutSpec, start_control_from_json
-from firmware_rollout.orchestration.status import describe, wave_number
-from firmware_rollout.orchestration.store import (
+from agent.core.codec import encode
+from agent.core.errors import EdgeAgentError, RolloutError
+from rollout_engine.errors import ReportRefused
+from rollout_engine.gates import WaveGates, finished_failed
+from rollout_engine.kinds import OfferContext, Outgoing, RolloutKind
+from rollout_engine.lease import LeaseLost
+from rollout_engine.messages import RolloutCancel, RolloutReport, cancel_key
+from rollout_engine.plan import DeviceInfo, matches, plan_waves, select_targets
+from rollout_engine.spec import RolloutSpec, start_control_from_json
+from rollout_engine.status import describe, wave_number
+from rollout_engine.store import (
     TERMINAL,
     ControlOutcome,
     DeviceRow,
     RolloutRow,
     RolloutStore,
 )
-from rollout_engine.version import Version
 
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({"failed", "timed_out"})
-#: Checks a config release for a rollout and keeps the leader's copy: (its name, its version, the
-#: copy's path, the release's bytes); a `RolloutError` says why not (the leader's `RolloutService`).
-AdmitConfig = Callable[[str], tuple[str, str, str, bytes]]
 
 
 WINDOW_WAIT_MAX_MS = 2 * 86_400_000  # a window a device says opens later than this is its clock's error
@@ -74,26 +70,12 @@ class RolloutPort(Protocol):
     def devices(self) -> Sequence[DeviceInfo]:
         """Every device the registry knows, with online state and last heartbeat."""
 
-    async def send_offers(self, offers: Sequence[tuple[str, UpdateOffer]], *, ttl_s: float,
-                          kind: RolloutKind = "firmware") -> None:
-        """Durably queue one offer per (device, offer), to expire undelivered after `ttl_s` (the
-        device's timeout: after it the device counts as timed out, and a stale offer must not
-        start an install days later); raise `EdgeAgentError` when it cannot. A config rollout's
-        offer (`kind`) carries the release in `signed_manifest`: the port sends it as a config
-        offer."""
-
-    def config_versions(self, target: str) -> dict[str, str]:
-        """device -> the version of configuration target `target` it holds (its heartbeats say)."""
-
-    def config_in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
-        """Of `devices`, those whose heartbeats say the target of this config release holds its
-        version, committed, with no local edit."""
-
-    async def send_cancels(self, cancels: Sequence[tuple[str, UpdateCancel]], *,
-                           kind: RolloutKind = "firmware") -> None:
-        """Durably queue one cancel per (device, cancel): it reaches a device offline for days
-        when it is back; raise `EdgeAgentError` when it cannot. A config rollout's (`kind`) is a
-        config cancel: it drops an offer waiting for its maintenance window."""
+    async def send(self, messages: Sequence[Outgoing], *, ttl_ms: int) -> None:
+        """Durably queue `messages` (each under its outbox key, which replaces an unsent one), to
+        expire undelivered after `ttl_ms` (0: never; an offer lives as long as the device's timeout:
+        after it the device counts as timed out, and a stale offer must not start an install days
+        later; a cancel lives until it reaches a device offline for days); raise `EdgeAgentError`
+        when it cannot."""
 
     async def ask_fast_heartbeats(self, devices: Sequence[str], *, for_s: float) -> None:
         """Ask `devices` to heartbeat at their fast pace for the next `for_s` seconds (a soak
@@ -115,22 +97,19 @@ class Orchestrator:
         port: RolloutPort,
         poll_s: float = 2.0,
         on_change: Callable[[str], None] | None = None,
-        artifacts: ArtifactStore | None = None,
+        kinds: Mapping[str, RolloutKind],
         own_mirror: str = "",
-        admit_config: AdmitConfig | None = None,
     ) -> None:
         self.store = store
-        self.admit_config = admit_config  # None: this leader starts no config rollout
+        self.kinds = dict(kinds)  # spec `kind` -> what a rollout of it installs (`rollout_engine.kinds`)
         # the leader's artifact HTTP server, offered after the spec's mirrors (empty: none)
         self.own_mirror = own_mirror
         self.trust_document = b""  # handed to devices with every offer (the leader's [firmware] trust_document)
-        # The leader's verified copies (None: the artifact's path is served as given, unchecked:
-        # the library's own tests and tools that check artifacts themselves).
-        self.artifacts = artifacts
         self.clock = clock
         self.port = port
         self.poll_s = poll_s
         self._on_change = on_change
+        self._unknown_kinds: set[str] = set()  # rollouts of a kind this leader lacks (said once each)
         self._paced: set[tuple[str, int]] = set()  # soaking waves whose devices were asked for fast heartbeats
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -138,7 +117,15 @@ class Orchestrator:
         self.ticks = 0
         self.after_tick: Callable[[], None] | None = None  # after each tick that did not fail
         self.gates = WaveGates(store, clock=clock, changed=self._changed,
-                               in_sync=lambda r, devices: port.config_in_sync(r.signed_manifest, devices))
+                               in_sync=lambda r, devices: self.kind_of(r.spec).in_sync(r.signed_manifest, devices))
+
+    def kind_of(self, spec: RolloutSpec) -> RolloutKind:
+        """The kind a rollout of `spec` installs; a `RolloutError` when this leader has none of it."""
+        kind = self.kinds.get(spec.rollout.kind)
+        if kind is None:
+            raise RolloutError(f"rollout kind {spec.rollout.kind!r}: this leader knows "
+                               f"{', '.join(sorted(self.kinds)) or 'none'}")
+        return kind
 
     # -- starting --------------------------------------------------------------------------
     async def start_rollout(
@@ -160,34 +147,17 @@ class Orchestrator:
     ) -> str:
         """Start a rollout of `spec`: on its `waves` as planned already (`rollout start`), else on
         `devices`, else on the registry's devices its targets select, planned here."""
-        artifact = spec.rollout.artifact
-        config = spec.rollout.kind == "config"
-        if config:
-            if self.admit_config is None:
-                raise RolloutError(f"rollout of {artifact}: this leader starts no config rollouts")
-            target_name, version, artifact, raw = self.admit_config(artifact)
-            undone = self.store.get(rollback_of) if rollback_of else None
-            if undone is not None and Version.parse(version) <= Version.parse(undone.version):
-                raise RolloutError(f"a config rollback rolls forward: release {target_name} {version} must hold the "
-                                   f"old content under a version above {undone.version} (versions only increase)")
-        elif self.artifacts is not None:
-            undone = self.store.get(rollback_of) if rollback_of else None
-            admitted = self.artifacts.admit(Path(artifact), rollback=bool(rollback_of),
-                                            replaces=undone.version if undone is not None else "")
-            signed, artifact = admitted.signed, str(admitted.path)
-        else:
-            try:
-                signed = read_signed_manifest(Path(artifact))
-            except ArtifactError as exc:
-                raise RolloutError(f"artifact {artifact}: {exc}") from exc
-        if not config:
-            version, raw = signed.manifest.version, signed.raw
+        kind = self.kind_of(spec)
+        kind.traits.check_spec(spec, source=f"rollout {spec.rollout.name}")
+        undone = self.store.get(rollback_of) if rollback_of else None
+        admitted = kind.admit(spec.rollout.artifact, undone=undone)
+        version = admitted.version
         infos = {d.device_id: d for d in self.port.devices()}
         if waves is not None:
             targets = sorted({d for wave in waves for d in wave})
         elif devices is None:
-            # (a config release's version is not a firmware version: no device is "already on" it)
-            targets = select_targets(spec, list(infos.values()), target_version=None if config else version,
+            targets = select_targets(spec, list(infos.values()),
+                                     target_version=version if kind.traits.skips_held else None,
                                      now_ms=self.clock.now_ms())
         else:
             targets = sorted(set(devices))
@@ -196,17 +166,14 @@ class Orchestrator:
                                          kind=spec.rollout.kind)
         if waves is None:
             waves = plan_waves(spec, targets)
-        if config:  # what each device's target held, as its heartbeats said
-            held_now = self.port.config_versions(target_name)
-            from_versions = {d: held_now[d] for d in targets if d in held_now}
-        else:
-            from_versions = {d: infos[d].firmware_version for d in targets if d in infos}
+        held = kind.held(admitted.release, [infos[d] for d in targets if d in infos])
+        from_versions = {d: held[d] for d in targets if d in held}
         self.store.create_rollout(
             rid,
             spec=spec,
-            artifact=artifact,
+            artifact=admitted.artifact,
             version=version,
-            signed_manifest=raw,
+            signed_manifest=admitted.release,
             waves=waves,
             from_versions=from_versions,
             rollback_of=rollback_of,
@@ -228,11 +195,11 @@ class Orchestrator:
         return rid
 
     def _claim_devices(self, rid: str, targets: Sequence[str], supersede: str, *,
-                       rollback_of: str, kind: RolloutKind = "firmware") -> dict[str, list[str]]:
+                       rollback_of: str, kind: str) -> dict[str, list[str]]:
         """One unfinished rollout of each kind owns a device: the devices `targets` shares with
         another of its kind are a `RolloutError` listing them, except those of `supersede` (or of
         the rollout a rollback undoes) not yet offered the image, which that rollout gives up
-        (returned per rollout). A firmware and a config rollout may hold a device together."""
+        (returned per rollout). Rollouts of different kinds may hold a device together."""
         held = self.store.holders(targets, kind=kind)
         if not held:
             return {}
@@ -345,7 +312,7 @@ class Orchestrator:
         base["waves"] = {"canary": 0, "counts": [len(targets)]}
         base["gates"] = {"success_threshold_pct": 0.0, "failure_threshold_pct": 100.0}
         base["targets"] = {"select": "all"}
-        from firmware_rollout.orchestration.spec import spec_from_dict
+        from rollout_engine.spec import spec_from_dict
 
         spec = spec_from_dict(base, source=f"rollback of {r.id}")
         rid = f"{r.id}-rollback"
@@ -374,7 +341,7 @@ class Orchestrator:
         return len(pending)
 
     # -- device reports --------------------------------------------------------------------
-    async def on_report(self, msg_id: str, report: UpdateReport) -> bool:
+    async def on_report(self, msg_id: str, report: RolloutReport) -> bool:
         """Apply one report (at most once per `msg_id`, newest `seq` wins). True when it changed
         the device's state; `ReportRefused` about a rollout the device is not in or that offered
         it nothing."""
@@ -384,7 +351,7 @@ class Orchestrator:
             self.wake()
         return changed
 
-    def _apply_report(self, msg_id: str, report: UpdateReport) -> bool:
+    def _apply_report(self, msg_id: str, report: RolloutReport) -> bool:
         now = self.clock.now_ms()
         with self.store.atomic():
             if not self.store.claim(msg_id):
@@ -502,6 +469,12 @@ class Orchestrator:
                 return
             infos = {d.device_id: d for d in self.port.devices()}
             for r in active:
+                if r.spec.rollout.kind not in self.kinds:
+                    if r.id not in self._unknown_kinds:
+                        self._unknown_kinds.add(r.id)
+                        log.error("rollout %s is of kind %r, which this leader does not know: it waits for a"
+                                  " leader that does", r.id, r.spec.rollout.kind)
+                    continue
                 if self._keep_schedule(r, now):
                     continue
                 await self._advance(r.id, infos)
@@ -551,12 +524,9 @@ class Orchestrator:
         due = self.store.cancels_due()
         if not due:
             return
-        kinds = {rid: self._get(rid).spec.rollout.kind for rid in {rid for rid, _, _ in due}}
-        for kind in ("firmware", "config"):
-            of_kind = [(device, UpdateCancel(rollout_id=rid, reason=why[:500])) for rid, device, why in due
-                       if kinds[rid] == kind]
-            if of_kind:
-                await self.port.send_cancels(of_kind, kind=kind)
+        wire = {rid: self.kind_of(self._get(rid).spec).traits.cancel_kind for rid in {rid for rid, _, _ in due}}
+        await self.port.send([Outgoing(device, wire[rid], encode(RolloutCancel(rollout_id=rid, reason=why[:500])),
+                                       cancel_key(device, rid)) for rid, device, why in due], ttl_ms=0)
         with self.store.atomic():
             self.store.cancel_sent([(rid, device) for rid, device, _ in due])
         log.info("cancels sent to %d devices still updating", len(due))
@@ -619,12 +589,16 @@ class Orchestrator:
         if wave is None or wave.state not in ("pending", "running"):
             return
         known = {d.device_id for d in self.store.devices(r.id)}
+        kind = self.kind_of(r.spec)
         for info in infos.values():
             if info.device_id in known or info.first_seen_ms < r.created_ms:
                 continue
-            if matches(r.spec, info, now_ms=self.clock.now_ms()) and info.firmware_version != r.version:
+            if not matches(r.spec, info, now_ms=self.clock.now_ms()):
+                continue
+            held = kind.held(r.signed_manifest, [info]).get(info.device_id, "")
+            if not (kind.traits.skips_held and held == r.version):
                 with self.store.atomic():
-                    added = self.store.add_device(r.id, info.device_id, last, from_version=info.firmware_version)
+                    added = self.store.add_device(r.id, info.device_id, last, from_version=held)
                     if added and wave.state == "running":
                         self.store.set_device(
                             r.id, info.device_id, deadline_ms=self.clock.now_ms() + int(r.spec.device.timeout_s * 1000)
@@ -654,7 +628,6 @@ class Orchestrator:
             ready = ready[: max(0, per_minute - recent)]
         if not ready:
             return
-        offer_for = self._offers_of(r)
         # Stored first, then sent: an orchestrator that lost its lease (fenced) sends nothing, and
         # every offer a device gets is one the rollout tables hold (`resend_offers` after a takeover).
         deadline = self.clock.now_ms() + int(spec.device.timeout_s * 1000)
@@ -674,8 +647,7 @@ class Orchestrator:
                 )
                 self.store.record_offer(r.id, d.device_id, attempt)
         try:
-            await self.port.send_offers([(d.device_id, offer_for(d)) for d in ready], ttl_s=spec.device.timeout_s,
-                                        kind=spec.rollout.kind)
+            await self.port.send(self._offers_of(r, ready), ttl_ms=self._offer_ttl_ms(r))
         except EdgeAgentError:
             with self.store.atomic():  # not sent: as they were, offered again on a later tick
                 for d in ready:
@@ -701,30 +673,23 @@ class Orchestrator:
                 notified = self.store.devices(r.id, states=("notified",))
                 if not notified:
                     continue
-                offer_for = self._offers_of(r)
-                await self.port.send_offers([(d.device_id, offer_for(d)) for d in notified],
-                                            ttl_s=r.spec.device.timeout_s, kind=r.spec.rollout.kind)
+                await self.port.send(self._offers_of(r, notified), ttl_ms=self._offer_ttl_ms(r))
                 sent += len(notified)
         return sent
 
-    def _offers_of(self, r: RolloutRow) -> Callable[[DeviceRow], UpdateOffer]:
-        """What rollout `r` offers each of its devices."""
+    def _offers_of(self, r: RolloutRow, devices: Sequence[DeviceRow]) -> list[Outgoing]:
+        """What rollout `r` offers each of `devices`, made by its kind."""
         spec = r.spec
-        approved = {w.idx for w in self.store.waves(r.id) if w.install_approved}
-        mirrors = tuple(dict.fromkeys([*spec.download.mirrors, *([self.own_mirror] if self.own_mirror else [])]))
+        context = OfferContext(
+            mirrors=tuple(dict.fromkeys([*spec.download.mirrors, *([self.own_mirror] if self.own_mirror else [])])),
+            trust=self.trust_document,
+            approved_waves=frozenset(w.idx for w in self.store.waves(r.id) if w.install_approved))
+        return self.kind_of(spec).offers(r, devices, context)
 
-        def offer_for(d: DeviceRow) -> UpdateOffer:
-            return UpdateOffer(
-                rollout_id=r.id,
-                signed_manifest=r.signed_manifest,
-                maintenance_windows=tuple(spec.device.maintenance_windows),
-                chunk_size=spec.download.chunk_size,
-                download_only=spec.rollout.download_only and d.wave not in approved,
-                mirrors=mirrors,
-                trust=self.trust_document,
-            )
-
-        return offer_for
+    @staticmethod
+    def _offer_ttl_ms(r: RolloutRow) -> int:
+        """An offer undelivered after the device's timeout is stale: the device timed out already."""
+        return max(1, int(r.spec.device.timeout_s * 1000))
 
     # -- helpers ---------------------------------------------------------------------------
     def _get(self, rid: str) -> RolloutRow:
@@ -738,4 +703,4 @@ class Orchestrator:
             self._on_change(rid)
 
 
-__all__ = ["AdmitConfig", "Orchestrator", "RolloutKind", "RolloutPort", "describe", "rollout_id_for"]
+__all__ = ["Orchestrator", "RolloutPort", "describe", "rollout_id_for"]

@@ -2,7 +2,7 @@
 
 `leader.db` (SQLite) by default; a fleet whose leaders share a PostgreSQL database
 (`[leader] database`) keeps it there, and one leader at a time runs the orchestrator on it (the
-lease of `firmware_rollout.orchestration.lease`, whose fencing check `fence` runs first in every
+lease of `rollout_engine.lease`, whose fencing check `fence` runs first in every
 write transaction of the orchestrator's store).
 
     rollouts           one row per rollout: state, spec (JSON), artifact, signed manifest
@@ -34,9 +34,9 @@ from agent.core.errors import StoreError
 from agent.core.sql import NO_LIMIT, SERVER_NOW_MS, StoreTarget, dialect_of, greatest, has_table, in_json_array
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
-from firmware_rollout.orchestration.schema import MIGRATIONS as _MIGRATIONS
-from firmware_rollout.orchestration.schema import PG_MIGRATIONS as _PG_MIGRATIONS
-from firmware_rollout.orchestration.spec import RolloutSpec, spec_from_json
+from rollout_engine.schema import MIGRATIONS as _MIGRATIONS
+from rollout_engine.schema import PG_MIGRATIONS as _PG_MIGRATIONS
+from rollout_engine.spec import RolloutSpec, spec_from_json
 
 COMPONENT = "rollout"
 
@@ -732,7 +732,7 @@ class RolloutStore(Store):
             (self._clock.now_ms(), result, outcome, control_id),
         )
 
-    # -- the orchestrator lease (PostgreSQL: see `firmware_rollout.orchestration.lease`) ------
+    # -- the orchestrator lease (PostgreSQL: see `rollout_engine.lease`) ------
     def take_lease(self, name: str, holder: str, token: int | None, ttl_ms: int) -> int | None:
         """Renew `holder`'s lease `name` (held under `token`) or take it when it is free, expired
         or `holder`'s own under another token; the token `holder` holds it by, None when another

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.errors import RolloutError
-from firmware_rollout.orchestration.spec import RolloutSpec, WavesSection
+from rollout_engine.spec import RolloutSpec, WavesSection
 
 
 @dataclass(frozen=True, slots=True)

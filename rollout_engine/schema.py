@@ -3,7 +3,7 @@
 `MIGRATIONS` for SQLite (`leader.db`), `PG_MIGRATIONS` for a fleet's PostgreSQL database (its
 own versions: the same tables, created whole). `rollout_offers` and `rollout_device_events` have
 a `rowid` column there, so both databases order them by it. See
-`firmware_rollout.orchestration.store` for what each table holds and `...lease` for the lease.
+`rollout_engine.store` for what each table holds and `...lease` for the lease.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def _v11(conn: sqlite3.Connection) -> None:
 MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
 
 # Who runs the orchestrator of a fleet with several leaders (PostgreSQL only: a `leader.db` has
-# one leader): `firmware_rollout.orchestration.lease`.
+# one leader): `rollout_engine.lease`.
 LEASE_TABLE = """CREATE TABLE rollout_lease (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,

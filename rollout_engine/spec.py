@@ -3,6 +3,7 @@
     [rollout]
     name = "camera 1.2.0"
     artifact = "fw-1.2.0.eafw"          # relative to the spec file
+    kind = "firmware"                   # what it installs: a kind of the leader's table (firmware, config)
     seed = 7                            # wave assignment is deterministic for a seed
 
     [targets]
@@ -69,15 +70,16 @@ class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     pass
 
 
-#: What a rollout installs: a firmware artifact, or a config release (`config_rollout`).
-RolloutKind = Literal["firmware", "config"]
+#: What a rollout installs: the name of a kind in the leader's table (`rollout_engine.kinds`).
+KindName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
+#: What a spec without `kind` installs (specs were written before rollouts had kinds).
+DEFAULT_KIND = "firmware"
 
 
 class RolloutSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    artifact: Annotated[str, msgspec.Meta(min_length=1)]  # a firmware artifact, or a config release (kind)
-    # "config": `artifact` is a signed config release, applied by each device's target of its name
-    kind: RolloutKind = "firmware"
+    artifact: Annotated[str, msgspec.Meta(min_length=1)]  # a file of the kind: a firmware artifact, a config release
+    kind: KindName = DEFAULT_KIND
     seed: int = 0
     rollback_artifact: str = ""  # offered by `rollout rollback` unless the command names one
     # the id of an unfinished rollout whose not yet offered devices this one takes over
@@ -212,8 +214,6 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
         total = sum(waves.percents)
         if not math.isclose(total, 100.0, abs_tol=0.01):
             raise ConfigError(source, "waves.percents", f"must add up to 100, not {total:g}")
-    if spec.rollout.kind == "config" and spec.rollout.download_only:
-        raise ConfigError(source, "rollout.download_only", 'a config rollout applies at once (kind = "config")')
     targets = spec.targets
     if targets.select == "tags" and not targets.tags:
         raise ConfigError(source, "targets.tags", 'select = "tags" needs at least one tag')
@@ -236,8 +236,6 @@ def check_spec(spec: RolloutSpec, *, source: str) -> RolloutSpec:
         raise ConfigError(source, "schedule.end_at", "must be after schedule.start_at")
     if spec.gates.on_abort == "rollback" and not spec.rollout.rollback_artifact:
         raise ConfigError(source, "gates.on_abort", '"rollback" needs rollout.rollback_artifact')
-    if spec.gates.min_compliance_pct and spec.rollout.kind != "config":
-        raise ConfigError(source, "gates.min_compliance_pct", 'applies to a config rollout (kind = "config")')
     t = spec.targets
     given_keys: tuple[tuple[str, str, bool], ...] = (
         ("tags", "tags", bool(t.tags)), ("versions", "versions", bool(t.versions)),
@@ -358,7 +356,8 @@ __all__ = [
     "DownloadSection",
     "GatesSection",
     "Ramp",
-    "RolloutKind",
+    "DEFAULT_KIND",
+    "KindName",
     "RolloutSection",
     "RolloutSpec",
     "StartControl",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.core.errors import ConfigError, RolloutError
-from firmware_rollout.orchestration.store import RolloutStore
+from rollout_engine.store import RolloutStore
 
 ACTIONS = ("pause", "resume", "cancel", "next", "approve", "rollback")
 

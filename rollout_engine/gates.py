@@ -20,11 +20,11 @@ import logging
 from collections.abc import Callable
 
 from agent.core.clock import Clock
-from firmware_rollout.orchestration.plan import DeviceInfo
-from firmware_rollout.orchestration.status import wave_label, wave_number
-from firmware_rollout.orchestration.store import FAILURES, TERMINAL, DeviceRow, RolloutRow, RolloutStore
+from rollout_engine.plan import DeviceInfo
+from rollout_engine.status import wave_label, wave_number
+from rollout_engine.store import FAILURES, TERMINAL, DeviceRow, RolloutRow, RolloutStore
 
-log = logging.getLogger("firmware_rollout.orchestration.orchestrator")
+log = logging.getLogger("rollout_engine.orchestrator")
 
 
 def finished_failed(totals: dict[str, int]) -> tuple[int, int]:
@@ -113,7 +113,7 @@ class WaveGates:
                         f"{len(succeeded)} of {size} succeeded ({pct:.1f}% < {gates.success_threshold_pct:g}%)",
                     )
                     return True
-                if size and gates.min_compliance_pct and r.spec.rollout.kind == "config":
+                if size and gates.min_compliance_pct:  # (a spec check: only of a kind that tells compliance)
                     held = self._compliance_gate(r, wave.idx, wave.detail, members, succeeded, now)
                     if held is not None:
                         return held

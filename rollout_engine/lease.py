@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Final
 
 from agent.core.errors import StoreError
-from firmware_rollout.orchestration.store import LeaseRow, RolloutStore
+from rollout_engine.store import LeaseRow, RolloutStore
 
 LEASE_NAME: Final = "orchestrator"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.core.errors import RolloutError
-from firmware_rollout.orchestration.store import IN_PROGRESS, TERMINAL, RolloutStore
+from rollout_engine.store import IN_PROGRESS, TERMINAL, RolloutStore
 
 
 def wave_number(idx: int) -> int:

@@ -1,0 +1,78 @@
+"""The leader's table of rollout kinds: what `kind = "..."` in a spec can name.
+
+Each entry is a kind's traits (`rollout_engine.kinds.KindTraits`: known without a leader, read by
+the CLI and the console) and its factory, which makes the kind on a running leader from what the
+leader holds (`KindHost`). Adding a kind: a module with its traits, its leader side and its worker
+part (`docs/architecture.md`, "Adding a rollout kind"), one line here, and its part in the
+worker's list (`agent.app.roles`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from agent.core.errors import RolloutError
+from agent.protocol import ConfigState
+from config_rollout.kind import CONFIG, ConfigKind
+from config_rollout.layers import LayerValue
+from firmware_rollout.orchestration.kind import FIRMWARE, FirmwareKind
+from rollout_engine.keys import Verifier
+from rollout_engine.kinds import KindTraits, RolloutKind
+
+
+class KindHost(Protocol):
+    """What a leader gives its kinds."""
+
+    @property
+    def keys(self) -> Verifier | None:
+        """The fleet's keys, as devices pin them (None: the leader's config sets none)."""
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """Where the leader keeps the files its rollouts admitted."""
+
+    def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
+        """device -> (its tags, what each configuration target holds), as its heartbeats say."""
+
+    def device_tags(self) -> dict[str, tuple[str, ...]]:
+        """device -> its tags, for every device the registry knows."""
+
+    def layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
+        """The configuration layers' values for each of `devices` (device -> its tags) of `target`."""
+
+
+@dataclass(frozen=True)
+class KindEntry:
+    traits: KindTraits
+    make: Callable[[KindHost], RolloutKind]
+
+
+def _firmware(host: KindHost) -> RolloutKind:
+    from firmware_rollout.orchestration.artifacts import ArtifactStore
+
+    return FirmwareKind(ArtifactStore(host.artifacts_dir, host.keys))
+
+
+def _config(host: KindHost) -> RolloutKind:
+    return ConfigKind(keys=host.keys, directory=host.artifacts_dir, fleet=host, layer_values=host.layer_values,
+                      tags=host.device_tags)
+
+
+ROLLOUT_KINDS: Mapping[str, KindEntry] = {
+    FIRMWARE.name: KindEntry(FIRMWARE, _firmware),
+    CONFIG.name: KindEntry(CONFIG, _config),
+}
+
+
+def traits_of(name: str, kinds: Mapping[str, KindEntry] = ROLLOUT_KINDS) -> KindTraits:
+    """The traits of kind `name`; a `RolloutError` naming the kinds there are."""
+    entry = kinds.get(name)
+    if entry is None:
+        raise RolloutError(f"rollout kind {name!r}: the kinds are {', '.join(sorted(kinds))}")
+    return entry.traits
+
+
+__all__ = ["ROLLOUT_KINDS", "KindEntry", "KindHost", "traits_of"]
