@@ -830,8 +830,8 @@ class RolloutReads:
                 for a, b, c, d, e, f, g, h, i in rows]
 
     def of_kind(self, kind: str, *, active: bool = False) -> list[tuple[str, str, str, bytes]]:
-        """The rollouts of `kind` ("firmware" or "config"; only the unfinished ones when
-        `active`), newest first: (id, state, version, the signed manifest or config release)."""
+        """The rollouts of `kind` (only the unfinished ones when `active`), newest first: (id,
+        state, version, the release the kind offers from)."""
         if not self.present:
             return []
         where = f" WHERE state IN ({_ACTIVE_SQL})" if active else ""

@@ -18,6 +18,7 @@ from agent.core.lazy import lazy_attributes
 if TYPE_CHECKING:
     from agent.app.app import AgentPart, App
     from agent.app.roles import AGENT, AppEnv, assemble
+    from agent.app.starting import starting_config
     from agent.app.transport import client_id_of, make_transport, presence_wills
 
 _LAZY = {
@@ -29,8 +30,10 @@ _LAZY = {
     "client_id_of": "transport",
     "make_transport": "transport",
     "presence_wills": "transport",
+    "starting_config": "starting",
 }
 
 __getattr__ = lazy_attributes(__name__, {name: f"agent.app.{module}" for name, module in _LAZY.items()})
 
-__all__ = ["AGENT", "AgentPart", "App", "AppEnv", "assemble", "client_id_of", "make_transport", "presence_wills"]
+__all__ = ["AGENT", "AgentPart", "App", "AppEnv", "assemble", "client_id_of", "make_transport", "presence_wills",
+           "starting_config"]

@@ -148,6 +148,7 @@ def diff_main(args: argparse.Namespace) -> int:
     import difflib
 
     from agent.leader.readonly import open_leader_db
+    from config_rollout.kind import CONFIG
     from config_rollout.layer_store import LayerReads
     from config_rollout.layers import render
     from config_rollout.release import parse_release, peek_release, read_release
@@ -165,7 +166,7 @@ def diff_main(args: argparse.Namespace) -> int:
             data = Path(args.release).read_bytes()
             releases[peek_release(data).name] = (args.release, data)
         else:
-            for rollout_id, rollout_state, _version, data in leader.rollouts.of_kind("config"):
+            for rollout_id, rollout_state, _version, data in leader.rollouts.of_kind(CONFIG.name):
                 if rollout_state in ("aborted", "canceled"):
                     continue
                 releases.setdefault(peek_release(data).name, (f"rollout {rollout_id}", data))

@@ -198,7 +198,7 @@ def _controls(store: IdentityStore, args: argparse.Namespace) -> int:
 
 
 def _certs(config: AgentConfig, args: argparse.Namespace) -> int:
-    from agent.leader.enrolment import fleet_authority
+    from agent.identity.files import fleet_authority
     from agent.service.files import write_private_file
 
     assert config.identity is not None

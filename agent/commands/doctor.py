@@ -132,7 +132,7 @@ def _identity(config: AgentConfig, data_dir: Path) -> tuple[Outcome, AgentConfig
     the broker checks below connect with it, as the agent does."""
     from agent.core.errors import IdentityError
     from agent.identity.certificates import read_certificate
-    from agent.worker.identity import IdentityFiles, with_identity
+    from agent.identity.files import IdentityFiles, with_identity
 
     files = IdentityFiles.of(config, data_dir)
     ident = config.identity
@@ -168,8 +168,8 @@ def _identity(config: AgentConfig, data_dir: Path) -> tuple[Outcome, AgentConfig
 def _leader_identity(config: AgentConfig, data_dir: Path) -> Iterator[Outcome]:
     """A leader's identities: no certificate on record for a name no device may hold, and a CRL
     the broker's user can read (mosquitto reads it after dropping to its `mosquitto` user)."""
+    from agent.identity.files import authority_files
     from agent.leader.database import shared_database
-    from agent.leader.enrolment import authority_files
     from agent.leader.identities import IdentityStore, reserved_reason
     from agent.leader.readonly import open_leader_db
     from agent.service.files import unreadable_by

@@ -80,7 +80,7 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
     the settings in force, in the same process: RELOADING=1, then READY=1 once they run."""
     import asyncio
 
-    from agent.app import AppEnv, assemble, make_transport
+    from agent.app import AppEnv, assemble, make_transport, starting_config
     from agent.leader.env import GatewayEnv
     from agent.service import ServiceRuntime, restrict_database_files
     from agent.worker.env import DeviceEnv
@@ -96,22 +96,18 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
     runtime = ServiceRuntime(clock=clock, metrics_listen=config.metrics.listen, on_reload=reload)
     async with runtime:
         ready_sent = started = False
+
+        def enrolling(running: AgentConfig) -> None:
+            nonlocal ready_sent
+            if not ready_sent:  # a device waiting for an operator's approval is up, not failing to start
+                runtime.ready(f"worker {running.agent.device_id} starting with its identity")
+                ready_sent = True
+
         while True:
-            running = config
-            if config.agent.role == "worker":
-                from config_rollout.device.agent_settings import load_agent_settings
-
-                running = await load_agent_settings(config, base)
-                if running.identity is not None:  # the device's own certificate, enrolling first without one
-                    from agent.worker.identity import enrolled_config
-
-                    if not ready_sent:  # a device waiting for an operator's approval is up, not failing to start
-                        runtime.ready(f"worker {running.agent.device_id} starting with its identity")
-                        ready_sent = True
-                    enrolled = await enrolled_config(running, base, clock, stopping=runtime.signals.stop)
-                    if enrolled is None:
-                        break
-                    running = enrolled
+            starting = await starting_config(config, base, clock, stopping=runtime.signals.stop, enrolling=enrolling)
+            if starting is None:
+                break
+            running = starting
             logging.getLogger().setLevel(running.agent.log_level)  # (a release may change it)
             app = await assemble(running, transport=make_transport(running, clock=clock, broker_url=broker),
                                  clock=clock, base=base,

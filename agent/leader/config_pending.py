@@ -19,11 +19,12 @@ States = Mapping[str, tuple[Sequence[str], Mapping[str, ConfigState]]]
 def config_pending(db: LeaderDb, states: States, now_ms: int) -> set[tuple[str, str]]:
     """The (device, target)s on their way to what the leader wants."""
     from config_rollout.errors import ConfigReleaseError
+    from config_rollout.kind import CONFIG
     from config_rollout.layer_store import LayerReads
     from config_rollout.release import peek_release
 
     pending: set[tuple[str, str]] = set()
-    for rollout_id, _state, _version, release in db.rollouts.of_kind("config", active=True):
+    for rollout_id, _state, _version, release in db.rollouts.of_kind(CONFIG.name, active=True):
         try:
             target = peek_release(release).name  # (verified when the rollout started)
         except ConfigReleaseError:

@@ -34,21 +34,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.core.codec import Envelope, Reply, decode
-from agent.core.config import IdentitySection, resolve
 from agent.core.errors import CodecError, EdgeAgentError, IdentityError, TransportError
 from agent.core.ratelog import RateLimitedLog
 from agent.core.sql import PostgresUrl
 from agent.core.tasks import cancel_and_wait
-from agent.identity.authority import FleetAuthority, new_authority
+from agent.identity.authority import FleetAuthority
 from agent.identity.certificates import CertificateInfo, CertificateRequest, read_certificate, read_request
+from agent.identity.files import authority_files, fleet_authority
 from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewAnswer, RenewRequest
 from agent.leader.identities import Control, Identity, IdentityStore, reserved_reason
 from agent.leader.rates import DeviceRates
@@ -63,39 +61,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CA_KEY = "ca.key"
-CA_CERT = "ca.crt"
-CRL_FILE = "crl.pem"
 MAX_REQUEST_BYTES = 16 * 1024
 CRL_REFRESH_S = 86_400.0
 PENDING_SWEEP_S = 60.0
 RELOAD_TIMEOUT_S = 30.0
-
-
-def authority_files(section: IdentitySection, base: Path) -> tuple[Path, Path, Path]:
-    """(CA key, CA certificate, CRL) of the leader whose data directory is `base`."""
-    folder = resolve(base, section.dir)
-    crl = Path(section.crl_file) if section.crl_file else folder / CRL_FILE
-    return folder / CA_KEY, folder / CA_CERT, crl
-
-
-def fleet_authority(section: IdentitySection, base: Path, *, fleet: str, now_ms: int) -> FleetAuthority:
-    """The fleet's CA, made (with an empty CRL) when there is none yet."""
-    key_path, cert_path, crl_path = authority_files(section, base)
-    if not key_path.exists() and not cert_path.exists():
-        key_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(key_path.parent, 0o700)
-        key_pem, cert_pem = new_authority(f"edge-agent fleet {fleet}", now_ms=now_ms)
-        write_private_file(key_path, key_pem, 0o600)
-        write_private_file(cert_path, cert_pem, 0o644)
-        authority = FleetAuthority(key_pem, cert_pem)
-        write_private_file(crl_path, authority.revocation_list((), now_ms=now_ms), 0o644)
-        log.info("made the fleet CA %s", cert_path)
-        return authority
-    try:
-        return FleetAuthority(key_path.read_bytes(), cert_path.read_bytes())
-    except OSError as exc:
-        raise IdentityError(f"{exc.filename}: cannot read the fleet CA: {exc.strerror or exc}") from None
 
 
 class IdentityService(PartBase):
@@ -428,4 +397,4 @@ async def identity_part(leader: LeaderAgent, env: GatewayEnv) -> IdentityService
     return service
 
 
-__all__ = ["CA_CERT", "CA_KEY", "CRL_FILE", "IdentityService", "authority_files", "fleet_authority", "identity_part"]
+__all__ = ["IdentityService", "identity_part"]

@@ -21,19 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
 from agent.core.clock import Clock
-from agent.core.config import AgentConfig, IdentitySection, resolve
+from agent.core.config import AgentConfig
 from agent.core.durations import utc_iso
 from agent.core.errors import CodecError, ConfigError, IdentityError, TransportError
-from agent.service.files import write_private_file
+from agent.identity.files import IdentityFiles, with_identity
 from agent.transport import topics
 from agent.transport.base import InboundMessage
 
@@ -44,55 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-KEY_FILE = "device.key"
-CERT_FILE = "device.crt"
-CA_FILE = "fleet-ca.crt"
-
-
-@dataclass(frozen=True)
-class IdentityFiles:
-    """Where a device keeps its identity."""
-
-    dir: Path
-
-    @classmethod
-    def of(cls, config: AgentConfig, base: Path) -> IdentityFiles:
-        section = config.identity or IdentitySection()
-        return cls(resolve(base, section.dir))
-
-    @property
-    def key(self) -> Path:
-        return self.dir / KEY_FILE
-
-    @property
-    def cert(self) -> Path:
-        return self.dir / CERT_FILE
-
-    @property
-    def ca(self) -> Path:
-        return self.dir / CA_FILE
-
-    def key_pem(self) -> bytes:
-        """The device's key, made on first use (0600 in a 0700 folder)."""
-        from agent.identity.device_key import new_device_key
-
-        try:
-            return self.key.read_bytes()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise IdentityError(f"{self.key}: cannot read the device key: {exc.strerror or exc}") from None
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.dir, 0o700)
-        pem = new_device_key()
-        write_private_file(self.key, pem, 0o600)
-        log.info("made the device key %s", self.key)
-        return pem
-
-    def store(self, cert_pem: bytes, ca_pem: bytes | None = None) -> None:
-        if ca_pem is not None:
-            write_private_file(self.ca, ca_pem, 0o644)
-        write_private_file(self.cert, cert_pem, 0o644)
 
 
 def hardware_identity() -> tuple[str, str]:
@@ -112,13 +61,6 @@ def hardware_identity() -> tuple[str, str]:
     with contextlib.suppress(OSError):
         machine = Path("/etc/machine-id").read_text().strip()
     return serial[:64], machine[:64]
-
-
-def with_identity(config: AgentConfig, files: IdentityFiles) -> AgentConfig:
-    """The config with the device's certificate, key and CA as its broker credentials."""
-    mqtt = msgspec.structs.replace(config.mqtt, tls_cert=str(files.cert), tls_key=str(files.key),
-                                   tls_ca=config.mqtt.tls_ca or str(files.ca), password_file="", username="")
-    return msgspec.structs.replace(config, mqtt=mqtt)
 
 
 def own_certificate(pem: bytes | str, device: str, key_pem: bytes) -> CertificateInfo:
@@ -285,5 +227,4 @@ class Enrolment:
         return "approved"
 
 
-__all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "Enrolment", "IdentityFiles", "enrolled_config", "hardware_identity",
-           "own_certificate", "usable_certificate", "with_identity"]
+__all__ = ["Enrolment", "enrolled_config", "hardware_identity", "own_certificate", "usable_certificate"]

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from agent.core.durations import utc_iso
 from agent.core.errors import CodecError, IdentityError
+from agent.identity.files import IdentityFiles
 from agent.service.parts import Collectors, PartBase
-from agent.worker.identity import IdentityFiles, own_certificate
+from agent.worker.identity import own_certificate
 
 if TYPE_CHECKING:
     from agent.worker.agent import WorkerAgent

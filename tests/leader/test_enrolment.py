@@ -19,13 +19,13 @@ from agent.core.codec import Envelope, decode
 from agent.core.errors import IdentityError
 from agent.identity.certificates import read_certificate
 from agent.identity.device_key import certificate_request, device_key_fingerprint, new_device_key
+from agent.identity.files import IdentityFiles
 from agent.identity.messages import KIND_RENEW, EnrolAnswer, EnrolRequest, RenewAnswer, RenewRequest
 from agent.leader.agent import LeaderAgent
 from agent.leader.enrolment import IdentityService, identity_part
 from agent.leader.env import GatewayEnv
 from agent.transport import topics
 from agent.transport.memory import MemoryBroker, MemoryTransport
-from agent.worker.identity import IdentityFiles
 from agent.worker.renewal import IdentityRenewal
 from tests.e2e.agent_support import FLEET, leader, stop_all, until, worker
 
@@ -299,7 +299,7 @@ async def test_two_leaders_on_postgresql_share_identities_with_one_ca(tmp_path: 
 
     from agent.core.clock import SystemClock
     from agent.core.errors import IdentityError
-    from agent.leader.enrolment import CA_CERT, CA_KEY
+    from agent.identity.files import CA_CERT, CA_KEY
 
     clock = SystemClock()
     broker = MemoryBroker(clock=clock)
