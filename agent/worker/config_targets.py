@@ -15,19 +15,20 @@ before the apply proves nothing); with the target's health command, `ConfigAppli
 until `confirm_s`: a config that cuts the device off reverts by itself. One offer is applied at a
 time; an offer of a release already committed is answered `succeeded` at once; an offer outside
 its maintenance window waits for it (a `config.cancel` drops it). At the start, what an
-interrupted apply left is finished first and reported. Loaded only for a worker that declares
-`[config_targets]` or takes releases of its own settings (the built-in target `agent`).
+interrupted apply left is finished first and reported. The trust document, the maintenance window
+(a timer, and an offer waiting for it kept across a restart), the cancel and the report sequence
+are the device's offer runner's (`rollout_engine.device`); this is configuration's module of it.
+Loaded only for a worker that declares `[config_targets]` or takes releases of its own settings
+(the built-in target `agent`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agent.actors import Actor, ActorRef, Context
-from agent.core.clock import TimerHandle
+from agent.actors import ActorRef
 from agent.core.config import ConfigTargetSection
 from agent.core.errors import EdgeAgentError
 from agent.service.parts import PartBase
@@ -39,14 +40,12 @@ from config_rollout.device.agent_settings import AGENT_TARGET, agent_target, off
 from config_rollout.device.apply import ConfigApplier
 from config_rollout.device.review import ConfigReviews
 from config_rollout.errors import ConfigReleaseError
-from config_rollout.layers import render
+from config_rollout.layers import Rendered, render
 from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigOffer
-from config_rollout.release import parse_release, peek_release
-from rollout_engine.errors import TrustError
+from config_rollout.release import ConfigRelease, parse_release, peek_release
+from rollout_engine.device import Facts, OfferRunner, Rejected, Reporter, Resume
 from rollout_engine.keys import Verifier
 from rollout_engine.messages import ReportState, RolloutCancel, RolloutReport, report_message
-from rollout_engine.trust import take_trust_document
-from rollout_engine.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
 ApplyPhase = str  # a report's `phase`: the applier's step, in the words the firmware updater uses for its own
@@ -58,20 +57,24 @@ OUTCOME_REPORTS: dict[str, tuple[ReportState, ApplyPhase]] = {
     "rolled_back": ("rolled_back", "rolled_back"), "restarting": ("verifying", "verifying")}
 
 
-class ResumeTargets:
-    """Told first, at the start: finish what an interrupted apply left, report what it decided."""
-
-
 @dataclass(frozen=True)
-class WindowOpen:
-    """An offer's maintenance window has opened: apply it, unless it was canceled meanwhile."""
+class Checked:
+    """An offer verified whole: the release, its documents rendered with the device's layer
+    values, and the target that takes it."""
 
-    rollout_id: str
+    release: ConfigRelease
+    rendered: Rendered
+    name: str
+    target: ConfigTargetSection
 
 
-class ConfigOfferActor(Actor):
-    """Applies the config offers one at a time and reports each step. `restart` asks the service
-    to start the agent again (the built-in target `agent` takes effect so; None: it is not offered)."""
+class ConfigModule:
+    """Configuration's module of the device's offer runner (`rollout_engine.device`): checks a
+    release against the fleet's key and this device's targets, applies it commit-confirmed.
+    `restart` asks the service to start the agent again (the built-in target `agent` takes effect
+    so; None: it is not offered)."""
+
+    offer_type = ConfigOffer
 
     def __init__(self, worker: WorkerAgent, key: Verifier, steps: ConfigSteps | None = None,
                  restart: Callable[[], None] | None = None) -> None:
@@ -79,39 +82,11 @@ class ConfigOfferActor(Actor):
         self._key = key
         self._steps = steps
         self._restart = restart
-        self._utc_offset_s = system_utc_offset_s
-        self._seq = 0
-        # offers waiting for their maintenance window, by rollout (in memory: after a restart
-        # the leader's timeout, counted from the window, offers it again)
-        self._waiting: dict[str, tuple[ConfigOffer, TimerHandle]] = {}
+        self.runner: OfferRunner[ConfigOffer, Checked] | None = None  # set by the part
 
-    async def receive(self, message: object, ctx: Context) -> None:
-        if isinstance(message, ConfigOffer):
-            await self._apply(message, ctx)
-        elif isinstance(message, WindowOpen):
-            waiting = self._waiting.pop(message.rollout_id, None)
-            if waiting is not None:
-                await self._apply(waiting[0], ctx, window_open=True)
-        elif isinstance(message, RolloutCancel):
-            await self._cancel(message)
-        elif isinstance(message, ResumeTargets):
-            await self._resume()
-
-    async def _cancel(self, cancel: RolloutCancel) -> None:
-        waiting = self._waiting.pop(cancel.rollout_id, None)
-        if waiting is None:
-            return  # applied already (it reported), or never offered here
-        offer, timer = waiting
-        timer.cancel()
-        version = _shown(offer)[1]
-        await self._report(offer.rollout_id, version, "canceled", "canceled",
-                           f"canceled while waiting for its maintenance window: {cancel.reason}" if cancel.reason
-                           else "canceled while waiting for its maintenance window")
-
-    async def on_stop(self, ctx: Context) -> None:
-        for _, timer in self._waiting.values():
-            timer.cancel()
-        self._waiting.clear()
+    def facts(self, offer: ConfigOffer) -> Facts:
+        return Facts(rollout_id=offer.rollout_id, version=_shown(offer)[1], windows=offer.maintenance_windows,
+                     trust=offer.trust)
 
     def targets(self) -> dict[str, ConfigTargetSection]:
         """The declared targets, and the built-in `agent` where this agent takes its own settings."""
@@ -121,18 +96,44 @@ class ConfigOfferActor(Actor):
             found[AGENT_TARGET] = agent_target(worker.data_dir)
         return found
 
-    def _applier(self, name: str, target: ConfigTargetSection, rollout_id: str, version: str) -> ConfigApplier:
-        worker = self._worker
-        steps = self._steps
-        own = name == AGENT_TARGET
-        return ConfigApplier(name, target, worker.data_dir,
-                             confirm=self._host_check(rollout_id, version, f"applied {name} {version}: confirming"),
-                             reviews=config_reviews(worker), clock=worker.clock,
-                             on_step=(lambda step: steps(worker, name, step)) if steps is not None else None,
-                             check=settings_check(worker.config) if own else None,
-                             restarts=self._restart if own else None)
+    def check(self, offer: ConfigOffer) -> Checked:
+        rid = offer.rollout_id
+        try:
+            release = parse_release(offer.release, self._key, source=f"the release of rollout {rid}",
+                                    max_document_bytes=OFFER_RELEASE_MAX)
+        except ConfigReleaseError as exc:
+            raise Rejected(str(exc)) from None
+        target = self.targets().get(release.name)
+        if target is None:
+            name = release.name
+            raise Rejected("this agent takes no release of its own settings ([agent] remote_settings, or it runs"
+                           " under no service that can start it again)" if name == AGENT_TARGET else
+                           f"this device has no [config_targets.{name}]: it takes no release {name!r}")
+        try:
+            rendered = render(release.documents, offer.layers)
+        except ConfigReleaseError as exc:
+            raise Rejected(str(exc)) from None
+        return Checked(release, rendered, release.name, target)
 
-    async def _resume(self) -> None:
+    async def apply(self, offer: ConfigOffer, checked: Checked, report: Reporter) -> None:
+        worker = self._worker
+        rid, name, version = offer.rollout_id, checked.name, checked.release.version
+        await report(rid, version, "installing", "installing", f"applying {name} {version}")
+        worker.beat_fast(worker.config.heartbeat.fast_hold_s)
+        applier = self._applier(name, checked.target, rid, version)
+        try:
+            result = await applier.apply(checked.release, checked.rendered,
+                                         context={"rollout_id": rid, "version": version})
+        except (EdgeAgentError, OSError) as exc:
+            detail = f"the apply stopped: {exc}"
+            await report(rid, version, "failed", "failed", detail)
+            log.error("config %s %s: %s", name, version, detail)
+            return
+        state, phase = OUTCOME_REPORTS[result.state]
+        log.info("config %s %s: %s (%s)", name, version, result.state, result.detail)
+        await report(rid, version, state, phase, result.detail)
+
+    async def resume(self, report: Reporter) -> None:
         for name, target in sorted(self.targets().items()):
             context = ConfigApplier(name, target, self._worker.data_dir).journal().get("context") or {}
             applier = self._applier(name, target, str(context.get("rollout_id", "")), str(context.get("version", "")))
@@ -148,60 +149,18 @@ class ConfigOfferActor(Actor):
             log.info("config %s: %s at the start (%s)", name, result.state, result.detail)
             if context.get("rollout_id"):
                 state, phase = OUTCOME_REPORTS[result.state]
-                await self._report(context["rollout_id"], context.get("version", ""), state, phase, result.detail)
+                await report(context["rollout_id"], context.get("version", ""), state, phase, result.detail)
 
-    async def _apply(self, offer: ConfigOffer, ctx: Context, *, window_open: bool = False) -> None:
+    def _applier(self, name: str, target: ConfigTargetSection, rollout_id: str, version: str) -> ConfigApplier:
         worker = self._worker
-        name, version = _shown(offer)
-        rid = offer.rollout_id
-        try:
-            take_trust_document(self._key, offer.trust, came_with=f"offer {rid}")
-        except TrustError as exc:
-            log.warning("offer %s: trust document refused: %s", rid, exc)
-            await self._report(rid, version, "rejected", "rejected", f"trust document refused: {exc}")
-            return
-        try:
-            release = parse_release(offer.release, self._key, source=f"the release of rollout {rid}",
-                                    max_document_bytes=OFFER_RELEASE_MAX)
-        except ConfigReleaseError as exc:
-            await self._report(rid, version, "rejected", "rejected", str(exc))
-            return
-        target = self.targets().get(release.name)
-        if target is None:
-            why = ("this agent takes no release of its own settings ([agent] remote_settings, or it runs"
-                   " under no service that can start it again)" if release.name == AGENT_TARGET else
-                   f"this device has no [config_targets.{name}]: it takes no release {name!r}")
-            await self._report(rid, version, "rejected", "rejected", why)
-            return
-        try:
-            rendered = render(release.documents, offer.layers)
-            windows = [parse_window(w) for w in offer.maintenance_windows]
-        except (ConfigReleaseError, ValueError) as exc:
-            await self._report(rid, version, "rejected", "rejected", str(exc))
-            return
-        wait_s, until = window_wait(windows, worker.clock.now_ms(), self._utc_offset_s())
-        if wait_s > 0 and not window_open:
-            old = self._waiting.pop(rid, None)
-            if old is not None:
-                old[1].cancel()
-            self._waiting[rid] = (offer, worker.clock.call_later(wait_s, lambda: _tell(ctx, WindowOpen(rid))))
-            log.info("config %s %s waits %.0fs for its maintenance window (%s)", name, version, wait_s, until)
-            await self._report(rid, version, "waiting_window", "idle", until,
-                               until_ms=worker.clock.now_ms() + int(wait_s * 1000))
-            return
-        await self._report(rid, version, "installing", "installing", f"applying {name} {version}")
-        worker.beat_fast(worker.config.heartbeat.fast_hold_s)
-        applier = self._applier(release.name, target, rid, version)
-        try:
-            result = await applier.apply(release, rendered, context={"rollout_id": rid, "version": version})
-        except (EdgeAgentError, OSError) as exc:
-            detail = f"the apply stopped: {exc}"
-            await self._report(rid, version, "failed", "failed", detail)
-            log.error("config %s %s: %s", name, version, detail)
-            return
-        state, phase = OUTCOME_REPORTS[result.state]
-        log.info("config %s %s: %s (%s)", name, version, result.state, result.detail)
-        await self._report(rid, version, state, phase, result.detail)
+        steps = self._steps
+        own = name == AGENT_TARGET
+        return ConfigApplier(name, target, worker.data_dir,
+                             confirm=self._host_check(rollout_id, version, f"applied {name} {version}: confirming"),
+                             reviews=config_reviews(worker), clock=worker.clock,
+                             on_step=(lambda step: steps(worker, name, step)) if steps is not None else None,
+                             check=settings_check(worker.config) if own else None,
+                             restarts=self._restart if own else None)
 
     def _host_check(self, rollout_id: str, version: str, detail: str) -> Callable[[], Awaitable[str]]:
         """The host's part of the confirm: connected to the broker, and the leader accepts the
@@ -211,7 +170,8 @@ class ConfigOfferActor(Actor):
         async def check() -> str:
             if not worker.transport.connected.is_open:
                 return "the broker connection is down"
-            report = self._next_report(rollout_id, version, "verifying", "verifying", detail)
+            assert self.runner is not None
+            report = self.runner.next_report(rollout_id, version, "verifying", "verifying", detail)
             envelope = envelope_of(report_message(report, msg_id=worker.ids.next(), receiver=LEADER), worker.clock)
             try:
                 await worker.clock.wait_for(worker.link.tell(envelope), LEADER_ANSWER_S)
@@ -220,21 +180,6 @@ class ConfigOfferActor(Actor):
             return ""
 
         return check
-
-    def _next_report(self, rollout_id: str, version: str, state: ReportState, phase: ApplyPhase,
-                     detail: str, until_ms: int = 0) -> RolloutReport:
-        worker = self._worker
-        now = worker.clock.now_ms()
-        self._seq = max(self._seq + 1, now)  # grows across restarts too (the leader keeps the highest)
-        return RolloutReport(device=worker.device_id, rollout_id=rollout_id, version=version[:64],
-                            state=state, phase=phase, detail=detail[:1000], ts_ms=now, seq=self._seq,
-                            until_ms=until_ms)
-
-    async def _report(self, rollout_id: str, version: str, state: ReportState, phase: ApplyPhase,
-                      detail: str, *, until_ms: int = 0) -> None:
-        worker = self._worker
-        report = self._next_report(rollout_id, version, state, phase, detail, until_ms)
-        await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
 
 
 def config_reviews(worker: WorkerAgent) -> ConfigReviews:
@@ -254,28 +199,30 @@ def _shown(offer: ConfigOffer) -> tuple[str, str]:
     return shown.name, shown.version
 
 
-def _tell(ctx: Context, message: object) -> None:
-    with contextlib.suppress(EdgeAgentError):  # (stopping, or a full mailbox: the leader offers it again)
-        ctx.self.tell(message)
-
-
 class ConfigTargetsPart(PartBase):
-    """The actor spawned into the started worker, config offers routed to it; an interrupted
-    apply is finished first."""
+    """The offer runner with configuration's module, spawned into the started worker, config
+    offers and cancels routed to it; an interrupted apply is finished first."""
 
     name = "config targets"
 
     def __init__(self, worker: WorkerAgent, key: Verifier, steps: ConfigSteps | None = None,
                  restart: Callable[[], None] | None = None) -> None:
         self._worker = worker
-        self.actor = ConfigOfferActor(worker, key, steps, restart)
+        self.module = ConfigModule(worker, key, steps, restart)
+
+        async def send(report: RolloutReport) -> None:
+            await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
+
+        self.runner = OfferRunner(self.module, device_id=worker.device_id, key=key, clock=worker.clock,
+                                  state_dir=worker.data_dir / "config", send=send, utc_offset_s=system_utc_offset_s)
+        self.module.runner = self.runner
         self.ref: ActorRef | None = None
 
     async def start(self) -> None:
         worker = self._worker
-        self.ref = worker.system.spawn(self.actor, name="config-offers", capacity=8, policy="reject",
+        self.ref = worker.system.spawn(self.runner, name="config-offers", capacity=8, policy="reject",
                                        stall_s=worker.config.mailbox.stall_s)
-        self.ref.tell(ResumeTargets())
+        self.ref.tell(Resume())
         worker.register_command(KIND_CONFIG_OFFER, ConfigOffer, self.ref)
         worker.register_command(KIND_CONFIG_CANCEL, RolloutCancel, self.ref)
 
@@ -283,4 +230,4 @@ class ConfigTargetsPart(PartBase):
         """Nothing of its own: its actor stops with the worker's."""
 
 
-__all__ = ["ConfigOfferActor", "ConfigTargetsPart", "ResumeTargets", "config_reviews"]
+__all__ = ["Checked", "ConfigModule", "ConfigTargetsPart", "config_reviews"]

@@ -6,35 +6,34 @@ beside the worker's. Nothing of the engine changes.
 
     a release   JSON {"name": "motd", "version": "1.1.0", "content": "..."} (`.file.json`)
     leader      admits it (checks the fields), offers it as `file.offer`, cancels as `file.cancel`
-    device      waits for its maintenance window (a timer and a message, canceled by a cancel),
-                writes `files/<name>` under the worker's data directory, reports each step
+    device      a module of the device's offer runner (`rollout_engine.device`: trust, the
+                maintenance window, cancels, the report sequence are the runner's): it writes
+                `files/<name>` under the worker's data directory
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import msgspec
 
-from agent.actors import Actor, ActorRef, Context
-from agent.core.clock import TimerHandle
+from agent.actors import ActorRef
 from agent.core.codec import encode
 from agent.core.errors import EdgeAgentError, RolloutError
 from agent.core.files import atomic_write
 from agent.service.parts import PartBase
 from agent.worker.actors import LEADER
 from agent.worker.agent import WorkerAgent
+from rollout_engine.device import Facts, OfferRunner, Rejected, Reporter, Resume
+from rollout_engine.keys import Verifier
 from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, Outgoing
-from rollout_engine.messages import ReportState, RolloutCancel, RolloutReport, report_message
+from rollout_engine.messages import RolloutCancel, RolloutReport, report_message
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
 from rollout_engine.version import Version
-from rollout_engine.windows import parse_window, window_wait
 
 log = logging.getLogger(__name__)
 
@@ -105,88 +104,62 @@ class FileKind:
         return set()
 
 
-# -- the worker part ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _WindowOpen:
-    rollout_id: str
+# -- the worker part: a module of the device's offer runner ---------------------------------------
+class FileModule:
+    """Writes the release's file under `directory` (its check: the release parses)."""
 
+    offer_type = FileOffer
 
-class FileOfferActor(Actor):
-    def __init__(self, worker: WorkerAgent) -> None:
-        self.worker = worker
-        self.directory = Path(worker.data_dir) / "files"
-        self._seq = 0
-        self._waiting: dict[str, tuple[FileOffer, TimerHandle]] = {}
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
 
-    async def receive(self, message: object, ctx: Context) -> None:
-        if isinstance(message, FileOffer):
-            await self._offer(message, ctx, window_open=False)
-        elif isinstance(message, _WindowOpen):
-            waiting = self._waiting.pop(message.rollout_id, None)
-            if waiting is not None:
-                await self._offer(waiting[0], ctx, window_open=True)
-        elif isinstance(message, RolloutCancel):
-            waiting = self._waiting.pop(message.rollout_id, None)
-            if waiting is not None:
-                waiting[1].cancel()
-                release = msgspec.json.decode(waiting[0].release, type=FileRelease)
-                await self._report(message.rollout_id, release.version, "canceled",
-                                   f"canceled while waiting for its window: {message.reason}")
-
-    async def on_stop(self, ctx: Context) -> None:
-        for _, timer in self._waiting.values():
-            timer.cancel()
-
-    async def _offer(self, offer: FileOffer, ctx: Context, *, window_open: bool) -> None:
-        rid = offer.rollout_id
+    def facts(self, offer: FileOffer) -> Facts:
         try:
-            release = parse(offer.release, f"the release of {rid}")
-            windows = [parse_window(w) for w in offer.maintenance_windows]
-        except (RolloutError, ValueError) as exc:
-            await self._report(rid, "", "rejected", str(exc))
-            return
-        clock = self.worker.clock
-        wait_s, until = window_wait(windows, clock.now_ms(), 0.0)
-        if wait_s > 0 and not window_open:
-            def open_window() -> None:
-                with contextlib.suppress(EdgeAgentError):
-                    ctx.self.tell(_WindowOpen(rid))
+            version = msgspec.json.decode(offer.release, type=FileRelease).version
+        except msgspec.DecodeError:
+            version = "?"
+        return Facts(rollout_id=offer.rollout_id, version=version, windows=offer.maintenance_windows, trust=b"")
 
-            self._waiting[rid] = (offer, clock.call_later(wait_s, open_window))
-            await self._report(rid, release.version, "waiting_window", until,
-                               until_ms=clock.now_ms() + int(wait_s * 1000))
-            return
-        await self._report(rid, release.version, "installing", f"writing {release.name}")
+    def check(self, offer: FileOffer) -> FileRelease:
+        try:
+            return parse(offer.release, f"the release of {offer.rollout_id}")
+        except RolloutError as exc:
+            raise Rejected(str(exc)) from None
+
+    async def apply(self, offer: FileOffer, release: FileRelease, report: Reporter) -> None:
+        rid = offer.rollout_id
+        await report(rid, release.version, "installing", "writing", f"writing {release.name}")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             atomic_write(self.directory / release.name, release.content.encode())
         except OSError as exc:
-            await self._report(rid, release.version, "failed", f"cannot write {release.name}: {exc.strerror}")
+            await report(rid, release.version, "failed", "failed", f"cannot write {release.name}: {exc.strerror}")
             return
-        await self._report(rid, release.version, "succeeded", f"{release.name} {release.version} written")
+        await report(rid, release.version, "succeeded", "written", f"{release.name} {release.version} written")
 
-    async def _report(self, rollout_id: str, version: str, state: ReportState, detail: str, *,
-                      until_ms: int = 0) -> None:
-        worker = self.worker
-        now = worker.clock.now_ms()
-        self._seq = max(self._seq + 1, now)
-        report = RolloutReport(device=worker.device_id, rollout_id=rollout_id, version=version, state=state,
-                               phase=state, detail=detail, ts_ms=now, seq=self._seq, until_ms=until_ms)
-        await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
+    async def resume(self, report: Reporter) -> None:
+        """Nothing to finish: a file is written whole or not at all."""
 
 
 class FilePart(PartBase):
-    """The kind's worker part: its actor, the offers and cancels routed to it."""
+    """The kind's worker part: the offer runner with its module, the offers and cancels routed to it."""
 
     name = "files"
 
-    def __init__(self, worker: WorkerAgent) -> None:
+    def __init__(self, worker: WorkerAgent, key: Verifier) -> None:
         self.worker = worker
+
+        async def send(report: RolloutReport) -> None:
+            await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
+
+        self.runner = OfferRunner(FileModule(Path(worker.data_dir) / "files"), device_id=worker.device_id, key=key,
+                                  clock=worker.clock, state_dir=Path(worker.data_dir) / "file-offers", send=send)
         self.ref: ActorRef | None = None
 
     async def start(self) -> None:
         worker = self.worker
-        self.ref = worker.system.spawn(FileOfferActor(worker), name="file-offers", capacity=8, policy="reject")
+        self.ref = worker.system.spawn(self.runner, name="file-offers", capacity=8, policy="reject")
+        self.ref.tell(Resume())
         worker.register_command(KIND_FILE_OFFER, FileOffer, self.ref)
         worker.register_command(KIND_FILE_CANCEL, RolloutCancel, self.ref)
 

@@ -24,6 +24,7 @@ from agent.leader.env import GatewayEnv
 from agent.leader.rollout import RolloutService, rollout_part
 from agent.leader.rollout_kinds import ROLLOUT_KINDS, KindEntry
 from agent.worker.agent import WorkerAgent
+from rollout_engine.keys import SigningKey
 from rollout_engine.spec import StartControl, spec_from_dict
 from rollout_engine.store import TERMINAL
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from e2e.agent_support import config, until, worker
 
 pytestmark = [pytest.mark.mqtt, pytest.mark.timeout(300)]
+KEY = SigningKey.generate().public  # the fleet's key the devices pin (this kind signs nothing)
 NAMES = tuple(f"w{i}" for i in range(6))
 BROKEN = ("w4", "w5")  # their files/ is a file: a write there fails
 
@@ -67,7 +69,7 @@ async def test_a_new_kind_rolls_out_in_waves_aborts_on_failures_and_is_canceled(
             if name in BROKEN:
                 (tmp_path / name).mkdir(parents=True, exist_ok=True)
                 (tmp_path / name / "files").write_text("not a directory")
-            part = FilePart(agent)  # the one part
+            part = FilePart(agent, KEY)  # the one part
             await agent.start()
             await part.start()
             workers.append(agent)
@@ -131,7 +133,7 @@ async def test_a_new_kind_rolls_out_in_waves_aborts_on_failures_and_is_canceled(
         await until(clock, lambda: finished("motd-3"), limit_s=120, what="motd-3 canceled on the devices")
         devices = {d.device_id: d for d in store.devices("motd-3")}
         assert {n: d.state for n, d in devices.items()} == dict.fromkeys(good, "canceled")
-        assert all(d.detail.startswith("canceled while waiting for its window: canceled by operator")
+        assert all(d.detail == "canceled while waiting for its maintenance window: canceled by operator"
                    for d in devices.values()), [d.detail for d in devices.values()]
         assert [written(tmp_path, n) for n in good] == ["hello\n"] * 4
     finally:

@@ -14,7 +14,7 @@ from e2e.agent_support import worker
 
 from agent.core.clock import VirtualClock
 from agent.transport.memory import MemoryBroker
-from agent.worker.config_targets import ConfigOfferActor, ConfigTargetsPart
+from agent.worker.config_targets import ConfigTargetsPart
 from config_rollout.layers import LayerValue
 from config_rollout.messages import ConfigOffer
 from config_rollout.release import build_release
@@ -42,8 +42,8 @@ async def test_an_offer_waits_for_its_window_and_a_cancel_drops_one_still_waitin
         "config_targets": {"app": {"directory": str(etc), "settle_s": 0, "confirm_s": 5}}})
     part = ConfigTargetsPart(device, KEY.public)
     await part.start()
-    actor, ref = part.actor, part.ref
-    assert isinstance(actor, ConfigOfferActor) and ref is not None
+    runner, ref = part.runner, part.ref
+    assert ref is not None
     reports: list[tuple[str, str, str, int]] = []
 
     async def report(rollout_id: str, version: str, state: str, phase: str, detail: str, *, until_ms: int = 0) -> None:
@@ -52,9 +52,9 @@ async def test_an_offer_waits_for_its_window_and_a_cancel_drops_one_still_waitin
     async def fine() -> str:
         return ""
 
-    actor._report = report  # type: ignore[method-assign]
-    actor._host_check = lambda *args: fine  # type: ignore[method-assign]  # (no leader on this broker)
-    actor._utc_offset_s = lambda: 0.0
+    runner.report = report  # type: ignore[method-assign]
+    part.module._host_check = lambda *args: fine  # type: ignore[method-assign]  # (no leader on this broker)
+    runner._utc_offset_s = lambda: 0.0
     try:
         second = clock.now_ms() // 1000 % 86_400
         opens = (second // 3600 + 2) % 24  # a window two to three hours from now

@@ -19,7 +19,7 @@ from agent.leader.env import GatewayEnv
 from agent.leader.rollout import fleet_keys as leader_fleet_keys
 from agent.leader.rollout import rollout_part
 from agent.transport.memory import MemoryBroker
-from agent.worker.config_targets import ConfigOfferActor, ConfigTargetsPart
+from agent.worker.config_targets import ConfigTargetsPart
 from agent.worker.fleet_keys import fleet_keys
 from config_rollout.messages import ConfigOffer
 from config_rollout.release import build_release
@@ -56,8 +56,8 @@ async def test_a_device_takes_the_trust_document_from_its_offers(tmp_path: Path,
     assert isinstance(keys, TrustedKeys) and keys.version == 0
     part = ConfigTargetsPart(device, keys)
     await part.start()
-    actor, ref = part.actor, part.ref
-    assert isinstance(actor, ConfigOfferActor) and ref is not None
+    runner, ref = part.runner, part.ref
+    assert ref is not None
     reports: list[tuple[str, str, str]] = []
 
     async def report(rollout_id: str, version: str, state: str, phase: str, detail: str, *, until_ms: int = 0) -> None:
@@ -66,8 +66,8 @@ async def test_a_device_takes_the_trust_document_from_its_offers(tmp_path: Path,
     async def fine() -> str:
         return ""
 
-    actor._report = report  # type: ignore[method-assign]
-    actor._host_check = lambda *args: fine  # type: ignore[method-assign]  # (no leader on this broker)
+    runner.report = report  # type: ignore[method-assign]
+    part.module._host_check = lambda *args: fine  # type: ignore[method-assign]  # (no leader on this broker)
     now = clock.now_ms()
     try:
         ref.tell(ConfigOffer(rollout_id="r1", release=release(tmp_path, "1.1.0", "port = 2\n", K1)))
