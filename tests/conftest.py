@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# helpers shared by the firmware tests and the simulator's and CLI's rollout tests
+# helpers shared by the firmware tests, the engine's, and the simulator's and CLI's rollout tests
 sys.path.insert(0, str(Path(__file__).resolve().parent / "firmware_rollout"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "rollout_engine"))
 
 from mosquitto import Mosquitto, MosquittoMissing
 from nginx_mirror import NginxMirror, NginxMissing

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "firmware_rollout"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout_engine"))
 
 from rollout_support import FakePort, engine_kinds, spec_data
 
