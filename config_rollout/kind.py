@@ -35,7 +35,8 @@ def describe_release(path: Path) -> Described:
         raise RolloutError(f"config release {path}: {getattr(exc, 'strerror', None) or exc}") from None
     n = len(m.documents)
     return Described(name=m.name, version=m.version, size=sum(d.size for d in m.documents),
-                     what=f"config release for target {m.name}: {n} document{'s' if n != 1 else ''}")
+                     what=f"config release for target {m.name}: {n} document{'s' if n != 1 else ''}",
+                     installs=f"config release {m.name} {m.version}")
 
 
 CONFIG = KindTraits(name="config", installs="config release", cancel_kind=KIND_CONFIG_CANCEL,

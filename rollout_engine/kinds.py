@@ -37,6 +37,7 @@ class Described:
     version: str
     size: int  # bytes a device takes in
     what: str  # in a few words: "firmware: 12 chunks", "config release for target app: 2 documents"
+    installs: str  # what `rollout start` says a rollout of it installs: "version 1.1.0"
     rollback: bool = False  # signed as a rollback: it may go below what a device holds
     rollback_from: tuple[str, ...] = ()  # the versions a rollback replaces
 

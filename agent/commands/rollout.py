@@ -177,8 +177,7 @@ def _start(store: Any, args: argparse.Namespace) -> int:
         return 0
     control = store.add_control(rid, "start", StartControl(spec=spec, waves=plan.waves).to_json().decode(),
                                 actor=cli_actor())
-    installs = f"{traits.installs} {manifest.name} {manifest.version}"
-    print(f"rollout {rid}: {installs} from {spec.rollout.artifact}")
+    print(f"rollout {rid}: {manifest.installs} from {spec.rollout.artifact}")
     print(plan.summary())
     return _await_control(store, control, args.no_wait, args.wait)
 

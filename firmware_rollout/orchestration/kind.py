@@ -29,8 +29,8 @@ def describe_artifact(path: Path) -> Described:
         raise RolloutError(f"artifact {path}: {exc}") from None
     what = (f"firmware rollback of {', '.join(m.rollback_from)}" if m.rollback
             else f"firmware: {len(m.chunks)} chunks")
-    return Described(name=m.name, version=m.version, size=m.size, what=what, rollback=m.rollback,
-                     rollback_from=tuple(m.rollback_from))
+    return Described(name=m.name, version=m.version, size=m.size, what=what, installs=f"version {m.version}",
+                     rollback=m.rollback, rollback_from=tuple(m.rollback_from))
 
 
 def check_downgrade(artifact: Described, source: str, targets: Sequence[DeviceInfo]) -> list[str]:

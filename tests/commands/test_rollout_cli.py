@@ -118,8 +118,16 @@ def test_user_mistakes_exit_2_with_one_line(leader: tuple[Path, Path], tmp_path:
     db, spec = leader
     bad = tmp_path / "bad.toml"
     bad.write_text(SPEC.replace("counts = [2]", "counts = [2]\npercents = [100]"))
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text(SPEC.replace('[rollout]', '[rollout]\nkind = "apps"'))
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(SPEC.replace('[rollout]', '[rollout]\nkind = "config"\ndownload_only = true'))
     cases = [
         (["rollout", "start", str(bad), "--db", str(db)], "waves: give exactly one"),
+        (["rollout", "start", str(unknown), "--db", str(db)],
+         f"{unknown}: rollout.kind: 'apps' is not a rollout kind: the kinds are config, firmware"),
+        (["rollout", "start", str(wrong), "--db", str(db)],
+         f'{wrong}: rollout.download_only: a config release rollout applies at once (kind = "config")'),
         (["rollout", "start", str(spec)], "--db"),
         (["rollout", "status", "--db", str(tmp_path / "missing.db")], "no leader database"),
         (["rollout", "pause", "nope", "--db", str(db)], "no rollout 'nope'"),

@@ -63,7 +63,7 @@ def describe(path: Path) -> Described:
     except OSError as exc:
         raise RolloutError(f"file release {path}: {exc.strerror}") from None
     return Described(name=release.name, version=release.version, size=len(release.content.encode()),
-                     what=f"file {release.name}")
+                     what=f"file {release.name}", installs=f"file {release.name} {release.version}")
 
 
 FILE = KindTraits(name="file", installs="file", cancel_kind=KIND_FILE_CANCEL, describe=describe,
