@@ -3,7 +3,8 @@
 firmware and configuration: the real orchestrator of a real leader rolls it out in waves to real
 workers over mosquitto; a wave whose devices fail aborts the rollout before its next wave is
 offered; an operator's cancel reaches the devices waiting for their maintenance window, under the
-kind's own cancel name, and each reports `canceled`."""
+kind's own cancel name, and each reports `canceled`. A report under the name agents not updated
+yet send it by (`firmware.report`) is still taken."""
 
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ from mosquitto import Mosquitto
 
 from agent.app import make_transport
 from agent.core.clock import SystemClock
+from agent.core.codec import encode
 from agent.leader.agent import LeaderAgent
 from agent.leader.env import GatewayEnv
 from agent.leader.rollout import RolloutService, rollout_part
 from agent.leader.rollout_kinds import ROLLOUT_KINDS, KindEntry
+from agent.outbox.types import OutboxMessage
+from agent.worker.actors import LEADER
 from agent.worker.agent import WorkerAgent
+from firmware_rollout.messages import KIND_UPDATE_REPORT
 from rollout_engine.keys import SigningKey
+from rollout_engine.messages import RolloutReport
 from rollout_engine.spec import StartControl, spec_from_dict
 from rollout_engine.store import TERMINAL
 
@@ -136,6 +142,20 @@ async def test_a_new_kind_rolls_out_in_waves_aborts_on_failures_and_is_canceled(
         assert all(d.detail == "canceled while waiting for its maintenance window: canceled by operator"
                    for d in devices.values()), [d.detail for d in devices.values()]
         assert [written(tmp_path, n) for n in good] == ["hello\n"] * 4
+
+        # an agent not updated yet reports under the older name, "firmware.report": still taken
+        w0 = workers[0]
+        old = RolloutReport(device="w0", rollout_id="motd-3", version="1.2.0", state="canceled", phase="canceled",
+                            detail="said by an agent not updated yet", ts_ms=clock.now_ms(),
+                            seq=devices["w0"].report_seq + 1)
+        await w0.outbox.enqueue(OutboxMessage(msg_id=w0.ids.next(), owner="w0", receiver=LEADER,
+                                              kind=KIND_UPDATE_REPORT, payload=encode(old)))
+
+        def heard() -> bool:
+            row = store.device("motd-3", "w0")
+            return row is not None and row.detail == "said by an agent not updated yet"
+
+        await until(clock, heard, limit_s=60, what="the report under its older name applied")
     finally:
         for agent in workers:
             await agent.stop()
