@@ -793,6 +793,19 @@ class RolloutReads:
         self.present = all(int(conn.execute(has_table(self._dialect, t)).fetchone()[0])
                            for t in ("rollouts", "rollout_devices"))
 
+    def lease(self, name: str) -> LeaseRow | None:
+        """Lease `name` as last written (None: never taken, or a database without leases:
+        `leader.db`, whose one leader runs the orchestrator)."""
+        if not int(self._conn.execute(has_table(self._dialect, "rollout_lease")).fetchone()[0]):
+            return None
+        rows = self._conn.execute("SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM rollout_lease"
+                                  " WHERE name = ?", (name,)).fetchall()
+        if not rows or not rows[0][0]:
+            return None
+        holder, token, expires_ms, acquired_ms, ticked_ms = rows[0]
+        return LeaseRow(str(holder), int(token), int(expires_ms), int(acquired_ms),
+                        None if ticked_ms is None else int(ticked_ms))
+
     def devices_in(self, rollout_id: str) -> list[str]:
         """The devices a rollout includes."""
         if not self.present:

@@ -428,9 +428,11 @@ class LeaderAgent(PartBase):
         checks = agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
                               data_dir=self.data_dir, relay_running=lambda: relay.running, reserve=self.reserve)
         if self.jobs_queue.on_postgres:  # the loop that keeps, takes and tends the fleet's job queue
-            from agent.service.checks import task_check
+            from agent.service.checks import lease_check
 
-            checks["job queue"] = task_check(lambda: self._jobs_task)
+            queue = self.jobs_queue
+            checks["job queue"] = lease_check(lambda: self._jobs_task,
+                                              held_by=lambda: None if queue.held else queue.lease_holder)
         return checks
 
     def collectors(self) -> Collectors:

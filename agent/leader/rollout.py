@@ -47,7 +47,7 @@ from agent.leader.registry import DeviceRecord
 from agent.leader.rollout_kinds import ROLLOUT_KINDS, KindEntry
 from agent.outbox.types import OutboxMessage
 from agent.protocol import KIND_HEARTBEAT_PACE, ConfigState, HeartbeatPace
-from agent.service.checks import Check, problem_check, task_check
+from agent.service.checks import Check, lease_check, problem_check, task_check
 from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
 from agent.service.prom import Collector, MetricFamily, family
@@ -58,7 +58,7 @@ from firmware_rollout.orchestration.chunk_server import ConfigServerPool
 from rollout_engine.errors import ReportRefused
 from rollout_engine.keys import Verifier
 from rollout_engine.kinds import Outgoing
-from rollout_engine.lease import OrchestratorLease
+from rollout_engine.lease import OrchestratorLease, lease_of
 from rollout_engine.messages import KIND_ROLLOUT_REPORT, RolloutReport
 from rollout_engine.orchestrator import Orchestrator
 from rollout_engine.plan import DeviceInfo
@@ -328,6 +328,19 @@ class RolloutService(PartBase):
                 self._task = None
             await self.clock.sleep(renew_s)
 
+    def _lease_held_by(self) -> str | None:
+        """None while this leader runs the orchestrator; else the leader holding its lease ("":
+        none, or the database cannot say now)."""
+        if self.orchestrating:
+            return None
+        try:
+            row = lease_of(self.store)
+        except StoreError:
+            return ""
+        if row is None or row.expires_ms <= self.clock.now_ms():
+            return ""
+        return row.holder
+
     @property
     def orchestrating(self) -> bool:
         """This leader runs the orchestrator (always, on leader.db)."""
@@ -336,8 +349,10 @@ class RolloutService(PartBase):
     def checks(self) -> Checks:
         """The orchestrator's loop (on PostgreSQL: the lease loop that runs it) is running; the
         artifact server listens when `[artifacts] listen` is set."""
-        found: dict[str, Check] = {"rollout orchestrator": task_check(
-            lambda: self._task if self.lease is None else self._lead_task)}
+        if self.lease is None:
+            found: dict[str, Check] = {"rollout orchestrator": task_check(lambda: self._task)}
+        else:
+            found = {"rollout orchestrator": lease_check(lambda: self._lead_task, held_by=self._lease_held_by)}
         if self._serve_http:
             found["artifact server"] = problem_check(lambda: self.http_problem, up="listening")
         return found

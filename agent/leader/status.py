@@ -19,6 +19,7 @@ from agent.leader.config_pending import fleet_compliance
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
 from agent.leader.registry import LEADER_QUIET_S
+from rollout_engine.lease import LEASE_NAME
 
 DEFAULT_STALE_AFTER_S = 30.0
 
@@ -50,6 +51,11 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     # leader -> devices it served last (its newest heartbeat or birth); several when they share
     # a PostgreSQL registry
     leaders: dict[str, int] = msgspec.field(default_factory=dict)
+    # several leaders on PostgreSQL: the leader that took the orchestrator lease last, since when,
+    # and until when it holds it (past: none holds it now, a leader stopped or died)
+    rollouts_run_by: str = ""
+    rollouts_since_ms: int | None = None
+    rollouts_until_ms: int | None = None
     # device certificates on record for a name no device may hold: a leader of the registry, or a
     # broker client id (`doctor --config` checks the operators and claims of a leader's config too)
     reserved_certs: list[str] = msgspec.field(default_factory=list)
@@ -88,13 +94,16 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                          age_s=None if last_seen is None else round((now - last_seen) / 1000.0, 3), online=is_online)
              for device_id, last_seen, is_online in stale_rows]
     alive = registry.leader_alive_ms()
+    lease = db.rollouts.lease(LEASE_NAME)
     return FleetStatus(generated_ms=now, total=total, online=online, offline=total - online,
                        versions=registry.versions(), stale_after_s=stale_after_s, stale_by_deadline=own,
                        stale_count=stale_count, stale=stale,
                        jobs=db.jobs.counts(), leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
                        config=fleet_compliance(db, now), leaders=registry.leaders(),
-                       reserved_certs=_reserved_certs(db))
+                       reserved_certs=_reserved_certs(db), rollouts_run_by=lease.holder if lease else "",
+                       rollouts_since_ms=lease.acquired_ms if lease else None,
+                       rollouts_until_ms=lease.expires_ms if lease else None)
 
 
 def _reserved_certs(db: LeaderDb) -> list[str]:
@@ -120,6 +129,13 @@ def format_status(summary: FleetStatus) -> str:
                         + ", ".join(summary.reserved_certs) + " (edge-agent devices revoke them at once)")
     if len(summary.leaders) > 1:
         lines.append("leaders: " + ", ".join(f"{leader} serves {n}" for leader, n in summary.leaders.items()))
+    if summary.rollouts_run_by and summary.rollouts_until_ms is not None:
+        if summary.rollouts_until_ms > summary.generated_ms:
+            lines.append(f"rollouts: run by leader {summary.rollouts_run_by} since"
+                         f" {utc_iso(summary.rollouts_since_ms or 0)}")
+        else:
+            lines.append(f"rollouts: no leader runs them now: the orchestrator lease of leader"
+                         f" {summary.rollouts_run_by} ran out at {utc_iso(summary.rollouts_until_ms)}")
     if summary.versions:
         lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
     if summary.stale_by_deadline:

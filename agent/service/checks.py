@@ -65,6 +65,25 @@ def task_check(task: Callable[[], asyncio.Task[object] | None] | asyncio.Task[ob
     return check
 
 
+def lease_check(task: Callable[[], asyncio.Task[object] | None], *, held_by: Callable[[], str | None]) -> Check:
+    """A singleton of several leaders (the rollout orchestrator, the job queue): healthy while
+    the loop that holds or waits for its lease runs (`task`), saying whether this leader runs it
+    or stands by; `held_by()` names the holder when it is another leader ("" when none holds it,
+    None when this one does)."""
+    running = task_check(task)
+
+    async def check() -> CheckResult:
+        ok, detail = await running()
+        if not ok:
+            return ok, detail
+        holder = held_by()
+        if holder is None:
+            return True, "running: this leader holds the lease"
+        return True, f"standing by: {f'leader {holder} holds the lease' if holder else 'no leader holds the lease'}"
+
+    return check
+
+
 def _human(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":

@@ -290,7 +290,8 @@ async def test_two_leaders_on_postgresql_share_one_job_queue_and_hand_it_over(
                for i in range(4)]
     try:
         assert (gw1.jobs_queue.held, gw2.jobs_queue.held) == (True, False)
-        assert await gw1.checks()["job queue"]() == (True, "running")
+        assert await gw1.checks()["job queue"]() == (True, "running: this leader holds the lease")
+        assert await gw2.checks()["job queue"]() == (True, "standing by: leader gw1 holds the lease")
         await until(clock, lambda: len(gw1.jobs_queue.workers()) == 4, what="every worker's demand at gw1")
         await gw1.submit_jobs([JobSubmit(job_id=f"j{n:02d}", kind="sleep", payload=b"2") for n in range(24)])
         await until(clock, lambda: gw1.jobs_queue.stats().confirmed >= 4, what="some jobs confirmed")
@@ -300,8 +301,40 @@ async def test_two_leaders_on_postgresql_share_one_job_queue_and_hand_it_over(
         assert gw2.jobs_queue.epoch == epoch + 1
         await until(clock, lambda: gw2.jobs_queue.counts()["confirmed"] == 24, what="every job confirmed")
         assert gw2.jobs_queue.counts() == {"pending": 0, "confirmed": 24}
-        assert await gw2.checks()["job queue"]() == (True, "running")
+        assert await gw2.checks()["job queue"]() == (True, "running: this leader holds the lease")
         # the results workers gave gw2 while gw1 ran the queue were posted for gw1, not refused
         assert gw2.leader_stats is not None and gw2.leader_stats.stats.results.get("posted", 0) > 0
     finally:
         await stop_all(*workers, gw2, clock=clock)
+
+
+async def test_a_standby_leader_says_it_stands_by_and_status_names_who_runs_the_rollouts(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path, pg_url: str
+) -> None:
+    """Two leaders on one PostgreSQL database: /healthz of the one without the orchestrator lease
+    says it stands by and who holds it (not "running" like the holder); `status` names the
+    holder; when the holder stops, the other takes the rollouts and says so."""
+    from agent.leader.env import GatewayEnv
+    from agent.leader.rollout import rollout_part
+    from agent.leader.status import format_status, summarize
+
+    group = {"shared_group": "leaders", "database": pg_url, "rollout_lease_s": 15.0}
+    gw1 = await leader(clock, tmp_path, broker=broker, name="gw1", leader=group)
+    first = await rollout_part(gw1, GatewayEnv(rollout_poll_s=1.0))
+    await first.start()
+    await until(clock, lambda: first.orchestrating, what="gw1 running the rollouts")
+    gw2 = await leader(clock, tmp_path, broker=broker, name="gw2", leader=group)
+    second = await rollout_part(gw2, GatewayEnv(rollout_poll_s=1.0))
+    await second.start()
+    try:
+        await clock.advance(1)
+        assert await first.checks()["rollout orchestrator"]() == (True, "running: this leader holds the lease")
+        assert await second.checks()["rollout orchestrator"]() == (True, "standing by: leader gw1 holds the lease")
+        assert "rollouts: run by leader gw1 since " in format_status(summarize(pg_url, clock=clock))
+        await first.stop()  # it gives the lease up: gw2 takes it at its next renewal
+        await until(clock, lambda: second.orchestrating, what="gw2 running the rollouts")
+        assert await second.checks()["rollout orchestrator"]() == (True, "running: this leader holds the lease")
+        assert "rollouts: run by leader gw2 since " in format_status(summarize(pg_url, clock=clock))
+    finally:
+        await second.stop()
+        await stop_all(gw1, gw2, clock=clock)

@@ -74,6 +74,18 @@ def test_format_status_text(fleet_db: tuple[Path, VirtualClock]) -> None:
     assert "jobs: 1 pending, 2 confirmed (1 failed), queue epoch 1" in text
 
 
+def test_status_says_which_leader_runs_the_rollouts_and_when_none_does() -> None:
+    """Several leaders on PostgreSQL: the holder of the orchestrator lease, since when; a lease run
+    out (its holder stopped or died) says so instead of naming a leader that runs nothing."""
+    summary = FleetStatus(generated_ms=1_700_000_100_000, total=0, online=0, offline=0, rollouts_run_by="gw-2",
+                          rollouts_since_ms=1_700_000_000_000, rollouts_until_ms=1_700_000_105_000)
+    assert "rollouts: run by leader gw-2 since 2023-11-14T22:13:20Z" in format_status(summary)
+    dead = msgspec.structs.replace(summary, rollouts_until_ms=1_700_000_090_000)
+    assert ("rollouts: no leader runs them now: the orchestrator lease of leader gw-2 ran out at"
+            " 2023-11-14T22:14:50Z") in format_status(dead)
+    assert "rollouts:" not in format_status(FleetStatus(generated_ms=1, total=0, online=0, offline=0))  # leader.db
+
+
 def test_status_command_prints_text_and_json(fleet_db: tuple[Path, VirtualClock],
                                              capsys: pytest.CaptureFixture[str]) -> None:
     path, clock = fleet_db
