@@ -1001,6 +1001,14 @@ class RegistryReads:
         """The leaders that marked themselves alive in this registry (their rows are not devices)."""
         return {str(r[0]) for r in self._conn.execute("SELECT name FROM registry_leaders")}
 
+    def leaders_alive_ms(self) -> dict[str, int]:
+        """Each leader of this registry, with when it last marked itself alive (none from a
+        registry older than the table)."""
+        if not int(self._conn.execute(has_table(self.dialect, "registry_leaders")).fetchone()[0]):
+            return {}
+        return {str(name): int(at) for name, at in self._conn.execute(
+            "SELECT name, alive_ms FROM registry_leaders ORDER BY name")}
+
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""
         return {str(d): int(n) for d, n in self._conn.execute("SELECT device_id, telemetry_count FROM devices")}

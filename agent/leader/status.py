@@ -51,6 +51,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     # leader -> devices it served last (its newest heartbeat or birth); several when they share
     # a PostgreSQL registry
     leaders: dict[str, int] = msgspec.field(default_factory=dict)
+    # leader -> when it last marked itself alive (each marks itself every 30 s while it runs)
+    leaders_alive_ms: dict[str, int] = msgspec.field(default_factory=dict)
     # several leaders on PostgreSQL: the leader that took the orchestrator lease last, since when,
     # and until when it holds it (past: none holds it now, a leader stopped or died)
     rollouts_run_by: str = ""
@@ -101,6 +103,7 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        jobs=db.jobs.counts(), leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
                        config=fleet_compliance(db, now), leaders=registry.leaders(),
+                       leaders_alive_ms=registry.leaders_alive_ms(),
                        reserved_certs=_reserved_certs(db), rollouts_run_by=lease.holder if lease else "",
                        rollouts_since_ms=lease.acquired_ms if lease else None,
                        rollouts_until_ms=lease.expires_ms if lease else None)
@@ -112,6 +115,17 @@ def _reserved_certs(db: LeaderDb) -> list[str]:
     leaders = db.registry.leader_names()
     return [name for name in db.identities.approved_names()
             if reserved_reason(name, leaders=leaders, operators=(), claims=(), reserved=())]
+
+
+def _leader(summary: FleetStatus, name: str) -> str:
+    """One leader of several: how many devices it served last, and whether it still marks itself
+    alive (silent for `LEADER_QUIET_S`: it stopped or died; its devices move to the others at
+    their next heartbeat)."""
+    text = f"{name} serves {summary.leaders.get(name, 0)}"
+    alive = summary.leaders_alive_ms.get(name)
+    if alive is not None and summary.generated_ms - alive > LEADER_QUIET_S * 1000:
+        text += f" (silent for {format_age((summary.generated_ms - alive) / 1000.0)}: not running)"
+    return text
 
 
 def format_status(summary: FleetStatus) -> str:
@@ -127,8 +141,9 @@ def format_status(summary: FleetStatus) -> str:
     if summary.reserved_certs:
         lines.insert(0, "RESERVED: a device certificate is on record for a name no device may hold: "
                         + ", ".join(summary.reserved_certs) + " (edge-agent devices revoke them at once)")
-    if len(summary.leaders) > 1:
-        lines.append("leaders: " + ", ".join(f"{leader} serves {n}" for leader, n in summary.leaders.items()))
+    if len(summary.leaders) > 1 or len(summary.leaders_alive_ms) > 1:
+        lines.append("leaders: " + ", ".join(_leader(summary, name)
+                                             for name in sorted({*summary.leaders, *summary.leaders_alive_ms})))
     if summary.rollouts_run_by and summary.rollouts_until_ms is not None:
         if summary.rollouts_until_ms > summary.generated_ms:
             lines.append(f"rollouts: run by leader {summary.rollouts_run_by} since"

@@ -86,6 +86,16 @@ def test_status_says_which_leader_runs_the_rollouts_and_when_none_does() -> None
     assert "rollouts:" not in format_status(FleetStatus(generated_ms=1, total=0, online=0, offline=0))  # leader.db
 
 
+def test_status_says_which_of_several_leaders_has_gone_silent() -> None:
+    """Each leader marks itself alive every 30 s: one silent for 90 s is shown as not running,
+    beside the devices it served last (they move to the others at their next heartbeat)."""
+    now = 1_700_000_100_000
+    summary = FleetStatus(generated_ms=now, total=10, online=10, offline=0, leaders={"gw-1": 7, "gw-2": 3},
+                          leaders_alive_ms={"gw-1": now - 300_000, "gw-2": now - 20_000, "gw-3": now - 5_000})
+    assert "leaders: gw-1 serves 7 (silent for 5m00s: not running), gw-2 serves 3, gw-3 serves 0" in \
+        format_status(summary)
+
+
 def test_status_command_prints_text_and_json(fleet_db: tuple[Path, VirtualClock],
                                              capsys: pytest.CaptureFixture[str]) -> None:
     path, clock = fleet_db
