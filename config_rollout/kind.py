@@ -16,21 +16,21 @@ from agent.protocol import ConfigState
 from config_rollout.errors import ConfigReleaseError
 from config_rollout.layers import LayerValue
 from config_rollout.messages import KIND_CONFIG_CANCEL, KIND_CONFIG_OFFER, OFFER_RELEASE_MAX, ConfigOffer
-from config_rollout.release import SUFFIX, ConfigRelease, parse_release, peek_release
+from config_rollout.release import MAGIC, MANIFEST_MAX, SUFFIX, ConfigRelease, parse_release, peek_release
 from rollout_engine.keys import Verifier
 from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, Outgoing
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
 from rollout_engine.version import Version
 
-READ_MAX = 64 * 1024 * 1024  # what `describe` reads of a file at most
+HEAD_MAX = len(MAGIC) + 4 + MANIFEST_MAX  # what `describe` reads of a file: the manifest at most
 
 
 def describe_release(path: Path) -> Described:
     """A config release's manifest, read (not verified)."""
     try:
         with path.open("rb") as f:
-            m = peek_release(f.read(READ_MAX))
+            m = peek_release(f.read(HEAD_MAX))
     except (ConfigReleaseError, OSError) as exc:
         raise RolloutError(f"config release {path}: {getattr(exc, 'strerror', None) or exc}") from None
     n = len(m.documents)
@@ -60,9 +60,12 @@ def keep_release(keys: Verifier | None, directory: Path, source: str) -> tuple[C
         release = parse_release(data, keys, source=source, max_document_bytes=OFFER_RELEASE_MAX)
     except ConfigReleaseError as exc:
         raise RolloutError(str(exc)) from None
-    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
     kept = directory / f"{release.release_id[:32]}{SUFFIX}"
-    atomic_write(kept, data, mode=0o640)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        atomic_write(kept, data, mode=0o640)
+    except OSError as exc:
+        raise RolloutError(f"config release {source}: cannot keep it as {kept}: {exc.strerror or exc}") from None
     return release, kept, data
 
 
@@ -100,15 +103,13 @@ class ConfigKind:
                                f" the old content under a version above {undone.version} (versions only increase)")
         return Admitted(version=release.version, artifact=str(kept), release=data)
 
+    def _holding(self, target: str) -> dict[str, ConfigState]:
+        """device -> what its target `target` holds, as its heartbeats say."""
+        return {device: held[target] for device, (_, held) in self.fleet.config_states().items() if target in held}
+
     def held(self, release: bytes, devices: Sequence[DeviceInfo]) -> dict[str, str]:
-        target = peek_release(release).name
-        states = self.fleet.config_states()
-        found = {}
-        for d in devices:
-            state = states.get(d.device_id, ((), {}))[1].get(target)
-            if state is not None:
-                found[d.device_id] = state.version
-        return found
+        holding = self._holding(peek_release(release).name)
+        return {d.device_id: holding[d.device_id].version for d in devices if d.device_id in holding}
 
     def offers(self, r: RolloutRow, devices: Sequence[DeviceRow], context: OfferContext) -> list[Outgoing]:
         values_of: dict[str, tuple[LayerValue, ...]] = {}
@@ -124,13 +125,9 @@ class ConfigKind:
 
     def in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
         shown = peek_release(release)  # (verified when the rollout started)
-        states = self.fleet.config_states()
-        found = set()
-        for device in devices:
-            held = states.get(device, ((), {}))[1].get(shown.name)
-            if held is not None and held.version == shown.version and held.state == "committed" and not held.drifted:
-                found.add(device)
-        return found
+        holding = self._holding(shown.name)
+        return {device for device in devices if (held := holding.get(device)) is not None
+                and held.version == shown.version and held.state == "committed" and not held.drifted}
 
 
 __all__ = ["CONFIG", "ConfigFleet", "ConfigKind", "LayerValues", "describe_release", "keep_release"]

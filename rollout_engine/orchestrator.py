@@ -109,7 +109,7 @@ class Orchestrator:
         self.port = port
         self.poll_s = poll_s
         self._on_change = on_change
-        self._unknown_kinds: set[str] = set()  # rollouts of a kind this leader lacks (said once each)
+        self._kindless: set[str] = set()  # rollouts of a kind this leader lacks (said once each)
         self._paced: set[tuple[str, int]] = set()  # soaking waves whose devices were asked for fast heartbeats
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -470,8 +470,8 @@ class Orchestrator:
             infos = {d.device_id: d for d in self.port.devices()}
             for r in active:
                 if r.spec.rollout.kind not in self.kinds:
-                    if r.id not in self._unknown_kinds:
-                        self._unknown_kinds.add(r.id)
+                    if r.id not in self._kindless:
+                        self._kindless.add(r.id)
                         log.error("rollout %s is of kind %r, which this leader does not know: it waits for a"
                                   " leader that does", r.id, r.spec.rollout.kind)
                     continue

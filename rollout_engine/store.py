@@ -771,15 +771,19 @@ class RolloutStore(Store):
 
     def lease(self, name: str) -> LeaseRow | None:
         """Lease `name` (None: never taken, or a database without leases: `leader.db`)."""
-        if not self.on_postgres:
-            return None
-        rows = self._q("SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM rollout_lease WHERE name = ?",
-                       (name,))
-        if not rows or not rows[0][0]:
-            return None
-        holder, token, expires_ms, acquired_ms, ticked_ms = rows[0]
-        return LeaseRow(str(holder), int(token), int(expires_ms), int(acquired_ms),
-                        None if ticked_ms is None else int(ticked_ms))
+        return _lease_row(self._q(_LEASE_SQL, (name,))) if self.on_postgres else None
+
+
+_LEASE_SQL = "SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM rollout_lease WHERE name = ?"
+
+
+def _lease_row(rows: Sequence[Sequence[Any]]) -> LeaseRow | None:
+    """The lease `_LEASE_SQL` read (None: no row, or one never taken)."""
+    if not rows or not rows[0][0]:
+        return None
+    holder, token, expires_ms, acquired_ms, ticked_ms = rows[0]
+    return LeaseRow(str(holder), int(token), int(expires_ms), int(acquired_ms),
+                    None if ticked_ms is None else int(ticked_ms))
 
 
 class RolloutReads:
@@ -798,13 +802,7 @@ class RolloutReads:
         `leader.db`, whose one leader runs the orchestrator)."""
         if not int(self._conn.execute(has_table(self._dialect, "rollout_lease")).fetchone()[0]):
             return None
-        rows = self._conn.execute("SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM rollout_lease"
-                                  " WHERE name = ?", (name,)).fetchall()
-        if not rows or not rows[0][0]:
-            return None
-        holder, token, expires_ms, acquired_ms, ticked_ms = rows[0]
-        return LeaseRow(str(holder), int(token), int(expires_ms), int(acquired_ms),
-                        None if ticked_ms is None else int(ticked_ms))
+        return _lease_row(self._conn.execute(_LEASE_SQL, (name,)).fetchall())
 
     def devices_in(self, rollout_id: str) -> list[str]:
         """The devices a rollout includes."""

@@ -184,14 +184,11 @@ def _start(store: Any, args: argparse.Namespace) -> int:
 
 def _traits(spec: Any, source: str) -> Any:
     """The kind the spec names, its fields checked against it (a `ConfigError` naming the key)."""
-    from agent.leader.rollout_kinds import ROLLOUT_KINDS
+    from agent.leader.rollout_kinds import traits_of
 
-    entry = ROLLOUT_KINDS.get(spec.rollout.kind)
-    if entry is None:
-        raise ConfigError(source, "rollout.kind", f"{spec.rollout.kind!r} is not a rollout kind: the kinds are "
-                                                   f"{', '.join(sorted(ROLLOUT_KINDS))}")
-    entry.traits.check_spec(spec, source=source)
-    return entry.traits
+    traits = traits_of(spec.rollout.kind, source=source)
+    traits.check_spec(spec, source=source)
+    return traits
 
 
 def cli_actor() -> str:

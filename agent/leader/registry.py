@@ -999,7 +999,7 @@ class RegistryReads:
 
     def leader_names(self) -> set[str]:
         """The leaders that marked themselves alive in this registry (their rows are not devices)."""
-        return {str(r[0]) for r in self._conn.execute("SELECT name FROM registry_leaders")}
+        return set(self.leaders_alive_ms())
 
     def leaders_alive_ms(self) -> dict[str, int]:
         """Each leader of this registry, with when it last marked itself alive (none from a

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from agent.core.errors import RolloutError
+from agent.core.errors import ConfigError
 from agent.protocol import ConfigState
 from config_rollout.kind import CONFIG, ConfigKind
 from config_rollout.layers import LayerValue
@@ -67,11 +67,13 @@ ROLLOUT_KINDS: Mapping[str, KindEntry] = {
 }
 
 
-def traits_of(name: str, kinds: Mapping[str, KindEntry] = ROLLOUT_KINDS) -> KindTraits:
-    """The traits of kind `name`; a `RolloutError` naming the kinds there are."""
+def traits_of(name: str, *, source: str, kinds: Mapping[str, KindEntry] = ROLLOUT_KINDS) -> KindTraits:
+    """The traits of kind `name` (a spec's `rollout.kind`); a `ConfigError` naming `source`, the
+    key and the kinds there are."""
     entry = kinds.get(name)
     if entry is None:
-        raise RolloutError(f"rollout kind {name!r}: the kinds are {', '.join(sorted(kinds))}")
+        raise ConfigError(source, "rollout.kind", f"{name!r} is not a rollout kind: the kinds are"
+                                                  f" {', '.join(sorted(kinds))}")
     return entry.traits
 
 

@@ -71,7 +71,7 @@ def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | PostgresUrl)
     spec that cannot be planned (no device matches, a wave rounding to 0 devices, an image older
     than every target that is not signed as a rollback) is refused before the leader hears of
     it, and the leader starts the rollout on these very waves."""
-    traits = traits_of(spec.rollout.kind)
+    traits = traits_of(spec.rollout.kind, source=f"rollout {spec.rollout.name}")
     version = manifest.version if traits.skips_held else None
     now_ms = SystemClock().now_ms()
     with open_leader_db(db) as leader:

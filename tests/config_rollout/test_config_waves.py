@@ -86,6 +86,10 @@ def test_a_release_the_leader_cannot_vouch_for_starts_nothing(tmp_path: Path) ->
     with pytest.raises(RolloutError, match="no \\[firmware\\] public_key"):
         keep_release(None, store_dir, str(foreign))
     assert not store_dir.exists() or not list(store_dir.iterdir())  # nothing kept
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the store's folder should be")
+    with pytest.raises(RolloutError, match="cannot keep it as"):  # refused in one line, never an OSError
+        keep_release(fleet_key, blocked, str(signed_release(tmp_path, keys, "1.1.0", "port = 2\n")))
     with pytest.raises(ConfigError, match="rollout.download_only"):
         CONFIG.check_spec(spec_from_dict(spec_data(foreign, rollout={"kind": "config", "download_only": True})),
                           source="spec.toml")
