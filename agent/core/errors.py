@@ -19,6 +19,7 @@
     │   ├── StoreUnavailable                 the database server cannot be reached (busy, retry)
     │   └── UnstorableValue                  one message holds a value SQLite cannot store
     │       └── DeviceLimitReached           one device reached a cap on its kept state
+    ├── FileWriteError                       a private file or folder could not be written
     ├── RolloutError                         a rollout spec or control is invalid
     └── ArtifactError                        a firmware artifact is refused
         ├── BadSignature
@@ -126,6 +127,10 @@ class DeviceLimitReached(UnstorableValue):
     message that would go beyond is refused, and what is already kept stays."""
 
 
+class FileWriteError(EdgeAgentError):
+    """A private file or directory could not be created or written."""
+
+
 class IdentityError(EdgeAgentError):
     """A device identity refused: a certificate request, a certificate, an enrolment, a trust document."""
 
@@ -159,6 +164,7 @@ __all__ = [
     "DeviceLimitReached",
     "Downgrade",
     "EdgeAgentError",
+    "FileWriteError",
     "IdentityError",
     "MailboxFull",
     "NotConnected",

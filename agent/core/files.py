@@ -9,6 +9,8 @@ import os
 import secrets
 from pathlib import Path
 
+from agent.core.errors import FileWriteError
+
 
 def fsync_path(path: str | Path) -> None:
     """fsync a file already written, or a folder after a rename in it; an OSError is raised
@@ -59,4 +61,16 @@ def atomic_write(path: str | Path, data: bytes, *, mode: int | None = None) -> P
     return target
 
 
-__all__ = ["atomic_write", "fsync_dir", "fsync_path"]
+def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -> Path:
+    """Atomically replace `path` with `data`, mode `mode` (0600 by default); a `FileWriteError`
+    naming the file when it cannot."""
+    target = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        atomic_write(target, payload, mode=mode)
+    except OSError as exc:
+        raise FileWriteError(f"{target}: cannot write: {exc.strerror or exc}") from exc
+    return target
+
+
+__all__ = ["atomic_write", "fsync_dir", "fsync_path", "write_private_file"]

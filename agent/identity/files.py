@@ -14,7 +14,7 @@ import msgspec
 
 from agent.core.config import AgentConfig, IdentitySection, resolve
 from agent.core.errors import IdentityError
-from agent.core.files import atomic_write
+from agent.core.files import write_private_file
 from agent.identity.authority import FleetAuthority, new_authority
 
 log = logging.getLogger(__name__)
@@ -25,13 +25,6 @@ CA_FILE = "fleet-ca.crt"
 CA_KEY = "ca.key"
 CA_CERT = "ca.crt"
 CRL_FILE = "crl.pem"
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    try:
-        atomic_write(path, data, mode=mode)
-    except OSError as exc:
-        raise IdentityError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
 def _private_dir(folder: Path) -> None:
@@ -74,14 +67,14 @@ class IdentityFiles:
             raise IdentityError(f"{self.key}: cannot read the device key: {exc.strerror or exc}") from None
         _private_dir(self.dir)
         pem = new_device_key()
-        _write(self.key, pem, 0o600)
+        write_private_file(self.key, pem, 0o600)
         log.info("made the device key %s", self.key)
         return pem
 
     def store(self, cert_pem: bytes, ca_pem: bytes | None = None) -> None:
         if ca_pem is not None:
-            _write(self.ca, ca_pem, 0o644)
-        _write(self.cert, cert_pem, 0o644)
+            write_private_file(self.ca, ca_pem, 0o644)
+        write_private_file(self.cert, cert_pem, 0o644)
 
 
 def with_identity(config: AgentConfig, files: IdentityFiles) -> AgentConfig:
@@ -104,10 +97,10 @@ def fleet_authority(section: IdentitySection, base: Path, *, fleet: str, now_ms:
     if not key_path.exists() and not cert_path.exists():
         _private_dir(key_path.parent)
         key_pem, cert_pem = new_authority(f"edge-agent fleet {fleet}", now_ms=now_ms)
-        _write(key_path, key_pem, 0o600)
-        _write(cert_path, cert_pem, 0o644)
+        write_private_file(key_path, key_pem, 0o600)
+        write_private_file(cert_path, cert_pem, 0o644)
         authority = FleetAuthority(key_pem, cert_pem)
-        _write(crl_path, authority.revocation_list((), now_ms=now_ms), 0o644)
+        write_private_file(crl_path, authority.revocation_list((), now_ms=now_ms), 0o644)
         log.info("made the fleet CA %s", cert_path)
         return authority
     try:

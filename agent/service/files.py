@@ -17,18 +17,14 @@ import stat
 from pathlib import Path
 
 from agent.core.config import AgentConfig, MqttSection
-from agent.core.errors import ConfigError, EdgeAgentError
-from agent.core.files import atomic_write
+from agent.core.errors import ConfigError, FileWriteError
+from agent.core.files import write_private_file
 
 SERVICE_UMASK = 0o027
 
 
 class InsecureFile(ConfigError):
     """A credentials file is readable or writable by group/others, or owned by someone else."""
-
-
-class FileWriteError(EdgeAgentError):
-    """A private file or directory could not be created or written."""
 
 
 def set_service_umask() -> int:
@@ -46,17 +42,6 @@ def ensure_private_dir(path: str | Path, mode: int = 0o750) -> Path:
             os.chmod(target, current & mode)
     except OSError as exc:
         raise FileWriteError(f"{target}: cannot create private directory: {exc.strerror}") from exc
-    return target
-
-
-def write_private_file(path: str | Path, data: bytes | str, mode: int = 0o600) -> Path:
-    """Atomically replace `path` with `data`, mode `mode` (0600 by default)."""
-    target = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        atomic_write(target, payload, mode=mode)
-    except OSError as exc:
-        raise FileWriteError(f"{target}: cannot write: {exc.strerror or exc}") from exc
     return target
 
 
