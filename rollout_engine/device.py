@@ -122,8 +122,7 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
         if isinstance(message, module.offer_type):
             await self._offer(message, ctx, window_open=False)
         elif isinstance(message, _WindowOpen):
-            waiting = self._journal().waiting.get(message.rollout_id)
-            self._forget(message.rollout_id)
+            waiting = self._forget(message.rollout_id)
             if waiting is not None:
                 await self._offer(msgspec.msgpack.decode(waiting.offer, type=module.offer_type), ctx,
                                   window_open=True)
@@ -162,10 +161,9 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
         await self.module.apply(offer, checked, self.report)
 
     async def _cancel(self, cancel: RolloutCancel) -> None:
-        waiting = self._journal().waiting.get(cancel.rollout_id)
+        waiting = self._forget(cancel.rollout_id)
         if waiting is None:
             return  # applied already (it reported), or never offered here
-        self._forget(cancel.rollout_id)
         version = self.module.facts(msgspec.msgpack.decode(waiting.offer, type=self.module.offer_type)).version
         await self.report(cancel.rollout_id, version, "canceled", "canceled",
                           f"canceled while waiting for its maintenance window: {cancel.reason}" if cancel.reason
@@ -206,13 +204,16 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
 
         self._timers[rid] = self.clock.call_later(delay_s, opened)
 
-    def _forget(self, rid: str) -> None:
+    def _forget(self, rid: str) -> _Waiting | None:
+        """Stop waiting for `rid`'s window; the offer that waited (None: none did)."""
         timer = self._timers.pop(rid, None)
         if timer is not None:
             timer.cancel()
         journal = self._journal()
-        if rid in journal.waiting:
+        waiting = journal.waiting.get(rid)
+        if waiting is not None:
             self._keep(_Journal({k: v for k, v in journal.waiting.items() if k != rid}))
+        return waiting
 
     # -- reports -------------------------------------------------------------------------------
     def next_report(self, rollout_id: str, version: str, state: ReportState, phase: str, detail: str, *,
