@@ -118,8 +118,4 @@ class RolloutKind(Protocol):
         kind with `traits.compliance`)."""
 
 
-def kind_names(kinds: Sequence[KindTraits]) -> str:
-    return ", ".join(k.name for k in kinds) or "none"
-
-
-__all__ = ["Admitted", "Described", "KindTraits", "OfferContext", "Outgoing", "RolloutKind", "kind_names"]
+__all__ = ["Admitted", "Described", "KindTraits", "OfferContext", "Outgoing", "RolloutKind"]
