@@ -1,4 +1,6 @@
-"""The leader's layers of configuration, in its database (component "config_layers").
+"""The fleet's layers of configuration, in the leader's database (component "config_layers"):
+its `leader.db`, or the fleet's PostgreSQL when its leaders share one (`[leader] database`), so
+that every leader offers the same values and a fail-over loses none.
 
     config_layers        one value a layer sets: (target, scope "tag" or "device", selector: the
                          tag or the device id, document, key) -> the value (JSON), who set it and
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.core.errors import StoreError
+from agent.core.sql import Connection, StoreTarget, dialect_of, has_table
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from config_rollout.layers import LayerValue, digest
@@ -53,6 +56,27 @@ def _v1(conn: sqlite3.Connection) -> None:
     )
 
 
+_PG_V1 = """CREATE TABLE config_layers (
+    target TEXT NOT NULL,
+    scope TEXT NOT NULL CHECK (scope IN ('tag', 'device')),
+    selector TEXT NOT NULL,
+    document TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    expires_ms BIGINT,
+    set_by TEXT NOT NULL,
+    set_ms BIGINT NOT NULL,
+    PRIMARY KEY (target, scope, selector, document, key)
+);
+CREATE TABLE config_group_order (
+    target TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    PRIMARY KEY (target, tag)
+);
+"""
+
+
 @dataclass(frozen=True)
 class LayerRow:
     target: str
@@ -75,11 +99,13 @@ class LayerStore(Store):
 
     COMPONENT = "config_layers"
     MIGRATIONS = (_v1,)
+    PG_MIGRATIONS = (_PG_V1,)
     WHAT = "the configuration layers"
 
     @classmethod
-    def open(cls, path: str | Path, *, synchronous: Synchronous = "FULL") -> LayerStore:
-        return cls(cls.connect_migrated(path, synchronous=synchronous), path=path)
+    def open(cls, target: StoreTarget | str, *, synchronous: Synchronous = "FULL") -> LayerStore:
+        """The layers in `target`: a leader's `leader.db`, or the fleet's PostgreSQL."""
+        return cls(cls.connect_target(target, synchronous=synchronous), path=target)
 
     @classmethod
     def open_readonly(cls, path: str | Path) -> LayerStore:
@@ -102,8 +128,9 @@ class LayerStore(Store):
                 (target, scope, selector, document, key, json.dumps(value), expires_ms, set_by, now_ms))
             if scope == "tag":
                 self._conn.execute(
-                    "INSERT OR IGNORE INTO config_group_order (target, tag, position) SELECT ?, ?,"
-                    " COALESCE(MAX(position), 0) + 1 FROM config_group_order WHERE target = ?",
+                    "INSERT INTO config_group_order (target, tag, position) SELECT ?, ?,"
+                    " COALESCE(MAX(position), 0) + 1 FROM config_group_order WHERE target = ?"
+                    " ON CONFLICT (target, tag) DO NOTHING",
                     (target, selector, target))
 
     def unset(self, target: str, scope: Scope, selector: str, document: str, key: str) -> bool:
@@ -157,11 +184,11 @@ class LayerReads:
     """The layer tables' reads, on any connection to the leader's database (a read-only one for
     the views); a database whose leader never wrote a layer has none."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Connection | sqlite3.Connection) -> None:
         self._conn = conn
-        self.present = {str(r[0]) for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('config_layers', 'config_group_order')"
-        )} == {"config_layers", "config_group_order"}
+        dialect = dialect_of(conn)
+        self.present = all(int(conn.execute(has_table(dialect, table)).fetchone()[0])
+                           for table in ("config_layers", "config_group_order"))
 
     def _q(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
         if not self.present:
@@ -178,9 +205,10 @@ class LayerReads:
         rows = self._q(
             "SELECT l.target, l.scope, l.selector, l.document, l.key, l.value, l.expires_ms, l.set_by, l.set_ms"
             " FROM config_layers AS l LEFT JOIN config_group_order AS o ON o.target = l.target AND o.tag ="
-            " l.selector AND l.scope = 'tag' WHERE (? IS NULL OR l.target = ?) AND (l.expires_ms IS NULL OR"
-            " l.expires_ms > ?) ORDER BY l.target, l.scope DESC, o.position, l.selector, l.document, l.key",
-            (target, target, now_ms))
+            f" l.selector AND l.scope = 'tag' WHERE {'TRUE' if target is None else 'l.target = ?'} AND"
+            " (l.expires_ms IS NULL OR l.expires_ms > ?)"
+            " ORDER BY l.target, l.scope DESC, o.position, l.selector, l.document, l.key",
+            (now_ms,) if target is None else (target, now_ms))
         return [LayerRow(str(t), "tag" if sc == "tag" else "device", str(se), str(d), str(k), str(v),
                          None if e is None else int(str(e)), str(b), int(str(m)))
                 for t, sc, se, d, k, v, e, b, m in rows]

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import ConfigError
+from agent.core.sql import StoreTarget
+
+DB_HELP = "the leader's database: leader.db, or the fleet's postgresql:// URL"
 
 
 def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +38,7 @@ def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
         who = p.add_mutually_exclusive_group(required=True)
         who.add_argument("--tag", help="the group of the devices with this tag")
         who.add_argument("--device", help="one device's override")
-        p.add_argument("--db", required=True, help="the leader's database (leader.db)")
+        p.add_argument("--db", required=True, help=DB_HELP)
         return p
 
     set_ = scoped(steps.add_parser("set", help="set keys of a document for a group or a device"))
@@ -46,26 +49,33 @@ def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
     unset.add_argument("keys", nargs="+", metavar="KEY")
     listed = steps.add_parser("list", help="the values in force, groups in their order, then devices")
     listed.add_argument("target", nargs="?")
-    listed.add_argument("--db", required=True)
+    listed.add_argument("--db", required=True, help=DB_HELP)
     listed.add_argument("--json", action="store_true")
     order = steps.add_parser("order", help="state the order of a target's groups (the last one wins)")
     order.add_argument("target")
     order.add_argument("tags", nargs="+", metavar="TAG")
-    order.add_argument("--db", required=True)
+    order.add_argument("--db", required=True, help=DB_HELP)
 
     diff = actions.add_parser("diff", help="what one device would get of each target, where each value comes from")
     diff.add_argument("--device", required=True)
-    diff.add_argument("--db", required=True, help="the leader's database (leader.db)")
+    diff.add_argument("--db", required=True, help=DB_HELP)
     diff.add_argument("--key", required=True, metavar="PUBLIC.pem", help="the fleet's public key (checks the release)")
     diff.add_argument("--target", help="one target (default: each with a config rollout)")
     diff.add_argument("--release", metavar="FILE", help="this release instead of the newest config rollout's")
     diff.add_argument("--json", action="store_true")
 
 
-def _db(path: str) -> Path:
-    db = Path(path)
-    if not db.is_file():
+def _db(text: str) -> StoreTarget:
+    """The leader's database `--db` names (its leader.db, or the fleet's postgresql:// URL),
+    checked to be one: a `StoreError` says where the layers are instead."""
+    from agent.core.sql import store_target
+    from agent.leader.readonly import open_leader_db
+
+    db = store_target(text, source="--db")
+    if isinstance(db, Path) and not db.is_file():
         raise ConfigError(str(db), None, "no leader database here (start the leader once, or check the path)")
+    with open_leader_db(db):
+        pass  # a leader's registry is there: its layers go beside it
     return db
 
 
@@ -85,10 +95,9 @@ def layer_main(args: argparse.Namespace) -> int:
     now_ms = int(time.time() * 1000)
     if args.step == "list":
         from agent.leader.readonly import open_leader_db
-        from config_rollout.layer_store import LayerReads
 
         with open_leader_db(db) as leader:
-            reads = LayerReads(leader.conn)
+            reads = leader.layers
             rows = reads.rows(args.target, now_ms=now_ms)
             orders = {t: reads.group_order(t) for t in {r.target for r in rows}}
         if args.json:
@@ -149,7 +158,6 @@ def diff_main(args: argparse.Namespace) -> int:
 
     from agent.leader.readonly import open_leader_db
     from config_rollout.kind import CONFIG
-    from config_rollout.layer_store import LayerReads
     from config_rollout.layers import render
     from config_rollout.release import parse_release, peek_release, read_release
     from rollout_engine.keys import load_verify_key
@@ -174,7 +182,7 @@ def diff_main(args: argparse.Namespace) -> int:
             releases = {t: r for t, r in releases.items() if t == args.target}
             if not releases:
                 raise ConfigError("--target", None, f"{args.target}: no config rollout of it (give --release FILE)")
-        reads = LayerReads(leader.conn)
+        reads = leader.layers
         values = {t: reads.values_for(t, args.device, line.tags, now_ms=now_ms) for t in releases}
     out: list[dict[str, Any]] = []
     for target, (origin, data) in sorted(releases.items()):

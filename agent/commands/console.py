@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     if len(token) < 16:
         raise ConfigError(args.token_file, None, "the token is shorter than 16 characters")
     db: StoreTarget
-    if is_postgres_url(args.db):  # the whole fleet of several leaders; its layers and outboxes stay each leader's
+    if is_postgres_url(args.db):  # the whole fleet of several leaders (each keeps its own outbox)
         if not args.artifacts:
             raise ConfigError("--artifacts", None, "with a postgresql:// database, name the artifact store's directory"
                                                    " (one every leader reads: a shared mount)")

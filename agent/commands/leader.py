@@ -5,10 +5,10 @@ leader into a fleet whose leaders share a PostgreSQL database.
     edge-agent leader migrate --from leader.db --to postgresql://ea@db/fleet --password-file pw
 
 The leader is stopped first; its device registry (with the processed message ids), application
-messages, rejects and device identities are copied in one transaction; then `[leader] database`
-names the URL and the same leader starts again on the same data directory (its job queue and
-rollouts stay in its leader.db). The password: `--password-file` (mode 0600), else libpq's own
-(PGPASSWORD, ~/.pgpass).
+messages, rejects, device identities, job queue, rollouts and configuration layers are copied in
+one transaction, and each table's rows are counted; then `[leader] database` names the URL and
+the same leader starts again on the same data directory (its outbox stays in its leader.db). The
+password: `--password-file` (mode 0600), else libpq's own (PGPASSWORD, ~/.pgpass).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main(args: argparse.Namespace) -> int:
     copied = copy_to_postgres(source, target, into_non_empty=args.into_non_empty)
     for table, rows in copied.items():
         print(f"{table}: {rows} rows")
-    print(f"copied into {target}. Next: set [leader] database = \"{target}\" in the leader's config and start"
-          f" it again on {source.parent} (its job queue and rollouts stay in {source.name}).")
+    print(f"copied {sum(copied.values())} rows of {len(copied)} tables into {target}. Next: set [leader] database ="
+          f" \"{target}\" in the leader's config and start it again on {source.parent} (its outbox stays in"
+          f" {source.name}).")
     return 0

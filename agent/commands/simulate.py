@@ -228,9 +228,6 @@ def main(args: argparse.Namespace) -> int:
     if not 0.0 <= args.cut_rate <= 1.0:
         raise ConfigError("simulate", "cut-rate", "must be between 0 and 1")
     rollout = args.scenario == "wave-rollout" or args.rollout is not None
-    if opts.leaders > 1 and configuring:
-        raise ConfigError("simulate", "leaders", "a config rollout takes its layers from one leader's leader.db:"
-                                                 " leave out --leaders")
     if opts.shard is not None and (rollout or args.scenario):
         raise ConfigError("simulate", "shard", "a rollout or a named scenario runs the whole fleet: leave out --shard")
     cancel_at_s = None

@@ -9,7 +9,7 @@ from typing import Any
 from agent.console.charts import Series, online_series, rollout_series
 from agent.core.clock import SystemClock
 from agent.core.errors import ConfigError, EdgeAgentError, RolloutError
-from agent.core.sql import PostgresUrl, StoreTarget
+from agent.core.sql import StoreTarget
 from agent.leader.fleet_view import DeviceDetail, DeviceFilter, DevicePage, device_detail, list_devices
 from agent.leader.identities import Control, Identity
 from agent.leader.readonly import open_leader_db
@@ -19,8 +19,6 @@ from rollout_engine.kinds import Described
 from rollout_engine.spec import DEFAULT_KIND
 
 PAGE = 50
-PER_LEADER_LAYERS = ("the configuration layers are each leader's own (in its leader.db), not in the fleet's database:"
-                     " set them with `edge-agent config layer set` on the leader that runs the config rollouts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,18 +204,13 @@ class ConfigLayers:
 
     orders: dict[str, list[str]]
     rows: list[Any]  # `config_rollout.layer_store.LayerRow`s in force, groups in order, then devices
-    per_leader: bool = False  # several leaders on one database: the layers are each leader's own
 
 
 def config_layers(db: StoreTarget) -> ConfigLayers:
     import time
 
-    from config_rollout.layer_store import LayerReads
-
-    if isinstance(db, PostgresUrl):
-        return ConfigLayers({}, [], per_leader=True)
     with open_leader_db(db) as leader:
-        reads = LayerReads(leader.conn)
+        reads = leader.layers
         rows = reads.rows(now_ms=int(time.time() * 1000))
         return ConfigLayers({t: reads.group_order(t) for t in sorted({r.target for r in rows})}, rows)
 
@@ -273,8 +266,6 @@ def change_layer(db: StoreTarget, form: dict[str, str], actor: str) -> str:
 
     from config_rollout.layer_store import LayerEdit, LayerStore
 
-    if isinstance(db, PostgresUrl):
-        raise ConfigError("console", None, PER_LEADER_LAYERS)
     unset = form.get("action") == "unset"
     now_ms = int(time.time() * 1000)
     edit = LayerEdit.checked(target=form.get("target", ""), scope=form.get("scope", ""),

@@ -37,7 +37,7 @@ from agent.core.ids import IdGenerator
 from agent.core.marks import StoreMark
 from agent.core.ratelog import RateLimitedLog
 from agent.core.reserve import DiskReserve
-from agent.core.sql import PostgresUrl, StoreTarget
+from agent.core.sql import StoreTarget
 from agent.core.sqlite import damage_report, recover_damaged
 from agent.core.tasks import cancel_and_wait
 from agent.housekeeping import Housekeeper
@@ -148,7 +148,7 @@ class LeaderAgent(PartBase):
         self.registry = registry
         registry.leader = self.device_id  # each device's row says which leader served it last
         self.jobs_queue = jobs
-        # this leader's own SQLite file (`open` sets it): its configuration layers, and on leader.db
+        # this leader's own SQLite file (`open` sets it): its outbox, and without `[leader] database`
         # the fleet's stores too
         self.leader_db = Path(config.agent.data_dir) / LEADER_DB if jobs.on_postgres else Path(jobs.path)
         self.rejects = rejects
@@ -469,9 +469,7 @@ class LeaderAgent(PartBase):
         from agent.leader.readonly import open_leader_db
         from agent.service.prom import family
 
-        # (on PostgreSQL a leader without configuration layers may have no leader.db of its own)
-        own = self.leader_db.exists() or not isinstance(self.shared, PostgresUrl)
-        with open_leader_db(self.leader_db if own else self.shared, shared=self.shared) as db:
+        with open_leader_db(self.shared) as db:  # (the fleet's stores, the layers among them)
             compliance = fleet_compliance(db, self.clock.now_ms())
         samples = [({"target": target, "compliance": kind}, float(n))
                    for target, counts in compliance.items() for kind, n in counts.items()]

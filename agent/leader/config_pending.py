@@ -20,7 +20,6 @@ def config_pending(db: LeaderDb, states: States, now_ms: int) -> set[tuple[str, 
     """The (device, target)s on their way to what the leader wants."""
     from config_rollout.errors import ConfigReleaseError
     from config_rollout.kind import CONFIG
-    from config_rollout.layer_store import LayerReads
     from config_rollout.release import peek_release
 
     pending: set[tuple[str, str]] = set()
@@ -30,7 +29,7 @@ def config_pending(db: LeaderDb, states: States, now_ms: int) -> set[tuple[str, 
         except ConfigReleaseError:
             continue
         pending.update((device, target) for device in db.rollouts.unfinished_in(rollout_id))
-    layers = LayerReads(db.conn)
+    layers = db.layers
     targets = {t for _, held in states.values() for t in held}
     for target in sorted(targets):
         holders = {device: tags for device, (tags, held) in states.items() if target in held}

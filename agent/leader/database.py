@@ -1,9 +1,9 @@
 """Where a leader keeps its state: `leader.db` in its data dir, and the fleet's shared part.
 
 The fleet's shared part (device registry, application messages, rejects, device identities, the
-job queue, the rollout tables) is `leader.db` too unless `[leader] database` names a PostgreSQL
-database, which every leader of the fleet given the same URL then shares. What is still each
-leader's own lives in its `leader.db` whatever `database` says: the configuration layers and the
+job queue, the rollout tables, the configuration layers) is `leader.db` too unless `[leader]
+database` names a PostgreSQL database, which every leader of the fleet given the same URL then
+shares. What is still each leader's own lives in its `leader.db` whatever `database` says: the
 leader's outbox (docs/service.md, "Several leaders on PostgreSQL", says what that means for
 several leaders).
 """

@@ -2,11 +2,12 @@
 
 `copy_to_postgres(leader_db, target)` copies what `[leader] database` moves to PostgreSQL (the
 device registry, with its processed message ids, the application messages, the rejects, the
-device identities, the job queue with its epoch and the rollout tables when the leader has them),
-in one transaction: all of it or nothing, so a rollout in flight goes on where it was under the
-leader that holds the orchestrator lease, and every job not confirmed yet is offered again by the
-leader that takes the job queue (under the next epoch). What stays each leader's own (the
-configuration layers, the outbox) stays in `leader.db`, which the same leader keeps using. The leader must
+device identities, the job queue with its epoch, the rollout tables and the configuration layers
+with their groups' order, each when the leader has them), in one transaction: all of it or
+nothing, so a rollout in flight goes on where it was under the leader that holds the orchestrator
+lease, every job not confirmed yet is offered again by the leader that takes the job queue (under
+the next epoch), and every leader offers the same layer values. The outbox stays each leader's
+own, in `leader.db`, which the same leader keeps using. The leader must
 be stopped (its data directory's lock says so); the target must hold no devices, messages or
 rejects unless `into_non_empty` (then rows already there win: a device, a message id, a
 processed id is never copied twice).
@@ -31,6 +32,7 @@ from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.service.instance import running_pid
+from config_rollout.layer_store import LayerStore
 from rollout_engine.store import RolloutStore
 
 _CHUNK = 1_000
@@ -70,10 +72,12 @@ _TABLES = (
     _Table(RolloutStore, "rollout_processed"),
     _Table(RolloutStore, "rollout_controls", identity="id"),
     _Table(RolloutStore, "rollout_serving"),
+    _Table(LayerStore, "config_layers"),
+    _Table(LayerStore, "config_group_order"),
 )
 _STORES: tuple[type[Store], ...] = (DeviceRegistry, MessageLog, RejectLog)
 # a leader without [identity] has no identities; a database of a registry alone, no job queue
-_OPTIONAL: tuple[type[Store], ...] = (IdentityStore, JobQueue, RolloutStore)
+_OPTIONAL: tuple[type[Store], ...] = (IdentityStore, JobQueue, RolloutStore, LayerStore)
 _HELD = ("devices", "processed_messages", "app_messages", "rejects")  # a target holding any is not empty
 
 

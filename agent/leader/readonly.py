@@ -7,9 +7,9 @@ read goes through the store that owns its table (`db.registry`, `db.rejects`, `d
 `db.rollouts`): a view passes values between them instead of joining their tables.
 
 A fleet whose leaders share a PostgreSQL database (`[leader] database`) keeps its registry,
-rejects, job queue and rollout tables there: `open_leader_db("postgresql://...")` reads the whole
-fleet from it (a leader's configuration layers, in its own leader.db, are then empty), and a
-leader's own view passes its `leader.db` and `shared=` the database.
+rejects, identities, job queue, rollout tables and configuration layers there:
+`open_leader_db("postgresql://...")` reads the whole fleet from it, and a leader's own view passes
+its `leader.db` and `shared=` the database.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from agent.leader.registry import DeviceRegistry, RegistryReads
 from agent.leader.rejects import RejectReads
 
 if TYPE_CHECKING:
+    from config_rollout.layer_store import LayerReads
     from rollout_engine.store import RolloutReads
 
 
@@ -61,6 +62,14 @@ class LeaderDb:
 
         on_shared = RolloutReads(self.shared) if self.shared is not self.conn else None
         return on_shared if on_shared is not None and on_shared.present else RolloutReads(self.conn)
+
+    @functools.cached_property
+    def layers(self) -> LayerReads:
+        """The configuration layers: on the fleet's database when its leaders share one."""
+        from config_rollout.layer_store import LayerReads
+
+        on_shared = LayerReads(self.shared) if self.shared is not self.conn else None
+        return on_shared if on_shared is not None and on_shared.present else LayerReads(self.conn)
 
 
 def _shared_reader(target: PostgresUrl) -> Any:

@@ -41,7 +41,7 @@ from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError
 from agent.core.ids import IdGenerator
 from agent.core.tasks import cancel_and_wait
-from agent.leader.agent import LEADER_DB, LeaderAgent, Route
+from agent.leader.agent import LeaderAgent, Route
 from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
 from agent.leader.rollout_kinds import ROLLOUT_KINDS, KindEntry
@@ -196,7 +196,7 @@ class RolloutService(PartBase):
         self.leader = leader
         self.store = store
         self.clock = leader.clock
-        # the leader's own files (artifacts, trust, layers): beside leader.db
+        # the leader's own files (artifacts, trust): beside leader.db
         self.data_dir = data_dir if data_dir is not None else Path(store.path).parent
         self.keys = fleet_keys(leader.config, self.data_dir, self.clock)
         self.artifacts_dir = self.data_dir / ARTIFACTS_DIR
@@ -241,7 +241,7 @@ class RolloutService(PartBase):
         if self._layers is None:
             from config_rollout.layer_store import LayerStore
 
-            self._layers = LayerStore.open(self.data_dir / LEADER_DB)
+            self._layers = LayerStore.open(self.store.target)  # where the rollouts are: the fleet's
         return self._layers.values_for_devices(target, devices, now_ms=self.clock.now_ms())
 
     def register(self) -> None:

@@ -70,15 +70,16 @@ def test_the_digest_names_the_winning_values_whatever_their_sources(picks: list[
     assert render(DOCS, values).digest == digest(values)
 
 
-def test_the_store_gives_a_device_its_groups_in_order_then_its_own_overrides(tmp_path: Path) -> None:
-    db = tmp_path / "leader.db"
-    with LayerStore.open(db) as store:
+def test_the_store_gives_a_device_its_groups_in_order_then_its_own_overrides(leader_store: Path | str) -> None:
+    with LayerStore.open(leader_store) as store:
         store.set_value("app", "tag", "site-a", "app.toml", "log_level", "debug", set_by="op", now_ms=1_000)
         store.set_value("app", "tag", "cold", "app.toml", "log_level", "warning", set_by="op", now_ms=1_000)
         store.set_value("app", "tag", "cold", "app.toml", "port", 9000, set_by="op", now_ms=1_000)
         store.set_value("app", "device", "pi-1", "app.toml", "port", 9001, set_by="op", now_ms=1_000,
                         expires_ms=5_000)
         assert store.group_order("app") == ["site-a", "cold"]  # in the order of their first value
+        store.set_value("app", "tag", "site-a", "app.toml", "log_level", "debug", set_by="op", now_ms=1_500)
+        assert store.group_order("app") == ["site-a", "cold"]  # a group's next value keeps its place
         got = store.values_for("app", "pi-1", ["site-a", "cold"], now_ms=2_000)
         assert [(v.key, json.loads(v.value), v.source) for v in got] == [
             ("log_level", "warning", "tag cold"), ("port", 9001, "device pi-1 until 1970-01-01T00:00Z")]

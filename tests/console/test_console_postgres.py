@@ -1,14 +1,16 @@
 """The console over the fleet's PostgreSQL database that several leaders share: the whole fleet
-on one page, which leader served each device, the rejects of every leader; what stays each
-leader's own (its outbox, its configuration layers) says so instead of showing one leader's."""
+on one page, which leader served each device, the rejects of every leader, the configuration
+layers every leader offers; what stays each leader's own (its outbox) says so instead of showing
+one leader's."""
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_console_http import BEARER, TOKEN, request, serving
+from test_console_http import BEARER, TOKEN, request, serving, signed_in
 
 from agent.cli import main as cli
 from agent.core.clock import SystemClock
@@ -16,6 +18,7 @@ from agent.core.sql import PostgresUrl
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import Heartbeat
+from config_rollout.layer_store import LayerStore
 
 
 @pytest.fixture
@@ -31,7 +34,7 @@ def fleet_console(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
         yield address
 
 
-def test_the_console_shows_the_whole_fleet_of_several_leaders(fleet_console: tuple[str, int]) -> None:
+def test_the_console_shows_the_whole_fleet_of_several_leaders(fleet_console: tuple[str, int], pg_url: str) -> None:
     status, _, body = request(fleet_console, "GET", "/", headers=BEARER)
     assert status == 200 and "pi-1" in body and "pi-2" in body
     status, _, body = request(fleet_console, "GET", "/devices/pi-2", headers=BEARER)
@@ -43,11 +46,17 @@ def test_the_console_shows_the_whole_fleet_of_several_leaders(fleet_console: tup
     status, _, body = request(fleet_console, "GET", "/dead-letters", headers=BEARER)
     assert status == 200 and "each keeps its own outbox" in body
     status, _, body = request(fleet_console, "GET", "/config", headers=BEARER)
-    assert status == 200 and "the configuration layers are each leader" in body and 'id="set-layer"' not in body
-    form = "action=set&target=app&scope=tag&selector=lab&document=app.toml&key=mode&value=%22x%22"
-    status, _, body = request(fleet_console, "POST", "/config", body=form,
-                              headers={**BEARER, "Content-Type": "application/x-www-form-urlencoded"})
-    assert status == 400 and '<p class="error">console: the configuration layers are each leader' in body
+    assert status == 200 and "No layer values yet." in body
+    csrf, cookie = body.split('name="csrf" value="')[1].split('"')[0], signed_in(fleet_console)
+    form = urllib.parse.urlencode({"csrf": csrf, "action": "set", "target": "app", "scope": "tag", "selector": "lab",
+                                   "document": "app.toml", "key": "mode", "value": '"x"'})
+    status, _, _ = request(fleet_console, "POST", "/config", body=form,
+                           headers={"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 303
+    status, _, body = request(fleet_console, "GET", "/config", headers=BEARER)
+    assert status == 200 and "<td>mode</td><td><code>&#34;x&#34;</code>" in body
+    with LayerStore.open(pg_url) as layers:  # in the fleet's database, where every leader reads it
+        assert [(r.selector, r.key, r.value) for r in layers.rows(now_ms=0)] == [("lab", "mode", '"x"')]
 
 
 def test_a_fleet_database_without_an_artifact_store_is_one_line(pg_url: str, tmp_path: Path,

@@ -21,6 +21,7 @@ from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
 from agent.service.instance import InstanceLock
+from config_rollout.layer_store import LayerStore
 from rollout_engine.spec import spec_from_dict
 from rollout_engine.store import RolloutStore
 
@@ -60,6 +61,11 @@ def _single_gateway(db: Path) -> None:
         jobs.demand(JobDemand(worker="pi-0", incarnation="i", window=2))
         jobs.dispatch()
         assert jobs.result(JobResult(job_id="j1", epoch=jobs.epoch, worker="pi-0", ok=True)).outcome == "confirmed"
+    with LayerStore.open(db) as layers:  # two groups stated in an order, and a device's own override
+        layers.set_value("app", "tag", "lab", "app.toml", "port", 9000, set_by="op", now_ms=1_000)
+        layers.set_value("app", "tag", "cold", "app.toml", "port", 9100, set_by="op", now_ms=1_000)
+        layers.order("app", ["cold", "lab"])
+        layers.set_value("app", "device", "pi-2", "app.toml", "log_level", "debug", set_by="op", now_ms=1_000)
 
 
 def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path, pg_url: str) -> None:
@@ -101,6 +107,11 @@ def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path
         assert jobs.epoch == 2 and jobs.pending_ids() == ["j2", "j3"]
         assert jobs.submit(JobSubmit(job_id="j1", kind="work")).outcome == "duplicate"  # done stays done
         assert jobs.submit(JobSubmit(job_id="j4", kind="work")).store_seq > 3  # numbered after the copied ones
+    assert copied["config_layers"] == 3 and copied["config_group_order"] == 2
+    with LayerStore.open(pg_url) as layers:  # the same values for the same device, in the same order
+        assert layers.group_order("app") == ["cold", "lab"]
+        assert [(v.key, v.value, v.source) for v in layers.values_for("app", "pi-2", ["lab", "cold"], now_ms=2_000)
+                ] == [("port", "9000", "tag lab"), ("log_level", '"debug"', "device pi-2")]
 
 
 def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp_path: Path, pg_url: str) -> None:
@@ -136,9 +147,49 @@ def test_the_command_says_what_it_copied_and_what_to_do_next(tmp_path: Path, pg_
                           capture_output=True, text=True, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
                           timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "devices: 3 rows" in done.stdout and "set [leader] database" in done.stdout
+    assert "devices: 3 rows" in done.stdout and "config_layers: 3 rows" in done.stdout
+    assert "copied 31 rows of 27 tables into" in done.stdout and "its outbox stays in leader.db" in done.stdout
     again = subprocess.run([sys.executable, "-m", "agent.cli", "leader", "migrate", "--from", str(db), "--to", pg_url],
                            capture_output=True, text=True, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
                            timeout=60)
     assert again.returncode != 0 and again.stderr.count("\n") == 1 and "is not empty" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_status_and_the_layers_read_the_same_on_postgresql_after_the_move(tmp_path: Path, pg_url: str) -> None:
+    """Three devices applied the layers' values: in sync on the single gateway, and still in sync
+    read from PostgreSQL (the layers moved with the registry; before, status there said pending),
+    with the same values per device and the same list from `config layer list`."""
+    from agent.leader.readonly import open_leader_db
+    from agent.leader.status import fleet_status
+    from agent.protocol import ConfigState
+
+    db = tmp_path / "leader.db"
+    clock = VirtualClock()
+    tags = {f"pi-{n}": ("lab",) if n else ("lab", "cold") for n in range(3)}
+    with LayerStore.open(db) as layers:
+        layers.set_value("app", "tag", "lab", "app.toml", "port", 9000, set_by="op", now_ms=1_000)
+        layers.set_value("app", "tag", "cold", "app.toml", "port", 9100, set_by="op", now_ms=1_000)
+        layers.set_value("app", "device", "pi-2", "app.toml", "log_level", "debug", set_by="op", now_ms=1_000)
+        digests = layers.reads().digests("app", tags, now_ms=clock.now_ms())
+    with DeviceRegistry.open(db, clock=clock) as reg:
+        reg.claim_fleet("plant")
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, tags=t, configs={
+            "app": ConfigState(version="1.0.0", state="committed", layers=digests[d])}) for d, t in tags.items()])
+    MessageLog.open(db, clock=clock).close()
+    RejectLog.open(db, clock=clock).close()
+
+    def read(where: Path | str) -> tuple[object, object]:
+        with open_leader_db(where) as leader:
+            return (fleet_status(leader, clock.now_ms()).config,
+                    {d: leader.layers.values_for("app", d, t, now_ms=clock.now_ms()) for d, t in tags.items()})
+
+    before = read(db)
+    assert before[0] == {"app": {"in_sync": 3, "pending": 0, "drifted": 0, "failed": 0, "not_applied": 0}}
+    copy_to_postgres(db, PostgresUrl(pg_url))
+    assert read(pg_url) == before
+    listed = [subprocess.run([sys.executable, "-m", "agent.cli", "config", "layer", "list", "--db", where],
+                             capture_output=True, text=True, cwd=str(REPO), timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}) for where in (str(db), pg_url)]
+    assert [p.returncode for p in listed] == [0, 0] and listed[0].stdout == listed[1].stdout
+    assert "app: groups in order lab, cold (the last wins), then devices" in listed[1].stdout
