@@ -39,7 +39,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.codec import encode
-from agent.core.errors import EdgeAgentError, RolloutError
+from agent.core.errors import EdgeAgentError, RolloutError, store_log_level
 from rollout_engine.errors import ReportRefused
 from rollout_engine.gates import WaveGates, finished_failed
 from rollout_engine.kinds import OfferContext, Outgoing, RolloutKind
@@ -421,7 +421,7 @@ class Orchestrator:
                 log.warning("rollouts: %s; this leader stops orchestrating", exc)
                 return
             except EdgeAgentError as exc:
-                log.error("rollout tick failed: %s", exc)
+                log.log(store_log_level(exc, logging.ERROR), "rollout tick failed: %s", exc)
             delay = self._until_next_deadline_s()
             if self._stopped:
                 break
@@ -445,7 +445,7 @@ class Orchestrator:
             active = self.store.rollouts(active_only=True)
             counts = {r.id: self.store.counts(r.id) for r in active}
         except EdgeAgentError as exc:
-            log.error("cannot read the unfinished rollouts: %s", exc)
+            log.log(store_log_level(exc, logging.ERROR), "cannot read the unfinished rollouts: %s", exc)
             return
         for r in active:
             states = Counter[str]()

@@ -151,7 +151,16 @@ class Downgrade(ArtifactError):
     """The artifact's version is lower than the installed one."""
 
 
+def store_log_level(exc: BaseException, level: int) -> int:
+    """The level a loop logs its store's failure at: DEBUG when the database server is lost (that
+    outage is one line of its own, said when it goes and when it is back), else `level`."""
+    import logging
+
+    return logging.DEBUG if isinstance(exc, StoreUnavailable) else level
+
+
 __all__ = [
+    "store_log_level",
     "ActorStopped",
     "ArtifactError",
     "AskTimeout",

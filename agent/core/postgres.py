@@ -11,6 +11,9 @@ stores already use (`agent.core.sql.Connection`).
 * psycopg's errors never leave this module: a lost server is `StoreUnavailable` (the leader
   answers busy and its devices keep their outboxes; the next call outside a transaction connects
   again), a value out of range is `UnstorableValue`, anything else `StoreError`.
+* The server is one state for the whole process (`server_state`): every connection to it that
+  finds it lost marks it lost, the first connect that reaches it again marks it back, and each
+  change is one log line (never one a failed call); `Store.outage()` reads it.
 * `migrate()` keeps per-component versions in `schema_versions` as SQLite does, under an
   advisory lock so that two leaders starting together migrate once.
 """
@@ -26,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import StoreError, StoreUnavailable, UnstorableValue
-from agent.core.sql import Cursor, Dialect, PostgresUrl
+from agent.core.sql import Cursor, Dialect, Outage, PostgresUrl
 
 if TYPE_CHECKING:
     import psycopg
@@ -108,6 +111,44 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+class ServerState:
+    """One PostgreSQL server as this process finds it, over all of its connections: reachable or
+    lost (since when, why). Losing it and reaching it again are one log line each; a process that
+    never reached it says nothing here (its first connect's error is the caller's to say)."""
+
+    def __init__(self, target: PostgresUrl) -> None:
+        self.target = target
+        self.reached_once = False
+        self.outage: Outage | None = None
+        self.outages = 0
+        self._lost_at = 0.0  # time.monotonic() when lost
+
+    def lost(self, why: str) -> None:
+        if self.outage is not None or not self.reached_once:
+            return
+        self.outages += 1
+        self._lost_at = time.monotonic()
+        self.outage = Outage(since_ms=int(time.time() * 1000), why=why, count=self.outages)
+        log.warning("the database %s is unreachable (%s): its stores answer busy until it is back", self.target, why)
+
+    def reached(self) -> None:
+        self.reached_once = True
+        if self.outage is not None:
+            log.warning("the database %s is back after %.1fs", self.target, time.monotonic() - self._lost_at)
+            self.outage = None
+
+
+_servers: dict[str, ServerState] = {}
+
+
+def server_state(target: PostgresUrl) -> ServerState:
+    """The state of the server at `target`, shared by every connection of this process to it."""
+    found = _servers.get(target.url)
+    if found is None:
+        found = _servers[target.url] = ServerState(target)
+    return found
+
+
 class PgConnection:
     """One store's PostgreSQL session. Connects again, on the next call outside a transaction,
     after the server was lost."""
@@ -123,6 +164,7 @@ class PgConnection:
         self._next_connect = 0.0  # time.monotonic() before which no new connect is tried
         self._why = ""  # why the last connect failed
         self._prepared: set[bytes] = set()  # the statements prepared in this session
+        self.server = server_state(target)
         self._connect()
 
     # -- the connection ------------------------------------------------------------------------
@@ -146,15 +188,21 @@ class PgConnection:
         except psycopg.Error as exc:
             self._next_connect = time.monotonic() + RECONNECT_PAUSE_S
             self._why = _first_line(exc)
-            raise StoreUnavailable(f"cannot connect to {self.target}: {self._why}") from exc
+            raise self._unavailable(f"cannot connect to {self.target}: {self._why}", self._why) from exc
         try:
             conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET lock_timeout = {LOCK_TIMEOUT_MS};"
                          f" SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
         except psycopg.Error as exc:
             conn.close()
-            raise StoreUnavailable(f"{self.target}: {_first_line(exc)}") from exc
+            raise self._unavailable(f"{self.target}: {_first_line(exc)}", _first_line(exc)) from exc
         self._conn = conn
+        self.server.reached()
         return conn
+
+    def _unavailable(self, said: str, why: str) -> StoreUnavailable:
+        """The error to raise for a server lost, having marked it lost for the whole process."""
+        self.server.lost(why)
+        return StoreUnavailable(said)
 
     def _live(self) -> psycopg.Connection[Any]:
         if self._closed:
@@ -186,10 +234,11 @@ class PgConnection:
             conn = self._conn
             if isinstance(exc, psycopg.OperationalError) and (conn is None or conn.closed or conn.broken):
                 self._drop()
-                raise StoreUnavailable(f"{self.target}: the server is unreachable: {_first_line(exc)}") from exc
+                raise self._unavailable(f"{self.target}: the server is unreachable: {_first_line(exc)}",
+                                        _first_line(exc)) from exc
             if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
                 self._drop()
-                raise StoreUnavailable(f"{self.target}: {_first_line(exc)}") from exc
+                raise self._unavailable(f"{self.target}: {_first_line(exc)}", _first_line(exc)) from exc
             raise StoreError(f"{_first_line(exc)} (in: {' '.join(sql.split())[:120]})") from exc
 
     # -- sqlite3.Connection's shape ----------------------------------------------------------------
@@ -341,4 +390,5 @@ def schema_version(conn: PgConnection, component: str) -> int | None:
     return int(found[0]) if found else None
 
 
-__all__ = ["PgConnection", "atomic", "connect", "migrate", "open_migrated", "placeholders", "schema_version"]
+__all__ = ["PgConnection", "ServerState", "atomic", "connect", "migrate", "open_migrated", "placeholders",
+           "schema_version", "server_state"]

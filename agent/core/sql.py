@@ -105,6 +105,16 @@ class PostgresUrl:
 
 StoreTarget = Path | PostgresUrl
 
+
+@dataclass(frozen=True)
+class Outage:
+    """A database server this process cannot reach: since when (epoch ms), why (its first failure),
+    and how many outages it has had in this process, this one included."""
+
+    since_ms: int
+    why: str
+    count: int
+
 _SCHEMES = ("postgresql://", "postgres://")
 
 
@@ -140,6 +150,7 @@ def store_target(value: str | Path, *, password: str | None = None, source: str 
 
 __all__ = [
     "NO_LIMIT",
+    "Outage",
     "SERVER_NOW_MS",
     "Connection",
     "Cursor",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Self, cast
 
 from agent.core import sqlite as sqlite_db
 from agent.core.errors import StoreError
-from agent.core.sql import Connection, Dialect, PostgresUrl, StoreTarget, dialect_of, is_postgres_url
+from agent.core.sql import Connection, Dialect, Outage, PostgresUrl, StoreTarget, dialect_of, is_postgres_url
 
 
 class Store:
@@ -66,6 +66,17 @@ class Store:
     @property
     def on_postgres(self) -> bool:
         return self.dialect is Dialect.POSTGRESQL
+
+    def outage(self) -> Outage | None:
+        """Since when and why this store's database server cannot be reached (None: it can; a
+        local SQLite file never has one: its failures are each call's own error)."""
+        if not self.on_postgres:
+            return None
+        return cast("Outage | None", self._conn.server.outage)
+
+    def outages(self) -> int:
+        """How many times this process lost the store's database server (0 on SQLite)."""
+        return int(self._conn.server.outages) if self.on_postgres else 0
 
     @classmethod
     def connect_readonly(cls, path: str | Path) -> sqlite3.Connection:

@@ -28,7 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import msgspec
 
 from agent.actors import Actor, Context
-from agent.core.errors import StoreError, UnstorableValue
+from agent.core.errors import StoreError, UnstorableValue, store_log_level
 from agent.core.ratelog import RateLimitedLog
 from agent.leader.jobs import DemandOutcome, Dispatch, JobQueue, ResultAck
 from agent.leader.registry import DeviceRegistry
@@ -277,12 +277,12 @@ class LeaderActor(Actor):
         await self._send_offers()  # jobs reloaded after a restart wait for registrations
 
     async def receive(self, message: object, ctx: Context) -> object | None:
+        """Durable messages wait for the next ones in the mailbox, up to a batch; the batch is
+        applied when the mailbox is empty after any message (a durable one followed by a
+        demand or a tend must not wait for the next durable one)."""
+        results: object | None = None
         if isinstance(message, Durable):
             self._pending.append(message)
-            if len(self._pending) < self._batch_max and ctx.self.depth > 0:
-                return None
-            batch, self._pending = self._pending, []
-            await self._apply(batch)
         elif isinstance(message, WorkersLost):
             self.lose_workers(message.devices, message.reason)
         elif isinstance(message, RegisterDemand):
@@ -291,12 +291,13 @@ class LeaderActor(Actor):
             self._tend_jobs(message, ctx.clock.now_ms())
         elif isinstance(message, SubmitJobs):
             results = self._jobs.submit_many(list(message.jobs))
-            await self._send_offers()
-            return results
         else:
             return None
+        if self._pending and (len(self._pending) >= self._batch_max or ctx.self.depth == 0):
+            batch, self._pending = self._pending, []
+            await self._apply(batch)
         await self._send_offers()
-        return None
+        return results
 
     def _register(self, demand: JobDemand) -> DemandOutcome:
         outcome = self._jobs.demand(demand)
@@ -308,7 +309,8 @@ class LeaderActor(Actor):
             outcomes = self._jobs.demand_many(demands)
         except StoreError as exc:  # the workers' next full heartbeats carry them again
             if self._failures is not None:
-                self._failures.log(logging.WARNING, "jobs", f"{len(demands)} job demands not registered: {exc}")
+                self._failures.log(store_log_level(exc, logging.WARNING), "jobs",
+                                   f"{len(demands)} job demands not registered: {exc}")
             return
         for outcome in outcomes:
             self.stats.demands[outcome] = self.stats.demands.get(outcome, 0) + 1
@@ -339,7 +341,7 @@ class LeaderActor(Actor):
                 self.lose_workers(lost, "offline in the registry")
         except StoreError as exc:
             if self._failures is not None:
-                self._failures.log(logging.WARNING, "jobs", f"the job queue not tended: {exc}")
+                self._failures.log(store_log_level(exc, logging.WARNING), "jobs", f"the job queue not tended: {exc}")
 
     def lose_workers(self, devices: Sequence[str], reason: str) -> None:
         released = self._jobs.lose_workers(devices)  # one pass, however many workers a fleet loses
@@ -365,8 +367,8 @@ class LeaderActor(Actor):
                 result = await kind.batch([(d.msg_id, d.message) for d in items])
             except StoreError as exc:
                 if self._failures is not None:
-                    self._failures.log(logging.WARNING, kind.name, f"{len(items)} {kind.name} messages not"
-                                       f" applied (answered busy): {exc}")
+                    self._failures.log(store_log_level(exc, logging.WARNING), kind.name, f"{len(items)} {kind.name}"
+                                       f" messages not applied (answered busy): {exc}")
                 result = [exc] * len(items)
             for d, value in zip(items, result, strict=True):
                 outcome[id(d)] = value

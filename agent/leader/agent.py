@@ -32,7 +32,16 @@ from agent.actors import ActorRef, ActorSystem, MailboxStatistics
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply
 from agent.core.config import AgentConfig, resolve
-from agent.core.errors import CodecError, EdgeAgentError, MailboxFull, StoreError, UnstorableValue
+from agent.core.errors import (
+    ActorStopped,
+    CodecError,
+    EdgeAgentError,
+    MailboxFull,
+    StoreError,
+    StoreUnavailable,
+    UnstorableValue,
+    store_log_level,
+)
 from agent.core.ids import IdGenerator
 from agent.core.marks import StoreMark
 from agent.core.ratelog import RateLimitedLog
@@ -55,6 +64,7 @@ from agent.leader.database import LEADER_DB, shared_database
 from agent.leader.housekeeping import RolloutReports, leader_housekeeper
 from agent.leader.jobs import Dispatch, JobQueue, QueueStandby, SubmitResult
 from agent.leader.messages import MessageLog
+from agent.leader.presence import PresenceApplier
 from agent.leader.rates import DeviceRates
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
@@ -227,6 +237,9 @@ class LeaderAgent(PartBase):
         # where the registry, messages and rejects are (`open` sets it: leader.db or PostgreSQL)
         self.shared: StoreTarget = Path(registry.path)
         self._jobs_task: asyncio.Task[None] | None = None
+        # the devices' presence changes: each applied, or kept (newest per device) until it can be
+        self.presence = PresenceApplier(self._tell_presence, clock)
+        self._presence_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -323,6 +336,7 @@ class LeaderAgent(PartBase):
         await self.relay.start()
         self._watcher = asyncio.create_task(
             self.registry.watch_deadlines(self._on_deadline), name=f"deadlines:{self.device_id}")
+        self._presence_task = asyncio.create_task(self.presence.run(), name=f"presence:{self.device_id}")
         if self.jobs_queue.on_postgres:
             queue = self.jobs_queue
             log.info("jobs: %s", f"this leader runs the fleet's job queue (epoch {queue.epoch})" if queue.held
@@ -356,6 +370,7 @@ class LeaderAgent(PartBase):
         if self._reports is not None:
             self._reports.close()
         await cancel_and_wait(self._watcher)
+        await cancel_and_wait(self._presence_task)
         await cancel_and_wait(self._jobs_task)
         self._jobs_task = None
         await self.inbox.stop()
@@ -427,6 +442,13 @@ class LeaderAgent(PartBase):
         relay = self.relay
         checks = agent_checks(connected=self.transport.connected, database=self.outbox.path, clock=self.clock,
                               data_dir=self.data_dir, relay_running=lambda: relay.running, reserve=self.reserve)
+        from agent.service.checks import task_check
+
+        checks["presence"] = task_check(lambda: self._presence_task)  # the devices' presence changes applied
+        if self.registry.on_postgres:  # the fleet's database, as one state
+            from agent.service.checks import problem_check
+
+            checks["fleet database"] = problem_check(self._database_problem, up="reachable")
         if self.jobs_queue.on_postgres:  # the loop that keeps, takes and tends the fleet's job queue
             from agent.service.checks import lease_check
 
@@ -434,6 +456,15 @@ class LeaderAgent(PartBase):
             checks["job queue"] = lease_check(lambda: self._jobs_task,
                                               held_by=lambda: None if queue.held else queue.lease_holder)
         return checks
+
+    def _database_problem(self) -> str | None:
+        outage = self.registry.outage()
+        if outage is None:
+            return None
+        from agent.core.durations import utc_iso
+
+        return (f"unreachable since {utc_iso(outage.since_ms)} ({outage.why}): durable messages are answered busy,"
+                " presence changes wait")
 
     def collectors(self) -> Collectors:
         from agent.service.collectors import agent_collectors, per_class_collector, snapshot_collector
@@ -443,6 +474,20 @@ class LeaderAgent(PartBase):
             outbox_stats=self.outbox.stats,
             housekeeping_metrics=self.housekeeping.metrics if self.housekeeping is not None else None)
         found["jobs"] = snapshot_collector("ea_jobs", self.jobs_queue.stats)
+        presence = self.presence
+        found["presence"] = snapshot_collector("ea_leader_presence", lambda: {
+            "applied": presence.applied, "pending": presence.pending, "retries": presence.retries,
+            "superseded": presence.superseded}, counters=("applied", "retries", "superseded"),
+            help_={"applied": "Device presence changes applied to the registry.",
+                   "pending": "Device presence changes waiting for the store (the newest per device).",
+                   "retries": "Rounds that left presence changes pending (the store failed, the mailbox was full).",
+                   "superseded": "Presence changes replaced by the same device's newer one before applied."})
+        if self.registry.on_postgres:
+            registry = self.registry
+            found["database"] = snapshot_collector("ea_leader_database", lambda: {
+                "reachable": registry.outage() is None, "outages": registry.outages()}, counters=("outages",),
+                help_={"reachable": "1 while the fleet's database answers, 0 while it is lost.",
+                       "outages": "Times this leader lost the fleet's database."})
         found["config"] = self._config_compliance
         found["leader"] = snapshot_collector("ea_leader", lambda: {
             "busy_answers": self.busy_answers, "refused_forged": self.refused_forged,
@@ -594,7 +639,8 @@ class LeaderAgent(PartBase):
             return self._refuse(env, str(exc))
         except StoreError as exc:
             self.busy_answers += 1
-            if not isinstance(exc, QueueStandby):  # (the leader running the job queue takes it when sent again)
+            # (the leader running the job queue takes it when sent again; a lost database is one line)
+            if not isinstance(exc, QueueStandby | StoreUnavailable):
                 self._store_log.warning("store", f"message {env.id} from {env.sender} not applied (answered busy):"
                                         f" {exc}")
             return Reply(id=env.id, status="busy", retry_after_ms=BUSY_STORE_MS, reason=str(exc))
@@ -624,7 +670,7 @@ class LeaderAgent(PartBase):
         try:
             self.rejects.record(topic=topic, reason=reason, payload=payload, sender=sender, msg_id=msg_id, kind=kind)
         except StoreError as exc:
-            log.error("could not record a refused message: %s", exc)
+            log.log(store_log_level(exc, logging.ERROR), "could not record a refused message: %s", exc)
 
     async def _on_presence(self, message: InboundMessage) -> None:
         device = topics.device_of(message.topic)
@@ -636,20 +682,14 @@ class LeaderAgent(PartBase):
         except PresenceFormatError as exc:
             self._record_reject(topic=message.topic, reason=str(exc), payload=payload, sender=device)
             return
-        presence = Presence(device_id=device, status="online" if state.online else "offline",
-                            ts_ms=self.clock.now_ms(), session=state.session)
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        for _ in range(20):
-            try:
-                assert self.leader is not None
-                self.leader.tell(Durable(f"presence:{device}", device, presence, done, self._leader_actor.presence))
-                break
-            except MailboxFull as exc:
-                await self.clock.sleep(exc.retry_after_ms / 1000.0)
-            except EdgeAgentError:
-                return
-        else:
-            log.warning("presence of %s not applied: the leader's mailbox stayed full", device)
+        self.presence.put(Presence(device_id=device, status="online" if state.online else "offline",
+                                   ts_ms=self.clock.now_ms(), session=state.session))
+
+    def _tell_presence(self, presence: Presence, done: asyncio.Future[bool]) -> None:
+        if self.leader is None:
+            raise ActorStopped("the leader actor is not running")
+        self.leader.tell(Durable(f"presence:{presence.device_id}", presence.device_id, presence, done,
+                                 self._leader_actor.presence))
 
     def _on_deadline(self, devices: list[str]) -> None:
         if self.leader is None:

@@ -40,7 +40,7 @@ import msgspec
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.core.codec import Envelope, Reply, decode
-from agent.core.errors import CodecError, EdgeAgentError, IdentityError, TransportError
+from agent.core.errors import CodecError, EdgeAgentError, IdentityError, TransportError, store_log_level
 from agent.core.ratelog import RateLimitedLog
 from agent.core.sql import PostgresUrl
 from agent.core.tasks import cancel_and_wait
@@ -299,7 +299,8 @@ class IdentityService(PartBase):
                         log.info("forgot %d pending enrolment(s) not asked for in %g s: %s", len(expired),
                                  self.section.pending_expiry_s, ", ".join(expired[:10]))
             except EdgeAgentError as exc:
-                self._log.warning("identity", f"identity controls not applied: {exc}")
+                self._log.log(store_log_level(exc, logging.WARNING), "identity",
+                              f"identity controls not applied: {exc}")
             await self.clock.sleep(self.poll_s)
 
     async def _follow_revocations(self) -> None:

@@ -39,7 +39,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.codec import decode, encode
-from agent.core.errors import CodecError, DeviceLimitReached, StoreError
+from agent.core.errors import CodecError, DeviceLimitReached, StoreError, store_log_level
 from agent.core.ratelog import RateLimitedLog
 from agent.core.sql import (
     NO_LIMIT,
@@ -667,7 +667,7 @@ class DeviceRegistry(Store):
             except StoreError as exc:
                 if self.closed:
                     return
-                log.warning("heartbeat deadlines: %s (retrying)", exc)
+                log.log(store_log_level(exc, logging.WARNING), "heartbeat deadlines: %s (retrying)", exc)
                 failed = True
             if failed:  # back off after a failure instead of spinning on it
                 wait_ms = retry_ms
@@ -678,7 +678,7 @@ class DeviceRegistry(Store):
             except StoreError as exc:
                 if self.closed:
                     return
-                log.warning("heartbeat deadlines: %s (retrying)", exc)
+                log.log(store_log_level(exc, logging.WARNING), "heartbeat deadlines: %s (retrying)", exc)
                 failed = True
                 continue
             if expired and on_offline is not None:

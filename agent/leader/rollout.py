@@ -38,7 +38,7 @@ from agent.actors import Actor, ActorRef, ActorSystem, Context
 from agent.core.clock import Clock
 from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
-from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError
+from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError, store_log_level
 from agent.core.ids import IdGenerator
 from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LeaderAgent, Route
@@ -306,7 +306,7 @@ class RolloutService(PartBase):
             try:
                 held = lease.hold()
             except StoreError as exc:
-                log.warning("rollouts: the orchestrator lease not renewed: %s", exc)
+                log.log(store_log_level(exc, logging.WARNING), "rollouts: the orchestrator lease not renewed: %s", exc)
                 held = lease.held  # unknown: the fence decides each write
             if held and (self._task is None or self._task.done()):
                 if lease.token != was:
@@ -403,7 +403,8 @@ class RolloutService(PartBase):
                                        busy=delta["busy"], rejected=delta["rejected"],
                                        max_concurrent=now["max_concurrent"])
             except StoreError as exc:  # counted again at the next tick
-                log.warning("serving figures of rollout %s not stored: %s", rollout_id, exc)
+                log.log(store_log_level(exc, logging.WARNING), "serving figures of rollout %s not stored: %s",
+                        rollout_id, exc)
                 continue
             self._serving_seen[rollout_id] = now
 

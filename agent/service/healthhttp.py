@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.core.clock import Clock, SystemClock
-from agent.core.errors import ConfigError
+from agent.core.errors import ConfigError, StoreUnavailable
 from agent.service.checks import Check, CheckResult
 from agent.service.http import HttpServer, Limits, Request, Response, text
 from agent.service.prom import CONTENT_TYPE, Collector, MetricFamily, collect, family, render
@@ -174,6 +174,9 @@ class HealthServer:
         for name, collector in self._collectors.items():
             try:
                 families.extend(await collect(collector))
+            except StoreUnavailable as exc:  # (its database lost: said once where that is watched)
+                self.collector_errors[name] = self.collector_errors.get(name, 0) + 1
+                log.debug("metrics collector failed: %s", exc, extra={"kv": {"collector": name}})
             except Exception:
                 self.collector_errors[name] = self.collector_errors.get(name, 0) + 1
                 log.exception("metrics collector failed", extra={"kv": {"collector": name}})

@@ -343,3 +343,88 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed_or_fro
     finally:
         _end(leaders)
         await stop_all(*agents)
+
+
+def _health(port: int) -> dict[str, Any]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as response:
+            return dict(json.loads(response.read()))
+    except urllib.error.HTTPError as err:  # 503: unhealthy, the same body
+        return dict(json.loads(err.read()))
+    except OSError:
+        return {}
+
+
+def _metric(port: int, name: str) -> float | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    found = [line.split()[-1] for line in text.splitlines() if line.startswith(f"{name} ")]
+    return float(found[0]) if found else None
+
+
+def _online(url: str, device: str) -> bool | None:
+    try:
+        conn = DeviceRegistry.connect_reader(url)
+    except StoreError:
+        return None
+    try:
+        found = RegistryReads(conn).device(device)
+        return None if found is None else found[0].online
+    finally:
+        conn.close()
+
+
+async def test_a_database_outage_is_one_state_and_loses_no_presence_and_no_message(
+        mosquitto, postgres: PostgresCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL stops under a running leader: the leader says so in one line and on /healthz
+    and /metrics, answers a device's telemetry busy (the device keeps it), keeps a device's
+    going offline until it can store it, and says in one line when the database is back; then
+    the telemetry is stored once and the device is offline in the registry."""
+    from mosquitto import free_port
+
+    url, port = postgres.url(), free_port()
+    gw = spawn_agent(tmp_path, "leader", "gw1", mosquitto.url, leader={"database": url},
+                     metrics={"listen": f"127.0.0.1:{port}"})
+    clock = SystemClock()
+    agents = [await worker(clock, tmp_path, f"w{i}", url=mosquitto.url, sections=FAST) for i in range(2)]
+    try:
+        await until(clock, lambda: _online(url, "w0") and _online(url, "w1"), limit_s=60, step_s=0.2,
+                    what="both devices online in the fleet's database")
+        assert _health(port)["checks"]["fleet database"] == {"ok": True, "detail": "reachable"}
+        postgres.stop("immediate")
+        await until(clock, lambda: _health(port).get("checks", {}).get("fleet database", {}).get("ok") is False,
+                    limit_s=60, step_s=0.2, what="/healthz saying the database is lost")
+        detail = _health(port)["checks"]["fleet database"]["detail"]
+        assert detail.startswith("unreachable since ") and "answered busy" in detail, detail
+        assert _metric(port, "ea_leader_database_reachable") == 0.0
+        await agents[1].stop()  # its going offline reaches the leader while the database is away
+        await agents[0].send_telemetry("t", 1.0)  # answered busy: kept in the device's outbox
+        await until(clock, lambda: (_metric(port, "ea_leader_presence_pending") or 0) >= 1, limit_s=60, step_s=0.2,
+                    what="the offline presence kept until it can be stored")
+        assert await pending(agents[0]) >= 1
+        postgres.start()
+        await until(clock, lambda: _online(url, "w1") is False, limit_s=60, step_s=0.2,
+                    what="the presence kept through the outage applied")
+        await until(clock, lambda: _fleet(url)[2].get("w0") == 1, limit_s=60, step_s=0.2,
+                    what="the telemetry kept by the device stored once")
+        await until(clock, lambda: _empty(agents[0]), limit_s=60, step_s=0.1, what="the device's outbox drained")
+        await until(clock, lambda: _health(port).get("checks", {}).get("fleet database", {}).get("ok") is True,
+                    limit_s=60, step_s=0.2, what="/healthz saying the database is back")
+        assert _metric(port, "ea_leader_database_outages_total") == 1.0
+        assert _metric(port, "ea_leader_presence_pending") == 0.0
+        said = (tmp_path / "gw1.log").read_text()
+        assert said.count("answer busy until it is back") == 1 and said.count("is back after") == 1, said
+        assert "level=error" not in said and "Traceback" not in said and "never retrieved" not in said, said
+        assert gw.poll() is None
+    finally:
+        kill(gw, signal.SIGTERM)
+        await stop_all(*agents[:1])
