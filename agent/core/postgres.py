@@ -102,8 +102,20 @@ def _element(value: Any) -> str:
 
 
 def _array_text(values: Sequence[Any]) -> bytes:
-    """An array literal (`{1,NULL,"a b"}`) of `values`, for an `ARRAY`-typed parameter."""
-    return ("{" + ",".join(map(_element, values)) + "}").encode()
+    """An array literal (`{1,NULL,"a b"}`) of `values`, for an `ARRAY`-typed parameter. A column
+    of one type (a batch's column almost always is) is written without a call per element."""
+    kinds = set(map(type, values))
+    if kinds == {int}:
+        body = ",".join(map(str, values))
+    elif kinds == {str}:
+        body = ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values])
+    elif kinds == {bytes}:
+        body = ",".join(['"\\\\x' + v.hex() + '"' for v in values])
+    elif kinds == {float}:
+        body = ",".join(map(repr, values))
+    else:
+        body = ",".join(map(_element, values))
+    return ("{" + body + "}").encode()
 
 
 def _first_line(exc: BaseException) -> str:

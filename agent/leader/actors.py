@@ -1,9 +1,9 @@
 """The leader agent's actors.
 
     HeartbeatIntake  a bounded mailbox with one slot per device (coalesce key = device id, seq =
-                     heartbeat seq): while the actor rests for `process_interval_s`, a newer
-                     heartbeat of a device replaces the queued one in place. Each round it drains
-                     what is queued and applies it to the registry in one transaction. A newer
+                     heartbeat seq), drained into a batch (a newer heartbeat of a device replaces
+                     the held one) applied to the registry in one transaction: at once when the
+                     mailbox is empty, or after lingering `process_interval_s` for more. A newer
                      heartbeat whose job demand (wire 2) the job queue does not hold yet goes on
                      to the LeaderActor as a registration; a repeated one costs a dict lookup.
     LeaderActor      telemetry, job demand/results/submissions and presence: applied in batches
@@ -27,8 +27,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
-from agent.actors import Actor, Context
-from agent.core.errors import StoreError, UnstorableValue, store_log_level
+from agent.actors import Actor, ActorRef, Context
+from agent.core.clock import TimerHandle
+from agent.core.errors import EdgeAgentError, StoreError, UnstorableValue, store_log_level
 from agent.core.ratelog import RateLimitedLog
 from agent.leader.jobs import DemandOutcome, Dispatch, JobQueue, ResultAck
 from agent.leader.registry import DeviceRegistry
@@ -74,8 +75,17 @@ class RegisterDemand:
     demands: tuple[tuple[JobDemand, int], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _RestOver:
+    """The intake has rested `process_interval_s` since its last write: apply what came meanwhile."""
+
+
 class HeartbeatIntake(Actor):
-    """Applies coalesced heartbeats to the registry in batches, at its own pace. A heartbeat
+    """Applies coalesced heartbeats to the registry in batches: what the mailbox holds when the
+    intake gets to it. With `process_interval_s` above 0 it rests that long after each write,
+    gathering what comes meanwhile (at most `batch_max`) into the next batch, so that a store
+    whose statement costs more than its rows (PostgreSQL) writes fewer, larger batches; the
+    mailbox keeps draining into the batch while it rests, so resting never fills it. A heartbeat
     the registry cannot store fails alone: its batch is applied again without it."""
 
     def __init__(self, registry: DeviceRegistry, *, process_interval_s: float = 0.0,
@@ -87,31 +97,44 @@ class HeartbeatIntake(Actor):
         self._batch_max = batch_max
         self._on_refused = on_refused
         self._batch: dict[str, Heartbeat] = {}
-        self._wake = asyncio.Event()  # ends a rest early: the leader is stopping
+        self._rest: TimerHandle | None = None  # while armed, the intake rests: heartbeats wait in the batch
+        self._due = False  # the rest is over and a batch waits
         self.stats = IntakeStats()
         self._failures: RateLimitedLog | None = None  # made with the first message (it needs the clock)
 
     async def receive(self, message: object, ctx: Context) -> object | None:
-        if not isinstance(message, Heartbeat):
+        if isinstance(message, Heartbeat):
+            self.stats.received += 1
+            if self._failures is None:
+                self._failures = RateLimitedLog(log, ctx.clock, 30.0)
+            held = self._batch.get(message.device_id)
+            if held is None or message.seq > held.seq:
+                self._batch[message.device_id] = message
+        elif not isinstance(message, _RestOver):
             return None
-        self.stats.received += 1
-        if self._failures is None:
-            self._failures = RateLimitedLog(log, ctx.clock, 30.0)
-        held = self._batch.get(message.device_id)
-        if held is None or message.seq > held.seq:
-            self._batch[message.device_id] = message
-        if len(self._batch) >= self._batch_max or ctx.self.depth == 0:
+        if self._due or len(self._batch) >= self._batch_max or (self._rest is None and ctx.self.depth == 0):
             self.flush()
-            if self._interval_s > 0 and not self._wake.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await ctx.clock.wait_for(self._wake.wait(), self._interval_s)
+            if self._interval_s > 0:
+                ref = ctx.self
+                self._rest = ctx.clock.call_later(self._interval_s, lambda: self._rested(ref))
         return None
 
+    def _rested(self, ref: ActorRef) -> None:
+        self._rest = None
+        if self._batch:
+            self._due = True
+            with contextlib.suppress(EdgeAgentError):  # a full mailbox: its next message finds `_due`
+                ref.tell(_RestOver())
+
     def stop_resting(self) -> None:
-        """The leader is stopping: take what is queued now instead of resting out the interval."""
-        self._wake.set()
+        """The leader is stopping: what waits in the batch is applied now (`on_stop` does)."""
+        self._due = True
 
     def flush(self) -> None:
+        self._due = False
+        if self._rest is not None:
+            self._rest.cancel()
+            self._rest = None
         if not self._batch:
             return
         batch = list(self._batch.values())
@@ -125,7 +148,8 @@ class HeartbeatIntake(Actor):
             # its interval, and the actor keeps running for when the database is back
             self.stats.unstored += len(batch)
             if self._failures is not None:
-                self._failures.log(logging.WARNING, "store", f"{len(batch)} heartbeats not applied: {exc}")
+                self._failures.log(store_log_level(exc, logging.WARNING), "store",
+                                   f"{len(batch)} heartbeats not applied: {exc}")
             return
         if self._demand is not None:
             self._register_demand(batch, applied)

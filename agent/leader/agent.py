@@ -109,6 +109,9 @@ BUSY_STORE_MS = 1_000  # retry hint when the leader's database failed under a me
 # may lag (no RTC on a Pi), but a timestamp from the far future would outrank every later one.
 MAX_AHEAD_MS = 24 * 3600 * 1000
 REJECT_LOG_INTERVAL_S = 60.0
+# On PostgreSQL the heartbeat intake rests this long after each write, where a statement costs
+# more than its rows (scripts/bench_leaders.py measures what it buys); on leader.db it does not.
+POSTGRES_REST_S = 0.1
 
 M = TypeVar("M", bound=msgspec.Struct)
 
@@ -317,7 +320,7 @@ class LeaderAgent(PartBase):
         cfg = self.config
         await self.system.start()
         self._intake_actor = HeartbeatIntake(
-            self.registry, process_interval_s=cfg.leader.process_interval_s, batch_max=self._batch_max,
+            self.registry, process_interval_s=self.process_interval_s, batch_max=self._batch_max,
             on_refused=self._heartbeat_refused, demand=_HeartbeatDemand(self))
         self.intake = self.system.spawn(
             self._intake_actor, name="heartbeats", capacity=cfg.mailbox.capacity, policy="reject",
@@ -456,6 +459,15 @@ class LeaderAgent(PartBase):
             checks["job queue"] = lease_check(lambda: self._jobs_task,
                                               held_by=lambda: None if queue.held else queue.lease_holder)
         return checks
+
+    @property
+    def process_interval_s(self) -> float:
+        """How long the heartbeat intake rests after each write (`[leader] process_interval_s`, else by
+        the store)."""
+        stated = self.config.leader.process_interval_s
+        if stated is not None:
+            return stated
+        return POSTGRES_REST_S if self.registry.on_postgres else 0.0
 
     def _database_problem(self) -> str | None:
         outage = self.registry.outage()
