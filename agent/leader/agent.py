@@ -469,6 +469,20 @@ class LeaderAgent(PartBase):
             return stated
         return POSTGRES_REST_S if self.registry.on_postgres else 0.0
 
+    def _leaders_metrics(self) -> list[MetricFamily]:
+        """Several leaders on PostgreSQL: the fleet's leaders running or not (by their own marks)
+        and whether this one runs the job queue."""
+        from agent.service.prom import family
+
+        running = self.registry.leaders_running()
+        return [
+            family("ea_fleet_leaders", "gauge", "The fleet's leaders, running (marked alive within three of their"
+                   " beats) or not.", [({"state": "running"}, float(sum(running.values()))),
+                                       ({"state": "not_running"}, float(len(running) - sum(running.values())))]),
+            family("ea_job_queue_held", "gauge", "1 while this leader runs the fleet's job queue (holds its lease).",
+                   1.0 if self.jobs_queue.held else 0.0),
+        ]
+
     def _database_problem(self) -> str | None:
         outage = self.registry.outage()
         if outage is None:
@@ -495,6 +509,7 @@ class LeaderAgent(PartBase):
                    "retries": "Rounds that left presence changes pending (the store failed, the mailbox was full).",
                    "superseded": "Presence changes replaced by the same device's newer one before applied."})
         if self.registry.on_postgres:
+            found["leaders"] = self._leaders_metrics
             registry = self.registry
             found["database"] = snapshot_collector("ea_leader_database", lambda: {
                 "reachable": registry.outage() is None, "outages": registry.outages()}, counters=("outages",),

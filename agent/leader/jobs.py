@@ -737,7 +737,9 @@ class JobCounts(msgspec.Struct, kw_only=True, frozen=True):
     confirmed: int = 0
     failed: int = 0  # confirmed with ok=False
     epoch: int = 0
-    run_by: str = ""  # several leaders: the leader holding the queue's lease
+    run_by: str = ""  # several leaders: the leader that took the queue's lease last
+    run_since_ms: int | None = None  # when it took it
+    run_until_ms: int | None = None  # until when it holds it (past: none runs the queue now)
 
 
 class JobReads:
@@ -756,12 +758,15 @@ class JobReads:
         counts = dict(self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
         (failed,) = self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'confirmed' AND ok = 0").fetchone()
         row = self._conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
-        run_by = ""
+        run_by, since, until = "", None, None
         if self._dialect is Dialect.POSTGRESQL:
-            lease = self._conn.execute("SELECT holder FROM jobqueue_lease WHERE name = 'jobs'").fetchone()
-            run_by = str(lease[0]) if lease else ""
+            lease = self._conn.execute(
+                "SELECT holder, taken_ms, expires_ms FROM jobqueue_lease WHERE name = 'jobs'").fetchone()
+            if lease and lease[0]:
+                run_by, since, until = str(lease[0]), int(lease[1]), int(lease[2])
         return JobCounts(pending=int(counts.get("pending", 0)), confirmed=int(counts.get("confirmed", 0)),
-                         failed=int(failed), epoch=int(row[0]) if row else 0, run_by=run_by)
+                         failed=int(failed), epoch=int(row[0]) if row else 0, run_by=run_by,
+                         run_since_ms=since, run_until_ms=until)
 
 
 __all__ = [

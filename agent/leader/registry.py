@@ -165,6 +165,12 @@ def _v11(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE registry_leaders (name TEXT PRIMARY KEY, alive_ms INTEGER NOT NULL)")
 
 
+def _v12(conn: sqlite3.Connection) -> None:
+    """How often each leader marks itself alive, so that a reader tells a dead one by its own pace
+    (`LEADER_BEAT_S` on PostgreSQL, `LEADER_ALIVE_EVERY_S` on leader.db)."""
+    conn.execute(f"ALTER TABLE registry_leaders ADD COLUMN every_ms INTEGER NOT NULL DEFAULT {_ALIVE_EVERY_MS}")
+
+
 T = TypeVar("T")
 
 
@@ -208,7 +214,7 @@ def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, Con
 
 _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12)
 
 #: The same tables on PostgreSQL (their own versions, from the SQLite schema's newest shape).
 _PG_MIGRATIONS = (
@@ -258,13 +264,19 @@ _PG_MIGRATIONS = (
     # changes `online` and `changed_ms`, which the job queue's holder looks up by this index.
     """DROP INDEX devices_online_expires;
     CREATE INDEX devices_offline_changed ON devices(changed_ms) WHERE online = 0;
+    ALTER TABLE registry_leaders ADD COLUMN every_ms BIGINT NOT NULL DEFAULT 30000;
     """,
 )
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
 
 DEADLINE_SCAN_MS = 1_000  # PostgreSQL: the deadline scans at most this often
 LEADER_ALIVE_EVERY_S = 30.0  # how often the running leader marks itself alive in the registry
+_ALIVE_EVERY_MS = int(LEADER_ALIVE_EVERY_S * 1000)
 LEADER_QUIET_S = 3 * LEADER_ALIVE_EVERY_S  # no mark for this long: the leader is not running
+# Several leaders on PostgreSQL: each beats its own row this often, so that the others and the
+# views tell a dead one within a lease time (`[leader] rollout_lease_s`, 10 s) by its own pace
+LEADER_BEAT_S = 3.0
+QUIET_BEATS = 3  # a leader silent for this many of its beats is not running
 
 # A device is overdue this many of its announced intervals after it was last heard from: one
 # late heartbeat is not an outage (and the last will tells an outage sooner anyway).
@@ -405,6 +417,7 @@ class DeviceRegistry(Store):
         self._boots: dict[str, str] = {}  # device -> boot id last seen by this process
         self._late_wills = RateLimitedLog(log, clock, 60.0)  # a device may publish its presence at will
         self._alive_marked_ms: int | None = None
+        self._beat_ms: int | None = None  # when this leader last beat its own row
         self.leader = ""  # this leader's device id, written as `served_by` (`LeaderAgent.open` sets it)
 
     @classmethod
@@ -666,7 +679,7 @@ class DeviceRegistry(Store):
         `StoreError` is logged and retried; the loop returns once the registry is closed.
         """
         retry_ms = min(self._deadline_ms, 1_000)
-        alive_ms = int(LEADER_ALIVE_EVERY_S * 1000)
+        alive_ms = self.beat_ms
         # PostgreSQL scans `devices` for deadlines (no index on `expires_ms`: see its schema):
         # at most once a second, so a device goes offline up to a second after its deadline
         least_ms = DEADLINE_SCAN_MS if self.on_postgres else 0
@@ -698,21 +711,33 @@ class DeviceRegistry(Store):
                 if outcome is not None:
                     await outcome
 
+    @property
+    def beat_ms(self) -> int:
+        """How often this leader marks its own row alive: `LEADER_BEAT_S` on PostgreSQL (several
+        leaders tell a dead one within a lease time), `LEADER_ALIVE_EVERY_S` on leader.db."""
+        return int(LEADER_BEAT_S * 1000) if self.on_postgres else _ALIVE_EVERY_MS
+
     def mark_alive(self) -> None:
-        """Write `leader_alive_ms` (now) and a sample of the devices online when the last mark
-        is `LEADER_ALIVE_EVERY_S` old; samples older than `FLEET_HISTORY_S` go. The leader's name
-        joins `registry_leaders`: the presence of a leader is then never taken for a device's
-        (`LeaderAgent.start` marks it before it connects, and so before its presence is out)."""
+        """Beat this leader's row of `registry_leaders` every `beat_ms`, with that pace; every
+        `LEADER_ALIVE_EVERY_S` also write `leader_alive_ms` (now) and a sample of the devices
+        online (samples older than `FLEET_HISTORY_S` go). The leader's name in `registry_leaders`
+        means the presence of a leader is never taken for a device's (`LeaderAgent.start` marks
+        it before it connects, and so before its presence is out)."""
         self.check_open()
         now = self._clock.now_ms()
+        if self._beat_ms is not None and now - self._beat_ms < self.beat_ms:
+            return
         if self._alive_marked_ms is not None and now - self._alive_marked_ms < LEADER_ALIVE_EVERY_S * 1000:
+            if self.leader:
+                with store_errors("mark the leader alive"), self.atomic(synced=False):
+                    self._beat(now)
+            self._beat_ms = now
             return
         with store_errors("mark the leader alive"), self.atomic():
             self._conn.execute("INSERT INTO registry_meta(key, value) VALUES ('leader_alive_ms', ?)"
                                " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (now,))
             if self.leader:
-                self._conn.execute("INSERT INTO registry_leaders (name, alive_ms) VALUES (?, ?)"
-                                   " ON CONFLICT (name) DO UPDATE SET alive_ms = excluded.alive_ms", (self.leader, now))
+                self._beat(now)
                 if self._alive_marked_ms is None:  # its row as a device, from a presence before it was a leader here
                     self._conn.execute("DELETE FROM devices WHERE device_id = ?", (self.leader,))
             # "WHERE true": SQLite's parser needs a WHERE between a SELECT and its upsert clause
@@ -721,7 +746,12 @@ class DeviceRegistry(Store):
                                " ON CONFLICT (at_ms) DO UPDATE SET devices = excluded.devices,"
                                " online = excluded.online", (now,))
             self._conn.execute("DELETE FROM fleet_online WHERE at_ms < ?", (now - FLEET_HISTORY_S * 1000,))
-        self._alive_marked_ms = now
+        self._alive_marked_ms = self._beat_ms = now
+
+    def _beat(self, now: int) -> None:
+        self._conn.execute("INSERT INTO registry_leaders (name, alive_ms, every_ms) VALUES (?, ?, ?)"
+                           " ON CONFLICT (name) DO UPDATE SET alive_ms = excluded.alive_ms,"
+                           " every_ms = excluded.every_ms", (self.leader, now, self.beat_ms))
 
     def prune_processed(self, older_than_s: float, *, limit: int | None = None) -> int:
         """Forget processed message ids older than `older_than_s`, oldest first, at most `limit`
@@ -748,6 +778,15 @@ class DeviceRegistry(Store):
         """Devices by the leader that served them last (`RegistryReads.leaders`)."""
         self.check_open()
         return RegistryReads(self._conn).leaders()
+
+    def leaders_running(self) -> dict[str, bool]:
+        """Each leader of this registry, and whether it marked itself alive within `QUIET_BEATS`
+        of its own pace (`RegistryReads.leaders_quiet_ms`)."""
+        self.check_open()
+        reads = RegistryReads(self._conn)
+        now, quiet = self._clock.now_ms(), reads.leaders_quiet_ms()
+        return {name: now - at <= quiet.get(name, int(LEADER_QUIET_S * 1000))
+                for name, at in reads.leaders_alive_ms().items()}
 
     def leader_names(self) -> set[str]:
         """The leaders that marked themselves in this registry (`RegistryReads.leader_names`)."""
@@ -1020,6 +1059,14 @@ class RegistryReads:
             return {}
         return {str(name): int(at) for name, at in self._conn.execute(
             "SELECT name, alive_ms FROM registry_leaders ORDER BY name")}
+
+    def leaders_quiet_ms(self) -> dict[str, int]:
+        """Each leader of this registry, with how long its silence may last before it counts as
+        not running (`QUIET_BEATS` of its own pace of marks)."""
+        if not int(self._conn.execute(has_table(self.dialect, "registry_leaders")).fetchone()[0]):
+            return {}
+        return {str(name): QUIET_BEATS * int(every) for name, every in self._conn.execute(
+            "SELECT name, every_ms FROM registry_leaders ORDER BY name")}
 
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""

@@ -31,6 +31,19 @@ class StaleDevice(msgspec.Struct, kw_only=True, frozen=True):
     online: bool
 
 
+class LeaderView(msgspec.Struct, kw_only=True, frozen=True):
+    """One leader of the fleet, as the database records it: the devices it served last, its
+    newest mark of life, whether it runs (marked within `QUIET_BEATS` of its own pace), and the
+    fleet's singletons whose lease it holds now ("rollouts", "job queue")."""
+
+    name: str
+    serves: int = 0
+    alive_ms: int | None = None
+    running: bool = True
+    silent_s: float = 0.0  # since its newest mark
+    runs: list[str] = msgspec.field(default_factory=list)
+
+
 class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     """The fleet as one leader's database records it (`status --json`, the console)."""
 
@@ -61,6 +74,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     # device certificates on record for a name no device may hold: a leader of the registry, or a
     # broker client id (`doctor --config` checks the operators and claims of a leader's config too)
     reserved_certs: list[str] = msgspec.field(default_factory=list)
+    # every leader of the registry (several on PostgreSQL), by name
+    leader_views: list[LeaderView] = msgspec.field(default_factory=list)
 
 
 
@@ -97,16 +112,38 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
              for device_id, last_seen, is_online in stale_rows]
     alive = registry.leader_alive_ms()
     lease = db.rollouts.lease(LEASE_NAME)
+    jobs = db.jobs.counts()
     return FleetStatus(generated_ms=now, total=total, online=online, offline=total - online,
                        versions=registry.versions(), stale_after_s=stale_after_s, stale_by_deadline=own,
                        stale_count=stale_count, stale=stale,
-                       jobs=db.jobs.counts(), leader_alive_ms=alive,
+                       jobs=jobs, leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
                        config=fleet_compliance(db, now), leaders=registry.leaders(),
                        leaders_alive_ms=registry.leaders_alive_ms(),
                        reserved_certs=_reserved_certs(db), rollouts_run_by=lease.holder if lease else "",
                        rollouts_since_ms=lease.acquired_ms if lease else None,
-                       rollouts_until_ms=lease.expires_ms if lease else None)
+                       rollouts_until_ms=lease.expires_ms if lease else None,
+                       leader_views=_leader_views(db, now, rollouts=(lease.holder, lease.expires_ms) if lease else None,
+                                                  jobs=(jobs.run_by, jobs.run_until_ms or 0) if jobs else None))
+
+
+def _leader_views(db: LeaderDb, now: int, *, rollouts: tuple[str, int] | None,
+                  jobs: tuple[str, int] | None) -> list[LeaderView]:
+    """Every leader that marked itself alive in the registry or served a device, with the
+    singletons (the orchestrator, the job queue) whose lease it holds at `now`."""
+    serves = db.registry.leaders()
+    alive = db.registry.leaders_alive_ms()
+    quiet = db.registry.leaders_quiet_ms()
+    views = []
+    for name in sorted({*serves, *alive}):
+        at = alive.get(name)
+        silent = (now - at) / 1000.0 if at is not None else 0.0
+        running = at is not None and now - at <= quiet.get(name, int(LEADER_QUIET_S * 1000))
+        runs = [what for what, lease in (("rollouts", rollouts), ("job queue", jobs))
+                if lease is not None and lease[0] == name and lease[1] > now]
+        views.append(LeaderView(name=name, serves=serves.get(name, 0), alive_ms=at, running=running,
+                                silent_s=round(max(0.0, silent), 3), runs=runs))
+    return views
 
 
 def _reserved_certs(db: LeaderDb) -> list[str]:
@@ -117,14 +154,15 @@ def _reserved_certs(db: LeaderDb) -> list[str]:
             if reserved_reason(name, leaders=leaders, operators=(), claims=(), reserved=())]
 
 
-def _leader(summary: FleetStatus, name: str) -> str:
-    """One leader of several: how many devices it served last, and whether it still marks itself
-    alive (silent for `LEADER_QUIET_S`: it stopped or died; its devices move to the others at
-    their next heartbeat)."""
-    text = f"{name} serves {summary.leaders.get(name, 0)}"
-    alive = summary.leaders_alive_ms.get(name)
-    if alive is not None and summary.generated_ms - alive > LEADER_QUIET_S * 1000:
-        text += f" (silent for {format_age((summary.generated_ms - alive) / 1000.0)}: not running)"
+def _leader(view: LeaderView) -> str:
+    """One leader of several: how many devices it served last, what it runs, and whether it still
+    marks itself alive (silent for `QUIET_BEATS` of its pace: it stopped or died; its devices
+    move to the others at their next heartbeat)."""
+    text = f"{view.name} serves {view.serves}"
+    if view.runs:
+        text += f", runs the {' and the '.join(view.runs)}"
+    if not view.running and view.alive_ms is not None:
+        text += f" (silent for {format_age(view.silent_s)}: not running)"
     return text
 
 
@@ -141,9 +179,8 @@ def format_status(summary: FleetStatus) -> str:
     if summary.reserved_certs:
         lines.insert(0, "RESERVED: a device certificate is on record for a name no device may hold: "
                         + ", ".join(summary.reserved_certs) + " (edge-agent devices revoke them at once)")
-    if len(summary.leaders) > 1 or len(summary.leaders_alive_ms) > 1:
-        lines.append("leaders: " + ", ".join(_leader(summary, name)
-                                             for name in sorted({*summary.leaders, *summary.leaders_alive_ms})))
+    if len(summary.leader_views) > 1:
+        lines.append("leaders: " + "; ".join(_leader(view) for view in summary.leader_views))
     if summary.rollouts_run_by and summary.rollouts_until_ms is not None:
         if summary.rollouts_until_ms > summary.generated_ms:
             lines.append(f"rollouts: run by leader {summary.rollouts_run_by} since"

@@ -27,6 +27,7 @@ def fleet_console(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
     for leader, device in (("gw1", "pi-1"), ("gw2", "pi-2")):  # two leaders, each served one device
         with DeviceRegistry.open(pg_url, clock=clock) as registry:
             registry.leader = leader
+            registry.mark_alive()
             registry.apply_heartbeats([Heartbeat(device_id=device, seq=1, uptime_s=1.0, firmware_version="1.0.0")])
     with RejectLog.open(pg_url, clock=clock) as rejects:
         rejects.record(topic="ea/v1/t/rogue/up", reason="not a heartbeat", payload=b"x", sender="rogue")
@@ -37,6 +38,8 @@ def fleet_console(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
 def test_the_console_shows_the_whole_fleet_of_several_leaders(fleet_console: tuple[str, int], pg_url: str) -> None:
     status, _, body = request(fleet_console, "GET", "/", headers=BEARER)
     assert status == 200 and "pi-1" in body and "pi-2" in body
+    leaders = body.split('id="fleet-leaders"')[1].split("</table>")[0]  # each leader, what it serves
+    assert "<td>gw1</td><td class=\"online\">running</td>" in leaders and "<td>gw2</td>" in leaders, leaders
     status, _, body = request(fleet_console, "GET", "/devices/pi-2", headers=BEARER)
     assert status == 200 and "leader gw2" in body
     status, _, body = request(fleet_console, "GET", "/rejects", headers=BEARER)

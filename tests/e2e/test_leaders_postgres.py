@@ -204,6 +204,11 @@ async def test_one_leader_runs_the_rollouts_and_another_takes_over_when_it_is_ki
                     what="the other leader taking the rollouts over")
         taken = _lease(url)
         assert taken.token == first.token + 1
+        # status names the dead leader dead (silent for three of its 3 s beats) and who runs what
+        await until(clock, lambda: f"{first.holder} serves 0 (silent for" in _cli("status", "--db", url).stdout,
+                    limit_s=60, step_s=0.2, what="status showing the killed leader not running")
+        said = _cli("status", "--db", url).stdout
+        assert f"{other} serves 0, runs the rollouts" in said, said
         with RolloutStore.open(url, clock=SystemClock()) as store:
             control = store.add_control("no-such-rollout", "pause", actor="test")
         await until(clock, lambda: _control_answered(url, control), limit_s=60, step_s=0.1,
@@ -400,6 +405,7 @@ async def test_a_database_outage_is_one_state_and_loses_no_presence_and_no_messa
         await until(clock, lambda: _online(url, "w0") and _online(url, "w1"), limit_s=60, step_s=0.2,
                     what="both devices online in the fleet's database")
         assert _health(port)["checks"]["fleet database"] == {"ok": True, "detail": "reachable"}
+        assert _metric(port, 'ea_fleet_leaders{state="running"}') == 1.0 and _metric(port, "ea_job_queue_held") == 1.0
         postgres.stop("immediate")
         await until(clock, lambda: _health(port).get("checks", {}).get("fleet database", {}).get("ok") is False,
                     limit_s=60, step_s=0.2, what="/healthz saying the database is lost")

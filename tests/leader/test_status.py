@@ -10,7 +10,7 @@ from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError
 from agent.leader.jobs import JobQueue
 from agent.leader.registry import DeviceRegistry
-from agent.leader.status import FleetStatus, format_status, summarize
+from agent.leader.status import FleetStatus, LeaderView, format_status, summarize
 from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
 
 
@@ -87,13 +87,52 @@ def test_status_says_which_leader_runs_the_rollouts_and_when_none_does() -> None
 
 
 def test_status_says_which_of_several_leaders_has_gone_silent() -> None:
-    """Each leader marks itself alive every 30 s: one silent for 90 s is shown as not running,
-    beside the devices it served last (they move to the others at their next heartbeat)."""
+    """One leader silent for its quiet time is shown as not running, beside the devices it served
+    last (they move to the others at their next heartbeat), and each says what it runs."""
     now = 1_700_000_100_000
-    summary = FleetStatus(generated_ms=now, total=10, online=10, offline=0, leaders={"gw-1": 7, "gw-2": 3},
-                          leaders_alive_ms={"gw-1": now - 300_000, "gw-2": now - 20_000, "gw-3": now - 5_000})
-    assert "leaders: gw-1 serves 7 (silent for 5m00s: not running), gw-2 serves 3, gw-3 serves 0" in \
-        format_status(summary)
+    summary = FleetStatus(generated_ms=now, total=10, online=10, offline=0, leader_views=[
+        LeaderView(name="gw-1", serves=7, alive_ms=now - 300_000, running=False, silent_s=300.0),
+        LeaderView(name="gw-2", serves=3, alive_ms=now - 2_000, runs=["rollouts", "job queue"]),
+        LeaderView(name="gw-3", alive_ms=now - 1_000)])
+    assert ("leaders: gw-1 serves 7 (silent for 5m00s: not running); gw-2 serves 3, runs the rollouts and the"
+            " job queue; gw-3 serves 0") in format_status(summary)
+
+
+async def test_a_leader_that_stops_beating_is_shown_dead_within_a_lease_time(pg_url: str) -> None:
+    """Several leaders on PostgreSQL beat their own row every 3 s: one silent for 9 s (three of its
+    beats) is shown as not running, within a lease time (10 s) of its last beat; the one holding
+    the orchestrator's and the job queue's leases is named as running them."""
+    from agent.leader.readonly import open_leader_db
+    from agent.leader.status import fleet_status
+    from rollout_engine.store import RolloutStore
+
+    clock = VirtualClock()
+    gw1, gw2 = (DeviceRegistry.open(pg_url, clock=clock) for _ in range(2))
+    gw1.leader, gw2.leader = "gw-1", "gw-2"
+    try:
+        gw1.mark_alive()
+        gw2.mark_alive()
+        gw2.apply_heartbeats([Heartbeat(device_id="pi-1", seq=1, uptime_s=1.0)])
+        with RolloutStore.open(pg_url, clock=clock) as rollouts:
+            assert rollouts.take_lease("orchestrator", "gw-2", None, 60_000) is not None
+        JobQueue.open(pg_url, clock=clock, holder="gw-2").close()
+        for _ in range(3):  # gw-1 died: only gw-2 beats, for 9 s
+            await clock.advance(3.0)
+            gw2.mark_alive()
+        with open_leader_db(pg_url) as db:
+            live = {v.name: v for v in fleet_status(db, clock.now_ms()).leader_views}
+        assert live["gw-1"].running and live["gw-2"].running  # 9 s: still within three beats
+        await clock.advance(0.5)
+        gw2.mark_alive()
+        with open_leader_db(pg_url) as db:
+            summary = fleet_status(db, clock.now_ms())
+        views = {v.name: v for v in summary.leader_views}
+        assert not views["gw-1"].running and views["gw-1"].silent_s == 9.5
+        assert views["gw-2"].running and views["gw-2"].serves == 1 and views["gw-2"].runs == ["rollouts", "job queue"]
+        assert "gw-1 serves 0 (silent for 9s: not running)" in format_status(summary), format_status(summary)
+    finally:
+        gw1.close()
+        gw2.close()
 
 
 def test_status_command_prints_text_and_json(fleet_db: tuple[Path, VirtualClock],
