@@ -99,7 +99,7 @@ class LayerStore(Store):
 
     COMPONENT = "config_layers"
     MIGRATIONS = (_v1,)
-    PG_MIGRATIONS = (_PG_V1,)
+    SERVER_MIGRATIONS = {"postgresql": (_PG_V1,)}
     WHAT = "the configuration layers"
 
     @classmethod

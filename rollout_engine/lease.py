@@ -41,7 +41,7 @@ class OrchestratorLease:
     def __init__(self, store: RolloutStore, holder: str, *, ttl_s: float) -> None:
         """`ttl_s` (`[leader] rollout_lease_s`): a standby takes over at most this long after the
         holder's last renewal."""
-        if not store.on_postgres:
+        if not store.on_server:
             raise ValueError("the orchestrator lease is for a fleet's PostgreSQL database (leader.db has one leader)")
         if ttl_s <= 0:
             raise ValueError("ttl_s must be > 0")

@@ -1,6 +1,7 @@
 """The rollout tables of the leader's database, as ordered migrations (component "rollout").
 
-`MIGRATIONS` for SQLite (`leader.db`), `PG_MIGRATIONS` for a fleet's PostgreSQL database (its
+`MIGRATIONS` for SQLite (`leader.db`), `PG_MIGRATIONS` for a fleet's PostgreSQL database (the
+store's `SERVER_MIGRATIONS["postgresql"]`; its
 own versions: the same tables, created whole). `rollout_offers` and `rollout_device_events` have
 a `rowid` column there, so both databases order them by it. See
 `rollout_engine.store` for what each table holds and `...lease` for the lease.

@@ -216,7 +216,7 @@ class RolloutStore(Store):
 
     COMPONENT = COMPONENT
     MIGRATIONS = _MIGRATIONS
-    PG_MIGRATIONS = _PG_MIGRATIONS
+    SERVER_MIGRATIONS = {"postgresql": _PG_MIGRATIONS}
     WHAT = "the rollout store"
 
     def __init__(self, conn: Any, *, clock: Clock, path: str | StoreTarget) -> None:
@@ -228,7 +228,7 @@ class RolloutStore(Store):
 
     @classmethod
     def open(cls, path: str | Path | StoreTarget, *, clock: Clock, synchronous: Synchronous = "FULL") -> RolloutStore:
-        """On `leader.db` (a path) or the fleet's PostgreSQL database (a `PostgresUrl` or URL)."""
+        """On `leader.db` (a path) or the fleet's PostgreSQL database (a `ServerUrl` or URL)."""
         return cls(cls.connect_target(path, synchronous=synchronous), clock=clock, path=path)
 
     @classmethod
@@ -771,7 +771,7 @@ class RolloutStore(Store):
 
     def lease(self, name: str) -> LeaseRow | None:
         """Lease `name` (None: never taken, or a database without leases: `leader.db`)."""
-        return _lease_row(self._q(_LEASE_SQL, (name,))) if self.on_postgres else None
+        return _lease_row(self._q(_LEASE_SQL, (name,))) if self.on_server else None
 
 
 _LEASE_SQL = "SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM rollout_lease WHERE name = ?"

@@ -101,10 +101,10 @@ def hand_over(url: str, procs: dict[str, subprocess.Popen[bytes]], signal_name: 
 def _job_lease(url: str) -> tuple[str, int, int] | None:
     """(holder, epoch, taken_ms) of the job queue's lease."""
     from agent.core import postgres
-    from agent.core.sql import PostgresUrl
+    from agent.core.sql import ServerUrl
 
     try:
-        conn = postgres.connect(PostgresUrl(url))
+        conn = postgres.connect(ServerUrl(url))
     except StoreError:
         return None
     try:

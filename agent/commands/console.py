@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from agent.core.errors import ConfigError
-from agent.core.sql import PostgresUrl, StoreTarget, is_postgres_url
+from agent.core.sql import ServerUrl, StoreTarget, is_server_url
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +49,11 @@ def main(args: argparse.Namespace) -> int:
     if len(token) < 16:
         raise ConfigError(args.token_file, None, "the token is shorter than 16 characters")
     db: StoreTarget
-    if is_postgres_url(args.db):  # the whole fleet of several leaders (each keeps its own outbox)
+    if is_server_url(args.db):  # the whole fleet of several leaders (each keeps its own outbox)
         if not args.artifacts:
             raise ConfigError("--artifacts", None, "with a postgresql:// database, name the artifact store's directory"
                                                    " (one every leader reads: a shared mount)")
-        db = PostgresUrl(args.db)
+        db = ServerUrl(args.db)
         outbox = Path(args.outbox) if args.outbox else None
     else:
         db = Path(args.db)

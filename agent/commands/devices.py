@@ -36,7 +36,7 @@ from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
-    from agent.core.sql import PostgresUrl
+    from agent.core.sql import ServerUrl
     from agent.leader.identities import IdentityStore
 
 EXIT_NOT_APPLIED = 3
@@ -91,13 +91,13 @@ def _leader_config(path: str) -> AgentConfig:
     return config
 
 
-def _db(config: AgentConfig, path: str) -> Path | PostgresUrl:
+def _db(config: AgentConfig, path: str) -> Path | ServerUrl:
     """The leader's identity store: its leader.db, or the fleet's PostgreSQL (`[leader] database`)."""
-    from agent.core.sql import PostgresUrl
+    from agent.core.sql import ServerUrl
     from agent.leader.database import LEADER_DB, shared_database
 
     shared = shared_database(config, Path(config.agent.data_dir))
-    if isinstance(shared, PostgresUrl):
+    if isinstance(shared, ServerUrl):
         return shared
     db = Path(config.agent.data_dir) / LEADER_DB
     if not db.is_file():

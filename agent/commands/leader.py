@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from agent.core.errors import ConfigError
-    from agent.core.sql import PostgresUrl, store_target
-    from agent.leader.migrate import copy_to_postgres
+    from agent.core.sql import ServerUrl, store_target
+    from agent.leader.migrate import copy_to_server
     from agent.service.files import read_secret
 
     source = Path(args.source)
@@ -40,9 +40,9 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--from", None, f"{source}: no such file (the leader's DATA_DIR/leader.db)")
     password = read_secret(args.password_file, what="--password-file") if args.password_file else None
     target = store_target(args.target, password=password, source="--to", key="")
-    if not isinstance(target, PostgresUrl):
+    if not isinstance(target, ServerUrl):
         raise ConfigError("--to", None, f"{args.target}: not a postgresql:// URL")
-    copied = copy_to_postgres(source, target, into_non_empty=args.into_non_empty)
+    copied = copy_to_server(source, target, into_non_empty=args.into_non_empty)
     for table, rows in copied.items():
         print(f"{table}: {rows} rows")
     print(f"copied {sum(copied.values())} rows of {len(copied)} tables into {target}. Next: set [leader] database ="

@@ -97,9 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _db_path(args: argparse.Namespace) -> Any:
     """Where the rollout tables are: `--db` (a file or a postgresql:// URL), or the leader's
     database by its `--config` (the fleet's PostgreSQL database when `[leader] database` says so)."""
-    from agent.core.sql import is_postgres_url
+    from agent.core.sql import is_server_url
 
-    if getattr(args, "db", None) and is_postgres_url(args.db):
+    if getattr(args, "db", None) and is_server_url(args.db):
         return args.db
     if getattr(args, "db", None):
         path = Path(args.db)

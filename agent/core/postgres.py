@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import StoreError, StoreUnavailable, UnstorableValue
-from agent.core.sql import Cursor, Dialect, Outage, PostgresUrl
+from agent.core.sql import Cursor, Dialect, Outage, ServerUrl
 
 if TYPE_CHECKING:
     import psycopg
@@ -128,7 +128,7 @@ class ServerState:
     lost (since when, why). Losing it and reaching it again are one log line each; a process that
     never reached it says nothing here (its first connect's error is the caller's to say)."""
 
-    def __init__(self, target: PostgresUrl) -> None:
+    def __init__(self, target: ServerUrl) -> None:
         self.target = target
         self.reached_once = False
         self.outage: Outage | None = None
@@ -153,7 +153,7 @@ class ServerState:
 _servers: dict[str, ServerState] = {}
 
 
-def server_state(target: PostgresUrl) -> ServerState:
+def server_state(target: ServerUrl) -> ServerState:
     """The state of the server at `target`, shared by every connection of this process to it."""
     found = _servers.get(target.url)
     if found is None:
@@ -167,7 +167,7 @@ class PgConnection:
 
     dialect = Dialect.POSTGRESQL
 
-    def __init__(self, target: PostgresUrl) -> None:
+    def __init__(self, target: ServerUrl) -> None:
         self.target = target
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
@@ -326,7 +326,7 @@ class PgConnection:
         self._txn = False
 
 
-def connect(target: PostgresUrl) -> PgConnection:
+def connect(target: ServerUrl) -> PgConnection:
     """A session on `target`. `StoreUnavailable` naming the URL (never its password) when the
     server cannot be reached or refuses the login."""
     return PgConnection(target)
@@ -382,7 +382,7 @@ def migrate(conn: PgConnection, component: str, steps: Sequence[str]) -> int:
     return len(steps)
 
 
-def open_migrated(target: PostgresUrl, component: str, steps: Sequence[str]) -> PgConnection:
+def open_migrated(target: ServerUrl, component: str, steps: Sequence[str]) -> PgConnection:
     """`connect` and `migrate` in one step; the connection is closed if the migration fails."""
     conn = connect(target)
     try:

@@ -1,11 +1,14 @@
-"""Where a store keeps its tables, and the connection shape both databases offer the stores.
+"""Where a store keeps its tables, and the connection shape every database offers the stores.
 
-A leader's stores live in one SQLite file (`leader.db`, the default) or in one PostgreSQL
-database (`[leader] database = "postgresql://..."`). A store is written once, in the SQL both
-speak (`INSERT ... ON CONFLICT ... DO UPDATE ... WHERE`, `RETURNING`, `?` placeholders), against
-`Connection`; where the two differ (a type name, a JSON array) the store asks its `Dialect`.
+A leader's stores live in one SQLite file (`leader.db`, the default) or on one database server
+(`[leader] database = "postgresql://..."`; the servers are a table: `agent.core.backends`). A
+store is written once, in the SQL they all speak (`INSERT ... ON CONFLICT ... DO UPDATE ...
+WHERE`, `RETURNING`, `?` placeholders), against `Connection`; where they differ (a type name, a
+JSON array) the store asks its `Dialect`.
 
-`StoreTarget` is what a store is opened on: a `Path` (SQLite) or a `PostgresUrl`.
+`StoreTarget` is what a store is opened on: a `Path` (SQLite) or a `ServerUrl`. Callers tell the
+two apart (a file of one leader, a server the fleet's leaders share), never one server from
+another.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.core.backends import Backend, backend_named, schemes
 from agent.core.errors import ConfigError
 
 NO_LIMIT = 1 << 62  # a LIMIT of "all" on both (PostgreSQL takes no negative LIMIT, SQLite's -1)
@@ -89,11 +93,12 @@ def has_table(dialect: Dialect, table: str) -> str:
 
 
 @dataclass(frozen=True)
-class PostgresUrl:
-    """A PostgreSQL database by its libpq URL (`postgresql://user@host:port/db?sslmode=...`).
+class ServerUrl:
+    """A database on a server, by its URL, whose scheme names the backend
+    (`postgresql://user@host:port/db?sslmode=...`: `agent.core.backends`).
 
-    The password is read from a file (`[leader] database_password_file`) or left to libpq: the
-    standard `PG*` environment (`PGPASSWORD`, `PGPASSFILE`, `PGSSLMODE`, ...) and `~/.pgpass`.
+    The password is read from a file (`[leader] database_password_file`) or left to the driver
+    (PostgreSQL: libpq's `PG*` environment, `PGPASSWORD`, `PGPASSFILE`, ..., and `~/.pgpass`).
     `str()` never shows a password."""
 
     url: str
@@ -102,8 +107,15 @@ class PostgresUrl:
     def __str__(self) -> str:
         return redacted(self.url)
 
+    @property
+    def backend(self) -> Backend:
+        found = backend_named(self.url)
+        if found is None:  # (`store_target` refuses such a URL first)
+            raise ConfigError(redacted(self.url), None, "not the URL of a database server this program knows")
+        return found
 
-StoreTarget = Path | PostgresUrl
+
+StoreTarget = Path | ServerUrl
 
 
 @dataclass(frozen=True)
@@ -115,11 +127,9 @@ class Outage:
     why: str
     count: int
 
-_SCHEMES = ("postgresql://", "postgres://")
-
-
-def is_postgres_url(value: str) -> bool:
-    return value.startswith(_SCHEMES)
+def is_server_url(value: str) -> bool:
+    """Whether `value` names a database server (a scheme of `agent.core.backends`), not a file."""
+    return backend_named(value) is not None
 
 
 def redacted(url: str) -> str:
@@ -133,18 +143,21 @@ def redacted(url: str) -> str:
 
 
 def store_target(value: str | Path, *, password: str | None = None, source: str = "", key: str = "") -> StoreTarget:
-    """A `Path` for an SQLite file, a `PostgresUrl` for `postgresql://...`; `ConfigError` naming
-    `source` and `key` for any other URL scheme."""
+    """A `Path` for an SQLite file, a `ServerUrl` for a database server's URL (`postgresql://...`);
+    `ConfigError` naming `source` and `key` for any other URL scheme."""
     text = str(value)
-    if is_postgres_url(text):
+    backend = backend_named(text)
+    if backend is not None:
+        form = f"{backend.schemes[0]}USER@HOST[:PORT]/DB"
         parts = urllib.parse.urlsplit(text)
         if not parts.hostname and "host=" not in parts.query:
-            raise ConfigError(source, key, f"{redacted(text)}: names no host (postgresql://USER@HOST[:PORT]/DB)")
+            raise ConfigError(source, key, f"{redacted(text)}: names no host ({form})")
         if not parts.path.strip("/"):
-            raise ConfigError(source, key, f"{redacted(text)}: names no database (postgresql://USER@HOST[:PORT]/DB)")
-        return PostgresUrl(text, password)
+            raise ConfigError(source, key, f"{redacted(text)}: names no database ({form})")
+        return ServerUrl(text, password)
     if "://" in text:
-        raise ConfigError(source, key, f"{redacted(text)}: not a file path nor a postgresql:// URL")
+        raise ConfigError(source, key, f"{redacted(text)}: not a file path nor the URL of a database server"
+                                       f" ({', '.join(schemes())})")
     return Path(text)
 
 
@@ -155,14 +168,14 @@ __all__ = [
     "Connection",
     "Cursor",
     "Dialect",
-    "PostgresUrl",
+    "ServerUrl",
     "StoreTarget",
     "dialect_of",
     "greatest",
     "has_table",
     "in_json_array",
     "json_array_holds",
-    "is_postgres_url",
+    "is_server_url",
     "redacted",
     "store_target",
 ]

@@ -1,25 +1,27 @@
-"""The skeleton every store shares, on SQLite or on PostgreSQL.
+"""The skeleton every store shares, on SQLite or on a database server (PostgreSQL).
 
 A subclass names its `COMPONENT`, its `MIGRATIONS` (SQLite: functions) and, when it can live on
-PostgreSQL too, its `PG_MIGRATIONS` (SQL scripts: one per version, the same versions); it opens
-its connection with `connect_migrated(target)` in its own `open` (which does the store's first
-reads), and inherits `atomic(synced=...)`, `check_open()`, an idempotent `close()` and the
-context manager. `dialect` says which database it is on, for the few statements that differ.
+a server too, its `SERVER_MIGRATIONS` (per backend of `agent.core.backends`, SQL scripts: one per
+version); it opens its connection with `connect_target(target)` in its own `open` (which does
+the store's first reads), and inherits `atomic(synced=...)`, `check_open()`, an idempotent
+`close()` and the context manager. `dialect` says which database it is on, for the few
+statements that differ; `on_server` whether the fleet's leaders may share it.
 
-A store whose `PG_MIGRATIONS` is empty is kept in SQLite only (the device's own stores).
+A store without `SERVER_MIGRATIONS` is kept in SQLite only (the device's own stores).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self, cast
 
 from agent.core import sqlite as sqlite_db
+from agent.core.backends import ServerModule
 from agent.core.errors import StoreError
-from agent.core.sql import Connection, Dialect, Outage, PostgresUrl, StoreTarget, dialect_of, is_postgres_url
+from agent.core.sql import Connection, Dialect, Outage, ServerUrl, StoreTarget, dialect_of, is_server_url
 
 
 class Store:
@@ -30,16 +32,19 @@ class Store:
 
     COMPONENT: ClassVar[str]  # the migration bookkeeping name (several stores share a database)
     MIGRATIONS: ClassVar[Sequence[sqlite_db.Migration]]
-    PG_MIGRATIONS: ClassVar[Sequence[str]] = ()  # empty: this store is kept in SQLite only
+    # backend name -> its SQL scripts, one per version; empty: this store is kept in SQLite only
+    SERVER_MIGRATIONS: ClassVar[Mapping[str, Sequence[str]]] = {}
     WHAT: ClassVar[str]  # what the store is, for error messages
 
-    def __init__(self, conn: Connection | sqlite3.Connection, *, path: str | Path | PostgresUrl) -> None:
+    def __init__(self, conn: Connection | sqlite3.Connection, *, path: str | Path | ServerUrl) -> None:
         self._conn: Any = conn
         self.path = str(path)  # printable: never a password
         # where it was opened, to open another store there (a URL given as text keeps no password)
-        self.target: StoreTarget = path if isinstance(path, PostgresUrl) else (
-            PostgresUrl(path) if isinstance(path, str) and is_postgres_url(path) else Path(path))
+        self.target: StoreTarget = path if isinstance(path, ServerUrl) else (
+            ServerUrl(path) if isinstance(path, str) and is_server_url(path) else Path(path))
         self.dialect = dialect_of(conn)
+        # a server's module (its `atomic`), loaded with its connection
+        self._module = self.target.backend.load() if isinstance(self.target, ServerUrl) and self.on_server else None
         self._closed = False
 
     @classmethod
@@ -51,32 +56,39 @@ class Store:
 
     @classmethod
     def connect_target(cls, target: StoreTarget | str, *, synchronous: sqlite_db.Synchronous = "FULL") -> Connection:
-        """`connect_migrated` for a store that lives on SQLite or PostgreSQL (`PG_MIGRATIONS`):
-        `target` is a path, a `PostgresUrl` or a `postgresql://` URL."""
-        if isinstance(target, str) and is_postgres_url(target):
-            target = PostgresUrl(target)
-        if isinstance(target, PostgresUrl):
-            if not cls.PG_MIGRATIONS:
-                raise StoreError(f"{cls.WHAT} is kept in SQLite only, not in {target}")
-            from agent.core import postgres
-
-            return cast("Connection", postgres.open_migrated(target, cls.COMPONENT, cls.PG_MIGRATIONS))
+        """`connect_migrated` for a store that lives on SQLite or a server (`SERVER_MIGRATIONS`):
+        `target` is a path, a `ServerUrl` or a server's URL (`postgresql://...`)."""
+        if isinstance(target, str) and is_server_url(target):
+            target = ServerUrl(target)
+        if isinstance(target, ServerUrl):
+            module, steps = cls._server(target)
+            return cast("Connection", module.open_migrated(target, cls.COMPONENT, steps))
         return cast("Connection", cls.connect_migrated(target, synchronous=synchronous))
 
+    @classmethod
+    def _server(cls, target: ServerUrl) -> tuple[ServerModule, Sequence[str]]:
+        """The backend module for `target` and this store's scripts for it."""
+        backend = target.backend
+        steps = cls.SERVER_MIGRATIONS.get(backend.name)
+        if not steps:
+            raise StoreError(f"{cls.WHAT} is kept in SQLite only, not in {target}")
+        return backend.load(), steps
+
     @property
-    def on_postgres(self) -> bool:
-        return self.dialect is Dialect.POSTGRESQL
+    def on_server(self) -> bool:
+        """On a database server the fleet's leaders may share (not a leader's own file)."""
+        return self.dialect is not Dialect.SQLITE
 
     def outage(self) -> Outage | None:
         """Since when and why this store's database server cannot be reached (None: it can; a
         local SQLite file never has one: its failures are each call's own error)."""
-        if not self.on_postgres:
+        if not self.on_server:
             return None
         return cast("Outage | None", self._conn.server.outage)
 
     def outages(self) -> int:
         """How many times this process lost the store's database server (0 on SQLite)."""
-        return int(self._conn.server.outages) if self.on_postgres else 0
+        return int(self._conn.server.outages) if self.on_server else 0
 
     @classmethod
     def connect_readonly(cls, path: str | Path) -> sqlite3.Connection:
@@ -109,19 +121,18 @@ class Store:
 
     @classmethod
     def connect_reader(cls, target: StoreTarget | str) -> Connection:
-        """`connect_readonly` for a store that may live on PostgreSQL: there a read-only session
+        """`connect_readonly` for a store that may live on a server: there a read-only session
         (`default_transaction_read_only`) whose database must hold this store's tables at this
         program's version, else `StoreError` in one line."""
-        if isinstance(target, str) and is_postgres_url(target):
-            target = PostgresUrl(target)
-        if not isinstance(target, PostgresUrl):
+        if isinstance(target, str) and is_server_url(target):
+            target = ServerUrl(target)
+        if not isinstance(target, ServerUrl):
             return cast("Connection", cls.connect_readonly(target))
-        from agent.core import postgres
-
-        conn = postgres.connect(target)
+        module, steps = cls._server(target)
+        conn = module.connect(target)
         try:
             conn.execute("SET default_transaction_read_only = on")
-            version, current = postgres.schema_version(conn, cls.COMPONENT), len(cls.PG_MIGRATIONS)
+            version, current = module.schema_version(conn, cls.COMPONENT), len(steps)
             if version is None:
                 raise StoreError(f"{target}: has no {cls.WHAT.removeprefix('the ')} (no {cls.COMPONENT} tables)")
             if version != current:
@@ -143,16 +154,14 @@ class Store:
     @contextlib.contextmanager
     def atomic(self, *, synced: bool = True) -> Iterator[Any]:
         """One transaction (a savepoint when nested); see `agent.core.sqlite.atomic` and
-        `agent.core.postgres.atomic`. `synced=False`: its commit is not synced (SQLite NORMAL,
+        the server backend's (`agent.core.postgres.atomic`). `synced=False`: its commit is not synced (SQLite NORMAL,
         PostgreSQL `synchronous_commit = off`: it survives the agent's crash, not a power cut or
         the server's crash), for writes worth less than an fsync each: heartbeats, classes of
         durability "crash"."""
         self.check_open()
-        if self.on_postgres:
-            from agent.core import postgres
-
-            with postgres.atomic(self._conn, synced=synced) as pg:
-                yield pg
+        if self._module is not None:
+            with self._module.atomic(self._conn, synced=synced) as conn:
+                yield conn
             return
         with self._sqlite_unsynced(not synced), sqlite_db.atomic(self._conn) as conn:
             yield conn
@@ -176,7 +185,7 @@ class Store:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.on_postgres:
+            if self.on_server:
                 self._conn.close()
             else:
                 sqlite_db.close_quietly(self._conn)

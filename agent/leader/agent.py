@@ -163,7 +163,7 @@ class LeaderAgent(PartBase):
         self.jobs_queue = jobs
         # this leader's own SQLite file (`open` sets it): its outbox, and without `[leader] database`
         # the fleet's stores too
-        self.leader_db = Path(config.agent.data_dir) / LEADER_DB if jobs.on_postgres else Path(jobs.path)
+        self.leader_db = Path(config.agent.data_dir) / LEADER_DB if jobs.on_server else Path(jobs.path)
         self.rejects = rejects
         # Device applications' messages: stored in leader.db, and forwarded where attached.
         self.messages = messages
@@ -280,7 +280,7 @@ class LeaderAgent(PartBase):
                                  window_max=config.leader.job_window_max,
                                  synchronous="FULL" if config.outbox.durability == "power" else "NORMAL",
                                  holder=config.agent.device_id, lease_s=config.leader.job_lease_s)
-            if not jobs.on_postgres:
+            if not jobs.on_server:
                 mark.write("epoch", jobs.epoch)  # its commit was synced
             rejects = RejectLog.open(shared, clock=clock)
             messages = MessageLog.open(shared, clock=clock, max_bytes_per_device=config.messages.max_bytes_per_device,
@@ -310,7 +310,7 @@ class LeaderAgent(PartBase):
     def rollout_tables(self) -> StoreTarget:
         """Where the rollout tables live: with the fleet's registry, in its PostgreSQL database
         (several leaders, one orchestrator by a lease), else in this leader's leader.db."""
-        return self.registry.target if self.registry.on_postgres else self.leader_db
+        return self.registry.target if self.registry.on_server else self.leader_db
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -340,7 +340,7 @@ class LeaderAgent(PartBase):
         self._watcher = asyncio.create_task(
             self.registry.watch_deadlines(self._on_deadline), name=f"deadlines:{self.device_id}")
         self._presence_task = asyncio.create_task(self.presence.run(), name=f"presence:{self.device_id}")
-        if self.jobs_queue.on_postgres:
+        if self.jobs_queue.on_server:
             queue = self.jobs_queue
             log.info("jobs: %s", f"this leader runs the fleet's job queue (epoch {queue.epoch})" if queue.held
                      else f"leader {queue.lease_holder!r} runs the fleet's job queue; this one stands by")
@@ -448,11 +448,11 @@ class LeaderAgent(PartBase):
         from agent.service.checks import task_check
 
         checks["presence"] = task_check(lambda: self._presence_task)  # the devices' presence changes applied
-        if self.registry.on_postgres:  # the fleet's database, as one state
+        if self.registry.on_server:  # the fleet's database, as one state
             from agent.service.checks import problem_check
 
             checks["fleet database"] = problem_check(self._database_problem, up="reachable")
-        if self.jobs_queue.on_postgres:  # the loop that keeps, takes and tends the fleet's job queue
+        if self.jobs_queue.on_server:  # the loop that keeps, takes and tends the fleet's job queue
             from agent.service.checks import lease_check
 
             queue = self.jobs_queue
@@ -467,7 +467,7 @@ class LeaderAgent(PartBase):
         stated = self.config.leader.process_interval_s
         if stated is not None:
             return stated
-        return POSTGRES_REST_S if self.registry.on_postgres else 0.0
+        return POSTGRES_REST_S if self.registry.on_server else 0.0
 
     def _leaders_metrics(self) -> list[MetricFamily]:
         """Several leaders on PostgreSQL: the fleet's leaders running or not (by their own marks)
@@ -508,7 +508,7 @@ class LeaderAgent(PartBase):
                    "pending": "Device presence changes waiting for the store (the newest per device).",
                    "retries": "Rounds that left presence changes pending (the store failed, the mailbox was full).",
                    "superseded": "Presence changes replaced by the same device's newer one before applied."})
-        if self.registry.on_postgres:
+        if self.registry.on_server:
             found["leaders"] = self._leaders_metrics
             registry = self.registry
             found["database"] = snapshot_collector("ea_leader_database", lambda: {

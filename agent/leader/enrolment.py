@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from agent.core.codec import Envelope, Reply, decode
 from agent.core.errors import CodecError, EdgeAgentError, IdentityError, TransportError, store_log_level
 from agent.core.ratelog import RateLimitedLog
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 from agent.core.tasks import cancel_and_wait
 from agent.identity.authority import FleetAuthority
 from agent.identity.certificates import CertificateInfo, CertificateRequest, read_certificate, read_request
@@ -384,7 +384,7 @@ async def identity_part(leader: LeaderAgent, env: GatewayEnv) -> IdentityService
     try:
         ours = hashlib.sha256(authority.certificate.public_bytes(Encoding.DER)).hexdigest()
         # several leaders sign for one fleet: with one CA (on SQLite the store is this leader's alone)
-        fleets = store.fleet_authority(ours) if isinstance(leader.shared, PostgresUrl) else ours
+        fleets = store.fleet_authority(ours) if isinstance(leader.shared, ServerUrl) else ours
         if fleets != ours:
             _, cert_path, _ = authority_files(section, leader.data_dir)
             raise IdentityError(f"{cert_path}: this leader's CA (sha256 {ours[:16]}) is not the fleet's (sha256"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.core.errors import IdentityError, StoreError
-from agent.core.sql import Connection, PostgresUrl, dialect_of, has_table
+from agent.core.sql import Connection, ServerUrl, dialect_of, has_table
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 
@@ -252,16 +252,16 @@ class IdentityReads:
 class IdentityStore(Store):
     COMPONENT = COMPONENT
     MIGRATIONS = (_v1, _v2, _v3)
-    PG_MIGRATIONS = (_PG_V1, _PG_V2)
+    SERVER_MIGRATIONS = {"postgresql": (_PG_V1, _PG_V2)}
     WHAT = "identity store"
 
     @classmethod
-    def open(cls, path: str | Path | PostgresUrl, *, synchronous: Synchronous = "FULL") -> IdentityStore:
+    def open(cls, path: str | Path | ServerUrl, *, synchronous: Synchronous = "FULL") -> IdentityStore:
         """On the leader's database: leader.db, or the fleet's PostgreSQL (`[leader] database`)."""
         return cls(cls.connect_target(path, synchronous=synchronous), path=path)
 
     @classmethod
-    def open_readonly(cls, path: str | Path | PostgresUrl) -> IdentityStore:
+    def open_readonly(cls, path: str | Path | ServerUrl) -> IdentityStore:
         return cls(cls.connect_reader(path), path=path)
 
     # -- reads ---------------------------------------------------------------------------------

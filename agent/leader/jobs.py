@@ -67,7 +67,7 @@ from agent.core.sql import (
     SERVER_NOW_MS,
     Connection,
     Dialect,
-    PostgresUrl,
+    ServerUrl,
     StoreTarget,
     dialect_of,
     has_table,
@@ -205,10 +205,10 @@ class JobQueue(Store):
 
     COMPONENT = COMPONENT
     MIGRATIONS = _MIGRATIONS
-    PG_MIGRATIONS = _PG_MIGRATIONS
+    SERVER_MIGRATIONS = {"postgresql": _PG_MIGRATIONS}
     WHAT = "job queue"
 
-    def __init__(self, conn: Any, *, clock: Clock, window_max: int, path: str | Path | PostgresUrl,
+    def __init__(self, conn: Any, *, clock: Clock, window_max: int, path: str | Path | ServerUrl,
                  holder: str = "", lease_s: float = 10.0) -> None:
         super().__init__(conn, path=path)
         self._clock = clock

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sql import Connection, PostgresUrl
+from agent.core.sql import Connection, ServerUrl
 from agent.core.sqlite import Synchronous
 from agent.core.store import Store
 from agent.protocol import AppMessage
@@ -102,7 +102,7 @@ class MessageLog(Store):
 
     COMPONENT = COMPONENT
     MIGRATIONS = (_v1,)
-    PG_MIGRATIONS = (_PG_V1,)
+    SERVER_MIGRATIONS = {"postgresql": (_PG_V1,)}
     WHAT = "message store"
 
     def __init__(self, conn: Connection | sqlite3.Connection, *, clock: Clock, path: str,
@@ -114,7 +114,7 @@ class MessageLog(Store):
         self.trimmed = 0  # rows deleted to keep a device within its budget
 
     @classmethod
-    def open(cls, path: str | Path | PostgresUrl, *, clock: Clock, synchronous: Synchronous = "FULL",
+    def open(cls, path: str | Path | ServerUrl, *, clock: Clock, synchronous: Synchronous = "FULL",
              max_bytes_per_device: int = MAX_BYTES_PER_DEVICE,
              crash_classes: frozenset[str] = frozenset()) -> MessageLog:
         conn = cls.connect_target(path, synchronous=synchronous)
@@ -150,7 +150,7 @@ class MessageLog(Store):
         with self.atomic(synced=not (crash and all(m.cls in crash for _, m in batch))):
             for i in order:
                 msg_id, m = batch[i]
-                if self.on_postgres and m.device_id not in locked:
+                if self.on_server and m.device_id not in locked:
                     execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (_DEVICE_LOCKS, m.device_id))
                     locked.add(m.device_id)
                 if execute("SELECT 1 FROM app_messages WHERE msg_id = ?", (msg_id,)).fetchone() is not None:

@@ -1,6 +1,7 @@
-"""Growing up: a single gateway's shared stores copied from its `leader.db` into PostgreSQL.
+"""Growing up: a single gateway's shared stores copied from its `leader.db` into the fleet's
+database server (PostgreSQL: the catalogue reads and the identity sequences here are its SQL).
 
-`copy_to_postgres(leader_db, target)` copies what `[leader] database` moves to PostgreSQL (the
+`copy_to_server(leader_db, target)` copies what `[leader] database` moves to the server (the
 device registry, with its processed message ids, the application messages, the rejects, the
 device identities, the job queue with its epoch, the rollout tables and the configuration layers
 with their groups' order, each when the leader has them), in one transaction: all of it or
@@ -21,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.core import postgres
 from agent.core.errors import StoreError
-from agent.core.sql import PostgresUrl
+from agent.core.sql import Connection, ServerUrl
 from agent.core.sqlite import close_quietly, describe, read_int
 from agent.core.store import Store
 from agent.leader.identities import IdentityStore
@@ -81,7 +81,7 @@ _OPTIONAL: tuple[type[Store], ...] = (IdentityStore, JobQueue, RolloutStore, Lay
 _HELD = ("devices", "processed_messages", "app_messages", "rejects")  # a target holding any is not empty
 
 
-def copy_to_postgres(leader_db: Path, target: PostgresUrl, *, into_non_empty: bool = False) -> dict[str, int]:
+def copy_to_server(leader_db: Path, target: ServerUrl, *, into_non_empty: bool = False) -> dict[str, int]:
     """Copy the shared stores of the stopped leader whose database is `leader_db` into `target`;
     the rows copied per table. `StoreError` in one line for a running leader, a source not at
     this program's schema, a target of another fleet, or a non-empty target."""
@@ -99,9 +99,11 @@ def copy_to_postgres(leader_db: Path, target: PostgresUrl, *, into_non_empty: bo
         for store in sources:  # the target's tables, at this program's version
             opened = store.connect_target(target)
             opened.close()
-        conn = postgres.connect(target)
+        server = target.backend.load()
+        conn = server.connect(target)
         try:
-            return _copy(sources, conn, target, into_non_empty)
+            with server.atomic(conn):
+                return _copy(sources, conn, target, into_non_empty)
         finally:
             conn.close()
     except sqlite3.Error as exc:
@@ -111,28 +113,28 @@ def copy_to_postgres(leader_db: Path, target: PostgresUrl, *, into_non_empty: bo
             close_quietly(source)
 
 
-def _copy(sources: dict[type[Store], sqlite3.Connection], conn: postgres.PgConnection, target: PostgresUrl,
+def _copy(sources: dict[type[Store], sqlite3.Connection], conn: Connection, target: ServerUrl,
           into_non_empty: bool) -> dict[str, int]:
+    """Inside the target's transaction: the rows of every table, in `_TABLES`' order."""
     copied: dict[str, int] = {}
-    with postgres.atomic(conn):
-        held = {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _HELD}
-        if any(held.values()) and not into_non_empty:
-            said = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in held.items() if n)
-            raise StoreError(f"{target} is not empty ({said}): pass --into-non-empty to add this leader's state"
-                             " to it (rows already there win)")
-        fleets = {str(r[0]) for r in sources[DeviceRegistry].execute("SELECT fleet FROM registry_fleet")}
-        theirs = {str(r[0]) for r in conn.execute("SELECT fleet FROM registry_fleet")}
-        if fleets and theirs and fleets != theirs:
-            raise StoreError(f"{target} holds fleet {', '.join(sorted(theirs))}, this leader's database fleet"
-                             f" {', '.join(sorted(fleets))}: a database serves one fleet")
-        empty = not any(held.values())
-        for table in _TABLES:
-            if table.store in sources:
-                copied[table.name] = _copy_table(sources[table.store], conn, table, keep_identity=empty)
+    held = {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _HELD}
+    if any(held.values()) and not into_non_empty:
+        said = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in held.items() if n)
+        raise StoreError(f"{target} is not empty ({said}): pass --into-non-empty to add this leader's state"
+                         " to it (rows already there win)")
+    fleets = {str(r[0]) for r in sources[DeviceRegistry].execute("SELECT fleet FROM registry_fleet")}
+    theirs = {str(r[0]) for r in conn.execute("SELECT fleet FROM registry_fleet")}
+    if fleets and theirs and fleets != theirs:
+        raise StoreError(f"{target} holds fleet {', '.join(sorted(theirs))}, this leader's database fleet"
+                         f" {', '.join(sorted(fleets))}: a database serves one fleet")
+    empty = not any(held.values())
+    for table in _TABLES:
+        if table.store in sources:
+            copied[table.name] = _copy_table(sources[table.store], conn, table, keep_identity=empty)
     return copied
 
 
-def _copy_table(source: sqlite3.Connection, conn: postgres.PgConnection, table: _Table, *,
+def _copy_table(source: sqlite3.Connection, conn: Connection, table: _Table, *,
                 keep_identity: bool) -> int:
     types = {str(name): str(kind) for name, kind in conn.execute(
         "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ?"
@@ -168,4 +170,4 @@ def _chunks(cursor: sqlite3.Cursor) -> Iterator[list[Any]]:
         yield rows
 
 
-__all__ = ["copy_to_postgres"]
+__all__ = ["copy_to_server"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import StoreError
-from agent.core.sql import PostgresUrl, StoreTarget, is_postgres_url
+from agent.core.sql import ServerUrl, StoreTarget, is_server_url
 from agent.core.sqlite import close_quietly, connect_readonly_file
 from agent.leader.identities import IdentityReads
 from agent.leader.jobs import JobReads
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class LeaderDb:
-    def __init__(self, conn: Any, path: Path | PostgresUrl, shared: Any = None) -> None:
+    def __init__(self, conn: Any, path: Path | ServerUrl, shared: Any = None) -> None:
         # the leader's own leader.db; with only the fleet's shared database, an empty one in
         # memory: it reads as "no jobs, no rollouts"
         self.conn = conn if conn is not None else sqlite3.connect(":memory:", check_same_thread=False)
@@ -72,18 +72,18 @@ class LeaderDb:
         return on_shared if on_shared is not None and on_shared.present else LayerReads(self.conn)
 
 
-def _shared_reader(target: PostgresUrl) -> Any:
+def _shared_reader(target: ServerUrl) -> Any:
     return DeviceRegistry.connect_reader(target)
 
 
 @contextmanager
-def open_leader_db(db_path: str | Path | PostgresUrl, *, shared: StoreTarget | None = None) -> Iterator[LeaderDb]:
+def open_leader_db(db_path: str | Path | ServerUrl, *, shared: StoreTarget | None = None) -> Iterator[LeaderDb]:
     """Yield the leader database at `db_path` opened read-only (a `postgresql://` URL: the fleet's
     shared database alone); `shared`: the PostgreSQL database holding the registry and rejects
     beside the file. `sqlite3.Error`s inside the block become `StoreError` naming the file."""
-    if isinstance(db_path, str) and is_postgres_url(db_path):
-        db_path = PostgresUrl(db_path)
-    if isinstance(db_path, PostgresUrl):
+    if isinstance(db_path, str) and is_server_url(db_path):
+        db_path = ServerUrl(db_path)
+    if isinstance(db_path, ServerUrl):
         pg = _shared_reader(db_path)
         try:
             only = LeaderDb(None, db_path, pg)
@@ -96,7 +96,7 @@ def open_leader_db(db_path: str | Path | PostgresUrl, *, shared: StoreTarget | N
         return
     path = Path(db_path)
     conn = connect_readonly_file(path)
-    pg = _shared_reader(shared) if isinstance(shared, PostgresUrl) else None
+    pg = _shared_reader(shared) if isinstance(shared, ServerUrl) else None
     try:
         db = LeaderDb(conn, path, pg)
         try:

@@ -44,7 +44,7 @@ from agent.core.ratelog import RateLimitedLog
 from agent.core.sql import (
     NO_LIMIT,
     Connection,
-    PostgresUrl,
+    ServerUrl,
     dialect_of,
     greatest,
     has_table,
@@ -399,11 +399,11 @@ class DeviceRegistry(Store):
 
     COMPONENT = COMPONENT
     MIGRATIONS = _MIGRATIONS
-    PG_MIGRATIONS = _PG_MIGRATIONS
+    SERVER_MIGRATIONS = {"postgresql": _PG_MIGRATIONS}
     WHAT = "device registry"
 
     def __init__(self, conn: Connection | sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,
-                 path: str | Path | PostgresUrl, telemetry_names_max: int = TELEMETRY_NAMES_MAX,
+                 path: str | Path | ServerUrl, telemetry_names_max: int = TELEMETRY_NAMES_MAX,
                  telemetry_durable: bool = True) -> None:
         super().__init__(conn, path=path)
         self.telemetry_durable = telemetry_durable  # a telemetry record's commit is synced
@@ -423,7 +423,7 @@ class DeviceRegistry(Store):
     @classmethod
     def open(
         cls,
-        path: str | Path | PostgresUrl,
+        path: str | Path | ServerUrl,
         *,
         clock: Clock,
         heartbeat_deadline_s: float = 30.0,
@@ -503,7 +503,7 @@ class DeviceRegistry(Store):
         # Unsynced: a power cut may take the last seconds of heartbeats, which every device
         # sends again within its interval; an fsync per batch would cost the intake its rate.
         with self.atomic(synced=False):
-            if self.on_postgres and one_each:  # a statement a batch: a statement costs more than a row
+            if self.on_server and one_each:  # a statement a batch: a statement costs more than a row
                 newer = self._apply_rows_at_once([r for r in rows if r[0]], [r for r in rows if not r[0]])
                 for i in order:
                     applied[i] = heartbeats[i].device_id in newer
@@ -682,7 +682,7 @@ class DeviceRegistry(Store):
         alive_ms = self.beat_ms
         # PostgreSQL scans `devices` for deadlines (no index on `expires_ms`: see its schema):
         # at most once a second, so a device goes offline up to a second after its deadline
-        least_ms = DEADLINE_SCAN_MS if self.on_postgres else 0
+        least_ms = DEADLINE_SCAN_MS if self.on_server else 0
         failed = False
         while True:
             try:
@@ -715,7 +715,7 @@ class DeviceRegistry(Store):
     def beat_ms(self) -> int:
         """How often this leader marks its own row alive: `LEADER_BEAT_S` on PostgreSQL (several
         leaders tell a dead one within a lease time), `LEADER_ALIVE_EVERY_S` on leader.db."""
-        return int(LEADER_BEAT_S * 1000) if self.on_postgres else _ALIVE_EVERY_MS
+        return int(LEADER_BEAT_S * 1000) if self.on_server else _ALIVE_EVERY_MS
 
     def mark_alive(self) -> None:
         """Beat this leader's row of `registry_leaders` every `beat_ms`, with that pace; every
@@ -797,7 +797,7 @@ class DeviceRegistry(Store):
         """Run a passive WAL checkpoint (fsyncs: call it from a thread under `clock.busy()`); on
         PostgreSQL the server checkpoints by itself."""
         self.check_open()
-        if self.on_postgres:
+        if self.on_server:
             return
         with store_errors("checkpoint"):
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")

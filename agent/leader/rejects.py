@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from agent.core.clock import Clock
-from agent.core.sql import Connection, PostgresUrl, dialect_of, has_table
+from agent.core.sql import Connection, ServerUrl, dialect_of, has_table
 from agent.core.sqlite import store_errors
 from agent.core.store import Store
 
@@ -76,7 +76,7 @@ CREATE INDEX rejects_sender ON rejects(sender, id);
 class RejectLog(Store):
     COMPONENT = COMPONENT
     MIGRATIONS = (_v1, _v2)
-    PG_MIGRATIONS = (_PG_V1,)
+    SERVER_MIGRATIONS = {"postgresql": (_PG_V1,)}
     WHAT = "reject log"
 
     def __init__(self, conn: Connection | sqlite3.Connection, *, clock: Clock, max_rows: int, max_per_sender: int,
@@ -88,7 +88,7 @@ class RejectLog(Store):
         self.count = 0  # recorded by this process
 
     @classmethod
-    def open(cls, path: str | Path | PostgresUrl, *, clock: Clock, max_rows: int = 10_000,
+    def open(cls, path: str | Path | ServerUrl, *, clock: Clock, max_rows: int = 10_000,
              max_per_sender: int = 100) -> RejectLog:
         # Unsynced: a reject row is evidence for an operator, never what an acknowledgement rests on,
         # and a hostile device must not buy an fsync per junk message.

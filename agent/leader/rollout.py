@@ -597,7 +597,7 @@ async def rollout_part(leader: LeaderAgent, env: GatewayEnv) -> RolloutService:
     config = leader.config
     store = RolloutStore.open(leader.rollout_tables, clock=leader.clock)
     lease = None
-    if store.on_postgres:
+    if store.on_server:
         lease = OrchestratorLease(store, leader.device_id, ttl_s=config.leader.rollout_lease_s)
     service = RolloutService(leader, store, poll_s=env.rollout_poll_s, serve_http=bool(config.artifacts.listen),
                              report_capacity=config.mailbox.capacity,  # as the leader's other intake mailboxes

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.core.clock import SystemClock
 from agent.core.errors import RolloutError
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 from agent.leader.readonly import open_leader_db
 from agent.leader.rollout_kinds import traits_of
 from rollout_engine.kinds import Described
@@ -66,7 +66,7 @@ def render_plan(rid: str, spec: RolloutSpec, manifest: Described, plan: Plan,
     return "\n".join(lines)
 
 
-def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | PostgresUrl) -> Plan:
+def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | ServerUrl) -> Plan:
     """The waves, planned once, here, against the devices the leader's registry holds now: a
     spec that cannot be planned (no device matches, a wave rounding to 0 devices, an image older
     than every target that is not signed as a rollback) is refused before the leader hears of

@@ -8,7 +8,7 @@ import secrets
 import urllib.parse
 
 from agent.core.errors import ConfigError, StoreError
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 
 
 def _with_schema(url: str, schema: str) -> str:
@@ -33,10 +33,9 @@ class RunSchema:
         self._run(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
 
     def _run(self, sql: str) -> None:
-        from agent.core import postgres
-
+        target = ServerUrl(self.url)
         try:
-            conn = postgres.connect(PostgresUrl(self.url))
+            conn = target.backend.load().connect(target)
         except StoreError as exc:
             raise ConfigError("simulate", "database", str(exc)) from None
         try:

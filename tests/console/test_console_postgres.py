@@ -14,7 +14,7 @@ from test_console_http import BEARER, TOKEN, request, serving, signed_in
 
 from agent.cli import main as cli
 from agent.core.clock import SystemClock
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import Heartbeat
@@ -31,7 +31,7 @@ def fleet_console(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
             registry.apply_heartbeats([Heartbeat(device_id=device, seq=1, uptime_s=1.0, firmware_version="1.0.0")])
     with RejectLog.open(pg_url, clock=clock) as rejects:
         rejects.record(topic="ea/v1/t/rogue/up", reason="not a heartbeat", payload=b"x", sender="rogue")
-    with serving(PostgresUrl(pg_url), outbox=None, artifacts=tmp_path / "artifacts") as address:
+    with serving(ServerUrl(pg_url), outbox=None, artifacts=tmp_path / "artifacts") as address:
         yield address
 
 

@@ -15,7 +15,7 @@ from postgres import PostgresCluster
 from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError, StoreUnavailable
 from agent.core.postgres import placeholders
-from agent.core.sql import PostgresUrl, redacted
+from agent.core.sql import ServerUrl, redacted
 from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 from agent.protocol import AppMessage, Heartbeat, Telemetry
@@ -29,7 +29,7 @@ def test_placeholders_become_psycopgs_outside_literals_and_percent_is_doubled() 
 def test_a_password_never_shows_in_what_is_said_of_a_url() -> None:
     url = "postgresql://ea:s3cret@db.example:5432/fleet?sslmode=verify-full"
     assert "s3cret" not in redacted(url) and "ea:***@db.example:5432" in redacted(url)
-    assert "s3cret" not in str(PostgresUrl("postgresql://ea@h/db", password="s3cret"))
+    assert "s3cret" not in str(ServerUrl("postgresql://ea@h/db", password="s3cret"))
 
 
 def test_an_unreachable_server_is_one_line_naming_the_url_without_its_password(tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_arrays_of_any_text_bytes_and_integers_reach_the_server_unchanged(
     braces, commas, NULL-looking text, any bytes): the server reads back exactly what was given."""
     from agent.core.postgres import connect
 
-    conn = connect(PostgresUrl(pg_url))
+    conn = connect(ServerUrl(pg_url))
     shown = {"TEXT": "encode(convert_to(x, 'UTF8'), 'hex')", "BYTEA": "encode(x, 'hex')", "BIGINT": "x::text"}
     expected = {"TEXT": lambda v: v.encode().hex(), "BYTEA": lambda v: v.hex(), "BIGINT": str}
     try:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.core.clock import VirtualClock
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 from agent.leader.jobs import JobQueue, QueueFenced, QueueStandby
 from agent.protocol import JobDemand, JobResult, JobSubmit
 
@@ -37,7 +37,7 @@ def run_out(url: str) -> None:
     """The holder stopped renewing and its lease time passed (as the server's clock sees it)."""
     from agent.core import postgres
 
-    conn = postgres.connect(PostgresUrl(url))
+    conn = postgres.connect(ServerUrl(url))
     try:
         conn.execute("UPDATE jobqueue_lease SET expires_ms = 0")
     finally:

@@ -20,7 +20,7 @@ from postgres import PostgresCluster
 from agent.core import postgres
 from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 from agent.leader.jobs import JobQueue, QueueFenced, QueueStandby
 from agent.protocol import JobDemand, JobResult, JobSubmit
 
@@ -39,7 +39,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.epoch = self.queues["gw1"].epoch  # the first opened took it
         self.accepted: set[str] = set()
         self.confirmed: set[str] = set()
-        self.db = postgres.connect(PostgresUrl(self.url))
+        self.db = postgres.connect(ServerUrl(self.url))
 
     def _stored_epoch(self) -> int:
         return int(self.db.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()[0])

@@ -12,11 +12,11 @@ import pytest
 
 from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 from agent.leader.identities import IdentityStore
 from agent.leader.jobs import JobQueue
 from agent.leader.messages import MessageLog, read_messages
-from agent.leader.migrate import copy_to_postgres
+from agent.leader.migrate import copy_to_server
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
@@ -71,7 +71,7 @@ def _single_gateway(db: Path) -> None:
 def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path, pg_url: str) -> None:
     db = tmp_path / "leader.db"
     _single_gateway(db)
-    copied = copy_to_postgres(db, PostgresUrl(pg_url))
+    copied = copy_to_server(db, ServerUrl(pg_url))
     assert copied["devices"] == 3 and copied["processed_messages"] == 1 and copied["app_messages"] == 1
     assert copied["rejects"] == 1
     clock = VirtualClock()
@@ -117,17 +117,17 @@ def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path
 def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp_path: Path, pg_url: str) -> None:
     db = tmp_path / "leader.db"
     _single_gateway(db)
-    copy_to_postgres(db, PostgresUrl(pg_url))
+    copy_to_server(db, ServerUrl(pg_url))
     with pytest.raises(StoreError, match=r"is not empty \(3 devices, 1 processed messages, 1 app messages,"
                                          r" 1 rejects\): pass --into-non-empty"):
-        copy_to_postgres(db, PostgresUrl(pg_url))
-    assert copy_to_postgres(db, PostgresUrl(pg_url), into_non_empty=True)["devices"] == 3  # rows there win
+        copy_to_server(db, ServerUrl(pg_url))
+    assert copy_to_server(db, ServerUrl(pg_url), into_non_empty=True)["devices"] == 3  # rows there win
     with DeviceRegistry.open(pg_url, clock=VirtualClock()) as reg:
         assert len(reg.devices()) == 3
     lock = InstanceLock(tmp_path).acquire()
     try:
         with pytest.raises(StoreError, match=f"a leader runs on {tmp_path} \\(pid {os.getpid()}\\): stop it first"):
-            copy_to_postgres(db, PostgresUrl(pg_url), into_non_empty=True)
+            copy_to_server(db, ServerUrl(pg_url), into_non_empty=True)
     finally:
         lock.release()
     other = tmp_path / "other" / "leader.db"
@@ -137,7 +137,7 @@ def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp
     MessageLog.open(other, clock=VirtualClock()).close()
     RejectLog.open(other, clock=VirtualClock()).close()
     with pytest.raises(StoreError, match="holds fleet plant, this leader's database fleet elsewhere"):
-        copy_to_postgres(other, PostgresUrl(pg_url), into_non_empty=True)
+        copy_to_server(other, ServerUrl(pg_url), into_non_empty=True)
 
 
 def test_the_command_says_what_it_copied_and_what_to_do_next(tmp_path: Path, pg_url: str) -> None:
@@ -186,7 +186,7 @@ def test_status_and_the_layers_read_the_same_on_postgresql_after_the_move(tmp_pa
 
     before = read(db)
     assert before[0] == {"app": {"in_sync": 3, "pending": 0, "drifted": 0, "failed": 0, "not_applied": 0}}
-    copy_to_postgres(db, PostgresUrl(pg_url))
+    copy_to_server(db, ServerUrl(pg_url))
     assert read(pg_url) == before
     listed = [subprocess.run([sys.executable, "-m", "agent.cli", "config", "layer", "list", "--db", where],
                              capture_output=True, text=True, cwd=str(REPO), timeout=60,

@@ -14,7 +14,7 @@ from rollout_support import FakePort, engine_kinds, spec_data
 
 from agent.core.clock import VirtualClock
 from agent.core.postgres import PgConnection, connect
-from agent.core.sql import PostgresUrl
+from agent.core.sql import ServerUrl
 from firmware_rollout.artifact.fixture import make_artifact
 from rollout_engine.lease import LEASE_NAME, LeaseLost, OrchestratorLease, lease_of
 from rollout_engine.orchestrator import Orchestrator
@@ -30,7 +30,7 @@ def _expire(admin: PgConnection) -> None:
 @pytest.fixture
 def admin(pg_url: str) -> Iterator[PgConnection]:
     RolloutStore.open(pg_url, clock=VirtualClock()).close()  # the tables
-    conn = connect(PostgresUrl(pg_url))
+    conn = connect(ServerUrl(pg_url))
     yield conn
     conn.close()
 
@@ -154,7 +154,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @initialize()
     def setup(self) -> None:
-        self.admin = connect(PostgresUrl(self.url))
+        self.admin = connect(ServerUrl(self.url))
         self.admin.execute("DELETE FROM rollout_lease")
         self.leaders = [_leader(self.url, f"gw-{i}") for i in range(3)]
         self.current: int | None = None  # who took it last (the model)

@@ -1,0 +1,65 @@
+"""The database servers a leader's stores can live on, as a table: a URL's scheme names its
+backend, and the backend names the module that connects to it.
+
+The embedded default is a file (`leader.db`, SQLite: `agent.core.sqlite`), never in this table.
+A server backend's module offers what `agent.core.store.Store` needs of it (`ServerModule`); it
+is imported only when a store opens on such a URL, so a device never loads a server's driver.
+A store that can live on a server gives its DDL per backend (`Store.SERVER_MIGRATIONS`).
+
+Adding a backend: a line here, its module (as `agent.core.postgres`), its DDL in each shared
+store, its cases in `agent.core.sql`'s few dialect helpers, and its driver as an extra in
+`pyproject.toml`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+if TYPE_CHECKING:
+    import contextlib
+
+    from agent.core.sql import ServerUrl
+
+
+class ServerModule(Protocol):
+    """What a server backend's module offers the stores."""
+
+    def connect(self, target: ServerUrl) -> Any: ...
+
+    def open_migrated(self, target: ServerUrl, component: str, steps: Sequence[str]) -> Any: ...
+
+    def atomic(self, conn: Any, *, synced: bool = True) -> contextlib.AbstractContextManager[Any]: ...
+
+    def schema_version(self, conn: Any, component: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # also the dialect its stores speak (`agent.core.sql.Dialect`)
+    schemes: tuple[str, ...]  # the URL prefixes that name it
+    module: str  # its connection module
+    extra: str  # the pip extra that installs its driver
+
+    def load(self) -> ServerModule:
+        return cast("ServerModule", importlib.import_module(self.module))
+
+
+BACKENDS: tuple[Backend, ...] = (
+    Backend("postgresql", ("postgresql://", "postgres://"), "agent.core.postgres", "postgresql"),
+)
+
+
+def backend_named(url: str) -> Backend | None:
+    """The backend whose scheme `url` starts with; None for a file path (or an unknown scheme)."""
+    return next((b for b in BACKENDS if url.startswith(b.schemes)), None)
+
+
+def schemes() -> Iterator[str]:
+    for backend in BACKENDS:
+        yield from backend.schemes
+
+
+__all__ = ["BACKENDS", "Backend", "ServerModule", "backend_named", "schemes"]
