@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agent.core.backends import server_migrations
 from agent.core.errors import StoreError
 from agent.core.sql import Connection, StoreTarget, dialect_of, has_table
 from agent.core.sqlite import Synchronous, store_errors
@@ -56,25 +57,6 @@ def _v1(conn: sqlite3.Connection) -> None:
     )
 
 
-_PG_V1 = """CREATE TABLE config_layers (
-    target TEXT NOT NULL,
-    scope TEXT NOT NULL CHECK (scope IN ('tag', 'device')),
-    selector TEXT NOT NULL,
-    document TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value TEXT NOT NULL,
-    expires_ms BIGINT,
-    set_by TEXT NOT NULL,
-    set_ms BIGINT NOT NULL,
-    PRIMARY KEY (target, scope, selector, document, key)
-);
-CREATE TABLE config_group_order (
-    target TEXT NOT NULL,
-    tag TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    PRIMARY KEY (target, tag)
-);
-"""
 
 
 @dataclass(frozen=True)
@@ -99,7 +81,7 @@ class LayerStore(Store):
 
     COMPONENT = "config_layers"
     MIGRATIONS = (_v1,)
-    SERVER_MIGRATIONS = {"postgresql": (_PG_V1,)}
+    SERVER_MIGRATIONS = server_migrations("config_rollout", COMPONENT)
     WHAT = "the configuration layers"
 
     @classmethod

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from agent.core.backends import server_migrations
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
 from agent.core.sql import NO_LIMIT, SERVER_NOW_MS, StoreTarget, dialect_of, greatest, has_table, in_json_array
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from rollout_engine.schema import MIGRATIONS as _MIGRATIONS
-from rollout_engine.schema import PG_MIGRATIONS as _PG_MIGRATIONS
 from rollout_engine.spec import RolloutSpec, spec_from_json
 
 COMPONENT = "rollout"
@@ -216,7 +216,7 @@ class RolloutStore(Store):
 
     COMPONENT = COMPONENT
     MIGRATIONS = _MIGRATIONS
-    SERVER_MIGRATIONS = {"postgresql": _PG_MIGRATIONS}
+    SERVER_MIGRATIONS = server_migrations("rollout_engine", COMPONENT)
     WHAT = "the rollout store"
 
     def __init__(self, conn: Any, *, clock: Clock, path: str | StoreTarget) -> None:

@@ -4,7 +4,9 @@ backend, and the backend names the module that connects to it.
 The embedded default is a file (`leader.db`, SQLite: `agent.core.sqlite`), never in this table.
 A server backend's module offers what `agent.core.store.Store` needs of it (`ServerModule`); it
 is imported only when a store opens on such a URL, so a device never loads a server's driver.
-A store that can live on a server gives its DDL per backend (`Store.SERVER_MIGRATIONS`).
+A store that can live on a server keeps its DDL per backend as SQL files beside its module
+(`server_migrations`: `agent/leader/sql/postgresql/registry/0001.sql`, ...), read into
+`Store.SERVER_MIGRATIONS`.
 
 Adding a backend: a line here, its module (as `agent.core.postgres`), its DDL in each shared
 store, its cases in `agent.core.sql`'s few dialect helpers, and its driver as an extra in
@@ -57,9 +59,27 @@ def backend_named(url: str) -> Backend | None:
     return next((b for b in BACKENDS if url.startswith(b.schemes)), None)
 
 
+def server_migrations(package: str, component: str) -> dict[str, tuple[str, ...]]:
+    """A store's SQL scripts per server backend: `<package>/sql/<backend>/<component>/0001.sql`,
+    `0002.sql`, ... (the file's number is the schema version it brings the tables to)."""
+    from importlib.resources import files
+
+    found: dict[str, tuple[str, ...]] = {}
+    for backend in BACKENDS:
+        folder = files(package) / "sql" / backend.name / component
+        if not folder.is_dir():
+            continue
+        names = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".sql"))
+        if names != [f"{n:04d}.sql" for n in range(1, len(names) + 1)]:
+            raise RuntimeError(f"{package}: sql/{backend.name}/{component}: scripts must be 0001.sql, 0002.sql, ..."
+                               f" (found {', '.join(names)})")
+        found[backend.name] = tuple((folder / name).read_text(encoding="utf-8") for name in names)
+    return found
+
+
 def schemes() -> Iterator[str]:
     for backend in BACKENDS:
         yield from backend.schemes
 
 
-__all__ = ["BACKENDS", "Backend", "ServerModule", "backend_named", "schemes"]
+__all__ = ["BACKENDS", "Backend", "ServerModule", "backend_named", "schemes", "server_migrations"]

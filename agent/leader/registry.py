@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from agent.core.backends import server_migrations
 from agent.core.clock import Clock
 from agent.core.codec import decode, encode
 from agent.core.errors import CodecError, DeviceLimitReached, StoreError, store_log_level
@@ -217,56 +218,6 @@ _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
 _MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12)
 
 #: The same tables on PostgreSQL (their own versions, from the SQLite schema's newest shape).
-_PG_MIGRATIONS = (
-    """CREATE TABLE devices (
-        device_id TEXT PRIMARY KEY,
-        hb_seq BIGINT NOT NULL DEFAULT -1,
-        hb_at_ms BIGINT,
-        last_seen_ms BIGINT,
-        uptime_s DOUBLE PRECISION,
-        firmware_version TEXT NOT NULL DEFAULT '',
-        tags TEXT NOT NULL DEFAULT '[]',
-        sample BYTEA,
-        online INTEGER NOT NULL DEFAULT 0,
-        offline_reason TEXT,
-        first_seen_ms BIGINT NOT NULL,
-        changed_ms BIGINT NOT NULL,
-        telemetry_count BIGINT NOT NULL DEFAULT 0,
-        boot TEXT NOT NULL DEFAULT '',
-        presence_session TEXT NOT NULL DEFAULT '',
-        outbox_pending BIGINT,
-        interval_ms BIGINT NOT NULL DEFAULT 0,
-        expires_ms BIGINT,
-        slots BYTEA,
-        configs BYTEA,
-        served_by TEXT NOT NULL DEFAULT ''
-    ) WITH (fillfactor = 70);
-    CREATE INDEX devices_online_expires ON devices(expires_ms) WHERE online = 1;
-    CREATE TABLE telemetry_last (
-        device_id TEXT NOT NULL,
-        name TEXT NOT NULL,
-        seq BIGINT NOT NULL,
-        ts_ms BIGINT NOT NULL,
-        record BYTEA NOT NULL,
-        PRIMARY KEY (device_id, name)
-    );
-    CREATE TABLE processed_messages (msg_id TEXT PRIMARY KEY, at_ms BIGINT NOT NULL);
-    CREATE INDEX processed_messages_at ON processed_messages(at_ms);
-    CREATE TABLE registry_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
-    CREATE TABLE fleet_online (at_ms BIGINT PRIMARY KEY, devices BIGINT NOT NULL, online BIGINT NOT NULL);
-    CREATE TABLE registry_fleet (fleet TEXT PRIMARY KEY);
-    CREATE TABLE registry_leaders (name TEXT PRIMARY KEY, alive_ms BIGINT NOT NULL);
-    """,
-    # A heartbeat changes `expires_ms` (and `hb_seq`, `last_seen_ms`, ...): with no index on any
-    # column it changes, its update is HOT (the new row version on the same page, no index
-    # entry written), which halves the server's work a heartbeat. The deadline scans go without
-    # the index (`watch_deadlines` runs them at most once a second); a device going offline
-    # changes `online` and `changed_ms`, which the job queue's holder looks up by this index.
-    """DROP INDEX devices_online_expires;
-    CREATE INDEX devices_offline_changed ON devices(changed_ms) WHERE online = 0;
-    ALTER TABLE registry_leaders ADD COLUMN every_ms BIGINT NOT NULL DEFAULT 30000;
-    """,
-)
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
 
 DEADLINE_SCAN_MS = 1_000  # PostgreSQL: the deadline scans at most this often
@@ -399,7 +350,7 @@ class DeviceRegistry(Store):
 
     COMPONENT = COMPONENT
     MIGRATIONS = _MIGRATIONS
-    SERVER_MIGRATIONS = {"postgresql": _PG_MIGRATIONS}
+    SERVER_MIGRATIONS = server_migrations("agent.leader", COMPONENT)
     WHAT = "device registry"
 
     def __init__(self, conn: Connection | sqlite3.Connection, *, clock: Clock, heartbeat_deadline_s: float,

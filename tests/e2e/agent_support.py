@@ -260,6 +260,21 @@ def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> int:
         return proc.wait(5)
 
 
+def healthz(port: int) -> dict[str, Any]:
+    """An agent process's `/healthz` answer (a 503 has the same body); {} while it does not listen."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as response:
+            return dict(json.loads(response.read()))
+    except urllib.error.HTTPError as err:
+        return dict(json.loads(err.read()))
+    except OSError:
+        return {}
+
+
 def wait_for(predicate: Callable[[], Any], what: str, limit_s: float = 90.0) -> Any:
     """Poll `predicate` (another process's files, a broker's answers) until it returns something
     true, which is returned; an AssertionError naming `what` after `limit_s`."""

@@ -10,8 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +18,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from disks import Tmpfs
-from e2e.agent_support import FLEET, REPO, kill, run_agent, shipped_config, spawn_agent
+from e2e.agent_support import FLEET, REPO, healthz, kill, run_agent, shipped_config, spawn_agent
 from e2e.test_local_api_mqtt import api_status, stored_ids, wait_for
 from mosquitto import Mosquitto, free_port
 
 from agent.client import Client, LocalApiError
 
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def healthz(port: int) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as response:
-            return dict(json.loads(response.read()))
-    except urllib.error.HTTPError as err:  # 503: unhealthy, the same body
-        return dict(json.loads(err.read()))
-    except OSError:
-        return {}
 
 
 def disk_check(port: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from agent.leader.registry import DeviceRegistry, RegistryReads
 from tests.e2e.agent_support import (
     REPO,
     fleet_jobs,
+    healthz,
     kill,
     pending,
     spawn_agent,
@@ -350,20 +351,6 @@ async def test_the_job_queue_goes_on_when_the_leader_running_it_is_killed_or_fro
         await stop_all(*agents)
 
 
-def _health(port: int) -> dict[str, Any]:
-    import json
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as response:
-            return dict(json.loads(response.read()))
-    except urllib.error.HTTPError as err:  # 503: unhealthy, the same body
-        return dict(json.loads(err.read()))
-    except OSError:
-        return {}
-
-
 def _metric(port: int, name: str) -> float | None:
     import urllib.request
 
@@ -404,12 +391,12 @@ async def test_a_database_outage_is_one_state_and_loses_no_presence_and_no_messa
     try:
         await until(clock, lambda: _online(url, "w0") and _online(url, "w1"), limit_s=60, step_s=0.2,
                     what="both devices online in the fleet's database")
-        assert _health(port)["checks"]["fleet database"] == {"ok": True, "detail": "reachable"}
+        assert healthz(port)["checks"]["fleet database"] == {"ok": True, "detail": "reachable"}
         assert _metric(port, 'ea_fleet_leaders{state="running"}') == 1.0 and _metric(port, "ea_job_queue_held") == 1.0
         postgres.stop("immediate")
-        await until(clock, lambda: _health(port).get("checks", {}).get("fleet database", {}).get("ok") is False,
+        await until(clock, lambda: healthz(port).get("checks", {}).get("fleet database", {}).get("ok") is False,
                     limit_s=60, step_s=0.2, what="/healthz saying the database is lost")
-        detail = _health(port)["checks"]["fleet database"]["detail"]
+        detail = healthz(port)["checks"]["fleet database"]["detail"]
         assert detail.startswith("unreachable since ") and "answered busy" in detail, detail
         assert _metric(port, "ea_leader_database_reachable") == 0.0
         await agents[1].stop()  # its going offline reaches the leader while the database is away
@@ -423,7 +410,7 @@ async def test_a_database_outage_is_one_state_and_loses_no_presence_and_no_messa
         await until(clock, lambda: _fleet(url)[2].get("w0") == 1, limit_s=60, step_s=0.2,
                     what="the telemetry kept by the device stored once")
         await until(clock, lambda: _empty(agents[0]), limit_s=60, step_s=0.1, what="the device's outbox drained")
-        await until(clock, lambda: _health(port).get("checks", {}).get("fleet database", {}).get("ok") is True,
+        await until(clock, lambda: healthz(port).get("checks", {}).get("fleet database", {}).get("ok") is True,
                     limit_s=60, step_s=0.2, what="/healthz saying the database is back")
         assert _metric(port, "ea_leader_database_outages_total") == 1.0
         assert _metric(port, "ea_leader_presence_pending") == 0.0
