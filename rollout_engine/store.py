@@ -32,7 +32,8 @@ from typing import Any, Final, Literal
 from agent.core.backends import server_migrations
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
-from agent.core.sql import NO_LIMIT, SERVER_NOW_MS, StoreTarget, dialect_of, greatest, has_table, in_json_array
+from agent.core.lease import LeaseRow, lease_row
+from agent.core.sql import NO_LIMIT, StoreTarget, dialect_of, greatest, has_table, in_json_array
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from rollout_engine.schema import MIGRATIONS as _MIGRATIONS
@@ -167,18 +168,6 @@ class ControlRow:
     @property
     def refused(self) -> bool:
         return self.outcome == "refused"
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRow:
-    """Who holds a lease: the holder's name, its fencing token, until when (server ms), since
-    when, and when its holder last finished a tick (None: not yet)."""
-
-    holder: str
-    token: int
-    expires_ms: int
-    acquired_ms: int
-    ticked_ms: int | None
 
 
 #: What the leader made of a control: done as asked, or refused with the reason.
@@ -732,58 +721,10 @@ class RolloutStore(Store):
             (self._clock.now_ms(), result, outcome, control_id),
         )
 
-    # -- the orchestrator lease (PostgreSQL: see `rollout_engine.lease`) ------
-    def take_lease(self, name: str, holder: str, token: int | None, ttl_ms: int) -> int | None:
-        """Renew `holder`'s lease `name` (held under `token`) or take it when it is free, expired
-        or `holder`'s own under another token; the token `holder` holds it by, None when another
-        holder's lease runs. In the database server's time."""
-        with self.atomic(fenced=False):
-            now = int(self._q(f"SELECT {SERVER_NOW_MS}")[0][0])
-            self._q("INSERT INTO rollout_lease (name, holder, token, expires_ms, acquired_ms)"
-                    " VALUES (?, '', 0, 0, 0) ON CONFLICT (name) DO NOTHING", (name,))
-            held_by, held, expires_ms = self._q(
-                "SELECT holder, token, expires_ms FROM rollout_lease WHERE name = ? FOR UPDATE", (name,))[0]
-            if held_by == holder and held == token:
-                self._q("UPDATE rollout_lease SET expires_ms = ? WHERE name = ?", (now + ttl_ms, name))
-                return token
-            if held_by != holder and expires_ms > now:
-                return None
-            taken = int(held) + 1
-            self._q("UPDATE rollout_lease SET holder = ?, token = ?, expires_ms = ?, acquired_ms = ?,"
-                    " ticked_ms = NULL WHERE name = ?", (holder, taken, now + ttl_ms, now, name))
-            return taken
-
-    def lease_holder(self, name: str) -> tuple[str, int] | None:
-        """(holder, token) of lease `name`, read `FOR SHARE` inside the caller's transaction: a
-        taker waits until that transaction ends."""
-        rows = self._q("SELECT holder, token FROM rollout_lease WHERE name = ? FOR SHARE", (name,))
-        return (str(rows[0][0]), int(rows[0][1])) if rows else None
-
-    def lease_ticked(self, name: str) -> None:
-        """Stamp lease `name` with the server's time of its holder's newest finished tick (in
-        the caller's fenced transaction)."""
-        self._q(f"UPDATE rollout_lease SET ticked_ms = ({SERVER_NOW_MS}) WHERE name = ?", (name,))
-
-    def release_lease(self, name: str, token: int) -> None:
-        """End lease `name` now if `token` still holds it."""
-        with self.atomic(fenced=False):
-            self._q("UPDATE rollout_lease SET expires_ms = 0 WHERE name = ? AND token = ?", (name, token))
-
+    # -- the orchestrator lease (a fleet's database server: `rollout_engine.lease`) ------
     def lease(self, name: str) -> LeaseRow | None:
         """Lease `name` (None: never taken, or a database without leases: `leader.db`)."""
-        return _lease_row(self._q(_LEASE_SQL, (name,))) if self.on_server else None
-
-
-_LEASE_SQL = "SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM rollout_lease WHERE name = ?"
-
-
-def _lease_row(rows: Sequence[Sequence[Any]]) -> LeaseRow | None:
-    """The lease `_LEASE_SQL` read (None: no row, or one never taken)."""
-    if not rows or not rows[0][0]:
-        return None
-    holder, token, expires_ms, acquired_ms, ticked_ms = rows[0]
-    return LeaseRow(str(holder), int(token), int(expires_ms), int(acquired_ms),
-                    None if ticked_ms is None else int(ticked_ms))
+        return lease_row(self._conn, name) if self.on_server else None
 
 
 class RolloutReads:
@@ -800,9 +741,7 @@ class RolloutReads:
     def lease(self, name: str) -> LeaseRow | None:
         """Lease `name` as last written (None: never taken, or a database without leases:
         `leader.db`, whose one leader runs the orchestrator)."""
-        if not int(self._conn.execute(has_table(self._dialect, "rollout_lease")).fetchone()[0]):
-            return None
-        return _lease_row(self._conn.execute(_LEASE_SQL, (name,)).fetchall())
+        return lease_row(self._conn, name)
 
     def devices_in(self, rollout_id: str) -> list[str]:
         """The devices a rollout includes."""

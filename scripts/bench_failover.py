@@ -108,8 +108,12 @@ def _job_lease(url: str) -> tuple[str, int, int] | None:
     except StoreError:
         return None
     try:
-        row = conn.execute("SELECT holder, epoch, taken_ms FROM jobqueue_lease WHERE name = 'jobs'").fetchone()
-        return (str(row[0]), int(row[1]), int(row[2])) if row is not None and row[0] else None
+        from agent.core.lease import lease_row
+        from agent.leader.jobs import LEASE_NAME
+
+        row = lease_row(conn, LEASE_NAME)
+        epoch = conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
+        return (row.holder, int(epoch[0]) if epoch else 0, row.acquired_ms) if row is not None else None
     except StoreError:
         return None
     finally:

@@ -37,6 +37,8 @@ class ServerModule(Protocol):
 
     def schema_version(self, conn: Any, component: str) -> int | None: ...
 
+    def migrate(self, conn: Any, component: str, steps: Sequence[str]) -> int: ...
+
 
 @dataclass(frozen=True)
 class Backend:

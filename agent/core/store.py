@@ -75,6 +75,21 @@ class Store:
         return backend.load(), steps
 
     @property
+    def connection(self) -> Connection:
+        """The store's connection, for what writes in its transactions beside it (a lease's fence)."""
+        return cast("Connection", self._conn)
+
+    def migrate_also(self, component: str, migrations: Mapping[str, Sequence[str]]) -> None:
+        """Bring the tables of `component`, which live beside this store's on its server and are
+        written in its transactions (`agent.core.lease`), to their newest version."""
+        if self._module is None or not isinstance(self.target, ServerUrl):
+            raise StoreError(f"{component} live on a database server, not in {self.path}")
+        steps = migrations.get(self.target.backend.name)
+        if not steps:
+            raise StoreError(f"{component} have no tables for {self.target.backend.name}")
+        self._module.migrate(self._conn, component, steps)
+
+    @property
     def on_server(self) -> bool:
         """On a database server the fleet's leaders may share (not a leader's own file)."""
         return self.dialect is not Dialect.SQLITE

@@ -63,9 +63,9 @@ import msgspec
 from agent.core.backends import server_migrations
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
+from agent.core.lease import FencedLease, lease_row
 from agent.core.sql import (
     NO_LIMIT,
-    SERVER_NOW_MS,
     Connection,
     Dialect,
     ServerUrl,
@@ -91,6 +91,7 @@ from agent.leader.job_types import (
 from agent.protocol import JobDemand, JobOffer, JobResult, JobSubmit
 
 COMPONENT = "jobqueue"
+LEASE_NAME = "job queue"  # its row of the fleet's leases (several leaders on a database server)
 
 def _v1(conn: sqlite3.Connection) -> None:
     conn.execute(
@@ -186,7 +187,10 @@ class JobQueue(Store):
         self.holder = holder
         self.lease_ms = int(lease_s * 1000)
         self.held = False
-        self.lease_holder = ""  # on PostgreSQL, standing by: the leader that holds the lease
+        self.lease_holder = ""  # on a server, standing by: the leader that holds the lease
+        # on a database server: the fleet's lease of the queue (`agent.core.lease`)
+        self.lease = FencedLease(self, LEASE_NAME, holder, ttl_s=lease_s) if self.on_server else None
+        self._taken_token: int | None = None  # the lease's token when this leader took the queue
         self._demands_rev = 0  # the newest posted demand read (`read_demands`)
         self.taken = 0  # times this queue was taken (opened under a new epoch)
         self._reset(0)
@@ -251,25 +255,21 @@ class JobQueue(Store):
             if not self.held:
                 self._take()
             return True
-        if self.held and not self._fenced:
-            with self.atomic():
-                renewed = self._conn.execute(
-                    f"UPDATE jobqueue_lease SET expires_ms = ({SERVER_NOW_MS}) + ? WHERE name = 'jobs'"
-                    " AND holder = ? AND epoch = ?", (self.lease_ms, self.holder, self.epoch)).rowcount
-            if renewed == 1:
-                return True
+        assert self.lease is not None
+        kept = self.lease.hold()  # renewed under the same token, or taken under a new one
+        if kept and self.held and not self._fenced and self.lease.token == self._taken_token:
+            return True
         self._stand_by()
+        if not kept:
+            found = lease_row(self._conn, LEASE_NAME)
+            self.lease_holder = found.holder if found is not None else ""
+            return False
         return self._take()
 
     def _take(self) -> bool:
         with self.atomic():
-            if self.dialect is Dialect.POSTGRESQL:
-                held_by, expires_ms, now = self._conn.execute(
-                    f"SELECT holder, expires_ms, {SERVER_NOW_MS} FROM jobqueue_lease WHERE name = 'jobs'"
-                    " FOR UPDATE").fetchone()
-                if held_by != self.holder and int(expires_ms) > int(now):
-                    self.lease_holder = str(held_by)
-                    return False
+            if self.lease is not None:  # the lease still ours (FOR SHARE: a taker waits for this)
+                self.lease.fence()
             row = self._conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'"
                                      + self._locking(" FOR UPDATE")).fetchone()
             epoch = (int(row[0]) if row else 0) + 1
@@ -278,16 +278,13 @@ class JobQueue(Store):
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 (epoch,),
             )
-            if self.dialect is Dialect.POSTGRESQL:
-                self._conn.execute(
-                    f"UPDATE jobqueue_lease SET holder = ?, epoch = ?, expires_ms = ({SERVER_NOW_MS}) + ?,"
-                    f" taken_ms = {SERVER_NOW_MS} WHERE name = 'jobs'", (self.holder, epoch, self.lease_ms))
             rows = self._conn.execute(
                 "SELECT job_id, kind, payload, store_seq FROM jobs WHERE state = 'pending'"
                 " ORDER BY store_seq"
             ).fetchall()
         self._reset(epoch)
         self.held, self.lease_holder = True, self.holder
+        self._taken_token = self.lease.token if self.lease is not None else None
         self.taken += 1
         for job_id, kind, payload, seq in rows:
             self._jobs[job_id] = _Job(kind, bytes(payload), int(seq))
@@ -306,12 +303,10 @@ class JobQueue(Store):
     def release(self) -> None:
         """Give the lease up (a leader that stops): a standby takes the queue at its next
         `hold()`, not a lease time later. Nothing on leader.db, or if it is not ours any more."""
-        if self.dialect is Dialect.SQLITE or not self.held or self.closed:
+        if self.lease is None or not self.held or self.closed:
             return
         self._stand_by()
-        with self.atomic():
-            self._conn.execute("UPDATE jobqueue_lease SET expires_ms = 0 WHERE name = 'jobs' AND holder = ?"
-                               " AND epoch = ?", (self.holder, self.epoch))
+        self.lease.release()
 
     def _locking(self, clause: str) -> str:
         return clause if self.dialect is Dialect.POSTGRESQL else ""
@@ -729,11 +724,9 @@ class JobReads:
         (failed,) = self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'confirmed' AND ok = 0").fetchone()
         row = self._conn.execute("SELECT value FROM jobqueue_meta WHERE key = 'epoch'").fetchone()
         run_by, since, until = "", None, None
-        if self._dialect is Dialect.POSTGRESQL:
-            lease = self._conn.execute(
-                "SELECT holder, taken_ms, expires_ms FROM jobqueue_lease WHERE name = 'jobs'").fetchone()
-            if lease and lease[0]:
-                run_by, since, until = str(lease[0]), int(lease[1]), int(lease[2])
+        lease = lease_row(self._conn, LEASE_NAME) if self._dialect is not Dialect.SQLITE else None
+        if lease is not None:
+            run_by, since, until = lease.holder, lease.acquired_ms, lease.expires_ms
         return JobCounts(pending=int(counts.get("pending", 0)), confirmed=int(counts.get("confirmed", 0)),
                          failed=int(failed), epoch=int(row[0]) if row else 0, run_by=run_by,
                          run_since_ms=since, run_until_ms=until)

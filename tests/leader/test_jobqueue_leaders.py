@@ -39,7 +39,7 @@ def run_out(url: str) -> None:
 
     conn = postgres.connect(ServerUrl(url))
     try:
-        conn.execute("UPDATE jobqueue_lease SET expires_ms = 0")
+        conn.execute("UPDATE leases SET expires_ms = 0 WHERE name = 'job queue'")
     finally:
         conn.close()
 

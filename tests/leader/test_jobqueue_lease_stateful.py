@@ -64,7 +64,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule()
     def run_out(self) -> None:
         """Whoever holds the lease froze past it (or was SIGKILLed): it may be taken."""
-        self.db.execute("UPDATE jobqueue_lease SET expires_ms = 0")
+        self.db.execute("UPDATE leases SET expires_ms = 0 WHERE name = 'job queue'")
 
     @rule(name=leaders)
     def release(self, name: str) -> None:

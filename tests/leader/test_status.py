@@ -104,6 +104,7 @@ async def test_a_leader_that_stops_beating_is_shown_dead_within_a_lease_time(pg_
     the orchestrator's and the job queue's leases is named as running them."""
     from agent.leader.readonly import open_leader_db
     from agent.leader.status import fleet_status
+    from rollout_engine.lease import OrchestratorLease
     from rollout_engine.store import RolloutStore
 
     clock = VirtualClock()
@@ -114,7 +115,7 @@ async def test_a_leader_that_stops_beating_is_shown_dead_within_a_lease_time(pg_
         gw2.mark_alive()
         gw2.apply_heartbeats([Heartbeat(device_id="pi-1", seq=1, uptime_s=1.0)])
         with RolloutStore.open(pg_url, clock=clock) as rollouts:
-            assert rollouts.take_lease("orchestrator", "gw-2", None, 60_000) is not None
+            assert OrchestratorLease(rollouts, "gw-2", ttl_s=60.0).hold()
         JobQueue.open(pg_url, clock=clock, holder="gw-2").close()
         for _ in range(3):  # gw-1 died: only gw-2 beats, for 9 s
             await clock.advance(3.0)

@@ -24,7 +24,7 @@ from rollout_engine.store import RolloutStore
 
 def _expire(admin: PgConnection) -> None:
     """The holder stopped renewing and its lease time passed (without waiting for it)."""
-    admin.execute("UPDATE rollout_lease SET expires_ms = 0 WHERE name = ?", (LEASE_NAME,))
+    admin.execute("UPDATE leases SET expires_ms = 0 WHERE name = ?", (LEASE_NAME,))
 
 
 @pytest.fixture
@@ -155,8 +155,8 @@ class LeaseMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.admin = connect(ServerUrl(self.url))
-        self.admin.execute("DELETE FROM rollout_lease")
-        self.leaders = [_leader(self.url, f"gw-{i}") for i in range(3)]
+        self.leaders = [_leader(self.url, f"gw-{i}") for i in range(3)]  # (the leases table made)
+        self.admin.execute("DELETE FROM leases")
         self.current: int | None = None  # who took it last (the model)
         self.expired = True
         self.tokens: list[int] = []
