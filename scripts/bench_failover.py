@@ -14,7 +14,7 @@ finished a tick (`ticked_ms`, the database server's time: the same clock as the 
 one machine); the killed leader is then started again. The baseline, measured in the same run:
 the same hand-over after a clean stop (SIGTERM: the holder releases the lease). The job queue's
 lease (`job_lease_s` = --lease) is measured the same way, to the time the next leader took it
-(`taken_ms`, the server's time). The last line is JSON: median and max seconds of each, and
+(its `acquired_ms`, the server's time). The last line is JSON: median and max seconds of each, and
 whether the kills stayed under the 15 s target.
 """
 
