@@ -392,15 +392,16 @@ class LeaderAgent(PartBase):
 
     async def _tend_jobs(self) -> None:
         """Several leaders on PostgreSQL: every second (renewing the job queue's lease every
-        third of `[leader] job_lease_s`), the LeaderActor tends the fleet's job queue
-        (`agent.leader.actors.TendJobs`). A full mailbox skips a round."""
+        third of `[leader] job_lease_s`; a standby tries to take it every second, so it takes
+        over within a second of the lease running out), the LeaderActor tends the fleet's job
+        queue (`agent.leader.actors.TendJobs`). A full mailbox skips a round."""
         lease_s = self.config.leader.job_lease_s
         every_s, renew_s = min(1.0, lease_s / 3), lease_s / 3
         renewed = self.clock.monotonic()  # (taken or refused at open)
         while True:
             await self.clock.sleep(every_s)
             now = self.clock.monotonic()
-            renew = now - renewed >= renew_s - every_s / 2
+            renew = not self.jobs_queue.held or now - renewed >= renew_s - every_s / 2
             if self.leader is None:
                 continue
             try:

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from config_rollout.layers import LayerValue
 
 log = logging.getLogger(__name__)
+STANDBY_TRY_S = 1.0  # a standby tries to take the orchestrator lease this often
 
 REPORT_BUSY_MS = 500
 HTTP_RETRY_S = 5.0  # how often a leader whose artifact port is taken tries it again
@@ -296,9 +297,10 @@ class RolloutService(PartBase):
             self._layers.close()
 
     async def _lead(self, lease: OrchestratorLease) -> None:
-        """Several leaders: take or renew the orchestrator lease every third of its time; run the
-        orchestrator while it is held (first sending again the offers the previous holder stored,
-        which may sit in its outbox), stop it when it is lost."""
+        """Several leaders: renew the orchestrator lease every third of its time, or, standing by,
+        try to take it every second (at most: a takeover follows the lease's running out, or its
+        release, within a second); run the orchestrator while it is held (first sending again the
+        offers the previous holder stored, which may sit in its outbox), stop it when it is lost."""
         renew_s = lease.ttl_ms / 3000
         loop = asyncio.get_running_loop()
         while True:
@@ -326,7 +328,7 @@ class RolloutService(PartBase):
                 self.orchestrator.stop()
                 await cancel_and_wait(self._task)
                 self._task = None
-            await self.clock.sleep(renew_s)
+            await self.clock.sleep(renew_s if lease.held else min(renew_s, STANDBY_TRY_S))
 
     def _lease_held_by(self) -> str | None:
         """None while this leader runs the orchestrator; else the leader holding its lease ("":
