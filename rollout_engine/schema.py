@@ -1,8 +1,9 @@
 """The rollout tables of the leader's database, as ordered migrations (component "rollout").
 
 `MIGRATIONS` for SQLite (`leader.db`); for a fleet's PostgreSQL database the SQL files under
-`rollout_engine/sql/postgresql/rollout/` (their own versions: the same tables, created whole,
-with `rollout_lease`: who runs the orchestrator of several leaders, `rollout_engine.lease`).
+`rollout_engine/sql/postgresql/rollout/` (their own versions: the same tables, created whole;
+who runs the orchestrator of several leaders is a row of the fleet's `leases`,
+`rollout_engine.lease`).
 `rollout_offers` and `rollout_device_events` have a `rowid` column there, so both databases order
 them by it. See `rollout_engine.store` for what each table holds.
 """
