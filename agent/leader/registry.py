@@ -731,13 +731,9 @@ class DeviceRegistry(Store):
         return RegistryReads(self._conn).leaders()
 
     def leaders_running(self) -> dict[str, bool]:
-        """Each leader of this registry, and whether it marked itself alive within `QUIET_BEATS`
-        of its own pace (`RegistryReads.leaders_quiet_ms`)."""
+        """`RegistryReads.leaders_running` now."""
         self.check_open()
-        reads = RegistryReads(self._conn)
-        now, quiet = self._clock.now_ms(), reads.leaders_quiet_ms()
-        return {name: now - at <= quiet.get(name, int(LEADER_QUIET_S * 1000))
-                for name, at in reads.leaders_alive_ms().items()}
+        return RegistryReads(self._conn).leaders_running(self._clock.now_ms())
 
     def leader_names(self) -> set[str]:
         """The leaders that marked themselves in this registry (`RegistryReads.leader_names`)."""
@@ -1011,13 +1007,13 @@ class RegistryReads:
         return {str(name): int(at) for name, at in self._conn.execute(
             "SELECT name, alive_ms FROM registry_leaders ORDER BY name")}
 
-    def leaders_quiet_ms(self) -> dict[str, int]:
-        """Each leader of this registry, with how long its silence may last before it counts as
-        not running (`QUIET_BEATS` of its own pace of marks)."""
+    def leaders_running(self, now_ms: int) -> dict[str, bool]:
+        """Each leader of this registry, and whether it runs at `now_ms`: marked alive within
+        `QUIET_BEATS` of its own pace of marks."""
         if not int(self._conn.execute(has_table(self.dialect, "registry_leaders")).fetchone()[0]):
             return {}
-        return {str(name): QUIET_BEATS * int(every) for name, every in self._conn.execute(
-            "SELECT name, every_ms FROM registry_leaders ORDER BY name")}
+        return {str(name): now_ms - int(at) <= QUIET_BEATS * int(every) for name, at, every in self._conn.execute(
+            "SELECT name, alive_ms, every_ms FROM registry_leaders ORDER BY name")}
 
     def telemetry_counts(self) -> dict[str, int]:
         """Per device, the telemetry records the leader applied (each once)."""

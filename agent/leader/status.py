@@ -133,12 +133,12 @@ def _leader_views(db: LeaderDb, now: int, *, rollouts: tuple[str, int] | None,
     singletons (the orchestrator, the job queue) whose lease it holds at `now`."""
     serves = db.registry.leaders()
     alive = db.registry.leaders_alive_ms()
-    quiet = db.registry.leaders_quiet_ms()
+    running_now = db.registry.leaders_running(now)
     views = []
     for name in sorted({*serves, *alive}):
         at = alive.get(name)
         silent = (now - at) / 1000.0 if at is not None else 0.0
-        running = at is not None and now - at <= quiet.get(name, int(LEADER_QUIET_S * 1000))
+        running = running_now.get(name, False)
         runs = [what for what, lease in (("rollouts", rollouts), ("job queue", jobs))
                 if lease is not None and lease[0] == name and lease[1] > now]
         views.append(LeaderView(name=name, serves=serves.get(name, 0), alive_ms=at, running=running,
