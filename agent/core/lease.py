@@ -28,7 +28,7 @@ from typing import Any
 
 from agent.core.backends import server_migrations
 from agent.core.errors import StoreError
-from agent.core.sql import SERVER_NOW_MS, has_table
+from agent.core.sql import SERVER_NOW_MS, dialect_of, has_table
 from agent.core.store import Store
 
 COMPONENT = "leases"
@@ -78,6 +78,12 @@ class FencedLease:
         execute = self.store.connection.execute
         with Store.atomic(self.store):  # (the store's own transaction, without its fence)
             now = int(execute(f"SELECT {SERVER_NOW_MS}").fetchone()[0])
+            # another's lease running: no row lock (a standby asks every second, and a lock would
+            # make the holder's fenced writes wait for it)
+            found = execute("SELECT holder, expires_ms FROM leases WHERE name = ?", (self.name,)).fetchone()
+            if found is not None and found[0] != self.holder and int(found[1]) > now:
+                self.token = None
+                return False
             execute("INSERT INTO leases (name, holder, token, expires_ms, acquired_ms) VALUES (?, '', 0, 0, 0)"
                     " ON CONFLICT (name) DO NOTHING", (self.name,))
             held_by, token, expires_ms = execute(
@@ -126,8 +132,6 @@ class FencedLease:
 def lease_row(conn: Any, name: str) -> LeaseRow | None:
     """Lease `name` as any connection to the fleet's database reads it (None: never taken, or a
     database without leases: `leader.db`)."""
-    from agent.core.sql import dialect_of
-
     if not int(conn.execute(has_table(dialect_of(conn), "leases")).fetchone()[0]):
         return None
     row = conn.execute("SELECT holder, token, expires_ms, acquired_ms, ticked_ms FROM leases WHERE name = ?",
