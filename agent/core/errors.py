@@ -160,7 +160,6 @@ def store_log_level(exc: BaseException, level: int) -> int:
 
 
 __all__ = [
-    "store_log_level",
     "ActorStopped",
     "ArtifactError",
     "AskTimeout",
@@ -186,4 +185,5 @@ __all__ = [
     "StoreUnavailable",
     "Transient",
     "TransportError",
+    "store_log_level",
 ]

@@ -185,7 +185,6 @@ class JobQueue(Store):
         self._clock = clock
         self.window_max = window_max
         self.holder = holder
-        self.lease_ms = int(lease_s * 1000)
         self.held = False
         self.lease_holder = ""  # on a server, standing by: the leader that holds the lease
         # on a database server: the fleet's lease of the queue (`agent.core.lease`)
