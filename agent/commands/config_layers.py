@@ -66,16 +66,23 @@ def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _db(text: str) -> StoreTarget:
-    """The leader's database `--db` names (its leader.db, or the fleet's postgresql:// URL),
-    checked to be one: a `StoreError` says where the layers are instead."""
+    """The leader's database `--db` names: its leader.db (which must exist), or the fleet's
+    postgresql:// URL."""
     from agent.core.sql import store_target
-    from agent.leader.readonly import open_leader_db
 
     db = store_target(text, source="--db")
     if isinstance(db, Path) and not db.is_file():
         raise ConfigError(str(db), None, "no leader database here (start the leader once, or check the path)")
+    return db
+
+
+def _writable(db: StoreTarget) -> StoreTarget:
+    """`db`, checked to hold a leader's registry before a layer is written beside it: a
+    `StoreError` says where the layers are instead (a PostgreSQL leader's own leader.db)."""
+    from agent.leader.readonly import open_leader_db
+
     with open_leader_db(db):
-        pass  # a leader's registry is there: its layers go beside it
+        pass
     return db
 
 
@@ -118,7 +125,7 @@ def layer_main(args: argparse.Namespace) -> int:
     if args.step == "order":
         for tag in args.tags:
             _name(tag, "TAG", r"^[A-Za-z0-9_.:-]{1,64}$")
-        with LayerStore.open(db) as store:
+        with LayerStore.open(_writable(db)) as store:
             store.order(target, args.tags)
         print(f"{target}: groups in order {', '.join(args.tags)} (the last wins), then devices")
         return 0
@@ -128,7 +135,7 @@ def layer_main(args: argparse.Namespace) -> int:
     if args.step == "unset":
         edits = [LayerEdit.checked(target=target, scope=scope, selector=selector, document=args.document, key=k,
                                    fields={**names, "key": k}) for k in args.keys]
-        with LayerStore.open(db) as store:
+        with LayerStore.open(_writable(db)) as store:
             gone = [e.key for e in edits if store.unset(e.target, e.scope, e.selector, e.document, e.key)]
         print(f"{target} {scope} {selector} {args.document}: unset {', '.join(gone) or 'nothing (no such key)'}")
         return 0
@@ -141,7 +148,7 @@ def layer_main(args: argparse.Namespace) -> int:
                                        key=key.strip(), value_text=text, expires_text=args.expires, now_ms=now_ms,
                                        fields={**names, "key": item, "value": item, "expires": "--expires"}))
     by = cli_actor()
-    with LayerStore.open(db) as store:
+    with LayerStore.open(_writable(db)) as store:
         for e in edits:
             store.set_value(e.target, e.scope, e.selector, e.document, e.key, e.value, set_by=by, now_ms=now_ms,
                             expires_ms=e.expires_ms)
