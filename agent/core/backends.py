@@ -23,7 +23,18 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 if TYPE_CHECKING:
     import contextlib
 
-    from agent.core.sql import ServerUrl
+    from agent.core.clock import Clock
+    from agent.core.sql import Notice, ServerUrl
+
+
+class Listener(Protocol):
+    """A session that hears the notices other sessions send on its channels, with no poll."""
+
+    listening: bool  # False while its session is lost: the caller asks on its own ticks then
+
+    async def wait(self, clock: Clock, timeout_s: float) -> frozenset[Notice]: ...
+
+    def close(self) -> None: ...
 
 
 class ServerModule(Protocol):
@@ -38,6 +49,10 @@ class ServerModule(Protocol):
     def schema_version(self, conn: Any, component: str) -> int | None: ...
 
     def migrate(self, conn: Any, component: str, steps: Sequence[str]) -> int: ...
+
+    def listen(self, target: ServerUrl, channels: Sequence[str]) -> Listener: ...
+
+    def notify(self, conn: Any, channel: str, payload: str = "") -> None: ...
 
 
 @dataclass(frozen=True)
@@ -84,4 +99,4 @@ def schemes() -> Iterator[str]:
         yield from backend.schemes
 
 
-__all__ = ["BACKENDS", "Backend", "ServerModule", "backend_named", "schemes", "server_migrations"]
+__all__ = ["BACKENDS", "Backend", "Listener", "ServerModule", "backend_named", "schemes", "server_migrations"]

@@ -17,6 +17,9 @@ updates the row, so it waits for every transaction that read it under the old to
 after that, every transaction of the old holder fails its fence. A leader frozen (SIGSTOP)
 while holding a lease and woken after another took it writes nothing.
 
+A lease given up (`release()`) is said on the server's channel `CHANNEL` with the lease's name,
+so standbys listening there (`Store.listener`) take it at once rather than at their next try.
+
 The table lives with the store that fences on it (component "leases", migrated on that store's
 own connection): `agent/core/sql/<backend>/leases/`.
 """
@@ -32,6 +35,7 @@ from agent.core.sql import SERVER_NOW_MS, dialect_of, has_table
 from agent.core.store import Store
 
 COMPONENT = "leases"
+CHANNEL = "ea_leases"  # a lease given up: its name is said here (`FencedLease.release`)
 _MIGRATIONS = server_migrations("agent.core", COMPONENT)
 
 
@@ -127,6 +131,7 @@ class FencedLease:
         with Store.atomic(self.store):
             self.store.connection.execute("UPDATE leases SET expires_ms = 0 WHERE name = ? AND token = ?",
                                           (self.name, token))
+            self.store.notify(CHANNEL, self.name)
 
 
 def lease_row(conn: Any, name: str) -> LeaseRow | None:
@@ -143,4 +148,4 @@ def lease_row(conn: Any, name: str) -> LeaseRow | None:
                     None if ticked_ms is None else int(ticked_ms))
 
 
-__all__ = ["FencedLease", "LeaseLost", "LeaseRow", "lease_row"]
+__all__ = ["CHANNEL", "FencedLease", "LeaseLost", "LeaseRow", "lease_row"]

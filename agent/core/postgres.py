@@ -14,12 +14,15 @@ stores already use (`agent.core.sql.Connection`).
 * The server is one state for the whole process (`server_state`): every connection to it that
   finds it lost marks it lost, the first connect that reaches it again marks it back, and each
   change is one log line (never one a failed call); `Store.outage()` reads it.
+* `listen()` is a session of its own that hears `NOTIFY`s without a poll (`PgListener`);
+  `notify()` sends one from a store's transaction, delivered when it commits.
 * `migrate()` keeps per-component versions in `schema_versions` as SQLite does, under an
   advisory lock so that two leaders starting together migrate once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools
@@ -28,8 +31,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agent.core.clock import Clock
 from agent.core.errors import StoreError, StoreUnavailable, UnstorableValue
-from agent.core.sql import Cursor, Dialect, Outage, ServerUrl
+from agent.core.sql import Cursor, Dialect, Notice, Outage, ServerUrl
 
 if TYPE_CHECKING:
     import psycopg
@@ -182,17 +186,8 @@ class PgConnection:
     # -- the connection ------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
         import psycopg
-        from psycopg.conninfo import conninfo_to_dict
 
-        try:
-            params = conninfo_to_dict(self.target.url)
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.target}: not a PostgreSQL URL: {_first_line(exc)}") from exc
-        extra: dict[str, Any] = {"application_name": params.get("application_name", "edge-agent leader")}
-        if "connect_timeout" not in params:
-            extra["connect_timeout"] = CONNECT_TIMEOUT_S
-        if self.target.password is not None:
-            extra["password"] = self.target.password
+        extra = _connect_params(self.target)
         if time.monotonic() < self._next_connect:
             raise StoreUnavailable(f"cannot connect to {self.target}: {self._why} (trying again shortly)")
         try:
@@ -326,6 +321,142 @@ class PgConnection:
         self._txn = False
 
 
+def _connect_params(target: ServerUrl) -> dict[str, Any]:
+    """What every session of this process to `target` connects with, besides its URL."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(target.url)
+    except psycopg.Error as exc:
+        raise StoreError(f"{target}: not a PostgreSQL URL: {_first_line(exc)}") from exc
+    extra: dict[str, Any] = {"application_name": params.get("application_name", "edge-agent leader")}
+    if "connect_timeout" not in params:
+        extra["connect_timeout"] = CONNECT_TIMEOUT_S
+    if target.password is not None:
+        extra["password"] = target.password
+    return extra
+
+
+_CHANNEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_")
+
+
+class PgListener:
+    """A session of its own that `LISTEN`s on `channels` and is read when its socket is
+    readable (the event loop's reader): no statement runs while nothing is sent.
+
+    `wait()` returns what was heard, or nothing at its timeout. When the session is lost it
+    stops listening (`listening` False: the caller falls back to asking on its own ticks) and
+    each later `wait()` tries to listen again, at most once per `RECONNECT_PAUSE_S`; the
+    first `wait()` after it listens again hears every channel with an empty payload, because
+    what was sent in between is gone."""
+
+    def __init__(self, target: ServerUrl, channels: Sequence[str]) -> None:
+        for channel in channels:
+            if not channel or set(channel) - _CHANNEL_CHARS:
+                raise ValueError(f"a channel name is lower-case letters and '_', got {channel!r}")
+        self.target = target
+        self.channels = tuple(channels)
+        self.listening = False
+        self._conn: psycopg.Connection[Any] | None = None
+        self._fd = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._heard: set[Notice] = set()
+        self._woken: asyncio.Event | None = None
+        self._next_connect = 0.0
+        self._closed = False
+        self.sessions = 0  # sessions it listened on: more than one, it was lost and listened again
+
+    def _listen(self) -> None:
+        import psycopg
+
+        if self._closed or self.listening or time.monotonic() < self._next_connect:
+            return
+        self._next_connect = time.monotonic() + RECONNECT_PAUSE_S
+        try:
+            conn = psycopg.connect(self.target.url, autocommit=True, **_connect_params(self.target))
+        except (psycopg.Error, StoreError):
+            return
+        try:
+            conn.execute("; ".join(f"LISTEN {channel}" for channel in self.channels))
+            conn.pgconn.nonblocking = 1
+        except psycopg.Error:
+            conn.close()
+            return
+        self._conn, self._fd = conn, conn.pgconn.socket
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._readable)
+        self.listening = True
+        # listening anew: whatever was sent while it did not listen is lost, so every channel is heard
+        self._heard.update((channel, "") for channel in self.channels)
+        self.sessions += 1
+        self._wake()
+
+    def _readable(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            conn.pgconn.consume_input()
+            while (notice := conn.pgconn.notifies()) is not None:
+                self._heard.add((notice.relname.decode(), notice.extra.decode()))
+        except Exception:  # the session is gone (psycopg.OperationalError): listen again later
+            self._drop()
+            if self._woken is not None:
+                self._woken.set()  # a waiter learns it at once: it asks on its own ticks now
+            return
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._heard and self._woken is not None:
+            self._woken.set()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if self._loop is not None and self._fd >= 0:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._fd)
+        self._fd = -1
+        self.listening = False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    async def wait(self, clock: Clock, timeout_s: float) -> frozenset[Notice]:
+        """What was heard since the last call, waiting up to `timeout_s` (on `clock`) for it."""
+        if self._woken is None:
+            self._woken = asyncio.Event()
+        if not self.listening:
+            self._listen()
+        if not self._heard and timeout_s > 0:
+            self._woken.clear()
+            woken = asyncio.ensure_future(self._woken.wait())
+            sleeping = asyncio.ensure_future(clock.sleep(timeout_s))
+            try:
+                await asyncio.wait((woken, sleeping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                sleeping.cancel()
+        heard, self._heard = frozenset(self._heard), set()
+        self._woken.clear()
+        return heard
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop()
+
+
+def listen(target: ServerUrl, channels: Sequence[str]) -> PgListener:
+    """A listener on `channels` of `target` (it connects at its first `wait()`)."""
+    return PgListener(target, channels)
+
+
+def notify(conn: PgConnection, channel: str, payload: str = "") -> None:
+    """Send `payload` on `channel`, delivered when the open transaction commits (at once outside
+    one); the server folds repeats of one notice within a transaction into one."""
+    conn.execute("SELECT pg_notify(?, ?)", (channel, payload))
+
+
 def connect(target: ServerUrl) -> PgConnection:
     """A session on `target`. `StoreUnavailable` naming the URL (never its password) when the
     server cannot be reached or refuses the login."""
@@ -402,5 +533,5 @@ def schema_version(conn: PgConnection, component: str) -> int | None:
     return int(found[0]) if found else None
 
 
-__all__ = ["PgConnection", "ServerState", "atomic", "connect", "migrate", "open_migrated", "placeholders",
-           "schema_version", "server_state"]
+__all__ = ["PgConnection", "PgListener", "ServerState", "atomic", "connect", "listen", "migrate", "notify",
+           "open_migrated", "placeholders", "schema_version", "server_state"]

@@ -127,6 +127,11 @@ class Outage:
     why: str
     count: int
 
+
+#: One notice a listener heard on a database server: (channel, payload).
+Notice = tuple[str, str]
+
+
 def is_server_url(value: str) -> bool:
     """Whether `value` names a database server (a scheme of `agent.core.backends`), not a file."""
     return backend_named(value) is not None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self, cast
 
 from agent.core import sqlite as sqlite_db
-from agent.core.backends import ServerModule
+from agent.core.backends import Listener, ServerModule
 from agent.core.errors import StoreError
 from agent.core.sql import Connection, Dialect, Outage, ServerUrl, StoreTarget, dialect_of, is_server_url
 
@@ -88,6 +88,19 @@ class Store:
         if not steps:
             raise StoreError(f"{component} have no tables for {self.target.backend.name}")
         self._module.migrate(self._conn, component, steps)
+
+    def listener(self, *channels: str) -> Listener | None:
+        """A listener of this store's server for the notices sent on `channels` (`notify`), to
+        wake on instead of polling; None on a file (one leader writes it: nothing to hear)."""
+        if self._module is None or not isinstance(self.target, ServerUrl):
+            return None
+        return self._module.listen(self.target, channels)
+
+    def notify(self, channel: str, payload: str = "") -> None:
+        """Tell every listener of `channel` (delivered when the open transaction commits);
+        nothing on a file."""
+        if self._module is not None:
+            self._module.notify(self._conn, channel, payload)
 
     @property
     def on_server(self) -> bool:

@@ -242,11 +242,14 @@ class SubmitJobs:
 
 @dataclass(frozen=True, slots=True)
 class TendJobs:
-    """Several leaders on PostgreSQL, every second: keep or take the fleet's job queue (`renew`:
-    its lease is due), bind the demands the other leaders heard, and end the bindings of the
+    """Several leaders on PostgreSQL: keep or take the fleet's job queue (`renew`: its lease is
+    due, or was given up), claim what the other leaders posted for it (`posted`: they said so,
+    or nobody listens for it), and, on the second's tick (`tick`), end the bindings of the
     workers the registry says went offline."""
 
     renew: bool
+    posted: bool = True
+    tick: bool = True
 
 
 # Leaders' clocks differ: a worker lost by another leader is looked for this far back.
@@ -350,13 +353,17 @@ class LeaderActor(Actor):
                     log.warning("jobs: leader %r runs the fleet's job queue now; this one stands by",
                                 jobs.lease_holder)
                 return
-            if was != (jobs.held, jobs.epoch):
+            taken = was != (jobs.held, jobs.epoch)
+            if taken:
                 log.info("jobs: this leader runs the fleet's job queue now (epoch %d, %d jobs unconfirmed,"
                          " %d workers)", jobs.epoch, len(jobs.pending_ids()), len(jobs.workers()))
                 self._lost_since_ms = 0  # every worker offline now, whenever it went
-            jobs.read_demands()
-            for ack in jobs.read_results():  # the results the workers gave the other leaders
-                self._counted(ack)
+            if tend.posted or taken:
+                jobs.read_demands()
+                for ack in jobs.read_results():  # the results the workers gave the other leaders
+                    self._counted(ack)
+            if not (tend.tick or taken):
+                return
             offline = self._registry.offline_since(self._lost_since_ms)
             self._lost_since_ms = now_ms - LOST_WORKERS_SKEW_MS
             bound = jobs.workers()

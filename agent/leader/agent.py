@@ -391,25 +391,44 @@ class LeaderAgent(PartBase):
         await self.transport.stop()
 
     async def _tend_jobs(self) -> None:
-        """Several leaders on PostgreSQL: every second (renewing the job queue's lease every
-        third of `[leader] job_lease_s`; a standby tries to take it every second, so it takes
-        over within a second of the lease running out), the LeaderActor tends the fleet's job
-        queue (`agent.leader.actors.TendJobs`). A full mailbox skips a round."""
+        """Several leaders on PostgreSQL: the LeaderActor tends the fleet's job queue
+        (`agent.leader.actors.TendJobs`). On each second's tick: the job queue's lease renewed
+        every third of `[leader] job_lease_s` (a standby tries to take it every tick, so it takes
+        over within a second of the lease running out) and the lost workers ended. Between ticks,
+        on a notice of the database: what the other leaders posted for the holder, claimed at
+        once, and a lease given up, taken at once. While the listening session is lost, the
+        posted work is claimed on the ticks instead. A full mailbox skips a round."""
+        from agent.core.lease import CHANNEL as LEASES
+        from agent.leader.jobs import CHANNEL as POSTED
+
+        queue = self.jobs_queue
         lease_s = self.config.leader.job_lease_s
         every_s, renew_s = min(1.0, lease_s / 3), lease_s / 3
+        listener = queue.listener(POSTED, LEASES)
+        assert listener is not None  # (on a database server only)
         renewed = self.clock.monotonic()  # (taken or refused at open)
-        while True:
-            await self.clock.sleep(every_s)
-            now = self.clock.monotonic()
-            renew = not self.jobs_queue.held or now - renewed >= renew_s - every_s / 2
-            if self.leader is None:
-                continue
-            try:
-                self.leader.tell(TendJobs(renew))
-            except EdgeAgentError:
-                continue
-            if renew:
-                renewed = now
+        next_tick = renewed + every_s
+        try:
+            while True:
+                heard = await listener.wait(self.clock, next_tick - self.clock.monotonic())
+                now = self.clock.monotonic()
+                tick = now >= next_tick
+                if tick:
+                    next_tick = now + every_s
+                given_up = any(channel == LEASES for channel, _ in heard)
+                posted = any(channel == POSTED and by != self.device_id for channel, by in heard)
+                renew = (not queue.held and (tick or given_up)) or (tick and now - renewed >= renew_s - every_s / 2)
+                posted = posted or (tick and not listener.listening)
+                if self.leader is None or not (tick or renew or posted):
+                    continue
+                try:
+                    self.leader.tell(TendJobs(renew, posted=posted, tick=tick))
+                except EdgeAgentError:
+                    continue
+                if renew:
+                    renewed = now
+        finally:
+            listener.close()
 
     # -- API -----------------------------------------------------------------------------------
     async def submit_jobs(self, jobs: Sequence[JobSubmit], *, timeout_s: float = 30.0) -> list[SubmitResult]:

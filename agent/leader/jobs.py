@@ -36,11 +36,15 @@ a job submission sent to them is answered busy (`QueueStandby`: the operator's a
 again and the broker hands it to a leader of the group); a worker's result is posted to
 `job_results_posted` (answered at once: a worker is never left to the broker's choice of leader,
 which may hand its retries to standbys again and again), and a demand heard on any leader's
-heartbeats to `job_demands`; the holder applies both every second (`read_results`,
-`read_demands`); a worker's loss
+heartbeats to `job_demands`. Each posting transaction says so on the channel `CHANNEL` (a
+`NOTIFY`, delivered at its commit); the holder listens there and claims what was posted at once
+(`read_results`, `read_demands`: rows taken `FOR UPDATE SKIP LOCKED`, so a row a posting or a
+frozen leader still locks is left for the next notice, never waited for), and asks on its own
+ticks only while its listening session is lost. A worker's loss
 is the registry's (shared), which the holder asks (`agent.leader.actors.LeaderActor`). A frozen
 holder that wakes after a takeover is fenced by the epoch, read `FOR SHARE` in each of its
-write transactions (a taker's epoch update waits for them, and they see its commit).
+write transactions (a taker's epoch update waits for them, and they see its commit), its claims
+included.
 
 Threading choice: synchronous, called on the event loop. Dispatch and requeue touch memory
 only; `submit` and `result` are each one short transaction (WAL, `synchronous=NORMAL`: no fsync
@@ -92,6 +96,8 @@ from agent.protocol import JobDemand, JobOffer, JobResult, JobSubmit
 
 COMPONENT = "jobqueue"
 LEASE_NAME = "job queue"  # its row of the fleet's leases (several leaders on a database server)
+CHANNEL = "ea_job_queue"  # work posted for the holder is said here, with the posting leader's name
+CLAIM_MAX = 512  # posted results claimed in one transaction
 
 def _v1(conn: sqlite3.Connection) -> None:
     conn.execute(
@@ -190,7 +196,6 @@ class JobQueue(Store):
         # on a database server: the fleet's lease of the queue (`agent.core.lease`)
         self.lease = FencedLease(self, LEASE_NAME, holder, ttl_s=lease_s) if self.on_server else None
         self._taken_token: int | None = None  # the lease's token when this leader took the queue
-        self._demands_rev = 0  # the newest posted demand read (`read_demands`)
         self.taken = 0  # times this queue was taken (opened under a new epoch)
         self._reset(0)
 
@@ -281,6 +286,7 @@ class JobQueue(Store):
                 "SELECT job_id, kind, payload, store_seq FROM jobs WHERE state = 'pending'"
                 " ORDER BY store_seq"
             ).fetchall()
+            demands = self._claim_demands(everyone=True) if self.on_server else []
         self._reset(epoch)
         self.held, self.lease_holder = True, self.holder
         self._taken_token = self.lease.token if self.lease is not None else None
@@ -289,9 +295,8 @@ class JobQueue(Store):
             self._jobs[job_id] = _Job(kind, bytes(payload), int(seq))
             self._pending.append(job_id)
             self._queued.add(job_id)
-        if self.dialect is Dialect.POSTGRESQL:
-            self._demands_rev = 0
-            self.read_demands()  # every worker's window, as the leaders last heard it
+        for demand in demands:  # every worker's window, as the leaders last heard it
+            self._bind(demand)
         return True
 
     def _stand_by(self) -> None:
@@ -317,54 +322,80 @@ class JobQueue(Store):
     def post_demands(self, demands: Sequence[tuple[JobDemand, int]]) -> None:
         """On PostgreSQL, any leader: keep each demand (heard on a heartbeat of that sequence) in
         `job_demands` for the queue's holder, unless a newer heartbeat's demand is there; one
-        transaction (a heartbeat batch's, or a fleet reconnecting at once)."""
+        transaction (a heartbeat batch's, or a fleet reconnecting at once). The holder keeps
+        them for whoever takes the queue next (it binds them itself), a standby posts them
+        unread and says so on `CHANNEL`."""
         self.check_open()
+        unread = not self.held
         newest: dict[str, tuple[JobDemand, int]] = {}
         for demand, seq in demands:
             if demand.worker not in newest or seq >= newest[demand.worker][1]:
                 newest[demand.worker] = (demand, seq)
         with self.atomic(synced=False):
             self._conn.executemany(
-                "INSERT INTO job_demands (worker, incarnation, demand_window, hb_seq, rev)"
-                " VALUES (?, ?, ?, ?, nextval('job_demands_rev')) ON CONFLICT (worker) DO UPDATE SET"
+                "INSERT INTO job_demands (worker, incarnation, demand_window, hb_seq, unread)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker) DO UPDATE SET"
                 " incarnation = excluded.incarnation, demand_window = excluded.demand_window,"
-                " hb_seq = excluded.hb_seq, rev = excluded.rev WHERE excluded.hb_seq >= job_demands.hb_seq",
+                " hb_seq = excluded.hb_seq, unread = excluded.unread WHERE excluded.hb_seq >= job_demands.hb_seq",
                 # in worker order: two leaders posting batches lock the rows alike, never a deadlock
-                [(d.worker, d.incarnation, d.window, seq) for d, seq in sorted(newest.values(),
-                                                                                key=lambda item: item[0].worker)])
+                [(d.worker, d.incarnation, d.window, seq, unread)
+                 for d, seq in sorted(newest.values(), key=lambda item: item[0].worker)])
+            if unread:
+                self.notify(CHANNEL, self.holder)
 
     def read_results(self) -> list[ResultAck]:
-        """The holder on PostgreSQL: apply the results the other leaders posted, and remove them
-        (a crash between the two applies one again: a duplicate)."""
-        if self.dialect is Dialect.SQLITE or not self.held:
+        """The holder on PostgreSQL: claim the results the other leaders posted (`FOR UPDATE SKIP
+        LOCKED`, at most `CLAIM_MAX`), apply them and remove them, in one transaction fenced by
+        the epoch. If that transaction fails, what it applied in memory may not be what the
+        database kept: the queue stands by, and its next `hold()` takes it again from the
+        database (a new epoch)."""
+        if not self.on_server or not self.held:
             return []
         self._check()
-        rows = self._conn.execute(
-            "SELECT id, job_id, epoch, worker, ok, result, error FROM job_results_posted ORDER BY id").fetchall()
-        if not rows:
-            return []
-        acks = [self.result(JobResult(job_id=job_id, epoch=int(epoch), worker=worker, ok=bool(ok),
-                                      result=bytes(result) if result is not None else b"", error=error))
-                for _, job_id, epoch, worker, ok, result, error in rows]
-        with self.atomic():
-            applied = json.dumps([str(r[0]) for r in rows])
-            self._conn.execute("DELETE FROM job_results_posted WHERE "
-                               + in_json_array(self.dialect, "CAST(id AS TEXT)"), (applied,))
+        acks: list[ResultAck] = []
+        try:
+            with self.atomic():
+                self._fence()
+                rows = self._conn.execute(
+                    "SELECT id, job_id, epoch, worker, ok, result, error FROM job_results_posted ORDER BY id"
+                    " LIMIT ? FOR UPDATE SKIP LOCKED", (CLAIM_MAX,)).fetchall()
+                if not rows:
+                    return []
+                acks = [self.result(JobResult(job_id=job_id, epoch=int(epoch), worker=worker, ok=bool(ok),
+                                              result=bytes(result) if result is not None else b"", error=error))
+                        for _, job_id, epoch, worker, ok, result, error in rows]
+                self._conn.execute("DELETE FROM job_results_posted WHERE "
+                                   + in_json_array(self.dialect, "CAST(id AS TEXT)"),
+                                   (json.dumps([str(r[0]) for r in rows]),))
+        except StoreError:
+            if acks:
+                self._stand_by()
+            raise
         return acks
 
     def read_demands(self) -> int:
-        """The holder on PostgreSQL: bind the demands posted since the last read (by any leader);
-        how many were read."""
-        if self.dialect is Dialect.SQLITE or not self.held:
+        """The holder on PostgreSQL: claim the demands posted since it last claimed (by any
+        leader) and bind them; how many were claimed."""
+        if not self.on_server or not self.held:
             return 0
         self._check()
+        with self.atomic(synced=False):
+            self._fence()
+            demands = self._claim_demands(everyone=False)
+        for demand in demands:
+            self._bind(demand)
+        return len(demands)
+
+    def _claim_demands(self, *, everyone: bool) -> list[JobDemand]:
+        """Inside a fenced transaction: the posted demands not claimed yet (`everyone`: every
+        worker's, at a take) in worker order, marked claimed. A row a posting transaction still
+        locks is skipped: its commit says so again on `CHANNEL`."""
         rows = self._conn.execute(
-            "SELECT worker, incarnation, demand_window, rev FROM job_demands WHERE rev > ? ORDER BY rev",
-            (self._demands_rev,)).fetchall()
-        for worker, incarnation, window, rev in rows:
-            self._demands_rev = max(self._demands_rev, int(rev))
-            self._bind(JobDemand(worker=worker, incarnation=incarnation, window=int(window)))
-        return len(rows)
+            "UPDATE job_demands SET unread = false WHERE worker IN (SELECT worker FROM job_demands"
+            + ("" if everyone else " WHERE unread") + " FOR UPDATE SKIP LOCKED)"
+            " RETURNING worker, incarnation, demand_window").fetchall()
+        return [JobDemand(worker=worker, incarnation=incarnation, window=int(window))
+                for worker, incarnation, window in sorted(rows)]
 
     # -- durable writes --------------------------------------------------------------------
     def _check(self) -> None:
@@ -421,13 +452,14 @@ class JobQueue(Store):
     def result(self, result: JobResult) -> ResultAck:
         """Apply a worker's result; see the module docstring for the outcomes. On PostgreSQL a
         leader standing by posts it for the holder ("posted")."""
-        if self.dialect is Dialect.POSTGRESQL and not self.held:
+        if self.on_server and not self.held:
             self.check_open()
             with self.atomic():
                 self._conn.execute(
                     "INSERT INTO job_results_posted (job_id, epoch, worker, ok, result, error)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
                     (result.job_id, result.epoch, result.worker, int(result.ok), result.result, result.error))
+                self.notify(CHANNEL, self.holder)
             return ResultAck("posted", result.job_id)
         self._check()
         job_id, worker = result.job_id, result.worker
@@ -474,7 +506,7 @@ class JobQueue(Store):
 
     def demand_many(self, demands: Sequence[tuple[JobDemand, int]]) -> list[DemandOutcome]:
         """`demand` for many, posted in one transaction on PostgreSQL."""
-        if self.dialect is Dialect.POSTGRESQL:
+        if self.on_server:
             self.post_demands(demands)
             if not self.held:
                 return ["posted"] * len(demands)
@@ -502,7 +534,7 @@ class JobQueue(Store):
     def bound(self, demand: JobDemand) -> bool:
         """The worker holds this very binding already (a heartbeat repeating its demand changes
         nothing: nothing to do). On PostgreSQL never: the demand is posted for the holder."""
-        if self.dialect is Dialect.POSTGRESQL:
+        if self.on_server:
             return False
         binding = self._workers.get(demand.worker)
         return binding is not None and binding.incarnation == demand.incarnation and binding.window == demand.window
@@ -541,7 +573,7 @@ class JobQueue(Store):
         if not self.held:
             return []
         self._check()
-        if self._queued and self._ring and self.dialect is Dialect.POSTGRESQL:
+        if self._queued and self._ring and self.on_server:
             self._fence()  # a holder frozen past its lease wakes to offer nothing
         out: list[Dispatch] = []
         while self._queued and self._ring:

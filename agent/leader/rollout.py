@@ -40,6 +40,7 @@ from agent.core.codec import Envelope, Reply, encode
 from agent.core.config import AgentConfig
 from agent.core.errors import ConfigError, EdgeAgentError, MailboxFull, StoreError, store_log_level
 from agent.core.ids import IdGenerator
+from agent.core.lease import CHANNEL as LEASES
 from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LeaderAgent, Route
 from agent.leader.env import GatewayEnv
@@ -298,37 +299,55 @@ class RolloutService(PartBase):
 
     async def _lead(self, lease: OrchestratorLease) -> None:
         """Several leaders: renew the orchestrator lease every third of its time, or, standing by,
-        try to take it every second (at most: a takeover follows the lease's running out, or its
-        release, within a second); run the orchestrator while it is held (first sending again the
-        offers the previous holder stored, which may sit in its outbox), stop it when it is lost."""
+        try to take it every second (at most: a takeover follows the lease's running out within a
+        second) and at once when its holder says it gave it up; run the orchestrator while it is
+        held (first sending again the offers the previous holder stored, which may sit in its
+        outbox), stop it when it is lost."""
         renew_s = lease.ttl_ms / 3000
         loop = asyncio.get_running_loop()
-        while True:
-            was = lease.token
-            try:
-                held = lease.hold()
-            except StoreError as exc:
-                log.log(store_log_level(exc, logging.WARNING), "rollouts: the orchestrator lease not renewed: %s", exc)
-                held = lease.held  # unknown: the fence decides each write
-            if held and (self._task is None or self._task.done()):
-                if lease.token != was:
-                    log.info("rollouts: this leader (%s) runs the fleet's rollouts now (lease token %s)",
-                             lease.holder, lease.token)
-                    try:
-                        resent = await self.orchestrator.resend_offers()
-                    except EdgeAgentError as exc:
-                        log.warning("rollouts: pending offers not sent again: %s (their devices time out"
-                                    " and are offered again)", exc)
-                    else:
-                        if resent:
-                            log.info("rollouts: %d pending offers sent again", resent)
-                self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
-            elif not held and self._task is not None:  # (running, or ended by a fenced write)
-                log.warning("rollouts: another leader runs the fleet's rollouts now; this one stands by")
-                self.orchestrator.stop()
-                await cancel_and_wait(self._task)
-                self._task = None
-            await self.clock.sleep(renew_s if lease.held else min(renew_s, STANDBY_TRY_S))
+        listener = self.store.listener(LEASES)
+        try:
+            while True:
+                await self._lead_once(lease, loop)
+                wait_s = renew_s if lease.held else min(renew_s, STANDBY_TRY_S)
+                if listener is None:
+                    await self.clock.sleep(wait_s)
+                    continue
+                until = self.clock.monotonic() + wait_s
+                while (left := until - self.clock.monotonic()) > 0:
+                    heard = await listener.wait(self.clock, left)
+                    if not lease.held and (LEASES, lease.name) in heard:
+                        break  # given up: take it now
+        finally:
+            if listener is not None:
+                listener.close()
+
+    async def _lead_once(self, lease: OrchestratorLease, loop: asyncio.AbstractEventLoop) -> None:
+        """One round: renew or take the lease, and start or stop the orchestrator to match."""
+        was = lease.token
+        try:
+            held = lease.hold()
+        except StoreError as exc:
+            log.log(store_log_level(exc, logging.WARNING), "rollouts: the orchestrator lease not renewed: %s", exc)
+            held = lease.held  # unknown: the fence decides each write
+        if held and (self._task is None or self._task.done()):
+            if lease.token != was:
+                log.info("rollouts: this leader (%s) runs the fleet's rollouts now (lease token %s)",
+                         lease.holder, lease.token)
+                try:
+                    resent = await self.orchestrator.resend_offers()
+                except EdgeAgentError as exc:
+                    log.warning("rollouts: pending offers not sent again: %s (their devices time out"
+                                " and are offered again)", exc)
+                else:
+                    if resent:
+                        log.info("rollouts: %d pending offers sent again", resent)
+            self._task = loop.create_task(self.orchestrator.run(), name="rollout-orchestrator")
+        elif not held and self._task is not None:  # (running, or ended by a fenced write)
+            log.warning("rollouts: another leader runs the fleet's rollouts now; this one stands by")
+            self.orchestrator.stop()
+            await cancel_and_wait(self._task)
+            self._task = None
 
     def _lease_held_by(self) -> str | None:
         """None while this leader runs the orchestrator; else the leader holding its lease ("":

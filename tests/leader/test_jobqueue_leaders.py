@@ -3,11 +3,13 @@ stand by, and a takeover reopens the queue under a new epoch with nothing lost."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 
 from agent.core.clock import VirtualClock
+from agent.core.errors import StoreUnavailable
 from agent.core.sql import ServerUrl
 from agent.leader.jobs import JobQueue, QueueFenced, QueueStandby
 from agent.protocol import JobDemand, JobResult, JobSubmit
@@ -114,3 +116,128 @@ def test_a_clean_stop_hands_the_queue_over_at_once_and_a_restarted_leader_takes_
     again = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw2")
     assert again.held and again.epoch == first + 2
     again.close()
+
+
+def _session(url: str):  # type: ignore[no-untyped-def]
+    """Another session on the fleet's database (a posting or a frozen leader's)."""
+    from agent.core import postgres
+
+    return postgres.connect(ServerUrl(url))
+
+
+async def test_the_holder_hears_what_a_standby_posts_and_a_standby_hears_a_lease_given_up(
+        two: tuple[JobQueue, JobQueue]) -> None:
+    from agent.core.lease import CHANNEL as LEASES
+    from agent.leader.jobs import CHANNEL as POSTED
+
+    a, b = two
+    clock = VirtualClock()  # (never advanced: every wait below ends on a notice, or not at all)
+    heard_by_a, heard_by_b = a.listener(POSTED), b.listener(LEASES)
+    assert heard_by_a is not None and heard_by_b is not None
+    try:
+        # listening starts by hearing every channel once: what was said before is not known
+        assert (POSTED, "") in await heard_by_a.wait(clock, 0) and heard_by_a.listening
+        assert (LEASES, "") in await heard_by_b.wait(clock, 0)
+        b.demand(demand("w1"), seq=1)
+        assert (POSTED, "gw2") in await heard_by_a.wait(clock, 3600)
+        assert a.read_demands() == 1
+        a.submit(job(1))
+        (offer,) = a.dispatch()
+        assert b.result(JobResult(job_id="j1", epoch=a.epoch, worker="w1", ok=True)).outcome == "posted"
+        assert (POSTED, "gw2") in await heard_by_a.wait(clock, 3600)
+        assert [ack.outcome for ack in a.read_results()] == ["confirmed"]
+        # the holder's own demands are kept for a next holder, not said: nothing to claim
+        a.demand(demand("w2"), seq=1)
+        assert a.read_demands() == 0 and a.workers() == {"w1": 2, "w2": 2}
+        a.release()
+        assert (LEASES, "job queue") in await heard_by_b.wait(clock, 3600)
+        assert b.hold() is True and b.workers() == {"w1": 2, "w2": 2}
+    finally:
+        heard_by_a.close()
+        heard_by_b.close()
+
+
+def test_a_claim_skips_what_another_session_locks_and_takes_it_once_that_commits(
+        two: tuple[JobQueue, JobQueue], pg_url: str) -> None:
+    a, b = two
+    a.submit_many([job(1), job(2)])
+    a.demand(demand("w1"), seq=1)
+    a.dispatch()
+    for n in (1, 2):
+        b.result(JobResult(job_id=f"j{n}", epoch=a.epoch, worker="w1", ok=True))
+    frozen = _session(pg_url)  # a leader frozen in a transaction that locked the first posted result
+    try:
+        frozen.execute("BEGIN")
+        frozen.execute("SELECT id FROM job_results_posted ORDER BY id LIMIT 1 FOR UPDATE")
+        assert [ack.job_id for ack in a.read_results()] == ["j2"]  # not waited for: skipped
+        frozen.execute("ROLLBACK")
+        assert [ack.job_id for ack in a.read_results()] == ["j1"]
+        # a demand whose posting commits after a later one was claimed is still claimed
+        posting = _session(pg_url)
+        try:
+            posting.execute("BEGIN")
+            posting.execute("INSERT INTO job_demands (worker, incarnation, demand_window, hb_seq, unread)"
+                            " VALUES ('w-late', 'i1', 1, 1, true)")
+            b.demand(demand("w-early"), seq=1)
+            assert a.read_demands() == 1 and "w-late" not in a.workers()
+            posting.execute("COMMIT")
+        finally:
+            posting.close()
+        assert a.read_demands() == 1 and a.workers()["w-late"] == 1
+    finally:
+        frozen.close()
+
+
+def test_a_fenced_holder_claims_nothing_the_next_holder_needs(two: tuple[JobQueue, JobQueue], pg_url: str) -> None:
+    a, b = two
+    a.submit(job(1))
+    a.demand(demand("w1"), seq=1)
+    (offer,) = a.dispatch()
+    run_out(pg_url)
+    assert b.hold() is True
+    c = JobQueue.open(pg_url, clock=VirtualClock(), holder="gw3")  # a third leader, standing by
+    try:
+        c.demand(demand("w2"), seq=1)
+        c.result(JobResult(job_id="j1", epoch=b.epoch, worker="w1", ok=True))
+        with pytest.raises(QueueFenced):  # gw1 wakes from its freeze: its claims are refused
+            a.read_demands()
+        with pytest.raises(QueueFenced):
+            a.read_results()
+        assert b.read_demands() == 1 and set(b.workers()) == {"w1", "w2"}
+        b.dispatch()
+        assert [ack.outcome for ack in b.read_results()] == ["confirmed"]
+    finally:
+        c.close()
+
+
+async def test_a_listener_listens_again_after_the_server_restarts(postgres) -> None:  # type: ignore[no-untyped-def]
+    from agent.core.clock import SystemClock
+    from agent.leader.jobs import CHANNEL as POSTED
+
+    url = postgres.new_schema()
+    clock = SystemClock()
+    a = JobQueue.open(url, clock=clock, holder="gw1")
+    b = JobQueue.open(url, clock=clock, holder="gw2")
+    heard = a.listener(POSTED)
+    assert heard is not None
+    try:
+        await heard.wait(clock, 0)
+        assert heard.listening and heard.sessions == 1  # type: ignore[attr-defined]
+        postgres.stop("immediate")
+        while heard.listening:  # the event loop reads the lost session and wakes the waiter
+            await heard.wait(clock, 3600)
+        postgres.start()
+        while not (got := await heard.wait(clock, 0)):  # tries again at most once a second
+            await asyncio.sleep(0.05)
+        assert (POSTED, "") in got and heard.listening and heard.sessions == 2  # type: ignore[attr-defined]
+        while True:  # b finds its session lost at its first call, and connects again after
+            try:
+                b.demand(demand("w1"), seq=1)
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.1)
+        assert (POSTED, "gw2") in await heard.wait(clock, 3600)
+    finally:
+        heard.close()
+        a.close()
+        b.close()
