@@ -1,7 +1,15 @@
-"""The roles and their parts. `assemble`: a config, a transport, a clock, a data directory and an
-environment -> an `App`.
+"""The roles, their stages and their parts. `prepare`: the config an agent is assembled on;
+`assemble`: that config, a transport, a clock, a data directory and an environment -> an `App`.
 
+    config = await prepare(config, clock=clock, base=base, starting=Starting(stopping=stop))
     app = await assemble(config, transport=transport, clock=clock, base=Path("/var/lib/edge-agent"))
+
+Each role has its stages before the assembly (`agent.service.parts.Stage`), run in order, each
+on the config the one before gave:
+
+    worker:  the settings in force (a release of the built-in target `agent`), its enrolment
+             (a device with `[identity]` and no usable certificate waits for one)
+    leader:  none
 
 Each role has one list of parts; its own agent stands in it where it starts (`AGENT`), every
 other entry is a feature's factory (`agent.service.parts.Feature`), which returns None when the
@@ -14,7 +22,7 @@ config leaves the feature off:
 Parts start in list order and stop in reverse: the local API and the sources stop taking
 messages before the worker stops; the leader stops before northbound forwarding, so what it
 took is queued for the cloud first; rollouts stop before the leader. `edge-agent run` and the
-simulator both assemble their agents here; the simulator's environment swaps the hardware
+simulator both prepare and assemble their agents here; the simulator's environment swaps the hardware
 (`DeviceEnv`, `GatewayEnv`). Each role imports only its own modules: a worker never loads the
 leader's, and the updater's factory loads the firmware library only when it is on.
 """
@@ -29,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent.app.app import AgentPart, App
 from agent.core.clock import Clock
 from agent.core.config import AgentConfig
-from agent.service.parts import Feature, Part
+from agent.service.parts import Feature, Part, Stage, Starting
 from agent.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -50,11 +58,41 @@ class AppEnv:
 AGENT = "agent"  # where a role's own agent stands in its list of parts
 
 
+async def prepare(config: AgentConfig, *, clock: Clock, base: Path, starting: Starting,
+                  env: AppEnv | None = None) -> AgentConfig | None:
+    """The config the role's agent is assembled on: its stages run in order; None when
+    `starting.stopping` was set while one waited."""
+    return await _ROLES[config.agent.role].prepare(config, base, clock, env or AppEnv(), starting)
+
+
 async def assemble(config: AgentConfig, *, transport: Transport, clock: Clock, base: Path,
                    env: AppEnv | None = None) -> App[Any]:
     """Open the role's agent under `base` and build its parts, none started."""
-    build = _ROLES[config.agent.role]
-    return await build(config, transport, clock, base, env or AppEnv())
+    return await _ROLES[config.agent.role].build(config, transport, clock, base, env or AppEnv())
+
+
+async def _worker_stages(config: AgentConfig, base: Path, clock: Clock, env: AppEnv,
+                         starting: Starting) -> AgentConfig | None:
+    from agent.worker.configuring import settings_stage
+    from agent.worker.env import DeviceEnv
+    from agent.worker.identity import enrolment_stage
+
+    return await _staged(config, base, clock, env.device or DeviceEnv(), starting, (settings_stage, enrolment_stage))
+
+
+async def _leader_stages(config: AgentConfig, base: Path, clock: Clock, env: AppEnv,
+                         starting: Starting) -> AgentConfig | None:
+    return config
+
+
+async def _staged(config: AgentConfig, base: Path, clock: Clock, env: E, starting: Starting,
+                  stages: Sequence[Stage[E]]) -> AgentConfig | None:
+    for stage in stages:
+        running = await stage(config, base, clock, env, starting)
+        if running is None:
+            return None
+        config = running
+    return config
 
 
 async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
@@ -123,10 +161,16 @@ async def _parts(agent: H, env: E, plan: Sequence[str | Feature[H, E]]) -> App[H
     return App(agent, parts)
 
 
-_ROLES: dict[str, Callable[[AgentConfig, Transport, Clock, Path, AppEnv], Awaitable[App[Any]]]] = {
-    "worker": _worker,
-    "leader": _leader,
+@dataclass(frozen=True)
+class _Role:
+    prepare: Callable[[AgentConfig, Path, Clock, AppEnv, Starting], Awaitable[AgentConfig | None]]
+    build: Callable[[AgentConfig, Transport, Clock, Path, AppEnv], Awaitable[App[Any]]]
+
+
+_ROLES: dict[str, _Role] = {
+    "worker": _Role(_worker_stages, _worker),
+    "leader": _Role(_leader_stages, _leader),
 }
 
 
-__all__ = ["AGENT", "AppEnv", "assemble"]
+__all__ = ["AGENT", "AppEnv", "Starting", "assemble", "prepare"]

@@ -80,7 +80,7 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
     the settings in force, in the same process: RELOADING=1, then READY=1 once they run."""
     import asyncio
 
-    from agent.app import AppEnv, assemble, make_transport, starting_config
+    from agent.app import AppEnv, Starting, assemble, make_transport, prepare
     from agent.leader.env import GatewayEnv
     from agent.service import ServiceRuntime, restrict_database_files
     from agent.worker.env import DeviceEnv
@@ -103,16 +103,16 @@ async def _serve_locked(config: AgentConfig, base: Path, clock: SystemClock, *, 
                 runtime.ready(f"worker {running.agent.device_id} starting with its identity")
                 ready_sent = True
 
+        env = AppEnv(gateway=GatewayEnv(recover=recover), device=DeviceEnv(restart=runtime.signals.request_reload))
         while True:
-            starting = await starting_config(config, base, clock, stopping=runtime.signals.stop, enrolling=enrolling)
-            if starting is None:
+            prepared = await prepare(config, clock=clock, base=base, env=env,
+                                     starting=Starting(stopping=runtime.signals.stop, enrolling=enrolling))
+            if prepared is None:
                 break
-            running = starting
+            running = prepared
             logging.getLogger().setLevel(running.agent.log_level)  # (a release may change it)
             app = await assemble(running, transport=make_transport(running, clock=clock, broker_url=broker),
-                                 clock=clock, base=base,
-                                 env=AppEnv(gateway=GatewayEnv(recover=recover),
-                                            device=DeviceEnv(restart=runtime.signals.request_reload)))
+                                 clock=clock, base=base, env=env)
             for db in app.databases():
                 restrict_database_files(db)
             # Shutdown steps run in order, last part first: stop taking work, then the agent (relay,

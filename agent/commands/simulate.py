@@ -131,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--leader-crash", metavar="TIME",
         help="with --leaders 2 or more: the first leader crashes at this fleet time, e.g. 3m, and the others"
              " carry the fleet (default: never)")
+    add("--enrol", action="store_true",
+        help="every device enrols at its first boot: its own key, a certificate request the leaders approve"
+             " by a batch token, a certificate of the fleet's CA (default: devices start with no identity)")
     add("--report", metavar="FILE", help="write the JSON report here (default: none)")
     add("--plot", metavar="FILE.png", help="draw the time series; needs the sim extra, matplotlib (default: none)")
     add("--quiet", action="store_true",
@@ -209,6 +212,7 @@ def options_from(args: argparse.Namespace):
         shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
         samples=args.samples, leaders=args.leaders, database=args.database,
         leader_crash_s=parse_duration(args.leader_crash, name="leader-crash") if args.leader_crash else None,
+        enrol=bool(getattr(args, "enrol", False)),
     )
 
 

@@ -13,16 +13,28 @@ A feature is one factory beside its code, `async (agent, env) -> Part | None`: t
 It returns None when the config leaves the feature off. What must be in place before messages
 flow (routes, actors) the factory does; what runs (tasks, servers) `start` does.
 
+A stage runs before the agent is built, `async (config, base, clock, env, starting) -> config |
+None`: it gives the config the next stage and the assembly take (the settings in force laid over
+the file's, the device's own certificate after its enrolment), or None when `starting.stopping`
+was set while it waited.
+
 `PartBase` gives the three read methods their empty defaults, so a part names only what it has.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from agent.service.checks import Check
 from agent.service.prom import Collector
+
+if TYPE_CHECKING:
+    from agent.core.clock import Clock
+    from agent.core.config import AgentConfig
 
 Collectors = Mapping[str, Collector]
 Checks = Mapping[str, Check]
@@ -69,4 +81,25 @@ class Feature(Protocol[H_contra, E_contra]):
     def __call__(self, agent: H_contra, env: E_contra, /) -> Awaitable[Part | None]: ...
 
 
-__all__ = ["Checks", "Collectors", "Feature", "Liveness", "Part", "PartBase"]
+def _nobody(config: AgentConfig) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Starting:
+    """What the stages before an agent's assembly are told by whoever starts it."""
+
+    stopping: asyncio.Event  # set: stop waiting (a device waiting for an operator's approval)
+    # told first, with the config it enrols with, when a device must wait for its certificate (a
+    # device waiting for an operator's approval is up, not failing to start)
+    enrolling: Callable[[AgentConfig], None] = _nobody
+
+
+class Stage(Protocol[E_contra]):
+    """The one signature of a stage before the assembly."""
+
+    def __call__(self, config: AgentConfig, base: Path, clock: Clock, env: E_contra, starting: Starting,
+                 /) -> Awaitable[AgentConfig | None]: ...
+
+
+__all__ = ["Checks", "Collectors", "Feature", "Liveness", "Part", "PartBase", "Stage", "Starting"]

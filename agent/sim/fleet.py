@@ -14,6 +14,7 @@ whole broker is down. Job ledgers are shared per file too.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import random
 import zlib
@@ -23,11 +24,12 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import msgspec
 
-from agent.app import App, AppEnv, assemble, make_transport
+from agent.app import App, AppEnv, Starting, assemble, make_transport, prepare
 from agent.core.clock import Clock
-from agent.core.config import AgentConfig, ConfigTargetSection, convert
+from agent.core.config import AgentConfig, ConfigTargetSection, IdentitySection, convert
 from agent.core.errors import Transient
 from agent.core.gate import Gate
+from agent.core.tasks import cancel_and_wait
 from agent.leader.agent import LeaderAgent
 from agent.leader.env import GatewayEnv
 from agent.outbox.reads import FileReads
@@ -39,6 +41,14 @@ from agent.outbox.types import OutboxRow
 from agent.protocol import KIND_HEARTBEAT, JobOffer
 from agent.sim.database import RunSchema
 from agent.sim.devices import SimFirmware, sim_hardware
+from agent.sim.enrolment import (
+    EnrolmentTimes,
+    claim_connection,
+    issue_token,
+    leader_identity,
+    share_authority,
+    worker_identity,
+)
 from agent.sim.options import SimOptions
 from agent.sim.part import FleetPart, split
 from agent.transport.base import Transport
@@ -155,6 +165,7 @@ def leader_config(opts: SimOptions, *, firmware_key: str = "", name: str = LEADE
             "outbox": {"max_attempts": SIM_MAX_ATTEMPTS, "backoff_cap_s": 60.0, "durability": "crash"},
             "relay": {"partitions": 4, "reconnect_jitter_s": 2.0},
             "mqtt": {"reply_timeout_s": 10.0},
+            **({"identity": leader_identity(opts.devices)} if opts.enrol else {}),
         },
         AgentConfig,
         source="simulate",
@@ -200,6 +211,10 @@ class SimFleet:
         self.redeliveries_suppressed = 0
         self._readers: list[FileReads] = []  # `pending_rows`
         self.config_steps: dict[str, list[tuple[str, float]]] = {}  # device -> (apply step, clock's monotonic)
+        # --enrol: each device enrols at its first boot, then is assembled (`agent.sim.enrolment`)
+        self.enrolment = EnrolmentTimes() if opts.enrol else None
+        self._booting: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()  # the fleet stops: a device still waiting to enrol gives up
 
     def _transport(self, config: AgentConfig, name: str) -> Transport:
         rng = cast(random.Random, _LazyRandom(self.opts.seed, f"transport:{name}"))
@@ -226,6 +241,11 @@ class SimFleet:
                 self.leader_apps.append(await assemble(
                     lcfg, transport=self._transport(lcfg, name), clock=self.clock,
                     base=self.workdir / ("leader" if n == 0 else name), env=AppEnv(gateway=env)))
+                if n == 0 and opts.enrol and lcfg.identity is not None:  # one fleet, one CA
+                    share_authority(self.workdir / "leader", [self.workdir / leader_name(k)
+                                                              for k in range(1, opts.leaders)], lcfg.identity)
+            if opts.enrol:
+                issue_token(self.leader_apps[0].agent, self.workdir, len(part.indices), self.clock)
             for app in self.leader_apps:
                 rollout = app.part("rollouts")
                 assert isinstance(rollout, Rollouts)
@@ -241,7 +261,10 @@ class SimFleet:
         for n, i in enumerate(part.indices):
             device = device_name(i)
             self._file_of[device] = n % files
-            await self._assemble(device, incarnation=self._first_incarnation)
+            if self.enrolment is not None:
+                self.enrolment.devices += 1
+            else:  # (enrolling: assembled at its boot, once the leaders run)
+                await self._assemble(device, incarnation=self._first_incarnation)
         for k, store in enumerate(self.stores):
             self.relays.append(Relay(
                 store, self._route, clock=self.clock, ready=self.uplink, partitions=1,
@@ -249,9 +272,10 @@ class SimFleet:
                 rng=rng_for(opts.seed, part.scoped(f"relay:{k}")), reconnect_jitter_s=5.0,
                 name=f"relay:file{k}"))
 
-    async def _assemble(self, device: str, *, incarnation: int) -> WorkerAgent:
-        """Build a device's agent and its parts as `edge-agent run` does, on the fleet's shared
-        files and the simulated hardware."""
+    async def _assemble(self, device: str, *, incarnation: int) -> WorkerAgent | None:
+        """Build a device's agent and its parts as `edge-agent run` does (its stages first: with
+        `--enrol`, its enrolment), on the fleet's shared files and the simulated hardware; None
+        when the fleet stopped while it waited for its certificate."""
         firmware = self.firmware
         silent = firmware is None or firmware.fate(device).silent  # a silent device pins no key: no updater
         cfg = worker_config(self.opts, device, firmware_key="" if silent else self._firmware_key)
@@ -268,8 +292,16 @@ class SimFleet:
         env = DeviceEnv(rng=rng_for(self.opts.seed, device + suffix), sample_system=False, job_handler=self._job,
                         stores=SharedStores(outbox=self.stores[k], ledger=self.ledgers[k], incarnation=incarnation),
                         updater_hardware=self._hardware, api_sockets=False,
-                        config_steps=self._config_step if targets is not None else None)
-        app = await assemble(cfg, transport=self._transport(cfg, device + suffix), clock=self.clock,
+                        config_steps=self._config_step if targets is not None else None,
+                        claim_transport=claim_connection(self.broker) if self.broker is not None else None)
+        if self.enrolment is not None:
+            cfg = msgspec.structs.replace(cfg, identity=convert(worker_identity(self.workdir), IdentitySection,
+                                                                source="simulate"))
+        prepared = await prepare(cfg, clock=self.clock, base=self.device_dir(device), env=AppEnv(device=env),
+                                 starting=Starting(stopping=self._stopping))
+        if prepared is None:
+            return None
+        app = await assemble(prepared, transport=self._transport(prepared, device + suffix), clock=self.clock,
                              base=self.device_dir(device), env=AppEnv(device=env))
         self.apps[device] = app
         self.workers[device] = app.agent
@@ -368,7 +400,19 @@ class SimFleet:
 
     async def start_worker(self, device: str) -> None:
         """Start a device's agent and its parts (with firmware, a boot: the updater resumes what
-        its database says was in progress)."""
+        its database says was in progress). Enrolling (`--enrol`), its first boot enrols it and
+        assembles it first, in a task of its own: the fleet's time goes on while it waits."""
+        if device in self.apps:
+            await self.apps[device].start()
+        elif device not in self._booting:
+            self._booting[device] = asyncio.create_task(self._first_boot(device), name=f"boot:{device}")
+
+    async def _first_boot(self, device: str) -> None:
+        booted = self.clock.monotonic()
+        if await self._assemble(device, incarnation=self._first_incarnation) is None:
+            return  # the fleet stopped while it waited for its certificate
+        if self.enrolment is not None:
+            self.enrolment.seconds[device] = self.clock.monotonic() - booted
         await self.apps[device].start()
 
     def local_api(self, device: str) -> LocalApi | None:
@@ -387,6 +431,9 @@ class SimFleet:
         return self.workers[device].firmware_version()
 
     async def stop(self) -> None:
+        self._stopping.set()
+        for task in self._booting.values():
+            await cancel_and_wait(task)
         for app in self.apps.values():
             await app.stop()
         for relay in self.relays:
@@ -408,7 +455,10 @@ class SimFleet:
     # -- crashes: the process dies, its SQLite state survives ---------------------------------
     async def crash(self, device: str) -> None:
         """Stop the device's agent (its actors' memory is gone; its outbox rows stay in the
-        shared file, where the file's relay keeps them until the device is back)."""
+        shared file, where the file's relay keeps them until the device is back). A device still
+        enrolling at its first boot has nothing running to crash."""
+        if device not in self.apps:
+            return
         self.down.add(device)
         await self.apps[device].stop()
 
@@ -417,6 +467,8 @@ class SimFleet:
         old = self.workers[device]
         self.retired.append(old)
         worker = await self._assemble(device, incarnation=old.incarnation + 1)
+        if worker is None:
+            return
         self.down.discard(device)
         await self.apps[device].start()
         if device in self._cut and self.broker is not None:

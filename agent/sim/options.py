@@ -82,6 +82,9 @@ class SimOptions:
     leaders: int = 1  # leaders on one shared subscription (more than one: with `database`)
     database: str | None = None  # the leaders' PostgreSQL (a schema of its own for the run); None: leader.db
     leader_crash_s: float | None = None  # the first leader crashes at this fleet time (not started again)
+    # every device enrols at its first boot (its key, a request over the broker's enrolment topics,
+    # approved by the leaders' batch token, a certificate of the fleet's CA) before it is assembled
+    enrol: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -115,6 +118,9 @@ class SimOptions:
              "a leader's crash needs another to take over: give --leaders 2 or more"),
             ("leader-crash", self.leader_crash_s is None or 0 < self.leader_crash_s < self.duration_s,
              "must fall within --duration"),
+            ("enrol", not self.enrol or (self.broker_url is None and self.processes == 1),
+             "the devices enrol with the leaders in this process, on the in-memory broker: leave out --broker"
+             " and --processes"),
         ]
         for key, ok, reason in checks:
             if not ok:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.actors import MailboxStatistics
 from agent.core.sql import redacted
+from agent.sim.enrolment import enrolled_count
 from agent.sim.options import APP_CLASS
 
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
                         # who ran the fleet's job queue: the times each took it (its lease)
                         "job_queue_taken": {each.device_id: each.jobs_queue.taken for each in fleet.leaders}}}
            if opts.leaders > 1 else {}),
+        **({"enrolment": fleet.enrolment.report(enrolled_count(leader.shared))}
+           if fleet.enrolment is not None else {}),
         "fleet_seconds": round(sim.now(), 3),
         "truncated_at_s": sim.truncated_at,  # set only when a benchmark's wall budget ran out
         "drain_seconds": round(sim.drain_fleet_s, 3),
@@ -301,6 +304,11 @@ def summary(report: Report) -> str:
         lines.append(f"applications: {apps['sent']} messages through the local API ({apps['direct']} direct,"
                      f" {apps['via_outbox']} via outbox, {apps['refused']} refused), {apps['applied_by_leader']}"
                      " stored by the leader")
+    if (enrolment := report.get("enrolment")) is not None:
+        took = enrolment["boot_to_enrolled_s"] or {"median": 0.0, "max": 0.0}
+        lines.append(f"enrolment: {enrolment['enrolled']}/{enrolment['devices']} devices enrolled at their first"
+                     f" boot (boot to certificate: median {took['median']:.1f}s, max {took['max']:.1f}s of fleet"
+                     " time)")
     if jobs["submitted"]:
         lines.append(f"jobs: {jobs['confirmed']}/{jobs['submitted']} confirmed, {jobs['requeued']} requeued,"
                      f" confirmed twice: {jobs['confirmed_more_than_once']}")

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent.core.config import AgentConfig
 from agent.outbox.store import OutboxStore
+from agent.transport.base import Transport
 from agent.worker.actors import JobHandler
 from agent.worker.jobs import JobLedger
 
@@ -52,6 +54,9 @@ class DeviceEnv:
     # asks the service to start the agent again on its settings (`edge-agent run`'s in-process
     # restart): the built-in config target `agent` is offered only with it
     restart: Callable[[], None] | None = None
+    # the connection an enrolment asks on, given the config and its client id (default: the
+    # broker's enrolment listener, `[identity] claim_url`; the simulator's: its in-memory broker)
+    claim_transport: Callable[[AgentConfig, str], Transport] | None = None
 
 
 __all__ = ["ConfigSteps", "DeviceEnv", "SharedStores"]

@@ -1,7 +1,7 @@
 """The device's own identity: its key, its enrolment, its certificate (docs/service.md, "Device
 identity").
 
-    config = await enrolled_config(config, base, clock, stopping=stop_event)
+    config = await enrolment_stage(config, base, clock, env, Starting(stopping=stop_event))
 
 At the start of a worker with `[identity]`: the device makes its P-256 key once (0600, in
 `DATA_DIR/identity`, never sent anywhere); while it has no certificate, or only an expired one,
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -33,11 +33,12 @@ from agent.core.durations import utc_iso
 from agent.core.errors import CodecError, ConfigError, IdentityError, TransportError
 from agent.identity.files import IdentityFiles, with_identity
 from agent.transport import topics
-from agent.transport.base import InboundMessage
+from agent.transport.base import InboundMessage, Transport
 
 if TYPE_CHECKING:
     from agent.identity.certificates import CertificateInfo
-    from agent.transport.mqtt import MqttTransport
+    from agent.service.parts import Starting
+    from agent.worker.env import DeviceEnv
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,16 +93,18 @@ def usable_certificate(files: IdentityFiles, key_pem: bytes, now_ms: int, device
     return True
 
 
-async def enrolled_config(config: AgentConfig, base: Path, clock: Clock, *,
-                          stopping: asyncio.Event) -> AgentConfig | None:
-    """The config to run with: unchanged without `[identity]`; else with the device's own
-    certificate, enrolling first when it has none (None: stopped while enrolling)."""
+async def enrolment_stage(config: AgentConfig, base: Path, clock: Clock, env: DeviceEnv,
+                          starting: Starting) -> AgentConfig | None:
+    """The stage before the worker's assembly: the config to run with, unchanged without
+    `[identity]`; else with the device's own certificate, enrolling first when it has none
+    (`starting.enrolling` told first; None: stopped while enrolling)."""
     if config.identity is None:
         return config
     files = IdentityFiles.of(config, base)
     key_pem = files.key_pem()
     if not usable_certificate(files, key_pem, clock.now_ms(), config.agent.device_id):
-        if not await Enrolment(config, files, key_pem, clock).run(stopping):
+        starting.enrolling(config)
+        if not await Enrolment(config, files, key_pem, clock, connect=env.claim_transport).run(starting.stopping):
             return None
     return with_identity(config, files)
 
@@ -109,8 +112,12 @@ async def enrolled_config(config: AgentConfig, base: Path, clock: Clock, *,
 class Enrolment:
     """One enrolment: ask over the claim connection until the answer is approved."""
 
-    def __init__(self, config: AgentConfig, files: IdentityFiles, key_pem: bytes, clock: Clock) -> None:
+    def __init__(self, config: AgentConfig, files: IdentityFiles, key_pem: bytes, clock: Clock, *,
+                 connect: Callable[[AgentConfig, str], Transport] | None = None) -> None:
+        """`connect`: the connection to ask on, given the config and the client id (default:
+        the broker's enrolment listener at `[identity] claim_url`)."""
         assert config.identity is not None
+        self._connect = connect
         self.config = config
         self.section = config.identity
         self.files = files
@@ -140,7 +147,9 @@ class Enrolment:
             device=self.device, csr=certificate_request(self.key_pem, self.device).decode("ascii"),
             serial=serial, machine_id=machine, agent_version=__version__[:64], token=token))
 
-    def _transport(self) -> MqttTransport:
+    def _transport(self) -> Transport:
+        if self._connect is not None:
+            return self._connect(self.config, self.client_id)
         from agent.transport.mqtt import MqttTransport, credentials
 
         s = self.section
@@ -227,4 +236,4 @@ class Enrolment:
         return "approved"
 
 
-__all__ = ["Enrolment", "enrolled_config", "hardware_identity", "own_certificate", "usable_certificate"]
+__all__ = ["Enrolment", "enrolment_stage", "hardware_identity", "own_certificate", "usable_certificate"]
