@@ -634,11 +634,11 @@ def _check_artifacts(config: AgentConfig, source: str) -> None:
 
 
 def _check_leader_database(config: AgentConfig, source: str) -> None:
-    from agent.core.sql import store_target
+    from agent.core.sql import is_server_url, store_target
 
     lc = config.leader
     if lc.database:
-        if not lc.database.startswith(("postgresql://", "postgres://")):
+        if not is_server_url(lc.database):
             raise ConfigError(source, "leader.database", "a postgresql://USER@HOST[:PORT]/DB URL (leave it out for"
                                                          " leader.db in the data dir)")
         store_target(lc.database, source=source, key="leader.database")

@@ -313,7 +313,7 @@ class JobQueue(Store):
         self.lease.release()
 
     def _locking(self, clause: str) -> str:
-        return clause if self.dialect is Dialect.POSTGRESQL else ""
+        return clause if self.on_server else ""  # (row locks: one writer holds a whole SQLite file)
 
     def _standing_by(self) -> QueueStandby:
         return QueueStandby(f"this leader ({self.holder}) does not run the fleet's job queue:"

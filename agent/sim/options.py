@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from agent.core.config import HeartbeatSection
 from agent.core.durations import parse_seconds
 from agent.core.errors import ConfigError
+from agent.core.sql import is_server_url
 
 
 def parse_duration(text: str, *, name: str = "duration") -> float:
@@ -112,7 +113,7 @@ class SimOptions:
              "several leaders share one registry: give --database postgresql://..."),
             ("leaders", self.leaders == 1 or (self.processes == 1 and self.shard is None),
              "several leaders run in one process: leave out --processes and --shard"),
-            ("database", self.database is None or self.database.startswith(("postgresql://", "postgres://")),
+            ("database", self.database is None or is_server_url(self.database),
              "must be a postgresql:// URL"),
             ("leader-crash", self.leader_crash_s is None or self.leaders >= 2,
              "a leader's crash needs another to take over: give --leaders 2 or more"),
