@@ -349,7 +349,11 @@ class PgListener:
     stops listening (`listening` False: the caller falls back to asking on its own ticks) and
     each later `wait()` tries to listen again, at most once per `RECONNECT_PAUSE_S`; the
     first `wait()` after it listens again hears every channel with an empty payload, because
-    what was sent in between is gone."""
+    what was sent in between is gone.
+
+    A notice is a wake-up, never the work itself: the listener claims what it was told of from
+    the tables. Channels are the database's, not a schema's, so two fleets in one database (a
+    schema each) wake each other now and then for a claim that finds nothing."""
 
     def __init__(self, target: ServerUrl, channels: Sequence[str]) -> None:
         for channel in channels:
