@@ -24,7 +24,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
 import msgspec
 
@@ -101,6 +101,9 @@ from agent.transport import topics
 from agent.transport.base import InboundMessage, Transport
 from agent.transport.endpoint import EnvelopeInbox, EnvelopeSender
 from agent.transport.presence import PresenceFormatError, decode_presence
+
+if TYPE_CHECKING:
+    from agent.leader.readonly import FleetReader
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +243,7 @@ class LeaderAgent(PartBase):
         # where the registry, messages and rejects are (`open` sets it: leader.db or PostgreSQL)
         self.shared: StoreTarget = Path(registry.path)
         self._jobs_task: asyncio.Task[None] | None = None
+        self._fleet_reader: FleetReader | None = None  # /metrics' reads of the fleet (the first scrape opens it)
         # the devices' presence changes: each applied, or kept (newest per device) until it can be
         self.presence = PresenceApplier(self._tell_presence, clock)
         self._presence_task: asyncio.Task[None] | None = None
@@ -356,6 +360,9 @@ class LeaderAgent(PartBase):
         if self._started:
             self._started = False
             await self._stop_running()
+        if self._fleet_reader is not None:
+            self._fleet_reader.close()
+            self._fleet_reader = None
         if self._owns_stores and not self._closed:
             self._closed = True
             await self.outbox.close()
@@ -558,10 +565,12 @@ class LeaderAgent(PartBase):
         devices' heartbeats state them, pending where a config rollout or a layer has more for
         them (no family when no device states any)."""
         from agent.leader.config_pending import fleet_compliance
-        from agent.leader.readonly import open_leader_db
+        from agent.leader.readonly import FleetReader
         from agent.service.prom import family
 
-        with open_leader_db(self.shared) as db:  # (the fleet's stores, the layers among them)
+        if self._fleet_reader is None:
+            self._fleet_reader = FleetReader(self.shared)
+        with self._fleet_reader.reading() as db:  # (the fleet's stores, the layers among them)
             compliance = fleet_compliance(db, self.clock.now_ms())
         samples = [({"target": target, "compliance": kind}, float(n))
                    for target, counts in compliance.items() for kind, n in counts.items()]

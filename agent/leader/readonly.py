@@ -76,6 +76,35 @@ def _shared_reader(target: ServerUrl) -> Any:
     return DeviceRegistry.connect_reader(target)
 
 
+class FleetReader:
+    """One read connection to the fleet's stores that a running leader keeps for its /metrics:
+    a scrape reads through it (`reading()`) and never opens a session of its own. On a database
+    server a lost session is connected again by the next read; a file is read in WAL, never
+    blocking the leader's writes."""
+
+    def __init__(self, target: StoreTarget) -> None:
+        self.target = target
+        self._conn: Any = None
+
+    @contextmanager
+    def reading(self) -> Iterator[LeaderDb]:
+        if self._conn is None:
+            self._conn = DeviceRegistry.connect_reader(self.target)
+        if isinstance(self.target, ServerUrl):
+            db = LeaderDb(None, self.target, self._conn)
+            try:
+                yield db
+            finally:
+                close_quietly(db.conn)  # (its empty in-memory stand-in for a leader.db)
+            return
+        yield LeaderDb(self._conn, self.target)
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            close_quietly(conn) if isinstance(conn, sqlite3.Connection) else conn.close()
+
+
 @contextmanager
 def open_leader_db(db_path: str | Path | ServerUrl, *, shared: StoreTarget | None = None) -> Iterator[LeaderDb]:
     """Yield the leader database at `db_path` opened read-only (a `postgresql://` URL: the fleet's
@@ -117,4 +146,4 @@ def open_leader_db(db_path: str | Path | ServerUrl, *, shared: StoreTarget | Non
             pg.close()
 
 
-__all__ = ["LeaderDb", "open_leader_db"]
+__all__ = ["FleetReader", "LeaderDb", "open_leader_db"]
