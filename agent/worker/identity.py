@@ -192,13 +192,15 @@ class Enrolment:
             await transport.stop()
 
     async def _until(self, waiting: Awaitable[T], stopping: asyncio.Event, timeout_s: float) -> T | None:
-        """What `waiting` gives within `timeout_s`; None when it did not, or `stopping` came first."""
+        """What `waiting` gives within `timeout_s` of the agent's clock (the simulator's fleet
+        time there); None when it did not, or `stopping` came first."""
         getting = asyncio.ensure_future(waiting)
         stop = asyncio.ensure_future(stopping.wait())
+        timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
         try:
-            done, _ = await asyncio.wait((getting, stop), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((getting, stop, timer), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (getting, stop):
+            for task in (getting, stop, timer):
                 task.cancel()
         return getting.result() if getting in done and not getting.cancelled() else None
 

@@ -501,6 +501,36 @@ async def test_the_first_request_goes_the_moment_the_claim_connection_opens(tmp_
         await stop_all(agent, clock=clock)
 
 
+async def test_a_device_no_leader_answers_asks_again_every_ask_interval_of_its_clock(tmp_path: Path) -> None:
+    """The enrolment's pauses are the agent's clock's: 20 minutes of virtual time (the
+    simulator's fleet time) see the request again every `ask_interval_s`, with no real wait."""
+    from agent.worker.identity import Enrolment
+    from tests.e2e.agent_support import config
+
+    clock = VirtualClock()
+    broker = MemoryBroker(clock=clock)
+    heard: list[bytes] = []
+    ear = MemoryTransport(broker, "ear")
+    await ear.subscribe(f"ea/enrol/v1/{FLEET}/#", lambda message: heard.append(bytes(message.payload)))
+    await ear.start()
+    cfg = config("worker", "dev-1", identity={"claim_url": "memory://", "claim_username": "claim",
+                                              "ask_interval_s": 600.0})
+    files = IdentityFiles(tmp_path / "dev-1" / "identity")
+    enrolment = Enrolment(cfg, files, files.key_pem(), clock,
+                          connect=lambda config_, client_id: MemoryTransport(broker, client_id))
+    stopping = asyncio.Event()
+    running = asyncio.create_task(enrolment.run(stopping))
+    try:
+        await until(clock, lambda: len(heard) >= 1, limit_s=10, step_s=0.5, what="the first request")
+        started = clock.now_ms()
+        await until(clock, lambda: len(heard) >= 3, limit_s=1300, step_s=30.0, what="two requests more")
+        assert 1_200_000 <= clock.now_ms() - started <= 1_260_000  # one each 600 s, not sooner
+    finally:
+        stopping.set()
+        await running
+        await ear.stop()
+
+
 async def test_at_the_pending_bound_only_a_vouched_device_is_taken(tmp_path: Path) -> None:
     """max_pending reached: a new id with some serial or a made-up token is refused; a valid token
     or an unused allow-list entry is approved at once."""
