@@ -434,13 +434,8 @@ class PgListener:
             self._listen()
         if not self._heard and timeout_s > 0:
             self._woken.clear()
-            woken = asyncio.ensure_future(self._woken.wait())
-            sleeping = asyncio.ensure_future(clock.sleep(timeout_s))
-            try:
-                await asyncio.wait((woken, sleeping), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
-                sleeping.cancel()
+            with contextlib.suppress(TimeoutError):
+                await clock.wait_for(self._woken.wait(), timeout_s)
         heard, self._heard = frozenset(self._heard), set()
         self._woken.clear()
         return heard

@@ -196,13 +196,14 @@ class Enrolment:
         time there); None when it did not, or `stopping` came first."""
         getting = asyncio.ensure_future(waiting)
         stop = asyncio.ensure_future(stopping.wait())
-        timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
         try:
-            done, _ = await asyncio.wait((getting, stop, timer), return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(TimeoutError):
+                await self.clock.wait_for(asyncio.wait((getting, stop), return_when=asyncio.FIRST_COMPLETED),
+                                          timeout_s)
         finally:
-            for task in (getting, stop, timer):
+            for task in (getting, stop):
                 task.cancel()
-        return getting.result() if getting in done and not getting.cancelled() else None
+        return getting.result() if getting.done() and not getting.cancelled() else None
 
     def _take(self, payload: bytes) -> str:
         """Apply one answer; its status ("" when it was not for us or not usable)."""
