@@ -423,9 +423,9 @@ class LeaderAgent(PartBase):
                 if tick:
                     next_tick = now + every_s
                 given_up = any(channel == LEASES for channel, _ in heard)
-                posted = any(channel == POSTED and by != self.device_id for channel, by in heard)
                 renew = (not queue.held and (tick or given_up)) or (tick and now - renewed >= renew_s - every_s / 2)
-                posted = posted or (tick and not listener.listening)
+                posted = (tick and not listener.listening) or any(
+                    channel == POSTED and by != self.device_id for channel, by in heard)
                 if self.leader is None or not (tick or renew or posted):
                     continue
                 try:

@@ -101,8 +101,10 @@ class FleetReader:
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            close_quietly(conn) if isinstance(conn, sqlite3.Connection) else conn.close()
+        if isinstance(conn, sqlite3.Connection):
+            close_quietly(conn)
+        elif conn is not None:
+            conn.close()
 
 
 @contextmanager
@@ -113,15 +115,12 @@ def open_leader_db(db_path: str | Path | ServerUrl, *, shared: StoreTarget | Non
     if isinstance(db_path, str) and is_server_url(db_path):
         db_path = ServerUrl(db_path)
     if isinstance(db_path, ServerUrl):
-        pg = _shared_reader(db_path)
+        reader = FleetReader(db_path)
         try:
-            only = LeaderDb(None, db_path, pg)
-            try:
-                yield only
-            finally:
-                close_quietly(only.conn)
+            with reader.reading() as db:
+                yield db
         finally:
-            pg.close()
+            reader.close()
         return
     path = Path(db_path)
     conn = connect_readonly_file(path)

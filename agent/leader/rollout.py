@@ -306,21 +306,17 @@ class RolloutService(PartBase):
         renew_s = lease.ttl_ms / 3000
         loop = asyncio.get_running_loop()
         listener = self.store.listener(LEASES)
+        assert listener is not None  # (a lease is on a database server only)
         try:
             while True:
                 await self._lead_once(lease, loop)
-                wait_s = renew_s if lease.held else min(renew_s, STANDBY_TRY_S)
-                if listener is None:
-                    await self.clock.sleep(wait_s)
-                    continue
-                until = self.clock.monotonic() + wait_s
+                until = self.clock.monotonic() + (renew_s if lease.held else min(renew_s, STANDBY_TRY_S))
                 while (left := until - self.clock.monotonic()) > 0:
                     heard = await listener.wait(self.clock, left)
                     if not lease.held and (LEASES, lease.name) in heard:
                         break  # given up: take it now
         finally:
-            if listener is not None:
-                listener.close()
+            listener.close()
 
     async def _lead_once(self, lease: OrchestratorLease, loop: asyncio.AbstractEventLoop) -> None:
         """One round: renew or take the lease, and start or stop the orchestrator to match."""
