@@ -17,13 +17,15 @@ from __future__ import annotations
 import secrets
 import shutil
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agent.core.clock import Clock
-from agent.core.config import AgentConfig, IdentitySection
+from agent.core.config import AgentConfig, IdentitySection, convert
 from agent.core.files import write_private_file
 from agent.core.sql import StoreTarget
+from agent.identity.files import authority_files
 from agent.leader.agent import LeaderAgent
 from agent.leader.identities import IdentityStore
 from agent.transport.base import Transport
@@ -42,38 +44,34 @@ def leader_identity(devices: int) -> dict[str, Any]:
             "max_pending": max(1000, devices)}
 
 
-def worker_identity(workdir: Path) -> dict[str, Any]:
-    """A device's `[identity]` for a run: the claim over the in-memory broker and the run's token."""
-    return {"claim_url": "memory://", "claim_username": CLAIM, "token_file": str(workdir / TOKEN_FILE),
-            "ask_interval_s": 10.0}
+def worker_identity(workdir: Path) -> IdentitySection:
+    """Every device's `[identity]` in a run: the claim over the in-memory broker and the run's token."""
+    return convert({"claim_url": "memory://", "claim_username": CLAIM, "token_file": str(workdir / TOKEN_FILE),
+                    "ask_interval_s": 10.0}, IdentitySection, source="simulate")
 
 
 def share_authority(first: Path, others: list[Path], section: IdentitySection) -> None:
     """Copy the first leader's CA (made when its identity part was built) to the other leaders'
     data directories: one fleet, one CA."""
-    source = first / section.dir
+    sources = authority_files(section, first)
     for base in others:
-        target = base / section.dir
-        target.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for name in ("ca.key", "ca.crt", "crl.pem"):
-            if (source / name).exists():
-                shutil.copy2(source / name, target / name)
+        for source, target in zip(sources, authority_files(section, base), strict=True):
+            if source.exists() and source != target:
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                shutil.copy2(source, target)
 
 
 def issue_token(leader: LeaderAgent, workdir: Path, devices: int, clock: Clock) -> None:
     """A batch token for every device of the run, as `edge-agent devices token --uses N` issues
     it, written where the devices' `token_file` says."""
     token = secrets.token_urlsafe(24)
-    store = IdentityStore.open(leader.shared)
-    try:
-        now = clock.now_ms()
+    now = clock.now_ms()
+    with IdentityStore.open(leader.shared) as store:
         store.add_token(token, uses=devices, expires_ms=now + TOKEN_TTL_S * 1000, by="simulate", now_ms=now)
-    finally:
-        store.close()
     write_private_file(workdir / TOKEN_FILE, token.encode() + b"\n", 0o600)
 
 
-def claim_connection(broker: MemoryBroker) -> Any:
+def claim_connection(broker: MemoryBroker) -> Callable[[AgentConfig, str], Transport]:
     """The enrolment's connection factory of `agent.worker.env.DeviceEnv`: a client of the
     in-memory broker under the enrolment's client id."""
 
@@ -100,11 +98,8 @@ class EnrolmentTimes:
 
 def enrolled_count(where: StoreTarget) -> int:
     """Devices the fleet's identity store (`where`: a leader's `shared`) holds a certificate for."""
-    store = IdentityStore.open(where)
-    try:
+    with IdentityStore.open(where) as store:
         return store.count("approved")
-    finally:
-        store.close()
 
 
 __all__ = ["CLAIM", "EnrolmentTimes", "claim_connection", "enrolled_count", "issue_token", "leader_identity",

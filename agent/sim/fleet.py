@@ -26,7 +26,7 @@ import msgspec
 
 from agent.app import App, AppEnv, Starting, assemble, make_transport, prepare
 from agent.core.clock import Clock
-from agent.core.config import AgentConfig, ConfigTargetSection, IdentitySection, convert
+from agent.core.config import AgentConfig, ConfigTargetSection, convert
 from agent.core.errors import Transient
 from agent.core.gate import Gate
 from agent.core.tasks import cancel_and_wait
@@ -213,6 +213,7 @@ class SimFleet:
         self.config_steps: dict[str, list[tuple[str, float]]] = {}  # device -> (apply step, clock's monotonic)
         # --enrol: each device enrols at its first boot, then is assembled (`agent.sim.enrolment`)
         self.enrolment = EnrolmentTimes() if opts.enrol else None
+        self._identity = worker_identity(workdir) if opts.enrol else None  # every device's, converted once
         self._booting: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()  # the fleet stops: a device still waiting to enrol gives up
 
@@ -294,9 +295,8 @@ class SimFleet:
                         updater_hardware=self._hardware, api_sockets=False,
                         config_steps=self._config_step if targets is not None else None,
                         claim_transport=claim_connection(self.broker) if self.broker is not None else None)
-        if self.enrolment is not None:
-            cfg = msgspec.structs.replace(cfg, identity=convert(worker_identity(self.workdir), IdentitySection,
-                                                                source="simulate"))
+        if self._identity is not None:
+            cfg = msgspec.structs.replace(cfg, identity=self._identity)
         prepared = await prepare(cfg, clock=self.clock, base=self.device_dir(device), env=AppEnv(device=env),
                                  starting=Starting(stopping=self._stopping))
         if prepared is None:
