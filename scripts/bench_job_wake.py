@@ -115,7 +115,8 @@ async def by_tick(pair: Pair, rounds: int, rng: random.Random) -> list[float]:
                 for job_id, posted in list(waiting.items()):
                     out.append((time.perf_counter() - posted) * 1000)
                     del waiting[job_id]
-                done.set() if len(out) >= rounds else None
+                if len(out) >= rounds:
+                    done.set()
 
     ticking = asyncio.create_task(ticks())
     while len(out) < rounds:
