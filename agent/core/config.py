@@ -650,7 +650,7 @@ def _check_identity(config: AgentConfig, source: str) -> None:
     ident = config.identity
     if ident is None or config.agent.role != "worker":
         return
-    if not ident.claim_url.startswith(("mqtts://", "memory://")):
+    if not ident.claim_url.startswith("mqtts://"):
         raise ConfigError(source, "identity.claim_url", "the broker's enrolment listener, mqtts://host:port, is needed")
     if not ident.claim_username:
         raise ConfigError(source, "identity.claim_username", "the fleet's claim credential is needed")

@@ -513,7 +513,7 @@ async def test_a_device_no_leader_answers_asks_again_every_ask_interval_of_its_c
     ear = MemoryTransport(broker, "ear")
     await ear.subscribe(f"ea/enrol/v1/{FLEET}/#", lambda message: heard.append(bytes(message.payload)))
     await ear.start()
-    cfg = config("worker", "dev-1", identity={"claim_url": "memory://", "claim_username": "claim",
+    cfg = config("worker", "dev-1", identity={"claim_url": "mqtts://gw:8884", "claim_username": "claim",
                                               "ask_interval_s": 600.0})
     files = IdentityFiles(tmp_path / "dev-1" / "identity")
     enrolment = Enrolment(cfg, files, files.key_pem(), clock,
