@@ -27,14 +27,9 @@ Frames both ways: a 4-byte big-endian length, then a msgpack map (`HelperRequest
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import socket
-import struct
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -42,9 +37,9 @@ import msgspec
 
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import EdgeAgentError
-from agent.core.peercred import peer_credentials
-from agent.core.ratelog import RateLimitedLog
 from agent.core.tasks import in_thread
+from agent.service import helper_socket
+from agent.service.helper_socket import HelperClosed, HelperConnection, HelperSocketServer, HelperUnreachable, frame
 from firmware_rollout.artifact.manifest import (
     HEADER_SIZE,
     MAX_CHUNK_SIZE,
@@ -69,11 +64,8 @@ Op = Literal["describe", "open_slot", "write_chunk", "check_slot", "read_slot", 
 SlotName = Annotated[str, msgspec.Meta(max_length=16)]
 MAX_FRAME = MAX_CHUNK_SIZE + 64 * 1024  # one chunk and its envelope
 MAX_MANIFEST = HEADER_SIZE + MAX_MANIFEST_SIZE + SIGNATURE_BLOCK_SIZE  # the largest signed manifest
-_LENGTH = struct.Struct(">I")
 REBOOT_REPLY_TIMEOUT_S = 900.0  # a reboot that returns takes the reboot command's settle time
-MAX_PER_PEER = 4  # connections per uid: the agent needs one
-IDLE_TIMEOUT_S = 60.0  # a connection that sends no request for this long is closed (the agent reconnects)
-FRAME_TIMEOUT_S = 30.0  # the rest of a request, once its first bytes came
+HELPER = "install helper"
 # a helper whose backend cannot start answers with why for this long, then ends: the next
 # request starts it again and tries the backend afresh, slower than systemd's start limit
 UNAVAILABLE_LINGER_S = 30.0
@@ -117,64 +109,23 @@ _decode_request = msgspec.msgpack.Decoder(HelperRequest).decode
 _decode_reply = msgspec.msgpack.Decoder(HelperReply).decode
 
 
-def frame(payload: bytes) -> bytes:
-    return _LENGTH.pack(len(payload)) + payload
-
-
 def state_of(installer: Installer) -> HelperState:
     return HelperState(name=installer.name, slots=installer.slots, booted=installer.booted_slot(),
                        default=installer.default_slot(), trial=installer.trial_slot(),
                        fell_back=installer.fell_back(), view=dict(installer.describe()))
 
 
-def _stranger(uid: int, allowed_uids: frozenset[int]) -> str:
-    """Why `uid` may not ask the helper at all ("" when it may: root, or an allowed uid)."""
-    if allowed_uids and uid != 0 and uid not in allowed_uids:
-        return f"refused: uid {uid} is not the agent's user: only it and root may ask the install helper"
-    return ""
-
-
-async def _answer_refusal(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
-    """The reason as the answer to the peer's first request (read first, so its client reads the
-    answer instead of a reset)."""
-    with contextlib.suppress(asyncio.IncompleteReadError, TimeoutError):
-        head = await asyncio.wait_for(reader.readexactly(_LENGTH.size), FRAME_TIMEOUT_S)
-        (length,) = _LENGTH.unpack(head)
-        if length <= MAX_FRAME:
-            await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S)
-    writer.write(frame(_encode(HelperReply(ok=False, error=reason))))
-    await writer.drain()
+def _refusal(reason: str) -> bytes:
+    return _encode(HelperReply(ok=False, error=reason))
 
 
 async def serve_unavailable(sock: socket.socket, reason: str, *, allowed_uids: frozenset[int],
                             linger_s: float = UNAVAILABLE_LINGER_S) -> None:
     """The backend could not start (RAUC's service not answering yet, a slot device missing):
-    every request of the agent is answered with `reason` for `linger_s`, then this returns. The
-    agent logs the real cause instead of a refused connection, and the next request after the
-    helper ended starts it again (socket activation) and tries the backend afresh."""
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            _pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
-            await _answer_refusal(reader, writer, _stranger(uid, allowed_uids) or reason)
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_unix_server(answer, sock=sock)
-    async with server:
-        await asyncio.sleep(linger_s)
-
-
-@dataclass(eq=False)
-class _Peer:
-    """One open connection: whose it is, and whether a request of it is being read or run."""
-
-    uid: int
-    writer: asyncio.StreamWriter
-    busy: bool = False
-    since: float = field(default_factory=time.monotonic)
+    every request of the agent is answered with `reason` for `linger_s`, then this returns
+    (`agent.service.helper_socket.serve_unavailable`)."""
+    await helper_socket.serve_unavailable(sock, _refusal(reason), helper=HELPER, refusal=_refusal,
+                                          max_frame=MAX_FRAME, allowed_uids=allowed_uids, linger_s=linger_s)
 
 
 class InstallHelper:
@@ -204,69 +155,28 @@ class InstallHelper:
         self._manifests: dict[str, Manifest] = {}  # slot -> the manifest it was opened for
         self._lock = asyncio.Lock()
         self._rebooting = False
-        self._peers: set[_Peer] = set()
-        self._refusals = RateLimitedLog(log, SystemClock(), interval_s=60.0)
-        self.refused = 0
-        self.evicted = 0
+        self.server = HelperSocketServer(self._answer, _refusal, helper=HELPER, max_frame=MAX_FRAME,
+                                         allowed_uids=allowed_uids)
+
+    @property
+    def refused(self) -> int:
+        """Connections and requests refused."""
+        return self.server.refused
+
+    @refused.setter
+    def refused(self, value: int) -> None:
+        self.server.refused = value
+
+    @property
+    def evicted(self) -> int:
+        """Idle connections closed to make room for a newer one of the same uid."""
+        return self.server.evicted
 
     async def serve(self, sock: socket.socket) -> None:
-        server = await asyncio.start_unix_server(self._connection, sock=sock)
-        async with server:
-            await server.serve_forever()
+        await self.server.serve(sock)
 
-    def _admit(self, uid: int) -> str:
-        """Why a connection of `uid` is refused ("" when it is taken)."""
-        refusal = _stranger(uid, self._allowed_uids)
-        if refusal:
-            return refusal
-        mine = [p for p in self._peers if p.uid == uid]
-        if len(mine) < MAX_PER_PEER:
-            return ""
-        idle = [p for p in mine if not p.busy]
-        if not idle:
-            return f"refused: uid {uid} has {MAX_PER_PEER} connections with requests under way"
-        oldest = min(idle, key=lambda p: p.since)
-        self._peers.discard(oldest)
-        self.evicted += 1
-        oldest.writer.transport.abort()  # its task sees the connection end
-        return ""
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer: _Peer | None = None
-        try:
-            pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
-            refusal = self._admit(uid)
-            if refusal:
-                self.refused += 1
-                self._refusals.warning(f"uid-{uid}", f"install helper: {refusal} (pid {pid})")
-                await _answer_refusal(reader, writer, refusal)
-                return
-            peer = _Peer(uid, writer)
-            self._peers.add(peer)
-            while True:
-                peer.busy, peer.since = False, time.monotonic()
-                try:
-                    head = await asyncio.wait_for(reader.readexactly(_LENGTH.size), IDLE_TIMEOUT_S)
-                except (asyncio.IncompleteReadError, TimeoutError):
-                    return
-                peer.busy = True
-                (length,) = _LENGTH.unpack(head)
-                if length > MAX_FRAME:
-                    writer.write(frame(_encode(HelperReply(ok=False, error=f"request of {length} bytes is over "
-                                                                          f"the {MAX_FRAME} limit"))))
-                    await writer.drain()
-                    return
-                reply = await self.handle(await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S))
-                writer.write(frame(_encode(reply)))
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            return
-        finally:
-            if peer is not None:
-                self._peers.discard(peer)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    async def _answer(self, payload: bytes) -> bytes:
+        return _encode(await self.handle(payload))
 
     async def handle(self, payload: bytes) -> HelperReply:
         try:
@@ -361,9 +271,9 @@ class HelperInstaller:
         self._path = str(socket_path)
         self._trust = trust  # the agent's newest trust document, sent with open_slot
         self._clock = clock or SystemClock()
-        self._timeout_s = timeout_s
         self._settle_s = settle_s  # ([firmware] reboot_timeout_s) a reboot the helper went down with
-        self._sock: socket.socket | None = None
+        self._conn = HelperConnection(socket_path, helper=HELPER, max_frame=MAX_FRAME, timeout_s=timeout_s,
+                                      hint=_connect_hint)
         self._state: HelperState
         try:
             self._call(HelperRequest(op="describe"))  # sets self._state
@@ -371,32 +281,13 @@ class HelperInstaller:
             self.close()  # (nobody holds an installer that did not start to close it later)
             raise
 
-    def _connect(self) -> socket.socket:
-        if self._sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self._timeout_s)
-            try:
-                sock.connect(self._path)
-            except OSError as exc:
-                sock.close()
-                raise HelperError(f"the install helper at {self._path} does not answer ({exc.strerror or exc}): "
-                                  f"{_connect_hint(exc)}") from None
-            self._sock = sock
-        return self._sock
-
     def _call(self, request: HelperRequest, *, timeout_s: float | None = None) -> HelperReply:
-        """One request and its reply. A kept connection the helper closed meanwhile (idle, or to
-        make room) is opened again and the request sent once more: every step is idempotent."""
-        reused = self._sock is not None
+        """One request and its reply (`HelperConnection.call`: resent once on a new connection)."""
         try:
-            reply = self._exchange(request, timeout_s)
-        except _Closed as exc:
-            if not reused:
-                raise HelperError(f"install helper at {self._path}: {exc}") from None
-            try:
-                reply = self._exchange(request, timeout_s)
-            except _Closed as again:
-                raise HelperError(f"install helper at {self._path}: {again}") from None
+            reply = _decode_reply(self._conn.call(_encode(request), timeout_s=timeout_s))
+        except (HelperUnreachable, msgspec.DecodeError) as exc:
+            self.close()
+            raise HelperError(str(exc)) from None
         return self._take(request, reply)
 
     def _take(self, request: HelperRequest, reply: HelperReply) -> HelperReply:
@@ -409,26 +300,6 @@ class HelperInstaller:
             raise HelperError(f"the install helper refused {request.op}: {reply.error}")
         return reply
 
-    def _exchange(self, request: HelperRequest, timeout_s: float | None) -> HelperReply:
-        sock = self._connect()
-        try:
-            sock.settimeout(timeout_s or self._timeout_s)
-            try:
-                sock.sendall(frame(_encode(request)))
-                head = _recv_exact(sock, _LENGTH.size)
-            except (BrokenPipeError, ConnectionResetError, _Closed) as exc:
-                raise _Closed(str(exc) or "the install helper closed the connection") from None
-            (length,) = _LENGTH.unpack(head)
-            if length > MAX_FRAME:
-                raise HelperError(f"the install helper answered {length} bytes")
-            return _decode_reply(_recv_exact(sock, length))
-        except _Closed:
-            self.close()
-            raise
-        except (OSError, msgspec.DecodeError, HelperError) as exc:
-            self.close()
-            raise HelperError(f"install helper at {self._path}: {exc}") from None
-
     async def _ask(self, request: HelperRequest, *, timeout_s: float | None = None) -> bytes:
         return await in_thread(self._clock, self._do_call, request, timeout_s)
 
@@ -436,10 +307,7 @@ class HelperInstaller:
         return self._call(request, timeout_s=timeout_s).data
 
     def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
+        self._conn.close()
 
     # -- Installer ---------------------------------------------------------------------------
     @property
@@ -508,9 +376,11 @@ class HelperInstaller:
         never resent: a kept one the helper closed while idle would end unanswered too."""
         self.close()
         try:
-            reply = self._exchange(request, REBOOT_REPLY_TIMEOUT_S)
-        except _Closed:
+            reply = _decode_reply(self._conn.exchange(_encode(request), REBOOT_REPLY_TIMEOUT_S))
+        except HelperClosed:
             return True
+        except (HelperUnreachable, msgspec.DecodeError) as exc:
+            raise HelperError(str(exc)) from None
         finally:
             self.close()
         self._take(request, reply)
@@ -524,36 +394,13 @@ def _connect_hint(exc: OSError) -> str:
     return "is edge-agent-installer.socket enabled? (systemctl enable --now edge-agent-installer.socket)"
 
 
-class _Closed(Exception):
-    """The helper closed the connection before answering."""
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        part = sock.recv(n - len(buf))
-        if not part:
-            raise _Closed("the install helper closed the connection")
-        buf += part
-    return bytes(buf)
-
-
 def listening_socket(path: str | Path | None) -> socket.socket:
-    """systemd's socket (LISTEN_FDS, fd 3) when activated by it, else a new one bound at `path`
-    (mode 0660: the group decides who may ask)."""
-    if os.environ.get("LISTEN_PID") == str(os.getpid()) and int(os.environ.get("LISTEN_FDS", "0")) >= 1:
-        return socket.socket(fileno=3)
-    if path is None:
+    """systemd's socket when activated by it, else a new one bound at `path` (mode 0660)."""
+    sock = helper_socket.listening_socket(path)
+    if sock is None:
         raise UpdaterError("no socket: not started by systemd's socket unit and no --socket given")
-    target = Path(path)
-    with contextlib.suppress(FileNotFoundError):
-        target.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(target))
-    os.chmod(target, 0o660)
-    sock.listen(8)
     return sock
 
 
-__all__ = ["HelperError", "HelperInstaller", "HelperReply", "HelperRequest", "HelperState", "InstallHelper",
+__all__ = ["HelperError", "HelperInstaller", "HelperReply", "HelperRequest", "HelperState", "InstallHelper", "frame",
            "listening_socket", "state_of"]
