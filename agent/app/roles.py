@@ -16,7 +16,7 @@ other entry is a feature's factory (`agent.service.parts.Feature`), which return
 config leaves the feature off:
 
     worker:  the worker, the certificate's renewal, the updater, the configuration targets, the
-             local API, the sources
+             applications, the local API, the sources
     leader:  northbound forwarding, the leader, device identities, rollouts
 
 Parts start in list order and stop in reverse: the local API and the sources stop taking
@@ -96,6 +96,7 @@ async def _staged(config: AgentConfig, base: Path, clock: Clock, env: E, startin
 
 
 async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path, env: AppEnv) -> App[Any]:
+    from agent.worker.apps import apps_part
     from agent.worker.configuring import config_targets_part
     from agent.worker.env import DeviceEnv
     from agent.worker.renewal import identity_part
@@ -104,8 +105,8 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
 
     device = env.device or DeviceEnv()
     agent = await _open_worker(config, transport, clock, base, device)
-    return await _parts(agent, device, (AGENT, identity_part, updater_part, config_targets_part, local_api_part,
-                                        sources_part))
+    return await _parts(agent, device, (AGENT, identity_part, updater_part, config_targets_part, apps_part,
+                                        local_api_part, sources_part))
 
 
 async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path,

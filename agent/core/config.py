@@ -232,6 +232,23 @@ class FirmwareSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
         return bool(self.public_key or self.trust_root)
 
 
+class AppsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Applications (`app_rollout`): on a worker, on while `helper_socket` is set (and
+    `[firmware]` names the fleet's key); in the application helper's own config, where it keeps
+    them."""
+
+    # the root application helper (`edge-agent app-helper`, edge-agent-apps.socket): it installs,
+    # starts, checks and takes back every application for the unprivileged agent
+    helper_socket: str = ""
+    state_dir: str = "apps"  # downloads and the apply's journal, relative to data_dir
+    # the helper's: where it keeps each application's versions, and paths no application may see
+    root: str = "/var/lib/edge-agent-apps"
+    hidden: list[Annotated[str, msgspec.Meta(pattern=r"^/[^\s]{0,255}$")]] = msgspec.field(
+        default_factory=lambda: ["/var/lib/edge-agent", "/etc/edge-agent", "/var/lib/edge-agent-installer"])
+    # the root of the systemd units it writes (edge-app-NAME.service)
+    unit_dir: str = "/etc/systemd/system"
+
+
 DAY_S = 86_400.0
 
 
@@ -440,6 +457,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     jobs: JobsSection = msgspec.field(default_factory=JobsSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
     firmware: FirmwareSection = msgspec.field(default_factory=FirmwareSection)
+    apps: AppsSection = msgspec.field(default_factory=AppsSection)
     housekeeping: HousekeepingSection = msgspec.field(default_factory=HousekeepingSection)
     classes: dict[ClassKey, MessageClassSection] = msgspec.field(default_factory=default_classes)
     local_api: LocalApiSection = msgspec.field(default_factory=LocalApiSection)
@@ -772,6 +790,7 @@ __all__ = [
     "AgentSection",
     "ConfigTargetSection",
     "FirmwareSection",
+    "AppsSection",
     "HeartbeatSection",
     "HousekeepingSection",
     "IdentitySection",

@@ -505,9 +505,14 @@ class RolloutService(PartBase):
         self.orchestrator.own_mirror = url.rstrip("/") + "/artifacts"
         log.info("artifact server on %s:%d, offered to devices as %s", host, server.port, self.orchestrator.own_mirror)
 
-    def _artifact_by_image(self, sha256_hex: str) -> Path | None:
-        """The store's copy of the artifact whose image hash is `sha256_hex` (the rollouts' own,
-        looked up again at most once a second for a hash not seen yet)."""
+    def _artifact_by_image(self, file_name: str) -> Path | None:
+        """The store's copy of a firmware artifact by its image hash (`{sha256}.eafw`: the
+        rollouts' own, looked up again at most once a second for a hash not seen yet), or of an
+        application bundle the application kind kept by its own hash (`{sha256}.eaapp`)."""
+        sha256_hex, _, suffix = file_name.partition(".")
+        if suffix != "eafw":
+            kept = self.artifacts_dir / file_name
+            return kept if kept.is_file() else None
         found = self._by_image.get(sha256_hex)
         if found is not None:
             return found

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from agent.core.errors import ConfigError
 from agent.protocol import ConfigState
+from app_rollout.kind import APP, AppKind
 from config_rollout.kind import CONFIG, ConfigKind
 from config_rollout.layers import LayerValue
 from firmware_rollout.orchestration.kind import FIRMWARE, FirmwareKind
@@ -61,9 +62,14 @@ def _config(host: KindHost) -> RolloutKind:
                       tags=host.device_tags)
 
 
+def _app(host: KindHost) -> RolloutKind:
+    return AppKind(keys=host.keys, directory=host.artifacts_dir)
+
+
 ROLLOUT_KINDS: Mapping[str, KindEntry] = {
     FIRMWARE.name: KindEntry(FIRMWARE, _firmware),
     CONFIG.name: KindEntry(CONFIG, _config),
+    APP.name: KindEntry(APP, _app),
 }
 
 

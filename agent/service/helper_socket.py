@@ -76,10 +76,11 @@ class _Peer:
 
 
 class HelperSocketServer:
-    """The connections of one helper: `handle(payload)` answers each request (an encoded reply),
-    `refusal(reason)` encodes a refusal in the helper's own reply type."""
+    """The connections of one helper: `handle(payload, uid)` answers each request of the peer
+    running as `uid` (an encoded reply), `refusal(reason)` encodes a refusal in the helper's own
+    reply type."""
 
-    def __init__(self, handle: Callable[[bytes], Awaitable[bytes]], refusal: Callable[[str], bytes], *,
+    def __init__(self, handle: Callable[[bytes, int], Awaitable[bytes]], refusal: Callable[[str], bytes], *,
                  helper: str, max_frame: int, allowed_uids: frozenset[int] = frozenset()) -> None:
         self._handle = handle
         self._refusal = refusal
@@ -137,7 +138,7 @@ class HelperSocketServer:
                     writer.write(frame(self._refusal(f"request of {length} bytes is over the {self.max_frame} limit")))
                     await writer.drain()
                     return
-                reply = await self._handle(await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S))
+                reply = await self._handle(await asyncio.wait_for(reader.readexactly(length), FRAME_TIMEOUT_S), uid)
                 writer.write(frame(reply))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):

@@ -175,7 +175,7 @@ class InstallHelper:
     async def serve(self, sock: socket.socket) -> None:
         await self.server.serve(sock)
 
-    async def _answer(self, payload: bytes) -> bytes:
+    async def _answer(self, payload: bytes, _uid: int) -> bytes:
         return _encode(await self.handle(payload))
 
     async def handle(self, payload: bytes) -> HelperReply:

@@ -1,6 +1,7 @@
 """The leader's artifact HTTP server: its content-addressed store over HTTP/1.1 range requests.
 
     GET /artifacts/{image sha256, 64 hex}.eafw     Range: bytes=START-END   ->  206, the bytes
+    GET /artifacts/{bundle sha256, 64 hex}.eaapp   (an application bundle, the same way)
     HEAD ...                                                                 ->  200, the size
 
 A device fetches the chunks it lacks with one range request per run of chunks and checks every
@@ -38,10 +39,10 @@ from agent.service.http import FileRange, HttpServer, Limits, Request, Response,
 MAX_HEAD = 8 * 1024  # request line and headers
 MAX_HEADERS = 32
 MAX_BODY = 64 * 1024  # a request needs none; a small one is read and its method refused (405)
-PATH_RE = re.compile(r"^/artifacts/([0-9a-f]{64})\.eafw$")
+PATH_RE = re.compile(r"^/artifacts/([0-9a-f]{64}\.(?:eafw|eaapp))$")
 RANGE_RE = re.compile(r"^bytes=(\d{1,19})-(\d{0,19})$")
 
-#: image sha256 (hex) -> the store's verified copy of its artifact, or None
+#: "{image sha256 hex}.eafw" or "{bundle sha256 hex}.eaapp" -> the store's verified copy, or None
 ArtifactByImage = Callable[[str], Path | None]
 
 

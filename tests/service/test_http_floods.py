@@ -117,7 +117,7 @@ async def serving(name: str, tmp_path: Path, *, open_dir: Path | None = None) ->
         blob = tmp_path / "a.eafw"
         blob.write_bytes(b"x" * 4096)
         sha = "ab" * 32
-        server = ArtifactServer(lambda h: blob if h == sha else None, host="127.0.0.1", port=0)
+        server = ArtifactServer(lambda name: blob if name == f"{sha}.eafw" else None, host="127.0.0.1", port=0)
         await server.start()
         port = server.port
         try:

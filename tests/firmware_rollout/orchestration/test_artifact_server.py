@@ -20,8 +20,8 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[ArtifactServer, bytes, P
     data = random.Random(3).randbytes(300_000)
     path = tmp_path / "copy.eafw"
     path.write_bytes(data)
-    server = ArtifactServer(lambda sha: path if sha == SHA else None, host="127.0.0.1", port=0, max_downloads=2,
-                            retry_after_s=3)
+    server = ArtifactServer(lambda name: path if name == f"{SHA}.eafw" else None, host="127.0.0.1", port=0,
+                            max_downloads=2, retry_after_s=3)
     await server.start()
     try:
         yield server, data, path

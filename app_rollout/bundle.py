@@ -1,0 +1,360 @@
+"""An application bundle: named, versioned, signed with the fleet's key, holding the files of a
+service, its systemd unit and how the device checks it is healthy.
+
+On disk (`.eaapp`), every length big-endian:
+
+    magic "EAAPP\\x01" (6) | manifest length (4) | manifest (JSON) | key id (8) | signature (64)
+    | the files, in the manifest's order, each exactly its stated size
+
+The signed head (everything up to the signature) is what a rollout stores and offers; a device
+fetches the whole file from a mirror and checks each file against the head's sha256 as it writes
+it. The signature is ed25519 over the magic and the manifest's bytes. Nothing of a bundle is used
+before its signature is checked, and the manifest is bounded everywhere: the number of files,
+each file's size, its path (relative, no `..`), its mode (0644 or 0755), the unit
+(`app_rollout.unit`), the health check.
+
+A bundle is built from a directory holding `app.toml`:
+
+    [app]
+    name = "hello"                # a-z 0-9 -, the unit is edge-app-hello.service
+    version = "1.2.0"
+    unit = "hello.service"        # the service's unit, beside app.toml
+    files = "files"               # every file under it goes in; executable on disk: mode 0755
+
+    [health]                      # what says the new version works (all within timeout_s)
+    check = "http"                # "active": the unit stays active settle_s, not restarted
+    url = "http://127.0.0.1:8080/healthz"      # "http": 2xx from a loopback URL
+    # command = ["bin/check"]                  # "command": exits 0, run as the application
+    settle_s = 5
+    timeout_s = 60
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import struct
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from app_rollout.errors import AppBundleError, BundleSignature, MalformedBundle
+from app_rollout.unit import AppUnit, check_unit
+from rollout_engine.errors import InvalidVersion, WrongKey
+from rollout_engine.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, Verifier, VerifyKey
+from rollout_engine.version import parse_version
+
+MAGIC = b"EAAPP\x01"
+SUFFIX = ".eaapp"
+MANIFEST_MAX = 256 * 1024
+FILES_MAX = 1024
+FILE_MAX = 256 * 1024 * 1024
+BUNDLE_MAX = 1024 * 1024 * 1024
+HEAD_MAX = len(MAGIC) + 4 + MANIFEST_MAX + KEY_ID_SIZE + SIGNATURE_SIZE
+MODES = (0o644, 0o755)
+
+AppName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+FilePath = Annotated[str, msgspec.Meta(max_length=255, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}"
+                                                               r"(/[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}){0,7}$")]
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+_LOOPBACK_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5}(/[\x21-\x7e]{0,200})?$")
+
+
+class AppFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    path: FilePath
+    size: Annotated[int, msgspec.Meta(ge=0, le=FILE_MAX)]
+    mode: Literal[0o644, 0o755]
+    sha256: Sha256Hex
+
+
+class AppHealth(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    check: Literal["active", "http", "command"] = "active"
+    settle_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120.0
+    url: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    command: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=256)], ...], msgspec.Meta(max_length=16)] = ()
+
+
+class AppManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    format: int = 1
+    name: AppName
+    version: Annotated[str, msgspec.Meta(max_length=64)]
+    runtime: Literal["service"] = "service"
+    unit: Annotated[str, msgspec.Meta(max_length=16 * 1024)]
+    health: AppHealth = AppHealth()
+    files: Annotated[tuple[AppFile, ...], msgspec.Meta(max_length=FILES_MAX)] = ()
+    created_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    @property
+    def payload_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def executables(self) -> frozenset[str]:
+        return frozenset(f.path for f in self.files if f.mode == 0o755)
+
+
+@dataclass(frozen=True)
+class SignedApp:
+    """A bundle's head, verified: its manifest, its checked unit and the signed bytes."""
+
+    manifest: AppManifest
+    unit: AppUnit
+    head: bytes  # magic .. signature: what a rollout stores and offers
+    key_id: str
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def size(self) -> int:
+        """The whole bundle file's size."""
+        return len(self.head) + self.manifest.payload_size
+
+
+def _check(manifest: AppManifest, source: str) -> AppUnit:
+    """What a signed manifest must also be: a version, distinct paths, a unit an application may
+    have, a health check it can run."""
+    if manifest.format != 1:
+        raise MalformedBundle(f"{source}: bundle format {manifest.format}, this agent reads format 1")
+    try:
+        parse_version(manifest.version)
+    except InvalidVersion as exc:
+        raise MalformedBundle(f"{source}: version: {exc}") from None
+    paths = [f.path for f in manifest.files]
+    if len(set(paths)) != len(paths):
+        twice = sorted(p for p in set(paths) if paths.count(p) > 1)[0]
+        raise MalformedBundle(f"{source}: a file is listed twice ({twice})")
+    dirs = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+    if dirs & set(paths):
+        raise MalformedBundle(f"{source}: {sorted(dirs & set(paths))[0]} is both a file and a directory")
+    unit = check_unit(manifest.unit, executables=manifest.executables(), source=f"{source}: unit")
+    health = manifest.health
+    if health.check == "http" and not _LOOPBACK_URL.match(health.url):
+        raise MalformedBundle(f"{source}: health.url {health.url!r}: an http check asks a loopback URL"
+                              " (http://127.0.0.1:PORT/PATH)")
+    if health.check == "command":
+        if not health.command:
+            raise MalformedBundle(f"{source}: health.command: the command check needs a command")
+        first = health.command[0]
+        if not (first in manifest.executables() or first.startswith(("/usr/bin/", "/bin/"))):
+            raise MalformedBundle(f"{source}: health.command {first!r}: an executable file of the bundle or a"
+                                  " program under /usr/bin or /bin")
+    return unit
+
+
+def sign_manifest(manifest: AppManifest, key: SigningKey) -> bytes:
+    """The signed head of a bundle of `manifest` (its files follow it in the bundle)."""
+    body = msgspec.json.encode(manifest)
+    if len(body) > MANIFEST_MAX:
+        raise AppBundleError(f"application {manifest.name}: the manifest is over {MANIFEST_MAX} bytes")
+    return b"".join([MAGIC, struct.pack(">I", len(body)), body, key.key_id, key.sign(MAGIC + body)])
+
+
+def head_length(data: bytes) -> int:
+    """The length of the signed head `data` starts with (enough of it: 10 bytes); MalformedBundle
+    when it is not one."""
+    if len(data) < len(MAGIC) + 4 or not data.startswith(MAGIC):
+        raise MalformedBundle("not an application bundle (bad magic)")
+    (length,) = struct.unpack(">I", data[len(MAGIC):len(MAGIC) + 4])
+    if length > MANIFEST_MAX:
+        raise MalformedBundle(f"a manifest of {length} bytes, over {MANIFEST_MAX}")
+    return len(MAGIC) + 4 + length + KEY_ID_SIZE + SIGNATURE_SIZE
+
+
+def verify_head(data: bytes, key: Verifier, *, source: str) -> SignedApp:
+    """The signed head at the start of `data`, verified with `key` (the signature before anything
+    is parsed), then checked (`_check`). An `AppBundleError` names `source` and says why."""
+    try:
+        end = head_length(data)
+    except MalformedBundle as exc:
+        raise MalformedBundle(f"{source}: {exc}") from None
+    if len(data) < end:
+        raise MalformedBundle(f"{source}: truncated ({len(data)} bytes)")
+    at = len(MAGIC) + 4
+    body = data[at:end - KEY_ID_SIZE - SIGNATURE_SIZE]
+    key_id = data[end - KEY_ID_SIZE - SIGNATURE_SIZE:end - SIGNATURE_SIZE]
+    signature = data[end - SIGNATURE_SIZE:end]
+    if key_id == bytes(KEY_ID_SIZE) and signature == bytes(SIGNATURE_SIZE):
+        raise BundleSignature(f"{source}: unsigned (build it with the fleet's key: edge-agent app build --key)")
+    if not isinstance(key, VerifyKey):  # the key the trust document lists for that id
+        try:
+            key = key.signer(key_id)
+        except WrongKey as exc:
+            raise BundleSignature(f"{source}: {exc}") from None
+    elif key_id != key.key_id:
+        raise BundleSignature(f"{source}: signed by key {key_id.hex()}, not the fleet's key {key.key_id.hex()}")
+    if not key.verify(signature, MAGIC + body):
+        raise BundleSignature(f"{source}: the signature does not verify (the bundle was changed after signing)")
+    try:
+        manifest = msgspec.json.decode(body, type=AppManifest)
+    except msgspec.DecodeError as exc:
+        raise MalformedBundle(f"{source}: manifest: {exc}") from None
+    return SignedApp(manifest, _check(manifest, source), bytes(data[:end]), key_id.hex())
+
+
+def peek_head(data: bytes) -> AppManifest:
+    """The manifest of a head, NOT verified: only to name a bundle in a plan or a refusal."""
+    end = head_length(data)
+    if len(data) < end:
+        raise MalformedBundle("an application bundle cut short")
+    try:
+        return msgspec.json.decode(data[len(MAGIC) + 4:end - KEY_ID_SIZE - SIGNATURE_SIZE], type=AppManifest)
+    except msgspec.DecodeError as exc:
+        raise MalformedBundle(f"manifest: {exc}") from None
+
+
+def read_head(path: str | Path) -> bytes:
+    """The signed head of the bundle file at `path` (not verified), read within its cap."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(len(MAGIC) + 4)
+            end = head_length(start)
+            return start + f.read(end - len(start))
+    except OSError as exc:
+        raise AppBundleError(f"{path}: {exc.strerror or exc}") from None
+    except MalformedBundle as exc:
+        raise MalformedBundle(f"{path}: {exc}") from None
+
+
+def read_bundle(path: str | Path, key: Verifier) -> SignedApp:
+    """The bundle at `path` verified whole: its head, then every file's size and sha256."""
+    head = read_head(path)
+    app = verify_head(head, key, source=str(path))
+    try:
+        size = os.path.getsize(path)
+        if size != app.size:
+            raise MalformedBundle(f"{path}: {size} bytes, the manifest says {app.size}")
+        with open(path, "rb") as f:
+            f.seek(len(head))
+            for _entry, _blocks in iter_files(f, app.manifest, source=str(path)):
+                pass  # (each file's blocks are read and checked as the next one is asked for)
+    except OSError as exc:
+        raise AppBundleError(f"{path}: {exc.strerror or exc}") from None
+    return app
+
+
+BLOCK = 1024 * 1024
+
+
+def iter_files(f: object, manifest: AppManifest, *, source: str) -> Iterator[tuple[AppFile, Iterator[bytes]]]:
+    """Each file of the bundle read from `f` (at the first file's offset) as blocks; a file whose
+    bytes differ from the manifest raises MalformedBundle once its blocks are read."""
+    read = f.read  # type: ignore[attr-defined]
+    for entry in manifest.files:
+        def blocks(entry: AppFile = entry) -> Iterator[bytes]:
+            digest = hashlib.sha256()
+            left = entry.size
+            while left:
+                block = read(min(BLOCK, left))
+                if not block:
+                    raise MalformedBundle(f"{source}: truncated in {entry.path}")
+                digest.update(block)
+                left -= len(block)
+                yield block
+            if digest.hexdigest() != entry.sha256:
+                raise MalformedBundle(f"{source}: {entry.path}: its sha256 differs from the signed manifest")
+        it = blocks()
+        yield entry, it
+        for _ in it:  # a caller that did not read it all: read the rest, so the hash is checked
+            pass
+
+
+# -- building ---------------------------------------------------------------------------------------
+class _AppSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    version: str
+    unit: str
+    files: str = "files"
+
+
+class _AppToml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    app: _AppSection
+    health: AppHealth = AppHealth()
+
+
+def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, created_ms: int = 0,
+                 force: bool = False) -> SignedApp:
+    """Build and sign the bundle of `directory/app.toml`, written to `out` (replaced only with
+    `force`). An `AppBundleError` names the file and the key that is wrong."""
+    root = Path(directory)
+    toml_path = root / "app.toml"
+    try:
+        raw = tomllib.loads(toml_path.read_text())
+        spec = msgspec.convert(raw, type=_AppToml)
+    except OSError as exc:
+        raise AppBundleError(f"{toml_path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise AppBundleError(f"{toml_path}: not TOML ({exc})") from None
+    except msgspec.ValidationError as exc:
+        raise AppBundleError(f"{toml_path}: {exc}") from None
+    unit_path = root / spec.app.unit
+    try:
+        unit = unit_path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AppBundleError(f"{toml_path}: app.unit: {unit_path}: {getattr(exc, 'strerror', None) or exc}") from None
+    files_root = root / spec.app.files
+    if not files_root.is_dir():
+        raise AppBundleError(f"{toml_path}: app.files: {files_root} is not a directory")
+    entries: list[tuple[AppFile, Path]] = []
+    for path in sorted(files_root.rglob("*")):
+        relative = path.relative_to(files_root).as_posix()
+        info = path.lstat()
+        if stat.S_ISDIR(info.st_mode):
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            raise AppBundleError(f"{path}: only regular files go into a bundle (not a link or a device)")
+        mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda f=f: f.read(BLOCK), b""):  # type: ignore[misc]
+                digest.update(block)
+        try:
+            entries.append((msgspec.convert({"path": relative, "size": info.st_size, "mode": mode,
+                                             "sha256": digest.hexdigest()}, type=AppFile), path))
+        except msgspec.ValidationError as exc:
+            raise AppBundleError(f"{path}: {exc} (a path of at most 8 parts of A-Z a-z 0-9 _ . + -, a file of at"
+                                 f" most {FILE_MAX} bytes)") from None
+    try:
+        manifest = msgspec.convert({"name": spec.app.name, "version": spec.app.version, "unit": unit,
+                                    "health": msgspec.to_builtins(spec.health), "created_ms": created_ms,
+                                    "files": [msgspec.to_builtins(e) for e, _ in entries]}, type=AppManifest)
+    except msgspec.ValidationError as exc:
+        raise AppBundleError(f"{toml_path}: {exc}") from None
+    _check(manifest, str(toml_path))
+    head = sign_manifest(manifest, key)
+    target = Path(out)
+    if target.exists() and not force:
+        raise AppBundleError(f"{target}: exists already (give --force to replace it)")
+    if len(head) + manifest.payload_size > BUNDLE_MAX:
+        raise AppBundleError(f"{toml_path}: the bundle would be over {BUNDLE_MAX} bytes")
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with partial.open("wb") as f:
+            f.write(head)
+            for _entry, path in entries:
+                with path.open("rb") as src:
+                    for block in iter(lambda src=src: src.read(BLOCK), b""):  # type: ignore[misc]
+                        f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, target)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise AppBundleError(f"{target}: {exc.strerror or exc}") from None
+    return SignedApp(manifest, check_unit(manifest.unit, executables=manifest.executables(), source=str(unit_path)),
+                     head, key.key_id.hex())
+
+
+__all__ = ["MAGIC", "SUFFIX", "AppFile", "AppHealth", "AppManifest", "SignedApp", "build_bundle", "head_length",
+           "iter_files", "peek_head", "read_bundle", "read_head", "sign_manifest", "verify_head"]

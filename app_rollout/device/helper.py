@@ -1,0 +1,359 @@
+"""The application helper: the one process on a device that installs, starts, checks and takes
+back applications, so the agent itself stays unprivileged.
+
+It runs as root (`edge-agent-apps.service`, socket-activated on a Unix socket only the agent's
+user may open; `agent.service.helper_socket`) with its own copy of the fleet's key, and does
+exactly these steps:
+
+    describe                  every application it keeps: the version running, the one kept
+                              to go back to, the one on trial
+    install PATH              a bundle file the agent downloaded: taken only when it belongs to
+                              the asking user; copied, its signature checked with the helper's
+                              own key, its unit checked, each file checked as it is written to
+                              ROOT/NAME/VERSION (beside the running version)
+    start NAME VERSION        that installed version on trial: its unit written and started
+    state NAME                the unit's state (active, restarts) for the agent's health check
+    check NAME                the bundle's health command, run as the application runs
+    commit NAME               the trial kept: the version before it kept to go back to, older ones removed
+    revert NAME               the trial taken back: the version before it started again (or none)
+    remove NAME               stopped, its unit and versions removed (its data kept)
+
+It refuses anything else: an unsigned or tampered bundle, a file another user wrote, a unit that
+asks for more than an application may (`app_rollout.unit`), a version below the committed one
+(an application goes forward; an old content comes back as a new version), a start while another
+trial runs, a revert or commit with no trial (so a compromised agent cannot undo a committed
+fix), a name it does not keep. Each application's record (`record.json`) is written atomically
+before the step it allows: a power cut leaves the trial on record, and the agent's next start
+checks it again or takes it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import stat
+import uuid
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from agent.core.errors import EdgeAgentError
+from agent.core.files import atomic_write
+from agent.service.helper_socket import HelperSocketServer
+from app_rollout.bundle import BUNDLE_MAX, SignedApp, iter_files, read_head, verify_head
+from app_rollout.device.systemd import Systemd, UnitState
+from app_rollout.errors import AppBundleError, AppInstallError
+from app_rollout.unit import render_unit
+from rollout_engine.keys import Verifier
+from rollout_engine.trust import take_trust_document
+from rollout_engine.version import Version
+
+log = logging.getLogger(__name__)
+
+HELPER = "application helper"
+MAX_FRAME = 128 * 1024
+Op = Literal["describe", "install", "start", "state", "check", "commit", "revert", "remove"]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+
+
+class AppRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    op: Op
+    name: Name | Literal[""] = ""
+    version: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    path: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    # install: the agent's newest trust document; taken only when the helper's own root signed it
+    trust: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)] = b""
+
+
+class AppRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """One application as the helper keeps it (`ROOT/NAME/record.json`)."""
+
+    current: str = ""  # the committed version ("" none yet)
+    previous: str = ""  # the version kept to go back to
+    trial: str = ""  # the version started and not yet committed
+    health: str = "active"  # the trial's (or current's) health check: active, http, command
+
+
+class AppReply(msgspec.Struct, kw_only=True, frozen=True):
+    ok: bool
+    error: str = ""
+    apps: dict[str, AppRecord] = {}
+    installed: str = ""  # install: NAME VERSION of the bundle taken
+    active: str = ""  # state: ActiveState
+    sub: str = ""
+    restarts: int = 0
+    since_us: int = 0
+    result: str = ""
+    exit_code: int = 0  # check: the health command's
+    output: str = ""
+
+
+encode = msgspec.msgpack.Encoder().encode
+decode_request = msgspec.msgpack.Decoder(AppRequest).decode
+decode_reply = msgspec.msgpack.Decoder(AppReply).decode
+
+
+def _refusal(reason: str) -> bytes:
+    return encode(AppReply(ok=False, error=reason))
+
+
+class AppHelper:
+    """Keeps applications under `root`, their units in `unit_dir`; checks bundles with `key`.
+    `hidden`: the paths no application may see. `allowed_uids`: who besides root may ask."""
+
+    def __init__(self, *, key: Verifier, root: Path, unit_dir: Path, hidden: tuple[str, ...],
+                 allowed_uids: frozenset[int] = frozenset(), systemd: Systemd | None = None) -> None:
+        self.key = key
+        self.root = root
+        self.unit_dir = unit_dir
+        self.hidden = hidden
+        self.systemd = systemd or Systemd()
+        self._lock = asyncio.Lock()
+        root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.server = HelperSocketServer(self._answer, _refusal, helper=HELPER, max_frame=MAX_FRAME,
+                                         allowed_uids=allowed_uids)
+
+    async def serve(self, sock: object) -> None:
+        await self.server.serve(sock)  # type: ignore[arg-type]
+
+    async def _answer(self, payload: bytes, uid: int) -> bytes:
+        return encode(await self.handle(payload, uid))
+
+    async def handle(self, payload: bytes, uid: int) -> AppReply:
+        try:
+            request = decode_request(payload)
+        except msgspec.DecodeError as exc:
+            self.server.refused += 1
+            return AppReply(ok=False, error=f"refused: not a request ({exc})")
+        try:
+            async with self._lock:
+                return await self._do(request, uid)
+        except (EdgeAgentError, OSError) as exc:
+            self.server.refused += 1
+            log.warning("refused %s %s: %s", request.op, request.name or "-", exc)
+            return AppReply(ok=False, error=str(exc), apps=self.records())
+
+    # -- records -------------------------------------------------------------------------------
+    def records(self) -> dict[str, AppRecord]:
+        found: dict[str, AppRecord] = {}
+        for path in sorted(self.root.glob("*/record.json")):
+            try:
+                found[path.parent.name] = msgspec.json.decode(path.read_bytes(), type=AppRecord)
+            except (OSError, msgspec.DecodeError):
+                log.warning("%s: unreadable: the application is left as it is", path)
+        return found
+
+    def record(self, name: str) -> AppRecord:
+        path = self.root / name / "record.json"
+        try:
+            return msgspec.json.decode(path.read_bytes(), type=AppRecord)
+        except FileNotFoundError:
+            return AppRecord()
+        except (OSError, msgspec.DecodeError) as exc:
+            raise AppInstallError(f"{path}: unreadable ({exc})") from None
+
+    def _keep(self, name: str, record: AppRecord) -> None:
+        atomic_write(self.root / name / "record.json", msgspec.json.encode(record), mode=0o644)
+
+    def _version_dir(self, name: str, version: str) -> Path:
+        Version.parse(version)  # (also: no path in it)
+        return self.root / name / version
+
+    def unit_name(self, name: str) -> str:
+        return f"edge-app-{name}.service"
+
+    # -- steps ---------------------------------------------------------------------------------
+    async def _do(self, r: AppRequest, uid: int) -> AppReply:
+        if r.op == "describe":
+            return AppReply(ok=True, apps=self.records())
+        if r.op == "install":
+            take_trust_document(self.key, r.trust, came_with="the agent's install request")
+            app = await asyncio.to_thread(self._install, r.path, uid)
+            return AppReply(ok=True, installed=f"{app.name} {app.version}", apps=self.records())
+        if not r.name:
+            raise AppInstallError(f"{r.op}: which application? (name)")
+        record = self.record(r.name)
+        if r.op == "start":
+            await self._start(r.name, r.version, record)
+        elif r.op == "state":
+            state = await self.systemd.state(self.unit_name(r.name))
+            return _state_reply(state, self.records())
+        elif r.op == "check":
+            return await self._check(r.name, record)
+        elif r.op == "commit":
+            self._commit(r.name, record)
+        elif r.op == "revert":
+            await self._revert(r.name, record)
+        else:
+            await self._remove(r.name, record)
+        return AppReply(ok=True, apps=self.records())
+
+    def _install(self, path: str, uid: int) -> SignedApp:
+        """The bundle at `path` (the asking user's own file) copied, verified and unpacked."""
+        incoming = self.root / ".incoming"
+        incoming.mkdir(exist_ok=True, mode=0o700)
+        copy = incoming / uuid.uuid4().hex
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            raise AppInstallError(f"install {path}: {exc.strerror or exc}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise AppInstallError(f"install {path}: not a regular file")
+            if uid != 0 and info.st_uid != uid:
+                raise AppInstallError(f"install {path}: the file is not the asking user's own (owner uid"
+                                      f" {info.st_uid}): the helper takes only a bundle the agent downloaded")
+            if info.st_size > BUNDLE_MAX:
+                raise AppInstallError(f"install {path}: {info.st_size} bytes, over {BUNDLE_MAX}")
+            with os.fdopen(fd, "rb", closefd=False) as src, copy.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)  # checked from here on: the agent may change its file
+        finally:
+            os.close(fd)
+        try:
+            return self._unpack(copy, source=path)
+        finally:
+            copy.unlink(missing_ok=True)
+
+    def _unpack(self, copy: Path, *, source: str) -> SignedApp:
+        try:
+            head = read_head(copy)
+            app = verify_head(head, self.key, source=source)
+        except AppBundleError as exc:
+            raise AppInstallError(str(exc).replace(str(copy), source)) from None
+        m = app.manifest
+        record = self.record(m.name)
+        if record.current and Version.parse(m.version) < Version.parse(record.current):
+            raise AppInstallError(f"install {m.name} {m.version}: below the committed version {record.current} (an"
+                                  " application goes forward: an old content comes back as a new version)")
+        target = self._version_dir(m.name, m.version)
+        if (target / "head").exists():
+            if (target / "head").read_bytes() == app.head:
+                return app  # installed already
+            raise AppInstallError(f"install {m.name} {m.version}: another bundle of that version is installed")
+        partial = target.with_name(f".{m.version}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        files = partial / "files"
+        files.mkdir(parents=True, mode=0o755)
+        size = copy.stat().st_size
+        if size != app.size:
+            raise AppInstallError(f"{source}: {size} bytes, the manifest says {app.size}")
+        try:
+            with copy.open("rb") as f:
+                f.seek(len(head))
+                for entry, blocks in iter_files(f, m, source=source):
+                    out = files / entry.path
+                    out.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+                    with out.open("wb") as dst:
+                        for block in blocks:
+                            dst.write(block)
+                    os.chmod(out, entry.mode)
+        except AppBundleError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise AppInstallError(str(exc)) from None
+        unit = render_unit(app.unit, name=m.name, version=m.version, files_dir=str(target / "files"),
+                           hidden=self.hidden)
+        (partial / "unit").write_text(unit)
+        (partial / "health").write_bytes(msgspec.json.encode(m.health))
+        (partial / "head").write_bytes(app.head)
+        os.sync()
+        os.rename(partial, target)
+        log.info("installed %s %s (%d files)", m.name, m.version, len(m.files))
+        return app
+
+    async def _start(self, name: str, version: str, record: AppRecord) -> None:
+        target = self._version_dir(name, version)
+        if not (target / "unit").exists():
+            raise AppInstallError(f"start {name} {version}: not installed here")
+        if record.trial and record.trial != version:
+            raise AppInstallError(f"start {name} {version}: {name} {record.trial} is on trial (commit or revert it"
+                                  " first)")
+        if version == record.current and not record.trial:
+            await self._run_unit(name, version)  # running it again: nothing to try
+            return
+        health = msgspec.json.decode((target / "health").read_bytes(), type=_Health)
+        self._keep(name, msgspec.structs.replace(record, trial=version, health=health.check))
+        await self._run_unit(name, version)
+
+    async def _run_unit(self, name: str, version: str) -> None:
+        self.unit_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.unit_dir / self.unit_name(name), (self._version_dir(name, version) / "unit").read_bytes(),
+                     mode=0o644)
+        await self.systemd.reload()
+        await self.systemd.restart(self.unit_name(name))
+        log.info("started %s %s", name, version)
+
+    async def _check(self, name: str, record: AppRecord) -> AppReply:
+        version = record.trial or record.current
+        if not version:
+            raise AppInstallError(f"check {name}: not installed here")
+        target = self._version_dir(name, version)
+        health = msgspec.json.decode((target / "health").read_bytes(), type=_Health)
+        if health.check != "command":
+            raise AppInstallError(f"check {name}: its health check is {health.check}, not a command")
+        argv = list(health.command)
+        if not argv[0].startswith("/"):
+            argv[0] = str(target / "files" / argv[0])
+        code, out = await self.systemd.run_as(name, argv, directory=str(target / "files"),
+                                              timeout_s=health.timeout_s)
+        return AppReply(ok=True, exit_code=code, output=out[-500:], apps=self.records())
+
+    def _commit(self, name: str, record: AppRecord) -> None:
+        if not record.trial:
+            raise AppInstallError(f"commit {name}: no version is on trial")
+        kept = AppRecord(current=record.trial, previous=record.current, health=record.health)
+        self._keep(name, kept)
+        self._prune(name, keep={kept.current, kept.previous})
+        log.info("committed %s %s (kept %s to go back to)", name, kept.current, kept.previous or "nothing")
+
+    async def _revert(self, name: str, record: AppRecord) -> None:
+        if not record.trial:
+            raise AppInstallError(f"revert {name}: no version is on trial (a committed version is not taken back)")
+        back = AppRecord(current=record.current, previous=record.previous)
+        if record.current:
+            health = msgspec.json.decode((self._version_dir(name, record.current) / "health").read_bytes(),
+                                         type=_Health)
+            back = msgspec.structs.replace(back, health=health.check)
+            self._keep(name, back)
+            await self._run_unit(name, record.current)
+        else:
+            self._keep(name, back)
+            await self._drop_unit(name)
+        self._prune(name, keep={back.current, back.previous})
+        log.info("reverted %s %s: %s", name, record.trial, f"back on {record.current}" if record.current else "removed")
+
+    async def _remove(self, name: str, record: AppRecord) -> None:
+        if record.trial:
+            raise AppInstallError(f"remove {name}: {record.trial} is on trial (revert it first)")
+        if not (self.root / name).exists():
+            raise AppInstallError(f"remove {name}: not installed here")
+        await self._drop_unit(name)
+        shutil.rmtree(self.root / name)
+        log.info("removed %s (its data in /var/lib/%s is kept)", name, f"edge-apps/{name}")
+
+    async def _drop_unit(self, name: str) -> None:
+        await self.systemd.stop(self.unit_name(name))
+        (self.unit_dir / self.unit_name(name)).unlink(missing_ok=True)
+        await self.systemd.reload()
+
+    def _prune(self, name: str, *, keep: set[str]) -> None:
+        for path in (self.root / name).iterdir():
+            if path.is_dir() and path.name not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+class _Health(msgspec.Struct, frozen=True):
+    check: str = "active"
+    timeout_s: float = 120.0
+    command: tuple[str, ...] = ()
+
+
+def _state_reply(state: UnitState, apps: dict[str, AppRecord]) -> AppReply:
+    return AppReply(ok=True, active=state.active, sub=state.sub, restarts=state.restarts, since_us=state.since_us,
+                    result=state.result, apps=apps)
+
+
+__all__ = ["HELPER", "MAX_FRAME", "AppHelper", "AppRecord", "AppReply", "AppRequest", "decode_reply", "encode"]

@@ -1,0 +1,254 @@
+"""An application offer on a device: the offer runner's module for the application kind.
+
+    offer ─► the head verified (the fleet's key) ─► running that version already: succeeded
+        └─► fetch the bundle (mirrors, resumed) ─► the helper installs it beside the running one
+            ─► the helper starts it on trial ─► its health check (within health.timeout_s)
+                ├─ healthy:   commit (the version before kept to go back to) ─► succeeded
+                └─ unhealthy: revert (the version before started again)     ─► failed, saying why
+
+The trial is in a journal (`trial.json`) before the helper starts it: a device stopped or cut off
+during the check checks it again at its next start, and an application the helper has on trial
+that no journal names is taken back.
+
+Health checks, each within the bundle's `timeout_s`:
+
+    active    the unit active and not restarted for `settle_s`
+    http      the unit active, then a 2xx answer from its loopback URL, then `settle_s` more active
+    command   the unit active for `settle_s`, then its command exits 0 (run as the application)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import msgspec
+
+from agent.core.clock import Clock
+from agent.core.errors import EdgeAgentError
+from agent.core.files import atomic_write
+from app_rollout.bundle import SignedApp, peek_head, verify_head
+from app_rollout.device.client import AppHelperClient
+from app_rollout.device.fetch import fetch_bundle
+from app_rollout.errors import AppBundleError, AppInstallError
+from app_rollout.messages import AppOffer
+from rollout_engine.device import Facts, Rejected, Reporter
+from rollout_engine.keys import Verifier
+
+log = logging.getLogger(__name__)
+
+TRIAL = "trial.json"
+POLL_S = 0.5
+
+
+class _Trial(msgspec.Struct, frozen=True):
+    rollout_id: str
+    name: str
+    version: str
+    head: bytes
+
+
+@dataclass
+class AppFigures:
+    """What the last apply took (the benchmark reads it)."""
+
+    bytes_fetched: int = 0
+    fetch_s: float = 0.0
+    install_s: float = 0.0
+    health_s: float = 0.0
+
+
+class AppModule:
+    """Applies application offers through the helper `helper`; keeps downloads and the trial
+    journal in `state_dir`."""
+
+    offer_type = AppOffer
+
+    def __init__(self, helper: AppHelperClient, *, key: Verifier, state_dir: Path, clock: Clock,
+                 mirror_timeout_s: float = 10.0, mirror_ca: str = "") -> None:
+        self.helper = helper
+        self.key = key
+        self.state_dir = state_dir
+        self.clock = clock
+        self.mirror_timeout_s = mirror_timeout_s
+        self.mirror_ca = mirror_ca
+        self.figures = AppFigures()
+
+    def facts(self, offer: AppOffer) -> Facts:
+        try:
+            version = peek_head(offer.head).version
+        except AppBundleError:
+            version = "?"
+        return Facts(rollout_id=offer.rollout_id, version=version, windows=offer.maintenance_windows,
+                     trust=offer.trust)
+
+    def check(self, offer: AppOffer) -> SignedApp:
+        try:
+            return verify_head(offer.head, self.key, source=f"the bundle of {offer.rollout_id}")
+        except AppBundleError as exc:
+            raise Rejected(str(exc)) from None
+
+    async def apply(self, offer: AppOffer, app: SignedApp, report: Reporter) -> None:
+        rid, name, version = offer.rollout_id, app.name, app.version
+        try:
+            record = (await self.helper.records()).get(name)
+            if record is not None and record.current == version and not record.trial:
+                await self.helper.ask("start", name, version=version)  # running, as it must be
+                await report(rid, version, "succeeded", "running", f"{name} {version} runs already")
+                return
+            await report(rid, version, "installing", "downloading", f"fetching {name} {version} ({app.size} bytes)")
+            started = self.clock.monotonic()
+            fetched = await fetch_bundle(offer.mirrors, offer.bundle, offer.size, self.state_dir / "downloads",
+                                         timeout_s=self.mirror_timeout_s, ca=self.mirror_ca)
+            self.figures = AppFigures(bytes_fetched=fetched.bytes_fetched, fetch_s=self.clock.monotonic() - started)
+            await report(rid, version, "installing", "installing", f"installing {name} {version}")
+            started = self.clock.monotonic()
+            await self.helper.ask("install", path=str(fetched.path))
+            fetched.path.unlink(missing_ok=True)
+            self._keep(_Trial(rid, name, version, app.head))
+            await self.helper.ask("start", name, version=version)
+            self.figures.install_s = self.clock.monotonic() - started
+        except (AppInstallError, OSError) as exc:
+            log.warning("application %s %s: %s", name, version, exc)
+            await report(rid, version, "failed", "failed", f"{name} {version}: {exc}")
+            return
+        await report(rid, version, "installing", "checking", f"{name} {version} started: checking its health"
+                                                              f" ({app.manifest.health.check})")
+        await self._conclude(_Trial(rid, name, version, app.head), app, record.current if record else "", report)
+
+    async def _conclude(self, trial: _Trial, app: SignedApp, before: str, report: Reporter) -> None:
+        """The trial's health checked; committed or taken back, and said."""
+        rid, name, version = trial.rollout_id, trial.name, trial.version
+        started = self.clock.monotonic()
+        try:
+            why = await self.unhealthy(app)
+        except AppInstallError as exc:
+            why = str(exc)
+        self.figures.health_s = self.clock.monotonic() - started
+        try:
+            if not why:
+                await self.helper.ask("commit", name)
+            else:
+                await self.helper.ask("revert", name)
+        except AppInstallError as exc:
+            await report(rid, version, "failed", "failed", f"{name} {version}: {exc}")
+            return
+        finally:
+            self._forget()
+        if not why:
+            await report(rid, version, "succeeded", "running", f"{name} {version} runs and is healthy")
+        else:
+            back = f"back on {before}" if before else "removed"
+            log.warning("application %s %s unhealthy (%s): %s", name, version, why, back)
+            await report(rid, version, "failed", "health", f"{name} {version} failed its health check: {why}; {back}")
+
+    async def unhealthy(self, app: SignedApp) -> str:
+        """Why the application on trial is not healthy ("" when it is), within its timeout."""
+        health = app.manifest.health
+        name = app.name
+        deadline = self.clock.monotonic() + health.timeout_s
+        first = await self.helper.ask("state", name)
+        restarts = first.restarts
+        steady_since: float | None = None
+        answered = health.check != "http"
+        last = ""
+        while self.clock.monotonic() < deadline:
+            state = await self.helper.ask("state", name)
+            if state.restarts > restarts or state.active == "failed":
+                return f"the unit {state.active} ({state.sub}, {state.result}), restarted {state.restarts} times"
+            if state.active == "active":
+                if not answered:
+                    answered, last = await _http_ok(health.url, timeout_s=min(5.0, health.timeout_s))
+                    if answered:
+                        steady_since = self.clock.monotonic()
+                elif steady_since is None:
+                    steady_since = self.clock.monotonic()
+                if answered and steady_since is not None and self.clock.monotonic() - steady_since >= health.settle_s:
+                    if health.check != "command":
+                        return ""
+                    check = await self.helper.ask("check", name)
+                    return "" if check.exit_code == 0 else (f"its command exited {check.exit_code}:"
+                                                            f" {check.output.strip()[-200:]}")
+            else:
+                steady_since = None
+            await self.clock.sleep(POLL_S)
+        if health.check == "http" and not answered:
+            return f"{health.url} did not answer 2xx within {health.timeout_s:g}s ({last or 'no answer'})"
+        return f"not active for {health.settle_s:g}s within {health.timeout_s:g}s"
+
+    async def resume(self, report: Reporter) -> None:
+        """A trial a stop interrupted is checked again; one no journal names is taken back."""
+        trial = self._journal()
+        try:
+            records = await self.helper.records()
+        except AppInstallError as exc:
+            log.warning("applications: the helper does not answer at the start (%s)", exc)
+            return
+        for name, record in records.items():
+            if record.trial and (trial is None or trial.name != name):
+                log.warning("application %s %s was on trial with no journal: taken back", name, record.trial)
+                try:
+                    await self.helper.ask("revert", name)
+                except AppInstallError as exc:
+                    log.warning("application %s: %s", name, exc)
+        if trial is None:
+            return
+        held = records.get(trial.name)
+        if held is None or held.trial != trial.version:
+            self._forget()
+            return
+        try:
+            app = verify_head(trial.head, self.key, source=f"the trial of {trial.name}")
+        except AppBundleError as exc:
+            log.warning("%s: %s: taken back", TRIAL, exc)
+            await self.helper.ask("revert", trial.name)
+            self._forget()
+            return
+        await report(trial.rollout_id, trial.version, "installing", "checking",
+                     f"{trial.name} {trial.version} on trial at the start: checking its health")
+        await self._conclude(trial, app, held.current, report)
+
+    # -- the journal -----------------------------------------------------------------------------
+    def _journal(self) -> _Trial | None:
+        try:
+            return msgspec.json.decode((self.state_dir / TRIAL).read_bytes(), type=_Trial)
+        except FileNotFoundError:
+            return None
+        except (OSError, msgspec.DecodeError) as exc:
+            log.warning("%s: unreadable (%s)", self.state_dir / TRIAL, exc)
+            return None
+
+    def _keep(self, trial: _Trial) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self.state_dir / TRIAL, msgspec.json.encode(trial), mode=0o600)
+
+    def _forget(self) -> None:
+        (self.state_dir / TRIAL).unlink(missing_ok=True)
+
+
+async def _http_ok(url: str, *, timeout_s: float) -> tuple[bool, str]:
+    """Whether a GET of the loopback `url` answers 2xx, and what it answered."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "127.0.0.1").strip("[]")
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, parts.port or 80), timeout_s)
+    except (OSError, TimeoutError) as exc:
+        return False, f"{type(exc).__name__}: {exc}"[:120]
+    try:
+        path = parts.path or "/"
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\nUser-Agent: edge-agent\r\n\r\n".encode())
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+    except (OSError, TimeoutError, EdgeAgentError) as exc:
+        return False, f"{type(exc).__name__}"
+    finally:
+        writer.close()
+    status = line.decode(errors="replace").strip()
+    fields = status.split()
+    return len(fields) >= 2 and fields[1].startswith("2"), status[:80]
+
+
+__all__ = ["AppFigures", "AppModule"]

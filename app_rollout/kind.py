@@ -1,0 +1,100 @@
+"""Applications as a rollout kind (`rollout_engine.kinds`): a signed bundle, checked whole and
+kept by the leader under its sha256 (`{sha256}.eaapp`, what its artifact server and any mirror
+serve), offered as an `AppOffer` with the bundle's signed head and the mirrors, canceled as
+`app.cancel`. A device fetches the bundle, checks every file against the head, and installs,
+starts and checks it through its application helper (`app_rollout.device`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.core.codec import encode
+from agent.core.errors import RolloutError
+from app_rollout.bundle import SUFFIX, AppBundleError, peek_head, read_bundle, read_head
+from app_rollout.messages import KIND_APP_CANCEL, KIND_APP_OFFER, AppOffer
+from rollout_engine.keys import Verifier
+from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, Outgoing
+from rollout_engine.plan import DeviceInfo
+from rollout_engine.store import DeviceRow, RolloutRow
+
+
+def describe_bundle(path: Path) -> Described:
+    """A bundle's manifest, read (not verified)."""
+    try:
+        m = peek_head(read_head(path))
+    except AppBundleError as exc:
+        raise RolloutError(f"application bundle {path}: {exc}") from None
+    n = len(m.files)
+    return Described(name=m.name, version=m.version, size=m.payload_size,
+                     what=f"application {m.name}: {n} file{'s' if n != 1 else ''}, health {m.health.check}",
+                     installs=f"application {m.name} {m.version}")
+
+
+APP = KindTraits(name="app", installs="application", cancel_kind=KIND_APP_CANCEL, describe=describe_bundle,
+                 file_suffixes=(SUFFIX,))
+
+
+def bundle_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def keep_bundle(keys: Verifier | None, directory: Path, source: str) -> tuple[Path, bytes]:
+    """A bundle checked whole as a device checks it, kept in `directory` as `{sha256}.eaapp`:
+    (the copy, its signed head). A `RolloutError` says why not."""
+    if keys is None:
+        raise RolloutError(f"cannot check application bundle {source}: the leader's config has no [firmware]"
+                           " public_key or trust_root (the fleet's key, as the devices pin it)")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+    partial = directory / f".{os.getpid()}-{Path(source).name}.partial"
+    try:
+        shutil.copyfile(source, partial)  # checked as copied: the source may change meanwhile
+        app = read_bundle(partial, keys)
+        kept = directory / f"{bundle_digest(partial)}{SUFFIX}"
+        os.chmod(partial, 0o640)
+        os.replace(partial, kept)
+    except AppBundleError as exc:
+        raise RolloutError(str(exc).replace(str(partial), source)) from None
+    except OSError as exc:
+        raise RolloutError(f"application bundle {source}: {exc.strerror or exc}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return kept, app.head
+
+
+class AppKind:
+    """Applications on a leader: bundles checked against `keys` (the fleet's, as devices pin
+    them) and kept in `directory`."""
+
+    traits = APP
+
+    def __init__(self, *, keys: Verifier | None, directory: Path) -> None:
+        self.keys = keys
+        self.directory = directory
+
+    def admit(self, artifact: str, *, undone: RolloutRow | None) -> Admitted:
+        kept, head = keep_bundle(self.keys, self.directory, artifact)
+        return Admitted(version=peek_head(head).version, artifact=str(kept), release=head)
+
+    def held(self, release: bytes, devices: Sequence[DeviceInfo]) -> dict[str, str]:
+        return {}  # (a device answers an offer of the version it runs at once: succeeded)
+
+    def offers(self, r: RolloutRow, devices: Sequence[DeviceRow], context: OfferContext) -> list[Outgoing]:
+        path = Path(r.artifact)
+        offer = encode(AppOffer(rollout_id=r.id, head=r.signed_manifest, bundle=path.name.removesuffix(SUFFIX),
+                                size=path.stat().st_size if path.exists() else 0, mirrors=context.mirrors,
+                                maintenance_windows=tuple(r.spec.device.maintenance_windows), trust=context.trust))
+        return [Outgoing(d.device_id, KIND_APP_OFFER, offer, key=f"app.offer:{r.id}") for d in devices]
+
+    def in_sync(self, release: bytes, devices: Sequence[str]) -> set[str]:
+        return set()
+
+
+__all__ = ["APP", "AppKind", "bundle_digest", "describe_bundle", "keep_bundle"]
