@@ -14,7 +14,8 @@
 #                                 python3.11; bytecode is compiled at install, removed at removal
 #   /usr/bin/edge-agent           the command
 #   /lib/systemd/system/          edge-agent.service, edge-agent@.service, the root install helper
-#                                 and its socket, as in systemd/ (ExecStart names /usr/lib/edge-agent)
+#                                 and its socket, the application helper and its socket, as in systemd/
+#                                 (ExecStart names /usr/lib/edge-agent)
 #   /usr/lib/sysusers.d/          the user edge-agent and the helper's group (systemd-sysusers)
 #   /etc/edge-agent/agent.toml    conffiles: configs/worker.toml (state in /var/lib/edge-agent)
 #   /etc/edge-agent/installer.toml  and the root helper's config (root's alone)
@@ -90,7 +91,8 @@ ln -s ../lib/edge-agent/bin/edge-agent "$stage/usr/bin/edge-agent"
 # -- units, the user, the configuration --------------------------------------------------------------
 units="$stage/lib/systemd/system"
 mkdir -p "$units"
-for f in edge-agent.service edge-agent@.service edge-agent-installer.service edge-agent-installer.socket; do
+for f in edge-agent.service edge-agent@.service edge-agent-installer.service edge-agent-installer.socket \
+         edge-agent-apps.service edge-agent-apps.socket; do
     sed "s|/usr/bin/env /opt/edge-agent/bin/edge-agent|$PREFIX/bin/edge-agent|; s|/opt/edge-agent/bin/edge-agent|$PREFIX/bin/edge-agent|" \
         "$ROOT/systemd/$f" > "$units/$f"
 done
@@ -101,6 +103,9 @@ u edge-agent - "edge-agent service" /var/lib/edge-agent /usr/sbin/nologin
 # the root install helper's socket: the agent's user alone may ask it
 g edge-agent-installer -
 m edge-agent edge-agent-installer
+# the root application helper's socket: the agent's user alone may ask it
+g edge-agent-apps -
+m edge-agent edge-agent-apps
 EOF
 mkdir -p "$stage/etc/edge-agent"
 sed -E 's|^data_dir = .*|data_dir = "/var/lib/edge-agent"|' "$ROOT/configs/worker.toml" > "$stage/etc/edge-agent/agent.toml"

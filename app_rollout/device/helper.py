@@ -30,6 +30,7 @@ checks it again or takes it back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -56,12 +57,12 @@ log = logging.getLogger(__name__)
 HELPER = "application helper"
 MAX_FRAME = 128 * 1024
 Op = Literal["describe", "install", "start", "state", "check", "commit", "revert", "remove"]
-Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+Name = Annotated[str, msgspec.Meta(pattern=r"^([a-z0-9][a-z0-9-]{0,39})?$")]  # ("" for describe, install)
 
 
 class AppRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     op: Op
-    name: Name | Literal[""] = ""
+    name: Name = ""
     version: Annotated[str, msgspec.Meta(max_length=64)] = ""
     path: Annotated[str, msgspec.Meta(max_length=4096)] = ""
     # install: the agent's newest trust document; taken only when the helper's own root signed it
@@ -253,6 +254,8 @@ class AppHelper:
                     os.chmod(out, entry.mode)
         except AppBundleError as exc:
             shutil.rmtree(partial, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                partial.parent.rmdir()  # (an application never installed leaves nothing)
             raise AppInstallError(str(exc)) from None
         unit = render_unit(app.unit, name=m.name, version=m.version, files_dir=str(target / "files"),
                            hidden=self.hidden)
@@ -306,7 +309,7 @@ class AppHelper:
             raise AppInstallError(f"commit {name}: no version is on trial")
         kept = AppRecord(current=record.trial, previous=record.current, health=record.health)
         self._keep(name, kept)
-        self._prune(name, keep={kept.current, kept.previous})
+        self._prune_below(name, kept.previous or kept.current)
         log.info("committed %s %s (kept %s to go back to)", name, kept.current, kept.previous or "nothing")
 
     async def _revert(self, name: str, record: AppRecord) -> None:
@@ -322,7 +325,7 @@ class AppHelper:
         else:
             self._keep(name, back)
             await self._drop_unit(name)
-        self._prune(name, keep={back.current, back.previous})
+        shutil.rmtree(self._version_dir(name, record.trial), ignore_errors=True)
         log.info("reverted %s %s: %s", name, record.trial, f"back on {record.current}" if record.current else "removed")
 
     async def _remove(self, name: str, record: AppRecord) -> None:
@@ -339,9 +342,15 @@ class AppHelper:
         (self.unit_dir / self.unit_name(name)).unlink(missing_ok=True)
         await self.systemd.reload()
 
-    def _prune(self, name: str, *, keep: set[str]) -> None:
+    def _prune_below(self, name: str, oldest_kept: str) -> None:
+        """The versions below `oldest_kept` removed (newer ones installed and not started stay)."""
+        floor = Version.parse(oldest_kept)
         for path in (self.root / name).iterdir():
-            if path.is_dir() and path.name not in keep:
+            try:
+                older = path.is_dir() and Version.parse(path.name) < floor
+            except EdgeAgentError:
+                older = False
+            if older:
                 shutil.rmtree(path, ignore_errors=True)
 
 

@@ -11,7 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = [REPO / "systemd" / "edge-agent.service", REPO / "systemd" / "edge-agent@.service"]  # the agent's
-HELPER_UNITS = [REPO / "systemd" / "edge-agent-installer.socket", REPO / "systemd" / "edge-agent-installer.service"]
+HELPER_UNITS = [REPO / "systemd" / "edge-agent-installer.socket", REPO / "systemd" / "edge-agent-installer.service",
+                REPO / "systemd" / "edge-agent-apps.socket", REPO / "systemd" / "edge-agent-apps.service"]
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed")
 

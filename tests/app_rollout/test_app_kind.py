@@ -1,0 +1,70 @@
+"""The application kind on the leader (a bundle checked whole, kept by its hash, offered with its
+head and the mirrors) and a device's fetch of it from the leader's artifact server over HTTP,
+resumed from a partial file and checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from apps_support import app_dir, fleet_key
+
+from agent.core.errors import RolloutError
+from app_rollout.bundle import build_bundle, verify_head
+from app_rollout.device.fetch import fetch_bundle
+from app_rollout.errors import AppInstallError
+from app_rollout.kind import APP, AppKind
+from app_rollout.messages import KIND_APP_OFFER, AppOffer
+from firmware_rollout.orchestration.artifact_server import ArtifactServer
+
+
+def test_the_leader_keeps_a_checked_bundle_by_its_hash_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    key, _, _ = fleet_key(tmp_path / "keys")
+    build_bundle(app_dir(tmp_path / "hello", version="1.2.0"), key, tmp_path / "hello.eaapp")
+    kind = AppKind(keys=key.public, directory=tmp_path / "artifacts")
+    admitted = kind.admit(str(tmp_path / "hello.eaapp"), undone=None)
+    kept = Path(admitted.artifact)
+    assert admitted.version == "1.2.0" and kept.parent == tmp_path / "artifacts" and kept.suffix == ".eaapp"
+    assert kept.read_bytes() == (tmp_path / "hello.eaapp").read_bytes()
+    assert verify_head(admitted.release, key.public, source="x").name == "hello"
+    described = APP.describe(tmp_path / "hello.eaapp")
+    assert described.installs == "application hello 1.2.0" and "2 files" in described.what
+    other = AppKind(keys=fleet_key(tmp_path / "k2")[0].public, directory=tmp_path / "artifacts2")
+    with pytest.raises(RolloutError, match=r"hello.eaapp: signed by key .*, not the fleet's key"):
+        other.admit(str(tmp_path / "hello.eaapp"), undone=None)
+    assert not list((tmp_path / "artifacts2").glob("*"))  # nothing kept of it
+    assert KIND_APP_OFFER == "app.offer"
+
+
+async def test_a_device_fetches_the_bundle_from_the_artifact_server_and_resumes(tmp_path: Path) -> None:
+    key, _, _ = fleet_key(tmp_path / "keys")
+    big = {"bin/server": ("#!/bin/sh\nexec sleep infinity\n", 0o755), "data/blob": ("x" * 300_000, 0o644)}
+    build_bundle(app_dir(tmp_path / "hello", files=big), key, tmp_path / "hello.eaapp")
+    kept = Path(AppKind(keys=key.public, directory=tmp_path / "artifacts").admit(str(tmp_path / "hello.eaapp"),
+                                                                                   undone=None).artifact)
+    server = ArtifactServer(lambda name: kept if name == kept.name else None, host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        mirror = f"http://127.0.0.1:{server.port}/artifacts"
+        digest, size = kept.stem, kept.stat().st_size
+        downloads = tmp_path / "downloads"
+        downloads.mkdir()
+        (downloads / f"{digest}.eaapp.partial").write_bytes(kept.read_bytes()[:100_000])  # cut by a power loss
+        fetched = await fetch_bundle([f"http://127.0.0.1:{server.port}/nothing-here", mirror], digest, size, downloads)
+        assert fetched.path.read_bytes() == kept.read_bytes()
+        assert fetched.bytes_fetched == size - 100_000  # only the rest
+        again = await fetch_bundle([mirror], digest, size, downloads)
+        assert again.bytes_fetched == 0
+        with pytest.raises(AppInstallError, match="no mirror served the bundle: .*HTTP 404"):
+            await fetch_bundle([mirror], "0" * 64, size, tmp_path / "d2")
+    finally:
+        await server.stop()
+
+
+def test_an_offer_is_bounded_in_every_field() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"rollout_id": "r", "head": b"x", "bundle": "../etc/passwd", "size": 1}, type=AppOffer)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"rollout_id": "r", "head": b"x", "bundle": "0" * 64, "size": 1,
+                         "mirrors": ["http://m"] * 9}, type=AppOffer)
