@@ -28,6 +28,7 @@ SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PROG="install.sh"
 USER_NAME="edge-agent"
 HELPER_GROUP="edge-agent-installer"  # the install helper's socket: the agent's user alone
+APPS_GROUP="edge-agent-apps"  # the application helper's socket: the agent's user alone
 MIN_PYTHON="3.11"
 
 ROLE="worker"
@@ -207,9 +208,13 @@ if [ "$UNINSTALL" = 1 ]; then
     if [ "$LIVE" = 1 ] && [ -e "$UNITDIR/edge-agent-installer.socket" ]; then
         systemctl disable --now edge-agent-installer.socket edge-agent-installer.service || true
     fi
-    rm -f "$UNITDIR/sockets.target.wants/edge-agent-installer.socket"
+    if [ "$LIVE" = 1 ] && [ -e "$UNITDIR/edge-agent-apps.socket" ]; then
+        systemctl disable --now edge-agent-apps.socket edge-agent-apps.service || true
+    fi
+    rm -f "$UNITDIR/sockets.target.wants/edge-agent-installer.socket" "$UNITDIR/sockets.target.wants/edge-agent-apps.socket"
     rmdir "$UNITDIR/sockets.target.wants" 2>/dev/null || true
-    for f in edge-agent.service edge-agent@.service edge-agent-installer.socket edge-agent-installer.service; do
+    for f in edge-agent.service edge-agent@.service edge-agent-installer.socket edge-agent-installer.service \
+             edge-agent-apps.socket edge-agent-apps.service; do
         if [ -e "$UNITDIR/$f" ]; then rm -f "$UNITDIR/$f"; say "removed $UNITDIR/$f"; fi
         rm -rf "$UNITDIR/$f.d"
     done
@@ -247,7 +252,8 @@ printf '%s\n' \
     "# edge-agent service user (scripts/install.sh); systemd-sysusers creates it if missing" \
     "u $USER_NAME - \"edge-agent service\" /var/lib/edge-agent /usr/sbin/nologin" > "$tmp/sysusers"
 if [ "$ROLE" = worker ]; then
-    printf '%s\n' "g $HELPER_GROUP -" "m $USER_NAME $HELPER_GROUP" >> "$tmp/sysusers"
+    printf '%s\n' "g $HELPER_GROUP -" "m $USER_NAME $HELPER_GROUP" "g $APPS_GROUP -" "m $USER_NAME $APPS_GROUP" \
+        >> "$tmp/sysusers"
 fi
 put_file "$tmp/sysusers" "$SYSUSERS" 0644
 if [ "$STAGING" = 1 ]; then
@@ -260,14 +266,16 @@ else
     say "created system user $USER_NAME"
 fi
 if [ "$ROLE" = worker ] && [ "$STAGING" = 0 ]; then
-    if ! getent group "$HELPER_GROUP" >/dev/null; then
-        groupadd --system "$HELPER_GROUP"
-        say "created group $HELPER_GROUP (the install helper's socket)"
-    fi
-    if ! id -nG "$USER_NAME" | tr ' ' '\n' | grep -qx "$HELPER_GROUP"; then
-        usermod -a -G "$HELPER_GROUP" "$USER_NAME"
-        say "added $USER_NAME to $HELPER_GROUP"
-    fi
+    for group in "$HELPER_GROUP" "$APPS_GROUP"; do
+        if ! getent group "$group" >/dev/null; then
+            groupadd --system "$group"
+            say "created group $group (a root helper's socket)"
+        fi
+        if ! id -nG "$USER_NAME" | tr ' ' '\n' | grep -qx "$group"; then
+            usermod -a -G "$group" "$USER_NAME"
+            say "added $USER_NAME to $group"
+        fi
+    done
 fi
 
 # -- virtual environment and package --------------------------------------------------------------
@@ -281,7 +289,7 @@ fi
 
 # the package is reinstalled only when the checkout's sources changed (same sources: same files)
 sources=()
-for p in pyproject.toml README.md LICENSE agent firmware_rollout config_rollout rollout_engine; do
+for p in pyproject.toml README.md LICENSE agent firmware_rollout config_rollout app_rollout rollout_engine; do
     [ -e "$SRC/$p" ] && sources+=("$p")
 done
 stamp="$(cd "$SRC" && find "${sources[@]}" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
@@ -374,7 +382,7 @@ for f in edge-agent.service edge-agent@.service; do
     put_file "$SRC/systemd/$f" "$UNITDIR/$f" 0644
 done
 if [ "$ROLE" = worker ]; then
-    for f in edge-agent-installer.socket edge-agent-installer.service; do
+    for f in edge-agent-installer.socket edge-agent-installer.service edge-agent-apps.socket edge-agent-apps.service; do
         put_file "$SRC/systemd/$f" "$UNITDIR/$f" 0644
     done
 fi
@@ -393,14 +401,15 @@ if [ "$LIVE" = 1 ]; then
     systemctl enable "$UNIT"
     say "enabled $UNIT; start it with: systemctl start $UNIT"
     if [ "$ROLE" = worker ]; then
-        systemctl enable --now edge-agent-installer.socket
-        say "enabled edge-agent-installer.socket (the root install helper starts on its first request)"
+        systemctl enable --now edge-agent-installer.socket edge-agent-apps.socket
+        say "enabled edge-agent-installer.socket and edge-agent-apps.socket (the root helpers start on their first request)"
     fi
 else
     put_link "/etc/systemd/system/$UNIT_FILE" "$WANTS/$UNIT"
     if [ "$ROLE" = worker ]; then
         put_link "/etc/systemd/system/edge-agent-installer.socket" \
             "$UNITDIR/sockets.target.wants/edge-agent-installer.socket"
+        put_link "/etc/systemd/system/edge-agent-apps.socket" "$UNITDIR/sockets.target.wants/edge-agent-apps.socket"
     fi
     if [ "$STAGING" = 1 ]; then why="staging into $PREFIX"; else why="systemd is not running"; fi
     say "enabled $UNIT by symlink (systemctl not used: $why)"
