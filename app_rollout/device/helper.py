@@ -88,6 +88,7 @@ class AppReply(msgspec.Struct, kw_only=True, frozen=True):
     restarts: int = 0
     since_us: int = 0
     result: str = ""
+    status: int = 0  # state: the main process's last exit code
     exit_code: int = 0  # check: the health command's
     output: str = ""
 
@@ -362,7 +363,7 @@ class _Health(msgspec.Struct, frozen=True):
 
 def _state_reply(state: UnitState, apps: dict[str, AppRecord]) -> AppReply:
     return AppReply(ok=True, active=state.active, sub=state.sub, restarts=state.restarts, since_us=state.since_us,
-                    result=state.result, apps=apps)
+                    result=state.result, status=state.status, apps=apps)
 
 
 __all__ = ["HELPER", "MAX_FRAME", "AppHelper", "AppRecord", "AppReply", "AppRequest", "decode_reply", "encode"]

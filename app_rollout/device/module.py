@@ -158,7 +158,8 @@ class AppModule:
         while self.clock.monotonic() < deadline:
             state = await self.helper.ask("state", name)
             if state.restarts > restarts or state.active == "failed":
-                return f"the unit {state.active} ({state.sub}, {state.result}), restarted {state.restarts} times"
+                return (f"the unit {state.active} ({state.sub}): its process ended {state.result} (status"
+                        f" {state.status}), restarted {state.restarts} times")
             if state.active == "active":
                 if not answered:
                     answered, last = await _http_ok(health.url, timeout_s=min(5.0, health.timeout_s))

@@ -19,6 +19,7 @@ class UnitState:
     restarts: int  # NRestarts: how often systemd restarted it since it was started
     since_us: int  # ActiveEnterTimestampMonotonic (0: never active)
     result: str  # Result: success, exit-code, signal, ...
+    status: int = 0  # ExecMainStatus: the main process's exit code (or signal)
 
 
 async def run(*argv: str, timeout_s: float = COMMAND_TIMEOUT_S) -> tuple[int, str]:
@@ -61,14 +62,14 @@ class Systemd:
 
     async def state(self, unit: str) -> UnitState:
         code, out = await run("systemctl", "show", unit, "--property=ActiveState,SubState,NRestarts,"
-                                                         "ActiveEnterTimestampMonotonic,Result")
+                                                         "ActiveEnterTimestampMonotonic,Result,ExecMainStatus")
         if code != 0:
             raise AppInstallError(f"systemctl show {unit}: exit {code}: {out.strip()[-300:]}")
         values = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
         return UnitState(active=values.get("ActiveState", "?"), sub=values.get("SubState", "?"),
                          restarts=int(values.get("NRestarts", "0") or 0),
                          since_us=int(values.get("ActiveEnterTimestampMonotonic", "0") or 0),
-                         result=values.get("Result", "?"))
+                         result=values.get("Result", "?"), status=int(values.get("ExecMainStatus", "0") or 0))
 
     async def run_as(self, name: str, argv: list[str], *, directory: str, timeout_s: float) -> tuple[int, str]:
         """`argv` run as application `name` runs: its own dynamic user, its data, its files."""

@@ -49,6 +49,7 @@ FORBIDDEN = (
     "agent.transport.memory",
     "agent.transport._memory_broker",
     "firmware_rollout",
+    "app_rollout",
     "rollout_engine",
     "rich",
     # the local API's HTTP layer loads h11 with its first connection, and nothing of the client
