@@ -104,7 +104,8 @@ class AppModule:
             fetched = await fetch_bundle(offer.mirrors, offer.bundle, offer.size, self.state_dir / "downloads",
                                          timeout_s=self.mirror_timeout_s, ca=self.mirror_ca)
             self.figures = AppFigures(bytes_fetched=fetched.bytes_fetched, fetch_s=self.clock.monotonic() - started)
-            await report(rid, version, "installing", "installing", f"installing {name} {version}")
+            await report(rid, version, "installing", "installing",
+                         f"installing {name} {version} (fetched {fetched.bytes_fetched} bytes)")
             started = self.clock.monotonic()
             await self.helper.ask("install", path=str(fetched.path))
             fetched.path.unlink(missing_ok=True)

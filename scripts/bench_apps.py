@@ -1,0 +1,128 @@
+"""Applications on a booted board: the agent's Debian package on a Debian bookworm board under QEMU
+(systemd as PID 1, no KVM), the root application helper installing a service's bundles that the
+host's leader rolls out. Prints one JSON line:
+
+    bundle_bytes                 {R1, R2, R3}: each bundle's size (its data file: --data-mb)
+    R1, R2                       {state, seconds, fetch_s, install_s, health_s, bytes_fetched}: from
+                                 `rollout start` to the device's `succeeded`, and the device's own
+                                 steps, as its reports' times say (the leader's clock): fetching the
+                                 bundle from the leader's artifact server, the helper's install and
+                                 start, the health check (an HTTP URL answering 2xx, then settle_s)
+    R3                           {state, seconds, rollback_s}: a version whose health URL answers
+                                 500: the health check's timeout (--timeout-s) and the helper's
+                                 revert, until the version before runs again
+    agent_rss_mb                 the agent's resident memory while the application runs (as the
+                                 application read it from /proc)
+    baseline                     {fetch_bytes_full}: what a device fetches of R2, the whole bundle:
+                                 no chunk of R1 is reused yet (content-defined chunks for
+                                 applications are not built)
+
+    python scripts/bench_apps.py [--data-mb 4] [--timeout-s 30]
+
+Needs root, mmdebstrap, qemu-system-x86 and mosquitto (scripts/test.sh installs them); the board's
+base is cached in /var/cache/edge-agent-bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.board_apps import apps_config, device_events, hello_bundle  # noqa: E402
+from tests.board_updates import free_port, heard_from, rollout_end, start_rollout  # noqa: E402
+from tests.e2e.agent_support import kill, run_agent, wait_for, write_config  # noqa: E402
+from tests.identity_broker import cli  # noqa: E402
+from tests.mosquitto import Mosquitto  # noqa: E402
+from tests.qemu_board import HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools  # noqa: E402
+
+
+def steps(db: Path, rid: str, started: float) -> dict[str, Any]:
+    """The rollout's end and the device's steps, timed by its reports' arrival at the leader."""
+    done = rollout_end(db, rid)
+    ended = time.time()
+    events = device_events(db, rid)
+    at = {detail.split(" ", 1)[0] if state == "installing" else state: ms for ms, state, detail in events}
+    fetch, install = at.get("fetching"), at.get("installing")
+    check = next((ms for ms, state, detail in events if "checking its health" in detail), None)
+    end = events[-1][0] if events else None
+    fetched = next((re.search(r"fetched (\d+) bytes", d) for _, state, d in events if "fetched" in d), None)
+    device = done["device_list"][0]
+    figures: dict[str, Any] = {"state": device["state"], "seconds": round(ended - started, 1)}
+    if fetched:
+        figures["bytes_fetched"] = int(fetched.group(1))
+    if fetch and install:
+        figures["fetch_s"] = round((install - fetch) / 1000, 2)
+    if install and check:
+        figures["install_s"] = round((check - install) / 1000, 2)
+    if check and end:
+        figures["health_s" if device["state"] == "succeeded" else "rollback_s"] = round((end - check) / 1000, 2)
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-mb", type=float, default=4.0, help="each bundle's data file, MB")
+    parser.add_argument("--timeout-s", type=float, default=30.0, help="the unhealthy version's health timeout")
+    args = parser.parse_args()
+    why = have_board_tools()
+    if why:
+        print(json.dumps({"skipped": why}))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-apps-") as tmp_dir, Mosquitto(Path(tmp_dir) / "mq") as mosquitto:
+        tmp = Path(tmp_dir)
+        keys = tmp / "keys"
+        assert cli("firmware", "keygen", "--out", str(keys)).returncode == 0
+        private = keys / "private.pem"
+        images = build_board(build_deb(tmp / "debs"), apps_config(tmp / "agent.toml", mosquitto.port), tmp / "board",
+                             adds=((keys / "public.pem", "/etc/edge-agent/fleet-public.pem:0644"),))
+        port = free_port()
+        db = tmp / "gw" / "leader.db"
+        leader = run_agent(write_config(tmp / "leader.toml", "leader", "gw", agent={"data_dir": str(tmp / "gw")},
+                                        mqtt={"url": f"mqtt://127.0.0.1:{mosquitto.port}"},
+                                        firmware={"public_key": str(keys / "public.pem")},
+                                        artifacts={"listen": f"127.0.0.1:{port}",
+                                                   "url": f"http://{HOST_FROM_GUEST}:{port}"}), tmp / "leader.log")
+        board = QemuBoard(images, tmp / "console").power_on()
+        out: dict[str, Any] = {"arch": "amd64", "data_mb": args.data_mb}
+        try:
+            board.report()
+            wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=900)
+            data = os.urandom(int(args.data_mb * 1024 * 1024))
+            changed = bytearray(data)
+            changed[len(changed) // 2:len(changed) // 2 + 4096] = os.urandom(4096)  # one block of R2 differs
+            bundles = {"R1": hello_bundle(tmp, "1.0.0", private, healthy=True, data=data),
+                       "R2": hello_bundle(tmp, "2.0.0", private, healthy=True, data=bytes(changed)),
+                       "R3": hello_bundle(tmp, "3.0.0", private, healthy=False, data=bytes(changed),
+                                          timeout_s=args.timeout_s)}
+            out["bundle_bytes"] = {name: path.stat().st_size for name, path in bundles.items()}
+            for name, path in bundles.items():
+                mark = board.mark()
+                started = time.time()
+                start_rollout(tmp, db, name.lower(), path, kind="app")
+                out[name] = steps(db, name.lower(), started)
+                line = board.wait_for("HELLO: 2.0.0 up" if name == "R3" else f"HELLO: {path.stem[6:]} up",
+                                      since=mark)
+                rss = re.search(r"agent_rss_kb=(\d+)", line)
+                if rss:
+                    out["agent_rss_mb"] = round(int(rss.group(1)) / 1024, 1)
+            out["baseline"] = {"fetch_bytes_full": out["bundle_bytes"]["R2"]}
+        finally:
+            board.power_cut()
+            kill(leader, signal.SIGTERM)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
