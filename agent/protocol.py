@@ -141,6 +141,20 @@ class ConfigState(_Message, kw_only=True, frozen=True):
         return "pending" if pending and said in ("in_sync", "not_applied") else said
 
 
+AppKey = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+
+
+class AppState(_Message, kw_only=True, frozen=True):
+    """What one application of the device runs (sent in a full heartbeat when it changes): the
+    committed version, the one kept to go back to, the one on trial, and the outcome of the last
+    health check this agent ran of it ("healthy"; "failed": a trial taken back; "": none yet)."""
+
+    version: Version = ""
+    previous: Version = ""
+    trial: Version = ""
+    health: Annotated[str, msgspec.Meta(max_length=16)] = ""
+
+
 class Heartbeat(_Message, kw_only=True, frozen=True):
     """Sent every `heartbeat.interval_s` (`fast_interval_s` while an update runs or the leader
     asks). The leader keeps the one with the highest `seq`, so `seq` must keep growing across
@@ -173,6 +187,8 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     slots: SlotState | None = None  # a device with [firmware]: its slots (a full heartbeat only)
     # a device with [config_targets]: what each holds (a full heartbeat only)
     configs: Annotated[dict[TargetKey, ConfigState], msgspec.Meta(max_length=32)] | None = None
+    # a device with [apps]: what each application runs (a full heartbeat only)
+    apps: Annotated[dict[AppKey, AppState], msgspec.Meta(max_length=64)] | None = None
 
 
 class HeartbeatPace(_Message, kw_only=True, frozen=True):
@@ -329,6 +345,7 @@ def decode_as(data: bytes | bytearray | memoryview, type_: type[msgspec.Struct])
 
 __all__ = [
     "ALREADY_STORED",
+    "AppState",
     "FULL_HEARTBEAT_WANTED",
     "HeartbeatPace",
     "KIND_HEARTBEAT_PACE",

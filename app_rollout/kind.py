@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.core.codec import encode
@@ -35,7 +35,7 @@ def describe_bundle(path: Path) -> Described:
 
 
 APP = KindTraits(name="app", installs="application", cancel_kind=KIND_APP_CANCEL, describe=describe_bundle,
-                 file_suffixes=(SUFFIX,))
+                 file_suffixes=(SUFFIX,), skips_held=True)
 
 
 def bundle_digest(path: Path) -> str:
@@ -75,16 +75,21 @@ class AppKind:
 
     traits = APP
 
-    def __init__(self, *, keys: Verifier | None, directory: Path) -> None:
+    def __init__(self, *, keys: Verifier | None, directory: Path,
+                 versions: Callable[[str], dict[str, str]] | None = None) -> None:
         self.keys = keys
         self.directory = directory
+        self.versions = versions  # application -> device -> the version it runs, as its heartbeats say
 
     def admit(self, artifact: str, *, undone: RolloutRow | None) -> Admitted:
         kept, head = keep_bundle(self.keys, self.directory, artifact)
         return Admitted(version=peek_head(head).version, artifact=str(kept), release=head)
 
     def held(self, release: bytes, devices: Sequence[DeviceInfo]) -> dict[str, str]:
-        return {}  # (a device answers an offer of the version it runs at once: succeeded)
+        if self.versions is None:
+            return {}
+        running = self.versions(peek_head(release).name)
+        return {d.device_id: running[d.device_id] for d in devices if d.device_id in running}
 
     def offers(self, r: RolloutRow, devices: Sequence[DeviceRow], context: OfferContext) -> list[Outgoing]:
         path = Path(r.artifact)

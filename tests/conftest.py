@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # helpers shared by the firmware tests, the engine's, and the simulator's and CLI's rollout tests
 sys.path.insert(0, str(Path(__file__).resolve().parent / "firmware_rollout"))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "rollout_engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "app_rollout"))  # apps_support, for the leader's tests too
 
 from mosquitto import Mosquitto, MosquittoMissing
 from nginx_mirror import NginxMirror, NginxMissing

@@ -170,6 +170,13 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
                   + (f"; DRIFTED: {', '.join(c.drifted)} changed on the device" if c.drifted else
                      f"; {_COMPLIANCE_SAID[detail.compliance.get(name, c.compliance)]}")
                   for name, c in sorted(detail.configs.items())]
+    if detail.apps:
+        lines.append("  applications:")
+        lines += [f"    {name}: {a.version or 'none committed'}" + (f", {a.trial} on trial" if a.trial else "")
+                  + (f"; {a.previous} kept to go back to" if a.previous else "")
+                  + ("; its last new version failed its health check and was taken back" if a.health == "failed"
+                     else "")
+                  for name, a in sorted(detail.apps.items())]
     if detail.rollouts:
         lines.append("  rollouts (newest first):")
         lines += [f"    {r.rollout_id} ({r.name}): {r.from_version or '?'} → {r.version} [{r.rollout_state}]:"

@@ -54,7 +54,7 @@ from agent.core.sql import (
 )
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
-from agent.protocol import ConfigState, Heartbeat, SlotState, SystemSample, Telemetry
+from agent.protocol import AppState, ConfigState, Heartbeat, SlotState, SystemSample, Telemetry
 
 COMPONENT = "registry"
 TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refused
@@ -172,6 +172,12 @@ def _v12(conn: sqlite3.Connection) -> None:
     conn.execute(f"ALTER TABLE registry_leaders ADD COLUMN every_ms INTEGER NOT NULL DEFAULT {_ALIVE_EVERY_MS}")
 
 
+def _v13(conn: sqlite3.Connection) -> None:
+    """What each application of the device runs, as its newest full heartbeat stated it
+    (`Heartbeat.apps`)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN apps BLOB")
+
+
 T = TypeVar("T")
 
 
@@ -215,7 +221,10 @@ def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, Con
 
 _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12)
+_APPS_DECODER = msgspec.msgpack.Decoder(dict[str, AppState])
+#: The devices' applications, as stored: (device id, apps blob) rows.
+_APP_ROWS = "SELECT device_id, apps FROM devices WHERE apps IS NOT NULL"
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13)
 
 #: The same tables on PostgreSQL (their own versions, from the SQLite schema's newest shape).
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
@@ -235,8 +244,8 @@ INTERVALS_TO_DEADLINE = 2.5
 
 _HEARTBEAT_COLUMNS = (
     "device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags, sample, online, offline_reason,"
-    " first_seen_ms, changed_ms, boot, outbox_pending, interval_ms, expires_ms, slots, configs, served_by")
-_HEARTBEAT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " first_seen_ms, changed_ms, boot, outbox_pending, interval_ms, expires_ms, slots, configs, served_by, apps")
+_HEARTBEAT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
@@ -244,7 +253,7 @@ _HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
     interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots,
-    configs = excluded.configs, served_by = excluded.served_by
+    configs = excluded.configs, served_by = excluded.served_by, apps = excluded.apps
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)"""
 _UPSERT_HEARTBEAT = f"INSERT INTO devices ({_HEARTBEAT_COLUMNS}) VALUES {_HEARTBEAT_ROW} {_HEARTBEAT_CONFLICT}"
 
@@ -260,12 +269,12 @@ WHERE device_id = ? AND hb_seq < ?
 # each, in their order.
 _PG_FULL_HEARTBEATS = f"""
 INSERT INTO devices ({_HEARTBEAT_COLUMNS})
-SELECT c1, c2, c3, c4, c5, c6, c7, c8, 1, NULL, c9, c10, c11, c12, c13, c14, c15, c16, c17
+SELECT c1, c2, c3, c4, c5, c6, c7, c8, 1, NULL, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18
 FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
             CAST(? AS DOUBLE PRECISION[]), CAST(? AS TEXT[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]),
             CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
-            CAST(? AS BIGINT[]), CAST(? AS BYTEA[]), CAST(? AS BYTEA[]), CAST(? AS TEXT[]))
-     AS v(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17)
+            CAST(? AS BIGINT[]), CAST(? AS BYTEA[]), CAST(? AS BYTEA[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]))
+     AS v(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18)
 WHERE true
 {_HEARTBEAT_CONFLICT}
 RETURNING device_id"""
@@ -478,7 +487,8 @@ class DeviceRegistry(Store):
         return True, (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version,
                       _json_encode(list(hb.tags)).decode(), sample, now, now, hb.boot, hb.outbox_pending,
                       interval_ms, expires, encode(hb.slots) if hb.slots is not None else None,
-                      _CONFIGS.encode(hb.configs) if hb.configs is not None else None, self.leader)
+                      _CONFIGS.encode(hb.configs) if hb.configs is not None else None, self.leader,
+                      _CONFIGS.encode(hb.apps) if hb.apps is not None else None)
 
     def _apply_rows_at_once(self, full: Sequence[tuple[bool, tuple[Any, ...]]],
                             short: Sequence[tuple[bool, tuple[Any, ...]]]) -> set[str]:
@@ -779,6 +789,13 @@ class DeviceRegistry(Store):
         with store_errors("read config states"):
             return _config_states(self._conn.execute(_CONFIG_ROWS).fetchall())
 
+    def app_states(self) -> dict[str, dict[str, AppState]]:
+        """device -> what each of its applications runs, as its newest full heartbeat stated it."""
+        self.check_open()
+        with store_errors("read application states"):
+            rows = self._conn.execute(_APP_ROWS).fetchall()
+        return {str(device): states for device, blob in rows if (states := _stated(blob, _APPS_DECODER.decode))}
+
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version of configuration target `target` its newest full heartbeat
         stated (devices that stated none are left out)."""
@@ -851,6 +868,7 @@ class DeviceState(msgspec.Struct, kw_only=True, frozen=True):
     slots: SlotState | None = None  # as its newest full heartbeat stated them; None: not reported
     configs: dict[str, ConfigState] | None = None  # its configuration targets, likewise
     served_by: str = ""  # the leader that applied its newest heartbeat or birth ("": not recorded)
+    apps: dict[str, AppState] | None = None  # its applications, as its newest full heartbeat stated them
 
 
 _LINE = "device_id, online, offline_reason, last_seen_ms, firmware_version, tags"
@@ -972,11 +990,12 @@ class RegistryReads:
         """Everything kept about one device; None if it has never been heard of."""
         found = self._conn.execute(
             f"SELECT {_LINE}, hb_seq, hb_at_ms, uptime_s, boot, first_seen_ms, changed_ms, telemetry_count, sample,"
-            " outbox_pending, slots, configs, served_by FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+            " outbox_pending, slots, configs, served_by, apps FROM devices WHERE device_id = ?",
+            (device_id,)).fetchone()
         if found is None:
             return None
         (hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob, configs_blob,
-         served_by) = found[6:]
+         served_by, apps_blob) = found[6:]
         (names,) = self._conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
                                       (device_id,)).fetchone()
         sample = _stated(blob, lambda b: decode(b, SystemSample))
@@ -986,7 +1005,7 @@ class RegistryReads:
             heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime, boot=str(boot),
             first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),
             telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=sample,
-            slots=slots, configs=configs, served_by=str(served_by))
+            slots=slots, configs=configs, served_by=str(served_by), apps=_stated(apps_blob, _APPS_DECODER.decode))
 
     def leaders(self) -> dict[str, int]:
         """Devices by the leader that served them last (several leaders share the registry; the

@@ -47,7 +47,7 @@ from agent.leader.env import GatewayEnv
 from agent.leader.registry import DeviceRecord
 from agent.leader.rollout_kinds import ROLLOUT_KINDS, KindEntry
 from agent.outbox.types import OutboxMessage
-from agent.protocol import KIND_HEARTBEAT_PACE, ConfigState, HeartbeatPace
+from agent.protocol import KIND_HEARTBEAT_PACE, AppState, ConfigState, HeartbeatPace
 from agent.service.checks import Check, lease_check, problem_check, task_check
 from agent.service.files import artifact_tls
 from agent.service.parts import Checks, Collectors, PartBase
@@ -112,6 +112,7 @@ class ReportIntake(Actor):
 class _Devices(Protocol):
     def devices(self) -> list[DeviceRecord]: ...
     def config_states(self) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]: ...
+    def app_states(self) -> dict[str, dict[str, AppState]]: ...
 
 
 class _Offers(Protocol):
@@ -238,6 +239,10 @@ class RolloutService(PartBase):
 
     def device_tags(self) -> dict[str, tuple[str, ...]]:
         return {d.device_id: tuple(d.tags) for d in self.leader.registry.devices()}
+
+    def app_versions(self, name: str) -> dict[str, str]:
+        return {device: apps[name].version for device, apps in self.leader.registry.app_states().items()
+                if name in apps and apps[name].version}
 
     def layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
         if self._layers is None:

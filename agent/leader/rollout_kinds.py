@@ -44,6 +44,9 @@ class KindHost(Protocol):
     def layer_values(self, target: str, devices: dict[str, tuple[str, ...]]) -> dict[str, tuple[LayerValue, ...]]:
         """The configuration layers' values for each of `devices` (device -> its tags) of `target`."""
 
+    def app_versions(self, name: str) -> dict[str, str]:
+        """device -> the committed version of application `name`, as its heartbeats say."""
+
 
 @dataclass(frozen=True)
 class KindEntry:
@@ -63,7 +66,7 @@ def _config(host: KindHost) -> RolloutKind:
 
 
 def _app(host: KindHost) -> RolloutKind:
-    return AppKind(keys=host.keys, directory=host.artifacts_dir)
+    return AppKind(keys=host.keys, directory=host.artifacts_dir, versions=host.app_versions)
 
 
 ROLLOUT_KINDS: Mapping[str, KindEntry] = {

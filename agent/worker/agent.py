@@ -44,6 +44,7 @@ from agent.outbox.store import OutboxStore
 from agent.protocol import (
     KIND_HEARTBEAT_PACE,
     KIND_JOB_OFFER,
+    AppState,
     ConfigState,
     HeartbeatPace,
     JobOffer,
@@ -289,6 +290,9 @@ class WorkerAgent(PartBase):
         self.config_states: Callable[[], dict[str, ConfigState] | None] = lambda: (
             config_states(config, self.data_dir) if config.config_targets or own_settings_applied(self.data_dir)
             else None)
+        # What the heartbeat reports of the applications; an attached application part answers
+        # (None: no [apps]).
+        self.app_states: Callable[[], dict[str, AppState] | None] = lambda: None
         self._job_handler = job_handler or default_job_handler(clock)
         # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
         self.kinds = agent_registry()
@@ -394,7 +398,7 @@ class WorkerAgent(PartBase):
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
             outbox_pending=self._outbox_depth if self._owns_stores else None,
             demand=self.job_worker.demand,  # a restarted leader learns it from the next heartbeat
-            slots=lambda: self.slot_state(), configs=lambda: self.config_states())
+            slots=lambda: self.slot_state(), configs=lambda: self.config_states(), apps=lambda: self.app_states())
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )

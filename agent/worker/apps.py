@@ -53,6 +53,7 @@ class AppsPart(PartBase):
         from rollout_engine.messages import RolloutCancel
 
         worker = self.worker
+        worker.app_states = self.module.states
         self.ref = worker.system.spawn(self.runner, name="app-offers", capacity=8, policy="reject")
         self.ref.tell(Resume())
         worker.register_command(KIND_APP_OFFER, AppOffer, self.ref)

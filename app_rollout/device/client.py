@@ -26,6 +26,7 @@ class AppHelperClient:
         self.clock = clock
         self._conn = HelperConnection(socket_path, helper=HELPER, max_frame=MAX_FRAME, timeout_s=timeout_s,
                                       hint=_hint)
+        self.known: dict[str, AppRecord] | None = None  # the helper's records, as its last answer gave them
 
     def _call(self, request: AppRequest) -> AppReply:
         try:
@@ -33,6 +34,8 @@ class AppHelperClient:
         except (HelperUnreachable, msgspec.DecodeError) as exc:
             self._conn.close()
             raise AppInstallError(str(exc)) from None
+        if reply.ok or reply.apps:
+            self.known = dict(reply.apps)
         if not reply.ok:
             raise AppInstallError(f"the application helper refused {request.op}"
                                   f"{' ' + request.name if request.name else ''}: {reply.error}")

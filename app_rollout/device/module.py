@@ -30,6 +30,7 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.errors import EdgeAgentError
 from agent.core.files import atomic_write
+from agent.protocol import AppState
 from app_rollout.bundle import SignedApp, peek_head, verify_head
 from app_rollout.device.client import AppHelperClient
 from app_rollout.device.fetch import fetch_bundle
@@ -76,6 +77,7 @@ class AppModule:
         self.mirror_timeout_s = mirror_timeout_s
         self.mirror_ca = mirror_ca
         self.figures = AppFigures()
+        self.health: dict[str, str] = {}  # application -> its last trial's outcome: healthy, failed
 
     def facts(self, offer: AppOffer) -> Facts:
         try:
@@ -139,6 +141,7 @@ class AppModule:
             return
         finally:
             self._forget()
+        self.health[name] = "failed" if why else "healthy"
         if not why:
             await report(rid, version, "succeeded", "running", f"{name} {version} runs and is healthy")
         else:
@@ -180,6 +183,14 @@ class AppModule:
         if health.check == "http" and not answered:
             return f"{health.url} did not answer 2xx within {health.timeout_s:g}s ({last or 'no answer'})"
         return f"not active for {health.settle_s:g}s within {health.timeout_s:g}s"
+
+    def states(self) -> dict[str, AppState] | None:
+        """What each application runs, for the heartbeat (None: the helper has not answered yet)."""
+        known = self.helper.known
+        if known is None:
+            return None
+        return {name: AppState(version=r.current, previous=r.previous, trial=r.trial,
+                               health=self.health.get(name, "")) for name, r in sorted(known.items())[:64]}
 
     async def resume(self, report: Reporter) -> None:
         """A trial a stop interrupted is checked again; one no journal names is taken back."""

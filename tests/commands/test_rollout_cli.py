@@ -125,7 +125,7 @@ def test_user_mistakes_exit_2_with_one_line(leader: tuple[Path, Path], tmp_path:
     cases = [
         (["rollout", "start", str(bad), "--db", str(db)], "waves: give exactly one"),
         (["rollout", "start", str(unknown), "--db", str(db)],
-         f"{unknown}: rollout.kind: 'apps' is not a rollout kind: the kinds are config, firmware"),
+         f"{unknown}: rollout.kind: 'apps' is not a rollout kind: the kinds are app, config, firmware"),
         (["rollout", "start", str(wrong), "--db", str(db)],
          f'{wrong}: rollout.download_only: a config release rollout applies at once (kind = "config")'),
         (["rollout", "start", str(spec)], "--db"),

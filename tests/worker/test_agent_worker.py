@@ -214,3 +214,20 @@ async def test_an_online_device_writes_no_heartbeat_to_its_outbox_and_an_offline
 
 async def _no_heartbeat_held(w) -> bool:  # type: ignore[no-untyped-def]
     return await pending(w, "heartbeat") == 0
+
+
+async def test_what_the_applications_run_reaches_the_leader_in_a_full_heartbeat(
+    clock: VirtualClock, broker: MemoryBroker, tmp_path: Path
+) -> None:
+    from agent.protocol import AppState
+
+    gw = await leader(clock, tmp_path, broker=broker)
+    w = await worker(clock, tmp_path, "w0", broker=broker)
+    running: dict[str, AppState] = {"hello": AppState(version="1.0.0")}
+    w.app_states = lambda: dict(running)
+    try:
+        await until(clock, lambda: gw.registry.app_states().get("w0") == running, what="hello 1.0.0 at the leader")
+        running["hello"] = AppState(version="2.0.0", previous="1.0.0", health="healthy")  # a trial committed
+        await until(clock, lambda: gw.registry.app_states().get("w0") == running, what="hello 2.0.0 at the leader")
+    finally:
+        await stop_all(w, gw, clock=clock)

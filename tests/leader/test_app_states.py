@@ -1,0 +1,58 @@
+"""What each device's applications run, as its full heartbeats say: kept by the registry on
+leader.db and on PostgreSQL, shown by `status DEVICE`, and read by the application kind to leave
+out the devices that run a version already."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from apps_support import app_dir, fleet_key
+
+from agent.core.clock import VirtualClock
+from agent.core.sql import store_target
+from agent.leader.readonly import open_leader_db
+from agent.leader.registry import DeviceRegistry
+from agent.protocol import AppState, Heartbeat
+from app_rollout.bundle import build_bundle
+from app_rollout.kind import AppKind
+from rollout_engine.plan import DeviceInfo
+
+
+def test_the_registry_keeps_what_each_application_runs(leader_store: Path | str) -> None:
+    clock = VirtualClock()
+    with DeviceRegistry.open(leader_store, clock=clock) as reg:
+        two, one = AppState(version="2.0.0", previous="1.0.0"), AppState(version="1.0.0", health="failed")
+        reg.apply_heartbeats([Heartbeat(device_id="pi-1", seq=1, uptime_s=1.0, apps={"hello": two}),
+                              Heartbeat(device_id="pi-2", seq=1, uptime_s=1.0, apps={"hello": one}),
+                              Heartbeat(device_id="pi-3", seq=1, uptime_s=1.0)])
+        # a short heartbeat keeps what the full one said
+        reg.apply_heartbeats([Heartbeat(device_id="pi-1", seq=2, uptime_s=2.0, full=False)])
+        states = reg.app_states()
+        assert states == {"pi-1": {"hello": AppState(version="2.0.0", previous="1.0.0")},
+                          "pi-2": {"hello": AppState(version="1.0.0", health="failed")}}
+        kind = AppKind(keys=None, directory=Path("/nonexistent"),
+                       versions=lambda name: {d: a[name].version for d, a in reg.app_states().items() if name in a})
+        assert kind.versions is not None and kind.versions("hello") == {"pi-1": "2.0.0", "pi-2": "1.0.0"}
+    with open_leader_db(store_target(str(leader_store), source="test")) as db:  # what `status pi-1` reads
+        found = db.registry.device("pi-1")
+        assert found is not None and found[1].apps == states["pi-1"]
+        assert device_lines(db, "pi-1")[-2:] == ["  applications:", "    hello: 2.0.0; 1.0.0 kept to go back to"]
+
+
+def device_lines(db: object, device: str) -> list[str]:
+    from agent.commands.status import format_device
+    from agent.leader.fleet_view import device_detail
+
+    detail = device_detail(db, device)  # type: ignore[arg-type]
+    assert detail is not None
+    return format_device(detail, 0).splitlines()
+
+
+def test_held_names_the_version_each_device_runs(tmp_path: Path) -> None:
+    key, _, _ = fleet_key(tmp_path / "keys")
+    head = build_bundle(app_dir(tmp_path / "hello", version="2.0.0"), key, tmp_path / "hello.eaapp").head
+    kind = AppKind(keys=key.public, directory=tmp_path / "a",
+                   versions=lambda name: {"pi-1": "2.0.0", "pi-2": "1.0.0"} if name == "hello" else {})
+    devices = [DeviceInfo(d, "", (), True, 0, 0) for d in ("pi-1", "pi-2", "pi-3")]
+    assert kind.held(head, devices) == {"pi-1": "2.0.0", "pi-2": "1.0.0"}
+    assert kind.traits.skips_held  # pi-1 is not offered 2.0.0 again
