@@ -2,20 +2,21 @@
 (systemd as PID 1, no KVM), the root application helper installing a service's bundles that the
 host's leader rolls out. Prints one JSON line:
 
-    bundle_bytes                 {R1, R2, R3}: each bundle's size (its data file: --data-mb)
-    R1, R2                       {state, seconds, fetch_s, install_s, health_s, bytes_fetched}: from
-                                 `rollout start` to the device's `succeeded`, and the device's own
-                                 steps, as its reports' times say (the leader's clock): fetching the
-                                 bundle from the leader's artifact server, the helper's install and
-                                 start, the health check (an HTTP URL answering 2xx, then settle_s)
-    R3                           {state, seconds, rollback_s}: a version whose health URL answers
-                                 500: the health check's timeout (--timeout-s) and the helper's
-                                 revert, until the version before runs again
+    bundle_bytes                 {R1, R2, R3}: each bundle's size (its data: --data-mb in 8 files)
+    R1, R2                       {state, seconds, bytes_fetched, bytes_reused, fetch_s, install_s,
+                                 health_s}: from `rollout start` to the device's `succeeded`, and
+                                 the device's own steps as its report says: fetching the bundle
+                                 from the leader's artifact server (R2 changes the server and one
+                                 data file of 8: the other 7 are copied from the running version),
+                                 the helper's install and start, the health check (an HTTP URL
+                                 answering 2xx, then settle_s)
+    R3                           {state, seconds, health_s, rollback_s}: a version whose health URL
+                                 answers 500: the health check's timeout (--timeout-s), then the
+                                 helper's revert until the version before runs again
     agent_rss_mb                 the agent's resident memory while the application runs (as the
                                  application read it from /proc)
-    baseline                     {fetch_bytes_full}: what a device fetches of R2, the whole bundle:
-                                 no chunk of R1 is reused yet (content-defined chunks for
-                                 applications are not built)
+    baseline                     {fetch_bytes_full}: what a device fetches of R2 with nothing
+                                 reused: the whole bundle
 
     python scripts/bench_apps.py [--data-mb 4] [--timeout-s 30]
 
@@ -39,34 +40,28 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.board_apps import apps_config, device_events, hello_bundle  # noqa: E402
+from tests.board_apps import apps_config, hello_bundle  # noqa: E402
 from tests.board_updates import free_port, heard_from, rollout_end, start_rollout  # noqa: E402
 from tests.e2e.agent_support import kill, run_agent, wait_for, write_config  # noqa: E402
 from tests.identity_broker import cli  # noqa: E402
 from tests.mosquitto import Mosquitto  # noqa: E402
 from tests.qemu_board import HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools  # noqa: E402
 
+FIGURES = re.compile(r"fetched (\d+) bytes, reused (\d+) in ([\d.]+) s; installed and started in ([\d.]+) s;"
+                     r" health ([\d.]+) s(?:; taken back in ([\d.]+) s)?")
+
 
 def steps(db: Path, rid: str, started: float) -> dict[str, Any]:
-    """The rollout's end and the device's steps, timed by its reports' arrival at the leader."""
+    """The rollout's end, and the device's steps as its last report says them."""
     done = rollout_end(db, rid)
-    ended = time.time()
-    events = device_events(db, rid)
-    at = {detail.split(" ", 1)[0] if state == "installing" else state: ms for ms, state, detail in events}
-    fetch, install = at.get("fetching"), at.get("installing")
-    check = next((ms for ms, state, detail in events if "checking its health" in detail), None)
-    end = events[-1][0] if events else None
-    fetched = next((re.search(r"fetched (\d+) bytes", d) for _, state, d in events if "fetched" in d), None)
     device = done["device_list"][0]
-    figures: dict[str, Any] = {"state": device["state"], "seconds": round(ended - started, 1)}
-    if fetched:
-        figures["bytes_fetched"] = int(fetched.group(1))
-    if fetch and install:
-        figures["fetch_s"] = round((install - fetch) / 1000, 2)
-    if install and check:
-        figures["install_s"] = round((check - install) / 1000, 2)
-    if check and end:
-        figures["health_s" if device["state"] == "succeeded" else "rollback_s"] = round((end - check) / 1000, 2)
+    figures: dict[str, Any] = {"state": device["state"], "seconds": round(time.time() - started, 1)}
+    said = FIGURES.search(str(device.get("detail", "")))
+    if said:
+        figures.update(bytes_fetched=int(said.group(1)), bytes_reused=int(said.group(2)),
+                       fetch_s=float(said.group(3)), install_s=float(said.group(4)), health_s=float(said.group(5)))
+        if said.group(6):
+            figures["rollback_s"] = float(said.group(6))
     return figures
 
 
@@ -98,12 +93,12 @@ def main() -> int:
         try:
             board.report()
             wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=900)
-            data = os.urandom(int(args.data_mb * 1024 * 1024))
-            changed = bytearray(data)
-            changed[len(changed) // 2:len(changed) // 2 + 4096] = os.urandom(4096)  # one block of R2 differs
+            each = int(args.data_mb * 1024 * 1024) // 8
+            data = {f"part-{i}": os.urandom(each) for i in range(8)}
+            changed = {**data, "part-3": os.urandom(each)}  # R2: one data file of 8 differs (and the version)
             bundles = {"R1": hello_bundle(tmp, "1.0.0", private, healthy=True, data=data),
-                       "R2": hello_bundle(tmp, "2.0.0", private, healthy=True, data=bytes(changed)),
-                       "R3": hello_bundle(tmp, "3.0.0", private, healthy=False, data=bytes(changed),
+                       "R2": hello_bundle(tmp, "2.0.0", private, healthy=True, data=changed),
+                       "R3": hello_bundle(tmp, "3.0.0", private, healthy=False, data=changed,
                                           timeout_s=args.timeout_s)}
             out["bundle_bytes"] = {name: path.stat().st_size for name, path in bundles.items()}
             for name, path in bundles.items():

@@ -24,10 +24,10 @@ def apps_config(path: Path, mqtt_port: int) -> Path:
     return path
 
 
-def hello_bundle(tmp: Path, version: str, private: Path, *, healthy: bool, data: bytes = b"",
+def hello_bundle(tmp: Path, version: str, private: Path, *, healthy: bool, data: dict[str, bytes] | None = None,
                  timeout_s: float = 60.0) -> Path:
     """hello-VERSION.eaapp: the test application (its health URL answers 500 unless `healthy`),
-    with `data` as files/data/blob when given."""
+    with `data` (name -> content) as files under files/data."""
     src = tmp / f"hello-{version}"
     (src / "files" / "bin").mkdir(parents=True)
     shutil.copy(APP / "server", src / "files" / "bin" / "server")
@@ -36,7 +36,8 @@ def hello_bundle(tmp: Path, version: str, private: Path, *, healthy: bool, data:
         (src / "files" / "healthy").write_text("yes\n")
     if data:
         (src / "files" / "data").mkdir()
-        (src / "files" / "data" / "blob").write_bytes(data)
+        for name, content in data.items():
+            (src / "files" / "data" / name).write_bytes(content)
     shutil.copy(APP / "hello.service", src / "hello.service")
     (src / "app.toml").write_text(f'[app]\nname = "hello"\nversion = "{version}"\nunit = "hello.service"\n\n'
                                   '[health]\ncheck = "http"\nurl = "http://127.0.0.1:8080/"\nsettle_s = 3\n'

@@ -27,6 +27,7 @@ class AppHelperClient:
         self._conn = HelperConnection(socket_path, helper=HELPER, max_frame=MAX_FRAME, timeout_s=timeout_s,
                                       hint=_hint)
         self.known: dict[str, AppRecord] | None = None  # the helper's records, as its last answer gave them
+        self.root = ""  # where the helper keeps the versions (its describe says)
 
     def _call(self, request: AppRequest) -> AppReply:
         try:
@@ -36,6 +37,8 @@ class AppHelperClient:
             raise AppInstallError(str(exc)) from None
         if reply.ok or reply.apps:
             self.known = dict(reply.apps)
+        if reply.root:
+            self.root = reply.root
         if not reply.ok:
             raise AppInstallError(f"the application helper refused {request.op}"
                                   f"{' ' + request.name if request.name else ''}: {reply.error}")

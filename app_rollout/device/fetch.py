@@ -1,20 +1,30 @@
-"""A bundle from the mirrors: one HTTP GET per mirror, resumed with `Range` from what a partial
-file holds, so a download cut by a power loss or a lost link goes on where it stopped.
+"""A bundle from the mirrors, fetching only the files the device does not hold already.
 
 A mirror serves the bundle as `{mirror}/{bundle sha256}.eaapp` (the leader's artifact server,
-nginx, a bucket). Nothing it sends is trusted: the whole file's sha256 is checked here, and the
-helper checks every file against the signed head again. httpx is imported only when a download
-starts (`firmware_rollout.device.http_source` says why httpx).
+nginx, a bucket). The device writes the bundle's file itself, in order: the signed head it was
+offered, then each file, copied from the version it runs when a file there has the same sha256
+(the manifest names each file's hash), else fetched from the mirror: one `Range` request per
+run of consecutive files it lacks. A new version whose binary changed and whose assets did not
+fetches the binary only.
+
+The partial file survives a power cut or a lost link: the next try goes on from the first file it
+did not finish (inside a fetched run, from the byte where it stopped). Nothing a mirror sends is
+trusted: the whole file's sha256 is checked here, and the helper checks every file against the
+signed head again. httpx is imported only when a download starts
+(`firmware_rollout.device.http_source` says why httpx).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
+from app_rollout.bundle import BLOCK, AppManifest
 from app_rollout.errors import AppInstallError
 
 
@@ -22,73 +32,156 @@ from app_rollout.errors import AppInstallError
 class Fetched:
     path: Path
     bytes_fetched: int  # over the network, this download (a resumed one: only the rest)
+    bytes_reused: int = 0  # copied from the files of the version the device runs
+    seconds: float = 0.0
 
 
 def _digest(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory: Path, *,
-                       timeout_s: float = 10.0, ca: str = "") -> Fetched:
-    """The bundle `digest` of `size` bytes in `directory`, fetched from the first mirror that
-    serves it whole; an `AppInstallError` naming each mirror's answer when none does."""
-    import httpx
+def _copy_checked(source: Path, out: IO[bytes], sha256: str, size: int) -> bool:
+    """`source` appended to `out` when it holds exactly `size` bytes of hash `sha256`."""
+    start = out.tell()
+    digest = hashlib.sha256()
+    try:
+        with source.open("rb") as f:
+            for block in iter(lambda: f.read(BLOCK), b""):
+                digest.update(block)
+                out.write(block)
+    except OSError:
+        pass
+    else:
+        if out.tell() - start == size and digest.hexdigest() == sha256:
+            return True
+    out.seek(start)
+    out.truncate()
+    return False
 
+
+async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory: Path, *, head: bytes,
+                       manifest: AppManifest, reuse: Mapping[str, Path] | None = None, timeout_s: float = 10.0,
+                       ca: str = "") -> Fetched:
+    """The bundle `digest` of `size` bytes in `directory`: `head`, then each file of `manifest`
+    from `reuse` (sha256 hex -> a local file) or from the first mirror that serves its run. An
+    `AppInstallError` names each mirror's answer when none does."""
+    started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     done = directory / f"{digest}.eaapp"
     if done.exists() and done.stat().st_size == size:
         return Fetched(done, 0)
+    if len(head) + manifest.payload_size != size:
+        raise AppInstallError(f"the offer says {size} bytes, its manifest {len(head) + manifest.payload_size}")
     partial = directory / f"{digest}.eaapp.partial"
+    reuse = reuse or {}
+    fetched = reused = 0
+    with partial.open("r+b" if partial.exists() else "w+b") as out:
+        have = out.seek(0, os.SEEK_END)
+        if have < len(head) or not _starts_with(out, head):
+            out.seek(0)
+            out.truncate()
+            out.write(head)
+            have = len(head)
+        at = len(head)
+        wanted: list[tuple[int, int]] = []  # (start, end) byte runs to fetch, in order
+        for entry in manifest.files:
+            start, end = at, at + entry.size
+            at = end
+            if end <= have:
+                continue  # written by an earlier try
+            local = reuse.get(entry.sha256)
+            if local is not None and not wanted:
+                out.seek(start)
+                out.truncate()
+                have = start
+                if _copy_checked(local, out, entry.sha256, entry.size):
+                    reused += entry.size
+                    have = end
+                    continue
+            if local is not None and wanted:  # (a run to fetch comes first: keep the file order)
+                fetched += await _fetch_runs(mirrors, digest, out, wanted, timeout_s, ca)
+                wanted = []
+                out.seek(start)
+                out.truncate()
+                have = start
+                if _copy_checked(local, out, entry.sha256, entry.size):
+                    reused += entry.size
+                    have = end
+                    continue
+            first = max(start, have) if not wanted else start
+            if wanted and wanted[-1][1] == start:
+                wanted[-1] = (wanted[-1][0], end)
+            else:
+                wanted.append((first, end))
+        if wanted:
+            fetched += await _fetch_runs(mirrors, digest, out, wanted, timeout_s, ca)
+        out.flush()
+        os.fsync(out.fileno())
+    if partial.stat().st_size != size or _digest(partial) != digest:
+        partial.unlink()
+        raise AppInstallError(f"the bundle assembled from the mirrors is not {digest[:16]}… (its files differ):"
+                              " fetched again at the next offer")
+    os.replace(partial, done)
+    return Fetched(done, fetched, reused, time.monotonic() - started)
+
+
+def _starts_with(out: IO[bytes], head: bytes) -> bool:
+    out.seek(0)
+    return out.read(len(head)) == head
+
+
+async def _fetch_runs(mirrors: Sequence[str], digest: str, out: IO[bytes], runs: list[tuple[int, int]],
+                      timeout_s: float, ca: str) -> int:
+    """Each run's bytes from the first mirror that serves it, written at its offset; the bytes fetched."""
+    import httpx
+
     fetched = 0
     failures: list[str] = []
-    verify: object = ca or True
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), verify=verify,  # type: ignore[arg-type]
-                                 follow_redirects=True, headers={"User-Agent": "edge-agent"}) as client:
-        for mirror in mirrors:
-            url = f"{mirror.rstrip('/')}/{digest}.eaapp"
-            have = partial.stat().st_size if partial.exists() else 0
-            if have > size:
-                partial.unlink()
-                have = 0
-            headers = {"Range": f"bytes={have}-"} if have else {}
-            try:
-                async with client.stream("GET", url, headers=headers) as answer:
-                    if answer.status_code == 200 and have:
-                        have = 0  # the mirror ignores ranges: the whole file again
-                    elif answer.status_code not in (200, 206):
-                        failures.append(f"{url}: HTTP {answer.status_code}")
-                        continue
-                    with partial.open("r+b" if have else "wb") as f:
-                        f.seek(have)
-                        f.truncate()
-                        async for block in answer.aiter_bytes(1 << 16):
-                            if f.tell() + len(block) > size:
-                                raise AppInstallError(f"{url}: more than the {size} bytes offered")
-                            f.write(block)
-                            fetched += len(block)
-                        f.flush()
-                        os.fsync(f.fileno())
-            except httpx.HTTPError as exc:
-                failures.append(f"{url}: {type(exc).__name__}: {exc}"[:200])
-                continue
-            except AppInstallError as exc:
-                partial.unlink(missing_ok=True)
-                failures.append(str(exc))
-                continue
-            if partial.stat().st_size != size:
-                failures.append(f"{url}: {partial.stat().st_size} of {size} bytes")
-                continue
-            if _digest(partial) != digest:
-                partial.unlink()
-                failures.append(f"{url}: a file of another sha256")
-                continue
-            os.replace(partial, done)
-            return Fetched(done, fetched)
-    raise AppInstallError("no mirror served the bundle: " + ("; ".join(failures) or "no mirror offered"))
+    verify: Any = ca or True
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), verify=verify, follow_redirects=True,
+                                 headers={"User-Agent": "edge-agent"}) as client:
+        for start, end in runs:
+            for mirror in mirrors:
+                url = f"{mirror.rstrip('/')}/{digest}.eaapp"
+                got = await _fetch_run(client, url, out, start, end, failures)
+                fetched += got
+                if out.tell() == end:
+                    break
+                start = max(start, out.tell())  # the next mirror goes on from there
+            else:
+                raise AppInstallError("no mirror served the bundle: " + ("; ".join(failures[-4:])
+                                                                         or "no mirror offered"))
+    return fetched
+
+
+async def _fetch_run(client: Any, url: str, out: IO[bytes], start: int, end: int, failures: list[str]) -> int:
+    """Bytes `start`..`end` of `url` written at `start` (as far as the mirror gave them)."""
+    import httpx
+
+    out.seek(start)
+    out.truncate()
+    written = 0
+    try:
+        async with client.stream("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}) as answer:
+            if answer.status_code != 206:
+                failures.append(f"{url}: HTTP {answer.status_code}" + (" (no ranges)" if answer.status_code == 200
+                                                                        else ""))
+                return 0
+            async for block in answer.aiter_bytes(1 << 16):
+                if out.tell() + len(block) > end:
+                    failures.append(f"{url}: more than the {end - start} bytes asked for")
+                    out.seek(start)
+                    out.truncate()
+                    return written
+                out.write(block)
+                written += len(block)
+    except httpx.HTTPError as exc:
+        failures.append(f"{url}: {type(exc).__name__}: {exc}"[:200])
+    return written
 
 
 __all__ = ["Fetched", "fetch_bundle"]

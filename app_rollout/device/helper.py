@@ -82,6 +82,7 @@ class AppReply(msgspec.Struct, kw_only=True, frozen=True):
     ok: bool
     error: str = ""
     apps: dict[str, AppRecord] = {}
+    root: str = ""  # describe: where the helper keeps each version (ROOT/NAME/VERSION/files, readable)
     installed: str = ""  # install: NAME VERSION of the bundle taken
     active: str = ""  # state: ActiveState
     sub: str = ""
@@ -170,7 +171,7 @@ class AppHelper:
     # -- steps ---------------------------------------------------------------------------------
     async def _do(self, r: AppRequest, uid: int) -> AppReply:
         if r.op == "describe":
-            return AppReply(ok=True, apps=self.records())
+            return AppReply(ok=True, apps=self.records(), root=str(self.root))
         if r.op == "install":
             take_trust_document(self.key, r.trust, came_with="the agent's install request")
             app = await asyncio.to_thread(self._install, r.path, uid)

@@ -31,7 +31,7 @@ from agent.core.clock import Clock
 from agent.core.errors import EdgeAgentError
 from agent.core.files import atomic_write
 from agent.protocol import AppState
-from app_rollout.bundle import SignedApp, peek_head, verify_head
+from app_rollout.bundle import HEAD_MAX, SignedApp, peek_head, verify_head
 from app_rollout.device.client import AppHelperClient
 from app_rollout.device.fetch import fetch_bundle
 from app_rollout.errors import AppBundleError, AppInstallError
@@ -57,6 +57,7 @@ class AppFigures:
     """What the last apply took (the benchmark reads it)."""
 
     bytes_fetched: int = 0
+    bytes_reused: int = 0  # of the files of the version it ran, not fetched
     fetch_s: float = 0.0
     install_s: float = 0.0
     health_s: float = 0.0
@@ -104,8 +105,11 @@ class AppModule:
             await report(rid, version, "installing", "downloading", f"fetching {name} {version} ({app.size} bytes)")
             started = self.clock.monotonic()
             fetched = await fetch_bundle(offer.mirrors, offer.bundle, offer.size, self.state_dir / "downloads",
+                                         head=app.head, manifest=app.manifest,
+                                         reuse=self._running_files(name, record.current if record else ""),
                                          timeout_s=self.mirror_timeout_s, ca=self.mirror_ca)
-            self.figures = AppFigures(bytes_fetched=fetched.bytes_fetched, fetch_s=self.clock.monotonic() - started)
+            self.figures = AppFigures(bytes_fetched=fetched.bytes_fetched, bytes_reused=fetched.bytes_reused,
+                                      fetch_s=self.clock.monotonic() - started)
             await report(rid, version, "installing", "installing",
                          f"installing {name} {version} (fetched {fetched.bytes_fetched} bytes)")
             started = self.clock.monotonic()
@@ -142,12 +146,29 @@ class AppModule:
         finally:
             self._forget()
         self.health[name] = "failed" if why else "healthy"
+        f = self.figures
+        said = (f"fetched {f.bytes_fetched} bytes, reused {f.bytes_reused} in {f.fetch_s:.1f} s; installed and"
+                f" started in {f.install_s:.1f} s; health {f.health_s:.1f} s")
         if not why:
-            await report(rid, version, "succeeded", "running", f"{name} {version} runs and is healthy")
+            await report(rid, version, "succeeded", "running", f"{name} {version} runs and is healthy ({said})")
         else:
             back = f"back on {before}" if before else "removed"
             log.warning("application %s %s unhealthy (%s): %s", name, version, why, back)
-            await report(rid, version, "failed", "health", f"{name} {version} failed its health check: {why}; {back}")
+            await report(rid, version, "failed", "health",
+                         f"{name} {version} failed its health check: {why}; {back} ({said};"
+                         f" taken back in {self.clock.monotonic() - started - f.health_s:.1f} s)")
+
+    def _running_files(self, name: str, version: str) -> dict[str, Path]:
+        """sha256 hex -> the file of the version `name` runs (the helper's copy, readable), for
+        the fetch to copy instead of downloading; {} when none can be read."""
+        if not version or not self.helper.root:
+            return {}
+        kept = Path(self.helper.root) / name / version
+        try:
+            manifest = peek_head((kept / "head").read_bytes()[:HEAD_MAX])
+        except (OSError, AppBundleError):
+            return {}
+        return {f.sha256: kept / "files" / f.path for f in manifest.files}
 
     async def unhealthy(self, app: SignedApp) -> str:
         """Why the application on trial is not healthy ("" when it is), within its timeout."""

@@ -40,7 +40,7 @@ def test_the_leader_keeps_a_checked_bundle_by_its_hash_and_refuses_a_bad_one(tmp
 async def test_a_device_fetches_the_bundle_from_the_artifact_server_and_resumes(tmp_path: Path) -> None:
     key, _, _ = fleet_key(tmp_path / "keys")
     big = {"bin/server": ("#!/bin/sh\nexec sleep infinity\n", 0o755), "data/blob": ("x" * 300_000, 0o644)}
-    build_bundle(app_dir(tmp_path / "hello", files=big), key, tmp_path / "hello.eaapp")
+    app = build_bundle(app_dir(tmp_path / "hello", files=big), key, tmp_path / "hello.eaapp")
     kept = Path(AppKind(keys=key.public, directory=tmp_path / "artifacts").admit(str(tmp_path / "hello.eaapp"),
                                                                                    undone=None).artifact)
     server = ArtifactServer(lambda name: kept if name == kept.name else None, host="127.0.0.1", port=0)
@@ -51,15 +51,47 @@ async def test_a_device_fetches_the_bundle_from_the_artifact_server_and_resumes(
         downloads = tmp_path / "downloads"
         downloads.mkdir()
         (downloads / f"{digest}.eaapp.partial").write_bytes(kept.read_bytes()[:100_000])  # cut by a power loss
-        fetched = await fetch_bundle([f"http://127.0.0.1:{server.port}/nothing-here", mirror], digest, size, downloads)
+        fetched = await fetch_bundle([f"http://127.0.0.1:{server.port}/nothing-here", mirror], digest, size,
+                                     downloads, head=app.head, manifest=app.manifest)
         assert fetched.path.read_bytes() == kept.read_bytes()
         assert fetched.bytes_fetched == size - 100_000  # only the rest
-        again = await fetch_bundle([mirror], digest, size, downloads)
+        again = await fetch_bundle([mirror], digest, size, downloads, head=app.head, manifest=app.manifest)
         assert again.bytes_fetched == 0
         with pytest.raises(AppInstallError, match="no mirror served the bundle: .*HTTP 404"):
-            await fetch_bundle([mirror], "0" * 64, size, tmp_path / "d2")
+            await fetch_bundle([mirror], "0" * 64, size, tmp_path / "d2", head=app.head, manifest=app.manifest)
     finally:
         await server.stop()
+
+
+async def test_a_new_version_fetches_only_the_files_that_changed(tmp_path: Path) -> None:
+    key, _, _ = fleet_key(tmp_path / "keys")
+    files = {"bin/server": ("#!/bin/sh\nexec sleep infinity\n", 0o755), "assets/a": ("a" * 200_000, 0o644),
+             "assets/b": ("b" * 200_000, 0o644), "assets/c": ("c" * 200_000, 0o644)}
+    build_bundle(app_dir(tmp_path / "v1", files=files), key, tmp_path / "v1.eaapp")
+    running = tmp_path / "running"  # the version the device runs, as its helper keeps it
+    for path, (content, _mode) in files.items():
+        (running / path).parent.mkdir(parents=True, exist_ok=True)
+        (running / path).write_text(content)
+    files["bin/server"] = ("#!/bin/sh\necho v2\nexec sleep infinity\n", 0o755)
+    files["assets/b"] = ("B" * 200_000, 0o644)
+    app = build_bundle(app_dir(tmp_path / "v2", version="2.0.0", files=files), key, tmp_path / "v2.eaapp")
+    kept = Path(AppKind(keys=key.public, directory=tmp_path / "artifacts").admit(str(tmp_path / "v2.eaapp"),
+                                                                                   undone=None).artifact)
+    reuse = {f.sha256: running / f.path for f in build_bundle(app_dir(tmp_path / "v1b", files={
+        **files, "bin/server": ("#!/bin/sh\nexec sleep infinity\n", 0o755), "assets/b": ("b" * 200_000, 0o644)}),
+        key, tmp_path / "v1b.eaapp").manifest.files}
+    (running / "assets" / "c").write_text("tampered on the device")  # a kept file that changed: fetched
+    server = ArtifactServer(lambda name: kept if name == kept.name else None, host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        fetched = await fetch_bundle([f"http://127.0.0.1:{server.port}/artifacts"], kept.stem, kept.stat().st_size,
+                                     tmp_path / "downloads", head=app.head, manifest=app.manifest, reuse=reuse)
+    finally:
+        await server.stop()
+    assert fetched.path.read_bytes() == kept.read_bytes()
+    assert fetched.bytes_reused == 200_000  # assets/a
+    changed = sum(f.size for f in app.manifest.files if f.path != "assets/a")
+    assert fetched.bytes_fetched == changed  # the server, assets/b, and assets/c (not as kept)
 
 
 def test_an_offer_is_bounded_in_every_field() -> None:
