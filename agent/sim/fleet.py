@@ -72,6 +72,7 @@ class Rollouts(Protocol):
     orchestrator: Orchestrator
     store: RolloutStore
     pools: dict[str, ConfigServerPool]
+    artifacts_dir: Path  # the verified copies its rollouts serve (the simulated devices' mirror)
 
     @property
     def orchestrating(self) -> bool: ...

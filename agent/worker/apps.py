@@ -25,7 +25,7 @@ class AppsPart(PartBase):
 
     name = "apps"
 
-    def __init__(self, worker: WorkerAgent, key: Verifier) -> None:
+    def __init__(self, worker: WorkerAgent, key: Verifier, env: DeviceEnv) -> None:
         from agent.worker.hardware import system_utc_offset_s
         from app_rollout.device.client import AppHelperClient
         from app_rollout.device.module import AppModule
@@ -36,9 +36,13 @@ class AppsPart(PartBase):
         apps = worker.config.apps
         state_dir = Path(apps.state_dir) if Path(apps.state_dir).is_absolute() else worker.data_dir / apps.state_dir
         fw = worker.config.firmware
-        self.module: AppModule = AppModule(AppHelperClient(apps.helper_socket, clock=worker.clock), key=key,
-                                           state_dir=state_dir, clock=worker.clock,
-                                           mirror_timeout_s=fw.mirror_timeout_s, mirror_ca=fw.mirror_ca)
+        if env.apps_hardware is not None:
+            helper, fetch = env.apps_hardware(worker)
+            self.module: AppModule = AppModule(helper, key=key, state_dir=state_dir, clock=worker.clock, fetch=fetch)
+        else:
+            self.module = AppModule(AppHelperClient(apps.helper_socket, clock=worker.clock), key=key,
+                                    state_dir=state_dir, clock=worker.clock, mirror_timeout_s=fw.mirror_timeout_s,
+                                    mirror_ca=fw.mirror_ca)
 
         async def send(report: RolloutReport) -> None:
             await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
@@ -64,13 +68,14 @@ class AppsPart(PartBase):
 
 
 async def apps_part(worker: WorkerAgent, env: DeviceEnv) -> AppsPart | None:
-    """Applications, when `[apps] helper_socket` and the fleet's key are set; else None."""
+    """Applications, when `[apps] helper_socket` (or the simulator's helper) and the fleet's key
+    are set; else None."""
     config = worker.config
-    if not config.apps.helper_socket or not config.firmware.keyed:
+    if not (config.apps.helper_socket or env.apps_hardware is not None) or not config.firmware.keyed:
         return None
     from agent.worker.fleet_keys import fleet_keys
 
-    return AppsPart(worker, await asyncio.to_thread(fleet_keys, worker))
+    return AppsPart(worker, await asyncio.to_thread(fleet_keys, worker), env)
 
 
 __all__ = ["AppsPart", "apps_part"]

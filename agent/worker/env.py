@@ -22,6 +22,7 @@ from agent.worker.jobs import JobLedger
 if TYPE_CHECKING:  # the updater's types load only with the updater
     from agent.worker.agent import WorkerAgent
     from agent.worker.hardware import UpdaterHardware
+    from app_rollout.device.module import AppHelperPort, Fetch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,9 @@ class DeviceEnv:
     # asks the service to start the agent again on its settings (`edge-agent run`'s in-process
     # restart): the built-in config target `agent` is offered only with it
     restart: Callable[[], None] | None = None
+    # the application helper of this device and how it fetches a bundle (default: the root helper
+    # at `[apps] helper_socket`, the mirrors over HTTP); the simulator's run in its process
+    apps_hardware: Callable[[WorkerAgent], tuple[AppHelperPort, Fetch]] | None = None
     # the connection an enrolment asks on, given the config and its client id (default: the
     # broker's enrolment listener, `[identity] claim_url`; the simulator's: its in-memory broker)
     claim_transport: Callable[[AgentConfig, str], Transport] | None = None

@@ -9,7 +9,16 @@ import msgspec
 from agent.core.clock import Clock
 from agent.core.tasks import in_thread
 from agent.service.helper_socket import HelperConnection, HelperUnreachable
-from app_rollout.device.helper import HELPER, MAX_FRAME, AppRecord, AppReply, AppRequest, decode_reply, encode
+from app_rollout.device.helper import (
+    HELPER,
+    MAX_FRAME,
+    AppHelper,
+    AppRecord,
+    AppReply,
+    AppRequest,
+    decode_reply,
+    encode,
+)
 from app_rollout.errors import AppInstallError
 
 
@@ -35,6 +44,10 @@ class AppHelperClient:
         except (HelperUnreachable, msgspec.DecodeError) as exc:
             self._conn.close()
             raise AppInstallError(str(exc)) from None
+        return self.take(request, reply)
+
+    def take(self, request: AppRequest, reply: AppReply) -> AppReply:
+        """`reply`'s records kept; a refusal raised."""
         if reply.ok or reply.apps:
             self.known = dict(reply.apps)
         if reply.root:
@@ -55,4 +68,22 @@ class AppHelperClient:
         self._conn.close()
 
 
-__all__ = ["AppHelperClient"]
+class InProcessHelper(AppHelperClient):
+    """The helper asked in this process (the simulator's devices: each its own `AppHelper` on
+    its own files, their service manager simulated)."""
+
+    def __init__(self, helper: AppHelper, *, clock: Clock) -> None:
+        self.clock = clock
+        self.helper = helper
+        self.known = None
+        self.root = ""
+
+    async def ask(self, op: str, name: str = "", **fields: object) -> AppReply:
+        request = msgspec.convert({"op": op, "name": name, **fields}, type=AppRequest)
+        return self.take(request, await self.helper.handle(encode(request), 0))
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["AppHelperClient", "InProcessHelper"]

@@ -108,8 +108,10 @@ class AppHelper:
     `hidden`: the paths no application may see. `allowed_uids`: who besides root may ask."""
 
     def __init__(self, *, key: Verifier, root: Path, unit_dir: Path, hidden: tuple[str, ...],
-                 allowed_uids: frozenset[int] = frozenset(), systemd: Systemd | None = None) -> None:
+                 allowed_uids: frozenset[int] = frozenset(), systemd: Systemd | None = None,
+                 durable: bool = True) -> None:
         self.key = key
+        self.durable = durable  # (the simulator's devices share one disk: no sync of it per install)
         self.root = root
         self.unit_dir = unit_dir
         self.hidden = hidden
@@ -264,7 +266,8 @@ class AppHelper:
         (partial / "unit").write_text(unit)
         (partial / "health").write_bytes(msgspec.json.encode(m.health))
         (partial / "head").write_bytes(app.head)
-        os.sync()
+        if self.durable:
+            os.sync()
         os.rename(partial, target)
         log.info("installed %s %s (%d files)", m.name, m.version, len(m.files))
         return app

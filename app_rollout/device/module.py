@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import msgspec
@@ -31,9 +33,9 @@ from agent.core.clock import Clock
 from agent.core.errors import EdgeAgentError
 from agent.core.files import atomic_write
 from agent.protocol import AppState
-from app_rollout.bundle import HEAD_MAX, SignedApp, peek_head, verify_head
-from app_rollout.device.client import AppHelperClient
-from app_rollout.device.fetch import fetch_bundle
+from app_rollout.bundle import HEAD_MAX, AppManifest, SignedApp, peek_head, verify_head
+from app_rollout.device.fetch import Fetched, fetch_bundle
+from app_rollout.device.helper import AppRecord, AppReply
 from app_rollout.errors import AppBundleError, AppInstallError
 from app_rollout.messages import AppOffer
 from rollout_engine.device import Facts, Rejected, Reporter
@@ -63,15 +65,36 @@ class AppFigures:
     health_s: float = 0.0
 
 
+class AppHelperPort(Protocol):
+    """The application helper as the module asks it (`AppHelperClient`; the simulator's runs in
+    the agent's process)."""
+
+    known: dict[str, AppRecord] | None
+    root: str
+
+    async def ask(self, op: str, name: str = "", **fields: object) -> AppReply: ...
+
+    async def records(self) -> dict[str, AppRecord]: ...
+
+    def close(self) -> None: ...
+
+
+class Fetch(Protocol):
+    async def __call__(self, mirrors: Sequence[str], digest: str, size: int, directory: Path, *, head: bytes,
+                       manifest: AppManifest, reuse: Mapping[str, Path] | None = None, timeout_s: float = 10.0,
+                       ca: str = "") -> Fetched: ...
+
+
 class AppModule:
     """Applies application offers through the helper `helper`; keeps downloads and the trial
-    journal in `state_dir`."""
+    journal in `state_dir`; `fetch` brings a bundle from the mirrors (`fetch_bundle`)."""
 
     offer_type = AppOffer
 
-    def __init__(self, helper: AppHelperClient, *, key: Verifier, state_dir: Path, clock: Clock,
-                 mirror_timeout_s: float = 10.0, mirror_ca: str = "") -> None:
+    def __init__(self, helper: AppHelperPort, *, key: Verifier, state_dir: Path, clock: Clock,
+                 mirror_timeout_s: float = 10.0, mirror_ca: str = "", fetch: Fetch = fetch_bundle) -> None:
         self.helper = helper
+        self.fetch = fetch
         self.key = key
         self.state_dir = state_dir
         self.clock = clock
@@ -104,7 +127,7 @@ class AppModule:
                 return
             await report(rid, version, "installing", "downloading", f"fetching {name} {version} ({app.size} bytes)")
             started = self.clock.monotonic()
-            fetched = await fetch_bundle(offer.mirrors, offer.bundle, offer.size, self.state_dir / "downloads",
+            fetched = await self.fetch(offer.mirrors, offer.bundle, offer.size, self.state_dir / "downloads",
                                          head=app.head, manifest=app.manifest,
                                          reuse=self._running_files(name, record.current if record else ""),
                                          timeout_s=self.mirror_timeout_s, ca=self.mirror_ca)

@@ -3,7 +3,8 @@ booted board, where the packaged root application helper installs it beside the 
 and systemd (PID 1) runs it as its own dynamic user.
 
 - 1.0.0 installs, starts and answers its health URL: the leader says `succeeded`.
-- 2.0.0 goes beside it and takes over; the data directory is the same (its start count goes on).
+- 2.0.0 goes beside it and takes over; the data directory is the same (its start count goes on);
+  its files are 1.0.0's, so the device copies them and downloads none.
 - 3.0.0 answers 500: it is taken back, 2.0.0 runs again, and the leader says which check failed.
 - The agent's data is out of the application's sight."""
 
@@ -63,7 +64,9 @@ def test_applications_install_beside_take_over_and_an_unhealthy_one_is_taken_bac
             mark = board.mark()
             start_rollout(tmp_path, db, "hello-2", hello_bundle(tmp_path, "2.0.0", private, healthy=True), kind="app")
             done = rollout_end(db, "hello-2")
-            assert done["state"] == "succeeded" and device_detail(done)[0] == "succeeded", done
+            state, detail = device_detail(done)
+            assert done["state"] == "succeeded" and state == "succeeded", done
+            assert "fetched 0 bytes" in detail, detail  # its files are 1.0.0's: copied, none downloaded
             assert "starts=2" in board.wait_for("HELLO: 2.0.0 up", since=mark)  # the same data directory
 
             mark = board.mark()
