@@ -25,6 +25,7 @@ from pathlib import Path
 
 from agent.core.clock import Clock
 from agent.core.gate import Gate
+from agent.sim.apps import SimApps
 from agent.worker.agent import WorkerAgent
 from agent.worker.hardware import InProcessRebooter, OpenUpdater, UpdaterHardware
 from firmware_rollout.device.health import HealthResult
@@ -73,6 +74,7 @@ class SimFirmware:
     fates: dict[str, DeviceFate] = field(default_factory=dict)
     settings: UpdaterSettings = field(default_factory=default_updater_settings)
     config_targets: SimConfigTargets | None = None  # the key signs config releases for these too
+    apps: SimApps | None = None  # and application bundles for these
 
     def fate(self, device: str) -> DeviceFate:
         return self.fates.get(device, HEALTHY)

@@ -19,6 +19,7 @@ import functools
 import random
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -295,6 +296,7 @@ class SimFleet:
                         stores=SharedStores(outbox=self.stores[k], ledger=self.ledgers[k], incarnation=incarnation),
                         updater_hardware=self._hardware, api_sockets=False,
                         config_steps=self._config_step if targets is not None else None,
+                        apps_hardware=self._apps_hardware(firmware),
                         claim_transport=claim_connection(self.broker) if self.broker is not None else None)
         if self._identity is not None:
             cfg = msgspec.structs.replace(cfg, identity=self._identity)
@@ -307,6 +309,19 @@ class SimFleet:
         self.apps[device] = app
         self.workers[device] = app.agent
         return app.agent
+
+    def _apps_hardware(self, firmware: SimFirmware | None) -> Callable[[WorkerAgent], Any] | None:
+        """The simulated application helper and mirror, when the fleet runs applications."""
+        if firmware is None or firmware.apps is None:
+            return None
+        from agent.sim.apps import sim_app_hardware
+
+        def artifacts() -> Path:
+            service = self.rollout
+            assert service is not None, "an application rollout runs on a leader with rollouts"
+            return service.artifacts_dir
+
+        return sim_app_hardware(firmware.apps, firmware.verify_key, artifacts)
 
     def _config_step(self, worker: WorkerAgent, target: str, step: str) -> None:
         """A config that cuts its device off: the uplink goes when it is applied, and comes back

@@ -112,6 +112,28 @@ def _config_rollout(r: Report) -> list[str]:
     return problems
 
 
+def _app_rollout(r: Report) -> list[str]:
+    ro, unhealthy, running = r["rollout"], r["unhealthy"], r["running"]
+    problems = []
+    if ro["devices_offered_after_abort"]:
+        problems.append(f"{ro['devices_offered_after_abort']} devices were offered the bundle after the abort")
+    if unhealthy["failed"] != unhealthy["offered"]:
+        problems.append(f"of {unhealthy['offered']} devices where the new version fails, {unhealthy['failed']} took it"
+                        f" back by themselves ({unhealthy['other_outcomes']})")
+    others = {v: n for v, n in running.items() if v not in ("1.0.0", "2.0.0")}
+    if others or r["on_trial"]:
+        problems.append(f"devices run neither the old version nor the new one ({others}), or a trial is left"
+                        f" ({r['on_trial']})")
+    if not r["leader_knows"]:
+        problems.append("the leader's registry does not say what every device runs")
+    if unhealthy["offered"] and ro["state"] != "aborted":
+        problems.append(f"the new version failed on {unhealthy['offered']} devices, yet the rollout ended"
+                        f" {ro['state']}")
+    if not unhealthy["devices"] and ro["state"] != "succeeded":
+        problems.append(f"no device fails the new version, yet the rollout ended {ro['state']}")
+    return problems
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -152,6 +174,17 @@ SCENARIOS: dict[str, Scenario] = {
             " document or the new one, never another; nothing is lost.",
             {"devices": 200, "heartbeat_s": 30.0, "telemetry_s": 0.0},
             _config_rollout,
+        ),
+        Scenario(
+            "app-rollout",
+            "A signed application bundle (hello 2.0.0, every device running 1.0.0) goes out in waves"
+            " behind success gates to real workers, each installing it beside the running version"
+            " through its own application helper and checking its health; on --fail-rate of the"
+            " devices 2.0.0's process exits: each takes it back and runs 1.0.0 again, and the"
+            " failure threshold aborts the rollout. Every device runs 1.0.0 or 2.0.0, none is left on"
+            " trial; nothing is lost.",
+            {"devices": 200, "heartbeat_s": 30.0, "telemetry_s": 0.0},
+            _app_rollout,
         ),
         Scenario(
             "offline-store-and-forward",

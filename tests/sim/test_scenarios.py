@@ -92,7 +92,14 @@ def test_a_claim_that_does_not_hold_is_reported() -> None:
     with pytest.raises(ConfigError):
         get("no-such-scenario")
     assert set(SCENARIOS) == {"heartbeat-coalescing", "thundering-herd", "wave-rollout", "config-rollout",
-                              "offline-store-and-forward", "work-pulling"}
+                              "app-rollout", "offline-store-and-forward", "work-pulling"}
+    broken = {"rollout": {"devices_offered_after_abort": 0, "state": "succeeded"}, "on_trial": 0,
+              "unhealthy": {"devices": 2, "offered": 2, "failed": 1, "other_outcomes": {"d1": "succeeded"}},
+              "running": {"1.0.0": 1, "2.0.0": 2, "0.9.0": 1}, "leader_knows": True}
+    assert check("app-rollout", broken) == [
+        "of 2 devices where the new version fails, 1 took it back by themselves ({'d1': 'succeeded'})",
+        "devices run neither the old version nor the new one ({'0.9.0': 1}), or a trial is left (0)",
+        "the new version failed on 2 devices, yet the rollout ended succeeded"]
 
 
 def test_cli_scenario_prints_its_claim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
