@@ -142,6 +142,8 @@ class ConfigState(_Message, kw_only=True, frozen=True):
 
 
 AppKey = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+FactKey = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+FactValue = Annotated[str, msgspec.Meta(max_length=128)]
 
 
 class AppState(_Message, kw_only=True, frozen=True):
@@ -189,6 +191,9 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     configs: Annotated[dict[TargetKey, ConfigState], msgspec.Meta(max_length=32)] | None = None
     # a device with [apps]: what each application runs (a full heartbeat only)
     apps: Annotated[dict[AppKey, AppState], msgspec.Meta(max_length=64)] | None = None
+    # what the device is, as it reads itself: arch, board, os (a full heartbeat only; rollouts
+    # target by them: `targets.match`)
+    facts: Annotated[dict[FactKey, FactValue], msgspec.Meta(max_length=16)] | None = None
 
 
 class HeartbeatPace(_Message, kw_only=True, frozen=True):

@@ -35,7 +35,7 @@ def describe_bundle(path: Path) -> Described:
 
 
 APP = KindTraits(name="app", installs="application", cancel_kind=KIND_APP_CANCEL, describe=describe_bundle,
-                 file_suffixes=(SUFFIX,), skips_held=True)
+                 file_suffixes=(SUFFIX,))
 
 
 def bundle_digest(path: Path) -> str:
@@ -86,6 +86,8 @@ class AppKind:
         return Admitted(version=peek_head(head).version, artifact=str(kept), release=head)
 
     def held(self, release: bytes, devices: Sequence[DeviceInfo]) -> dict[str, str]:
+        """device -> the version of the application it runs (each rollout's `from_version`; a
+        device offered the version it runs answers `succeeded` at once)."""
         if self.versions is None:
             return {}
         running = self.versions(peek_head(release).name)

@@ -590,21 +590,26 @@ class Orchestrator:
             return
         known = {d.device_id for d in self.store.devices(r.id)}
         kind = self.kind_of(r.spec)
-        for info in infos.values():
-            if info.device_id in known or info.first_seen_ms < r.created_ms:
+        now = self.clock.now_ms()
+        skips = kind.traits.skips_held
+        # a new device, or one whose tags, version or facts changed since the plan
+        joining = [info for info in infos.values() if info.device_id not in known
+                   and not (skips and info.firmware_version == r.version) and matches(r.spec, info, now_ms=now)]
+        busy = self.store.holders([info.device_id for info in joining], kind=r.spec.rollout.kind)
+        joining = [info for info in joining if info.device_id not in busy]  # (another rollout of its kind has it)
+        if not joining:
+            return
+        held_by = kind.held(r.signed_manifest, joining)
+        for info in joining:
+            held = held_by.get(info.device_id, "")
+            if skips and held == r.version:
                 continue
-            if not matches(r.spec, info, now_ms=self.clock.now_ms()):
-                continue
-            held = kind.held(r.signed_manifest, [info]).get(info.device_id, "")
-            if not (kind.traits.skips_held and held == r.version):
-                with self.store.atomic():
-                    added = self.store.add_device(r.id, info.device_id, last, from_version=held)
-                    if added and wave.state == "running":
-                        self.store.set_device(
-                            r.id, info.device_id, deadline_ms=self.clock.now_ms() + int(r.spec.device.timeout_s * 1000)
-                        )
-                if added:
-                    log.info("rollout %s: new device %s joins wave %d", r.id, info.device_id, last)
+            with self.store.atomic():
+                added = self.store.add_device(r.id, info.device_id, last, from_version=held)
+                if added and wave.state == "running":
+                    self.store.set_device(r.id, info.device_id, deadline_ms=now + int(r.spec.device.timeout_s * 1000))
+            if added:
+                log.info("rollout %s: device %s now matches its targets: joins wave %d", r.id, info.device_id, last)
 
     async def _offer(self, r: RolloutRow, infos: dict[str, DeviceInfo]) -> None:
         now = self.clock.now_ms()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from agent.core.errors import RolloutError
 from rollout_engine.spec import RolloutSpec, WavesSection
@@ -25,6 +26,7 @@ class DeviceInfo:
     online: bool = False
     last_seen_ms: int | None = None
     first_seen_ms: int = 0
+    facts: tuple[tuple[str, str], ...] = ()  # what it says it is (arch, board, os), sorted by name
 
 
 def exclusion(spec: RolloutSpec, device: DeviceInfo, *, target_version: str | None,
@@ -39,6 +41,11 @@ def exclusion(spec: RolloutSpec, device: DeviceInfo, *, target_version: str | No
         return f"runs {device.firmware_version or 'an unknown version'}, not {', '.join(t.versions)}"
     if t.select == "devices" and device.device_id not in t.devices:
         return "not in the list"
+    if t.match:
+        facts = dict(device.facts)
+        for name, pattern in sorted(t.match.items()):
+            if not fnmatchcase(facts.get(name, ""), pattern):
+                return f"its {name} is {facts[name]!r}, not {pattern!r}" if name in facts else f"no {name} reported"
     if t.online is not None and device.online != t.online:
         return "offline" if t.online else "online"
     if t.seen_within_s is not None and now_ms is not None and (

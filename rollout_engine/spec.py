@@ -14,7 +14,8 @@
     devices_file = "bench-boards.txt"   # ...and/or the ids of this file (one a line, # comments)
     online = true                       # only devices online (true) or offline (false) when planned
     seen_within_s = 3600                # only devices heard from within this long
-    include_new = false                 # devices registering during the rollout join the last open wave
+    match = { arch = "aarch64", board = "Raspberry Pi 4*" }   # and what they report (glob patterns)
+    include_new = false                 # devices that come to match during the rollout join the last open wave
 
     [waves]
     canary = 2                          # the canary wave, first (0: none)
@@ -101,6 +102,11 @@ class TargetsSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=
     devices_file: str = ""  # read into `devices` when the spec is loaded (kept as an absolute path)
     online: bool | None = None
     seen_within_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86_400)] | None = None
+    # what the devices report of themselves (their heartbeats' facts: arch, board, os), each a
+    # glob pattern the device's value must match; with any `select`
+    match: Annotated[dict[Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")],
+                          Annotated[str, msgspec.Meta(min_length=1, max_length=128)]],
+                     msgspec.Meta(max_length=8)] = msgspec.field(default_factory=dict)
     include_new: bool = False
 
 

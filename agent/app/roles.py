@@ -105,6 +105,8 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
 
     device = env.device or DeviceEnv()
     agent = await _open_worker(config, transport, clock, base, device)
+    if device.facts is not None:
+        agent.device_facts = device.facts
     return await _parts(agent, device, (AGENT, identity_part, updater_part, config_targets_part, apps_part,
                                         local_api_part, sources_part))
 

@@ -149,6 +149,7 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
     lines = [
         f"device {d.device_id}: {state}, last seen {ago(now_ms, d.last_seen_ms)}",
         f"  firmware {d.firmware_version or '-'}   tags {','.join(d.tags) or '-'}   boot {detail.boot or '-'}",
+        *([f"  is: {', '.join(f'{k} {v}' for k, v in sorted(d.facts.items()))}"] if d.facts else []),
         f"  heartbeat seq {detail.heartbeat_seq if detail.heartbeat_seq is not None else '-'}"
         f" ({ago(now_ms, detail.heartbeat_at_ms)}), uptime {detail.uptime_s or 0:.0f}s;"
         f" first seen {ago(now_ms, detail.first_seen_ms)}, state changed {ago(now_ms, detail.changed_ms)}",

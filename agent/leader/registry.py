@@ -173,9 +173,10 @@ def _v12(conn: sqlite3.Connection) -> None:
 
 
 def _v13(conn: sqlite3.Connection) -> None:
-    """What each application of the device runs, as its newest full heartbeat stated it
-    (`Heartbeat.apps`)."""
+    """What each application of the device runs, and what the device is (arch, board, os), as its
+    newest full heartbeat stated them (`Heartbeat.apps`, `Heartbeat.facts`)."""
     conn.execute("ALTER TABLE devices ADD COLUMN apps BLOB")
+    conn.execute("ALTER TABLE devices ADD COLUMN facts BLOB")
 
 
 T = TypeVar("T")
@@ -222,6 +223,7 @@ def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, Con
 _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
 _APPS_DECODER = msgspec.msgpack.Decoder(dict[str, AppState])
+_FACTS_DECODER = msgspec.msgpack.Decoder(dict[str, str])
 #: The devices' applications, as stored: (device id, apps blob) rows.
 _APP_ROWS = "SELECT device_id, apps FROM devices WHERE apps IS NOT NULL"
 _MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13)
@@ -244,8 +246,9 @@ INTERVALS_TO_DEADLINE = 2.5
 
 _HEARTBEAT_COLUMNS = (
     "device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags, sample, online, offline_reason,"
-    " first_seen_ms, changed_ms, boot, outbox_pending, interval_ms, expires_ms, slots, configs, served_by, apps")
-_HEARTBEAT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " first_seen_ms, changed_ms, boot, outbox_pending, interval_ms, expires_ms, slots, configs, served_by, apps,"
+    " facts")
+_HEARTBEAT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
@@ -253,7 +256,7 @@ _HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
     interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots,
-    configs = excluded.configs, served_by = excluded.served_by, apps = excluded.apps
+    configs = excluded.configs, served_by = excluded.served_by, apps = excluded.apps, facts = excluded.facts
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)"""
 _UPSERT_HEARTBEAT = f"INSERT INTO devices ({_HEARTBEAT_COLUMNS}) VALUES {_HEARTBEAT_ROW} {_HEARTBEAT_CONFLICT}"
 
@@ -269,12 +272,13 @@ WHERE device_id = ? AND hb_seq < ?
 # each, in their order.
 _PG_FULL_HEARTBEATS = f"""
 INSERT INTO devices ({_HEARTBEAT_COLUMNS})
-SELECT c1, c2, c3, c4, c5, c6, c7, c8, 1, NULL, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18
+SELECT c1, c2, c3, c4, c5, c6, c7, c8, 1, NULL, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19
 FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
             CAST(? AS DOUBLE PRECISION[]), CAST(? AS TEXT[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]),
             CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
-            CAST(? AS BIGINT[]), CAST(? AS BYTEA[]), CAST(? AS BYTEA[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]))
-     AS v(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18)
+            CAST(? AS BIGINT[]), CAST(? AS BYTEA[]), CAST(? AS BYTEA[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]),
+            CAST(? AS BYTEA[]))
+     AS v(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19)
 WHERE true
 {_HEARTBEAT_CONFLICT}
 RETURNING device_id"""
@@ -300,7 +304,7 @@ _ENSURE_DEVICE = (
 
 _COLUMNS = (
     "device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags, sample, online,"
-    " offline_reason, first_seen_ms, changed_ms, telemetry_count"
+    " offline_reason, first_seen_ms, changed_ms, telemetry_count, facts"
 )
 
 
@@ -321,6 +325,11 @@ class DeviceRecord:
     first_seen_ms: int
     changed_ms: int  # last online/offline transition
     telemetry_count: int  # telemetry records applied (each exactly once)
+    facts: tuple[tuple[str, str], ...] = ()  # what it is (arch, board, os), as its newest full heartbeat said
+
+
+def _facts(blob: object) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((_stated(blob, _FACTS_DECODER.decode) or {}).items()))
 
 
 def _record(row: tuple) -> DeviceRecord:
@@ -348,6 +357,7 @@ def _record(row: tuple) -> DeviceRecord:
         first_seen_ms=row[10],
         changed_ms=row[11],
         telemetry_count=row[12],
+        facts=_facts(row[13]),
     )
 
 
@@ -488,7 +498,8 @@ class DeviceRegistry(Store):
                       _json_encode(list(hb.tags)).decode(), sample, now, now, hb.boot, hb.outbox_pending,
                       interval_ms, expires, encode(hb.slots) if hb.slots is not None else None,
                       _CONFIGS.encode(hb.configs) if hb.configs is not None else None, self.leader,
-                      _CONFIGS.encode(hb.apps) if hb.apps is not None else None)
+                      _CONFIGS.encode(hb.apps) if hb.apps is not None else None,
+                      _CONFIGS.encode(hb.facts) if hb.facts is not None else None)
 
     def _apply_rows_at_once(self, full: Sequence[tuple[bool, tuple[Any, ...]]],
                             short: Sequence[tuple[bool, tuple[Any, ...]]]) -> set[str]:
@@ -850,6 +861,7 @@ class DeviceLine(msgspec.Struct, kw_only=True, frozen=True):
     last_seen_ms: int | None
     firmware_version: str
     tags: list[str]
+    facts: dict[str, str] = {}  # what it is (arch, board, os), as its newest full heartbeat said
 
 
 class DeviceState(msgspec.Struct, kw_only=True, frozen=True):
@@ -871,11 +883,11 @@ class DeviceState(msgspec.Struct, kw_only=True, frozen=True):
     apps: dict[str, AppState] | None = None  # its applications, as its newest full heartbeat stated them
 
 
-_LINE = "device_id, online, offline_reason, last_seen_ms, firmware_version, tags"
+_LINE = "device_id, online, offline_reason, last_seen_ms, firmware_version, tags, facts"
 
 
 def _line(values: tuple[Any, ...]) -> DeviceLine:
-    device_id, online, reason, last_seen, version, tags = values
+    device_id, online, reason, last_seen, version, tags, facts = values
     try:
         tag_list = _tags_decoder.decode(tags if isinstance(tags, bytes | str) else "[]")
     except msgspec.DecodeError:
@@ -883,7 +895,7 @@ def _line(values: tuple[Any, ...]) -> DeviceLine:
     return DeviceLine(device_id=str(device_id), online=bool(online),
                       offline_reason=None if reason is None else str(reason),
                       last_seen_ms=None if last_seen is None else int(last_seen), firmware_version=str(version),
-                      tags=tag_list)
+                      tags=tag_list, facts=dict(_facts(facts)))
 
 
 class RegistryReads:
@@ -995,13 +1007,13 @@ class RegistryReads:
         if found is None:
             return None
         (hb_seq, hb_at, uptime, boot, first_seen, changed, telemetry, blob, pending, slots_blob, configs_blob,
-         served_by, apps_blob) = found[6:]
+         served_by, apps_blob) = found[7:]
         (names,) = self._conn.execute("SELECT COUNT(*) FROM telemetry_last WHERE device_id = ?",
                                       (device_id,)).fetchone()
         sample = _stated(blob, lambda b: decode(b, SystemSample))
         slots = _stated(slots_blob, lambda b: decode(b, SlotState))
         configs = _stated(configs_blob, _CONFIGS_DECODER.decode)
-        return _line(found[:6]), DeviceState(
+        return _line(found[:7]), DeviceState(
             heartbeat_seq=None if hb_seq < 0 else int(hb_seq), heartbeat_at_ms=hb_at, uptime_s=uptime, boot=str(boot),
             first_seen_ms=int(first_seen), changed_ms=int(changed), telemetry_count=int(telemetry),
             telemetry_names=int(names), outbox_pending=None if pending is None else int(pending), sample=sample,

@@ -149,7 +149,7 @@ class LeaderPort:
     def devices(self) -> Sequence[DeviceInfo]:
         return [
             DeviceInfo(device_id=d.device_id, firmware_version=d.firmware_version, tags=d.tags, online=d.online,
-                       last_seen_ms=d.last_seen_ms, first_seen_ms=d.first_seen_ms)
+                       last_seen_ms=d.last_seen_ms, first_seen_ms=d.first_seen_ms, facts=d.facts)
             for d in self._leader.registry.devices()
         ]
 

@@ -80,6 +80,13 @@ class Rollouts(Protocol):
 
 
 FLEET = "sim"
+SIM_ARCHES = ("aarch64", "armv7l")
+
+
+def sim_facts(device: str) -> Callable[[], dict[str, str]]:
+    """What a simulated device says it is: half the fleet aarch64, half armv7l (by its name)."""
+    facts = {"arch": SIM_ARCHES[zlib.crc32(device.encode()) % 2], "board": "simulated board", "os": "edge-agent sim"}
+    return lambda: facts
 LEADER_ID = "leader-1"
 # Attempts spent while a simulated device is offline are real nacks in a shared file's relay;
 # a generous cap keeps a long offline period from dead-lettering what the device will resend.
@@ -296,7 +303,7 @@ class SimFleet:
                         stores=SharedStores(outbox=self.stores[k], ledger=self.ledgers[k], incarnation=incarnation),
                         updater_hardware=self._hardware, api_sockets=False,
                         config_steps=self._config_step if targets is not None else None,
-                        apps_hardware=self._apps_hardware(firmware),
+                        apps_hardware=self._apps_hardware(firmware), facts=sim_facts(device),
                         claim_transport=claim_connection(self.broker) if self.broker is not None else None)
         if self._identity is not None:
             cfg = msgspec.structs.replace(cfg, identity=self._identity)

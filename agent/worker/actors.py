@@ -168,12 +168,14 @@ class HeartbeatActor(Actor):
         demand: Callable[[], JobDemand] | None = None, slots: Callable[[], SlotState | None] | None = None,
         configs: Callable[[], dict[str, ConfigState] | None] | None = None,
         apps: Callable[[], dict[str, AppState] | None] | None = None,
+        facts: Callable[[], dict[str, str] | None] | None = None,
     ) -> None:
         self.device_id = device_id
         self._demand = demand
         self._slots = slots
         self._configs = configs
         self._apps = apps
+        self._facts = facts
         self._link = link
         self._backoff_s = direct_backoff_s
         self._direct: DirectFirst | None = None
@@ -249,7 +251,8 @@ class HeartbeatActor(Actor):
         slots = self._slots() if self._slots is not None else None
         configs = self._configs() if self._configs is not None else None
         apps = self._apps() if self._apps is not None else None
-        stated = (firmware, self._tags, self.boot, demand, slots, configs, apps)
+        facts = self._facts() if self._facts is not None else None
+        stated = (firmware, self._tags, self.boot, demand, slots, configs, apps, facts)
         pending = self._outbox_pending() if self._outbox_pending is not None else None
         sample = self._sampler() if self._sampler is not None else None
         full = self._full_wanted or stated != self._stated
@@ -265,7 +268,7 @@ class HeartbeatActor(Actor):
             return Heartbeat(
                 device_id=self.device_id, seq=seq, uptime_s=uptime, firmware_version=firmware, tags=self._tags,
                 sample=sample, boot=self.boot, outbox_pending=pending, wire=HEARTBEAT_WIRE, demand=demand,
-                interval_s=interval, slots=slots, configs=configs, apps=apps,
+                interval_s=interval, slots=slots, configs=configs, apps=apps, facts=facts,
             )
         changed = pending if pending != self._pending else None
         self._pending = pending

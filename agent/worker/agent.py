@@ -71,6 +71,7 @@ from agent.worker.actors import (
     RecordTelemetry,
     TelemetryActor,
 )
+from agent.worker.facts import device_facts
 from agent.worker.jobs import DemandWindow, JobLedger
 from agent.worker.messages import MessageIntake, class_audit
 
@@ -293,6 +294,9 @@ class WorkerAgent(PartBase):
         # What the heartbeat reports of the applications; an attached application part answers
         # (None: no [apps]).
         self.app_states: Callable[[], dict[str, AppState] | None] = lambda: None
+        # What the heartbeat says the device is (arch, board, os), read once (`agent.worker.facts`);
+        # the simulator's devices say their own.
+        self.device_facts: Callable[[], dict[str, str] | None] = device_facts
         self._job_handler = job_handler or default_job_handler(clock)
         # What the down topic carries: the kinds this agent decodes, and the actor each goes to.
         self.kinds = agent_registry()
@@ -398,7 +402,8 @@ class WorkerAgent(PartBase):
             # a shared outbox (the simulator's) counts other devices' rows too: not reported then
             outbox_pending=self._outbox_depth if self._owns_stores else None,
             demand=self.job_worker.demand,  # a restarted leader learns it from the next heartbeat
-            slots=lambda: self.slot_state(), configs=lambda: self.config_states(), apps=lambda: self.app_states())
+            slots=lambda: self.slot_state(), configs=lambda: self.config_states(), apps=lambda: self.app_states(),
+            facts=lambda: self.device_facts())
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )

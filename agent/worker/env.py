@@ -58,6 +58,8 @@ class DeviceEnv:
     # the application helper of this device and how it fetches a bundle (default: the root helper
     # at `[apps] helper_socket`, the mirrors over HTTP); the simulator's run in its process
     apps_hardware: Callable[[WorkerAgent], tuple[AppHelperPort, Fetch]] | None = None
+    # what the device says it is in its heartbeats (default: `agent.worker.facts.device_facts`)
+    facts: Callable[[], dict[str, str]] | None = None
     # the connection an enrolment asks on, given the config and its client id (default: the
     # broker's enrolment listener, `[identity] claim_url`; the simulator's: its in-memory broker)
     claim_transport: Callable[[AgentConfig, str], Transport] | None = None

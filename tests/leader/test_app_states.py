@@ -1,6 +1,6 @@
-"""What each device's applications run, as its full heartbeats say: kept by the registry on
-leader.db and on PostgreSQL, shown by `status DEVICE`, and read by the application kind to leave
-out the devices that run a version already."""
+"""What each device's applications run and what it is (arch, board, os), as its full heartbeats say: kept by the registry on
+leader.db and on PostgreSQL, shown by `status DEVICE`, and read by the application kind for each
+device's version before a rollout."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def test_the_registry_keeps_what_each_application_runs(leader_store: Path | str)
     clock = VirtualClock()
     with DeviceRegistry.open(leader_store, clock=clock) as reg:
         two, one = AppState(version="2.0.0", previous="1.0.0"), AppState(version="1.0.0", health="failed")
-        reg.apply_heartbeats([Heartbeat(device_id="pi-1", seq=1, uptime_s=1.0, apps={"hello": two}),
+        reg.apply_heartbeats([Heartbeat(device_id="pi-1", seq=1, uptime_s=1.0, apps={"hello": two},
+                                        facts={"arch": "aarch64", "board": "Raspberry Pi 4 Model B"}),
                               Heartbeat(device_id="pi-2", seq=1, uptime_s=1.0, apps={"hello": one}),
                               Heartbeat(device_id="pi-3", seq=1, uptime_s=1.0)])
         # a short heartbeat keeps what the full one said
@@ -36,7 +37,10 @@ def test_the_registry_keeps_what_each_application_runs(leader_store: Path | str)
     with open_leader_db(store_target(str(leader_store), source="test")) as db:  # what `status pi-1` reads
         found = db.registry.device("pi-1")
         assert found is not None and found[1].apps == states["pi-1"]
-        assert device_lines(db, "pi-1")[-2:] == ["  applications:", "    hello: 2.0.0; 1.0.0 kept to go back to"]
+        lines = device_lines(db, "pi-1")
+        assert lines[-2:] == ["  applications:", "    hello: 2.0.0; 1.0.0 kept to go back to"]
+        assert "  is: arch aarch64, board Raspberry Pi 4 Model B" in lines  # what it says it is
+        assert found[0].facts == {"arch": "aarch64", "board": "Raspberry Pi 4 Model B"}
 
 
 def device_lines(db: object, device: str) -> list[str]:
@@ -55,4 +59,4 @@ def test_held_names_the_version_each_device_runs(tmp_path: Path) -> None:
                    versions=lambda name: {"pi-1": "2.0.0", "pi-2": "1.0.0"} if name == "hello" else {})
     devices = [DeviceInfo(d, "", (), True, 0, 0) for d in ("pi-1", "pi-2", "pi-3")]
     assert kind.held(head, devices) == {"pi-1": "2.0.0", "pi-2": "1.0.0"}
-    assert kind.traits.skips_held  # pi-1 is not offered 2.0.0 again
+    assert not kind.traits.skips_held  # (the engine's "already on" compares firmware versions)

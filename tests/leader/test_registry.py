@@ -196,6 +196,7 @@ def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Pa
         conn.execute("ALTER TABLE devices DROP COLUMN slots")
         conn.execute("ALTER TABLE devices DROP COLUMN configs")
         conn.execute("ALTER TABLE devices DROP COLUMN apps")
+        conn.execute("ALTER TABLE devices DROP COLUMN facts")
         conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")
     reg = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=30)
     try:

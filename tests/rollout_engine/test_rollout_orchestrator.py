@@ -383,3 +383,17 @@ async def test_the_loop_outlives_a_database_that_goes_away_and_resumes_when_it_r
         await finish_wave(h, 1)
         await finish_wave(h, 2)
         assert h.rollout_state() == "succeeded"
+
+
+async def test_a_device_whose_tags_come_to_match_joins_the_last_wave(tmp_path: Path, db: Path | str) -> None:
+    async with Harness(tmp_path, db=db, targets={"select": "tags", "tags": ["cam"], "include_new": True}) as h:
+        h.port.register("lab-1", tags=("lab",))  # known before the start, not one of its targets
+        for n in range(4):
+            h.port.register(f"cam-{n}", tags=("cam",))
+        await h.start()
+        await h.clock.advance(1.5)
+        assert h.store.device(h.rid, "lab-1") is None
+        h.port.register("lab-1", tags=("lab", "cam"))  # tagged into the group while the rollout runs
+        await h.clock.advance(1.5)
+        row = h.store.device(h.rid, "lab-1")
+        assert row is not None and row.wave == h.store.get(h.rid).wave_count - 1  # type: ignore[union-attr]

@@ -146,3 +146,19 @@ def test_target_selectors(tmp_path: Path) -> None:
     assert select_targets(cams, devices, target_version="1.1.0") == ["a", "c"]  # type: ignore[arg-type]
     old = spec(tmp_path, targets={"select": "versions", "versions": ["0.9.0"]})
     assert select_targets(old, devices, target_version="1.1.0") == ["c"]  # type: ignore[arg-type]
+
+
+def test_targets_match_what_devices_report_of_themselves(tmp_path: Path) -> None:
+    pi4 = (("arch", "aarch64"), ("board", "Raspberry Pi 4 Model B Rev 1.4"))
+    devices = [DeviceInfo("a", "1.0.0", (), facts=pi4), DeviceInfo("b", "1.0.0", (), facts=(("arch", "x86_64"),)),
+               DeviceInfo("c", "1.0.0", ("cam",), facts=pi4), DeviceInfo("d", "1.0.0", ())]
+    boards = spec(tmp_path, targets={"match": {"arch": "aarch64", "board": "Raspberry Pi 4*"}})
+    assert select_targets(boards, devices, target_version=None) == ["a", "c"]  # type: ignore[arg-type]
+    cams = spec(tmp_path, targets={"select": "tags", "tags": ["cam"], "match": {"arch": "aarch64"}})
+    assert select_targets(cams, devices, target_version=None) == ["c"]  # type: ignore[arg-type]
+    from rollout_engine.plan import exclusion
+
+    assert exclusion(boards, devices[1], target_version=None) == "its arch is 'x86_64', not 'aarch64'"
+    assert exclusion(boards, devices[3], target_version=None) == "no arch reported"
+    with pytest.raises(ConfigError, match="targets.match"):
+        spec(tmp_path, targets={"match": {"Arch!": "x"}})
