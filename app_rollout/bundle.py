@@ -47,7 +47,7 @@ import msgspec
 from app_rollout.errors import AppBundleError, BundleSignature, MalformedBundle
 from app_rollout.unit import AppUnit, check_unit
 from rollout_engine.errors import InvalidVersion, WrongKey
-from rollout_engine.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, Verifier, VerifyKey
+from rollout_engine.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, Verifier, signer_of
 from rollout_engine.version import parse_version
 
 MAGIC = b"EAAPP\x01"
@@ -187,14 +187,11 @@ def verify_head(data: bytes, key: Verifier, *, source: str) -> SignedApp:
     signature = data[end - SIGNATURE_SIZE:end]
     if key_id == bytes(KEY_ID_SIZE) and signature == bytes(SIGNATURE_SIZE):
         raise BundleSignature(f"{source}: unsigned (build it with the fleet's key: edge-agent app build --key)")
-    if not isinstance(key, VerifyKey):  # the key the trust document lists for that id
-        try:
-            key = key.signer(key_id)
-        except WrongKey as exc:
-            raise BundleSignature(f"{source}: {exc}") from None
-    elif key_id != key.key_id:
-        raise BundleSignature(f"{source}: signed by key {key_id.hex()}, not the fleet's key {key.key_id.hex()}")
-    if not key.verify(signature, MAGIC + body):
+    try:
+        signer = signer_of(key, key_id)
+    except WrongKey as exc:
+        raise BundleSignature(f"{source}: {exc}") from None
+    if not signer.verify(signature, MAGIC + body):
         raise BundleSignature(f"{source}: the signature does not verify (the bundle was changed after signing)")
     try:
         manifest = msgspec.json.decode(body, type=AppManifest)

@@ -29,7 +29,7 @@ import msgspec
 from agent.core.files import atomic_write
 from config_rollout.errors import ConfigReleaseError, MalformedRelease, ReleaseSignature
 from rollout_engine.errors import InvalidVersion, WrongKey
-from rollout_engine.keys import SigningKey, Verifier, VerifyKey
+from rollout_engine.keys import SigningKey, Verifier, signer_of
 from rollout_engine.version import parse_version
 
 MAGIC = b"EACFG\x01"
@@ -150,14 +150,11 @@ def parse_release(data: bytes, key: Verifier, *, source: str = "release",
     manifest_bytes = data[head:head + length]
     key_id = data[head + length:head + length + KEY_ID_SIZE]
     signature = data[head + length + KEY_ID_SIZE:body]
-    if not isinstance(key, VerifyKey):  # the key the trust document lists for that id
-        try:
-            key = key.signer(key_id)
-        except WrongKey as exc:
-            raise ReleaseSignature(f"{source}: {exc}") from None
-    elif key_id != key.key_id:
-        raise ReleaseSignature(f"{source}: signed by key {key_id.hex()}, not the fleet's key {key.key_id.hex()}")
-    if not key.verify(signature, MAGIC + manifest_bytes):
+    try:
+        signer = signer_of(key, key_id)
+    except WrongKey as exc:
+        raise ReleaseSignature(f"{source}: {exc}") from None
+    if not signer.verify(signature, MAGIC + manifest_bytes):
         raise ReleaseSignature(f"{source}: the signature does not verify (the release was changed after signing)")
     try:  # signed: now it may be parsed
         manifest = msgspec.json.decode(manifest_bytes, type=ReleaseManifest)

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from agent.core.files import atomic_write
-from rollout_engine.errors import KeyFileError
+from rollout_engine.errors import KeyFileError, WrongKey
 
 KEY_ID_SIZE = 8
 SIGNATURE_SIZE = 64
@@ -87,6 +87,16 @@ class KeySource(Protocol):
 
 #: What checks a signature: one pinned key, or the keys a trust document lists.
 Verifier = Union["VerifyKey", KeySource]
+
+
+def signer_of(key: Verifier, key_id: bytes) -> VerifyKey:
+    """The key that must have made a signature naming `key_id`: the pinned one, or the one the
+    trust document lists for that id; `WrongKey` saying why there is none."""
+    if not isinstance(key, VerifyKey):
+        return key.signer(key_id)
+    if key_id != key.key_id:
+        raise WrongKey(f"signed by key {key_id.hex()}, not the fleet's key {key.key_id.hex()}")
+    return key
 
 
 class SigningKey:

@@ -26,7 +26,7 @@ from agent.sim.config_rollout import fleet_key
 from agent.sim.devices import SimFirmware
 from agent.sim.options import SimOptions
 from agent.sim.report import Report
-from agent.sim.rollout import STEP_S, RolloutSimulation, device_ids
+from agent.sim.rollout import STEP_S, RolloutSimulation, device_ids, outcome_lines, wave_lines
 from app_rollout.bundle import build_bundle
 from rollout_engine.keys import SigningKey
 from rollout_engine.spec import spec_from_dict
@@ -181,19 +181,8 @@ async def app_rollout_scenario(*, devices: int = 200, seed: int = 7, fail_rate: 
 
 
 def app_rollout_summary(report: Report) -> str:
-    from rollout_engine.status import wave_label
-
     ro = report["rollout"]
-    lines = [f"application rollout of {APP} {ro['version']} to {report['devices']} devices (seed {report['seed']}):"
-             f" {ro['state']} after {ro['duration_s']:.0f}s of fleet time ({report['wall']['seconds']:.1f}s wall)"
-             f" - {ro['detail']}"]
-    for w in ro["waves"]:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(w["counts"].items())) or "untouched"
-        devices = f"{w['size']} device" + ("" if w["size"] == 1 else "s")
-        lines.append(f"  {wave_label(w['index'], canary=w.get('canary', False))}: {devices}, {w['state']}: {counts}")
-    lines.append("devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))
-    lines.append(f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
-                 f"   conservation_ok: {report['conservation_ok']}")
+    lines = [*wave_lines(report, f"application rollout of {APP} {ro['version']}"), *outcome_lines(report)]
     u = report["unhealthy"]
     lines.append(f"unhealthy {APP} {NEW}: {u['devices']} devices, {u['offered']} offered it, {u['failed']} took it"
                  " back by themselves")

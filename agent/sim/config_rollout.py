@@ -26,7 +26,7 @@ from agent.core.errors import ConfigError
 from agent.sim.devices import SimConfigTargets, SimFirmware
 from agent.sim.options import SimOptions
 from agent.sim.report import Report
-from agent.sim.rollout import RolloutSimulation, device_ids
+from agent.sim.rollout import RolloutSimulation, device_ids, outcome_lines, wave_lines
 from config_rollout.device.apply import CONFIRM_RETRY_S
 from config_rollout.release import build_release
 from rollout_engine.keys import SigningKey
@@ -162,19 +162,8 @@ async def config_rollout_scenario(*, devices: int = 200, seed: int = 7, cut_rate
 
 
 def config_rollout_summary(report: Report) -> str:
-    from rollout_engine.status import wave_label
-
     ro = report["rollout"]
-    lines = [f"config rollout of app {ro['version']} to {report['devices']} devices (seed {report['seed']}):"
-             f" {ro['state']} after {ro['duration_s']:.0f}s of fleet time ({report['wall']['seconds']:.1f}s wall)"
-             f" - {ro['detail']}"]
-    for w in ro["waves"]:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(w["counts"].items())) or "untouched"
-        devices = f"{w['size']} device" + ("" if w["size"] == 1 else "s")
-        lines.append(f"  {wave_label(w['index'], canary=w.get('canary', False))}: {devices}, {w['state']}: {counts}")
-    lines.append("devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))
-    lines.append(f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
-                 f"   conservation_ok: {report['conservation_ok']}")
+    lines = [*wave_lines(report, f"config rollout of app {ro['version']}"), *outcome_lines(report)]
     c = report["cut"]
     lines.append(f"cut off by the config: {c['devices']} devices, {c['offered']} offered it, {c['rolled_back']}"
                  f" reverted by themselves (at most {c['revert_s_max']}s after the apply; confirm_s"

@@ -465,28 +465,41 @@ async def wave_rollout_scenario(*, devices: int = 200, seed: int = 3, fail_rate:
                              fail_rate=fail_rate, **kwargs)
 
 
-def rollout_summary(report: Report) -> str:
+def wave_lines(report: Report, what: str, *, note: str = "") -> list[str]:
+    """A rollout scenario's first lines: `what` ("wave rollout of 1.1.0"), how it ended, and each wave."""
     ro = report["rollout"]
-    lines = [
-        f"wave rollout of {ro['version']} to {report['devices']} devices (seed {report['seed']},"
-        f" {report['failing_devices']} failing): {ro['state']} after {ro['duration_s']:.0f}s of fleet time"
-        f" ({report['wall']['seconds']:.1f}s wall) - {ro['detail']}",
-    ]
+    lines = [f"{what} to {report['devices']} devices (seed {report['seed']}{note}):"
+             f" {ro['state']} after {ro['duration_s']:.0f}s of fleet time ({report['wall']['seconds']:.1f}s wall)"
+             f" - {ro['detail']}"]
     for w in ro["waves"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(w["counts"].items())) or "untouched"
         devices = f"{w['size']} device" + ("" if w["size"] == 1 else "s")
         lines.append(f"  {wave_label(w['index'], canary=w.get('canary', False))}: {devices}, {w['state']}: {counts}")
+    return lines
+
+
+def outcome_lines(report: Report) -> list[str]:
+    """The devices' outcomes, what the abort left alone and what was lost."""
+    ro = report["rollout"]
+    return ["devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())),
+            f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
+            f"   conservation_ok: {report['conservation_ok']}"]
+
+
+def rollout_summary(report: Report) -> str:
+    ro = report["rollout"]
+    lines = wave_lines(report, f"wave rollout of {ro['version']}", note=f", {report['failing_devices']} failing")
     d = report["downloads"]
     lines.append(f"downloads: at most {d['max_concurrent']} at once (bound {d['bound']}), {d['served']} chunks"
                  f" served, {d['busy']} busy answers; {d['bytes_to_fetch']} of {d['image_bytes']} image bytes"
                  " fetched")
-    lines.append("devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))
+    devices, after = outcome_lines(report)
+    lines.append(devices)
     if (led := report.get("leaders")) is not None and led["orchestrator"] is not None:
         crashed = f"{', '.join(led['crashed'])} crashed; " if led["crashed"] else ""
         lines.append(f"leaders: {crashed}{led['orchestrator']['holder']} ran the rollouts at the end"
                      f" (orchestrator lease token {led['orchestrator']['token']})")
-    lines.append(f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
-                 f"   conservation_ok: {report['conservation_ok']}")
+    lines.append(after)
     if ro.get("cancel_at_s") is not None:
         lines.append(f"canceled at {ro['cancel_at_s']:g}s: devices installed after the cancel:"
                      f" {ro['devices_installed_after_cancel']}, still to confirm it: {ro['cancel_pending']}")
@@ -505,7 +518,9 @@ __all__ = [
     "pick_failing",
     "public_key_for",
     "rollout_options",
+    "outcome_lines",
     "rollout_summary",
+    "wave_lines",
     "run_rollout",
     "wave_rollout_scenario",
 ]

@@ -94,17 +94,10 @@ async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory
             if end <= have:
                 continue  # written by an earlier try
             local = reuse.get(entry.sha256)
-            if local is not None and not wanted:
-                out.seek(start)
-                out.truncate()
-                have = start
-                if _copy_checked(local, out, entry.sha256, entry.size):
-                    reused += entry.size
-                    have = end
-                    continue
-            if local is not None and wanted:  # (a run to fetch comes first: keep the file order)
-                fetched += await _fetch_runs(mirrors, digest, out, wanted, timeout_s, ca)
-                wanted = []
+            if local is not None:
+                if wanted:  # the runs to fetch before it come first: the file is written in order
+                    fetched += await _fetch_runs(mirrors, digest, out, wanted, timeout_s, ca)
+                    wanted = []
                 out.seek(start)
                 out.truncate()
                 have = start

@@ -1,6 +1,6 @@
-"""What each device's applications run and what it is (arch, board, os), as its full heartbeats say: kept by the registry on
-leader.db and on PostgreSQL, shown by `status DEVICE`, and read by the application kind for each
-device's version before a rollout."""
+"""What each device's applications run and what it is (arch, board, os), as its full heartbeats
+say: kept by the registry on leader.db and on PostgreSQL, shown by `status DEVICE`, and read by
+the application kind for each device's version before a rollout."""
 
 from __future__ import annotations
 
