@@ -101,7 +101,7 @@ def device_helper(apps: SimApps, key: Verifier, base: Path, device: str, clock: 
     """The application helper of the simulated device `device` whose folder is `base`."""
     manager = SimServiceManager(base / "units", fails=lambda v: device in apps.failing and v == apps.unhealthy)
     helper = AppHelper(key=key, root=base / "apps", unit_dir=base / "units", hidden=(), systemd=manager,
-                       durable=False)
+                       durable=False, clock=clock)
     return InProcessHelper(helper, clock=clock)
 
 

@@ -41,8 +41,10 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from agent.core.clock import Clock, SystemClock
 from agent.core.errors import EdgeAgentError
 from agent.core.files import atomic_write
+from agent.core.tasks import in_thread
 from agent.service.helper_socket import HelperSocketServer
 from app_rollout.bundle import BUNDLE_MAX, SignedApp, iter_files, read_head, verify_head
 from app_rollout.device.systemd import Systemd, UnitState
@@ -109,8 +111,9 @@ class AppHelper:
 
     def __init__(self, *, key: Verifier, root: Path, unit_dir: Path, hidden: tuple[str, ...],
                  allowed_uids: frozenset[int] = frozenset(), systemd: Systemd | None = None,
-                 durable: bool = True) -> None:
+                 durable: bool = True, clock: Clock | None = None) -> None:
         self.key = key
+        self.clock = clock or SystemClock()  # (a virtual one runs the file work inline: the simulator's)
         self.durable = durable  # (the simulator's devices share one disk: no sync of it per install)
         self.root = root
         self.unit_dir = unit_dir
@@ -176,7 +179,7 @@ class AppHelper:
             return AppReply(ok=True, apps=self.records(), root=str(self.root))
         if r.op == "install":
             take_trust_document(self.key, r.trust, came_with="the agent's install request")
-            app = await asyncio.to_thread(self._install, r.path, uid)
+            app = await in_thread(self.clock, self._install, r.path, uid)
             return AppReply(ok=True, installed=f"{app.name} {app.version}", apps=self.records())
         if not r.name:
             raise AppInstallError(f"{r.op}: which application? (name)")
