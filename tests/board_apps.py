@@ -25,9 +25,10 @@ def apps_config(path: Path, mqtt_port: int) -> Path:
 
 
 def hello_bundle(tmp: Path, version: str, private: Path, *, healthy: bool, data: dict[str, bytes] | None = None,
-                 timeout_s: float = 60.0) -> Path:
+                 timeout_s: float = 60.0, command: str = "") -> Path:
     """hello-VERSION.eaapp: the test application (its health URL answers 500 unless `healthy`),
-    with `data` (name -> content) as files under files/data."""
+    with `data` (name -> content) as files under files/data; `command`: its health check is this
+    shell command (run as the application) instead of the URL."""
     src = tmp / f"hello-{version}"
     (src / "files" / "bin").mkdir(parents=True)
     shutil.copy(APP / "server", src / "files" / "bin" / "server")
@@ -39,9 +40,10 @@ def hello_bundle(tmp: Path, version: str, private: Path, *, healthy: bool, data:
         for name, content in data.items():
             (src / "files" / "data" / name).write_bytes(content)
     shutil.copy(APP / "hello.service", src / "hello.service")
+    check = (f'check = "command"\ncommand = ["/bin/sh", "-c", {command!r}]\n'.replace("'", '"') if command
+             else 'check = "http"\nurl = "http://127.0.0.1:8080/"\n')
     (src / "app.toml").write_text(f'[app]\nname = "hello"\nversion = "{version}"\nunit = "hello.service"\n\n'
-                                  '[health]\ncheck = "http"\nurl = "http://127.0.0.1:8080/"\nsettle_s = 3\n'
-                                  f'timeout_s = {timeout_s}\n')
+                                  f'[health]\n{check}settle_s = 3\ntimeout_s = {timeout_s}\n')
     out = tmp / f"hello-{version}.eaapp"
     built = cli("app", "build", str(src), "--key", str(private), "--out", str(out))
     assert built.returncode == 0, built.stderr

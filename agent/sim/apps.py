@@ -73,7 +73,8 @@ class SimServiceManager(Systemd):
             return UnitState("failed", "failed", 5, 0, "exit-code", 1)
         return UnitState("active", "running", 0, 1, "success")
 
-    async def run_as(self, name: str, argv: list[str], *, directory: str, timeout_s: float) -> tuple[int, str]:
+    async def run_as(self, name: str, argv: list[str], *, directory: str, timeout_s: float,
+                     hidden: tuple[str, ...] = ()) -> tuple[int, str]:
         version = self.running.get(f"edge-app-{name}.service", "")
         return (1, "simulated failure") if self.fails(version) else (0, "")
 

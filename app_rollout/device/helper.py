@@ -309,7 +309,7 @@ class AppHelper:
         if not argv[0].startswith("/"):
             argv[0] = str(target / "files" / argv[0])
         code, out = await self.systemd.run_as(name, argv, directory=str(target / "files"),
-                                              timeout_s=health.timeout_s)
+                                              timeout_s=health.timeout_s, hidden=self.hidden)
         return AppReply(ok=True, exit_code=code, output=out[-500:], apps=self.records())
 
     def _commit(self, name: str, record: AppRecord) -> None:

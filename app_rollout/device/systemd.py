@@ -71,12 +71,15 @@ class Systemd:
                          since_us=int(values.get("ActiveEnterTimestampMonotonic", "0") or 0),
                          result=values.get("Result", "?"), status=int(values.get("ExecMainStatus", "0") or 0))
 
-    async def run_as(self, name: str, argv: list[str], *, directory: str, timeout_s: float) -> tuple[int, str]:
-        """`argv` run as application `name` runs: its own dynamic user, its data, its files."""
-        return await run("systemd-run", "--wait", "--pipe", "--quiet", "--collect",
-                         f"--unit=edge-app-{name}-check", "--property=DynamicUser=yes",
-                         f"--property=StateDirectory=edge-apps/{name}", f"--working-directory={directory}",
-                         "--property=NoNewPrivileges=yes", "--property=ProtectSystem=strict", "--", *argv,
+    async def run_as(self, name: str, argv: list[str], *, directory: str, timeout_s: float,
+                     hidden: tuple[str, ...] = ()) -> tuple[int, str]:
+        """`argv` run as application `name` runs: its own dynamic user, its data, its files, the
+        same sandbox as its unit (`hidden`: the paths it may not see)."""
+        sandbox = ["DynamicUser=yes", f"StateDirectory=edge-apps/{name}", "NoNewPrivileges=yes",
+                   "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
+                   "CapabilityBoundingSet=", "RestrictSUIDSGID=yes", *(f"InaccessiblePaths=-{p}" for p in hidden)]
+        return await run("systemd-run", "--wait", "--pipe", "--quiet", "--collect", f"--unit=edge-app-{name}-check",
+                         f"--working-directory={directory}", *(f"--property={p}" for p in sandbox), "--", *argv,
                          timeout_s=timeout_s)
 
 

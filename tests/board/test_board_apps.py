@@ -4,7 +4,8 @@ and systemd (PID 1) runs it as its own dynamic user.
 
 - 1.0.0 installs, starts and answers its health URL: the leader says `succeeded`.
 - 2.0.0 goes beside it and takes over; the data directory is the same (its start count goes on);
-  its files are 1.0.0's, so the device copies them and downloads none.
+  its files are 1.0.0's, so the device copies them and downloads none; its health check is a
+  command run as the application, in its sandbox (it finds its files, not the agent's data).
 - 3.0.0 answers 500: it is taken back, 2.0.0 runs again, and the leader says which check failed.
 - The agent's data is out of the application's sight."""
 
@@ -62,7 +63,9 @@ def test_applications_install_beside_take_over_and_an_unhealthy_one_is_taken_bac
             assert "starts=1" in first and "agent_data=hidden" in first and "uid=0" not in first, first
 
             mark = board.mark()
-            start_rollout(tmp_path, db, "hello-2", hello_bundle(tmp_path, "2.0.0", private, healthy=True), kind="app")
+            checked_as_the_app = "test -f healthy && ! ls /var/lib/edge-agent"  # its files, not the agent's data
+            two = hello_bundle(tmp_path, "2.0.0", private, healthy=True, command=checked_as_the_app)
+            start_rollout(tmp_path, db, "hello-2", two, kind="app")
             done = rollout_end(db, "hello-2")
             state, detail = device_detail(done)
             assert done["state"] == "succeeded" and state == "succeeded", done
