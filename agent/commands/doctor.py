@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from agent.transport.probe import BrokerAddress
 
 CHECKS = ("config", "data dir", "agent", "clock", "identity", "broker", "tls", "credentials", "mqtt v5", "acl",
-          "leader", "firmware key", "commands", "local api", "leader db", "dead letters", "housekeeping")
+          "leader", "firmware key", "installer", "apps", "commands", "local api", "leader db", "dead letters",
+          "kept state", "housekeeping")
 MIN_FREE_BYTES = 64 * 1024 * 1024  # as the agent's own disk check
 CERT_WARN_DAYS = 30
 _TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
@@ -124,7 +125,7 @@ def run_checks(args: argparse.Namespace, *, skip: set[str]) -> Iterator[Outcome]
     if config.identity is not None and config.agent.role == "leader" and "identity" not in skip:
         yield from _leader_identity(config, data_dir)
     yield from network
-    yield from _local(config, data_dir, skip)
+    yield from _local(config, data_dir, skip, timeout_s=args.timeout)
 
 
 def _identity(config: AgentConfig, data_dir: Path) -> tuple[Outcome, AgentConfig]:
@@ -384,7 +385,7 @@ def _session(config: AgentConfig, address: BrokerAddress, tls: TlsSettings | Non
                                                             " rejects list` on the leader")
 
 
-def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outcome]:
+def _local(config: AgentConfig, data_dir: Path, skip: set[str], *, timeout_s: float) -> Iterator[Outcome]:
     fw = config.firmware
     if fw.trust_root and "firmware key" not in skip:
         yield _trust(config, data_dir)
@@ -399,6 +400,8 @@ def _local(config: AgentConfig, data_dir: Path, skip: set[str]) -> Iterator[Outc
                           "point firmware.public_key at the fleet's public.pem")
     if fw.keyed and config.agent.role == "worker" and "installer" not in skip:
         yield _installer(config, data_dir)
+    if config.apps.helper_socket and config.agent.role == "worker" and "apps" not in skip:
+        yield _apps(config, timeout_s=timeout_s)
     commands = [(n, c) for n, c in (("firmware.reboot_command", fw.reboot_command),
                                     ("firmware.health_command", fw.health_command)) if c]
     if commands and "commands" not in skip:
@@ -495,6 +498,32 @@ def _installer(config: AgentConfig, data_dir: Path) -> Outcome:
                        f"the socket's group is {fw.helper_group!r} with the agent's user {fw.helper_user!r} alone "
                        "(install.sh makes it so; edge-agent-installer.socket's SocketGroup=)")
     return Outcome("installer", True, f"{installer.name} through the install helper: {where}")
+
+
+def _apps(config: AgentConfig, *, timeout_s: float) -> Outcome:
+    """The application helper, asked what it keeps (its socket starts it; describing changes
+    nothing), and who may open its socket."""
+    from agent.core.clock import SystemClock
+    from app_rollout.device.client import AppHelperClient
+    from app_rollout.errors import AppInstallError
+
+    sock = config.apps.helper_socket
+    door = _helper_door(Path(sock), "edge-agent-apps", config.firmware.helper_user)
+    if door:
+        return Outcome("apps", False, f"the application helper: {door}",
+                       f"the socket's group is 'edge-agent-apps' with the agent's user {config.firmware.helper_user!r}"
+                       " alone (install.sh makes it so; edge-agent-apps.socket's SocketGroup=)")
+    client = AppHelperClient(sock, clock=SystemClock(), timeout_s=timeout_s)
+    try:
+        reply = client.call("describe")
+    except AppInstallError as exc:
+        return Outcome("apps", False, str(exc), "run doctor as root or as the agent's user; see docs/apps.md")
+    finally:
+        client.close()
+    kept = [f"{name} {r.current or '-'}" + (f" (trial {r.trial})" if r.trial else "")
+            for name, r in sorted(reply.apps.items())]
+    said = f"{len(kept)} application(s): {', '.join(kept)}" if kept else "no application yet"
+    return Outcome("apps", True, f"the application helper at {sock} keeps {said} in {reply.root}")
 
 
 def _helper_door(sock: Path, group: str, user: str) -> str:

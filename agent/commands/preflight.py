@@ -92,6 +92,7 @@ def preflight(path: str | Path, *, broker: str | None = None) -> AgentConfig:
         if argv and shutil.which(argv[0]) is None:
             raise ConfigError(source, key, f"{argv[0]!r} is not an executable on PATH (give its full path)")
     _check_installer(config, source)
+    _check_apps(config, source)
     _check_artifact_server(config, source)
     _check_config_targets(config, source)
     return config
@@ -156,6 +157,20 @@ def _check_installer(config: AgentConfig, source: str) -> None:
                                                                "edge-agent-installer.socket enabled?)")
         return
     backend.preflight()
+
+
+def _check_apps(config: AgentConfig, source: str) -> None:
+    """A worker given the application helper's socket can take application offers: the fleet's
+    key to check bundles with, and the socket there (its unit listening)."""
+    apps = config.apps
+    if config.agent.role != "worker" or not apps.helper_socket:
+        return
+    if not config.firmware.keyed:
+        raise ConfigError(source, "apps.helper_socket", "applications are checked with the fleet's key: set"
+                                                        " firmware.public_key or firmware.trust_root")
+    if not Path(apps.helper_socket).is_socket():
+        raise ConfigError(source, "apps.helper_socket", f"{apps.helper_socket}: no socket there (is"
+                                                        " edge-agent-apps.socket enabled?)")
 
 
 __all__ = ["preflight"]

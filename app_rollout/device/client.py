@@ -57,6 +57,10 @@ class AppHelperClient:
                                   f"{' ' + request.name if request.name else ''}: {reply.error}")
         return reply
 
+    def call(self, op: str, name: str = "", **fields: object) -> AppReply:
+        """`ask` in this thread (`doctor`)."""
+        return self._call(msgspec.convert({"op": op, "name": name, **fields}, type=AppRequest))
+
     async def ask(self, op: str, name: str = "", **fields: object) -> AppReply:
         request = msgspec.convert({"op": op, "name": name, **fields}, type=AppRequest)
         return await in_thread(self.clock, self._call, request)

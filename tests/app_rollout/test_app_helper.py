@@ -190,3 +190,42 @@ async def test_a_trial_is_committed_or_taken_back_and_a_committed_version_stays(
     assert await ask("remove", "hello") == ""
     assert not (tmp_path / "units" / "edge-app-hello.service").exists()
     assert systemd.asked[-2:] == ["stop edge-app-hello.service", "daemon-reload"]
+
+
+def test_doctor_asks_the_helper_what_it_keeps_and_names_its_socket_door(tmp_path: Path, helper: Helper) -> None:
+    """`doctor`'s apps check describes through the real socket; a worker whose config names a
+    socket that is not there, or no fleet key, is refused by `config check` in one line."""
+    import grp
+
+    from agent.commands.doctor import _apps
+    from agent.commands.preflight import preflight
+    from agent.core.config import load_config
+    from agent.core.errors import ConfigError
+
+    (helper.root / "hello").mkdir(parents=True)
+    (helper.root / "hello" / "record.json").write_text('{"current": "1.0.0", "previous": "", "trial": "2.0.0"}')
+    public = tmp_path / "keys" / "public.pem"
+    worker = tmp_path / "worker.toml"
+    text = (f'[agent]\nrole = "worker"\ndevice_id = "pi-1"\nfleet = "f"\ndata_dir = "{tmp_path / "data"}"\n\n'
+            f'[mqtt]\nurl = "memory://f"\n\n[firmware]\npublic_key = "{public}"\nhelper_user = "root"\n\n'
+            f'[apps]\nhelper_socket = "{helper.socket}"\n')
+    worker.write_text(text)
+    config = load_config(worker)
+    ours = grp.getgrgid(helper.socket.stat().st_gid).gr_name
+    said = _apps(config, timeout_s=5.0)
+    assert said.ok is False and f"belongs to group {ours!r}, not 'edge-agent-apps'" in said.text
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("agent.commands.doctor._helper_door", lambda *_: "")
+        said = _apps(config, timeout_s=5.0)
+    assert said.ok is True, said
+    assert said.text == (f"the application helper at {helper.socket} keeps 1 application(s): hello 1.0.0"
+                         f" (trial 2.0.0) in {helper.root}")
+    assert preflight(worker).apps.helper_socket == str(helper.socket)
+    worker.write_text(text.replace(str(helper.socket), str(tmp_path / "absent.sock")))
+    with pytest.raises(ConfigError) as absent:
+        preflight(worker)
+    assert str(absent.value) == (f"{worker}: apps.helper_socket: {tmp_path / 'absent.sock'}: no socket there (is"
+                                 " edge-agent-apps.socket enabled?)")
+    worker.write_text(text.replace(f'public_key = "{public}"\n', ""))
+    with pytest.raises(ConfigError, match="apps.helper_socket: applications are checked with the fleet's key"):
+        preflight(worker)
