@@ -7,11 +7,16 @@ On disk (`.eaapp`), every length big-endian:
     | the files, in the manifest's order, each exactly its stated size
 
 The signed head (everything up to the signature) is what a rollout stores and offers; a device
-fetches the whole file from a mirror and checks each file against the head's sha256 as it writes
-it. The signature is ed25519 over the magic and the manifest's bytes. Nothing of a bundle is used
+writes the bundle's file from the head on, copying what the version it runs holds and fetching
+the rest from a mirror (`app_rollout.device.fetch`), and checks each file against the head's
+sha256. A file of at least `CHUNKED_FROM` bytes is listed with its content-defined chunks
+(FastCDC, casync's bounds: the firmware's), each its length and sha256, so a new version of a
+large file fetches only the chunks that changed.
+
+The signature is ed25519 over the magic and the manifest's bytes. Nothing of a bundle is used
 before its signature is checked, and the manifest is bounded everywhere: the number of files,
-each file's size, its path (relative, no `..`), its mode (0644 or 0755), the unit
-(`app_rollout.unit`), the health check.
+each file's size, its path (relative, no `..`), its mode (0644 or 0755), its chunks (adding up
+to its size), the unit (`app_rollout.unit`), the health check.
 
 A bundle is built from a directory holding `app.toml`:
 
@@ -58,6 +63,8 @@ FILE_MAX = 256 * 1024 * 1024
 BUNDLE_MAX = 1024 * 1024 * 1024
 HEAD_MAX = len(MAGIC) + 4 + MANIFEST_MAX + KEY_ID_SIZE + SIGNATURE_SIZE
 MODES = (0o644, 0o755)
+CHUNK_MIN, CHUNK_AVG, CHUNK_MAX = 16 * 1024, 64 * 1024, 256 * 1024  # FastCDC bounds, as `firmware build`'s
+CHUNKED_FROM = 2 * CHUNK_AVG  # a smaller file is fetched whole when it changed
 
 AppName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
 FilePath = Annotated[str, msgspec.Meta(max_length=255, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}"
@@ -66,11 +73,16 @@ Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 _LOOPBACK_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5}(/[\x21-\x7e]{0,200})?$")
 
 
-class AppFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+Chunk = tuple[Annotated[int, msgspec.Meta(ge=1, le=CHUNK_MAX)], Sha256Hex]  # (length, sha256)
+
+
+class AppFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     path: FilePath
     size: Annotated[int, msgspec.Meta(ge=0, le=FILE_MAX)]
     mode: Literal[0o644, 0o755]
     sha256: Sha256Hex
+    # its content-defined chunks in order (none: fetched whole when it changed)
+    chunks: Annotated[tuple[Chunk, ...], msgspec.Meta(max_length=FILE_MAX // CHUNK_MIN + 1)] = ()
 
 
 class AppHealth(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -135,6 +147,10 @@ def _check(manifest: AppManifest, source: str) -> AppUnit:
     if len(set(paths)) != len(paths):
         twice = sorted(p for p in set(paths) if paths.count(p) > 1)[0]
         raise MalformedBundle(f"{source}: a file is listed twice ({twice})")
+    for f in manifest.files:
+        if f.chunks and sum(length for length, _ in f.chunks) != f.size:
+            raise MalformedBundle(f"{source}: {f.path}: its chunks add up to {sum(n for n, _ in f.chunks)} bytes,"
+                                  f" not its {f.size}")
     dirs = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
     if dirs & set(paths):
         raise MalformedBundle(f"{source}: {sorted(dirs & set(paths))[0]} is both a file and a directory")
@@ -280,10 +296,49 @@ class _AppToml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     health: AppHealth = AppHealth()
 
 
+def file_chunks(path: Path, size: int) -> list[tuple[int, str]]:
+    """The content-defined chunks of the file at `path` (`size` bytes): (length, sha256 hex)."""
+    try:
+        from fastcdc import fastcdc  # only `app build` needs it: kept off every other import path
+    except ImportError:
+        raise AppBundleError("content-defined chunks need the fastcdc package: pip install 'edge-agent[cli]'"
+                             " (or build with --whole-files)") from None
+    import mmap
+
+    chunks: list[tuple[int, str]] = []
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            for chunk in fastcdc(view, min_size=CHUNK_MIN, avg_size=CHUNK_AVG, max_size=CHUNK_MAX):
+                data = view[chunk.offset:chunk.offset + chunk.length]
+                chunks.append((chunk.length, hashlib.sha256(data).hexdigest()))
+                del data
+        finally:
+            view.release()
+    if sum(length for length, _ in chunks) != size:
+        raise AppBundleError(f"{path}: changed while it was read")
+    return chunks
+
+
+def _fitting(files: list[dict[str, object]]) -> list[dict[str, object]]:
+    """`files` with the chunk lists of the largest files dropped until the manifest fits its cap
+    (each chunk costs about 75 bytes of it; such a file is fetched whole when it changed)."""
+    budget = MANIFEST_MAX - 16 * 1024 - sum(200 + len(str(f["path"])) for f in files)
+    costs = sorted(((len(f.get("chunks", ())) * 76, i) for i, f in enumerate(files)), reverse=True)  # type: ignore[arg-type]
+    total = sum(cost for cost, _ in costs)
+    for cost, i in costs:
+        if total <= budget:
+            break
+        files[i] = {k: v for k, v in files[i].items() if k != "chunks"}
+        total -= cost
+    return files
+
+
 def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, created_ms: int = 0,
-                 force: bool = False) -> SignedApp:
+                 force: bool = False, chunks: bool = True) -> SignedApp:
     """Build and sign the bundle of `directory/app.toml`, written to `out` (replaced only with
-    `force`). An `AppBundleError` names the file and the key that is wrong."""
+    `force`); files of `CHUNKED_FROM` bytes or more listed with their chunks unless not `chunks`.
+    An `AppBundleError` names the file and the key that is wrong."""
     root = Path(directory)
     toml_path = root / "app.toml"
     try:
@@ -303,7 +358,7 @@ def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, cre
     files_root = root / spec.app.files
     if not files_root.is_dir():
         raise AppBundleError(f"{toml_path}: app.files: {files_root} is not a directory")
-    entries: list[tuple[AppFile, Path]] = []
+    entries: list[tuple[dict[str, object], Path]] = []
     for path in sorted(files_root.rglob("*")):
         relative = path.relative_to(files_root).as_posix()
         info = path.lstat()
@@ -316,16 +371,20 @@ def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, cre
         with path.open("rb") as f:
             for block in iter(lambda f=f: f.read(BLOCK), b""):  # type: ignore[misc]
                 digest.update(block)
+        entry: dict[str, object] = {"path": relative, "size": info.st_size, "mode": mode,
+                                    "sha256": digest.hexdigest()}
         try:
-            entries.append((msgspec.convert({"path": relative, "size": info.st_size, "mode": mode,
-                                             "sha256": digest.hexdigest()}, type=AppFile), path))
+            msgspec.convert(entry, type=AppFile)
         except msgspec.ValidationError as exc:
             raise AppBundleError(f"{path}: {exc} (a path of at most 8 parts of A-Z a-z 0-9 _ . + -, a file of at"
                                  f" most {FILE_MAX} bytes)") from None
+        if chunks and info.st_size >= CHUNKED_FROM:
+            entry["chunks"] = file_chunks(path, info.st_size)
+        entries.append((entry, path))
     try:
         manifest = msgspec.convert({"name": spec.app.name, "version": spec.app.version, "unit": unit,
                                     "health": msgspec.to_builtins(spec.health), "created_ms": created_ms,
-                                    "files": [msgspec.to_builtins(e) for e, _ in entries]}, type=AppManifest)
+                                    "files": _fitting([e for e, _ in entries])}, type=AppManifest)
     except msgspec.ValidationError as exc:
         raise AppBundleError(f"{toml_path}: {exc}") from None
     _check(manifest, str(toml_path))
@@ -353,5 +412,6 @@ def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, cre
                      head, key.key_id.hex())
 
 
-__all__ = ["MAGIC", "SUFFIX", "AppFile", "AppHealth", "AppManifest", "SignedApp", "build_bundle", "head_length",
-           "iter_files", "peek_head", "read_bundle", "read_head", "sign_manifest", "verify_head"]
+__all__ = ["CHUNKED_FROM", "MAGIC", "SUFFIX", "AppFile", "AppHealth", "AppManifest", "SignedApp", "build_bundle",
+           "file_chunks", "head_length", "iter_files", "peek_head", "read_bundle", "read_head", "sign_manifest",
+           "verify_head"]

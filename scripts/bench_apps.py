@@ -6,8 +6,10 @@ host's leader rolls out. Prints one JSON line:
     R1, R2                       {state, seconds, bytes_fetched, bytes_reused, fetch_s, install_s,
                                  health_s}: from `rollout start` to the device's `succeeded`, and
                                  the device's own steps as its report says: fetching the bundle
-                                 from the leader's artifact server (R2 changes the server and one
-                                 data file of 8: the other 7 are copied from the running version),
+                                 from the leader's artifact server (R2 changes the server, replaces
+                                 one data file of 8 and inserts 64 bytes into the middle of another:
+                                 the 6 others are copied from the running version, and of the
+                                 patched one the chunks the insertion did not touch),
                                  the helper's install and start, the health check (an HTTP URL
                                  answering 2xx, then settle_s)
     R3                           {state, seconds, health_s, rollback_s}: a version whose health URL
@@ -15,8 +17,9 @@ host's leader rolls out. Prints one JSON line:
                                  helper's revert until the version before runs again
     agent_rss_mb                 the agent's resident memory while the application runs (as the
                                  application read it from /proc)
-    baseline                     {fetch_bytes_full}: what a device fetches of R2 with nothing
-                                 reused: the whole bundle
+    baseline                     {fetch_bytes_full, fetch_bytes_whole_files}: what a device fetches
+                                 of R2 with nothing reused (the whole bundle), and reusing only
+                                 whole files (each file whose sha256 differs fetched whole)
 
     python scripts/bench_apps.py [--data-mb 4] [--timeout-s 30]
 
@@ -40,6 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from app_rollout.bundle import peek_head, read_head  # noqa: E402
 from tests.board_apps import apps_config, hello_bundle  # noqa: E402
 from tests.board_updates import free_port, heard_from, rollout_end, start_rollout  # noqa: E402
 from tests.e2e.agent_support import kill, run_agent, wait_for, write_config  # noqa: E402
@@ -95,7 +99,8 @@ def main() -> int:
             wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=900)
             each = int(args.data_mb * 1024 * 1024) // 8
             data = {f"part-{i}": os.urandom(each) for i in range(8)}
-            changed = {**data, "part-3": os.urandom(each)}  # R2: one data file of 8 differs (and the version)
+            patched = data["part-5"][:each // 2] + os.urandom(64) + data["part-5"][each // 2:]
+            changed = {**data, "part-3": os.urandom(each), "part-5": patched}  # R2: two data files of 8 differ
             bundles = {"R1": hello_bundle(tmp, "1.0.0", private, healthy=True, data=data),
                        "R2": hello_bundle(tmp, "2.0.0", private, healthy=True, data=changed),
                        "R3": hello_bundle(tmp, "3.0.0", private, healthy=False, data=changed,
@@ -111,7 +116,10 @@ def main() -> int:
                 rss = re.search(r"agent_rss_kb=(\d+)", line)
                 if rss:
                     out["agent_rss_mb"] = round(int(rss.group(1)) / 1024, 1)
-            out["baseline"] = {"fetch_bytes_full": out["bundle_bytes"]["R2"]}
+            r1, r2 = (peek_head(read_head(bundles[name])) for name in ("R1", "R2"))
+            held = {f.sha256 for f in r1.files}
+            out["baseline"] = {"fetch_bytes_full": out["bundle_bytes"]["R2"],
+                               "fetch_bytes_whole_files": sum(f.size for f in r2.files if f.sha256 not in held)}
         finally:
             board.power_cut()
             kill(leader, signal.SIGTERM)

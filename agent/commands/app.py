@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--key", required=True, type=Path, help="the fleet's signing key (private.pem)")
     build.add_argument("--out", required=True, type=Path, help="the bundle to write (NAME-VERSION.eaapp)")
     build.add_argument("--force", action="store_true", help="replace --out when it exists")
+    build.add_argument("--whole-files", action="store_true",
+                       help="list no file by its chunks: a changed file is fetched whole (needs no fastcdc)")
     verify = sub.add_parser("verify", help="check a bundle whole, as a device would")
     verify.add_argument("bundle", type=Path, metavar="FILE")
     verify.add_argument("--key", required=True, type=Path, help="the fleet's public key (public.pem)")
@@ -45,10 +47,13 @@ def _build(args: argparse.Namespace) -> int:
     from rollout_engine.keys import load_signing_key
 
     key = load_signing_key(args.key)
-    app = build_bundle(args.directory, key, args.out, created_ms=int(time.time() * 1000), force=args.force)
+    app = build_bundle(args.directory, key, args.out, created_ms=int(time.time() * 1000), force=args.force,
+                       chunks=not args.whole_files)
     m = app.manifest
-    print(f"{args.out}: application {m.name} {m.version}, {len(m.files)} files, {app.size} bytes, health"
-          f" {m.health.check}, signed by key {app.key_id}")
+    chunked = [f for f in m.files if f.chunks]
+    by_chunks = f" ({len(chunked)} by {sum(len(f.chunks) for f in chunked)} chunks)" if chunked else ""
+    print(f"{args.out}: application {m.name} {m.version}, {len(m.files)} files{by_chunks}, {app.size} bytes,"
+          f" health {m.health.check}, signed by key {app.key_id}")
     return 0
 
 

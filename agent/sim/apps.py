@@ -15,7 +15,7 @@ revert and their records. Two seams are swapped:
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from agent.core.clock import Clock
 from agent.worker.agent import WorkerAgent
 from app_rollout.bundle import AppManifest, read_bundle
 from app_rollout.device.client import InProcessHelper
-from app_rollout.device.fetch import Fetched
+from app_rollout.device.fetch import Fetched, Reuse
 from app_rollout.device.helper import AppHelper
 from app_rollout.device.module import AppHelperPort, Fetch
 from app_rollout.device.systemd import Systemd, UnitState
@@ -84,7 +84,7 @@ def sim_fetch(artifacts: Callable[[], Path]) -> Fetch:
     leader running the rollouts)."""
 
     async def fetch(mirrors: Sequence[str], digest: str, size: int, directory: Path, *, head: bytes,
-                    manifest: AppManifest, reuse: Mapping[str, Path] | None = None, timeout_s: float = 10.0,
+                    manifest: AppManifest, reuse: Reuse | None = None, timeout_s: float = 10.0,
                     ca: str = "") -> Fetched:
         source = artifacts() / f"{digest}.eaapp"
         if not source.is_file() or source.stat().st_size != size:
@@ -92,7 +92,7 @@ def sim_fetch(artifacts: Callable[[], Path]) -> Fetch:
         directory.mkdir(parents=True, exist_ok=True)
         done = directory / source.name
         shutil.copyfile(source, done)
-        reused = sum(f.size for f in manifest.files if f.sha256 in (reuse or {}))
+        reused = sum(end - start for start, end, held in (reuse or Reuse.none()).segments(manifest, 0) if held)
         return Fetched(done, size - len(head) - reused, reused)
 
     return fetch

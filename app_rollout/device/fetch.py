@@ -1,11 +1,13 @@
-"""A bundle from the mirrors, fetching only the files the device does not hold already.
+"""A bundle from the mirrors, fetching only what the device does not hold already.
 
 A mirror serves the bundle as `{mirror}/{bundle sha256}.eaapp` (the leader's artifact server,
 nginx, a bucket). The device writes the bundle's file itself, in order: the signed head it was
 offered, then each file, copied from the version it runs when a file there has the same sha256
-(the manifest names each file's hash), else fetched from the mirror: one `Range` request per
-run of consecutive files it lacks. A new version whose binary changed and whose assets did not
-fetches the binary only.
+(the manifest names each file's hash); a changed file the manifest lists by chunks, chunk by
+chunk: each chunk the running version's manifest lists too is copied from there, the rest
+fetched. What is fetched goes as one `Range` request per run of consecutive bytes the device
+lacks. A new version whose binary changed and whose assets did not fetches the binary only; a
+large file changed in one place fetches the chunks around the change.
 
 The partial file survives a power cut or a lost link: the next try goes on from the first file it
 did not finish (inside a fetched run, from the byte where it stopped). Nothing a mirror sends is
@@ -28,6 +30,62 @@ from app_rollout.bundle import BLOCK, AppManifest
 from app_rollout.errors import AppInstallError
 
 
+@dataclass(frozen=True)
+class Held:
+    """Bytes the device holds: `length` bytes of the file `path` from `offset`, of hash `sha256`."""
+
+    path: Path
+    offset: int
+    length: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What the version the device runs holds, by sha256: whole files and chunks of files."""
+
+    files: Mapping[str, Held]
+    chunks: Mapping[str, Held]
+
+    @classmethod
+    def none(cls) -> Reuse:
+        return cls({}, {})
+
+    @classmethod
+    def of(cls, manifest: AppManifest, files: Path) -> Reuse:
+        """The files of `manifest` as they lie under `files` (the running version's own)."""
+        whole: dict[str, Held] = {}
+        chunks: dict[str, Held] = {}
+        for f in manifest.files:
+            whole[f.sha256] = Held(files / f.path, 0, f.size, f.sha256)
+            at = 0
+            for length, sha256 in f.chunks:
+                chunks.setdefault(sha256, Held(files / f.path, at, length, sha256))
+                at += length
+        return cls(whole, chunks)
+
+    def segments(self, manifest: AppManifest, start: int) -> list[tuple[int, int, Held | None]]:
+        """The payload of `manifest` from byte `start` of the bundle as (start, end, what the
+        device holds of it or None), in order: a whole file held, else a chunked file's chunks."""
+        out: list[tuple[int, int, Held | None]] = []
+        at = start
+        for f in manifest.files:
+            held = self.files.get(f.sha256)
+            if held is not None and held.length == f.size:
+                out.append((at, at + f.size, held))
+            elif f.chunks:
+                offset = at
+                for length, sha256 in f.chunks:
+                    chunk = self.chunks.get(sha256)
+                    out.append((offset, offset + length, chunk if chunk is not None and chunk.length == length
+                                else None))
+                    offset += length
+            else:
+                out.append((at, at + f.size, None))
+            at += f.size
+        return out
+
+
 @dataclass
 class Fetched:
     path: Path
@@ -44,19 +102,25 @@ def _digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _copy_checked(source: Path, out: IO[bytes], sha256: str, size: int) -> bool:
-    """`source` appended to `out` when it holds exactly `size` bytes of hash `sha256`."""
+def _copy_checked(held: Held, out: IO[bytes]) -> bool:
+    """The bytes `held` names appended to `out` when they are there and of their hash."""
     start = out.tell()
     digest = hashlib.sha256()
     try:
-        with source.open("rb") as f:
-            for block in iter(lambda: f.read(BLOCK), b""):
+        with held.path.open("rb") as f:
+            f.seek(held.offset)
+            left = held.length
+            while left:
+                block = f.read(min(BLOCK, left))
+                if not block:
+                    break
                 digest.update(block)
                 out.write(block)
+                left -= len(block)
     except OSError:
         pass
     else:
-        if out.tell() - start == size and digest.hexdigest() == sha256:
+        if out.tell() - start == held.length and digest.hexdigest() == held.sha256:
             return True
     out.seek(start)
     out.truncate()
@@ -64,11 +128,11 @@ def _copy_checked(source: Path, out: IO[bytes], sha256: str, size: int) -> bool:
 
 
 async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory: Path, *, head: bytes,
-                       manifest: AppManifest, reuse: Mapping[str, Path] | None = None, timeout_s: float = 10.0,
+                       manifest: AppManifest, reuse: Reuse | None = None, timeout_s: float = 10.0,
                        ca: str = "") -> Fetched:
     """The bundle `digest` of `size` bytes in `directory`: `head`, then each file of `manifest`
-    from `reuse` (sha256 hex -> a local file) or from the first mirror that serves its run. An
-    `AppInstallError` names each mirror's answer when none does."""
+    (or chunk of one) copied from what `reuse` holds or fetched from the first mirror that serves
+    its run. An `AppInstallError` names each mirror's answer when none does."""
     started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     done = directory / f"{digest}.eaapp"
@@ -77,7 +141,7 @@ async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory
     if len(head) + manifest.payload_size != size:
         raise AppInstallError(f"the offer says {size} bytes, its manifest {len(head) + manifest.payload_size}")
     partial = directory / f"{digest}.eaapp.partial"
-    reuse = reuse or {}
+    reuse = reuse or Reuse.none()
     fetched = reused = 0
     with partial.open("r+b" if partial.exists() else "w+b") as out:
         have = out.seek(0, os.SEEK_END)
@@ -86,14 +150,10 @@ async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory
             out.truncate()
             out.write(head)
             have = len(head)
-        at = len(head)
         wanted: list[tuple[int, int]] = []  # (start, end) byte runs to fetch, in order
-        for entry in manifest.files:
-            start, end = at, at + entry.size
-            at = end
+        for start, end, local in reuse.segments(manifest, len(head)):
             if end <= have:
                 continue  # written by an earlier try
-            local = reuse.get(entry.sha256)
             if local is not None:
                 if wanted:  # the runs to fetch before it come first: the file is written in order
                     fetched += await _fetch_runs(mirrors, digest, out, wanted, timeout_s, ca)
@@ -101,8 +161,8 @@ async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory
                 out.seek(start)
                 out.truncate()
                 have = start
-                if _copy_checked(local, out, entry.sha256, entry.size):
-                    reused += entry.size
+                if _copy_checked(local, out):
+                    reused += end - start
                     have = end
                     continue
             first = max(start, have) if not wanted else start
@@ -177,4 +237,4 @@ async def _fetch_run(client: Any, url: str, out: IO[bytes], start: int, end: int
     return written
 
 
-__all__ = ["Fetched", "fetch_bundle"]
+__all__ = ["Fetched", "Held", "Reuse", "fetch_bundle"]

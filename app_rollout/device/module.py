@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -34,7 +34,7 @@ from agent.core.errors import EdgeAgentError
 from agent.core.files import atomic_write
 from agent.protocol import AppState
 from app_rollout.bundle import HEAD_MAX, AppManifest, SignedApp, peek_head, verify_head
-from app_rollout.device.fetch import Fetched, fetch_bundle
+from app_rollout.device.fetch import Fetched, Reuse, fetch_bundle
 from app_rollout.device.helper import AppRecord, AppReply
 from app_rollout.errors import AppBundleError, AppInstallError
 from app_rollout.messages import AppOffer
@@ -81,7 +81,7 @@ class AppHelperPort(Protocol):
 
 class Fetch(Protocol):
     async def __call__(self, mirrors: Sequence[str], digest: str, size: int, directory: Path, *, head: bytes,
-                       manifest: AppManifest, reuse: Mapping[str, Path] | None = None, timeout_s: float = 10.0,
+                       manifest: AppManifest, reuse: Reuse | None = None, timeout_s: float = 10.0,
                        ca: str = "") -> Fetched: ...
 
 
@@ -181,17 +181,18 @@ class AppModule:
                          f"{name} {version} failed its health check: {why}; {back} ({said};"
                          f" taken back in {self.clock.monotonic() - started - f.health_s:.1f} s)")
 
-    def _running_files(self, name: str, version: str) -> dict[str, Path]:
-        """sha256 hex -> the file of the version `name` runs (the helper's copy, readable), for
-        the fetch to copy instead of downloading; {} when none can be read."""
+    def _running_files(self, name: str, version: str) -> Reuse:
+        """The files and chunks of the version `name` runs (the helper's copy, readable), for
+        the fetch to copy instead of downloading; none when they cannot be read. Each copy is
+        checked against its hash as it is made."""
         if not version or not self.helper.root:
-            return {}
+            return Reuse.none()
         kept = Path(self.helper.root) / name / version
         try:
             manifest = peek_head((kept / "head").read_bytes()[:HEAD_MAX])
         except (OSError, AppBundleError):
-            return {}
-        return {f.sha256: kept / "files" / f.path for f in manifest.files}
+            return Reuse.none()
+        return Reuse.of(manifest, kept / "files")
 
     async def unhealthy(self, app: SignedApp) -> str:
         """Why the application on trial is not healthy ("" when it is), within its timeout."""

@@ -57,6 +57,31 @@ def test_a_changed_byte_another_key_or_no_signature_is_refused(tmp_path: Path) -
         verify_head(bytes(head), key.public, source="offer")
 
 
+def test_chunks_that_do_not_add_up_to_their_file_are_refused_and_the_manifest_keeps_its_cap(tmp_path: Path) -> None:
+    """A signed manifest whose chunk list disagrees with its file's size is refused naming the
+    file; a build whose chunk lists would pass the manifest's cap lists the largest files whole."""
+    import msgspec
+
+    from app_rollout.bundle import MANIFEST_MAX, AppFile, AppManifest, _fitting, sign_manifest
+
+    key, _, _ = fleet_key(tmp_path / "keys")
+    app = build_bundle(app_dir(tmp_path / "hello"), key, tmp_path / "hello.eaapp")
+    files = tuple(msgspec.structs.replace(f, chunks=((5, "0" * 64),)) if f.path == "share/greeting.txt" else f
+                  for f in app.manifest.files)
+    bad = sign_manifest(msgspec.structs.replace(app.manifest, files=files), key)
+    with pytest.raises(MalformedBundle, match=r"offer: share/greeting.txt: its chunks add up to 5 bytes, not its 3"):
+        verify_head(bad, key.public, source="offer")
+    chunk = [65536, "a" * 64]
+    big = [{"path": f"f{i}", "size": 65536 * n, "mode": 0o644, "sha256": "b" * 64, "chunks": [chunk] * n}
+           for i, n in enumerate((3000, 1500, 10))]
+    fitted = _fitting(big)
+    assert "chunks" not in fitted[0] and len(fitted[1]["chunks"]) == 1500 and len(fitted[2]["chunks"]) == 10
+    manifest = msgspec.convert({"name": "hello", "version": "1.0.0", "unit": app.manifest.unit, "files": fitted},
+                               type=AppManifest)
+    assert len(sign_manifest(manifest, key)) < MANIFEST_MAX
+    assert isinstance(manifest.files[1], AppFile)
+
+
 @pytest.mark.parametrize(("line", "says"), [
     ("User=root", r"line 7: \[Service\] User= is not taken: an application runs as its own dynamic user"),
     ("ExecStartPre=+/bin/chmod 777 /etc", r"\[Service\] ExecStartPre= is not taken"),

@@ -11,8 +11,8 @@ import pytest
 from apps_support import app_dir, fleet_key
 
 from agent.core.errors import RolloutError
-from app_rollout.bundle import build_bundle, verify_head
-from app_rollout.device.fetch import fetch_bundle
+from app_rollout.bundle import CHUNKED_FROM, build_bundle, read_bundle, verify_head
+from app_rollout.device.fetch import Reuse, fetch_bundle
 from app_rollout.errors import AppInstallError
 from app_rollout.kind import APP, AppKind
 from app_rollout.messages import KIND_APP_OFFER, AppOffer
@@ -77,9 +77,7 @@ async def test_a_new_version_fetches_only_the_files_that_changed(tmp_path: Path)
     app = build_bundle(app_dir(tmp_path / "v2", version="2.0.0", files=files), key, tmp_path / "v2.eaapp")
     kept = Path(AppKind(keys=key.public, directory=tmp_path / "artifacts").admit(str(tmp_path / "v2.eaapp"),
                                                                                    undone=None).artifact)
-    reuse = {f.sha256: running / f.path for f in build_bundle(app_dir(tmp_path / "v1b", files={
-        **files, "bin/server": ("#!/bin/sh\nexec sleep infinity\n", 0o755), "assets/b": ("b" * 200_000, 0o644)}),
-        key, tmp_path / "v1b.eaapp").manifest.files}
+    reuse = Reuse.of(read_bundle(tmp_path / "v1.eaapp", key.public).manifest, running)
     (running / "assets" / "c").write_text("tampered on the device")  # a kept file that changed: fetched
     server = ArtifactServer(lambda name: kept if name == kept.name else None, host="127.0.0.1", port=0)
     await server.start()
@@ -92,6 +90,57 @@ async def test_a_new_version_fetches_only_the_files_that_changed(tmp_path: Path)
     assert fetched.bytes_reused == 200_000  # assets/a
     changed = sum(f.size for f in app.manifest.files if f.path != "assets/a")
     assert fetched.bytes_fetched == changed  # the server, assets/b, and assets/c (not as kept)
+
+
+async def test_a_large_file_changed_in_one_place_fetches_the_chunks_around_the_change(tmp_path: Path) -> None:
+    """A file of CHUNKED_FROM bytes or more is listed by its content-defined chunks: 100 bytes
+    inserted into 3 MB cost the chunks around them, the rest is copied from the running version
+    (each copy checked against its chunk's hash: one changed on the device is fetched)."""
+    import random
+
+    key, _, _ = fleet_key(tmp_path / "keys")
+    model = random.Random(7).randbytes(3 * 1024 * 1024)
+    running = tmp_path / "running"
+    (running / "data").mkdir(parents=True)
+    (running / "data" / "model").write_bytes(model)
+
+    def version(name: str, content: bytes) -> Path:
+        src = app_dir(tmp_path / name, version=name, files={"bin/server": ("#!/bin/sh\nsleep 9\n", 0o755)})
+        (src / "files" / "data" / "model").parent.mkdir(parents=True)
+        (src / "files" / "data" / "model").write_bytes(content)
+        build_bundle(src, key, tmp_path / f"{name}.eaapp")
+        return tmp_path / f"{name}.eaapp"
+
+    v1 = read_bundle(version("1.0.0", model), key.public)
+    entry = next(f for f in v1.manifest.files if f.path == "data/model")
+    assert len(entry.chunks) > 20 and sum(n for n, _ in entry.chunks) == len(model)
+    assert not next(f for f in v1.manifest.files if f.path == "bin/server").chunks  # under CHUNKED_FROM
+    changed = model[:1_500_000] + b"inserted" * 12 + model[1_500_000:]
+    v2_path = version("2.0.0", changed)
+    v2 = read_bundle(v2_path, key.public)
+    kept = Path(AppKind(keys=key.public, directory=tmp_path / "artifacts").admit(str(v2_path), undone=None).artifact)
+    server = ArtifactServer(lambda name: kept if name == kept.name else None, host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        mirror = [f"http://127.0.0.1:{server.port}/artifacts"]
+        fetched = await fetch_bundle(mirror, kept.stem, kept.stat().st_size, tmp_path / "downloads", head=v2.head,
+                                     manifest=v2.manifest, reuse=Reuse.of(v1.manifest, running))
+        assert fetched.path.read_bytes() == kept.read_bytes()
+        server_file = next(f for f in v2.manifest.files if f.path == "bin/server").size
+        assert fetched.bytes_fetched + fetched.bytes_reused == v2.manifest.payload_size
+        assert fetched.bytes_fetched - server_file <= 2 * 256 * 1024  # the chunks around the change
+        assert fetched.bytes_reused >= len(changed) - 2 * 256 * 1024
+        # a chunk the device holds changed under it: that chunk is fetched, the bundle still right
+        damaged = bytearray(model)
+        damaged[10] ^= 1
+        (running / "data" / "model").write_bytes(bytes(damaged))
+        again = await fetch_bundle(mirror, kept.stem, kept.stat().st_size, tmp_path / "downloads2", head=v2.head,
+                                   manifest=v2.manifest, reuse=Reuse.of(v1.manifest, running))
+        assert again.path.read_bytes() == kept.read_bytes()
+        assert again.bytes_fetched == fetched.bytes_fetched + entry.chunks[0][0]
+    finally:
+        await server.stop()
+    assert CHUNKED_FROM == 128 * 1024
 
 
 def test_an_offer_is_bounded_in_every_field() -> None:
