@@ -49,6 +49,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from agent.core.files import atomic_write
 from app_rollout.errors import AppBundleError, BundleSignature, MalformedBundle
 from app_rollout.unit import AppUnit, check_unit
 from rollout_engine.errors import InvalidVersion, WrongKey
@@ -97,8 +98,9 @@ class AppManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     format: int = 1
     name: AppName
     version: Annotated[str, msgspec.Meta(max_length=64)]
-    runtime: Literal["service"] = "service"
-    unit: Annotated[str, msgspec.Meta(max_length=16 * 1024)]
+    # "removed": a removal of the application (`build_removal`): no unit, no file
+    runtime: Literal["service", "removed"] = "service"
+    unit: Annotated[str, msgspec.Meta(max_length=16 * 1024)] = ""
     health: AppHealth = AppHealth()
     files: Annotated[tuple[AppFile, ...], msgspec.Meta(max_length=FILES_MAX)] = ()
     created_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -116,7 +118,7 @@ class SignedApp:
     """A bundle's head, verified: its manifest, its checked unit and the signed bytes."""
 
     manifest: AppManifest
-    unit: AppUnit
+    unit: AppUnit | None  # (None: a removal)
     head: bytes  # magic .. signature: what a rollout stores and offers
     key_id: str
 
@@ -134,15 +136,19 @@ class SignedApp:
         return len(self.head) + self.manifest.payload_size
 
 
-def _check(manifest: AppManifest, source: str) -> AppUnit:
+def _check(manifest: AppManifest, source: str) -> AppUnit | None:
     """What a signed manifest must also be: a version, distinct paths, a unit an application may
-    have, a health check it can run."""
+    have, a health check it can run; a removal: no unit and no file."""
     if manifest.format != 1:
         raise MalformedBundle(f"{source}: bundle format {manifest.format}, this agent reads format 1")
     try:
         parse_version(manifest.version)
     except InvalidVersion as exc:
         raise MalformedBundle(f"{source}: version: {exc}") from None
+    if manifest.runtime == "removed":
+        if manifest.unit or manifest.files:
+            raise MalformedBundle(f"{source}: a removal of {manifest.name} holds no unit and no file")
+        return None
     paths = [f.path for f in manifest.files]
     if len(set(paths)) != len(paths):
         twice = sorted(p for p in set(paths) if paths.count(p) > 1)[0]
@@ -296,6 +302,28 @@ class _AppToml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     health: AppHealth = AppHealth()
 
 
+def build_removal(name: str, version: str, key: SigningKey, out: str | Path, *, created_ms: int = 0,
+                  force: bool = False) -> SignedApp:
+    """A signed removal of application `name` at `version` (above the version devices run),
+    written to `out`: rolled out like a bundle, it stops the application and removes its versions
+    (its data kept). An `AppBundleError` says what is wrong."""
+    try:
+        manifest = msgspec.convert({"name": name, "version": version, "runtime": "removed",
+                                    "created_ms": created_ms}, type=AppManifest)
+    except msgspec.ValidationError as exc:
+        raise AppBundleError(f"application {name!r}: {exc}") from None
+    _check(manifest, f"the removal of {name}")
+    head = sign_manifest(manifest, key)
+    target = Path(out)
+    if target.exists() and not force:
+        raise AppBundleError(f"{target}: exists already (give --force to replace it)")
+    try:
+        atomic_write(target, head, mode=0o644)
+    except OSError as exc:
+        raise AppBundleError(f"{target}: {exc.strerror or exc}") from None
+    return SignedApp(manifest, None, head, key.key_id.hex())
+
+
 def file_chunks(path: Path, size: int) -> list[tuple[int, str]]:
     """The content-defined chunks of the file at `path` (`size` bytes): (length, sha256 hex)."""
     try:
@@ -413,5 +441,5 @@ def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, cre
 
 
 __all__ = ["CHUNKED_FROM", "MAGIC", "SUFFIX", "AppFile", "AppHealth", "AppManifest", "SignedApp", "build_bundle",
-           "file_chunks", "head_length", "iter_files", "peek_head", "read_bundle", "read_head", "sign_manifest",
-           "verify_head"]
+           "build_removal", "file_chunks", "head_length", "iter_files", "peek_head", "read_bundle", "read_head",
+           "sign_manifest", "verify_head"]

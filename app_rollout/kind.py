@@ -28,6 +28,10 @@ def describe_bundle(path: Path) -> Described:
         m = peek_head(read_head(path))
     except AppBundleError as exc:
         raise RolloutError(f"application bundle {path}: {exc}") from None
+    if m.runtime == "removed":
+        return Described(name=m.name, version=m.version, size=0,
+                         what=f"removal of application {m.name}: stopped, its versions removed, its data kept",
+                         installs=f"the removal of application {m.name} at {m.version}")
     n = len(m.files)
     return Described(name=m.name, version=m.version, size=m.payload_size,
                      what=f"application {m.name}: {n} file{'s' if n != 1 else ''}, health {m.health.check}",

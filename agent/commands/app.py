@@ -1,5 +1,7 @@
 """`edge-agent app build DIR --key KEY --out FILE`: a signed application bundle from a directory
 holding `app.toml`, its unit and its files (`app_rollout.bundle` says the layout);
+`edge-agent app removal NAME --version V --key KEY --out FILE`: a signed removal of an
+application, rolled out like a bundle (it stops it and removes its versions, its data kept);
 `edge-agent app verify FILE --key PUBLIC`: a bundle checked whole, as a device checks it;
 `edge-agent app helper --config CONFIG [--socket PATH]`: the root application helper
 (`app_rollout.device.helper`), started by edge-agent-apps.socket.
@@ -32,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--force", action="store_true", help="replace --out when it exists")
     build.add_argument("--whole-files", action="store_true",
                        help="list no file by its chunks: a changed file is fetched whole (needs no fastcdc)")
+    removal = sub.add_parser("removal", help="make a signed removal of an application, to roll out like a bundle")
+    removal.add_argument("name", metavar="NAME", help="the application to remove")
+    removal.add_argument("--version", required=True,
+                         help="above the version the devices run (a removal goes forward, like a version)")
+    removal.add_argument("--key", required=True, type=Path, help="the fleet's signing key (private.pem)")
+    removal.add_argument("--out", required=True, type=Path, help="the file to write (NAME-removed-VERSION.eaapp)")
+    removal.add_argument("--force", action="store_true", help="replace --out when it exists")
     verify = sub.add_parser("verify", help="check a bundle whole, as a device would")
     verify.add_argument("bundle", type=Path, metavar="FILE")
     verify.add_argument("--key", required=True, type=Path, help="the fleet's public key (public.pem)")
@@ -57,13 +66,24 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _removal(args: argparse.Namespace) -> int:
+    from app_rollout.bundle import build_removal
+    from rollout_engine.keys import load_signing_key
+
+    app = build_removal(args.name, args.version, load_signing_key(args.key), args.out,
+                        created_ms=int(time.time() * 1000), force=args.force)
+    print(f"{args.out}: removal of application {app.name} at {app.version}, signed by key {app.key_id}")
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
     from app_rollout.bundle import read_bundle
     from rollout_engine.keys import load_verify_key
 
     app = read_bundle(args.bundle, load_verify_key(args.key))
-    print(f"{args.bundle}: ok: application {app.name} {app.version}, {len(app.manifest.files)} files,"
-          f" signed by key {app.key_id}")
+    what = (f"removal of application {app.name} at {app.version}" if app.manifest.runtime == "removed"
+            else f"application {app.name} {app.version}, {len(app.manifest.files)} files")
+    print(f"{args.bundle}: ok: {what}, signed by key {app.key_id}")
     return 0
 
 
@@ -107,6 +127,8 @@ def main(args: argparse.Namespace) -> int:
             return _build(args)
         if args.action == "verify":
             return _verify(args)
+        if args.action == "removal":
+            return _removal(args)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         return asyncio.run(_helper(args))
     except EdgeAgentError as exc:

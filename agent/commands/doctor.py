@@ -521,8 +521,10 @@ def _apps(config: AgentConfig, *, timeout_s: float) -> Outcome:
     finally:
         client.close()
     kept = [f"{name} {r.current or '-'}" + (f" (trial {r.trial})" if r.trial else "")
-            for name, r in sorted(reply.apps.items())]
-    said = f"{len(kept)} application(s): {', '.join(kept)}" if kept else "no application yet"
+            for name, r in sorted(reply.apps.items()) if r.installed]
+    gone = [f"{name} at {r.removed}" for name, r in sorted(reply.apps.items()) if not r.installed and r.removed]
+    said = (f"{len(kept)} application(s): {', '.join(kept)}" if kept else "no application") + (
+        f" (removed: {', '.join(gone)})" if gone else "")
     return Outcome("apps", True, f"the application helper at {sock} keeps {said} in {reply.root}")
 
 

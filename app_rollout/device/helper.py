@@ -16,7 +16,9 @@ exactly these steps:
     check NAME                the bundle's health command, run as the application runs
     commit NAME               the trial kept: the version before it kept to go back to, older ones removed
     revert NAME               the trial taken back: the version before it started again (or none)
-    remove NAME               stopped, its unit and versions removed (its data kept)
+    remove NAME HEAD          a signed removal of NAME (`app removal`) above its committed
+                              version: stopped, its unit and versions removed, its data kept,
+                              the removal's version on record (nothing at or below it installs)
 
 It refuses anything else: an unsigned or tampered bundle, a file another user wrote, a unit that
 asks for more than an application may (`app_rollout.unit`), a version below the committed one
@@ -24,7 +26,8 @@ asks for more than an application may (`app_rollout.unit`), a version below the 
 trial runs, a revert or commit with no trial (so a compromised agent cannot undo a committed
 fix), a name it does not keep. Each application's record (`record.json`) is written atomically
 before the step it allows: a power cut leaves the trial on record, and the agent's next start
-checks it again or takes it back.
+checks it again or takes it back. A removal is signed like a bundle, so a compromised agent can
+no more remove an application than install one, nor replay an old removal after a reinstall.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ log = logging.getLogger(__name__)
 
 HELPER = "application helper"
 MAX_FRAME = 128 * 1024
+REMOVAL_MAX = 4 * 1024  # a removal's signed head: a manifest with no unit and no file
 Op = Literal["describe", "install", "start", "state", "check", "commit", "revert", "remove"]
 Name = Annotated[str, msgspec.Meta(pattern=r"^([a-z0-9][a-z0-9-]{0,39})?$")]  # ("" for describe, install)
 
@@ -69,6 +73,8 @@ class AppRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     path: Annotated[str, msgspec.Meta(max_length=4096)] = ""
     # install: the agent's newest trust document; taken only when the helper's own root signed it
     trust: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)] = b""
+    # remove: the signed head of the removal (checked with the helper's own key)
+    head: Annotated[bytes, msgspec.Meta(max_length=REMOVAL_MAX)] = b""
 
 
 class AppRecord(msgspec.Struct, kw_only=True, frozen=True):
@@ -78,6 +84,11 @@ class AppRecord(msgspec.Struct, kw_only=True, frozen=True):
     previous: str = ""  # the version kept to go back to
     trial: str = ""  # the version started and not yet committed
     health: str = "active"  # the trial's (or current's) health check: active, http, command
+    removed: str = ""  # the version of the removal that took it away (nothing at or below it installs)
+
+    @property
+    def installed(self) -> bool:
+        return bool(self.current or self.trial)
 
 
 class AppReply(msgspec.Struct, kw_only=True, frozen=True):
@@ -196,7 +207,7 @@ class AppHelper:
         elif r.op == "revert":
             await self._revert(r.name, record)
         else:
-            await self._remove(r.name, record)
+            await self._remove(r.name, r.head, record)
         return AppReply(ok=True, apps=self.records())
 
     def _install(self, path: str, uid: int) -> SignedApp:
@@ -233,7 +244,12 @@ class AppHelper:
         except AppBundleError as exc:
             raise AppInstallError(str(exc).replace(str(copy), source)) from None
         m = app.manifest
+        if m.runtime == "removed":
+            raise AppInstallError(f"install {source}: a removal of {m.name}, not a bundle to install")
         record = self.record(m.name)
+        if record.removed and Version.parse(m.version) <= Version.parse(record.removed):
+            raise AppInstallError(f"install {m.name} {m.version}: {m.name} was removed at {record.removed} (it comes"
+                                  " back as a version above that)")
         if record.current and Version.parse(m.version) < Version.parse(record.current):
             raise AppInstallError(f"install {m.name} {m.version}: below the committed version {record.current} (an"
                                   " application goes forward: an old content comes back as a new version)")
@@ -264,6 +280,7 @@ class AppHelper:
             with contextlib.suppress(OSError):
                 partial.parent.rmdir()  # (an application never installed leaves nothing)
             raise AppInstallError(str(exc)) from None
+        assert app.unit is not None  # (a removal was refused above)
         unit = render_unit(app.unit, name=m.name, version=m.version, files_dir=str(target / "files"),
                            hidden=self.hidden)
         (partial / "unit").write_text(unit)
@@ -315,7 +332,7 @@ class AppHelper:
     def _commit(self, name: str, record: AppRecord) -> None:
         if not record.trial:
             raise AppInstallError(f"commit {name}: no version is on trial")
-        kept = AppRecord(current=record.trial, previous=record.current, health=record.health)
+        kept = AppRecord(current=record.trial, previous=record.current, health=record.health, removed=record.removed)
         self._keep(name, kept)
         self._prune_below(name, kept.previous or kept.current)
         log.info("committed %s %s (kept %s to go back to)", name, kept.current, kept.previous or "nothing")
@@ -323,7 +340,7 @@ class AppHelper:
     async def _revert(self, name: str, record: AppRecord) -> None:
         if not record.trial:
             raise AppInstallError(f"revert {name}: no version is on trial (a committed version is not taken back)")
-        back = AppRecord(current=record.current, previous=record.previous)
+        back = AppRecord(current=record.current, previous=record.previous, removed=record.removed)
         if record.current:
             health = msgspec.json.decode((self._version_dir(name, record.current) / "health").read_bytes(),
                                          type=_Health)
@@ -336,14 +353,33 @@ class AppHelper:
         shutil.rmtree(self._version_dir(name, record.trial), ignore_errors=True)
         log.info("reverted %s %s: %s", name, record.trial, f"back on {record.current}" if record.current else "removed")
 
-    async def _remove(self, name: str, record: AppRecord) -> None:
+    async def _remove(self, name: str, head: bytes, record: AppRecord) -> None:
+        """`name` stopped and its versions removed, when `head` is the fleet's signed removal of it
+        above its committed version; its data directory kept."""
+        try:
+            removal = verify_head(head, self.key, source=f"the removal of {name}")
+        except AppBundleError as exc:
+            raise AppInstallError(str(exc)) from None
+        m = removal.manifest
+        if m.runtime != "removed" or m.name != name:
+            raise AppInstallError(f"remove {name}: the head is {'a removal' if m.runtime == 'removed' else 'a bundle'}"
+                                  f" of {m.name} {m.version}, not a removal of {name}")
         if record.trial:
             raise AppInstallError(f"remove {name}: {record.trial} is on trial (revert it first)")
-        if not (self.root / name).exists():
-            raise AppInstallError(f"remove {name}: not installed here")
-        await self._drop_unit(name)
-        shutil.rmtree(self.root / name)
-        log.info("removed %s (its data in /var/lib/%s is kept)", name, f"edge-apps/{name}")
+        below = Version.parse(m.version)
+        if record.removed and below <= Version.parse(record.removed):
+            raise AppInstallError(f"remove {name} at {m.version}: removed at {record.removed} already")
+        if record.current and below <= Version.parse(record.current):
+            raise AppInstallError(f"remove {name} at {m.version}: not above its committed version {record.current} (a"
+                                  " removal goes forward too)")
+        if record.installed:
+            await self._drop_unit(name)
+        for path in (self.root / name).iterdir() if (self.root / name).is_dir() else ():
+            if path.is_dir():
+                shutil.rmtree(path)
+        (self.root / name).mkdir(parents=True, exist_ok=True, mode=0o755)
+        self._keep(name, AppRecord(removed=m.version))
+        log.info("removed %s at %s (its data in /var/lib/%s is kept)", name, m.version, f"edge-apps/{name}")
 
     async def _drop_unit(self, name: str) -> None:
         await self.systemd.stop(self.unit_name(name))

@@ -119,6 +119,9 @@ class AppModule:
 
     async def apply(self, offer: AppOffer, app: SignedApp, report: Reporter) -> None:
         rid, name, version = offer.rollout_id, app.name, app.version
+        if app.manifest.runtime == "removed":
+            await self._remove(rid, app, report)
+            return
         try:
             record = (await self.helper.records()).get(name)
             if record is not None and record.current == version and not record.trial:
@@ -148,6 +151,26 @@ class AppModule:
         await report(rid, version, "installing", "checking", f"{name} {version} started: checking its health"
                                                               f" ({app.manifest.health.check})")
         await self._conclude(_Trial(rid, name, version, app.head), app, record.current if record else "", report)
+
+    async def _remove(self, rid: str, removal: SignedApp, report: Reporter) -> None:
+        """The signed removal of an application: the helper stops it and removes its versions
+        (its data kept); a device that does not run it has nothing to do."""
+        name, version = removal.name, removal.version
+        try:
+            record = (await self.helper.records()).get(name)
+            if record is None or not record.installed:
+                gone = f"removed at {record.removed}" if record is not None and record.removed else "not installed"
+                await report(rid, version, "succeeded", "removed", f"{name} is {gone} here: nothing to remove")
+                return
+            await report(rid, version, "installing", "removing", f"removing {name} {record.current}")
+            await self.helper.ask("remove", name, head=removal.head)
+        except AppInstallError as exc:
+            log.warning("application %s: removal %s: %s", name, version, exc)
+            await report(rid, version, "failed", "failed", f"{name}: {exc}")
+            return
+        self.health.pop(name, None)
+        await report(rid, version, "succeeded", "removed", f"{name} {record.current} stopped and removed (its data"
+                                                           f" kept in /var/lib/edge-apps/{name})")
 
     async def _conclude(self, trial: _Trial, app: SignedApp, before: str, report: Reporter) -> None:
         """The trial's health checked; committed or taken back, and said."""
@@ -234,8 +257,9 @@ class AppModule:
         known = self.helper.known
         if known is None:
             return None
+        installed = [(name, r) for name, r in sorted(known.items()) if r.installed][:64]
         return {name: AppState(version=r.current, previous=r.previous, trial=r.trial,
-                               health=self.health.get(name, "")) for name, r in sorted(known.items())[:64]}
+                               health=self.health.get(name, "")) for name, r in installed}
 
     async def resume(self, report: Reporter) -> None:
         """A trial a stop interrupted is checked again; one no journal names is taken back."""

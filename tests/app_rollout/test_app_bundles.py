@@ -145,3 +145,26 @@ def test_the_head_is_read_alone_and_names_the_bundle(tmp_path: Path) -> None:
     app = build_bundle(app_dir(tmp_path / "hello", version="2.1.0"), key, tmp_path / "hello.eaapp")
     assert read_head(tmp_path / "hello.eaapp") == app.head
     assert verify_head(app.head, key.public, source="x").version == "2.1.0"
+
+
+def test_a_removal_is_built_signed_and_verified_and_holds_nothing(tmp_path: Path) -> None:
+    import msgspec
+
+    from app_rollout.bundle import sign_manifest
+    from app_rollout.kind import describe_bundle
+
+    key, private, public = fleet_key(tmp_path / "keys")
+    out = tmp_path / "hello-removed-2.0.0.eaapp"
+    made = edge_agent("app", "removal", "hello", "--version", "2.0.0", "--key", str(private), "--out", str(out))
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith(f"{out}: removal of application hello at 2.0.0, signed by key ")
+    checked = edge_agent("app", "verify", str(out), "--key", str(public))
+    assert checked.returncode == 0 and "ok: removal of application hello at 2.0.0" in checked.stdout
+    assert describe_bundle(out).installs == "the removal of application hello at 2.0.0"
+    bad = edge_agent("app", "removal", "Hello!", "--version", "2.0.0", "--key", str(private), "--out",
+                     str(tmp_path / "x.eaapp"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "application 'Hello!'" in bad.stderr
+    app = build_bundle(app_dir(tmp_path / "hello"), key, tmp_path / "hello.eaapp")
+    stuffed = msgspec.structs.replace(app.manifest, runtime="removed")
+    with pytest.raises(MalformedBundle, match="offer: a removal of hello holds no unit and no file"):
+        verify_head(sign_manifest(stuffed, key), key.public, source="offer")

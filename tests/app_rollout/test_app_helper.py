@@ -17,11 +17,12 @@ from apps_support import app_dir, fleet_key
 from otheruser import NOBODY, as_user
 
 from agent.core.clock import SystemClock
-from app_rollout.bundle import build_bundle
+from app_rollout.bundle import build_bundle, build_removal, read_head
 from app_rollout.device.client import AppHelperClient
-from app_rollout.device.helper import AppHelper, AppRequest, encode
+from app_rollout.device.helper import AppHelper, AppRecord, AppRequest, encode
 from app_rollout.device.systemd import Systemd, UnitState
 from app_rollout.errors import AppInstallError
+from rollout_engine.keys import SigningKey
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -187,9 +188,53 @@ async def test_a_trial_is_committed_or_taken_back_and_a_committed_version_stays(
     assert not (tmp_path / "apps" / "hello" / "3.0.0").exists()
     assert "no version is on trial" in await ask("revert", "hello")  # the committed 2.0.0 stays
     assert "below the committed version 2.0.0" in await ask("install", path=str(tmp_path / "hello-1.0.0.eaapp"))
-    assert await ask("remove", "hello") == ""
+
+
+async def test_only_a_signed_removal_above_the_running_version_removes_an_application(tmp_path: Path) -> None:
+    """A removal is signed like a bundle and goes forward like a version: one of another key, of
+    another application, at or below the committed version, or replayed is refused; the one that
+    is taken stops the unit and removes the versions, keeps the data, and nothing at or below it
+    installs again."""
+    key, _, _ = fleet_key(tmp_path / "keys")
+    systemd = RecordingSystemd()
+    helper = AppHelper(key=key.public, root=tmp_path / "apps", unit_dir=tmp_path / "units", hidden=(),
+                       systemd=systemd)
+
+    async def ask(op: str, name: str = "", **fields: object) -> str:
+        reply = await helper.handle(encode(AppRequest(op=op, name=name, **fields)), 0)  # type: ignore[arg-type]
+        return reply.error
+
+    for version in ("1.0.0", "2.0.0"):
+        build_bundle(app_dir(tmp_path / f"hello-{version}", version=version), key, tmp_path / f"{version}.eaapp")
+        assert await ask("install", path=str(tmp_path / f"{version}.eaapp")) == ""
+    assert await ask("start", "hello", version="1.0.0") == "" and await ask("commit", "hello") == ""
+
+    def removal(name: str, version: str, signer: SigningKey = key) -> bytes:
+        return build_removal(name, version, signer, tmp_path / f"{name}-removed-{version}.eaapp", force=True).head
+
+    assert "not the fleet's key" in await ask("remove", "hello", head=removal("hello", "3.0.0", fleet_key(
+        tmp_path / "other")[0]))
+    assert "not a removal of hello" in await ask("remove", "hello", head=removal("other", "3.0.0"))
+    bundle_head = read_head(tmp_path / "2.0.0.eaapp")
+    assert "a bundle of hello 2.0.0, not a removal" in await ask("remove", "hello", head=bundle_head)
+    assert "not above its committed version 1.0.0" in await ask("remove", "hello", head=removal("hello", "1.0.0"))
+    assert "a removal of hello, not a bundle" in await ask("install", path=str(tmp_path /
+                                                                                "hello-removed-1.0.0.eaapp"))
+    assert await ask("start", "hello", version="2.0.0") == ""
+    assert "2.0.0 is on trial" in await ask("remove", "hello", head=removal("hello", "3.0.0"))
+    assert await ask("revert", "hello") == ""
+    assert helper.record("hello").current == "1.0.0"  # nothing of the refusals changed it
+    assert await ask("remove", "hello", head=removal("hello", "3.0.0")) == ""
     assert not (tmp_path / "units" / "edge-app-hello.service").exists()
     assert systemd.asked[-2:] == ["stop edge-app-hello.service", "daemon-reload"]
+    assert [p.name for p in (tmp_path / "apps" / "hello").iterdir()] == ["record.json"]
+    assert helper.record("hello") == AppRecord(removed="3.0.0") and not helper.record("hello").installed
+    assert "removed at 3.0.0 already" in await ask("remove", "hello", head=removal("hello", "3.0.0"))
+    assert "hello was removed at 3.0.0" in await ask("install", path=str(tmp_path / "2.0.0.eaapp"))
+    build_bundle(app_dir(tmp_path / "hello-4.0.0", version="4.0.0"), key, tmp_path / "4.0.0.eaapp")
+    assert await ask("install", path=str(tmp_path / "4.0.0.eaapp")) == ""
+    assert await ask("start", "hello", version="4.0.0") == "" and await ask("revert", "hello") == ""
+    assert helper.record("hello") == AppRecord(removed="3.0.0", health="active")  # the floor stays
 
 
 def test_doctor_asks_the_helper_what_it_keeps_and_names_its_socket_door(tmp_path: Path, helper: Helper) -> None:
@@ -204,6 +249,8 @@ def test_doctor_asks_the_helper_what_it_keeps_and_names_its_socket_door(tmp_path
 
     (helper.root / "hello").mkdir(parents=True)
     (helper.root / "hello" / "record.json").write_text('{"current": "1.0.0", "previous": "", "trial": "2.0.0"}')
+    (helper.root / "old").mkdir(parents=True)
+    (helper.root / "old" / "record.json").write_text('{"removed": "3.0.0"}')
     public = tmp_path / "keys" / "public.pem"
     worker = tmp_path / "worker.toml"
     text = (f'[agent]\nrole = "worker"\ndevice_id = "pi-1"\nfleet = "f"\ndata_dir = "{tmp_path / "data"}"\n\n'
@@ -219,7 +266,7 @@ def test_doctor_asks_the_helper_what_it_keeps_and_names_its_socket_door(tmp_path
         said = _apps(config, timeout_s=5.0)
     assert said.ok is True, said
     assert said.text == (f"the application helper at {helper.socket} keeps 1 application(s): hello 1.0.0"
-                         f" (trial 2.0.0) in {helper.root}")
+                         f" (trial 2.0.0) (removed: old at 3.0.0) in {helper.root}")
     assert preflight(worker).apps.helper_socket == str(helper.socket)
     worker.write_text(text.replace(str(helper.socket), str(tmp_path / "absent.sock")))
     with pytest.raises(ConfigError) as absent:

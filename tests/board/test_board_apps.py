@@ -7,6 +7,8 @@ and systemd (PID 1) runs it as its own dynamic user.
   its files are 1.0.0's, so the device copies them and downloads none; its health check is a
   command run as the application, in its sandbox (it finds its files, not the agent's data).
 - 3.0.0 answers 500: it is taken back, 2.0.0 runs again, and the leader says which check failed.
+- A signed removal at 4.0.0 stops it and removes its versions: the leader's registry no longer
+  lists it; 5.0.0 installed after it finds the data the earlier versions left (kept).
 - The agent's data is out of the application's sight."""
 
 from __future__ import annotations
@@ -14,17 +16,24 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.board_apps import apps_config, device_events, hello_bundle
-from tests.board_updates import free_port, heard_from, rollout_end, start_rollout
-from tests.e2e.agent_support import kill, run_agent, wait_for, write_config
+from tests.board_updates import DEVICE, free_port, heard_from, rollout_end, start_rollout
+from tests.e2e.agent_support import db_query, kill, run_agent, wait_for, write_config
 from tests.identity_broker import cli
 from tests.mosquitto import Mosquitto
 from tests.qemu_board import HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.mqtt, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(have_board_tools()), reason=have_board_tools() or "-")]
+
+def registry_apps(db: Path) -> dict[str, object]:
+    """The board's applications as the leader's registry holds them (its newest full heartbeat)."""
+    rows = db_query(db, "SELECT apps FROM devices WHERE device_id = ?", (DEVICE,))
+    return msgspec.msgpack.decode(rows[0][0]) if rows and rows[0][0] else {}
+
 
 def device_detail(status: dict[str, object]) -> tuple[str, str]:
     devices = status["device_list"]
@@ -81,6 +90,20 @@ def test_applications_install_beside_take_over_and_an_unhealthy_one_is_taken_bac
             assert [s for _, s, _ in device_events(db, "hello-3")][-1] == "failed"
             board.wait_for("HELLO: 3.0.0 up", since=mark)
             assert "starts=4" in board.wait_for("HELLO: 2.0.0 up", since=mark)  # 2.0.0 runs again
+
+            mark = board.mark()
+            removal = tmp_path / "hello-removed-4.0.0.eaapp"
+            assert cli("app", "removal", "hello", "--version", "4.0.0", "--key", str(private), "--out",
+                       str(removal)).returncode == 0
+            start_rollout(tmp_path, db, "hello-removed", removal, kind="app")
+            done = rollout_end(db, "hello-removed")
+            state, detail = device_detail(done)
+            assert state == "succeeded" and "hello 2.0.0 stopped and removed" in detail, done
+            board.wait_for("removed hello at 4.0.0", since=mark)  # the helper's journal
+            wait_for(lambda: "hello" not in registry_apps(db), "the registry to forget hello", limit_s=300)
+            start_rollout(tmp_path, db, "hello-5", hello_bundle(tmp_path, "5.0.0", private, healthy=True), kind="app")
+            assert rollout_end(db, "hello-5")["state"] == "succeeded"
+            assert "starts=5" in board.wait_for("HELLO: 5.0.0 up", since=mark)  # its data was kept
     finally:
         board.power_cut()
         kill(leader, signal.SIGTERM)
