@@ -29,17 +29,25 @@ def describe_bundle(path: Path) -> Described:
     except AppBundleError as exc:
         raise RolloutError(f"application bundle {path}: {exc}") from None
     if m.runtime == "removed":
-        return Described(name=m.name, version=m.version, size=0,
+        return Described(name=m.name, version=m.version, size=0, lane=m.name,
                          what=f"removal of application {m.name}: stopped, its versions removed, its data kept",
                          installs=f"the removal of application {m.name} at {m.version}")
     n = len(m.files)
-    return Described(name=m.name, version=m.version, size=m.payload_size,
+    return Described(name=m.name, version=m.version, size=m.payload_size, lane=m.name,
                      what=f"application {m.name}: {n} file{'s' if n != 1 else ''}, health {m.health.check}",
                      installs=f"application {m.name} {m.version}")
 
 
+def bundle_lane(release: bytes) -> str:
+    """A rollout of a bundle holds its application on a device (others may roll out beside)."""
+    try:
+        return peek_head(release).name
+    except AppBundleError:
+        return ""
+
+
 APP = KindTraits(name="app", installs="application", cancel_kind=KIND_APP_CANCEL, describe=describe_bundle,
-                 file_suffixes=(SUFFIX,))
+                 file_suffixes=(SUFFIX,), lane=bundle_lane)
 
 
 def bundle_digest(path: Path) -> str:

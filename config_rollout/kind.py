@@ -34,13 +34,21 @@ def describe_release(path: Path) -> Described:
     except (ConfigReleaseError, OSError) as exc:
         raise RolloutError(f"config release {path}: {getattr(exc, 'strerror', None) or exc}") from None
     n = len(m.documents)
-    return Described(name=m.name, version=m.version, size=sum(d.size for d in m.documents),
+    return Described(name=m.name, version=m.version, size=sum(d.size for d in m.documents), lane=m.name,
                      what=f"config release for target {m.name}: {n} document{'s' if n != 1 else ''}",
                      installs=f"config release {m.name} {m.version}")
 
 
+def release_lane(release: bytes) -> str:
+    """A rollout of a config release holds its target on a device (another target's may run beside)."""
+    try:
+        return peek_release(release).name
+    except ConfigReleaseError:
+        return ""
+
+
 CONFIG = KindTraits(name="config", installs="config release", cancel_kind=KIND_CONFIG_CANCEL,
-                    describe=describe_release, file_suffixes=(SUFFIX,), compliance=True)
+                    describe=describe_release, file_suffixes=(SUFFIX,), compliance=True, lane=release_lane)
 
 
 def keep_release(keys: Verifier | None, directory: Path, source: str) -> tuple[ConfigRelease, Path, bytes]:

@@ -40,6 +40,7 @@ class Described:
     installs: str  # what `rollout start` says a rollout of it installs: "version 1.1.0"
     rollback: bool = False  # signed as a rollback: it may go below what a device holds
     rollback_from: tuple[str, ...] = ()  # the versions a rollback replaces
+    lane: str = ""  # the part of a device a rollout of it holds (`KindTraits.lane`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,16 @@ class KindTraits:
     # what a start goes on despite, against the targets' registry records (a downgrade for some);
     # a `RolloutError` when the rollout could only fail
     check_targets: Callable[[Described, str, Sequence[DeviceInfo]], list[str]] | None = None
+    # the part of a device a release holds (an application, a config target): two unfinished
+    # rollouts of the kind hold a device together when their lanes differ; None: the whole kind
+    lane: Callable[[bytes], str] | None = None
+
+    def lane_of(self, release: bytes) -> str:
+        return self.lane(release) if self.lane is not None else ""
+
+    def holds_with(self, lane: str) -> Callable[[RolloutRow], bool]:
+        """Whether a rollout holds its devices against a new one of this kind in `lane`."""
+        return lambda r: r.spec.rollout.kind == self.name and self.lane_of(r.signed_manifest) == lane
 
     def check_spec(self, spec: RolloutSpec, *, source: str) -> None:
         """The spec's fields that apply to other kinds only: a `ConfigError` naming the first."""

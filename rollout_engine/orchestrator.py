@@ -163,7 +163,7 @@ class Orchestrator:
             targets = sorted(set(devices))
         rid = rollout_id or rollout_id_for(spec, self.clock.now_ms())
         superseded = self._claim_devices(rid, targets, spec.rollout.supersede, rollback_of=rollback_of,
-                                         kind=spec.rollout.kind)
+                                         among=kind.traits.holds_with(kind.traits.lane_of(admitted.release)))
         if waves is None:
             waves = plan_waves(spec, targets)
         held = kind.held(admitted.release, [infos[d] for d in targets if d in infos])
@@ -195,12 +195,13 @@ class Orchestrator:
         return rid
 
     def _claim_devices(self, rid: str, targets: Sequence[str], supersede: str, *,
-                       rollback_of: str, kind: str) -> dict[str, list[str]]:
-        """One unfinished rollout of each kind owns a device: the devices `targets` shares with
-        another of its kind are a `RolloutError` listing them, except those of `supersede` (or of
-        the rollout a rollback undoes) not yet offered the image, which that rollout gives up
-        (returned per rollout). Rollouts of different kinds may hold a device together."""
-        held = self.store.holders(targets, kind=kind)
+                       rollback_of: str, among: Callable[[RolloutRow], bool]) -> dict[str, list[str]]:
+        """One unfinished rollout of each kind and lane owns a device: the devices `targets`
+        shares with another `among` takes (its kind, its lane: the same application or config
+        target) are a `RolloutError` listing them, except those of `supersede` (or of the rollout
+        a rollback undoes) not yet offered the image, which that rollout gives up (returned per
+        rollout). Rollouts of different kinds or lanes may hold a device together."""
+        held = self.store.holders(targets, among=among)
         if not held:
             return {}
         giving_up = {supersede, rollback_of} - {""}
@@ -595,7 +596,8 @@ class Orchestrator:
         # a new device, or one whose tags, version or facts changed since the plan
         joining = [info for info in infos.values() if info.device_id not in known
                    and not (skips and info.firmware_version == r.version) and matches(r.spec, info, now_ms=now)]
-        busy = self.store.holders([info.device_id for info in joining], kind=r.spec.rollout.kind)
+        busy = self.store.holders([info.device_id for info in joining],
+                                  among=kind.traits.holds_with(kind.traits.lane_of(r.signed_manifest)))
         joining = [info for info in joining if info.device_id not in busy]  # (another rollout of its kind has it)
         if not joining:
             return

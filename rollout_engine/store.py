@@ -449,16 +449,16 @@ class RolloutStore(Store):
         rows = self._q("SELECT state, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY state", (rollout_id,))
         return {str(state): int(n) for state, n in rows}
 
-    def holders(self, device_ids: Sequence[str], *, kind: str | None = None) -> dict[str, tuple[str, str]]:
+    def holders(self, device_ids: Sequence[str], *,
+                among: Callable[[RolloutRow], bool] | None = None) -> dict[str, tuple[str, str]]:
         """device -> (rollout id, its state there) for those of `device_ids` an unfinished
-        rollout (scheduled, running or paused; of `kind` only, when given) holds in a state
-        that is not final."""
+        rollout (scheduled, running or paused; one `among` takes, when given: those of a kind and
+        lane, `KindTraits.holds_with`) holds in a state that is not final."""
         wanted = set(device_ids)
         if not wanted:
             return {}
         finals = sorted(TERMINAL)
-        of_kind = None if kind is None else {r.id for r in self.rollouts(active_only=True)
-                                             if r.spec.rollout.kind == kind}
+        of_kind = None if among is None else {r.id for r in self.rollouts(active_only=True) if among(r)}
         rows = self._q(
             "SELECT d.device_id, d.rollout_id, d.state FROM rollout_devices AS d JOIN rollouts AS r"
             f" ON r.id = d.rollout_id WHERE r.state IN ({_ACTIVE_SQL})"

@@ -171,7 +171,7 @@ def _start(store: Any, args: argparse.Namespace) -> int:
     plan = plan_rollout(spec, manifest, store.target)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    held = store.holders([d for wave in plan.waves for d in wave])
+    held = store.holders([d for wave in plan.waves for d in wave], among=traits.holds_with(manifest.lane))
     if args.dry_run:
         print(render_plan(rid, spec, manifest, plan, held))
         return 0

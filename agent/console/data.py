@@ -179,12 +179,15 @@ def start_control(db: StoreTarget, rollout_id: str) -> Any:
         return starts[-1] if starts else None
 
 
-def holders(db: StoreTarget, devices: list[str]) -> dict[str, tuple[str, str]]:
-    """The devices of `devices` an unfinished rollout holds: device -> (its rollout, its state there)."""
+def holders(db: StoreTarget, devices: list[str], *, kind: str, lane: str) -> dict[str, tuple[str, str]]:
+    """The devices of `devices` an unfinished rollout of `kind` in `lane` holds (a start would be
+    refused for them): device -> (its rollout, its state there)."""
+    from agent.leader.rollout_kinds import traits_of
     from rollout_engine.store import RolloutStore
 
+    among = traits_of(kind, source="the form").holds_with(lane)
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
-        return store.holders(devices)
+        return store.holders(devices, among=among)
 
 
 def control(db: StoreTarget, rollout_id: str, action: str, *, artifact: Path | None = None, actor: str = "") -> int:

@@ -467,7 +467,8 @@ class Console:
             fields["id"] = rid  # the start uses the very id the preview showed
             plan = plan_rollout(spec, manifest, self.config.db)
             if form.get("step") != "start":
-                held = data.holders(self.config.db, [d for wave in plan.waves for d in wave])
+                held = data.holders(self.config.db, [d for wave in plan.waves for d in wave],
+                                    kind=spec.rollout.kind, lane=manifest.lane)
                 text = render_plan(rid, spec, manifest, plan, held)
                 text += "".join(f"\nwarning: {w}" for w in plan.warnings)
                 return 200, self.new_rollout_page(fields, plan=text, choices=choices), ""

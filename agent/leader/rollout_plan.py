@@ -43,7 +43,7 @@ SHOWN = 50  # devices listed per wave and left out by --dry-run before "and N mo
 def render_plan(rid: str, spec: RolloutSpec, manifest: Described, plan: Plan,
                 held: dict[str, tuple[str, str]]) -> str:
     """What `rollout start --dry-run` prints: each wave's devices, who is left out and why, and
-    who belongs to an unfinished rollout (the start would be refused for them)."""
+    who belongs to an unfinished rollout of its kind and lane (the start would be refused for them)."""
     def listed(ids: list[str]) -> str:
         more = f" and {len(ids) - SHOWN} more" if len(ids) > SHOWN else ""
         return ", ".join(ids[:SHOWN]) + more

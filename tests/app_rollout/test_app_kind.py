@@ -149,3 +149,47 @@ def test_an_offer_is_bounded_in_every_field() -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"rollout_id": "r", "head": b"x", "bundle": "0" * 64, "size": 1,
                          "mirrors": ["http://m"] * 9}, type=AppOffer)
+
+
+async def test_rollouts_of_two_applications_hold_a_device_together_two_of_one_do_not(tmp_path: Path) -> None:
+    """A rollout holds the application it installs on its devices (its lane): another
+    application's rollout starts on the same devices, a second one of the same application is
+    refused naming them, and the dry run says only the latter."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout_engine"))
+    from rollout_support import FakePort, spec_data
+
+    from agent.core.clock import VirtualClock
+    from rollout_engine.orchestrator import Orchestrator
+    from rollout_engine.spec import spec_from_dict
+    from rollout_engine.store import RolloutStore
+
+    key, _, _ = fleet_key(tmp_path / "keys")
+    bundles = {}
+    for name, version in (("hello", "1.0.0"), ("metrics", "1.0.0"), ("hello", "1.1.0")):
+        bundles[f"{name}-{version}"] = tmp_path / f"{name}-{version}.eaapp"
+        build_bundle(app_dir(tmp_path / f"{name}-{version}", name=name, version=version), key,
+                     bundles[f"{name}-{version}"])
+    clock = VirtualClock()
+    devices = [f"d{i}" for i in range(4)]
+    store = RolloutStore.open(tmp_path / "leader.db", clock=clock)
+    orchestrator = Orchestrator(store, clock=clock, port=FakePort(clock, devices),
+                                kinds={"app": AppKind(keys=key.public, directory=tmp_path / "artifacts")})
+
+    def spec(bundle: str):  # type: ignore[no-untyped-def]
+        return spec_from_dict(spec_data(bundles[bundle], rollout={"kind": "app"}, waves={"canary": 1, "counts": [3]}))
+
+    try:
+        await orchestrator.start_rollout(spec("hello-1.0.0"), rollout_id="hello-1")
+        await orchestrator.start_rollout(spec("metrics-1.0.0"), rollout_id="metrics-1")  # beside it: allowed
+        assert {r.id for r in store.rollouts(active_only=True)} == {"hello-1", "metrics-1"}
+        refused = r"4 of its devices belong to an unfinished rollout: d0 \(.* in hello-1\)"
+        with pytest.raises(RolloutError, match=refused):
+            await orchestrator.start_rollout(spec("hello-1.1.0"), rollout_id="hello-2")
+        described = APP.describe(bundles["hello-1.1.0"])
+        assert described.lane == "hello"
+        held = store.holders(devices, among=APP.holds_with(described.lane))
+        assert {owner for owner, _ in held.values()} == {"hello-1"}  # what the dry run lists: not metrics-1
+    finally:
+        store.close()

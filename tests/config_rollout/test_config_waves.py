@@ -1,7 +1,7 @@
 """A config rollout on the wave engine, leader side: the release is checked whole against the
 fleet's key at the start and kept by its id, offered to the devices as a config offer (the port
-hears the kind), and a device may be held by one rollout of each kind at once, never by two of
-the same kind. (End to end over mosquitto: tests/e2e/test_config_rollout_mqtt.py.)"""
+hears the kind), and a device may be held by one rollout of each kind and target at once, never
+by two of the same kind and target. (End to end over mosquitto: tests/e2e/test_config_rollout_mqtt.py.)"""
 
 from __future__ import annotations
 
@@ -63,7 +63,14 @@ async def test_a_config_rollout_is_offered_as_config_beside_a_firmware_one(tmp_p
         # what each device's target held (its heartbeats said), not its firmware version
         assert store.from_versions("cfg-1") == {"1.0.0": 2, "": 1, "0.9.0": 1}
         with pytest.raises(RolloutError, match="belong to an unfinished rollout"):
-            await orchestrator.start_rollout(cfg, rollout_id="cfg-2")  # two of one kind: refused
+            await orchestrator.start_rollout(cfg, rollout_id="cfg-2")  # two of one kind and target: refused
+        (tmp_path / "net.conf").write_text("dhcp = true\n")
+        net = tmp_path / "net-1.0.0.eacfg"
+        net.write_bytes(build_release("net", "1.0.0", [tmp_path / "net.conf"], load_signing_key(keys.private),
+                                      created_ms=1))
+        other_target = spec_from_dict(spec_data(net, rollout={"kind": "config"}, waves={"canary": 1, "counts": [3]}))
+        await orchestrator.start_rollout(other_target, rollout_id="cfg-net")  # another target: beside it
+        assert {r.id for r in store.rollouts(active_only=True)} == {"fw-1", "cfg-1", "cfg-net"}
     finally:
         store.close()
 
