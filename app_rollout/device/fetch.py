@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from typing import IO, Any
 
 from app_rollout.bundle import BLOCK, AppManifest
 from app_rollout.errors import AppInstallError
+
+MIB = 1024 * 1024
+KEEP_FREE = 64 * MIB  # what a download or an install leaves free on its disk (as `doctor`'s disk check)
 
 
 @dataclass(frozen=True)
@@ -127,12 +131,25 @@ def _copy_checked(held: Held, out: IO[bytes]) -> bool:
     return False
 
 
+def check_room(directory: Path, need: int, keep_free: int, *, what: str) -> None:
+    """An `AppInstallError` when writing `need` more bytes in `directory` would leave less than
+    `keep_free` on its disk (the agent's outbox and databases share it)."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return
+    if free - need < keep_free:
+        raise AppInstallError(f"{what}: {need / MIB:.1f} MiB to write, {free / MIB:.1f} MiB free on {directory}"
+                              f" (of which {keep_free / MIB:.0f} MiB stays free for the agent): nothing written")
+
+
 async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory: Path, *, head: bytes,
                        manifest: AppManifest, reuse: Reuse | None = None, timeout_s: float = 10.0,
-                       ca: str = "") -> Fetched:
+                       ca: str = "", keep_free: int = KEEP_FREE) -> Fetched:
     """The bundle `digest` of `size` bytes in `directory`: `head`, then each file of `manifest`
     (or chunk of one) copied from what `reuse` holds or fetched from the first mirror that serves
-    its run. An `AppInstallError` names each mirror's answer when none does."""
+    its run. An `AppInstallError` names each mirror's answer when none does, or the room missing
+    when the rest would leave less than `keep_free` bytes free."""
     started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     done = directory / f"{digest}.eaapp"
@@ -141,6 +158,9 @@ async def fetch_bundle(mirrors: Sequence[str], digest: str, size: int, directory
     if len(head) + manifest.payload_size != size:
         raise AppInstallError(f"the offer says {size} bytes, its manifest {len(head) + manifest.payload_size}")
     partial = directory / f"{digest}.eaapp.partial"
+    have_already = partial.stat().st_size if partial.exists() else 0
+    check_room(directory, size - min(have_already, size), keep_free,
+               what=f"fetching application {manifest.name} {manifest.version}")
     reuse = reuse or Reuse.none()
     fetched = reused = 0
     with partial.open("r+b" if partial.exists() else "w+b") as out:
@@ -237,4 +257,4 @@ async def _fetch_run(client: Any, url: str, out: IO[bytes], start: int, end: int
     return written
 
 
-__all__ = ["Fetched", "Held", "Reuse", "fetch_bundle"]
+__all__ = ["KEEP_FREE", "Fetched", "Held", "Reuse", "check_room", "fetch_bundle"]

@@ -50,6 +50,7 @@ from agent.core.files import atomic_write
 from agent.core.tasks import in_thread
 from agent.service.helper_socket import HelperSocketServer
 from app_rollout.bundle import BUNDLE_MAX, SignedApp, iter_files, read_head, verify_head
+from app_rollout.device.fetch import KEEP_FREE, check_room
 from app_rollout.device.systemd import Systemd, UnitState
 from app_rollout.errors import AppBundleError, AppInstallError
 from app_rollout.unit import render_unit
@@ -122,13 +123,14 @@ class AppHelper:
 
     def __init__(self, *, key: Verifier, root: Path, unit_dir: Path, hidden: tuple[str, ...],
                  allowed_uids: frozenset[int] = frozenset(), systemd: Systemd | None = None,
-                 durable: bool = True, clock: Clock | None = None) -> None:
+                 durable: bool = True, clock: Clock | None = None, keep_free: int = KEEP_FREE) -> None:
         self.key = key
         self.clock = clock or SystemClock()  # (a virtual one runs the file work inline: the simulator's)
         self.durable = durable  # (the simulator's devices share one disk: no sync of it per install)
         self.root = root
         self.unit_dir = unit_dir
         self.hidden = hidden
+        self.keep_free = keep_free  # what an install leaves free on the disk of `root`
         self.systemd = systemd or Systemd()
         self._lock = asyncio.Lock()
         root.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -228,6 +230,8 @@ class AppHelper:
                                       f" {info.st_uid}): the helper takes only a bundle the agent downloaded")
             if info.st_size > BUNDLE_MAX:
                 raise AppInstallError(f"install {path}: {info.st_size} bytes, over {BUNDLE_MAX}")
+            # its copy, then its files beside the running version
+            check_room(self.root, 2 * info.st_size, self.keep_free, what=f"install {path}")
             with os.fdopen(fd, "rb", closefd=False) as src, copy.open("wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)  # checked from here on: the agent may change its file
         finally:

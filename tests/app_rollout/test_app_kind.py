@@ -193,3 +193,41 @@ async def test_rollouts_of_two_applications_hold_a_device_together_two_of_one_do
         assert {owner for owner, _ in held.values()} == {"hello-1"}  # what the dry run lists: not metrics-1
     finally:
         store.close()
+
+
+async def test_a_bundle_that_would_fill_the_agents_disk_is_not_fetched_nor_installed(tmp_path: Path) -> None:
+    """The download and the helper's install each keep room free on their disk (the agent's
+    outbox shares it): a bundle that would leave less is refused in one line naming the room,
+    and nothing of it is written."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from disks import Tmpfs
+
+    from agent.core.clock import SystemClock
+    from app_rollout.device.helper import AppHelper, AppRequest, encode
+
+    key, _, _ = fleet_key(tmp_path / "keys")
+    big = {"bin/server": ("#!/bin/sh\nsleep 9\n", 0o755)}
+    src = app_dir(tmp_path / "hello", files=big)
+    (src / "files" / "data").mkdir()
+    (src / "files" / "data" / "blob").write_bytes(os.urandom(6 * 1024 * 1024))
+    app = build_bundle(src, key, tmp_path / "hello.eaapp", chunks=False)
+    size = (tmp_path / "hello.eaapp").stat().st_size
+    with Tmpfs(tmp_path / "small", 16) as disk:
+        with pytest.raises(AppInstallError) as refused:
+            await fetch_bundle(["http://127.0.0.1:9/never-asked"], "0" * 64, size, disk.at / "downloads",
+                               head=app.head, manifest=app.manifest, keep_free=12 * 1024 * 1024)
+        said = str(refused.value)
+        assert said.startswith("fetching application hello 1.0.0: 6.0 MiB to write,") and "\n" not in said
+        assert f"free on {disk.at / 'downloads'} (of which 12 MiB stays free for the agent)" in said
+        assert list((disk.at / "downloads").iterdir()) == []
+        helper = AppHelper(key=key.public, root=disk.at / "apps", unit_dir=tmp_path / "units", hidden=(),
+                           keep_free=8 * 1024 * 1024, clock=SystemClock())
+        reply = await helper.handle(encode(AppRequest(op="install", path=str(tmp_path / "hello.eaapp"))), 0)
+        assert not reply.ok and reply.error.startswith(f"install {tmp_path / 'hello.eaapp'}: 12.0 MiB to write")
+        assert not [p for p in (disk.at / "apps").rglob("*") if not p.is_dir()]  # nothing written
+        helper.keep_free = 1024 * 1024
+        reply = await helper.handle(encode(AppRequest(op="install", path=str(tmp_path / "hello.eaapp"))), 0)
+        assert reply.ok and reply.installed == "hello 1.0.0"  # with room, the same bundle goes in
