@@ -409,6 +409,10 @@ class Console:
         from rollout_engine.keys import load_verify_key
 
         shown = printable(name.encode(), 100) or "the upload"
+        from app_rollout.bundle import MAGIC as APP_MAGIC
+
+        if _starts_with(body, APP_MAGIC):
+            return self._take_app_bundle(body, shown, actor)
         if _is_config_release(body):
             return self._take_config_release(body, shown, actor)
         try:  # the upload was written into the store's directory: checked there and renamed, not copied
@@ -435,6 +439,23 @@ class Console:
                                                                          "version": release.version, "by": actor}})
         return 201, (f"{shown}: config release {release.name} {release.version} ({format_bytes(len(data))}) verified"
                      f" and kept as {kept.name}")
+
+    def _take_app_bundle(self, body: Path, shown: str, actor: str) -> tuple[int, str]:
+        """An application bundle (or a removal) uploaded: checked whole as the leader checks one at
+        a rollout's start, kept as `{sha256}.eaapp`."""
+        from app_rollout.kind import describe_bundle, keep_bundle
+        from rollout_engine.keys import load_verify_key
+
+        assert self.config.public_key is not None
+        try:
+            kept, _ = keep_bundle(load_verify_key(self.config.public_key), self._store(), str(body))
+            described = describe_bundle(kept)
+        except EdgeAgentError as exc:
+            return 422, str(exc).replace(str(body), shown)
+        log.info("application bundle uploaded in the console", extra={"kv": {
+            "file": kept.name, "name": described.name, "version": described.version, "by": actor}})
+        return 201, (f"{shown}: {described.installs} ({format_bytes(kept.stat().st_size)}) verified and kept as"
+                     f" {kept.name}")
 
     def upload_room(self) -> tuple[Path, int]:
         """Where an upload's body goes (the store's directory: the copy is made on the same
@@ -511,14 +532,18 @@ class Console:
         return spec, chosen.manifest, rid
 
 
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
 def _is_config_release(path: Path) -> bool:
     from config_rollout.release import MAGIC
 
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
+    return _starts_with(path, MAGIC)
 
 
 NO_UPLOADS = "this console was started without --public-key: it cannot check an artifact, so takes none"

@@ -138,3 +138,50 @@ def test_a_config_release_is_uploaded_and_offered_as_a_config_rollout(tmp_path: 
         assert start.action == "start" and '"kind":"config"' in start.arg
     finally:
         store.close()
+
+
+def test_an_application_bundle_or_removal_is_uploaded_and_offered_as_an_app_rollout(tmp_path: Path) -> None:
+    """An application bundle uploaded: checked whole against the fleet's key, kept by its hash,
+    listed as an application, and the new-rollout form starts an app rollout of it; a removal
+    too; a bundle of another key is refused naming the upload."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app_rollout"))
+    from apps_support import app_dir, fleet_key
+
+    from agent.protocol import Heartbeat
+    from app_rollout.bundle import build_bundle, build_removal
+    from app_rollout.kind import describe_bundle
+    from rollout_engine.store import RolloutStore
+
+    key, _, public = fleet_key(tmp_path / "keys")
+    db = tmp_path / "leader.db"
+    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0) for d in ("a", "b")])
+    RolloutStore.open(db, clock=VirtualClock()).close()
+    build_bundle(app_dir(tmp_path / "hello", version="1.2.0"), key, tmp_path / "hello.eaapp")
+    build_removal("hello", "2.0.0", key, tmp_path / "gone.eaapp")
+    build_bundle(app_dir(tmp_path / "other"), fleet_key(tmp_path / "other-keys")[0], tmp_path / "other.eaapp")
+    with console(db, public_key=public) as address:
+        status, said = put(address, (tmp_path / "hello.eaapp").read_bytes(), BEARER, name="hello-1.2.0.eaapp")
+        assert status == 201 and said.startswith("hello-1.2.0.eaapp: application hello 1.2.0 ("), said
+        status, said = put(address, (tmp_path / "gone.eaapp").read_bytes(), BEARER, name="gone.eaapp")
+        assert status == 201 and "gone.eaapp: the removal of application hello at 2.0.0" in said, said
+        status, said = put(address, (tmp_path / "other.eaapp").read_bytes(), BEARER, name="other.eaapp")
+        assert status == 422 and said.startswith("other.eaapp: signed by key ") and ".upload-" not in said, said
+        kept = sorted(p.name for p in (tmp_path / "artifacts").iterdir())
+        assert len(kept) == 2 and all(k.endswith(".eaapp") for k in kept)
+        _, _, page = request(address, "GET", "/artifacts", headers=BEARER)
+        assert "application hello: 2 files, health active" in page and "removal of application hello" in page
+        bundle = next(k for k in kept if describe_bundle(tmp_path / "artifacts" / k).size)  # not the removal
+        form = {"artifact": bundle, "name": "", "id": "app-1", "select": "all", "values": "", "canary": "1",
+                "counts": "1", "soak_s": "0", "step": "start"}
+        status, headers, body = request(address, "POST", "/rollouts/new", headers={**BEARER, **FORM},
+                                        body=urllib.parse.urlencode(form))
+        assert status == 303, body
+    store = RolloutStore.open(db, clock=VirtualClock())
+    try:
+        [start] = store.pending_controls()
+        assert start.action == "start" and '"kind":"app"' in start.arg
+    finally:
+        store.close()
