@@ -158,6 +158,13 @@ def artifacts(directory: Path) -> list[ArtifactChoice]:
     return sorted(found, key=order, reverse=True)
 
 
+def file_suffixes() -> str:
+    """What the upload takes: every kind's files (".eafw,.eacfg,.eaapp")."""
+    from agent.leader.rollout_kinds import ROLLOUT_KINDS
+
+    return ",".join(suffix for entry in ROLLOUT_KINDS.values() for suffix in entry.traits.file_suffixes)
+
+
 def start(db: StoreTarget, rollout_id: str, start_control: str, *, actor: str = "") -> int:
     """Queue a rollout's start exactly as `edge-agent rollout start` does; the control's id."""
     from rollout_engine.store import RolloutStore
@@ -315,5 +322,5 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
 
 
 __all__ = ["DEVICES_SHOWN", "FLEET_CHART_S", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage",
-           "artifacts", "control", "dead_letters", "device", "fleet", "holders", "rejects", "rollback_choices",
-           "rollout", "rollout_version", "rollouts", "start", "start_control"]
+           "artifacts", "control", "dead_letters", "device", "file_suffixes", "fleet", "holders", "rejects",
+           "rollback_choices", "rollout", "rollout_version", "rollouts", "start", "start_control"]

@@ -245,7 +245,7 @@ class Console:
             store = self._store()
             return 200, self.render("artifacts", title="artifacts", artifacts=data.artifacts(store), store=str(store),
                                     csrf=self.csrf, uploads=self.config.public_key is not None,
-                                    most=format_bytes(self.config.max_upload_bytes))
+                                    most=format_bytes(self.config.max_upload_bytes), accept=data.file_suffixes())
         if path.startswith("/rollouts/") and path.endswith("/confirm"):
             rollout_id = urllib.parse.unquote(path[len("/rollouts/"):-len("/confirm")])
             action = query.get("action", "")
