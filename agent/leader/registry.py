@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -224,6 +225,28 @@ _CONFIGS = msgspec.msgpack.Encoder()
 _CONFIGS_DECODER = msgspec.msgpack.Decoder(dict[str, ConfigState])
 _APPS_DECODER = msgspec.msgpack.Decoder(dict[str, AppState])
 _FACTS_DECODER = msgspec.msgpack.Decoder(dict[str, str])
+class AppCounts(msgspec.Struct, kw_only=True, frozen=True):
+    """One application across the fleet (`status`, the console's fleet page)."""
+
+    versions: dict[str, int]  # the committed version -> devices, the most common first
+    on_trial: int = 0  # devices checking a new version now
+    took_back: int = 0  # devices whose last new version failed its health check and was taken back
+
+
+def app_counts(fleet: Iterable[dict[str, AppState]]) -> dict[str, AppCounts]:
+    """Each application's `AppCounts` over the devices' stated applications."""
+    versions: dict[str, Counter[str]] = {}
+    trial: Counter[str] = Counter()
+    back: Counter[str] = Counter()
+    for states in fleet:
+        for name, state in states.items():
+            versions.setdefault(name, Counter())[state.version or "none"] += 1
+            trial[name] += bool(state.trial)
+            back[name] += state.health == "failed"
+    return {name: AppCounts(versions=dict(sorted(counted.items(), key=lambda vn: (-vn[1], vn[0]))),
+                            on_trial=trial[name], took_back=back[name]) for name, counted in sorted(versions.items())}
+
+
 #: The devices' applications, as stored: (device id, apps blob) rows.
 _APP_ROWS = "SELECT device_id, apps FROM devices WHERE apps IS NOT NULL"
 _MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13)
@@ -935,6 +958,16 @@ class RegistryReads:
             return _config_states(self._conn.execute(_CONFIG_ROWS).fetchall())
         except sqlite3.OperationalError:
             return {}
+
+    def app_counts(self) -> dict[str, AppCounts]:
+        """Application -> the devices running each of its versions, on trial, and that took their
+        last new version back, as their newest full heartbeats stated (none from a registry older
+        than the column)."""
+        try:
+            rows = self._conn.execute(_APP_ROWS).fetchall()
+        except sqlite3.OperationalError:
+            return {}
+        return app_counts(states for _, blob in rows if (states := _stated(blob, _APPS_DECODER.decode)))
 
     def online_history(self, since_ms: int) -> list[tuple[int, int, int]]:
         """(at_ms, devices, online) sampled since `since_ms`, oldest first (none from a registry

@@ -18,7 +18,7 @@ from agent.core.durations import format_age, utc_iso
 from agent.leader.config_pending import fleet_compliance
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
-from agent.leader.registry import LEADER_QUIET_S
+from agent.leader.registry import LEADER_QUIET_S, AppCounts
 from rollout_engine.lease import LEASE_NAME
 
 DEFAULT_STALE_AFTER_S = 30.0
@@ -76,6 +76,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     reserved_certs: list[str] = msgspec.field(default_factory=list)
     # every leader of the registry (several on PostgreSQL), by name
     leader_views: list[LeaderView] = msgspec.field(default_factory=list)
+    # application -> the devices on each version, on trial, that took their last new one back
+    apps: dict[str, AppCounts] = msgspec.field(default_factory=dict)
 
 
 
@@ -118,7 +120,7 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        stale_count=stale_count, stale=stale,
                        jobs=jobs, leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
-                       config=fleet_compliance(db, now), leaders=registry.leaders(),
+                       config=fleet_compliance(db, now), apps=registry.app_counts(), leaders=registry.leaders(),
                        leaders_alive_ms=registry.leaders_alive_ms(),
                        reserved_certs=_reserved_certs(db), rollouts_run_by=lease.holder if lease else "",
                        rollouts_since_ms=lease.acquired_ms if lease else None,
@@ -206,6 +208,11 @@ def format_status(summary: FleetStatus) -> str:
     for target, counts in summary.config.items():
         lines.append(f"config {target}: " + ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items()
                                                       if n or kind == "in_sync"))
+    for name, app in summary.apps.items():
+        more = [f"{app.on_trial} on trial"] if app.on_trial else []
+        more += [f"{app.took_back} took their last new version back"] if app.took_back else []
+        lines.append(f"app {name}: " + ", ".join(f"{v} x{n}" for v, n in app.versions.items())
+                     + (f" ({'; '.join(more)})" if more else ""))
     if summary.jobs is not None:
         j = summary.jobs
         lines.append(

@@ -221,7 +221,7 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     from rollout_support import FakePort, engine_kinds
 
     from agent.core.clock import VirtualClock
-    from agent.protocol import ConfigState, SlotState, SystemSample
+    from agent.protocol import AppState, ConfigState, SlotState, SystemSample
     from firmware_rollout.artifact.fixture import make_artifact
     from rollout_engine.orchestrator import Orchestrator
     from rollout_engine.store import RolloutStore
@@ -238,7 +238,10 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
                                         configs={"app": ConfigState(version="1.0.0", state="committed",
                                                                     drifted=("app.toml",)),
                                                  "net": ConfigState(version="2.0.0", state="committed")}
-                                        if d == "a" else None)
+                                        if d == "a" else None,
+                                        apps={"hello": AppState(version="1.0.0" if d == "c" else "2.0.0",
+                                                                trial="2.1.0" if d == "b" else "")}
+                                        if d in ("a", "b", "c") else None)
                               for d in ("a", "b", "c", "d")])
     make_artifact(tmp_path, chunk_size=1024, size=2048)
     (tmp_path / "spec.toml").write_text('[rollout]\nname = "lab"\nartifact = "fw-1.1.0.eafw"\n'
@@ -272,6 +275,8 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         table = fleet.split('<table id="fleet-config" data-live>')[1].split("</table>")[0]
         assert '<td>app</td><td class="online">0</td><td>0</td>\n<td class="offline">1</td>' in table
         assert '<td>net</td><td class="online">1</td>' in table
+        apps = fleet.split('<table id="fleet-apps" data-live>')[1].split("</table>")[0]
+        assert "<tr><td>hello</td><td>2.0.0 ×2, 1.0.0 ×1</td>\n<td>1</td>" in apps  # one on trial
 
 
 def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ from apps_support import app_dir, fleet_key
 from agent.core.clock import VirtualClock
 from agent.core.sql import store_target
 from agent.leader.readonly import open_leader_db
-from agent.leader.registry import DeviceRegistry
+from agent.leader.registry import AppCounts, DeviceRegistry
+from agent.leader.status import fleet_status, format_status
 from agent.protocol import AppState, Heartbeat
 from app_rollout.bundle import build_bundle
 from app_rollout.kind import AppKind
@@ -41,6 +42,10 @@ def test_the_registry_keeps_what_each_application_runs(leader_store: Path | str)
         assert lines[-2:] == ["  applications:", "    hello: 2.0.0; 1.0.0 kept to go back to"]
         assert "  is: arch aarch64, board Raspberry Pi 4 Model B" in lines  # what it says it is
         assert found[0].facts == {"arch": "aarch64", "board": "Raspberry Pi 4 Model B"}
+        # the fleet: each application's versions, what `status` and the console's fleet page say
+        fleet = fleet_status(db, 0)
+        assert fleet.apps == {"hello": AppCounts(versions={"1.0.0": 1, "2.0.0": 1}, on_trial=0, took_back=1)}
+        assert "app hello: 1.0.0 x1, 2.0.0 x1 (1 took their last new version back)" in format_status(fleet)
 
 
 def device_lines(db: object, device: str) -> list[str]:
