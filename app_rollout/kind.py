@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.core.codec import encode
-from agent.core.errors import RolloutError
+from agent.core.errors import EdgeAgentError, RolloutError
 from app_rollout.bundle import SUFFIX, AppBundleError, peek_head, read_bundle, read_head
 from app_rollout.messages import KIND_APP_CANCEL, KIND_APP_OFFER, AppOffer
 from rollout_engine.keys import Verifier
 from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, Outgoing
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
+from rollout_engine.version import Version
 
 
 def describe_bundle(path: Path) -> Described:
@@ -38,6 +39,34 @@ def describe_bundle(path: Path) -> Described:
                      installs=f"application {m.name} {m.version}")
 
 
+def check_going_forward(bundle: Described, source: str, targets: Sequence[DeviceInfo]) -> list[str]:
+    """Every device refuses a version of an application at or below (a removal: at or above
+    nothing: not above) the one it runs: a rollout that every targeted device running it would
+    refuse could only fail (refused); some of them: a warning naming how many (returned)."""
+    try:
+        removal = peek_head(read_head(source)).runtime == "removed"
+    except AppBundleError as exc:
+        raise RolloutError(f"application bundle {source}: {exc}") from None
+    offered = Version.parse(bundle.version)
+    ahead: list[str] = []
+    for target in targets:
+        running = dict(target.apps).get(bundle.name, "")
+        try:
+            if running and (Version.parse(running) >= offered if removal else Version.parse(running) > offered):
+                ahead.append(running)
+        except EdgeAgentError:  # a version a device states that is not one: it decides itself
+            continue
+    if not ahead:
+        return []
+    what = f"{source} is {bundle.installs}"
+    if len(ahead) == len(targets):
+        raise RolloutError(f"{what}, not above what every targeted device runs ({', '.join(sorted(set(ahead)))}): each"
+                           f" would refuse it (an application goes forward: build the content again as a version"
+                           f" above {max(ahead, key=Version.parse)})")
+    return [f"{what}, not above what {len(ahead)} of the {len(targets)} targeted devices run: they will refuse it"
+            " (failures that count against the rollout's gates)"]
+
+
 def bundle_lane(release: bytes) -> str:
     """A rollout of a bundle holds its application on a device (others may roll out beside)."""
     try:
@@ -47,7 +76,7 @@ def bundle_lane(release: bytes) -> str:
 
 
 APP = KindTraits(name="app", installs="application", cancel_kind=KIND_APP_CANCEL, describe=describe_bundle,
-                 file_suffixes=(SUFFIX,), lane=bundle_lane)
+                 file_suffixes=(SUFFIX,), lane=bundle_lane, check_targets=check_going_forward)
 
 
 def bundle_digest(path: Path) -> str:

@@ -27,6 +27,7 @@ class DeviceInfo:
     last_seen_ms: int | None = None
     first_seen_ms: int = 0
     facts: tuple[tuple[str, str], ...] = ()  # what it says it is (arch, board, os), sorted by name
+    apps: tuple[tuple[str, str], ...] = ()  # each application's committed version, as it says, sorted by name
 
 
 def exclusion(spec: RolloutSpec, device: DeviceInfo, *, target_version: str | None,

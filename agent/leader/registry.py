@@ -959,15 +959,19 @@ class RegistryReads:
         except sqlite3.OperationalError:
             return {}
 
-    def app_counts(self) -> dict[str, AppCounts]:
-        """Application -> the devices running each of its versions, on trial, and that took their
-        last new version back, as their newest full heartbeats stated (none from a registry older
-        than the column)."""
+    def app_states(self) -> dict[str, dict[str, AppState]]:
+        """As `DeviceRegistry.app_states` (none from a registry older than the column)."""
         try:
             rows = self._conn.execute(_APP_ROWS).fetchall()
         except sqlite3.OperationalError:
             return {}
-        return app_counts(states for _, blob in rows if (states := _stated(blob, _APPS_DECODER.decode)))
+        return {str(device): states for device, blob in rows if (states := _stated(blob, _APPS_DECODER.decode))}
+
+    def app_counts(self) -> dict[str, AppCounts]:
+        """Application -> the devices running each of its versions, on trial, and that took their
+        last new version back, as their newest full heartbeats stated (none from a registry older
+        than the column)."""
+        return app_counts(self.app_states().values())
 
     def online_history(self, since_ms: int) -> list[tuple[int, int, int]]:
         """(at_ms, devices, online) sampled since `since_ms`, oldest first (none from a registry

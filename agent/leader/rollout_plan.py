@@ -76,8 +76,11 @@ def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | ServerUrl) -
     now_ms = SystemClock().now_ms()
     with open_leader_db(db) as leader:
         _, lines = leader.registry.page(limit=0)
+        apps = leader.registry.app_states()
         devices = [DeviceInfo(line.device_id, line.firmware_version, tuple(line.tags), line.online, line.last_seen_ms,
-                              facts=tuple(sorted(line.facts.items()))) for line in lines]
+                              facts=tuple(sorted(line.facts.items())),
+                              apps=tuple(sorted((n, a.version) for n, a in apps.get(line.device_id, {}).items())))
+                   for line in lines]
     left_out = [(d.device_id, why) for d in devices
                 if (why := exclusion(spec, d, target_version=version, now_ms=now_ms))]
     known = {d.device_id for d in devices}

@@ -231,3 +231,42 @@ async def test_a_bundle_that_would_fill_the_agents_disk_is_not_fetched_nor_insta
         helper.keep_free = 1024 * 1024
         reply = await helper.handle(encode(AppRequest(op="install", path=str(tmp_path / "hello.eaapp"))), 0)
         assert reply.ok and reply.installed == "hello 1.0.0"  # with room, the same bundle goes in
+
+
+def test_a_plan_refuses_a_version_every_device_would_refuse_and_warns_of_some(tmp_path: Path) -> None:
+    """Devices take an application only forward: a bundle (or a removal) not above what every
+    targeted device runs is refused at the plan, in one line saying how to go back; not above
+    what some run, a warning naming how many."""
+    from agent.core.clock import VirtualClock
+    from agent.leader.registry import DeviceRegistry
+    from agent.leader.rollout_plan import plan_rollout
+    from agent.protocol import AppState, Heartbeat
+    from app_rollout.bundle import build_removal
+    from rollout_engine.spec import spec_from_dict
+
+    key, _, _ = fleet_key(tmp_path / "keys")
+    db = tmp_path / "leader.db"
+    running = {"a": "2.0.0", "b": "2.0.0", "c": "1.0.0"}
+    with DeviceRegistry.open(db, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, apps={"hello": AppState(version=v)})
+                              for d, v in running.items()])
+    build_bundle(app_dir(tmp_path / "old", version="1.5.0"), key, tmp_path / "old.eaapp")
+    build_removal("hello", "2.0.0", key, tmp_path / "gone.eaapp")
+
+    def plan(artifact: Path, devices: list[str]):  # type: ignore[no-untyped-def]
+        spec = spec_from_dict({"rollout": {"name": "t", "artifact": str(artifact), "kind": "app"},
+                               "targets": {"select": "devices", "devices": devices},
+                               "waves": {"canary": 0, "percents": [100.0]}})
+        return plan_rollout(spec, APP.describe(artifact), db)
+
+    with pytest.raises(RolloutError) as refused:
+        plan(tmp_path / "old.eaapp", ["a", "b"])
+    assert str(refused.value) == (f"{tmp_path / 'old.eaapp'} is application hello 1.5.0, not above what every"
+                                  " targeted device runs (2.0.0): each would refuse it (an application goes"
+                                  " forward: build the content again as a version above 2.0.0)")
+    assert plan(tmp_path / "old.eaapp", ["a", "b", "c"]).warnings == [
+        f"{tmp_path / 'old.eaapp'} is application hello 1.5.0, not above what 2 of the 3 targeted devices run:"
+        " they will refuse it (failures that count against the rollout's gates)"]
+    with pytest.raises(RolloutError, match="is the removal of application hello at 2.0.0, not above what every"):
+        plan(tmp_path / "gone.eaapp", ["a", "b"])  # a removal goes forward too
+    assert len(plan(tmp_path / "gone.eaapp", ["c"]).waves[0]) == 1  # 1.0.0 runs there: removed at 2.0.0
