@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.core.codec import encode
-from agent.core.errors import EdgeAgentError, RolloutError
+from agent.core.errors import RolloutError
 from app_rollout.bundle import SUFFIX, AppBundleError, peek_head, read_bundle, read_head
 from app_rollout.messages import KIND_APP_CANCEL, KIND_APP_OFFER, AppOffer
 from rollout_engine.keys import Verifier
 from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, Outgoing
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
-from rollout_engine.version import Version
+from rollout_engine.version import Version, ahead_of
 
 
 def describe_bundle(path: Path) -> Described:
@@ -47,15 +47,8 @@ def check_going_forward(bundle: Described, source: str, targets: Sequence[Device
         removal = peek_head(read_head(source)).runtime == "removed"
     except AppBundleError as exc:
         raise RolloutError(f"application bundle {source}: {exc}") from None
-    offered = Version.parse(bundle.version)
-    ahead: list[str] = []
-    for target in targets:
-        running = dict(target.apps).get(bundle.name, "")
-        try:
-            if running and (Version.parse(running) >= offered if removal else Version.parse(running) > offered):
-                ahead.append(running)
-        except EdgeAgentError:  # a version a device states that is not one: it decides itself
-            continue
+    running = [version for t in targets if (version := dict(t.apps).get(bundle.name, ""))]
+    ahead = ahead_of(bundle.version, running, or_equal=removal)
     if not ahead:
         return []
     what = f"{source} is {bundle.installs}"

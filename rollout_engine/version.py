@@ -9,6 +9,7 @@ metadata is kept but ignored for precedence, so `1.0.0+a == 1.0.0+b`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import total_ordering
 
 from rollout_engine.errors import InvalidVersion
@@ -92,4 +93,22 @@ def parse_version(text: str) -> Version:
     return Version.parse(text)
 
 
-__all__ = ["Version", "parse_version"]
+
+
+def ahead_of(offered: str, running: Iterable[str], *, or_equal: bool = False) -> list[str]:
+    """Those of the `running` versions above `offered` (or equal to it, with `or_equal`): what a
+    device that goes only forward would refuse. A running value that is not a version is left
+    out (the device decides itself)."""
+    floor = Version.parse(offered)
+    ahead = []
+    for version in running:
+        try:
+            parsed = Version.parse(version)
+        except InvalidVersion:
+            continue
+        if parsed > floor or (or_equal and parsed == floor):
+            ahead.append(version)
+    return ahead
+
+
+__all__ = ["Version", "ahead_of", "parse_version"]

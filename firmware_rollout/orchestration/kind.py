@@ -12,11 +12,10 @@ from agent.core.errors import EdgeAgentError, RolloutError
 from firmware_rollout.artifact.files import read_signed_manifest
 from firmware_rollout.messages import KIND_UPDATE_CANCEL, KIND_UPDATE_OFFER, KIND_UPDATE_REPORT, UpdateOffer
 from firmware_rollout.orchestration.artifacts import ArtifactStore
-from rollout_engine.errors import InvalidVersion
 from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, Outgoing
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
-from rollout_engine.version import Version
+from rollout_engine.version import ahead_of
 
 SUFFIX = ".eafw"
 
@@ -39,14 +38,8 @@ def check_downgrade(artifact: Described, source: str, targets: Sequence[DeviceIn
     to some of them, a warning naming how many will refuse it (returned)."""
     if artifact.rollback:
         return []
-    image = Version.parse(artifact.version)
-    newer = []
-    for target in targets:
-        try:
-            if Version.parse(target.firmware_version) > image:
-                newer.append(target)
-        except InvalidVersion:  # a version the device reports that is not one: it decides itself
-            continue
+    ahead = set(ahead_of(artifact.version, {d.firmware_version for d in targets}))
+    newer = [d for d in targets if d.firmware_version in ahead]
     if not newer:
         return []
     what = f"artifact {source} is version {artifact.version}"

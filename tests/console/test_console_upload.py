@@ -59,6 +59,30 @@ def _browser(address: tuple[str, int]) -> tuple[dict[str, str], str]:
     return {"Cookie": cookie}, found.group(1)
 
 
+def start_from_form(address: tuple[str, int], artifact: str, rollout_id: str) -> None:
+    """The new-rollout form's `start it` for the store's file `artifact`, to every device."""
+    form = {"artifact": artifact, "name": "", "id": rollout_id, "select": "all", "values": "", "canary": "1",
+            "counts": "1", "soak_s": "0", "step": "start"}
+    status, _, body = request(address, "POST", "/rollouts/new", headers={**BEARER, **FORM},
+                              body=urllib.parse.urlencode(form))
+    assert status == 303, body
+
+
+def started_kind(db: Path) -> str:
+    """The kind of the one start control the console queued."""
+    import json
+
+    from rollout_engine.store import RolloutStore
+
+    store = RolloutStore.open(db, clock=VirtualClock())
+    try:
+        [start] = store.pending_controls()
+        assert start.action == "start"
+        return str(json.loads(start.arg)["spec"]["rollout"]["kind"])
+    finally:
+        store.close()
+
+
 def test_an_uploaded_artifact_is_verified_and_kept_or_refused_with_the_reason(tmp_path: Path) -> None:
     db = tmp_path / "leader.db"
     DeviceRegistry.open(db, clock=VirtualClock()).close()
@@ -127,17 +151,8 @@ def test_a_config_release_is_uploaded_and_offered_as_a_config_rollout(tmp_path: 
         forged[-3] ^= 1
         status, said = put(address, bytes(forged), BEARER, name="evil.eacfg")
         assert status == 422 and "evil.eacfg" in said and ".upload-" not in said
-        form = {"artifact": kept[0], "name": "", "id": "cfg-1", "select": "all", "values": "", "canary": "1",
-                "counts": "1", "soak_s": "0", "step": "start"}
-        status, headers, body = request(address, "POST", "/rollouts/new", headers={**BEARER, **FORM},
-                                        body=urllib.parse.urlencode(form))
-        assert status == 303, body
-    store = RolloutStore.open(db, clock=VirtualClock())
-    try:
-        [start] = store.pending_controls()
-        assert start.action == "start" and '"kind":"config"' in start.arg
-    finally:
-        store.close()
+        start_from_form(address, kept[0], "cfg-1")
+    assert started_kind(db) == "config"
 
 
 def test_an_application_bundle_or_removal_is_uploaded_and_offered_as_an_app_rollout(tmp_path: Path) -> None:
@@ -175,14 +190,5 @@ def test_an_application_bundle_or_removal_is_uploaded_and_offered_as_an_app_roll
         assert "application hello: 2 files, health active" in page and "removal of application hello" in page
         assert 'accept=".eafw,.eacfg,.eaapp"' in page  # the file picker offers every kind's files
         bundle = next(k for k in kept if describe_bundle(tmp_path / "artifacts" / k).size)  # not the removal
-        form = {"artifact": bundle, "name": "", "id": "app-1", "select": "all", "values": "", "canary": "1",
-                "counts": "1", "soak_s": "0", "step": "start"}
-        status, headers, body = request(address, "POST", "/rollouts/new", headers={**BEARER, **FORM},
-                                        body=urllib.parse.urlencode(form))
-        assert status == 303, body
-    store = RolloutStore.open(db, clock=VirtualClock())
-    try:
-        [start] = store.pending_controls()
-        assert start.action == "start" and '"kind":"app"' in start.arg
-    finally:
-        store.close()
+        start_from_form(address, bundle, "app-1")
+    assert started_kind(db) == "app"
