@@ -40,9 +40,9 @@ def describe_bundle(path: Path) -> Described:
 
 
 def check_going_forward(bundle: Described, source: str, targets: Sequence[DeviceInfo]) -> list[str]:
-    """Every device refuses a version of an application at or below (a removal: at or above
-    nothing: not above) the one it runs: a rollout that every targeted device running it would
-    refuse could only fail (refused); some of them: a warning naming how many (returned)."""
+    """Every device refuses a version of an application below the one it runs, and a removal not
+    above it: a rollout that every targeted device would refuse could only fail (refused); some
+    of them: a warning naming how many (returned)."""
     try:
         removal = peek_head(read_head(source)).runtime == "removed"
     except AppBundleError as exc:

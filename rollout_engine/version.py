@@ -93,8 +93,6 @@ def parse_version(text: str) -> Version:
     return Version.parse(text)
 
 
-
-
 def ahead_of(offered: str, running: Iterable[str], *, or_equal: bool = False) -> list[str]:
     """Those of the `running` versions above `offered` (or equal to it, with `or_equal`): what a
     device that goes only forward would refuse. A running value that is not a version is left

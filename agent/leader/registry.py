@@ -199,6 +199,11 @@ COMPLIANCE = ("in_sync", "pending", "drifted", "failed", "not_applied")
 _CONFIG_ROWS = "SELECT device_id, tags, configs FROM devices WHERE configs IS NOT NULL"
 
 
+def _app_states(rows: Sequence[tuple[Any, ...]]) -> dict[str, dict[str, AppState]]:
+    """device -> its applications, from (device id, apps blob) rows (`_APP_ROWS`)."""
+    return {str(device): states for device, blob in rows if (states := _stated(blob, _APPS_DECODER.decode))}
+
+
 def _config_states(rows: Sequence[tuple[Any, ...]]) -> dict[str, tuple[tuple[str, ...], dict[str, ConfigState]]]:
     found = {}
     for device_id, tags, blob in rows:
@@ -828,7 +833,7 @@ class DeviceRegistry(Store):
         self.check_open()
         with store_errors("read application states"):
             rows = self._conn.execute(_APP_ROWS).fetchall()
-        return {str(device): states for device, blob in rows if (states := _stated(blob, _APPS_DECODER.decode))}
+        return _app_states(rows)
 
     def config_versions(self, target: str) -> dict[str, str]:
         """device -> the version of configuration target `target` its newest full heartbeat
@@ -965,7 +970,7 @@ class RegistryReads:
             rows = self._conn.execute(_APP_ROWS).fetchall()
         except sqlite3.OperationalError:
             return {}
-        return {str(device): states for device, blob in rows if (states := _stated(blob, _APPS_DECODER.decode))}
+        return _app_states(rows)
 
     def app_counts(self) -> dict[str, AppCounts]:
         """Application -> the devices running each of its versions, on trial, and that took their
