@@ -159,16 +159,24 @@ class RecordingSystemd(Systemd):
         return UnitState(self.active, "running", 0, 1, "success")
 
 
-async def test_a_trial_is_committed_or_taken_back_and_a_committed_version_stays(tmp_path: Path) -> None:
-    key, _, _ = fleet_key(tmp_path / "keys")
-    systemd = RecordingSystemd()
-    helper = AppHelper(key=key.public, root=tmp_path / "apps", unit_dir=tmp_path / "units", hidden=(),
-                       systemd=systemd)
+class InProcess:
+    """The helper in this process on `tmp`'s files with a fresh fleet key, systemctl's answers
+    recorded; `ask` returns its refusal ("" when it took the step)."""
 
-    async def ask(op: str, name: str = "", **fields: str) -> str:
-        reply = await helper.handle(encode(AppRequest(op=op, name=name, **fields)), 0)  # type: ignore[arg-type]
+    def __init__(self, tmp: Path) -> None:
+        self.key = fleet_key(tmp / "keys")[0]
+        self.systemd = RecordingSystemd()
+        self.helper = AppHelper(key=self.key.public, root=tmp / "apps", unit_dir=tmp / "units", hidden=(),
+                                systemd=self.systemd)
+
+    async def ask(self, op: str, name: str = "", **fields: object) -> str:
+        reply = await self.helper.handle(encode(AppRequest(op=op, name=name, **fields)), 0)  # type: ignore[arg-type]
         return reply.error
 
+
+async def test_a_trial_is_committed_or_taken_back_and_a_committed_version_stays(tmp_path: Path) -> None:
+    in_process = InProcess(tmp_path)
+    key, helper, ask = in_process.key, in_process.helper, in_process.ask
     for version in ("1.0.0", "2.0.0", "3.0.0"):
         bundle = tmp_path / f"hello-{version}.eaapp"
         build_bundle(app_dir(tmp_path / f"hello-{version}", version=version), key, bundle)
@@ -195,15 +203,8 @@ async def test_only_a_signed_removal_above_the_running_version_removes_an_applic
     another application, at or below the committed version, or replayed is refused; the one that
     is taken stops the unit and removes the versions, keeps the data, and nothing at or below it
     installs again."""
-    key, _, _ = fleet_key(tmp_path / "keys")
-    systemd = RecordingSystemd()
-    helper = AppHelper(key=key.public, root=tmp_path / "apps", unit_dir=tmp_path / "units", hidden=(),
-                       systemd=systemd)
-
-    async def ask(op: str, name: str = "", **fields: object) -> str:
-        reply = await helper.handle(encode(AppRequest(op=op, name=name, **fields)), 0)  # type: ignore[arg-type]
-        return reply.error
-
+    in_process = InProcess(tmp_path)
+    key, systemd, helper, ask = in_process.key, in_process.systemd, in_process.helper, in_process.ask
     for version in ("1.0.0", "2.0.0"):
         build_bundle(app_dir(tmp_path / f"hello-{version}", version=version), key, tmp_path / f"{version}.eaapp")
         assert await ask("install", path=str(tmp_path / f"{version}.eaapp")) == ""
