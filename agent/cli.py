@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "leader": ("agent.commands.leader", "grow a leader's state into PostgreSQL (leader migrate)"),
     "install-helper": ("agent.commands.install_helper", "the root helper that writes slots and reboots for the agent"),
     "app": ("agent.commands.app", "build and verify application bundles; the root application helper"),
+    "release": ("agent.commands.release", "build and verify a release of a device's whole state"),
     "firmware": ("agent.commands.firmware", "make and check artifacts; install, commit, revert on a device"),
     "config": ("agent.commands.config", "check agent config files"),
     "console": ("agent.commands.console", "serve the web console over a leader's database"),

@@ -62,6 +62,12 @@ class KindTraits:
     # the part of a device a release holds (an application, a config target): two unfinished
     # rollouts of the kind hold a device together when their lanes differ; None: the whole kind
     lane: Callable[[bytes], str] | None = None
+    # the firmware image a rollout of it serves (its chunks over MQTT, the artifact server): the
+    # leader's copy and its signed manifest, from what the rollout stores; None: it serves none
+    image: Callable[[RolloutRow], tuple[str, bytes] | None] | None = None
+
+    def image_of(self, r: RolloutRow) -> tuple[str, bytes] | None:
+        return self.image(r) if self.image is not None else None
 
     def lane_of(self, release: bytes) -> str:
         return self.lane(release) if self.lane is not None else ""

@@ -61,7 +61,7 @@ pip=(env PIP_ROOT_USER_ACTION=ignore python3 -m pip --disable-pip-version-check 
 
 # -- the private environment: wheels for the target, laid out as a virtual environment -------------
 mkdir -p "$tmp/src" "$tmp/wheels"
-(cd "$ROOT" && cp -r pyproject.toml README.md agent firmware_rollout config_rollout app_rollout rollout_engine "$tmp/src/")
+(cd "$ROOT" && cp -r pyproject.toml README.md agent firmware_rollout config_rollout app_rollout release_rollout rollout_engine "$tmp/src/")
 find "$tmp/src" -name __pycache__ -prune -exec rm -rf {} +
 "${pip[@]}" wheel --no-deps --wheel-dir "$tmp/wheels" "$tmp/src"
 platform_args=()

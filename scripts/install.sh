@@ -289,7 +289,7 @@ fi
 
 # the package is reinstalled only when the checkout's sources changed (same sources: same files)
 sources=()
-for p in pyproject.toml README.md LICENSE agent firmware_rollout config_rollout app_rollout rollout_engine; do
+for p in pyproject.toml README.md LICENSE agent firmware_rollout config_rollout app_rollout release_rollout rollout_engine; do
     [ -e "$SRC/$p" ] && sources+=("$p")
 done
 stamp="$(cd "$SRC" && find "${sources[@]}" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \

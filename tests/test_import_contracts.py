@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("agent", "firmware_rollout", "config_rollout", "app_rollout", "rollout_engine")
+PACKAGES = ("agent", "firmware_rollout", "config_rollout", "app_rollout", "release_rollout", "rollout_engine")
 
 
 def contract_names() -> list[str]:
@@ -44,6 +44,8 @@ PLANTS = [
      "config_rollout/_planted.py", "firmware_rollout.messages"),
     ("rollout kinds are peers over the engine: the engine imports no kind, kinds never import each other",
      "app_rollout/_planted.py", "config_rollout.release"),
+    ("rollout kinds are peers over the engine: the engine imports no kind, kinds never import each other",
+     "release_rollout/_planted.py", "app_rollout.kind"),
     ("app_rollout: the device's side and the leader's kind are peers over the bundle",
      "app_rollout/device/_planted.py", "app_rollout.kind"),
     ("the commands and the simulator build agents through agent.app, never from the features",

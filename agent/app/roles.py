@@ -16,7 +16,7 @@ other entry is a feature's factory (`agent.service.parts.Feature`), which return
 config leaves the feature off:
 
     worker:  the worker, the certificate's renewal, the updater, the configuration targets, the
-             applications, the local API, the sources
+             applications, the releases (the three together), the local API, the sources
     leader:  northbound forwarding, the leader, device identities, rollouts
 
 Parts start in list order and stop in reverse: the local API and the sources stop taking
@@ -99,6 +99,7 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
     from agent.worker.apps import apps_part
     from agent.worker.configuring import config_targets_part
     from agent.worker.env import DeviceEnv
+    from agent.worker.releasing import release_part
     from agent.worker.renewal import identity_part
     from agent.worker.serving import local_api_part, sources_part
     from agent.worker.updating import updater_part
@@ -108,7 +109,7 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
     if device.facts is not None:
         agent.device_facts = device.facts
     return await _parts(agent, device, (AGENT, identity_part, updater_part, config_targets_part, apps_part,
-                                        local_api_part, sources_part))
+                                        release_part, local_api_part, sources_part))
 
 
 async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path,

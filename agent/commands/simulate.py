@@ -49,6 +49,7 @@ examples:
   edge-agent simulate --scenario offline-store-and-forward
   edge-agent simulate --scenario wave-rollout --devices 200 --seed 3 --fail-rate 0.2
   edge-agent simulate --scenario app-rollout --devices 200 --seed 7 --fail-rate 0.05
+  edge-agent simulate --scenario release-rollout --devices 100 --seed 7 --fail-rate 0.1
   edge-agent simulate --rollout rollout.toml --public-key keys/public.pem --devices 50
 
 A rollout (--scenario wave-rollout or --rollout) runs until the rollout ends, on the in-memory
@@ -98,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--public-key", metavar="PATH",
         help="with --rollout: the fleet's public key the devices pin (default: public.pem beside the artifact)")
     add("--fail-rate", type=float, default=0.0, metavar="FRACTION",
-        help="with a rollout: fraction of devices whose new image (with --scenario app-rollout: the new"
-             " application version) fails its health check, 0-1 (default 0)")
+        help="with a rollout: fraction of devices whose new image (with --scenario app-rollout or"
+             " release-rollout: the new application version) fails its health check, 0-1 (default 0)")
     add("--cut-rate", type=float, default=0.1, metavar="FRACTION",
         help="with --scenario config-rollout: fraction of devices the config cuts off when applied, 0-1"
              " (default 0.1)")
@@ -197,7 +198,8 @@ def options_from(args: argparse.Namespace):
     devices = _value(args, "devices", preset)
     return SimOptions(
         devices=devices, processes=processes_for(args, devices=devices,
-                                                 rollout=name in ("wave-rollout", "config-rollout", "app-rollout")),
+                                                 rollout=name in ("wave-rollout", "config-rollout", "app-rollout",
+                                                                  "release-rollout")),
         round_s=parse_duration(getattr(args, "round", None) or "250ms", name="round"),
         duration_s=duration("duration", "duration"), seed=args.seed,
         heartbeat_s=duration("heartbeat", "heartbeat"),
@@ -234,8 +236,9 @@ def main(args: argparse.Namespace) -> int:
     if not 0.0 <= args.cut_rate <= 1.0:
         raise ConfigError("simulate", "cut-rate", "must be between 0 and 1")
     applying = args.scenario == "app-rollout"
-    if applying and (args.rollout is not None or args.cancel_at is not None):
-        raise ConfigError("simulate", "scenario", "app-rollout signs its own bundles: leave out --rollout and"
+    releasing = args.scenario == "release-rollout"
+    if (applying or releasing) and (args.rollout is not None or args.cancel_at is not None):
+        raise ConfigError("simulate", "scenario", f"{args.scenario} signs its own files: leave out --rollout and"
                                                   " --cancel-at (its fault is --fail-rate)")
     rollout = args.scenario == "wave-rollout" or args.rollout is not None
     if opts.shard is not None and (rollout or args.scenario):
@@ -274,6 +277,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"scenario {args.scenario}: {get(args.scenario).demonstrates}", flush=True)
 
     async def go(workdir: Path) -> dict[str, Any]:
+        if releasing:
+            from agent.sim.release_rollout import run_release_rollout
+
+            with ProgressDisplay(duration_s=None) as display:
+                every, idle = (5.0, 5.0) if display.live else (30.0, 300.0)
+                return await run_release_rollout(opts, workdir=workdir, fail_rate=args.fail_rate,
+                                                 progress=None if args.quiet else display, progress_every_s=every,
+                                                 progress_idle_s=idle)
         if applying:
             from agent.sim.app_rollout import run_app_rollout
 
@@ -315,7 +326,11 @@ def main(args: argparse.Namespace) -> int:
         where = str(shm) if args.ephemeral and shm.is_dir() else None
         with tempfile.TemporaryDirectory(prefix="edge-agent-sim-", dir=where) as tmp:
             report = run_loop(go(Path(tmp)), use_uvloop=use_uvloop)
-    if applying:
+    if releasing:
+        from agent.sim.release_rollout import release_rollout_summary
+
+        print(release_rollout_summary(report))
+    elif applying:
         from agent.sim.app_rollout import app_rollout_summary
 
         print(app_rollout_summary(report))

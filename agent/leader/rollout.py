@@ -485,7 +485,10 @@ class RolloutService(PartBase):
         r = self.store.get(rollout_id)  # (a StoreError: the database away, answered busy)
         if r is None:
             return None
-        self._artifacts.setdefault(rollout_id, _served(r))
+        served = self._served(r)
+        if served is None:
+            return None
+        self._artifacts.setdefault(rollout_id, served)
         d = r.spec.download
         pool = ConfigServerPool(self.leader.system, lookup=self._lookup, clock=self.clock,
                                 servers=d.servers, capacity=d.mailbox_capacity, rate_bytes_per_s=d.rate_bytes_per_s,
@@ -531,10 +534,11 @@ class RolloutService(PartBase):
             return None
         for r in rows:
             try:
-                digest = parse_signed_manifest(r.signed_manifest).manifest.sha256.hex()
+                served = self._served(r)
             except EdgeAgentError:
                 continue
-            self._by_image.setdefault(digest, Path(r.artifact))
+            if served is not None:
+                self._by_image.setdefault(served[1].manifest.sha256.hex(), served[0])
         return self._by_image.get(sha256_hex)
 
     def _lookup(self, rollout_id: str) -> tuple[Path, SignedManifest] | None:
@@ -543,13 +547,17 @@ class RolloutService(PartBase):
                 r = self.store.get(rollout_id)
             except EdgeAgentError:
                 return None
-            self._artifacts[rollout_id] = None if r is None else _served(r)
+            self._artifacts[rollout_id] = None if r is None else self._served(r)
         return self._artifacts[rollout_id]
 
-
-def _served(r: RolloutRow) -> tuple[Path, SignedManifest]:
-    """What a rollout's ConfigServers serve: its artifact's copy, and its signed manifest."""
-    return Path(r.artifact), parse_signed_manifest(r.signed_manifest)
+    def _served(self, r: RolloutRow) -> tuple[Path, SignedManifest] | None:
+        """What a rollout's ConfigServers serve: its firmware image's copy and signed manifest
+        (its kind's `image`; None: it serves none)."""
+        entry = self.kinds.get(r.spec.rollout.kind)
+        image = entry.traits.image_of(r) if entry is not None else None
+        if image is None:
+            return None
+        return Path(image[0]), parse_signed_manifest(image[1])
 
 
 def artifact_server_collector(server: ArtifactServer) -> Collector:

@@ -20,6 +20,7 @@ from app_rollout.kind import APP, AppKind
 from config_rollout.kind import CONFIG, ConfigKind
 from config_rollout.layers import LayerValue
 from firmware_rollout.orchestration.kind import FIRMWARE, FirmwareKind
+from release_rollout.kind import RELEASE, ReleaseKind
 from rollout_engine.keys import Verifier
 from rollout_engine.kinds import KindTraits, RolloutKind
 
@@ -69,10 +70,17 @@ def _app(host: KindHost) -> RolloutKind:
     return AppKind(keys=host.keys, directory=host.artifacts_dir, versions=host.app_versions)
 
 
+def _release(host: KindHost) -> RolloutKind:
+    """A release's parts are admitted, held and offered by the kinds of this table."""
+    return ReleaseKind(keys=host.keys, directory=host.artifacts_dir,
+                       parts={FIRMWARE.name: _firmware(host), CONFIG.name: _config(host), APP.name: _app(host)})
+
+
 ROLLOUT_KINDS: Mapping[str, KindEntry] = {
     FIRMWARE.name: KindEntry(FIRMWARE, _firmware),
     CONFIG.name: KindEntry(CONFIG, _config),
     APP.name: KindEntry(APP, _app),
+    RELEASE.name: KindEntry(RELEASE, _release),
 }
 
 

@@ -134,6 +134,26 @@ def _app_rollout(r: Report) -> list[str]:
     return problems
 
 
+def _release_rollout(r: Report) -> list[str]:
+    ro, unhealthy = r["rollout"], r["unhealthy"]
+    problems = []
+    if ro["devices_offered_after_abort"]:
+        problems.append(f"{ro['devices_offered_after_abort']} devices were offered the release after the abort")
+    if unhealthy["rolled_back"] != unhealthy["offered"]:
+        problems.append(f"of {unhealthy['offered']} devices where the application fails, {unhealthy['rolled_back']}"
+                        f" returned whole to the previous release ({unhealthy['other_outcomes']})")
+    if unhealthy["named_the_part"] != unhealthy["rolled_back"]:
+        problems.append(f"of {unhealthy['rolled_back']} devices that returned, {unhealthy['named_the_part']} named the"
+                        " part that failed")
+    if r["mixed"] or r["held"]:
+        problems.append(f"devices run a mix of the two releases ({r['mixed']}), or parts are left held ({r['held']})")
+    if unhealthy["offered"] and ro["state"] != "aborted":
+        problems.append(f"the release failed on {unhealthy['offered']} devices, yet the rollout ended {ro['state']}")
+    if not unhealthy["devices"] and ro["state"] != "succeeded":
+        problems.append(f"no device fails the release, yet the rollout ended {ro['state']}")
+    return problems
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -185,6 +205,18 @@ SCENARIOS: dict[str, Scenario] = {
             " trial; nothing is lost.",
             {"devices": 200, "heartbeat_s": 30.0, "telemetry_s": 0.0},
             _app_rollout,
+        ),
+        Scenario(
+            "release-rollout",
+            "One signed release of the devices' whole state (firmware 1.1.0, config app 1.1.0, hello"
+            " 2.0.0; every device on the release before it) goes out in waves to real workers: each"
+            " boots the firmware on trial, converges the config and the application on that boot,"
+            " and commits every part only when all are healthy. On --fail-rate of the devices hello"
+            " 2.0.0's process exits: each returns whole to the previous release, firmware included,"
+            " naming the part that failed, and the failure threshold aborts the rollout. Every device"
+            " runs one release or the other, never a mix; nothing is lost.",
+            {"devices": 100, "heartbeat_s": 30.0, "telemetry_s": 0.0},
+            _release_rollout,
         ),
         Scenario(
             "offline-store-and-forward",

@@ -294,6 +294,9 @@ class WorkerAgent(PartBase):
         # What the heartbeat reports of the applications; an attached application part answers
         # (None: no [apps]).
         self.app_states: Callable[[], dict[str, AppState] | None] = lambda: None
+        # The rollout kinds' parts of this worker by kind ("firmware", "config", "app"): a release
+        # drives them together (`agent.worker.releases`); each part's factory adds its own.
+        self.kind_parts: dict[str, PartBase] = {}
         # What the heartbeat says the device is (arch, board, os), read once (`agent.worker.facts`);
         # the simulator's devices say their own.
         self.device_facts: Callable[[], dict[str, str] | None] = device_facts

@@ -75,7 +75,8 @@ async def apps_part(worker: WorkerAgent, env: DeviceEnv) -> AppsPart | None:
         return None
     from agent.worker.fleet_keys import fleet_keys
 
-    return AppsPart(worker, await asyncio.to_thread(fleet_keys, worker), env)
+    part = worker.kind_parts["app"] = AppsPart(worker, await asyncio.to_thread(fleet_keys, worker), env)
+    return part
 
 
 __all__ = ["AppsPart", "apps_part"]

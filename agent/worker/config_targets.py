@@ -115,7 +115,10 @@ class ConfigModule:
             raise Rejected(str(exc)) from None
         return Checked(release, rendered, release.name, target)
 
-    async def apply(self, offer: ConfigOffer, checked: Checked, report: Reporter) -> None:
+    async def apply(self, offer: ConfigOffer, checked: Checked, report: Reporter, *,
+                    hold: Callable[[], Awaitable[str]] | None = None) -> None:
+        """Apply it commit-confirmed; `hold`: once confirmed, asked whether to commit ("") or
+        revert (why): a release commits its parts together."""
         worker = self._worker
         rid, name, version = offer.rollout_id, checked.name, checked.release.version
         await report(rid, version, "installing", "installing", f"applying {name} {version}")
@@ -123,7 +126,7 @@ class ConfigModule:
         applier = self._applier(name, checked.target, rid, version)
         try:
             result = await applier.apply(checked.release, checked.rendered,
-                                         context={"rollout_id": rid, "version": version})
+                                         context={"rollout_id": rid, "version": version}, hold=hold)
         except (EdgeAgentError, OSError) as exc:
             detail = f"the apply stopped: {exc}"
             await report(rid, version, "failed", "failed", detail)
@@ -150,6 +153,29 @@ class ConfigModule:
             if context.get("rollout_id"):
                 state, phase = OUTCOME_REPORTS[result.state]
                 await report(context["rollout_id"], context.get("version", ""), state, phase, result.detail)
+
+    def held(self) -> list[str]:
+        """The targets whose apply a release holds (confirmed, waiting for the release's word)."""
+        held = []
+        for name, target in sorted(self.targets().items()):
+            try:
+                if ConfigApplier(name, target, self._worker.data_dir).held():
+                    held.append(name)
+            except EdgeAgentError as exc:
+                log.warning("config %s: %s", name, exc)
+        return held
+
+    async def settle_held(self, name: str, *, commit: bool, reason: str = "") -> str:
+        """A held apply of target `name` committed, or reverted saying `reason`: "" done (or
+        nothing held), else why not."""
+        target = self.targets().get(name)
+        if target is None:
+            return ""
+        try:
+            await self._applier(name, target, "", "").settle_held(commit=commit, reason=reason)
+        except (EdgeAgentError, OSError) as exc:
+            return f"config {name}: {exc}"
+        return ""
 
     def _applier(self, name: str, target: ConfigTargetSection, rollout_id: str, version: str) -> ConfigApplier:
         worker = self._worker

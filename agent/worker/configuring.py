@@ -38,7 +38,9 @@ async def config_targets_part(worker: WorkerAgent, env: DeviceEnv) -> ConfigTarg
     from agent.worker.config_targets import ConfigTargetsPart
     from agent.worker.fleet_keys import fleet_keys
 
-    return ConfigTargetsPart(worker, await asyncio.to_thread(fleet_keys, worker), env.config_steps, env.restart)
+    part = ConfigTargetsPart(worker, await asyncio.to_thread(fleet_keys, worker), env.config_steps, env.restart)
+    worker.kind_parts["config"] = part
+    return part
 
 
 __all__ = ["config_targets_part"]

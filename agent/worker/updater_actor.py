@@ -105,6 +105,10 @@ class UpdaterActor(Actor):
         self._work_rollout = ""
         self._canceled: dict[str, str] = {}  # rollout -> reason, the newest CANCELS_KEPT
         self.not_open = ""  # why the updater is not open yet ("" once it is)
+        # a release that drives the firmware as one of its parts (`agent.worker.releases`): what
+        # else a trial boot waits for before its commit, and the reports it takes for its own
+        self.hold: HealthCheck | None = None
+        self.claims: Callable[[RolloutReport], Awaitable[bool]] | None = None
 
     async def on_start(self, ctx: Context) -> None:
         await self._chunks.start()
@@ -119,7 +123,7 @@ class UpdaterActor(Actor):
         wait_s, said = OPEN_RETRY_FIRST_S, ""
         while True:
             try:
-                updater = await self._open(self._report)
+                updater = await self._opened()
             except EdgeAgentError as exc:
                 if str(exc) != said:
                     said = str(exc)
@@ -132,6 +136,11 @@ class UpdaterActor(Actor):
                 log.info("updater open")
             self.not_open = ""
             return updater
+
+    async def _opened(self) -> Updater:
+        updater = await self._open(self._report)
+        updater.hold = self.hold
+        return updater
 
     async def on_stop(self, ctx: Context) -> None:
         if self.updater is not None:
@@ -253,7 +262,7 @@ class UpdaterActor(Actor):
         for _ in range(10):  # a trial boot, then maybe a boot back to the old slot
             if self._rebooter is not None and self._rebooter.requested:
                 self._rebooter.requested = False
-                self.updater = await self._open(self._report)
+                self.updater = await self._opened()
             updater = self.updater
             assert updater is not None
             status = updater.status()
@@ -281,6 +290,8 @@ class UpdaterActor(Actor):
         report keeps the heartbeat fast a while longer (downloading, on trial, soaking)."""
         if self._beat_fast is not None:
             self._beat_fast()
+        if self.claims is not None and await self.claims(report):
+            return
         await self._outbox.enqueue(report_message(report, msg_id=self._ids.next(), receiver=LEADER))
         self.reports_sent += 1
 
@@ -370,6 +381,10 @@ class UpdaterPart(PartBase):
         self._capacity = capacity
         self.actor: UpdaterActor | None = None
         self.ref: ActorRef | None = None
+        # a release driving the firmware as one of its parts sets these before the start
+        # (`UpdaterActor.hold`, `UpdaterActor.claims`)
+        self.hold: HealthCheck | None = None
+        self.claims: Callable[[RolloutReport], Awaitable[bool]] | None = None
 
     async def start(self) -> None:
         worker = self._worker
@@ -388,6 +403,7 @@ class UpdaterPart(PartBase):
             device_id=worker.device_id, open_updater=hw.open_updater, chunks=chunks, outbox=worker.outbox,
             ids=worker.ids, rebooter=hw.rebooter, utc_offset_s=hw.utc_offset_s, mirrors=hw.mirrors,
             beat_fast=lambda: worker.beat_fast(worker.config.heartbeat.fast_hold_s), offered=offered)
+        actor.hold, actor.claims = self.hold, self.claims
         self.ref = worker.system.spawn(actor, name="updater", capacity=self._capacity, policy="reject")
         worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, self.ref)
         cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",

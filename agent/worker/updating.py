@@ -19,9 +19,9 @@ async def updater_part(worker: WorkerAgent, env: DeviceEnv) -> UpdaterPart | Non
         return None
     from agent.worker.updater_actor import UpdaterPart, device_hardware
 
-    if env.updater_hardware is not None:
-        return UpdaterPart(worker, env.updater_hardware(worker))
-    return UpdaterPart(worker, device_hardware(worker))  # (its installer is made at the first open)
+    hardware = env.updater_hardware(worker) if env.updater_hardware is not None else device_hardware(worker)
+    part = worker.kind_parts["firmware"] = UpdaterPart(worker, hardware)  # (its installer: at the first open)
+    return part
 
 
 __all__ = ["updater_part"]

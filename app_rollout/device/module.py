@@ -6,9 +6,11 @@
                 ├─ healthy:   commit (the version before kept to go back to) ─► succeeded
                 └─ unhealthy: revert (the version before started again)     ─► failed, saying why
 
-The trial is in a journal (`trial.json`) before the helper starts it: a device stopped or cut off
-during the check checks it again at its next start, and an application the helper has on trial
-that no journal names is taken back.
+Each trial is in a journal (`trials/NAME.json`) before the helper starts it: a device stopped or
+cut off during the check checks it again at its next start, and an application the helper has on
+trial that no journal names is taken back. A release holds its applications on trial until all
+its parts are healthy (`hold`); a held trial a start finds is left to the release, which commits
+it or takes it back (`settle_held`).
 
 Health checks, each within the bundle's `timeout_s`:
 
@@ -20,8 +22,9 @@ Health checks, each within the bundle's `timeout_s`:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -43,7 +46,8 @@ from rollout_engine.keys import Verifier
 
 log = logging.getLogger(__name__)
 
-TRIAL = "trial.json"
+TRIAL = "trial.json"  # the one trial journal of agents before releases (read, never written)
+TRIALS = "trials"
 POLL_S = 0.5
 
 
@@ -52,6 +56,7 @@ class _Trial(msgspec.Struct, frozen=True):
     name: str
     version: str
     head: bytes
+    release: bool = False  # held by a release: its start settles it
 
 
 @dataclass
@@ -117,7 +122,10 @@ class AppModule:
         except AppBundleError as exc:
             raise Rejected(str(exc)) from None
 
-    async def apply(self, offer: AppOffer, app: SignedApp, report: Reporter) -> None:
+    async def apply(self, offer: AppOffer, app: SignedApp, report: Reporter, *,
+                    hold: Callable[[], Awaitable[str]] | None = None) -> None:
+        """Install, start on trial, check; commit or take back. `hold`: once healthy, asked
+        whether to commit ("") or take it back (why): a release commits its parts together."""
         rid, name, version = offer.rollout_id, app.name, app.version
         if app.manifest.runtime == "removed":
             await self._remove(rid, app, report)
@@ -126,6 +134,8 @@ class AppModule:
             record = (await self.helper.records()).get(name)
             if record is not None and record.current == version and not record.trial:
                 await self.helper.ask("start", name, version=version)  # running, as it must be
+                if hold is not None:
+                    await hold()  # (nothing of its own to take back)
                 await report(rid, version, "succeeded", "running", f"{name} {version} runs already")
                 return
             await report(rid, version, "installing", "downloading", f"fetching {name} {version} ({app.size} bytes)")
@@ -141,7 +151,7 @@ class AppModule:
             started = self.clock.monotonic()
             await self.helper.ask("install", path=str(fetched.path))
             fetched.path.unlink(missing_ok=True)
-            self._keep(_Trial(rid, name, version, app.head))
+            self._keep(_Trial(rid, name, version, app.head, release=hold is not None))
             await self.helper.ask("start", name, version=version)
             self.figures.install_s = self.clock.monotonic() - started
         except (AppInstallError, OSError) as exc:
@@ -150,7 +160,8 @@ class AppModule:
             return
         await report(rid, version, "installing", "checking", f"{name} {version} started: checking its health"
                                                               f" ({app.manifest.health.check})")
-        await self._conclude(_Trial(rid, name, version, app.head), app, record.current if record else "", report)
+        await self._conclude(_Trial(rid, name, version, app.head, release=hold is not None), app,
+                             record.current if record else "", report, hold)
 
     async def _remove(self, rid: str, removal: SignedApp, report: Reporter) -> None:
         """The signed removal of an application: the helper stops it and removes its versions
@@ -172,8 +183,10 @@ class AppModule:
         await report(rid, version, "succeeded", "removed", f"{name} {record.current} stopped and removed (its data"
                                                            f" kept in /var/lib/edge-apps/{name})")
 
-    async def _conclude(self, trial: _Trial, app: SignedApp, before: str, report: Reporter) -> None:
-        """The trial's health checked; committed or taken back, and said."""
+    async def _conclude(self, trial: _Trial, app: SignedApp, before: str, report: Reporter,
+                        hold: Callable[[], Awaitable[str]] | None = None) -> None:
+        """The trial's health checked (and, held by a release, its word); committed or taken
+        back, and said."""
         rid, name, version = trial.rollout_id, trial.name, trial.version
         started = self.clock.monotonic()
         try:
@@ -181,6 +194,12 @@ class AppModule:
         except AppInstallError as exc:
             why = str(exc)
         self.figures.health_s = self.clock.monotonic() - started
+        held_back = False
+        if not why and hold is not None:
+            await report(rid, version, "verifying", "held", f"{name} {version} healthy: held for the release")
+            why = await hold()
+            held_back = bool(why)
+            started = self.clock.monotonic()
         try:
             if not why:
                 await self.helper.ask("commit", name)
@@ -190,19 +209,23 @@ class AppModule:
             await report(rid, version, "failed", "failed", f"{name} {version}: {exc}")
             return
         finally:
-            self._forget()
+            self._forget(name)
         self.health[name] = "failed" if why else "healthy"
         f = self.figures
         said = (f"fetched {f.bytes_fetched} bytes, reused {f.bytes_reused} in {f.fetch_s:.1f} s; installed and"
                 f" started in {f.install_s:.1f} s; health {f.health_s:.1f} s")
         if not why:
             await report(rid, version, "succeeded", "running", f"{name} {version} runs and is healthy ({said})")
-        else:
-            back = f"back on {before}" if before else "removed"
-            log.warning("application %s %s unhealthy (%s): %s", name, version, why, back)
-            await report(rid, version, "failed", "health",
-                         f"{name} {version} failed its health check: {why}; {back} ({said};"
-                         f" taken back in {self.clock.monotonic() - started - f.health_s:.1f} s)")
+            return
+        back = f"back on {before}" if before else "removed"
+        taken = f"taken back in {self.clock.monotonic() - started - (0 if held_back else f.health_s):.1f} s"
+        if held_back:
+            await report(rid, version, "failed", "release", f"{name} {version} healthy, taken back with its release"
+                                                             f" ({why}); {back} ({said}; {taken})")
+            return
+        log.warning("application %s %s unhealthy (%s): %s", name, version, why, back)
+        await report(rid, version, "failed", "health",
+                     f"{name} {version} failed its health check: {why}; {back} ({said}; {taken})")
 
     def _running_files(self, name: str, version: str) -> Reuse:
         """The files and chunks of the version `name` runs (the helper's copy, readable), for
@@ -262,53 +285,84 @@ class AppModule:
                                health=self.health.get(name, "")) for name, r in installed}
 
     async def resume(self, report: Reporter) -> None:
-        """A trial a stop interrupted is checked again; one no journal names is taken back."""
-        trial = self._journal()
+        """A trial a stop interrupted is checked again; one no journal names is taken back; one a
+        release held is left to the release's start (`settle_held`)."""
+        trials = self._journals()
         try:
             records = await self.helper.records()
         except AppInstallError as exc:
             log.warning("applications: the helper does not answer at the start (%s)", exc)
             return
         for name, record in records.items():
-            if record.trial and (trial is None or trial.name != name):
+            if record.trial and name not in trials:
                 log.warning("application %s %s was on trial with no journal: taken back", name, record.trial)
                 try:
                     await self.helper.ask("revert", name)
                 except AppInstallError as exc:
                     log.warning("application %s: %s", name, exc)
-        if trial is None:
-            return
-        held = records.get(trial.name)
-        if held is None or held.trial != trial.version:
-            self._forget()
-            return
-        try:
-            app = verify_head(trial.head, self.key, source=f"the trial of {trial.name}")
-        except AppBundleError as exc:
-            log.warning("%s: %s: taken back", TRIAL, exc)
-            await self.helper.ask("revert", trial.name)
-            self._forget()
-            return
-        await report(trial.rollout_id, trial.version, "installing", "checking",
-                     f"{trial.name} {trial.version} on trial at the start: checking its health")
-        await self._conclude(trial, app, held.current, report)
+        for name, trial in trials.items():
+            held = records.get(name)
+            if held is None or held.trial != trial.version:
+                self._forget(name)
+                continue
+            if trial.release:
+                continue
+            try:
+                app = verify_head(trial.head, self.key, source=f"the trial of {name}")
+            except AppBundleError as exc:
+                log.warning("the trial of %s: %s: taken back", name, exc)
+                await self.helper.ask("revert", name)
+                self._forget(name)
+                continue
+            await report(trial.rollout_id, trial.version, "installing", "checking",
+                         f"{name} {trial.version} on trial at the start: checking its health")
+            await self._conclude(trial, app, held.current, report)
 
-    # -- the journal -----------------------------------------------------------------------------
-    def _journal(self) -> _Trial | None:
+    def held(self) -> dict[str, str]:
+        """application -> the version a release holds on trial (as the journals say)."""
+        return {name: t.version for name, t in self._journals().items() if t.release}
+
+    async def settle_held(self, name: str, *, commit: bool) -> str:
+        """A trial a release held committed or taken back; "" done, else why not."""
+        trial = self._journals().get(name)
+        if trial is None or not trial.release:
+            return ""
         try:
-            return msgspec.json.decode((self.state_dir / TRIAL).read_bytes(), type=_Trial)
-        except FileNotFoundError:
-            return None
-        except (OSError, msgspec.DecodeError) as exc:
-            log.warning("%s: unreadable (%s)", self.state_dir / TRIAL, exc)
-            return None
+            await self.helper.ask("commit" if commit else "revert", name)
+        except AppInstallError as exc:
+            return f"{name} {trial.version}: {exc}"
+        self._forget(name)
+        self.health[name] = "healthy" if commit else "failed"
+        return ""
+
+    # -- the journals ----------------------------------------------------------------------------
+    def _journals(self) -> dict[str, _Trial]:
+        """application -> its trial, as journaled (an agent's older single journal too)."""
+        found: dict[str, _Trial] = {}
+        paths = [self.state_dir / TRIAL]
+        with contextlib.suppress(OSError):
+            paths += sorted((self.state_dir / TRIALS).glob("*.json"))
+        for path in paths:
+            try:
+                trial = msgspec.json.decode(path.read_bytes(), type=_Trial)
+            except FileNotFoundError:
+                continue
+            except (OSError, msgspec.DecodeError) as exc:
+                log.warning("%s: unreadable (%s)", path, exc)
+                continue
+            found[trial.name] = trial
+        return found
 
     def _keep(self, trial: _Trial) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(self.state_dir / TRIAL, msgspec.json.encode(trial), mode=0o600)
+        (self.state_dir / TRIALS).mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self.state_dir / TRIALS / f"{trial.name}.json", msgspec.json.encode(trial), mode=0o600)
 
-    def _forget(self) -> None:
-        (self.state_dir / TRIAL).unlink(missing_ok=True)
+    def _forget(self, name: str) -> None:
+        (self.state_dir / TRIALS / f"{name}.json").unlink(missing_ok=True)
+        legacy = self.state_dir / TRIAL
+        with contextlib.suppress(OSError, msgspec.DecodeError):
+            if msgspec.json.decode(legacy.read_bytes(), type=_Trial).name == name:
+                legacy.unlink()
 
 
 async def _http_ok(url: str, *, timeout_s: float) -> tuple[bool, str]:

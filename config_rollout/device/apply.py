@@ -28,7 +28,9 @@ back the same way (beside, fsync, rename), a document the release added removed,
 
 `resume()`, at the agent's start, finishes what a SIGKILL or a power cut interrupted: before the
 swap the staging folder is discarded (the old content stands); from the swap until the commit
-the last-good documents are written back, so a swap cut halfway is never left mixed.
+the last-good documents are written back, so a swap cut halfway is never left mixed. An apply a
+release holds (`hold`: confirmed, waiting for the release's other parts) is left to the release,
+which commits it or takes it back (`settle_held`).
 
 The target's folder may be an application's to write in, and so hostile: a document is read
 without following a link (`read_document`), so keep-last-good refuses a planted link in one
@@ -181,10 +183,14 @@ class ConfigApplier:
 
     # -- applying ------------------------------------------------------------------------------
     async def apply(self, release: ConfigRelease, rendered: Rendered | None = None, *,
-                    context: dict[str, str] | None = None) -> ApplyResult:
+                    context: dict[str, str] | None = None,
+                    hold: Callable[[], Awaitable[str]] | None = None) -> ApplyResult:
         """Apply a verified release (its name is this target's) and confirm it, or revert;
         `rendered`: its documents with the leader's layer values applied (`config_rollout.layers`);
-        `context`: kept in the journal (who offered it: a resumed apply reports to them)."""
+        `context`: kept in the journal (who offered it: a resumed apply reports to them); `hold`:
+        once confirmed, asked whether to commit ("") or revert (why): a release commits its parts
+        together. While held the journal says `held`: a start finds it so and leaves it to the
+        release (`settle_held`)."""
         documents = rendered.documents if rendered is not None else release.documents
         layers = rendered.digest if rendered is not None else ""
         j = self.journal()
@@ -262,7 +268,27 @@ class ConfigApplier:
             problem = await self._confirm_within(self.target.confirm_s, self.target.settle_s)
         if problem:
             return await self._revert(f"{release.version} reverted: {problem}")
+        if hold is not None:
+            self._record(held=True)
+            self._on_step("held")
+            problem = await hold()
+            if problem:
+                return await self._revert(f"{release.version} taken back: {problem}")
         return await self._io(lambda: self._commit(incoming))
+
+    def held(self) -> bool:
+        """Applied and confirmed, waiting for its release to commit or take back every part."""
+        j = self.journal()
+        return j.get("state") == "applied" and bool(j.get("held"))
+
+    async def settle_held(self, *, commit: bool, reason: str = "") -> ApplyResult | None:
+        """A held apply committed, or reverted saying `reason` (None: nothing is held)."""
+        if not self.held():
+            return None
+        incoming = self.journal().get("incoming") or {}
+        if commit:
+            return await self._io(lambda: self._commit(incoming))
+        return await self._revert(f"{incoming.get('version', '?')} taken back: {reason}")
 
     async def _io(self, work: Callable[[], T]) -> T:
         """Blocking file work (writes, fsyncs, renames) off the event loop: a slow card's fsyncs
@@ -272,7 +298,7 @@ class ConfigApplier:
     def _commit(self, incoming: dict[str, Any]) -> ApplyResult:
         self._record(state="committed", version=incoming["version"], release_id=incoming["release_id"],
                      layers=incoming["layers"], hashes=incoming["hashes"], detail="confirmed", previous={},
-                     incoming={}, restarting=False)
+                     incoming={}, restarting=False, held=False)
         shutil.rmtree(self.last_good, ignore_errors=True)
         self._on_step("committed")
         return ApplyResult("committed", str(incoming["version"]), "confirmed")
@@ -316,6 +342,8 @@ class ConfigApplier:
             previous = j.get("previous") or {}
             self._record(state="failed", version=previous.get("version", ""), detail="interrupted before the swap")
             return ApplyResult("failed", str(previous.get("version", "")), "interrupted before the swap")
+        if state == "applied" and j.get("held"):
+            return None  # confirmed, held by a release: the release's start commits it or takes it back
         if state in ("swapping", "applied"):
             return await self._revert("interrupted before it was confirmed")
         self._discard_staging()
@@ -386,7 +414,7 @@ class ConfigApplier:
             self._record(state="rolled_back", version=previous.get("version", ""),
                          release_id=previous.get("release_id", ""), hashes=previous.get("hashes") or {},
                          detail=detail, layers=previous.get("layers", ""), previous={}, incoming={},
-                         restarting=False)
+                         restarting=False, held=False)
             shutil.rmtree(self.last_good, ignore_errors=True)
 
         await self._io(record)

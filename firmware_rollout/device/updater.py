@@ -51,7 +51,7 @@ from firmware_rollout.artifact.manifest import (
     verify_signed_manifest,
 )
 from firmware_rollout.device.delta import Delta, find_delta
-from firmware_rollout.device.health import HealthCheck, HealthResult
+from firmware_rollout.device.health import AllChecks, HealthCheck, HealthResult
 from firmware_rollout.device.reboot import Rebooter
 from firmware_rollout.device.slots import SLOTS_DIR, DirectoryInstaller, Installer, other_slot
 from firmware_rollout.device.sources import ChunkSource
@@ -156,6 +156,9 @@ class Updater:
         self._key = verify_key
         self._clock = clock
         self._health = health
+        # what else must be healthy before a trial boot is committed: a release's other parts
+        # (`agent.worker.releases`), set by whoever drives the updater
+        self.hold: HealthCheck | None = None
         self._rebooter = rebooter
         self._hardware = hardware
         self._image = image  # the image name this device runs (None: any)
@@ -537,7 +540,7 @@ class Updater:
 
     @property
     def health(self) -> HealthCheck:
-        return self._health
+        return AllChecks(self._health, self.hold) if self.hold is not None else self._health
 
     @property
     def clock(self) -> Clock:

@@ -55,7 +55,7 @@ def check_downgrade(artifact: Described, source: str, targets: Sequence[DeviceIn
 FIRMWARE = KindTraits(
     name="firmware", installs="firmware", cancel_kind=KIND_UPDATE_CANCEL, describe=describe_artifact,
     file_suffixes=(SUFFIX,), download_only=True, skips_held=True, report_kinds=(KIND_UPDATE_REPORT,),
-    check_targets=check_downgrade)
+    check_targets=check_downgrade, image=lambda r: (r.artifact, r.signed_manifest))
 
 
 class FirmwareKind:

@@ -50,6 +50,7 @@ FORBIDDEN = (
     "agent.transport._memory_broker",
     "firmware_rollout",
     "app_rollout",
+    "release_rollout",
     "rollout_engine",
     "rich",
     # the local API's HTTP layer loads h11 with its first connection, and nothing of the client

@@ -92,7 +92,7 @@ def test_a_claim_that_does_not_hold_is_reported() -> None:
     with pytest.raises(ConfigError):
         get("no-such-scenario")
     assert set(SCENARIOS) == {"heartbeat-coalescing", "thundering-herd", "wave-rollout", "config-rollout",
-                              "app-rollout", "offline-store-and-forward", "work-pulling"}
+                              "app-rollout", "release-rollout", "offline-store-and-forward", "work-pulling"}
     broken = {"rollout": {"devices_offered_after_abort": 0, "state": "succeeded"}, "on_trial": 0,
               "unhealthy": {"devices": 2, "offered": 2, "failed": 1, "other_outcomes": {"d1": "succeeded"}},
               "running": {"1.0.0": 1, "2.0.0": 2, "0.9.0": 1}, "leader_knows": True}
