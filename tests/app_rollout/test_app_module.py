@@ -1,15 +1,18 @@
 """The application module on a device, over the in-process helper (systemctl's answers recorded):
 a signed removal rolled out stops the application and leaves the heartbeat; a device that does
-not run it answers at once; a removal of another key is rejected before anything."""
+not run it answers at once; a removal of another key is rejected before anything; a trial a
+release holds stays on trial across a start until the release settles it."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from apps_support import app_dir, fleet_key
+from holds import Word
 from test_app_helper import RecordingSystemd
 
 from agent.core.clock import SystemClock
@@ -81,3 +84,50 @@ async def test_a_signed_removal_stops_the_application_and_it_leaves_the_heartbea
     forged = offer("r5", tmp_path / "forged.eaapp")
     with pytest.raises(Rejected, match="not the fleet's key"):
         module.check(forged)
+
+
+async def test_a_held_application_stays_on_trial_across_a_start_until_its_release_settles(tmp_path: Path) -> None:
+    key, _, _ = fleet_key(tmp_path / "keys")
+    store = tmp_path / "store"
+    store.mkdir()
+    helper = AppHelper(key=key.public, root=tmp_path / "apps", unit_dir=tmp_path / "units", hidden=(),
+                       systemd=RecordingSystemd(), durable=False)
+    clock = SystemClock()
+
+    def module() -> AppModule:
+        return AppModule(InProcessHelper(helper, clock=clock), key=key.public, state_dir=tmp_path / "state",
+                         clock=clock, fetch=local_fetch(store))
+
+    said: list[tuple[str, str, str]] = []
+
+    async def report(rollout_id: str, version: str, state: str, phase: str, detail: str, *,
+                     until_ms: int = 0) -> None:
+        said.append((state, phase, detail))
+
+    def offer(rid: str, version: str) -> AppOffer:
+        built = tmp_path / f"hello-{version}.eaapp"
+        build_bundle(app_dir(tmp_path / f"hello-{version}", version=version,
+                             health='check = "active"\nsettle_s = 0\ntimeout_s = 30'), key, built, force=True)
+        digest = f"{len(said) + 1:064x}"
+        shutil.copyfile(built, store / f"{digest}.eaapp")
+        return AppOffer(rollout_id=rid, head=read_head(built), bundle=digest, size=built.stat().st_size)
+
+    first, apps = offer("r1", "1.0.0"), module()
+    await apps.apply(first, apps.check(first), report)
+    assert said[-1][:2] == ("succeeded", "running")
+    for commit in (False, True):
+        hold = Word()
+        held = offer("r2", "2.0.0")
+        apps = module()
+        applying = asyncio.ensure_future(apps.apply(held, apps.check(held), report, hold=hold))
+        await hold.asked.wait()
+        assert said[-1][:2] == ("verifying", "held") and apps.held() == {"hello": "2.0.0"}
+        started = module()  # the agent's next start: the trial is the release's to settle
+        await started.resume(report)
+        assert helper.record("hello").trial == "2.0.0" and started.held() == {"hello": "2.0.0"}
+        applying.cancel()
+        assert await started.settle_held("hello", commit=commit) == ""
+        record = helper.record("hello")
+        assert (record.current, record.trial) == (("2.0.0", "") if commit else ("1.0.0", ""))
+        assert started.held() == {}
+        shutil.rmtree(tmp_path / "hello-2.0.0")

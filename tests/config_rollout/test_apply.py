@@ -7,12 +7,14 @@ byte, once the next start has resumed."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from holds import Word
 
 from agent.core.config import ConfigTargetSection
 from config_rollout.device.apply import ConfigApplier
@@ -341,3 +343,43 @@ async def test_a_revert_writes_each_document_back_with_the_mode_it_had(tmp_path:
     assert result.state == "rolled_back"
     assert limits.read_bytes() == OLD["limits.conf"] and limits.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "etc" / "app" / "app.toml").stat().st_mode & 0o777 == 0o644
+
+
+async def test_a_held_configuration_is_left_by_a_start_and_settled_by_its_release(tmp_path: Path) -> None:
+    await installed(tmp_path)
+    etc = tmp_path / "etc" / "app"
+    for commit in (False, True):
+        hold = Word()
+        applier = ConfigApplier("app", target(tmp_path), tmp_path / "state")
+        applying = asyncio.ensure_future(applier.apply(parse_release(release_of(tmp_path, "2.0.0", NEW), KEY.public),
+                                                       hold=hold))
+        await hold.asked.wait()
+        assert contents(etc) == NEW and applier.held()
+        started = ConfigApplier("app", target(tmp_path), tmp_path / "state")  # the agent's next start
+        assert await started.resume() is None and started.held() and contents(etc) == NEW
+        result = await started.settle_held(commit=commit, reason="app:hello failed: unhealthy")
+        if commit:
+            assert result is not None and (result.state, result.version) == ("committed", "2.0.0")
+            assert contents(etc) == NEW and started.status().state == "committed"
+        else:
+            assert result is not None and result.state == "rolled_back"
+            assert result.detail == "2.0.0 taken back: app:hello failed: unhealthy"
+            assert contents(etc) == OLD and started.status().version == "1.0.0"
+        assert not started.held() and await started.settle_held(commit=True) is None  # settled once
+        applying.cancel()  # (the apply of the process that stopped)
+        if commit:
+            break
+        shutil.rmtree(tmp_path / "src-2.0.0")
+
+
+async def test_a_held_configuration_that_its_release_takes_back_reverts_in_the_apply(tmp_path: Path) -> None:
+    await installed(tmp_path)
+    hold = Word()
+    applier = ConfigApplier("app", target(tmp_path), tmp_path / "state")
+    applying = asyncio.ensure_future(applier.apply(parse_release(release_of(tmp_path, "2.0.0", NEW), KEY.public),
+                                                   hold=hold))
+    await hold.asked.wait()
+    hold.word.set_result("firmware 1.1.0: health check failed")
+    result = await applying
+    assert (result.state, result.detail) == ("rolled_back", "2.0.0 taken back: firmware 1.1.0: health check failed")
+    assert contents(tmp_path / "etc" / "app") == OLD

@@ -1,0 +1,44 @@
+"""The release-rollout scenario: one release of the devices' whole state (firmware, config, an
+application) in waves to real workers (the real updater, config applier, application module and
+helper on each device's files) on virtual time. The devices where the application fails return
+whole to the release before, firmware included, naming the part; the failure threshold aborts the
+rollout; every device runs one release or the other, never a mix; the same seed gives the same
+report, in two processes of their own."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from test_determinism import as_text, simulate
+
+from agent.sim.release_rollout import release_rollout_scenario
+from agent.sim.scenarios import check
+
+
+def test_a_release_whose_application_fails_returns_those_devices_whole_and_aborts(tmp_path: Path) -> None:
+    report = asyncio.run(release_rollout_scenario(devices=60, seed=3, fail_rate=0.1, work_dir=tmp_path))
+    assert check("release-rollout", report) == []
+    unhealthy = report["unhealthy"]
+    assert unhealthy["devices"] == 6 and unhealthy["offered"] >= 1
+    assert unhealthy["rolled_back"] == unhealthy["offered"] == unhealthy["named_the_part"]
+    assert report["rollout"]["state"] == "aborted" and report["rollout"]["devices_offered_after_abort"] == 0
+    succeeded = report["outcomes"].get("succeeded", 0)
+    assert report["releases"] == {"R1": 60 - succeeded, "R2": succeeded} and report["held"] == 0
+    assert report["fleet"]["versions"] == {"1.0.0": 60 - succeeded, "1.1.0": succeeded}  # the firmware with them
+    assert report["lost"] == 0 and report["conservation_ok"] is True
+
+
+def test_a_healthy_release_converges_everywhere(tmp_path: Path) -> None:
+    report = asyncio.run(release_rollout_scenario(devices=30, seed=4, fail_rate=0.0, work_dir=tmp_path))
+    assert check("release-rollout", report) == []
+    assert report["rollout"]["state"] == "succeeded" and report["outcomes"] == {"succeeded": 30}
+    assert report["releases"] == {"R2": 30} and report["held"] == 0
+
+
+def test_the_same_seed_gives_the_same_release_rollout_report(tmp_path: Path) -> None:
+    args = ["--scenario", "release-rollout", "--devices", "60", "--seed", "7", "--fail-rate", "0.1"]
+    first = simulate(tmp_path, "a", args, hash_seed=31)
+    second = simulate(tmp_path, "b", args, hash_seed=32)
+    assert first["claim"] == {"holds": True, "problems": []}
+    assert as_text(first) == as_text(second)
