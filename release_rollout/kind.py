@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +25,9 @@ from rollout_engine.keys import Verifier
 from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, Outgoing, RolloutKind
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
+
+
+PARTS_DIR = "release-parts"  # beside the kept documents: each part admitted, by its file's sha256
 
 
 class AdmittedPart(msgspec.Struct, frozen=True):
@@ -108,7 +112,10 @@ class ReleaseKind:
             file = source.parent / p.file
             where = f"release {artifact}: part {p.id} ({file})"
             if not file.is_file():
-                raise RolloutError(f"{where}: not found (a release's parts are kept beside its document)")
+                file = self.directory / PARTS_DIR / p.sha256  # (a release admitted before: its parts kept)
+            if not file.is_file():
+                raise RolloutError(f"{where}: not found beside it, nor in the leader's store (a release's parts go"
+                                   " beside its document: start its folder with `edge-agent rollout start`)")
             kept = kind.admit(str(file), undone=None)
             if kept.version != p.version:
                 raise RolloutError(f"{where}: version {kept.version}, the release says {p.version}")
@@ -117,6 +124,7 @@ class ReleaseKind:
                 raise RolloutError(f"{where}: its sha256 differs from the signed release")
             kept_parts.append(AdmittedPart(part=p.id, kind=p.kind, version=p.version, artifact=kept.artifact,
                                            release=kept.release))
+            self._keep_part(copy if copy.is_file() else file, p.sha256)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
         kept_document = self.directory / f"{signed.release_id}{SUFFIX}"
         partial = kept_document.with_name(f".{os.getpid()}-{kept_document.name}.partial")
@@ -128,6 +136,26 @@ class ReleaseKind:
             raise RolloutError(f"release {artifact}: cannot keep it: {exc.strerror or exc}") from None
         return Admitted(version=signed.version, artifact=str(kept_document),
                         release=encode(AdmittedRelease(document=data, parts=tuple(kept_parts))))
+
+    def _keep_part(self, file: Path, sha256: str) -> None:
+        """The part's file kept by its sha256 in the store (a link: no second copy where the
+        file system allows), so a release admitted once starts again from its document alone (the
+        console's list of the store)."""
+        parts = self.directory / PARTS_DIR
+        kept = parts / sha256
+        if kept.is_file() or file_digest(file) != sha256:
+            return
+        parts.mkdir(parents=True, exist_ok=True, mode=0o750)
+        partial = parts / f".{os.getpid()}-{sha256}.partial"
+        try:
+            try:
+                os.link(file, partial)
+            except OSError:
+                shutil.copyfile(file, partial)
+            os.replace(partial, kept)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise RolloutError(f"cannot keep {file} in the leader's store: {exc.strerror or exc}") from None
 
     def held(self, release: bytes, devices: Sequence[DeviceInfo]) -> dict[str, str]:
         """device -> the release's version, for the devices that run every part of it (a device

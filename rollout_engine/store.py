@@ -790,6 +790,14 @@ class RolloutReads:
         return [(str(i), str(st), str(v), bytes(m)) for i, st, v, spec, m in rows
                 if spec_from_json(bytes(spec)).rollout.kind == kind]
 
+    def succeeded_in(self, rollout_id: str) -> list[str]:
+        """The devices a rollout succeeded on."""
+        if not self.present:
+            return []
+        return [str(d) for (d,) in self._conn.execute(
+            "SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state = 'succeeded' ORDER BY device_id",
+            (rollout_id,))]
+
     def unfinished_in(self, rollout_id: str) -> list[str]:
         """The devices of a rollout that have not finished in it (offered, applying, or queued)."""
         if not self.present:

@@ -178,6 +178,10 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
                   + ("; its last new version failed its health check and was taken back" if a.health == "failed"
                      else "")
                   for name, a in sorted(detail.apps.items())]
+    if detail.release is not None:
+        r = detail.release
+        lines.append(f"  release: {r.name} {r.version} (rollout {r.rollout_id}): "
+                     + (f"DRIFTED: {'; '.join(r.drift)}" if r.drift else "runs every part of it"))
     if detail.rollouts:
         lines.append("  rollouts (newest first):")
         lines += [f"    {r.rollout_id} ({r.name}): {r.from_version or '?'} → {r.version} [{r.rollout_state}]:"

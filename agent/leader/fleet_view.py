@@ -15,6 +15,7 @@ import msgspec
 
 from agent.leader.readonly import LeaderDb
 from agent.leader.registry import DeviceLine, DeviceState
+from agent.leader.release_view import DeviceRelease, device_release
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -95,6 +96,7 @@ class DeviceDetail(DeviceState, kw_only=True, frozen=True):
     controls: list[ControlRecord] = []
     # each configuration target: in_sync, pending, drifted, failed or not_applied
     compliance: dict[str, str] = {}
+    release: DeviceRelease | None = None  # the release it runs (the newest that converged on it), its drift
 
 
 def list_devices(db: LeaderDb, flt: DeviceFilter) -> DevicePage:
@@ -138,8 +140,10 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10, events: in
 
         pending = config_pending(db, {device_id: (line.tags, state.configs)}, int(time.time() * 1000))
         compliance = {target: c.compliance_with((device_id, target) in pending) for target, c in state.configs.items()}
+    release = device_release(db, device_id, line.firmware_version, state.configs, state.apps)
     return DeviceDetail(**msgspec.structs.asdict(state), device=_rows(db, [line])[0], rejects=recent,
-                        rollouts=rollouts, timeline=timeline, controls=controls, compliance=compliance)
+                        rollouts=rollouts, timeline=timeline, controls=controls, compliance=compliance,
+                        release=release)
 
 
 __all__ = ["ControlRecord", "DeviceDetail", "DeviceEvent", "DeviceFilter", "DevicePage", "DeviceReject",

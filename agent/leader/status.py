@@ -19,6 +19,7 @@ from agent.leader.config_pending import fleet_compliance
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
 from agent.leader.registry import LEADER_QUIET_S, AppCounts
+from agent.leader.release_view import ReleaseCount, fleet_releases
 from rollout_engine.lease import LEASE_NAME
 
 DEFAULT_STALE_AFTER_S = 30.0
@@ -78,6 +79,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     leader_views: list[LeaderView] = msgspec.field(default_factory=list)
     # application -> the devices on each version, on trial, that took their last new one back
     apps: dict[str, AppCounts] = msgspec.field(default_factory=dict)
+    # each release line's newest release that converged: on how many devices, how many run it whole
+    releases: list[ReleaseCount] = msgspec.field(default_factory=list)
 
 
 
@@ -120,7 +123,8 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        stale_count=stale_count, stale=stale,
                        jobs=jobs, leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
-                       config=fleet_compliance(db, now), apps=registry.app_counts(), leaders=registry.leaders(),
+                       config=fleet_compliance(db, now), apps=registry.app_counts(), releases=fleet_releases(db),
+                       leaders=registry.leaders(),
                        leaders_alive_ms=registry.leaders_alive_ms(),
                        reserved_certs=_reserved_certs(db), rollouts_run_by=lease.holder if lease else "",
                        rollouts_since_ms=lease.acquired_ms if lease else None,
@@ -213,6 +217,11 @@ def format_status(summary: FleetStatus) -> str:
         more += [f"{app.took_back} took their last new version back"] if app.took_back else []
         lines.append(f"app {name}: " + ", ".join(f"{v} x{n}" for v, n in app.versions.items())
                      + (f" ({'; '.join(more)})" if more else ""))
+    for r in summary.releases:
+        drifted = r.converged - r.whole
+        lines.append(f"release {r.name} {r.version} (rollout {r.rollout_id}): {r.whole} of the {r.converged} devices it"
+                     f" converged on run it whole" + (f"; {drifted} drifted: " + "; ".join(
+                         f"{d} ({', '.join(what)})" for d, what in r.drifted.items()) if drifted else ""))
     if summary.jobs is not None:
         j = summary.jobs
         lines.append(

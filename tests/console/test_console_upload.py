@@ -188,7 +188,7 @@ def test_an_application_bundle_or_removal_is_uploaded_and_offered_as_an_app_roll
         assert len(kept) == 2 and all(k.endswith(".eaapp") for k in kept)
         _, _, page = request(address, "GET", "/artifacts", headers=BEARER)
         assert "application hello: 2 files, health active" in page and "removal of application hello" in page
-        assert 'accept=".eafw,.eacfg,.eaapp"' in page  # the file picker offers every kind's files
+        assert 'accept=".eafw,.eacfg,.eaapp,.earel"' in page  # the file picker offers every kind's files
         bundle = next(k for k in kept if describe_bundle(tmp_path / "artifacts" / k).size)  # not the removal
         start_from_form(address, bundle, "app-1")
     assert started_kind(db) == "app"

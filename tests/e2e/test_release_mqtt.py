@@ -7,7 +7,8 @@ committed and the configuration after it. Release R3 (firmware 1.2.0, config app
 document fails the target's health command) returns the canary whole to R2: the configuration
 reverted byte for byte, the firmware's trial boot not committed (it runs 1.1.0 again), the
 leader's record naming the part that failed; the rollout aborts and the other device is never
-offered it."""
+offered it. `status` and the console say which release each device runs, and what of it a device
+changed."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from test_rollout_mqtt import agent_config, registered, stop
 from config_rollout.release import build_release
 from firmware_rollout.artifact.fixture import make_artifact
 from rollout_engine.keys import generate_keypair, load_signing_key
+from tests.console.test_console_http import BEARER, request, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = ("pi-0", "pi-1")
@@ -130,6 +132,29 @@ def test_a_release_converges_whole_and_a_bad_one_returns_every_part(tmp_path: Pa
         while {running(n) for n in DEVICES} != {"1.1.0"}:
             assert time.monotonic() < deadline, [running(n) for n in DEVICES]
             time.sleep(0.5)
+        # the leader says which release each device runs, and what drifted from it
+        status = subprocess.run([*cli, "status", "--db", str(db)], capture_output=True, text=True, env=env,
+                                timeout=60).stdout
+        assert "release gateway 1.1.0 (rollout r2): 2 of the 2 devices it converged on run it whole" in status, status
+        (tmp_path / "pi-1" / "etc" / "app" / "app.toml").write_text("mode = 'good'\nedited = true\n")
+        said = ""
+        deadline = time.monotonic() + 120
+        while "DRIFTED" not in said:
+            assert time.monotonic() < deadline, said
+            time.sleep(0.5)
+            said = subprocess.run([*cli, "status", "--device", "pi-1", "--db", str(db)], capture_output=True,
+                                  text=True, env=env, timeout=60).stdout
+        assert "release: gateway 1.1.0 (rollout r2): DRIFTED: config:app 1.1.0: app.toml changed on the device" in said
+        status = subprocess.run([*cli, "status", "--db", str(db)], capture_output=True, text=True, env=env,
+                                timeout=60).stdout
+        assert "1 of the 2 devices it converged on run it whole; 1 drifted: pi-1 (config:app 1.1.0" in status, status
+        with serving(db) as console:  # and the console
+            _, _, fleet = request(console, "GET", "/", headers=BEARER)
+            table = fleet.split('<table id="fleet-releases" data-live>')[1].split("</table>")[0]
+            assert "<td>gateway 1.1.0</td>" in table and "<td>2</td><td class=\"online\">1</td>" in table, table
+            assert "pi-1</a>: config:app 1.1.0: app.toml changed on the device" in table, table
+            _, _, device = request(console, "GET", "/devices/pi-0", headers=BEARER)
+            assert 'class="online">gateway 1.1.0 (rollout' in device and "runs every part of it" in device
         assert all(p.poll() is None for p in procs)  # nothing crashed on the way
     finally:
         stop(procs)

@@ -6,6 +6,7 @@ it runs every part of it."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -131,4 +132,8 @@ def test_a_part_that_is_not_the_one_the_document_signs_is_refused(tmp_path: Path
     with pytest.raises(RolloutError, match=r"part app:hello .*: its sha256 differs from the signed release"):
         kind.admit(str(document), undone=None)
     bundle.write_bytes(kept)
-    assert kind.admit(str(document), undone=None).version == "2.0.0"
+    again = kind.admit(str(document), undone=None)
+    assert again.version == "2.0.0"
+    # admitted once, it starts again from the store's copy of its document alone (the console's list)
+    shutil.rmtree(folder)
+    assert kind.admit(again.artifact, undone=None).release == again.release
