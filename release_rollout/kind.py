@@ -26,7 +26,6 @@ from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, 
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
 
-
 PARTS_DIR = "release-parts"  # beside the kept documents: each part admitted, by its file's sha256
 
 
