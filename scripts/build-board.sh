@@ -18,8 +18,10 @@
 #
 # The disk (MBR):  1 boot (64 MiB: GRUB's config, its environment, its modules)
 #                  2 rootfs A, 3 rootfs B (the slots RAUC writes; the board starts on A)
-#                  4 data (/data: the agent's and the helper's state, RAUC's; bind-mounted on
-#                    /var/lib/edge-agent and /var/lib/edge-agent-installer, so they outlive a slot)
+#                  4 data (/data: the agent's and the helper's state, RAUC's, the applications and
+#                    their data; bind-mounted on /var/lib/edge-agent, /var/lib/edge-agent-installer,
+#                    /var/lib/edge-agent-apps and /var/lib/private (systemd's DynamicUser state), so
+#                    they outlive a slot)
 # amd64: GRUB (in the MBR, its files on an ext4 boot partition) runs RAUC's GRUB logic (ORDER, x_OK,
 # x_TRY in grubenv): the first slot in ORDER that is OK and not yet tried boots and is marked
 # tried; the agent's commit (`rauc status mark-good`) clears the mark. A slot that did not come up
@@ -193,8 +195,11 @@ $BOOT_MOUNT
 /dev/vda4	/data	ext4	rw,nodev,nosuid	0	2
 /data/edge-agent	/var/lib/edge-agent	none	bind	0	0
 /data/edge-agent-installer	/var/lib/edge-agent-installer	none	bind	0	0
+/data/edge-agent-apps	/var/lib/edge-agent-apps	none	bind	0	0
+/data/private	/var/lib/private	none	bind	0	0
 FSTAB
-mkdir -p "$root/boot/grub" "$root/boot/firmware" "$root/data" "$root/var/lib/edge-agent-installer" "$root/etc/rauc"
+mkdir -p "$root/boot/grub" "$root/boot/firmware" "$root/data" "$root/var/lib/edge-agent-installer" "$root/etc/rauc" \
+    "$root/var/lib/edge-agent-apps" "$root/var/lib/private"
 [ -z "$KEYRING" ] || install -m 0644 "$KEYRING" "$root/etc/rauc/keyring.pem"
 cat > "$root/etc/rauc/system.conf" <<CONF
 [system]
@@ -230,7 +235,8 @@ if [ "$SLOT_ONLY" = 1 ]; then echo "$OUT/rootfs.img"; exit 0; fi
 data="$tmp/data"
 install -d -m 0755 "$data"
 install -d -m 0750 -o "$(chroot "$root" id -u edge-agent)" -g "$(chroot "$root" id -g edge-agent)" "$data/edge-agent"
-install -d -m 0700 "$data/edge-agent-installer" "$data/rauc"
+install -d -m 0700 "$data/edge-agent-installer" "$data/rauc" "$data/private"
+install -d -m 0755 "$data/edge-agent-apps"
 mkfs.ext4 -q -F -L data -d "$data" "$tmp/data.img" "${DATA_MB}M"
 
 total_mb=$(( 1 + BOOT_MB + 2 * SLOT_MB + DATA_MB ))

@@ -73,6 +73,8 @@ class _Journal(msgspec.Struct, frozen=True):
     stand: Stand
     failed: str = ""  # which part failed, and why
     before: str = ""  # what the device ran before, in a few words (the report says it is back on it)
+    started_ms: int = 0  # when the device took the offer (its clock)
+    figures: tuple[str, ...] = ()  # each part's time to its hold, and what it fetched (the success says them)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class _Converging:
     verdict: asyncio.Future[str]
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     said: dict[str, RolloutReport] = field(default_factory=dict)  # part -> its newest report
+    figures: dict[str, str] = field(default_factory=dict)  # part -> its time to its hold (and fetch)
 
 
 class ReleaseModule:
@@ -114,6 +117,7 @@ class ReleaseModule:
         self.report: Reporter | None = None  # the runner's (set by the part)
         self._converging: _Converging | None = None
         self._settling = asyncio.Lock()
+        self._trial_at_ms = 0  # when this start's trial boot began converging the other parts
 
     # -- the kinds' parts of this worker ------------------------------------------------------
     @property
@@ -223,7 +227,8 @@ class ReleaseModule:
         fw = checked.parts.get("firmware")
         before = self._before(checked)
         if fw is not None and fw.version != self.running_firmware():
-            self._keep(_Journal(rid, offer.document, offer.parts, "firmware", before=before))
+            self._keep(_Journal(rid, offer.document, offer.parts, "firmware", before=before,
+                                started_ms=self.clock.now_ms()))
             await report(rid, version, "installing", "firmware",
                          f"release {document.name} {version}: firmware {fw.version} first (the other parts converge"
                          " on its trial boot)")
@@ -232,19 +237,21 @@ class ReleaseModule:
                 self._keep(_Journal(rid, offer.document, offer.parts, "done", failed=why, before=before))
                 await report(rid, version, "failed", "firmware", why)
             return
-        self._keep(_Journal(rid, offer.document, offer.parts, "converging", before=before))
+        self._keep(_Journal(rid, offer.document, offer.parts, "converging", before=before,
+                            started_ms=self.clock.now_ms()))
         await report(rid, version, "installing", "converging",
                      f"release {document.name} {version}: {document.says()}")
         why = await self._converge(rid, checked)
+        figures = self._figures()
         if why:
             self._stand("reverting", failed=why)
             await self._settle(commit=False, reason=why)
             await report(rid, version, "rolled_back", "release", self._back(document.name, version, why, before))
             return
-        self._stand("committing")
+        self._stand("committing", figures=figures)
         await self._settle(commit=True)
-        await report(rid, version, "succeeded", "converged", f"release {document.name} {version} converged:"
-                                                            f" {document.says()}")
+        await self._conclude(self._journal() or _Journal(rid, offer.document, offer.parts, "done", figures=figures),
+                             commit=True)
 
     async def resume(self, report: Reporter) -> None:
         """What a stop left, settled (the module's docstring, by the journal's stand)."""
@@ -308,7 +315,15 @@ class ReleaseModule:
                         ready: asyncio.Event) -> None:
         """One part to its hold through its own module; its reports kept, and its steps said as
         the release's."""
+        started = self.clock.monotonic()
+
         async def hold() -> str:
+            figure = f"{part.pid} held after {self.clock.monotonic() - started:.1f} s"
+            apps = self.apps
+            if part.kind == "app" and apps is not None:
+                f = apps.module.figures
+                figure += f" (fetched {f.bytes_fetched} bytes, reused {f.bytes_reused})"
+            run.figures[part.pid] = figure
             ready.set()
             return await asyncio.shield(run.verdict)
 
@@ -418,6 +433,7 @@ class ReleaseModule:
         except Rejected as exc:
             self._stand("reverting", failed=str(exc))
             return HealthResult(False, f"release {name} {version}: {exc}")
+        self._trial_at_ms = self.clock.now_ms()
         self._stand("converging")
         await report(journal.rollout_id, version, "verifying", "converging",
                      f"firmware {checked.parts['firmware'].version} booted on trial: converging {document.says()}")
@@ -429,7 +445,9 @@ class ReleaseModule:
             self._stand("reverting", failed=why)
             await self._settle(commit=False, reason=why)
             return HealthResult(False, f"release {name} {version}: {why}")
-        self._stand("firmware_commit")
+        booted = f"firmware {checked.parts['firmware'].version} booted on trial after" \
+                 f" {(self._trial_at_ms - journal.started_ms) / 1000:.1f} s" if journal.started_ms else ""
+        self._stand("firmware_commit", figures=self._figures(*([booted] if booted else [])))
         return HealthResult(True, f"release {name} {version}: every part healthy")
 
     async def claims(self, report: RolloutReport) -> bool:
@@ -482,8 +500,9 @@ class ReleaseModule:
         document = peek_release(journal.document)
         report = self._reporter()
         if commit:
+            figures = f" ({'; '.join(journal.figures)})" if journal.figures else ""
             await report(journal.rollout_id, document.version, "succeeded", "converged",
-                         f"release {document.name} {document.version} converged: {document.says()}")
+                         f"release {document.name} {document.version} converged: {document.says()}{figures}")
         else:
             await report(journal.rollout_id, document.version, "rolled_back", "release",
                          self._back(document.name, document.version, journal.failed or "taken back", journal.before))
@@ -526,10 +545,16 @@ class ReleaseModule:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write(self.path, msgspec.json.encode(journal), mode=0o600)
 
-    def _stand(self, stand: Stand, *, failed: str = "") -> None:
+    def _stand(self, stand: Stand, *, failed: str = "", figures: tuple[str, ...] = ()) -> None:
         journal = self._journal()
         if journal is not None:
-            self._keep(msgspec.structs.replace(journal, stand=stand, failed=failed or journal.failed))
+            self._keep(msgspec.structs.replace(journal, stand=stand, failed=failed or journal.failed,
+                                               figures=figures or journal.figures))
+
+    def _figures(self, *first: str) -> tuple[str, ...]:
+        """What the running convergence's parts took to their holds, in the release's order."""
+        run = self._converging
+        return (*first, *(run.figures.values() if run is not None else ()))
 
 
 def _decoded(payload: bytes, type_: type[Any]) -> Any:

@@ -138,7 +138,32 @@ class AppHelper:
                                          allowed_uids=allowed_uids)
 
     async def serve(self, sock: object) -> None:
+        async with self._lock:
+            await self.restore()
         await self.server.serve(sock)  # type: ignore[arg-type]
+
+    async def restore(self) -> list[str]:
+        """At the helper's start: each application's unit written again where the root file
+        system booted lacks it, or holds another version's (a new slot of an A/B device: the
+        applications and their data live on the data partition, the units in the slot's /etc), and
+        started. What it restored, as "name version"."""
+        restored = []
+        for name, record in self.records().items():
+            version = record.trial or record.current
+            if not version:
+                continue
+            try:
+                wanted = (self._version_dir(name, version) / "unit").read_bytes()
+                unit = self.unit_dir / self.unit_name(name)
+                if unit.is_file() and unit.read_bytes() == wanted:
+                    continue
+                await self._run_unit(name, version)
+            except (OSError, EdgeAgentError) as exc:
+                log.warning("%s %s: its unit could not be restored: %s", name, version, exc)
+                continue
+            restored.append(f"{name} {version}")
+            log.info("restored the unit of %s %s (this root file system lacked it)", name, version)
+        return restored
 
     async def _answer(self, payload: bytes, uid: int) -> bytes:
         return encode(await self.handle(payload, uid))

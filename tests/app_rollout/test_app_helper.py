@@ -277,3 +277,20 @@ def test_doctor_asks_the_helper_what_it_keeps_and_names_its_socket_door(tmp_path
     worker.write_text(text.replace(f'public_key = "{public}"\n', ""))
     with pytest.raises(ConfigError, match="apps.helper_socket: applications are checked with the fleet's key"):
         preflight(worker)
+
+
+async def test_a_root_file_system_without_the_units_gets_them_back_at_the_helpers_start(tmp_path: Path) -> None:
+    """A new slot of an A/B device boots with its own /etc: the applications (on the data
+    partition) are there, their units are not; the helper writes and starts them again."""
+    in_process = InProcess(tmp_path)
+    key, systemd, helper, ask = in_process.key, in_process.systemd, in_process.helper, in_process.ask
+    build_bundle(app_dir(tmp_path / "hello"), key, tmp_path / "hello.eaapp")
+    assert await ask("install", path=str(tmp_path / "hello.eaapp")) == ""
+    assert await ask("start", "hello", version="1.0.0") == "" and await ask("commit", "hello") == ""
+    unit = tmp_path / "units" / "edge-app-hello.service"
+    written = unit.read_bytes()
+    assert await helper.restore() == []  # the unit is there: nothing to do
+    unit.unlink()
+    systemd.asked.clear()
+    assert await helper.restore() == ["hello 1.0.0"]
+    assert unit.read_bytes() == written and systemd.asked == ["daemon-reload", "restart edge-app-hello.service"]
