@@ -23,6 +23,22 @@ host's leader rolls out. Prints one JSON line:
 
     python scripts/bench_apps.py [--data-mb 4] [--timeout-s 30]
 
+With --release, the same board on A/B slots (RAUC through the root install helper) and a config
+target besides, taking three releases of its whole state (tests/board/test_board_release.py's):
+
+    R1, R2                       {state, seconds, parts}: from `rollout start` to `succeeded`, and
+                                 each part's time to its hold as the device says it (R1: firmware
+                                 1.0.0 runs already; R2: firmware 2.0.0 booted on trial, then the
+                                 config and hello 2.0.0 on that boot)
+    R2.fetched                   {firmware, app}: bytes the device downloaded of each part
+    R3                           {state, seconds, rollback_s}: hello 3.0.0 answers 500 on the trial
+                                 boot of slot A: from the trial boot's convergence to the board
+                                 running R2 again in every part (a reboot back into B)
+    baseline                     {firmware_bytes_full, app_bytes_full}: the parts' whole files
+    agent_rss_mb                 as above
+
+    python scripts/bench_apps.py --release [--timeout-s 30]
+
 Needs root, mmdebstrap, qemu-system-x86 and mosquitto (scripts/test.sh installs them); the board's
 base is cached in /var/cache/edge-agent-bench.
 """
@@ -44,7 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app_rollout.bundle import peek_head, read_head  # noqa: E402
-from tests.board_apps import apps_config, hello_bundle  # noqa: E402
+from tests.board_apps import apps_config, device_events, hello_bundle  # noqa: E402
 from tests.board_updates import free_port, heard_from, rollout_end, start_rollout  # noqa: E402
 from tests.e2e.agent_support import kill, run_agent, wait_for, write_config  # noqa: E402
 from tests.identity_broker import cli  # noqa: E402
@@ -69,14 +85,105 @@ def steps(db: Path, rid: str, started: float) -> dict[str, Any]:
     return figures
 
 
+HELD = re.compile(r"(firmware [\d.]+ booted on trial|[a-z]+:[A-Za-z0-9_.+-]+ held) after ([\d.]+) s")
+
+
+def release_steps(db: Path, rid: str, started: float) -> dict[str, Any]:
+    """A release rollout's end, and each part's time to its hold as the device's report says."""
+    done = rollout_end(db, rid)
+    device = done["device_list"][0]
+    parts = {("firmware" if what.startswith("firmware") else what.removesuffix(" held")): float(s)
+             for what, s in HELD.findall(str(device.get("detail", "")))}
+    return {"state": device["state"], "seconds": round(time.time() - started, 1), "parts": parts,
+            "detail": str(device.get("detail", ""))}
+
+
+def bench_release(args: argparse.Namespace, tmp: Path, mosquitto: Mosquitto) -> dict[str, Any]:
+    from tests.board.test_board_release import board_files, release
+    from tests.board_updates import artifact, rauc_bundle, rauc_keys, rollout_status
+
+    keys = tmp / "keys"
+    assert cli("firmware", "keygen", "--out", str(keys)).returncode == 0
+    private, public = keys / "private.pem", keys / "public.pem"
+    rauc_key, rauc_cert = rauc_keys(tmp)
+    deb = build_deb(tmp / "debs")
+    conf_1, files_1 = board_files(tmp / "v1", "1.0.0", mosquitto.port, public)
+    images = build_board(deb, conf_1, tmp / "board", adds=files_1,
+                         options=("--version", "1.0.0", "--rauc-keyring", str(rauc_cert)))
+    conf_2, files_2 = board_files(tmp / "v2", "2.0.0", mosquitto.port, public)
+    v2 = build_board(deb, conf_2, tmp / "v2-board", adds=files_2,
+                     options=("--version", "2.0.0", "--rauc-keyring", str(rauc_cert), "--slot-only"))
+    firmware = {version: artifact(tmp, rauc_bundle(tmp, image, version, rauc_cert, rauc_key), version, private)
+                for version, image in (("1.0.0", images / "rootfs.img"), ("2.0.0", v2 / "rootfs.img"),
+                                       ("3.0.0", v2 / "rootfs.img"))}
+    apps = {version: hello_bundle(tmp, version, private, healthy=version != "3.0.0", timeout_s=args.timeout_s)
+            for version in ("1.0.0", "2.0.0", "3.0.0")}
+    releases = {"R1": release(tmp, "1.0.0", firmware=firmware["1.0.0"], mode="r1", app=apps["1.0.0"],
+                              private=private),
+                "R2": release(tmp, "1.1.0", firmware=firmware["2.0.0"], mode="r2", app=apps["2.0.0"],
+                              private=private),
+                "R3": release(tmp, "1.2.0", firmware=firmware["3.0.0"], mode="r3", app=apps["3.0.0"],
+                              private=private)}
+    port = free_port()
+    db = tmp / "gw" / "leader.db"
+    leader = run_agent(write_config(tmp / "leader.toml", "leader", "gw", agent={"data_dir": str(tmp / "gw")},
+                                    mqtt={"url": f"mqtt://127.0.0.1:{mosquitto.port}"},
+                                    firmware={"public_key": str(public)},
+                                    artifacts={"listen": f"127.0.0.1:{port}",
+                                               "url": f"http://{HOST_FROM_GUEST}:{port}"}), tmp / "leader.log")
+    board = QemuBoard(images, tmp / "console").power_on()
+    out: dict[str, Any] = {"arch": "amd64", "mode": "release"}
+    try:
+        board.report()
+        wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=900)
+        for name, document in releases.items():
+            mark = board.mark()
+            started = time.time()
+            start_rollout(tmp, db, name.lower(), document, kind="release")
+            out[name] = release_steps(db, name.lower(), started)
+            line = board.wait_for("HELLO: 2.0.0 up" if name == "R3" else f"HELLO: {apps_of(name)} up", since=mark)
+            rss = re.search(r"agent_rss_kb=(\d+)", line)
+            if rss:
+                out["agent_rss_mb"] = round(int(rss.group(1)) / 1024, 1)
+            if name == "R2":
+                download = rollout_status(db, "r2")["waves"][0]["download"]
+                fetched = re.search(r"fetched (\d+) bytes", out[name]["detail"])
+                out[name]["fetched"] = {"firmware": int(download["bytes_done"]),
+                                        "app": int(fetched.group(1)) if fetched else None}
+            if name == "R3":
+                events = [(at, state) for at, state, _ in device_events(db, "r3")]
+                trial = next((at for at, state in events if state == "verifying"), None)
+                end = events[-1][0] if events else None
+                out[name]["rollback_s"] = round((end - trial) / 1000, 1) if trial and end else None
+        out["baseline"] = {"firmware_bytes_full": firmware["2.0.0"].stat().st_size,
+                           "app_bytes_full": apps["2.0.0"].stat().st_size}
+    finally:
+        board.power_cut()
+        kill(leader, signal.SIGTERM)
+    for name in ("R1", "R2", "R3"):
+        out.get(name, {}).pop("detail", None)
+    return out
+
+
+def apps_of(release_name: str) -> str:
+    return {"R1": "1.0.0", "R2": "2.0.0", "R3": "3.0.0"}[release_name]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-mb", type=float, default=4.0, help="each bundle's data file, MB")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="the unhealthy version's health timeout")
+    parser.add_argument("--release", action="store_true",
+                        help="releases of the board's whole state (firmware, config, an application) instead")
     args = parser.parse_args()
     why = have_board_tools()
     if why:
         print(json.dumps({"skipped": why}))
+        return 0
+    if args.release:
+        with tempfile.TemporaryDirectory(prefix="bench-release-") as tmp_dir, \
+                Mosquitto(Path(tmp_dir) / "mq") as mosquitto:
+            print(json.dumps(bench_release(args, Path(tmp_dir), mosquitto)))
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-apps-") as tmp_dir, Mosquitto(Path(tmp_dir) / "mq") as mosquitto:
         tmp = Path(tmp_dir)

@@ -116,14 +116,15 @@ class ConfigModule:
         return Checked(release, rendered, release.name, target)
 
     async def apply(self, offer: ConfigOffer, checked: Checked, report: Reporter, *,
-                    hold: Callable[[], Awaitable[str]] | None = None) -> None:
+                    hold: Callable[[], Awaitable[str]] | None = None, said_as: str = "") -> None:
         """Apply it commit-confirmed; `hold`: once confirmed, asked whether to commit ("") or
-        revert (why): a release commits its parts together."""
+        revert (why): a release commits its parts together; `said_as`: the version the confirm's
+        report to the leader names (a release's own: one story per rollout)."""
         worker = self._worker
         rid, name, version = offer.rollout_id, checked.name, checked.release.version
         await report(rid, version, "installing", "installing", f"applying {name} {version}")
         worker.beat_fast(worker.config.heartbeat.fast_hold_s)
-        applier = self._applier(name, checked.target, rid, version)
+        applier = self._applier(name, checked.target, rid, version, said_as=said_as)
         try:
             result = await applier.apply(checked.release, checked.rendered,
                                          context={"rollout_id": rid, "version": version}, hold=hold)
@@ -177,12 +178,14 @@ class ConfigModule:
             return f"config {name}: {exc}"
         return ""
 
-    def _applier(self, name: str, target: ConfigTargetSection, rollout_id: str, version: str) -> ConfigApplier:
+    def _applier(self, name: str, target: ConfigTargetSection, rollout_id: str, version: str, *,
+                 said_as: str = "") -> ConfigApplier:
         worker = self._worker
         steps = self._steps
         own = name == AGENT_TARGET
         return ConfigApplier(name, target, worker.data_dir,
-                             confirm=self._host_check(rollout_id, version, f"applied {name} {version}: confirming"),
+                             confirm=self._host_check(rollout_id, said_as or version,
+                                                      f"applied {name} {version}: confirming"),
                              reviews=config_reviews(worker), clock=worker.clock,
                              on_step=(lambda step: steps(worker, name, step)) if steps is not None else None,
                              check=settings_check(worker.config) if own else None,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -114,7 +115,10 @@ class ReleaseModule:
         self.key = key
         self.clock: Clock = worker.clock
         self.path = state_dir / JOURNAL
-        self.report: Reporter | None = None  # the runner's (set by the part)
+        self.report: Reporter | None = None  # the runner's (`attach`)
+        # the runner's next report and its sink, for reports that carry more (a download's progress)
+        self._runner: OfferRunner[ReleaseOffer, CheckedRelease] | None = None
+        self._send: Callable[[RolloutReport], Awaitable[None]] | None = None
         self._converging: _Converging | None = None
         self._settling = asyncio.Lock()
         self._trial_at_ms = 0  # when this start's trial boot began converging the other parts
@@ -288,6 +292,13 @@ class ReleaseModule:
         ran already), else the first failure (the parts held so far wait for the word)."""
         loop = asyncio.get_running_loop()
         run = self._converging = _Converging(loop.create_future())
+        try:
+            return await self._stages(rid, checked, run)
+        except asyncio.CancelledError:
+            self.abandon()  # (the agent stopping: its parts' journals say what the next start settles)
+            raise
+
+    async def _stages(self, rid: str, checked: CheckedRelease, run: _Converging) -> str:
         document = checked.signed.document
         for stage in document.order:
             ready: dict[str, asyncio.Event] = {}
@@ -341,7 +352,7 @@ class ReleaseModule:
             if part.kind == "config":
                 config = self.config
                 assert config is not None
-                await config.module.apply(part.offer, part.checked, said, hold=hold)
+                await config.module.apply(part.offer, part.checked, said, hold=hold, said_as=release_version)
             else:
                 apps = self.apps
                 assert apps is not None
@@ -351,6 +362,14 @@ class ReleaseModule:
             run.said[part.pid] = RolloutReport(device=self.worker.device_id, rollout_id=rid, version=part.version,
                                                state="failed", phase="failed", ts_ms=0, seq=0,
                                                detail=f"{type(exc).__name__}: {exc}"[:1000])
+
+    def abandon(self) -> None:
+        """The agent stops: the parts converging now stop where they are, as they would in a
+        process that ends (their journals say what the next start settles)."""
+        run, self._converging = self._converging, None
+        if run is not None:
+            for task in run.tasks:
+                task.cancel()
 
     async def _settle(self, *, commit: bool, reason: str = "") -> None:
         """Every held part committed or taken back: the running convergence's by its word, and
@@ -461,9 +480,18 @@ class ReleaseModule:
             await self._firmware_decided(journal, report.phase if report.state != "succeeded" else "committed",
                                          detail=report.detail)
             return True
-        await self._reporter()(journal.rollout_id, document.version, report.state, f"firmware {report.phase}"[:32],
-                               f"firmware {report.version}: {report.detail}")
+        runner, send = self._runner, self._send
+        assert runner is not None and send is not None
+        await send(msgspec.structs.replace(  # (with its download's progress: the leader's download view)
+            runner.next_report(journal.rollout_id, document.version, report.state, f"firmware {report.phase}"[:32],
+                               f"firmware {report.version}: {report.detail}"),
+            progress=report.progress, active_version=report.active_version))
         return True
+
+    def attach(self, runner: OfferRunner[ReleaseOffer, CheckedRelease],
+               send: Callable[[RolloutReport], Awaitable[None]]) -> None:
+        """The offer runner that drives this module, and the sink of its reports."""
+        self._runner, self._send, self.report = runner, send, runner.report
 
     async def _firmware_outcome(self, rid: str) -> str:
         """The updater's outcome of the release's firmware once it has opened ("" while the trial
@@ -593,7 +621,7 @@ class ReleasesPart(PartBase):
         self.runner: OfferRunner[ReleaseOffer, CheckedRelease] = OfferRunner(
             self.module, device_id=worker.device_id, key=key, clock=worker.clock, state_dir=state_dir, send=send,
             utc_offset_s=system_utc_offset_s)
-        self.module.report = self.runner.report
+        self.module.attach(self.runner, send)
         firmware = self.module.firmware
         if firmware is not None:
             firmware.hold = ReleaseHold(self.module)
@@ -608,7 +636,8 @@ class ReleasesPart(PartBase):
         worker.register_command(KIND_RELEASE_CANCEL, RolloutCancel, self.ref)
 
     async def stop(self) -> None:
-        """Nothing of its own: its actor stops with the worker's."""
+        """The parts it holds stop where they are (its actor stops with the worker's)."""
+        self.module.abandon()
 
 
 __all__ = ["ReleaseHold", "ReleaseModule", "ReleasesPart"]

@@ -53,6 +53,7 @@ UNITS = ("board-app.service", "board-app-config.path", "board-app-reload.service
 def board_files(tmp: Path, version: str, port: int, public: Path) -> tuple[Path, tuple[tuple[Path, str], ...]]:
     """The board's agent.toml at `version` (RAUC through the install helper, the config target
     `app`, the application helper) and the files beside it."""
+    tmp.mkdir(parents=True, exist_ok=True)
     conf, files = device_files(tmp, version, port, public)
     conf.write_text(conf.read_text() + CONFIG_TARGET)
     first = tmp / "app.toml"
@@ -162,6 +163,8 @@ def test_releases_converge_whole_and_a_failing_one_returns_every_part_firmware_i
             assert done["state"] == "rolled_back", story
             assert "app:hello failed: hello 3.0.0 failed its health check" in done["detail"], done
             assert "500" in done["detail"] and "taken back whole" in done["detail"], done
+            # (decided on the trial boot and said before its reboot: the board boots B again)
+            wait_for(lambda: len(board.boots()) == 4, "the board to boot again", limit_s=900)
             assert board.boots() == ["A", "B", "A", "B"], (board.boots(), story)
             board.wait_for("BOARD-APP: loaded mode=r3", since=mark)  # applied and held on the trial boot...
             board.wait_for("HELLO: 3.0.0 up", since=mark)

@@ -24,8 +24,8 @@ def snapshot_checkout(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (REPO / name).exists():
             shutil.copy2(REPO / name, dest / name)
-    for name in ("agent", "firmware_rollout", "config_rollout", "app_rollout", "rollout_engine", "configs", "systemd",
-                 "scripts"):
+    for name in ("agent", "firmware_rollout", "config_rollout", "app_rollout", "release_rollout", "rollout_engine",
+                 "configs", "systemd", "scripts"):
         if (REPO / name).exists():
             shutil.copytree(REPO / name, dest / name, ignore=ignore)
     return dest / "scripts" / "install.sh"

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_determinism import as_text, simulate
 
-from agent.sim.release_rollout import release_rollout_scenario
+from agent.sim.release_rollout import release_rollout_options, release_rollout_scenario, run_release_rollout
 from agent.sim.scenarios import check
 
 
@@ -42,3 +44,17 @@ def test_the_same_seed_gives_the_same_release_rollout_report(tmp_path: Path) -> 
     second = simulate(tmp_path, "b", args, hash_seed=32)
     assert first["claim"] == {"holds": True, "problems": []}
     assert as_text(first) == as_text(second)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(min_value=0, max_value=10_000), fail_rate=st.sampled_from([0.0, 0.1, 0.3]))
+def test_devices_that_crash_while_a_release_converges_still_end_whole(tmp_path: Path, seed: int,
+                                                                     fail_rate: float) -> None:
+    """Half the devices crash once and start again on their files, at any point of the release
+    (the download, the trial boot, a part held, the commits): each still ends on one release or
+    the other in every part, nothing held, nothing lost."""
+    opts = release_rollout_options(devices=20, seed=seed, crash_rate=0.5, crash_downtime_s=20.0)
+    report = asyncio.run(run_release_rollout(opts, workdir=tmp_path / f"{seed}-{fail_rate}", fail_rate=fail_rate))
+    assert report["mixed"] == {} and report["held"] == 0, report["mixed"]
+    assert sum(report["releases"].values()) == 20 and report["lost"] == 0
+    assert report["unhealthy"]["rolled_back"] == report["unhealthy"]["offered"], report["unhealthy"]
