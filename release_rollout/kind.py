@@ -26,6 +26,7 @@ from rollout_engine.kinds import Admitted, Described, KindTraits, OfferContext, 
 from rollout_engine.plan import DeviceInfo
 from rollout_engine.store import DeviceRow, RolloutRow
 
+FROM_MAX = 64  # a device's "from" in a plan and a status (what it runs of the parts that change)
 PARTS_DIR = "release-parts"  # beside the kept documents: each part admitted, by its file's sha256
 
 
@@ -157,14 +158,18 @@ class ReleaseKind:
             raise RolloutError(f"cannot keep {file} in the leader's store: {exc.strerror or exc}") from None
 
     def held(self, release: bytes, devices: Sequence[DeviceInfo]) -> dict[str, str]:
-        """device -> the release's version, for the devices that run every part of it (a device
-        runs the release all of whose parts it states)."""
+        """device -> the release's version where it runs every part of it (a device runs the
+        release all of whose parts it states); elsewhere what it runs of the parts that change
+        ("firmware 1.0.0, config:app none"): the plan's and the status's "from" of each device."""
         document, stored = admitted(release)
-        holding = {d.device_id for d in devices}
+        changes: dict[str, list[str]] = {d.device_id: [] for d in devices}
         for p in stored.parts:
             held = self.parts[p.kind].held(p.release, devices)
-            holding &= {device for device, version in held.items() if version == p.version}
-        return {device: document.version for device in holding}
+            for device, said in changes.items():
+                version = held.get(device, "")
+                if version != p.version:
+                    said.append(f"{p.part} {version or 'none'}")
+        return {device: ", ".join(said)[:FROM_MAX] if said else document.version for device, said in changes.items()}
 
     def offers(self, r: RolloutRow, devices: Sequence[DeviceRow], context: OfferContext) -> list[Outgoing]:
         _, stored = admitted(r.signed_manifest)

@@ -170,16 +170,20 @@ def leader_store(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
 # The booted boards' scenarios run for minutes each, mostly waiting on QEMU. scripts/test.sh runs
 # twice as many workers as cores and hands each worker two tests to start with, then one more at a
 # time (`--maxschedchunk 1`), in this order: the first worker takes the rollout (the longest) and
-# a short test; the second the config scenarios, then the power cuts; the third the boot scenario
-# and a short test; the others start on everything else meanwhile. Collected first, they start at
-# once instead of one starting last and running alone at the end.
-BOARD_ORDER = ("test_board_rollout.py", "", "test_board_config.py", "test_board_power_cut.py", "test_board_boot.py")
+# a short test; the second the releases (as long) and a short test; the third the config
+# scenarios, then the power cuts; the fourth the boot scenario and a short test; the others start
+# on everything else meanwhile. Collected first, they start at once instead of one starting last
+# and running alone at the end.
+BOARD_ORDER = ("test_board_rollout.py", "", "test_board_release.py", "", "test_board_config.py",
+               "test_board_power_cut.py", "test_board_boot.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     boards = {name: [item for item in items if item.path.name == name] for name in BOARD_ORDER if name}
     rest = [item for item in items if item.path.name not in boards]
     ordered: list[pytest.Item] = []
+    shorts = 0
     for name in BOARD_ORDER:  # "": a short test, so that the next board goes to the next worker
-        ordered += boards[name] if name else rest[:1]
-    items[:] = ordered + rest[1:]
+        ordered += boards[name] if name else rest[shorts:shorts + 1]
+        shorts += not name
+    items[:] = ordered + rest[shorts:]

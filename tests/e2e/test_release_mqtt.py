@@ -122,6 +122,7 @@ def test_a_release_converges_whole_and_a_bad_one_returns_every_part(tmp_path: Pa
         assert data["state"] == "aborted", data
         by_state = {d["state"]: d for d in data["device_list"]}
         canary = by_state["rolled_back"]
+        assert canary["from_version"] == "firmware 1.1.0, config:app 1.1.0", canary  # what it ran of the parts
         assert "config:app failed" in canary["detail"] and "taken back whole" in canary["detail"], canary
         assert set(by_state) == {"rolled_back", "canceled"}  # the other device was never offered it
         for name in DEVICES:  # every part on R2: the document byte for byte, the firmware 1.1.0

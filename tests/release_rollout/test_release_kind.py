@@ -107,7 +107,9 @@ def test_a_release_is_admitted_part_by_part_and_offered_whole_to_each_device(tmp
     host.apps = {"hello": {"pi-0": "2.0.0", "pi-1": "2.0.0"}}
     devices = [DeviceInfo("pi-0", firmware_version="1.1.0"), DeviceInfo("pi-1", firmware_version="1.1.0"),
                DeviceInfo("pi-2", firmware_version="1.0.0")]
-    assert kind.held(admitted.release, devices) == {"pi-0": "2.0.0"}
+    assert kind.held(admitted.release, devices) == {  # a device's "from": the release, or the parts that change
+        "pi-0": "2.0.0", "pi-1": "config:app 1.0.0",
+        "pi-2": "firmware 1.0.0, config:app none, app:hello none"}
 
 
 def test_a_part_that_is_not_the_one_the_document_signs_is_refused(tmp_path: Path) -> None:
