@@ -189,7 +189,8 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     slots: SlotState | None = None  # a device with [firmware]: its slots (a full heartbeat only)
     # a device with [config_targets]: what each holds (a full heartbeat only)
     configs: Annotated[dict[TargetKey, ConfigState], msgspec.Meta(max_length=32)] | None = None
-    # a device with [apps]: what each application runs (a full heartbeat only)
+    # a device with [apps]: what each application runs (a full heartbeat only; None: not known yet, as after
+    # a boot before its application helper answered: the leader keeps what the device said before)
     apps: Annotated[dict[AppKey, AppState], msgspec.Meta(max_length=64)] | None = None
     # what the device is, as it reads itself: arch, board, os (a full heartbeat only; rollouts
     # target by them: `targets.match`)

@@ -284,7 +284,8 @@ _HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE excluded.changed_ms END,
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
     interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots,
-    configs = excluded.configs, served_by = excluded.served_by, apps = excluded.apps, facts = excluded.facts
+    configs = excluded.configs, served_by = excluded.served_by,
+    apps = COALESCE(excluded.apps, devices.apps), facts = excluded.facts
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)"""
 _UPSERT_HEARTBEAT = f"INSERT INTO devices ({_HEARTBEAT_COLUMNS}) VALUES {_HEARTBEAT_ROW} {_HEARTBEAT_CONFLICT}"
 

@@ -173,8 +173,9 @@ def test_releases_converge_whole_and_a_failing_one_returns_every_part_firmware_i
             loaded = [line for line in board.text(board.last_boot()).splitlines() if "BOARD-APP: loaded" in line]
             assert loaded and loaded[-1].endswith("loaded mode=r2"), loaded  # ...and written back
             board.wait_for("HELLO: 2.0.0 up", since=board.last_boot())
-            status = cli("status", "--device", DEVICE, "--db", str(db))
-            assert "release: board 1.1.0 (rollout r2): runs every part of it" in status.stdout, status.stdout
+            said = "release: board 1.1.0 (rollout r2): runs every part of it"
+            wait_for(lambda: said in cli("status", "--device", DEVICE, "--db", str(db)).stdout,
+                     "the leader to say the board runs R2 whole", limit_s=300)
     finally:
         board.power_cut()
         kill(leader, signal.SIGTERM)

@@ -27,8 +27,11 @@ def test_the_registry_keeps_what_each_application_runs(leader_store: Path | str)
                                         facts={"arch": "aarch64", "board": "Raspberry Pi 4 Model B"}),
                               Heartbeat(device_id="pi-2", seq=1, uptime_s=1.0, apps={"hello": one}),
                               Heartbeat(device_id="pi-3", seq=1, uptime_s=1.0)])
-        # a short heartbeat keeps what the full one said
+        # a short heartbeat keeps what the full one said; so does a full one of a new boot whose
+        # application helper has not answered yet (apps not known: None), not an empty list
         reg.apply_heartbeats([Heartbeat(device_id="pi-1", seq=2, uptime_s=2.0, full=False)])
+        reg.apply_heartbeats([Heartbeat(device_id="pi-1", seq=3, uptime_s=0.1, boot="second",
+                                        facts={"arch": "aarch64", "board": "Raspberry Pi 4 Model B"})])
         states = reg.app_states()
         assert states == {"pi-1": {"hello": AppState(version="2.0.0", previous="1.0.0")},
                           "pi-2": {"hello": AppState(version="1.0.0", health="failed")}}
