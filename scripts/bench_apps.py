@@ -99,31 +99,11 @@ def release_steps(db: Path, rid: str, started: float) -> dict[str, Any]:
 
 
 def bench_release(args: argparse.Namespace, tmp: Path, mosquitto: Mosquitto) -> dict[str, Any]:
-    from tests.board.test_board_release import board_files, release
-    from tests.board_updates import artifact, rauc_bundle, rauc_keys, rollout_status
+    from tests.board_releases import release_board
+    from tests.board_updates import rollout_status
 
-    keys = tmp / "keys"
-    assert cli("firmware", "keygen", "--out", str(keys)).returncode == 0
-    private, public = keys / "private.pem", keys / "public.pem"
-    rauc_key, rauc_cert = rauc_keys(tmp)
-    deb = build_deb(tmp / "debs")
-    conf_1, files_1 = board_files(tmp / "v1", "1.0.0", mosquitto.port, public)
-    images = build_board(deb, conf_1, tmp / "board", adds=files_1,
-                         options=("--version", "1.0.0", "--rauc-keyring", str(rauc_cert)))
-    conf_2, files_2 = board_files(tmp / "v2", "2.0.0", mosquitto.port, public)
-    v2 = build_board(deb, conf_2, tmp / "v2-board", adds=files_2,
-                     options=("--version", "2.0.0", "--rauc-keyring", str(rauc_cert), "--slot-only"))
-    firmware = {version: artifact(tmp, rauc_bundle(tmp, image, version, rauc_cert, rauc_key), version, private)
-                for version, image in (("1.0.0", images / "rootfs.img"), ("2.0.0", v2 / "rootfs.img"),
-                                       ("3.0.0", v2 / "rootfs.img"))}
-    apps = {version: hello_bundle(tmp, version, private, healthy=version != "3.0.0", timeout_s=args.timeout_s)
-            for version in ("1.0.0", "2.0.0", "3.0.0")}
-    releases = {"R1": release(tmp, "1.0.0", firmware=firmware["1.0.0"], mode="r1", app=apps["1.0.0"],
-                              private=private),
-                "R2": release(tmp, "1.1.0", firmware=firmware["2.0.0"], mode="r2", app=apps["2.0.0"],
-                              private=private),
-                "R3": release(tmp, "1.2.0", firmware=firmware["3.0.0"], mode="r3", app=apps["3.0.0"],
-                              private=private)}
+    made = release_board(tmp, mosquitto.port, health_timeout_s=args.timeout_s)
+    images, public, firmware, apps, releases = made.images, made.public, made.firmware, made.apps, made.releases
     port = free_port()
     db = tmp / "gw" / "leader.db"
     leader = run_agent(write_config(tmp / "leader.toml", "leader", "gw", agent={"data_dir": str(tmp / "gw")},
