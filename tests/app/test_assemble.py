@@ -78,7 +78,7 @@ async def test_the_config_turns_each_role_s_features_on_and_off(tmp_path: Path) 
                   sources={"command": {"probe": {"command": ["true"]}}})
     app = await assemble(full, transport=make_transport(full, clock=clock, memory_broker=broker), clock=clock,
                          base=tmp_path / "full")
-    assert [p.name for p in app.parts] == ["worker", "updater", "local API", "sources"]
+    assert [p.name for p in app.parts] == ["worker", "updater", "releases", "local API", "sources"]
     assert {name for name, _ in app.collectors()} >= {"relay", "mailbox", "outbox", "messages", "worker"}
     assert {name for name, _ in app.checks()} >= {"transport", "database", "disk", "relay"}
     assert [name for name, _, _ in app.liveness()] == ["actors"]
