@@ -120,11 +120,12 @@ class ReleaseKind:
             if kept.version != p.version:
                 raise RolloutError(f"{where}: version {kept.version}, the release says {p.version}")
             copy = Path(kept.artifact)
-            if copy.is_file() and file_digest(copy) != p.sha256:  # (the kept copy: the source may change)
+            held = copy if copy.is_file() else file  # (the kept copy: the source may change)
+            if file_digest(held) != p.sha256:
                 raise RolloutError(f"{where}: its sha256 differs from the signed release")
             kept_parts.append(AdmittedPart(part=p.id, kind=p.kind, version=p.version, artifact=kept.artifact,
                                            release=kept.release))
-            self._keep_part(copy if copy.is_file() else file, p.sha256)
+            self._keep_part(held, p.sha256)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
         kept_document = self.directory / f"{signed.release_id}{SUFFIX}"
         partial = kept_document.with_name(f".{os.getpid()}-{kept_document.name}.partial")
@@ -138,12 +139,12 @@ class ReleaseKind:
                         release=encode(AdmittedRelease(document=data, parts=tuple(kept_parts))))
 
     def _keep_part(self, file: Path, sha256: str) -> None:
-        """The part's file kept by its sha256 in the store (a link: no second copy where the
-        file system allows), so a release admitted once starts again from its document alone (the
-        console's list of the store)."""
+        """The part's file (its sha256 checked by the caller) kept by its sha256 in the store (a
+        link: no second copy where the file system allows), so a release admitted once starts again
+        from its document alone (the console's list of the store)."""
         parts = self.directory / PARTS_DIR
         kept = parts / sha256
-        if kept.is_file() or file_digest(file) != sha256:
+        if kept.is_file():
             return
         parts.mkdir(parents=True, exist_ok=True, mode=0o750)
         partial = parts / f".{os.getpid()}-{sha256}.partial"

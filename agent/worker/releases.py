@@ -412,9 +412,10 @@ class ReleaseModule:
         updater = part.actor.updater if part is not None and part.actor is not None else None
         if updater is None:
             return self._journal_firmware()
+        from firmware_rollout.messages import TERMINAL_STATES
+
         status = updater.status()
-        return status.rollout_id == rid and status.state not in ("committed", "rolled_back", "failed", "rejected",
-                                                                 "canceled")
+        return status.rollout_id == rid and status.state not in TERMINAL_STATES
 
     def _journal_firmware(self) -> bool:
         journal = self._journal()
@@ -496,6 +497,8 @@ class ReleaseModule:
     async def _firmware_outcome(self, rid: str) -> str:
         """The updater's outcome of the release's firmware once it has opened ("" while the trial
         runs: its health check decides)."""
+        from firmware_rollout.messages import TERMINAL_STATES
+
         part = self.firmware
         deadline = self.clock.monotonic() + OUTCOME_WAIT_S
         while part is not None and self.clock.monotonic() < deadline:
@@ -504,8 +507,7 @@ class ReleaseModule:
                 status = updater.status()
                 if status.rollout_id != rid:
                     return "rolled_back"  # (the updater knows nothing of it: nothing was committed)
-                return status.state if status.state in ("committed", "rolled_back", "failed", "rejected",
-                                                        "canceled") else ""
+                return status.state if status.state in TERMINAL_STATES else ""
             await self.clock.sleep(OUTCOME_POLL_S)
         return "rolled_back"
 
