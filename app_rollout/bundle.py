@@ -23,13 +23,18 @@ A bundle is built from a directory holding `app.toml`:
     [app]
     name = "hello"                # a-z 0-9 -, the unit is edge-app-hello.service
     version = "1.2.0"
-    unit = "hello.service"        # the service's unit, beside app.toml
+    unit = "hello.service"        # the service's unit, beside app.toml; or, for a container:
+    # compose = "compose.yaml"    # its one service (`app_rollout.compose`), with
     files = "files"               # every file under it goes in; executable on disk: mode 0755
+
+    # [images]                    # a container's image reference -> its OCI archive among the files
+    # "localhost/hello:2" = "images/hello.tar"
 
     [health]                      # what says the new version works (all within timeout_s)
     check = "http"                # "active": the unit stays active settle_s, not restarted
     url = "http://127.0.0.1:8080/healthz"      # "http": 2xx from a loopback URL
     # command = ["bin/check"]                  # "command": exits 0, run as the application
+    # "container": the compose service's healthcheck passes (a container application)
     settle_s = 5
     timeout_s = 60
 """
@@ -50,6 +55,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from agent.core.files import atomic_write
+from app_rollout.container import ContainerSpec, check_container
 from app_rollout.errors import AppBundleError, BundleSignature, MalformedBundle
 from app_rollout.unit import AppUnit, check_unit
 from rollout_engine.errors import InvalidVersion, WrongKey
@@ -87,7 +93,7 @@ class AppFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defa
 
 
 class AppHealth(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    check: Literal["active", "http", "command"] = "active"
+    check: Literal["active", "http", "command", "container"] = "active"
     settle_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120.0
     url: Annotated[str, msgspec.Meta(max_length=256)] = ""
@@ -98,9 +104,11 @@ class AppManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     format: int = 1
     name: AppName
     version: Annotated[str, msgspec.Meta(max_length=64)]
+    # "container": its image an OCI archive of its files, run as `container` says (no unit);
     # "removed": a removal of the application (`build_removal`): no unit, no file
-    runtime: Literal["service", "removed"] = "service"
+    runtime: Literal["service", "container", "removed"] = "service"
     unit: Annotated[str, msgspec.Meta(max_length=16 * 1024)] = ""
+    container: ContainerSpec | None = None
     health: AppHealth = AppHealth()
     files: Annotated[tuple[AppFile, ...], msgspec.Meta(max_length=FILES_MAX)] = ()
     created_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -118,7 +126,7 @@ class SignedApp:
     """A bundle's head, verified: its manifest, its checked unit and the signed bytes."""
 
     manifest: AppManifest
-    unit: AppUnit | None  # (None: a removal)
+    unit: AppUnit | None  # (None: a removal, or a container application: its manifest's `container`)
     head: bytes  # magic .. signature: what a rollout stores and offers
     key_id: str
 
@@ -146,9 +154,13 @@ def _check(manifest: AppManifest, source: str) -> AppUnit | None:
     except InvalidVersion as exc:
         raise MalformedBundle(f"{source}: version: {exc}") from None
     if manifest.runtime == "removed":
-        if manifest.unit or manifest.files:
+        if manifest.unit or manifest.files or manifest.container:
             raise MalformedBundle(f"{source}: a removal of {manifest.name} holds no unit and no file")
         return None
+    if (manifest.runtime == "container") != (manifest.container is not None) or (
+            manifest.runtime == "container" and manifest.unit):
+        raise MalformedBundle(f"{source}: a {manifest.runtime} application has "
+                              + ("a container and no unit" if manifest.runtime == "container" else "a unit"))
     paths = [f.path for f in manifest.files]
     if len(set(paths)) != len(paths):
         twice = sorted(p for p in set(paths) if paths.count(p) > 1)[0]
@@ -160,8 +172,19 @@ def _check(manifest: AppManifest, source: str) -> AppUnit | None:
     dirs = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
     if dirs & set(paths):
         raise MalformedBundle(f"{source}: {sorted(dirs & set(paths))[0]} is both a file and a directory")
-    unit = check_unit(manifest.unit, executables=manifest.executables(), source=f"{source}: unit")
     health = manifest.health
+    if manifest.container is not None:
+        check_container(manifest.container, {f.path: f.mode for f in manifest.files}, source=source)
+        if health.check == "container" and manifest.container.healthcheck is None:
+            raise MalformedBundle(f"{source}: health.check container: the compose service has no healthcheck")
+        if health.check == "command":
+            raise MalformedBundle(f"{source}: health.check command: a container's own check is its healthcheck"
+                                  " (check = \"container\")")
+        unit = None
+    else:
+        if health.check == "container":
+            raise MalformedBundle(f"{source}: health.check container: a check of a container application")
+        unit = check_unit(manifest.unit, executables=manifest.executables(), source=f"{source}: unit")
     if health.check == "http" and not _LOOPBACK_URL.match(health.url):
         raise MalformedBundle(f"{source}: health.url {health.url!r}: an http check asks a loopback URL"
                               " (http://127.0.0.1:PORT/PATH)")
@@ -293,13 +316,15 @@ def iter_files(f: object, manifest: AppManifest, *, source: str) -> Iterator[tup
 class _AppSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     version: str
-    unit: str
+    unit: str = ""  # a service's unit, or
+    compose: str = ""  # a container application's compose file
     files: str = "files"
 
 
 class _AppToml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     app: _AppSection
     health: AppHealth = AppHealth()
+    images: dict[str, str] = {}  # a compose image reference -> its OCI archive among the files
 
 
 def build_removal(name: str, version: str, key: SigningKey, out: str | Path, *, created_ms: int = 0,
@@ -378,14 +403,30 @@ def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, cre
         raise AppBundleError(f"{toml_path}: not TOML ({exc})") from None
     except msgspec.ValidationError as exc:
         raise AppBundleError(f"{toml_path}: {exc}") from None
-    unit_path = root / spec.app.unit
-    try:
-        unit = unit_path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AppBundleError(f"{toml_path}: app.unit: {unit_path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if bool(spec.app.unit) == bool(spec.app.compose):
+        raise AppBundleError(f"{toml_path}: app: a service names its unit, a container application its compose file"
+                             " (one of unit, compose)")
+    if spec.images and not spec.app.compose:
+        raise AppBundleError(f"{toml_path}: images: only a container application (app.compose) has images")
+    unit_path = root / (spec.app.unit or spec.app.compose)
+    unit = ""
+    if spec.app.unit:
+        try:
+            unit = unit_path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise AppBundleError(f"{toml_path}: app.unit: {unit_path}: {why}") from None
     files_root = root / spec.app.files
     if not files_root.is_dir():
         raise AppBundleError(f"{toml_path}: app.files: {files_root} is not a directory")
+    container = None
+    if spec.app.compose:
+        from app_rollout.compose import container_spec  # (PyYAML: only a container application's build)
+
+        for reference, archive in spec.images.items():
+            if not (files_root / archive).is_file():
+                raise AppBundleError(f"{toml_path}: images.{reference!r}: {archive}: not a file under {files_root}")
+        container = msgspec.to_builtins(container_spec(unit_path, spec.images, files_root))
     entries: list[tuple[dict[str, object], Path]] = []
     for path in sorted(files_root.rglob("*")):
         relative = path.relative_to(files_root).as_posix()
@@ -411,6 +452,7 @@ def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, cre
         entries.append((entry, path))
     try:
         manifest = msgspec.convert({"name": spec.app.name, "version": spec.app.version, "unit": unit,
+                                    "runtime": "container" if container else "service", "container": container,
                                     "health": msgspec.to_builtins(spec.health), "created_ms": created_ms,
                                     "files": _fitting([e for e, _ in entries])}, type=AppManifest)
     except msgspec.ValidationError as exc:
@@ -436,8 +478,8 @@ def build_bundle(directory: str | Path, key: SigningKey, out: str | Path, *, cre
     except OSError as exc:
         partial.unlink(missing_ok=True)
         raise AppBundleError(f"{target}: {exc.strerror or exc}") from None
-    return SignedApp(manifest, check_unit(manifest.unit, executables=manifest.executables(), source=str(unit_path)),
-                     head, key.key_id.hex())
+    return SignedApp(manifest, None if container else check_unit(manifest.unit, executables=manifest.executables(),
+                                                                 source=str(unit_path)), head, key.key_id.hex())
 
 
 __all__ = ["CHUNKED_FROM", "MAGIC", "SUFFIX", "AppFile", "AppHealth", "AppManifest", "SignedApp", "build_bundle",

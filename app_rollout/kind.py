@@ -34,8 +34,9 @@ def describe_bundle(path: Path) -> Described:
                          what=f"removal of application {m.name}: stopped, its versions removed, its data kept",
                          installs=f"the removal of application {m.name} at {m.version}")
     n = len(m.files)
+    kind = "container application" if m.container else "application"
     return Described(name=m.name, version=m.version, size=m.payload_size, lane=m.name,
-                     what=f"application {m.name}: {n} file{'s' if n != 1 else ''}, health {m.health.check}",
+                     what=f"{kind} {m.name}: {n} file{'s' if n != 1 else ''}, health {m.health.check}",
                      installs=f"application {m.name} {m.version}")
 
 

@@ -7,7 +7,8 @@
 # nginx (a static HTTP mirror for range downloads), casync and xdelta3 (the delta benchmark's
 # baselines), mmdebstrap, lintian and fakeroot (the Debian package: built, checked, installed into
 # a bookworm root cached in /var/cache/edge-agent-bench), qemu-system-x86 (a board booted with the
-# package under systemd), checks the import contracts
+# package under systemd), podman and busybox-static (a container application's image, made
+# and loaded), checks the import contracts
 # (lint-imports: the layers of docs/architecture.md), then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too, the
 # suite is spread over every core, and the release's SBOM is written to dist/edge-agent.cdx.json.
 set -euo pipefail
@@ -50,6 +51,10 @@ fi
 if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
     echo "installing Debian's qemu-system-x86: the board the package is booted on" >&2
     apt_install qemu-system-x86 || echo "warning: could not install qemu-system-x86; the board tests will be skipped" >&2
+fi
+if ! command -v podman >/dev/null 2>&1 || [ ! -x /bin/busybox ]; then
+    echo "installing Debian's podman and busybox-static: a container application's image is made and loaded" >&2
+    apt_install podman busybox-static || echo "warning: could not install podman; the container tests will be skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2

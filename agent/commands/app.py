@@ -61,7 +61,8 @@ def _build(args: argparse.Namespace) -> int:
     m = app.manifest
     chunked = [f for f in m.files if f.chunks]
     by_chunks = f" ({len(chunked)} by {sum(len(f.chunks) for f in chunked)} chunks)" if chunked else ""
-    print(f"{args.out}: application {m.name} {m.version}, {len(m.files)} files{by_chunks}, {app.size} bytes,"
+    kind = f"container application (image sha256:{m.container.image_id[:12]})" if m.container else "application"
+    print(f"{args.out}: {kind} {m.name} {m.version}, {len(m.files)} files{by_chunks}, {app.size} bytes,"
           f" health {m.health.check}, signed by key {app.key_id}")
     return 0
 

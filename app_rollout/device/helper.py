@@ -50,6 +50,8 @@ from agent.core.files import atomic_write
 from agent.core.tasks import in_thread
 from agent.service.helper_socket import HelperSocketServer
 from app_rollout.bundle import BUNDLE_MAX, SignedApp, iter_files, read_head, verify_head
+from app_rollout.container import device_architecture, render_container_unit
+from app_rollout.device.containers import Containers
 from app_rollout.device.fetch import KEEP_FREE, check_room
 from app_rollout.device.systemd import Systemd, UnitState
 from app_rollout.errors import AppBundleError, AppInstallError
@@ -123,7 +125,8 @@ class AppHelper:
 
     def __init__(self, *, key: Verifier, root: Path, unit_dir: Path, hidden: tuple[str, ...],
                  allowed_uids: frozenset[int] = frozenset(), systemd: Systemd | None = None,
-                 durable: bool = True, clock: Clock | None = None, keep_free: int = KEEP_FREE) -> None:
+                 durable: bool = True, clock: Clock | None = None, keep_free: int = KEEP_FREE,
+                 containers: Containers | None = None) -> None:
         self.key = key
         self.clock = clock or SystemClock()  # (a virtual one runs the file work inline: the simulator's)
         self.durable = durable  # (the simulator's devices share one disk: no sync of it per install)
@@ -132,6 +135,7 @@ class AppHelper:
         self.hidden = hidden
         self.keep_free = keep_free  # what an install leaves free on the disk of `root`
         self.systemd = systemd or Systemd()
+        self.containers = containers or Containers()
         self._lock = asyncio.Lock()
         root.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.server = HelperSocketServer(self._answer, _refusal, helper=HELPER, max_frame=MAX_FRAME,
@@ -230,7 +234,7 @@ class AppHelper:
         elif r.op == "check":
             return await self._check(r.name, record)
         elif r.op == "commit":
-            self._commit(r.name, record)
+            await self._commit(r.name, record)
         elif r.op == "revert":
             await self._revert(r.name, record)
         else:
@@ -309,9 +313,24 @@ class AppHelper:
             with contextlib.suppress(OSError):
                 partial.parent.rmdir()  # (an application never installed leaves nothing)
             raise AppInstallError(str(exc)) from None
-        assert app.unit is not None  # (a removal was refused above)
-        unit = render_unit(app.unit, name=m.name, version=m.version, files_dir=str(target / "files"),
-                           hidden=self.hidden)
+        if m.container is not None:
+            spec = m.container
+            machine = device_architecture(os.uname().machine)
+            if spec.architecture and spec.architecture != machine:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise AppInstallError(f"install {m.name} {m.version}: its image is for {spec.architecture}, this"
+                                      f" device is {machine}")
+            try:
+                self.containers.load(files / spec.image, spec.image_id, what=f"install {m.name} {m.version}")
+            except AppInstallError:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
+            unit = render_container_unit(spec, app=m.name, version=m.version, runtime=self.containers.runtime)
+            (partial / "image").write_text(spec.image_id)
+        else:
+            assert app.unit is not None  # (a removal was refused above)
+            unit = render_unit(app.unit, name=m.name, version=m.version, files_dir=str(target / "files"),
+                               hidden=self.hidden)
         (partial / "unit").write_text(unit)
         (partial / "health").write_bytes(msgspec.json.encode(m.health))
         (partial / "head").write_bytes(app.head)
@@ -349,6 +368,9 @@ class AppHelper:
             raise AppInstallError(f"check {name}: not installed here")
         target = self._version_dir(name, version)
         health = msgspec.json.decode((target / "health").read_bytes(), type=_Health)
+        if health.check == "container":
+            code, out = await self.containers.healthcheck(name, timeout_s=health.timeout_s)
+            return AppReply(ok=True, exit_code=code, output=out[-500:], apps=self.records())
         if health.check != "command":
             raise AppInstallError(f"check {name}: its health check is {health.check}, not a command")
         argv = list(health.command)
@@ -358,12 +380,12 @@ class AppHelper:
                                               timeout_s=health.timeout_s, hidden=self.hidden)
         return AppReply(ok=True, exit_code=code, output=out[-500:], apps=self.records())
 
-    def _commit(self, name: str, record: AppRecord) -> None:
+    async def _commit(self, name: str, record: AppRecord) -> None:
         if not record.trial:
             raise AppInstallError(f"commit {name}: no version is on trial")
         kept = AppRecord(current=record.trial, previous=record.current, health=record.health, removed=record.removed)
         self._keep(name, kept)
-        self._prune_below(name, kept.previous or kept.current)
+        await self._prune_below(name, kept.previous or kept.current)
         log.info("committed %s %s (kept %s to go back to)", name, kept.current, kept.previous or "nothing")
 
     async def _revert(self, name: str, record: AppRecord) -> None:
@@ -379,7 +401,7 @@ class AppHelper:
         else:
             self._keep(name, back)
             await self._drop_unit(name)
-        shutil.rmtree(self._version_dir(name, record.trial), ignore_errors=True)
+        await self._drop_versions(name, [self._version_dir(name, record.trial)])
         log.info("reverted %s %s: %s", name, record.trial, f"back on {record.current}" if record.current else "removed")
 
     async def _remove(self, name: str, head: bytes, record: AppRecord) -> None:
@@ -403,9 +425,8 @@ class AppHelper:
                                   " removal goes forward too)")
         if record.installed:
             await self._drop_unit(name)
-        for path in (self.root / name).iterdir() if (self.root / name).is_dir() else ():
-            if path.is_dir():
-                shutil.rmtree(path)
+        await self._drop_versions(name, [p for p in (self.root / name).iterdir() if p.is_dir()]
+                                  if (self.root / name).is_dir() else [])
         (self.root / name).mkdir(parents=True, exist_ok=True, mode=0o755)
         self._keep(name, AppRecord(removed=m.version))
         log.info("removed %s at %s (its data in /var/lib/%s is kept)", name, m.version, f"edge-apps/{name}")
@@ -415,16 +436,35 @@ class AppHelper:
         (self.unit_dir / self.unit_name(name)).unlink(missing_ok=True)
         await self.systemd.reload()
 
-    def _prune_below(self, name: str, oldest_kept: str) -> None:
+    async def _prune_below(self, name: str, oldest_kept: str) -> None:
         """The versions below `oldest_kept` removed (newer ones installed and not started stay)."""
         floor = Version.parse(oldest_kept)
+        older = []
         for path in (self.root / name).iterdir():
             try:
-                older = path.is_dir() and Version.parse(path.name) < floor
+                if path.is_dir() and Version.parse(path.name) < floor:
+                    older.append(path)
             except EdgeAgentError:
-                older = False
-            if older:
-                shutil.rmtree(path, ignore_errors=True)
+                continue
+        await self._drop_versions(name, older)
+
+    async def _drop_versions(self, name: str, paths: list[Path]) -> None:
+        """The version directories `paths` of `name` removed, and each container image only they
+        used removed from the runtime's storage (its volumes, the application's data, stay)."""
+        def image(path: Path) -> str:
+            try:
+                return (path / "image").read_text().strip()
+            except OSError:
+                return ""
+
+        dropped = {image(p) for p in paths} - {""}
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+        if not dropped:
+            return
+        still = {image(p) for p in (self.root / name).iterdir() if p.is_dir()} if (self.root / name).is_dir() else set()
+        for image_id in sorted(dropped - still):
+            await self.containers.forget(image_id)
 
 
 class _Health(msgspec.Struct, frozen=True):

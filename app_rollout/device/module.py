@@ -17,6 +17,8 @@ Health checks, each within the bundle's `timeout_s`:
     active    the unit active and not restarted for `settle_s`
     http      the unit active, then a 2xx answer from its loopback URL, then `settle_s` more active
     command   the unit active for `settle_s`, then its command exits 0 (run as the application)
+    container the unit active for `settle_s`, then the container's own healthcheck passes (asked
+              again until it does: the image's start period is its own)
 """
 
 from __future__ import annotations
@@ -263,16 +265,22 @@ class AppModule:
                 elif steady_since is None:
                     steady_since = self.clock.monotonic()
                 if answered and steady_since is not None and self.clock.monotonic() - steady_since >= health.settle_s:
-                    if health.check != "command":
+                    if health.check not in ("command", "container"):
                         return ""
                     check = await self.helper.ask("check", name)
-                    return "" if check.exit_code == 0 else (f"its command exited {check.exit_code}:"
-                                                            f" {check.output.strip()[-200:]}")
+                    if check.exit_code == 0:
+                        return ""
+                    last = f"exit {check.exit_code}: {check.output.strip()[-200:]}"
+                    if health.check == "command":
+                        return f"its command exited {last[5:]}"
+                    # (a container's check runs until it passes: its start period is the image's)
             else:
                 steady_since = None
             await self.clock.sleep(POLL_S)
         if health.check == "http" and not answered:
             return f"{health.url} did not answer 2xx within {health.timeout_s:g}s ({last or 'no answer'})"
+        if health.check == "container" and last:
+            return f"its container's healthcheck did not pass within {health.timeout_s:g}s (last {last})"
         return f"not active for {health.settle_s:g}s within {health.timeout_s:g}s"
 
     def states(self) -> dict[str, AppState] | None:
