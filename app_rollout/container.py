@@ -196,6 +196,7 @@ def render_container_unit(spec: ContainerSpec, *, app: str, version: str, runtim
         "RestartSec=5",
         f"TimeoutStopSec={int(spec.stop_grace_s) + 60}",
         "TimeoutStartSec=600",
+        f"ExecStartPre=/bin/rm -f {CONTAINER_ID_FILE}",
         f"ExecStart={run}",
         f"ExecStop={runtime} stop --ignore -t {int(spec.stop_grace_s)} --cidfile={CONTAINER_ID_FILE}",
         f"ExecStopPost={runtime} rm -f --ignore -t {int(spec.stop_grace_s)} --cidfile={CONTAINER_ID_FILE}",

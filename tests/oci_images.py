@@ -94,7 +94,7 @@ services:
       - -c
       - >-
         echo $APP_VERSION >> /data/starts; echo WEB: $APP_VERSION up starts=$(wc -l < /data/starts);
-        exec httpd -f -p 8080 -h /www
+        trap 'exit 0' TERM; httpd -f -p 8080 -h /www & wait
     network_mode: none
     volumes:
       - data:/data

@@ -48,6 +48,7 @@ def test_a_container_bundle_carries_the_spec_of_its_compose_service_and_its_imag
                  '"--security-opt=no-new-privileges"', f'"{spec.image_id}"', '"echo $$APP_VERSION >> /data/starts;'):
         assert word in start, word
     assert "Type=notify" in unit and "--cidfile=%t/%n.ctr-id" in unit
+    assert "ExecStartPre=/bin/rm -f %t/%n.ctr-id" in unit  # (a container killed on its stop leaves it)
 
 
 REFUSED = [
@@ -125,7 +126,7 @@ class RecordingContainers(Containers):
     recorded, the health check answers `healthy` (the board test runs the real podman)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(via=())
         self.loaded: list[str] = []
         self.forgotten: list[str] = []
         self.healthy = True
@@ -186,12 +187,12 @@ def test_podman_loads_the_archive_and_an_image_of_another_id_is_refused(tmp_path
     src = web_app(tmp_path, "1.0.0", healthy=True)
     archive = src / "files" / "images" / "web.tar"
     image_id = read_archive(archive, source="web.tar").image_id
-    runtime = Containers(shutil.which("podman") or "podman")
+    runtime = Containers(shutil.which("podman") or "podman", via=())  # (no systemd here to run it beside)
     runtime.load(archive, image_id, what="install web 1.0.0")  # real podman: loaded, the ID checked
     with pytest.raises(AppInstallError, match="the archive's image is not sha256:"):
         runtime.load(archive, "0" * 64, what="install web 1.0.0")
     with pytest.raises(AppInstallError, match="not installed: this device runs no container application"):
-        Containers(str(tmp_path / "no-podman")).load(archive, image_id, what="install web 1.0.0")
+        Containers(str(tmp_path / "no-podman"), via=()).load(archive, image_id, what="install web 1.0.0")
 
 
 class FlakyContainers(RecordingContainers):
@@ -243,3 +244,17 @@ async def test_a_container_is_healthy_once_its_own_check_passes_within_the_timeo
         assert "its container's healthcheck did not pass within 3s (last exit 1: starting)" in said[-1][1]
     else:
         assert runtime.asked == 3
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze") or not Path("/usr/bin/podman").is_file(),
+                    reason="needs systemd-analyze and podman")
+def test_systemd_analyze_verify_says_nothing_about_a_container_unit(tmp_path: Path) -> None:
+    import subprocess
+
+    key, _, _ = fleet_key(tmp_path / "keys")
+    built = build_bundle(web_app(tmp_path, "1.0.0", healthy=True), key, tmp_path / "web.eaapp")
+    assert built.manifest.container is not None
+    unit = tmp_path / "edge-app-web.service"
+    unit.write_text(render_container_unit(built.manifest.container, app="web", version="1.0.0"))
+    proc = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=120)
+    assert "edge-app-web" not in proc.stdout + proc.stderr and proc.returncode == 0, proc.stdout + proc.stderr
