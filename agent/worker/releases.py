@@ -454,6 +454,7 @@ class ReleaseModule:
             self._stand("reverting", failed=str(exc))
             return HealthResult(False, f"release {name} {version}: {exc}")
         self._trial_at_ms = self.clock.now_ms()
+        await self._apps_restored()
         self._stand("converging")
         await report(journal.rollout_id, version, "verifying", "converging",
                      f"firmware {checked.parts['firmware'].version} booted on trial: converging {document.says()}")
@@ -469,6 +470,16 @@ class ReleaseModule:
                  f" {(self._trial_at_ms - journal.started_ms) / 1000:.1f} s" if journal.started_ms else ""
         self._stand("firmware_commit", figures=self._figures(*([booted] if booted else [])))
         return HealthResult(True, f"release {name} {version}: every part healthy")
+
+    async def _apps_restored(self) -> None:
+        """On a new slot's first boot the application helper writes back the units this root
+        file system lacks and reloads systemd before it answers: the other parts converge after
+        that (a reload while a config target is applied can drop the path unit's trigger that
+        makes its service read the new file)."""
+        apps = self.apps
+        if apps is not None:
+            with contextlib.suppress(EdgeAgentError, OSError):
+                await apps.module.helper.records()
 
     async def claims(self, report: RolloutReport) -> bool:
         """The updater's reports of the release's firmware: said as the release's; its outcome
