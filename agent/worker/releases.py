@@ -293,6 +293,7 @@ class ReleaseModule:
         loop = asyncio.get_running_loop()
         run = self._converging = _Converging(loop.create_future())
         try:
+            await self._apps_restored()
             return await self._stages(rid, checked, run)
         except asyncio.CancelledError:
             self.abandon()  # (the agent stopping: its parts' journals say what the next start settles)
@@ -454,7 +455,6 @@ class ReleaseModule:
             self._stand("reverting", failed=str(exc))
             return HealthResult(False, f"release {name} {version}: {exc}")
         self._trial_at_ms = self.clock.now_ms()
-        await self._apps_restored()
         self._stand("converging")
         await report(journal.rollout_id, version, "verifying", "converging",
                      f"firmware {checked.parts['firmware'].version} booted on trial: converging {document.says()}")
@@ -473,9 +473,9 @@ class ReleaseModule:
 
     async def _apps_restored(self) -> None:
         """On a new slot's first boot the application helper writes back the units this root
-        file system lacks and reloads systemd before it answers: the other parts converge after
-        that (a reload while a config target is applied can drop the path unit's trigger that
-        makes its service read the new file)."""
+        file system lacks and reloads systemd before it answers: the parts converge after that
+        (a reload while a config target is applied can drop the path unit's trigger that makes
+        its service read the new file)."""
         apps = self.apps
         if apps is not None:
             with contextlib.suppress(EdgeAgentError, OSError):
