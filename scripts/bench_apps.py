@@ -29,13 +29,19 @@ target besides, taking three releases of its whole state (tests/board/test_board
     R1, R2                       {state, seconds, parts}: from `rollout start` to `succeeded`, and
                                  each part's time to its hold as the device says it (R1: firmware
                                  1.0.0 runs already; R2: firmware 2.0.0 booted on trial, then the
-                                 config and hello 2.0.0 on that boot)
-    R2.fetched                   {firmware, app}: bytes the device downloaded of each part
-    R3                           {state, seconds, rollback_s}: hello 3.0.0 answers 500 on the trial
-                                 boot of slot A: from the trial boot's convergence to the board
-                                 running R2 again in every part (a reboot back into B)
+                                 config and web 2.0.0 on that boot). The application is the
+                                 container application web (tests/oci_images.py), run by podman:
+                                 an OCI image of busybox and 8 MiB that never change (its base
+                                 layer) and a small layer of its own
+    R2.fetched                   {firmware, app}: bytes the device downloaded of each part (of the
+                                 app: the chunks of the image's changed layer and its manifest)
+    R3                           {state, seconds, rollback_s}: web 3.0.0's container fails its
+                                 health check on the trial boot of slot A: from the trial boot's
+                                 convergence to the board running R2 again in every part (a reboot
+                                 back into B)
     baseline                     {firmware_bytes_full, app_bytes_full}: the parts' whole files
-    agent_rss_mb                 as above
+    agent_rss_mb                 the agent's resident memory once the container runs (the board's
+                                 board-rss@web.service, started with the application's unit)
 
     python scripts/bench_apps.py --release [--timeout-s 30]
 
@@ -121,7 +127,8 @@ def bench_release(args: argparse.Namespace, tmp: Path, mosquitto: Mosquitto) -> 
             started = time.time()
             start_rollout(tmp, db, name.lower(), document, kind="release")
             out[name] = release_steps(db, name.lower(), started)
-            line = board.wait_for("HELLO: 2.0.0 up" if name == "R3" else f"HELLO: {apps_of(name)} up", since=mark)
+            board.wait_for("WEB: 2.0.0 up" if name == "R3" else f"WEB: {apps_of(name)} up", since=mark)
+            line = board.wait_for("BOARD-RSS: agent_rss_kb=", since=mark)
             rss = re.search(r"agent_rss_kb=(\d+)", line)
             if rss:
                 out["agent_rss_mb"] = round(int(rss.group(1)) / 1024, 1)

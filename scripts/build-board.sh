@@ -4,10 +4,11 @@
 #
 #   scripts/build-board.sh --deb dist/edge-agent_0.1.0_amd64.deb --config agent.toml --out DIR
 #       [--arch amd64] [--hostname board] [--version 1.0.0] [--rauc-keyring CERT.pem]
-#       [--slot-only] [--pi] [--add SRC:DEST[:MODE[:OWNER]] ...]
+#       [--slot-only] [--pi] [--containers] [--add SRC:DEST[:MODE[:OWNER]] ...]
 #   -> DIR/disk.img (the whole disk) and DIR/rootfs.img (one slot's image: what a RAUC bundle of
 #      this version carries), with the slot's vmlinuz and initrd.img beside; --slot-only makes no
-#      disk; --pi (arm64) makes only rootfs.img, one root file system for a Raspberry Pi
+#      disk; --pi (arm64) makes only rootfs.img, one root file system for a Raspberry Pi;
+#      --containers adds Debian's podman (container applications; its storage on the data partition)
 #
 # The base (Debian's packages: systemd, udev, a kernel, python3.11, RAUC, GRUB) is made by
 # mmdebstrap once and kept as a tarball in $EDGE_AGENT_CACHE (default /var/cache/edge-agent-bench),
@@ -20,8 +21,8 @@
 #                  2 rootfs A, 3 rootfs B (the slots RAUC writes; the board starts on A)
 #                  4 data (/data: the agent's and the helper's state, RAUC's, the applications and
 #                    their data; bind-mounted on /var/lib/edge-agent, /var/lib/edge-agent-installer,
-#                    /var/lib/edge-agent-apps and /var/lib/private (systemd's DynamicUser state), so
-#                    they outlive a slot)
+#                    /var/lib/edge-agent-apps, /var/lib/private (systemd's DynamicUser state) and
+#                    /var/lib/containers (podman's images and volumes), so they outlive a slot)
 # amd64: GRUB (in the MBR, its files on an ext4 boot partition) runs RAUC's GRUB logic (ORDER, x_OK,
 # x_TRY in grubenv): the first slot in ORDER that is OK and not yet tried boots and is marked
 # tried; the agent's commit (`rauc status mark-good`) clears the mark. A slot that did not come up
@@ -51,6 +52,7 @@ VERSION="1.0.0"
 KEYRING=""
 SLOT_ONLY=0
 PI=0
+CONTAINERS=0
 ADDS=()
 BOOT_MB=64
 SLOT_MB=1536
@@ -70,8 +72,9 @@ while [ $# -gt 0 ]; do
         --rauc-keyring) [ $# -ge 2 ] || die "--rauc-keyring needs a value"; KEYRING="$2"; shift 2 ;;
         --slot-only) SLOT_ONLY=1; shift ;;
         --pi) PI=1; shift ;;
+        --containers) CONTAINERS=1; shift ;;
         --add) [ $# -ge 2 ] || die "--add needs SRC:DEST"; ADDS+=("$2"); shift 2 ;;
-        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -97,6 +100,7 @@ if [ "$ARCH" = arm64 ] && [ "$PI" = 0 ] && [ "$SLOT_ONLY" = 0 ]; then
 fi
 
 PACKAGES="systemd,systemd-sysv,udev,$KERNEL,wireless-regdb,python3.11,procps,iproute2,ca-certificates,dbus,kmod$BOOT_PACKAGES"
+[ "$CONTAINERS" = 0 ] || PACKAGES="$PACKAGES,podman"
 # The initramfs holds the modules that find the root file system on QEMU's disk, not "most" of
 # them: a sixth of the size, and seconds of every boot under emulation (set before the kernel's
 # package makes it; the list is read from initramfs-tools' modules.d)
@@ -197,9 +201,10 @@ $BOOT_MOUNT
 /data/edge-agent-installer	/var/lib/edge-agent-installer	none	bind	0	0
 /data/edge-agent-apps	/var/lib/edge-agent-apps	none	bind	0	0
 /data/private	/var/lib/private	none	bind	0	0
+/data/containers	/var/lib/containers	none	bind	0	0
 FSTAB
 mkdir -p "$root/boot/grub" "$root/boot/firmware" "$root/data" "$root/var/lib/edge-agent-installer" "$root/etc/rauc" \
-    "$root/var/lib/edge-agent-apps" "$root/var/lib/private"
+    "$root/var/lib/edge-agent-apps" "$root/var/lib/private" "$root/var/lib/containers"
 [ -z "$KEYRING" ] || install -m 0644 "$KEYRING" "$root/etc/rauc/keyring.pem"
 cat > "$root/etc/rauc/system.conf" <<CONF
 [system]
@@ -235,7 +240,7 @@ if [ "$SLOT_ONLY" = 1 ]; then echo "$OUT/rootfs.img"; exit 0; fi
 data="$tmp/data"
 install -d -m 0755 "$data"
 install -d -m 0750 -o "$(chroot "$root" id -u edge-agent)" -g "$(chroot "$root" id -g edge-agent)" "$data/edge-agent"
-install -d -m 0700 "$data/edge-agent-installer" "$data/rauc" "$data/private"
+install -d -m 0700 "$data/edge-agent-installer" "$data/rauc" "$data/private" "$data/containers"
 install -d -m 0755 "$data/edge-agent-apps"
 mkfs.ext4 -q -F -L data -d "$data" "$tmp/data.img" "${DATA_MB}M"
 

@@ -1,23 +1,25 @@
 """A device on the bench, releases: the whole desired state of a booted A/B board (its root file
-system through RAUC and the root install helper, a configuration target its service reloads, and an
-application the root application helper runs under systemd), rolled out from the host's leader as
-one signed release each time, all or nothing.
+system through RAUC and the root install helper, a configuration target its service reloads, and a
+container application the root application helper runs with podman under systemd), rolled out from
+the host's leader as one signed release each time, all or nothing.
 
-- R1 (firmware 1.0.0, the version the board runs; config app 1.0.0; hello 1.0.0) converges without
-  a reboot: the configuration is confirmed and held, the application healthy on trial, then both
-  are committed.
-- R2 (firmware 2.0.0, config app 1.1.0, hello 2.0.0) converges across a reboot: RAUC writes slot B,
+- R1 (firmware 1.0.0, the version the board runs; config app 1.0.0; web 1.0.0) converges without
+  a reboot: the configuration is confirmed and held, the container healthy on trial (its image's
+  own health check), then both are committed.
+- R2 (firmware 2.0.0, config app 1.1.0, web 2.0.0) converges across a reboot: RAUC writes slot B,
   GRUB boots it on trial, and on that boot the configuration and the application converge and are
-  held; all healthy, the slot is marked good, then the others are committed. hello 2.0.0's files
-  are 1.0.0's: copied on the device, none fetched.
-- R3 (firmware 3.0.0, config app 1.2.0, hello 3.0.0 whose health URL answers 500) boots slot A on
-  trial and converges there: the configuration is applied and held, the application fails its
-  health check; the configuration is written back, the application taken back, the trial boot not
-  committed: the board boots B again and runs R2 in every part, firmware included. The leader
-  names the part that failed, and says the board runs R2 whole."""
+  held; all healthy, the slot is marked good, then the others are committed. web 2.0.0's image
+  shares its base layer with 1.0.0's: the device fetches the chunks of the layer that changed, and
+  the container finds the data its volume kept.
+- R3 (firmware 3.0.0, config app 1.2.0, web 3.0.0 whose container fails its health check) boots
+  slot A on trial and converges there: the configuration is applied and held, the application
+  fails its health check; the configuration is written back, the application taken back, the
+  trial boot not committed: the board boots B again and runs R2 in every part, firmware included.
+  The leader names the part that failed, and says the board runs R2 whole."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -74,7 +76,7 @@ def test_releases_converge_whole_and_a_failing_one_returns_every_part_firmware_i
             done = the_device(rollout_end(db, "r1"))
             assert done["state"] == "succeeded" and "release board 1.0.0 converged" in done["detail"], done
             board.wait_for("BOARD-APP: loaded mode=r1", since=mark)
-            board.wait_for("HELLO: 1.0.0 up", since=mark)
+            board.wait_for("WEB: 1.0.0 up starts=1", since=mark)
             assert board.boots() == ["A"]
 
             # R2: a new root file system, booted on trial; the others converge on that boot
@@ -84,13 +86,17 @@ def test_releases_converge_whole_and_a_failing_one_returns_every_part_firmware_i
             story = device_story(db, "r2")
             assert done["state"] == "succeeded", story
             assert board.boots() == ["A", "B"], (board.boots(), story)
-            # each part's time to its hold; hello 2.0.0's files are 1.0.0's: none fetched
+            # each part's time to its hold; web 2.0.0's image: the chunks of its changed layer fetched
             assert "firmware 2.0.0 booted on trial after" in done["detail"], done
-            assert "config:app held after" in done["detail"] and "(fetched 0 bytes" in done["detail"], done
+            assert "config:app held after" in done["detail"], done
+            fetched = re.search(r"app:web held after [\d.]+ s \(fetched (\d+) bytes, reused (\d+)\)", done["detail"])
+            assert fetched, done
+            assert int(fetched.group(1)) < board_set.apps["2.0.0"].stat().st_size // 8 < int(fetched.group(2)), done
             after = board.report(since=board.last_boot())
             assert after["slot"] == "B version 2.0.0" and after["agent"] == "active 0 restarts", after
             board.wait_for("BOARD-APP: loaded mode=r2", since=mark)
-            board.wait_for("HELLO: 2.0.0 up", since=mark)
+            line = board.wait_for("WEB: 2.0.0 up", since=mark)
+            assert int(line.rsplit("starts=", 1)[1].split()[0]) >= 2, line  # its volume kept 1.0.0's start
 
             # R3: its application fails on the trial boot of slot A: every part back on R2
             mark = board.mark()
@@ -98,18 +104,19 @@ def test_releases_converge_whole_and_a_failing_one_returns_every_part_firmware_i
             done = the_device(rollout_end(db, "r3"))
             story = device_story(db, "r3")
             assert done["state"] == "rolled_back", story
-            assert "app:hello failed: hello 3.0.0 failed its health check" in done["detail"], done
-            assert "500" in done["detail"] and "taken back whole" in done["detail"], done
+            assert "app:web failed: web 3.0.0 failed its health check" in done["detail"], done
+            assert "its container's healthcheck did not pass" in done["detail"], done
+            assert "taken back whole" in done["detail"], done
             # (decided on the trial boot and said before its reboot: the board boots B again)
             wait_for(lambda: len(board.boots()) == 4, "the board to boot again", limit_s=900)
             assert board.boots() == ["A", "B", "A", "B"], (board.boots(), story)
             board.wait_for("BOARD-APP: loaded mode=r3", since=mark)  # applied and held on the trial boot...
-            board.wait_for("HELLO: 3.0.0 up", since=mark)
+            board.wait_for("WEB: 3.0.0 up", since=mark)
             back = board.report(since=board.last_boot())
             assert back["slot"] == "B version 2.0.0" and back["agent"].startswith("active"), back
             loaded = [line for line in board.text(board.last_boot()).splitlines() if "BOARD-APP: loaded" in line]
             assert loaded and loaded[-1].endswith("loaded mode=r2"), loaded  # ...and written back
-            board.wait_for("HELLO: 2.0.0 up", since=board.last_boot())
+            board.wait_for("WEB: 2.0.0 up", since=board.last_boot())
             said = "release: board 1.1.0 (rollout r2): runs every part of it"
             wait_for(lambda: said in cli("status", "--device", DEVICE, "--db", str(db)).stdout,
                      "the leader to say the board runs R2 whole", limit_s=300)
