@@ -18,6 +18,7 @@ import msgspec
 from agent.core.errors import CodecError
 from agent.leader.readonly import LeaderDb
 from agent.protocol import AppState, ConfigState
+from release_rollout.document import peek_release
 from release_rollout.errors import ReleaseError
 from release_rollout.kind import admitted
 
@@ -61,25 +62,55 @@ def _releases(db: LeaderDb) -> list[tuple[str, str, str, Parts]]:
     return found
 
 
+def _held(kind: str, name: str, firmware: str, configs: Mapping[str, ConfigState] | None,
+          apps: Mapping[str, AppState] | None) -> str:
+    """The version of a part a device states it runs ("" none)."""
+    if kind == "firmware":
+        return firmware
+    if kind == "config":
+        state = (configs or {}).get(name)
+        return state.version if state is not None else ""
+    app = (apps or {}).get(name)
+    return app.version if app is not None else ""
+
+
 def drift_of(parts: Parts, firmware: str, configs: Mapping[str, ConfigState] | None,
              apps: Mapping[str, AppState] | None) -> list[str]:
     """What of `parts` a device no longer runs, as its heartbeats state it, in a few words each."""
     drift = []
     for pid, kind, name, version in parts:
-        if kind == "firmware":
-            held = firmware
-        elif kind == "config":
-            state = (configs or {}).get(name)
-            held = state.version if state is not None else ""
-            if state is not None and held == version and state.drifted:
-                drift.append(f"{pid} {version}: {', '.join(state.drifted)} changed on the device")
-                continue
-        else:
-            app = (apps or {}).get(name)
-            held = app.version if app is not None else ""
-        if held != version:
+        held = _held(kind, name, firmware, configs, apps)
+        state = (configs or {}).get(name) if kind == "config" else None
+        if state is not None and held == version and state.drifted:
+            drift.append(f"{pid} {version}: {', '.join(state.drifted)} changed on the device")
+        elif held != version:
             drift.append(f"{pid} runs {held or 'nothing'}, the release says {version}")
     return drift
+
+
+def changes_of(parts: Parts, firmware: str, configs: Mapping[str, ConfigState] | None,
+               apps: Mapping[str, AppState] | None) -> list[str]:
+    """What a release would change on a device, part by part ("firmware 1.0.0 → 1.1.0"), as its
+    heartbeats state what it runs; a part it runs already is not named."""
+    return [f"{pid} {held or 'none'} → {version}" for pid, kind, name, version in parts
+            if (held := _held(kind, name, firmware, configs, apps)) != version]
+
+
+def plan_changes(db: LeaderDb, release: bytes, devices: list[str]) -> dict[str, str]:
+    """device -> what the release would change on it (`rollout start --dry-run` of a release)."""
+    try:
+        document = peek_release(release)
+    except (ReleaseError, CodecError):
+        return {}
+    parts: Parts = [(p.id, str(p.kind), p.name, p.version) for p in document.parts]
+    configs = {device: states for device, (_tags, states) in db.registry.config_states().items()}
+    apps = db.registry.app_states()
+    _, lines = db.registry.page(among=devices, limit=0)
+    changes = {}
+    for line in lines:
+        said = changes_of(parts, line.firmware_version, configs.get(line.device_id), apps.get(line.device_id))
+        changes[line.device_id] = ", ".join(said) if said else "runs every part already (succeeds at once)"
+    return changes
 
 
 def device_release(db: LeaderDb, device_id: str, firmware: str, configs: Mapping[str, ConfigState] | None,
@@ -122,4 +153,5 @@ def fleet_releases(db: LeaderDb) -> list[ReleaseCount]:
     return counts
 
 
-__all__ = ["DeviceRelease", "ReleaseCount", "device_release", "drift_of", "fleet_releases"]
+__all__ = ["DeviceRelease", "ReleaseCount", "changes_of", "device_release", "drift_of", "fleet_releases",
+           "plan_changes"]

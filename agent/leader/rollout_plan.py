@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.core.clock import SystemClock
 from agent.core.errors import RolloutError
 from agent.core.sql import ServerUrl
-from agent.leader.readonly import open_leader_db
+from agent.leader.readonly import LeaderDb, open_leader_db
 from agent.leader.rollout_kinds import traits_of
 from rollout_engine.kinds import Described
 from rollout_engine.plan import DeviceInfo, exclusion, plan_waves
@@ -26,6 +26,7 @@ class Plan:
     waves: list[list[str]]
     left_out: list[tuple[str, str]]  # (device, why), sorted by device
     warnings: list[str] = field(default_factory=list)  # what the start goes on despite (a downgrade for some)
+    changes: dict[str, str] = field(default_factory=dict)  # device -> what a release changes on it, part by part
 
     def summary(self) -> str:
         sizes = ", ".join(str(len(w)) for w in self.waves)
@@ -53,6 +54,8 @@ def render_plan(rid: str, spec: RolloutSpec, manifest: Described, plan: Plan,
     for n, wave in enumerate(plan.waves, 1):
         label = " (canary)" if n == 1 and spec.waves.canary else ""
         lines.append(f"wave {n}{label}: {len(wave)} device{'s' if len(wave) != 1 else ''}: {listed(wave)}")
+        if plan.changes:
+            lines += [f"  {device}  {plan.changes.get(device, '?')}" for device in wave[:SHOWN]]
     if plan.left_out:
         lines.append(f"left out: {len(plan.left_out)}")
         lines += [f"  {device}  {why}" for device, why in plan.left_out[:SHOWN]]
@@ -81,6 +84,7 @@ def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | ServerUrl) -
                               facts=tuple(sorted(line.facts.items())),
                               apps=tuple(sorted((n, a.version) for n, a in apps.get(line.device_id, {}).items())))
                    for line in lines]
+        changes = _release_changes(leader, spec, [line.device_id for line in lines])
     left_out = [(d.device_id, why) for d in devices
                 if (why := exclusion(spec, d, target_version=version, now_ms=now_ms))]
     known = {d.device_id for d in devices}
@@ -100,11 +104,21 @@ def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | ServerUrl) -
     check = traits.check_targets
     warnings = check(manifest, spec.rollout.artifact, [by_id[t] for t in targets]) if check is not None else []
     try:
-        return Plan(plan_waves(spec, targets), left_out, warnings)
+        return Plan(plan_waves(spec, targets), left_out, warnings, changes)
     except RolloutError as exc:
         # a device seen only by its presence has no version until its first heartbeat
         raise RolloutError(f"{exc} [{len(targets)} of the {len(devices)} devices the leader knows are targeted; "
                            f"versions: {seen}]") from None
+
+
+def _release_changes(leader: LeaderDb, spec: RolloutSpec, devices: list[str]) -> dict[str, str]:
+    """A release's change on each device, part by part (other kinds: none)."""
+    if spec.rollout.kind != "release":
+        return {}
+    from agent.leader.release_view import plan_changes
+    from release_rollout.kind import read_document
+
+    return plan_changes(leader, read_document(Path(spec.rollout.artifact)), devices)
 
 
 __all__ = ["SHOWN", "Plan", "plan_rollout", "render_plan"]

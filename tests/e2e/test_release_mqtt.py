@@ -75,13 +75,16 @@ def test_a_release_converges_whole_and_a_bad_one_returns_every_part(tmp_path: Pa
     db = tmp_path / "gw" / "leader.db"
     cli = [sys.executable, "-m", "agent.cli"]
 
-    def roll(rid: str, document: Path) -> dict[str, Any]:
+    def start(rid: str, document: Path, *dry_run: str) -> subprocess.CompletedProcess[str]:
         spec = tmp_path / f"{rid}.toml"
         spec.write_text(f'[rollout]\nname = "gateway"\nkind = "release"\nartifact = "{document}"\n'
                         '[waves]\ncanary = 1\npercents = [100.0]\n[device]\ntimeout_s = 240\n'
                         '[gates]\nfailure_threshold_pct = 10.0\nfailure_action = "abort"\n')
-        started = subprocess.run([*cli, "rollout", "start", str(spec), "--db", str(db), "--id", rid],
-                                 capture_output=True, text=True, env=env, timeout=60)
+        return subprocess.run([*cli, "rollout", "start", str(spec), "--db", str(db), "--id", rid, *dry_run],
+                              capture_output=True, text=True, env=env, timeout=60)
+
+    def roll(rid: str, document: Path) -> dict[str, Any]:
+        started = start(rid, document)
         assert started.returncode == 0, started.stdout + started.stderr
         deadline = time.monotonic() + 400
         while True:
@@ -118,6 +121,10 @@ def test_a_release_converges_whole_and_a_bad_one_returns_every_part(tmp_path: Pa
             time.sleep(0.5)
 
         r3 = _release(tmp_path / "r3", keys.private, version="1.2.0", firmware="1.2.0", document="mode = 'bad'\n")
+        plan = start("r3", r3, "--dry-run")  # each device's change, part by part; nothing starts
+        assert plan.returncode == 0, plan.stderr
+        for name in DEVICES:
+            assert f"  {name}  firmware 1.1.0 → 1.2.0, config:app 1.1.0 → 1.2.0\n" in plan.stdout, plan.stdout
         data = roll("r3", r3)
         assert data["state"] == "aborted", data
         by_state = {d["state"]: d for d in data["device_list"]}
