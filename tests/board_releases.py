@@ -36,6 +36,8 @@ def board_files(tmp: Path, version: str, port: int, public: Path) -> tuple[Path,
                   (HERE / "board-config-targets.conf",
                    "/etc/systemd/system/edge-agent.service.d/config-targets.conf:0644"),
                   *((HERE / unit, f"/etc/systemd/system/{unit}:0644") for unit in UNITS),
+                  (HERE / "board-emulated-start.conf",
+                   "/etc/systemd/system/edge-agent.service.d/emulated-start.conf:0644"),
                   (HERE / "board-rss", "/usr/local/sbin/board-rss:0755"),
                   (HERE / "board-rss@.service", "/etc/systemd/system/board-rss@.service:0644"),
                   (HERE / "board-rss.conf", "/etc/systemd/system/edge-app-web.service.d/board-rss.conf:0644"))
