@@ -57,6 +57,7 @@ import msgspec
 from agent.core.files import atomic_write
 from app_rollout.container import ContainerSpec, check_container
 from app_rollout.errors import AppBundleError, BundleSignature, MalformedBundle
+from app_rollout.fields import FilePath, Sha256Hex
 from app_rollout.unit import AppUnit, check_unit
 from rollout_engine.errors import InvalidVersion, WrongKey
 from rollout_engine.keys import KEY_ID_SIZE, SIGNATURE_SIZE, SigningKey, Verifier, signer_of
@@ -74,9 +75,6 @@ CHUNK_MIN, CHUNK_AVG, CHUNK_MAX = 16 * 1024, 64 * 1024, 256 * 1024  # FastCDC bo
 CHUNKED_FROM = 2 * CHUNK_AVG  # a smaller file is fetched whole when it changed
 
 AppName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
-FilePath = Annotated[str, msgspec.Meta(max_length=255, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}"
-                                                               r"(/[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}){0,7}$")]
-Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 _LOOPBACK_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5}(/[\x21-\x7e]{0,200})?$")
 
 
@@ -174,7 +172,7 @@ def _check(manifest: AppManifest, source: str) -> AppUnit | None:
         raise MalformedBundle(f"{source}: {sorted(dirs & set(paths))[0]} is both a file and a directory")
     health = manifest.health
     if manifest.container is not None:
-        check_container(manifest.container, {f.path: f.mode for f in manifest.files}, source=source)
+        check_container(manifest.container, frozenset(paths), source=source)
         if health.check == "container" and manifest.container.healthcheck is None:
             raise MalformedBundle(f"{source}: health.check container: the compose service has no healthcheck")
         if health.check == "command":

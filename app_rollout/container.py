@@ -23,12 +23,10 @@ from typing import Annotated, Literal
 import msgspec
 
 from app_rollout.errors import MalformedBundle
+from app_rollout.fields import FilePath, Sha256Hex
 
 PODMAN = "/usr/bin/podman"
 CONTAINER_ID_FILE = "%t/%n.ctr-id"
-Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
-FilePath = Annotated[str, msgspec.Meta(max_length=255, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}"
-                                                               r"(/[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}){0,7}$")]
 # a path inside the container: absolute, no `..`, printable, no quote or specifier
 ContainerPath = Annotated[str, msgspec.Meta(max_length=255,
                                              pattern=r"^(/(?!\.\.?(/|$))[A-Za-z0-9_.+@-]{1,64}){1,16}$|^/$")]
@@ -90,8 +88,8 @@ class ContainerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     stop_grace_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
 
 
-def check_container(spec: ContainerSpec, files: dict[str, int], *, source: str) -> None:
-    """What a spec must also be beside its bundle's `files` (path -> mode): its image one of
+def check_container(spec: ContainerSpec, files: frozenset[str], *, source: str) -> None:
+    """What a spec must also be beside its bundle's `files` (their paths): its image one of
     them, each volume and port once, a container path mounted once."""
     if spec.image not in files:
         raise MalformedBundle(f"{source}: container.image {spec.image!r}: not a file of the bundle")
@@ -182,7 +180,6 @@ def render_container_unit(spec: ContainerSpec, *, app: str, version: str, runtim
     argv = run_arguments(spec, app=app, version=version, runtime=runtime)
     fixed = argv[:3]  # the runtime, "run" and the container ID file (`%t/%n`: systemd's specifiers)
     run = " ".join([*fixed, *(_quoted(a) for a in argv[3:])])
-    restart = {"no": "no", "on-failure": "on-failure", "always": "always"}[spec.restart]
     return "\n".join([
         f"# edge-app-{app}.service: application {app} {version} (container), written by edge-agent (do not edit)",
         "[Unit]",
@@ -192,7 +189,7 @@ def render_container_unit(spec: ContainerSpec, *, app: str, version: str, runtim
         "",
         "[Service]",
         "Environment=PODMAN_SYSTEMD_UNIT=%n",
-        f"Restart={restart}",
+        f"Restart={spec.restart}",
         "RestartSec=5",
         f"TimeoutStopSec={int(spec.stop_grace_s) + 60}",
         "TimeoutStartSec=600",

@@ -96,20 +96,20 @@ def changes_of(parts: Parts, firmware: str, configs: Mapping[str, ConfigState] |
             if (held := _held(kind, name, firmware, configs, apps)) != version]
 
 
-def plan_changes(db: LeaderDb, release: bytes, devices: list[str]) -> dict[str, str]:
-    """device -> what the release would change on it (`rollout start --dry-run` of a release)."""
+def plan_changes(db: LeaderDb, release: bytes, firmware: Mapping[str, str],
+                 apps: Mapping[str, Mapping[str, AppState]]) -> dict[str, str]:
+    """device -> what the release would change on it (`rollout start --dry-run` of a release);
+    `firmware` and `apps`: what each device runs, as the plan read them from the registry."""
     try:
         document = peek_release(release)
     except (ReleaseError, CodecError):
         return {}
     parts: Parts = [(p.id, str(p.kind), p.name, p.version) for p in document.parts]
     configs = {device: states for device, (_tags, states) in db.registry.config_states().items()}
-    apps = db.registry.app_states()
-    _, lines = db.registry.page(among=devices, limit=0)
     changes = {}
-    for line in lines:
-        said = changes_of(parts, line.firmware_version, configs.get(line.device_id), apps.get(line.device_id))
-        changes[line.device_id] = ", ".join(said) if said else "runs every part already (succeeds at once)"
+    for device, version in firmware.items():
+        said = changes_of(parts, version, configs.get(device), apps.get(device))
+        changes[device] = ", ".join(said) if said else "runs every part already (succeeds at once)"
     return changes
 
 

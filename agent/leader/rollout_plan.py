@@ -6,6 +6,7 @@ very waves."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from agent.core.errors import RolloutError
 from agent.core.sql import ServerUrl
 from agent.leader.readonly import LeaderDb, open_leader_db
 from agent.leader.rollout_kinds import traits_of
+from agent.protocol import AppState
 from rollout_engine.kinds import Described
 from rollout_engine.plan import DeviceInfo, exclusion, plan_waves
 from rollout_engine.spec import RolloutSpec
@@ -84,7 +86,7 @@ def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | ServerUrl) -
                               facts=tuple(sorted(line.facts.items())),
                               apps=tuple(sorted((n, a.version) for n, a in apps.get(line.device_id, {}).items())))
                    for line in lines]
-        changes = _release_changes(leader, spec, [line.device_id for line in lines])
+        changes = _release_changes(leader, spec, {line.device_id: line.firmware_version for line in lines}, apps)
     left_out = [(d.device_id, why) for d in devices
                 if (why := exclusion(spec, d, target_version=version, now_ms=now_ms))]
     known = {d.device_id for d in devices}
@@ -111,14 +113,15 @@ def plan_rollout(spec: RolloutSpec, manifest: Described, db: Path | ServerUrl) -
                            f"versions: {seen}]") from None
 
 
-def _release_changes(leader: LeaderDb, spec: RolloutSpec, devices: list[str]) -> dict[str, str]:
+def _release_changes(leader: LeaderDb, spec: RolloutSpec, firmware: dict[str, str],
+                     apps: Mapping[str, Mapping[str, AppState]]) -> dict[str, str]:
     """A release's change on each device, part by part (other kinds: none)."""
     if spec.rollout.kind != "release":
         return {}
     from agent.leader.release_view import plan_changes
     from release_rollout.kind import read_document
 
-    return plan_changes(leader, read_document(Path(spec.rollout.artifact)), devices)
+    return plan_changes(leader, read_document(Path(spec.rollout.artifact)), firmware, apps)
 
 
 __all__ = ["SHOWN", "Plan", "plan_rollout", "render_plan"]

@@ -26,8 +26,12 @@ class Containers:
         self.runtime = runtime
         self.via = via
 
+    @property
+    def present(self) -> bool:
+        return Path(self.runtime).is_file()
+
     def _installed(self) -> None:
-        if not Path(self.runtime).is_file():
+        if not self.present:
             raise AppInstallError(f"{self.runtime}: not installed: this device runs no container application"
                                   " (install podman)")
 
@@ -60,7 +64,7 @@ class Containers:
 
     async def forget(self, image_id: str) -> None:
         """The image removed from the runtime's storage (kept while a container uses it)."""
-        if Path(self.runtime).is_file():
+        if self.present:
             await run(*self.via, self.runtime, "rmi", "--ignore", image_id, timeout_s=120.0)
 
 

@@ -316,11 +316,10 @@ class AppHelper:
         if m.container is not None:
             spec = m.container
             machine = device_architecture(os.uname().machine)
-            if spec.architecture and spec.architecture != machine:
-                shutil.rmtree(partial, ignore_errors=True)
-                raise AppInstallError(f"install {m.name} {m.version}: its image is for {spec.architecture}, this"
-                                      f" device is {machine}")
             try:
+                if spec.architecture and spec.architecture != machine:
+                    raise AppInstallError(f"install {m.name} {m.version}: its image is for {spec.architecture}, this"
+                                          f" device is {machine}")
                 self.containers.load(files / spec.image, spec.image_id, what=f"install {m.name} {m.version}")
             except AppInstallError:
                 shutil.rmtree(partial, ignore_errors=True)

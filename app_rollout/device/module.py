@@ -270,9 +270,9 @@ class AppModule:
                     check = await self.helper.ask("check", name)
                     if check.exit_code == 0:
                         return ""
-                    last = f"exit {check.exit_code}: {check.output.strip()[-200:]}"
+                    last = f"{check.exit_code}: {check.output.strip()[-200:]}"
                     if health.check == "command":
-                        return f"its command exited {last[5:]}"
+                        return f"its command exited {last}"
                     # (a container's check runs until it passes: its start period is the image's)
             else:
                 steady_since = None
@@ -280,7 +280,7 @@ class AppModule:
         if health.check == "http" and not answered:
             return f"{health.url} did not answer 2xx within {health.timeout_s:g}s ({last or 'no answer'})"
         if health.check == "container" and last:
-            return f"its container's healthcheck did not pass within {health.timeout_s:g}s (last {last})"
+            return f"its container's healthcheck did not pass within {health.timeout_s:g}s (last exit {last})"
         return f"not active for {health.settle_s:g}s within {health.timeout_s:g}s"
 
     def states(self) -> dict[str, AppState] | None:
