@@ -156,6 +156,11 @@ def _check_command(value: str, executables: frozenset[str], where: str) -> None:
                           " files is 0755)")
 
 
+def service_name(app: str) -> str:
+    """The systemd unit an application runs as."""
+    return f"edge-app-{app}.service"
+
+
 def render_unit(app: AppUnit, *, name: str, version: str, files_dir: str, hidden: tuple[str, ...]) -> str:
     """The unit the device installs as `edge-app-NAME.service`: the checked lines, the bundle's
     commands at `files_dir`, and the sandbox; `hidden`: paths the application may not see (the
@@ -199,4 +204,4 @@ def render_unit(app: AppUnit, *, name: str, version: str, files_dir: str, hidden
     return "\n".join(out)
 
 
-__all__ = ["DATA_ROOT", "MAX_UNIT", "AppUnit", "check_unit", "render_unit"]
+__all__ = ["DATA_ROOT", "MAX_UNIT", "AppUnit", "check_unit", "render_unit", "service_name"]

@@ -31,6 +31,7 @@ from agent.actors import Actor, Context
 from agent.core.clock import Clock, TimerHandle
 from agent.core.errors import EdgeAgentError
 from agent.core.files import atomic_write
+from agent.core.redact import redact
 from rollout_engine.errors import TrustError
 from rollout_engine.keys import Verifier
 from rollout_engine.messages import ReportState, RolloutCancel, RolloutReport
@@ -52,6 +53,34 @@ class Facts:
     version: str  # what it installs, as shown (not verified yet: only to name it in a report)
     windows: tuple[str, ...]  # device-local "HH:MM-HH:MM" (none: any time)
     trust: bytes  # the fleet's trust document that came with it ("" none)
+    # the systemd units it touches: their journal goes with a failure's report (`excerpt`)
+    units: tuple[str, ...] = ()
+
+
+class ExcerptSource(Protocol):
+    """The device's logs, for a failure's report (the worker's `FailureLogs`)."""
+
+    async def excerpt(self, units: tuple[str, ...], since_ms: int) -> tuple[str, ...]:
+        """The lines that explain a failure: the agent's and `units`' since `since_ms`, redacted,
+        bounded."""
+
+    def redact(self, text: str) -> str:
+        """`text` without the device's secrets."""
+FAILURE_STATES = frozenset({"failed", "rolled_back"})
+EXCERPT_SPAN_MS = 15 * 60_000  # a failure whose offer this start did not take: lines of this long
+BEGUN_KEPT = 32  # offers whose start (and units) the runner remembers for their failure's excerpt
+
+
+async def excerpted(report: RolloutReport, source: ExcerptSource, units: tuple[str, ...],
+                    since_ms: int) -> RolloutReport:
+    """`report` with its detail redacted and the log lines of its failure attached."""
+    try:
+        lines = await source.excerpt(units, since_ms)
+        detail = source.redact(report.detail)
+    except Exception as exc:  # never a lost report for want of its logs
+        log.warning("rollout %s: no log excerpt for its report: %s", report.rollout_id, exc)
+        return report
+    return msgspec.structs.replace(report, detail=detail, excerpt=lines)
 
 
 class Reporter(Protocol):
@@ -105,7 +134,7 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
 
     def __init__(self, module: OfferModule[OfferT, CheckedT], *, device_id: str, key: Verifier, clock: Clock,
                  state_dir: Path, send: Callable[[RolloutReport], Awaitable[None]],
-                 utc_offset_s: Callable[[], float] = lambda: 0.0) -> None:
+                 utc_offset_s: Callable[[], float] = lambda: 0.0, excerpt: ExcerptSource | None = None) -> None:
         self.module = module
         self.device_id = device_id
         self.key = key
@@ -115,6 +144,8 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
         self._utc_offset_s = utc_offset_s
         self._seq = 0
         self._timers: dict[str, TimerHandle] = {}
+        self._excerpt = excerpt
+        self._begun: dict[str, tuple[tuple[str, ...], int]] = {}  # rollout -> (its units, when it began)
 
     # -- messages ------------------------------------------------------------------------------
     async def receive(self, message: object, ctx: Context) -> None:
@@ -139,6 +170,7 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
     async def _offer(self, offer: OfferT, ctx: Context, *, window_open: bool) -> None:
         facts = self.module.facts(offer)
         rid, version = facts.rollout_id, facts.version
+        self._begin(rid, facts.units)
         try:
             take_trust_document(self.key, facts.trust, came_with=f"offer {rid}")
         except TrustError as exc:
@@ -222,11 +254,30 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
         now = self.clock.now_ms()
         self._seq = max(self._seq + 1, now)
         return RolloutReport(device=self.device_id, rollout_id=rollout_id, version=version[:64], state=state,
-                             phase=phase[:32], detail=detail[:1000], ts_ms=now, seq=self._seq, until_ms=until_ms)
+                             phase=phase[:32], detail=redact(detail)[:1000], ts_ms=now, seq=self._seq,
+                             until_ms=until_ms)
 
     async def report(self, rollout_id: str, version: str, state: ReportState, phase: str, detail: str, *,
                      until_ms: int = 0) -> None:
-        await self._send(self.next_report(rollout_id, version, state, phase, detail, until_ms=until_ms))
+        report = self.next_report(rollout_id, version, state, phase, detail, until_ms=until_ms)
+        if state in FAILURE_STATES:
+            report = await self.with_excerpt(report)
+        await self._send(report)
+
+    def _begin(self, rollout_id: str, units: tuple[str, ...]) -> None:
+        self._begun.pop(rollout_id, None)
+        self._begun[rollout_id] = (units, self.clock.now_ms())
+        while len(self._begun) > BEGUN_KEPT:
+            del self._begun[next(iter(self._begun))]
+
+    async def with_excerpt(self, report: RolloutReport, units: tuple[str, ...] = ()) -> RolloutReport:
+        """`report` carrying the log lines of its failure (those of `units` besides the ones its
+        offer named), when this runner has an excerpt source."""
+        if self._excerpt is None or report.excerpt:
+            return report
+        named, since_ms = self._begun.get(report.rollout_id, ((), report.ts_ms - EXCERPT_SPAN_MS))
+        return await excerpted(report, self._excerpt, tuple(dict.fromkeys(named + units)), since_ms)
 
 
-__all__ = ["JOURNAL", "Facts", "OfferModule", "OfferRunner", "Rejected", "Reporter", "Resume"]
+__all__ = ["EXCERPT_SPAN_MS", "FAILURE_STATES", "JOURNAL", "ExcerptSource", "Facts", "OfferModule", "OfferRunner",
+           "Rejected", "Reporter", "Resume", "excerpted"]

@@ -12,6 +12,9 @@ device makes (it survives restarts), so the leader keeps the newest report per d
 and ignores a redelivered older one: `report_message` wraps a report for the outbox
 (`conflict="overwrite"`, `key=report_key(device, rollout_id)`, `seq=report.seq`).
 
+A report that says `failed` or `rolled_back` carries, in `excerpt`, the device's log lines around
+the failure (bounded: `EXCERPT_LINES_MAX` lines of `EXCERPT_LINE_MAX` characters).
+
 A leader also takes reports under a kind's older name (`firmware.report`, from a device whose agent
 is not updated yet: the same fields). A device's agent sends `rollout.report`, so its leader is
 updated first.
@@ -44,6 +47,11 @@ DETAIL_MAX = 1024
 Detail = Annotated[str, msgspec.Meta(max_length=DETAIL_MAX)]
 Phase = Annotated[str, msgspec.Meta(max_length=32)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+#: A failure report's log excerpt: at most this many lines of at most this many characters each.
+EXCERPT_LINES_MAX = 80
+EXCERPT_LINE_MAX = 300
+ExcerptLine = Annotated[str, msgspec.Meta(max_length=EXCERPT_LINE_MAX)]
+Excerpt = Annotated[tuple[ExcerptLine, ...], msgspec.Meta(max_length=EXCERPT_LINES_MAX)]
 
 
 class RolloutCancel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
@@ -84,6 +92,9 @@ class RolloutReport(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     progress: DownloadProgress | None = None
     # `waiting_window`: when the device's maintenance window opens (ms since the epoch, its clock)
     until_ms: Count = 0
+    # `failed` or `rolled_back`: the lines of the device's logs that explain it (the agent's own
+    # and the journal of the units involved, secrets redacted on the device: `agent.core.redact`)
+    excerpt: Excerpt = ()
 
     @property
     def final(self) -> bool:
@@ -120,9 +131,12 @@ def report_message(report: RolloutReport, *, msg_id: str, receiver: str) -> Outb
 
 __all__ = [
     "DETAIL_MAX",
+    "EXCERPT_LINES_MAX",
+    "EXCERPT_LINE_MAX",
     "FINAL_REPORT_STATES",
     "KIND_ROLLOUT_REPORT",
     "DownloadProgress",
+    "Excerpt",
     "ReportState",
     "RolloutCancel",
     "RolloutReport",

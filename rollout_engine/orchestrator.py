@@ -386,6 +386,8 @@ class Orchestrator:
             else:
                 fields["deadline_ms"] = now + int(r.spec.device.timeout_s * 1000)
             self.store.set_device(r.id, d.device_id, **fields)
+            if report.excerpt and state in ("failed", "rolled_back"):
+                self.store.keep_log(r.id, d.device_id, at_ms=now, state=state, lines=report.excerpt)
         self._changed(r.id)
         return True
 

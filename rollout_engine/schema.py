@@ -170,7 +170,22 @@ def _v11(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX rollout_device_events_device ON rollout_device_events(device_id, at_ms)")
 
 
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
+def _v12(conn: sqlite3.Connection) -> None:
+    # The log lines a device's newest failure report in a rollout carried (its excerpt, redacted
+    # on the device): one row per device and rollout, kept and pruned with the device's row.
+    conn.execute(
+        """CREATE TABLE rollout_device_logs (
+            rollout_id TEXT NOT NULL,
+            device_id TEXT NOT NULL,
+            at_ms INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            lines TEXT NOT NULL,
+            PRIMARY KEY (rollout_id, device_id)
+        ) WITHOUT ROWID"""
+    )
+
+
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12)
 
 
 

@@ -69,6 +69,7 @@ PRUNED_NOTE: Final = "device rows pruned"
 _PRUNED_TABLES: Final[tuple[tuple[str, str, str], ...]] = (
     ("rollout_offers", "rollout_id = ?", "rowid"),
     ("rollout_device_events", "rollout_id = ?", "rowid"),
+    ("rollout_device_logs", "rollout_id = ?", "device_id"),
     ("rollout_devices", "rollout_id = ?", "device_id"),
 )
 ROLLOUT_ACTIVE: Final[frozenset[str]] = frozenset({"scheduled", "running", "paused"})
@@ -414,6 +415,12 @@ class RolloutStore(Store):
                      device_id, fields["state"]))
         self._set("rollout_devices", "rollout_id = ? AND device_id = ?", (rollout_id, device_id), fields)
 
+    def keep_log(self, rollout_id: str, device_id: str, *, at_ms: int, state: str, lines: Sequence[str]) -> None:
+        """Keep the log lines of a device's failure report in a rollout (its newest only)."""
+        self._q("INSERT INTO rollout_device_logs (rollout_id, device_id, at_ms, state, lines) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (rollout_id, device_id) DO UPDATE SET at_ms = excluded.at_ms, state = excluded.state,"
+                " lines = excluded.lines", (rollout_id, device_id, at_ms, state, "\n".join(lines)))
+
     def counts(self, rollout_id: str) -> dict[int, dict[str, int]]:
         """wave -> state -> number of devices."""
         out: dict[int, dict[str, int]] = {}
@@ -727,6 +734,15 @@ class RolloutStore(Store):
         return lease_row(self._conn, name) if self.on_server else None
 
 
+@dataclass(frozen=True)
+class DeviceLog:
+    """The log lines a device's failure report carried (`RolloutReport.excerpt`)."""
+
+    at_ms: int
+    state: str
+    lines: tuple[str, ...]
+
+
 class RolloutReads:
     """The rollout tables' reads for the fleet views (`status`, the console), on any connection
     to the leader's database; a database whose leader never opened the rollout tables has no
@@ -806,6 +822,22 @@ class RolloutReads:
             "SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state NOT IN"
             f" ({', '.join(repr(t) for t in sorted(TERMINAL))})", (rollout_id,))]
 
+    def logs_of(self, device_id: str, rollout_ids: Sequence[str] = ()) -> dict[str, DeviceLog]:
+        """The log lines of the device's newest failure report in each rollout (of `rollout_ids`,
+        or all), by rollout id."""
+        if not self.present:
+            return {}
+        sql = "SELECT rollout_id, at_ms, state, lines FROM rollout_device_logs WHERE device_id = ?"
+        args: list[Any] = [device_id]
+        if rollout_ids:
+            sql += f" AND {in_json_array(self._dialect, 'rollout_id')}"
+            args.append(json.dumps(list(rollout_ids)))
+        try:
+            rows = self._conn.execute(sql, args).fetchall()
+        except (sqlite3.OperationalError, StoreError):  # a rollout schema older than the logs
+            return {}
+        return {str(r): DeviceLog(int(at), str(st), tuple(str(lines).split("\n"))) for r, at, st, lines in rows}
+
     def timeline_of(self, device_id: str, *, limit: int = 100) -> list[tuple[int, str, str, str]]:
         """The device's newest state changes across rollouts, newest first: (at_ms, rollout id,
         state, detail)."""
@@ -849,6 +881,7 @@ __all__ = [
     "WAVE_STATES",
     "ControlOutcome",
     "ControlRow",
+    "DeviceLog",
     "DeviceRow",
     "LeaseRow",
     "RolloutReads",

@@ -82,6 +82,7 @@ TABLE_OWNERS = {
     "rollout_devices": "rollout_engine/store.py",
     "rollout_controls": "rollout_engine/store.py",
     "rollout_device_events": "rollout_engine/store.py",
+    "rollout_device_logs": "rollout_engine/store.py",
 }
 
 

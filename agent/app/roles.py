@@ -108,6 +108,10 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
     agent = await _open_worker(config, transport, clock, base, device)
     if device.facts is not None:
         agent.device_facts = device.facts
+    if device.failure_logs:
+        from agent.worker.failure_logs import FailureLogs
+
+        agent.failure_logs = FailureLogs(config)
     return await _parts(agent, device, (AGENT, identity_part, updater_part, config_targets_part, apps_part,
                                         release_part, local_api_part, sources_part))
 

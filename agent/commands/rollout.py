@@ -77,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.add_argument("--devices", action="store_true",
                         help="also list every device: wave, state, attempts and why (e.g. a failed health check)")
+    status.add_argument("--device", metavar="ID",
+                        help="one device: its state, why, and the lines of its log that explain a failure")
     for action in CONTROL_ACTIONS:
         p = with_db(sub.add_parser(action, help=CONTROL_HELP[action], description=CONTROL_HELP[action]))
         p.add_argument("id", metavar="ID", help="the rollout's id (see `edge-agent rollout list`)")
@@ -267,6 +269,8 @@ def _status(store: Any, args: argparse.Namespace) -> int:
         # what is shown may no longer be true
         data["stale"] = data["state"] in ("scheduled", "running", "paused") and (
             seen is None or SystemClock().now_ms() - seen > LEADER_QUIET_S * 1000)  # (3 missed alive marks)
+        if args.device:
+            data["device"] = _device_status(store, rid, args.device)
         if args.devices:
             data["device_list"] = [
                 {"device": d.device_id, "wave": d.wave, "state": d.state, "attempts": d.attempts,
@@ -304,6 +308,21 @@ def _status(store: Any, args: argparse.Namespace) -> int:
 
 
 AUDIT_SHOWN = 5  # newest controls under `rollout status` (all of them: `--json`)
+
+
+def _device_status(store: Any, rollout_id: str, device_id: str) -> dict[str, Any]:
+    """One device of a rollout, with the log lines its failure report carried."""
+    from rollout_engine.store import RolloutReads
+
+    d = store.device(rollout_id, device_id)
+    if d is None:
+        raise RolloutError(f"device {device_id!r} is not in rollout {rollout_id!r}"
+                           " (see `edge-agent rollout status --devices`)")
+    log = RolloutReads(store.connection).logs_of(device_id, [rollout_id]).get(rollout_id)
+    return {"device": d.device_id, "wave": d.wave, "state": d.state, "attempts": d.attempts, "offers": d.offers,
+            "from_version": d.from_version, "detail": d.detail, "updated_ms": d.updated_ms,
+            "log": list(log.lines) if log else [], "log_ms": log.at_ms if log else 0,
+            "log_state": log.state if log else ""}
 
 
 def render_status(data: dict[str, Any]) -> Any:
@@ -369,6 +388,20 @@ def render_status(data: dict[str, Any]) -> Any:
             lines.append(Text(f"  {asked}  {c['action']} by {c['actor'] or 'someone unrecorded'}: {outcome}"
                               + (f" ({c['result']})" if c["result"] else ""),
                               style="red" if c["outcome"] == "refused" else ""))
+    if "device" in data:
+        d = data["device"]
+        lines.append(Text.assemble((f"device {d['device']}", "bold"), f"  wave {d['wave'] + 1}  ",
+                                   (d["state"], "red" if d["state"] in ("failed", "rolled_back", "timed_out") else ""),
+                                   f"  attempts {d['attempts']}  {d['from_version'] or '?'} → {data['version']}"))
+        if d["detail"]:
+            lines.append(Text(f"  {d['detail']}"))
+        if d["log"]:
+            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["log_ms"] / 1000))
+            lines.append(Text(f"its log when it reported {d['log_state']} ({at}; secrets redacted on the device):",
+                              style="bold"))
+            lines.extend(Text(f"  {line}", style="dim" if line.startswith("-- ") else "") for line in d["log"])
+        elif d["state"] in ("failed", "rolled_back"):
+            lines.append(Text("  (its report carried no log lines)", style="dim"))
     if "device_list" in data:
         devices = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
         for column in ("device", "wave", "versions", "state", "attempts", "fetched", "detail"):

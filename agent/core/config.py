@@ -410,6 +410,10 @@ class ConfigTargetSection(_Section, kw_only=True, frozen=True, forbid_unknown_fi
     app_validate_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0
     command_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
     max_document_kib: Annotated[int, msgspec.Meta(ge=1, le=16 * 1024)] = 64
+    # the systemd units this configuration drives: their journal around a failed or reverted
+    # apply goes with its report (secrets redacted), beside the agent's own log
+    units: Annotated[tuple[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9:_.@-]{1,255}$")], ...],
+                     msgspec.Meta(max_length=8)] = ()
 
 
 class IdentitySection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):

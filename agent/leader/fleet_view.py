@@ -62,6 +62,9 @@ class DeviceRollout(msgspec.Struct, kw_only=True, frozen=True):
     detail: str
     updated_ms: int
     from_version: str = ""  # what the device ran when the rollout took it ("": not known)
+    # the log lines its newest failure report in the rollout carried (redacted on the device)
+    log: tuple[str, ...] = ()
+    log_ms: int = 0
 
 
 class DeviceEvent(msgspec.Struct, kw_only=True, frozen=True):
@@ -125,8 +128,10 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10, events: in
     line, state = found
     recent = [DeviceReject(at_ms=r.at_ms, kind=r.kind, msg_id=r.msg_id, size=r.size, reason=r.reason)
               for r in db.rejects.newest(device=device_id, limit=rejects)]
+    logs = db.rollouts.logs_of(device_id)
     rollouts = [DeviceRollout(rollout_id=a, name=b, version=c, rollout_state=d, wave=e, state=f, detail=g, updated_ms=h,
-                              from_version=i)
+                              from_version=i, log=logs[a].lines if a in logs else (),
+                              log_ms=logs[a].at_ms if a in logs else 0)
                 for a, b, c, d, e, f, g, h, i in db.rollouts.of_device(device_id)]
     timeline = [DeviceEvent(at_ms=a, rollout_id=b, state=c, detail=d)
                 for a, b, c, d in db.rollouts.timeline_of(device_id, limit=events)]

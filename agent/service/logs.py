@@ -17,7 +17,9 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal, TextIO
 
@@ -36,6 +38,9 @@ _PRIORITY = {
 }
 
 HANDLER_NAME = "edge-agent"
+RECENT_NAME = "edge-agent-recent"
+RECENT_LINES = 400  # the newest lines the process keeps for a failure's excerpt
+RECENT_LINE_MAX = 600
 
 
 def syslog_priority(levelno: int) -> int:
@@ -127,6 +132,40 @@ def journal_stream_matches(stream: TextIO, env: Mapping[str, str] | None = None)
     return st.st_dev == int(dev) and st.st_ino == int(ino)
 
 
+class RecentLog(logging.Handler):
+    """The process's newest log lines in memory (`RECENT_LINES`, each cut at `RECENT_LINE_MAX`):
+    what a failed update's report attaches (`agent.worker.failure_logs`). Lines are formatted
+    when logged, so the memory they take is bounded whatever the records held."""
+
+    def __init__(self, maxlen: int = RECENT_LINES) -> None:
+        super().__init__(logging.INFO)
+        self.set_name(RECENT_NAME)
+        self.setFormatter(KeyValueFormatter(timestamps=True))
+        self._lines: deque[tuple[int, str]] = deque(maxlen=maxlen)
+        self._guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)[:RECENT_LINE_MAX]
+        except Exception:  # a record that cannot be formatted is not worth a failure here
+            return
+        with self._guard:
+            self._lines.append((int(record.created * 1000), line))
+
+    def since(self, since_ms: int) -> list[str]:
+        """The kept lines logged at or after `since_ms` (wall clock), oldest first."""
+        with self._guard:
+            return [line for at, line in self._lines if at >= since_ms]
+
+
+def recent_log() -> RecentLog | None:
+    """The process's `RecentLog` (None: logging was not set up by `setup_logging`)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, RecentLog):
+            return handler
+    return None
+
+
 def setup_logging(
     level: str = "INFO",
     *,
@@ -151,9 +190,10 @@ def setup_logging(
     handler.setFormatter(formatter_cls(timestamps=not under_journal, syslog_prefix=under_journal))
     root = logging.getLogger()
     for old in list(root.handlers):
-        if old.get_name() == HANDLER_NAME:
+        if old.get_name() in (HANDLER_NAME, RECENT_NAME):
             root.removeHandler(old)
     root.addHandler(handler)
+    root.addHandler(RecentLog())
     root.setLevel(numeric)
     if quiet_libraries:
         # paho/aiomqtt narrate every packet at DEBUG; asyncio debug is for development; httpx
@@ -168,10 +208,13 @@ __all__ = [
     "JsonFormatter",
     "KeyValueFormatter",
     "LogFormat",
+    "RECENT_NAME",
     "RateLimitedLog",
+    "RecentLog",
     "fields",
     "format_value",
     "journal_stream_matches",
+    "recent_log",
     "setup_logging",
     "syslog_priority",
 ]

@@ -300,6 +300,7 @@ class SimFleet:
         k = self._file_of[device]
         suffix = "" if incarnation == self._first_incarnation else f":{incarnation}"
         env = DeviceEnv(rng=rng_for(self.opts.seed, device + suffix), sample_system=False, job_handler=self._job,
+                        failure_logs=False,
                         stores=SharedStores(outbox=self.stores[k], ledger=self.ledgers[k], incarnation=incarnation),
                         updater_hardware=self._hardware, api_sockets=False,
                         config_steps=self._config_step if targets is not None else None,

@@ -77,6 +77,7 @@ from agent.worker.messages import MessageIntake, class_audit
 
 if TYPE_CHECKING:
     from config_rollout.device.review import ConfigReviews
+    from rollout_engine.device import ExcerptSource
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,8 @@ class WorkerAgent(PartBase):
         self.boot = f"{self._rng.getrandbits(64):016x}"
         # applications' verdicts on staged configs (`agent.worker.configuring.config_reviews`)
         self.config_reviews: ConfigReviews | None = None
+        # the log lines a failed update's report carries (`agent.worker.failure_logs`; None: none)
+        self.failure_logs: ExcerptSource | None = None
         self.system = ActorSystem(clock=clock, name=self.device_id)
         self.up_topic = topics.up(self.fleet, self.device_id)
         self.sender = EnvelopeSender(

@@ -48,7 +48,8 @@ class AppsPart(PartBase):
             await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
 
         self.runner: OfferRunner = OfferRunner(self.module, device_id=worker.device_id, key=key, clock=worker.clock,
-                                               state_dir=state_dir, send=send, utc_offset_s=system_utc_offset_s)
+                                               state_dir=state_dir, send=send, utc_offset_s=system_utc_offset_s,
+                                               excerpt=worker.failure_logs)
         self.ref: ActorRef | None = None
 
     async def start(self) -> None:

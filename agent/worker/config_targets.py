@@ -85,8 +85,10 @@ class ConfigModule:
         self.runner: OfferRunner[ConfigOffer, Checked] | None = None  # set by the part
 
     def facts(self, offer: ConfigOffer) -> Facts:
-        return Facts(rollout_id=offer.rollout_id, version=_shown(offer)[1], windows=offer.maintenance_windows,
-                     trust=offer.trust)
+        name, version = _shown(offer)
+        target = self.targets().get(name)
+        return Facts(rollout_id=offer.rollout_id, version=version, windows=offer.maintenance_windows,
+                     trust=offer.trust, units=target.units if target is not None else ())
 
     def targets(self) -> dict[str, ConfigTargetSection]:
         """The declared targets, and the built-in `agent` where this agent takes its own settings."""
@@ -243,7 +245,8 @@ class ConfigTargetsPart(PartBase):
             await worker.outbox.enqueue(report_message(report, msg_id=worker.ids.next(), receiver=LEADER))
 
         self.runner = OfferRunner(self.module, device_id=worker.device_id, key=key, clock=worker.clock,
-                                  state_dir=worker.data_dir / "config", send=send, utc_offset_s=system_utc_offset_s)
+                                  state_dir=worker.data_dir / "config", send=send, utc_offset_s=system_utc_offset_s,
+                                  excerpt=worker.failure_logs)
         self.module.runner = self.runner
         self.ref: ActorRef | None = None
 

@@ -63,6 +63,9 @@ class DeviceEnv:
     # the connection an enrolment asks on, given the config and its client id (default: the
     # broker's enrolment listener, `[identity] claim_url`; the simulator's: its in-memory broker)
     claim_transport: Callable[[AgentConfig, str], Transport] | None = None
+    # a failed update's report carries the lines of this process's log and of the journal that
+    # explain it (the simulator's devices share one process and no journal: none)
+    failure_logs: bool = True
 
 
 __all__ = ["ConfigSteps", "DeviceEnv", "SharedStores"]

@@ -46,7 +46,7 @@ from agent.core.files import atomic_write
 from agent.service.parts import PartBase
 from agent.worker.actors import LEADER
 from agent.worker.agent import WorkerAgent
-from release_rollout.document import SignedRelease, parse_release, peek_release
+from release_rollout.document import ReleaseDocument, SignedRelease, parse_release, peek_release
 from release_rollout.errors import ReleaseError
 from release_rollout.messages import KIND_RELEASE_CANCEL, KIND_RELEASE_OFFER, PartOffer, ReleaseOffer
 from rollout_engine.device import Facts, OfferRunner, Rejected, Reporter, Resume
@@ -145,11 +145,25 @@ class ReleaseModule:
     # -- the runner's module -------------------------------------------------------------------
     def facts(self, offer: ReleaseOffer) -> Facts:
         try:
-            version = peek_release(offer.document).version
+            document = peek_release(offer.document)
         except ReleaseError:
-            version = "?"
-        return Facts(rollout_id=offer.rollout_id, version=version, windows=offer.maintenance_windows,
-                     trust=offer.trust)
+            return Facts(rollout_id=offer.rollout_id, version="?", windows=offer.maintenance_windows,
+                         trust=offer.trust)
+        return Facts(rollout_id=offer.rollout_id, version=document.version, windows=offer.maintenance_windows,
+                     trust=offer.trust, units=self._units_of(document))
+
+    def _units_of(self, document: ReleaseDocument) -> tuple[str, ...]:
+        """The systemd units the release's parts drive (their journal explains its failure)."""
+        from app_rollout.unit import service_name
+
+        targets = self.config.module.targets() if self.config is not None else {}
+        units: list[str] = []
+        for part in document.parts:
+            if part.kind == "app":
+                units.append(service_name(part.name))
+            elif part.kind == "config" and part.name in targets:
+                units.extend(targets[part.name].units)
+        return tuple(dict.fromkeys(units))
 
     def check(self, offer: ReleaseOffer) -> CheckedRelease:
         rid = offer.rollout_id
@@ -633,7 +647,7 @@ class ReleasesPart(PartBase):
 
         self.runner: OfferRunner[ReleaseOffer, CheckedRelease] = OfferRunner(
             self.module, device_id=worker.device_id, key=key, clock=worker.clock, state_dir=state_dir, send=send,
-            utc_offset_s=system_utc_offset_s)
+            utc_offset_s=system_utc_offset_s, excerpt=worker.failure_logs)
         self.module.attach(self.runner, send)
         firmware = self.module.firmware
         if firmware is not None:

@@ -56,6 +56,7 @@ from firmware_rollout.device.slots import Installer
 from firmware_rollout.device.updater import CANCELABLE_STATES, ReportSink, Updater, UpdaterSettings
 from firmware_rollout.errors import UpdaterError
 from firmware_rollout.messages import KIND_UPDATE_CANCEL, KIND_UPDATE_OFFER, UpdateOffer
+from rollout_engine.device import EXCERPT_SPAN_MS, FAILURE_STATES, ExcerptSource, excerpted
 from rollout_engine.messages import RolloutCancel, RolloutReport, report_message
 from rollout_engine.windows import parse_window, window_wait
 
@@ -82,8 +83,10 @@ class UpdaterActor(Actor):
         mirrors: MirrorSettings | None = None,
         beat_fast: Callable[[], None] | None = None,
         offered: Callable[[], Awaitable[None]] | None = None,
+        excerpt: ExcerptSource | None = None,
     ) -> None:
         self.device_id = device_id
+        self._excerpt = excerpt  # the log lines a failure's report carries
         self._beat_fast = beat_fast
         self._offered = offered  # told of each offer taken (the leader's id is kept then)
         self._mirrors = mirrors or MirrorSettings()
@@ -292,6 +295,8 @@ class UpdaterActor(Actor):
             self._beat_fast()
         if self.claims is not None and await self.claims(report):
             return
+        if self._excerpt is not None and report.state in FAILURE_STATES and not report.excerpt:
+            report = await excerpted(report, self._excerpt, (), report.ts_ms - EXCERPT_SPAN_MS)
         await self._outbox.enqueue(report_message(report, msg_id=self._ids.next(), receiver=LEADER))
         self.reports_sent += 1
 
@@ -353,6 +358,9 @@ class UpdaterHost(Protocol):
     @property
     def data_dir(self) -> Path: ...
 
+    #: The log lines a failed update's report carries (None: none).
+    failure_logs: ExcerptSource | None
+
     #: What the heartbeat reports as running; the updater answers with its active slot's version.
     firmware_version: Callable[[], str]
     #: What the heartbeat states of the slots; the updater answers from its installer.
@@ -402,7 +410,8 @@ class UpdaterPart(PartBase):
         actor = self.actor = UpdaterActor(
             device_id=worker.device_id, open_updater=hw.open_updater, chunks=chunks, outbox=worker.outbox,
             ids=worker.ids, rebooter=hw.rebooter, utc_offset_s=hw.utc_offset_s, mirrors=hw.mirrors,
-            beat_fast=lambda: worker.beat_fast(worker.config.heartbeat.fast_hold_s), offered=offered)
+            beat_fast=lambda: worker.beat_fast(worker.config.heartbeat.fast_hold_s), offered=offered,
+            excerpt=worker.failure_logs)
         actor.hold, actor.claims = self.hold, self.claims
         self.ref = worker.system.spawn(actor, name="updater", capacity=self._capacity, policy="reject")
         worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, self.ref)

@@ -55,7 +55,7 @@ from app_rollout.device.containers import Containers
 from app_rollout.device.fetch import KEEP_FREE, check_room
 from app_rollout.device.systemd import Systemd, UnitState
 from app_rollout.errors import AppBundleError, AppInstallError
-from app_rollout.unit import render_unit
+from app_rollout.unit import render_unit, service_name
 from rollout_engine.keys import Verifier
 from rollout_engine.trust import take_trust_document
 from rollout_engine.version import Version
@@ -213,7 +213,7 @@ class AppHelper:
         return self.root / name / version
 
     def unit_name(self, name: str) -> str:
-        return f"edge-app-{name}.service"
+        return service_name(name)
 
     # -- steps ---------------------------------------------------------------------------------
     async def _do(self, r: AppRequest, uid: int) -> AppReply:

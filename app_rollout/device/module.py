@@ -43,6 +43,7 @@ from app_rollout.device.fetch import Fetched, Reuse, fetch_bundle
 from app_rollout.device.helper import AppRecord, AppReply
 from app_rollout.errors import AppBundleError, AppInstallError
 from app_rollout.messages import AppOffer
+from app_rollout.unit import service_name
 from rollout_engine.device import Facts, Rejected, Reporter
 from rollout_engine.keys import Verifier
 
@@ -112,11 +113,12 @@ class AppModule:
 
     def facts(self, offer: AppOffer) -> Facts:
         try:
-            version = peek_head(offer.head).version
+            head = peek_head(offer.head)
         except AppBundleError:
-            version = "?"
-        return Facts(rollout_id=offer.rollout_id, version=version, windows=offer.maintenance_windows,
-                     trust=offer.trust)
+            return Facts(rollout_id=offer.rollout_id, version="?", windows=offer.maintenance_windows,
+                         trust=offer.trust)
+        return Facts(rollout_id=offer.rollout_id, version=head.version, windows=offer.maintenance_windows,
+                     trust=offer.trust, units=(service_name(head.name),))
 
     def check(self, offer: AppOffer) -> SignedApp:
         try:

@@ -23,6 +23,7 @@ import msgspec
 
 from agent.core.clock import Clock
 from agent.core.errors import StoreError
+from agent.core.redact import redact
 from agent.core.sqlite import store_errors
 from agent.core.store import Store
 from agent.core.tasks import in_thread
@@ -261,7 +262,9 @@ class UpdaterStore(Store):
 
 def clip(detail: str) -> str:
     """A detail within what a report may carry (`DETAIL_MAX` characters): a long health-command
-    output must not make the leader refuse the report that says the device failed."""
+    output must not make the leader refuse the report that says the device failed), its secrets
+    redacted (`agent.core.redact`)."""
+    detail = redact(detail)
     return detail if len(detail) <= DETAIL_MAX else detail[: DETAIL_MAX - 1] + "…"
 
 

@@ -167,11 +167,11 @@ class Harness:
         return self.rid
 
     async def report(self, device: str, state: str, *, msg_id: str | None = None, seq: int | None = None,
-                     detail: str = "") -> bool:
+                     detail: str = "", excerpt: tuple[str, ...] = ()) -> bool:
         n = next(self._seq)
         report = RolloutReport(device=device, rollout_id=self.rid, version="1.1.0", state=state,  # type: ignore[arg-type]
                               phase="committed" if state == "succeeded" else "downloading", detail=detail,
-                              ts_ms=self.clock.now_ms(), seq=seq if seq is not None else n)
+                              ts_ms=self.clock.now_ms(), seq=seq if seq is not None else n, excerpt=excerpt)
         changed = await self.orch.on_report(msg_id or f"m{n}", report)
         await self.clock.advance(0.01)
         return changed

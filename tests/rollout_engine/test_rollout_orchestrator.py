@@ -10,6 +10,7 @@ from rollout_support import Harness
 from agent.core.errors import RolloutError, StoreUnavailable
 from rollout_engine.messages import RolloutReport
 from rollout_engine.status import describe
+from rollout_engine.store import RolloutReads
 
 
 async def finish_wave(h: Harness, idx: int, *, soak_s: float = 0.0) -> None:
@@ -47,9 +48,13 @@ async def test_failing_canary_stops_everything(tmp_path: Path, db: Path | str) -
         await h.clock.advance(1.5)
         canary = h.wave_members(0)
         await h.report(canary[0], "succeeded")
-        await h.report(canary[1], "rolled_back", detail="health check failed")
+        await h.report(canary[1], "rolled_back", detail="health check failed", excerpt=("-- edge-agent --", "why"))
         await h.clock.advance(5)
         assert h.rollout_state() == "aborted"
+        # the lines its report carried, kept with the rollout for `rollout status --device`
+        logs = RolloutReads(h.store.connection).logs_of(canary[1])
+        assert logs[h.rid].lines == ("-- edge-agent --", "why") and logs[h.rid].state == "rolled_back"
+        assert RolloutReads(h.store.connection).logs_of(canary[0]) == {}
         assert h.wave_state(0) == "failed"
         assert h.wave_state(1) == h.wave_state(2) == "canceled"
         assert sorted(h.port.offered()) == canary
