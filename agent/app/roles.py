@@ -100,6 +100,7 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
     from agent.worker.configuring import config_targets_part
     from agent.worker.env import DeviceEnv
     from agent.worker.releasing import release_part
+    from agent.worker.remote import remote_part
     from agent.worker.renewal import identity_part
     from agent.worker.serving import local_api_part, sources_part
     from agent.worker.updating import updater_part
@@ -113,7 +114,7 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
 
         agent.failure_logs = FailureLogs(config)
     return await _parts(agent, device, (AGENT, identity_part, updater_part, config_targets_part, apps_part,
-                                        release_part, local_api_part, sources_part))
+                                        release_part, local_api_part, sources_part, remote_part))
 
 
 async def _open_worker(config: AgentConfig, transport: Transport, clock: Clock, base: Path,
@@ -138,13 +139,14 @@ async def _leader(config: AgentConfig, transport: Transport, clock: Clock, base:
     from agent.leader.enrolment import identity_part
     from agent.leader.env import GatewayEnv
     from agent.leader.northbound import northbound_part
+    from agent.leader.remote import remote_part
     from agent.leader.rollout import rollout_part
 
     gateway = env.gateway or GatewayEnv()
     agent: LeaderAgent = await LeaderAgent.open(config, transport=transport, clock=clock, data_dir=base,
                                                 recover=gateway.recover, rng=gateway.rng,
                                                 intake_batch_max=gateway.intake_batch_max)
-    return await _parts(agent, gateway, (northbound_part, AGENT, identity_part, rollout_part))
+    return await _parts(agent, gateway, (northbound_part, AGENT, identity_part, rollout_part, remote_part))
 
 
 H = TypeVar("H", bound=AgentPart)

@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="also a client certificate for NAME, one of [leader] operators (repeat): an operator"
                             " cannot enrol as a device, its name being reserved")
     certs.add_argument("--days", type=whole_number, default=825)
+    from agent.commands import remote
+
+    remote.add_arguments(sub, where)
 
 
 def _leader_config(path: str) -> AgentConfig:
@@ -106,6 +109,10 @@ def _db(config: AgentConfig, path: str) -> Path | ServerUrl:
 
 
 def main(args: argparse.Namespace) -> int:
+    from agent.commands import remote
+
+    if args.action in remote.ACTIONS:
+        return remote.main(args)
     try:
         config = _leader_config(args.config)
         if args.action == "certs":

@@ -450,6 +450,33 @@ class IdentitySection(_Section, kw_only=True, frozen=True, forbid_unknown_fields
     broker_reload: list[str] = msgspec.field(default_factory=list)  # run after the CRL changed
 
 
+UserName = Annotated[str, msgspec.Meta(max_length=32, pattern=r"^([A-Za-z_][A-Za-z0-9_.-]{0,31})?$")]
+ForwardTarget = Annotated[str, msgspec.Meta(max_length=300, pattern=r"^[A-Za-z0-9.:_\[\]-]+:(\*|[0-9]{1,5})$")]
+
+
+class RemoteSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Remote sessions (`edge-agent devices shell`, `devices forward`; docs/remote.md). On a
+    device: what it takes, all off unless said here (a config release cannot turn them on). On a
+    leader: who may open them, by the operator's user name on the gateway (the kernel's word for
+    who is on the operator socket)."""
+
+    # -- a device --
+    shell: bool = False  # take `devices shell`
+    shell_user: UserName = ""  # whose shell ("": the agent's own user); another needs an agent run as root
+    allow_root: bool = False  # shell_user "root" (or an agent run as root with shell_user "") only with this
+    forward: Annotated[tuple[ForwardTarget, ...], msgspec.Meta(max_length=64)] = ()  # "HOST:PORT" or "HOST:*"
+    max_sessions: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4  # at once on this device (a leader: per operator)
+    idle_s: Annotated[float, msgspec.Meta(ge=10, le=86_400)] = 900.0  # no data either way this long: it ends
+    max_s: Annotated[float, msgspec.Meta(ge=10, le=7 * 86_400)] = 8 * 3600.0  # a session ends after this, whatever
+    audit_file: str = "remote-audit.jsonl"  # the device's record of its sessions, under the data dir
+    # -- a leader --
+    socket: str = "operator.sock"  # the operator socket, under the data dir (mode 0660, the agent's group)
+    shell_operators: Annotated[tuple[UserName, ...], msgspec.Meta(max_length=256)] = ()  # may open a shell
+    forward_operators: Annotated[tuple[UserName, ...], msgspec.Meta(max_length=256)] = ()  # may forward
+    record_input: bool = False  # keep what operators type into shells in the leader's audit (1 MiB a session)
+    open_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 15.0  # the device's answer to an open
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     agent: AgentSection
     mqtt: MqttSection = msgspec.field(default_factory=MqttSection)
@@ -471,6 +498,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     artifacts: ArtifactsSection = msgspec.field(default_factory=ArtifactsSection)
     config_targets: dict[TargetName, ConfigTargetSection] = msgspec.field(default_factory=dict)
     identity: IdentitySection | None = None
+    remote: RemoteSection = msgspec.field(default_factory=RemoteSection)
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -781,6 +809,8 @@ def load_config(path: str | Path) -> AgentConfig:
             raise ConfigError(str(path), f"config_targets.{name}.settle_s", "must be less than confirm_s")
     _check_identity(config, str(path))
     _check_leader_database(config, str(path))
+    if config.remote.shell_user == "root" and not config.remote.allow_root:
+        raise ConfigError(str(path), "remote.shell_user", "'root' needs remote.allow_root = true")
     scheme = config.mqtt.url.split("://", 1)[0] if "://" in config.mqtt.url else ""
     if scheme not in ("mqtt", "mqtts", "memory"):
         raise ConfigError(str(path), "mqtt.url", "must start with mqtt://, mqtts:// or memory://")

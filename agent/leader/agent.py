@@ -660,7 +660,7 @@ class LeaderAgent(PartBase):
 
     def _heartbeat_refused(self, hb: Heartbeat, reason: str) -> None:
         """A heartbeat already answered `accepted` that the registry could not store."""
-        self._record_reject(topic=self._up_topic(hb.device_id), reason=f"heartbeat {hb.seq} not stored: {reason}",
+        self.record_reject(topic=self._up_topic(hb.device_id), reason=f"heartbeat {hb.seq} not stored: {reason}",
                             payload=b"", sender=hb.device_id, kind="heartbeat")
 
     def _from_operator(self, env: Envelope, _message: msgspec.Struct) -> Reply | None:
@@ -707,7 +707,7 @@ class LeaderAgent(PartBase):
             cls = env.kind.removeprefix(APP_KIND_PREFIX)
             self.sinks.rejected(cls if _topic_safe(cls) and len(cls) <= 48 else "other")
         self._reject_log.warning(f"{env.sender}:{env.kind}", f"refused {env.kind} {env.id} from {env.sender}: {reason}")
-        self._record_reject(topic=self._up_topic(env.sender), reason=reason, payload=env.payload, sender=env.sender,
+        self.record_reject(topic=self._up_topic(env.sender), reason=reason, payload=env.payload, sender=env.sender,
                             msg_id=env.id, kind=env.kind)
         return Reply(id=env.id, status="rejected", reason=reason)
 
@@ -715,13 +715,13 @@ class LeaderAgent(PartBase):
         """The inbox refused a message before it became an envelope (oversized, undecodable,
         sender not matching the topic)."""
         self._reject_log.warning(topic, f"refused message on {topic}: {reason}")
-        self._record_reject(topic=topic, reason=reason, payload=payload, sender=topics.device_of(topic))
+        self.record_reject(topic=topic, reason=reason, payload=payload, sender=topics.device_of(topic))
 
     def _up_topic(self, device: str) -> str:
         """The up topic a refused message of `device` came on, for the rejects table."""
         return topics.up(self.fleet, device) if _topic_safe(device) else "?"
 
-    def _record_reject(self, *, topic: str, reason: str, payload: bytes, sender: str | None,
+    def record_reject(self, *, topic: str, reason: str, payload: bytes, sender: str | None,
                        msg_id: str | None = None, kind: str | None = None) -> None:
         try:
             self.rejects.record(topic=topic, reason=reason, payload=payload, sender=sender, msg_id=msg_id, kind=kind)
@@ -736,7 +736,7 @@ class LeaderAgent(PartBase):
         try:
             state = decode_presence(payload)
         except PresenceFormatError as exc:
-            self._record_reject(topic=message.topic, reason=str(exc), payload=payload, sender=device)
+            self.record_reject(topic=message.topic, reason=str(exc), payload=payload, sender=device)
             return
         self.presence.put(Presence(device_id=device, status="online" if state.online else "offline",
                                    ts_ms=self.clock.now_ms(), session=state.session))

@@ -30,6 +30,7 @@ from agent.leader.registry import DeviceRegistry, RegistryReads
 from agent.leader.rejects import RejectReads
 
 if TYPE_CHECKING:
+    from agent.leader.session_log import SessionReads
     from config_rollout.layer_store import LayerReads
     from rollout_engine.store import RolloutReads
 
@@ -50,6 +51,13 @@ class LeaderDb:
     @functools.cached_property
     def identities(self) -> IdentityReads:
         return IdentityReads(self.shared)
+
+    @functools.cached_property
+    def sessions(self) -> SessionReads:
+        """The remote sessions' record: on the fleet's database when its leaders share one."""
+        from agent.leader.session_log import SessionReads
+
+        return SessionReads(self.shared)
 
     @functools.cached_property
     def jobs(self) -> JobReads:

@@ -4,6 +4,8 @@
     ea/v1/{fleet}/{device}/down            leader -> device
     ea/v1/{fleet}/{device}/presence        retained "online|offline SESSION SINCE_MS" (birth, will)
     ea/v1/{fleet}/{device}/reply/{name}    replies (MQTT v5 response topic)
+    ea/v1/{fleet}/{device}/session/down    a remote session's frames, leader -> device (`agent.remote`)
+    ea/v1/{fleet}/{device}/session/up/{leader}   ... device -> the leader that holds the session
     $share/leaders/ea/v1/{fleet}/+/up      several leaders' shared subscription
     ea/enrol/v1/{fleet}/{claim}/{client}/request|answer
                                            enrolment with the claim credential `claim` over the
@@ -79,6 +81,30 @@ def is_own_reply_topic(response_topic: str, up_topic: str) -> bool:
         return False
     prefix = up_topic[:-2] + "reply/"
     return len(response_topic) > len(prefix) and response_topic.startswith(prefix)
+
+
+def session_down(fleet: str, device: str) -> str:
+    """The remote sessions' frames to `device` (the leader writes, the device reads)."""
+    return f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/session/down"
+
+
+def session_up(fleet: str, device: str, leader: str) -> str:
+    """`device`'s remote session frames to the leader `leader` that holds the session."""
+    return (f"{PREFIX}/{_segment('fleet', fleet)}/{_segment('device', device)}/session/up/"
+            f"{_segment('leader', leader)}")
+
+
+def sessions_up_filter(fleet: str, leader: str) -> str:
+    """Every device's remote session frames to the leader `leader` (its subscription)."""
+    return f"{PREFIX}/{_segment('fleet', fleet)}/+/session/up/{_segment('leader', leader)}"
+
+
+def session_device(topic: str) -> str | None:
+    """The device of a `session/up/...` topic (the ACL lets a device write only its own)."""
+    levels = topic.split("/")
+    if len(levels) != 7 or levels[0] + "/" + levels[1] != PREFIX or levels[4:6] != ["session", "up"]:
+        return None
+    return levels[3] or None
 
 
 ENROL_PREFIX = "ea/enrol/v1"
@@ -252,6 +278,10 @@ __all__ = [
     "presence",
     "reply",
     "reply_from",
+    "session_device",
+    "session_down",
+    "session_up",
+    "sessions_up_filter",
     "split_shared",
     "up",
     "validate_filter",
