@@ -83,6 +83,8 @@ TABLE_OWNERS = {
     "rollout_controls": "rollout_engine/store.py",
     "rollout_device_events": "rollout_engine/store.py",
     "rollout_device_logs": "rollout_engine/store.py",
+    "remote_sessions": "agent/leader/session_log.py",
+    "remote_session_input": "agent/leader/session_log.py",
 }
 
 

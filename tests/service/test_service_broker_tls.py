@@ -404,3 +404,32 @@ def test_client_certificates_when_the_broker_requires_them(tmp_path: Path, pki: 
         assert paho_connect(broker.port, username="pi-0001", password=USERS["pi-0001"],
                             context=with_cert) == "ok"
         assert tls_refused(broker.port, tls_context(pki.ca_cert))  # no client certificate
+
+
+async def test_a_device_hears_only_its_own_sessions_and_answers_only_as_itself(broker: ExampleBroker, pki: Pki,
+                                                                             tmp_path: Path) -> None:
+    """Remote sessions' topics under the shipped ACL: pi-0002 neither hears pi-0001's session
+    frames nor opens sessions on it, nor answers in its name."""
+    leader = await connect(broker, pki, tmp_path, LEADER)
+    device = await connect(broker, pki, tmp_path, "pi-0001")
+    rogue = await connect(broker, pki, tmp_path, "pi-0002")
+    try:
+        heard, overheard, answers = Inbox(), Inbox(), Inbox()
+        await device.subscribe(topics.session_down(FLEET, "pi-0001"), heard.handler)
+        await rogue.subscribe(f"ea/v1/{FLEET}/+/session/down", overheard.handler)
+        await leader.subscribe(topics.sessions_up_filter(FLEET, LEADER), answers.handler)
+        await rogue.publish(topics.session_down(FLEET, "pi-0001"), b"an open from a device")  # refused
+        await leader.publish(topics.session_down(FLEET, "pi-0001"), b"open for pi-0001")
+        await heard.wait_for(b"open for pi-0001")
+        assert heard.messages == [(topics.session_down(FLEET, "pi-0001"), b"open for pi-0001")]
+        await rogue.publish(topics.session_up(FLEET, "pi-0001", LEADER), b"forged answer")  # refused
+        await rogue.publish(topics.session_up(FLEET, "pi-0002", LEADER), b"its own")
+        await device.publish(topics.session_up(FLEET, "pi-0001", LEADER), b"answer")
+        await answers.wait_for(b"answer")
+        await answers.wait_for(b"its own")
+        assert b"forged answer" not in [p for _, p in answers.messages]
+        assert [p for _, p in overheard.messages] == []
+    finally:
+        await rogue.stop()
+        await device.stop()
+        await leader.stop()
