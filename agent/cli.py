@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("agent.commands.broker", "a fleet's roles on mosquitto's dynamic-security plugin (several leaders)"),
     "devices": ("agent.commands.devices", "device identities: enrolments to approve or reject, revocations, tokens"),
     "rejects": ("agent.commands.rejects", "list and show the messages the leader refused"),
+    "audit": ("agent.commands.audit", "who did what to the fleet: controls, identities, layers, sessions"),
     "send": ("agent.commands.send", "hand the agent on this device one message (through its local API)"),
     "messages": ("agent.commands.messages", "list the application messages the leader stored"),
     "leader": ("agent.commands.leader", "grow a leader's state into PostgreSQL (leader migrate)"),

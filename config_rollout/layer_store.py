@@ -7,6 +7,7 @@ that every leader offers the same values and a fail-over loses none.
                          when, and for a device's override when it expires
     config_group_order   per target, the tags' groups in their stated order (a later one wins);
                          a tag's first value puts it last, `order` states it again
+    config_layer_changes every set, unset and order, with who made it and when (the audit trail)
 
 What a device gets (`values_for`): its groups' values in the stated order, then its own
 overrides that have not expired; one value per key, the last one winning, each naming its layer.
@@ -57,6 +58,37 @@ def _v1(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v2(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE config_layer_changes (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at_ms INTEGER NOT NULL,
+            by TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            scope TEXT NOT NULL DEFAULT '',
+            selector TEXT NOT NULL DEFAULT '',
+            document TEXT NOT NULL DEFAULT '',
+            key TEXT NOT NULL DEFAULT '',
+            value TEXT
+        )"""
+    )
+    conn.execute("CREATE INDEX config_layer_changes_at ON config_layer_changes(at_ms)")
+
+
+@dataclass(frozen=True)
+class LayerChange:
+    """One change of the layers: a value set or unset, or a target's groups ordered."""
+
+    at_ms: int
+    by: str
+    action: str  # "set", "unset", "order"
+    target: str
+    scope: str
+    selector: str
+    document: str
+    key: str
+    value: str | None  # set: the value (JSON); order: the tags (JSON)
 
 
 @dataclass(frozen=True)
@@ -80,7 +112,7 @@ class LayerStore(Store):
     """All reads and writes of the layer tables, on the leader's database."""
 
     COMPONENT = "config_layers"
-    MIGRATIONS = (_v1,)
+    MIGRATIONS = (_v1, _v2)
     SERVER_MIGRATIONS = server_migrations("config_rollout", COMPONENT)
     WHAT = "the configuration layers"
 
@@ -108,6 +140,7 @@ class LayerStore(Store):
                 " DO UPDATE SET value = excluded.value, expires_ms = excluded.expires_ms, set_by = excluded.set_by,"
                 " set_ms = excluded.set_ms",
                 (target, scope, selector, document, key, json.dumps(value), expires_ms, set_by, now_ms))
+            self._changed(now_ms, set_by, "set", target, scope, selector, document, key, json.dumps(value))
             if scope == "tag":
                 self._conn.execute(
                     "INSERT INTO config_group_order (target, tag, position) SELECT ?, ?,"
@@ -115,19 +148,29 @@ class LayerStore(Store):
                     " ON CONFLICT (target, tag) DO NOTHING",
                     (target, selector, target))
 
-    def unset(self, target: str, scope: Scope, selector: str, document: str, key: str) -> bool:
+    def unset(self, target: str, scope: Scope, selector: str, document: str, key: str, *, by: str,
+              now_ms: int) -> bool:
         """Remove one value; whether there was one."""
         self.check_open()
         with self.atomic(), store_errors(f"{self.path}: unset a configuration layer value"):
             gone = self._conn.execute(
                 "DELETE FROM config_layers WHERE target = ? AND scope = ? AND selector = ? AND document = ?"
                 " AND key = ?", (target, scope, selector, document, key)).rowcount
+            if gone:
+                self._changed(now_ms, by, "unset", target, scope, selector, document, key, None)
             self._conn.execute(
                 "DELETE FROM config_group_order WHERE target = ? AND tag NOT IN"
                 " (SELECT selector FROM config_layers WHERE target = ? AND scope = 'tag')", (target, target))
         return bool(gone)
 
-    def order(self, target: str, tags: Sequence[str]) -> None:
+    def _changed(self, at_ms: int, by: str, action: str, target: str, scope: str, selector: str, document: str,
+                 key: str, value: str | None) -> None:
+        self._conn.execute(
+            "INSERT INTO config_layer_changes (at_ms, by, action, target, scope, selector, document, key, value)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (at_ms, by[:256], action, target, scope, selector, document, key,
+                                                  value))
+
+    def order(self, target: str, tags: Sequence[str], *, by: str, now_ms: int) -> None:
         """State the order of the target's groups (the last one wins): every tag that has values,
         each once. A `StoreError` names the tag left out or not known."""
         known = self.group_order(target)
@@ -142,6 +185,7 @@ class LayerStore(Store):
             for position, tag in enumerate(tags, 1):
                 self._conn.execute("UPDATE config_group_order SET position = ? WHERE target = ? AND tag = ?",
                                    (position, target, tag))
+            self._changed(now_ms, by, "order", target, "tag", "", "", "", json.dumps(list(tags)))
 
     # -- reads ---------------------------------------------------------------------------------
     def reads(self) -> LayerReads:
@@ -177,6 +221,17 @@ class LayerReads:
             return []
         with store_errors("configuration layers"):
             return self._conn.execute(sql, args).fetchall()
+
+    def changes(self, *, since_ms: int = 0, limit: int = 1000) -> list[LayerChange]:
+        """The layers' changes since `since_ms`, oldest first (none before this record began)."""
+        if not self.present or not int(self._conn.execute(
+                has_table(dialect_of(self._conn), "config_layer_changes")).fetchone()[0]):
+            return []
+        return [LayerChange(int(str(a)), str(b), str(c), str(t), str(sc), str(se), str(d), str(k),
+                            None if v is None else str(v))
+                for a, b, c, t, sc, se, d, k, v in self._q(
+                    "SELECT at_ms, by, action, target, scope, selector, document, key, value FROM config_layer_changes"
+                    " WHERE at_ms >= ? ORDER BY id LIMIT ?", (since_ms, limit))]
 
     def group_order(self, target: str) -> list[str]:
         return [str(t) for (t,) in self._q(
@@ -303,4 +358,4 @@ def _source(row: LayerRow) -> str:
     return f"{row.source} until {until}"
 
 
-__all__ = ["LayerEdit", "LayerReads", "LayerRow", "LayerStore", "Scope"]
+__all__ = ["LayerChange", "LayerEdit", "LayerReads", "LayerRow", "LayerStore", "Scope"]

@@ -851,6 +851,20 @@ class RolloutReads:
             return []
         return [(int(a), str(b), str(c), str(d)) for a, b, c, d in rows]
 
+    def controls_since(self, since_ms: int, *, limit: int = 1000) -> list[tuple[int, str, str, str, str, str]]:
+        """Every rollout control asked for since `since_ms`, oldest first: (asked at ms, who, action,
+        rollout id, its argument, its outcome and result)."""
+        if not self.present:
+            return []
+        try:
+            rows = self._conn.execute(
+                "SELECT created_ms, actor, action, rollout_id, arg, COALESCE(outcome, ''), result FROM rollout_controls"
+                " WHERE created_ms >= ? ORDER BY id LIMIT ?", (since_ms, limit)).fetchall()
+        except (sqlite3.OperationalError, StoreError):
+            return []
+        return [(int(a), str(b), str(c), str(d), str(e), f"{f}: {g}" if f and g else str(f or "not applied yet"))
+                for a, b, c, d, e, f, g in rows]
+
     def controls_of(self, rollout_ids: Sequence[str]) -> list[tuple[int, str, str, str, int | None, str, str]]:
         """The controls of these rollouts, newest first: (asked at ms, rollout id, action, who
         asked, applied at ms, outcome, result)."""

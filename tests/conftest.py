@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # helpers shared by the firmware tests, the engine's, and the simulator's and CLI's rollout tests
@@ -22,6 +23,11 @@ from postgres import PostgresCluster, PostgresMissing
 
 from agent.core.clock import VirtualClock
 from agent.transport.memory import MemoryBroker
+
+# Property tests assert behaviour, never speed: no per-example deadline (on a loaded machine one
+# example may take longer than hypothesis's 200 ms default without anything being wrong).
+settings.register_profile("edge-agent", deadline=None)
+settings.load_profile("edge-agent")
 
 
 def _broker(workdir: Path, **kwargs: object) -> Mosquitto:

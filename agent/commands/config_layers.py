@@ -126,7 +126,7 @@ def layer_main(args: argparse.Namespace) -> int:
         for tag in args.tags:
             _name(tag, "TAG", r"^[A-Za-z0-9_.:-]{1,64}$")
         with LayerStore.open(_writable(db)) as store:
-            store.order(target, args.tags)
+            store.order(target, args.tags, by=cli_actor(), now_ms=int(time.time() * 1000))
         print(f"{target}: groups in order {', '.join(args.tags)} (the last wins), then devices")
         return 0
     scope = "tag" if args.tag is not None else "device"
@@ -136,7 +136,8 @@ def layer_main(args: argparse.Namespace) -> int:
         edits = [LayerEdit.checked(target=target, scope=scope, selector=selector, document=args.document, key=k,
                                    fields={**names, "key": k}) for k in args.keys]
         with LayerStore.open(_writable(db)) as store:
-            gone = [e.key for e in edits if store.unset(e.target, e.scope, e.selector, e.document, e.key)]
+            gone = [e.key for e in edits if store.unset(e.target, e.scope, e.selector, e.document, e.key,
+                                                        by=cli_actor(), now_ms=int(time.time() * 1000))]
         print(f"{target} {scope} {selector} {args.document}: unset {', '.join(gone) or 'nothing (no such key)'}")
         return 0
     edits = []

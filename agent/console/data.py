@@ -55,6 +55,16 @@ def rejects(db: StoreTarget, device_id: str | None) -> Rejects:
         return Rejects(leader.rejects.counts(device=device_id), leader.rejects.newest(device=device_id, limit=100))
 
 
+def audit(db: StoreTarget, *, days: float = 30.0, shown: int = 500) -> list[Any]:
+    """The operators' newest actions (the audit trail), newest first."""
+    import time
+
+    from agent.leader.audit_view import audit_trail
+
+    with open_leader_db(db) as leader:
+        return audit_trail(leader, since_ms=int((time.time() - days * 86_400) * 1000), limit=shown)[::-1][:shown]
+
+
 def _has_rollouts(db: StoreTarget) -> bool:
     with open_leader_db(db) as leader:
         return leader.rollouts.present
@@ -286,7 +296,8 @@ def change_layer(db: StoreTarget, form: dict[str, str], actor: str) -> str:
         pass
     with LayerStore.open(db) as store:
         if unset:
-            gone = store.unset(edit.target, edit.scope, edit.selector, edit.document, edit.key)
+            gone = store.unset(edit.target, edit.scope, edit.selector, edit.document, edit.key, by=actor,
+                               now_ms=now_ms)
             return (f"{edit.target} {edit.scope} {edit.selector} {edit.document}: unset {edit.key}" if gone else
                     f"{edit.target} {edit.scope} {edit.selector} {edit.document}: no value {edit.key} to unset")
         store.set_value(edit.target, edit.scope, edit.selector, edit.document, edit.key, edit.value, set_by=actor,

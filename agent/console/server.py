@@ -274,6 +274,8 @@ class Console:
             total, rows = data.dead_letters(outbox) if outbox is not None else (0, [])
             return 200, self.render("dead", title="dead letters", total=total, rows=rows,
                                     outbox=str(outbox) if outbox is not None else None, refresh=REFRESH_S)
+        if path == "/audit":
+            return 200, self.render("audit", title="audit", entries=data.audit(self.config.db), refresh=REFRESH_S)
         if path == "/rejects":
             return 200, self.render("rejects", title="rejects", x=data.rejects(self.config.db, query.get("device")),
                                     refresh=REFRESH_S)

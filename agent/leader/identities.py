@@ -187,6 +187,20 @@ class IdentityReads:
         self._conn: Any = conn
         self._present = bool(self._conn.execute(has_table(dialect_of(conn), "device_identities")).fetchone()[0])
 
+    def actions(self, *, since_ms: int = 0, limit: int = 1000) -> list[tuple[int, str, str, str, str]]:
+        """Operators' actions on identities since `since_ms`, oldest first: (at ms, who, action,
+        what it was on, its outcome): approvals, rejections and revocations, enrolment tokens
+        made, serial numbers allowed."""
+        if not self._present:
+            return []
+        rows = self._conn.execute(
+            "SELECT at_ms, \"by\", action, device, CASE WHEN applied_ms IS NULL THEN 'not applied yet'"
+            " WHEN ok = 1 THEN 'applied' ELSE 'refused: ' || outcome END FROM identity_controls WHERE at_ms >= ?"
+            " UNION ALL SELECT made_ms, made_by, 'token', '', 'uses ' || uses_left FROM enrol_tokens WHERE made_ms >= ?"
+            " UNION ALL SELECT added_ms, added_by, 'allow', hw_serial, '' FROM enrol_allow WHERE added_ms >= ?"
+            " ORDER BY 1 LIMIT ?", (since_ms, since_ms, since_ms, limit)).fetchall()
+        return [(int(a), str(b), str(c), str(d), str(e)) for a, b, c, d, e in rows]
+
     def approved_names(self) -> list[str]:
         if not self._present:
             return []

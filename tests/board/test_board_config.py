@@ -13,13 +13,20 @@ a file changes, so the agent needs no privilege for it.
 
 from __future__ import annotations
 
+import json
+import os
+import pwd
 import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.board_updates import DEVICE, heard_from, rollout_end, start_rollout
-from tests.e2e.agent_support import FLEET, db_query, kill, run_agent, wait_for, write_config
+from tests.e2e.agent_support import FLEET, REPO, db_query, kill, run_agent, wait_for, write_config
 from tests.identity_broker import cli
 from tests.mosquitto import Mosquitto
 from tests.qemu_board import HERE, HOST_FROM_GUEST, QemuBoard, build_board, build_deb, have_board_tools
@@ -28,6 +35,35 @@ pytestmark = [pytest.mark.slow, pytest.mark.mqtt, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(have_board_tools()), reason=have_board_tools() or "-")]
 
 NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP={dhcp}\n"
+METRICS_PORT = 9100  # the agent's /healthz on the board's loopback: the service a forward reaches
+
+
+def remote_sessions_reach_the_board(leader_conf: Path) -> None:
+    """A shell on the booted board as the agent's user, inside the shipped unit's sandbox (reading
+    another unit's journal through its systemd-journal group), and a forward to a service on the
+    board's loopback."""
+    ran = cli("devices", "shell", "--config", str(leader_conf), DEVICE, "--",
+              "id -un; systemctl is-active edge-agent board-app; journalctl -q --no-pager -u systemd-networkd -n 1"
+              " | wc -l")
+    assert (ran.returncode, ran.stdout) == (0, "edge-agent\nactive\nactive\n1\n"), ran
+    forward = subprocess.Popen([sys.executable, "-m", "agent.cli", "devices", "forward", "--config", str(leader_conf),
+                                DEVICE, f"0:127.0.0.1:{METRICS_PORT}"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        assert line.startswith("forwarding 127.0.0.1:"), line
+        local = int(line.split()[1].rsplit(":", 1)[1])
+        try:  # (200 or 503: what the agent's health endpoint says, over the forward either way)
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/healthz", timeout=120) as response:
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+        assert "transport" in json.loads(body)["checks"], body
+    finally:
+        forward.terminate()
+        forward.communicate(timeout=30)
 
 
 def release(tmp: Path, target: str, document: str, text: str, version: str, private: Path) -> Path:
@@ -56,9 +92,12 @@ def test_config_rollouts_reload_a_service_survive_a_power_cut_and_a_cut_network_
                     f'data_dir = "/var/lib/edge-agent"\n\n[mqtt]\nurl = "mqtt://{HOST_FROM_GUEST}:{mosquitto.port}"\n\n'
                     '[heartbeat]\ninterval_s = 5.0\n\n[firmware]\npublic_key = "/etc/edge-agent/fleet-public.pem"\n\n'
                     '[config_targets.app]\ndirectory = "/etc/board-app"\ndocuments = ["app.toml"]\n'
-                    'health_command = ["/usr/local/sbin/board-app-healthy"]\nconfirm_s = 60.0\nsettle_s = 20.0\n\n'
+                    'health_command = ["/usr/local/sbin/board-app-healthy"]\nconfirm_s = 60.0\nsettle_s = 20.0\n'
+                    'units = ["board-app.service"]\n\n'
                     '[config_targets.net]\ndirectory = "/etc/systemd/network"\ndocuments = ["20-wired.network"]\n'
-                    'confirm_s = 60.0\nsettle_s = 10.0\n')
+                    'confirm_s = 60.0\nsettle_s = 10.0\nunits = ["systemd-networkd.service"]\n\n'
+                    f'[metrics]\nlisten = "127.0.0.1:{METRICS_PORT}"\n\n'
+                    f'[remote]\nshell = true\nforward = ["127.0.0.1:{METRICS_PORT}"]\n')
     app_v1 = tmp_path / "app.toml"
     app_v1.write_text('mode = "v1"\n')
     units = ("board-app.service", "board-app-config.path", "board-app-reload.service", "board-network.path",
@@ -73,9 +112,12 @@ def test_config_rollouts_reload_a_service_survive_a_power_cut_and_a_cut_network_
         *((HERE / unit, f"/etc/systemd/system/{unit}:0644") for unit in units)))
     leader_dir = tmp_path / "gw"
     db = leader_dir / "leader.db"
-    leader = run_agent(write_config(tmp_path / "leader.toml", "leader", "gw", agent={"data_dir": str(leader_dir)},
-                                    mqtt={"url": f"mqtt://127.0.0.1:{mosquitto.port}"},
-                                    firmware={"public_key": str(keys / "public.pem")}), tmp_path / "leader.log")
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    leader_conf = write_config(tmp_path / "leader.toml", "leader", "gw", agent={"data_dir": str(leader_dir)},
+                               mqtt={"url": f"mqtt://127.0.0.1:{mosquitto.port}"},
+                               firmware={"public_key": str(keys / "public.pem")},
+                               remote={"shell_operators": [me], "forward_operators": [me]})
+    leader = run_agent(leader_conf, tmp_path / "leader.log")
     board = QemuBoard(images, tmp_path / "console").power_on()
     private = keys / "private.pem"
     try:
@@ -85,6 +127,7 @@ def test_config_rollouts_reload_a_service_survive_a_power_cut_and_a_cut_network_
             assert "error" not in report, report["error"]
             board.wait_for("BOARD-APP: loaded mode=v1")
             wait_for(lambda: heard_from(db), "the board's heartbeat", limit_s=600)
+            remote_sessions_reach_the_board(leader_conf)
 
             # a release the service takes: written by the agent, reloaded by systemd, confirmed
             mark = board.mark()
@@ -117,6 +160,10 @@ def test_config_rollouts_reload_a_service_survive_a_power_cut_and_a_cut_network_
                           kind="config")
             done = rollout_end(db, "net-bad")
             assert device_state(done) == "rolled_back", done
+            # its report explains it: the agent's lines and networkd's journal, as the board wrote them
+            said = cli("rollout", "status", "net-bad", "--db", str(db), "--json", "--device", DEVICE)
+            log = json.loads(said.stdout)["device"]["log"]
+            assert "-- journal: systemd-networkd.service --" in log and "-- edge-agent --" in log, log
             wait_for(lambda: db_query(db, "SELECT hb_seq FROM devices WHERE device_id = ?", (DEVICE,))[0][0]
                      > beats + 2, "the board's heartbeats after the revert", limit_s=600)
             assert board.proc is not None and board.proc.poll() is None  # (the same boot: no reboot needed)

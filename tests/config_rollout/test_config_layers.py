@@ -83,14 +83,14 @@ def test_the_store_gives_a_device_its_groups_in_order_then_its_own_overrides(lea
         got = store.values_for("app", "pi-1", ["site-a", "cold"], now_ms=2_000)
         assert [(v.key, json.loads(v.value), v.source) for v in got] == [
             ("log_level", "warning", "tag cold"), ("port", 9001, "device pi-1 until 1970-01-01T00:00Z")]
-        store.order("app", ["cold", "site-a"])  # stated again: site-a wins now
+        store.order("app", ["cold", "site-a"], by="test", now_ms=1)  # stated again: site-a wins now
         got = store.values_for("app", "pi-1", ["site-a", "cold"], now_ms=6_000)  # the override expired
         assert [(v.key, json.loads(v.value), v.source) for v in got] == [
             ("port", 9000, "tag cold"), ("log_level", "debug", "tag site-a")]
         assert store.values_for("app", "pi-2", [], now_ms=6_000) == ()
         with pytest.raises(Exception, match="name site-a too"):
-            store.order("app", ["cold"])
-        assert store.unset("app", "tag", "site-a", "app.toml", "log_level")
+            store.order("app", ["cold"], by="test", now_ms=1)
+        assert store.unset("app", "tag", "site-a", "app.toml", "log_level", by="test", now_ms=1)
         assert store.group_order("app") == ["cold"]  # a group without values leaves the order
         digests = store.reads().digests("app", {"pi-1": ["cold"], "pi-2": []}, now_ms=6_000)
         assert digests["pi-2"] == "" and digests["pi-1"] == digest(store.values_for("app", "pi-1", ["cold"],

@@ -64,7 +64,7 @@ def _single_gateway(db: Path) -> None:
     with LayerStore.open(db) as layers:  # two groups stated in an order, and a device's own override
         layers.set_value("app", "tag", "lab", "app.toml", "port", 9000, set_by="op", now_ms=1_000)
         layers.set_value("app", "tag", "cold", "app.toml", "port", 9100, set_by="op", now_ms=1_000)
-        layers.order("app", ["cold", "lab"])
+        layers.order("app", ["cold", "lab"], by="test", now_ms=1)
         layers.set_value("app", "device", "pi-2", "app.toml", "log_level", "debug", set_by="op", now_ms=1_000)
 
 
