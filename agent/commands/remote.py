@@ -7,6 +7,7 @@
     edge-agent devices forward ID [LISTEN:]LOCAL:HOST:PORT --config ...  ssh -L's shape: connections to
                                                                          LOCAL reach HOST:PORT as the
                                                                          device sees it
+    edge-agent devices logs --config ... ID [--since 1h] [--unit NAME]   a log bundle (gzip), resumable
     edge-agent devices sessions [--open] [--json] --config ...          the audit record, newest first
     edge-agent devices close SID --config ...                            end an open session
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any
 from agent.core.config import AgentConfig, load_config, resolve
 from agent.core.errors import ConfigError, EdgeAgentError
 
-ACTIONS = ("shell", "forward", "sessions", "close")
+ACTIONS = ("shell", "forward", "logs", "sessions", "close")
 
 
 def add_arguments(sub: Any, where: Any) -> None:
@@ -36,6 +38,13 @@ def add_arguments(sub: Any, where: Any) -> None:
     forward.add_argument("device", metavar="ID")
     forward.add_argument("spec", metavar="[LISTEN:]LOCAL:HOST:PORT",
                          help="as ssh -L: e.g. 8080:127.0.0.1:80 (LISTEN defaults to 127.0.0.1)")
+    logs = where(sub.add_parser("logs", help="fetch a device's log bundle (its journal and the agent's own log)"))
+    logs.add_argument("device", metavar="ID")
+    logs.add_argument("--since", default="1h", help="how far back (default 1h; e.g. 30m, 2d)")
+    logs.add_argument("--unit", action="append", default=[], metavar="NAME",
+                      help="only this unit's journal (repeat; default every unit)")
+    logs.add_argument("--out", metavar="FILE", help="where to write it (default ID-logs.txt.gz); a cut download"
+                                                    " goes on when run again")
     sessions = where(sub.add_parser("sessions", help="the remote sessions on record, newest first"))
     sessions.add_argument("--open", action="store_true", help="only those still open")
     sessions.add_argument("--json", action="store_true", help="one JSON object per line (the audit export)")
@@ -74,6 +83,8 @@ def main(args: argparse.Namespace) -> int:
         if args.action == "shell":
             command = tuple(args.command[1:] if args.command[:1] == ["--"] else args.command)
             return asyncio.run(shell(socket, args.device, command))
+        if args.action == "logs":
+            return _logs(socket, args)
         if args.action == "close":
             print(asyncio.run(close_session(socket, args.sid)))
             return 0
@@ -97,6 +108,27 @@ def main(args: argparse.Namespace) -> int:
     except EdgeAgentError as exc:
         print(f"edge-agent devices: {exc}", file=sys.stderr)
         return 2
+
+
+def _logs(socket: Path, args: argparse.Namespace) -> int:
+    from agent.core.durations import parse_seconds
+    from agent.remote.operator import logs
+
+    try:
+        since = int(parse_seconds(args.since))
+    except ValueError:
+        raise ConfigError("--since", None, f"{args.since!r} is not a duration (e.g. 30m, 1h, 2d)") from None
+    if not 60 <= since <= 31 * 86_400:
+        raise ConfigError("--since", None, "from 1m to 31d")
+    for unit in args.unit:
+        if not re.fullmatch(r"[A-Za-z0-9:_.@*-]{1,255}", unit):
+            raise ConfigError("--unit", None, f"{unit!r} is not a unit name")
+    out = Path(args.out or f"{args.device}-logs.txt.gz")
+    started = time.monotonic()
+    size = asyncio.run(logs(socket, args.device, out, since_s=since, units=tuple(args.unit),
+                            say=lambda text: print(text, flush=True)))
+    print(f"wrote {out} ({size:,} bytes in {time.monotonic() - started:.1f} s; zcat to read it)")
+    return 0
 
 
 def _sessions(config: AgentConfig, args: argparse.Namespace) -> int:

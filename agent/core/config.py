@@ -465,6 +465,9 @@ class RemoteSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     shell_user: UserName = ""  # whose shell ("": the agent's own user); another needs an agent run as root
     allow_root: bool = False  # shell_user "root" (or an agent run as root with shell_user "") only with this
     forward: Annotated[tuple[ForwardTarget, ...], msgspec.Meta(max_length=64)] = ()  # "HOST:PORT" or "HOST:*"
+    logs: bool = False  # take `devices logs`: a bundle of its journal and its own log, secrets redacted
+    logs_rate_kib_s: Annotated[int, msgspec.Meta(ge=1, le=1024 * 1024)] = 256  # a bundle's pace on the link
+    logs_max_mib: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8  # a bundle's size at most, compressed
     max_sessions: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4  # at once on this device (a leader: per operator)
     idle_s: Annotated[float, msgspec.Meta(ge=10, le=86_400)] = 900.0  # no data either way this long: it ends
     max_s: Annotated[float, msgspec.Meta(ge=10, le=7 * 86_400)] = 8 * 3600.0  # a session ends after this, whatever
@@ -473,6 +476,7 @@ class RemoteSection(_Section, kw_only=True, frozen=True, forbid_unknown_fields=T
     socket: str = "operator.sock"  # the operator socket, under the data dir (mode 0660, the agent's group)
     shell_operators: Annotated[tuple[UserName, ...], msgspec.Meta(max_length=256)] = ()  # may open a shell
     forward_operators: Annotated[tuple[UserName, ...], msgspec.Meta(max_length=256)] = ()  # may forward
+    logs_operators: Annotated[tuple[UserName, ...], msgspec.Meta(max_length=256)] = ()  # may fetch log bundles
     record_input: bool = False  # keep what operators type into shells in the leader's audit (1 MiB a session)
     open_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 15.0  # the device's answer to an open
 

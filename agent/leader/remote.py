@@ -26,6 +26,8 @@ import secrets
 import time
 from typing import Any
 
+import msgspec
+
 from agent.core.config import RemoteSection, resolve
 from agent.core.errors import StoreError, TransportError
 from agent.core.peercred import peer_credentials
@@ -184,7 +186,7 @@ class RemoteRelay(PartBase):
             writer.write(framed(Refused(sid="", reason="a session starts with an open")))
             return
         sid = secrets.token_hex(16)
-        target = f"{first.host}:{first.port}" if first.op == "forward" else (" ".join(first.argv) or "(login shell)")
+        target = _target(first)
         why = self._refusal(user, first)
         if why:
             self.refused += 1
@@ -213,9 +215,8 @@ class RemoteRelay(PartBase):
 
     def _refusal(self, user: str, open_: Open) -> str:
         s = self.settings
-        rights = s.shell_operators if open_.op == "shell" else s.forward_operators
-        if user not in rights:
-            key = "shell_operators" if open_.op == "shell" else "forward_operators"
+        key = f"{open_.op}_operators"
+        if user not in getattr(s, key):
             return f"operator {user} has no right to {open_.op} (the leader's remote.{key})"
         if open_.device in self.leader.revoked:
             return f"{open_.device} is revoked"
@@ -235,7 +236,8 @@ class RemoteRelay(PartBase):
         relay = self.relays.get(sid)
         if relay is None:
             return Refused(sid=sid, reason=f"no open session {sid} on this leader ({self.leader_id})")
-        if user not in self.settings.shell_operators + self.settings.forward_operators:
+        s = self.settings
+        if user not in s.shell_operators + s.forward_operators + s.logs_operators:
             return Refused(sid=sid, reason=f"operator {user} has no right to close sessions")
         relay.end(f"closed by {user}")
         return Close(sid=sid, reason=f"closed by {user}")
@@ -243,8 +245,7 @@ class RemoteRelay(PartBase):
     async def _relay(self, relay: _Relay, user: str, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> str:
         sid, o = relay.sid, relay.open
-        opened = Open(sid=sid, device=o.device, op=o.op, argv=o.argv, pty=o.pty, rows=o.rows, cols=o.cols,
-                      host=o.host, port=o.port, operator=user, leader=self.leader_id)
+        opened = msgspec.structs.replace(o, sid=sid, operator=user, leader=self.leader_id)
         try:
             self._to_device(relay, opened)
         except (TransportError, topics.TopicError) as exc:
@@ -399,10 +400,17 @@ class RemoteRelay(PartBase):
             log.error("the session record was not written: %s", exc)
 
 
+def _target(o: Open) -> str:
+    if o.op == "forward":
+        return f"{o.host}:{o.port}"
+    if o.op == "logs":
+        return (f"since {o.since_s} s, " + (", ".join(o.units) if o.units else "every unit")
+                + (f", bundle {o.bundle} from {o.offset}" if o.bundle else ""))
+    return " ".join(o.argv) or "(login shell)"
+
+
 def _with_sid(frame: Frame, sid: str) -> Frame:
     """The operator's frame, under the session's id whatever it said."""
-    import msgspec
-
     return frame if getattr(frame, "sid", sid) == sid else msgspec.structs.replace(frame, sid=sid)  # type: ignore[type-var]
 
 
@@ -416,7 +424,7 @@ def _user_name(uid: int) -> str:
 async def remote_part(leader: LeaderAgent, env: GatewayEnv) -> RemoteRelay | None:
     """The operator socket and the sessions' relay; None when no operator has a right to any."""
     settings = leader.config.remote
-    if not settings.shell_operators and not settings.forward_operators:
+    if not settings.shell_operators and not settings.forward_operators and not settings.logs_operators:
         return None
     return RemoteRelay(leader, SessionLog.open(leader.shared, clock=leader.clock), settings)
 

@@ -29,7 +29,9 @@ KEEPALIVE_S: Final = 30.0  # an idle session's ping, each way
 GONE_AFTER_S: Final = 95.0  # nothing heard from the other side this long: it is gone
 
 Sid = Annotated[str, msgspec.Meta(max_length=32, pattern=r"^[0-9a-f]{0,32}$")]
-Op = Literal["shell", "forward"]
+Op = Literal["shell", "forward", "logs"]
+BundleId = Annotated[str, msgspec.Meta(max_length=32, pattern=r"^[0-9a-f]*$")]
+UnitName = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9:_.@*-]+$")]
 Text = Annotated[str, msgspec.Meta(max_length=512)]
 Arg = Annotated[str, msgspec.Meta(max_length=4096)]
 Host = Annotated[str, msgspec.Meta(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")]
@@ -57,12 +59,18 @@ class Open(_Frame, tag="open", frozen=True, kw_only=True):
     cols: Rows = 0
     host: Host = "127.0.0.1"  # forward: where the device connects
     port: Port = 1
+    since_s: Annotated[int, msgspec.Meta(ge=60, le=31 * 86_400)] = 3600  # logs: how far back
+    units: Annotated[tuple[UnitName, ...], msgspec.Meta(max_length=16)] = ()  # logs: whose journal (none: all)
+    bundle: BundleId = ""  # logs: the bundle to go on with (a resumed download), from `offset`
+    offset: Count = 0
     operator: OperatorName = ""
     leader: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class Accepted(_Frame, tag="accepted", frozen=True, kw_only=True):
     sid: Sid
+    bundle: BundleId = ""  # logs: the bundle's id (to resume it) and its size, compressed
+    size: Count = 0
 
 
 class Refused(_Frame, tag="refused", frozen=True, kw_only=True):

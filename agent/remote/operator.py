@@ -217,6 +217,49 @@ def _raw(stdin: BinaryIO) -> Callable[[], None] | None:
     return lambda: termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
+async def logs(socket_path: Path, device: str, out: Path, *, since_s: int, units: tuple[str, ...] = (),
+               say: Callable[[str], None] | None = None) -> int:
+    """Fetch a log bundle of `device` into `out` (gzip), going on with a cut one (`out` and its
+    `.part` record of the bundle); the bundle's size."""
+    import json
+
+    part = out.with_name(out.name + ".part")
+    bundle, offset = "", 0
+    if part.is_file() and out.is_file():
+        try:
+            kept = json.loads(part.read_text())
+            if kept.get("device") == device:
+                bundle, offset = str(kept["bundle"]), out.stat().st_size
+        except (OSError, ValueError, KeyError):
+            bundle, offset = "", 0
+    reader, writer, answer = await _open(socket_path, Open(device=device, op="logs", since_s=since_s, units=units,
+                                                           bundle=bundle, offset=offset))
+    assert isinstance(answer, Accepted)
+    part.write_text(json.dumps({"device": device, "bundle": answer.bundle}))
+    if say is not None:
+        say(f"{device}: bundle {answer.bundle}, {answer.size:,} bytes compressed"
+            + (f", going on from byte {offset:,}" if offset else ""))
+    link = _Link(reader, writer, answer.sid)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    with out.open("ab" if offset else "wb") as sink_file:
+
+        async def sink(stream: int, data: bytes) -> None:
+            if data:
+                sink_file.write(data)
+
+        pump = asyncio.get_running_loop().create_task(_pump_in(link, sink, done))
+        try:
+            await done
+        finally:
+            pump.cancel()
+            writer.close()
+    if link.exit_code != 0 or out.stat().st_size != answer.size:
+        raise SessionRefused(f"the bundle stopped at byte {out.stat().st_size:,} of {answer.size:,}"
+                             f" ({link.reason or 'no reason given'}): run the same command again to go on")
+    part.unlink(missing_ok=True)
+    return answer.size
+
+
 async def forward(socket_path: Path, device: str, listen: tuple[str, int], host: str, port: int, *,
                   ready: Callable[[int], None] | None = None, say: Callable[[str], None] | None = None) -> None:
     """Listen on `listen`; carry each connection to `host:port` as the device sees it (until canceled)."""
@@ -269,4 +312,4 @@ async def forward(socket_path: Path, device: str, listen: tuple[str, int], host:
         await server.serve_forever()
 
 
-__all__ = ["FAILED", "SessionRefused", "close_session", "forward", "shell"]
+__all__ = ["FAILED", "SessionRefused", "close_session", "forward", "logs", "shell"]

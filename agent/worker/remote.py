@@ -23,8 +23,10 @@ import json
 import logging
 import os
 import pwd
+import secrets
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +74,10 @@ class RemoteSessions(PartBase):
     name = "remote sessions"
 
     def __init__(self, settings: RemoteSection, *, transport: Transport, fleet: str, device_id: str,
-                 data_dir: Path) -> None:
+                 data_dir: Path, secrets: Callable[[], list[str]] = list) -> None:
         self.settings = settings
+        self.data_dir = data_dir
+        self.secrets = secrets  # the device's own secrets, taken out of a log bundle
         self.transport = transport
         self.fleet = fleet
         self.device_id = device_id
@@ -119,7 +123,8 @@ class RemoteSessions(PartBase):
                 raise Refusal("a session of that id is open already")
             if len(self.sessions) >= self.settings.max_sessions:
                 raise Refusal(f"{len(self.sessions)} sessions are open on this device (remote.max_sessions)")
-            session: _Session = (ShellSession(self, frame) if frame.op == "shell" else ForwardSession(self, frame))
+            session: _Session = (ShellSession(self, frame) if frame.op == "shell" else
+                                 ForwardSession(self, frame) if frame.op == "forward" else LogsSession(self, frame))
             session.check()
         except Refusal as exc:
             self.refused += 1
@@ -158,6 +163,8 @@ class RemoteSessions(PartBase):
 def _target(frame: Open) -> str:
     if frame.op == "forward":
         return f"{frame.host}:{frame.port}"
+    if frame.op == "logs":
+        return f"since {frame.since_s} s, " + (", ".join(frame.units) if frame.units else "every unit")
     return " ".join(frame.argv)[:512] if frame.argv else "(login shell)"
 
 
@@ -183,6 +190,9 @@ class _Session:
 
     def check(self) -> None:
         """Refusal when the device's config does not take this session."""
+
+    def accepted(self) -> Accepted:
+        return Accepted(sid=self.sid)
 
     async def serve(self) -> None:
         """The session's own work until it is over."""
@@ -235,7 +245,7 @@ class _Session:
         log.info("remote %s %s by %s opened: %s", o.op, self.sid, o.operator or "?", _target(o))
         watchdog = asyncio.get_running_loop().create_task(self._watch())
         try:
-            self._say(Accepted(sid=self.sid))
+            self._say(self.accepted())
             await self.serve()
             if not self.reason:
                 self.reason = "ended"
@@ -514,10 +524,122 @@ class ForwardSession(_Session):
                 await self.writer.wait_closed()
 
 
+BUNDLES = "bundles"  # under the data dir: the log bundles being fetched (resumable)
+BUNDLES_KEPT = 4
+BUNDLE_KEPT_S = 3600.0
+JOURNAL_RAW_MAX = 256 * 1024 * 1024  # journal text read for one bundle at most, before compression
+
+
+class LogsSession(_Session):
+    """A diagnostics bundle: the journal since `since_s` (of `units`, or every unit) and the agent's
+    own recent log, each line redacted, gzip-compressed into a file under the data dir (so a cut
+    download resumes where it stopped: `bundle` and `offset`), sent at `remote.logs_rate_kib_s`."""
+
+    def check(self) -> None:
+        if not self.owner.settings.logs:
+            raise Refusal("log bundles are off on this device (remote.logs)")
+        self.path: Path | None = None
+        self.size = 0
+
+    def accepted(self) -> Accepted:
+        return Accepted(sid=self.sid, bundle=self.path.stem.split(".")[0] if self.path else "", size=self.size)
+
+    async def run(self) -> None:
+        try:
+            self.path = await self._bundle()
+            self.size = self.path.stat().st_size
+            if self.open.offset > self.size:
+                raise OSError(f"offset {self.open.offset} is beyond the bundle's {self.size} bytes")
+        except OSError as exc:
+            self.owner.sessions.pop(self.sid, None)
+            why = f"no bundle: {exc}"
+            self.owner.audit("refused", sid=self.sid, op="logs", operator=self.open.operator,
+                             target=_target(self.open), reason=why)
+            with contextlib.suppress(TransportError, topics.TopicError):
+                self._say(Refused(sid=self.sid, reason=why[:512]))
+            return
+        await super().run()
+
+    async def serve(self) -> None:
+        assert self.path is not None
+        pace = self.owner.settings.logs_rate_kib_s * 1024
+        with self.path.open("rb") as f:
+            f.seek(self.open.offset)
+            while chunk := f.read(FRAME_DATA_MAX):
+                started = time.monotonic()
+                await self.sender.send(chunk, 1)
+                await asyncio.sleep(max(0.0, len(chunk) / pace - (time.monotonic() - started)))
+        self.exit_code = 0
+
+    async def _bundle(self) -> Path:
+        folder = self.owner.data_dir / BUNDLES
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        kept = sorted(folder.glob("*.log.gz"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[BUNDLES_KEPT:] + [p for p in kept if time.time() - p.stat().st_mtime > BUNDLE_KEPT_S]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+        if self.open.bundle:
+            again = folder / f"{self.open.bundle}.log.gz"
+            if again.is_file():
+                return again
+            raise OSError(f"bundle {self.open.bundle} is gone (kept {BUNDLE_KEPT_S / 3600:.0f} h): fetch a new one")
+        path = folder / f"{secrets.token_hex(8)}.log.gz"
+        await asyncio.get_running_loop().run_in_executor(None, self._write, path)
+        return path
+
+    def _write(self, path: Path) -> None:
+        """The bundle's file (in a thread: journalctl's output, redacted, compressed)."""
+        import gzip
+        import shutil
+        import subprocess
+
+        from agent.core.redact import redact_lines
+        from agent.service.logs import recent_log
+
+        o, owner = self.open, self.owner
+        literals = owner.secrets()
+        limit = owner.settings.logs_max_mib * 1024 * 1024
+        since_ms = int((time.time() - o.since_s) * 1000)
+        with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as out:
+            out.write(f"# edge-agent log bundle of {owner.device_id}: since {o.since_s} s, "
+                      f"{', '.join(o.units) if o.units else 'every unit'}; secrets redacted on the device\n")
+            ring = recent_log()
+            out.write("-- edge-agent (this start's recent lines) --\n")
+            out.writelines(line + "\n" for line in redact_lines(ring.since(since_ms) if ring else [], literals))
+            tool = shutil.which("journalctl")
+            out.write(f"-- journal: {', '.join(o.units) if o.units else 'every unit'} --\n")
+            if tool is None:
+                out.write("(journalctl is not installed)\n")
+                return
+            argv = [tool, "--no-pager", "--quiet", "--output=short-iso", f"--since=@{since_ms // 1000}"]
+            for unit in o.units:
+                argv += ["--unit", unit]
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                  text=True, errors="replace") as proc:
+                assert proc.stdout is not None
+                raw = 0
+                batch: list[str] = []
+                for line in proc.stdout:
+                    raw += len(line)
+                    batch.append(line.rstrip("\n"))
+                    if len(batch) >= 512:
+                        out.writelines(x + "\n" for x in redact_lines(batch, literals))
+                        batch = []
+                        if raw > JOURNAL_RAW_MAX or path.stat().st_size > limit:
+                            out.write(f"(cut: the bundle reached its bound, remote.logs_max_mib = "
+                                      f"{owner.settings.logs_max_mib})\n")
+                            proc.kill()
+                            break
+                out.writelines(x + "\n" for x in redact_lines(batch, literals))
+
+
 async def remote_part(agent: Any, env: Any) -> RemoteSessions:
     """The worker's remote sessions: always there to answer, refusing what `[remote]` leaves off."""
-    return RemoteSessions(agent.config.remote, transport=agent.transport, fleet=agent.fleet,
-                          device_id=agent.device_id, data_dir=agent.data_dir)
+    from agent.worker.failure_logs import secret_literals
+
+    config = agent.config
+    return RemoteSessions(config.remote, transport=agent.transport, fleet=agent.fleet, device_id=agent.device_id,
+                          data_dir=agent.data_dir, secrets=lambda: secret_literals(config))
 
 
-__all__ = ["ForwardSession", "RemoteSessions", "ShellSession", "allowed", "remote_part"]
+__all__ = ["ForwardSession", "LogsSession", "RemoteSessions", "ShellSession", "allowed", "remote_part"]

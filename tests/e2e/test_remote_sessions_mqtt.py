@@ -15,6 +15,7 @@ operator socket.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import http.server
 import json
@@ -66,11 +67,12 @@ def test_a_shell_and_a_forward_through_the_broker_refused_where_not_allowed_and_
 
     def leader_config(forward_ok: bool) -> Path:
         return agent_config(tmp_path, "gw", "leader", url, f'[remote]\nshell_operators = ["{me}"]\n'
-                            f'forward_operators = {json.dumps([me] if forward_ok else ["someone-else"])}\n')
+                            f'forward_operators = {json.dumps([me] if forward_ok else ["someone-else"])}\n'
+                            f'logs_operators = ["{me}"]\n')
 
     gw = leader_config(False)
     workers = [agent_config(tmp_path, "pi-1", "worker", url, f'[remote]\nshell = true\n{allow_root}'
-                            f'forward = ["127.0.0.1:{web_port}"]\n'),
+                            f'forward = ["127.0.0.1:{web_port}"]\nlogs = true\n'),
                agent_config(tmp_path, "pi-2", "worker", url)]
     logs = {c: c.with_suffix(".log").open("wb") for c in [gw, *workers]}
 
@@ -116,6 +118,28 @@ def test_a_shell_and_a_forward_through_the_broker_refused_where_not_allowed_and_
         os.close(master)
         assert term.wait(timeout=30) == 3, seen
         assert b"answer=42" in seen and b"/dev/pts/" in seen, seen
+
+        # a log bundle, its download cut and resumed: the agent's lines, the secret a command named redacted
+        done = devices("shell", "pi-1", "--", "true password=hunter2-in-a-command")
+        assert done.returncode == 0, done
+        bundle = tmp_path / "pi-1-logs.txt.gz"
+        done = devices("logs", "pi-1", "--since", "10m", "--out", str(bundle))
+        said = done.stdout.decode()
+        assert done.returncode == 0 and said.startswith("pi-1: bundle ") and "bytes compressed" in said, done
+        whole = bundle.read_bytes()
+        # a download cut at byte 300 goes on from there: the device keeps the bundle it made
+        cut = tmp_path / "cut.txt.gz"
+        cut.write_bytes(whole[:300])
+        (tmp_path / "cut.txt.gz.part").write_text(json.dumps({"device": "pi-1", "bundle": said.split()[2][:-1]}))
+        done = devices("logs", "pi-1", "--out", str(cut))
+        assert done.returncode == 0 and b"going on from byte 300" in done.stdout, done
+        assert cut.read_bytes() == whole and not (tmp_path / "cut.txt.gz.part").exists()
+        text = gzip.decompress(bundle.read_bytes()).decode()
+        assert text.startswith("# edge-agent log bundle of pi-1") and "-- edge-agent" in text, text[:500]
+        assert "password=[redacted]" in text and "hunter2-in-a-command" not in text
+        assert not (tmp_path / "pi-1-logs.txt.gz.part").exists()
+        done = devices("logs", "pi-2")
+        assert done.returncode == 1 and b"log bundles are off on this device (remote.logs)" in done.stderr, done
 
         done = devices("shell", "pi-2", "--", "true")
         assert done.returncode == 255 and b"remote shells are off on this device (remote.shell)" in done.stderr, done
