@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--public-key", metavar="FILE",
                         help="the fleet's public key (the leader's [firmware] public_key): artifacts uploaded in the"
                              " console are checked against it (without it the console takes no upload)")
+    parser.add_argument("--operator-socket", metavar="PATH",
+                        help="the leader's operator socket (its data dir's operator.sock): a device's page then fetches"
+                             " its logs, as this console's user (one of the leader's remote.logs_operators)")
     parser.add_argument("--max-upload-mib", type=int, default=4096, metavar="MIB",
                         help="the largest artifact the console takes (default 4096)")
 
@@ -74,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
     config = ConsoleConfig(db=db, outbox=outbox, token=token,
                            artifacts=Path(args.artifacts) if args.artifacts else None,
                            public_key=Path(args.public_key) if args.public_key else None,
-                           max_upload_bytes=args.max_upload_mib * 1024 * 1024)
+                           max_upload_bytes=args.max_upload_mib * 1024 * 1024,
+                           operator_socket=Path(args.operator_socket) if args.operator_socket else None)
     try:
         server = ConsoleServer(address, Console(config))
     except OSError as exc:

@@ -122,6 +122,9 @@ class ConsoleConfig:
     artifacts: Path | None = None  # the leader's artifact store (default: `artifacts` beside the db)
     public_key: Path | None = None  # the fleet's key, to check uploads against (None: no uploads)
     max_upload_bytes: int = 4 * 1024**3
+    # the leader's operator socket: a device page's "Fetch its logs" opens a log bundle through it,
+    # as the console's own user (a right of the leader's remote.logs_operators; None: no button)
+    operator_socket: Path | None = None
 
 
 def _ago(ms: int | None) -> str:
@@ -235,7 +238,8 @@ class Console:
             if detail is None:
                 return 404, self.render("not_found", what=f"no device {device_id!r}")
             sample = _sample_text(detail.sample) if detail.sample else []
-            return 200, self.render("device", title=device_id, x=detail, sample=sample, refresh=REFRESH_S)
+            return 200, self.render("device", title=device_id, x=detail, sample=sample, refresh=REFRESH_S,
+                                    csrf=self.csrf, logs=self.config.operator_socket is not None)
         if path == "/rollouts":
             return 200, self.render("rollouts", title="rollouts", rollouts=data.rollouts(self.config.db),
                                     refresh=REFRESH_S)
@@ -280,6 +284,31 @@ class Console:
             return 200, self.render("rejects", title="rejects", x=data.rejects(self.config.db, query.get("device")),
                                     refresh=REFRESH_S)
         return 404, self.render("not_found", what=f"no page {path}")
+
+    def log_bundle(self, device_id: str, since: str, actor: str) -> Response:
+        """A device's log bundle (gzip) through the leader's operator socket, as a download."""
+        import tempfile
+
+        from agent.core.durations import parse_seconds
+        from agent.remote.operator import SessionRefused, logs
+
+        socket_path = self.config.operator_socket
+        if socket_path is None:
+            return _refusal(409, "this console has no --operator-socket: fetch logs with `edge-agent devices logs`")
+        try:
+            since_s = max(60, min(31 * 86_400, int(parse_seconds(since))))
+        except ValueError:
+            return _refusal(400, f"since: {since[:32]!r} is not a duration (e.g. 30m, 1h, 2d)")
+        with tempfile.TemporaryDirectory(prefix="console-logs-") as tmp:
+            out = Path(tmp) / "bundle.gz"
+            try:
+                asyncio.run(logs(socket_path, device_id, out, since_s=since_s, on_behalf_of=actor))
+            except (SessionRefused, OSError) as exc:
+                return _refusal(502, f"no log bundle of {device_id}: {exc}")
+            body = out.read_bytes()
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", device_id)[:64]
+        return Response(200, body, "application/gzip", headers=(
+            *HEADERS, ("Content-Disposition", f'attachment; filename="{name}-logs.txt.gz"')))
 
     def rollout_page(self, rollout_id: str, *, message: str = "", error: str = "",
                      state: str = "") -> tuple[int, bytes]:
@@ -664,6 +693,11 @@ class ConsoleHttp:
             except EdgeAgentError as exc:
                 return _page(503, console.render("not_found", title="unavailable", what=str(exc)))
             return _page(status, body, (("Location", location),) if location else ())
+        if request.path.startswith("/devices/") and request.path.endswith("/logs"):
+            if proof != "token" and not hmac.compare_digest(form.get("csrf", "").encode(), console.csrf.encode()):
+                return _refusal(403, "the form's check value is not this console's: open the device's page again")
+            return console.log_bundle(urllib.parse.unquote(request.path[len("/devices/"):-len("/logs")]),
+                                      form.get("since", "1h"), actor)
         if request.path.startswith("/rollouts/") and request.path.endswith("/control"):
             try:
                 status, body, location = console.control(request.path, form, proof, actor)

@@ -69,9 +69,10 @@ SESSIONS_MAX = 64  # sessions this leader relays at once
 class _Relay:
     """One session: the operator's connection on one side, the device on the other."""
 
-    def __init__(self, sid: str, open_: Open, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, sid: str, open_: Open, writer: asyncio.StreamWriter, user: str) -> None:
         self.sid = sid
         self.open = open_
+        self.user = user  # the operator on the socket, as the kernel said
         self.device = open_.device
         self.writer = writer
         self.answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
@@ -182,6 +183,7 @@ class RemoteRelay(PartBase):
             writer.write(framed(self._close_request(user, first.sid)))
             await writer.drain()
             return
+        who = f"{user} for {first.operator}" if isinstance(first, Open) and first.operator else user
         if not isinstance(first, Open):
             writer.write(framed(Refused(sid="", reason="a session starts with an open")))
             return
@@ -192,18 +194,18 @@ class RemoteRelay(PartBase):
             self.refused += 1
             log.warning("remote %s on %s by %s refused: %s", first.op, first.device, user, why)
             self._record(lambda: self.sessions_log.opened(sid=sid, leader=self.leader_id, device_id=first.device,
-                                                          operator=user, op=first.op, target=target,
+                                                          operator=who, op=first.op, target=target,
                                                           state="refused", reason=why))
             writer.write(framed(Refused(sid=sid, reason=why[:512])))
             await writer.drain()
             return
-        relay = _Relay(sid, first, writer)
+        relay = _Relay(sid, first, writer, user)
         self.relays[sid] = relay
         self._record(lambda: self.sessions_log.opened(sid=sid, leader=self.leader_id, device_id=first.device,
-                                                      operator=user, op=first.op, target=target))
+                                                      operator=who, op=first.op, target=target))
         state, reason = "closed", ""
         try:
-            reason = await self._relay(relay, user, reader, writer)
+            reason = await self._relay(relay, who, reader, writer)
             state = "refused" if relay.answer.done() and isinstance(relay.answer.result(), Refused) else "closed"
         finally:
             self.relays.pop(sid, None)
@@ -227,7 +229,7 @@ class RemoteRelay(PartBase):
             return f"{open_.device} is offline"
         if len(self.relays) >= SESSIONS_MAX:
             return f"{SESSIONS_MAX} sessions are open on this leader"
-        mine = sum(1 for r in self.relays.values() if r.open.operator == user)
+        mine = sum(1 for r in self.relays.values() if r.user == user)
         if mine >= s.max_sessions:
             return f"operator {user} has {mine} sessions open (the leader's remote.max_sessions)"
         return ""
@@ -245,7 +247,7 @@ class RemoteRelay(PartBase):
     async def _relay(self, relay: _Relay, user: str, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> str:
         sid, o = relay.sid, relay.open
-        opened = msgspec.structs.replace(o, sid=sid, operator=user, leader=self.leader_id)
+        opened = msgspec.structs.replace(o, sid=sid, operator=user[:128], leader=self.leader_id)
         try:
             self._to_device(relay, opened)
         except (TransportError, topics.TopicError) as exc:

@@ -218,7 +218,7 @@ def _raw(stdin: BinaryIO) -> Callable[[], None] | None:
 
 
 async def logs(socket_path: Path, device: str, out: Path, *, since_s: int, units: tuple[str, ...] = (),
-               say: Callable[[str], None] | None = None) -> int:
+               say: Callable[[str], None] | None = None, on_behalf_of: str = "") -> int:
     """Fetch a log bundle of `device` into `out` (gzip), going on with a cut one (`out` and its
     `.part` record of the bundle); the bundle's size."""
     import json
@@ -233,7 +233,8 @@ async def logs(socket_path: Path, device: str, out: Path, *, since_s: int, units
         except (OSError, ValueError, KeyError):
             bundle, offset = "", 0
     reader, writer, answer = await _open(socket_path, Open(device=device, op="logs", since_s=since_s, units=units,
-                                                           bundle=bundle, offset=offset))
+                                                           bundle=bundle, offset=offset,
+                                                           operator=on_behalf_of[:128]))
     assert isinstance(answer, Accepted)
     part.write_text(json.dumps({"device": device, "bundle": answer.bundle}))
     if say is not None:

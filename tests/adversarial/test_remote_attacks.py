@@ -65,6 +65,8 @@ async def test_hostile_frames_and_floods_are_refused_and_sessions_are_still_serv
                          remote={"shell_operators": [me], "forward_operators": [me], "max_sessions": 3})
     worker = spawn_agent(tmp_path, "worker", "pi-1", mosquitto.url, agent={"data_dir": str(tmp_path / "pi-1")},
                          remote={"shell": True, "allow_root": os.geteuid() == 0, "max_sessions": 2})
+    other = spawn_agent(tmp_path, "worker", "pi-2", mosquitto.url, agent={"data_dir": str(tmp_path / "pi-2")},
+                        remote={"shell": True, "allow_root": os.geteuid() == 0, "max_sessions": 4})
     socket = tmp_path / "gw" / "operator.sock"
     db = tmp_path / "gw" / "leader.db"
     long: list[subprocess.Popen[bytes]] = []
@@ -113,6 +115,13 @@ async def test_hostile_frames_and_floods_are_refused_and_sessions_are_still_serv
             await asyncio.sleep(0.2)
         third = cli(tmp_path, "shell", "pi-1", "--", "true")
         assert third.returncode == 255 and b"2 sessions are open on this device (remote.max_sessions)" in third.stderr
+        # ... and on pi-2, which takes 4, this operator's fourth session is one too many for the leader
+        long.append(cli(tmp_path, "shell", "pi-2", "--", "sleep 120", wait=False))
+        while len(open_sessions(db)) < 3:
+            assert time.monotonic() < deadline, "the third long session never opened"
+            await asyncio.sleep(0.2)
+        fourth = cli(tmp_path, "shell", "pi-2", "--", "true")
+        assert fourth.returncode == 255 and f"operator {me} has 3 sessions open".encode() in fourth.stderr, fourth
         long.append(cli(tmp_path, "forward", "pi-1", "0:127.0.0.1:1", wait=False))  # (a listener: no session)
         assert long[-1].stdout is not None and long[-1].stdout.readline().startswith(b"forwarding")
 
@@ -121,19 +130,20 @@ async def test_hostile_frames_and_floods_are_refused_and_sessions_are_still_serv
         closed = cli(tmp_path, "close", sid)
         assert closed.returncode == 0 and f"closed by {me}".encode() in closed.stdout, closed
         deadline = time.monotonic() + 60
-        while not (ended := [p for p in long[:2] if p.poll() is not None]):
+        while not (ended := [p for p in long[:3] if p.poll() is not None]):
             assert time.monotonic() < deadline, "the closed session's CLI never ended"
             await asyncio.sleep(0.2)
         assert [p.returncode for p in ended] == [255]
         assert ended[0].stderr is not None and f"closed by {me}".encode() in ended[0].stderr.read()
 
         # and a shell still runs
-        done = cli(tmp_path, "shell", "pi-1", "--", "echo still served")
+        done = cli(tmp_path, "shell", "pi-2", "--", "echo still served")  # (pi-1 still holds its 2)
         assert (done.returncode, done.stdout) == (0, b"still served\n"), done
-        assert leader.poll() is None and worker.poll() is None
+        assert leader.poll() is None and worker.poll() is None and other.poll() is None
     finally:
         for proc in long:
             proc.kill()
             proc.communicate()  # (and its pipes closed)
         kill(worker)
+        kill(other)
         kill(leader)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import http.client
 import http.server
 import json
 import os
@@ -138,6 +139,31 @@ def test_a_shell_and_a_forward_through_the_broker_refused_where_not_allowed_and_
         assert text.startswith("# edge-agent log bundle of pi-1") and "-- edge-agent" in text, text[:500]
         assert "password=[redacted]" in text and "hunter2-in-a-command" not in text
         assert not (tmp_path / "pi-1-logs.txt.gz.part").exists()
+        # the console's "Fetch its logs", as the console's user on the leader's socket
+        from agent.console.server import Console, ConsoleConfig, ConsoleServer
+
+        token = "0123456789abcdef0123456789abcdef"
+        console = ConsoleServer(("127.0.0.1", 0), Console(ConsoleConfig(
+            db=db, outbox=db.with_name("outbox.db"), token=token, operator_socket=tmp_path / "gw" / "operator.sock")))
+        console.serve_in_thread()
+        try:
+            conn = http.client.HTTPConnection(*console.server_address[:2], timeout=60)
+            try:
+                conn.request("GET", "/devices/pi-1", headers={"Authorization": f"Bearer {token}"})
+                assert "Fetch its logs" in conn.getresponse().read().decode()
+                conn.request("POST", "/devices/pi-1/logs", body="since=1h",
+                             headers={"Authorization": f"Bearer {token}",
+                                      "Content-Type": "application/x-www-form-urlencoded"})
+                response = conn.getresponse()
+                body = response.read()
+            finally:
+                conn.close()
+        finally:
+            console.shutdown()
+            console.server_close()
+        assert response.status == 200 and response.getheader("Content-Type") == "application/gzip", body[:300]
+        assert 'filename="pi-1-logs.txt.gz"' in (response.getheader("Content-Disposition") or "")
+        assert gzip.decompress(body).decode().startswith("# edge-agent log bundle of pi-1")
         done = devices("logs", "pi-2")
         assert done.returncode == 1 and b"log bundles are off on this device (remote.logs)" in done.stderr, done
 
@@ -200,6 +226,8 @@ def test_a_shell_and_a_forward_through_the_broker_refused_where_not_allowed_and_
         assert by[("shell", "pi-2", "refused", "true")]["reason"].startswith("refused by the device: remote shells"
                                                                             " are off")
         assert "no right to forward" in by[("forward", "pi-1", "refused", f"127.0.0.1:{web_port}")]["reason"]
+        assert any(r["op"] == "logs" and r["operator"] == f"{me} for the console's API (Bearer token) from 127.0.0.1"
+                   for r in record), record
         carried = [r for r in record if r["op"] == "forward" and r["state"] == "closed"]
         assert any(r["bytes_from_device"] >= BIG for r in carried), carried
         audit = [json.loads(line) for line in (tmp_path / "pi-1" / "remote-audit.jsonl").read_text().splitlines()]
