@@ -89,6 +89,7 @@ def fleet_commands(fleet: str) -> list[dict[str, Any]]:
     acls = [_acl("subscribePattern", f"$share/leaders/{up}"), _acl("subscribePattern", up),
             _acl("subscribePattern", f"ea/v1/{fleet}/+/presence"),
             _acl("publishClientSend", f"ea/v1/{fleet}/+/down"), _acl("publishClientSend", f"ea/v1/{fleet}/+/reply/#"),
+            _acl("publishClientSend", f"ea/v1/{fleet}/+/session/down"),
             _acl("subscribePattern", f"ea/enrol/v1/{fleet}/+/+/request"),
             _acl("subscribePattern", f"$share/leaders/ea/enrol/v1/{fleet}/+/+/request"),
             _acl("publishClientSend", f"ea/enrol/v1/{fleet}/+/+/answer")]
@@ -102,7 +103,8 @@ def fleet_commands(fleet: str) -> list[dict[str, Any]]:
 def leader_commands(fleet: str, name: str, password: str) -> list[dict[str, Any]]:
     role = f"ea-leader-{fleet}-{name}"
     own = [_acl("publishClientSend", f"ea/v1/{fleet}/{name}/presence"),
-           _acl("subscribePattern", f"ea/v1/{fleet}/{name}/reply/#")]
+           _acl("subscribePattern", f"ea/v1/{fleet}/{name}/reply/#"),
+           _acl("subscribePattern", f"ea/v1/{fleet}/+/session/up/{name}")]  # the sessions it holds
     return [{"command": "createRole", "rolename": role},
             *({"command": "addRoleACL", "rolename": role, **acl} for acl in own),
             {"command": "createClient", "username": name, "password": password,
@@ -115,7 +117,9 @@ def device_commands(fleet: str, device: str, password: str, leaders: list[str]) 
     own = [_acl("publishClientSend", f"ea/v1/{fleet}/{device}/up"),
            _acl("publishClientSend", f"ea/v1/{fleet}/{device}/presence"),
            _acl("subscribePattern", f"ea/v1/{fleet}/{device}/down"),
-           _acl("subscribePattern", f"ea/v1/{fleet}/{device}/reply/#")]
+           _acl("subscribePattern", f"ea/v1/{fleet}/{device}/reply/#"),
+           _acl("subscribePattern", f"ea/v1/{fleet}/{device}/session/down"),  # remote sessions (docs/remote.md)
+           _acl("publishClientSend", f"ea/v1/{fleet}/{device}/session/up/+")]
     for leader in leaders:  # it answers each leader on its own sub-topic, and watches whether it is up
         own += [_acl("publishClientSend", f"ea/v1/{fleet}/{leader}/reply/+/{device}"),
                 _acl("subscribePattern", f"ea/v1/{fleet}/{leader}/presence")]

@@ -227,6 +227,13 @@ class RemoteRelay(PartBase):
             return f"no device {open_.device} in this fleet"
         if not record.online:
             return f"{open_.device} is offline"
+        facts = dict(record.facts)
+        if facts:  # (what its newest full heartbeat said it takes; none said: an older agent, it answers itself)
+            takes = [op for op in facts.get("remote", "").split(",") if op]
+            if open_.op not in takes:
+                return (f"{open_.device} takes no remote sessions: its config's [remote] turns none on" if not takes
+                        else f"{open_.device} does not take {open_.op}: its config's [remote] turns on"
+                             f" {', '.join(takes)}")
         if len(self.relays) >= SESSIONS_MAX:
             return f"{SESSIONS_MAX} sessions are open on this leader"
         mine = sum(1 for r in self.relays.values() if r.user == user)
@@ -256,7 +263,8 @@ class RemoteRelay(PartBase):
         try:
             answer = await asyncio.wait_for(asyncio.shield(relay.answer), self.settings.open_timeout_s)
         except TimeoutError:
-            why = f"{o.device} did not answer within {self.settings.open_timeout_s:g} s"
+            why = (f"{o.device} did not answer within {self.settings.open_timeout_s:g} s: its config's [remote] may"
+                   " turn none on (an agent that has not said), or it is unreachable")
             writer.write(framed(Refused(sid=sid, reason=why)))
             with contextlib.suppress(TransportError, topics.TopicError):
                 self._to_device(relay, Close(sid=sid, reason=why))

@@ -94,7 +94,7 @@ def test_only_leaders_join_the_shared_subscription_and_a_device_writes_only_its_
                        *admin)
             assert done.returncode == 0, done.stderr
         again = cli("fleet", *admin)
-        assert again.returncode == 0 and "9 already there" in again.stdout  # again: only the default access is set
+        assert again.returncode == 0 and "10 already there" in again.stdout  # again: only the default access is set
         bad = cli("device", "dev-3", "--password-file", str(tmp_path / "none"), "--leader", "gw-1", *admin)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--password-file" in bad.stderr
 
