@@ -16,9 +16,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from agent.remote.flow import FlowError, Receiver, Sender
 from agent.remote.frames import (
@@ -126,6 +126,21 @@ async def _pump_in(link: _Link, sink: Callable[[int, bytes], Awaitable[None]], d
             done.set_result(None)
 
 
+async def _carry(link: _Link, sink: Callable[[int, bytes], Awaitable[None]],
+                 feed: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
+    """The session's frames into `sink` and `feed`'s data out, until the session closes."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    pump = loop.create_task(_pump_in(link, sink, done))
+    feeding = loop.create_task(feed()) if feed is not None else None
+    try:
+        await done
+    finally:
+        if feeding is not None:
+            feeding.cancel()
+        pump.cancel()
+
+
 async def shell(socket_path: Path, device: str, argv: tuple[str, ...], *, stdin: BinaryIO | None = None,
                 stdout: BinaryIO | None = None, stderr: BinaryIO | None = None, terminal: bool | None = None) -> int:
     """Run `argv` (none: a login shell) on `device`; its exit code (`FAILED` when it could not run)."""
@@ -138,7 +153,6 @@ async def shell(socket_path: Path, device: str, argv: tuple[str, ...], *, stdin:
                                                            rows=rows, cols=cols))
     assert isinstance(answer, Accepted)
     link = _Link(reader, writer, answer.sid)
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def sink(stream: int, data: bytes) -> None:
         out = stderr if stream == 2 else stdout
@@ -160,13 +174,9 @@ async def shell(socket_path: Path, device: str, argv: tuple[str, ...], *, stdin:
     if tty:
         loop.add_signal_handler(signal.SIGWINCH, lambda: loop.create_task(
             link.send(Resize(sid=link.sid, rows=_size(stdout)[0], cols=_size(stdout)[1]))))
-    pump = loop.create_task(_pump_in(link, sink, done))
-    feeding = loop.create_task(feed())
     try:
-        await done
+        await _carry(link, sink, feed)
     finally:
-        feeding.cancel()
-        pump.cancel()
         if tty:
             loop.remove_signal_handler(signal.SIGWINCH)
         if restore is not None:
@@ -241,18 +251,15 @@ async def logs(socket_path: Path, device: str, out: Path, *, since_s: int, units
         say(f"{device}: bundle {answer.bundle}, {answer.size:,} bytes compressed"
             + (f", going on from byte {offset:,}" if offset else ""))
     link = _Link(reader, writer, answer.sid)
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     with out.open("ab" if offset else "wb") as sink_file:
 
         async def sink(stream: int, data: bytes) -> None:
             if data:
                 sink_file.write(data)
 
-        pump = asyncio.get_running_loop().create_task(_pump_in(link, sink, done))
         try:
-            await done
+            await _carry(link, sink)
         finally:
-            pump.cancel()
             writer.close()
     if link.exit_code != 0 or out.stat().st_size != answer.size:
         raise SessionRefused(f"the bundle stopped at byte {out.stat().st_size:,} of {answer.size:,}"
@@ -276,7 +283,7 @@ async def forward(socket_path: Path, device: str, listen: tuple[str, int], host:
             return
         assert isinstance(answer, Accepted)
         link = _Link(reader, writer, answer.sid)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
         async def sink(stream: int, data: bytes) -> None:
             if stream == -1:
                 if local_writer.can_write_eof():
@@ -290,14 +297,9 @@ async def forward(socket_path: Path, device: str, listen: tuple[str, int], host:
                 await link.sender.send(chunk)
             await link.send(Eof(sid=link.sid))
 
-        loop = asyncio.get_running_loop()
-        pump = loop.create_task(_pump_in(link, sink, done))
-        feeding = loop.create_task(feed())
         try:
-            await done
+            await _carry(link, sink, feed)
         finally:
-            feeding.cancel()
-            pump.cancel()
             with contextlib.suppress(OSError, ConnectionError):
                 await link.send(Close(sid=link.sid))
             writer.close()
