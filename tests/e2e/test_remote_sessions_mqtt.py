@@ -36,6 +36,8 @@ from agent_support import db_query
 from mosquitto import Mosquitto
 from test_rollout_mqtt import agent_config, registered, stop
 
+from agent.leader.readonly import open_leader_db
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.timeout(600)]
 BIG = 50 * 1024 * 1024
@@ -70,7 +72,7 @@ def test_a_shell_and_a_forward_through_the_broker_refused_where_not_allowed_and_
     def leader_config(forward_ok: bool) -> Path:
         return agent_config(tmp_path, "gw", "leader", url, f'[remote]\nshell_operators = ["{me}"]\n'
                             f'forward_operators = {json.dumps([me] if forward_ok else ["someone-else"])}\n'
-                            f'logs_operators = ["{me}"]\n')
+                            f'logs_operators = ["{me}"]\nrecord_input = {"true" if forward_ok else "false"}\n')
 
     gw = leader_config(False)
     workers = [agent_config(tmp_path, "pi-1", "worker", url, f'[remote]\nshell = true\n{allow_root}'
@@ -201,6 +203,9 @@ def test_a_shell_and_a_forward_through_the_broker_refused_where_not_allowed_and_
         gw = leader_config(True)
         procs[0] = start(gw)
         online(2)
+        # this leader keeps what operators type into shells (record_input)
+        done = devices("shell", "pi-1", "--", "cat > /dev/null", stdin=b"typed by the operator\n")
+        assert done.returncode == 0, done
         elsewhere, port = forward("0:127.0.0.1:22")
         with pytest.raises(OSError):
             fetch(port, "big.bin")
@@ -234,6 +239,10 @@ def test_a_shell_and_a_forward_through_the_broker_refused_where_not_allowed_and_
                    for r in record), record
         carried = [r for r in record if r["op"] == "forward" and r["state"] == "closed"]
         assert any(r["bytes_from_device"] >= BIG for r in carried), carried
+        with open_leader_db(db) as view:  # the input kept where the leader's config asked, and only there
+            assert view.sessions.input_of(by[("shell", "pi-1", "closed", "cat > /dev/null")]["sid"]) == (
+                b"typed by the operator\n")
+            assert view.sessions.input_of(by[("shell", "pi-1", "closed", "tr a-z A-Z")]["sid"]) == b""
         audit = [json.loads(line) for line in (tmp_path / "pi-1" / "remote-audit.jsonl").read_text().splitlines()]
         assert {(a["event"], a["op"]) for a in audit} >= {("opened", "shell"), ("closed", "shell"),
                                                           ("refused", "forward"), ("closed", "forward")}
