@@ -80,8 +80,18 @@ def start_rollout(tmp: Path, db: Path, rid: str, art: Path, *, kind: str = "firm
     spec = tmp / f"{rid}.toml"
     spec.write_text(f'[rollout]\nname = "{rid}"\nkind = "{kind}"\nartifact = "{art}"\n[waves]\ncounts = [1]\n'
                     '[device]\ntimeout_s = 1200\n')
-    started = cli("rollout", "start", str(spec), "--db", str(db), "--id", rid)
+    # queued, then waited for as an event: the leader admits the artifact first (a 230 MiB image's
+    # hash takes longer than the CLI's own 10 s wait on a loaded host)
+    started = cli("rollout", "start", str(spec), "--db", str(db), "--id", rid, "--no-wait")
     assert started.returncode == 0, started.stderr
+
+    def applied() -> str | None:
+        rows = db_query(db, "SELECT COALESCE(outcome, ''), result FROM rollout_controls WHERE rollout_id = ?"
+                            " AND action = 'start' AND applied_ms IS NOT NULL", (rid,))
+        return f"{rows[0][0]}: {rows[0][1]}" if rows else None
+
+    outcome = wait_for(applied, f"the leader's start of {rid}", limit_s=900)
+    assert outcome.startswith("applied"), outcome
 
 
 def rollout_status(db: Path, rid: str) -> dict[str, Any]:
