@@ -6,18 +6,18 @@ sha256 of its raw 32-byte public key; artifacts carry it next to the signature s
 say "signed by another key" instead of only "bad signature".
 
 The `cryptography` types stay inside this module: callers hold a `SigningKey` or a `VerifyKey`.
+They load with the first signature checked or made: a pinned key is read from its fixed
+SubjectPublicKeyInfo form (RFC 8410), so an idle device never loads the library.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Union
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Protocol, Union
 
 from agent.core.files import atomic_write
 from rollout_engine.errors import KeyFileError, WrongKey
@@ -27,49 +27,90 @@ SIGNATURE_SIZE = 64
 PRIVATE_KEY_FILE = "private.pem"
 PUBLIC_KEY_FILE = "public.pem"
 _MAX_KEY_FILE = 64 * 1024
+RAW_KEY_SIZE = 32
+#: The DER of an ed25519 SubjectPublicKeyInfo before its 32 raw bytes (RFC 8410, section 4).
+_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")
+_PEM_PUBLIC = (b"-----BEGIN PUBLIC KEY-----", b"-----END PUBLIC KEY-----")
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 
 def _key_id(raw_public: bytes) -> bytes:
     return hashlib.sha256(raw_public).digest()[:KEY_ID_SIZE]
 
 
+def _spki_raw(data: bytes) -> bytes | None:
+    """The raw key of a PEM ed25519 public key in its one DER form; None for any other text."""
+    text = data.strip()
+    if not (text.startswith(_PEM_PUBLIC[0]) and text.endswith(_PEM_PUBLIC[1])):
+        return None
+    try:
+        der = base64.b64decode(b"".join(text[len(_PEM_PUBLIC[0]):-len(_PEM_PUBLIC[1])].split()), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(der) != len(_SPKI_PREFIX) + RAW_KEY_SIZE or not der.startswith(_SPKI_PREFIX):
+        return None
+    return der[len(_SPKI_PREFIX):]
+
+
 class VerifyKey:
-    """A pinned ed25519 public key."""
+    """A pinned ed25519 public key: its 32 raw bytes, and the library's key once it verifies."""
 
     __slots__ = ("_key", "raw", "key_id")
 
-    def __init__(self, key: Ed25519PublicKey) -> None:
-        self._key = key
-        self.raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    def __init__(self, raw: bytes) -> None:
+        if len(raw) != RAW_KEY_SIZE:
+            raise KeyFileError(f"not a raw ed25519 public key ({len(raw)} bytes, not {RAW_KEY_SIZE})")
+        self._key: Ed25519PublicKey | None = None
+        self.raw = bytes(raw)
         self.key_id = _key_id(self.raw)
 
     @classmethod
     def from_pem(cls, data: bytes, *, source: str = "public key") -> VerifyKey:
+        raw = _spki_raw(data)
+        if raw is not None:
+            return cls(raw)
+        # anything else: the library says what it is (another algorithm, not PEM at all)
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
         try:
             key = serialization.load_pem_public_key(data)
         except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise KeyFileError(f"{source}: not a PEM public key ({exc})") from exc
         if not isinstance(key, Ed25519PublicKey):
             raise KeyFileError(f"{source}: not an ed25519 public key")
-        return cls(key)
+        return cls(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
     @classmethod
     def from_raw(cls, raw: bytes) -> VerifyKey:
-        try:
-            return cls(Ed25519PublicKey.from_public_bytes(raw))
-        except ValueError as exc:
-            raise KeyFileError(f"not a raw ed25519 public key ({exc})") from exc
+        return cls(raw)
+
+    def _public(self) -> Ed25519PublicKey:
+        if self._key is None:
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+            try:
+                self._key = Ed25519PublicKey.from_public_bytes(self.raw)
+            except ValueError as exc:
+                raise KeyFileError(f"not a raw ed25519 public key ({exc})") from exc
+        return self._key
 
     def verify(self, signature: bytes, data: bytes) -> bool:
         """True when `signature` is this key's signature of `data`."""
+        from cryptography.exceptions import InvalidSignature
+
         try:
-            self._key.verify(signature, data)
+            self._public().verify(signature, data)
         except InvalidSignature:
             return False
         return True
 
     def to_pem(self) -> bytes:
-        return self._key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        b64 = base64.encodebytes(_SPKI_PREFIX + self.raw).replace(b"\n", b"")
+        return _PEM_PUBLIC[0] + b"\n" + b64 + b"\n" + _PEM_PUBLIC[1] + b"\n"
 
     @property
     def key_id_hex(self) -> str:
@@ -105,15 +146,24 @@ class SigningKey:
     __slots__ = ("_key", "public")
 
     def __init__(self, key: Ed25519PrivateKey) -> None:
+        from cryptography.hazmat.primitives import serialization
+
         self._key = key
-        self.public = VerifyKey(key.public_key())
+        self.public = VerifyKey(key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                              serialization.PublicFormat.Raw))
 
     @classmethod
     def generate(cls) -> SigningKey:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
     def from_pem(cls, data: bytes, *, source: str = "private key") -> SigningKey:
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         try:
             key = serialization.load_pem_private_key(data, password=None)
         except TypeError as exc:  # the key is encrypted
@@ -128,6 +178,8 @@ class SigningKey:
         return self._key.sign(data)
 
     def to_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
         return self._key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )

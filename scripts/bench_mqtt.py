@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     result["targets"] = {
         "ratio_vs_raw>=0.3": result["ratio_vs_raw"] >= 0.3,  # type: ignore[operator]
         "leader_intake_hb_per_s>=5000": result["leader_intake_hb_per_s"] >= 5000,  # type: ignore[operator]
-        "idle_worker_rss_mb<=35": result.get("idle_worker_rss_mb", 0) <= 35,  # type: ignore[operator]
+        "idle_worker_rss_mb<=30": result.get("idle_worker_rss_mb", 0) <= 30,  # type: ignore[operator]
         "idle_worker_cpu_percent<1": result.get("idle_worker_cpu_percent", 0) < 1,  # type: ignore[operator]
     }
     print(json.dumps(result), flush=True)

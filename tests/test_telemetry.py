@@ -1,3 +1,4 @@
+import os
 from collections import namedtuple
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 from agent.core.clock import VirtualClock
 from agent.core.codec import decode, encode
 from agent.protocol import SystemSample
-from agent.telemetry import SystemSampler, pick_temperature
+from agent.telemetry import Host, LinuxHost, PsutilHost, Reading, SystemSampler, pick_temperature
 
 Temp = namedtuple("Temp", "label current high critical")
 
@@ -39,17 +40,55 @@ def test_uptime_comes_from_the_clock() -> None:
     assert sampler.sample().uptime_s == pytest.approx(90.0, abs=0.01)
 
 
-def test_cpu_percent_is_non_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[object] = []
+def _proc(root: Path, stat: str, meminfo: str) -> Path:
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc" / "stat").write_text(stat)
+    (root / "proc" / "meminfo").write_text(meminfo)
+    return root / "proc"
 
-    def fake_cpu_percent(interval: object = None) -> float:
-        calls.append(interval)
-        return 42.0
 
-    monkeypatch.setattr(psutil, "cpu_percent", fake_cpu_percent)
-    sample = SystemSampler("/", clock=VirtualClock()).sample()
-    assert sample.cpu_percent == 42.0
-    assert calls == [None, None]  # primed once, then read; never a blocking interval
+def test_cpu_percent_is_the_busy_share_since_the_last_sample(tmp_path: Path) -> None:
+    meminfo = "MemTotal:        1000 kB\nMemFree:  10 kB\nMemAvailable:     250 kB\n"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    proc = _proc(tmp_path, "cpu  100 0 100 700 100 0 0 0 50 0\nbtime 1700000000\n", meminfo)
+    sampler = SystemSampler("/", clock=VirtualClock(), host=LinuxHost(proc, tmp_path / "sys"))
+    (proc / "stat").write_text("cpu  130 0 120 740 110 0 0 0 80 0\nbtime 1700000000\n")  # +50 busy of +100
+    sample = sampler.sample()
+    assert sample.cpu_percent == 50.0  # never a blocking interval: the share since construction
+    assert sample.mem_total_bytes == 1_024_000 and sample.mem_available_bytes == 256_000
+    assert sample.mem_percent == 75.0
+    assert sampler.sample().cpu_percent == 0.0  # nothing moved since
+
+
+def test_linux_readings_agree_with_psutil() -> None:
+    host = LinuxHost()
+    total, available = host.memory()
+    assert total == psutil.virtual_memory().total
+    assert 0 < available <= total
+    assert host.boot_time() == pytest.approx(psutil.boot_time(), abs=1.0)
+    assert PsutilHost().memory()[0] == total
+
+
+def test_an_unreadable_host_reads_as_none(tmp_path: Path) -> None:
+    sampler = SystemSampler("/", clock=VirtualClock(), host=LinuxHost(tmp_path / "none", tmp_path / "none"))
+    sample = sampler.sample()
+    assert sample.cpu_percent is None and sample.mem_total_bytes is None and sample.uptime_s is None
+    assert sample.temperature_c is None
+    assert sample.disk_total_bytes  # statvfs of / still answers
+
+
+def test_thermal_zones_and_hwmon_are_read(tmp_path: Path) -> None:
+    zone = tmp_path / "sys" / "thermal" / "thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text("cpu-thermal\n")
+    (zone / "temp").write_text("47250\n")
+    hwmon = tmp_path / "sys" / "hwmon" / "hwmon1"
+    hwmon.mkdir(parents=True)
+    (hwmon / "name").write_text("nvme\n")
+    (hwmon / "temp1_input").write_text("61000\n")
+    readings = LinuxHost(tmp_path / "proc", tmp_path / "sys").temperatures()
+    assert readings == {"cpu-thermal": [Reading("", 47.25)], "nvme": [Reading("", 61.0)]}
+    assert pick_temperature(readings) == 47.25
 
 
 def test_temperature_picks_the_cpu_sensor() -> None:
@@ -70,19 +109,40 @@ def test_temperature_garbage_and_absence_read_as_none() -> None:
     assert sampler.sample().temperature_c is None
 
 
-def test_failing_sources_read_as_none_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*args: object, **kwargs: object) -> object:
+class BrokenHost(Host):
+    def cpu_times(self) -> tuple[float, float]:
         raise OSError("no /proc here")
 
-    def broken_sensors() -> dict:
+    def memory(self) -> tuple[int, int]:
+        raise ValueError("no MemAvailable")
+
+    def boot_time(self) -> float:
+        raise OSError("no btime")
+
+    def temperatures(self) -> dict:
+        raise OSError("sensor driver gone")
+
+
+def test_failing_sources_read_as_none_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> object:
+        raise OSError("gone")
+
+    monkeypatch.setattr(os, "statvfs", broken)
+    monkeypatch.setattr(os, "getloadavg", broken)
+    sample = SystemSampler("/", clock=VirtualClock(), host=BrokenHost()).sample()
+    assert sample == SystemSample()
+
+
+def test_psutil_errors_read_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> object:
         raise psutil.Error("sensor driver gone")
 
-    for name in ("virtual_memory", "disk_usage", "getloadavg", "cpu_percent", "boot_time"):
+    for name in ("virtual_memory", "cpu_times", "boot_time", "sensors_temperatures"):
         monkeypatch.setattr(psutil, name, broken)
-    sample = SystemSampler("/", clock=VirtualClock(), temperatures=broken_sensors).sample()
-    assert sample == SystemSample()
+    sample = SystemSampler("/", clock=VirtualClock(), host=PsutilHost()).sample()
+    assert sample.cpu_percent is None and sample.mem_total_bytes is None and sample.temperature_c is None
 
 
 def test_platform_without_sensors_temperatures(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(psutil, "sensors_temperatures", raising=False)
-    assert SystemSampler("/", clock=VirtualClock()).sample().temperature_c is None
+    assert SystemSampler("/", clock=VirtualClock(), host=PsutilHost()).sample().temperature_c is None

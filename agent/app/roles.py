@@ -100,7 +100,7 @@ async def _worker(config: AgentConfig, transport: Transport, clock: Clock, base:
     from agent.worker.configuring import config_targets_part
     from agent.worker.env import DeviceEnv
     from agent.worker.releasing import release_part
-    from agent.worker.remote import remote_part
+    from agent.worker.remoting import remote_part
     from agent.worker.renewal import identity_part
     from agent.worker.serving import local_api_part, sources_part
     from agent.worker.updating import updater_part

@@ -9,13 +9,16 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from agent.core.config import AgentConfig, IdentitySection, resolve
 from agent.core.errors import IdentityError
 from agent.core.files import write_private_file
-from agent.identity.authority import FleetAuthority, new_authority
+
+if TYPE_CHECKING:
+    from agent.identity.authority import FleetAuthority
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,8 @@ def authority_files(section: IdentitySection, base: Path) -> tuple[Path, Path, P
 
 def fleet_authority(section: IdentitySection, base: Path, *, fleet: str, now_ms: int) -> FleetAuthority:
     """The fleet's CA, made (with an empty CRL) when there is none yet."""
+    from agent.identity.authority import FleetAuthority, new_authority  # certificate code: gateway only
+
     key_path, cert_path, crl_path = authority_files(section, base)
     if not key_path.exists() and not cert_path.exists():
         _private_dir(key_path.parent)

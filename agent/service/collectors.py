@@ -17,21 +17,26 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from agent.service.prom import Collector, MetricFamily, MetricType, family
 
 if TYPE_CHECKING:
+    import psutil
+
     from agent.actors.mailbox import MailboxStatistics
     from agent.outbox.metrics import RelayMetrics
     from agent.outbox.types import OutboxStats
 
 
 def process_collector(process: psutil.Process | None = None) -> Collector:
-    """The standard `process_*` series for this process."""
-    proc = process or psutil.Process()
+    """The standard `process_*` series for this process (psutil loads at the first scrape)."""
+    held: list[psutil.Process] = [process] if process is not None else []
 
     def collect() -> list[MetricFamily]:
+        import psutil
+
+        if not held:
+            held.append(psutil.Process())
+        proc = held[0]
         with proc.oneshot():
             mem = proc.memory_info()
             cpu = proc.cpu_times()

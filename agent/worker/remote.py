@@ -633,29 +633,4 @@ class LogsSession(_Session):
                 out.writelines(x + "\n" for x in redact_lines(batch, literals))
 
 
-def operations(settings: RemoteSection) -> tuple[str, ...]:
-    """The operations a device's `[remote]` turns on."""
-    return tuple(op for op, on in (("shell", settings.shell), ("forward", bool(settings.forward)),
-                                   ("logs", settings.logs)) if on)
-
-
-async def remote_part(agent: Any, env: Any) -> RemoteSessions | None:
-    """The worker's remote sessions; None when `[remote]` turns none on (then nothing is subscribed
-    and the leader, told by the device's facts, refuses for it)."""
-    from agent.worker.failure_logs import secret_literals
-
-    config = agent.config
-    ops = operations(config.remote)
-    if not ops:
-        return None
-    facts = agent.device_facts
-
-    def with_remote() -> dict[str, str] | None:  # (its full heartbeats say what it takes)
-        return {**(facts() or {}), "remote": ",".join(ops)}
-
-    agent.device_facts = with_remote
-    return RemoteSessions(config.remote, transport=agent.transport, fleet=agent.fleet, device_id=agent.device_id,
-                          data_dir=agent.data_dir, secrets=lambda: secret_literals(config))
-
-
-__all__ = ["ForwardSession", "LogsSession", "RemoteSessions", "ShellSession", "allowed", "operations", "remote_part"]
+__all__ = ["ForwardSession", "LogsSession", "RemoteSessions", "ShellSession", "allowed"]

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from agent.core.config import AgentConfig, ConfigTargetSection, with_remote_settings
 from agent.core.errors import ConfigError, EdgeAgentError
-from config_rollout.device.apply import ConfigApplier
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +61,8 @@ async def load_agent_settings(config: AgentConfig, data_dir: Path) -> AgentConfi
     this agent no longer takes is logged and left out: the config file's settings run."""
     if not offers_agent_target(config):
         return config
+    from config_rollout.device.apply import ConfigApplier  # releases' code: only a worker that takes them
+
     target = agent_target(data_dir)
     applier = ConfigApplier(AGENT_TARGET, target, data_dir)
     try:

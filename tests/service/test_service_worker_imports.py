@@ -103,8 +103,9 @@ async def main(config_path, data_dir):
 print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2]))))
 """
 
-# What only an update that starts (mirrors: httpx) or an operator's build (fastcdc) loads.
-FORBIDDEN_UNTIL_AN_UPDATE = ("httpx", "httpcore", "anyio", "h11", "fastcdc", "click",
+# What only an update that starts (mirrors: httpx; signatures: cryptography) or an operator's build
+# (fastcdc) loads.
+FORBIDDEN_UNTIL_AN_UPDATE = ("httpx", "httpcore", "anyio", "h11", "fastcdc", "click", "cryptography", "psutil",
                              "firmware_rollout.device.http_source")
 
 
