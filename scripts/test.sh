@@ -8,7 +8,7 @@
 # baselines), mmdebstrap, lintian and fakeroot (the Debian package: built, checked, installed into
 # a bookworm root cached in /var/cache/edge-agent-bench), qemu-system-x86 (a board booted with the
 # package under systemd), podman and busybox-static (a container application's image, made
-# and loaded), checks the import contracts
+# and loaded), prometheus (promtool: the shipped alerting rules), checks the import contracts
 # (lint-imports: the layers of docs/architecture.md), then runs pytest. Extra arguments go to pytest; without any, ruff and mypy run first too, the
 # suite is spread over every core, and the release's SBOM is written to dist/edge-agent.cdx.json.
 set -euo pipefail
@@ -55,6 +55,10 @@ fi
 if ! command -v podman >/dev/null 2>&1 || [ ! -x /bin/busybox ]; then
     echo "installing Debian's podman and busybox-static: a container application's image is made and loaded" >&2
     apt_install podman busybox-static || echo "warning: could not install podman; the container tests will be skipped" >&2
+fi
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "installing Debian's prometheus for promtool: the shipped alerting rules are checked and tested" >&2
+    apt_install prometheus || echo "warning: could not install prometheus; the rules' promtool tests will be skipped" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing Debian's systemd for \`systemd-analyze verify\` of the units" >&2

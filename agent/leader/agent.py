@@ -543,6 +543,7 @@ class LeaderAgent(PartBase):
                 help_={"reachable": "1 while the fleet's database answers, 0 while it is lost.",
                        "outages": "Times this leader lost the fleet's database."})
         found["config"] = self._config_compliance
+        found["fleet"] = self._fleet_devices
         found["leader"] = snapshot_collector("ea_leader", lambda: {
             "busy_answers": self.busy_answers, "refused_forged": self.refused_forged,
             "rejects": self.rejects.count, "accepted": self.inbox.stats.accepted if self.inbox is not None else 0,
@@ -560,10 +561,19 @@ class LeaderAgent(PartBase):
                        "forwarded": "Application messages queued for the northbound broker."})
         return found
 
+    def _fleet_devices(self) -> list[MetricFamily]:
+        """`ea_fleet_devices{state}`: the fleet's devices online (connected, by their presence) and
+        offline, as `edge-agent status` counts them."""
+        from agent.service.prom import family
+
+        online, offline = self.registry.counts()
+        return [family("ea_fleet_devices", "gauge", "The fleet's devices by presence (online: connected).",
+                       [({"state": "online"}, float(online)), ({"state": "offline"}, float(offline))])]
+
     def _config_compliance(self) -> list[MetricFamily]:
         """`ea_config_devices{target, compliance}`: the fleet's configuration targets as their
         devices' heartbeats state them, pending where a config rollout or a layer has more for
-        them (no family when no device states any)."""
+        them (the family without samples when no device states any)."""
         from agent.leader.config_pending import fleet_compliance
         from agent.leader.readonly import FleetReader
         from agent.service.prom import family
@@ -574,8 +584,7 @@ class LeaderAgent(PartBase):
             compliance = fleet_compliance(db, self.clock.now_ms())
         samples = [({"target": target, "compliance": kind}, float(n))
                    for target, counts in compliance.items() for kind, n in counts.items()]
-        return [family("ea_config_devices", "gauge", "Devices by configuration target and compliance.", samples)
-                ] if samples else []
+        return [family("ea_config_devices", "gauge", "Devices by configuration target and compliance.", samples)]
 
     # -- inbound -------------------------------------------------------------------------------
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None:

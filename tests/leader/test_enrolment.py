@@ -27,6 +27,7 @@ from agent.leader.env import GatewayEnv
 from agent.transport import topics
 from agent.transport.memory import MemoryBroker, MemoryTransport
 from agent.worker.renewal import IdentityRenewal
+from tests.alerting import WITH_IDENTITY
 from tests.e2e.agent_support import FLEET, leader, stop_all, until, worker
 
 IDENTITY = {"claims": ["claim"], "claim_rate_per_min": 20, "total_rate_per_min": 40}
@@ -239,6 +240,7 @@ async def test_a_certificate_renews_two_thirds_into_its_life_on_virtual_time(tmp
     assert renewed.fingerprint == first.fingerprint  # the same key, never sent
     metrics = {f.name: f.samples[0].value for f in await renewal.collectors()["identity"]()}
     assert metrics["ea_identity_renewals_total"] == 1.0
+    assert WITH_IDENTITY <= set(metrics)  # what the shipped alerting rules read of a device's certificate
     assert metrics["ea_identity_certificate_expires_in_seconds"] == (renewed.not_after_ms - clock.now_ms()) / 1000
     await renewal.stop()
     await service.stop()
