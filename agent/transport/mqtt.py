@@ -64,6 +64,24 @@ from agent.transport.base import Handler, InboundMessage, PayloadTooLarge, Will
 from agent.transport.linkbytes import LinkCounters, TcpCounters
 
 log = logging.getLogger(__name__)
+
+
+class _ConnectionEndsAtInfo(logging.Filter):
+    """paho logs a connection the broker or the network ended ("failed to receive on socket:
+    Connection reset by peer") at ERROR; the transport logs that same end as "connection ended"
+    at INFO and reconnects, so paho's line is INFO too. Its other errors stay errors."""
+
+    ENDS = ("failed to receive on socket", "timeout on socket", "failed to send")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and isinstance(record.msg, str) and record.msg.startswith(self.ENDS):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+#: The logger aiomqtt and paho write to: the product's name, the product's levels.
+PAHO_LOG = logging.getLogger(f"{__name__}.paho")
+PAHO_LOG.addFilter(_ConnectionEndsAtInfo())
 _CONNECT_TIMED_OUT = "Operation timed out"  # aiomqtt's error when no CONNACK came in time
 
 DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
@@ -434,6 +452,7 @@ class MqttTransport:
             # hold each one back by tens of milliseconds.
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             queue_type=lambda maxsize=0: _Handoff(self._on_message),  # type: ignore[arg-type]
+            logger=PAHO_LOG,
         )
         client.pending_calls_threshold = 1 << 30  # many concurrent publishes are our normal
         missing = [name for name in _AIOMQTT_INTERNALS if not hasattr(client, name)]

@@ -270,7 +270,9 @@ async def test_clean_stop_announces_offline_and_birth_says_online(mosquitto: Mos
 
 
 @pytest.mark.mqtt
-async def test_broker_restart_closes_and_reopens_the_gate_and_resubscribes(mosquitto: Mosquitto) -> None:
+async def test_broker_restart_closes_and_reopens_the_gate_and_resubscribes(
+        mosquitto: Mosquitto, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     inbox = Collector()
     changes: list[bool] = []
     sub = transport(mosquitto.url, "sub")
@@ -293,6 +295,10 @@ async def test_broker_restart_closes_and_reopens_the_gate_and_resubscribes(mosqu
         assert inbox.payloads == [b"before", b"after"]
         assert changes == [True, False, True]
         assert sub.connects == 2
+        # a broker's restart is an event the product logs at INFO; no library calls it an error
+        errors = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, errors
+        assert any(r.name == "agent.transport.mqtt" and "connection ended" in r.getMessage() for r in caplog.records)
     finally:
         await pub.stop()
         await sub.stop()
@@ -726,3 +732,66 @@ async def test_two_agents_with_one_client_id_are_reported_and_slowed(mosquitto: 
     line = next(r.getMessage() for r in caplog.records if "another client" in r.getMessage())
     assert line.startswith("pi-twin: the broker at 127.0.0.1:") and "3 connections in a row" in line
     assert first.connects + second.connects >= 6
+
+
+class ResettingProxy:
+    """A TCP hop between a client and mosquitto that can end the client's connection with a reset
+    (SO_LINGER 0), as a broker that crashed or a NAT that forgot the flow does."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.clients: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"mqtt://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.clients.append(writer)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def reset(self) -> None:
+        import socket
+        import struct
+
+        for writer in self.clients:
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        self.clients.clear()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.mark.mqtt
+async def test_a_connection_reset_is_logged_at_info_not_as_an_error(
+        mosquitto: Mosquitto, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    proxy = ResettingProxy(mosquitto.port)
+    device = await connected(transport(await proxy.start(), "dev-reset"))
+    try:
+        proxy.reset()
+        await asyncio.wait_for(device.connected.wait_closed(), 10)
+        await asyncio.wait_for(device.connected.wait_open(), 15)  # it connects again, through the proxy
+    finally:
+        await device.stop()
+        proxy.close()
+    paho = [r for r in caplog.records if r.name == "agent.transport.mqtt.paho" and "socket" in r.getMessage()]
+    assert paho and all(r.levelno == logging.INFO for r in paho), [(r.levelname, r.getMessage()) for r in paho]
+    errors = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
