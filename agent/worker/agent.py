@@ -470,6 +470,14 @@ class WorkerAgent(PartBase):
         """Open once the leader accepted a message this process sent (the trial boot's health)."""
         return self.sender.answered
 
+    def beat_now(self) -> None:
+        """A full heartbeat at once, coalesced with any already asked for (what the device states
+        changed: its slots read after the start)."""
+        if self.heartbeat is None:
+            return
+        with contextlib.suppress(EdgeAgentError):  # a full mailbox: a beat is already on its way
+            self.heartbeat.tell(BeatNow(), coalesce_key="beat-now", seq=0)
+
     def beat_fast(self, for_s: float) -> None:
         """Heartbeat at `[heartbeat] fast_interval_s` for the next `for_s` seconds (the updater
         while an update runs: the rollout's gates see the device as fast as they did)."""

@@ -84,8 +84,10 @@ class UpdaterActor(Actor):
         beat_fast: Callable[[], None] | None = None,
         offered: Callable[[], Awaitable[None]] | None = None,
         excerpt: ExcerptSource | None = None,
+        opened: Callable[[], None] | None = None,
     ) -> None:
         self.device_id = device_id
+        self._opened_hook = opened  # told once the slots are read: the heartbeat states them at once
         self._excerpt = excerpt  # the log lines a failure's report carries
         self._beat_fast = beat_fast
         self._offered = offered  # told of each offer taken (the leader's id is kept then)
@@ -116,6 +118,8 @@ class UpdaterActor(Actor):
     async def on_start(self, ctx: Context) -> None:
         await self._chunks.start()
         self.updater = await self._open_when_it_can(ctx.clock)
+        if self._opened_hook is not None:
+            self._opened_hook()
         await self._boot_and_resume(ctx)
 
     async def _open_when_it_can(self, clock: Clock) -> Updater:
@@ -376,6 +380,8 @@ class UpdaterHost(Protocol):
 
     def beat_fast(self, for_s: float) -> None: ...
 
+    def beat_now(self) -> None: ...
+
 
 class UpdaterPart(PartBase):
     """The worker's updater feature: an UpdaterActor spawned into the started worker, firmware
@@ -411,17 +417,19 @@ class UpdaterPart(PartBase):
             device_id=worker.device_id, open_updater=hw.open_updater, chunks=chunks, outbox=worker.outbox,
             ids=worker.ids, rebooter=hw.rebooter, utc_offset_s=hw.utc_offset_s, mirrors=hw.mirrors,
             beat_fast=lambda: worker.beat_fast(worker.config.heartbeat.fast_hold_s), offered=offered,
-            excerpt=worker.failure_logs)
+            excerpt=worker.failure_logs, opened=worker.beat_now)
         actor.hold, actor.claims = self.hold, self.claims
         self.ref = worker.system.spawn(actor, name="updater", capacity=self._capacity, policy="reject")
         worker.register_command(KIND_UPDATE_OFFER, UpdateOffer, self.ref)
         cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
                                       stall_s=worker.config.mailbox.stall_s)
         worker.register_command(KIND_UPDATE_CANCEL, RolloutCancel, cancels)
-        configured = worker.firmware_version
 
         def running_version() -> str:
-            return actor.updater.active_version if actor.updater is not None else configured()
+            # until the updater has read the slots, the device does not know what it runs: a
+            # heartbeat says "" (unknown), never the config file's version, and the full heartbeat
+            # that states the slots goes out as soon as they are read (`opened`)
+            return actor.updater.active_version if actor.updater is not None else ""
 
         worker.firmware_version = running_version
         worker.slot_state = lambda: slot_state(actor.updater) if actor.updater is not None else None

@@ -15,10 +15,14 @@ import socket
 from pathlib import Path
 
 import pytest
-from e2e.agent_support import worker
+from e2e.agent_support import FLEET, worker
 
 from agent.core.clock import SystemClock
-from agent.transport.memory import MemoryBroker
+from agent.core.codec import decode, decode_envelope
+from agent.protocol import KIND_HEARTBEAT, Heartbeat
+from agent.transport import topics
+from agent.transport.base import InboundMessage
+from agent.transport.memory import MemoryBroker, MemoryTransport
 from agent.worker.env import DeviceEnv
 from agent.worker.updating import updater_part
 from firmware_rollout.device.helper import HelperInstaller, InstallHelper
@@ -41,8 +45,20 @@ async def test_the_worker_runs_while_the_helper_is_away_and_the_updater_opens_wh
     (tmp_path / "public.pem").write_bytes(key.public.to_pem())
     path = tmp_path / "helper.sock"
     clock = SystemClock()
-    sections = {"firmware": {"public_key": str(tmp_path / "public.pem"), "helper_socket": str(path)}}
-    device = await worker(clock, tmp_path, "pi-1", broker=MemoryBroker(clock=clock), sections=sections)
+    sections = {"firmware": {"public_key": str(tmp_path / "public.pem"), "helper_socket": str(path)},
+                "heartbeat": {"interval_s": 300.0}}  # (the shipped idle cadence)
+    broker = MemoryBroker(clock=clock)
+    beats: list[Heartbeat] = []
+
+    async def heard(message: InboundMessage) -> None:
+        envelope = decode_envelope(message.payload)
+        if envelope.kind == KIND_HEARTBEAT:
+            beats.append(decode(envelope.payload, Heartbeat))
+
+    spy = MemoryTransport(broker, "spy")
+    await spy.subscribe(topics.up(FLEET, "pi-1"), heard)
+    await spy.start()
+    device = await worker(clock, tmp_path, "pi-1", broker=broker, sections=sections)
     serving: asyncio.Task[None] | None = None
     part = None
     try:
@@ -54,6 +70,10 @@ async def test_the_worker_runs_while_the_helper_is_away_and_the_updater_opens_wh
             assert actor is not None
             await until(lambda: "does not answer" in actor.not_open, "the updater saying why it is not open")
             assert actor.updater is None
+            # what it cannot know yet it does not state: no version of the config file's, no slots
+            assert device.firmware_version() == "" and device.slot_state() is None
+            await until(lambda: beats, "the first heartbeat")
+            assert beats[0].full and beats[0].firmware_version == "" and beats[0].slots is None
             said = [r.getMessage() for r in caplog.records if "updater not open" in r.getMessage()]
             assert len(said) == 1 and str(path) in said[0], said  # once per reason, naming the socket
 
@@ -70,6 +90,9 @@ async def test_the_worker_runs_while_the_helper_is_away_and_the_updater_opens_wh
         assert actor.not_open == ""
         assert isinstance(actor.updater.installer, HelperInstaller)
         assert actor.updater.status().state == "idle"
+        # the slots read: a full heartbeat states them at once, not at the next idle beat (300 s)
+        await until(lambda: beats[-1].slots is not None, "a full heartbeat with the slots")
+        assert beats[-1].full and beats[-1].firmware_version == actor.updater.active_version != ""
     finally:
         if part is not None and part.actor is not None and part.actor.updater is not None:
             installer = part.actor.updater.installer
@@ -78,3 +101,4 @@ async def test_the_worker_runs_while_the_helper_is_away_and_the_updater_opens_wh
         if serving is not None:
             serving.cancel()
         await device.stop()
+        await spy.stop()
