@@ -50,12 +50,15 @@ examples:
   edge-agent simulate --scenario wave-rollout --devices 200 --seed 3 --fail-rate 0.2
   edge-agent simulate --scenario app-rollout --devices 200 --seed 7 --fail-rate 0.05
   edge-agent simulate --scenario release-rollout --devices 100 --seed 7 --fail-rate 0.1
+  edge-agent simulate --scenario config-rollout --devices 200 --seed 7 --cut-rate 0.1
+  edge-agent simulate --scenario wave-rollout --devices 200 --seed 3 --cancel-at 2m
   edge-agent simulate --rollout rollout.toml --public-key keys/public.pem --devices 50
 
-A rollout (--scenario wave-rollout or --rollout) runs until the rollout ends, on the in-memory
-broker and virtual time; of the options above it uses --devices, --seed, --fail-rate,
---public-key, --data-dir, --report, --plot and --quiet. Waves are numbered from 1 (the canary
-is wave 1), as in `edge-agent rollout list` and `rollout status`.
+A rollout (a --scenario ending in -rollout, or --rollout) runs until the rollout ends, on the
+in-memory broker and virtual time; of the options above it uses --devices, --seed, --fail-rate,
+--cut-rate (config-rollout), --cancel-at, --public-key, --data-dir, --report, --plot and --quiet.
+Waves are numbered from 1 (the canary is wave 1), as in `edge-agent rollout list` and `rollout
+status`. Every time the report gives is fleet time (the simulation's clock), unless it says wall.
 Exit status: 0 when nothing was lost (and the scenario's claim holds), 1 otherwise, 2 for a
 usage mistake."""
 

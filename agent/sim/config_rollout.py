@@ -165,8 +165,9 @@ def config_rollout_summary(report: Report) -> str:
     ro = report["rollout"]
     lines = [*wave_lines(report, f"config rollout of app {ro['version']}"), *outcome_lines(report)]
     c = report["cut"]
-    lines.append(f"cut off by the config: {c['devices']} devices, {c['offered']} offered it, {c['rolled_back']}"
-                 f" reverted by themselves (at most {c['revert_s_max']}s after the apply; confirm_s"
+    lines.append(f"cut off by the config: {c['devices']} of the {report['devices']} devices lose the broker with"
+                 f" it; {c['offered']} of them were offered it (the others were not reached), {c['rolled_back']}"
+                 f" reverted by themselves (at most {c['revert_s_max']}s of fleet time after the apply; confirm_s"
                  f" {report['confirm_s']:g}), {c['still_cut_off']} still cut off")
     d = report["documents"]
     lines.append(f"documents: {d['new']} hold the release, {d['old']} the old content, {d['other']} anything else")

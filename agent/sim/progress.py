@@ -36,12 +36,19 @@ def _seen(p: Sample) -> str:
     return "-" if seen is None else str(seen)
 
 
+def _aimd(p: Sample) -> str:
+    """The smallest AIMD window of the devices' relays; `unused` while no relay has sent from an
+    outbox (every message went direct)."""
+    low = p["aimd_limit_min"]
+    return "unused" if low is None else str(low)
+
+
 def plain_line(p: Sample) -> str:
     if p.get("kind") == "rollout":
         return rollout_line(p)
     return (f"t={fmt_time(p['t'])} online={p['online']}/{p['devices']} leader_sees={_seen(p)}"
             f" in_flight={p['in_flight']} outbox_pending={p['outbox_pending']}"
-            f" leader_mailbox={p['leader_mailbox']}/{p['leader_mailbox_capacity']} aimd={p['aimd_limit_min']}"
+            f" leader_mailbox={p['leader_mailbox']}/{p['leader_mailbox_capacity']} aimd={_aimd(p)}"
             f" jobs_confirmed={p['jobs_confirmed']}/{p['jobs_submitted']}")
 
 

@@ -215,6 +215,7 @@ async def collect_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float
         "air": {"bytes": totals.air_bytes,
                 "bytes_per_device_per_day": round(totals.air_bytes * 86_400 / (totals.devices * sim.now()))
                 if totals.devices and sim.now() > 0 else None,
+                "steady_bytes_per_device_per_day": _steady_air(sim, totals.air_bytes, totals.devices),
                 "model": "MQTT v5 over TLS 1.2, TCP/IPv4 headers, keep-alive pings (docs/service.md)"},
         "broker": broker,
         "wall": {
@@ -269,12 +270,27 @@ def shard_report(sim: Simulation, totals: DeviceTotals, *, wall_s: float) -> Rep
     }
 
 
+def _steady_air(sim: Simulation, air_bytes: int, devices: int) -> int | None:
+    """Bytes on the air per device per day over the run's second half: past the boots and the
+    first full heartbeats (None for a run too short to have one)."""
+    end = sim.now()
+    mid = next((p for p in sim.series if p["t"] >= end / 2 and p.get("air_bytes") is not None), None)
+    if mid is None or not devices or end - mid["t"] <= 0:
+        return None
+    return round((air_bytes - int(mid["air_bytes"])) * 86_400 / (devices * (end - mid["t"])))
+
+
 def _outcomes(sim: Simulation, stale: int, total: int) -> dict[str, int]:
     """Devices by what happened to them (each counted once, the worst first)."""
     crashed = {d for d, _, _ in sim.crash_episodes}
     offline = {d for d, _, _ in sim.offline_episodes} - crashed
     return {"crashed_and_restarted": len(crashed), "offline_and_back": len(offline),
             "steady": total - len(crashed) - len(offline), "stale_at_end": stale}
+
+
+def _telemetry(scenario: dict[str, Any]) -> str:
+    every = scenario.get("telemetry_s") or 0
+    return f"telemetry every {every:g}s" if every else "no telemetry"
 
 
 def summary(report: Report) -> str:
@@ -285,8 +301,9 @@ def summary(report: Report) -> str:
     lines = [
         f"simulated {s['devices']} devices for {s['duration_s']:.0f}s of fleet time ({s['clock']} clock,"
         f" {s['transport']} broker, seed {s['seed']}) in {report['wall']['seconds']:.1f}s of wall time",
-        f"messages: sent {m['sent']}, delivered {m['delivered']}, coalesced {m['coalesced']},"
-        f" dead-lettered {m['dead_lettered']}, pending {m['pending']}",
+        f"messages (telemetry, job results, applications' messages; heartbeats on the next line): sent {m['sent']},"
+        f" delivered {m['delivered']}, coalesced {m['coalesced']}, dead-lettered {m['dead_lettered']},"
+        f" pending {m['pending']}",
         f"heartbeats: {hb['generated']} made, {hb['applied_by_leader']} applied by the leader"
         f" (coalescing ratio {hb['coalescing_ratio']}), {hb['coalesced_in_outboxes']} coalesced in outboxes",
         f"telemetry: {tel['generated']} sent ({tel['direct']} direct, {tel['via_outbox']} via outbox),"
@@ -295,10 +312,14 @@ def summary(report: Report) -> str:
         f" {report['leader']['busy_answers']} busy answers, relay capacity rejections"
         f" {report['relay']['capacity_rejections']}",
     ]
-    per_day = report["air"]["bytes_per_device_per_day"]
-    if per_day is not None:
-        lines.append(f"on the air: {per_day / 1e6:.2f} MB per device per day over TLS (a model: docs/service.md,"
-                     " \"What an idle device costs\")")
+    air = report["air"]
+    if air["bytes_per_device_per_day"] is not None:
+        steady = air.get("steady_bytes_per_device_per_day")
+        lines.append(f"on the air over TLS (a model: docs/service.md, \"What an idle device costs\"), per device"
+                     f" per day: {air['bytes_per_device_per_day'] / 1e6:.2f} MB over the whole run (its first full"
+                     f" heartbeats, {_telemetry(s)}, jobs and reconnections; the first"
+                     " connection not counted)"
+                     + (f", {steady / 1e6:.2f} MB over its second half (steady state)" if steady is not None else ""))
     apps = report["applications"]
     if apps["sent"] or apps["refused_at_source"]:
         lines.append(f"applications: {apps['sent']} messages through the local API ({apps['direct']} direct,"
@@ -329,7 +350,7 @@ def summary(report: Report) -> str:
                      + ", ".join(f"{k} {v}" for k, v in led["served_last"].items()))
     stale = report["heartbeats"]["stale_devices"]
     lines.append(f"lost: {report['lost']}   conservation_ok: {report['conservation_ok']}"
-                 f"   drained after {report['drain_seconds']:.0f}s"
+                 f"   drained in {report['drain_seconds']:.0f}s of fleet time after the run"
                  + (f"   stale heartbeats: {stale} (a newest beat not at the leader yet: not lost)" if stale else ""))
     return "\n".join(lines)
 

@@ -470,7 +470,7 @@ def wave_lines(report: Report, what: str, *, note: str = "") -> list[str]:
     ro = report["rollout"]
     lines = [f"{what} to {report['devices']} devices (seed {report['seed']}{note}):"
              f" {ro['state']} after {ro['duration_s']:.0f}s of fleet time ({report['wall']['seconds']:.1f}s wall)"
-             f" - {ro['detail']}"]
+             + (f" - when it {ro['state']}: {ro['detail']}" if ro["detail"] else "")]
     for w in ro["waves"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(w["counts"].items())) or "untouched"
         devices = f"{w['size']} device" + ("" if w["size"] == 1 else "s")
@@ -481,7 +481,9 @@ def wave_lines(report: Report, what: str, *, note: str = "") -> list[str]:
 def outcome_lines(report: Report) -> list[str]:
     """The devices' outcomes, what the abort left alone and what was lost."""
     ro = report["rollout"]
-    return ["devices: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())),
+    return ["devices at the end: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items()))
+            + " (a rollout's failure threshold counts failed and rolled_back alike; a device can finish after"
+              " the abort)",
             f"offered after abort: {ro['devices_offered_after_abort']}   lost: {report['lost']}"
             f"   conservation_ok: {report['conservation_ok']}"]
 

@@ -213,6 +213,7 @@ class Simulation:
             "leader_mailbox_capacity": hb.capacity if hb else 0,
             "aimd_limit_min": min(limits) if limits else None,
             "aimd_limit_mean": round(sum(limits) / len(limits), 2) if limits else None,
+            "air_bytes": devices.air_bytes,
             "jobs_confirmed": sum(each.leader_stats.stats.results.get("confirmed", 0) for each in fleet.leaders
                                   if each.leader_stats is not None),
             "jobs_submitted": self.jobs_submitted,

@@ -26,6 +26,7 @@ class DevicesNow:
     heartbeats_pending: int = 0
     in_flight: int = 0  # in the devices' relays
     limits: list[int] = field(default_factory=list)  # the AIMD limit of every relay lane
+    air_bytes: int = 0  # the devices' broker connections over TLS so far (`AirModel`)
 
     def add(self, other: DevicesNow) -> None:
         _add(self, other)
@@ -57,7 +58,8 @@ async def devices_now(fleet: SimFleet) -> DevicesNow:
         outbox_pending=sum([(await store.stats()).pending for store in fleet.stores]),
         heartbeats_pending=await fleet.pending_of("heartbeat"),
         # read after the awaits above, as the samples always have (the relays move meanwhile)
-        in_flight=sum(relay.metrics().in_flight for relay in fleet.relays), limits=limits)
+        in_flight=sum(relay.metrics().in_flight for relay in fleet.relays), limits=limits,
+        air_bytes=sum(c.on_air for c in (w.link_bytes() for w in fleet.workers.values()) if c is not None))
 
 
 def telemetry_sending(fleet: SimFleet) -> int:

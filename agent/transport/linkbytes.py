@@ -189,9 +189,17 @@ class AirModel:
             self.segs_out += 1
 
     def total(self, now: float) -> TcpCounters:
-        if self._last is not None:
-            self._quiet_until(now)
-        return TcpCounters(self.sent, self.received, self.segs_out, self.segs_in)
+        """The counters as of `now`, the pings of a silence still running included. A reading
+        changes nothing: the silence goes on from the last packet (reading it every few seconds
+        must not lose the pings of the keep-alive)."""
+        sent, received, segs_out, segs_in = self.sent, self.received, self.segs_out, self.segs_in
+        if self._last is not None and self.keepalive_s > 0:
+            pings = int((now - self._last) // self.keepalive_s)
+            sent += pings * (PING_BYTES + TLS_RECORD_BYTES)
+            received += pings * (PING_BYTES + TLS_RECORD_BYTES)
+            segs_out += pings * 2
+            segs_in += pings
+        return TcpCounters(sent, received, segs_out, segs_in)
 
 
 __all__ = ["CONNECT_BYTES", "TCP_IP_HEADER_BYTES", "TLS_RECORD_BYTES", "AirModel", "LinkCounters", "TcpCounters",
