@@ -40,20 +40,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=type(parser))
 
     def conn(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--url", default="mqtt://127.0.0.1:1883", help="the broker (mqtt:// or mqtts://)")
-        p.add_argument("--admin", default="admin", help="the plugin's admin (mosquitto_ctrl dynsec init)")
-        p.add_argument("--admin-password-file", required=True, metavar="FILE")
+        p.add_argument("--url", default="mqtt://127.0.0.1:1883",
+                       help="the broker (mqtt:// or mqtts://; default mqtt://127.0.0.1:1883)")
+        p.add_argument("--admin", default="admin",
+                       help="the plugin's admin (mosquitto_ctrl dynsec init; default admin)")
+        p.add_argument("--admin-password-file", required=True, metavar="FILE",
+                       help="the admin's password, one line (readable by you only)")
         p.add_argument("--cafile", metavar="FILE", help="the CA of the broker's certificate (mqtts://)")
-        p.add_argument("--fleet", default="default")
+        p.add_argument("--fleet", default="default",
+                       help="the fleet whose topics the roles grant ([agent] fleet; default default)")
         return p
 
     conn(sub.add_parser("fleet", help="the fleet's leaders role and the default-deny access"))
     leader = conn(sub.add_parser("leader", help="a leader's client, in the leaders' role"))
-    leader.add_argument("name", metavar="NAME")
-    leader.add_argument("--password-file", required=True, metavar="FILE")
+    leader.add_argument("name", metavar="NAME", help="the leader's device_id (its client's username)")
+    leader.add_argument("--password-file", required=True, metavar="FILE",
+                        help="the leader's broker password, one line: the file its [mqtt] password_file names")
     device = conn(sub.add_parser("device", help="a device's client, with a role of its own topics"))
-    device.add_argument("name", metavar="ID")
-    device.add_argument("--password-file", required=True, metavar="FILE")
+    device.add_argument("name", metavar="ID", help="the device's device_id (its client's username)")
+    device.add_argument("--password-file", required=True, metavar="FILE",
+                        help="the device's broker password, one line: the file its [mqtt] password_file names")
     device.add_argument("--leader", action="append", required=True, metavar="NAME",
                         help="a leader it answers and watches (repeat for each)")
 

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the leader's database (leader.db), or the fleet's PostgreSQL database"
                              " (postgresql://USER@HOST/DB) that several leaders share")
     parser.add_argument("--token-file", required=True, metavar="FILE",
-                        help="the access token, one line, mode 0600 (e.g. `openssl rand -hex 32 > FILE`)")
+                        help="the access token, one line, mode 0600 (e.g. `(umask 077; openssl rand -hex 32 > FILE)`)")
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
                         help="where to serve (default 127.0.0.1:8080, loopback only)")
     parser.add_argument("--outbox", metavar="PATH", help="the leader's outbox (default: outbox.db beside --db;"
