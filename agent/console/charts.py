@@ -7,11 +7,11 @@ colour: the same classes as the wave bars), its height the devices of that kind 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from agent.console.times import moment
 from rollout_engine.store import IN_PROGRESS
 
 WIDTH, HEIGHT, PAD = 640, 160, 28
@@ -34,9 +34,11 @@ class Series:
 
 
 def rollout_series(created_ms: int, end_ms: int, devices: int, changes: Iterable[tuple[int, str, str]],
-                   *, samples: int = SAMPLES) -> Series:
+                   *, samples: int = SAMPLES, now: Mapping[str, str] | None = None) -> Series:
     """A rollout's devices by kind from its creation to `end_ms`: every device queued at the
-    start, then each change (at_ms, device, new state) in time order."""
+    start, then each change (at_ms, device, new state) in time order. `now`, each device's state
+    as the rollout's table has it, is the last point: a state no change recorded (devices never
+    offered, canceled with their rollout) shows there as it does in the table."""
     end_ms = max(end_ms, created_ms + 1)
     times = [created_ms + (end_ms - created_ms) * i // (samples - 1) for i in range(samples)]
     kind_of_device: dict[str, str] = {}
@@ -56,6 +58,13 @@ def rollout_series(created_ms: int, end_ms: int, devices: int, changes: Iterable
                 counts[new] += 1
                 kind_of_device[device] = new
         columns.append(dict(counts))
+    if now is not None and columns:
+        last = columns[-1]
+        for device, state in now.items():
+            old, new = kind_of_device.get(device, "queued"), KIND_OF.get(state, "queued")
+            if old != new:
+                last[old] = max(0, last[old] - 1)
+                last[new] += 1
     return Series(times, [(k, [c[k] for c in columns]) for k in KINDS], max(1, devices))
 
 
@@ -68,7 +77,7 @@ def online_series(samples: Sequence[tuple[int, int, int]]) -> Series:
 
 
 def _clock(ms: int) -> str:
-    return time.strftime("%m-%d %H:%M", time.localtime(ms / 1000))
+    return moment(ms)
 
 
 def svg(series: Series, *, label: str) -> str:

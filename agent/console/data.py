@@ -109,7 +109,8 @@ def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage
         chosen = sorted((d for d in members if not state or d.state == state), key=lambda d: (d.wave, d.device_id))
         described = describe(store, rollout_id)
         end_ms = described["finished_ms"] or SystemClock().now_ms()
-        chart = rollout_series(described["created_ms"], end_ms, len(members), store.state_changes(rollout_id))
+        chart = rollout_series(described["created_ms"], end_ms, len(members), store.state_changes(rollout_id),
+                               now={d.device_id: d.state for d in members})
         return RolloutPage(described, allowed_actions(store, rollout_id), chosen[:DEVICES_SHOWN],
                            len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}), chart)
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import jinja2
 import markupsafe
 
-from agent.console import charts, data
+from agent.console import charts, data, times
 from agent.core.clock import SystemClock
 from agent.core.durations import ago, format_age
 from agent.core.errors import ArtifactError, ConfigError, EdgeAgentError, IdentityError, RolloutError
@@ -132,8 +132,12 @@ def _ago(ms: int | None) -> str:
 
 
 def _when(ms: int) -> str:
-    """A moment as the console's clock reads it."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+    """A moment as every page writes it (`agent.console.times`)."""
+    return times.moment(ms)
+
+
+def _now() -> str:
+    return times.moment(int(time.time() * 1000))
 
 
 def _chart(series: charts.Series, label: str) -> markupsafe.Markup:
@@ -184,7 +188,7 @@ class Console:
         self.env = jinja2.Environment(loader=jinja2.PackageLoader("agent.console", "templates"), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
         self.env.globals.update(ago=_ago, preview=_preview, db=str(config.db), size=format_bytes, age=format_age,
-                                outcomes=_outcomes, when=_when, chart=_chart)
+                                outcomes=_outcomes, when=_when, chart=_chart, now=_now, zone=times.zone)
         key = config.token.encode()
         self.session = hmac.new(key, b"edge-agent console session", hashlib.sha256).hexdigest()
         self.csrf = hmac.new(key, b"edge-agent console csrf", hashlib.sha256).hexdigest()

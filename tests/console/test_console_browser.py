@@ -7,6 +7,7 @@ leader's database says so each time. Screenshots go to test-artifacts/console/ (
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -359,6 +360,16 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         browser.save_screenshot(str(shots / "4-canceled.png"))
         shown = fleet.status("lab-1")
         assert shown["state"] == "canceled" and shown["counts"] == {"canceled": 2, "succeeded": 1}
+        # the chart's legend is the table's: the two devices never offered are canceled, not queued
+        wait.until(lambda d: "canceled 2" in d.find_element(By.CSS_SELECTOR, "svg.chart").get_attribute("textContent"))
+        legend = browser.find_element(By.CSS_SELECTOR, "svg.chart").get_attribute("textContent")
+        assert "succeeded 1" in legend and "queued 0" in legend and "in progress 0" in legend, legend
+        # one way to write a moment: 24-hour to the second, in the zone the header states
+        moments = re.findall(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\b", browser.find_element(By.TAG_NAME, "body").text)
+        assert moments and not re.search(r"\b(AM|PM)\b", browser.find_element(By.TAG_NAME, "body").text)
+        assert live_text(browser, "zone").startswith("times in UTC")
+        wait.until(lambda d: re.fullmatch(r"updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d",
+                                          d.find_element(By.ID, "updated").text))
         assert [(c["action"], c["outcome"]) for c in shown["audit"]] == [("start", "applied"), ("cancel", "applied")]
 
         canary = next(n for n in fleet.names if query(db, "SELECT state FROM rollout_devices WHERE device_id = "

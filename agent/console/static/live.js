@@ -21,7 +21,8 @@
           var fresh = doc.getElementById(el.id);
           if (fresh) { el.replaceWith(document.importNode(fresh, true)); }
         });
-        if (stamp) { stamp.textContent = "updated " + new Date().toLocaleTimeString(); }
+        // the server's moment, as every time on the page is written (not the browser's locale)
+        if (stamp) { stamp.textContent = "updated " + (doc.body.getAttribute("data-now") || ""); }
         document.body.setAttribute("data-updates", String(Number(document.body.getAttribute("data-updates") || 0) + 1));
       })
       .catch(function (why) { if (stamp) { stamp.textContent = "not updated (" + why + "): trying again"; } })
