@@ -312,6 +312,19 @@ def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
     return [a for a in artifacts(directory) if a.rollback and version in a.manifest.rollback_from]
 
 
+def spec_rollback(db: StoreTarget, rollout_id: str) -> str:
+    """The rollback artifact a rollout's spec names (the file's name; "" when it names none: a
+    rollout the console started, or a spec without one)."""
+    if not _has_rollouts(db):
+        return ""
+    from rollout_engine.store import RolloutStore
+
+    with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
+        found = store.find(rollout_id)
+        return Path(found.spec.rollout.rollback_artifact).name if found is not None and \
+            found.spec.rollout.rollback_artifact else ""
+
+
 def rollout_version(db: StoreTarget, rollout_id: str) -> str | None:
     """The version a rollout installs (None: no such rollout)."""
     if not _has_rollouts(db):

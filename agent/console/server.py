@@ -261,8 +261,10 @@ class Console:
                 return 400, self.render("not_found", what=f"no control {action!r}")
             choices = self._rollback_choices(data.rollout_version(self.config.db, rollout_id)) \
                 if action == "rollback" else []
+            spec_artifact = data.spec_rollback(self.config.db, rollout_id) if action == "rollback" else ""
             return 200, self.render("confirm", title=f"{action} {rollout_id}", rollout_id=rollout_id, action=action,
-                                    help=CONTROL_HELP[action], csrf=self.csrf, choices=choices)
+                                    help=CONTROL_HELP[action], csrf=self.csrf, choices=choices,
+                                    spec_artifact=spec_artifact)
         if path.startswith("/rollouts/"):
             queued = query.get("queued", "")
             message = (f"queued as control {int(queued)}: the leader applies it on its next tick"
@@ -326,8 +328,12 @@ class Console:
             return 200, self.render("rollout_starting", title=rollout_id, rollout_id=rollout_id, c=start,
                                     refresh=REFRESH_S, message=message, error=error)
         actions = found.actions
-        if "rollback" not in actions and self._rollback_choices(found.described["version"]):
+        can_roll_back = bool(self._rollback_choices(found.described["version"])
+                             or data.spec_rollback(self.config.db, rollout_id))
+        if "rollback" not in actions and can_roll_back:
             actions = [*actions, "rollback"]  # with an artifact of the store, picked on the confirmation page
+        elif "rollback" in actions and not can_roll_back:
+            actions = [a for a in actions if a != "rollback"]  # nothing to offer: no button that cannot work
         return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions,
                                 refresh=REFRESH_S, message=message, error=error, devices=found.devices,
                                 more=found.more, device_states=found.states, state=state, series=found.chart)
@@ -362,6 +368,10 @@ class Console:
             return 403, body if status == 200 else self.render("not_found", what=expired), ""
         action = form.get("action", "")
         artifact = None
+        if action == "rollback" and not form.get("artifact") and not data.spec_rollback(self.config.db, rollout_id):
+            status, body = self.rollout_page(rollout_id, error="choose a rollback artifact: this rollout's spec names"
+                                             " none (upload one signed as a rollback on the artifacts page)")
+            return (409 if status == 200 else status), body, ""
         if action == "rollback" and form.get("artifact"):
             choices = self._rollback_choices(data.rollout_version(self.config.db, rollout_id))
             chosen = next((a for a in choices if a.file == form["artifact"]), None)

@@ -368,6 +368,9 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         moments = re.findall(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\b", browser.find_element(By.TAG_NAME, "body").text)
         assert moments and not re.search(r"\b(AM|PM)\b", browser.find_element(By.TAG_NAME, "body").text)
         assert live_text(browser, "zone").startswith("times in UTC")
+        # a rollout the console started names no rollback artifact, and the store holds none: no
+        # rollback button that could only fail (the canary's device took 1.1.0)
+        assert not browser.find_elements(By.ID, "control-rollback")
         wait.until(lambda d: re.fullmatch(r"updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d",
                                           d.find_element(By.ID, "updated").text))
         assert [(c["action"], c["outcome"]) for c in shown["audit"]] == [("start", "applied"), ("cancel", "applied")]
@@ -388,6 +391,7 @@ def test_an_operator_takes_the_fleet_to_a_new_version_and_back_in_the_browser(
     out to every device until the rollout succeeds, roll it back with the uploaded rollback, and
     the fleet page shows every device on the old version again, as `rollout status --json` says."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     shots = ARTIFACTS / "there-and-back"
     shots.mkdir(parents=True, exist_ok=True)
@@ -408,6 +412,14 @@ def test_an_operator_takes_the_fleet_to_a_new_version_and_back_in_the_browser(
         assert [w["succeeded"] for w in shown["waves"]] == [1, 2]
         browser.save_screenshot(str(shots / "1-succeeded.png"))
 
+        # the dialog offers what works: the uploaded rollback, chosen; no spec's artifact (it has none)
+        browser.find_element(By.ID, "control-rollback").click()
+        wait.until(lambda d: d.find_elements(By.ID, "confirm"))
+        offered = [o.text for o in Select(browser.find_element(By.ID, "artifact")).options]
+        assert len(offered) == 1 and "fw 1.0.0 (replaces 1.1.0)" in offered[0], offered
+        assert Select(browser.find_element(By.ID, "artifact")).first_selected_option.text == offered[0]
+        browser.back()
+        wait.until(lambda d: d.find_elements(By.ID, "control-rollback"))
         fleet.control("rollback", choose="fw 1.0.0 (replaces 1.1.0)")
         wait_for("the rollback rollout exists", lambda: fleet.status("lab-2-rollback") != {})
         browser.get(fleet.base + "/rollouts/lab-2-rollback")
