@@ -564,17 +564,52 @@ class Console:
         targets: dict[str, Any] = {"select": select}
         if select in ("tags", "versions", "devices"):
             targets[select] = values
+        rollout: dict[str, Any] = {"name": str(f["name"]) or chosen.manifest.name, "artifact": str(chosen.path),
+                                   "kind": chosen.kind}
+        if f.get("rollback_artifact"):
+            back = next((a for a in choices if a.file == f["rollback_artifact"] and a.rollback), None)
+            if back is None:
+                raise ConfigError("the form", "rollback artifact", "choose one of the store's rollback artifacts")
+            rollout["rollback_artifact"] = str(back.path)
+        gates: dict[str, Any] = {"manual_approval": bool(f["approval"]), "soak_s": soak_s,
+                                 **_numbers(f, "gates", ("success_threshold_pct", "failure_threshold_pct"))}
+        for key, allowed in (("failure_action", ("abort", "pause")), ("on_abort", ("nothing", "rollback"))):
+            if f.get(key):
+                if f[key] not in allowed:
+                    raise ConfigError("the form", f"gates.{key}", f"one of {', '.join(allowed)}")
+                gates[key] = f[key]
+        device = {**_numbers(f, "device", ("timeout_s",)), **_numbers(f, "device", ("retries",), whole=True)}
+        windows = [w.strip() for w in str(f.get("windows", "")).split(",") if w.strip()]
+        if windows:
+            device["maintenance_windows"] = windows
+        schedule: dict[str, Any] = {k: str(f[k]).strip() for k in ("start_at", "end_at") if str(f.get(k, "")).strip()}
+        schedule.update(_numbers(f, "schedule", ("devices_per_minute",), whole=True))
         spec = spec_from_dict({
-            "rollout": {"name": str(f["name"]) or chosen.manifest.name, "artifact": str(chosen.path),
-                        "kind": chosen.kind},
+            "rollout": rollout,
             "targets": targets,
             "waves": {"canary": canary, **({"counts": counts} if counts else {"percents": [100.0]})},
-            "gates": {"manual_approval": bool(f["approval"]), "soak_s": soak_s},
+            "gates": gates, "device": device, "schedule": schedule,
         }, source="the form")
         rid = str(f["id"]) or rollout_id_for(spec, SystemClock().now_ms())
         if not ROLLOUT_ID.match(rid):
             raise ConfigError("the form", "id", "letters, digits, '.', '_' and '-' only, at most 64")
         return spec, chosen.manifest, rid
+
+
+def _numbers(form: Mapping[str, Any], section: str, keys: tuple[str, ...], *, whole: bool = False) -> dict[str, Any]:
+    """The form's fields `keys` that were filled in, as numbers of the spec's `section` (a mistake
+    names the spec's key)."""
+    found: dict[str, Any] = {}
+    for key in keys:
+        text = str(form.get(key, "")).strip()
+        if not text:
+            continue
+        try:
+            found[key] = int(text) if whole else float(text)
+        except ValueError:
+            raise ConfigError("the form", f"{section}.{key}",
+                              f"{text!r} is not a {'whole number' if whole else 'number'}") from None
+    return found
 
 
 def _starts_with(path: Path, magic: bytes) -> bool:
@@ -594,7 +629,12 @@ def _is_config_release(path: Path) -> bool:
 NO_UPLOADS = "this console was started without --public-key: it cannot check an artifact, so takes none"
 UPLOAD_EXPIRED = "the upload has expired: open the artifacts page again"
 NEW_ROLLOUT_DEFAULTS: dict[str, Any] = {"artifact": "", "name": "", "id": "", "select": "all", "values": "",
-                                        "canary": "1", "counts": "", "approval": False, "soak_s": "0"}
+                                        "canary": "1", "counts": "", "approval": False, "soak_s": "0",
+                                        # the rest of the spec: empty is the spec's default
+                                        "rollback_artifact": "", "success_threshold_pct": "",
+                                        "failure_threshold_pct": "", "failure_action": "", "on_abort": "",
+                                        "timeout_s": "", "retries": "", "windows": "", "start_at": "", "end_at": "",
+                                        "devices_per_minute": ""}
 FIELD_MAX = 2000  # characters of one form field
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 

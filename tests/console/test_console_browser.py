@@ -6,6 +6,7 @@ leader's database says so each time. Screenshots go to test-artifacts/console/ (
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -283,8 +284,10 @@ class ConsoleFleet:
                         in ("kept", "refused"))
         return str(self.browser.find_element(By.ID, "upload-result").text)
 
-    def start(self, rollout_id: str, *, counts: str, approval: bool) -> str:
-        """Fill in the new-rollout form, show the plan, start it; the plan shown."""
+    def start(self, rollout_id: str, *, counts: str, approval: bool, extra: dict[str, str] | None = None,
+              choices: dict[str, str] | None = None) -> str:
+        """Fill in the new-rollout form (`extra`: text fields by id; `choices`: a select's option
+        by id, by the option's value), show the plan; the plan shown."""
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import Select
 
@@ -299,6 +302,10 @@ class ConsoleFleet:
         field.send_keys(counts)
         if approval:
             browser.find_element(By.ID, "approval").click()
+        for field_id, text in (extra or {}).items():
+            browser.find_element(By.ID, field_id).send_keys(text)
+        for field_id, value in (choices or {}).items():
+            Select(browser.find_element(By.ID, field_id)).select_by_value(value)
         browser.find_element(By.ID, "preview").click()
         self.wait.until(lambda d: d.find_elements(By.ID, "plan"))
         return str(browser.find_element(By.ID, "plan").text)
@@ -335,12 +342,22 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         browser.save_screenshot(str(shots / "1-uploaded.png"))
         wait.until(lambda d: "1.1.0" in d.find_element(By.ID, "artifacts").text)
 
-        plan = fleet.start("lab-1", counts="2", approval=True)
+        # the form carries the spec's fields: thresholds, the device's timeout, retries and
+        # windows, the schedule and its pace
+        plan = fleet.start("lab-1", counts="2", approval=True, choices={"failure_action": "pause"},
+                           extra={"success_threshold_pct": "90", "failure_threshold_pct": "50", "timeout_s": "600",
+                                  "retries": "1", "windows": "00:00-12:00, 12:00-00:00",
+                                  "devices_per_minute": "60"})
         assert "wave 1 (canary): 1 device" in plan and "wave 2: 2 devices" in plan, plan
         browser.save_screenshot(str(shots / "2-plan.png"))
         browser.find_element(By.ID, "start").click()
         wait.until(lambda d: "queued as control" in d.page_source)  # the leader starts it on its next tick
         wait.until(lambda d: d.find_elements(By.ID, "state") and d.find_element(By.ID, "state").text == "running")
+        spec = json.loads(query(db, "SELECT spec FROM rollouts WHERE id = 'lab-1'")[0][0])
+        assert spec["gates"]["success_threshold_pct"] == 90 and spec["gates"]["failure_threshold_pct"] == 50
+        assert spec["gates"]["failure_action"] == "pause" and spec["schedule"]["devices_per_minute"] == 60
+        assert spec["device"]["timeout_s"] == 600 and spec["device"]["retries"] == 1
+        assert spec["device"]["maintenance_windows"] == ["00:00-12:00", "12:00-00:00"]
         browser.execute_script("window.notReloaded = true;")  # gone if the page reloads
         waves = lambda d: d.find_element(By.ID, "waves").text  # noqa: E731
         wait.until(lambda d: "1 succeeded of 1" in waves(d) and "awaiting_approval" in waves(d))

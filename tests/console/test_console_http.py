@@ -323,6 +323,15 @@ def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp
         assert status == 400 and "targets.tags" in page
         status, _, page = post(step="preview", artifact="../../etc/passwd")
         assert status == 400 and "choose one of the leader&#39;s artifacts" in page
+        # the spec's other fields: a mistake names the spec's key, and keeps what was typed
+        status, _, page = post(step="preview", failure_threshold_pct="half")
+        assert status == 400 and "gates.failure_threshold_pct" in page and 'value="half"' in page
+        status, _, page = post(step="preview", windows="25:00-26:00")
+        assert status == 400 and "device.maintenance_windows.0" in page
+        status, _, page = post(step="preview", start_at="2026-12-02T01:00:00")
+        assert status == 400 and "schedule" in page and "zone" in page
+        status, _, page = post(step="preview", rollback_artifact="0123abcd.eafw")  # not signed as a rollback
+        assert status == 400 and "rollback artifact" in page
         store = RolloutStore.open(db, clock=VirtualClock())
         try:
             assert store.pending_controls() == []
