@@ -92,19 +92,24 @@ class RolloutPage:
     more: bool  # more matched than are listed
     states: list[str]  # the states its devices are in
     chart: Series  # its devices by kind over time
+    serves_image: bool = True  # its kind downloads an image (firmware): the download columns mean something
 
 
 def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage | None:
     """A rollout's page: its description, the controls that apply now, its devices."""
     if not _has_rollouts(db):
         return None
+    from agent.leader.rollout_kinds import ROLLOUT_KINDS
     from rollout_engine.controls import allowed_actions
     from rollout_engine.status import describe
     from rollout_engine.store import RolloutStore
 
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
-        if store.find(rollout_id) is None:
+        row = store.find(rollout_id)
+        if row is None:
             return None
+        entry = ROLLOUT_KINDS.get(row.spec.rollout.kind)
+        serves_image = entry is None or entry.traits.image is not None
         members = store.devices(rollout_id)
         chosen = sorted((d for d in members if not state or d.state == state), key=lambda d: (d.wave, d.device_id))
         described = describe(store, rollout_id)
@@ -112,7 +117,7 @@ def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage
         chart = rollout_series(described["created_ms"], end_ms, len(members), store.state_changes(rollout_id),
                                now={d.device_id: d.state for d in members})
         return RolloutPage(described, allowed_actions(store, rollout_id), chosen[:DEVICES_SHOWN],
-                           len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}), chart)
+                           len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}), chart, serves_image)
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,19 @@ def _now() -> str:
     return times.moment(int(time.time() * 1000))
 
 
+#: The engine's details name CLI commands; on a page with the control's button, the button is named.
+_CLI_HINTS = (
+    (re.compile(r"waiting for `rollout approve [^`]+`"), "waiting for an operator's approval (the approve button)"),
+    (re.compile(r"`rollout approve [^`]+` installs them"), "the approve button installs them"),
+)
+
+
+def _console_words(detail: str) -> str:
+    for pattern, said in _CLI_HINTS:
+        detail = pattern.sub(said, detail)
+    return detail
+
+
 def _chart(series: charts.Series, label: str) -> markupsafe.Markup:
     return markupsafe.Markup(charts.svg(series, label=label))
 
@@ -189,6 +202,7 @@ class Console:
                                       undefined=jinja2.StrictUndefined)
         self.env.globals.update(ago=_ago, preview=_preview, db=str(config.db), size=format_bytes, age=format_age,
                                 outcomes=_outcomes, when=_when, chart=_chart, now=_now, zone=times.zone)
+        self.env.filters["console_words"] = _console_words
         key = config.token.encode()
         self.session = hmac.new(key, b"edge-agent console session", hashlib.sha256).hexdigest()
         self.csrf = hmac.new(key, b"edge-agent console csrf", hashlib.sha256).hexdigest()
@@ -336,7 +350,8 @@ class Console:
             actions = [a for a in actions if a != "rollback"]  # nothing to offer: no button that cannot work
         return 200, self.render("rollout", title=rollout_id, r=found.described, actions=actions,
                                 refresh=REFRESH_S, message=message, error=error, devices=found.devices,
-                                more=found.more, device_states=found.states, state=state, series=found.chart)
+                                more=found.more, device_states=found.states, state=state, series=found.chart,
+                                serves_image=found.serves_image, detail=_console_words(found.described["detail"]))
 
     def _fleet(self, query: dict[str, str]) -> bytes:
         state = query.get("state", "")

@@ -60,7 +60,7 @@ def rollout_line(p: Sample) -> str:
     """
     head = (f"t={fmt_time(p['t'])} online={p['online']}/{p['devices']} leader_sees={p['leader_sees_online']}"
             f" in_flight={p['in_flight']} outbox_pending={p['outbox_pending']}"
-            f" downloads={p['downloads']}/{p['download_bound']}")
+            + (f" downloads={p['downloads']}/{p['download_bound']}" if p["download_bound"] else ""))
     ro = p["rollout"]
     if ro is None:
         return f"{head} rollout=not-started (devices registering)"
@@ -145,8 +145,8 @@ class ProgressDisplay:
         table.add_column()
         table.add_row("fleet time", fmt_time(p["t"]))
         table.add_row("devices online", f"{p['online']}/{p['devices']} (leader sees {p['leader_sees_online']})")
-        table.add_row("in flight", f"{p['in_flight']} reports, {p['downloads']} downloads"
-                                   f" (bound {p['download_bound']})")
+        table.add_row("in flight", f"{p['in_flight']} reports"
+                      + (f", {p['downloads']} downloads (bound {p['download_bound']})" if p["download_bound"] else ""))
         table.add_row("outbox depth", str(p["outbox_pending"]))
         ro = p["rollout"]
         if ro is None:

@@ -367,6 +367,10 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         shown = fleet.status("lab-1")
         assert shown["state"] == "running" and shown["counts"].get("succeeded") == 1 and shown["devices"] == 3
         assert f"{shown['devices']} devices, {shown['offers']} offers" in live_text(browser, "summary")
+        # above the approve button the page names the button, not the CLI's command
+        summary = live_text(browser, "summary")
+        assert "rollout approve" not in summary and "the approve button" in summary, summary
+        assert browser.find_elements(By.ID, "control-approve")
 
         fleet.control("cancel")
         browser.execute_script("window.notReloaded = true;")

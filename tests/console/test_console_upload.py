@@ -152,7 +152,27 @@ def test_a_config_release_is_uploaded_and_offered_as_a_config_rollout(tmp_path: 
         status, said = put(address, bytes(forged), BEARER, name="evil.eacfg")
         assert status == 422 and "evil.eacfg" in said and ".upload-" not in said
         start_from_form(address, kept[0], "cfg-1")
-    assert started_kind(db) == "config"
+        assert started_kind(db) == "config"
+        # the leader starts it: its page has no image download columns and says a first release
+        import asyncio
+
+        from rollout_support import FakePort, engine_kinds
+
+        from rollout_engine.keys import load_verify_key
+        from rollout_engine.orchestrator import Orchestrator
+
+        clock = VirtualClock()
+        port = FakePort(clock, ["a", "b"])
+        store = RolloutStore.open(db, clock=clock)
+        try:
+            kinds = engine_kinds(port, keys=load_verify_key(keys.public), directory=tmp_path / "artifacts")
+            asyncio.run(Orchestrator(store, clock=clock, port=port, kinds=kinds).tick())
+        finally:
+            store.close()
+        status, _, page = request(address, "GET", "/rollouts/cfg-1", headers=BEARER)
+        assert status == 200 and 'id="state"' in page, page[-2000:]
+        assert "MQTT chunks served" not in page and "<th>download</th>" not in page and "<th>fetched</th>" not in page
+        assert "1.1.0 (a first release: the devices held none)" in page and "? →" not in page
 
 
 def test_an_application_bundle_or_removal_is_uploaded_and_offered_as_an_app_rollout(tmp_path: Path) -> None:
