@@ -224,6 +224,18 @@ def control(db: StoreTarget, rollout_id: str, action: str, *, artifact: Path | N
                                actor=actor)
 
 
+def control_pending(db: StoreTarget, control_id: int) -> bool:
+    """Whether rollout control `control_id` is queued and not applied yet (False once the leader
+    applied or refused it, or when there is no such control)."""
+    if not _has_rollouts(db):
+        return False
+    from rollout_engine.store import RolloutStore
+
+    with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
+        found = store.control(control_id)
+        return found is not None and found.applied_ms is None
+
+
 @dataclass(frozen=True)
 class ConfigLayers:
     """The configuration layers page: each target's groups in their order, and its values."""

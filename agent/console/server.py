@@ -281,8 +281,10 @@ class Console:
                                     spec_artifact=spec_artifact)
         if path.startswith("/rollouts/"):
             queued = query.get("queued", "")
+            # the banner stands while the control waits; once applied, the audit table says what came of it
             message = (f"queued as control {int(queued)}: the leader applies it on its next tick"
-                       if queued.isdigit() and len(queued) <= 18 else "")
+                       if queued.isdigit() and len(queued) <= 18 and data.control_pending(self.config.db, int(queued))
+                       else "")
             return self.rollout_page(urllib.parse.unquote(path[len("/rollouts/"):]), message=message,
                                      state=query.get("state", "")[:32])
         if path == "/config":

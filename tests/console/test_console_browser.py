@@ -153,7 +153,8 @@ def test_an_operator_watches_and_controls_a_rollout_in_the_browser(tmp_path: Pat
             browser.find_element(By.ID, f"control-{action}").click()
             wait.until(lambda d: d.find_elements(By.ID, "confirm"))
             browser.find_element(By.ID, "confirm").click()
-            wait.until(lambda d: "queued as control" in d.page_source)
+            # the banner while the control waits (a leader quicker than the redirect: the audit has it)
+            wait.until(lambda d, a=action: "queued as control" in d.page_source or a in live_text(d, "audit"))
             wait_for(f"the leader applied {action}",
                      lambda s=state: rollout_state(db, "lab-1") == s)
             browser.refresh()
@@ -278,11 +279,17 @@ class ConsoleFleet:
         from selenium.webdriver.common.by import By
 
         self.browser.get(self.base + "/artifacts")
+        self.browser.execute_script("window.notReloaded = true;")  # gone if the page reloads
         self.browser.find_element(By.ID, "upload-file").send_keys(str(artifact))
         self.browser.find_element(By.ID, "upload").click()
         self.wait.until(lambda d: d.find_element(By.ID, "upload-result").get_attribute("data-outcome")
                         in ("kept", "refused"))
-        return str(self.browser.find_element(By.ID, "upload-result").text)
+        said = str(self.browser.find_element(By.ID, "upload-result").text)
+        if self.browser.find_element(By.ID, "upload-result").get_attribute("data-outcome") == "kept":
+            # listed in place, the answer still on screen
+            self.wait.until(lambda d: d.find_element(By.ID, "upload-result").get_attribute("data-listed") == "yes")
+            assert self.browser.execute_script("return window.notReloaded === true;")
+        return said
 
     def start(self, rollout_id: str, *, counts: str, approval: bool, extra: dict[str, str] | None = None,
               choices: dict[str, str] | None = None) -> str:
@@ -322,7 +329,7 @@ class ConsoleFleet:
             picker = Select(self.browser.find_element(By.ID, "artifact"))
             picker.select_by_visible_text(next(o.text for o in picker.options if choose in o.text))
         self.browser.find_element(By.ID, "confirm").click()
-        self.wait.until(lambda d: "queued as control" in d.page_source)
+        self.wait.until(lambda d: "queued as control" in d.page_source or action in live_text(d, "audit"))
 
 
 def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser(
@@ -351,8 +358,10 @@ def test_an_operator_uploads_starts_watches_and_cancels_a_rollout_in_the_browser
         assert "wave 1 (canary): 1 device" in plan and "wave 2: 2 devices" in plan, plan
         browser.save_screenshot(str(shots / "2-plan.png"))
         browser.find_element(By.ID, "start").click()
-        wait.until(lambda d: "queued as control" in d.page_source)  # the leader starts it on its next tick
+        wait.until(lambda d: "queued as control" in d.page_source or d.find_elements(By.ID, "state"))  # (its next tick)
         wait.until(lambda d: d.find_elements(By.ID, "state") and d.find_element(By.ID, "state").text == "running")
+        # the banner is gone once the leader applied the start: it does not outlive the control
+        wait.until(lambda d: not d.find_element(By.ID, "message").text)
         spec = json.loads(query(db, "SELECT spec FROM rollouts WHERE id = 'lab-1'")[0][0])
         assert spec["gates"]["success_threshold_pct"] == 90 and spec["gates"]["failure_threshold_pct"] == 50
         assert spec["gates"]["failure_action"] == "pause" and spec["schedule"]["devices_per_minute"] == 60

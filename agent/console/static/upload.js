@@ -1,6 +1,7 @@
 // The artifacts page's upload: the chosen file goes as the body of one PUT (no multipart), with
 // the page's CSRF value in a header; the console checks it as the leader would and answers in
-// one line, shown under the form. The page reloads to list a kept artifact.
+// one line, shown under the form. A kept artifact joins the list in place (the page is fetched
+// again and its table swapped in): no reload, the answer stays on screen.
 (function () {
   "use strict";
   var form = document.getElementById("upload-form");
@@ -22,7 +23,17 @@
       result.className = answer.ok ? "note" : "error";
       result.textContent = answer.text;
       result.setAttribute("data-outcome", answer.ok ? "kept" : "refused");
-      if (answer.ok) { setTimeout(function () { location.reload(); }, 1500); }
+      if (answer.ok) {
+        fetch(location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } })
+          .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+          .then(function (text) {
+            var fresh = new DOMParser().parseFromString(text, "text/html").getElementById("artifacts");
+            var table = document.getElementById("artifacts");
+            if (fresh && table) { table.replaceWith(document.importNode(fresh, true)); }
+            result.setAttribute("data-listed", "yes");
+          })
+          .catch(function () { location.reload(); });
+      }
     }).catch(function (why) {
       result.className = "error";
       result.textContent = "the upload did not complete: " + why;
