@@ -126,13 +126,21 @@ class ConfigState(_Message, kw_only=True, frozen=True):
 
     @property
     def compliance(self) -> str:
-        """How the target reads fleet-wide: "drifted" (edited on the device), "failed" (its newest
-        apply failed or reverted, or its record is damaged), "in_sync", or "not_applied"."""
+        """What the device holds of the target, the one word every view uses: "drifted" (edited
+        on the device), "damaged" (its record cannot be read), "in_sync" (it holds `version`
+        unchanged: after a revert, the version it went back to), or "not_applied". How its last
+        attempt ended is another fact, `last_attempt`, shown beside."""
         if self.drifted:
             return "drifted"
-        if self.state in ("failed", "rolled_back", "damaged"):
-            return "failed"
+        if self.state == "damaged":
+            return "damaged"
         return "in_sync" if self.version else "not_applied"
+
+    @property
+    def last_attempt(self) -> str:
+        """How the newest apply ended when it did not commit: "rolled_back" (reverted, by itself
+        or as the confirmation ran out), "failed" (refused before its swap); "" otherwise."""
+        return self.state if self.state in ("failed", "rolled_back") else ""
 
     def compliance_with(self, pending: bool) -> str:
         """`compliance`, where "pending" stands for in sync or not applied when the leader has

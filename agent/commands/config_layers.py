@@ -199,7 +199,7 @@ def diff_main(args: argparse.Namespace) -> int:
         held = (state.configs or {}).get(target)
         out.append({"target": target, "release": release.version, "from": origin, "layers": rendered.digest,
                     "holds": None if held is None else {"version": held.version, "state": held.state,
-                                                        "layers": held.layers},
+                                                        "layers": held.layers, "last_attempt": held.last_attempt},
                     "pending": held is None or held.version != release.version or held.layers != rendered.digest,
                     "sources": rendered.sources,
                     "documents": {n: {"default": release.documents[n].decode("utf-8", "replace"),
@@ -213,10 +213,12 @@ def diff_main(args: argparse.Namespace) -> int:
     for t in out:
         holds = t["holds"]
         said = ("nothing applied" if holds is None else
-                f"{holds['version'] or 'nothing'} ({holds['state']}), layers {holds['layers'] or 'none'}")
+                f"{holds['version'] or 'nothing'}, layers {holds['layers'] or 'none'}")
+        attempt = (f" (its last attempt {'was rolled back' if holds['last_attempt'] == 'rolled_back' else 'failed'})"
+                   if holds is not None and holds["last_attempt"] else "")
         print(f"{args.device} (tags {', '.join(line.tags) or '-'}) · {t['target']} {t['release']} from {t['from']},"
               f" layers {t['layers'] or 'none'}")
-        print(f"  holds {said}: {'PENDING, the next config rollout brings it' if t['pending'] else 'in sync'}")
+        print(f"  holds {said}: {'PENDING, the next config rollout brings it' if t['pending'] else 'in sync'}{attempt}")
         for n, docs in t["documents"].items():
             diff = list(difflib.unified_diff(docs["default"].splitlines(), docs["rendered"].splitlines(),
                                              f"{n} (release {t['release']})", f"{n} ({args.device})", lineterm=""))

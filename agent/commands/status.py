@@ -138,8 +138,9 @@ def format_devices(page: DevicePage, now_ms: int) -> str:
 
 
 _COMPLIANCE_SAID = {"in_sync": "in sync", "pending": "pending: the leader has more for it",
-                    "failed": "FAILED: its newest apply did not commit", "not_applied": "nothing applied",
+                    "damaged": "DAMAGED: its record cannot be read", "not_applied": "nothing applied",
                     "drifted": "drifted"}
+_ATTEMPT_SAID = {"rolled_back": "its last attempt was rolled back", "failed": "its last attempt failed"}
 
 
 def format_device(detail: DeviceDetail, now_ms: int) -> str:
@@ -167,9 +168,10 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
         lines.append("  system: " + ", ".join(p for p in parts if p))
     if detail.configs:
         lines.append("  configuration targets:")
-        lines += [f"    {name}: {c.version or 'nothing applied'} ({c.state or '?'})"
+        lines += [f"    {name}: holds {c.version or 'nothing'}"
                   + (f"; DRIFTED: {', '.join(c.drifted)} changed on the device" if c.drifted else
                      f"; {_COMPLIANCE_SAID[detail.compliance.get(name, c.compliance)]}")
+                  + (f" ({_ATTEMPT_SAID[c.last_attempt]})" if c.last_attempt else "")
                   for name, c in sorted(detail.configs.items())]
     if detail.apps:
         lines.append("  applications:")

@@ -571,7 +571,8 @@ class LeaderAgent(PartBase):
                        [({"state": "online"}, float(online)), ({"state": "offline"}, float(offline))])]
 
     def _config_compliance(self) -> list[MetricFamily]:
-        """`ea_config_devices{target, compliance}`: the fleet's configuration targets as their
+        """`ea_config_devices{target, compliance}` and `ea_config_last_attempt_failed{target}`: the
+        fleet's configuration targets as their
         devices' heartbeats state them, pending where a config rollout or a layer has more for
         them (the family without samples when no device states any)."""
         from agent.leader.config_pending import fleet_compliance
@@ -582,9 +583,16 @@ class LeaderAgent(PartBase):
             self._fleet_reader = FleetReader(self.shared)
         with self._fleet_reader.reading() as db:  # (the fleet's stores, the layers among them)
             compliance = fleet_compliance(db, self.clock.now_ms())
-        samples = [({"target": target, "compliance": kind}, float(n))
-                   for target, counts in compliance.items() for kind, n in counts.items()]
-        return [family("ea_config_devices", "gauge", "Devices by configuration target and compliance.", samples)]
+        from agent.leader.registry import LAST_ATTEMPT_FAILED
+
+        samples = [({"target": target, "compliance": kind}, float(n)) for target, counts in compliance.items()
+                   for kind, n in counts.items() if kind != LAST_ATTEMPT_FAILED]
+        failed = [({"target": target}, float(counts.get(LAST_ATTEMPT_FAILED, 0)))
+                  for target, counts in compliance.items()]
+        return [family("ea_config_devices", "gauge", "Devices by configuration target and what they hold of it"
+                       " (each device in one: in_sync, pending, drifted, damaged, not_applied).", samples),
+                family("ea_config_last_attempt_failed", "gauge", "Devices whose newest apply of the target did not"
+                       " commit (reverted or refused; they hold what `ea_config_devices` says).", failed)]
 
     # -- inbound -------------------------------------------------------------------------------
     def register_route(self, kind: str, type_: type[msgspec.Struct], route: Route) -> None:

@@ -40,7 +40,8 @@ def config_pending(db: LeaderDb, states: States, now_ms: int) -> set[tuple[str, 
 
 
 def fleet_compliance(db: LeaderDb, now_ms: int) -> dict[str, dict[str, int]]:
-    """target -> in_sync / pending / drifted / failed / not_applied -> devices (the registry read once)."""
+    """target -> in_sync / pending / drifted / damaged / not_applied -> devices, and
+    last_attempt_failed beside them (`compliance_counts`; the registry read once)."""
     states = db.registry.config_states()
     return compliance_counts(states, config_pending(db, states, now_ms))
 

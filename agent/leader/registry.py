@@ -193,8 +193,10 @@ def _stated(blob: object, read: Callable[[bytes], T]) -> T | None:
         return None
 
 
-#: How a device's configuration target reads fleet-wide (`config_compliance`).
-COMPLIANCE = ("in_sync", "pending", "drifted", "failed", "not_applied")
+#: How a device's configuration target reads fleet-wide (`config_compliance`): each device in one.
+COMPLIANCE = ("in_sync", "pending", "drifted", "damaged", "not_applied")
+#: Beside them in the same counts: devices whose last attempt did not commit, whatever they hold.
+LAST_ATTEMPT_FAILED = "last_attempt_failed"
 #: The devices' configuration targets, as stored: (device id, tags JSON, configs blob) rows.
 _CONFIG_ROWS = "SELECT device_id, tags, configs FROM devices WHERE configs IS NOT NULL"
 
@@ -221,8 +223,9 @@ def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, Con
     found: dict[str, dict[str, int]] = {}
     for device_id, (_, held) in states.items():
         for target, c in held.items():
-            counts = found.setdefault(target, dict.fromkeys(COMPLIANCE, 0))
+            counts = found.setdefault(target, dict.fromkeys((*COMPLIANCE, LAST_ATTEMPT_FAILED), 0))
             counts[c.compliance_with((device_id, target) in pending)] += 1
+            counts[LAST_ATTEMPT_FAILED] += bool(c.last_attempt)
     return dict(sorted(found.items()))
 
 
@@ -818,7 +821,8 @@ class DeviceRegistry(Store):
         return [_record(r) for r in rows]
 
     def config_compliance(self, pending: Collection[tuple[str, str]] = ()) -> dict[str, dict[str, int]]:
-        """target -> in_sync / pending / drifted / failed / not_applied -> devices, as their
+        """target -> in_sync / pending / drifted / damaged / not_applied -> devices (and beside
+        them last_attempt_failed: those whose newest apply did not commit), as their
         newest full heartbeats stated (one decode per device that states any: read at a
         scrape's pace); `pending`: the (device, target)s the leader has more for."""
         return compliance_counts(self.config_states(), pending)
@@ -1099,5 +1103,6 @@ class RegistryReads:
         return None if newest is None else int(newest)
 
 
-__all__ = ["COMPLIANCE", "COMPONENT", "FLEET_HISTORY_S", "LEADER_ALIVE_EVERY_S", "LEADER_QUIET_S", "DeviceLine",
-           "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback", "RegistryReads", "compliance_counts"]
+__all__ = ["COMPLIANCE", "COMPONENT", "FLEET_HISTORY_S", "LAST_ATTEMPT_FAILED", "LEADER_ALIVE_EVERY_S",
+           "LEADER_QUIET_S", "DeviceLine", "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback",
+           "RegistryReads", "compliance_counts"]

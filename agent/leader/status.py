@@ -18,7 +18,7 @@ from agent.core.durations import format_age, utc_iso
 from agent.leader.config_pending import fleet_compliance
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
-from agent.leader.registry import LEADER_QUIET_S, AppCounts
+from agent.leader.registry import LAST_ATTEMPT_FAILED, LEADER_QUIET_S, AppCounts
 from agent.leader.release_view import ReleaseCount, fleet_releases
 from rollout_engine.lease import LEASE_NAME
 
@@ -60,7 +60,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     jobs: JobCounts | None = None
     leader_alive_ms: int | None = None  # the running leader's newest alive mark (None: none)
     leader_stale: bool = False  # no mark for LEADER_QUIET_S: the leader is not running, the view is old
-    # configuration target -> in_sync / drifted / failed / not_applied -> devices (their heartbeats)
+    # configuration target -> in_sync / pending / drifted / damaged / not_applied -> devices, and
+    # last_attempt_failed beside them (their heartbeats; `compliance_counts`)
     config: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
     # leader -> devices it served last (its newest heartbeat or birth); several when they share
     # a PostgreSQL registry
@@ -210,8 +211,10 @@ def format_status(summary: FleetStatus) -> str:
     if summary.stale and summary.stale_count > len(summary.stale):
         lines.append(f"  ... and {summary.stale_count - len(summary.stale)} more")
     for target, counts in summary.config.items():
+        failed = counts.get(LAST_ATTEMPT_FAILED, 0)
         lines.append(f"config {target}: " + ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items()
-                                                      if n or kind == "in_sync"))
+                                                      if kind != LAST_ATTEMPT_FAILED and (n or kind == "in_sync"))
+                     + (f"; the last attempt did not commit on {failed} (they hold what they held)" if failed else ""))
     for name, app in summary.apps.items():
         more = [f"{app.on_trial} on trial"] if app.on_trial else []
         more += [f"{app.took_back} took their last new version back"] if app.took_back else []

@@ -115,7 +115,7 @@ def test_a_release_of_the_agents_own_settings_restarts_it_in_place_and_commits(t
         while True:  # the worker's heartbeats announce the new interval, and the leader says what it holds
             status = subprocess.run([*cli, "status", "--device", "pi-1", "--db", str(db)], capture_output=True,
                                     text=True, env=env, timeout=60).stdout
-            if "agent: 1.0.0 (committed); in sync" in status:
+            if "agent: holds 1.0.0; in sync" in status:
                 break
             assert time.monotonic() < deadline, status
             time.sleep(0.3)

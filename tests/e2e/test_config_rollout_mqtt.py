@@ -136,9 +136,9 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         assert documents() == held  # the release's bytes where no layer applies, else rendered
 
         for name in DEVICES:  # each device's next full heartbeat says what its target holds
-            wait_status(name, "app: 1.1.0 (committed); in sync")
+            wait_status(name, "app: holds 1.1.0; in sync")
         preview = config_cli("diff", "--device", "pi-2", "--db", str(db), "--key", str(keys.public))
-        assert "holds 1.1.0 (committed)" in preview and ": in sync" in preview, preview
+        assert "holds 1.1.0, layers" in preview and ": in sync" in preview, preview
         assert "+port = 4" in preview and "port  from device pi-2" in preview, preview
         bad = release("1.2.0", "mode = 'good'\nport = 2\nnetwork = 'off'\n")
         data = roll("cfg-2", bad, "canary = 1\ncounts = [2]")
@@ -151,11 +151,11 @@ def test_a_config_rollout_commits_in_waves_and_a_bad_one_reverts_and_aborts(tmp_
         assert documents() == held  # the canary is back on 1.1.0, byte for byte
         assert not any(cut.exists() for cut in cuts.values())  # the old content's apply restored the link
 
-        wait_status(canary[0]["device"], "app: 1.1.0 (rolled_back); FAILED")
+        wait_status(canary[0]["device"], "app: holds 1.1.0; in sync (its last attempt was rolled back)")
         # a layer value set since a device's apply: the leader has more for it
         other = next(d for d in DEVICES if d != canary[0]["device"])
         config_cli("layer", "set", "app", "app.toml", "port=5", "--device", other, "--expires", "1h", "--db", str(db))
-        wait_status(other, "app: 1.1.0 (committed); pending")
+        wait_status(other, "app: holds 1.1.0; pending")
         assert "PENDING" in config_cli("diff", "--device", other, "--db", str(db), "--key", str(keys.public))
         # a local edit on a device: drift, in its status and the fleet's
         (tmp_path / "pi-0" / "etc" / "app" / "app.toml").write_text("mode = 'good'\nport = 99\n")

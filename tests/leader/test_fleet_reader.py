@@ -36,7 +36,8 @@ def test_every_scrape_reads_what_a_command_reads_through_one_connection(leader_s
     target = store_target(str(leader_store), source="test")
     with open_leader_db(target) as db:
         expected = fleet_compliance(db, 3_000)
-    assert expected == {"app": {"in_sync": 2, "pending": 1, "drifted": 0, "failed": 0, "not_applied": 0}}
+    assert expected == {"app": {"in_sync": 2, "pending": 1, "drifted": 0, "damaged": 0, "not_applied": 0,
+                                "last_attempt_failed": 0}}
     reader = FleetReader(target)
     sessions = set()
     try:

@@ -185,7 +185,8 @@ def test_status_and_the_layers_read_the_same_on_postgresql_after_the_move(tmp_pa
                     {d: leader.layers.values_for("app", d, t, now_ms=clock.now_ms()) for d, t in tags.items()})
 
     before = read(db)
-    assert before[0] == {"app": {"in_sync": 3, "pending": 0, "drifted": 0, "failed": 0, "not_applied": 0}}
+    assert before[0] == {"app": {"in_sync": 3, "pending": 0, "drifted": 0, "damaged": 0, "not_applied": 0,
+                                 "last_attempt_failed": 0}}
     copy_to_server(db, ServerUrl(pg_url))
     assert read(pg_url) == before
     listed = [subprocess.run([sys.executable, "-m", "agent.cli", "config", "layer", "list", "--db", where],

@@ -389,8 +389,9 @@ async def test_marking_the_leader_alive_samples_the_devices_online_for_a_week(le
 
 async def test_the_fleets_configuration_compliance_is_counted_from_the_heartbeats(tmp_path: Path,
                                                                                    clock: VirtualClock) -> None:
-    """`status` and /metrics count each configuration target's devices as in sync, drifted,
-    failed (a revert or a failed apply) or not applied, from their newest full heartbeats."""
+    """`status` and /metrics count each configuration target's devices by what they hold (in
+    sync, drifted, damaged, not applied: a reverted device holds its old version, in sync), and
+    beside them those whose last attempt did not commit, from their newest full heartbeats."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -411,15 +412,19 @@ async def test_the_fleets_configuration_compliance_is_counted_from_the_heartbeat
                   "d4": ConfigState(state="idle")}
         gw.registry.apply_heartbeats([Heartbeat(device_id=d, seq=1, uptime_s=1.0, configs={"app": c})
                                       for d, c in states.items()] + [hb("d5", 1)])
-        want = {"app": {"in_sync": 1, "pending": 0, "drifted": 1, "failed": 1, "not_applied": 1}}
+        want = {"app": {"in_sync": 2, "pending": 0, "drifted": 1, "damaged": 0, "not_applied": 1,
+                        "last_attempt_failed": 1}}
         assert gw.registry.config_compliance() == want
         with open_leader_db(gw.registry.path) as db:
             summary = fleet_status(db, clock.now_ms())
         assert summary.config == want
-        assert "config app: 1 in sync, 1 drifted, 1 failed, 1 not applied" in format_status(summary)
+        assert ("config app: 2 in sync, 1 drifted, 1 not applied; the last attempt did not commit on 1 (they hold"
+                " what they held)") in format_status(summary)
         families = parse(render(gw.collectors()["config"]()))  # type: ignore[arg-type]
         samples = dict((tuple(sorted(labels.items())), v) for labels, v in families["ea_config_devices"]["samples"])
         assert samples[(("compliance", "drifted"), ("target", "app"))] == 1.0
+        assert samples[(("compliance", "in_sync"), ("target", "app"))] == 2.0
+        assert families["ea_config_last_attempt_failed"]["samples"] == [({"target": "app"}, 1.0)]
         # a layer value set for d1 since its apply: the leader has more for it
         from config_rollout.layer_store import LayerStore
 
@@ -427,7 +432,7 @@ async def test_the_fleets_configuration_compliance_is_counted_from_the_heartbeat
             layers.set_value("app", "device", "d1", "app.toml", "port", 2, set_by="op", now_ms=clock.now_ms())
         with open_leader_db(gw.registry.path) as db:
             assert fleet_status(db, clock.now_ms()).config["app"] == {
-                "in_sync": 0, "pending": 1, "drifted": 1, "failed": 1, "not_applied": 1}
+                "in_sync": 1, "pending": 1, "drifted": 1, "damaged": 0, "not_applied": 1, "last_attempt_failed": 1}
         families = parse(render(gw.collectors()["config"]()))  # type: ignore[arg-type]
         samples = dict((tuple(sorted(labels.items())), v) for labels, v in families["ea_config_devices"]["samples"])
         assert samples[(("compliance", "pending"), ("target", "app"))] == 1.0

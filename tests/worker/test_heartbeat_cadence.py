@@ -240,7 +240,7 @@ async def test_the_configuration_targets_ride_a_full_heartbeat_and_a_local_edit_
         with open_leader_db(gw.registry.path) as db:
             detail = device_detail(db, "w1")
         assert detail is not None
-        assert "    app: 1.0.0 (committed); DRIFTED: app.toml changed on the device" in format_device(detail, 0)
+        assert "    app: holds 1.0.0; DRIFTED: app.toml changed on the device" in format_device(detail, 0)
     finally:
         await stop_all(w, gw, clock=clock)
         await spy.stop()
