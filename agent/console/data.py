@@ -93,13 +93,14 @@ class RolloutPage:
     states: list[str]  # the states its devices are in
     chart: Series  # its devices by kind over time
     serves_image: bool = True  # its kind downloads an image (firmware): the download columns mean something
+    spec_rollback: str = ""  # the rollback artifact its spec names (the file's name; "": none)
 
 
 def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage | None:
     """A rollout's page: its description, the controls that apply now, its devices."""
     if not _has_rollouts(db):
         return None
-    from agent.leader.rollout_kinds import ROLLOUT_KINDS
+    from agent.leader.rollout_kinds import serves_image
     from rollout_engine.controls import allowed_actions
     from rollout_engine.status import describe
     from rollout_engine.store import RolloutStore
@@ -108,8 +109,6 @@ def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage
         row = store.find(rollout_id)
         if row is None:
             return None
-        entry = ROLLOUT_KINDS.get(row.spec.rollout.kind)
-        serves_image = entry is None or entry.traits.image is not None
         members = store.devices(rollout_id)
         chosen = sorted((d for d in members if not state or d.state == state), key=lambda d: (d.wave, d.device_id))
         described = describe(store, rollout_id)
@@ -117,7 +116,8 @@ def rollout(db: StoreTarget, rollout_id: str, *, state: str = "") -> RolloutPage
         chart = rollout_series(described["created_ms"], end_ms, len(members), store.state_changes(rollout_id),
                                now={d.device_id: d.state for d in members})
         return RolloutPage(described, allowed_actions(store, rollout_id), chosen[:DEVICES_SHOWN],
-                           len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}), chart, serves_image)
+                           len(chosen) > DEVICES_SHOWN, sorted({d.state for d in members}), chart,
+                           serves_image(row.spec.rollout.kind), _named_rollback(row.spec))
 
 
 @dataclass(frozen=True)
@@ -338,8 +338,11 @@ def spec_rollback(db: StoreTarget, rollout_id: str) -> str:
 
     with RolloutStore.open_readonly(db, clock=SystemClock()) as store:
         found = store.find(rollout_id)
-        return Path(found.spec.rollout.rollback_artifact).name if found is not None and \
-            found.spec.rollout.rollback_artifact else ""
+        return _named_rollback(found.spec) if found is not None else ""
+
+
+def _named_rollback(spec: Any) -> str:
+    return Path(spec.rollout.rollback_artifact).name if spec.rollout.rollback_artifact else ""
 
 
 def rollout_version(db: StoreTarget, rollout_id: str) -> str | None:

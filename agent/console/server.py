@@ -344,8 +344,7 @@ class Console:
             return 200, self.render("rollout_starting", title=rollout_id, rollout_id=rollout_id, c=start,
                                     refresh=REFRESH_S, message=message, error=error)
         actions = found.actions
-        can_roll_back = bool(self._rollback_choices(found.described["version"])
-                             or data.spec_rollback(self.config.db, rollout_id))
+        can_roll_back = bool(found.spec_rollback or self._rollback_choices(found.described["version"]))
         if "rollback" not in actions and can_roll_back:
             actions = [*actions, "rollback"]  # with an artifact of the store, picked on the confirmation page
         elif "rollback" in actions and not can_roll_back:

@@ -94,4 +94,11 @@ def traits_of(name: str, *, source: str, kinds: Mapping[str, KindEntry] = ROLLOU
     return entry.traits
 
 
-__all__ = ["ROLLOUT_KINDS", "KindEntry", "KindHost", "traits_of"]
+def serves_image(kind: str, *, kinds: Mapping[str, KindEntry] = ROLLOUT_KINDS) -> bool:
+    """Whether a rollout of `kind` downloads an image (its chunks, the artifact server): the
+    download figures and columns mean something for it. An unknown kind is taken to."""
+    entry = kinds.get(kind)
+    return entry is None or entry.traits.image is not None
+
+
+__all__ = ["ROLLOUT_KINDS", "KindEntry", "KindHost", "serves_image", "traits_of"]

@@ -279,12 +279,11 @@ class RolloutSampler:
         self.progress = progress
         self.every_s = every_s
         self.idle_s = max(idle_s, every_s)
-        from agent.leader.rollout_kinds import ROLLOUT_KINDS
+        from agent.leader.rollout_kinds import serves_image
 
-        entry = ROLLOUT_KINDS.get(spec.rollout.kind)
-        serves_image = entry is None or entry.traits.image is not None
         # the chunk downloads' bound; 0 for a kind that downloads no image (a config release)
-        self.bound = spec.download.servers * (spec.download.mailbox_capacity + 1) if serves_image else 0
+        self.bound = (spec.download.servers * (spec.download.mailbox_capacity + 1)
+                      if serves_image(spec.rollout.kind) else 0)
         self.rid: str | None = None
         self._now = now
         self._last: Sample | None = None
