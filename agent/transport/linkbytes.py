@@ -142,15 +142,27 @@ class AirModel:
         self.connects = 0
         self._last: float | None = None  # the last packet either way, while connected
 
+    def _pings_until(self, now: float) -> int:
+        """The keep-alive pings of the silence since the last packet, up to `now`."""
+        if self._last is None or self.keepalive_s <= 0:
+            return 0
+        return int((now - self._last) // self.keepalive_s)
+
+    @staticmethod
+    def _ping_counters(pings: int) -> TcpCounters:
+        """What `pings` PINGREQ/PINGRESP exchanges cost: the request, the response, the ACK of it."""
+        size = pings * (PING_BYTES + TLS_RECORD_BYTES)
+        return TcpCounters(size, size, pings * 2, pings)
+
     def _quiet_until(self, now: float) -> None:
-        if self._last is not None and self.keepalive_s > 0:
-            pings = int((now - self._last) // self.keepalive_s)
-            if pings > 0:
-                self.pings += pings
-                self.sent += pings * (PING_BYTES + TLS_RECORD_BYTES)
-                self.received += pings * (PING_BYTES + TLS_RECORD_BYTES)
-                self.segs_out += pings * 2  # the request, and the ACK of the response
-                self.segs_in += pings
+        pings = self._pings_until(now)
+        if pings > 0:
+            cost = self._ping_counters(pings)
+            self.pings += pings
+            self.sent += cost.bytes_sent
+            self.received += cost.bytes_received
+            self.segs_out += cost.segs_out
+            self.segs_in += cost.segs_in
         self._last = now
 
     def connected(self, now: float) -> None:
@@ -192,14 +204,8 @@ class AirModel:
         """The counters as of `now`, the pings of a silence still running included. A reading
         changes nothing: the silence goes on from the last packet (reading it every few seconds
         must not lose the pings of the keep-alive)."""
-        sent, received, segs_out, segs_in = self.sent, self.received, self.segs_out, self.segs_in
-        if self._last is not None and self.keepalive_s > 0:
-            pings = int((now - self._last) // self.keepalive_s)
-            sent += pings * (PING_BYTES + TLS_RECORD_BYTES)
-            received += pings * (PING_BYTES + TLS_RECORD_BYTES)
-            segs_out += pings * 2
-            segs_in += pings
-        return TcpCounters(sent, received, segs_out, segs_in)
+        return (TcpCounters(self.sent, self.received, self.segs_out, self.segs_in)
+                + self._ping_counters(self._pings_until(now)))
 
 
 __all__ = ["CONNECT_BYTES", "TCP_IP_HEADER_BYTES", "TLS_RECORD_BYTES", "AirModel", "LinkCounters", "TcpCounters",
