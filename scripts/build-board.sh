@@ -148,6 +148,13 @@ printf 'VERSION=%s\n' "$VERSION" > "$root/etc/edge-agent-board"
 # eth*: the boards boot with net.ifnames=0 (below), a Pi's own kernel names it eth0 or end0
 printf '[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n' > "$root/etc/systemd/network/20-wired.network"
 ln -sf /lib/systemd/system/systemd-networkd.service "$root/etc/systemd/system/multi-user.target.wants/"
+# networkd starts once udev has handled the coldplug's events: systemd-networkd 252 that took eth0 at
+# its enumeration and again at udev's late "add" failed the link for good under load ("eth0: Failed
+# to configure DHCPv4 client: Device or resource busy", then "eth0: Failed"; systemd issue 24201),
+# and the board stayed without an address until the next boot
+mkdir -p "$root/etc/systemd/system/systemd-networkd.service.d"
+printf '[Unit]\nWants=systemd-udev-settle.service\nAfter=systemd-udev-settle.service\n' \
+    > "$root/etc/systemd/system/systemd-networkd.service.d/after-udev-settle.conf"
 chroot "$root" passwd -d root >/dev/null
 for unit in "$root"/etc/systemd/system/*.service "$root"/etc/systemd/system/*.path; do  # --add'ed units:
     # enable those that name a target
@@ -171,12 +178,14 @@ fi
 
 # -- the A/B layout: the data partition holds what outlives a slot --------------------------------
 # The slot is what an update carries, so it holds what QEMU's machine needs: the drivers of real
-# hardware (graphics, sound, wireless, USB, Ethernet cards, other file systems) and the
-# documentation go (a third of the size, so of a full update's bytes and time).
+# hardware (graphics, sound, wireless, USB, Ethernet cards, CPU frequency drivers, other file
+# systems) and the documentation go (a third of the size, so of a full update's bytes and time).
+# (QEMU's CPUs scale no frequency: udev loaded pcc_cpufreq beside powernow_k8 and logged an error.)
 modules="$(echo "$root"/usr/lib/modules/*)"
 for gone in sound net/wireless net/mac80211 net/bluetooth \
         drivers/{gpu,media,infiniband,staging,usb,iio,comedi,mtd,hwmon,target,video,scsi,ata,isdn,bluetooth} \
         drivers/{nfc,thunderbolt,platform,misc,mfd,power,leds,gnss,mmc,memstick,pcmcia,firewire,parport,w1} \
+        drivers/cpufreq \
         drivers/net/{ethernet,wireless,usb,can,wan,wwan,ieee802154,hamradio,arcnet,fddi,appletalk,hippi,hyperv} \
         fs/{xfs,btrfs,nfs,nfsd,ocfs2,smb,f2fs,gfs2,ceph,afs}; do
     rm -rf "${modules:?}/kernel/$gone"
