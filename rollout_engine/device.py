@@ -11,7 +11,10 @@ The runner is an actor: offers, window openings and cancels are its messages, on
 It sends every report through `send` (the worker's outbox: OVERWRITE per device and rollout);
 `seq` grows with every report, across restarts too (the leader keeps the newest). Its journal
 (`JOURNAL`, one typed document written atomically) holds the offers waiting for their window: a
-device killed while one waits arms its timer again at the next start. What a module had under
+device killed while one waits arms its timer again at the next start; and the outcome of the last
+rollouts it concluded (`succeeded`, `rolled_back`): an offer of one of them again (sent again
+after a takeover, or come twice while the module was busy with it) is answered with that outcome,
+not applied again. A `failed` or `timed_out` one is the leader's retry: it is applied. What a module had under
 way when the device stopped, its `resume` finishes (each module keeps its own durable record of
 its steps: a config apply's journal).
 """
@@ -69,6 +72,8 @@ class ExcerptSource(Protocol):
 FAILURE_STATES = frozenset({"failed", "rolled_back"})
 EXCERPT_SPAN_MS = 15 * 60_000  # a failure whose offer this start did not take: lines of this long
 BEGUN_KEPT = 32  # offers whose start (and units) the runner remembers for their failure's excerpt
+CONCLUDED_KEPT = 32  # rollouts whose outcome the runner says again when one is offered again
+SAID_AGAIN: frozenset[str] = frozenset({"succeeded", "rolled_back"})  # outcomes a repeated offer does not undo
 
 
 async def excerpted(report: RolloutReport, source: ExcerptSource, units: tuple[str, ...],
@@ -115,8 +120,16 @@ class _Waiting(msgspec.Struct, frozen=True):
     until_ms: int
 
 
+class _Concluded(msgspec.Struct, frozen=True):
+    version: str
+    state: ReportState
+    phase: str
+    detail: str
+
+
 class _Journal(msgspec.Struct, frozen=True):
     waiting: dict[str, _Waiting] = {}
+    concluded: dict[str, _Concluded] = {}  # rollout -> its outcome here, oldest first
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,12 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
     async def _offer(self, offer: OfferT, ctx: Context, *, window_open: bool) -> None:
         facts = self.module.facts(offer)
         rid, version = facts.rollout_id, facts.version
+        concluded = self._journal().concluded.get(rid)
+        if concluded is not None:
+            log.info("offer %s: concluded here already (%s): its outcome said again", rid, concluded.state)
+            await self._send(self.next_report(rid, concluded.version, concluded.state, concluded.phase,
+                                              concluded.detail))
+            return
         self._begin(rid, facts.units)
         try:
             take_trust_document(self.key, facts.trust, came_with=f"offer {rid}")
@@ -222,7 +241,8 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
         atomic_write(self.journal_path, msgspec.json.encode(journal), mode=0o600)
 
     def _wait(self, rid: str, offer: bytes, until_ms: int, ctx: Context) -> None:
-        self._keep(_Journal({**self._journal().waiting, rid: _Waiting(offer, until_ms)}))
+        journal = self._journal()
+        self._keep(msgspec.structs.replace(journal, waiting={**journal.waiting, rid: _Waiting(offer, until_ms)}))
         self._arm(rid, (until_ms - self.clock.now_ms()) / 1000, ctx)
 
     def _arm(self, rid: str, delay_s: float, ctx: Context) -> None:
@@ -244,7 +264,7 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
         journal = self._journal()
         waiting = journal.waiting.get(rid)
         if waiting is not None:
-            self._keep(_Journal({k: v for k, v in journal.waiting.items() if k != rid}))
+            self._keep(msgspec.structs.replace(journal, waiting={k: v for k, v in journal.waiting.items() if k != rid}))
         return waiting
 
     # -- reports -------------------------------------------------------------------------------
@@ -260,9 +280,21 @@ class OfferRunner(Actor, Generic[OfferT, CheckedT]):
     async def report(self, rollout_id: str, version: str, state: ReportState, phase: str, detail: str, *,
                      until_ms: int = 0) -> None:
         report = self.next_report(rollout_id, version, state, phase, detail, until_ms=until_ms)
+        if state in SAID_AGAIN:
+            self._conclude(report)
         if state in FAILURE_STATES:
             report = await self.with_excerpt(report)
         await self._send(report)
+
+    def _conclude(self, report: RolloutReport) -> None:
+        """Keep `report`'s outcome (before it is sent: a repeated offer after a power cut here is
+        answered, not applied again)."""
+        journal = self._journal()
+        concluded = {k: v for k, v in journal.concluded.items() if k != report.rollout_id}
+        concluded[report.rollout_id] = _Concluded(report.version, report.state, report.phase, report.detail)
+        while len(concluded) > CONCLUDED_KEPT:
+            del concluded[next(iter(concluded))]
+        self._keep(msgspec.structs.replace(journal, concluded=concluded))
 
     def _begin(self, rollout_id: str, units: tuple[str, ...]) -> None:
         self._begun.pop(rollout_id, None)

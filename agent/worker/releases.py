@@ -236,9 +236,10 @@ class ReleaseModule:
             if journal.stand != "done":
                 log.info("release %s: offered again while it converges (%s)", rid, journal.stand)
                 return
-            if journal.failed:  # (its report was lost: said again, not tried again)
-                await self._conclude(journal, commit=False)
-                return
+            # concluded: its report was lost, or the offer came again while the parts converged
+            # (it waited in the runner's mailbox): the outcome said again, not tried again
+            await self._conclude(journal, commit=not journal.failed)
+            return
         if self._converging is not None:
             await report(rid, version, "failed", "busy", "another release is converging on this device")
             return
