@@ -58,11 +58,12 @@ if TYPE_CHECKING:
     from agent.worker.config_targets import ConfigTargetsPart
     from agent.worker.updater_actor import UpdaterPart
     from firmware_rollout.device.health import HealthResult
+    from firmware_rollout.device.updater import Updater
 
 log = logging.getLogger(__name__)
 
 JOURNAL = "release.json"
-OUTCOME_POLL_S = 1.0  # how often a start looks whether the updater has opened, to read its outcome
+OUTCOME_POLL_S = 1.0  # how often it looks whether the updater has opened (its outcome, the slot it runs)
 OUTCOME_WAIT_S = 900.0  # ...and for how long
 Stand = Literal["firmware", "converging", "firmware_commit", "committing", "reverting", "done"]
 
@@ -136,11 +137,28 @@ class ReleaseModule:
     def apps(self) -> AppsPart | None:
         return self.worker.kind_parts.get("app")  # type: ignore[return-value]
 
-    def running_firmware(self) -> str:
+    async def running_firmware(self) -> str | None:
+        """The firmware the device runs as its updater read the slots, waiting up to
+        `OUTCOME_WAIT_S` for it to open (until then the device does not know: its heartbeat says
+        ""); None: it did not open. Without an updater, the version the config file states."""
+        if self.firmware is None:
+            return self.worker.firmware_version()
+        updater = await self._opened_updater()
+        return updater.active_version if updater is not None else None
+
+    async def _opened_updater(self) -> Updater | None:
+        """The updater once it has opened (read the slots), waiting up to `OUTCOME_WAIT_S`; None:
+        it did not open (or this device has none)."""
         part = self.firmware
-        if part is not None and part.actor is not None and part.actor.updater is not None:
-            return part.actor.updater.active_version
-        return self.worker.firmware_version()
+        deadline = self.clock.monotonic() + OUTCOME_WAIT_S
+        while part is not None:
+            updater = part.actor.updater if part.actor is not None else None
+            if updater is not None:
+                return updater
+            if self.clock.monotonic() >= deadline:
+                return None
+            await self.clock.sleep(OUTCOME_POLL_S)
+        return None
 
     # -- the runner's module -------------------------------------------------------------------
     def facts(self, offer: ReleaseOffer) -> Facts:
@@ -244,8 +262,15 @@ class ReleaseModule:
             await report(rid, version, "failed", "busy", "another release is converging on this device")
             return
         fw = checked.parts.get("firmware")
-        before = self._before(checked)
-        if fw is not None and fw.version != self.running_firmware():
+        running = await self.running_firmware() if fw is not None else ""
+        if running is None:
+            part = self.firmware
+            why = part.actor.not_open if part is not None and part.actor is not None else ""
+            await report(rid, version, "failed", "firmware", f"the updater did not open within {OUTCOME_WAIT_S:g} s"
+                         + (f": {why}" if why else "") + ": what the device runs is not known")
+            return
+        before = self._before(checked, running)
+        if fw is not None and fw.version != running:
             self._keep(_Journal(rid, offer.document, offer.parts, "firmware", before=before,
                                 started_ms=self.clock.now_ms()))
             await report(rid, version, "installing", "firmware",
@@ -525,17 +550,13 @@ class ReleaseModule:
         runs: its health check decides)."""
         from firmware_rollout.messages import TERMINAL_STATES
 
-        part = self.firmware
-        deadline = self.clock.monotonic() + OUTCOME_WAIT_S
-        while part is not None and self.clock.monotonic() < deadline:
-            updater = part.actor.updater if part.actor is not None else None
-            if updater is not None:
-                status = updater.status()
-                if status.rollout_id != rid:
-                    return "rolled_back"  # (the updater knows nothing of it: nothing was committed)
-                return status.state if status.state in TERMINAL_STATES else ""
-            await self.clock.sleep(OUTCOME_POLL_S)
-        return "rolled_back"
+        updater = await self._opened_updater()
+        if updater is None:
+            return "rolled_back"
+        status = updater.status()
+        if status.rollout_id != rid:
+            return "rolled_back"  # (the updater knows nothing of it: nothing was committed)
+        return status.state if status.state in TERMINAL_STATES else ""
 
     async def _firmware_decided(self, journal: _Journal, outcome: str, *, detail: str = "") -> None:
         """The firmware's outcome settles the release: committed, every held part committed; any
@@ -564,12 +585,12 @@ class ReleaseModule:
                          self._back(document.name, document.version, journal.failed or "taken back", journal.before))
 
     # -- words -------------------------------------------------------------------------------
-    def _before(self, checked: CheckedRelease) -> str:
-        """What the device runs of each part now, in a few words."""
+    def _before(self, checked: CheckedRelease, firmware: str) -> str:
+        """What the device runs of each part now, in a few words (`firmware`: the slot it runs)."""
         said = []
         for pid, part in checked.parts.items():
             if part.kind == "firmware":
-                said.append(f"firmware {self.running_firmware()}")
+                said.append(f"firmware {firmware}")
             elif part.kind == "app":
                 states = self.worker.app_states() or {}
                 state = states.get(pid.split(":", 1)[1])

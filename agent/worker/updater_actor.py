@@ -424,11 +424,12 @@ class UpdaterPart(PartBase):
         cancels = worker.system.spawn(UpdateCancels(actor), name="update-cancels", capacity=8, policy="reject",
                                       stall_s=worker.config.mailbox.stall_s)
         worker.register_command(KIND_UPDATE_CANCEL, RolloutCancel, cancels)
-        configured = worker.firmware_version
 
         def running_version() -> str:
-            # the full heartbeat that states the slots goes out as soon as they are read (`opened`)
-            return actor.updater.active_version if actor.updater is not None else configured()
+            # until the updater has read the slots, the device does not know what it runs: a
+            # heartbeat says "" (unknown), never the config file's version, and the full heartbeat
+            # that states the slots goes out as soon as they are read (`opened`)
+            return actor.updater.active_version if actor.updater is not None else ""
 
         worker.firmware_version = running_version
         worker.slot_state = lambda: slot_state(actor.updater) if actor.updater is not None else None
