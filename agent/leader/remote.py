@@ -188,7 +188,7 @@ class RemoteRelay(PartBase):
             writer.write(framed(Refused(sid="", reason="a session starts with an open")))
             return
         sid = secrets.token_hex(16)
-        target = _target(first)
+        target = first.target
         why = self._refusal(user, first)
         if why:
             self.refused += 1
@@ -408,15 +408,6 @@ class RemoteRelay(PartBase):
             write()
         except StoreError as exc:
             log.error("the session record was not written: %s", exc)
-
-
-def _target(o: Open) -> str:
-    if o.op == "forward":
-        return f"{o.host}:{o.port}"
-    if o.op == "logs":
-        return (f"since {o.since_s} s, " + (", ".join(o.units) if o.units else "every unit")
-                + (f", bundle {o.bundle} from {o.offset}" if o.bundle else ""))
-    return " ".join(o.argv) or "(login shell)"
 
 
 def _with_sid(frame: Frame, sid: str) -> Frame:

@@ -42,6 +42,9 @@ DeviceName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 OperatorName = Annotated[str, msgspec.Meta(max_length=128)]
 
 
+TARGET_MAX = 512  # characters of a shell's command line an audit line keeps
+
+
 class _Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="t", forbid_unknown_fields=True):
     pass
 
@@ -65,6 +68,16 @@ class Open(_Frame, tag="open", frozen=True, kw_only=True):
     offset: Count = 0
     operator: OperatorName = ""
     leader: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+    @property
+    def target(self) -> str:
+        """What it opens, in a few words (the audit's and the sessions log's `target`)."""
+        if self.op == "forward":
+            return f"{self.host}:{self.port}"
+        if self.op == "logs":
+            return (f"since {self.since_s} s, " + (", ".join(self.units) if self.units else "every unit")
+                    + (f", bundle {self.bundle} from {self.offset}" if self.bundle else ""))
+        return " ".join(self.argv)[:TARGET_MAX] if self.argv else "(login shell)"
 
 
 class Accepted(_Frame, tag="accepted", frozen=True, kw_only=True):
@@ -173,6 +186,6 @@ async def read_framed(reader: object) -> Frame | None:
     return decode(body)
 
 
-__all__ = ["FRAME_DATA_MAX", "FRAME_MAX", "GONE_AFTER_S", "KEEPALIVE_S", "WINDOW_BYTES", "Accepted", "Ack", "Close",
-           "CloseSession", "Data", "Eof", "Exit", "Frame", "FrameError", "Op", "Open", "Ping", "Refused", "Resize",
-           "decode", "encode", "framed", "read_framed"]
+__all__ = ["FRAME_DATA_MAX", "FRAME_MAX", "GONE_AFTER_S", "KEEPALIVE_S", "TARGET_MAX", "WINDOW_BYTES", "Accepted",
+           "Ack", "Close", "CloseSession", "Data", "Eof", "Exit", "Frame", "FrameError", "Op", "Open", "Ping",
+           "Refused", "Resize", "decode", "encode", "framed", "read_framed"]

@@ -129,7 +129,7 @@ class RemoteSessions(PartBase):
         except Refusal as exc:
             self.refused += 1
             log.warning("remote %s by %s refused: %s", frame.op, frame.operator or "?", exc)
-            self.audit("refused", sid=frame.sid, op=frame.op, operator=frame.operator, target=_target(frame),
+            self.audit("refused", sid=frame.sid, op=frame.op, operator=frame.operator, target=frame.target,
                        reason=str(exc))
             if leader:
                 with contextlib.suppress(TransportError, topics.TopicError):
@@ -158,14 +158,6 @@ class RemoteSessions(PartBase):
                 os.close(fd)
         except OSError as exc:
             log.warning("%s: the session is not in the audit file: %s", self.audit_path, exc)
-
-
-def _target(frame: Open) -> str:
-    if frame.op == "forward":
-        return f"{frame.host}:{frame.port}"
-    if frame.op == "logs":
-        return f"since {frame.since_s} s, " + (", ".join(frame.units) if frame.units else "every unit")
-    return " ".join(frame.argv)[:512] if frame.argv else "(login shell)"
 
 
 class _Session:
@@ -240,9 +232,9 @@ class _Session:
     # -- the whole session ------------------------------------------------------------------------
     async def run(self) -> None:
         o = self.open
-        self.owner.audit("opened", sid=self.sid, op=o.op, operator=o.operator, target=_target(o),
+        self.owner.audit("opened", sid=self.sid, op=o.op, operator=o.operator, target=o.target,
                          user=getattr(self, "user", ""))
-        log.info("remote %s %s by %s opened: %s", o.op, self.sid, o.operator or "?", _target(o))
+        log.info("remote %s %s by %s opened: %s", o.op, self.sid, o.operator or "?", o.target)
         watchdog = asyncio.get_running_loop().create_task(self._watch())
         try:
             self._say(self.accepted())
@@ -293,7 +285,7 @@ class _Session:
                 self._say(Exit(sid=self.sid, code=max(-255, min(255, self.exit_code))))
             self._say(Close(sid=self.sid, reason=self.reason[:512]))
         o = self.open
-        self.owner.audit("closed", sid=self.sid, op=o.op, operator=o.operator, target=_target(o),
+        self.owner.audit("closed", sid=self.sid, op=o.op, operator=o.operator, target=o.target,
                          seconds=round(time.monotonic() - self.started, 1), bytes_in=self.receiver.received,
                          bytes_out=self.sender.sent, exit=self.exit_code, reason=self.reason)
         log.info("remote %s %s closed after %.0f s (%d bytes in, %d out): %s", o.op, self.sid,
@@ -486,7 +478,7 @@ class ForwardSession(_Session):
         except (OSError, TimeoutError) as exc:
             why = f"{o.host}:{o.port}: {getattr(exc, 'strerror', None) or exc or 'no answer'}"
             self.owner.sessions.pop(self.sid, None)
-            self.owner.audit("refused", sid=self.sid, op=o.op, operator=o.operator, target=_target(o), reason=why)
+            self.owner.audit("refused", sid=self.sid, op=o.op, operator=o.operator, target=o.target, reason=why)
             with contextlib.suppress(TransportError, topics.TopicError):
                 self._say(Refused(sid=self.sid, reason=why[:512]))
             return
@@ -554,7 +546,7 @@ class LogsSession(_Session):
             self.owner.sessions.pop(self.sid, None)
             why = f"no bundle: {exc}"
             self.owner.audit("refused", sid=self.sid, op="logs", operator=self.open.operator,
-                             target=_target(self.open), reason=why)
+                             target=self.open.target, reason=why)
             with contextlib.suppress(TransportError, topics.TopicError):
                 self._say(Refused(sid=self.sid, reason=why[:512]))
             return

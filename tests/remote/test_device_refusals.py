@@ -79,3 +79,16 @@ async def test_a_shell_as_root_needs_allow_root(tmp_path: Path) -> None:
 
 async def test_a_malformed_frame_is_counted_and_not_answered(tmp_path: Path) -> None:
     assert await answers(RemoteSection(shell=True), tmp_path, b"\xc1", b"\x00" * 40_000) == []
+
+
+@pytest.mark.parametrize(("frame", "target"), [
+    (Open(device="pi-1", op="forward", host="10.0.0.7", port=22), "10.0.0.7:22"),
+    (Open(device="pi-1", op="shell"), "(login shell)"),
+    (Open(device="pi-1", op="shell", argv=("x" * 400, "y" * 400)), "x" * 400 + " " + "y" * 111),
+    (Open(device="pi-1", op="logs", since_s=600), "since 600 s, every unit"),
+    (Open(device="pi-1", op="logs", units=("app.service",), bundle="b" * 32, offset=5),
+     f"since 3600 s, app.service, bundle {'b' * 32} from 5"),
+])
+def test_what_an_open_opens_reads_the_same_on_the_device_and_the_leader(frame: Open, target: str) -> None:
+    """The audit's and the sessions log's `target`: one function of the open frame for both."""
+    assert frame.target == target
