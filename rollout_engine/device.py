@@ -63,12 +63,9 @@ class Facts:
 class ExcerptSource(Protocol):
     """The device's logs, for a failure's report (the worker's `FailureLogs`)."""
 
-    async def excerpt(self, units: tuple[str, ...], since_ms: int) -> tuple[str, ...]:
-        """The lines that explain a failure: the agent's and `units`' since `since_ms`, redacted,
-        bounded."""
-
-    def redact(self, text: str) -> str:
-        """`text` without the device's secrets."""
+    async def explain(self, detail: str, units: tuple[str, ...], since_ms: int) -> tuple[str, tuple[str, ...]]:
+        """A failure's `detail` without the device's secrets, and the lines that explain it: the
+        agent's and `units`' since `since_ms`, redacted, bounded."""
 FAILURE_STATES = frozenset({"failed", "rolled_back"})
 EXCERPT_SPAN_MS = 15 * 60_000  # a failure whose offer this start did not take: lines of this long
 BEGUN_KEPT = 32  # offers whose start (and units) the runner remembers for their failure's excerpt
@@ -80,8 +77,7 @@ async def excerpted(report: RolloutReport, source: ExcerptSource, units: tuple[s
                     since_ms: int) -> RolloutReport:
     """`report` with its detail redacted and the log lines of its failure attached."""
     try:
-        lines = await source.excerpt(units, since_ms)
-        detail = source.redact(report.detail)
+        detail, lines = await source.explain(report.detail, units, since_ms)
     except Exception as exc:  # never a lost report for want of its logs
         log.warning("rollout %s: no log excerpt for its report: %s", report.rollout_id, exc)
         return report

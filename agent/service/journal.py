@@ -1,7 +1,8 @@
 """Reading the systemd journal of some units: `journalctl`, bounded in lines, bytes and time.
 
-The agent reads the journal only to explain a failure (`agent.worker.failure_logs`): the units a
-failed update touched, from a little before it began. No journal (no systemd, no `journalctl`,
+The agent reads the journal to explain a failure (`agent.worker.failure_logs`): the units a
+failed update touched, from a little before it began; and for an operator's log bundle
+(`agent.worker.remote`, its command line from `journal_command`). No journal (no systemd, no `journalctl`,
 no right to read it: the agent's user needs the `systemd-journal` group for another unit's
 journal) is not an error: the caller gets one line saying why, and the agent's own log still
 goes with the report.
@@ -19,6 +20,21 @@ JOURNAL_TIMEOUT_S = 5.0
 JOURNAL_BYTES_MAX = 256 * 1024
 
 
+def journal_command(units: tuple[str, ...], *, since_ms: int, max_lines: int = 0,
+                    journalctl: str = "journalctl") -> list[str] | None:
+    """journalctl's command line for `units` (none: every unit) since `since_ms` (wall clock),
+    the newest `max_lines` (0: all); None when journalctl is not installed."""
+    tool = shutil.which(journalctl)
+    if tool is None:
+        return None
+    argv = [tool, "--no-pager", "--quiet", "--output=short-iso", f"--since=@{max(0, since_ms) // 1000}"]
+    if max_lines > 0:
+        argv.append(f"--lines={max_lines}")
+    for unit in units:
+        argv += ["--unit", unit]
+    return argv
+
+
 async def journal_lines(units: tuple[str, ...], *, since_ms: int, max_lines: int,
                         journalctl: str = "journalctl") -> list[str]:
     """The newest `max_lines` journal lines of `units` since `since_ms` (wall clock), oldest
@@ -26,13 +42,9 @@ async def journal_lines(units: tuple[str, ...], *, since_ms: int, max_lines: int
     named = [u for u in units if UNIT_NAME.match(u)]
     if not named or max_lines <= 0:
         return []
-    tool = shutil.which(journalctl)
-    if tool is None:
+    argv = journal_command(tuple(named), since_ms=since_ms, max_lines=max_lines, journalctl=journalctl)
+    if argv is None:
         return [f"(the journal of {', '.join(named)}: {journalctl} is not installed)"]
-    argv = [tool, "--no-pager", "--quiet", "--output=short-iso", f"--lines={max_lines}",
-            f"--since=@{max(0, since_ms) // 1000}"]
-    for unit in named:
-        argv += ["--unit", unit]
     try:
         proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.PIPE,
@@ -55,4 +67,4 @@ async def journal_lines(units: tuple[str, ...], *, since_ms: int, max_lines: int
     return lines[-max_lines:]
 
 
-__all__ = ["journal_lines"]
+__all__ = ["journal_command", "journal_lines"]

@@ -79,14 +79,23 @@ class FailureLogs:
             log.warning("the device's secrets could not be read for redaction: %s", exc)
             return []
 
-    async def excerpt(self, units: tuple[str, ...], since_ms: int) -> tuple[str, ...]:
+    async def explain(self, detail: str, units: tuple[str, ...], since_ms: int) -> tuple[str, tuple[str, ...]]:
+        """`detail` redacted and the excerpt, the device's secrets read once for both."""
+        literals = self._literals()
+        return redact(detail, literals), await self.excerpt(units, since_ms, literals)
+
+    async def excerpt(self, units: tuple[str, ...], since_ms: int,
+                      literals: list[str] | None = None) -> tuple[str, ...]:
+        """The lines that explain a failure: the agent's and `units`' since `since_ms`, redacted
+        (`literals`: the device's secrets, when the caller has read them), bounded."""
         from rollout_engine.messages import EXCERPT_LINE_MAX, EXCERPT_LINES_MAX  # (on a failure only)
 
         since = max(0, since_ms - LEAD_MS)
         ring = recent_log()
         own = ring.since(since) if ring is not None else []
         journal = await journal_lines(units, since_ms=since, max_lines=JOURNAL_LINES) if self._journal else []
-        literals = self._literals()
+        if literals is None:
+            literals = self._literals()
         head: tuple[str, ...] = ()
         if journal:
             head = (f"-- journal: {', '.join(units)} --"[:EXCERPT_LINE_MAX],

@@ -582,10 +582,10 @@ class LogsSession(_Session):
     def _write(self, path: Path) -> None:
         """The bundle's file (in a thread: journalctl's output, redacted, compressed)."""
         import gzip
-        import shutil
         import subprocess
 
         from agent.core.redact import redact_lines
+        from agent.service.journal import journal_command
         from agent.service.logs import recent_log
 
         o, owner = self.open, self.owner
@@ -598,14 +598,11 @@ class LogsSession(_Session):
             ring = recent_log()
             out.write("-- edge-agent (this start's recent lines) --\n")
             out.writelines(line + "\n" for line in redact_lines(ring.since(since_ms) if ring else [], literals))
-            tool = shutil.which("journalctl")
+            argv = journal_command(o.units, since_ms=since_ms)
             out.write(f"-- journal: {', '.join(o.units) if o.units else 'every unit'} --\n")
-            if tool is None:
+            if argv is None:
                 out.write("(journalctl is not installed)\n")
                 return
-            argv = [tool, "--no-pager", "--quiet", "--output=short-iso", f"--since=@{since_ms // 1000}"]
-            for unit in o.units:
-                argv += ["--unit", unit]
             with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                   text=True, errors="replace") as proc:
                 assert proc.stdout is not None

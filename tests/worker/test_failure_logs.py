@@ -17,7 +17,8 @@ from agent.core.clock import VirtualClock
 from agent.core.config import AgentConfig, load_config
 from agent.core.errors import ConfigError
 from agent.service.logs import RecentLog
-from agent.worker.failure_logs import EXCERPT_BYTES_MAX, FailureLogs
+from agent.worker import failure_logs
+from agent.worker.failure_logs import EXCERPT_BYTES_MAX, FailureLogs, secret_literals
 from rollout_engine.device import Facts, OfferRunner, Reporter, Resume
 from rollout_engine.keys import SigningKey
 from rollout_engine.messages import EXCERPT_LINE_MAX, EXCERPT_LINES_MAX, RolloutReport
@@ -101,12 +102,9 @@ class Asked:
     def __init__(self) -> None:
         self.units: list[tuple[str, ...]] = []
 
-    async def excerpt(self, units: tuple[str, ...], since_ms: int) -> tuple[str, ...]:
+    async def explain(self, detail: str, units: tuple[str, ...], since_ms: int) -> tuple[str, tuple[str, ...]]:
         self.units.append(units)
-        return ("-- edge-agent --", "web: healthcheck failed")
-
-    def redact(self, text: str) -> str:
-        return text.replace(PLANTED, "[redacted]")
+        return detail.replace(PLANTED, "[redacted]"), ("-- edge-agent --", "web: healthcheck failed")
 
 
 async def test_a_failure_report_carries_the_excerpt_of_its_offers_units_and_a_redacted_detail(
@@ -137,3 +135,19 @@ def test_a_targets_units_are_unit_names(tmp_path: Path) -> None:
                     f'[config_targets.app]\ndirectory = "{tmp_path}"\nunits = ["app.service", "../etc/x y"]\n')
     with pytest.raises(ConfigError, match=r"config_targets.*units"):
         load_config(path)
+
+
+async def test_a_failures_detail_and_its_excerpt_read_the_devices_secrets_once(
+        tmp_path: Path, recent: RecentLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = FailureLogs(device_config(tmp_path), journal=False)
+    reads: list[int] = []
+
+    def counted(config: AgentConfig) -> list[str]:
+        reads.append(1)
+        return secret_literals(config)
+
+    monkeypatch.setattr(failure_logs, "secret_literals", counted)
+    logging.getLogger("agent.worker.apps").error("web 2.0.0 failed: token %s", PLANTED)
+    detail, lines = await logs.explain(f"exited 1: {PLANTED}", (), 0)
+    assert detail == "exited 1: [redacted]" and PLANTED not in "\n".join(lines) and "[redacted]" in lines[-1]
+    assert len(reads) == 1
