@@ -34,11 +34,11 @@ from agent.core.peercred import peer_credentials
 from agent.leader.agent import LeaderAgent
 from agent.leader.env import GatewayEnv
 from agent.leader.session_log import INPUT_MAX_BYTES, SessionLog
+from agent.remote.flow import FlowError, RelayWindow
 from agent.remote.frames import (
     FRAME_DATA_MAX,
     GONE_AFTER_S,
     KEEPALIVE_S,
-    WINDOW_BYTES,
     Accepted,
     Ack,
     Close,
@@ -78,10 +78,8 @@ class _Relay:
         self.answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.to_operator: asyncio.Queue[Frame | None] = asyncio.Queue()
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.to_device = 0  # data bytes the operator sent
-        self.from_device = 0
-        self.device_acked = 0  # what the device said it delivered of the operator's bytes
-        self.operator_acked = 0
+        self.to_device = RelayWindow()  # the operator's data bytes, acknowledged by the device
+        self.from_device = RelayWindow()  # the device's, acknowledged by the operator
         self.exit_code: int | None = None
         self.heard = time.monotonic()
         self.said = time.monotonic()
@@ -210,10 +208,11 @@ class RemoteRelay(PartBase):
         finally:
             self.relays.pop(sid, None)
             self._record(lambda: self.sessions_log.ended(
-                sid, state=state, bytes_to_device=relay.to_device, bytes_from_device=relay.from_device,
+                sid, state=state, bytes_to_device=relay.to_device.passed,
+                bytes_from_device=relay.from_device.passed,
                 exit_code=relay.exit_code, reason=reason or "ended"))
             log.info("remote %s %s on %s by %s %s: %s (%d bytes to the device, %d from it)", first.op, sid,
-                     first.device, user, state, reason, relay.to_device, relay.from_device)
+                     first.device, user, state, reason, relay.to_device.passed, relay.from_device.passed)
 
     def _refusal(self, user: str, open_: Open) -> str:
         s = self.settings
@@ -306,17 +305,15 @@ class RemoteRelay(PartBase):
                     relay.end(f"the operator sent a {type(frame).__name__.lower()} inside a session")
                     return
                 frame = _with_sid(frame, relay.sid)
-                if isinstance(frame, Data):
-                    relay.to_device += len(frame.data)
-                    if relay.to_device - relay.device_acked > WINDOW_BYTES + FRAME_DATA_MAX:
-                        relay.end("the operator sent more than the window")
-                        return
-                    self._keep_input(relay, frame.data)
-                elif isinstance(frame, Ack):
-                    if frame.upto > relay.from_device:
-                        relay.end("the operator acknowledged bytes it was never sent")
-                        return
-                    relay.operator_acked = max(relay.operator_acked, frame.upto)
+                try:
+                    if isinstance(frame, Data):
+                        relay.to_device.pass_on(frame)
+                        self._keep_input(relay, frame.data)
+                    elif isinstance(frame, Ack):
+                        relay.from_device.ack(frame)
+                except FlowError as exc:
+                    relay.end(f"the operator sent {exc}" if isinstance(frame, Data) else f"the operator {exc}")
+                    return
                 self._to_device(relay, frame)
         except (FrameError, OSError, asyncio.IncompleteReadError) as exc:
             relay.end(f"the operator's connection: {exc}")
@@ -371,16 +368,15 @@ class RemoteRelay(PartBase):
             return
         if isinstance(frame, Exit):
             relay.exit_code = frame.code
-        elif isinstance(frame, Data):
-            relay.from_device += len(frame.data)
-            if relay.from_device - relay.operator_acked > WINDOW_BYTES + FRAME_DATA_MAX:
-                relay.end("the device sent more than the window")
+        elif isinstance(frame, Data | Ack):
+            try:
+                if isinstance(frame, Data):
+                    relay.from_device.pass_on(frame)
+                else:
+                    relay.to_device.ack(frame)
+            except FlowError as exc:
+                relay.end(f"the device sent {exc}" if isinstance(frame, Data) else f"the device {exc}")
                 return
-        elif isinstance(frame, Ack):
-            if frame.upto > relay.to_device:
-                relay.end("the device acknowledged bytes it was never sent")
-                return
-            relay.device_acked = max(relay.device_acked, frame.upto)
         elif isinstance(frame, Ping):
             return
         relay.to_operator.put_nowait(frame)

@@ -5,6 +5,8 @@
     Receiver    `take(frame)`: checks the frame's seq (a gap is a lost frame: `FlowError`) and
                 that the sender kept to the window; `delivered(n)` once n bytes reached their
                 sink (the process's stdin, the socket) returns the Ack to send, every quarter window
+    RelayWindow what a relay passes on in one direction: `pass_on(frame)` refuses a sender past the
+                window, `ack(frame)` an acknowledgement of bytes it was never sent (`FlowError`)
 """
 
 from __future__ import annotations
@@ -83,4 +85,24 @@ class Receiver:
         return None
 
 
-__all__ = ["FlowError", "Receiver", "Sender"]
+class RelayWindow:
+    """One direction of a session a relay passes on (the leader, between the operator and the
+    device): the data bytes passed and what the far end acknowledged. A sender that keeps the
+    window never has more than it (and the frame under way) unacknowledged."""
+
+    def __init__(self) -> None:
+        self.passed = 0
+        self.acked = 0
+
+    def pass_on(self, frame: Data) -> None:
+        self.passed += len(frame.data)
+        if self.passed - self.acked > WINDOW_BYTES + FRAME_DATA_MAX:
+            raise FlowError("more than the window")
+
+    def ack(self, frame: Ack) -> None:
+        if frame.upto > self.passed:
+            raise FlowError("acknowledged bytes it was never sent")
+        self.acked = max(self.acked, frame.upto)
+
+
+__all__ = ["FlowError", "Receiver", "RelayWindow", "Sender"]

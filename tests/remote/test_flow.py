@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.remote.flow import FlowError, Receiver, Sender
+from agent.remote.flow import FlowError, Receiver, RelayWindow, Sender
 from agent.remote.frames import (
     FRAME_DATA_MAX,
     FRAME_MAX,
@@ -103,3 +103,18 @@ def test_every_field_is_bounded() -> None:
         decode(encode(Data(sid="../../etc", seq=1, data=b"")))
     assert decode(encode(Open(device="pi-1", op="forward", host="127.0.0.1", port=80))) == Open(
         device="pi-1", op="forward", host="127.0.0.1", port=80)
+
+
+def test_a_relay_passes_a_window_on_and_refuses_a_sender_past_it_or_an_ack_of_bytes_never_sent() -> None:
+    window = RelayWindow()
+    frame = Data(sid="s", seq=1, data=b"x" * FRAME_DATA_MAX)
+    for _ in range(WINDOW_BYTES // FRAME_DATA_MAX + 1):  # the window, and the frame under way
+        window.pass_on(frame)
+    window.ack(Ack(sid="s", upto=FRAME_DATA_MAX))
+    window.pass_on(frame)  # room again
+    with pytest.raises(FlowError, match="more than the window"):
+        window.pass_on(frame)
+    with pytest.raises(FlowError, match="never sent"):
+        window.ack(Ack(sid="s", upto=window.passed + 1))
+    window.ack(Ack(sid="s", upto=FRAME_DATA_MAX - 1))  # an older ack changes nothing
+    assert window.acked == FRAME_DATA_MAX
