@@ -165,6 +165,17 @@ class AppState(_Message, kw_only=True, frozen=True):
     health: Annotated[str, msgspec.Meta(max_length=16)] = ""
 
 
+class DeviceHealth(_Message, kw_only=True, frozen=True):
+    """How the agent has run on the firmware it runs, counted on the device since it first ran it:
+    the seconds it ran, and its unexpected restarts there (a start that found the run before it
+    not stopped: a crash, a kill, a power cut, a watchdog). The fleet's healthy hours per release
+    are made of these (`DeviceRegistry.release_health`)."""
+
+    firmware: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    operating_s: Annotated[float, msgspec.Meta(ge=0, le=100 * 365 * 86_400)]
+    unexpected_restarts: Annotated[int, msgspec.Meta(ge=0, le=1_000_000_000)]
+
+
 class Heartbeat(_Message, kw_only=True, frozen=True):
     """Sent every `heartbeat.interval_s` (`fast_interval_s` while an update runs or the leader
     asks). The leader keeps the one with the highest `seq`, so `seq` must keep growing across
@@ -203,6 +214,9 @@ class Heartbeat(_Message, kw_only=True, frozen=True):
     # what the device is, as it reads itself: arch, board, os (a full heartbeat only; rollouts
     # target by them: `targets.match`)
     facts: Annotated[dict[FactKey, FactValue], msgspec.Meta(max_length=16)] | None = None
+    # how the agent has run on its firmware (every full heartbeat, and a short one each operating
+    # hour; None: not known yet, as before the updater read the slots: the leader keeps what it has)
+    health: DeviceHealth | None = None
 
 
 class HeartbeatPace(_Message, kw_only=True, frozen=True):
@@ -368,6 +382,7 @@ __all__ = [
     "AppMessage",
     "ClassName",
     "ConfigState",
+    "DeviceHealth",
     "SlotState",
     "app_kind",
     "decode_app_message",

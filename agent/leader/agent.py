@@ -563,12 +563,24 @@ class LeaderAgent(PartBase):
 
     def _fleet_devices(self) -> list[MetricFamily]:
         """`ea_fleet_devices{state}`: the fleet's devices online (connected, by their presence) and
-        offline, as `edge-agent status` counts them."""
+        offline, as `edge-agent status` counts them; `ea_fleet_release_*{firmware}`: the healthy
+        hours of each firmware release, as its devices count them (`DeviceRegistry.release_health`)."""
         from agent.service.prom import family
 
         online, offline = self.registry.counts()
+        releases = self.registry.release_health()
         return [family("ea_fleet_devices", "gauge", "The fleet's devices by presence (online: connected).",
-                       [({"state": "online"}, float(online)), ({"state": "offline"}, float(offline))])]
+                       [({"state": "online"}, float(online)), ({"state": "offline"}, float(offline))]),
+                family("ea_fleet_release_devices", "gauge", "Devices that run the firmware release and count how"
+                       " their agent runs on it.", [({"firmware": r.firmware}, float(r.devices)) for r in releases]),
+                family("ea_fleet_release_hours", "gauge", "Hours the agents of those devices ran on the release.",
+                       [({"firmware": r.firmware}, r.hours) for r in releases]),
+                family("ea_fleet_release_unexpected_restarts", "gauge", "Their starts on the release that found the"
+                       " run before not stopped (a crash, a kill, a power cut, a watchdog).",
+                       [({"firmware": r.firmware}, float(r.unexpected_restarts)) for r in releases]),
+                family("ea_fleet_release_healthy_hours_ratio", "gauge", "The share of those hours without an"
+                       " unexpected restart (crash-free hours; each restart spoils one).",
+                       [({"firmware": r.firmware}, r.healthy_ratio) for r in releases])]
 
     def _config_compliance(self) -> list[MetricFamily]:
         """`ea_config_devices{target, compliance}` and `ea_config_last_attempt_failed{target}`: the

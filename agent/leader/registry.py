@@ -180,7 +180,45 @@ def _v13(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE devices ADD COLUMN facts BLOB")
 
 
+def _v14(conn: sqlite3.Connection) -> None:
+    """How the device's agent has run on its firmware (`Heartbeat.health`): the firmware counted,
+    the seconds run and the unexpected restarts there (the fleet's healthy hours per release)."""
+    conn.execute("ALTER TABLE devices ADD COLUMN health_firmware TEXT")
+    conn.execute("ALTER TABLE devices ADD COLUMN health_s REAL")
+    conn.execute("ALTER TABLE devices ADD COLUMN health_restarts INTEGER")
+
+
 T = TypeVar("T")
+
+#: Per firmware its devices' counts add up: (firmware, devices, seconds, unexpected restarts).
+_RELEASE_HEALTH = (
+    "SELECT health_firmware, COUNT(*), COALESCE(SUM(health_s), 0), COALESCE(SUM(health_restarts), 0)"
+    " FROM devices WHERE health_firmware IS NOT NULL AND health_firmware <> ''"
+    " GROUP BY health_firmware ORDER BY health_firmware")
+
+
+def _release_health(rows: Iterable[Sequence[Any]]) -> list[ReleaseHealth]:
+    return [release_health(str(f), int(n), float(s), int(r)) for f, n, s, r in rows]
+
+
+class ReleaseHealth(msgspec.Struct, kw_only=True, frozen=True):
+    """How one firmware release runs across the fleet (`DeviceRegistry.release_health`): Memfault's
+    crash-free hours, from the devices' own counts (`Heartbeat.health`)."""
+
+    firmware: str
+    devices: int  # devices that run it and counted
+    hours: float  # the hours their agents ran on it
+    unexpected_restarts: int  # their starts that found the run before not stopped
+    # the share of those hours with no unexpected restart (each spoils the hour it ended; 1.0 when
+    # nothing ran yet)
+    healthy_ratio: float = 1.0
+
+
+def release_health(firmware: str, devices: int, seconds: float, restarts: int) -> ReleaseHealth:
+    hours = seconds / 3600.0
+    ratio = max(0.0, hours - restarts) / hours if hours > 0 else 1.0
+    return ReleaseHealth(firmware=firmware, devices=devices, hours=round(hours, 6), unexpected_restarts=restarts,
+                         healthy_ratio=round(ratio, 6))
 
 
 def _stated(blob: object, read: Callable[[bytes], T]) -> T | None:
@@ -257,7 +295,7 @@ def app_counts(fleet: Iterable[dict[str, AppState]]) -> dict[str, AppCounts]:
 
 #: The devices' applications, as stored: (device id, apps blob) rows.
 _APP_ROWS = "SELECT device_id, apps FROM devices WHERE apps IS NOT NULL"
-_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13)
+_MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14)
 
 #: The same tables on PostgreSQL (their own versions, from the SQLite schema's newest shape).
 FLEET_HISTORY_S = 7 * 86_400  # how long the online samples are kept
@@ -278,8 +316,8 @@ INTERVALS_TO_DEADLINE = 2.5
 _HEARTBEAT_COLUMNS = (
     "device_id, hb_seq, hb_at_ms, last_seen_ms, uptime_s, firmware_version, tags, sample, online, offline_reason,"
     " first_seen_ms, changed_ms, boot, outbox_pending, interval_ms, expires_ms, slots, configs, served_by, apps,"
-    " facts")
-_HEARTBEAT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " facts, health_firmware, health_s, health_restarts")
+_HEARTBEAT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, 1, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     hb_seq = excluded.hb_seq, hb_at_ms = excluded.hb_at_ms, last_seen_ms = excluded.last_seen_ms,
     uptime_s = excluded.uptime_s, firmware_version = excluded.firmware_version,
@@ -288,7 +326,10 @@ _HEARTBEAT_CONFLICT = """ON CONFLICT (device_id) DO UPDATE SET
     boot = excluded.boot, outbox_pending = excluded.outbox_pending,
     interval_ms = excluded.interval_ms, expires_ms = excluded.expires_ms, slots = excluded.slots,
     configs = excluded.configs, served_by = excluded.served_by,
-    apps = COALESCE(excluded.apps, devices.apps), facts = excluded.facts
+    apps = COALESCE(excluded.apps, devices.apps), facts = excluded.facts,
+    health_firmware = COALESCE(excluded.health_firmware, devices.health_firmware),
+    health_s = COALESCE(excluded.health_s, devices.health_s),
+    health_restarts = COALESCE(excluded.health_restarts, devices.health_restarts)
 WHERE excluded.hb_seq > devices.hb_seq OR (excluded.boot <> '' AND excluded.boot <> devices.boot)"""
 _UPSERT_HEARTBEAT = f"INSERT INTO devices ({_HEARTBEAT_COLUMNS}) VALUES {_HEARTBEAT_ROW} {_HEARTBEAT_CONFLICT}"
 
@@ -297,20 +338,22 @@ _APPLY_SHORT_HEARTBEAT = """
 UPDATE devices SET
     hb_seq = ?, hb_at_ms = ?, last_seen_ms = ?, uptime_s = ?, sample = COALESCE(?, sample),
     outbox_pending = COALESCE(?, outbox_pending), online = 1, offline_reason = NULL,
-    changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, interval_ms = ?, expires_ms = ?, served_by = ?
+    changed_ms = CASE WHEN online = 1 THEN changed_ms ELSE ? END, interval_ms = ?, expires_ms = ?, served_by = ?,
+    health_firmware = COALESCE(?, health_firmware), health_s = COALESCE(?, health_s),
+    health_restarts = COALESCE(?, health_restarts)
 WHERE device_id = ? AND hb_seq < ?
 """
 # The same for a batch at once (PostgreSQL): the parameters of the statements above, one array
 # each, in their order.
 _PG_FULL_HEARTBEATS = f"""
 INSERT INTO devices ({_HEARTBEAT_COLUMNS})
-SELECT c1, c2, c3, c4, c5, c6, c7, c8, 1, NULL, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19
+SELECT c1, c2, c3, c4, c5, c6, c7, c8, 1, NULL, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22
 FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
             CAST(? AS DOUBLE PRECISION[]), CAST(? AS TEXT[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]),
             CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS TEXT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
             CAST(? AS BIGINT[]), CAST(? AS BYTEA[]), CAST(? AS BYTEA[]), CAST(? AS TEXT[]), CAST(? AS BYTEA[]),
-            CAST(? AS BYTEA[]))
-     AS v(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19)
+            CAST(? AS BYTEA[]), CAST(? AS TEXT[]), CAST(? AS DOUBLE PRECISION[]), CAST(? AS BIGINT[]))
+     AS v(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22)
 WHERE true
 {_HEARTBEAT_CONFLICT}
 RETURNING device_id"""
@@ -320,12 +363,16 @@ UPDATE devices SET
     sample = COALESCE(v.sample, devices.sample), outbox_pending = COALESCE(v.outbox_pending, devices.outbox_pending),
     online = 1, offline_reason = NULL,
     changed_ms = CASE WHEN devices.online = 1 THEN devices.changed_ms ELSE v.changed_ms END,
-    interval_ms = v.interval_ms, expires_ms = v.expires_ms, served_by = v.served_by
+    interval_ms = v.interval_ms, expires_ms = v.expires_ms, served_by = v.served_by,
+    health_firmware = COALESCE(v.health_firmware, devices.health_firmware),
+    health_s = COALESCE(v.health_s, devices.health_s),
+    health_restarts = COALESCE(v.health_restarts, devices.health_restarts)
 FROM unnest(CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS DOUBLE PRECISION[]),
             CAST(? AS BYTEA[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),
-            CAST(? AS TEXT[]), CAST(? AS TEXT[]), CAST(? AS BIGINT[]))
+            CAST(? AS TEXT[]), CAST(? AS TEXT[]), CAST(? AS DOUBLE PRECISION[]), CAST(? AS BIGINT[]),
+            CAST(? AS TEXT[]), CAST(? AS BIGINT[]))
      AS v(seq, at_ms, seen_ms, uptime_s, sample, outbox_pending, changed_ms, interval_ms, expires_ms, served_by,
-          device_id, below_seq)
+          health_firmware, health_s, health_restarts, device_id, below_seq)
 WHERE devices.device_id = v.device_id AND devices.hb_seq < v.below_seq
 RETURNING devices.device_id"""
 
@@ -523,15 +570,17 @@ class DeviceRegistry(Store):
         sample = encode(hb.sample) if hb.sample is not None else None
         interval_ms = int(hb.interval_s * 1000) if hb.interval_s is not None else 0
         expires = now + self.deadline_ms(interval_ms)
+        h = hb.health
+        health = (h.firmware, h.operating_s, h.unexpected_restarts) if h is not None else (None, None, None)
         if not hb.full:
             return False, (hb.seq, now, now, hb.uptime_s, sample, hb.outbox_pending, now, interval_ms, expires,
-                           self.leader, hb.device_id, hb.seq)
+                           self.leader, *health, hb.device_id, hb.seq)
         return True, (hb.device_id, hb.seq, now, now, hb.uptime_s, hb.firmware_version,
                       _json_encode(list(hb.tags)).decode(), sample, now, now, hb.boot, hb.outbox_pending,
                       interval_ms, expires, encode(hb.slots) if hb.slots is not None else None,
                       _CONFIGS.encode(hb.configs) if hb.configs is not None else None, self.leader,
                       _CONFIGS.encode(hb.apps) if hb.apps is not None else None,
-                      _CONFIGS.encode(hb.facts) if hb.facts is not None else None)
+                      _CONFIGS.encode(hb.facts) if hb.facts is not None else None, *health)
 
     def _apply_rows_at_once(self, full: Sequence[tuple[bool, tuple[Any, ...]]],
                             short: Sequence[tuple[bool, tuple[Any, ...]]]) -> set[str]:
@@ -854,6 +903,13 @@ class DeviceRegistry(Store):
             ).fetchone()
         return int(row[0]), int(row[1])
 
+    def release_health(self) -> list[ReleaseHealth]:
+        """The fleet's healthy hours per firmware release, as its devices count them (each device
+        on the release it runs now), newest count of each; by firmware."""
+        self.check_open()
+        with store_errors("read the releases' health"):
+            return _release_health(self._conn.execute(_RELEASE_HEALTH).fetchall())
+
     def last_telemetry(self, device_id: str) -> dict[str, Telemetry]:
         """The newest record (by seq) of each telemetry name of a device."""
         self.check_open()
@@ -976,6 +1032,13 @@ class RegistryReads:
         except sqlite3.OperationalError:
             return {}
         return _app_states(rows)
+
+    def release_health(self) -> list[ReleaseHealth]:
+        """As `DeviceRegistry.release_health` (none from a registry older than the columns)."""
+        try:
+            return _release_health(self._conn.execute(_RELEASE_HEALTH).fetchall())
+        except sqlite3.OperationalError:
+            return []
 
     def app_counts(self) -> dict[str, AppCounts]:
         """Application -> the devices running each of its versions, on trial, and that took their
@@ -1105,4 +1168,4 @@ class RegistryReads:
 
 __all__ = ["COMPLIANCE", "COMPONENT", "FLEET_HISTORY_S", "LAST_ATTEMPT_FAILED", "LEADER_ALIVE_EVERY_S",
            "LEADER_QUIET_S", "DeviceLine", "DeviceRecord", "DeviceRegistry", "DeviceState", "OfflineCallback",
-           "RegistryReads", "compliance_counts"]
+           "RegistryReads", "ReleaseHealth", "compliance_counts"]

@@ -18,7 +18,7 @@ from agent.core.durations import format_age, utc_iso
 from agent.leader.config_pending import fleet_compliance
 from agent.leader.jobs import JobCounts
 from agent.leader.readonly import LeaderDb, open_leader_db
-from agent.leader.registry import LAST_ATTEMPT_FAILED, LEADER_QUIET_S, AppCounts
+from agent.leader.registry import LAST_ATTEMPT_FAILED, LEADER_QUIET_S, AppCounts, ReleaseHealth
 from agent.leader.release_view import ReleaseCount, fleet_releases
 from rollout_engine.lease import LEASE_NAME
 
@@ -82,6 +82,8 @@ class FleetStatus(msgspec.Struct, kw_only=True, frozen=True):
     apps: dict[str, AppCounts] = msgspec.field(default_factory=dict)
     # each release line's newest release that converged: on how many devices, how many run it whole
     releases: list[ReleaseCount] = msgspec.field(default_factory=list)
+    # each firmware release's healthy hours, as the devices that run it count them
+    health: list[ReleaseHealth] = msgspec.field(default_factory=list)
 
 
 
@@ -125,6 +127,7 @@ def fleet_status(db: LeaderDb, now: int, *, stale_after_s: float | None = None, 
                        jobs=jobs, leader_alive_ms=alive,
                        leader_stale=alive is not None and now - alive > LEADER_QUIET_S * 1000,
                        config=fleet_compliance(db, now), apps=registry.app_counts(), releases=fleet_releases(db),
+                       health=registry.release_health(),
                        leaders=registry.leaders(),
                        leaders_alive_ms=registry.leaders_alive_ms(),
                        reserved_certs=_reserved_certs(db), rollouts_run_by=lease.holder if lease else "",
@@ -197,6 +200,10 @@ def format_status(summary: FleetStatus) -> str:
                          f" {summary.rollouts_run_by} ran out at {utc_iso(summary.rollouts_until_ms)}")
     if summary.versions:
         lines.append("versions: " + ", ".join(f"{v} x{n}" for v, n in summary.versions.items()))
+    if summary.health:
+        lines.append("healthy hours: " + ", ".join(
+            f"{h.firmware} {h.healthy_ratio * 100:.1f}% of {h.hours:.0f} h ({h.unexpected_restarts} unexpected"
+            f" restarts, {h.devices} devices)" for h in summary.health))
     if summary.stale_by_deadline:
         lines.append(f"stale (past their heartbeat deadline: 2.5 of their intervals, at least"
                      f" {format_age(summary.stale_after_s)}): {summary.stale_count}")

@@ -39,6 +39,7 @@ from agent.protocol import (
     KIND_TELEMETRY,
     AppState,
     ConfigState,
+    DeviceHealth,
     Heartbeat,
     HeartbeatPace,
     JobDemand,
@@ -58,6 +59,7 @@ HEARTBEAT_KEY = "heartbeat"
 LEADER = "leader"  # the receiver name of everything a worker sends up: whichever leader takes it
 SEQ_PER_INCARNATION = 1_000_000_000  # a heartbeat seq is incarnation * this + count
 HEARTBEAT_WIRE = 3  # the demand rides on heartbeats; interval_s and short heartbeats (`Heartbeat.wire`)
+HEALTH_EVERY_S = 3600.0  # a short heartbeat carries the device's health count once per operating hour
 
 
 class Outbox(Protocol):
@@ -158,7 +160,8 @@ class HeartbeatActor(Actor):
     the pace. It is full (everything) at the start, after a reconnect, after one went to the
     outbox, when its state changed (version, tags, job demand, slots, configuration targets) or when
     the leader asks; otherwise
-    short: seq, uptime, the outbox depth if it changed, the system sample if it is due."""
+    short: seq, uptime, the outbox depth if it changed, the system sample if it is due, the health
+    count (`DeviceHealth`) each operating hour or when an unexpected restart was counted."""
 
     def __init__(
         self, *, device_id: str, outbox: KeyedOutbox, ids: IdGenerator, cadence: Cadence, incarnation: int,
@@ -169,8 +172,11 @@ class HeartbeatActor(Actor):
         configs: Callable[[], dict[str, ConfigState] | None] | None = None,
         apps: Callable[[], dict[str, AppState] | None] | None = None,
         facts: Callable[[], dict[str, str] | None] | None = None,
+        health: Callable[[str], DeviceHealth | None] | None = None,
     ) -> None:
         self.device_id = device_id
+        self._health = health
+        self._health_said: tuple[int, int] | None = None  # (restarts, operating hours) last sent
         self._demand = demand
         self._slots = slots
         self._configs = configs
@@ -263,17 +269,24 @@ class HeartbeatActor(Actor):
         seq = self._seq_base + self._count
         uptime = max(0.0, now - self._started_at)
         interval = next_s if next_s is not None else self.next_interval_s(clock)
+        health = self._health(firmware) if self._health is not None else None
+        said = (health.unexpected_restarts, int(health.operating_s // HEALTH_EVERY_S)) if health is not None else None
         if full:
-            self._stated, self._pending = stated, pending
+            self._stated, self._pending, self._health_said = stated, pending, said
             return Heartbeat(
                 device_id=self.device_id, seq=seq, uptime_s=uptime, firmware_version=firmware, tags=self._tags,
                 sample=sample, boot=self.boot, outbox_pending=pending, wire=HEARTBEAT_WIRE, demand=demand,
-                interval_s=interval, slots=slots, configs=configs, apps=apps, facts=facts,
+                interval_s=interval, slots=slots, configs=configs, apps=apps, facts=facts, health=health,
             )
         changed = pending if pending != self._pending else None
         self._pending = pending
+        if said == self._health_said:  # (a short heartbeat says the count each operating hour)
+            health = None
+        else:
+            self._health_said = said
         return Heartbeat(device_id=self.device_id, seq=seq, uptime_s=uptime, sample=sample if due else None,
-                         outbox_pending=changed, wire=HEARTBEAT_WIRE, interval_s=interval, full=False)
+                         outbox_pending=changed, wire=HEARTBEAT_WIRE, interval_s=interval, full=False,
+                         health=health)
 
     async def receive(self, message: object, ctx: Context) -> object | None:
         if isinstance(message, _Tick):

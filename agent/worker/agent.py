@@ -72,6 +72,7 @@ from agent.worker.actors import (
     TelemetryActor,
 )
 from agent.worker.facts import device_facts
+from agent.worker.health import HealthLedger
 from agent.worker.jobs import DemandWindow, JobLedger
 from agent.worker.messages import MessageIntake, class_audit
 
@@ -322,6 +323,7 @@ class WorkerAgent(PartBase):
             connected=transport.connected, ids=self.ids, clock=clock,
             seq_base=incarnation * 1_000_000_000, direct_timeout_s=config.local_api.direct_timeout_s)
         self.recovered_from: str | None = None  # where a damaged worker.db was moved at open
+        self.health: HealthLedger | None = None  # how the agent runs on its firmware (`start` opens it)
         self.reserve: DiskReserve | None = None  # the disk room kept for a full disk (`open` sets it)
         self.data_dir = Path(config.agent.data_dir)  # where its files live (`open`: where it opened them)
         # Whoever owns the stores keeps them from growing for ever (default: this agent if it does).
@@ -379,6 +381,9 @@ class WorkerAgent(PartBase):
         self._started = True
         self._started_at = self.clock.monotonic()
         cfg = self.config
+        if self._owns_stores:  # (the simulator's devices share stores and a clock: no count of their own)
+            self.health = HealthLedger(self.data_dir, self.clock)
+            self.health.open()
         await self.system.start()
         if self._owns_stores:  # (a shared outbox's figures are every device's: no audit then)
             self.messages.baseline = dict((await self.outbox.stats()).by_class)
@@ -409,7 +414,7 @@ class WorkerAgent(PartBase):
             outbox_pending=self._outbox_depth if self._owns_stores else None,
             demand=self.job_worker.demand,  # a restarted leader learns it from the next heartbeat
             slots=lambda: self.slot_state(), configs=lambda: self.config_states(), apps=lambda: self.app_states(),
-            facts=lambda: self.device_facts())
+            facts=lambda: self.device_facts(), health=self.health.stated if self.health is not None else None)
         self.heartbeat = self.system.spawn(
             self.heartbeat_actor, name="heartbeat", capacity=4, policy="drop_oldest", stall_s=cfg.mailbox.stall_s,
         )
@@ -440,6 +445,8 @@ class WorkerAgent(PartBase):
         if self._started:
             self._started = False
             await self._stop_running()
+            if self.health is not None:  # a clean stop: not counted as an unexpected restart
+                self.health.close()
         if self._owns_stores and not self._closed:
             self._closed = True
             await self.outbox.close()

@@ -7,6 +7,7 @@ to kill one with SIGKILL: that one runs `python -m agent.cli run` in a child pro
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from agent.protocol import Heartbeat, JobSubmit
 from agent.transport import topics
 from agent.transport.mqtt import MqttTransport
 from agent.transport.presence import decode_presence, encode_presence
+from agent.worker.actors import SEQ_PER_INCARNATION
 
 pytestmark = pytest.mark.mqtt
 
@@ -361,3 +363,35 @@ async def test_junk_a_device_left_retained_on_its_uplink_is_taken_once_not_at_ev
             assert len(again.rejects.list()) == 1  # not recorded again
         finally:
             await stop_all(again)
+
+
+async def test_a_worker_killed_counts_an_unexpected_restart_of_its_release_and_a_clean_stop_none(  # type: ignore[no-untyped-def]
+        mosquitto, tmp_path: Path) -> None:
+    """The fleet's healthy hours per release, from real processes: a worker SIGKILLed counts one
+    unexpected restart of the firmware it ran when it starts again; one stopped by SIGTERM (as
+    systemd stops it, as an update's reboot does) counts none."""
+    clock = SystemClock()
+    gw = await leader(clock, tmp_path, url=mosquitto.url, **LEADER)
+    victim = spawn_agent(tmp_path, "worker", "victim", mosquitto.url, **FAST)
+
+    def restarts() -> int | None:
+        return next((r.unexpected_restarts for r in gw.registry.release_health() if r.devices), None)
+
+    try:
+        await until(clock, lambda: restarts() == 0, limit_s=60, step_s=0.1, what="the worker's first count")
+        assert kill(victim) != 0  # SIGKILL: the record says it was running
+        victim = spawn_agent(tmp_path, "worker", "victim", mosquitto.url, **FAST)
+        await until(clock, lambda: restarts() == 1, limit_s=60, step_s=0.1, what="the unexpected restart counted")
+        assert kill(victim, signal.SIGTERM) == 0  # a clean stop
+        victim = spawn_agent(tmp_path, "worker", "victim", mosquitto.url, **FAST)
+        seen = gw.registry.device("victim")
+        assert seen is not None
+        started = (seen.hb_seq // SEQ_PER_INCARNATION + 1) * SEQ_PER_INCARNATION  # the next start's seqs
+        await until(clock, lambda: (gw.registry.device("victim") or seen).hb_seq >= started, limit_s=60,
+                    step_s=0.1, what="the next start's first heartbeat")
+        [release] = gw.registry.release_health()
+        assert (release.firmware, release.devices, release.unexpected_restarts) == ("0.0.0", 1, 1)
+        assert 0 < release.hours and release.healthy_ratio == 0.0  # (one restart in less than an hour run)
+    finally:
+        kill(victim)
+        await stop_all(gw)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from agent.core.clock import VirtualClock
 from agent.core.errors import StoreError
 from agent.leader.registry import DeviceRegistry
-from agent.protocol import Heartbeat, SystemSample, Telemetry
+from agent.protocol import DeviceHealth, Heartbeat, SystemSample, Telemetry
 
 ROOT = Path(__file__).parents[2]
 
@@ -197,6 +197,8 @@ def test_a_leader_db_of_the_previous_schema_gains_presence_sessions(tmp_path: Pa
         conn.execute("ALTER TABLE devices DROP COLUMN configs")
         conn.execute("ALTER TABLE devices DROP COLUMN apps")
         conn.execute("ALTER TABLE devices DROP COLUMN facts")
+        for column in ("health_firmware", "health_s", "health_restarts"):
+            conn.execute(f"ALTER TABLE devices DROP COLUMN {column}")
         conn.execute("UPDATE schema_versions SET version = 2 WHERE component = 'registry'")
     reg = DeviceRegistry.open(db, clock=clock, heartbeat_deadline_s=30)
     try:
@@ -452,3 +454,28 @@ def test_a_fellow_leaders_presence_makes_no_device_and_a_leader_drops_its_own_ro
         assert not gw1.apply_presence("gw2", True) and not gw1.apply_presence("gw2", False)
         assert gw1.apply_presence("pi-1", True)
         assert [d.device_id for d in gw1.devices()] == ["pi-1"]
+
+
+def test_a_releases_healthy_hours_add_up_its_devices_counts_and_a_beat_without_one_keeps_it(
+        registry: DeviceRegistry) -> None:
+    from agent.leader.registry import RegistryReads
+
+    def counted(firmware: str, seconds: float, restarts: int) -> DeviceHealth:
+        return DeviceHealth(firmware=firmware, operating_s=seconds, unexpected_restarts=restarts)
+
+    def short(device: str, seq: int, health: DeviceHealth | None = None) -> Heartbeat:
+        return Heartbeat(device_id=device, seq=seq, uptime_s=float(seq), full=False, wire=3, interval_s=300.0,
+                         health=health)
+
+    registry.apply_heartbeats([hb("pi-1", 1, health=counted("1.0.0", 7200, 1)),
+                               hb("pi-2", 1, health=counted("1.0.0", 3600, 0)),
+                               hb("pi-3", 1, "1.1.0", health=counted("1.1.0", 1800, 0)),
+                               hb("pi-4", 1, "1.1.0")])  # (a device that counts nothing)
+    registry.apply_heartbeats([short("pi-1", 2), short("pi-2", 2, counted("1.0.0", 7200, 2))])
+    registry.apply_heartbeat(hb("pi-3", 2, ""))  # started again, its firmware not read yet: no count
+    health = {r.firmware: r for r in registry.release_health()}
+    assert set(health) == {"1.0.0", "1.1.0"}
+    one, other = health["1.0.0"], health["1.1.0"]
+    assert (one.devices, one.hours, one.unexpected_restarts, one.healthy_ratio) == (2, 4.0, 3, 0.25)
+    assert (other.devices, other.hours, other.unexpected_restarts, other.healthy_ratio) == (1, 0.5, 0, 1.0)
+    assert RegistryReads(registry._conn).release_health() == registry.release_health()  # `status` reads the same

@@ -11,11 +11,11 @@ from agent.core.errors import StoreError
 from agent.leader.jobs import JobQueue
 from agent.leader.registry import DeviceRegistry
 from agent.leader.status import FleetStatus, LeaderView, format_status, summarize
-from agent.protocol import Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
+from agent.protocol import DeviceHealth, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
 
 
-def hb(device: str, seq: int, version: str) -> Heartbeat:
-    return Heartbeat(device_id=device, seq=seq, uptime_s=1.0, firmware_version=version)
+def hb(device: str, seq: int, version: str, health: DeviceHealth | None = None) -> Heartbeat:
+    return Heartbeat(device_id=device, seq=seq, uptime_s=1.0, firmware_version=version, health=health)
 
 
 @pytest.fixture
@@ -200,3 +200,16 @@ async def test_the_running_leader_marks_itself_alive_and_status_says_when_it_sto
     assert old.leader_stale
     assert format_status(old).splitlines()[0].startswith(
         "STALE: the leader last marked itself alive at 2023-11-14T22:13:55Z (1m31s ago): is it running?")
+
+
+def test_status_says_each_releases_healthy_hours_from_its_devices_counts(tmp_path: Path) -> None:
+    path = tmp_path / "leader.db"
+    with DeviceRegistry.open(path, clock=VirtualClock()) as reg:
+        reg.apply_heartbeats([
+            hb("pi-a", 1, "1.1.0", health=DeviceHealth(firmware="1.1.0", operating_s=360_000, unexpected_restarts=1)),
+            hb("pi-b", 1, "1.1.0", health=DeviceHealth(firmware="1.1.0", operating_s=360_000, unexpected_restarts=0)),
+            hb("pi-c", 1, "1.0.0")])
+    summary = summarize(path)
+    assert [(h.firmware, h.devices, h.hours, h.unexpected_restarts) for h in summary.health] == [("1.1.0", 2, 200, 1)]
+    assert "healthy hours: 1.1.0 99.5% of 200 h (1 unexpected restarts, 2 devices)" in format_status(summary)
+    assert msgspec.to_builtins(summary)["health"][0]["healthy_ratio"] == 0.995  # status --json

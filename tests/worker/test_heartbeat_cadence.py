@@ -244,3 +244,21 @@ async def test_the_configuration_targets_ride_a_full_heartbeat_and_a_local_edit_
     finally:
         await stop_all(w, gw, clock=clock)
         await spy.stop()
+
+
+async def test_the_health_count_rides_the_full_heartbeat_and_a_short_one_each_operating_hour(
+        clock: VirtualClock, broker: MemoryBroker, tmp_path: Path) -> None:
+    """The device's own count of how its agent runs on its firmware (`Heartbeat.health`): in
+    every full heartbeat, in a short one once per operating hour, and the leader's healthy hours
+    per release add the devices' counts up."""
+    async with IdleFleet(clock, broker, tmp_path) as (gw, w, uplink):
+        await until(clock, lambda: len(uplink.beats) >= 14, limit_s=5000, step_s=10, what="an hour of heartbeats")
+        first, *rest = [hb for _, hb in uplink.beats]
+        assert first.full and first.health is not None
+        assert (first.health.firmware, first.health.unexpected_restarts) == (w.firmware_version(), 0)
+        counted = [hb for hb in rest if hb.health is not None]
+        assert len(counted) == 1 and not counted[0].full  # the hour: one short heartbeat says it
+        assert counted[0].health is not None and counted[0].health.operating_s >= 3600
+        [release] = gw.registry.release_health()
+        assert (release.firmware, release.devices, release.unexpected_restarts) == (w.firmware_version(), 1, 0)
+        assert release.hours >= 1.0 and release.healthy_ratio == 1.0
