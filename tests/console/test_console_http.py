@@ -221,7 +221,7 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
     from rollout_support import FakePort, engine_kinds
 
     from agent.core.clock import VirtualClock
-    from agent.protocol import AppState, ConfigState, SlotState, SystemSample
+    from agent.protocol import AppState, ConfigState, DeviceHealth, SlotState, SystemSample
     from firmware_rollout.artifact.fixture import make_artifact
     from rollout_engine.orchestrator import Orchestrator
     from rollout_engine.store import RolloutStore
@@ -241,7 +241,9 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
                                         if d == "a" else None,
                                         apps={"hello": AppState(version="1.0.0" if d == "c" else "2.0.0",
                                                                 trial="2.1.0" if d == "b" else "")}
-                                        if d in ("a", "b", "c") else None)
+                                        if d in ("a", "b", "c") else None,
+                                        health=DeviceHealth(firmware="1.0.0", operating_s=720_000,
+                                                            unexpected_restarts=int(d == "b")))
                               for d in ("a", "b", "c", "d")])
     make_artifact(tmp_path, chunk_size=1024, size=2048)
     (tmp_path / "spec.toml").write_text('[rollout]\nname = "lab"\nartifact = "fw-1.1.0.eafw"\n'
@@ -277,6 +279,9 @@ async def test_a_rollout_page_lists_its_devices_with_outcomes_and_a_device_page_
         assert '<td>net</td><td class="online">1</td>' in table
         apps = fleet.split('<table id="fleet-apps" data-live>')[1].split("</table>")[0]
         assert "<tr><td>hello</td><td>2.0.0 ×2, 1.0.0 ×1</td>\n<td>1</td>" in apps  # one on trial
+        health = fleet.split('<table id="fleet-health" data-live>')[1].split("</table>")[0]  # as `status` says
+        assert ('<tr><td>1.0.0</td><td class="online">99.9%</td>\n<td>800</td><td class="offline">1</td>'
+                "<td>4</td></tr>") in health
 
 
 def test_an_operator_starts_a_rollout_from_the_console_after_seeing_its_plan(tmp_path: Path) -> None:
