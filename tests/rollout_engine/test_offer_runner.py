@@ -51,6 +51,21 @@ class Recording:
         self.resumed += 1
 
 
+class Device:
+    """A device's runners over one state directory, their reports in `sent` (each start a new
+    runner, as a restarted agent makes)."""
+
+    def __init__(self, state_dir: Path, clock: VirtualClock, sent: list[RolloutReport]) -> None:
+        self.state_dir, self.clock, self.sent = state_dir, clock, sent
+
+    async def send(self, report: RolloutReport) -> None:
+        self.sent.append(report)
+
+    def runner(self, module: Recording) -> OfferRunner[Offer, str]:
+        return OfferRunner(module, device_id="pi-1", key=KEY, clock=self.clock, state_dir=self.state_dir,
+                           send=self.send)
+
+
 def window_in_two_hours(clock: VirtualClock) -> str:
     hour = (clock.now_ms() // 3_600_000 + 2) % 24
     return f"{hour:02d}:00-{hour:02d}:30"
@@ -59,12 +74,7 @@ def window_in_two_hours(clock: VirtualClock) -> str:
 async def test_a_waiting_offer_survives_a_restart_and_a_cancel_drops_one(tmp_path: Path) -> None:
     clock = VirtualClock()
     sent: list[RolloutReport] = []
-
-    async def send(report: RolloutReport) -> None:
-        sent.append(report)
-
-    def runner(module: Recording) -> OfferRunner[Offer, str]:
-        return OfferRunner(module, device_id="pi-1", key=KEY, clock=clock, state_dir=tmp_path, send=send)
+    runner = Device(tmp_path, clock, sent).runner
 
     first = Recording()
     window = window_in_two_hours(clock)
@@ -104,12 +114,7 @@ async def test_a_waiting_offer_survives_a_restart_and_a_cancel_drops_one(tmp_pat
 async def test_a_concluded_rollout_offered_again_is_answered_not_applied_again(tmp_path: Path) -> None:
     clock = VirtualClock()
     sent: list[RolloutReport] = []
-
-    async def send(report: RolloutReport) -> None:
-        sent.append(report)
-
-    def runner(module: Recording) -> OfferRunner[Offer, str]:
-        return OfferRunner(module, device_id="pi-1", key=KEY, clock=clock, state_dir=tmp_path, send=send)
+    runner = Device(tmp_path, clock, sent).runner
 
     first = Recording()
     async with ActorSystem(clock=clock) as system:
