@@ -51,6 +51,9 @@ def test_the_same_seed_gives_the_same_release_rollout_report(tmp_path: Path) -> 
 @pytest.mark.xfail(reason="the report counts a device that crashed again before its restarted updater read the"
                           " slots, and is down at the end, at firmware '' (unknown): a mix in the count, not on"
                           " the device (docs/releases.md 'Not yet')", strict=False)
+# Its own bound, not the suite's 120 s: an example takes 2 s alone, and one took 106 s of a loaded
+# CI machine (two CPU-bound processes, three boards writing their disks: the fleet's fsyncs waited)
+@pytest.mark.timeout(900)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(min_value=0, max_value=10_000), fail_rate=st.sampled_from([0.0, 0.1, 0.3]))
 def test_devices_that_crash_while_a_release_converges_still_end_whole(tmp_path: Path, seed: int,
