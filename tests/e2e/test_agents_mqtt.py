@@ -390,8 +390,7 @@ async def test_a_worker_killed_counts_an_unexpected_restart_of_its_release_and_a
         await until(clock, lambda: (gw.registry.device("victim") or seen).hb_seq >= started, limit_s=60,
                     step_s=0.1, what="the next start's first heartbeat")
         [release] = gw.registry.release_health()
-        assert (release.firmware, release.devices, release.unexpected_restarts) == ("0.0.0", 1, 1)
-        assert 0 < release.hours and release.healthy_ratio == 0.0  # (one restart in less than an hour run)
+        assert (release.firmware, release.devices, release.unexpected_restarts) == ("0.0.0", 1, 1)  # none more
     finally:
         kill(victim)
         await stop_all(gw)
