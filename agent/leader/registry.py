@@ -198,7 +198,14 @@ _RELEASE_HEALTH = (
 
 
 def _release_health(rows: Iterable[Sequence[Any]]) -> list[ReleaseHealth]:
-    return [release_health(str(f), int(n), float(s), int(r)) for f, n, s, r in rows]
+    """`_RELEASE_HEALTH`'s rows as the views read them: hours, and the share of them healthy."""
+    found = []
+    for firmware, devices, seconds, restarts in rows:
+        hours = float(seconds) / 3600.0
+        ratio = max(0.0, hours - int(restarts)) / hours if hours > 0 else 1.0
+        found.append(ReleaseHealth(firmware=str(firmware), devices=int(devices), hours=round(hours, 6),
+                                   unexpected_restarts=int(restarts), healthy_ratio=round(ratio, 6)))
+    return found
 
 
 class ReleaseHealth(msgspec.Struct, kw_only=True, frozen=True):
@@ -212,13 +219,6 @@ class ReleaseHealth(msgspec.Struct, kw_only=True, frozen=True):
     # the share of those hours with no unexpected restart (each spoils the hour it ended; 1.0 when
     # nothing ran yet)
     healthy_ratio: float = 1.0
-
-
-def release_health(firmware: str, devices: int, seconds: float, restarts: int) -> ReleaseHealth:
-    hours = seconds / 3600.0
-    ratio = max(0.0, hours - restarts) / hours if hours > 0 else 1.0
-    return ReleaseHealth(firmware=firmware, devices=devices, hours=round(hours, 6), unexpected_restarts=restarts,
-                         healthy_ratio=round(ratio, 6))
 
 
 def _stated(blob: object, read: Callable[[bytes], T]) -> T | None:

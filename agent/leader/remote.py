@@ -312,7 +312,7 @@ class RemoteRelay(PartBase):
                     elif isinstance(frame, Ack):
                         relay.from_device.ack(frame)
                 except FlowError as exc:
-                    relay.end(f"the operator sent {exc}" if isinstance(frame, Data) else f"the operator {exc}")
+                    relay.end(f"the operator {exc}")
                     return
                 self._to_device(relay, frame)
         except (FrameError, OSError, asyncio.IncompleteReadError) as exc:
@@ -375,7 +375,7 @@ class RemoteRelay(PartBase):
                 else:
                     relay.to_device.ack(frame)
             except FlowError as exc:
-                relay.end(f"the device sent {exc}" if isinstance(frame, Data) else f"the device {exc}")
+                relay.end(f"the device {exc}")
                 return
         elif isinstance(frame, Ping):
             return

@@ -97,7 +97,7 @@ class RelayWindow:
     def pass_on(self, frame: Data) -> None:
         self.passed += len(frame.data)
         if self.passed - self.acked > WINDOW_BYTES + FRAME_DATA_MAX:
-            raise FlowError("more than the window")
+            raise FlowError("sent more than the window")
 
     def ack(self, frame: Ack) -> None:
         if frame.upto > self.passed:

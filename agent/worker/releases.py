@@ -254,8 +254,8 @@ class ReleaseModule:
             if journal.stand != "done":
                 log.info("release %s: offered again while it converges (%s)", rid, journal.stand)
                 return
-            # concluded: its report was lost, or the offer came again while the parts converged
-            # (it waited in the runner's mailbox): the outcome said again, not tried again
+            # concluded, and the runner kept no outcome of it (a stop between the journal's "done"
+            # and the report, or a failure it does not keep): the outcome said again, not tried again
             await self._conclude(journal, commit=not journal.failed)
             return
         if self._converging is not None:
