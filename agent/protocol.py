@@ -123,6 +123,9 @@ class ConfigState(_Message, kw_only=True, frozen=True):
     state: Annotated[str, msgspec.Meta(max_length=16)] = ""
     drifted: Annotated[tuple[Annotated[str, msgspec.Meta(max_length=128)], ...], msgspec.Meta(max_length=64)] = ()
     layers: Annotated[str, msgspec.Meta(max_length=16)] = ""  # the digest of the leader's layer values applied
+    # the number of the newest apply begun on the target, counted on the device (0: an agent that
+    # does not count): an operator's acknowledgement of a failed attempt names the one it saw
+    attempt: Annotated[int, msgspec.Meta(ge=0, lt=2**31)] = 0
 
     @property
     def compliance(self) -> str:

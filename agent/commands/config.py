@@ -6,7 +6,8 @@ helper_group) is checked as `edge-agent install-helper` checks it at its start.
 `edge-agent config release build NAME --version V FILE... --key PRIVATE.pem [--out F]` makes a
 signed config release of the files (`config_rollout.release`); `edge-agent config release show
 F --key PUBLIC.pem` verifies one and says what it holds. `config layer` and `config diff`: the
-leader's layers over a release (`agent.commands.config_layers`)."""
+leader's layers over a release; `config acknowledge`: attempts that did not commit, seen
+(`agent.commands.config_layers`)."""
 
 from __future__ import annotations
 
@@ -137,10 +138,10 @@ def main(args: argparse.Namespace) -> int:
         return _apply(args)
     if args.action == "status":
         return _status(args)
-    if args.action in ("layer", "diff"):
-        from agent.commands.config_layers import diff_main, layer_main
+    if args.action in ("layer", "diff", "acknowledge"):
+        from agent.commands.config_layers import acknowledge_main, diff_main, layer_main
 
-        return layer_main(args) if args.action == "layer" else diff_main(args)
+        return {"layer": layer_main, "diff": diff_main, "acknowledge": acknowledge_main}[args.action](args)
 
     status = 0
     for path in args.files:

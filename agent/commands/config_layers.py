@@ -5,13 +5,16 @@
     edge-agent config layer list [TARGET] --db DB [--json]
     edge-agent config layer order TARGET TAG... --db DB
     edge-agent config diff --device D --db DB --key PUBLIC.pem [--target T] [--release FILE] [--json]
+    edge-agent config acknowledge TARGET (--device D ... | --all) --db DB [--json]
 
 A layer value is written into the leader's database and read at the next config offer: a
 rollout of the target (`kind = "config"`) carries each device's values with the release; a
 device already on the release applies the values again when the next rollout offers them.
 `diff` previews what one device would get: the release (the newest config rollout of the
 target, or `--release`) rendered with the layers as they are now, each value naming its layer,
-against what the device holds, as its heartbeat says.
+against what the device holds, as its heartbeat says. `acknowledge`: the devices' last attempts
+at the target that were rolled back or failed are seen (`agent.leader.attempts`): no longer
+counted as failed until a device's next attempt.
 """
 
 from __future__ import annotations
@@ -63,6 +66,17 @@ def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
     diff.add_argument("--target", help="one target (default: each with a config rollout)")
     diff.add_argument("--release", metavar="FILE", help="this release instead of the newest config rollout's")
     diff.add_argument("--json", action="store_true")
+    ack = actions.add_parser(
+        "acknowledge", help="acknowledge a target's attempts that did not commit (no longer counted as failed)",
+        description="Acknowledge the devices' last attempts at a configuration target that were rolled back or"
+                    " failed: they are no longer counted as last_attempt_failed (status, /metrics, the console),"
+                    " and their pages say who acknowledged them. A device's next attempt is counted again.")
+    ack.add_argument("target", metavar="TARGET", help="the configuration target (e.g. app)")
+    which = ack.add_mutually_exclusive_group(required=True)
+    which.add_argument("--device", action="append", metavar="ID", help="this device's attempt (repeat for several)")
+    which.add_argument("--all", action="store_true", help="every device whose last attempt at TARGET is open")
+    ack.add_argument("--db", required=True, help=DB_HELP)
+    ack.add_argument("--json", action="store_true")
 
 
 def _db(text: str) -> StoreTarget:
@@ -165,6 +179,7 @@ def diff_main(args: argparse.Namespace) -> int:
     import difflib
 
     from agent.leader.readonly import open_leader_db
+    from config_rollout.attempt_acks import acknowledged, attempt_said
     from config_rollout.kind import CONFIG
     from config_rollout.layers import render
     from config_rollout.release import parse_release, peek_release, read_release
@@ -192,14 +207,19 @@ def diff_main(args: argparse.Namespace) -> int:
                 raise ConfigError("--target", None, f"{args.target}: no config rollout of it (give --release FILE)")
         reads = leader.layers
         values = {t: reads.values_for(t, args.device, line.tags, now_ms=now_ms) for t in releases}
+        acks = leader.attempt_acks.newest([args.device])
     out: list[dict[str, Any]] = []
     for target, (origin, data) in sorted(releases.items()):
         release = read_release(args.release, key) if args.release else parse_release(data, key, source=origin)
         rendered = render(release.documents, values[target])
         held = (state.configs or {}).get(target)
         out.append({"target": target, "release": release.version, "from": origin, "layers": rendered.digest,
-                    "holds": None if held is None else {"version": held.version, "state": held.state,
-                                                        "layers": held.layers, "last_attempt": held.last_attempt},
+                    "holds": None if held is None else {
+                        "version": held.version, "state": held.state, "layers": held.layers,
+                        "last_attempt": held.last_attempt, "attempt": held.attempt,
+                        "acknowledged_by": (ack.by if (ack := acknowledged(held, acks.get((args.device, target))))
+                                            else None),
+                        "said": attempt_said(held, acks.get((args.device, target)))},
                     "pending": held is None or held.version != release.version or held.layers != rendered.digest,
                     "sources": rendered.sources,
                     "documents": {n: {"default": release.documents[n].decode("utf-8", "replace"),
@@ -214,8 +234,7 @@ def diff_main(args: argparse.Namespace) -> int:
         holds = t["holds"]
         said = ("nothing applied" if holds is None else
                 f"{holds['version'] or 'nothing'}, layers {holds['layers'] or 'none'}")
-        attempt = (f" (its last attempt {'was rolled back' if holds['last_attempt'] == 'rolled_back' else 'failed'})"
-                   if holds is not None and holds["last_attempt"] else "")
+        attempt = f" ({holds['said']})" if holds is not None and holds["said"] else ""
         print(f"{args.device} (tags {', '.join(line.tags) or '-'}) · {t['target']} {t['release']} from {t['from']},"
               f" layers {t['layers'] or 'none'}")
         print(f"  holds {said}: {'PENDING, the next config rollout brings it' if t['pending'] else 'in sync'}{attempt}")
@@ -228,8 +247,28 @@ def diff_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def acknowledge_main(args: argparse.Namespace) -> int:
+    from agent.commands.rollout import cli_actor
+    from agent.leader.attempts import acknowledge_attempts
+    from config_rollout.layer_store import TARGET
+
+    target = _name(args.target, "TARGET", TARGET)
+    done = acknowledge_attempts(_writable(_db(args.db)), target, None if args.all else args.device, by=cli_actor(),
+                                now_ms=int(time.time() * 1000))
+    if args.json:
+        print(json.dumps([{"device": a.device_id, "target": a.target, "attempt": a.attempt, "outcome": a.outcome,
+                           "holds": a.version, "by": a.by, "at_ms": a.at_ms} for a in done], indent=2))
+        return 0
+    if not done:
+        print(f"{target}: no attempt to acknowledge (every device's last attempt committed or was acknowledged)")
+    for a in done:
+        print(f"{a.device_id} · {target}: attempt {a.attempt} ({a.outcome.replace('_', ' ')}, holds"
+              f" {a.version or 'nothing'}) acknowledged")
+    return 0
+
+
 def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(ms / 1000))
 
 
-__all__ = ["add_arguments", "diff_main", "layer_main"]
+__all__ = ["acknowledge_main", "add_arguments", "diff_main", "layer_main"]

@@ -140,11 +140,12 @@ def format_devices(page: DevicePage, now_ms: int) -> str:
 _COMPLIANCE_SAID = {"in_sync": "in sync", "pending": "pending: the leader has more for it",
                     "damaged": "DAMAGED: its record cannot be read", "not_applied": "nothing applied",
                     "drifted": "drifted"}
-_ATTEMPT_SAID = {"rolled_back": "its last attempt was rolled back", "failed": "its last attempt failed"}
 
 
 def format_device(detail: DeviceDetail, now_ms: int) -> str:
     """One device in full, for a terminal."""
+    from config_rollout.attempt_acks import attempt_said
+
     d = detail.device
     state = "online" if d.online else f"offline ({d.offline_reason or 'never seen online'})"
     lines = [
@@ -171,7 +172,7 @@ def format_device(detail: DeviceDetail, now_ms: int) -> str:
         lines += [f"    {name}: holds {c.version or 'nothing'}"
                   + (f"; DRIFTED: {', '.join(c.drifted)} changed on the device" if c.drifted else
                      f"; {_COMPLIANCE_SAID[detail.compliance.get(name, c.compliance)]}")
-                  + (f" ({_ATTEMPT_SAID[c.last_attempt]})" if c.last_attempt else "")
+                  + (f" ({said})" if (said := attempt_said(c, detail.acknowledged.get(name))) else "")
                   for name, c in sorted(detail.configs.items())]
     if detail.apps:
         lines.append("  applications:")

@@ -15,6 +15,7 @@ from agent.leader.identities import Control, Identity
 from agent.leader.readonly import open_leader_db
 from agent.leader.reject_view import RejectCount, RejectRow
 from agent.leader.status import FleetStatus, fleet_status
+from config_rollout.attempt_acks import AttemptAck
 from rollout_engine.kinds import Described
 from rollout_engine.spec import DEFAULT_KIND
 
@@ -324,6 +325,25 @@ def change_layer(db: StoreTarget, form: dict[str, str], actor: str) -> str:
             " (offered with the target's next config rollout)")
 
 
+def acknowledge(db: StoreTarget, target: str, device: str | None, actor: str) -> list[AttemptAck]:
+    """Acknowledge the open attempts at `target` (of `device`, or of every device with one), as
+    `edge-agent config acknowledge` does; a `ConfigError` says why nothing was."""
+    import re
+    import time
+
+    from agent.leader.attempts import acknowledge_attempts
+    from config_rollout.layer_store import TARGET
+
+    if not re.match(TARGET, target):
+        raise ConfigError("target", None, f"{target[:64]!r} is not a configuration target's name")
+    done = acknowledge_attempts(db, target, None if device is None else [device], by=actor,
+                                now_ms=int(time.time() * 1000), field="device")
+    if not done:
+        raise ConfigError("target", None, f"{target}: no attempt to acknowledge (each device's last one committed"
+                          " or was acknowledged already)")
+    return done
+
+
 def rollback_choices(directory: Path, version: str) -> list[ArtifactChoice]:
     """The store's artifacts signed as a rollback of `version` (naming it among those they replace)."""
     return [a for a in artifacts(directory) if a.rollback and version in a.manifest.rollback_from]
@@ -367,5 +387,5 @@ def dead_letters(outbox: Path) -> tuple[int, list[dict[str, Any]]]:
 
 
 __all__ = ["DEVICES_SHOWN", "FLEET_CHART_S", "PAGE", "ArtifactChoice", "Fleet", "Rejects", "RolloutPage",
-           "artifacts", "control", "dead_letters", "device", "file_suffixes", "fleet", "holders", "rejects",
-           "rollback_choices", "rollout", "rollout_version", "rollouts", "start", "start_control"]
+           "acknowledge", "artifacts", "control", "dead_letters", "device", "file_suffixes", "fleet", "holders",
+           "rejects", "rollback_choices", "rollout", "rollout_version", "rollouts", "start", "start_control"]

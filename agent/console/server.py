@@ -256,8 +256,10 @@ class Console:
             if detail is None:
                 return 404, self.render("not_found", what=f"no device {device_id!r}")
             sample = _sample_text(detail.sample) if detail.sample else []
+            acked = query.get("acknowledged", "") == "1"
             return 200, self.render("device", title=device_id, x=detail, sample=sample, refresh=REFRESH_S,
-                                    csrf=self.csrf, logs=self.config.operator_socket is not None)
+                                    csrf=self.csrf, logs=self.config.operator_socket is not None,
+                                    message="acknowledged: no longer counted as failed" if acked else "")
         if path == "/rollouts":
             return 200, self.render("rollouts", title="rollouts", rollouts=data.rollouts(self.config.db),
                                     refresh=REFRESH_S)
@@ -369,8 +371,28 @@ class Console:
         def link(at: int) -> str:
             return "/?" + urllib.parse.urlencode({**kept, "offset": max(0, at)})
 
+        done = query.get("acknowledged", "")
+        message = (f"acknowledged {int(done)} attempt{'' if done == '1' else 's'}: no longer counted as failed"
+                   if done.isdigit() and len(done) <= 9 else "")
         return self.render("fleet", title="fleet", s=fleet.summary, page=fleet.page, f=flt, state=state, link=link,
-                           per_page=data.PAGE, refresh=REFRESH_S, online=fleet.online)
+                           per_page=data.PAGE, refresh=REFRESH_S, online=fleet.online, csrf=self.csrf,
+                           message=message)
+
+    def acknowledge(self, form: dict[str, str], proof: Proof, actor: str = "") -> tuple[int, bytes, str]:
+        """A POST of an "acknowledge" button (the fleet's configuration table: every device's open
+        attempt at a target; a device's page: its own): 303 back to the page it came from, or a
+        page with the reason (403: the form's CSRF value is wrong; 409: nothing of it to acknowledge)."""
+        device = form.get("device", "")[:128]
+        back = f"/devices/{urllib.parse.quote(device, safe='')}" if device else "/"
+        if proof != "token" and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
+            return 403, self.render("not_found", title="expired", what="the form has expired: open the page again"), ""
+        try:
+            done = data.acknowledge(self.config.db, form.get("target", ""), device or None, actor or "the console")
+        except ConfigError as exc:
+            return 409, self.render("not_found", title="nothing to acknowledge", what=str(exc)), ""
+        log.info("configuration attempts acknowledged", extra={"kv": {"target": form.get("target", "")[:64],
+                                                                   "devices": len(done), "by": actor}})
+        return 303, b"", back + "?" + urllib.parse.urlencode({"acknowledged": len(done)})
 
     def control(self, path: str, form: dict[str, str], proof: Proof, actor: str = "") -> tuple[int, bytes, str]:
         """A POST to /rollouts/ID/control: (303, b"", where to send the browser) when it was
@@ -756,7 +778,7 @@ class ConsoleHttp:
             status, said = console.upload(request.body_file, request.query.get("name", [""])[-1], actor)
             return _refusal(status, said)
         forms = {"/rollouts/new": console.new_rollout, "/identities": console.decide_identity,
-                 "/config": console.change_layer}
+                 "/config": console.change_layer, "/config/acknowledge": console.acknowledge}
         if (take := forms.get(request.path)) is not None:  # a page's form: the page again, or where to go next
             try:
                 status, body, location = take(form, proof, actor)

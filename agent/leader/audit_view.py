@@ -1,7 +1,8 @@
 """The operators' audit trail: every rollout control (start, pause, resume, approve, next, cancel,
 rollback), identity action (approve, reject, revoke, a batch token, an allowed serial),
-configuration layer change (set, unset, order) and remote session, with who did it and when,
-read through the store that owns each record and merged in time order.
+configuration layer change (set, unset, order), acknowledged configuration attempt and remote
+session, with who did it and when, read through the store that owns each record and merged in
+time order.
 
 `edge-agent audit` prints it or exports it as JSON lines; the console's Audit page shows the
 newest. Each entry's `actor` is what its record says: the CLI's user (and who became it through
@@ -18,9 +19,9 @@ from agent.leader.readonly import LeaderDb
 class AuditEntry(msgspec.Struct, kw_only=True, frozen=True):
     at_ms: int
     actor: str
-    area: str  # "rollout", "identity", "layers", "session"
+    area: str  # "rollout", "identity", "layers", "config", "session"
     action: str
-    subject: str  # the rollout, the device, the target and key, the session's device
+    subject: str  # the rollout, the device, the target and key, the device and target, the session's device
     outcome: str = ""
     detail: str = ""
 
@@ -37,6 +38,10 @@ def audit_trail(db: LeaderDb, *, since_ms: int = 0, limit: int = 1000) -> list[A
         where = f"{change.target} {change.scope} {change.selector} {change.document} {change.key}".split()
         found.append(AuditEntry(at_ms=change.at_ms, actor=change.by, area="layers", action=change.action,
                                 subject=" ".join(where), detail=change.value or ""))
+    for ack in db.attempt_acks.since(since_ms, limit=limit):
+        found.append(AuditEntry(at_ms=ack.at_ms, actor=ack.by, area="config", action="acknowledge",
+                                subject=f"{ack.device_id} {ack.target}", outcome=ack.outcome,
+                                detail=f"attempt {ack.attempt}, holding {ack.version or 'nothing'}"))
     for s in db.sessions.sessions(since_ms=since_ms, limit=limit):
         took = f", {(s.closed_ms - s.opened_ms) / 1000:.0f} s" if s.closed_ms is not None else ""
         found.append(AuditEntry(

@@ -41,9 +41,10 @@ def config_pending(db: LeaderDb, states: States, now_ms: int) -> set[tuple[str, 
 
 def fleet_compliance(db: LeaderDb, now_ms: int) -> dict[str, dict[str, int]]:
     """target -> in_sync / pending / drifted / damaged / not_applied -> devices, and
-    last_attempt_failed beside them (`compliance_counts`; the registry read once)."""
+    last_attempt_failed beside them: attempts no operator acknowledged (`compliance_counts`; the
+    registry read once)."""
     states = db.registry.config_states()
-    return compliance_counts(states, config_pending(db, states, now_ms))
+    return compliance_counts(states, config_pending(db, states, now_ms), db.attempt_acks.newest())
 
 
 __all__ = ["config_pending", "fleet_compliance"]

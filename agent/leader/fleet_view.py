@@ -16,6 +16,7 @@ import msgspec
 from agent.leader.readonly import LeaderDb
 from agent.leader.registry import DeviceLine, DeviceState
 from agent.leader.release_view import DeviceRelease, device_release
+from config_rollout.attempt_acks import AttemptAck, acknowledged
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -99,6 +100,9 @@ class DeviceDetail(DeviceState, kw_only=True, frozen=True):
     controls: list[ControlRecord] = []
     # each configuration target: in_sync, pending, drifted, failed or not_applied
     compliance: dict[str, str] = {}
+    # target -> the operator's acknowledgement of its last attempt that did not commit (only of
+    # that attempt: the device's next one is said again)
+    acknowledged: dict[str, AttemptAck] = {}
     release: DeviceRelease | None = None  # the release it runs (the newest that converged on it), its drift
 
 
@@ -138,6 +142,7 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10, events: in
     controls = [ControlRecord(asked_ms=a, rollout_id=b, action=c, actor=d, applied_ms=e, outcome=f, result=g)
                 for a, b, c, d, e, f, g in db.rollouts.controls_of([r.rollout_id for r in rollouts])]
     compliance = {}
+    seen: dict[str, AttemptAck] = {}
     if state.configs:
         import time
 
@@ -145,9 +150,13 @@ def device_detail(db: LeaderDb, device_id: str, *, rejects: int = 10, events: in
 
         pending = config_pending(db, {device_id: (line.tags, state.configs)}, int(time.time() * 1000))
         compliance = {target: c.compliance_with((device_id, target) in pending) for target, c in state.configs.items()}
+        acks = db.attempt_acks.newest([device_id])
+        said = {target: acknowledged(c, acks.get((device_id, target))) for target, c in state.configs.items()}
+        seen = {target: ack for target, ack in said.items() if ack is not None}
     release = device_release(db, device_id, line.firmware_version, state.configs, state.apps)
     return DeviceDetail(**msgspec.structs.asdict(state), device=_rows(db, [line])[0], rejects=recent,
                         rollouts=rollouts, timeline=timeline, controls=controls, compliance=compliance,
+                        acknowledged=seen,
                         release=release)
 
 

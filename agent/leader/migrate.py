@@ -3,8 +3,9 @@ database server (PostgreSQL: the catalogue reads and the identity sequences here
 
 `copy_to_server(leader_db, target)` copies what `[leader] database` moves to the server (the
 device registry, with its processed message ids, the application messages, the rejects, the
-device identities, the job queue with its epoch, the rollout tables and the configuration layers
-with their groups' order, each when the leader has them), in one transaction: all of it or
+device identities, the job queue with its epoch, the rollout tables, the configuration layers
+with their groups' order and the acknowledged configuration attempts, each when the leader has
+them), in one transaction: all of it or
 nothing, so a rollout in flight goes on where it was under the leader that holds the orchestrator
 lease, every job not confirmed yet is offered again by the leader that takes the job queue (under
 the next epoch), and every leader offers the same layer values. The outbox stays each leader's
@@ -32,6 +33,7 @@ from agent.leader.messages import MessageLog
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
 from agent.service.instance import running_pid
+from config_rollout.attempt_acks import AttemptAckStore
 from config_rollout.layer_store import LayerStore
 from rollout_engine.store import RolloutStore
 
@@ -74,10 +76,11 @@ _TABLES = (
     _Table(RolloutStore, "rollout_serving"),
     _Table(LayerStore, "config_layers"),
     _Table(LayerStore, "config_group_order"),
+    _Table(AttemptAckStore, "config_attempt_acks"),
 )
 _STORES: tuple[type[Store], ...] = (DeviceRegistry, MessageLog, RejectLog)
 # a leader without [identity] has no identities; a database of a registry alone, no job queue
-_OPTIONAL: tuple[type[Store], ...] = (IdentityStore, JobQueue, RolloutStore, LayerStore)
+_OPTIONAL: tuple[type[Store], ...] = (IdentityStore, JobQueue, RolloutStore, LayerStore, AttemptAckStore)
 _HELD = ("devices", "processed_messages", "app_messages", "rejects")  # a target holding any is not empty
 
 

@@ -7,7 +7,8 @@ read goes through the store that owns its table (`db.registry`, `db.rejects`, `d
 `db.rollouts`): a view passes values between them instead of joining their tables.
 
 A fleet whose leaders share a PostgreSQL database (`[leader] database`) keeps its registry,
-rejects, identities, job queue, rollout tables and configuration layers there:
+rejects, identities, job queue, rollout tables, configuration layers and acknowledged
+configuration attempts there:
 `open_leader_db("postgresql://...")` reads the whole fleet from it, and a leader's own view passes
 its `leader.db` and `shared=` the database.
 """
@@ -31,6 +32,7 @@ from agent.leader.rejects import RejectReads
 
 if TYPE_CHECKING:
     from agent.leader.session_log import SessionReads
+    from config_rollout.attempt_acks import AttemptAckReads
     from config_rollout.layer_store import LayerReads
     from rollout_engine.store import RolloutReads
 
@@ -78,6 +80,15 @@ class LeaderDb:
 
         on_shared = LayerReads(self.shared) if self.shared is not self.conn else None
         return on_shared if on_shared is not None and on_shared.present else LayerReads(self.conn)
+
+    @functools.cached_property
+    def attempt_acks(self) -> AttemptAckReads:
+        """The operators' acknowledgements of failed configuration attempts: on the fleet's
+        database when its leaders share one."""
+        from config_rollout.attempt_acks import AttemptAckReads
+
+        on_shared = AttemptAckReads(self.shared) if self.shared is not self.conn else None
+        return on_shared if on_shared is not None and on_shared.present else AttemptAckReads(self.conn)
 
 
 def _shared_reader(target: ServerUrl) -> Any:

@@ -56,6 +56,7 @@ from agent.core.sql import (
 from agent.core.sqlite import Synchronous, store_errors
 from agent.core.store import Store
 from agent.protocol import AppState, ConfigState, Heartbeat, SlotState, SystemSample, Telemetry
+from config_rollout.attempt_acks import Acks, open_attempt
 
 COMPONENT = "registry"
 TELEMETRY_NAMES_MAX = 256  # per device: beyond, a record of a new name is refused
@@ -255,15 +256,16 @@ def _config_states(rows: Sequence[tuple[Any, ...]]) -> dict[str, tuple[tuple[str
 
 
 def compliance_counts(states: Mapping[str, tuple[Sequence[str], Mapping[str, ConfigState]]],
-                      pending: Collection[tuple[str, str]] = ()) -> dict[str, dict[str, int]]:
+                      pending: Collection[tuple[str, str]] = (), acks: Acks | None = None) -> dict[str, dict[str, int]]:
     """target -> compliance -> devices, from `config_states`; `pending`: the (device, target)s
-    the leader has more for."""
+    the leader has more for; `acks`: the operators' acknowledgements (an attempt acknowledged is
+    not counted as `last_attempt_failed`)."""
     found: dict[str, dict[str, int]] = {}
     for device_id, (_, held) in states.items():
         for target, c in held.items():
             counts = found.setdefault(target, dict.fromkeys((*COMPLIANCE, LAST_ATTEMPT_FAILED), 0))
             counts[c.compliance_with((device_id, target) in pending)] += 1
-            counts[LAST_ATTEMPT_FAILED] += bool(c.last_attempt)
+            counts[LAST_ATTEMPT_FAILED] += bool(open_attempt(c, (acks or {}).get((device_id, target))))
     return dict(sorted(found.items()))
 
 

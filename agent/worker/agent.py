@@ -154,7 +154,8 @@ def config_states(config: AgentConfig, data_dir: Path) -> dict[str, ConfigState]
             states[name] = ConfigState(state="damaged")
             continue
         states[name] = ConfigState(version=st.version[:64], state=st.state[:16],
-                                   drifted=tuple(d[:128] for d in st.drifted[:64]), layers=st.layers[:16])
+                                   drifted=tuple(d[:128] for d in st.drifted[:64]), layers=st.layers[:16],
+                                   attempt=st.attempt)
     return states
 
 

@@ -90,10 +90,17 @@ class TargetStatus:
     detail: str
     drifted: tuple[str, ...]  # documents whose content differs from what was applied (a local edit)
     layers: str = ""  # the digest of the leader's layer values applied with the release ("" none)
+    attempt: int = 0  # applies begun on the target, counted (the newest one's number; 0: none yet)
 
 
 #: The journal of a target nothing was ever applied to.
 IDLE: dict[str, Any] = {"state": "idle", "version": "", "release_id": "", "hashes": {}, "detail": "", "layers": ""}
+
+
+def _attempt(j: dict[str, Any]) -> int:
+    """The journal's count of applies begun (an operator's acknowledgement names the one it saw)."""
+    counted = j.get("attempt", 0)
+    return counted if isinstance(counted, int) and 0 <= counted < 2**31 else 0
 
 
 class ConfigApplier:
@@ -160,7 +167,7 @@ class ConfigApplier:
         drifted = tuple(n for n, data in documents.items()
                         if data is None or hashlib.sha256(data).hexdigest() != hashes[n]) if at_rest else ()
         return TargetStatus(str(j.get("version", "")), str(j.get("release_id", "")), str(j.get("state", "idle")),
-                            str(j.get("detail", "")), drifted, str(j.get("layers", "")))
+                            str(j.get("detail", "")), drifted, str(j.get("layers", "")), _attempt(j))
 
     def view(self) -> dict[str, Any]:
         """What an application reads (`GET /v1/config/NAME`): the version applied, its state,
@@ -179,7 +186,8 @@ class ConfigApplier:
             except UnicodeDecodeError:
                 documents[n] = {"base64": base64.b64encode(data).decode()}
         return {"target": self.name, "version": st.version, "release_id": st.release_id, "layers": st.layers,
-                "state": st.state, "detail": st.detail, "drifted": list(st.drifted), "documents": documents}
+                "state": st.state, "detail": st.detail, "attempt": st.attempt, "drifted": list(st.drifted),
+                "documents": documents}
 
     # -- applying ------------------------------------------------------------------------------
     async def apply(self, release: ConfigRelease, rendered: Rendered | None = None, *,
@@ -213,7 +221,7 @@ class ConfigApplier:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._stage(documents)
             self._record(state="staged", staging_release=release.release_id, staging_version=release.version,
-                         previous=previous, detail="", context=context or {})
+                         previous=previous, detail="", context=context or {}, attempt=_attempt(j) + 1)
 
         try:
             await self._io(stage)

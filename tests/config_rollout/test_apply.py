@@ -68,7 +68,7 @@ async def test_a_release_that_validates_applies_and_stays_healthy_is_committed(t
     again = await applier.apply(parse_release(release_of(tmp_path, "1.0.0", OLD), KEY.public))
     assert again.detail == "already applied"
     st = applier.status()
-    assert (st.version, st.state, st.drifted) == ("1.0.0", "committed", ())
+    assert (st.version, st.state, st.drifted, st.attempt) == ("1.0.0", "committed", (), 1)  # (none begun again)
     (tmp_path / "etc" / "app" / "limits.conf").write_bytes(b"max = 99\n")  # edited on the device
     assert applier.status().drifted == ("limits.conf",)
 
@@ -95,7 +95,9 @@ async def test_a_release_that_is_not_healthy_within_confirm_s_reverts_by_itself(
     assert result.detail.startswith("1.1.0 reverted: not confirmed within 1.5 s: health command exited 1")
     assert contents(tmp_path / "etc" / "app") == OLD  # extra.conf, which 1.1.0 added, is gone too
     assert applied.read_text() == "port = 2\nport = 1\n"  # applied, then the old content applied again
-    assert applier.status().state == "rolled_back"
+    assert (applier.status().state, applier.status().attempt) == ("rolled_back", 2)  # (1.0.0 was the first)
+    again = await applier.apply(parse_release(release_of(tmp_path, "1.1.0", NEW), KEY.public))
+    assert (again.state, applier.status().attempt) == ("rolled_back", 3)  # each attempt its own number
 
 
 async def test_the_hosts_check_decides_too_and_a_hanging_command_is_bounded(tmp_path: Path) -> None:

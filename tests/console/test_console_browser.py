@@ -464,3 +464,80 @@ def test_an_operator_takes_the_fleet_to_a_new_version_and_back_in_the_browser(
         audit = fleet.status("lab-2")["audit"]
         assert [(c["action"], c["outcome"]) for c in audit] == [("start", "applied"), ("rollback", "applied")]
         assert all(c["actor"] == "alice via the console from 127.0.0.1" for c in audit)
+
+
+async def test_an_operator_acknowledges_a_reverted_attempt_in_the_browser(tmp_path: Path, browser) -> None:
+    """A device whose newest config apply was rolled back is in sync, its attempt counted beside;
+    the operator presses the device page's "acknowledge" and every page stops counting it, and
+    says who saw it; a second device's failure goes with the fleet table's button."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_console_http import TOKEN, serving
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from e2e.agent_support import leader
+
+    from agent.core.clock import VirtualClock
+    from agent.protocol import ConfigState, Heartbeat
+
+    shots = ARTIFACTS / "acknowledge"
+    shots.mkdir(parents=True, exist_ok=True)
+    gw = await leader(VirtualClock(), tmp_path)
+    db = Path(gw.registry.path)
+    try:
+        gw.registry.apply_heartbeats([
+            Heartbeat(device_id="pi-1", seq=1, uptime_s=1.0,
+                      configs={"app": ConfigState(version="1.0.0", state="rolled_back", attempt=2)}),
+            Heartbeat(device_id="pi-2", seq=1, uptime_s=1.0,
+                      configs={"app": ConfigState(version="1.0.0", state="failed", attempt=3)})])
+    finally:
+        await gw.stop()
+
+    def steady(read):  # type: ignore[no-untyped-def]
+        """`read()` again when live.js swapped the element in between."""
+        for _ in range(50):
+            try:
+                return read()
+            except StaleElementReferenceException:
+                continue
+        raise AssertionError("the page kept changing")
+
+    def last_attempt_cell() -> str:
+        row = browser.find_element(By.ID, "fleet-config").find_elements(By.TAG_NAME, "tr")[1]
+        return str(row.find_elements(By.TAG_NAME, "td")[-1].text.split()[0])
+
+    def attempt_cell():  # type: ignore[no-untyped-def]
+        return browser.find_element(By.ID, "configs").find_elements(By.TAG_NAME, "td")[3]
+
+    with serving(db) as (host, port):
+        base = f"http://{host}:{port}"
+        wait = WebDriverWait(browser, 30)
+        browser.get(base + "/login")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.ID, "name").send_keys("alice")
+        browser.find_element(By.ID, "sign-in").click()
+        wait.until(lambda d: d.find_elements(By.ID, "fleet-config"))
+        assert steady(last_attempt_cell) == "2"
+
+        browser.get(base + "/devices/pi-1")
+        assert steady(lambda: attempt_cell().text).startswith("rolled back")
+        steady(lambda: attempt_cell().find_element(By.CLASS_NAME, "acknowledge").click())
+        wait.until(lambda d: "acknowledged: no longer counted as failed" in live_text(d, "message"))
+        said = steady(lambda: attempt_cell().text)
+        assert said == "rolled back, acknowledged by alice via the console from 127.0.0.1", said
+        assert not steady(lambda: attempt_cell().find_elements(By.CLASS_NAME, "acknowledge"))
+        browser.save_screenshot(str(shots / "1-device.png"))
+
+        browser.get(base + "/")
+        assert steady(last_attempt_cell) == "1"  # pi-2's failure, still open
+        steady(lambda: browser.find_element(By.ID, "fleet-config").find_element(By.CLASS_NAME, "acknowledge").click())
+        wait.until(lambda d: "acknowledged 1 attempt" in live_text(d, "message"))
+        assert steady(last_attempt_cell) == "0"
+        assert not steady(lambda: browser.find_element(By.ID, "fleet-config").find_elements(By.CLASS_NAME,
+                                                                                             "acknowledge"))
+        browser.save_screenshot(str(shots / "2-fleet.png"))
+    with open_leader_db(db) as read:
+        acks = read.attempt_acks.newest()
+    assert {(k, a.attempt, a.by) for k, a in acks.items()} == {
+        (("pi-1", "app"), 2, "alice via the console from 127.0.0.1"),
+        (("pi-2", "app"), 3, "alice via the console from 127.0.0.1")}

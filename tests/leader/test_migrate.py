@@ -19,8 +19,9 @@ from agent.leader.messages import MessageLog, read_messages
 from agent.leader.migrate import copy_to_server
 from agent.leader.registry import DeviceRegistry
 from agent.leader.rejects import RejectLog
-from agent.protocol import AppMessage, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
+from agent.protocol import AppMessage, ConfigState, Heartbeat, JobDemand, JobResult, JobSubmit, Telemetry
 from agent.service.instance import InstanceLock
+from config_rollout.attempt_acks import AttemptAckStore
 from config_rollout.layer_store import LayerStore
 from rollout_engine.spec import spec_from_dict
 from rollout_engine.store import RolloutStore
@@ -66,6 +67,9 @@ def _single_gateway(db: Path) -> None:
         layers.set_value("app", "tag", "cold", "app.toml", "port", 9100, set_by="op", now_ms=1_000)
         layers.order("app", ["cold", "lab"], by="test", now_ms=1)
         layers.set_value("app", "device", "pi-2", "app.toml", "log_level", "debug", set_by="op", now_ms=1_000)
+    with AttemptAckStore.open(db) as acks:  # an operator saw pi-1's reverted attempt
+        acks.acknowledge("pi-1", "app", ConfigState(version="1.0.0", state="rolled_back", attempt=2), by="op",
+                         now_ms=1_500)
 
 
 def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path, pg_url: str) -> None:
@@ -112,6 +116,9 @@ def test_a_single_gateway_grows_into_postgresql_with_nothing_lost(tmp_path: Path
         assert layers.group_order("app") == ["cold", "lab"]
         assert [(v.key, v.value, v.source) for v in layers.values_for("app", "pi-2", ["lab", "cold"], now_ms=2_000)
                 ] == [("port", "9000", "tag lab"), ("log_level", '"debug"', "device pi-2")]
+    assert copied["config_attempt_acks"] == 1
+    with AttemptAckStore.open(pg_url) as acks:  # still acknowledged after the move
+        assert [(a.device_id, a.attempt, a.by) for a in acks.reads().newest().values()] == [("pi-1", 2, "op")]
 
 
 def test_a_non_empty_database_a_running_leader_and_another_fleet_are_refused(tmp_path: Path, pg_url: str) -> None:
@@ -148,7 +155,7 @@ def test_the_command_says_what_it_copied_and_what_to_do_next(tmp_path: Path, pg_
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert "devices: 3 rows" in done.stdout and "config_layers: 3 rows" in done.stdout
-    assert "copied 31 rows of 27 tables into" in done.stdout and "its outbox stays in leader.db" in done.stdout
+    assert "copied 32 rows of 28 tables into" in done.stdout and "its outbox stays in leader.db" in done.stdout
     again = subprocess.run([sys.executable, "-m", "agent.cli", "leader", "migrate", "--from", str(db), "--to", pg_url],
                            capture_output=True, text=True, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
                            timeout=60)
