@@ -191,19 +191,30 @@ def _v14(conn: sqlite3.Connection) -> None:
 
 T = TypeVar("T")
 
-#: Per firmware its devices' counts add up: (firmware, devices, seconds, unexpected restarts).
+#: How far a device's stated seconds may run ahead of the time the registry has known it.
+HEALTH_SLACK_S = 3600.0
+
+#: Per firmware its devices' counts add up: (firmware, devices, seconds, unexpected restarts, the
+#: device-hours the restarts spoiled). A device is believed for no more seconds than the registry
+#: has known it (`HEALTH_SLACK_S` beside: a count in flight), and its restarts spoil no more hours
+#: than it ran: one device, however hostile, weighs no more than an honest one whose every hour
+#: crashed. (Parameters: now in ms, twice.)
 _RELEASE_HEALTH = (
-    "SELECT health_firmware, COUNT(*), COALESCE(SUM(health_s), 0), COALESCE(SUM(health_restarts), 0)"
-    " FROM devices WHERE health_firmware IS NOT NULL AND health_firmware <> ''"
+    "SELECT health_firmware, COUNT(*), COALESCE(SUM(s), 0), COALESCE(SUM(health_restarts), 0),"
+    " COALESCE(SUM(CASE WHEN health_restarts * 3600.0 > s THEN s / 3600.0 ELSE health_restarts END), 0)"
+    f" FROM (SELECT health_firmware, COALESCE(health_restarts, 0) AS health_restarts,"
+    f" CASE WHEN health_s > (? - first_seen_ms) / 1000.0 + {HEALTH_SLACK_S}"
+    f" THEN (? - first_seen_ms) / 1000.0 + {HEALTH_SLACK_S} ELSE health_s END AS s"
+    " FROM devices WHERE health_firmware IS NOT NULL AND health_firmware <> '' AND health_s IS NOT NULL) AS counted"
     " GROUP BY health_firmware ORDER BY health_firmware")
 
 
 def _release_health(rows: Iterable[Sequence[Any]]) -> list[ReleaseHealth]:
     """`_RELEASE_HEALTH`'s rows as the views read them: hours, and the share of them healthy."""
     found = []
-    for firmware, devices, seconds, restarts in rows:
-        hours = float(seconds) / 3600.0
-        ratio = max(0.0, hours - int(restarts)) / hours if hours > 0 else 1.0
+    for firmware, devices, seconds, restarts, spoiled in rows:
+        hours = max(0.0, float(seconds)) / 3600.0
+        ratio = max(0.0, hours - float(spoiled)) / hours if hours > 0 else 1.0
         found.append(ReleaseHealth(firmware=str(firmware), devices=int(devices), hours=round(hours, 6),
                                    unexpected_restarts=int(restarts), healthy_ratio=round(ratio, 6)))
     return found
@@ -217,8 +228,8 @@ class ReleaseHealth(msgspec.Struct, kw_only=True, frozen=True):
     devices: int  # devices that run it and counted
     hours: float  # the hours their agents ran on it
     unexpected_restarts: int  # their starts that found the run before not stopped
-    # the share of those hours with no unexpected restart (each spoils the hour it ended; 1.0 when
-    # nothing ran yet)
+    # the share of those hours with no unexpected restart (each spoils the hour it ended, a device's
+    # spoil at most the hours it ran; 1.0 when nothing ran yet)
     healthy_ratio: float = 1.0
 
 
@@ -573,6 +584,8 @@ class DeviceRegistry(Store):
         interval_ms = int(hb.interval_s * 1000) if hb.interval_s is not None else 0
         expires = now + self.deadline_ms(interval_ms)
         h = hb.health
+        if h is not None and hb.full and h.firmware != hb.firmware_version:
+            h = None  # a count of another release than the one it says it runs: not believed
         health = (h.firmware, h.operating_s, h.unexpected_restarts) if h is not None else (None, None, None)
         if not hb.full:
             return False, (hb.seq, now, now, hb.uptime_s, sample, hb.outbox_pending, now, interval_ms, expires,
@@ -909,8 +922,9 @@ class DeviceRegistry(Store):
         """The fleet's healthy hours per firmware release, as its devices count them (each device
         on the release it runs now), newest count of each; by firmware."""
         self.check_open()
+        now = self._clock.now_ms()
         with store_errors("read the releases' health"):
-            return _release_health(self._conn.execute(_RELEASE_HEALTH).fetchall())
+            return _release_health(self._conn.execute(_RELEASE_HEALTH, (now, now)).fetchall())
 
     def last_telemetry(self, device_id: str) -> dict[str, Telemetry]:
         """The newest record (by seq) of each telemetry name of a device."""
@@ -1035,10 +1049,10 @@ class RegistryReads:
             return {}
         return _app_states(rows)
 
-    def release_health(self) -> list[ReleaseHealth]:
+    def release_health(self, now_ms: int) -> list[ReleaseHealth]:
         """As `DeviceRegistry.release_health` (none from a registry older than the columns)."""
         try:
-            return _release_health(self._conn.execute(_RELEASE_HEALTH).fetchall())
+            return _release_health(self._conn.execute(_RELEASE_HEALTH, (now_ms, now_ms)).fetchall())
         except sqlite3.OperationalError:
             return []
 

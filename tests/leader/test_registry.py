@@ -456,8 +456,8 @@ def test_a_fellow_leaders_presence_makes_no_device_and_a_leader_drops_its_own_ro
         assert [d.device_id for d in gw1.devices()] == ["pi-1"]
 
 
-def test_a_releases_healthy_hours_add_up_its_devices_counts_and_a_beat_without_one_keeps_it(
-        registry: DeviceRegistry) -> None:
+async def test_a_releases_healthy_hours_add_up_its_devices_counts_and_a_beat_without_one_keeps_it(
+        registry: DeviceRegistry, clock: VirtualClock) -> None:
     from agent.leader.registry import RegistryReads
 
     def counted(firmware: str, seconds: float, restarts: int) -> DeviceHealth:
@@ -467,15 +467,25 @@ def test_a_releases_healthy_hours_add_up_its_devices_counts_and_a_beat_without_o
         return Heartbeat(device_id=device, seq=seq, uptime_s=float(seq), full=False, wire=3, interval_s=300.0,
                          health=health)
 
-    registry.apply_heartbeats([hb("pi-1", 1, health=counted("1.0.0", 7200, 1)),
+    registry.apply_heartbeats([hb("pi-1", 1, health=counted("1.0.0", 3600, 0)),
                                hb("pi-2", 1, health=counted("1.0.0", 3600, 0)),
                                hb("pi-3", 1, "1.1.0", health=counted("1.1.0", 1800, 0)),
-                               hb("pi-4", 1, "1.1.0")])  # (a device that counts nothing)
-    registry.apply_heartbeats([short("pi-1", 2), short("pi-2", 2, counted("1.0.0", 7200, 2))])
+                               hb("pi-4", 1, "1.1.0"),  # (a device that counts nothing)
+                               hb("pi-5", 1, "1.1.0", health=counted("1.0.0", 3600, 0)),  # another release's
+                               hb("pi-6", 1, "1.1.0")])
+    await clock.advance(3 * 3600)  # three hours on: the registry has known every one of them that long
+    registry.apply_heartbeats([hb("pi-1", 2, health=counted("1.0.0", 7200, 1)), short("pi-1", 3),
+                               short("pi-2", 2, counted("1.0.0", 7200, 2)),
+                               # a hostile device: a century on 1.1.0 and a billion crashes in it
+                               short("pi-6", 2, counted("1.1.0", 100 * 365 * 86_400, 1_000_000_000))])
     registry.apply_heartbeat(hb("pi-3", 2, ""))  # started again, its firmware not read yet: no count
     health = {r.firmware: r for r in registry.release_health()}
     assert set(health) == {"1.0.0", "1.1.0"}
     one, other = health["1.0.0"], health["1.1.0"]
     assert (one.devices, one.hours, one.unexpected_restarts, one.healthy_ratio) == (2, 4.0, 3, 0.25)
-    assert (other.devices, other.hours, other.unexpected_restarts, other.healthy_ratio) == (1, 0.5, 0, 1.0)
-    assert RegistryReads(registry._conn).release_health() == registry.release_health()  # `status` reads the same
+    # pi-6 is believed for the hours the registry has known it (3, and 1 in flight), its restarts
+    # spoil those hours and no more: it weighs what an honest device whose every hour crashed weighs
+    assert (other.devices, other.hours, other.unexpected_restarts) == (2, 4.5, 1_000_000_000)
+    assert other.healthy_ratio == round(0.5 / 4.5, 6)
+    # `status` reads the same
+    assert RegistryReads(registry._conn).release_health(clock.now_ms()) == registry.release_health()

@@ -234,7 +234,7 @@ async def test_the_configuration_targets_ride_a_full_heartbeat_and_a_local_edit_
         await until(clock, lambda: len(uplink.beats) > count, limit_s=400, step_s=5, what="the next beat")
         beat = uplink.beats[-1][1]
         assert beat.full and beat.configs == {"app": ConfigState(version="1.0.0", state="committed",
-                                                                 drifted=("app.toml",))}
+                                                                 drifted=("app.toml",), attempt=1)}
         await until(clock, lambda: gw.registry.device("w1") is not None and gw.registry.device("w1").hb_seq
                     == beat.seq, limit_s=60, step_s=1, what="the leader applied it")
         with open_leader_db(gw.registry.path) as db:
