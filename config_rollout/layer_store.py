@@ -265,7 +265,16 @@ class LayerReads:
         """device -> the digest of what the layers give it now (`layers.digest`; "" for none),
         the layers read once."""
         layers = _Layers(self.rows(target, now_ms=now_ms))
-        return {device: digest(layers.winners(device, tags)) for device, tags in devices.items()}
+        by_tags: dict[tuple[str, ...], str] = {}  # a device without its own values: its groups' alone
+        found: dict[str, str] = {}
+        for device, tags in devices.items():
+            if device in layers.devices:
+                found[device] = digest(layers.winners(device, tags))
+            elif (key := tuple(tags)) in by_tags:
+                found[device] = by_tags[key]
+            else:
+                found[device] = by_tags[key] = digest(layers.winners(device, tags))
+        return found
 
     def targets(self, *, now_ms: int) -> list[str]:
         return sorted({row.target for row in self.rows(now_ms=now_ms)})

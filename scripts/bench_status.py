@@ -4,8 +4,9 @@
     python scripts/bench_status.py [--devices N] [--quick]
 
 Builds a leader database of N devices (default 100,000; `--quick` 20,000) through the device
-registry (tags, versions, a tenth offline, a rollout over a fifth of them), then times, each as
-the best of three:
+registry (tags, versions, a tenth offline, a rollout over a fifth of them, a configuration target
+on each: every 20th device's last attempt reverted, half of those acknowledged by an operator),
+then times, each as the best of three:
 
 * ours: the whole `edge-agent status` command in this process (open read-only, the summary, one
   filtered page, the rendering): the first page, `--offline`, `--tag T --version V`, a page deep
@@ -35,9 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.cli import main as cli
 from agent.core.clock import SystemClock
 from agent.leader.registry import DeviceRegistry
-from agent.protocol import Heartbeat, SystemSample
+from agent.protocol import ConfigState, Heartbeat, SystemSample
+from config_rollout.attempt_acks import AttemptAckStore
 from rollout_engine.spec import spec_from_dict
 from rollout_engine.store import RolloutStore
+
+
+def held(n: int) -> ConfigState:
+    """What device n's configuration target `app` holds: every 20th reverted its second attempt."""
+    if n % 20 == 0:
+        return ConfigState(version="1.0.0", state="rolled_back", attempt=2)
+    return ConfigState(version="1.1.0", state="committed", attempt=1)
 
 
 def build(path: Path, devices: int) -> None:
@@ -48,10 +57,13 @@ def build(path: Path, devices: int) -> None:
             reg.apply_heartbeats([
                 Heartbeat(device_id=i, seq=1, uptime_s=100.0, firmware_version="1.1.0" if n % 3 else "1.0.0",
                           tags=("lab",) if n % 7 == 0 else ("field", "north"), boot="b",
-                          sample=SystemSample(cpu_percent=10.0, mem_percent=30.0))
+                          sample=SystemSample(cpu_percent=10.0, mem_percent=30.0), configs={"app": held(n)})
                 for n, i in enumerate(ids[start:start + 5000], start)])
         for n in range(0, devices, 10):
             reg.apply_presence(ids[n], False)
+    with AttemptAckStore.open(path) as acks:  # an operator acknowledged half of the reverted attempts
+        for n in range(0, devices, 40):
+            acks.acknowledge(ids[n], "app", held(n), by="bench", now_ms=clock.now_ms())
     artifact = path.parent / "fw.bin"
     artifact.write_bytes(b"x")
     spec = spec_from_dict({"rollout": {"name": "bench", "artifact": str(artifact), "seed": 1},

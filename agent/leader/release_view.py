@@ -130,11 +130,14 @@ def fleet_releases(db: LeaderDb) -> list[ReleaseCount]:
     how many of them run it whole now (a device that a newer release converged on since counts
     for that one only)."""
     newest: dict[str, str] = {}  # device -> the newest release rollout that succeeded on it
-    counts = []
+    counts: list[ReleaseCount] = []
+    releases = _releases(db)
+    if not releases:  # (no release rollout: the fleet's states are not read)
+        return counts
     configs = {device: states for device, (_tags, states) in db.registry.config_states().items()}
     apps = db.registry.app_states()
     seen_lines: set[str] = set()
-    for rid, name, version, parts in _releases(db):
+    for rid, name, version, parts in releases:
         devices = [d for d in db.rollouts.succeeded_in(rid) if d not in newest]
         for d in devices:
             newest[d] = rid

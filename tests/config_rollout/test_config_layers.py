@@ -95,3 +95,9 @@ def test_the_store_gives_a_device_its_groups_in_order_then_its_own_overrides(lea
         digests = store.reads().digests("app", {"pi-1": ["cold"], "pi-2": []}, now_ms=6_000)
         assert digests["pi-2"] == "" and digests["pi-1"] == digest(store.values_for("app", "pi-1", ["cold"],
                                                                                      now_ms=6_000))
+        # devices of the same tags share their groups' digest; one with its own value has its own
+        store.set_value("app", "device", "pi-4", "app.toml", "port", 9004, set_by="op", now_ms=6_000)
+        fleet = {"pi-3": ["cold"], "pi-4": ["cold"], "pi-5": ["cold"], "pi-6": ["site-a"]}
+        digests = store.reads().digests("app", fleet, now_ms=6_000)
+        assert digests == {d: digest(store.values_for("app", d, tags, now_ms=6_000)) for d, tags in fleet.items()}
+        assert digests["pi-3"] == digests["pi-5"] != digests["pi-4"]
