@@ -7,7 +7,8 @@
 # (scripts/bench_device.py; extra arguments go to it, e.g. --trials 20). Needs root: it installs
 # Debian's mmdebstrap, qemu-system-x86, mosquitto, rauc and squashfs-tools when they are missing
 # (with --arch arm64, the emulated arm64 board: qemu-system-arm, u-boot-qemu, u-boot-tools,
-# dosfstools, mtools, qemu-user-static and binfmt-support too).
+# dosfstools, mtools, qemu-user-static, binfmt-support and arch-test, which mmdebstrap needs for a
+# foreign architecture, too).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
@@ -20,7 +21,7 @@ tools=(mmdebstrap:mmdebstrap qemu-system-x86_64:qemu-system-x86 mosquitto:mosqui
        rauc:rauc mksquashfs:squashfs-tools openssl:openssl)
 if [[ " $* " == *" --arch arm64 "* ]]; then  # the emulated arm64 board: U-Boot, its FAT boot partition
     tools+=(qemu-system-aarch64:qemu-system-arm mkimage:u-boot-tools mkfs.vfat:dosfstools mcopy:mtools
-            qemu-aarch64-static:qemu-user-static update-binfmts:binfmt-support)
+            qemu-aarch64-static:qemu-user-static update-binfmts:binfmt-support arch-test:arch-test)
     [ -f /usr/lib/u-boot/qemu_arm64/u-boot.bin ] || missing+=(u-boot-qemu)
 fi
 for tool in "${tools[@]}"; do
