@@ -76,7 +76,7 @@ def add_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
     which.add_argument("--device", action="append", metavar="ID", help="this device's attempt (repeat for several)")
     which.add_argument("--all", action="store_true", help="every device whose last attempt at TARGET is open")
     ack.add_argument("--db", required=True, help=DB_HELP)
-    ack.add_argument("--json", action="store_true")
+    ack.add_argument("--json", action="store_true", help="the acknowledgements made, as a JSON list")
 
 
 def _db(text: str) -> StoreTarget:
